@@ -1,0 +1,83 @@
+"""One exception type for every user error, rendered like a compiler diagnostic.
+
+    allgather.pln:3:14: error: unknown name 'y'
+        out[r] = y[0..R]
+                 ^
+    note: while checking allgather for R=3
+
+Spans ride along on the AST but never take part in equality (see ``Span``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """The text a span points into: a file name (or ``<string>``) and its contents."""
+
+    name: str
+    text: str = field(repr=False)
+
+    def line(self, number: int) -> str:
+        lines = self.text.splitlines()
+        if 1 <= number <= len(lines):
+            return lines[number - 1]
+        return ""
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A half-open region of a source, 1-based line and column like every compiler."""
+
+    source: Source = field(repr=False)
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+
+    def where(self) -> str:
+        return f"{self.source.name}:{self.line}:{self.column}"
+
+
+def span_field():
+    """A dataclass field for spans: present, but ignored by ==, hash and repr."""
+    return field(default=None, compare=False, hash=False, repr=False)
+
+
+class PurlinError(Exception):
+    """A user-facing error: a message, an optional source span and optional notes."""
+
+    def __init__(self, message: str, span: Span | None = None, notes: tuple[str, ...] | list[str] = ()):
+        super().__init__(message)
+        self.message = message
+        self.span = span
+        self.notes = tuple(notes)
+
+    def with_note(self, note: str) -> "PurlinError":
+        return type(self)(self.message, self.span, (*self.notes, note))
+
+    def render(self) -> str:
+        lines = []
+        if self.span is None:
+            lines.append(f"error: {self.message}")
+        else:
+            span = self.span
+            lines.append(f"{span.where()}: error: {self.message}")
+            text = span.source.line(span.line)
+            if text:
+                width = 1
+                if span.end_line == span.line and span.end_column > span.column:
+                    width = span.end_column - span.column
+                lines.append(f"    {text}")
+                lines.append("    " + " " * (span.column - 1) + "^" * width)
+        lines.extend(f"note: {note}" for note in self.notes)
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+class InternalError(RuntimeError):
+    """A bug in Purlin itself, not in the user's input."""

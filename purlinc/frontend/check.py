@@ -1,0 +1,337 @@
+"""Check: AST + world size R + parameter values -> resolved ``Spec``, or a ``PurlinError``.
+
+Every way a spec can be ill-formed for some R is reported here, pointing at the source:
+unknown names, unbound parameters, rank indices outside 0..R-1, empty or negative ranges,
+chunk names used with different numbers of indices, output chunks with no producer, and
+conflicting producers under ``copy``.  ``check_all`` runs the check for a range of world
+sizes so a spec that only breaks at some R says which.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Iterator
+
+from purlinc.errors import PurlinError, Span
+from purlinc.frontend import ast
+from purlinc.frontend.spec import Chunk, Slot, Spec
+
+RANK_VARIABLE = "r"
+WORLD_VARIABLE = "R"
+DEFAULT_WORLD_SIZES = range(1, 65)
+
+
+class _Scope:
+    """Names visible to an expression, with a word for each for error messages."""
+
+    def __init__(self, values: dict[str, int], kinds: dict[str, str]):
+        self.values = values
+        self.kinds = kinds
+
+    def bind(self, name: str, value: int, kind: str) -> "_Scope":
+        return _Scope({**self.values, name: value}, {**self.kinds, name: kind})
+
+
+def _evaluate(expr: ast.Expr, scope: _Scope) -> int:
+    if isinstance(expr, ast.Number):
+        return expr.value
+    if isinstance(expr, ast.Name):
+        if expr.name in scope.values:
+            return scope.values[expr.name]
+        if expr.name == RANK_VARIABLE:
+            raise PurlinError(
+                "'r' (the rank) is only defined on the right-hand side of a statement for every rank, "
+                "such as 'out[r] = ...'",
+                expr.span,
+            )
+        known = ", ".join(f"{name} ({scope.kinds[name]})" for name in sorted(scope.values))
+        raise PurlinError(f"unknown name '{expr.name}'", expr.span, (f"names defined here: {known}",))
+    if isinstance(expr, ast.Negate):
+        return -_evaluate(expr.operand, scope)
+    left = _evaluate(expr.left, scope)
+    right = _evaluate(expr.right, scope)
+    if expr.op is ast.BinaryOp.ADD:
+        return left + right
+    if expr.op is ast.BinaryOp.SUB:
+        return left - right
+    if expr.op is ast.BinaryOp.MUL:
+        return left * right
+    if right == 0:
+        raise PurlinError(f"division by zero in '{expr.format()}'", expr.span)
+    # Floor semantics (Python's): (-1) % R == R - 1, which is what a ring wants.
+    return left // right if expr.op is ast.BinaryOp.DIV else left % right
+
+
+def _evaluate_range(rng: ast.Range, scope: _Scope) -> range:
+    lo = _evaluate(rng.lo, scope)
+    hi = _evaluate(rng.hi, scope)
+    if lo < 0:
+        raise PurlinError(f"range {rng.format()} starts at {lo}, below 0 (chunk indices start at 0)", rng.span)
+    if hi <= lo:
+        raise PurlinError(f"range {rng.format()} is empty ({lo}..{hi})", rng.span)
+    return range(lo, hi)
+
+
+def _compare(condition: ast.Condition, scope: _Scope) -> bool:
+    left = _evaluate(condition.left, scope)
+    right = _evaluate(condition.right, scope)
+    return {
+        ast.Compare.EQ: left == right,
+        ast.Compare.NE: left != right,
+        ast.Compare.LT: left < right,
+        ast.Compare.LE: left <= right,
+        ast.Compare.GT: left > right,
+        ast.Compare.GE: left >= right,
+    }[condition.compare]
+
+
+class _Checker:
+    def __init__(self, definition: ast.CollectiveDef, world_size: int, params: Mapping[str, int]):
+        self.definition = definition
+        self.world_size = world_size
+        self.params = self._bind_params(params)
+        self.arity: dict[str, tuple[int, Span | None]] = {}
+
+    def _bind_params(self, given: Mapping[str, int]) -> dict[str, int]:
+        declared = {p.name: p for p in self.definition.params}
+        for name in given:
+            if name not in declared:
+                names = ", ".join(declared) or "none"
+                raise PurlinError(
+                    f"{self.definition.name} has no parameter '{name}' (its parameters: {names})",
+                    self.definition.span,
+                )
+        bound = {}
+        seen = set()
+        for param in self.definition.params:
+            if param.name in seen:
+                raise PurlinError(f"parameter '{param.name}' is declared twice", param.span)
+            seen.add(param.name)
+            if param.name in (RANK_VARIABLE, WORLD_VARIABLE):
+                raise PurlinError(f"'{param.name}' is reserved and cannot be a parameter name", param.span)
+            if param.name in given:
+                bound[param.name] = int(given[param.name])
+            elif param.default is not None:
+                bound[param.name] = param.default
+            else:
+                raise PurlinError(
+                    f"parameter '{param.name}' is not bound",
+                    param.span,
+                    (f"give it a value (purlinc --param {param.name}=N, or {param.name}=N in Python), "
+                     f"or a default in the declaration: ({param.name} = 0)",),
+                )
+        return bound
+
+    def base_scope(self) -> _Scope:
+        values = {WORLD_VARIABLE: self.world_size, **self.params}
+        kinds = {WORLD_VARIABLE: "world size", **{name: "parameter" for name in self.params}}
+        return _Scope(values, kinds)
+
+    # --- constraints -------------------------------------------------------------------
+    def failed_constraint(self) -> ast.Condition | None:
+        scope = self.base_scope()
+        for condition in self.definition.constraints:
+            if not _compare(condition, scope):
+                return condition
+        return None
+
+    # --- layouts -----------------------------------------------------------------------
+    def _check_arity(self, ref: ast.ChunkRef) -> None:
+        first = self.arity.setdefault(ref.name, (len(ref.indices), ref.span))
+        if first[0] != len(ref.indices):
+            where = f" (line {first[1].line})" if first[1] is not None else ""
+            raise PurlinError(
+                f"chunk '{ref.name}' is used with {len(ref.indices)} "
+                f"{'index' if len(ref.indices) == 1 else 'indices'} here but with {first[0]} before{where}",
+                ref.span,
+            )
+
+    def _expand_chunk(self, ref: ast.ChunkRef, scope: _Scope) -> Iterator[Chunk]:
+        self._check_arity(ref)
+        axes: list[list[int]] = []
+        for index in ref.indices:
+            if isinstance(index, ast.Range):
+                axes.append(list(_evaluate_range(index, scope)))
+            else:
+                value = _evaluate(index, scope)
+                if value < 0:
+                    raise PurlinError(
+                        f"index {index.format()} is {value}, out of bounds (chunk indices start at 0)",
+                        index.span,
+                    )
+                axes.append([value])
+
+        def product(prefix: tuple[int, ...], rest: list[list[int]]) -> Iterator[tuple[int, ...]]:
+            if not rest:
+                yield prefix
+                return
+            for value in rest[0]:
+                yield from product((*prefix, value), rest[1:])
+
+        for index in product((), axes):
+            yield Chunk(ref.name, index)
+
+    def _expand_item(self, item: ast.Item, scope: _Scope, loops: tuple[ast.Loop, ...]) -> Iterator[Chunk]:
+        if not loops:
+            yield from self._expand_chunk(item.chunk, scope)
+            return
+        loop, *rest = loops
+        if loop.variable in scope.values or loop.variable == RANK_VARIABLE:
+            raise PurlinError(
+                f"loop variable '{loop.variable}' hides the {scope.kinds.get(loop.variable, 'rank')} "
+                f"of the same name",
+                loop.span,
+            )
+        for value in _evaluate_range(loop.range, scope):
+            yield from self._expand_item(item, scope.bind(loop.variable, value, "loop variable"), tuple(rest))
+
+    def expand_layout(self, layout: tuple[ast.Item, ...], scope: _Scope) -> tuple[list[Chunk], list[Span | None]]:
+        chunks: list[Chunk] = []
+        spans: list[Span | None] = []
+        for item in layout:
+            for chunk in self._expand_item(item, scope, item.loops):
+                chunks.append(chunk)
+                spans.append(item.span)
+        return chunks, spans
+
+    # --- assignments -------------------------------------------------------------------
+    def _ranks_of(self, assignment: ast.Assignment) -> list[int]:
+        if assignment.every_rank:
+            return list(range(self.world_size))
+        rank = _evaluate(assignment.rank, self.base_scope())
+        if not 0 <= rank < self.world_size:
+            raise PurlinError(
+                f"rank index {assignment.rank.format()} is {rank}, outside 0..{self.world_size - 1}",
+                assignment.rank.span,
+            )
+        return [rank]
+
+    def layouts(self, buffer: ast.Buffer):
+        chunks: list[list[Chunk]] = [[] for _ in range(self.world_size)]
+        spans: list[list[Span | None]] = [[] for _ in range(self.world_size)]
+        assigned_by: dict[int, ast.Assignment] = {}
+        for assignment in self.definition.assignments:
+            if assignment.buffer is not buffer:
+                continue
+            for rank in self._ranks_of(assignment):
+                if rank in assigned_by:
+                    earlier = assigned_by[rank].span
+                    where = f" at line {earlier.line}" if earlier is not None else ""
+                    raise PurlinError(
+                        f"{buffer.value}[{rank}] is assigned twice (also{where})", assignment.span
+                    )
+                assigned_by[rank] = assignment
+                scope = self.base_scope()
+                if assignment.every_rank:
+                    scope = scope.bind(RANK_VARIABLE, rank, "rank")
+                chunks[rank], spans[rank] = self.expand_layout(assignment.layout, scope)
+        return chunks, spans
+
+    # --- producers ---------------------------------------------------------------------
+    def resolve(self) -> Spec:
+        inputs, input_spans = self.layouts(ast.Buffer.IN)
+        outputs, output_spans = self.layouts(ast.Buffer.OUT)
+        if not any(outputs):
+            raise PurlinError("the collective names no output chunk (add 'out[r] = ...')", self.definition.span)
+
+        producers: dict[Chunk, list[Slot]] = defaultdict(list)
+        for rank, layout in enumerate(inputs):
+            for position, chunk in enumerate(layout):
+                producers[chunk].append(Slot(rank, position))
+
+        copy = self.definition.operation is ast.Operation.COPY
+        if copy and not self.definition.replicated:
+            for chunk, slots in producers.items():
+                if len(slots) > 1:
+                    first, second = slots[0], slots[1]
+                    raise PurlinError(
+                        f"conflicting producers under 'copy': {chunk} is given by rank {first.rank} "
+                        f"(in[{first.position}]) and by rank {second.rank} (in[{second.position}])",
+                        input_spans[second.rank][second.position],
+                        ("under 'copy' a chunk has exactly one producer; write 'copy replicated' "
+                         "if these inputs hold identical data",),
+                    )
+
+        sources: list[tuple[tuple[Slot, ...], ...]] = []
+        for rank, layout in enumerate(outputs):
+            rank_sources = []
+            for position, chunk in enumerate(layout):
+                slots = producers.get(chunk)
+                if not slots:
+                    raise PurlinError(
+                        f"output chunk {chunk} of rank {rank} has no producer: no input names it",
+                        output_spans[rank][position],
+                    )
+                rank_sources.append(tuple(slots))
+            sources.append(tuple(rank_sources))
+
+        return Spec(
+            name=self.definition.name,
+            world_size=self.world_size,
+            params=tuple(sorted(self.params.items())),
+            operation=self.definition.operation,
+            replicated=self.definition.replicated,
+            inputs=tuple(tuple(layout) for layout in inputs),
+            outputs=tuple(tuple(layout) for layout in outputs),
+            sources=tuple(sources),
+            input_spans=tuple(tuple(s) for s in input_spans),
+            output_spans=tuple(tuple(s) for s in output_spans),
+        )
+
+
+def _while_checking(definition: ast.CollectiveDef, world_size: int, params: Mapping[str, int]) -> str:
+    bound = "".join(f", {k}={v}" for k, v in sorted(params.items()))
+    return f"while checking {definition.name} for R={world_size}{bound}"
+
+
+def check(definition: ast.CollectiveDef, world_size: int, params: Mapping[str, int] | None = None) -> Spec:
+    """Resolve ``definition`` for ``world_size`` ranks; raise ``PurlinError`` if ill-formed."""
+    params = dict(params or {})
+    if world_size < 1:
+        raise PurlinError(f"the world size must be at least 1, not {world_size}")
+    try:
+        checker = _Checker(definition, world_size, params)
+        failed = checker.failed_constraint()
+        if failed is not None:
+            raise PurlinError(
+                f"{definition.name} is not defined for R={world_size}: it requires {failed.format()}",
+                failed.span,
+            )
+        return checker.resolve()
+    except PurlinError as error:
+        raise error.with_note(_while_checking(definition, world_size, params)) from None
+
+
+def supports(definition: ast.CollectiveDef, world_size: int, params: Mapping[str, int] | None = None) -> bool:
+    """Whether the collective's ``where`` constraints admit ``world_size``."""
+    return _Checker(definition, world_size, dict(params or {})).failed_constraint() is None
+
+
+def check_all(
+    definition: ast.CollectiveDef,
+    world_sizes: Iterable[int] = DEFAULT_WORLD_SIZES,
+    params: Mapping[str, int] | None = None,
+) -> list[int]:
+    """Check every world size the constraints admit; return them.  The first failure raises.
+
+    Parameters that are rank indices (such as ``root``) are checked as given; a world size
+    too small for the given value is reported like any other failure.
+    """
+    params = dict(params or {})
+    admitted = []
+    for world_size in world_sizes:
+        try:
+            if not supports(definition, world_size, params):
+                continue
+        except PurlinError as error:
+            raise error.with_note(_while_checking(definition, world_size, params)) from None
+        check(definition, world_size, params)
+        admitted.append(world_size)
+    if not admitted:
+        sizes = list(world_sizes)
+        raise PurlinError(
+            f"{definition.name} is defined for no world size in {sizes[0]}..{sizes[-1]}",
+            definition.constraints[0].span if definition.constraints else definition.span,
+        )
+    return admitted

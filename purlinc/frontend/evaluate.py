@@ -1,0 +1,101 @@
+"""The reference evaluator: a spec's meaning, computed directly on NumPy arrays.
+
+Every later layer (the SNAC simulator, the GPU kernels) is tested against this.  It is
+deliberately the most literal reading of the spec: an output chunk is a copy of its
+producer's chunk, or the reduction of every occurrence of its name, accumulated in
+float32 (int32 wraps) in (rank, position) order and rounded once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from purlinc.dtypes import DType, ReduceOp, from_float32, to_float32
+from purlinc.frontend.spec import Spec
+
+_REDUCERS = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.PROD: np.multiply,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.MIN: np.minimum,
+}
+
+
+def _check_inputs(spec: Spec, inputs: Sequence[np.ndarray], count: int, dtype: DType) -> None:
+    if len(inputs) != spec.world_size:
+        raise ValueError(f"expected {spec.world_size} input arrays (one per rank), got {len(inputs)}")
+    for rank, array in enumerate(inputs):
+        expected = len(spec.inputs[rank]) * count
+        if array.dtype != dtype.storage:
+            raise ValueError(
+                f"input of rank {rank}: expected NumPy dtype {dtype.storage} (storage of {dtype.value}), "
+                f"got {array.dtype}"
+            )
+        if array.ndim != 1 or array.shape[0] != expected:
+            raise ValueError(
+                f"input of rank {rank}: expected shape ({expected},) "
+                f"({len(spec.inputs[rank])} chunks x {count} elements), got {array.shape}"
+            )
+
+
+def reduce_chunks(chunks: Sequence[np.ndarray], dtype: DType, op: ReduceOp) -> np.ndarray:
+    """Reduce equally sized stored chunks in the given order, in float32, rounding once."""
+    reducer = _REDUCERS[op]
+    accumulator = to_float32(chunks[0], dtype)
+    for chunk in chunks[1:]:
+        accumulator = reducer(accumulator, to_float32(chunk, dtype))
+        if dtype is DType.INT32:
+            accumulator = accumulator.astype(np.int32).astype(np.int64)  # wrap at each step, like int32 math
+        else:
+            accumulator = accumulator.astype(np.float32)
+    return from_float32(accumulator, dtype)
+
+
+def evaluate(
+    spec: Spec,
+    inputs: Sequence[np.ndarray],
+    count: int,
+    dtype: DType | str = DType.FLOAT32,
+    op: ReduceOp | str | None = None,
+) -> list[np.ndarray]:
+    """Each rank's expected output for ``inputs`` (one 1-D storage array per rank).
+
+    ``count`` is the number of elements in one chunk.  ``op`` is required for a reduce
+    collective and ignored for a copy.  Under ``copy replicated`` the producers must agree.
+    """
+    dtype = DType.parse(dtype.value if isinstance(dtype, DType) else dtype)
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    _check_inputs(spec, inputs, count, dtype)
+
+    def chunk_of(slot) -> np.ndarray:
+        return inputs[slot.rank][slot.position * count:(slot.position + 1) * count]
+
+    reduce_op = None
+    if spec.is_reduce:
+        if op is None:
+            raise ValueError(f"{spec.name} is a reduction: give op (sum, prod, max or min)")
+        reduce_op = ReduceOp.parse(op)
+        if not dtype.reducible:
+            raise ValueError(f"{dtype.value} cannot be reduced (fp8 is supported for copies only)")
+
+    outputs = []
+    for rank in range(spec.world_size):
+        out = np.empty(len(spec.outputs[rank]) * count, dtype=dtype.storage)
+        for position, slots in enumerate(spec.sources[rank]):
+            target = out[position * count:(position + 1) * count]
+            if reduce_op is not None:
+                target[:] = reduce_chunks([chunk_of(s) for s in slots], dtype, reduce_op)
+                continue
+            first = chunk_of(slots[0])
+            for other in slots[1:]:
+                if not np.array_equal(first.view(np.uint8), chunk_of(other).view(np.uint8)):
+                    raise ValueError(
+                        f"'copy replicated' promises identical producers, but {spec.outputs[rank][position]} "
+                        f"differs between {slots[0]} and {other}"
+                    )
+            target[:] = first
+        outputs.append(out)
+    return outputs

@@ -1,0 +1,280 @@
+"""Parse: .pln text -> AST (``CollectiveDef``) with source spans.
+
+lark does the parsing (LALR, so errors are reported at the first bad token); this module
+turns its tree into frozen AST nodes and its exceptions into ``PurlinError`` with words a
+user knows instead of lark's terminal names.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from pathlib import Path
+
+import lark
+from lark import Lark, Token, Transformer, v_args
+
+from purlinc.errors import PurlinError, Source, Span
+from purlinc.frontend import ast
+
+# lark's terminal names, in words (anonymous terminals are named after their text).
+_TOKEN_WORDS = {
+    "NAME": "a name",
+    "INT": "a number",
+    "COMPARE": "a comparison (==, !=, <, <=, >, >=)",
+    "REPLICATED": "'replicated'",
+    "LBRACE": "'{'",
+    "RBRACE": "'}'",
+    "LSQB": "'['",
+    "RSQB": "']'",
+    "LPAR": "'('",
+    "RPAR": "')'",
+    "EQUAL": "'='",
+    "COMMA": "','",
+    "SEMICOLON": "';'",
+    "PLUS": "'+'",
+    "MINUS": "'-'",
+    "STAR": "'*'",
+    "SLASH": "'/'",
+    "PERCENT": "'%'",
+    "__ANON_0": "'..'",
+    "$END": "the end of the file",
+}
+
+
+@functools.cache
+def _parser() -> Lark:
+    grammar = resources.files("purlinc.grammar").joinpath("purlin.lark").read_text(encoding="utf-8")
+    # The basic lexer reserves keywords ('copy', 'in', ...) everywhere, so a misplaced keyword
+    # is reported as such instead of being read as a chunk name.
+    return Lark(grammar, parser="lalr", lexer="basic", propagate_positions=True, maybe_placeholders=True)
+
+
+def _describe(terminal: str) -> str:
+    if terminal in _TOKEN_WORDS:
+        return _TOKEN_WORDS[terminal]
+    parser = _parser()
+    for definition in parser.terminals:
+        if definition.name == terminal:
+            pattern = definition.pattern
+            if pattern.type == "str":
+                return f"'{pattern.value}'"
+    return terminal.lower()
+
+
+def _expected_words(expected: set[str]) -> str:
+    words = sorted({_describe(t) for t in expected})
+    if len(words) > 8:
+        words = words[:8] + ["..."]
+    return ", ".join(words)
+
+
+def _point(source: Source, line: int, column: int, width: int = 1) -> Span:
+    return Span(source, line, column, line, column + max(width, 1))
+
+
+def _translate(error: lark.exceptions.LarkError, source: Source) -> PurlinError:
+    if isinstance(error, lark.exceptions.UnexpectedCharacters):
+        char = source.text[error.pos_in_stream] if error.pos_in_stream < len(source.text) else ""
+        return PurlinError(f"unexpected character {char!r}", _point(source, error.line, error.column))
+    if isinstance(error, lark.exceptions.UnexpectedEOF):
+        lines = source.text.splitlines() or [""]
+        return PurlinError(
+            f"unexpected end of file; expected {_expected_words(set(error.expected))}",
+            _point(source, len(lines), len(lines[-1]) + 1),
+        )
+    if isinstance(error, lark.exceptions.UnexpectedToken):
+        token = error.token
+        if token.type == "$END":
+            lines = source.text.splitlines() or [""]
+            return PurlinError(
+                f"unexpected end of file; expected {_expected_words(set(error.expected))}",
+                _point(source, len(lines), len(lines[-1]) + 1),
+            )
+        expected = set(error.expected)
+        span = _point(source, token.line, token.column, len(str(token)))
+        if token.type == "RBRACE" and {"COPY", "REDUCE"} <= expected:
+            return PurlinError("missing the operation: a collective ends with 'copy' or 'reduce'", span)
+        if token.type in ("NAME", "INT"):
+            found = f"{'name' if token.type == 'NAME' else 'number'} '{token}'"
+        else:
+            found = _describe(token.type)
+        return PurlinError(f"unexpected {found}; expected {_expected_words(expected)}", span)
+    return PurlinError(str(error))
+
+
+class _ToAst(Transformer):
+    def __init__(self, source: Source):
+        super().__init__()
+        self._source = source
+
+    def _span(self, meta) -> Span | None:
+        if getattr(meta, "empty", True):
+            return None
+        return Span(self._source, meta.line, meta.column, meta.end_line, meta.end_column)
+
+    def _token_span(self, token: Token) -> Span:
+        return Span(self._source, token.line, token.column, token.end_line, token.end_column)
+
+    # expressions
+    def number(self, children):
+        (token,) = children
+        return ast.Number(int(token), self._token_span(token))
+
+    def name(self, children):
+        (token,) = children
+        return ast.Name(str(token), self._token_span(token))
+
+    @v_args(meta=True)
+    def neg(self, meta, children):
+        return ast.Negate(children[0], self._span(meta))
+
+    def _binary(op):
+        @v_args(meta=True)
+        def build(self, meta, children):
+            left, right = children
+            return ast.Binary(op, left, right, self._span(meta))
+
+        return build
+
+    add = _binary(ast.BinaryOp.ADD)
+    sub = _binary(ast.BinaryOp.SUB)
+    mul = _binary(ast.BinaryOp.MUL)
+    div = _binary(ast.BinaryOp.DIV)
+    mod = _binary(ast.BinaryOp.MOD)
+
+    # layouts
+    @v_args(meta=True)
+    def range(self, meta, children):
+        lo, hi = children
+        return ast.Range(lo, hi, self._span(meta))
+
+    def index(self, children):
+        return children[0]
+
+    @v_args(meta=True)
+    def chunk(self, meta, children):
+        name, *indices = children
+        return ast.ChunkRef(str(name), tuple(indices), self._span(meta))
+
+    @v_args(meta=True)
+    def loop(self, meta, children):
+        variable, rng = children
+        return ast.Loop(str(variable), rng, self._span(meta))
+
+    @v_args(meta=True)
+    def item(self, meta, children):
+        chunk, *loops = children
+        return ast.Item(chunk, tuple(loops), self._span(meta))
+
+    def layout(self, children):
+        return tuple(children)
+
+    def buffer(self, children):
+        (token,) = children
+        return ast.Buffer(str(token)), self._token_span(token)
+
+    @v_args(meta=True)
+    def statement(self, meta, children):
+        (buffer, _), rank, layout = children
+        return ast.Assignment(buffer, rank, layout, self._span(meta))
+
+    # header
+    def collective_name(self, children):
+        return str(children[0])
+
+    def neg_int(self, children):
+        return -int(children[0])
+
+    def signed_int(self, children):
+        return int(children[0])
+
+    @v_args(meta=True)
+    def param(self, meta, children):
+        name, default = children
+        return ast.Param(str(name), default, self._span(meta))
+
+    def params(self, children):
+        return tuple(p for p in children if p is not None)
+
+    @v_args(meta=True)
+    def condition(self, meta, children):
+        left, compare, right = children
+        return ast.Condition(left, ast.Compare(str(compare)), right, self._span(meta))
+
+    def constraints(self, children):
+        return ("constraints", tuple(children))
+
+    @v_args(meta=True)
+    def copy(self, meta, children):
+        return ("operation", ast.Operation.COPY, bool(children and children[0]), self._span(meta))
+
+    @v_args(meta=True)
+    def reduce(self, meta, children):
+        return ("operation", ast.Operation.REDUCE, False, self._span(meta))
+
+    @v_args(meta=True)
+    def collective(self, meta, children):
+        name, *rest = children
+        params: tuple = ()
+        constraints: tuple = ()
+        statements = []
+        operation = None
+        for child in rest:
+            if child is None:
+                continue
+            if isinstance(child, tuple) and child and child[0] == "constraints":
+                constraints = child[1]
+            elif isinstance(child, tuple) and child and child[0] == "operation":
+                operation = child
+            elif isinstance(child, ast.Assignment):
+                statements.append(child)
+            elif isinstance(child, tuple):
+                params = child
+        _, op, replicated, op_span = operation
+        return ast.CollectiveDef(
+            str(name), params, constraints, tuple(statements), op, replicated, self._span(meta), op_span
+        )
+
+    def start(self, children):
+        return children[0]
+
+
+def parse(text: str, filename: str = "<string>") -> ast.CollectiveDef:
+    """Parse one collective from ``text``; raise ``PurlinError`` pointing at the first mistake."""
+    source = Source(filename, text)
+    if "\x00" in text:
+        raise PurlinError(f"{filename} is not a text file (it contains NUL bytes)")
+    if not text.strip():
+        raise PurlinError(
+            "the file is empty; expected a collective such as 'collective name { in[r] = ... out[r] = ... copy }'",
+            _point(source, 1, 1),
+        )
+    try:
+        tree = _parser().parse(text)
+    except lark.exceptions.LarkError as error:
+        raise _translate(error, source) from None
+    return _ToAst(source).transform(tree)
+
+
+def read_source(path: str | Path) -> str:
+    """Read a .pln file, turning the usual ways a file can be unreadable into ``PurlinError``."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise PurlinError(f"no such file: {path}") from None
+    except IsADirectoryError:
+        raise PurlinError(f"{path} is a directory, not a .pln file") from None
+    except OSError as error:
+        raise PurlinError(f"cannot read {path}: {error.strerror}") from None
+    if b"\x00" in data:
+        raise PurlinError(f"{path} is not a text file (it contains NUL bytes)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise PurlinError(f"{path} is not UTF-8 text (bad byte at offset {error.start})") from None
+
+
+def parse_file(path: str | Path) -> ast.CollectiveDef:
+    return parse(read_source(path), str(path))
