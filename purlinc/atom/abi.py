@@ -1,0 +1,115 @@
+"""The contract between generated kernels and the runtime that launches them.
+
+Every generated module has one entry point per rank, ``<kernel_base>_r<rank>``, taking one
+argument: a ``purlin_args`` struct by value.  Its layout (all fields 8 bytes, no padding):
+
+    offset  field
+    0       u64   count        elements per chunk in the caller's IN/OUT buffers
+    8       u64   piece        elements per chunk moved per round (staging capacity); rounds =
+                               ceil(count / piece), 0 when count == 0
+    16      u64   timeout_ns   bound on every device-side wait (%globaltimer nanoseconds)
+    24      ptr   in           this rank's input
+    32      ptr   out          this rank's output
+    40      ptr   counters     this rank's call counters: u64[channels], device memory, start at 0
+    48      ptr   error        this rank's error record (``ERROR_RECORD``), host-mapped
+    56      ptr   stage[R]     stage[p]: rank p's staging buffer as mapped on this rank
+    ..      ptr   signals[R]   signals[p]: rank p's signal pad (u64[signal_pad]) as mapped here
+    ..      ptr   in_peer[R]   registered inputs of every rank (null when not registered)
+    ..      ptr   out_peer[R]  registered outputs of every rank (null when not registered)
+
+Launch: grid = (channels, 1, 1), block = (threads, 1, 1), no dynamic shared memory
+unless ``KernelABI.shared_bytes`` says otherwise.
+
+Staging: unit ``u`` of a rank's staging buffer starts at byte ``u * piece * itemsize``;
+the runtime must provide ``stage_units * piece * itemsize`` bytes per rank.
+
+The epoch of round ``i`` of a call is ``counters[channel] + i``; each channel adds
+``rounds`` to its counter when it finishes.  Signal pads and counters start zeroed.
+
+Error record (``ERROR_RECORD``), written once by the first wait that times out (or finds
+another's timeout), in this order of u64 words: flag (0 = ok, 1 = timeout), rank,
+channel, step (index into the Program's steps), signal owner, signal index, expected,
+observed.  The kernel returns early after an error, so nothing hangs.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+HEADER_FIELDS = ("count", "piece", "timeout_ns", "in", "out", "counters", "error")
+ERROR_RECORD = ("flag", "rank", "channel", "step", "signal_owner", "signal_index", "expected", "observed")
+ERROR_RECORD_BYTES = 8 * len(ERROR_RECORD)
+
+
+@dataclass(frozen=True, slots=True)
+class KernelABI:
+    kernel_base: str  # entry points are f"{kernel_base}_r{rank}"
+    world_size: int
+    channels: int  # grid size
+    threads: int  # block size
+    shared_bytes: int  # dynamic shared memory per block
+    itemsize: int
+    stage_units: int  # staging units per rank (each ``piece * itemsize`` bytes)
+    signal_pad: int  # u64 signals per rank
+    in_units: tuple[int, ...]  # chunks in each rank's input
+    out_units: tuple[int, ...]  # chunks in each rank's output
+    needs_in_peers: bool  # the schedule reads or writes other ranks' IN (registered inputs)
+    needs_out_peers: bool  # ... other ranks' OUT (registered outputs)
+
+    def entry(self, rank: int) -> str:
+        return f"{self.kernel_base}_r{rank}"
+
+    @property
+    def args_bytes(self) -> int:
+        return 8 * (len(HEADER_FIELDS) + 4 * self.world_size)
+
+    def pack_args(
+        self,
+        *,
+        count: int,
+        piece: int,
+        timeout_ns: int,
+        in_ptr: int,
+        out_ptr: int,
+        counters_ptr: int,
+        error_ptr: int,
+        stage: list[int],
+        signals: list[int],
+        in_peer: list[int] | None = None,
+        out_peer: list[int] | None = None,
+    ) -> bytes:
+        """The ``purlin_args`` struct as bytes, ready to be passed by value."""
+        world = self.world_size
+        in_peer = in_peer or [0] * world
+        out_peer = out_peer or [0] * world
+        for name, values in (("stage", stage), ("signals", signals), ("in_peer", in_peer), ("out_peer", out_peer)):
+            if len(values) != world:
+                raise ValueError(f"{name}: expected {world} pointers (one per rank), got {len(values)}")
+        return struct.pack(
+            f"<{len(HEADER_FIELDS) + 4 * world}Q",
+            count, piece, timeout_ns, in_ptr, out_ptr, counters_ptr, error_ptr,
+            *stage, *signals, *in_peer, *out_peer,
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "kernel_base": self.kernel_base,
+            "entries": [self.entry(r) for r in range(self.world_size)],
+            "world_size": self.world_size,
+            "grid": [self.channels, 1, 1],
+            "block": [self.threads, 1, 1],
+            "shared_bytes": self.shared_bytes,
+            "itemsize": self.itemsize,
+            "stage_units": self.stage_units,
+            "signal_pad": self.signal_pad,
+            "in_units": list(self.in_units),
+            "out_units": list(self.out_units),
+            "needs_in_peers": self.needs_in_peers,
+            "needs_out_peers": self.needs_out_peers,
+            "args_bytes": self.args_bytes,
+        }
+
+
+def decode_error(words: tuple[int, ...]) -> dict[str, int]:
+    return dict(zip(ERROR_RECORD, words))

@@ -1,0 +1,254 @@
+"""``purlinc``: compile | dump | check.  User errors go to stderr with exit status 2, never a
+traceback (``PURLIN_DEBUG=1`` re-raises); internal bugs say so and how to reproduce them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from purlinc import settings
+from purlinc.errors import PurlinError
+
+STAGES = ("ast", "spec", "snac", "cuda")
+ATOMS = ("ldst", "tma")
+ALGORITHMS = ("direct-push", "direct-pull", "two-shot", "ring")
+
+
+def _param(text: str) -> tuple[str, int]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected NAME=INTEGER, got {text!r}")
+    try:
+        return name, int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"parameter {name}: {value!r} is not an integer") from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _world_sizes(text: str) -> range:
+    lo, sep, hi = text.partition("..")
+    try:
+        if sep:
+            return range(int(lo), int(hi) + 1)
+        return range(int(text), int(text) + 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or LO..HI (inclusive), got {text!r}") from None
+
+
+def _add_common(parser: argparse.ArgumentParser, ranks_default: int | None) -> None:
+    parser.add_argument("file", help="the .pln collective")
+    parser.add_argument(
+        "--ranks", "-R", type=_positive, default=ranks_default,
+        help=f"world size (number of ranks){'' if ranks_default is None else f'; default {ranks_default}'}",
+    )
+    parser.add_argument(
+        "--param", "-p", type=_param, action="append", default=[], metavar="NAME=N",
+        help="bind a collective parameter, e.g. --param root=1 (repeatable)",
+    )
+
+
+def _add_lowering(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--algorithm", "-a", choices=ALGORITHMS, help="orchestration algorithm (default: chosen per spec)")
+    parser.add_argument("--channels", type=_positive, help="independent channels (thread blocks) per rank")
+    parser.add_argument("--slices", type=_positive, help="pipeline slices per chunk and channel")
+    parser.add_argument("--slots", type=_positive, help="staging slots per edge (flow control); default: one per message")
+    parser.add_argument(
+        "--registered", choices=("none", "in", "out", "both"), default="none",
+        help="which caller buffers are peer-registered (symmetric): lets stages skip the staging buffer",
+    )
+
+
+def _add_codegen(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--arch", default="sm_90", help="target: sm_80, sm_90, sm_100 (or sm_90a, sm_100a); default sm_90")
+    parser.add_argument("--atom", choices=ATOMS, default="ldst", help="datapath mechanism (default ldst)")
+    parser.add_argument("--dtype", default="bfloat16", help="element type: float32, float16, bfloat16, int32, float8_e4m3, float8_e5m2")
+    parser.add_argument("--op", default="sum", help="reduction operator for reduce collectives: sum, prod, max, min")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="purlinc",
+        description="Purlin: compile collective specs (.pln) into verified SNAC schedules and CUDA kernels.",
+        epilog="Examples:\n  purlinc compile examples/allgather.pln --arch sm_90\n"
+        "  purlinc dump examples/allreduce.pln --ranks 8 --stage snac\n"
+        "  purlinc check examples/alltoall.pln --ranks 1..64",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+
+    compile_parser = commands.add_parser(
+        "compile", help="write CUDA source, CUBIN, schedule and manifest",
+        description="Compile a collective for one world size and target: writes <name>.cu, <name>.cubin, "
+        "<name>.schedule.json and <name>.manifest.json into the output directory. Needs no GPU.",
+    )
+    _add_common(compile_parser, None)
+    _add_lowering(compile_parser)
+    _add_codegen(compile_parser)
+    compile_parser.add_argument("-o", "--output-dir", default=None, help="output directory (default ./purlin-out/<name>)")
+
+    dump = commands.add_parser(
+        "dump", help="print one stage's IR",
+        description="Print a stage of the pipeline: ast (the parsed file), spec (resolved layouts and where "
+        "each output chunk comes from), snac (the per-rank schedule) or cuda (the generated source).",
+    )
+    _add_common(dump, 8)
+    dump.add_argument("--stage", "-s", choices=STAGES, default="spec", help="which stage to print (default spec)")
+    dump.add_argument("--json", action="store_true", help="JSON instead of text (spec and snac)")
+    _add_lowering(dump)
+    _add_codegen(dump)
+
+    check_parser = commands.add_parser(
+        "check", help="check the spec (and verify the schedules) for a range of world sizes",
+        description="Check the spec for every world size in --ranks (default 1..64) and verify the SNAC "
+        "schedule of every applicable algorithm; the first problem is reported with its world size.",
+    )
+    check_parser.add_argument("file", help="the .pln collective")
+    check_parser.add_argument("--ranks", "-R", type=_world_sizes, default=range(1, 65), help="N or LO..HI (default 1..64)")
+    check_parser.add_argument("--param", "-p", type=_param, action="append", default=[], metavar="NAME=N")
+    check_parser.add_argument("--spec-only", action="store_true", help="check the spec only, not the schedules")
+    _add_lowering(check_parser)
+    return parser
+
+
+def _options(args, spec):
+    from purlinc.pipeline import default_options
+    from purlinc.snac.ir import Algorithm
+
+    options = default_options(spec)
+    changes = {}
+    if getattr(args, "algorithm", None):
+        changes["algorithm"] = Algorithm(args.algorithm)
+    for name in ("channels", "slices", "slots"):
+        if getattr(args, name, None) is not None:
+            changes[name] = getattr(args, name)
+    registered = getattr(args, "registered", "none")
+    if registered != "none":
+        changes["registered"] = frozenset({"in", "out"} if registered == "both" else {registered})
+    return replace(options, **changes)
+
+
+def _cmd_dump(args) -> int:
+    from purlinc import pipeline
+
+    source = pipeline.load_source(args.file)
+    definition = pipeline.parse_stage(source)
+    if args.stage == "ast":
+        print(definition)
+        return 0
+    spec = pipeline.spec_stage(definition, args.ranks, dict(args.param))
+    if args.stage == "spec":
+        print(json.dumps(spec.to_json(), indent=2) if args.json else spec.format(), end="" if not args.json else "\n")
+        return 0
+    schedule = pipeline.snac_stage(spec, _options(args, spec))
+    if args.stage == "snac":
+        from purlinc.snac.format import format_schedule, schedule_to_json
+
+        print(json.dumps(schedule_to_json(schedule), indent=2) if args.json else format_schedule(schedule), end="" if not args.json else "\n")
+        return 0
+    from purlinc.atom.codegen import generate
+    from purlinc.dtypes import DType, ReduceOp
+
+    kernel = generate(schedule, spec, atom=args.atom, arch=args.arch, dtype=DType.parse(args.dtype),
+                      op=ReduceOp.parse(args.op) if spec.is_reduce else None)
+    print(kernel.source, end="")
+    return 0
+
+
+def _cmd_check(args) -> int:
+    from purlinc import pipeline
+    from purlinc.frontend.check import check_all
+
+    source = pipeline.load_source(args.file)
+    definition = pipeline.parse_stage(source)
+    params = dict(args.param)
+    sizes = check_all(definition, args.ranks, params)
+    verified = 0
+    if not args.spec_only:
+        from purlinc.snac.lower import applicable_algorithms
+
+        for world_size in sizes:
+            spec = pipeline.spec_stage(definition, world_size, params)
+            for algorithm in applicable_algorithms(spec):
+                if args.algorithm and algorithm.value != args.algorithm:
+                    continue
+                options = replace(_options(args, spec), algorithm=algorithm)
+                try:
+                    pipeline.snac_stage(spec, options)
+                except PurlinError as error:
+                    raise error.with_note(f"while verifying {algorithm.value} for R={world_size}") from None
+                verified += 1
+    sizes_text = f"R={sizes[0]}" if len(sizes) == 1 else f"R={sizes[0]}..{sizes[-1]} ({len(sizes)} sizes)"
+    what = "spec" if args.spec_only else f"spec and {verified} schedules verified"
+    print(f"{definition.name}: ok for {sizes_text}: {what}")
+    return 0
+
+
+def _cmd_compile(args) -> int:
+    from purlinc.atom.emit import write_artifacts
+    from purlinc import pipeline
+    from purlinc.dtypes import DType
+
+    source = pipeline.load_source(args.file)
+    definition = pipeline.parse_stage(source)
+    ranks_defaulted = args.ranks is None
+    world_size = pipeline.DEFAULT_WORLD_SIZE if ranks_defaulted else args.ranks
+    spec = pipeline.spec_stage(definition, world_size, dict(args.param))
+    artifact = pipeline.compile(
+        args.file, world_size=world_size, params=dict(args.param), arch=args.arch,
+        options=_options(args, spec), atom=args.atom, dtype=DType.parse(args.dtype), op=args.op,
+    )
+    out_dir = Path(args.output_dir) if args.output_dir else Path("purlin-out") / spec.name
+    written = write_artifacts(artifact, out_dir, ranks_defaulted=ranks_defaulted)
+    for path in written:
+        print(path)
+    return 0
+
+
+COMMANDS = {"compile": _cmd_compile, "dump": _cmd_dump, "check": _cmd_check}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except PurlinError as error:
+        if settings.debug():
+            raise
+        print(error.render(), file=sys.stderr)
+        return 2
+    except ValueError as error:  # bad dtype / op names and similar option mistakes
+        if settings.debug():
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:  # noqa: BLE001 - the last line of defence: name it a bug
+        if settings.debug():
+            raise
+        argv_text = " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+        print(
+            f"internal error (a bug in purlinc, not in your input): {type(error).__name__}: {error}\n"
+            f"reproduce with: PURLIN_DEBUG=1 purlinc {argv_text}",
+            file=sys.stderr,
+        )
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

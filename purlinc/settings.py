@@ -1,0 +1,60 @@
+"""Every environment setting Purlin reads, in one place.
+
+Each setting says whether it affects generated code (and is then part of the compile
+cache key).  Nothing else in the package reads ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    name: str
+    default: str
+    affects_codegen: bool
+    help: str
+
+    def raw(self) -> str:
+        return os.environ.get(self.name, self.default)
+
+
+DEBUG = Setting("PURLIN_DEBUG", "0", False, "1: the CLI re-raises errors with a traceback")
+CACHE_DIR = Setting(
+    "PURLIN_CACHE_DIR", "", False, "where compiled CUBINs are cached (default ~/.cache/purlin)"
+)
+NO_CACHE = Setting("PURLIN_NO_CACHE", "0", False, "1: bypass the compile cache (neither read nor write)")
+WAIT_TIMEOUT_S = Setting(
+    "PURLIN_WAIT_TIMEOUT_S", "10", False,
+    "bound on every device-side wait, in seconds; a peer that never arrives is reported, not waited for",
+)
+
+ALL = (DEBUG, CACHE_DIR, NO_CACHE, WAIT_TIMEOUT_S)
+
+
+def debug() -> bool:
+    return DEBUG.raw() not in ("", "0")
+
+
+def cache_enabled() -> bool:
+    return NO_CACHE.raw() in ("", "0")
+
+
+def cache_dir() -> Path:
+    raw = CACHE_DIR.raw()
+    if raw:
+        return Path(raw)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "purlin"
+
+
+def wait_timeout_ns() -> int:
+    return int(float(WAIT_TIMEOUT_S.raw()) * 1e9)
+
+
+def codegen_settings() -> dict[str, str]:
+    """The settings that change generated code: part of every cache key."""
+    return {s.name: s.raw() for s in ALL if s.affects_codegen}

@@ -1,0 +1,188 @@
+"""The SNAC schedule IR: per rank and channel, an ordered list of Stage / Notify / Wait / Consume.
+
+Plain frozen data, independent of any GPU mechanism: the Atom layer turns it into code,
+the verifier proves it correct, the simulator runs it on NumPy buffers.
+
+Memory model of the IR
+----------------------
+Every rank owns three buffers, all measured in *units* of one chunk (``count`` elements
+of the call's dtype, ``count`` known only at call time):
+
+- ``IN``    the caller's input  (``Schedule.in_units[rank]`` units)
+- ``OUT``   the caller's output (``Schedule.out_units[rank]`` units)
+- ``STAGE`` a symmetric staging buffer, reachable by every peer (``stage_units`` units)
+
+A unit is cut into ``Schedule.slices`` equal slices (the last may be shorter, some may be
+empty for tiny counts).  ``Region(space, rank, unit, slice)`` names one slice of one unit of
+one rank's buffer: the smallest piece of memory the IR talks about.  Slices
+``[c * slices_per_channel, (c + 1) * slices_per_channel)`` belong to channel ``c``.
+
+Reading or writing another rank's ``IN`` or ``OUT`` is allowed only when the schedule was
+lowered for registered buffers (``LowerOptions.registered``); ``STAGE`` is always reachable.
+
+Signals and epochs
+------------------
+A signal is a 64-bit counter in its owner's signal pad; only its owner waits on it, any
+rank may notify it.  Within one call each signal is notified exactly ``per_call`` times.
+``Notify(signal, k)`` stores ``epoch * per_call + k`` (release, system scope);
+``Wait(signal, k)`` blocks until the value is ``>= epoch * per_call + k`` (acquire).
+``epoch`` is the call number (0, 1, 2, ...), kept on the device, so repeated calls and
+CUDA-graph replays need no reset.  ``k`` may be <= 0 in a Wait: it then waits for a notify
+of an *earlier* call (flow control across calls: "the consumer finished with this slot").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from purlinc.frontend.ast import Operation
+
+
+class Space(Enum):
+    IN = "in"
+    OUT = "out"
+    STAGE = "stage"
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    space: Space
+    rank: int
+    unit: int
+    slice: int
+
+    def format(self) -> str:
+        return f"r{self.rank}.{self.space.value}[{self.unit}].s{self.slice}"
+
+    def sort_key(self) -> tuple:
+        return (self.space.value, self.rank, self.unit, self.slice)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Signal:
+    owner: int  # the rank whose pad holds it, and the only rank that waits on it
+    index: int  # position in the owner's pad
+
+    def format(self) -> str:
+        return f"r{self.owner}.sig[{self.index}]"
+
+
+class Role(Enum):
+    """Why a signal exists (documentation in dumps; the semantics are all the same)."""
+
+    DATA = "data"  # producer -> consumer: "the staged data is there"
+    ACK = "ack"  # consumer -> producer: "I have consumed it; the slot is free again"
+
+
+@dataclass(frozen=True, slots=True)
+class SignalDecl:
+    signal: Signal
+    per_call: int  # notifies of this signal in one call; epochs advance by this much
+    role: Role
+    note: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """Move one slice to where its consumer can reach it (often a remote write)."""
+
+    src: Region
+    dst: Region
+    note: str = field(default="", compare=False)  # e.g. "x[3] for r1"
+
+
+@dataclass(frozen=True, slots=True)
+class Notify:
+    signal: Signal
+    k: int
+    note: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    signal: Signal
+    k: int
+    note: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Consume:
+    """``dst = srcs[0]`` (copy) or ``dst = srcs[0] (+) srcs[1] (+) ...`` in that order (reduce).
+
+    ``dst`` may also appear among ``srcs`` (accumulate in place).  Reductions accumulate in
+    float32 and round once per Consume.
+    """
+
+    operation: Operation
+    srcs: tuple[Region, ...]
+    dst: Region
+    note: str = field(default="", compare=False)
+    line: int | None = field(default=None, compare=False)  # .pln line of the output chunk
+
+
+Step = Stage | Notify | Wait | Consume
+
+
+@dataclass(frozen=True, slots=True)
+class Program:
+    """What one channel (one thread block, or one copy-engine stream) of one rank runs, in order."""
+
+    rank: int
+    channel: int
+    steps: tuple[Step, ...]
+
+
+class Algorithm(Enum):
+    DIRECT_PUSH = "direct-push"  # one-shot: producers write into consumers' memory
+    DIRECT_PULL = "direct-pull"  # one-shot: consumers read producers' memory
+    TWO_SHOT = "two-shot"  # reduce-scatter to an owner, then all-gather from it
+    RING = "ring"  # neighbour to neighbour, around the ranks
+
+
+@dataclass(frozen=True, slots=True)
+class LowerOptions:
+    """Every orchestration choice, named.  ``key()`` is stable and feeds the compile cache."""
+
+    algorithm: Algorithm = Algorithm.DIRECT_PUSH
+    channels: int = 1
+    slices: int = 1  # slices per chunk *per channel* (pipelining depth)
+    # Staging slots per (producer, consumer, channel) edge; None = one slot per message, so
+    # slots are only reused across calls.  With a number, a slot is reused within a call
+    # after its consumer acknowledged it.
+    slots: int | None = None
+    # Which of the caller's buffers are registered (peer-reachable): frozenset of "in"/"out".
+    registered: frozenset[str] = frozenset()
+
+    def key(self) -> str:
+        reg = ",".join(sorted(self.registered)) or "-"
+        slots = "all" if self.slots is None else str(self.slots)
+        return f"{self.algorithm.value}/c{self.channels}/s{self.slices}/slots{slots}/reg{reg}"
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    collective: str
+    world_size: int
+    operation: Operation
+    options: LowerOptions
+    slices: int  # total slices per unit = channels * options.slices
+    in_units: tuple[int, ...]  # per rank
+    out_units: tuple[int, ...]  # per rank
+    stage_units: int  # the same on every rank (symmetric)
+    signals: tuple[SignalDecl, ...]
+    programs: tuple[Program, ...]  # ordered by (rank, channel)
+
+    @property
+    def channels(self) -> int:
+        return self.options.channels
+
+    def program(self, rank: int, channel: int) -> Program:
+        return self.programs[rank * self.channels + channel]
+
+    def signal_pad_size(self) -> int:
+        """Signals per rank (the pad is symmetric: every rank allocates the largest)."""
+        return max((d.signal.index + 1 for d in self.signals), default=0)
+
+    def per_call(self) -> dict[Signal, int]:
+        return {d.signal: d.per_call for d in self.signals}
