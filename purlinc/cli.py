@@ -41,17 +41,18 @@ def _positive(text: str) -> int:
 def _world_sizes(text: str) -> range:
     lo, sep, hi = text.partition("..")
     try:
-        if sep:
-            return range(int(lo), int(hi) + 1)
-        return range(int(text), int(text) + 1)
+        sizes = range(int(lo), int(hi) + 1) if sep else range(int(text), int(text) + 1)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected N or LO..HI (inclusive), got {text!r}") from None
+    if not sizes or sizes[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected world sizes of at least 1 with LO <= HI, got {text!r}")
+    return sizes
 
 
 def _add_common(parser: argparse.ArgumentParser, ranks_default: int | None) -> None:
-    parser.add_argument("file", help="the .pln collective")
+    parser.add_argument("file", help="the .pln collective (see docs/LANGUAGE.md)")
     parser.add_argument(
-        "--ranks", "-R", type=_positive, default=ranks_default,
+        "--ranks", "-R", type=_positive, default=ranks_default, metavar="N",
         help=f"world size (number of ranks){'' if ranks_default is None else f'; default {ranks_default}'}",
     )
     parser.add_argument(
@@ -84,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Purlin: compile collective specs (.pln) into verified SNAC schedules and CUDA kernels.",
         epilog="Examples:\n  purlinc compile examples/allgather.pln --arch sm_90\n"
         "  purlinc dump examples/allreduce.pln --ranks 8 --stage snac\n"
-        "  purlinc check examples/alltoall.pln --ranks 1..64",
+        "  purlinc check examples/alltoall.pln --ranks 1..64\n\n"
+        "The .pln language is described in docs/LANGUAGE.md. Errors in the input exit with status 2.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -107,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(dump, 8)
     dump.add_argument("--stage", "-s", choices=STAGES, default="spec", help="which stage to print (default spec)")
-    dump.add_argument("--json", action="store_true", help="JSON instead of text (spec and snac)")
+    dump.add_argument("--json", action="store_true", help="JSON instead of text (spec and snac stages)")
     _add_lowering(dump)
     _add_codegen(dump)
 
@@ -116,10 +118,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check the spec for every world size in --ranks (default 1..64) and verify the SNAC "
         "schedule of every applicable algorithm; the first problem is reported with its world size.",
     )
-    check_parser.add_argument("file", help="the .pln collective")
-    check_parser.add_argument("--ranks", "-R", type=_world_sizes, default=range(1, 65), help="N or LO..HI (default 1..64)")
-    check_parser.add_argument("--param", "-p", type=_param, action="append", default=[], metavar="NAME=N")
-    check_parser.add_argument("--spec-only", action="store_true", help="check the spec only, not the schedules")
+    check_parser.add_argument("file", help="the .pln collective (see docs/LANGUAGE.md)")
+    check_parser.add_argument(
+        "--ranks", "-R", type=_world_sizes, default=range(1, 65), metavar="N|LO..HI",
+        help="world sizes to check: N, or LO..HI with both ends included (default 1..64); "
+        "sizes a 'where' clause excludes are skipped",
+    )
+    check_parser.add_argument(
+        "--param", "-p", type=_param, action="append", default=[], metavar="NAME=N",
+        help="bind a collective parameter, e.g. --param root=1 (repeatable)",
+    )
+    check_parser.add_argument(
+        "--spec-only", action="store_true", help="check the spec only (parse and resolve), not the schedules"
+    )
     _add_lowering(check_parser)
     return parser
 
@@ -147,7 +158,7 @@ def _cmd_dump(args) -> int:
     source = pipeline.load_source(args.file)
     definition = pipeline.parse_stage(source)
     if args.stage == "ast":
-        print(definition)
+        print(definition.format(), end="")
         return 0
     spec = pipeline.spec_stage(definition, args.ranks, dict(args.param))
     if args.stage == "spec":
@@ -192,6 +203,8 @@ def _cmd_check(args) -> int:
                     raise error.with_note(f"while verifying {algorithm.value} for R={world_size}") from None
                 verified += 1
     sizes_text = f"R={sizes[0]}" if len(sizes) == 1 else f"R={sizes[0]}..{sizes[-1]} ({len(sizes)} sizes)"
+    if definition.constraints and len(sizes) > 1:  # the sizes may have gaps: say which were skipped
+        sizes_text += " where " + ", ".join(c.format() for c in definition.constraints)
     what = "spec" if args.spec_only else f"spec and {verified} schedules verified"
     print(f"{definition.name}: ok for {sizes_text}: {what}")
     return 0

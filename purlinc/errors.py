@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+_TAB = 4
+
 
 @dataclass(frozen=True, slots=True)
 class Source:
@@ -21,9 +23,11 @@ class Source:
     text: str = field(repr=False)
 
     def line(self, number: int) -> str:
-        lines = self.text.splitlines()
+        # Split on '\n' only, as the lexer counts lines (str.splitlines also splits on
+        # form feeds and other separators, which would shift every later line).
+        lines = self.text.split("\n")
         if 1 <= number <= len(lines):
-            return lines[number - 1]
+            return lines[number - 1].rstrip("\r")
         return ""
 
 
@@ -70,8 +74,11 @@ class PurlinError(Exception):
                 width = 1
                 if span.end_line == span.line and span.end_column > span.column:
                     width = span.end_column - span.column
-                lines.append(f"    {text}")
-                lines.append("    " + " " * (span.column - 1) + "^" * width)
+                # Expand tabs in the line and in the caret's indent alike, so the caret lines up.
+                indent = len(text[: span.column - 1].expandtabs(_TAB))
+                width = max(1, len(text[: span.column - 1 + width].expandtabs(_TAB)) - indent)
+                lines.append(f"    {text.expandtabs(_TAB)}")
+                lines.append("    " + " " * indent + "^" * width)
         lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
 

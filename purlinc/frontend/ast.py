@@ -16,6 +16,12 @@ class BinaryOp(Enum):
     MOD = "%"
 
 
+# Binding strength for printing with the fewest parentheses that keep the meaning.
+_PRECEDENCE = {BinaryOp.ADD: 1, BinaryOp.SUB: 1, BinaryOp.MUL: 2, BinaryOp.DIV: 2, BinaryOp.MOD: 2}
+_UNARY_PRECEDENCE = 3
+_ATOM_PRECEDENCE = 4
+
+
 class Compare(Enum):
     EQ = "=="
     NE = "!="
@@ -30,6 +36,8 @@ class Number:
     value: int
     span: Span | None = span_field()
 
+    precedence = _ATOM_PRECEDENCE
+
     def format(self) -> str:
         return str(self.value)
 
@@ -38,6 +46,8 @@ class Number:
 class Name:
     name: str
     span: Span | None = span_field()
+
+    precedence = _ATOM_PRECEDENCE
 
     def format(self) -> str:
         return self.name
@@ -48,8 +58,10 @@ class Negate:
     operand: "Expr"
     span: Span | None = span_field()
 
+    precedence = _UNARY_PRECEDENCE
+
     def format(self) -> str:
-        return f"-{self.operand.format()}"
+        return f"-{_wrap(self.operand, _UNARY_PRECEDENCE)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,11 +71,25 @@ class Binary:
     right: "Expr"
     span: Span | None = span_field()
 
+    @property
+    def precedence(self) -> int:
+        return _PRECEDENCE[self.op]
+
     def format(self) -> str:
-        return f"({self.left.format()} {self.op.value} {self.right.format()})"
+        # Left-associative: the right operand needs parentheses at equal precedence,
+        # so a - (b - c) and a * (b % c) survive a round trip.
+        left = _wrap(self.left, self.precedence)
+        right = _wrap(self.right, self.precedence + 1)
+        return f"{left} {self.op.value} {right}"
 
 
 Expr = Number | Name | Negate | Binary
+
+
+def _wrap(expr: "Expr", precedence: int) -> str:
+    """``expr`` printed, parenthesized if it binds less tightly than ``precedence``."""
+    text = expr.format()
+    return f"({text})" if expr.precedence < precedence else text
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +122,9 @@ class Loop:
     range: Range
     span: Span | None = span_field()
 
+    def format(self) -> str:
+        return f"for {self.variable} in {self.range.format()}"
+
 
 @dataclass(frozen=True, slots=True)
 class Item:
@@ -107,6 +136,9 @@ class Item:
     chunk: ChunkRef
     loops: tuple[Loop, ...]
     span: Span | None = span_field()
+
+    def format(self) -> str:
+        return " ".join((self.chunk.format(), *(loop.format() for loop in self.loops)))
 
 
 class Buffer(Enum):
@@ -127,12 +159,19 @@ class Assignment:
     def every_rank(self) -> bool:
         return isinstance(self.rank, Name) and self.rank.name == "r"
 
+    def format(self) -> str:
+        layout = ", ".join(item.format() for item in self.layout)
+        return f"{self.buffer.value}[{self.rank.format()}] = {layout}"
+
 
 @dataclass(frozen=True, slots=True)
 class Param:
     name: str
     default: int | None
     span: Span | None = span_field()
+
+    def format(self) -> str:
+        return self.name if self.default is None else f"{self.name} = {self.default}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,3 +200,16 @@ class CollectiveDef:
     replicated: bool
     span: Span | None = span_field()
     operation_span: Span | None = span_field()
+
+    def format(self) -> str:
+        """The collective re-printed canonically: parsing this text gives an equal AST."""
+        header = f"collective {self.name}"
+        if self.params:
+            header += "(" + ", ".join(param.format() for param in self.params) + ")"
+        if self.constraints:
+            header += " where " + ", ".join(condition.format() for condition in self.constraints)
+        lines = [header + " {"]
+        lines.extend(f"    {assignment.format()}" for assignment in self.assignments)
+        lines.append(f"    {self.operation.value}{' replicated' if self.replicated else ''}")
+        lines.append("}")
+        return "\n".join(lines) + "\n"

@@ -102,14 +102,15 @@ class _Checker:
                     f"{self.definition.name} has no parameter '{name}' (its parameters: {names})",
                     self.definition.span,
                 )
-        bound = {}
         seen = set()
-        for param in self.definition.params:
+        for param in self.definition.params:  # declaration mistakes first, before any binding
             if param.name in seen:
                 raise PurlinError(f"parameter '{param.name}' is declared twice", param.span)
             seen.add(param.name)
             if param.name in (RANK_VARIABLE, WORLD_VARIABLE):
                 raise PurlinError(f"'{param.name}' is reserved and cannot be a parameter name", param.span)
+        bound = {}
+        for param in self.definition.params:
             if param.name in given:
                 bound[param.name] = int(given[param.name])
             elif param.default is not None:
@@ -157,7 +158,7 @@ class _Checker:
                 value = _evaluate(index, scope)
                 if value < 0:
                     raise PurlinError(
-                        f"index {index.format()} is {value}, out of bounds (chunk indices start at 0)",
+                        f"index '{index.format()}' is {value}, out of bounds (chunk indices start at 0)",
                         index.span,
                     )
                 axes.append([value])
@@ -202,7 +203,7 @@ class _Checker:
         rank = _evaluate(assignment.rank, self.base_scope())
         if not 0 <= rank < self.world_size:
             raise PurlinError(
-                f"rank index {assignment.rank.format()} is {rank}, outside 0..{self.world_size - 1}",
+                f"rank index '{assignment.rank.format()}' is {rank}, outside 0..{self.world_size - 1}",
                 assignment.rank.span,
             )
         return [rank]
@@ -262,6 +263,7 @@ class _Checker:
                     raise PurlinError(
                         f"output chunk {chunk} of rank {rank} has no producer: no input names it",
                         output_spans[rank][position],
+                        (_namesakes(chunk, producers),),
                     )
                 rank_sources.append(tuple(slots))
             sources.append(tuple(rank_sources))
@@ -278,6 +280,15 @@ class _Checker:
             input_spans=tuple(tuple(s) for s in input_spans),
             output_spans=tuple(tuple(s) for s in output_spans),
         )
+
+
+def _namesakes(chunk: Chunk, producers: Mapping[Chunk, list[Slot]]) -> str:
+    """A note saying which chunks of the same name the inputs do hold (an index off by one?)."""
+    same = sorted(c for c in producers if c.name == chunk.name)
+    if not same:
+        return f"no input names any chunk called '{chunk.name}'"
+    shown = ", ".join(map(str, same[:6])) + (", ..." if len(same) > 6 else "")
+    return f"the inputs name {len(same)} chunk{'s' if len(same) > 1 else ''} called '{chunk.name}': {shown}"
 
 
 def _while_checking(definition: ast.CollectiveDef, world_size: int, params: Mapping[str, int]) -> str:

@@ -41,6 +41,9 @@ _TOKEN_WORDS = {
     "$END": "the end of the file",
 }
 
+# Chosen at call time, so a user who writes one where the operation goes gets a hint.
+_REDUCE_OPS = ("sum", "prod", "max", "min")
+
 
 @functools.cache
 def _parser() -> Lark:
@@ -87,6 +90,8 @@ def _translate(error: lark.exceptions.LarkError, source: Source) -> PurlinError:
         token = error.token
         if token.type == "$END":
             lines = source.text.splitlines() or [""]
+            if set(error.expected) == {"COLLECTIVE"}:
+                return PurlinError("the file holds no collective, only comments", _point(source, 1, 1))
             return PurlinError(
                 f"unexpected end of file; expected {_expected_words(set(error.expected))}",
                 _point(source, len(lines), len(lines[-1]) + 1),
@@ -95,10 +100,20 @@ def _translate(error: lark.exceptions.LarkError, source: Source) -> PurlinError:
         span = _point(source, token.line, token.column, len(str(token)))
         if token.type == "RBRACE" and {"COPY", "REDUCE"} <= expected:
             return PurlinError("missing the operation: a collective ends with 'copy' or 'reduce'", span)
+        if token.type == "SLASH" and source.text.startswith("/*", token.start_pos):
+            return PurlinError("unterminated comment: '/*' has no matching '*/'", _point(source, token.line, token.column, 2))
+        if token.type == "NAME" and str(token) in _REDUCE_OPS and {"COPY", "REDUCE"} <= expected:
+            return PurlinError(
+                f"'{token}' is not an operation: a collective ends with 'copy' or 'reduce'",
+                span,
+                (f"the reduction operator ({', '.join(_REDUCE_OPS)}) is chosen at call time; write 'reduce'",),
+            )
         if token.type in ("NAME", "INT"):
             found = f"{'name' if token.type == 'NAME' else 'number'} '{token}'"
+        elif str(token).isidentifier():
+            found = f"keyword '{token}'"  # reserved words cannot name chunks or variables
         else:
-            found = _describe(token.type)
+            found = f"'{token}'"  # the text itself reads better than the terminal's description
         return PurlinError(f"unexpected {found}; expected {_expected_words(expected)}", span)
     return PurlinError(str(error))
 
@@ -191,7 +206,8 @@ class _ToAst(Transformer):
 
     @v_args(meta=True)
     def param(self, meta, children):
-        name, default = children
+        # `("=" signed_int)?` leaves no placeholder, so a parameter without a default has one child.
+        name, default = (*children, None)[:2]
         return ast.Param(str(name), default, self._span(meta))
 
     def params(self, children):

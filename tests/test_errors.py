@@ -1,0 +1,503 @@
+"""Every malformed spec gets the exact diagnostic: ``file:line:col: error: msg``, the source
+line, a caret under the offending text, then notes.  One table row per mistake; the CLI side
+(exit status 2, no traceback) is in test_cli_spec.py."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import pytest
+
+from purlinc.errors import PurlinError, Source, Span
+from purlinc.frontend.check import check
+from purlinc.frontend.parse import parse, parse_file, read_source
+
+
+class Case(NamedTuple):
+    name: str
+    source: str
+    expected: tuple[str, ...]  # the rendered lines
+    R: int = 4
+    params: dict | None = None
+
+
+def diagnose(source: str, world_size: int, params: dict | None = None, filename: str = "spec.pln") -> PurlinError:
+    with pytest.raises(PurlinError) as info:
+        check(parse(source, filename), world_size, params)
+    return info.value
+
+
+CASES = [
+    Case(
+        'missing_bracket',
+        'collective a {\n    in[r] = x[r\n    out[r] = x[0..R]\n    copy\n}\n',
+        (
+            "spec.pln:3:5: error: unexpected keyword 'out'; expected '..', ']'",
+            '        out[r] = x[0..R]',
+            '        ^^^',
+        ),
+        R=4,
+    ),
+    Case(
+        'missing_operation',
+        'collective a {\n    in[r] = x[r]\n    out[r] = x[0..R]\n}\n',
+        (
+            "spec.pln:4:1: error: missing the operation: a collective ends with 'copy' or 'reduce'",
+            '    }',
+            '    ^',
+        ),
+        R=4,
+    ),
+    Case(
+        'unexpected_eof',
+        'collective a {\n    in[r] = x[r]\n    out[r] = x[0..R]\n    copy\n',
+        (
+            "spec.pln:4:9: error: unexpected end of file; expected ';', 'replicated', '}'",
+            '        copy',
+            '            ^',
+        ),
+        R=4,
+    ),
+    Case(
+        'bad_character',
+        'collective a {\n    in[r] = x[r] $\n}\n',
+        (
+            "spec.pln:2:18: error: unexpected character '$'",
+            '        in[r] = x[r] $',
+            '                     ^',
+        ),
+        R=4,
+    ),
+    Case(
+        'missing_name',
+        'collective {\n    in[r] = x[r]\n}\n',
+        (
+            "spec.pln:1:12: error: unexpected '{'; expected 'copy', 'reduce', a name",
+            '    collective {',
+            '               ^',
+        ),
+        R=4,
+    ),
+    Case(
+        'two_collectives',
+        'collective a { in[r] = x out[0] = x reduce }\ncollective b { in[r] = x out[0] = x reduce }\n',
+        (
+            "spec.pln:2:1: error: unexpected keyword 'collective'; expected the end of the file",
+            '    collective b { in[r] = x out[0] = x reduce }',
+            '    ^^^^^^^^^^',
+        ),
+        R=4,
+    ),
+    Case(
+        'double_equals',
+        'collective a {\n    in[r] == x[r]\n    out[r] = x[0..R]\n    copy\n}\n',
+        (
+            "spec.pln:2:11: error: unexpected '=='; expected '='",
+            '        in[r] == x[r]',
+            '              ^^',
+        ),
+        R=4,
+    ),
+    Case(
+        'keyword_as_chunk',
+        'collective a {\n    in[r] = copy[r]\n    out[r] = x[0..R]\n    copy\n}\n',
+        (
+            "spec.pln:2:13: error: unexpected keyword 'copy'; expected a name",
+            '        in[r] = copy[r]',
+            '                ^^^^',
+        ),
+        R=4,
+    ),
+    Case(
+        'unterminated_comment',
+        'collective a {\n    in[r] = x[r]\n    /* out[r] = x[r]\n    copy\n}\n',
+        (
+            "spec.pln:3:5: error: unterminated comment: '/*' has no matching '*/'",
+            '        /* out[r] = x[r]',
+            '        ^^',
+        ),
+        R=4,
+    ),
+    Case(
+        'reduce_op_as_operation',
+        'collective a {\n    in[r] = x[0..R]\n    out[r] = x[0..R]\n    sum\n}\n',
+        (
+            "spec.pln:4:5: error: 'sum' is not an operation: a collective ends with 'copy' or 'reduce'",
+            '        sum',
+            '        ^^^',
+            "note: the reduction operator (sum, prod, max, min) is chosen at call time; write 'reduce'",
+        ),
+        R=4,
+    ),
+    Case(
+        'unknown_name',
+        'collective a {\n    in[r] = x[r]\n    out[r] = x[0..N]\n    copy\n}\n',
+        (
+            "spec.pln:3:19: error: unknown name 'N'",
+            '        out[r] = x[0..N]',
+            '                      ^',
+            'note: names defined here: R (world size), r (rank)',
+            'note: while checking a for R=4',
+        ),
+        R=4,
+    ),
+    Case(
+        'rank_outside_every_rank',
+        'collective a(root = 0) {\n    in[root] = x[r]\n    out[r] = x[0]\n    copy\n}\n',
+        (
+            "spec.pln:2:18: error: 'r' (the rank) is only defined on the right-hand side of a statement for every rank, such as 'out[r] = ...'",
+            '        in[root] = x[r]',
+            '                     ^',
+            'note: while checking a for R=4',
+        ),
+        R=4,
+    ),
+    Case(
+        'unbound_parameter',
+        'collective a(root) {\n    in[root] = x\n    out[r] = x\n    copy\n}\n',
+        (
+            "spec.pln:1:14: error: parameter 'root' is not bound",
+            '    collective a(root) {',
+            '                 ^^^^',
+            'note: give it a value (purlinc --param root=N, or root=N in Python), or a default in the declaration: (root = 0)',
+            'note: while checking a for R=4',
+        ),
+        R=4,
+    ),
+    Case(
+        'unknown_parameter',
+        'collective a(root = 0) {\n    in[root] = x\n    out[r] = x\n    copy\n}\n',
+        (
+            "spec.pln:1:1: error: a has no parameter 'rot' (its parameters: root)",
+            '    collective a(root = 0) {',
+            '    ^',
+            'note: while checking a for R=4, rot=1',
+        ),
+        R=4, params={'rot': 1},
+    ),
+    Case(
+        'duplicate_parameter',
+        'collective a(k, k) {\n    in[r] = x[r]\n    out[r] = x[r]\n    copy\n}\n',
+        (
+            "spec.pln:1:17: error: parameter 'k' is declared twice",
+            '    collective a(k, k) {',
+            '                    ^',
+            'note: while checking a for R=4',
+        ),
+        R=4,
+    ),
+    Case(
+        'reserved_parameter',
+        'collective a(R = 1) {\n    in[r] = x[r]\n    out[r] = x[r]\n    copy\n}\n',
+        (
+            "spec.pln:1:14: error: 'R' is reserved and cannot be a parameter name",
+            '    collective a(R = 1) {',
+            '                 ^^^^^',
+            'note: while checking a for R=4',
+        ),
+        R=4,
+    ),
+    Case(
+        'no_producer',
+        'collective a {\n    in[r] = x[r]\n    out[r] = y[r]\n    copy\n}\n',
+        (
+            'spec.pln:3:14: error: output chunk y[0] of rank 0 has no producer: no input names it',
+            '        out[r] = y[r]',
+            '                 ^^^^',
+            "note: no input names any chunk called 'y'",
+            'note: while checking a for R=4',
+        ),
+        R=4,
+    ),
+    Case(
+        'range_past_inputs',
+        'collective a {\n    in[r] = x[r]\n    out[r] = x[0..R+1]\n    copy\n}\n',
+        (
+            'spec.pln:3:14: error: output chunk x[4] of rank 0 has no producer: no input names it',
+            '        out[r] = x[0..R+1]',
+            '                 ^^^^^^^^^',
+            "note: the inputs name 4 chunks called 'x': x[0], x[1], x[2], x[3]",
+            'note: while checking a for R=4',
+        ),
+        R=4,
+    ),
+    Case(
+        'index_past_inputs_for_some_r',
+        'collective a {\n    in[r] = x[r]\n    out[r] = x[r + 1]\n    copy\n}\n',
+        (
+            'spec.pln:3:14: error: output chunk x[4] of rank 3 has no producer: no input names it',
+            '        out[r] = x[r + 1]',
+            '                 ^^^^^^^^',
+            "note: the inputs name 4 chunks called 'x': x[0], x[1], x[2], x[3]",
+            'note: while checking a for R=4',
+        ),
+        R=4,
+    ),
+    Case(
+        'conflicting_producers',
+        'collective a {\n    in[r] = x\n    out[r] = x\n    copy\n}\n',
+        (
+            "spec.pln:2:13: error: conflicting producers under 'copy': x is given by rank 0 (in[0]) and by rank 1 (in[0])",
+            '        in[r] = x',
+            '                ^',
+            "note: under 'copy' a chunk has exactly one producer; write 'copy replicated' if these inputs hold identical data",
+            'note: while checking a for R=4',
+        ),
+        R=4,
+    ),
+    Case(
+        'empty_range',
+        'collective a {\n    in[r] = x[r]\n    out[r] = x[1..R]\n    copy\n}\n',
+        (
+            'spec.pln:3:16: error: range 1..R is empty (1..1)',
+            '        out[r] = x[1..R]',
+            '                   ^^^^',
+            'note: while checking a for R=1',
+        ),
+        R=1,
+    ),
+    Case(
+        'reversed_range',
+        'collective a {\n    in[r] = x[r]\n    out[r] = x[R..0]\n    copy\n}\n',
+        (
+            'spec.pln:3:16: error: range R..0 is empty (4..0)',
+            '        out[r] = x[R..0]',
+            '                   ^^^^',
+            'note: while checking a for R=4',
+        ),
+        R=4,
+    ),
+    Case(
+        'negative_range',
+        'collective a {\n    in[r] = x[r]\n    out[r] = x[-1..R]\n    copy\n}\n',
+        (
+            'spec.pln:3:16: error: range -1..R starts at -1, below 0 (chunk indices start at 0)',
+            '        out[r] = x[-1..R]',
+            '                   ^^^^^',
+            'note: while checking a for R=4',
+        ),
+        R=4,
+    ),
+    Case(
+        'negative_index',
+        'collective a {\n    in[r] = x[r]\n    out[r] = x[r - 1]\n    copy\n}\n',
+        (
+            "spec.pln:3:16: error: index 'r - 1' is -1, out of bounds (chunk indices start at 0)",
+            '        out[r] = x[r - 1]',
+            '                   ^^^^^',
+            'note: while checking a for R=4',
+        ),
+        R=4,
+    ),
+    Case(
+        'rank_index_out_of_range',
+        'collective a(root = 4) {\n    in[root] = x\n    out[r] = x\n    copy\n}\n',
+        (
+            "spec.pln:2:8: error: rank index 'root' is 4, outside 0..3",
+            '        in[root] = x',
+            '           ^^^^',
+            'note: while checking a for R=4',
+        ),
+        R=4,
+    ),
+    Case(
+        'rank_index_param_out_of_range',
+        'collective a(root = 0) {\n    in[root] = x\n    out[r] = x\n    copy\n}\n',
+        (
+            "spec.pln:2:8: error: rank index 'root' is -1, outside 0..1",
+            '        in[root] = x',
+            '           ^^^^',
+            'note: while checking a for R=2, root=-1',
+        ),
+        R=2, params={'root': -1},
+    ),
+    Case(
+        'arity_mismatch',
+        'collective a {\n    in[r] = x[r]\n    out[r] = x[r][0]\n    copy\n}\n',
+        (
+            "spec.pln:3:14: error: chunk 'x' is used with 2 indices here but with 1 before (line 2)",
+            '        out[r] = x[r][0]',
+            '                 ^^^^^^^',
+            'note: while checking a for R=4',
+        ),
+        R=4,
+    ),
+    Case(
+        'division_by_zero',
+        'collective a {\n    in[r] = x[r]\n    out[r] = x[r / (R - R)]\n    copy\n}\n',
+        (
+            "spec.pln:3:16: error: division by zero in 'r / (R - R)'",
+            '        out[r] = x[r / (R - R)]',
+            '                   ^^^^^^^^^^^',
+            'note: while checking a for R=4',
+        ),
+        R=4,
+    ),
+    Case(
+        'assigned_twice',
+        'collective a {\n    in[r] = x[r]\n    in[0] = x[0]\n    out[r] = x[r]\n    copy\n}\n',
+        (
+            'spec.pln:3:5: error: in[0] is assigned twice (also at line 2)',
+            '        in[0] = x[0]',
+            '        ^^^^^^^^^^^^',
+            'note: while checking a for R=4',
+        ),
+        R=4,
+    ),
+    Case(
+        'no_output',
+        'collective a {\n    in[r] = x[r]\n    copy\n}\n',
+        (
+            "spec.pln:1:1: error: the collective names no output chunk (add 'out[r] = ...')",
+            '    collective a {',
+            '    ^',
+            'note: while checking a for R=4',
+        ),
+        R=4,
+    ),
+    Case(
+        'where_fails',
+        'collective a where R % 2 == 0 {\n    in[r] = x[r]\n    out[r] = x[r + 1 - 2 * (r % 2)]\n    copy\n}\n',
+        (
+            'spec.pln:1:20: error: a is not defined for R=3: it requires R % 2 == 0',
+            '    collective a where R % 2 == 0 {',
+            '                       ^^^^^^^^^^',
+            'note: while checking a for R=3',
+        ),
+        R=3,
+    ),
+    Case(
+        'loop_hides_parameter',
+        'collective a(k = 2) {\n    in[r] = x[r][k] for k in 0..2\n    out[r] = x[0][0]\n    copy\n}\n',
+        (
+            "spec.pln:2:21: error: loop variable 'k' hides the parameter of the same name",
+            '        in[r] = x[r][k] for k in 0..2',
+            '                        ^^^^^^^^^^^^^',
+            'note: while checking a for R=4',
+        ),
+        R=4,
+    ),
+    Case(
+        'loop_hides_rank',
+        'collective a {\n    in[r] = x[r][r] for r in 0..2\n    out[r] = x[0][0]\n    copy\n}\n',
+        (
+            "spec.pln:2:21: error: loop variable 'r' hides the rank of the same name",
+            '        in[r] = x[r][r] for r in 0..2',
+            '                        ^^^^^^^^^^^^^',
+            'note: while checking a for R=4',
+        ),
+        R=4,
+    ),
+    Case(
+        'tabs_keep_the_caret_aligned',
+        'collective a {\n\tin[r] = x[r]\n\tout[r] = y[r]\n\tcopy\n}\n',
+        (
+            'spec.pln:3:11: error: output chunk y[0] of rank 0 has no producer: no input names it',
+            '        out[r] = y[r]',
+            '                 ^^^^',
+            "note: no input names any chunk called 'y'",
+            'note: while checking a for R=4',
+        ),
+        R=4,
+    ),
+    Case(
+        'empty_file',
+        '',
+        (
+            "spec.pln:1:1: error: the file is empty; expected a collective such as 'collective name { in[r] = ... out[r] = ... copy }'",
+        ),
+        R=4,
+    ),
+    Case(
+        'blank_file',
+        '\n  // only a comment\n',
+        (
+            'spec.pln:1:1: error: the file holds no collective, only comments',
+        ),
+        R=4,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_rendered_diagnostic(case):
+    assert diagnose(case.source, case.R, case.params).render() == "\n".join(case.expected)
+
+
+def test_the_table_is_large_enough():
+    assert len(CASES) >= 15 and len({case.name for case in CASES}) == len(CASES)
+
+
+def test_str_is_the_rendered_text():
+    error = diagnose("collective a { in[r] = x[r] out[r] = y copy }", 2)
+    assert str(error) == error.render()
+    assert error.message == "output chunk y of rank 0 has no producer: no input names it"
+    assert (error.span.line, error.span.column) == (1, 38)
+
+
+def test_with_note_keeps_message_and_span():
+    error = PurlinError("bad", None, ("first",)).with_note("second")
+    assert error.notes == ("first", "second") and error.render() == "error: bad\nnote: first\nnote: second"
+
+
+def test_span_past_the_end_of_its_line_gets_one_caret():
+    source = Source("f.pln", "ab\ncd\n")
+    error = PurlinError("m", Span(source, 2, 3, 2, 4))
+    assert error.render() == "f.pln:2:3: error: m\n    cd\n      ^"
+
+
+def test_multi_line_span_gets_one_caret():
+    source = Source("f.pln", "abc\ndef\n")
+    assert PurlinError("m", Span(source, 1, 2, 2, 1)).render() == "f.pln:1:2: error: m\n    abc\n     ^"
+
+
+def test_crlf_and_form_feeds_do_not_shift_lines():
+    error = diagnose("collective a {\r\n\x0c  in[r] = x[r]\r\n  out[r] = y[r]\r\n  copy\r\n}\r\n", 2)
+    assert error.render().splitlines()[:3] == [
+        "spec.pln:3:12: error: output chunk y[0] of rank 0 has no producer: no input names it",
+        "      out[r] = y[r]",
+        "               ^^^^",
+    ]
+
+
+# --- files that cannot be read as .pln text -------------------------------------------------
+
+def test_file_that_does_not_exist(tmp_path):
+    with pytest.raises(PurlinError) as info:
+        parse_file(tmp_path / "missing.pln")
+    assert info.value.render() == f"error: no such file: {tmp_path / 'missing.pln'}"
+
+
+def test_directory(tmp_path):
+    with pytest.raises(PurlinError) as info:
+        read_source(tmp_path)
+    assert info.value.render() == f"error: {tmp_path} is a directory, not a .pln file"
+
+
+def test_binary_file(tmp_path):
+    path = tmp_path / "a.pln"
+    path.write_bytes(b"collective\x00\x01\x02")
+    with pytest.raises(PurlinError) as info:
+        parse_file(path)
+    assert info.value.render() == f"error: {path} is not a text file (it contains NUL bytes)"
+
+
+def test_file_that_is_not_utf8(tmp_path):
+    path = tmp_path / "a.pln"
+    path.write_bytes(b"collective a \xff{ }")
+    with pytest.raises(PurlinError) as info:
+        parse_file(path)
+    assert info.value.render() == f"error: {path} is not UTF-8 text (bad byte at offset 13)"
+
+
+def test_nul_in_text_given_directly():
+    with pytest.raises(PurlinError, match=r"<string> is not a text file \(it contains NUL bytes\)"):
+        parse("collective a\x00")
+
+
+def test_empty_file_on_disk(tmp_path):
+    path = tmp_path / "empty.pln"
+    path.write_text("")
+    with pytest.raises(PurlinError) as info:
+        parse_file(path)
+    assert info.value.render().startswith(f"{path}:1:1: error: the file is empty")
