@@ -1,0 +1,197 @@
+"""Text and JSON dumps of a SNAC schedule (``purlinc dump --stage snac``, golden files).
+
+The text is meant for a collective-library engineer: a header with the algorithm, the
+buffers and every signal (owner, role, notifies per call), then per rank and channel the
+numbered steps.  ``e`` in a notify or wait is the epoch (call number); a signal notified
+``P`` times per call is at ``e*P + k`` after its k-th notify of call ``e``.
+"""
+
+from __future__ import annotations
+
+from purlinc.frontend.ast import Operation
+from purlinc.snac.ir import (
+    Algorithm,
+    Consume,
+    LowerOptions,
+    Notify,
+    Program,
+    Region,
+    Role,
+    Schedule,
+    Signal,
+    SignalDecl,
+    Space,
+    Stage,
+    Wait,
+)
+
+SCHEMA = 1
+NOTE_COLUMN = 44
+
+
+def _epoch(per_call: int, k: int) -> str:
+    return f"e*{per_call}{k:+d}"
+
+
+def _step_text(step, per_call: dict[Signal, int]) -> tuple[str, str, str]:
+    """(verb, operands, note) of one step."""
+    if isinstance(step, Stage):
+        return "stage", f"{step.src.format()} -> {step.dst.format()}", step.note
+    if isinstance(step, Notify):
+        return "notify", f"{step.signal.format()} = {_epoch(per_call[step.signal], step.k)}", step.note
+    if isinstance(step, Wait):
+        return "wait", f"{step.signal.format()} >= {_epoch(per_call[step.signal], step.k)}", step.note
+    if isinstance(step, Consume):
+        if step.operation is Operation.COPY and len(step.srcs) == 1:
+            operands = f"{step.srcs[0].format()} -> {step.dst.format()}"
+            verb = "copy"
+        else:
+            operands = "(" + ", ".join(s.format() for s in step.srcs) + f") -> {step.dst.format()}"
+            verb = "reduce"
+        note = step.note + (f"  [line {step.line}]" if step.line is not None else "")
+        return verb, operands, note
+    raise TypeError(f"not a SNAC step: {step!r}")
+
+
+def format_program(program: Program, per_call: dict[Signal, int]) -> list[str]:
+    rows = [_step_text(step, per_call) for step in program.steps]
+    # Notes line up in one column; operands longer than NOTE_COLUMN just push theirs right.
+    width = min(max((len(operands) for _, operands, _ in rows), default=0), NOTE_COLUMN)
+    digits = len(str(max(len(rows) - 1, 0)))
+    lines = []
+    for i, (verb, operands, note) in enumerate(rows):
+        text = f"  {i:>{digits}}  {verb:<7} {operands}"
+        if note:
+            text = f"{text:<{digits + 12 + width}}   {note}"
+        lines.append(text.rstrip())
+    return lines
+
+
+def format_schedule(schedule: Schedule) -> str:
+    options = schedule.options
+    per_call = schedule.per_call()
+    registered = ", ".join(sorted(options.registered)) or "none"
+    slots = "one per message" if options.slots is None else str(options.slots)
+    lines = [
+        f"schedule {schedule.collective} (R={schedule.world_size}, {schedule.operation.value})",
+        f"  algorithm {options.algorithm.value}, channels {options.channels}, slices {options.slices} per channel "
+        f"({schedule.slices} per unit), slots {slots}, registered {registered}",
+        f"  key {options.key()}",
+        "  buffers (units of one chunk):",
+        "    in:    " + " ".join(f"r{r}:{n}" for r, n in enumerate(schedule.in_units)),
+        "    out:   " + " ".join(f"r{r}:{n}" for r, n in enumerate(schedule.out_units)),
+        f"    stage: {schedule.stage_units} per rank",
+        f"  signals: {len(schedule.signals)} ({schedule.signal_pad_size()} per rank)",
+    ]
+    for decl in schedule.signals:
+        lines.append(f"    {decl.signal.format():<14} {decl.role.value:<4} per_call={decl.per_call:<3} {decl.note}".rstrip())
+    for program in schedule.programs:
+        lines.append("")
+        lines.append(f"rank {program.rank} channel {program.channel}: {len(program.steps)} steps")
+        lines.extend(format_program(program, per_call))
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------
+# JSON (round-trips through schedule_from_json)
+
+
+def _region(r: Region) -> list:
+    return [r.space.value, r.rank, r.unit, r.slice]
+
+
+def _signal(s: Signal) -> list:
+    return [s.owner, s.index]
+
+
+def _step_json(step) -> dict:
+    if isinstance(step, Stage):
+        return {"op": "stage", "src": _region(step.src), "dst": _region(step.dst), "note": step.note}
+    if isinstance(step, Notify):
+        return {"op": "notify", "signal": _signal(step.signal), "k": step.k, "note": step.note}
+    if isinstance(step, Wait):
+        return {"op": "wait", "signal": _signal(step.signal), "k": step.k, "note": step.note}
+    return {
+        "op": "consume", "operation": step.operation.value, "srcs": [_region(s) for s in step.srcs],
+        "dst": _region(step.dst), "note": step.note, "line": step.line,
+    }
+
+
+def schedule_to_json(schedule: Schedule) -> dict:
+    options = schedule.options
+    return {
+        "schema": SCHEMA,
+        "collective": schedule.collective,
+        "world_size": schedule.world_size,
+        "operation": schedule.operation.value,
+        "options": {
+            "algorithm": options.algorithm.value,
+            "channels": options.channels,
+            "slices": options.slices,
+            "slots": options.slots,
+            "registered": sorted(options.registered),
+            "key": options.key(),
+        },
+        "slices": schedule.slices,
+        "in_units": list(schedule.in_units),
+        "out_units": list(schedule.out_units),
+        "stage_units": schedule.stage_units,
+        "signal_pad": schedule.signal_pad_size(),
+        "signals": [
+            {"signal": _signal(d.signal), "per_call": d.per_call, "role": d.role.value, "note": d.note}
+            for d in schedule.signals
+        ],
+        "programs": [
+            {"rank": p.rank, "channel": p.channel, "steps": [_step_json(s) for s in p.steps]}
+            for p in schedule.programs
+        ],
+    }
+
+
+def _region_from(data) -> Region:
+    space, rank, unit, slice_ = data
+    return Region(Space(space), rank, unit, slice_)
+
+
+def _step_from(data: dict):
+    op = data["op"]
+    if op == "stage":
+        return Stage(_region_from(data["src"]), _region_from(data["dst"]), data.get("note", ""))
+    if op in ("notify", "wait"):
+        cls = Notify if op == "notify" else Wait
+        return cls(Signal(*data["signal"]), data["k"], data.get("note", ""))
+    if op == "consume":
+        return Consume(
+            Operation(data["operation"]), tuple(_region_from(s) for s in data["srcs"]),
+            _region_from(data["dst"]), data.get("note", ""), data.get("line"),
+        )
+    raise ValueError(f"unknown step op {op!r}")
+
+
+def schedule_from_json(data: dict) -> Schedule:
+    """The inverse of ``schedule_to_json`` (notes and lines included)."""
+    if data.get("schema") != SCHEMA:
+        raise ValueError(f"schedule JSON schema {data.get('schema')!r}, expected {SCHEMA}")
+    o = data["options"]
+    options = LowerOptions(
+        algorithm=Algorithm(o["algorithm"]), channels=o["channels"], slices=o["slices"],
+        slots=o["slots"], registered=frozenset(o["registered"]),
+    )
+    return Schedule(
+        collective=data["collective"],
+        world_size=data["world_size"],
+        operation=Operation(data["operation"]),
+        options=options,
+        slices=data["slices"],
+        in_units=tuple(data["in_units"]),
+        out_units=tuple(data["out_units"]),
+        stage_units=data["stage_units"],
+        signals=tuple(
+            SignalDecl(Signal(*d["signal"]), d["per_call"], Role(d["role"]), d.get("note", ""))
+            for d in data["signals"]
+        ),
+        programs=tuple(
+            Program(p["rank"], p["channel"], tuple(_step_from(s) for s in p["steps"]))
+            for p in data["programs"]
+        ),
+    )
