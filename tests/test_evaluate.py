@@ -9,6 +9,7 @@ round once with ``from_float32``; int32 wraps.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from purlinc.dtypes import DType, ReduceOp, from_float32
 from purlinc.frontend.check import check, supports
 from purlinc.frontend.evaluate import evaluate
 from purlinc.frontend.parse import parse, parse_file
-from conftest import REPO
+REPO = Path(__file__).resolve().parent.parent
 
 REDUCIBLE = (DType.FLOAT32, DType.FLOAT16, DType.BFLOAT16, DType.INT32)
 ALL_DTYPES = (*REDUCIBLE, DType.FLOAT8_E4M3, DType.FLOAT8_E5M2)

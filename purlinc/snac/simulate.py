@@ -1,0 +1,302 @@
+"""The SNAC simulator: runs a schedule on NumPy buffers, in random interleavings.
+
+Every rank has its IN (the caller's input for that call), OUT (poisoned before each call),
+STAGE (``stage_units`` units, poisoned once) and a signal pad of int64 counters, exactly as
+the kernels see them.  The ranks' programs advance one step at a time, the next program
+picked uniformly among those not blocked; a ``Wait`` blocks until the pad holds at least
+``epoch * per_call + k``, a ``Notify`` *stores* ``epoch * per_call + k`` (as the kernels do:
+a value going backwards shows up as a hang or a wrong result here too).
+
+A rank starts call ``c + 1`` only when all its channels finished call ``c`` (the kernel
+boundary); its caller then reads OUT, puts the next input in IN and poisons OUT.  Other
+ranks may still be in call ``c`` meanwhile, so schedules that race across calls fail here.
+
+With ``piece`` (see ``purlinc.atom.abi``) a call runs in rounds of ``piece`` elements per
+chunk, STAGE units are ``piece`` elements, and round ``i`` of call ``c`` has epoch
+``c * rounds + i``.  Without it a call is one round of ``count`` elements.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+import numpy as np
+
+from purlinc.dtypes import DType, ReduceOp
+from purlinc.errors import PurlinError
+from purlinc.frontend.ast import Operation
+from purlinc.frontend.evaluate import reduce_chunks
+from purlinc.frontend.spec import Spec
+from purlinc.snac.ir import Consume, Notify, Region, Schedule, Space, Stage, Wait
+from purlinc.snac.verify import describe
+
+POISON_OUT = 0xA5  # byte pattern of OUT before each call
+POISON_STAGE = 0x5A  # byte pattern of STAGE before the first call
+SLICE_ALIGN = 16  # bytes; slices start on 16-byte boundaries (vector width of the kernels)
+
+
+class SimulationError(PurlinError):
+    """The schedule deadlocked (or was given unusable inputs) in the simulator."""
+
+
+def slice_bounds(n_elems: int, itemsize: int, slices: int, s: int) -> tuple[int, int]:
+    """Elements ``[lo, hi)`` of slice ``s`` of a unit of ``n_elems`` elements cut into ``slices``.
+
+    In bytes: L = n * itemsize, a slice is ceil(L / slices) rounded up to 16 bytes, so all
+    slices but the last start aligned; trailing slices may be short or empty.  The CUDA
+    side computes the same bounds.
+    """
+    total = n_elems * itemsize
+    size = -(-total // slices)
+    size = -(-size // SLICE_ALIGN) * SLICE_ALIGN
+    lo = min(total, s * size)
+    hi = min(total, lo + size)
+    return lo // itemsize, hi // itemsize
+
+
+def round_slice_bounds(piece: int, n_round: int, itemsize: int, slices: int, s: int) -> tuple[int, int]:
+    """Slice ``s`` of one round of ``n_round`` (<= ``piece``) elements.
+
+    The bounds are those of a full round (``piece`` elements) clipped to this round: a
+    slice then covers the same staging bytes in every round.  Channels advance through
+    the rounds independently, so bounds recomputed from a shorter last round would let a
+    channel's slice overlap another channel's slice of the previous round.
+    """
+    lo, hi = slice_bounds(piece, itemsize, slices, s)
+    return min(lo, n_round), min(hi, n_round)
+
+
+def _per_call_inputs(spec: Spec, inputs, calls: int, count: int, dtype: DType) -> list[list[np.ndarray]]:
+    """One input set for every call, checked."""
+    if len(inputs) and isinstance(inputs[0], np.ndarray):
+        sets = [list(inputs)] * calls
+    else:
+        sets = [list(x) for x in inputs]
+        if len(sets) != calls:
+            raise ValueError(f"expected one input set per call ({calls}), got {len(sets)}")
+    for inputs_ in sets:
+        if len(inputs_) != spec.world_size:
+            raise ValueError(f"expected {spec.world_size} input arrays (one per rank), got {len(inputs_)}")
+        for rank, array in enumerate(inputs_):
+            expected = len(spec.inputs[rank]) * count
+            if array.dtype != dtype.storage or array.shape != (expected,):
+                raise ValueError(
+                    f"input of rank {rank}: expected a ({expected},) array of {dtype.storage}, "
+                    f"got {array.shape} {array.dtype}"
+                )
+    return sets
+
+
+class _Machine:
+    """Buffers, pads and program cursors of one simulation."""
+
+    def __init__(self, schedule: Schedule, count: int, dtype: DType, op: ReduceOp | None, piece: int | None):
+        self.schedule = schedule
+        self.count = count
+        self.dtype = dtype
+        self.op = op
+        self.piece = count if piece is None else piece
+        if piece is None:
+            self.rounds = 1
+        else:
+            if piece < 1:
+                raise ValueError(f"piece must be >= 1, got {piece}")
+            self.rounds = -(-count // piece)
+        world = schedule.world_size
+        storage = dtype.storage
+        self.ins = [np.zeros(0, dtype=storage) for _ in range(world)]
+        self.outs = [np.zeros(schedule.out_units[r] * count, dtype=storage) for r in range(world)]
+        self.stages = [self._poisoned(schedule.stage_units * self.piece, POISON_STAGE) for _ in range(world)]
+        self.pads = [np.zeros(schedule.signal_pad_size(), dtype=np.int64) for _ in range(world)]
+        self.per_call = schedule.per_call()
+        self._bounds: dict[int, list[tuple[int, int]]] = {}
+
+    def _poisoned(self, size: int, byte: int) -> np.ndarray:
+        array = np.empty(size, dtype=self.dtype.storage)
+        array.view(np.uint8)[:] = byte
+        return array
+
+    def start_call(self, rank: int, inputs: np.ndarray) -> None:
+        self.ins[rank] = inputs.copy()
+        self.outs[rank] = self._poisoned(self.schedule.out_units[rank] * self.count, POISON_OUT)
+
+    def round_length(self, round_: int) -> int:
+        return min(self.piece, self.count - round_ * self.piece)
+
+    def view(self, region: Region, round_: int) -> np.ndarray:
+        n = self.round_length(round_)
+        bounds = self._bounds.get(n)
+        if bounds is None:
+            bounds = [
+                round_slice_bounds(self.piece, n, self.dtype.itemsize, self.schedule.slices, s)
+                for s in range(self.schedule.slices)
+            ]
+            self._bounds[n] = bounds
+        lo, hi = bounds[region.slice]
+        if region.space is Space.STAGE:
+            base = region.unit * self.piece
+            return self.stages[region.rank][base + lo:base + hi]
+        buffer = self.ins[region.rank] if region.space is Space.IN else self.outs[region.rank]
+        base = region.unit * self.count + round_ * self.piece
+        return buffer[base + lo:base + hi]
+
+    def target(self, step: Notify | Wait, epoch: int) -> int:
+        return epoch * self.per_call[step.signal] + step.k
+
+    def ready(self, step: Wait, epoch: int) -> bool:
+        return int(self.pads[step.signal.owner][step.signal.index]) >= self.target(step, epoch)
+
+    def execute(self, step, epoch: int, round_: int) -> None:
+        if isinstance(step, Stage):
+            self.view(step.dst, round_)[:] = self.view(step.src, round_)
+        elif isinstance(step, Notify):
+            self.pads[step.signal.owner][step.signal.index] = self.target(step, epoch)
+        elif isinstance(step, Consume):
+            if step.operation is Operation.COPY:
+                self.view(step.dst, round_)[:] = self.view(step.srcs[0], round_)
+            else:
+                chunks = [self.view(r, round_).copy() for r in step.srcs]  # dst may be a source
+                self.view(step.dst, round_)[:] = reduce_chunks(chunks, self.dtype, self.op)
+
+
+def simulate_calls(
+    schedule: Schedule,
+    spec: Spec,
+    inputs,
+    count: int,
+    dtype: DType | str,
+    op: ReduceOp | str | None = None,
+    *,
+    calls: int = 2,
+    seed: int = 0,
+    piece: int | None = None,
+) -> list[list[np.ndarray]]:
+    """Like ``simulate`` but returns every call's outputs: ``result[call][rank]``, each read
+    by that rank's caller right after its call ended."""
+    dtype = DType.parse(dtype.value if isinstance(dtype, DType) else dtype)
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    if calls < 1:
+        raise ValueError(f"calls must be >= 1, got {calls}")
+    reduce_op = None
+    if schedule.operation is Operation.REDUCE:
+        if op is None:
+            raise ValueError(f"{spec.name} is a reduction: give op (sum, prod, max or min)")
+        reduce_op = ReduceOp.parse(op)
+        if not dtype.reducible:
+            raise ValueError(f"{dtype.value} cannot be reduced (fp8 is supported for copies only)")
+    per_call_inputs = _per_call_inputs(spec, inputs, calls, count, dtype)
+    machine = _Machine(schedule, count, dtype, reduce_op, piece)
+    rng = random.Random(seed)
+
+    world, channels = schedule.world_size, schedule.channels
+    programs = schedule.programs
+    steps_per_call = [len(p.steps) * machine.rounds for p in programs]
+    position = [0] * len(programs)  # flattened over calls, rounds, steps
+    finished_call = [[0] * world for _ in range(calls)]  # channels of each rank done with call c
+    started = [0] * world  # calls each rank has started (the caller set its inputs up)
+    results: list[list[np.ndarray | None]] = [[None] * world for _ in range(calls)]
+
+    for rank in range(world):
+        machine.start_call(rank, per_call_inputs[0][rank])
+        started[rank] = 1
+
+    runnable = list(range(len(programs)))
+    waiting_signal: dict = defaultdict(list)  # (owner, index) -> blocked programs
+    waiting_rank: dict = defaultdict(list)  # rank -> programs waiting for its next call to start
+
+    def end_of_call(p: int, call: int) -> None:
+        rank = p // channels
+        finished_call[call][rank] += 1
+        if finished_call[call][rank] < channels:
+            return
+        results[call][rank] = machine.outs[rank].copy()
+        if call + 1 < calls:
+            machine.start_call(rank, per_call_inputs[call + 1][rank])
+            started[rank] = call + 2
+            runnable.extend(waiting_rank.pop(rank, []))
+
+    # Programs with no work at all still take part in the call boundaries.
+    for p, per_call in enumerate(steps_per_call):
+        if per_call == 0:
+            for call in range(calls):
+                end_of_call(p, call)
+    runnable = [p for p in runnable if steps_per_call[p] > 0]
+
+    while runnable:
+        slot = rng.randrange(len(runnable))
+        p = runnable[slot]
+        per_call = steps_per_call[p]
+        call, within = divmod(position[p], per_call)
+        rank = p // channels
+        if started[rank] <= call:
+            runnable[slot] = runnable[-1]
+            runnable.pop()
+            waiting_rank[rank].append(p)
+            continue
+        round_, index = divmod(within, len(programs[p].steps))
+        step = programs[p].steps[index]
+        epoch = call * machine.rounds + round_
+        if isinstance(step, Wait) and not machine.ready(step, epoch):
+            runnable[slot] = runnable[-1]
+            runnable.pop()
+            waiting_signal[(step.signal.owner, step.signal.index)].append(p)
+            continue
+        machine.execute(step, epoch, round_)
+        if isinstance(step, Notify):
+            runnable.extend(waiting_signal.pop((step.signal.owner, step.signal.index), []))
+        position[p] += 1
+        if position[p] % per_call == 0:
+            end_of_call(p, call)
+            if position[p] == calls * per_call:
+                runnable[slot] = runnable[-1]
+                runnable.pop()
+
+    stuck = [p for p in range(len(programs)) if position[p] < calls * steps_per_call[p]]
+    if stuck:
+        raise SimulationError(_deadlock_report(machine, programs, steps_per_call, position, stuck, channels))
+    return [list(outputs) for outputs in results]
+
+
+def _deadlock_report(machine: _Machine, programs, steps_per_call, position, stuck, channels) -> str:
+    lines = []
+    for p in stuck:
+        call, within = divmod(position[p], steps_per_call[p])
+        round_, index = divmod(within, len(programs[p].steps))
+        step = programs[p].steps[index]
+        rank, channel = p // channels, p % channels
+        where = f"rank {rank}, channel {channel}, step {index} (call {call}, round {round_})"
+        if isinstance(step, Wait):
+            epoch = call * machine.rounds + round_
+            have = int(machine.pads[step.signal.owner][step.signal.index])
+            lines.append(f"{where}: {describe(step)} needs {machine.target(step, epoch)}, the pad holds {have}")
+        else:
+            lines.append(f"{where}: waits for rank {rank} to start call {call}")
+    return "deadlock in simulation: " + "; ".join(lines)
+
+
+def simulate(
+    schedule: Schedule,
+    spec: Spec,
+    inputs,
+    count: int,
+    dtype: DType | str,
+    op: ReduceOp | str | None = None,
+    *,
+    calls: int = 2,
+    seed: int = 0,
+    piece: int | None = None,
+) -> list[np.ndarray]:
+    """Run ``calls`` back-to-back calls of ``schedule`` and return the last call's outputs.
+
+    ``inputs`` is one input set (a list of one 1-D storage array per rank, used for every
+    call) or a list of ``calls`` such sets.  ``seed`` picks the interleaving.  Raises
+    ``SimulationError`` on deadlock.
+    """
+    return simulate_calls(
+        schedule, spec, inputs, count, dtype, op, calls=calls, seed=seed, piece=piece
+    )[-1]
+
+
+__all__ = ["simulate", "simulate_calls", "slice_bounds", "round_slice_bounds", "SimulationError", "POISON_OUT", "POISON_STAGE"]

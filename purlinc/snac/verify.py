@@ -1,0 +1,668 @@
+"""The SNAC verifier: proves, for a schedule as written, that it is correct for every count.
+
+``verify(schedule, spec)`` returns nothing or raises ``VerificationError`` naming the first
+violation (in a fixed order: well-formedness, deadlock, signal monotonicity, races, result).
+
+How the proof works
+-------------------
+1. *Well-formedness*, step by step: regions in bounds and on the program's channel, remote
+   ``IN``/``OUT`` only when registered, nothing writes an ``IN`` buffer, a step never moves
+   one slice into another, waits only on the waiting rank's own signals, every signal
+   declared and notified exactly ``per_call`` times per call with ``k`` = 1..per_call.
+2. *Happens-before* over two back-to-back calls.  Nodes are the steps of call 0 and call 1
+   of every program, plus one *caller* node per rank standing between its calls: the
+   caller's next use of the buffers (it reads its output and may overwrite its input and
+   output) and the next launch, which starts only after every channel of that rank finished
+   the call.  Edges: program order; caller edges; and for ``Wait(s, k)`` in call ``e`` an
+   edge from the notify that stores ``e * per_call + k`` (none when that is <= 0: the pad
+   starts at zero).  The graph is built by running it (Kahn's algorithm, programs advanced in
+   a fixed round-robin order), which yields a topological order and vector clocks (one entry
+   per program and caller), so "a happens before b" is one array lookup.  A program left
+   blocked means a cycle, reported with its ranks and steps.  Later calls repeat call 1's
+   pattern (waits reach back at most one call, which step 1 enforces), so two calls cover
+   every call.
+   A notify *stores* its value, so a wait for value v is satisfied exactly by the notify of
+   value v only if the signal's notifies are totally ordered by happens-before in increasing
+   value (within a call and across the call boundary); otherwise the value could go
+   backwards and a waiter miss it.  That is checked too.
+3. *Races*: per region (one slice of one unit), accesses sorted in the topological order;
+   each access must be ordered after the previous write, and each write after the reads
+   since the previous write.  That makes every conflicting pair ordered (by transitivity),
+   which covers "a staging slot overwritten before it is consumed", across calls and against
+   the callers.
+4. *Result*: symbolic execution of call 0 in the topological order.  Because every
+   conflicting pair of accesses is ordered (3), every topological order gives every read
+   the same write, so one order suffices.  A region holds a multiset of input slots (a copy
+   is a multiset of one) or garbage; every output slice must hold exactly what the spec names.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict, deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from purlinc.errors import PurlinError
+from purlinc.frontend.ast import Operation
+from purlinc.frontend.spec import Slot, Spec
+from purlinc.snac.ir import Consume, Notify, Region, Schedule, Space, Stage, Step, Wait
+
+CALLS = 2  # calls unrolled by the proof (see the module docstring for why two suffice)
+
+
+class VerificationError(PurlinError):
+    """A schedule that is not provably correct.  ``rank``/``channel``/``step``/``call`` locate
+    the offending step (``None`` where the violation is not about one step)."""
+
+    def __init__(
+        self,
+        message: str,
+        span=None,
+        notes=(),
+        *,
+        rank: int | None = None,
+        channel: int | None = None,
+        step: int | None = None,
+        call: int | None = None,
+    ):
+        super().__init__(message, span, notes)
+        self.rank = rank
+        self.channel = channel
+        self.step = step
+        self.call = call
+
+    def with_note(self, note: str) -> "VerificationError":
+        return VerificationError(
+            self.message, self.span, (*self.notes, note),
+            rank=self.rank, channel=self.channel, step=self.step, call=self.call,
+        )
+
+
+def describe(step: Step) -> str:
+    """One step as short text, e.g. ``consume r2.stage[1].s0 -> r2.out[1].s0``."""
+    if isinstance(step, Stage):
+        return f"stage {step.src.format()} -> {step.dst.format()}"
+    if isinstance(step, Notify):
+        return f"notify {step.signal.format()} k={step.k}"
+    if isinstance(step, Wait):
+        return f"wait {step.signal.format()} k={step.k}"
+    if step.operation is Operation.REDUCE:
+        return f"reduce {' + '.join(r.format() for r in step.srcs)} -> {step.dst.format()}"
+    return f"consume {' + '.join(r.format() for r in step.srcs)} -> {step.dst.format()}"
+
+
+def _kind(step: Step) -> str:
+    return describe(step).split(" ", 1)[0]
+
+
+def _reads(step: Step) -> tuple[Region, ...]:
+    if isinstance(step, Stage):
+        return (step.src,)
+    if isinstance(step, Consume):
+        return step.srcs
+    return ()
+
+
+def _writes(step: Step) -> tuple[Region, ...]:
+    if isinstance(step, (Stage, Consume)):
+        return (step.dst,)
+    return ()
+
+
+class _Failure:
+    """Builds located errors for one schedule."""
+
+    def __init__(self, schedule: Schedule):
+        self.schedule = schedule
+
+    def at(self, rank: int, channel: int, index: int, message: str, call: int = 0) -> VerificationError:
+        step = self.schedule.program(rank, channel).steps[index]
+        when = f" in call {call}" if call else ""
+        text = f"rank {rank}, channel {channel}, step {index}{when} ({describe(step)}): {message}"
+        return VerificationError(text, rank=rank, channel=channel, step=index, call=call)
+
+    def short(self, rank: int, channel: int, index: int, call: int = 0) -> str:
+        when = f" in call {call}" if call else ""
+        return f"rank {rank} channel {channel} step {index}{when}"
+
+
+# --------------------------------------------------------------------------- 1. well-formed
+
+
+def _check_shape(schedule: Schedule, spec: Spec) -> None:
+    world = spec.world_size
+    problems = []
+    if schedule.world_size != world:
+        problems.append(f"it is for R={schedule.world_size}, the spec for R={world}")
+    if schedule.operation is not spec.operation:
+        problems.append(f"its operation is {schedule.operation.value}, the spec's {spec.operation.value}")
+    if tuple(schedule.in_units) != tuple(len(x) for x in spec.inputs):
+        problems.append(f"in_units {list(schedule.in_units)} differ from the spec's input layouts")
+    if tuple(schedule.out_units) != tuple(len(x) for x in spec.outputs):
+        problems.append(f"out_units {list(schedule.out_units)} differ from the spec's output layouts")
+    if schedule.channels < 1 or schedule.options.slices < 1:
+        problems.append("it needs at least one channel and one slice per channel")
+    elif schedule.slices != schedule.channels * schedule.options.slices:
+        problems.append(
+            f"slices = {schedule.slices}, but channels x slices per channel = "
+            f"{schedule.channels} x {schedule.options.slices}"
+        )
+    expected = [(r, c) for r in range(world) for c in range(schedule.channels)]
+    found = [(p.rank, p.channel) for p in schedule.programs]
+    if found != expected:
+        problems.append("its programs are not one per (rank, channel) in that order")
+    if problems:
+        raise VerificationError(f"schedule {schedule.collective} does not fit its spec: " + "; ".join(problems))
+
+
+def _check_signals_declared(schedule: Schedule) -> None:
+    seen = set()
+    for decl in schedule.signals:
+        if decl.signal in seen:
+            raise VerificationError(f"signal {decl.signal.format()} is declared twice")
+        seen.add(decl.signal)
+        if not 0 <= decl.signal.owner < schedule.world_size or decl.signal.index < 0:
+            raise VerificationError(f"signal {decl.signal.format()} names no rank's pad")
+        if decl.per_call < 1:
+            raise VerificationError(f"signal {decl.signal.format()} has per_call = {decl.per_call} (must be >= 1)")
+
+
+def _region_problem(schedule: Schedule, region: Region, rank: int, channel: int, writes: bool) -> str | None:
+    problem = _region_fault(schedule, region, rank, channel, writes)
+    return None if problem is None else problem.replace("@", region.format())
+
+
+def _region_fault(schedule: Schedule, region: Region, rank: int, channel: int, writes: bool) -> str | None:
+    """What is wrong with ``region`` (``@`` stands for its name, formatted only on failure)."""
+    if not 0 <= region.rank < schedule.world_size:
+        return f"@ names no rank (R={schedule.world_size})"
+    space = region.space
+    units = schedule.stage_units
+    if space is Space.IN:
+        units = schedule.in_units[region.rank]
+    elif space is Space.OUT:
+        units = schedule.out_units[region.rank]
+    if not 0 <= region.unit < units:
+        return f"@ is out of bounds: rank {region.rank}'s {space.value} has {units} units"
+    if not 0 <= region.slice < schedule.slices:
+        return f"@ is out of bounds: units have {schedule.slices} slices"
+    per_channel = schedule.options.slices
+    if region.slice // per_channel != channel:
+        return f"@ belongs to channel {region.slice // per_channel}, not this program's channel {channel}"
+    if writes and space is Space.IN:
+        return "writes @, the caller's input"
+    if region.rank != rank and space is not Space.STAGE and space.value not in schedule.options.registered:
+        return f"touches @, another rank's {space.value} buffer, which is not registered"
+    return None
+
+
+def _step_problem(schedule: Schedule, step: Step, rank: int, channel: int, per_call: dict) -> str | None:
+    if isinstance(step, (Notify, Wait)):
+        if step.signal not in per_call:
+            return f"{step.signal.format()} is not declared"
+        total = per_call[step.signal]
+        if isinstance(step, Notify):
+            if not 1 <= step.k <= total:
+                return f"k={step.k} is outside 1..{total} (per_call of {step.signal.format()})"
+            return None
+        if step.signal.owner != rank:
+            return f"waits on {step.signal.format()}, which rank {step.signal.owner} owns (only the owner may wait)"
+        if step.k > total:
+            return f"k={step.k} exceeds per_call = {total} of {step.signal.format()}"
+        if step.k <= -total:
+            return f"k={step.k} reaches back more than one call (per_call = {total})"
+        return None
+    if isinstance(step, Consume):
+        if not step.srcs:
+            return "consumes nothing"
+        if step.operation is Operation.COPY and len(step.srcs) != 1:
+            return f"a copy needs exactly one source, not {len(step.srcs)}"
+        if step.operation is Operation.REDUCE and schedule.operation is Operation.COPY:
+            return "reduces in a copy collective"
+    for region in (*_reads(step), *_writes(step)):
+        problem = _region_problem(schedule, region, rank, channel, writes=region in _writes(step))
+        if problem is not None:
+            return problem
+    slices = {r.slice for r in (*_reads(step), *_writes(step))}
+    if len(slices) > 1:
+        return f"mixes slices {sorted(slices)} (data only moves within one slice)"
+    return None
+
+
+def _check_steps(schedule: Schedule, fail: _Failure) -> None:
+    per_call = schedule.per_call()
+    for program in schedule.programs:
+        for index, step in enumerate(program.steps):
+            problem = _step_problem(schedule, step, program.rank, program.channel, per_call)
+            if problem is not None:
+                raise fail.at(program.rank, program.channel, index, problem)
+
+
+def _notify_sites(schedule: Schedule) -> dict:
+    """signal -> k -> [(program index, step index)] within one call."""
+    sites: dict = defaultdict(lambda: defaultdict(list))
+    for p, program in enumerate(schedule.programs):
+        for index, step in enumerate(program.steps):
+            if isinstance(step, Notify):
+                sites[step.signal][step.k].append((p, index))
+    return sites
+
+
+def _check_signal_counts(schedule: Schedule, fail: _Failure) -> None:
+    sites = _notify_sites(schedule)
+    channels = schedule.channels
+    for decl in schedule.signals:
+        by_k = sites.get(decl.signal, {})
+        for k in sorted(by_k):
+            if len(by_k[k]) > 1:
+                p, index = sorted(by_k[k])[1]
+                raise fail.at(
+                    p // channels, p % channels, index,
+                    f"{decl.signal.format()} is notified with k={k} more than once per call",
+                )
+        missing = [k for k in range(1, decl.per_call + 1) if k not in by_k]
+        if missing:
+            raise VerificationError(
+                f"{decl.signal.format()} is notified {len(by_k)} times per call, but declared "
+                f"per_call = {decl.per_call} (no notify with k={', '.join(map(str, missing))})",
+                rank=decl.signal.owner,
+            )
+
+
+# --------------------------------------------------------------------------- 2. happens-before
+
+
+@dataclass(frozen=True, slots=True)
+class _Node:
+    """A step of the unrolled graph: chain ``p`` (a program, or ``programs + rank`` for a
+    caller) at position ``pos`` (call * len(steps) + step; always 0 for a caller)."""
+
+    p: int
+    pos: int
+
+
+class _Order:
+    """Happens-before over two calls, as vector clocks and a topological numbering."""
+
+    def __init__(self, schedule: Schedule, fail: _Failure):
+        self.schedule = schedule
+        self.fail = fail
+        self.programs = schedule.programs
+        self.np = len(self.programs)
+        self.channels = schedule.channels
+        self.world = schedule.world_size
+        self.n = [len(p.steps) for p in self.programs]
+        self.per_call = schedule.per_call()
+        width = self.np + self.world
+        # snap[p][pos]: vector clock of that node, excluding its own chain's entry (its pos).
+        self.snap: list[list] = [[None] * (CALLS * n) for n in self.n] + [[None] for _ in range(self.world)]
+        self.topo: list[list[int]] = [[-1] * (CALLS * n) for n in self.n] + [[-1] for _ in range(self.world)]
+        self.sequence: list[_Node] = []  # the topological order itself
+        self.notify_at: dict = {}  # (signal, value) -> _Node
+        for p, program in enumerate(self.programs):
+            for call in range(CALLS):
+                for index, step in enumerate(program.steps):
+                    if isinstance(step, Notify):
+                        value = call * self.per_call[step.signal] + step.k
+                        self.notify_at[(step.signal, value)] = _Node(p, call * self.n[p] + index)
+        self._run(width)
+
+    # ---- queries
+
+    def is_caller(self, node: _Node) -> bool:
+        return node.p >= self.np
+
+    def call_of(self, node: _Node) -> int:
+        return 1 if self.is_caller(node) else node.pos // max(1, self.n[node.p])
+
+    def before(self, a: _Node, b: _Node) -> bool:
+        """a happens before b (strictly)."""
+        if a.p == b.p:
+            return a.pos < b.pos
+        return int(self.snap[b.p][b.pos][a.p]) >= a.pos
+
+    def where(self, node: _Node) -> tuple[int, int, int, int]:
+        """(rank, channel, step, call) of a program node."""
+        n = self.n[node.p]
+        return (node.p // self.channels, node.p % self.channels, node.pos % n, node.pos // n)
+
+    def step(self, node: _Node) -> Step:
+        return self.programs[node.p].steps[node.pos % self.n[node.p]]
+
+    def key(self, node: _Node) -> tuple:
+        """Deterministic order of reported locations: call, rank, channel, step."""
+        if self.is_caller(node):
+            return (1, node.p - self.np, -1, -1)
+        rank, channel, index, call = self.where(node)
+        return (call, rank, channel, index)
+
+    def short(self, node: _Node) -> str:
+        rank, channel, index, call = self.where(node)
+        return self.fail.short(rank, channel, index, call)
+
+    def error(self, node: _Node, message: str) -> VerificationError:
+        rank, channel, index, call = self.where(node)
+        return self.fail.at(rank, channel, index, message, call)
+
+    # ---- construction
+
+    def _run(self, width: int) -> None:
+        np_, n, channels = self.np, self.n, self.channels
+        clock = [np.full(width, -1, dtype=np.int64) for _ in range(np_)]
+        pos = [0] * np_
+        arrived = [False] * np_
+        passed = [False] * np_
+        arrivals = [0] * self.world
+        caller_clock: list = [None] * self.world
+        notified: dict = {}
+        blocked: dict = defaultdict(list)  # (signal, value) -> programs waiting for it
+        at_boundary: dict = defaultdict(list)  # rank -> programs waiting for its caller
+        ready = deque(range(np_))
+
+        def record(node: _Node, vc) -> None:
+            self.snap[node.p][node.pos] = vc
+            self.topo[node.p][node.pos] = len(self.sequence)
+            self.sequence.append(node)
+
+        def arrive(p: int) -> None:
+            arrived[p] = True
+            rank = p // channels
+            arrivals[rank] += 1
+            if arrivals[rank] < channels:
+                return
+            vc = np.full(width, -1, dtype=np.int64)
+            for q in range(rank * channels, (rank + 1) * channels):
+                vc = np.maximum(vc, clock[q])
+                vc[q] = max(int(vc[q]), n[q] - 1)
+            record(_Node(np_ + rank, 0), vc)
+            vc = vc.copy()
+            vc[np_ + rank] = 0
+            caller_clock[rank] = vc
+            second_call.extend(at_boundary.pop(rank, []))
+
+        # Call 0 first, entirely (it never waits on call 1), then call 1: reports then read
+        # "x is not ordered before y" with x and y in the same call wherever possible.
+        second_call: list[int] = []
+        while ready or second_call:
+            if not ready:
+                ready.extend(sorted(second_call))
+                second_call.clear()
+            p = ready.popleft()
+            rank = p // channels
+            while True:
+                if pos[p] == n[p] and not passed[p]:
+                    if not arrived[p]:
+                        arrive(p)
+                        if caller_clock[rank] is not None:
+                            second_call.append(p)
+                            break
+                    if caller_clock[rank] is None:
+                        at_boundary[rank].append(p)
+                        break
+                    clock[p] = np.maximum(clock[p], caller_clock[rank])
+                    passed[p] = True
+                if pos[p] == CALLS * n[p]:
+                    break
+                call, index = divmod(pos[p], n[p])
+                step = self.programs[p].steps[index]
+                if isinstance(step, Wait):
+                    target = call * self.per_call[step.signal] + step.k
+                    if target > 0:
+                        source = notified.get((step.signal, target))
+                        if source is None:
+                            blocked[(step.signal, target)].append(p)
+                            break
+                        clock[p] = np.maximum(clock[p], source)
+                record(_Node(p, pos[p]), clock[p])
+                if isinstance(step, Notify):
+                    value = call * self.per_call[step.signal] + step.k
+                    vc = clock[p].copy()
+                    vc[p] = pos[p]
+                    notified[(step.signal, value)] = vc
+                    ready.extend(blocked.pop((step.signal, value), []))
+                pos[p] += 1
+
+        stuck = [p for p in range(np_) if pos[p] < CALLS * n[p] or not passed[p]]
+        if stuck:
+            raise self._deadlock(stuck, pos, arrived)
+
+    def _deadlock(self, stuck: list[int], pos: list[int], arrived: list[bool]) -> VerificationError:
+        """Follow 'waits for' from a stuck program until a program repeats: that is the cycle."""
+        channels = self.channels
+
+        def waits_for(p: int) -> tuple[int, str]:
+            if pos[p] == self.n[p]:  # at the call boundary: waits for the rest of its rank
+                rank = p // channels
+                q = next(q for q in range(rank * channels, (rank + 1) * channels) if not arrived[q])
+                return q, f"waits at the end of call 0 for rank {rank} channel {q % channels} to finish it"
+            step = self.step(_Node(p, pos[p]))
+            call = pos[p] // self.n[p]
+            value = call * self.per_call[step.signal] + step.k
+            source = self.notify_at[(step.signal, value)]
+            return source.p, f"waits for {self.short(source)} ({describe(self.step(source))})"
+
+        seen: dict[int, int] = {}
+        path: list[int] = []
+        p = min(stuck)
+        while p not in seen:
+            seen[p] = len(path)
+            path.append(p)
+            p = waits_for(p)[0]
+        cycle = path[seen[p]:]
+
+        def label(q: int) -> str:
+            if pos[q] == self.n[q]:
+                return f"rank {q // channels} channel {q % channels} (end of call 0)"
+            node = _Node(q, pos[q])
+            return f"{self.short(node)} ({describe(self.step(node))})"
+
+        def sort_key(q: int) -> tuple:
+            return (pos[q] // max(1, self.n[q]), q // channels, q % channels, pos[q] % max(1, self.n[q]))
+
+        first = min(range(len(cycle)), key=lambda i: sort_key(cycle[i]))
+        cycle = cycle[first:] + cycle[:first]
+        links = [waits_for(cycle[0])[1]]
+        links += [f"{label(q)} {waits_for(q)[1]}" for q in cycle[1:]]
+        message = "deadlock: " + ", which is behind ".join(links) + " (a cycle of waits)"
+        head = cycle[0]
+        if pos[head] == self.n[head]:
+            rank, channel = head // channels, head % channels
+            return VerificationError(
+                f"rank {rank}, channel {channel}, end of call 0: {message}", rank=rank, channel=channel, call=0
+            )
+        return self.error(_Node(head, pos[head]), message)
+
+
+def _check_monotone(schedule: Schedule, order: _Order) -> None:
+    """A notify stores its value: the signal's notifies must happen in increasing value."""
+    for decl in schedule.signals:
+        per_call = decl.per_call
+        for value in range(1, CALLS * per_call):
+            earlier = order.notify_at[(decl.signal, value)]
+            later = order.notify_at[(decl.signal, value + 1)]
+            if not order.before(earlier, later):
+                raise order.error(
+                    later,
+                    f"is not ordered after {order.short(earlier)} ({describe(order.step(earlier))}), "
+                    f"which stores the value before it ({value}); {decl.signal.format()} could go "
+                    "backwards and a waiter miss its value",
+                )
+
+
+# --------------------------------------------------------------------------- 3. races
+
+
+def _accesses(schedule: Schedule, order: _Order) -> dict:
+    """region -> [(node, writes)], one entry per node (a read-modify-write counts as a write)."""
+    table: dict = defaultdict(dict)
+    for p, program in enumerate(schedule.programs):
+        n = len(program.steps)
+        for call in range(CALLS):
+            for index, step in enumerate(program.steps):
+                node = _Node(p, call * n + index)
+                for region in _reads(step):
+                    table[region].setdefault(node, False)
+                for region in _writes(step):
+                    table[region][node] = True
+    # The caller of each rank, between its calls, owns its IN and OUT (reads and rewrites them).
+    for rank in range(schedule.world_size):
+        node = _Node(order.np + rank, 0)
+        for space, units in ((Space.IN, schedule.in_units[rank]), (Space.OUT, schedule.out_units[rank])):
+            for unit in range(units):
+                for s in range(schedule.slices):
+                    region = Region(space, rank, unit, s)
+                    if region in table:  # untouched regions cannot race
+                        table[region][node] = True
+    return table
+
+
+def _race_message(order: _Order, region: Region, later: _Node, earlier: _Node, later_writes: bool, earlier_writes: bool):
+    """(key, error) for an unordered conflicting pair, located at a program step."""
+    text = region.format()
+    if order.is_caller(later) or order.is_caller(earlier):
+        caller, other = (later, earlier) if order.is_caller(later) else (earlier, later)
+        owner = caller.p - order.np
+        verb = "writes" if (later_writes if other == later else earlier_writes) else "reads"
+        if order.call_of(other) == 0:  # may still run after the owner finished call 0
+            message = (
+                f"{verb} {text}, which rank {owner}'s caller owns again once rank {owner} finishes "
+                "the call; it is not ordered before that by any notify/wait"
+            )
+        else:
+            message = (
+                f"{verb} {text} without being ordered after rank {owner} finishing the previous call "
+                f"by any notify/wait (its caller may still be using its {region.space.value} buffer)"
+            )
+        return order.key(other), order.error(other, message)
+    kind = _kind(order.step(earlier))
+    where = f"{kind} at {order.short(earlier)}"
+    if not later_writes:
+        message = f"reads {text}, whose {where} is not ordered before it by any notify/wait"
+    elif not earlier_writes:
+        message = (
+            f"overwrites {text}, which the {where} reads, without being ordered after that read "
+            "by any notify/wait (the slot is reused too early)"
+        )
+    else:
+        message = f"writes {text}, also written by the {where}, and no notify/wait orders the two"
+    return order.key(later), order.error(later, message)
+
+
+def _check_races(schedule: Schedule, order: _Order) -> None:
+    found = []
+    for region, nodes in _accesses(schedule, order).items():
+        accesses = sorted(nodes.items(), key=lambda item: order.topo[item[0].p][item[0].pos])
+        last_write = None
+        reads: list = []
+        for node, writes in accesses:
+            if last_write is not None and not order.before(last_write, node):
+                found.append(_race_message(order, region, node, last_write, writes, True))
+            if writes:
+                for read in reads:
+                    if not order.before(read, node):
+                        found.append(_race_message(order, region, node, read, True, False))
+                last_write, reads = node, []
+            else:
+                reads.append(node)
+    if found:
+        raise min(found, key=lambda item: (item[0], item[1].message))[1]
+
+
+# --------------------------------------------------------------------------- 4. result
+
+
+def _format_value(value: tuple[Slot, ...] | None) -> str:
+    if value is None:
+        return "garbage"
+    return " + ".join(map(str, value))
+
+
+def _check_result(schedule: Schedule, spec: Spec, order: _Order) -> None:
+    # Race-freedom makes every read see the same write in any topological order, so running
+    # call 0 in the one order we have proves the result for all interleavings.
+    values: dict[Region, tuple[Slot, ...] | None] = {}
+    last_writer: dict[Region, _Node] = {}
+
+    def read(region: Region):
+        if region.space is Space.IN:
+            return (Slot(region.rank, region.unit),)
+        return values.get(region)
+
+    for node in order.sequence:
+        if order.is_caller(node) or order.call_of(node) != 0:
+            continue
+        step = order.step(node)
+        if not isinstance(step, (Stage, Consume)):
+            continue
+        srcs = _reads(step)
+        got = [read(r) for r in srcs]
+        for region, value in zip(srcs, got):
+            if value is None:
+                writer = last_writer.get(region)
+                why = "nothing writes it before" if writer is None else "it holds garbage"
+                raise order.error(node, f"reads {region.format()}, which holds no data in call 0 ({why})")
+        if isinstance(step, Consume) and step.operation is Operation.REDUCE:
+            result = tuple(sorted(slot for value in got for slot in value))
+        else:
+            result = got[0]
+        values[step.dst] = result
+        last_writer[step.dst] = node
+
+    per_channel = schedule.options.slices
+    for rank in range(spec.world_size):
+        for unit, sources in enumerate(spec.sources[rank]):
+            for s in range(schedule.slices):
+                region = Region(Space.OUT, rank, unit, s)
+                problem = _output_problem(spec, values.get(region), sources)
+                if problem is None:
+                    continue
+                chunk = spec.outputs[rank][unit]
+                line = spec.output_line(rank, unit)
+                named = f"{chunk}" + (f", line {line}" if line is not None else "")
+                writer = last_writer.get(region)
+                text = f"rank {rank} out[{unit}] ({named}) slice {s} {problem}"
+                if writer is not None:
+                    text += f" (last written by {order.short(writer)}: {describe(order.step(writer))})"
+                _, channel, index, _ = order.where(writer) if writer is not None else (rank, s // per_channel, None, 0)
+                raise VerificationError(text, rank=rank, channel=channel, step=index, call=0)
+
+
+def _output_problem(spec: Spec, value, sources: tuple[Slot, ...]) -> str | None:
+    if value is None:
+        return "is never written (holds garbage)"
+    if not spec.is_reduce:
+        if len(value) == 1 and value[0] in sources:
+            return None
+        want = " or ".join(map(str, sources))
+        return f"holds {_format_value(value)}, expected a copy of {want}"
+    got, want = Counter(value), Counter(sources)
+    if got == want:
+        return None
+    details = []
+    for slot in sorted(got):
+        if slot not in want:
+            details.append(f"{slot} is not part of it")
+        elif got[slot] > want[slot]:
+            details.append(f"{slot} is counted {got[slot]} times")
+    missing = sorted(slot for slot in want if got[slot] < want[slot])
+    if missing:
+        details.append("missing " + ", ".join(map(str, missing)))
+    return f"holds {_format_value(value)}: " + "; ".join(details)
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def verify(schedule: Schedule, spec: Spec) -> None:
+    """Prove ``schedule`` computes ``spec`` for every count and interleaving, or raise
+    ``VerificationError`` naming the first violation."""
+    fail = _Failure(schedule)
+    _check_shape(schedule, spec)
+    _check_signals_declared(schedule)
+    _check_steps(schedule, fail)
+    _check_signal_counts(schedule, fail)
+    order = _Order(schedule, fail)
+    _check_monotone(schedule, order)
+    _check_races(schedule, order)
+    _check_result(schedule, spec, order)
