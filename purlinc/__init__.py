@@ -8,4 +8,15 @@ from purlinc.errors import PurlinError
 
 __version__ = "0.1.0"
 
-__all__ = ["PurlinError", "__version__"]
+__all__ = ["PurlinError", "__version__", "load", "Communicator", "LocalGroup", "PurlinTimeoutError"]
+
+# The runtime is imported on first use, so ``import purlinc`` needs no GPU, driver or torch.
+_RUNTIME = ("load", "Communicator", "LocalGroup", "PurlinTimeoutError", "Collective", "GroupCollective")
+
+
+def __getattr__(name: str):
+    if name in _RUNTIME:
+        from purlinc import runtime
+
+        return getattr(runtime, name)
+    raise AttributeError(f"module 'purlinc' has no attribute {name!r}")

@@ -32,7 +32,16 @@ WAIT_TIMEOUT_S = Setting(
     "bound on every device-side wait, in seconds; a peer that never arrives is reported, not waited for",
 )
 
-ALL = (DEBUG, CACHE_DIR, NO_CACHE, WAIT_TIMEOUT_S)
+HEAP_MB = Setting(
+    "PURLIN_HEAP_MB", "512", False,
+    "size of each rank's symmetric heap (staging buffers and signal pads of every loaded collective), MiB",
+)
+STAGE_MB = Setting(
+    "PURLIN_STAGE_MB", "64", False,
+    "staging space per loaded collective and rank, MiB; larger messages run in several rounds",
+)
+
+ALL = (DEBUG, CACHE_DIR, NO_CACHE, WAIT_TIMEOUT_S, HEAP_MB, STAGE_MB)
 
 
 def debug() -> bool:
@@ -53,6 +62,14 @@ def cache_dir() -> Path:
 
 def wait_timeout_ns() -> int:
     return int(float(WAIT_TIMEOUT_S.raw()) * 1e9)
+
+
+def heap_bytes() -> int:
+    return int(float(HEAP_MB.raw()) * (1 << 20))
+
+
+def stage_bytes() -> int:
+    return int(float(STAGE_MB.raw()) * (1 << 20))
 
 
 def codegen_settings() -> dict[str, str]:

@@ -8,13 +8,13 @@ user knows instead of lark's terminal names.
 from __future__ import annotations
 
 import functools
-from importlib import resources
 from pathlib import Path
 
 import lark
 from lark import Lark, Token, Transformer, v_args
 
 from purlinc.errors import PurlinError, Source, Span
+from purlinc.resources import grammar_dir
 from purlinc.frontend import ast
 
 # lark's terminal names, in words (anonymous terminals are named after their text).
@@ -47,7 +47,7 @@ _REDUCE_OPS = ("sum", "prod", "max", "min")
 
 @functools.cache
 def _parser() -> Lark:
-    grammar = resources.files("purlinc.grammar").joinpath("purlin.lark").read_text(encoding="utf-8")
+    grammar = grammar_dir().joinpath("purlin.lark").read_text(encoding="utf-8")
     # The basic lexer reserves keywords ('copy', 'in', ...) everywhere, so a misplaced keyword
     # is reported as such instead of being read as a chunk name.
     return Lark(grammar, parser="lalr", lexer="basic", propagate_positions=True, maybe_placeholders=True)

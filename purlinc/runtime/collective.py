@@ -1,0 +1,498 @@
+"""Loaded collectives: ``purlinc.load(path_or_source, comm, ...)`` and the callables it returns.
+
+Load (a collective over the ranks, like creating a NCCL communicator):
+  parse -> check -> lower once (the schedule fixes the heap layout), take staging space,
+  signal pads and call counters from the symmetric heap (same offsets on every rank),
+  zero them, then exchange a hash of (source, world size, params, options, atom, arch,
+  heap offsets) and refuse to go on if any rank disagrees.
+
+Call (``coll(x, out=None, op="sum", stream=None)``):
+  check the error record (a timeout of an earlier call is raised now), describe and
+  validate the buffers (cached per buffer identity), pick the kernel for (dtype, op) --
+  generated, compiled and loaded on first use only; under torchrun that first use is also
+  a host-side exchange checking every rank asked for the same (dtype, op), so warm up
+  before capturing a graph -- and launch it on the caller's stream with packed arguments
+  cached per (in, out, count).  Nothing is allocated, synchronised or compiled after the
+  first call of a given shape, so calls can be captured in CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from purlinc import settings
+from purlinc.atom.abi import ERROR_RECORD, ERROR_RECORD_BYTES, decode_error
+from purlinc.dtypes import DType, ReduceOp
+from purlinc.errors import InternalError, PurlinError
+from purlinc.runtime import interop
+from purlinc.runtime.errors import ArgumentError, MismatchError, PurlinTimeoutError
+from purlinc.runtime.validate import CallShape, choose_piece, validate_call
+from purlinc.snac.ir import Algorithm, LowerOptions, Schedule
+
+ATOMS = ("ldst", "tma", "ce")
+_ARGS_CACHE_LIMIT = 4096
+
+
+# ---------------------------------------------------------------------------------------------
+# compile-side state, shared by every rank of a process
+
+
+@dataclass
+class Compiled:
+    """One collective lowered for one world size, plus its kernels per (dtype, op)."""
+
+    name: str
+    source_text: str
+    filename: str
+    world_size: int
+    params: tuple[tuple[str, int], ...]
+    options: LowerOptions
+    atom: str
+    arch: str
+    spec: object
+    schedule: Schedule
+    ce_plan: object = None
+    kernels: dict = None  # (DType, ReduceOp | None) -> (KernelSource, cubin)
+    lock: threading.Lock = None
+
+    def kernel(self, dtype: DType, op: ReduceOp | None):
+        with self.lock:
+            hit = self.kernels.get((dtype, op))
+            if hit is None:
+                from purlinc.atom.codegen import generate
+                from purlinc.atom.nvrtc import compile_cubin
+
+                source = generate(self.schedule, self.spec, atom=self.atom, arch=self.arch, dtype=dtype, op=op)
+                hit = (source, compile_cubin(source.source, source.filename, self.arch))
+                self.kernels[(dtype, op)] = hit
+            return hit
+
+    def identity(self) -> dict:
+        """What every rank must agree on (hashed at load)."""
+        return {
+            "source": hashlib.sha256(self.source_text.encode()).hexdigest(),
+            "name": self.name, "world_size": self.world_size, "params": list(self.params),
+            "options": self.options.key(), "atom": self.atom, "arch": self.arch,
+        }
+
+
+def prepare(
+    path_or_source: str | Path,
+    world_size: int,
+    *,
+    params: Mapping[str, int] | None = None,
+    algorithm: Algorithm | str | None = None,
+    atom: str | None = None,
+    channels: int | None = None,
+    slices: int | None = None,
+    arch: str = "sm_90",
+) -> Compiled:
+    """Parse, check and lower (no GPU needed): everything a load decides before touching memory."""
+    from purlinc import pipeline
+
+    atom = atom or "ldst"
+    if atom not in ATOMS:
+        raise ArgumentError(f"unknown atom {atom!r}; expected one of {', '.join(ATOMS)}")
+    source = pipeline.load_source(path_or_source)
+    definition = pipeline.parse_stage(source)
+    spec = pipeline.spec_stage(definition, world_size, params)
+    options = pipeline.default_options(spec)
+    if algorithm is not None:
+        try:
+            options = replace(options, algorithm=Algorithm(algorithm) if isinstance(algorithm, str) else algorithm)
+        except ValueError:
+            names = ", ".join(a.value for a in Algorithm)
+            raise ArgumentError(f"unknown algorithm {algorithm!r}; expected one of {names}") from None
+    if channels is not None:
+        options = replace(options, channels=int(channels))
+    if slices is not None:
+        options = replace(options, slices=int(slices))
+    # The runtime exchanges no per-call pointers, so the caller's buffers are never registered.
+    options = replace(options, registered=frozenset())
+    schedule = pipeline.snac_stage(spec, options)
+    compiled = Compiled(
+        spec.name, source.text, source.filename, world_size, tuple(spec.params), options, atom, arch,
+        spec, schedule, None, {}, threading.Lock(),
+    )
+    if atom == "ce":
+        from purlinc.runtime.ce import plan
+
+        compiled.ce_plan = plan(schedule)
+    return compiled
+
+
+# ---------------------------------------------------------------------------------------------
+# per-rank state
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Offsets of one collective's regions in the symmetric heap (equal on every rank)."""
+
+    stage: int
+    stage_bytes: int
+    pad: int
+    pad_bytes: int
+    counters: int
+    counters_bytes: int
+
+
+def layout_sizes(compiled: Compiled) -> tuple[int, int, int]:
+    """(staging, signal pad, counters) bytes for one rank."""
+    schedule = compiled.schedule
+    stage = settings.stage_bytes() if schedule.stage_units else 0
+    words = compiled.ce_plan.pad_words if compiled.ce_plan is not None else schedule.signal_pad_size()
+    return stage, 8 * max(words, 1), 8 * schedule.channels
+
+
+class _Variant:
+    """A kernel for one (dtype, op) loaded on one device: its entry point and launch shape."""
+
+    __slots__ = ("function", "module", "grid", "block", "shared", "abi", "key")
+
+    def __init__(self, function, module, abi, key):
+        self.function, self.module, self.abi, self.key = function, module, abi, key
+        self.grid, self.block, self.shared = abi.channels, abi.threads, abi.shared_bytes
+
+
+class Collective:
+    """One rank's loaded collective: ``coll(x, out=None, op="sum", stream=None)``."""
+
+    def __init__(self, compiled: Compiled, comm, layout: Layout, *, agree: bool):
+        from purlinc.runtime import driver
+
+        self.compiled = compiled
+        self.name = compiled.name
+        self.comm = comm
+        self.rank = comm.rank
+        self.device = comm.device
+        self.layout = layout
+        schedule = compiled.schedule
+        self.in_units = schedule.in_units[self.rank]
+        self.out_units = schedule.out_units[self.rank]
+        self.stage_units = schedule.stage_units
+        self.is_reduce = schedule.operation.value == "reduce"
+        self.timeout_ns = settings.wait_timeout_ns()
+        self._agree = agree  # exchange (dtype, op) with the other ranks on first use
+        self._driver = driver
+        self._multi_device = comm.local_group is not None
+        heap = comm.heap
+        self.stage_ptrs = heap.ptrs(layout.stage)
+        self.pad_ptrs = heap.ptrs(layout.pad)
+        self.counters_ptr = heap.ptr(self.rank, layout.counters)
+        driver.set_current(self.device)
+        self.error_host, self.error_dev = driver.host_alloc_mapped(ERROR_RECORD_BYTES)
+        self._flag = ctypes.c_uint64.from_address(self.error_host)
+        self._variants: dict = {}
+        self._args: dict = {}
+        self._shapes: dict = {}
+        self._ce = None
+        if compiled.ce_plan is not None:
+            from purlinc.runtime.ce import CeRunner
+
+            self._ce = CeRunner(compiled.ce_plan, self.rank, self.device)
+        self.closed = False
+        comm.register(self)
+
+    def __repr__(self) -> str:
+        c = self.compiled
+        return (f"Collective({self.name}, rank={self.rank}/{c.world_size}, atom={c.atom}, "
+                f"{c.options.key()}, cuda:{self.device})")
+
+    # -------------------------------------------------------------------------------- errors
+    def error_record(self) -> dict[str, int]:
+        words = tuple((ctypes.c_uint64 * len(ERROR_RECORD)).from_address(self.error_host))
+        return decode_error(words)
+
+    def check(self) -> None:
+        """Raise PurlinTimeoutError if a device-side wait of this rank timed out (no sync needed)."""
+        if self._flag.value:
+            self._raise_timeout()
+
+    def _raise_timeout(self):
+        record = self.error_record()
+        schedule = self.compiled.schedule
+        what = ""
+        try:
+            step = schedule.program(record["rank"], record["channel"]).steps[record["step"]]
+            what = f" ({type(step).__name__}{': ' + step.note if getattr(step, 'note', '') else ''})"
+        except (IndexError, KeyError):
+            pass
+        seconds = self.timeout_ns / 1e9
+        raise PurlinTimeoutError(
+            f"{self.name}: rank {record['rank']} timed out after {seconds:g} s in channel {record['channel']}, "
+            f"step {record['step']}{what}, waiting for signal r{record['signal_owner']}.sig[{record['signal_index']}] "
+            f">= {record['expected']}, observed {record['observed']}",
+            notes=(
+                "a peer did not call this collective (or called it with another count, dtype or op)",
+                "this collective's signals are now out of step: load it again",
+                f"the bound is {settings.WAIT_TIMEOUT_S.name}={settings.WAIT_TIMEOUT_S.raw()}",
+            ),
+            record=record,
+        )
+
+    # -------------------------------------------------------------------------------- kernels
+    def variant(self, dtype: DType, op: ReduceOp | None) -> _Variant:
+        key = (dtype, op)
+        hit = self._variants.get(key)
+        if hit is not None:
+            return hit
+        driver = self._driver
+        source, cubin = self.compiled.kernel(dtype, op)
+        abi = source.abi
+        if (abi.world_size, abi.channels, abi.stage_units) != (
+            self.compiled.world_size, self.compiled.schedule.channels, self.stage_units
+        ) or 8 * abi.signal_pad > self.layout.pad_bytes:
+            raise InternalError(f"kernel ABI {abi} does not match the loaded schedule of {self.name}")
+        if abi.needs_in_peers or abi.needs_out_peers:
+            raise InternalError(f"{self.name}: the kernel wants registered buffers, which load() never asks for")
+        if self._agree:
+            mine = (dtype.value, op.value if op else None)
+            everyone = self.comm.allgather(("variant", self.name, mine))
+            if len({tuple(e[2]) for e in everyone}) != 1:
+                raise MismatchError(f"{self.name}: ranks called with different (dtype, op): "
+                                    + ", ".join(f"rank {r}: {e[2]}" for r, e in enumerate(everyone)))
+        driver.set_current(self.device)
+        module = driver.module_load(cubin)
+        function = driver.get_function(module, abi.entry(self.rank))
+        if abi.shared_bytes > 48 * 1024:
+            driver.set_max_dynamic_shared(function, abi.shared_bytes)
+        hit = _Variant(function, module, abi, key)
+        self._variants[key] = hit
+        return hit
+
+    def _packed(self, variant: _Variant, shape: CallShape, piece: int):
+        from purlinc.runtime.driver import PackedArgs
+
+        key = (variant.key, shape.in_ptr, shape.out_ptr, shape.count)
+        packed = self._args.get(key)
+        if packed is None:
+            if len(self._args) >= _ARGS_CACHE_LIMIT:
+                self._args.clear()  # launches copy their arguments: dropping old ones is safe
+            data = variant.abi.pack_args(
+                count=shape.count, piece=piece, timeout_ns=self.timeout_ns, in_ptr=shape.in_ptr,
+                out_ptr=shape.out_ptr, counters_ptr=self.counters_ptr, error_ptr=self.error_dev,
+                stage=self.stage_ptrs, signals=self.pad_ptrs,
+            )
+            packed = self._args[key] = PackedArgs(data)
+        return packed
+
+    # -------------------------------------------------------------------------------- calls
+    def prepare_call(self, x, out, op, stream, count):
+        """Validate and resolve everything a launch needs (raises before anything is launched)."""
+        if self.closed:
+            raise ArgumentError(f"{self.name}: this collective was closed")
+        if self._flag.value:
+            self._raise_timeout()
+        xi = interop.describe(x) if x is not None else None
+        oi = interop.describe(out) if out is not None else None
+        if oi is None and self.out_units and xi is not None and self.in_units and xi.dtype is not None \
+                and xi.numel % self.in_units == 0 and xi.device == self.device:
+            out = interop.empty_like_kind(xi.kind, self.out_units * (xi.numel // self.in_units), xi.dtype, self.device)
+            oi = interop.describe(out)
+        key = (xi, oi, op, count)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = validate_call(
+                xi, oi, name=self.name, rank=self.rank, device=self.device, in_units=self.in_units,
+                out_units=self.out_units, is_reduce=self.is_reduce, op=op, count=count,
+            )
+            if len(self._shapes) >= _ARGS_CACHE_LIMIT:
+                self._shapes.clear()
+            self._shapes[key] = shape
+        if stream is not None:
+            handle = interop.stream_handle(stream)
+        else:
+            kind = xi.kind if xi is not None else (oi.kind if oi is not None else interop.TORCH)
+            handle = interop.current_stream(kind, self.device)
+        return shape, handle, (out if self.out_units else None)
+
+    def launch(self, shape: CallShape, stream: int) -> None:
+        if shape.count == 0:
+            return  # every rank sees count 0 and skips alike
+        if self._multi_device:
+            self._driver.set_current(self.device)
+        itemsize = shape.dtype.itemsize
+        piece = choose_piece(shape.count, self.stage_units, itemsize, self.layout.stage_bytes)
+        if self._ce is not None:
+            from purlinc.runtime.ce import Buffers
+
+            self._ce.run(Buffers(shape.in_ptr, shape.out_ptr, tuple(self.stage_ptrs), tuple(self.pad_ptrs),
+                                 shape.count, piece, itemsize), stream)
+            return
+        variant = self.variant(shape.dtype, shape.op)
+        packed = self._packed(variant, shape, piece)
+        self._driver.launch(variant.function, variant.grid, variant.block, variant.shared, stream, packed)
+
+    def __call__(self, x=None, out=None, op="sum", stream=None, *, count: int | None = None):
+        """Run on this rank's buffers; returns ``out`` (allocated like ``x`` when None)."""
+        shape, handle, out = self.prepare_call(x, out, op, stream, count)
+        self.launch(shape, handle)
+        return out
+
+    def warm(self, dtype: DType | str, op: ReduceOp | str | None = "sum") -> None:
+        """Compile and load the kernel for (dtype, op) now (a collective under torchrun)."""
+        if self._ce is None:
+            dtype = dtype if isinstance(dtype, DType) else DType.parse(dtype)
+            self.variant(dtype, ReduceOp.parse(op) if self.is_reduce else None)
+
+    def close(self) -> None:
+        """Give the heap regions back (call on every rank, in the same order as loads)."""
+        if self.closed:
+            return
+        driver = self._driver
+        failure = None
+        try:
+            driver.synchronize(self.device)
+            for variant in self._variants.values():
+                driver.module_unload(variant.module)
+            if self._ce is not None:
+                self._ce.close()
+            driver.host_free(self.error_host)
+        except Exception as error:  # still give the regions back, so later loads stay in step
+            failure = error
+        self._variants.clear()
+        heap = self.comm.heap
+        for offset, size in ((self.layout.stage, self.layout.stage_bytes), (self.layout.pad, 1),
+                             (self.layout.counters, 1)):
+            if size:
+                heap.free(offset)
+        self.closed = True
+        self.comm.unregister(self)
+        if failure is not None:
+            raise failure
+
+
+class GroupCollective:
+    """A LocalGroup's collective: ``gcoll(xs, outs=None, op="sum", streams=None)`` with one
+    buffer per rank; ``gcoll[r]`` is rank r's Collective (e.g. to capture per-device graphs)."""
+
+    def __init__(self, ranks: Sequence[Collective]):
+        self.ranks = list(ranks)
+        self.name = ranks[0].name
+
+    def __getitem__(self, rank: int) -> Collective:
+        return self.ranks[rank]
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    def __call__(self, xs, outs=None, op="sum", streams=None, *, count: int | None = None):
+        world = len(self.ranks)
+        xs = list(xs) if xs is not None else [None] * world
+        outs = list(outs) if outs is not None else [None] * world
+        streams = list(streams) if streams is not None else [None] * world
+        for label, values in (("xs", xs), ("outs", outs), ("streams", streams)):
+            if len(values) != world:
+                raise ArgumentError(f"{self.name}: {label} has {len(values)} entries, expected {world} (one per rank)")
+        # Validate every rank before launching any: a launched rank would wait for the others.
+        prepared = [c.prepare_call(x, o, op, s, count) for c, x, o, s in zip(self.ranks, xs, outs, streams)]
+        counts = {p[0].count for c, p in zip(self.ranks, prepared) if c.in_units or c.out_units}
+        if len(counts) > 1:
+            raise ArgumentError(f"{self.name}: ranks disagree on count (elements per chunk): "
+                                + ", ".join(f"rank {r}: {p[0].count}" for r, p in enumerate(prepared)))
+        for collective, (shape, handle, _) in zip(self.ranks, prepared):
+            collective.launch(shape, handle)
+        return [out for _, _, out in prepared]
+
+    def check(self) -> None:
+        for collective in self.ranks:
+            collective.check()
+
+    def close(self) -> None:
+        for collective in self.ranks:
+            collective.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# load
+
+
+def _allocate(comm, compiled: Compiled) -> Layout:
+    stage, pad, counters = layout_sizes(compiled)
+    heap = comm.heap
+    stage_off = heap.alloc(stage, f"{compiled.name} staging") if stage else 0
+    pad_off = heap.alloc(pad, f"{compiled.name} signal pad")
+    counters_off = heap.alloc(counters, f"{compiled.name} call counters")
+    return Layout(stage_off, stage, pad_off, pad, counters_off, counters)
+
+
+def _zero(comm, compiled: Compiled, layout: Layout) -> None:
+    from purlinc.runtime import driver
+    from purlinc.runtime.ce import init_image
+
+    driver.set_current(comm.device)
+    own = comm.heap.ptr(comm.rank, 0)
+    driver.memset_d8(own + layout.pad, 0, layout.pad_bytes)
+    driver.memset_d8(own + layout.counters, 0, layout.counters_bytes)
+    if compiled.ce_plan is not None:
+        driver.copy_htod(own + layout.pad, init_image(compiled.ce_plan, comm.rank))
+
+
+def _fingerprint(compiled: Compiled, layout: Layout) -> str:
+    body = {**compiled.identity(), "layout": [layout.stage, layout.stage_bytes, layout.pad, layout.pad_bytes,
+                                              layout.counters]}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _disagreement(name: str, prints: list, identities: list) -> MismatchError:
+    groups: dict[str, list[int]] = {}
+    for rank, fp in enumerate(prints):
+        groups.setdefault(fp, []).append(rank)
+    lines = [f"ranks {ranks}: {identities[ranks[0]]}" for ranks in groups.values()]
+    return MismatchError(
+        f"ranks disagree on what {name} is (source, world size, params, options, atom, arch or heap layout)",
+        notes=tuple(lines) + ("every rank must load the same collective, in the same order",),
+    )
+
+
+def load(
+    path_or_source: str | Path,
+    comm,
+    *,
+    params: Mapping[str, int] | None = None,
+    algorithm: Algorithm | str | None = None,
+    atom: str | None = None,
+    channels: int | None = None,
+    slices: int | None = None,
+    arch: str | None = None,
+):
+    """Load a collective on ``comm`` (a Communicator, or a LocalGroup for a group callable)."""
+    from purlinc.runtime import driver
+    from purlinc.runtime.communicator import Communicator, LocalGroup
+
+    if isinstance(comm, LocalGroup):
+        comms = list(comm.comms)
+    elif isinstance(comm, Communicator):
+        comms = [comm]
+    else:
+        raise TypeError(f"load: comm must be a Communicator or a LocalGroup, got {type(comm).__name__}")
+    first = comms[0]
+    arch = arch or driver.arch_of(first.device)
+    compiled = prepare(path_or_source, first.world_size, params=params, algorithm=algorithm, atom=atom,
+                       channels=channels, slices=slices, arch=arch)
+    if compiled.ce_plan is not None and not driver.supports_stream_mem_ops(first.device):
+        raise PurlinError(f"the ce atom needs 64-bit stream memory operations, which cuda:{first.device} lacks")
+    layouts = [_allocate(c, compiled) for c in comms]
+    for c, layout in zip(comms, layouts):
+        _zero(c, compiled, layout)
+    for c in comms:
+        driver.synchronize(c.device)
+
+    if isinstance(comm, LocalGroup):
+        if len({(l.stage, l.pad, l.counters) for l in layouts}) != 1:
+            raise MismatchError(f"{compiled.name}: the LocalGroup's heaps are out of step: {layouts}")
+        return GroupCollective([Collective(compiled, c, l, agree=False) for c, l in zip(comms, layouts)])
+
+    layout = layouts[0]
+    fp = _fingerprint(compiled, layout)
+    everyone = comm.allgather((fp, {**compiled.identity(), "layout": (layout.stage, layout.pad, layout.counters)}))
+    if len({e[0] for e in everyone}) != 1:
+        raise _disagreement(compiled.name, [e[0] for e in everyone], [e[1] for e in everyone])
+    return Collective(compiled, comm, layout, agree=True)

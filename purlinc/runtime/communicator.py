@@ -1,0 +1,210 @@
+"""Communicators: who the ranks are, where their memory is, and how they agree.
+
+Two ways in:
+
+- ``Communicator.from_torch(group=None)``: one process per GPU under ``torchrun``.  The
+  bootstrap goes through torch.distributed (a gloo group for host-side object exchange, so
+  it never touches a CUDA stream and is safe even while a graph is being captured).  The
+  symmetric heap is exported with CUDA IPC handles and opened by every peer.
+- ``LocalGroup(devices)``: one process driving several GPUs with peer access; it holds one
+  Communicator per device.  Pointers need no translation (one address space).
+
+Each Communicator owns a symmetric heap (``PURLIN_HEAP_MB`` per rank, one allocation, the
+same size everywhere) from which every loaded collective takes its staging space, signal
+pads and call counters, at the same offsets on every rank.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Callable, Sequence
+
+from purlinc import settings
+from purlinc.runtime.errors import MismatchError, PurlinTimeoutError
+from purlinc.runtime.heap import SymmetricHeap
+
+
+class Communicator:
+    """One rank's view: ``rank``, ``world_size``, ``device`` and the symmetric heap."""
+
+    def __init__(self, rank: int, world_size: int, device: int, heap: SymmetricHeap,
+                 exchange: Callable[[object], list] | None, *, local_group: "LocalGroup | None" = None,
+                 opened: Sequence[int] = (), owned: int = 0):
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.heap = heap
+        self._exchange = exchange
+        self.local_group = local_group
+        self._opened = list(opened)  # peer bases opened through IPC (closed on close())
+        self._owned = owned  # our own heap allocation
+        self._collectives: list = []  # weak bookkeeping for check()
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"Communicator(rank={self.rank}, world_size={self.world_size}, device=cuda:{self.device})"
+
+    # -----------------------------------------------------------------------------------------
+    @classmethod
+    def from_torch(cls, group=None, *, heap_bytes: int | None = None) -> "Communicator":
+        """The communicator of this process's rank in ``group`` (default: the whole world).
+
+        Call after ``torch.distributed.init_process_group`` and ``torch.cuda.set_device``;
+        every rank of the group must call it (it is a collective).
+        """
+        import torch
+        import torch.distributed as dist
+
+        from purlinc.runtime import driver
+
+        if not dist.is_initialized():
+            raise RuntimeError("Communicator.from_torch: call torch.distributed.init_process_group first")
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
+        # Host-side exchanges use gloo: no CUDA stream involved, safe during graph capture.
+        gloo = dist.new_group(ranks=ranks, backend="gloo")
+
+        def exchange(obj):
+            gathered = [None] * world
+            dist.all_gather_object(gathered, obj, group=gloo)
+            return gathered
+
+        device = torch.cuda.current_device()
+        torch.cuda.init()
+        driver.set_current(device)
+        size = heap_bytes or settings.heap_bytes()
+        base = driver.mem_alloc(size)
+        driver.memset_d8(base, 0, size)
+        driver.synchronize(device)
+        handle, offset = driver.ipc_handle(base)
+        info = exchange({"host": socket.gethostname(), "pid": os.getpid(), "device": device,
+                         "size": size, "handle": handle, "offset": offset})
+        hosts = {i["host"] for i in info}
+        if len(hosts) != 1:
+            raise MismatchError(f"Purlin needs every rank on one host (one NVLink domain); got hosts {sorted(hosts)}")
+        sizes = {i["size"] for i in info}
+        if len(sizes) != 1:
+            raise MismatchError(f"ranks disagree on the heap size ({sorted(sizes)} bytes): set {settings.HEAP_MB.name} alike")
+        for peer, i in enumerate(info):
+            if peer != rank and i["device"] != device and not driver.can_access_peer(device, i["device"]):
+                raise MismatchError(f"cuda:{device} (rank {rank}) cannot access cuda:{i['device']} (rank {peer}) as a peer")
+        bases, opened = [], []
+        for peer, i in enumerate(info):
+            if peer == rank:
+                bases.append(base)
+            else:
+                ptr = driver.ipc_open(i["handle"], i["offset"])
+                opened.append(ptr - i["offset"])
+                bases.append(ptr)
+        exchange("heap-open")  # every rank has mapped every heap before anyone writes into one
+        return cls(rank, world, device, SymmetricHeap(rank, size, bases), exchange, opened=opened, owned=base)
+
+    # -----------------------------------------------------------------------------------------
+    def allgather(self, obj) -> list:
+        """Every rank's ``obj``, in rank order (a collective over the host)."""
+        if self._exchange is None:
+            raise RuntimeError("a LocalGroup member exchanges through its group (use the group's calls)")
+        return self._exchange(obj)
+
+    def register(self, collective) -> None:
+        with self._lock:
+            self._collectives.append(collective)
+
+    def unregister(self, collective) -> None:
+        with self._lock:
+            if collective in self._collectives:
+                self._collectives.remove(collective)
+
+    def check(self) -> None:
+        """Raise PurlinTimeoutError if any collective of this rank recorded a device-side timeout."""
+        for collective in list(self._collectives):
+            collective.check()
+
+    def close(self) -> None:
+        from purlinc.runtime import driver
+
+        if self.closed:
+            return
+        for collective in list(self._collectives):
+            collective.close()
+        try:
+            driver.synchronize(self.device)
+            for base in self._opened:
+                driver.ipc_close(base)
+            if self._owned:
+                driver.mem_free(self._owned)
+        finally:
+            self.closed = True
+
+
+class LocalGroup:
+    """One process, several GPUs with peer access: ``group[r]`` is rank r's Communicator."""
+
+    def __init__(self, devices: Sequence[int] | None = None, *, heap_bytes: int | None = None):
+        from purlinc.runtime import driver
+
+        if devices is None:
+            devices = range(driver.device_count())
+        devices = list(devices)
+        if len(set(devices)) != len(devices) or not devices:
+            raise ValueError(f"LocalGroup needs distinct devices, got {devices}")
+        count = driver.device_count()
+        for d in devices:
+            if not 0 <= d < count:
+                raise ValueError(f"cuda:{d} does not exist (this process sees {count} device(s))")
+        for d in devices:
+            for p in devices:
+                if d != p:
+                    if not driver.can_access_peer(d, p):
+                        raise MismatchError(f"cuda:{d} cannot access cuda:{p} as a peer (no NVLink/P2P path)")
+                    driver.enable_peer_access(d, p)
+        size = heap_bytes or settings.heap_bytes()
+        bases = []
+        for d in devices:
+            driver.set_current(d)
+            base = driver.mem_alloc(size)
+            driver.memset_d8(base, 0, size)
+            bases.append(base)
+        for d in devices:
+            driver.synchronize(d)
+        self.devices = devices
+        self.comms = [
+            Communicator(r, len(devices), d, SymmetricHeap(r, size, bases), None, local_group=self, owned=bases[r])
+            for r, d in enumerate(devices)
+        ]
+
+    def __len__(self) -> int:
+        return len(self.comms)
+
+    def __getitem__(self, rank: int) -> Communicator:
+        return self.comms[rank]
+
+    def __iter__(self):
+        return iter(self.comms)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.comms)
+
+    def check(self) -> None:
+        errors: list[PurlinTimeoutError] = []
+        for comm in self.comms:
+            try:
+                comm.check()
+            except PurlinTimeoutError as error:
+                errors.append(error)
+        if errors:
+            raise errors[0]
+
+    def synchronize(self) -> None:
+        from purlinc.runtime import driver
+
+        for d in self.devices:
+            driver.synchronize(d)
+
+    def close(self) -> None:
+        for comm in self.comms:
+            comm.close()

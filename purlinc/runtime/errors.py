@@ -1,0 +1,30 @@
+"""The runtime's exceptions.  User mistakes are PurlinErrors (rendered like diagnostics);
+driver failures are CudaErrors; a device-side wait that ran out is a PurlinTimeoutError."""
+
+from __future__ import annotations
+
+from purlinc.errors import PurlinError
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed; the message holds the CUresult's name and explanation."""
+
+    def __init__(self, message: str, result=None):
+        super().__init__(message)
+        self.result = result
+
+
+class ArgumentError(PurlinError, ValueError):
+    """A call's arguments are wrong (dtype, size, device, alignment, ...); nothing was launched."""
+
+
+class MismatchError(PurlinError):
+    """The ranks of a communicator disagree (different collective, options, heap layout, ...)."""
+
+
+class PurlinTimeoutError(PurlinError, TimeoutError):
+    """A device-side wait ran past PURLIN_WAIT_TIMEOUT_S: a peer never arrived."""
+
+    def __init__(self, message: str, span=None, notes=(), *, record: dict[str, int] | None = None):
+        super().__init__(message, span, notes)
+        self.record = dict(record or {})

@@ -1,0 +1,171 @@
+"""Checks on a call's arguments, before anything is launched, and the per-call sizes.
+
+Pure functions over :class:`~purlinc.runtime.interop.ArrayInfo`: testable without a GPU.
+
+The count rule
+--------------
+``count`` (elements per chunk) is the same on every rank and comes from the first of:
+
+1. the input: ``x.numel() / in_units[rank]``, when this rank has input chunks;
+2. the output: ``out.numel() / out_units[rank]``, when it has none (e.g. the non-root
+   ranks of a broadcast: pass ``x=None`` and ``out``);
+3. the ``count=`` argument, when the rank has neither input nor output chunks (possible
+   only in unusual specs).
+
+An explicit ``count=`` must agree with whatever the buffers say.  Ranks cannot check
+each other's count without a synchronisation, so a count that differs between ranks is the
+caller's bug (the kernels then move ``min`` of what both sides expect at best).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from purlinc.dtypes import DType, ReduceOp
+from purlinc.runtime.errors import ArgumentError
+from purlinc.runtime.interop import ArrayInfo
+
+FAST_ALIGN = 16  # bytes: buffers aligned to this take the vectorised path
+
+
+@dataclass(frozen=True, slots=True)
+class CallShape:
+    """What validation decided: the call's dtype, reduce op (None for copies) and count."""
+
+    dtype: DType
+    op: ReduceOp | None
+    count: int
+    in_ptr: int
+    out_ptr: int
+
+
+def _err(message: str, *notes: str) -> ArgumentError:
+    return ArgumentError(message, None, notes)
+
+
+def parse_op(op, is_reduce: bool) -> ReduceOp | None:
+    try:
+        parsed = ReduceOp.parse(op)
+    except ValueError as error:
+        raise _err(str(error)) from None
+    return parsed if is_reduce else None
+
+
+def validate_call(
+    x: ArrayInfo | None,
+    out: ArrayInfo | None,
+    *,
+    name: str,
+    rank: int,
+    device: int,
+    in_units: int,
+    out_units: int,
+    is_reduce: bool,
+    op="sum",
+    count: int | None = None,
+) -> CallShape:
+    """Raise ArgumentError (naming the tensor, what was expected and what was given) or return the shape."""
+    where = f"{name} on rank {rank}"
+    reduce_op = parse_op(op, is_reduce)
+
+    if x is not None and x.numel == 0 and in_units == 0:
+        x = None  # an empty input on a rank that gives nothing: same as None
+    if x is None and in_units > 0:
+        raise _err(f"{where}: x is required (this rank gives {in_units} chunk(s)), got None")
+    if x is not None and in_units == 0:
+        raise _err(
+            f"{where}: this rank gives no input, but x has {x.numel} elements",
+            "pass x=None (and out=...) on ranks without input",
+        )
+    if out is None and out_units == 0:
+        pass
+    elif out is not None and out_units == 0 and out.numel != 0:
+        raise _err(f"{where}: this rank receives no output, but out has {out.numel} elements",
+                   "pass out=None on ranks without output")
+
+    arrays = [(label, info) for label, info in (("x", x), ("out", out)) if info is not None and info.numel]
+    dtype: DType | None = None
+    for label, info in arrays:
+        if info.dtype is None:
+            raise _err(
+                f"{where}: {label} has dtype {info.dtype_name}, which Purlin does not support",
+                "supported: float32, float16, bfloat16, int32, float8_e4m3fn/float8_e5m2 (copies only)",
+            )
+        if dtype is None:
+            dtype = info.dtype
+        elif info.dtype is not dtype:
+            raise _err(f"{where}: out has dtype {info.dtype.value}, expected {dtype.value} (the dtype of x)")
+        if info.device != device:
+            actual = f"cuda:{info.device}" if info.device >= 0 else "the host (not a CUDA device)"
+            raise _err(f"{where}: {label} is on {actual}, expected cuda:{device} (this rank's device)")
+        if not info.contiguous:
+            raise _err(f"{where}: {label} is not contiguous", "pass x.contiguous() (a copy) instead")
+        if info.ptr % info.dtype.itemsize:
+            raise _err(
+                f"{where}: {label} at {info.ptr:#x} is not aligned to its element size ({info.dtype.itemsize} bytes)"
+            )
+    if dtype is None:
+        if count in (None, 0):
+            return CallShape(DType.FLOAT32, reduce_op, 0, 0, out.ptr if out else 0)
+        raise _err(f"{where}: count={count} but no buffer on this rank says what dtype it has")
+    if reduce_op is not None and not dtype.reducible:
+        raise _err(f"{where}: {dtype.value} cannot be reduced (fp8 is supported for copies only)")
+
+    derived: int | None = None
+    if x is not None:
+        if x.numel % in_units:
+            raise _err(
+                f"{where}: x has {x.numel} elements, expected a multiple of {in_units} "
+                f"(this rank gives {in_units} chunks of count elements)"
+            )
+        derived = x.numel // in_units
+    elif out is not None and out_units:
+        if out.numel % out_units:
+            raise _err(f"{where}: out has {out.numel} elements, expected a multiple of {out_units} "
+                       f"(this rank receives {out_units} chunks)")
+        derived = out.numel // out_units
+    if count is not None and derived is not None and count != derived:
+        raise _err(f"{where}: count={count}, but the buffers say {derived} elements per chunk")
+    count = derived if derived is not None else int(count or 0)
+
+    if out_units:
+        expected = out_units * count
+        if out is None:
+            raise _err(f"{where}: out is required: {expected} elements ({out_units} chunks x {count})")
+        if out.numel != expected:
+            raise _err(f"{where}: out has {out.numel} elements, expected {expected} ({out_units} chunks x {count})")
+
+    in_ptr = x.ptr if x is not None else 0
+    out_ptr = out.ptr if out is not None and out_units else 0
+    if x is not None and out_ptr and count:
+        itemsize = dtype.itemsize
+        a0, a1 = in_ptr, in_ptr + x.numel * itemsize
+        b0, b1 = out_ptr, out_ptr + out.numel * itemsize
+        if a0 < b1 and b0 < a1:
+            raise _err(f"{where}: x and out overlap ([{a0:#x}, {a1:#x}) and [{b0:#x}, {b1:#x}))",
+                       "in-place calls are not supported: give a separate out")
+    return CallShape(dtype, reduce_op, count, in_ptr, out_ptr)
+
+
+def fast_path(shape: CallShape) -> bool:
+    """Both buffers 16-byte aligned (the kernels then use 16-byte vectors throughout)."""
+    return shape.in_ptr % FAST_ALIGN == 0 and shape.out_ptr % FAST_ALIGN == 0
+
+
+def choose_piece(count: int, stage_units: int, itemsize: int, stage_bytes: int) -> int:
+    """Elements per chunk per round: the whole chunk when it fits the staging space, else the
+    largest 16-byte multiple that fits (``stage_units * piece * itemsize <= stage_bytes``)."""
+    if count <= 0:
+        return 1
+    if stage_units == 0:
+        return count
+    cap = stage_bytes // (stage_units * itemsize)
+    cap -= cap % max(1, FAST_ALIGN // itemsize)
+    if cap < 1:
+        raise _err(f"staging space of {stage_bytes} bytes cannot hold {stage_units} units of even 16 bytes",
+                   "raise PURLIN_STAGE_MB")
+    return min(count, cap)
+
+
+def rounds(count: int, piece: int) -> int:
+    return 0 if count == 0 else -(-count // piece)

@@ -1,0 +1,146 @@
+"""Shared by the GPU tests, the torchrun script and the suite's precompile step: the test
+matrix, buffer helpers (NumPy storage <-> torch) and the reference."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from purlinc.dtypes import DType, ReduceOp, random_values  # noqa: E402
+from purlinc.frontend.evaluate import evaluate  # noqa: E402
+
+EXAMPLES = ROOT / "examples"
+ALGORITHMS = ("direct-push", "direct-pull", "two-shot", "ring")
+ATOMS = ("ldst", "tma", "ce")
+COUNTS = (1, 7, 1000, 4097)
+WORLD = 2
+
+
+def examples() -> list[str]:
+    return sorted(p.name for p in EXAMPLES.glob("*.pln"))
+
+
+def applicable(name: str, algorithm: str, atom: str):
+    """The prepared collective, or the reason it does not apply (a string)."""
+    from purlinc.errors import PurlinError
+    from purlinc.runtime.collective import prepare
+
+    try:
+        return prepare(EXAMPLES / name, WORLD, algorithm=algorithm, atom=atom, arch="sm_90")
+    except PurlinError as error:
+        return str(error).splitlines()[0]
+
+
+# (example, algorithm, atom, dtype, op) for the dtype/op sweep
+def dtype_matrix():
+    rows = []
+    for name, algorithms in (("allreduce.pln", ("direct-push", "two-shot")), ("reduce_scatter.pln", ("direct-push",))):
+        for algorithm in algorithms:
+            for dtype in ("float32", "float16", "bfloat16", "int32"):
+                for op in ("sum", "max", "min"):
+                    rows.append((name, algorithm, "ldst", dtype, op))
+    for atom in ("ldst", "tma", "ce"):
+        for dtype in ("float16", "bfloat16", "int32", "float8_e4m3"):
+            rows.append(("allgather.pln", "direct-push", atom, dtype, None))
+    return rows
+
+
+def kernel_jobs():
+    jobs = []
+    for name in examples():
+        for algorithm in ALGORITHMS:
+            for atom in ("ldst", "tma"):
+                jobs.append((name, algorithm, atom, "float32", "sum"))
+    for name, algorithm, atom, dtype, op in dtype_matrix():
+        if atom != "ce":
+            jobs.append((name, algorithm, atom, dtype, op or "sum"))
+    jobs.append(("allreduce.pln", "direct-push", "ldst", "bfloat16", "sum"))
+    jobs.append(("allreduce.pln", "two-shot", "ldst", "bfloat16", "sum"))
+    return sorted(set(jobs))
+
+
+def _compile_job(job):
+    import time
+
+    name, algorithm, atom, dtype, op = job
+    start = time.time()
+    c = applicable(name, algorithm, atom)
+    if isinstance(c, str):
+        return job, "n/a", 0.0
+    try:
+        c.kernel(DType.parse(dtype), ReduceOp.parse(op) if c.spec.is_reduce else None)
+    except Exception as error:  # reported, the tests will show it too
+        return job, f"error: {type(error).__name__}: {str(error)[:300]}", time.time() - start
+    return job, "ok", time.time() - start
+
+
+def precompile(processes: int = 24) -> None:
+    """Fill the disk cache with every kernel the suite launches, in parallel."""
+    import json
+    import multiprocessing as mp
+    import time
+
+    start = time.time()
+    jobs = kernel_jobs()
+    with mp.get_context("fork").Pool(processes) as pool:
+        results = pool.map(_compile_job, jobs, chunksize=1)
+    summary = {"kernels": len(jobs), "ok": sum(r[1] == "ok" for r in results),
+               "n/a": sum(r[1] == "n/a" for r in results), "seconds": round(time.time() - start, 1),
+               "errors": [[*r[0], r[1]] for r in results if r[1].startswith("error")]}
+    print(json.dumps(summary, indent=1))
+
+
+# ------------------------------------------------------------------------------------------
+# torch <-> NumPy storage
+
+def torch_dtype(dtype: DType):
+    import torch
+
+    return {
+        DType.FLOAT32: torch.float32, DType.FLOAT16: torch.float16, DType.BFLOAT16: torch.bfloat16,
+        DType.INT32: torch.int32, DType.FLOAT8_E4M3: torch.float8_e4m3fn, DType.FLOAT8_E5M2: torch.float8_e5m2,
+    }[dtype]
+
+
+_SAME_SIZE_INT = {2: "int16", 1: "uint8", 4: "int32"}
+
+
+def to_torch(array: np.ndarray, dtype: DType, device: int):
+    import torch
+
+    if dtype in (DType.FLOAT32, DType.FLOAT16, DType.INT32):
+        return torch.from_numpy(np.ascontiguousarray(array)).to(f"cuda:{device}")
+    carrier = np.ascontiguousarray(array).view(_SAME_SIZE_INT[dtype.itemsize])
+    return torch.from_numpy(carrier).to(f"cuda:{device}").view(torch_dtype(dtype))
+
+
+def to_numpy(tensor, dtype: DType) -> np.ndarray:
+    import torch
+
+    if dtype in (DType.FLOAT32, DType.FLOAT16, DType.INT32):
+        return tensor.detach().cpu().numpy()
+    carrier = {2: torch.int16, 1: torch.uint8}[dtype.itemsize]
+    return tensor.detach().view(carrier).cpu().numpy().view(dtype.storage)
+
+
+def poison(tensor) -> None:
+    import torch
+
+    tensor.view(torch.uint8).fill_(0xFF)
+
+
+def inputs_for(spec, count: int, dtype: DType, rng) -> list[np.ndarray]:
+    return [random_values(rng, len(spec.inputs[r]) * count, dtype) for r in range(spec.world_size)]
+
+
+def expected(spec, inputs, count, dtype, op):
+    return evaluate(spec, inputs, count, dtype, op if spec.is_reduce else None)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["precompile"]:
+    precompile()

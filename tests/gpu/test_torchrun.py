@@ -1,0 +1,29 @@
+"""Launch torchrun_check.py with ``torchrun --nproc_per_node=2`` (the bootstrap through
+torch.distributed), under a timeout."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
+HERE = Path(__file__).resolve().parent
+
+
+def test_torchrun_two_processes():
+    torchrun = shutil.which("torchrun")
+    command = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
+    command += ["--nproc_per_node=2", "--master_port=29533", str(HERE / "torchrun_check.py")]
+    env = dict(os.environ)
+    env.setdefault("PURLIN_WAIT_TIMEOUT_S", "5")
+    done = subprocess.run(command, env=env, capture_output=True, text=True,
+                          timeout=int(os.environ.get("PURLIN_TORCHRUN_TIMEOUT", "240")))
+    print(done.stdout[-6000:])
+    print(done.stderr[-6000:], file=sys.stderr)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

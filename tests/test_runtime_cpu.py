@@ -1,0 +1,180 @@
+"""Runtime pieces that need no GPU and no torch: validation, heap bookkeeping, argument
+packing, the ce plan, error rendering."""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from pathlib import Path
+
+import pytest
+from cuda.bindings import driver as cu
+
+from purlinc.dtypes import DType, ReduceOp
+from purlinc.runtime import driver
+from purlinc.runtime.ce import CeError, expand, Buffers, init_image, plan
+from purlinc.runtime.collective import layout_sizes, prepare
+from purlinc.runtime.errors import ArgumentError, CudaError
+from purlinc.runtime.heap import ALIGN, FirstFit
+from purlinc.runtime.interop import ArrayInfo, describe
+from purlinc.runtime.validate import choose_piece, rounds, validate_call
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def info(ptr=0x10000, numel=8, dtype=DType.FLOAT32, device=0, contiguous=True):
+    return ArrayInfo(ptr, numel, dtype, dtype.value if dtype else "complex64", device, contiguous, "torch")
+
+
+def check(x, out, **kw):
+    args = dict(name="allgather", rank=0, device=0, in_units=1, out_units=2, is_reduce=False)
+    args.update(kw)
+    return validate_call(x, out, **args)
+
+
+def test_valid_call_derives_count():
+    shape = check(info(numel=7), info(ptr=0x20000, numel=14))
+    assert (shape.count, shape.dtype, shape.op) == (7, DType.FLOAT32, None)
+
+
+def test_count_from_output_on_ranks_without_input():
+    shape = check(None, info(numel=5), in_units=0, out_units=1)
+    assert shape.count == 5 and shape.in_ptr == 0
+
+
+@pytest.mark.parametrize(
+    "x, out, kw, words",
+    [
+        (info(numel=7), info(ptr=0x20000, numel=13), {}, ["out has 13 elements, expected 14"]),
+        (info(numel=7), info(ptr=0x20000, numel=14, dtype=DType.FLOAT16), {}, ["out has dtype float16", "float32"]),
+        (info(numel=7, device=1), info(ptr=0x20000, numel=14), {}, ["x is on cuda:1", "expected cuda:0"]),
+        (info(numel=7, contiguous=False), info(ptr=0x20000, numel=14), {}, ["x is not contiguous"]),
+        (info(ptr=0x10002, numel=7), info(ptr=0x20000, numel=14), {}, ["not aligned", "4 bytes"]),
+        (info(numel=8), info(ptr=0x10010, numel=16), {}, ["overlap"]),
+        (info(numel=7, dtype=None), info(ptr=0x20000, numel=14), {}, ["complex64", "does not support"]),
+        (info(numel=7), info(ptr=0x20000, numel=7), {"in_units": 2, "out_units": 1}, ["multiple of 2"]),
+        (None, info(numel=7), {}, ["x is required"]),
+        (info(numel=4, dtype=DType.FLOAT8_E4M3), info(ptr=0x20000, numel=8, dtype=DType.FLOAT8_E4M3),
+         {"is_reduce": True}, ["cannot be reduced"]),
+        (info(numel=7), info(ptr=0x20000, numel=14), {"is_reduce": True, "op": "avg"}, ["unknown reduce op"]),
+        (info(numel=7), info(ptr=0x20000, numel=14), {"count": 3}, ["count=3", "7"]),
+        (info(numel=7), None, {}, ["out is required"]),
+        (info(numel=7), info(ptr=0x20000, numel=14, device=-1), {}, ["the host"]),
+    ],
+)
+def test_validation_errors_name_tensor_expected_and_actual(x, out, kw, words):
+    with pytest.raises(ArgumentError) as caught:
+        check(x, out, **kw)
+    text = str(caught.value)
+    for word in words:
+        assert word in text, text
+    assert "allgather on rank 0" in text or "reduce op" in text
+
+
+def test_reduce_op_is_parsed_and_fp8_copies_are_fine():
+    assert check(info(numel=4), info(ptr=0x20000, numel=8), is_reduce=True, op="max").op is ReduceOp.MAX
+    fp8 = DType.FLOAT8_E5M2
+    assert check(info(numel=4, dtype=fp8), info(ptr=0x20000, numel=8, dtype=fp8)).dtype is fp8
+
+
+def test_piece_fits_the_staging_space_and_stays_16_byte_aligned():
+    assert choose_piece(1000, 2, 4, 1 << 20) == 1000
+    piece = choose_piece(10_000_000, 3, 2, 1 << 20)
+    assert 3 * piece * 2 <= 1 << 20 and (piece * 2) % 16 == 0
+    assert rounds(10_000_000, piece) == -(-10_000_000 // piece)
+    assert choose_piece(0, 2, 4, 1 << 20) == 1 and rounds(0, 1) == 0
+    assert choose_piece(77, 0, 4, 0) == 77
+    with pytest.raises(ArgumentError):
+        choose_piece(100, 4, 4, 32)
+
+
+def test_first_fit_is_deterministic_and_coalesces():
+    a, b = FirstFit(1 << 20), FirstFit(1 << 20)
+    for heap in (a, b):
+        x = heap.alloc(100)
+        y = heap.alloc(5000)
+        heap.alloc(1)
+        heap.free(x)
+        heap.free(y)
+        assert heap.alloc(300) == 0
+    assert a.free_list == b.free_list and a.used == b.used
+    assert all(offset % ALIGN == 0 for offset in a.used)
+    c = FirstFit(4096)
+    offsets = [c.alloc(1024) for _ in range(4)]
+    assert c.alloc(1) is None
+    for offset in reversed(offsets):
+        c.free(offset)
+    assert c.free_list == [(0, 4096)]
+
+
+def test_packed_args_point_at_a_copy_of_the_struct():
+    compiled = prepare(EXAMPLES / "allgather.pln", 2)
+    data = struct.pack("<3Q", 1, 2, 3)
+    packed = driver.PackedArgs(data)
+    pointer = ctypes.c_void_p.from_address(packed.kernel_params).value
+    assert ctypes.string_at(pointer, len(data)) == data
+    stage, pad, counters = layout_sizes(compiled)
+    assert pad >= 8 * compiled.schedule.signal_pad_size() and counters == 8 * compiled.schedule.channels
+
+
+def test_checker_names_the_result():
+    def failing():
+        return (cu.CUresult.CUDA_ERROR_INVALID_VALUE,)
+
+    def fine():
+        return (cu.CUresult.CUDA_SUCCESS, 42)
+
+    with pytest.raises(CudaError, match="CUDA_ERROR_INVALID_VALUE"):
+        driver.call(failing)
+    assert driver.call(fine) == 42
+
+
+def test_ce_plan_handshake_and_initial_values():
+    compiled = prepare(EXAMPLES / "allgather.pln", 2, atom="ce")
+    p = compiled.ce_plan
+    assert p.pad_words == p.signals * 3
+    for rank in range(2):
+        image = init_image(p, rank)
+        assert len(image) == 8 * p.pad_words
+        kinds = [op[0] for ch in p.programs[rank] for op in ch]
+        assert "copy" in kinds and kinds.count("wait") >= 1
+    # every notify is gated, every wait re-opens the gate
+    ops = [op for ch in p.programs[0] for op in ch]
+    for i, op in enumerate(ops):
+        if op[0] == "wait" and op[1] == 0 and op[2] >= p.signals:  # a gate wait precedes a remote flag write
+            assert ops[i + 1][0] == "write" and ops[i + 2][0] == "write"
+    buffers = Buffers(0x1000, 0x9000, (0x100000, 0x200000), (0x300000, 0x400000), 10, 4, 4)
+    copies = [op for op in expand(p, 0, 0, buffers) if op[0] == "copy"]
+    assert sum(op[3] for op in copies) > 0 and len({op[0] for op in expand(p, 0, 0, buffers)}) >= 2
+
+
+def test_ce_rejects_reductions_with_a_reason():
+    with pytest.raises(CeError, match="reduction"):
+        prepare(EXAMPLES / "allreduce.pln", 2, atom="ce")
+
+
+def test_ce_rejects_several_notifies_per_call():
+    compiled = prepare(EXAMPLES / "allgather.pln", 2, slices=2)
+    with pytest.raises(CeError, match="per_call"):
+        plan(compiled.schedule)
+
+
+def test_describe_cuda_array_interface_and_dlpack_without_a_gpu():
+    class Fake:
+        __cuda_array_interface__ = {"shape": (3, 4), "typestr": "<f2", "data": (0, False), "strides": None,
+                                    "version": 3}
+
+    described = describe(Fake())
+    assert (described.numel, described.dtype, described.contiguous) == (12, DType.FLOAT16, True)
+    with pytest.raises(TypeError, match="DLPack"):
+        describe(object())
+    np = pytest.importorskip("numpy")
+    host = describe(np.arange(6, dtype=np.int32))  # NumPy speaks DLPack: a host array
+    assert host.device == -1 and host.dtype is DType.INT32 and host.numel == 6
+
+
+def test_importing_purlin_needs_no_gpu():
+    import purlin
+    import purlinc
+
+    assert purlin.load is purlinc.load
