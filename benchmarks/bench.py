@@ -1,0 +1,1128 @@
+#!/usr/bin/env python3
+"""Collective benchmark: NCCL, torch symmetric memory and Purlin in one run, on the same
+buffers and sizes, eager and CUDA-graph timings, correctness checked after timing.
+
+    torchrun --nproc_per_node=2 benchmarks/bench.py [--quick] [--out DIR]
+    python benchmarks/bench.py --dry-run --world-size 2 [--quick]     # the plan and estimate, no GPU
+
+Rank 0 writes benchmarks/results/<date>-<machine>.json (+ .md, -tuning.json, PNGs), copies
+them to --out, and prints the Markdown report last.  See benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+for p in (str(HERE), str(ROOT)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import purlin_api  # noqa: E402  (pure Python; purlinc itself is imported lazily)
+import report  # noqa: E402
+
+# Multicast (NVLS) can take the host's GPUs down: never let it be enabled, whatever the caller set.
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+for _k, _v in SAFE_ENV.items():
+    if os.environ.get(_k) != _v:
+        if _k in os.environ:
+            print(f"bench: overriding {_k}={os.environ[_k]!r} -> {_v!r} (multicast stays off)", file=sys.stderr)
+        os.environ[_k] = _v
+
+torch = None  # imported in main(), after the environment above is fixed
+dist = None
+
+SYSTEMS = ("nccl", "symm_mem", "purlin")
+CHECK_RTOL = 1e-2  # bf16 reductions: relative L2 error; copies must be bit-exact
+PROBE_LIMIT_US = 1e6  # a single call slower than 1 s is a hang (a device wait timing out)
+
+
+# =========================================================================== arguments
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="1K, 64K, 1M, 16M, 256M and fewer Purlin variants")
+    ap.add_argument("--out", type=Path, default=None, help="also copy every output file here (e.g. $OUT)")
+    ap.add_argument("--results-dir", type=Path, default=HERE / "results")
+    ap.add_argument("--machine", default=None, help="machine tag in file names (default: <gpu>x<R>, e.g. h200x2)")
+    ap.add_argument("--collectives", default=",".join(report.COLLECTIVES), help="comma-separated subset")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of nccl,symm_mem,purlin")
+    ap.add_argument("--variants", default=None, help="comma-separated Purlin variant names (default: all, or the quick set)")
+    ap.add_argument("--variant-spec", action="append", default=[],
+                    help="extra Purlin variant 'name:algorithm=ring,atom=ldst,channels=8,slices=2' (repeatable)")
+    ap.add_argument("--modes", default="eager,graph")
+    ap.add_argument("--sizes", default=None, help="explicit comma-separated sizes, e.g. 1K,64K,1M")
+    ap.add_argument("--min-bytes", type=report.parse_bytes, default=0)
+    ap.add_argument("--max-bytes", type=report.parse_bytes, default=None)
+    ap.add_argument("--peak-bytes", type=report.parse_bytes, default=1 * report.GiB,
+                    help="largest size of the one-way peer peak measurement")
+    ap.add_argument("--no-peak", action="store_true")
+    ap.add_argument("--reps", type=int, default=5, help="timed repeats per mode (the median is kept)")
+    ap.add_argument("--target-rep-us", type=float, default=None,
+                    help="calls per repeat fill about this long (default 5000, quick 3000)")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="stop adding sizes once this much wall time has passed (default 330, quick 200)")
+    ap.add_argument("--timeout-s", type=float, default=450.0,
+                    help="global guard: write what was measured and exit after this long")
+    ap.add_argument("--pg-timeout-s", type=float, default=600.0, help="torch.distributed timeout")
+    ap.add_argument("--no-precompile", action="store_true",
+                    help="skip warming Purlin's compile cache in parallel before loading")
+    ap.add_argument("--precompile-workers", type=int, default=8)
+    ap.add_argument("--precompile-timeout-s", type=float, default=120.0)
+    ap.add_argument("--merge", type=Path, action="append", default=[],
+                    help="results JSON of an earlier (split) run to merge in; this run's rows win")
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--git-commit", default=None, help="recorded when the tree has no .git (device copies)")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and the time estimate; no GPU")
+    ap.add_argument("--world-size", type=int, default=None, help="for --dry-run")
+    args = ap.parse_args(argv)
+    if args.target_rep_us is None:
+        args.target_rep_us = 3000.0 if args.quick else 5000.0
+    if args.budget_s is None:
+        args.budget_s = 200.0 if args.quick else 330.0
+    return args
+
+
+@dataclass(frozen=True)
+class Plan:
+    collectives: list[str]
+    systems: list[str]
+    variants: list[purlin_api.Variant]
+    sizes: list[int]
+    modes: list[str]
+
+    def cases(self, collective: str) -> int:
+        n = 0
+        if "nccl" in self.systems:
+            n += 1
+        if "symm_mem" in self.systems and collective == "allreduce":
+            n += 2
+        if "purlin" in self.systems:
+            n += sum(1 for v in self.variants if v.applies(collective))
+        return n
+
+    def loads(self) -> int:
+        if "purlin" not in self.systems:
+            return 0
+        return sum(1 for c in self.collectives for v in self.variants if v.applies(c))
+
+
+def make_plan(args) -> Plan:
+    colls = [c.strip() for c in args.collectives.split(",") if c.strip()]
+    bad = [c for c in colls if c not in report.COLLECTIVES]
+    if bad:
+        raise SystemExit(f"unknown collectives {bad}; choose from {report.COLLECTIVES}")
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    bad = [s for s in systems if s not in SYSTEMS]
+    if bad:
+        raise SystemExit(f"unknown systems {bad}; choose from {SYSTEMS}")
+    by_name = {v.name: v for v in purlin_api.VARIANTS}
+    if args.variants:
+        names = [n.strip() for n in args.variants.split(",") if n.strip()]
+    else:
+        names = list(purlin_api.QUICK_VARIANTS if args.quick else by_name)
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; known: {list(by_name)} (or use --variant-spec)")
+    variants = [by_name[n] for n in names] + [purlin_api.parse_variant(s) for s in args.variant_spec]
+    explicit = [report.parse_bytes(s) for s in args.sizes.split(",")] if args.sizes else None
+    sizes = report.select_sizes(quick=args.quick, min_bytes=args.min_bytes, max_bytes=args.max_bytes,
+                                explicit=explicit)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip() in report.MODES]
+    return Plan(colls, systems, variants, sizes, modes)
+
+
+def estimate_s(plan: Plan, args) -> float:
+    triples = [(c, s, plan.cases(c)) for s in plan.sizes for c in plan.collectives]
+    return report.estimate_run_s(triples, reps=args.reps, target_rep_us=args.target_rep_us,
+                                 modes=len(plan.modes), loads=plan.loads())
+
+
+def describe_plan(plan: Plan, args, world: int) -> str:
+    est = estimate_s(plan, args)
+    lines = [
+        f"plan: R={world}, {len(plan.collectives)} collectives x {len(plan.sizes)} sizes "
+        f"({report.fmt_bytes(plan.sizes[0]) if plan.sizes else '-'} .. "
+        f"{report.fmt_bytes(plan.sizes[-1]) if plan.sizes else '-'}), modes {','.join(plan.modes)}",
+        f"  systems: {', '.join(plan.systems)}; Purlin variants: {', '.join(v.name for v in plan.variants)}",
+        f"  cases: {sum(plan.cases(c) for c in plan.collectives) * len(plan.sizes)}; Purlin loads: {plan.loads()}",
+        f"  estimated wall time: {est:.0f} s (model in report.estimate_case_s; first-run NVRTC compiles "
+        f"counted at 2 s per load); budget {args.budget_s:.0f} s, hard guard {args.timeout_s:.0f} s",
+    ]
+    return "\n".join(lines)
+
+
+# =========================================================================== context
+
+
+@dataclass
+class Ctx:
+    args: argparse.Namespace
+    plan: Plan
+    rank: int
+    world: int
+    local_rank: int
+    device: object
+    group_name: str
+    t0: float
+    meta: dict
+    rows: list = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stem: str = ""
+    symm: object = None  # (tensor, handle) of the symmetric buffer, or None
+    comm: object = None  # Purlin communicator
+    colls: dict = field(default_factory=dict)  # (collective, variant name) -> loaded Purlin collective
+    failures: list = field(default_factory=list)  # correctness failures, for the exit status
+    hung: dict = field(default_factory=dict)  # (system, variant, collective) -> why it is skipped from now on
+    finished: bool = False
+    finish_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def log(self, msg: str) -> None:
+        if self.rank == 0:
+            print(f"[{time.time() - self.t0:6.1f}s] {msg}", flush=True)
+
+    def add(self, row: dict) -> None:
+        with self.lock:
+            self.rows.append(row)
+
+
+def sync() -> None:
+    torch.cuda.synchronize()
+
+
+def barrier(ctx: Ctx) -> None:
+    dist.barrier(device_ids=[ctx.local_rank])
+    sync()
+
+
+def allreduce_max(ctx: Ctx, values: list[float]) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def guarded(ctx: Ctx, fn: Callable):
+    """Run ``fn`` on every rank; all ranks learn whether any failed, so they stay in step.
+
+    Returns (ok, value, error text naming the failing ranks)."""
+    err, value = None, None
+    try:
+        value = fn()
+        sync()
+    except Exception as e:  # noqa: BLE001 - any failure becomes an error row
+        err = f"{type(e).__name__}: {e}".strip()
+        if os.environ.get("BENCH_TRACEBACK"):
+            traceback.print_exc()
+    flag = allreduce_max(ctx, [1.0 if err else 0.0])[0]
+    if not flag:
+        return True, value, None
+    msgs = [None] * ctx.world
+    dist.all_gather_object(msgs, err)
+    text = "; ".join(f"rank {r}: {m}" for r, m in enumerate(msgs) if m) or "failed on another rank"
+    return False, value, text[:2000]
+
+
+# =========================================================================== cases
+
+
+@dataclass
+class Case:
+    system: str
+    variant: str
+    load: Callable  # load(x): poison the output, then put this rank's input x in place
+    call: Callable  # one collective call on the current stream
+    output: Callable  # () -> the tensor to check on this rank, or None
+    repeat_safe: bool  # repeated calls leave the same output (so a graph replay can be checked)
+    sms: int | None = None
+    sms_note: str = ""
+    options: dict = field(default_factory=dict)
+    after: Callable | None = None  # e.g. raise a device-side error the runtime recorded
+
+
+def poison(t) -> None:
+    if t is not None:
+        t.fill_(float("nan"))
+
+
+def nccl_sms() -> tuple[int | None, str]:
+    lo, hi = os.environ.get("NCCL_MIN_NCHANNELS"), os.environ.get("NCCL_MAX_NCHANNELS")
+    if lo and hi and lo == hi:
+        return int(lo), "NCCL_MIN_NCHANNELS = NCCL_MAX_NCHANNELS (one CTA per channel)"
+    if hi:
+        return None, f"at most NCCL_MAX_NCHANNELS={hi} CTAs; NCCL picks per size"
+    return None, "NCCL picks channels (one CTA each) per size; not exposed through torch"
+
+
+def nccl_case(ctx: Ctx, coll: str, lay: report.Layout, X, Y) -> Case:
+    rank, root, R = ctx.rank, 0, ctx.world
+    is_root = rank == root
+    sms, note = nccl_sms()
+
+    def load_out_of_place(x):
+        poison(Y)
+        X.copy_(x)
+
+    def load_in_place(x):  # torch's all_reduce / reduce / broadcast work in place on Y
+        poison(Y)
+        if coll != "broadcast" or is_root:
+            Y.copy_(x)
+
+    out = lambda: Y  # noqa: E731
+    if coll == "allreduce":
+        call, load, safe = (lambda: dist.all_reduce(Y)), load_in_place, False
+    elif coll == "allgather":
+        call, load, safe = (lambda: dist.all_gather_into_tensor(Y, X)), load_out_of_place, True
+    elif coll == "reduce_scatter":
+        call, load, safe = (lambda: dist.reduce_scatter_tensor(Y, X)), load_out_of_place, True
+    elif coll == "alltoall":
+        call, load, safe = (lambda: dist.all_to_all_single(Y, X)), load_out_of_place, True
+    elif coll == "broadcast":
+        call, load, safe = (lambda: dist.broadcast(Y, src=root)), load_in_place, True
+    elif coll == "reduce":
+        call, load, safe = (lambda: dist.reduce(Y, dst=root)), load_in_place, False
+        out = lambda: Y if is_root else None  # noqa: E731
+    elif coll == "gather":
+        glist = list(Y.chunk(R)) if is_root else None
+        call, load, safe = (lambda: dist.gather(X, gather_list=glist, dst=root)), load_out_of_place, True
+        out = lambda: Y if is_root else None  # noqa: E731
+    elif coll == "scatter":
+        slist = list(X.chunk(R)) if is_root else None
+        call, load, safe = (lambda: dist.scatter(Y, scatter_list=slist, src=root)), load_out_of_place, True
+    else:
+        raise ValueError(coll)
+    return Case("nccl", "nccl", load, call, out, safe, sms, note)
+
+
+def symm_cases(ctx: Ctx, lay: report.Layout, Y) -> list[Case]:
+    """torch symmetric memory one-shot and two-shot all-reduce (input in the symmetric buffer)."""
+    S, _ = ctx.symm
+    n = lay.in_elems
+    if S.numel() < n:
+        raise RuntimeError(f"symmetric buffer holds {S.numel()} elements, {n} needed")
+    Sv = S[:n]
+    ops = torch.ops.symm_mem
+    g = ctx.group_name
+    note = "torch symm_mem kernel grid not exposed"
+
+    def load(x):
+        poison(Y)
+        Sv.copy_(x)
+
+    cases = []
+    if hasattr(ops, "one_shot_all_reduce_out"):
+        cases.append(Case("symm_mem", "one-shot", load, lambda: ops.one_shot_all_reduce_out(Sv, "sum", g, Y),
+                          lambda: Y, True, None, note))
+    else:
+        cases.append(Case("symm_mem", "one-shot", load, lambda: Y.copy_(ops.one_shot_all_reduce(Sv, "sum", g)),
+                          lambda: Y, True, None, note + "; one_shot_all_reduce + copy (no _out op)"))
+    # two-shot reduces in the symmetric input as well, so repeated calls grow the values.
+    if hasattr(ops, "two_shot_all_reduce_out"):
+        cases.append(Case("symm_mem", "two-shot", load, lambda: ops.two_shot_all_reduce_out(Sv, "sum", g, Y),
+                          lambda: Y, False, None, note))
+    else:
+        cases.append(Case("symm_mem", "two-shot", load, lambda: ops.two_shot_all_reduce_(Sv, "sum", g),
+                          lambda: Sv, False, None, note + "; in place"))
+    return cases
+
+
+def purlin_case(ctx: Ctx, coll: str, variant: purlin_api.Variant, X, Y) -> Case:
+    loaded = ctx.colls[(coll, variant.name)]
+    reduce = coll in report.REDUCE_COLLECTIVES
+    rank = ctx.rank
+
+    def load(x):
+        poison(Y)
+        X.copy_(x)
+
+    def call():
+        purlin_api.call(loaded, coll, X, Y, rank=rank, root=0, reduce=reduce)
+
+    def output():
+        return None if coll in ("reduce", "gather") and rank != 0 else Y
+
+    sms, note = purlin_api.grid_sms(loaded, variant.options)
+    return Case("purlin", variant.name, load, call, output, True, sms, note, dict(variant.options),
+                after=lambda: purlin_api.check_errors(ctx.comm, loaded))
+
+
+# =========================================================================== reference and check
+
+
+def fresh_input(ctx: Ctx, n: int, salt: int):
+    g = torch.Generator(device=ctx.device)
+    g.manual_seed((ctx.args.seed * 1_000_003 + salt * 7919 + ctx.rank * 104_729) % (2**63))
+    return torch.randn(n, generator=g, device=ctx.device, dtype=torch.float32).to(torch.bfloat16)
+
+
+def _fsum(rows):
+    acc = rows[0].float()
+    for r in rows[1:]:
+        acc += r.float()
+    return acc.to(torch.bfloat16)
+
+
+def reference(ctx: Ctx, lay: report.Layout, x):
+    """This rank's expected output, from every rank's input (gathered by NCCL) computed locally
+    in float32: independent of every system under test, NCCL's collective included."""
+    R, rank, root, c = ctx.world, ctx.rank, 0, lay.count
+    allx = torch.empty(R * lay.in_elems, dtype=x.dtype, device=x.device)
+    dist.all_gather_into_tensor(allx, x)
+    ins = allx.view(R, lay.in_elems)
+    coll = lay.collective
+    if coll == "allreduce":
+        return _fsum(list(ins))
+    if coll == "allgather":
+        return allx
+    if coll == "reduce_scatter":
+        return _fsum([ins[p].view(R, c)[rank] for p in range(R)])
+    if coll == "alltoall":
+        return ins.view(R, R, c)[:, rank, :].reshape(-1).clone()
+    if coll == "broadcast":
+        return ins[root].clone()
+    if coll == "reduce":
+        return _fsum(list(ins)) if rank == root else None
+    if coll == "gather":
+        return allx if rank == root else None
+    if coll == "scatter":
+        return ins[root].view(R, c)[rank].clone()
+    raise ValueError(coll)
+
+
+def compare(out, ref, reduce: bool) -> tuple[bool, str]:
+    if ref is None:
+        return True, "no output on this rank"
+    if out is None or out.shape != ref.shape:
+        return False, f"output shape {None if out is None else tuple(out.shape)} != {tuple(ref.shape)}"
+    if reduce:
+        o, r = out.float(), ref.float()
+        if not bool(torch.isfinite(o).all()):
+            bad = int((~torch.isfinite(o)).sum())
+            return False, f"{bad} of {o.numel()} elements not finite (unwritten?)"
+        err = float((o - r).norm() / r.norm().clamp_min(1e-30))
+        return err <= CHECK_RTOL, f"rel L2 error {err:.2e}"
+    if torch.equal(out, ref):
+        return True, "bit-exact"
+    bad = int((out != ref).sum())
+    return False, f"{bad} of {out.numel()} elements differ"
+
+
+def check_case(ctx: Ctx, lay: report.Layout, case: Case, salt: int, graph) -> dict[str, tuple]:
+    """Fresh random input, poisoned output, one call (and one graph replay where repeat-safe)."""
+    reduce = lay.collective in report.REDUCE_COLLECTIVES
+    x = fresh_input(ctx, lay.in_elems, salt)
+    ref = reference(ctx, lay, x)
+    results = {}
+
+    def eager():
+        case.load(x)
+        case.call()
+        sync()
+        if case.after:
+            case.after()
+        return compare(case.output(), ref, reduce)
+
+    results["eager"] = _agree_check(ctx, *guarded(ctx, eager))
+    if graph is not None and case.repeat_safe:
+        def replay():
+            case.load(x)
+            graph.replay()
+            sync()
+            return compare(case.output(), ref, reduce)
+
+        results["graph"] = _agree_check(ctx, *guarded(ctx, replay))
+    elif graph is not None:
+        ok_, note = results["eager"]
+        results["graph"] = (ok_, f"eager check ({note}); calls not repeat-safe, graph replay not checked")
+    return results
+
+
+def _agree_check(ctx: Ctx, ran: bool, value, err) -> tuple[bool | None, str]:
+    if not ran:
+        return None, f"check could not run: {err}"
+    good, note = value
+    flags = allreduce_max(ctx, [0.0 if good else 1.0])
+    if not flags[0]:
+        return True, note
+    notes = [None] * ctx.world
+    dist.all_gather_object(notes, None if good else note)
+    return False, "; ".join(f"rank {r}: {n}" for r, n in enumerate(notes) if n)
+
+
+# =========================================================================== timing
+
+
+def _events():
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
+def probe_us(case: Case) -> float:
+    for _ in range(2):
+        case.call()
+    sync()
+    start, end = _events()
+    start.record()
+    case.call()
+    end.record()
+    end.synchronize()
+    if case.after:
+        case.after()
+    return start.elapsed_time(end) * 1e3
+
+
+def time_eager(case: Case, iters: int, reps: int) -> list[float]:
+    for _ in range(3):
+        case.call()
+    sync()
+    out = []
+    for _ in range(reps):
+        start, end = _events()
+        start.record()
+        for _ in range(iters):
+            case.call()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) * 1e3 / iters)
+    if case.after:
+        case.after()
+    return out
+
+
+def capture(case: Case, iters: int):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream, as torch recommends before capture
+        for _ in range(2):
+            case.call()
+    torch.cuda.current_stream().wait_stream(side)
+    sync()
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: NCCL's watchdog thread keeps querying events while we capture.
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        for _ in range(iters):
+            case.call()
+    return graph
+
+
+def time_graph(case: Case, iters: int, reps: int):
+    graph = capture(case, iters)
+    graph.replay()
+    sync()
+    out = []
+    for _ in range(reps):
+        start, end = _events()
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) * 1e3 / iters)
+    if case.after:
+        case.after()
+    return out, graph
+
+
+def run_case(ctx: Ctx, lay: report.Layout, case: Case, x_time, salt: int) -> list[dict]:
+    args = ctx.args
+    base = {"system": case.system, "variant": case.variant, "collective": lay.collective, "dtype": "bfloat16",
+            "bytes": lay.bytes, "count": lay.count, "world_size": ctx.world, "sms": case.sms,
+            "sms_note": case.sms_note, "options": case.options or None, "repeat_safe": case.repeat_safe}
+
+    def error_rows(msg):
+        return [{**base, "mode": m, "time_us": None, "algbw_gbps": None, "busbw_gbps": None,
+                 "checked": None, "error": msg} for m in ctx.plan.modes]
+
+    key = (case.system, case.variant, lay.collective)
+    if key in ctx.hung:
+        return error_rows(f"skipped: {ctx.hung[key]}")
+    barrier(ctx)
+    t_probe = time.time()
+    ran, t1, err = guarded(ctx, lambda: (case.load(x_time), probe_us(case))[1])
+    if not ran:
+        if time.time() - t_probe > PROBE_LIMIT_US / 1e6 or "timeout" in err.lower() or "timed out" in err.lower():
+            ctx.hung[key] = f"hung at {report.fmt_bytes(lay.bytes)}: {err[:300]}"
+        return error_rows(f"probe: {err}")
+    t1 = allreduce_max(ctx, [t1])[0]
+    if t1 > PROBE_LIMIT_US:
+        ctx.hung[key] = f"a call took {t1 / 1e3:.0f} ms at {report.fmt_bytes(lay.bytes)}"
+        return error_rows(f"probe: one call took {t1 / 1e3:.0f} ms (a device-side wait timing out?)")
+    iters = max(2, min(100, int(args.target_rep_us / max(t1, 1.0))))
+
+    measured, graph, errors = {}, None, {}
+    for mode in ctx.plan.modes:
+        barrier(ctx)
+        if mode == "eager":
+            ran, value, err = guarded(ctx, lambda: time_eager(case, iters, args.reps))
+        else:
+            ran, value, err = guarded(ctx, lambda: time_graph(case, iters, args.reps))
+            if ran:
+                value, graph = value
+        if ran:
+            measured[mode] = value
+        else:
+            errors[mode] = err
+    # One collective for all numbers: the slowest rank's median (and its spread).
+    flat = []
+    for mode in ctx.plan.modes:
+        v = measured.get(mode)
+        flat += [statistics.median(v), min(v), max(v)] if v else [-1.0, -1.0, -1.0]
+    flat = allreduce_max(ctx, flat)
+
+    barrier(ctx)
+    try:
+        checks = check_case(ctx, lay, case, salt, graph)
+    except Exception as e:  # noqa: BLE001
+        checks = {m: (None, f"check failed to run: {type(e).__name__}: {e}") for m in ctx.plan.modes}
+    del graph
+
+    rows = []
+    for i, mode in enumerate(ctx.plan.modes):
+        if mode in errors:
+            rows.append({**base, "mode": mode, "time_us": None, "algbw_gbps": None, "busbw_gbps": None,
+                         "checked": None, "error": f"{mode}: {errors[mode]}"})
+            continue
+        med, lo, hi = flat[3 * i: 3 * i + 3]
+        checked, note = checks.get(mode, checks.get("eager", (None, "not checked")))
+        row = {**base, "mode": mode, "time_us": med, "time_us_min": lo, "time_us_max": hi,
+               "iters": iters, "reps": args.reps,
+               "algbw_gbps": report.algbw_gbps(lay.bytes, med),
+               "busbw_gbps": report.busbw_gbps(lay.collective, ctx.world, lay.bytes, med),
+               "checked": checked, "check_note": note, "error": None}
+        rows.append(row)
+        if checked is False:
+            msg = (f"CHECK FAILED: {case.system}/{case.variant} {lay.collective} "
+                   f"{report.fmt_bytes(lay.bytes)} {mode}: {note}")
+            ctx.failures.append(msg)
+            if ctx.rank == 0:
+                print("!" * 8 + " " + msg, file=sys.stderr, flush=True)
+    return rows
+
+
+# =========================================================================== peaks
+
+
+def measure_peaks(ctx: Ctx) -> dict:
+    """One-way peer bandwidth from rank 0 into rank 1: copy engine, SM stores, NCCL send/recv."""
+    sizes = [s for s in (1 * report.MiB, 16 * report.MiB, 256 * report.MiB, 1 * report.GiB)
+             if s <= ctx.args.peak_bytes] or [ctx.args.peak_bytes]
+    peaks = {}
+    if ctx.world < 2:
+        return {"error": "one rank: no peer"}
+    remote = None
+    if ctx.symm is not None:
+        S, handle = ctx.symm
+
+        def get_remote(n):
+            return handle.get_buffer(1, (n,), torch.uint8, 0)
+
+        remote = get_remote
+    ce_how = ("torch copy_ into rank 1's symmetric buffer (torch symm_mem get_buffer): "
+              "cudaMemcpyAsync over a peer mapping = copy engine")
+    sm_how = "torch elementwise kernel (mul by 1) writing rank 1's symmetric buffer: SM stores"
+    raw = purlin_api.raw_peer_copy(ctx.comm) if ctx.comm is not None else None
+    if remote is not None:
+        peaks["ce_one_way"] = _peak(ctx, sizes, remote, "ce", ce_how)
+        peaks["sm_store_one_way"] = _peak(ctx, sizes, remote, "sm", sm_how)
+    else:
+        peaks["ce_one_way"] = {"how": ce_how, "error": "no symmetric buffer (symm_mem unavailable)"}
+    if raw is not None:
+        peaks["purlin_raw_copy"] = {"how": f"comm.{raw[0]} exists; not measured (its signature is not fixed yet)"}
+    peaks["nccl_sendrecv_one_way"] = _peak_sendrecv(ctx, sizes[-1])
+    return peaks
+
+
+def _peak(ctx: Ctx, sizes, remote, kind: str, how: str) -> dict:
+    points = []
+    for n in sizes:
+        def body():
+            if ctx.rank != 0:
+                return None
+            dst = remote(n)
+            src = torch.randint(0, 255, (n,), dtype=torch.uint8, device=ctx.device)
+            if kind == "ce":
+                op = lambda: dst.copy_(src)  # noqa: E731
+            else:
+                d16, s16 = dst.view(torch.bfloat16), src.view(torch.bfloat16)
+                op = lambda: torch.mul(s16, 1, out=d16)  # noqa: E731
+            iters = max(3, min(50, int(20 * report.MiB * 50 / n) or 3))
+            for _ in range(3):
+                op()
+            sync()
+            times = []
+            for _ in range(5):
+                start, end = _events()
+                start.record()
+                for _ in range(iters):
+                    op()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) * 1e3 / iters)
+            return statistics.median(times)
+
+        barrier(ctx)
+        ran, t, err = guarded(ctx, body)
+        if not ran:
+            return {"how": how, "error": err, "points": points}
+        t = allreduce_max(ctx, [t or 0.0])[0]
+        points.append({"bytes": n, "time_us": t, "gbps": report.algbw_gbps(n, t)})
+    barrier(ctx)
+    return {"how": how, "points": points}
+
+
+def _peak_sendrecv(ctx: Ctx, n: int) -> dict:
+    how = "dist.send rank 0 -> dist.recv rank 1 (NCCL), timed on both, slowest kept: the documented fallback"
+
+    def body():
+        buf = torch.empty(n, dtype=torch.uint8, device=ctx.device)
+        if ctx.rank == 0:
+            buf.random_(0, 255)
+        op = None
+        if ctx.rank == 0:
+            op = lambda: dist.send(buf, dst=1)  # noqa: E731
+        elif ctx.rank == 1:
+            op = lambda: dist.recv(buf, src=0)  # noqa: E731
+        if op is None:
+            return 0.0
+        for _ in range(2):
+            op()
+        sync()
+        times = []
+        for _ in range(3):
+            start, end = _events()
+            start.record()
+            for _ in range(3):
+                op()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / 3)
+        return statistics.median(times)
+
+    barrier(ctx)
+    ran, t, err = guarded(ctx, body)
+    if not ran:
+        return {"how": how, "error": err}
+    t = allreduce_max(ctx, [t or 0.0])[0]
+    return {"how": how, "points": [{"bytes": n, "time_us": t, "gbps": report.algbw_gbps(n, t)}]}
+
+
+# =========================================================================== setup
+
+
+def setup_symm(ctx: Ctx, nbytes: int) -> None:
+    def body():
+        import torch.distributed._symmetric_memory as symm_mem
+
+        try:
+            with warnings.catch_warnings():  # needed by older torch; deprecated (a no-op) in newer
+                warnings.simplefilter("ignore")
+                symm_mem.enable_symm_mem_for_group(ctx.group_name)
+        except Exception:  # noqa: BLE001
+            pass
+        S = symm_mem.empty(max(nbytes // 2, 8), dtype=torch.bfloat16, device=ctx.device)
+        handle = symm_mem.rendezvous(S, ctx.group_name)
+        return S, handle
+
+    ran, value, err = guarded(ctx, body)
+    ctx.symm = value if ran else None
+    ctx.meta["symm_mem"] = {"buffer_bytes": nbytes} if ran else {"error": err}
+    ctx.log(f"symm_mem buffer {report.fmt_bytes(nbytes)}: {'ok' if ran else err}")
+
+
+def precompile(ctx: Ctx) -> None:
+    """Warm Purlin's on-disk compile cache with a process pool on one rank per host."""
+    plan = ctx.plan
+    jobs = purlin_api.precompile_jobs(plan.collectives, plan.variants, ctx.world)
+    info = {"jobs": len(jobs)}
+    if ctx.local_rank == 0 and jobs:
+        import concurrent.futures as cf
+        import multiprocessing as mp
+
+        major, minor = torch.cuda.get_device_capability(ctx.device)
+        arch = f"sm_{major}{minor}"
+        t = time.time()
+        done, failed = 0, []
+        pool = cf.ProcessPoolExecutor(max_workers=max(1, min(ctx.args.precompile_workers, len(jobs))),
+                                      mp_context=mp.get_context("spawn"))
+        try:
+            futs = {pool.submit(purlin_api.precompile_one, j, arch): j for j in jobs}
+            for f in cf.as_completed(futs, timeout=ctx.args.precompile_timeout_s):
+                try:
+                    f.result()
+                    done += 1
+                except Exception as e:  # noqa: BLE001
+                    j = futs[f]
+                    failed.append(f"{j['collective']}/{j['variant']}: {type(e).__name__}: {str(e)[:200]}")
+        except Exception as e:  # noqa: BLE001 - a pool failure (or timeout) only loses the warm-up
+            failed.append(f"pool: {type(e).__name__}: {e}")
+        finally:
+            # Never wait for a stuck worker: cancel what is queued, stop what runs.
+            workers = list(getattr(pool, "_processes", {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            for w in workers:
+                if w.is_alive():
+                    w.terminate()
+        info.update(arch=arch, compiled=done, failed=failed[:20], seconds=round(time.time() - t, 1))
+        ctx.log(f"precompile: {done}/{len(jobs)} compiled in {info['seconds']} s"
+                + (f", {len(failed)} failed (first: {failed[0]})" if failed else ""))
+    barrier(ctx)
+    ctx.meta["precompile"] = info
+
+
+def setup_purlin(ctx: Ctx) -> None:
+    free0 = torch.cuda.mem_get_info(ctx.device)[0]
+    heap = purlin_api.heap_bytes_for(ctx.plan.loads())
+    ctx.meta["purlin_heap"] = {"heap_bytes": heap or "PURLIN_HEAP_MB", "stage_bytes_per_collective":
+                               purlin_api.stage_bytes(), "loads": ctx.plan.loads()}
+    ran, comm, err = guarded(ctx, lambda: purlin_api.communicator(heap))
+    if not ran:
+        ctx.meta["purlin_error"] = f"Communicator.from_torch: {err}"
+        ctx.log(f"Purlin communicator failed: {err}")
+        for coll in ctx.plan.collectives:
+            for v in ctx.plan.variants:
+                if v.applies(coll):
+                    ctx.add(_load_error_row(ctx, coll, v, f"communicator: {err}"))
+        return
+    ctx.comm = comm
+    free1 = torch.cuda.mem_get_info(ctx.device)[0]
+    load_times = {}
+    for coll in ctx.plan.collectives:
+        for v in ctx.plan.variants:
+            if not v.applies(coll):
+                continue
+            t = time.time()
+            ran, loaded, err = guarded(ctx, lambda: purlin_api.load(comm, coll, v.options))
+            load_times[f"{coll}/{v.name}"] = round(time.time() - t, 2)
+            if ran:
+                ctx.colls[(coll, v.name)] = loaded
+            else:
+                ctx.add(_load_error_row(ctx, coll, v, f"load: {err}"))
+    free2 = torch.cuda.mem_get_info(ctx.device)[0]
+    ctx.meta["purlin_load_s"] = load_times
+    ctx.meta["purlin_footprint"] = {"after_communicator": free0 - free1, "after_loads": free0 - free2,
+                                    **purlin_api.device_bytes(comm)}
+    ctx.log(f"Purlin: {len(ctx.colls)} collectives loaded in {sum(load_times.values()):.1f} s "
+            f"({sum(1 for r in ctx.rows if r.get('phase') == 'load')} failed)")
+
+
+def _load_error_row(ctx: Ctx, coll: str, v: purlin_api.Variant, err: str) -> dict:
+    return {"system": "purlin", "variant": v.name, "collective": coll, "dtype": "bfloat16", "bytes": None,
+            "world_size": ctx.world, "mode": None, "time_us": None, "checked": None, "options": v.options or None,
+            "error": err, "phase": "load"}
+
+
+def collect_meta(ctx: Ctx) -> None:
+    m = ctx.meta
+    props = torch.cuda.get_device_properties(ctx.device)
+    names = [None] * ctx.world
+    dist.all_gather_object(names, props.name)
+    m.update(gpus=names, sm_count=props.multi_processor_count,
+             capability=f"{props.major}.{props.minor}", torch=torch.__version__)
+    try:
+        m["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
+    except Exception as e:  # noqa: BLE001
+        m["nccl"] = f"unknown ({e})"
+    m["nvidia_driver"] = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i",
+                               str(ctx.local_rank)])
+    try:
+        from importlib.metadata import version
+
+        m["cuda_bindings"] = version("cuda-bindings")
+    except Exception:  # noqa: BLE001
+        try:
+            import cuda.bindings
+
+            m["cuda_bindings"] = getattr(cuda.bindings, "__version__", "unknown")
+        except Exception as e:  # noqa: BLE001
+            m["cuda_bindings"] = f"not importable ({e})"
+    try:
+        m["purlinc"] = purlin_api.version()
+    except Exception as e:  # noqa: BLE001
+        m["purlinc"] = f"not importable ({e})"
+    commit = _run(["git", "-C", str(ROOT), "rev-parse", "HEAD"])
+    if commit:
+        dirty = _run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"])
+        m["git_commit"] = commit + ("-dirty" if dirty else "")
+    else:
+        m["git_commit"] = ctx.args.git_commit
+    m["env"] = {k: v for k, v in sorted(os.environ.items())
+                if k.startswith(("NCCL_", "TORCH_SYMM_MEM", "PURLIN_", "CUDA_VISIBLE", "TORCH_NCCL"))}
+
+
+def _run(cmd: list[str]) -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def machine_tag(ctx: Ctx) -> str:
+    if ctx.args.machine:
+        return ctx.args.machine
+    name = torch.cuda.get_device_name(ctx.device).lower()
+    short = next((t for t in reversed(name.replace("-", " ").split()) if any(ch.isdigit() for ch in t)), "gpu")
+    return f"{''.join(ch for ch in short if ch.isalnum())}x{ctx.world}"
+
+
+# =========================================================================== the run
+
+
+def run(ctx: Ctx) -> None:
+    plan, args = ctx.plan, ctx.args
+    collect_meta(ctx)
+    ctx.log(describe_plan(plan, args, ctx.world))
+    ctx.meta["estimate_s"] = round(estimate_s(plan, args))
+
+    need_symm = "symm_mem" in plan.systems or not args.no_peak
+    if need_symm:
+        ar_max = max((report.layout("allreduce", ctx.world, s).bytes for s in plan.sizes), default=0)
+        symm_bytes = max(ar_max if "allreduce" in plan.collectives else 0, 0 if args.no_peak else args.peak_bytes)
+        setup_symm(ctx, max(symm_bytes, report.MiB))
+    if "purlin" in plan.systems:
+        if not args.no_precompile:
+            precompile(ctx)
+        setup_purlin(ctx)
+    if not args.no_peak:
+        ctx.meta["peaks"] = measure_peaks(ctx)
+        best, how = report.measured_peak_gbps(ctx.meta)
+        ctx.log(f"one-way peak: {report._num(best)} GB/s ({how})")
+    write_partial(ctx)
+
+    skipped = []
+    for si, nbytes in enumerate(plan.sizes):
+        elapsed = allreduce_max(ctx, [time.time() - ctx.t0])[0]
+        if args.budget_s and elapsed > args.budget_s:
+            skipped = plan.sizes[si:]
+            ctx.meta["stopped_by_budget"] = {"elapsed_s": round(elapsed, 1), "budget_s": args.budget_s,
+                                             "skipped_bytes": skipped}
+            ctx.log(f"budget {args.budget_s:.0f} s exceeded ({elapsed:.0f} s): skipping "
+                    + ", ".join(report.fmt_bytes(s) for s in skipped))
+            break
+        for ci, coll in enumerate(plan.collectives):
+            run_size(ctx, coll, nbytes, salt=1000 * si + 10 * ci)
+        write_partial(ctx)
+
+
+def run_size(ctx: Ctx, coll: str, nbytes: int, salt: int) -> None:
+    lay = report.layout(coll, ctx.world, nbytes)
+    plan = ctx.plan
+    ran, bufs, err = guarded(ctx, lambda: (torch.empty(lay.in_elems, dtype=torch.bfloat16, device=ctx.device),
+                                           torch.empty(lay.out_elems, dtype=torch.bfloat16, device=ctx.device),
+                                           fresh_input(ctx, lay.in_elems, salt)))
+    if not ran:
+        ctx.log(f"{coll} {report.fmt_bytes(lay.bytes)}: buffers failed: {err}")
+        return
+    X, Y, x_time = bufs
+    cases: list[Case] = []
+    build_errors = []
+    if "nccl" in plan.systems:
+        cases.append(nccl_case(ctx, coll, lay, X, Y))
+    if "symm_mem" in plan.systems and coll == "allreduce":
+        if ctx.symm is None:
+            why = (ctx.meta.get("symm_mem") or {}).get("error", "unavailable")
+            build_errors += [("symm_mem", v, f"symmetric memory: {why}") for v in ("one-shot", "two-shot")]
+        else:
+            try:
+                cases += symm_cases(ctx, lay, Y)
+            except Exception as e:  # noqa: BLE001
+                build_errors.append(("symm_mem", "one-shot", f"{type(e).__name__}: {e}"))
+    if "purlin" in plan.systems:
+        for v in plan.variants:
+            if v.applies(coll) and (coll, v.name) in ctx.colls:
+                try:
+                    cases.append(purlin_case(ctx, coll, v, X, Y))
+                except Exception as e:  # noqa: BLE001
+                    build_errors.append(("purlin", v.name, f"{type(e).__name__}: {e}"))
+    for system, variant, err in build_errors:
+        for mode in plan.modes:
+            ctx.add({"system": system, "variant": variant, "collective": coll, "dtype": "bfloat16",
+                     "bytes": lay.bytes, "count": lay.count, "world_size": ctx.world, "mode": mode,
+                     "time_us": None, "checked": None, "error": err})
+    for k, case in enumerate(cases):
+        for row in run_case(ctx, lay, case, x_time, salt * 100 + k + 1):
+            ctx.add(row)
+    progress(ctx, coll, lay.bytes)
+    del X, Y, x_time, cases
+    torch.cuda.empty_cache()
+
+
+def progress(ctx: Ctx, coll: str, nbytes: int) -> None:
+    if ctx.rank != 0:
+        return
+    rows = [r for r in ctx.rows if r.get("collective") == coll and r.get("bytes") == nbytes]
+    parts = []
+    for mode in ("graph", "eager"):
+        n = report.one(rows, system="nccl", variant="nccl", mode=mode)
+        d = report.one(rows, system="purlin", variant="default", mode=mode)
+        b = report.best_purlin(rows, coll, nbytes, mode)
+        s = report.best_of(rows, "symm_mem", coll, nbytes, mode)
+        bit = f"{mode[0]}: nccl {report._cell_time(n)} default {report._cell_time(d)}"
+        if b:
+            bit += f" best {b['variant']} {report._num(b['time_us'])}"
+        if s:
+            bit += f" symm {report._num(s['time_us'])}"
+        parts.append(bit)
+    errs = sum(1 for r in rows if r.get("error"))
+    wrong = sum(1 for r in rows if r.get("checked") is False)
+    tail = (f" [{errs} error rows]" if errs else "") + (f" [{wrong} WRONG]" if wrong else "")
+    ctx.log(f"{coll:>14} {report.fmt_bytes(nbytes):>8} us | " + " | ".join(parts) + tail)
+
+
+# =========================================================================== output
+
+
+def document(ctx: Ctx) -> dict:
+    with ctx.lock:
+        rows = list(ctx.rows)
+    doc = {"meta": dict(ctx.meta, elapsed_s=round(time.time() - ctx.t0, 1)), "rows": rows}
+    if ctx.args.merge:
+        olds = [json.loads(p.read_text()) for p in ctx.args.merge if p.exists()]
+        doc = report.merge(olds + [doc])
+        doc["meta"] = dict(ctx.meta, elapsed_s=round(time.time() - ctx.t0, 1),
+                           merged_from=[str(p) for p in ctx.args.merge])
+    return doc
+
+
+def write_partial(ctx: Ctx) -> None:
+    if ctx.rank != 0:
+        return
+    try:
+        ctx.args.results_dir.mkdir(parents=True, exist_ok=True)
+        path = ctx.args.results_dir / f"{ctx.stem}.json"
+        report._atomic_write(path, json.dumps(document(ctx), indent=1, default=str))
+        if ctx.args.out:
+            ctx.args.out.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, ctx.args.out / path.name)
+    except Exception as e:  # noqa: BLE001
+        print(f"bench: partial write failed: {e}", file=sys.stderr)
+
+
+def finish(ctx: Ctx, status: str) -> None:
+    """Rank 0 writes everything once; a second caller (main thread vs. the timeout guard) waits."""
+    if ctx.rank != 0:
+        return
+    with ctx.finish_lock:
+        if ctx.finished:
+            return
+        ctx.finished = True
+        _finish(ctx, status)
+
+
+def _finish(ctx: Ctx, status: str) -> None:
+    ctx.meta["status"] = status
+    doc = document(ctx)
+    try:
+        paths = report.write_all(doc, ctx.args.results_dir, ctx.stem, plots=not ctx.args.no_plots)
+        if ctx.args.out:
+            ctx.args.out.mkdir(parents=True, exist_ok=True)
+            for p in paths.values():
+                shutil.copy(p, ctx.args.out / p.name)
+        print(report.markdown(doc), flush=True)
+        print("wrote: " + ", ".join(str(p) for p in paths.values())
+              + (f" (copied to {ctx.args.out})" if ctx.args.out else ""), flush=True)
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        write_partial(ctx)
+    if ctx.failures:
+        print(f"{len(ctx.failures)} CORRECTNESS FAILURES:\n  " + "\n  ".join(ctx.failures[:30]),
+              file=sys.stderr, flush=True)
+
+
+def install_guards(ctx: Ctx) -> None:
+    def on_timeout():
+        ctx.log(f"global timeout {ctx.args.timeout_s:.0f} s reached: writing what was measured and exiting")
+        finish(ctx, f"timeout after {ctx.args.timeout_s:.0f} s (global guard)")
+        sys.stdout.flush()
+        os._exit(124)
+
+    # Rank 0 writes the results; the others wait a little longer, so that their exit (which makes
+    # torchrun stop every worker) cannot cut rank 0's writing short.
+    grace = 0.0 if ctx.rank == 0 else 60.0
+    timer = threading.Timer(ctx.args.timeout_s + grace, on_timeout)
+    timer.daemon = True
+    timer.start()
+
+    def on_term(signum, _frame):
+        if ctx.finished:  # already writing the results: let that complete
+            return
+        finish(ctx, f"killed by signal {signum}")
+        sys.stdout.flush()
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    plan = make_plan(args)
+    if args.dry_run:
+        world = args.world_size or int(os.environ.get("WORLD_SIZE", "2"))
+        print(describe_plan(plan, args, world))
+        for c in plan.collectives:
+            lays = [report.layout(c, world, s) for s in plan.sizes]
+            print(f"  {c:>14}: count per size " + ", ".join(f"{report.fmt_bytes(l.bytes)}={l.count}" for l in lays))
+        return 0
+
+    global torch, dist
+    import torch as _torch
+    import torch.distributed as _dist
+
+    torch, dist = _torch, _dist
+    # torch renames c10d functions now and then (all_gather_into_tensor -> ...); the old names work.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed.*")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank)
+    dist.init_process_group("nccl", device_id=device, timeout=datetime.timedelta(seconds=args.pg_timeout_s))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    now = datetime.datetime.now()
+    meta = {"date": now.date().isoformat(), "run_id": now.strftime("%Y-%m-%dT%H:%M:%S") + f"-{os.getpid()}",
+            "world_size": world, "quick": args.quick, "dtype": "bfloat16",
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "plan": {"collectives": plan.collectives, "systems": plan.systems,
+                     "variants": {v.name: v.options for v in plan.variants}, "sizes": plan.sizes,
+                     "modes": plan.modes}}
+    ctx = Ctx(args, plan, rank, world, local_rank, device, dist.group.WORLD.group_name, time.time(), meta)
+    ctx.meta["machine"] = machine_tag(ctx)
+    ctx.stem = f"{ctx.meta['date']}-{ctx.meta['machine']}"
+    install_guards(ctx)
+    status = "complete"
+    try:
+        run(ctx)
+        if ctx.meta.get("stopped_by_budget"):
+            status = "stopped by budget"
+    except BaseException as e:  # noqa: BLE001 - keep what was measured
+        status = f"fatal: {type(e).__name__}: {e}"
+        traceback.print_exc()
+    finish(ctx, status)
+    try:  # keep every rank alive until rank 0 has written: torchrun stops the rest when one exits non-zero
+        if not status.startswith("fatal"):
+            barrier(ctx)
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        pass
+    if ctx.rank != 0:
+        return 0
+    if status.startswith("fatal"):
+        return 3
+    return 1 if ctx.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

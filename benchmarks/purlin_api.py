@@ -1,0 +1,239 @@
+"""Everything the benchmark knows about Purlin's runtime API, in one place.
+
+The runtime is written alongside this harness; if its API moves, fix it here and nowhere
+else.  Assumed API (torch.distributed initialised, the CUDA device set):
+
+    comm = purlinc.Communicator.from_torch()
+    coll = purlinc.load("examples/allgather.pln", comm, algorithm=None, atom=None,
+                        channels=None, slices=None, params=None)
+    coll(x, out=y, op="sum")          # torch tensors, the current stream, graph-capturable
+
+Buffer conventions per collective (``count`` = the .pln chunk): allgather in=count,
+out=R*count; reduce_scatter in=R*count, out=count; allreduce and alltoall in=out=R*count;
+broadcast root in=out=count, others x=None; reduce all in=count, root out=count, others
+out=None; gather all in=count, root out=R*count, others out=None; scatter root
+in=R*count, others x=None, all out=count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+OPTION_KEYS = ("algorithm", "atom", "channels", "slices", "params")
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    options: dict = field(default_factory=dict)  # OPTION_KEYS; missing = the runtime's choice
+    only: tuple[str, ...] = ()  # collectives it applies to (empty = all)
+
+    def applies(self, collective: str) -> bool:
+        return not self.only or collective in self.only
+
+
+def _v(name: str, algorithm: str, atom: str, channels: int | None, slices: int | None = None,
+       only: tuple[str, ...] = ()) -> Variant:
+    opts = {"algorithm": algorithm, "atom": atom, "channels": channels, "slices": slices}
+    return Variant(name, {k: v for k, v in opts.items() if v is not None}, only)
+
+
+# ``default`` is the call a user makes with no options; the rest pin algorithm/atom/channels.
+VARIANTS = (
+    Variant("default"),
+    _v("push-ldst-c1", "direct-push", "ldst", 1),
+    _v("push-ldst-c4", "direct-push", "ldst", 4),
+    _v("push-ldst-c16", "direct-push", "ldst", 16),
+    _v("push-ldst-c16-s4", "direct-push", "ldst", 16, 4),
+    _v("pull-ldst-c16", "direct-pull", "ldst", 16),
+    _v("two-shot-ldst-c16", "two-shot", "ldst", 16, only=("allreduce",)),
+    _v("ring-ldst-c16", "ring", "ldst", 16, only=("allreduce", "allgather", "reduce_scatter")),
+    _v("push-tma-c8", "direct-push", "tma", 8),
+    # The copy engines only move bytes: no reductions.
+    _v("push-ce", "direct-push", "ce", None, only=("allgather", "alltoall", "broadcast", "gather", "scatter")),
+)
+QUICK_VARIANTS = ("default", "push-ldst-c1", "push-ldst-c16", "two-shot-ldst-c16", "push-tma-c8", "push-ce")
+
+
+def parse_variant(text: str) -> Variant:
+    """'name:algorithm=ring,atom=ldst,channels=8[,slices=2]' -> Variant (for --variant-spec)."""
+    name, _, rest = text.partition(":")
+    opts: dict = {}
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key not in OPTION_KEYS or key == "params":
+            raise ValueError(f"--variant-spec {text!r}: unknown option {key!r}")
+        opts[key] = int(value) if key in ("channels", "slices") else value.strip()
+    return Variant(name.strip(), opts)
+
+
+def version() -> str | None:
+    import purlinc
+
+    return getattr(purlinc, "__version__", None)
+
+
+def stage_bytes() -> int:
+    """Staging space each loaded collective takes from the heap (the runtime's default)."""
+    try:
+        from purlinc import settings
+
+        return int(settings.stage_bytes())
+    except Exception:  # noqa: BLE001
+        return 64 << 20
+
+
+def heap_bytes_for(loads: int) -> int | None:
+    """A heap that holds every variant the benchmark loads at once (the default 512 MiB holds
+    about seven); None when the user set PURLIN_HEAP_MB, which then wins."""
+    import os
+
+    if os.environ.get("PURLIN_HEAP_MB"):
+        return None
+    return max(512 << 20, loads * stage_bytes() + (256 << 20))
+
+
+def communicator(heap_bytes: int | None = None):
+    import purlinc
+
+    if heap_bytes is None:
+        return purlinc.Communicator.from_torch()
+    return purlinc.Communicator.from_torch(heap_bytes=heap_bytes)
+
+
+def pln_path(collective: str) -> Path:
+    return EXAMPLES / f"{collective}.pln"
+
+
+def load(comm, collective: str, options: dict):
+    import purlinc
+
+    kwargs = {k: options.get(k) for k in OPTION_KEYS}
+    coll = purlinc.load(str(pln_path(collective)), comm, **kwargs)
+    # Compile and load the bf16 kernel now (a collective), not inside the first timed call.
+    warm = getattr(coll, "warm", None)
+    if callable(warm):
+        warm("bfloat16", "sum")
+    return coll
+
+
+def call(coll, collective: str, x, y, *, rank: int, root: int = 0, reduce: bool) -> None:
+    """One call with the buffer conventions above; ``x``/``y`` are this rank's full buffers."""
+    is_root = rank == root
+    if collective == "broadcast" or collective == "scatter":
+        x = x if is_root else None
+    if collective in ("reduce", "gather"):
+        y = y if is_root else None
+    if reduce:
+        coll(x, out=y, op="sum")
+    else:
+        coll(x, out=y)
+
+
+def grid_sms(coll, options: dict) -> tuple[int | None, str]:
+    """SMs a call occupies: the kernel grid (channels) from the loaded collective's ABI; 0 for ce."""
+    if options.get("atom") == "ce":
+        return 0, "copy engines only"
+    if getattr(getattr(coll, "compiled", None), "atom", None) == "ce":
+        return 0, "copy engines only"
+    for path in ("compiled.options.channels", "compiled.schedule.options.channels", "abi.channels",
+                 "channels", "grid"):
+        obj = coll
+        try:
+            for part in path.split("."):
+                obj = getattr(obj, part)
+        except AttributeError:
+            continue
+        if isinstance(obj, (tuple, list)):
+            obj = obj[0]
+        if isinstance(obj, int):
+            return obj, f"from coll.{path}"
+    atom = getattr(coll, "atom", None)
+    if atom == "ce":
+        return 0, "copy engines only"
+    if options.get("channels") is not None:
+        return int(options["channels"]), "requested channels (ABI not exposed)"
+    return None, "grid not exposed by the loaded collective"
+
+
+def device_bytes(comm) -> dict:
+    """The communicator's own accounting of device memory, where it offers one."""
+    out = {}
+    for name in ("heap_bytes", "heap_size", "nbytes", "device_bytes"):
+        v = getattr(comm, name, None)
+        if isinstance(v, int):
+            out[f"comm.{name}"] = v
+    return out
+
+
+def check_errors(comm, coll) -> None:
+    """Raise if the runtime recorded a device-side error (a timed-out wait) since the last check."""
+    fn = getattr(coll, "check", None)  # Collective.check(): raises PurlinTimeoutError, no sync
+    if callable(fn):
+        fn()
+
+
+def raw_peer_copy(comm):
+    """A raw SM copy into a peer's memory, if the runtime exposes one: fn(dst_rank, src, nbytes)."""
+    for name in ("peer_copy", "copy_to_peer", "raw_copy"):
+        fn = getattr(comm, name, None)
+        if callable(fn):
+            return name, fn
+    return None
+
+
+def precompile_jobs(collectives, variants, world_size: int) -> list[dict]:
+    """Keyword arguments for ``purlinc.compile`` that warm the on-disk cache before loading.
+
+    Best effort: it helps only if the runtime's load compiles with the same key (sm_90,
+    this R, bf16, sum); a miss costs nothing but the time spent here.
+    """
+    jobs = []
+    for coll in collectives:
+        for v in variants:
+            if not v.applies(coll):
+                continue
+            jobs.append({"collective": coll, "variant": v.name, "world_size": world_size,
+                         "options": dict(v.options)})
+    return jobs
+
+
+def precompile_one(job: dict, arch: str) -> str:
+    """Run in a worker process; returns a short status string.
+
+    Goes through the runtime's own ``prepare`` + ``Compiled.kernel`` (what ``load`` and the
+    first call do), so the cache key is the one the runtime will look up.
+    """
+    opts = job["options"]
+    try:
+        from purlinc.dtypes import DType, ReduceOp
+        from purlinc.runtime.collective import prepare
+    except ImportError:
+        prepare = None
+    if prepare is not None:
+        compiled = prepare(str(pln_path(job["collective"])), job["world_size"], arch=arch,
+                           **{k: opts.get(k) for k in ("algorithm", "atom", "channels", "slices")})
+        if compiled.ce_plan is None:
+            is_reduce = compiled.schedule.operation.value == "reduce"
+            compiled.kernel(DType.BFLOAT16, ReduceOp.SUM if is_reduce else None)
+        return f"{job['collective']}/{job['variant']}: ok"
+    import purlinc.pipeline as pipeline
+    from purlinc.snac.ir import Algorithm, LowerOptions
+
+    lower = None
+    if opts.get("channels") or opts.get("slices") or opts.get("algorithm"):
+        kw = {}
+        if opts.get("algorithm"):
+            kw["algorithm"] = Algorithm(opts["algorithm"])
+        if opts.get("channels"):
+            kw["channels"] = int(opts["channels"])
+        if opts.get("slices"):
+            kw["slices"] = int(opts["slices"])
+        lower = LowerOptions(**kw)
+    pipeline.compile(str(pln_path(job["collective"])), world_size=job["world_size"], arch=arch,
+                     options=lower, atom=opts.get("atom", "ldst"), dtype="bfloat16", op="sum")
+    return f"{job['collective']}/{job['variant']}: ok"

@@ -1,0 +1,311 @@
+"""The benchmark's report layer (benchmarks/report.py) on synthetic rows: no GPU, no torch."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+report = _load("report")
+KiB, MiB, GiB = report.KiB, report.MiB, report.GiB
+
+
+# --------------------------------------------------------------------------- synthetic data
+
+
+def row(system, variant, coll, nbytes, mode, time_us, *, world=2, checked=True, error=None, sms=None, options=None):
+    return {
+        "system": system, "variant": variant, "collective": coll, "dtype": "bfloat16", "bytes": nbytes,
+        "world_size": world, "mode": mode, "time_us": None if error else time_us,
+        "algbw_gbps": None if error else report.algbw_gbps(nbytes, time_us),
+        "busbw_gbps": None if error else report.busbw_gbps(coll, world, nbytes, time_us),
+        "sms": sms, "checked": None if error else checked, "error": error, "options": options,
+    }
+
+
+PUSH1 = {"algorithm": "direct-push", "atom": "ldst", "channels": 1}
+PUSH16 = {"algorithm": "direct-push", "atom": "ldst", "channels": 16}
+
+
+def synthetic_doc(*, purlin_speedup=4.0, world=2) -> dict:
+    rows = []
+    for coll in report.COLLECTIVES:
+        for nbytes in (KiB, 64 * KiB, MiB, 16 * MiB, 256 * MiB, GiB):
+            for mode in ("eager", "graph"):
+                nccl = (20.0 if mode == "eager" else 8.0) + nbytes / 300e3
+                rows.append(row("nccl", "nccl", coll, nbytes, mode, nccl, world=world))
+                small = nbytes <= MiB
+                fast_small = nccl / purlin_speedup
+                fast_large = nbytes / 380e3 + 3.0
+                best_variant, best_opts = ("push-ldst-c1", PUSH1) if small else ("push-ldst-c16", PUSH16)
+                best_t = fast_small if small else fast_large
+                rows.append(row("purlin", best_variant, coll, nbytes, mode, best_t, world=world, sms=1 if small else 16,
+                                options=best_opts))
+                other = ("push-ldst-c16", PUSH16) if small else ("push-ldst-c1", PUSH1)
+                rows.append(row("purlin", other[0], coll, nbytes, mode, best_t * 1.5, world=world,
+                                sms=other[1]["channels"], options=other[1]))
+                rows.append(row("purlin", "default", coll, nbytes, mode, best_t * 1.05, world=world,
+                                sms=1 if small else 16))
+                if coll == "allreduce":
+                    rows.append(row("symm_mem", "one-shot", coll, nbytes, mode, nccl * 0.9, world=world))
+                    rows.append(row("symm_mem", "two-shot", coll, nbytes, mode, nccl * 0.95, world=world))
+    meta = {"date": "2026-11-30", "machine": "h200x2", "world_size": world,
+            "peaks": {"ce_one_way": {"how": "test", "points": [{"bytes": GiB, "time_us": GiB / 397e3, "gbps": 397.0}]}}}
+    return {"meta": meta, "rows": rows}
+
+
+# --------------------------------------------------------------------------- sizes and layouts
+
+
+def test_sizes():
+    full = report.full_sizes()
+    assert full[0] == KiB and full[-1] == GiB
+    assert 2 * MiB in full and 8 * MiB in full and 4 * MiB in full and 16 * MiB in full
+    assert len(full) == 13
+    assert report.quick_sizes() == [KiB, 64 * KiB, MiB, 16 * MiB, 256 * MiB]
+    assert report.select_sizes(quick=False, max_bytes=MiB)[-1] == MiB
+    assert report.select_sizes(quick=True, explicit=[5 * KiB, KiB]) == [KiB, 5 * KiB]
+
+
+@pytest.mark.parametrize("text,value", [("1K", KiB), ("64KiB", 64 * KiB), ("1M", MiB), ("1G", GiB),
+                                        ("4096", 4096), ("256MiB", 256 * MiB), ("1.5K", 1536)])
+def test_parse_bytes(text, value):
+    assert report.parse_bytes(text) == value
+
+
+def test_fmt_bytes():
+    assert report.fmt_bytes(KiB) == "1 KiB"
+    assert report.fmt_bytes(256 * MiB) == "256 MiB"
+    assert report.fmt_bytes(1536) == "1.5 KiB"
+    assert report.fmt_bytes(None) == "-"
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_layout_matches_nccl_byte_convention(world):
+    nbytes = 64 * KiB
+    cases = {
+        "allreduce": (world, world), "alltoall": (world, world), "allgather": (1, world), "gather": (1, world),
+        "reduce_scatter": (world, 1), "scatter": (world, 1), "broadcast": (1, 1), "reduce": (1, 1),
+    }
+    for coll, (cin, cout) in cases.items():
+        lay = report.layout(coll, world, nbytes)
+        assert lay.in_elems == cin * lay.count and lay.out_elems == cout * lay.count
+        assert lay.bytes == nbytes, coll  # powers of two divide evenly: nothing is rounded away
+        assert (lay.count * 2) % 16 == 0
+
+
+def test_layout_rounds_to_16_byte_chunks():
+    lay = report.layout("allgather", 3, 1000)
+    assert lay.count % 8 == 0 and lay.bytes <= 1000
+    tiny = report.layout("allreduce", 8, 16)
+    assert tiny.count == 8  # never below one 16-byte vector per chunk
+
+
+def test_busbw_factors():
+    assert report.busbw_factor("allreduce", 2) == 1.0
+    assert report.busbw_factor("allreduce", 8) == pytest.approx(1.75)
+    for coll in ("allgather", "reduce_scatter", "alltoall", "gather", "scatter"):
+        assert report.busbw_factor(coll, 4) == pytest.approx(0.75)
+    assert report.busbw_factor("broadcast", 8) == 1.0 and report.busbw_factor("reduce", 8) == 1.0
+    # 1 GiB in 3.3 ms: about 325 GB/s algorithm bandwidth
+    assert report.algbw_gbps(GiB, 3300.0) == pytest.approx(GiB / 3300e3)
+    assert report.busbw_gbps("allreduce", 8, GiB, 3300.0) == pytest.approx(1.75 * GiB / 3300e3)
+    assert report.algbw_gbps(GiB, None) is None
+
+
+def test_estimate_is_monotonic_and_bounded():
+    small = report.estimate_case_s(KiB, reps=5, target_rep_us=5000)
+    big = report.estimate_case_s(GiB, reps=5, target_rep_us=5000)
+    assert 0 < small < big < 5
+    total = report.estimate_run_s([("allreduce", KiB, 10), ("allreduce", GiB, 10)], reps=5, target_rep_us=5000,
+                                  modes=2, loads=10)
+    assert total == pytest.approx(20 + 10 * 2.0 + 10 * small + 10 * big)
+
+
+# --------------------------------------------------------------------------- selection and tuning
+
+
+def test_best_purlin_excludes_default_wrong_and_errors():
+    rows = [
+        row("purlin", "default", "allgather", KiB, "graph", 1.0),
+        row("purlin", "a", "allgather", KiB, "graph", 2.0, checked=False),
+        row("purlin", "b", "allgather", KiB, "graph", 0.0, error="boom"),
+        row("purlin", "c", "allgather", KiB, "graph", 3.0),
+        row("purlin", "d", "allgather", KiB, "graph", 2.5, checked=None),  # not checked: not trusted
+    ]
+    assert report.best_purlin(rows, "allgather", KiB, "graph")["variant"] == "c"
+    assert report.best_purlin(rows, "allgather", 2 * KiB, "graph") is None
+
+
+def test_tuning_table_merges_ranges():
+    doc = synthetic_doc()
+    table = report.tuning_table(doc)
+    assert set(table) == set(report.COLLECTIVES)
+    entries = table["allreduce"]["2"]
+    assert [e["variant"] for e in entries] == ["push-ldst-c1", "push-ldst-c16"]
+    assert entries[0]["max_bytes"] == MiB and entries[-1]["max_bytes"] is None
+    assert entries[0]["algorithm"] == "direct-push" and entries[0]["channels"] == 1 and entries[0]["atom"] == "ldst"
+    assert entries[1]["channels"] == 16
+    json.dumps(table)  # plain JSON
+
+
+def test_tuning_table_falls_back_to_eager():
+    rows = [row("purlin", "x", "reduce", KiB, "eager", 5.0, options=PUSH1)]
+    table = report.tuning_table({"meta": {"world_size": 4}, "rows": rows})
+    assert table == {"reduce": {"4": [{"max_bytes": None, "variant": "x", **PUSH1, "time_us": 5.0, "mode": "eager"}]}}
+
+
+def test_merge_later_wins():
+    a = {"meta": {"run_id": "a"}, "rows": [row("nccl", "nccl", "allreduce", KiB, "graph", 9.0),
+                                             row("nccl", "nccl", "allgather", KiB, "graph", 8.0)]}
+    b = {"meta": {"run_id": "b"}, "rows": [row("nccl", "nccl", "allreduce", KiB, "graph", 7.0)]}
+    merged = report.merge([a, b])
+    times = {r["collective"]: r["time_us"] for r in merged["rows"]}
+    assert times == {"allreduce": 7.0, "allgather": 8.0}
+    assert merged["meta"]["merged_from"] == ["a", "b"]
+
+
+# --------------------------------------------------------------------------- targets
+
+
+def _status(doc):
+    return {t.name.split(":")[0] + ":" + t.name.split(":")[1][:30]: t.status for t in report.targets(doc)}
+
+
+def test_targets_met_on_a_good_run():
+    doc = synthetic_doc(purlin_speedup=4.0)
+    results = {t.name: t for t in report.targets(doc)}
+    small_graph = next(t for n, t in results.items() if n.startswith("small (1-64 KiB), graph: Purlin >= 3x"))
+    assert small_graph.status == "met", small_graph.lines
+    symm = next(t for n, t in results.items() if "symm_mem" in n)
+    assert symm.status == "met"
+    eager = next(t for n, t in results.items() if "eager" in n)
+    assert eager.status == "met"
+    default = next(t for n, t in results.items() if n.startswith("default within 10%"))
+    assert default.status == "met", default.lines
+    footprint = next(t for n, t in results.items() if n.startswith("footprint"))
+    assert footprint.status == "report"
+
+
+def test_targets_missed_with_numbers():
+    doc = synthetic_doc(purlin_speedup=2.5)  # small graph needs 3x: missed; eager needs 2x: met
+    results = {t.name: t for t in report.targets(doc)}
+    small_graph = next(t for n, t in results.items() if n.startswith("small (1-64 KiB), graph: Purlin >= 3x"))
+    assert small_graph.status == "missed"
+    assert any("MISSED" in line and "2.38x" in line and "NCCL" in line for line in small_graph.lines)  # default = best * 1.05
+    assert next(t for n, t in results.items() if "eager" in n).status == "met"
+
+
+def test_wrong_result_never_counts_as_met():
+    doc = synthetic_doc(purlin_speedup=10.0)
+    for r in doc["rows"]:
+        if r["system"] == "purlin" and r["variant"] == "default" and r["collective"] == "broadcast":
+            r["checked"] = False
+    small_graph = next(t for t in report.targets(doc) if t.name.startswith("small (1-64 KiB), graph: Purlin >= 3x"))
+    assert small_graph.status == "missed"
+    assert any("wrong result" in line for line in small_graph.lines)
+
+
+def test_large_target_uses_measured_peak():
+    doc = synthetic_doc()
+    t = next(t for t in report.targets(doc) if "90% of peak" in t.name)
+    # Purlin at 1 GiB: ~1 GiB / (1 GiB / 380e3 + 3) us -> ~380 GB/s algbw, busbw = algbw / 2 for R=2:
+    # about 48% of a 397 GB/s peak: missed, and the line says so.
+    assert t.status == "missed"
+    assert any("of peak" in line for line in t.lines)
+    assert any("397" in line for line in t.lines)
+
+
+def test_targets_without_data():
+    doc = {"meta": {}, "rows": [row("nccl", "nccl", "allreduce", KiB, "graph", 8.0)]}
+    statuses = {t.name: t.status for t in report.targets(doc)}
+    assert all(s in ("no data", "report") for s in statuses.values()), statuses
+
+
+def test_partial_run_is_flagged():
+    doc = synthetic_doc()
+    doc["rows"] = [r for r in doc["rows"] if r["collective"] == "allreduce"]
+    t = report.targets(doc)[0]
+    assert any("partial run" in line for line in t.lines)
+
+
+# --------------------------------------------------------------------------- markdown, files, plots
+
+
+def test_markdown_contents():
+    doc = synthetic_doc()
+    doc["rows"].append(row("purlin", "push-tma-c8", "allgather", KiB, "graph", 1.0, error="load: NVRTC failed\nlong"))
+    doc["rows"].append(row("purlin", "push-ce", "allgather", KiB, "graph", 1.0, checked=False))
+    doc["rows"][-1]["check_note"] = "3 of 512 elements differ"
+    md = report.markdown(doc)
+    assert md.startswith("# Collective benchmark: h200x2, 2026-11-30, R=2")
+    for coll in report.COLLECTIVES:
+        assert f"## {coll}, graph" in md and f"## {coll}, eager" in md
+    assert "symm_mem best us" in md  # allreduce table only
+    assert "## CORRECTNESS FAILURES" in md and "3 of 512 elements differ" in md
+    assert "## Errors" in md and "push-tma-c8" in md
+    assert md.rstrip().splitlines()[-1].startswith("    - ")  # the targets come last
+    assert "## Targets" in md and "**MET**" in md
+    table = md.split("## allreduce, graph")[1].split("##")[0]
+    line_1k = next(l for l in table.splitlines() if l.startswith("| 1 KiB"))
+    assert "push-ldst-c1" in line_1k and "4.00x" in line_1k  # best variant vs NCCL at 1 KiB
+
+
+def test_write_all_and_cli(tmp_path):
+    doc = synthetic_doc()
+    src = tmp_path / "in.json"
+    src.write_text(json.dumps(doc))
+    assert report.main([str(src), "--out-dir", str(tmp_path / "out"), "--stem", "x", "--no-plots"]) == 0
+    out = tmp_path / "out"
+    assert json.loads((out / "x.json").read_text())["rows"]
+    assert (out / "x.md").read_text().startswith("# Collective benchmark")
+    tuning = json.loads((out / "x-tuning.json").read_text())
+    assert "allreduce" in tuning
+    assert not list(out.glob("*.png"))
+
+
+def test_plots(tmp_path):
+    pytest.importorskip("matplotlib")
+    files = report.plot(synthetic_doc(), tmp_path, "run")
+    assert 1 <= len(files) <= 6
+    for f in files:
+        assert f.exists() and f.stat().st_size > 1000
+
+
+def test_dry_run_plan_without_torch(capsys):
+    """bench.py --dry-run needs neither torch nor a GPU."""
+    bench = _load("bench")
+    assert bench.main(["--dry-run", "--world-size", "4", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "R=4" in out and "estimated wall time" in out and "allreduce" in out
+    assert bench.torch is None  # torch was never imported by the dry run
+    plan = bench.make_plan(bench.parse_args(["--collectives", "allreduce,gather", "--systems", "nccl,purlin",
+                                             "--variants", "default,push-ce", "--max-bytes", "1M"]))
+    assert plan.collectives == ["allreduce", "gather"] and plan.sizes[-1] == MiB
+    assert [v.name for v in plan.variants] == ["default", "push-ce"]
+    assert plan.cases("allreduce") == 2 and plan.cases("gather") == 3  # ce moves bytes only: no allreduce
+
+
+def test_variant_spec():
+    api = _load("purlin_api")
+    v = api.parse_variant("ring8:algorithm=ring,atom=ldst,channels=8,slices=2")
+    assert v.name == "ring8" and v.options == {"algorithm": "ring", "atom": "ldst", "channels": 8, "slices": 2}
+    with pytest.raises(ValueError):
+        api.parse_variant("bad:colour=blue")
+    names = [v.name for v in api.VARIANTS]
+    assert names[0] == "default" and len(set(names)) == len(names)
+    assert set(api.QUICK_VARIANTS) <= set(names)
