@@ -23,6 +23,11 @@ unless ``KernelABI.shared_bytes`` says otherwise.
 Staging: unit ``u`` of a rank's staging buffer starts at byte ``u * piece * itemsize``;
 the runtime must provide ``stage_units * piece * itemsize`` bytes per rank.
 
+Slices: with ``S`` slices per unit, slice ``s`` of a round moving ``n`` elements covers the
+bytes ``[min(nb, s*step), min(nb, s*step + step))`` of the unit, ``nb = n * itemsize`` and
+``step = round_up(ceil(piece * itemsize / S), 16)``: the stride of a full round, so a slice
+covers the same staging bytes in every round (``purlinc.snac.simulate.round_slice_bounds``).
+
 The epoch of round ``i`` of a call is ``counters[channel] + i``; each channel adds
 ``rounds`` to its counter when it finishes.  Signal pads and counters start zeroed.
 

@@ -1,0 +1,367 @@
+"""SNAC schedule -> CUDA source, through Jinja templates under ``purlinc.templates``.
+
+Every decision is made here and handed to the templates as plain values: which blocks a
+channel program becomes (data steps, merged Notify / Wait groups, hazard barriers), how a
+Region is addressed, which element conversions a dtype needs.  The templates only format.
+
+The orchestration (``kernel.cu.j2`` and its includes) calls only ``purlin_copy`` and
+``purlin_reduce<N>``, which the atom's template defines; the atom's text sits between two
+marker lines, so ``KernelSource.orchestration_source`` is the module without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, fields, is_dataclass
+from enum import Enum
+from functools import lru_cache
+
+import jinja2
+
+import purlinc
+from purlinc.atom.abi import KernelABI
+from purlinc.atom.atoms import get_atom, parse_arch, templates_root
+from purlinc.dtypes import DType, ReduceOp
+from purlinc.errors import InternalError, PurlinError
+from purlinc.frontend.ast import Operation
+from purlinc.snac.ir import Consume, Notify, Program, Region, Schedule, Space, Stage, Wait
+
+THREADS = 512  # block size of every channel
+LDST_UNROLL = 4  # 16-byte vectors in flight per thread in an ldst copy
+TMA_TILE_BYTES = 16384  # two tiles of shared memory per block (static, so shared_bytes stays 0)
+TMA_MIN_BYTES = 16384  # below this a bulk copy's setup costs more than it saves: ldst instead
+MAX_GROUP = 32  # merged Notify / Wait groups use the lanes of warp 0
+
+ATOM_BEGIN = "// ======== atom begin ========"
+ATOM_END = "// ======== atom end ========"
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSource:
+    source: str
+    filename: str  # e.g. purlin_allgather_1a2b3c4d.cu
+    kernel_base: str  # purlin_<collective>_<hash8>; entries are f"{kernel_base}_r{rank}"
+    abi: KernelABI
+    atom: str
+    arch: str
+    dtype: DType
+    op: ReduceOp | None
+    atom_start: int  # the atom's text is source[atom_start:atom_end]
+    atom_end: int
+
+    @property
+    def atom_source(self) -> str:
+        return self.source[self.atom_start:self.atom_end]
+
+    @property
+    def orchestration_source(self) -> str:
+        """Everything but the atom, with the kernel name made neutral: what must not change
+        when the same schedule is generated for another atom."""
+        rest = self.source[: self.atom_start] + "<atom>" + self.source[self.atom_end:]
+        return rest.replace(self.kernel_base, "<kernel>").replace(f"atom '{self.atom}'", "atom '<atom>'")
+
+
+# ---- element types ---------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class _Elem:
+    storage: str  # C type holding one element's bits
+    acc: str  # accumulator type
+    suffix: str  # purlin_<suffix>_to_acc / purlin_acc_to_<suffix> in elem.cuh
+    ops: str  # "f" or "i": purlin_<op>_<ops>
+
+
+_ELEMS = {
+    DType.FLOAT32: _Elem("float", "float", "f32", "f"),
+    DType.FLOAT16: _Elem("unsigned short", "float", "f16", "f"),
+    DType.BFLOAT16: _Elem("unsigned short", "float", "bf16", "f"),
+    DType.INT32: _Elem("int", "int", "i32", "i"),
+    DType.FLOAT8_E4M3: _Elem("unsigned char", "", "", ""),
+    DType.FLOAT8_E5M2: _Elem("unsigned char", "", "", ""),
+}
+
+
+def _elem_values(dtype: DType, op: ReduceOp | None) -> dict:
+    elem = _ELEMS[dtype]
+    if op is None:
+        return {"storage": elem.storage, "reduce": False}
+    return {
+        "storage": elem.storage,
+        "reduce": True,
+        "acc": elem.acc,
+        "to_acc": f"purlin_{elem.suffix}_to_acc",
+        "from_acc": f"purlin_acc_to_{elem.suffix}",
+        "combine": f"purlin_{op.value}_{elem.ops}",
+    }
+
+
+# ---- templates -------------------------------------------------------------------------
+
+def _load_template(name: str) -> str:
+    return (templates_root() / name).read_text(encoding="utf-8")
+
+
+@lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FunctionLoader(_load_template),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def _render(name: str, **values) -> str:
+    try:
+        return _environment().get_template(name).render(**values)
+    except jinja2.TemplateSyntaxError as error:
+        raise PurlinError(
+            f"template {error.name or name}:{error.lineno}: {error.message}",
+            notes=("the code generator's templates are broken: a bug in purlinc",),
+        ) from None
+    except jinja2.UndefinedError as error:
+        raise PurlinError(
+            f"template {name}: {error.message}",
+            notes=("the code generator passed the template too little: a bug in purlinc",),
+        ) from None
+
+
+# ---- names -----------------------------------------------------------------------------
+
+def _canonical(value):
+    """A JSON-able, order-stable picture of IR values (frozensets sorted, enums by value)."""
+    if is_dataclass(value):
+        return {"@": type(value).__name__, **{f.name: _canonical(getattr(value, f.name)) for f in fields(value)}}
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, (frozenset, set)):
+        return sorted(_canonical(v) for v in value)
+    if isinstance(value, (tuple, list)):
+        return [_canonical(v) for v in value]
+    return value
+
+
+def kernel_base(schedule: Schedule, atom: str, dtype: DType, op: ReduceOp | None) -> str:
+    """``purlin_<collective>_<hash8>``, the hash over schedule, atom, dtype and op.
+
+    Dataclass and enum reprs are deterministic; the options' frozenset is not (string
+    hashing is salted per process), so the options enter through their stable ``key()``.
+    """
+    picture = repr((
+        schedule.collective, schedule.world_size, schedule.operation, schedule.options.key(), schedule.slices,
+        schedule.in_units, schedule.out_units, schedule.stage_units, schedule.signals, schedule.programs,
+        atom, dtype.value, op.value if op else None,
+    ))
+    digest = hashlib.sha256(picture.encode()).hexdigest()[:8]
+    return f"purlin_{schedule.collective}_{digest}"
+
+
+# ---- schedule -> blocks ----------------------------------------------------------------
+
+def _region_expr(region: Region, rank: int) -> str:
+    unit, s = region.unit, region.slice
+    if region.space is Space.STAGE:
+        return f"purlin_stage(args.stage[{region.rank}], {unit}, {s}, rd)"
+    own, peers = ("args.in", "args.in_peer") if region.space is Space.IN else ("args.out", "args.out_peer")
+    base = own if region.rank == rank else f"{peers}[{region.rank}]"
+    return f"purlin_io({base}, {unit}, {s}, rd)"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _data_block(index: int, step: Stage | Consume, rank: int) -> dict:
+    srcs = (step.src,) if isinstance(step, Stage) else step.srcs
+    regions = (*srcs, step.dst)
+    if len({r.slice for r in regions}) != 1:
+        raise InternalError(f"step {index} mixes slices: {', '.join(r.format() for r in regions)}")
+    if isinstance(step, Stage):
+        kind, what = "copy", f"stage {step.src.format()} -> {step.dst.format()}"
+    else:
+        kind = "reduce" if step.operation is Operation.REDUCE else "copy"
+        if kind == "copy":
+            srcs = srcs[:1]  # replicated producers hold identical data: any one serves
+        what = f"consume {step.operation.value} {', '.join(r.format() for r in step.srcs)} -> {step.dst.format()}"
+    extra = [t for t in (_one_line(step.note), f"line {step.line}" if getattr(step, "line", None) else "") if t]
+    comment = f"step {index}: {what}" + (f" ({'; '.join(extra)})" if extra else "")
+    return {
+        "kind": kind,
+        "comments": [comment],
+        "dst": _region_expr(step.dst, rank),
+        "srcs": [_region_expr(r, rank) for r in srcs],
+        "slice": step.dst.slice,
+        "reads": frozenset(srcs),
+        "writes": frozenset({step.dst}),
+    }
+
+
+def _signal_entry(index: int, step: Notify | Wait, per_call: dict, position: int, last: bool) -> dict:
+    if step.signal not in per_call:
+        raise InternalError(f"step {index}: signal {step.signal.format()} is not declared")
+    return {
+        "label": "default" if last else f"case {position}",
+        "owner": step.signal.owner,
+        "index": step.signal.index,
+        "per_call": per_call[step.signal],
+        "k": step.k,
+        "step": index,
+    }
+
+
+def _signal_block(kind: str, group: list[tuple[int, Notify | Wait]], per_call: dict) -> dict:
+    comments = []
+    for index, step in group:
+        verb = "notify" if kind == "notify" else "wait"
+        rel = "=" if kind == "notify" else ">="
+        note = f" ({_one_line(step.note)})" if step.note else ""
+        comments.append(f"step {index}: {verb} {step.signal.format()} {rel} epoch*{per_call.get(step.signal, '?')} + {step.k}{note}")
+    signals = [_signal_entry(i, s, per_call, n, n == len(group) - 1) for n, (i, s) in enumerate(group)]
+    # One signal: thread 0 alone, no lane dispatch.
+    return {"kind": kind if len(group) > 1 else f"{kind}_one", "comments": comments, "signals": signals}
+
+
+def _program_blocks(program: Program, per_call: dict) -> list[dict]:
+    """A channel program as blocks: data steps, merged signal groups, and the barriers
+    needed between data steps that touch the same region (threads split work differently
+    from one step to the next)."""
+    blocks: list[dict] = []
+    reads: set[Region] = set()  # since the last barrier
+    writes: set[Region] = set()
+    steps = program.steps
+    i = 0
+    while i < len(steps):
+        step = steps[i]
+        if isinstance(step, (Notify, Wait)):
+            kind = type(step)
+            group = []
+            while i < len(steps) and isinstance(steps[i], kind) and len(group) < MAX_GROUP:
+                group.append((i, steps[i]))
+                i += 1
+            if kind is Wait:
+                for index, wait in group:
+                    if wait.signal.owner != program.rank:
+                        raise InternalError(f"rank {program.rank} step {index} waits on {wait.signal.format()}, owned by another rank")
+            blocks.append(_signal_block("notify" if kind is Notify else "wait", group, per_call))
+            reads.clear()  # both start (notify) or end (wait) with a barrier
+            writes.clear()
+            continue
+        block = _data_block(i, step, program.rank)
+        if block["reads"] & writes or block["writes"] & (reads | writes):
+            blocks.append({"kind": "barrier", "comments": [f"barrier: step {i} touches a region an earlier step just used"]})
+            reads.clear()
+            writes.clear()
+        reads |= block["reads"]
+        writes |= block["writes"]
+        blocks.append(block)
+        i += 1
+    if reads or writes:
+        # The next round reuses staging units and the counter update follows.
+        blocks.append({"kind": "barrier", "comments": ["barrier: end of the round"]})
+    return blocks
+
+
+def _needs_peers(schedule: Schedule, space: Space) -> bool:
+    for program in schedule.programs:
+        for step in program.steps:
+            if isinstance(step, Stage):
+                regions = (step.src, step.dst)
+            elif isinstance(step, Consume):
+                regions = (*step.srcs, step.dst)
+            else:
+                continue
+            if any(r.space is space and r.rank != program.rank for r in regions):
+                return True
+    return False
+
+
+def _check_types(schedule: Schedule, dtype: DType, op: ReduceOp | None) -> ReduceOp | None:
+    if schedule.operation is not Operation.REDUCE:
+        return None  # a copy collective ignores the operator
+    if op is None:
+        raise PurlinError(f"{schedule.collective} is a reduction: give an operator (sum, prod, max or min)")
+    if not dtype.reducible:
+        raise PurlinError(
+            f"{dtype.value} cannot be reduced: fp8 is supported for copies only",
+            notes=(f"while generating {schedule.collective}",),
+        )
+    return op
+
+
+def generate(
+    schedule: Schedule,
+    spec,
+    *,
+    atom: str,
+    arch: str,
+    dtype: DType,
+    op: ReduceOp | None,
+) -> KernelSource:
+    """The CUDA module of one (schedule, atom, dtype, op): one entry per rank."""
+    target = parse_arch(arch)
+    atom_def = get_atom(atom, target)
+    op = _check_types(schedule, dtype, op)
+    base = kernel_base(schedule, atom, dtype, op)
+    per_call = schedule.per_call()
+    reduce = op is not None
+
+    atom_values = {"reduce": reduce, "unroll": LDST_UNROLL, "tile_bytes": TMA_TILE_BYTES, "min_bytes": TMA_MIN_BYTES}
+    atom_text = _render(atom_def.template, **atom_values).rstrip("\n")
+    kernels = []
+    for rank in range(schedule.world_size):
+        channels = []
+        for channel in range(schedule.channels):
+            program = schedule.program(rank, channel)
+            if (program.rank, program.channel) != (rank, channel):
+                raise InternalError(f"schedule.programs out of order at rank {rank} channel {channel}")
+            channels.append({"channel": channel, "steps": len(program.steps), "blocks": _program_blocks(program, per_call)})
+        kernels.append({"rank": rank, "entry": f"{base}_r{rank}", "channels": channels})
+
+    params_text = "".join(f", {k}={v}" for k, v in getattr(spec, "params", ()))
+    source = _render(
+        "kernel.cu.j2",
+        kernel_base=base,
+        collective=schedule.collective,
+        world_size=schedule.world_size,
+        params_text=params_text,
+        version=purlinc.__version__,
+        options_key=schedule.options.key(),
+        slices=schedule.slices,
+        stage_units=schedule.stage_units,
+        signal_pad=schedule.signal_pad_size(),
+        atom=atom,
+        dtype=dtype.value,
+        op=op.value if op else "",
+        threads=THREADS,
+        itemsize=dtype.itemsize,
+        prelude=_load_template("prelude.cuh").rstrip("\n"),
+        elem_source=_load_template("elem.cuh").rstrip("\n"),
+        elem=_elem_values(dtype, op),
+        atom_begin=ATOM_BEGIN,
+        atom_end=ATOM_END,
+        atom_source=atom_text,
+        kernels=kernels,
+    )
+    start = source.index(ATOM_BEGIN)
+    end = source.index(ATOM_END) + len(ATOM_END)
+    abi = KernelABI(
+        kernel_base=base,
+        world_size=schedule.world_size,
+        channels=schedule.channels,
+        threads=THREADS,
+        shared_bytes=0,  # the tma atom's tiles are static shared memory
+        itemsize=dtype.itemsize,
+        stage_units=schedule.stage_units,
+        signal_pad=schedule.signal_pad_size(),
+        in_units=tuple(schedule.in_units),
+        out_units=tuple(schedule.out_units),
+        needs_in_peers=_needs_peers(schedule, Space.IN),
+        needs_out_peers=_needs_peers(schedule, Space.OUT),
+    )
+    return KernelSource(
+        source=source, filename=f"{base}.cu", kernel_base=base, abi=abi, atom=atom, arch=target.name,
+        dtype=dtype, op=op, atom_start=start, atom_end=end,
+    )

@@ -1,0 +1,129 @@
+"""CUDA source -> CUBIN through NVRTC (``cuda.bindings.nvrtc``), behind the disk cache.
+
+Every NVRTC call goes through ``_check``, which names the status, attaches the NVRTC log
+and writes the failing source to a file the error names.  Only calls present in both
+cuda-bindings 13.3 and 13.5 are used.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+
+from purlinc.atom import cache
+from purlinc.atom.atoms import parse_arch
+from purlinc.errors import PurlinError
+
+BASE_OPTIONS = ("-std=c++17", "-default-device", "-lineinfo")
+
+
+@dataclass(slots=True)
+class Stats:
+    """How much NVRTC work this process did (tests assert on it)."""
+
+    compiles: int = 0
+    cache_hits: int = 0
+
+
+STATS = Stats()
+
+
+def _nvrtc():
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as error:  # pragma: no cover - a broken install
+        raise PurlinError(
+            f"cannot import cuda.bindings.nvrtc: {error}",
+            notes=("install cuda-bindings and nvidia-cuda-nvrtc (pip install cuda-bindings nvidia-cuda-nvrtc)",),
+        ) from None
+    return nvrtc
+
+
+def _result_name(result) -> str:
+    return getattr(result, "name", str(result))
+
+
+def _check(result, what: str, *, log: str = "", source: str | None = None, filename: str | None = None):
+    """Raise a PurlinError for any status but NVRTC_SUCCESS."""
+    nvrtc = _nvrtc()
+    if result == nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        return
+    notes = []
+    if source is not None:
+        notes.append(f"generated source kept at {_keep_source(source, filename or 'purlin.cu')}")
+    if log.strip():
+        notes.append("NVRTC log:\n" + log.rstrip())
+    raise PurlinError(f"NVRTC {what} failed: {_result_name(result)}", notes=tuple(notes))
+
+
+def _keep_source(source: str, filename: str) -> str:
+    stem, _, ext = os.path.basename(filename).rpartition(".")
+    fd, path = tempfile.mkstemp(prefix=f"{stem or filename}-", suffix=f".{ext or 'cu'}")
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(source)
+    return path
+
+
+def _call(function, what: str, *args):
+    """Call an NVRTC function returning (status, *values); check the status."""
+    result, *values = function(*args)
+    _check(result, what)
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+@lru_cache(maxsize=1)
+def nvrtc_version() -> str:
+    nvrtc = _nvrtc()
+    major, minor = _call(nvrtc.nvrtcVersion, "nvrtcVersion")
+    return f"{major}.{minor}"
+
+
+def normalize_options(arch: str, options: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The full option list: target, base options, then the caller's (stripped, deduplicated)."""
+    target = parse_arch(arch)
+    result = [f"--gpu-architecture={target.name}", *BASE_OPTIONS]
+    for option in options:
+        option = option.strip()
+        if option and option not in result:
+            result.append(option)
+    return tuple(result)
+
+
+def _program_log(nvrtc, program) -> str:
+    size = _call(nvrtc.nvrtcGetProgramLogSize, "nvrtcGetProgramLogSize", program)
+    buffer = b" " * size
+    _call(nvrtc.nvrtcGetProgramLog, "nvrtcGetProgramLog", program, buffer)
+    return buffer.rstrip(b"\x00").decode("utf-8", "replace")
+
+
+def _compile(source: str, filename: str, options: tuple[str, ...]) -> bytes:
+    nvrtc = _nvrtc()
+    STATS.compiles += 1
+    program = _call(nvrtc.nvrtcCreateProgram, "nvrtcCreateProgram", source.encode(), filename.encode(), 0, [], [])
+    try:
+        encoded = [o.encode() for o in options]
+        (result,) = nvrtc.nvrtcCompileProgram(program, len(encoded), encoded)
+        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            _check(result, f"compilation of {filename} ({' '.join(options)})",
+                   log=_program_log(nvrtc, program), source=source, filename=filename)
+        size = _call(nvrtc.nvrtcGetCUBINSize, "nvrtcGetCUBINSize", program)
+        cubin = b" " * size
+        _call(nvrtc.nvrtcGetCUBIN, "nvrtcGetCUBIN", program, cubin)
+        return cubin
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
+
+
+def compile_cubin(source: str, filename: str, arch: str, options: tuple[str, ...] = ()) -> bytes:
+    """CUBIN for ``arch`` (sm_80, sm_90, sm_100, ...), from the disk cache when possible."""
+    full = normalize_options(arch, tuple(options))
+    key = cache.cache_key(source=source, arch=parse_arch(arch).name, options=full, nvrtc=nvrtc_version())
+    cached = cache.load(key)
+    if cached is not None:
+        STATS.cache_hits += 1
+        return cached
+    cubin = _compile(source, filename, full)
+    cache.store(key, cubin)
+    return cubin

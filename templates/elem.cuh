@@ -1,0 +1,46 @@
+// ---- element arithmetic: conversions to the float32 (or int32) accumulator and the four ops ----
+// Reductions accumulate in float32 and round once per reduce (int32 wraps), in the order the
+// sources are given, so results are bitwise reproducible (purlinc/dtypes.py does the same).
+// No NVRTC include headers: fp16 through PTX cvt, bf16 by bit manipulation.
+
+__device__ __forceinline__ float purlin_f32_to_acc(float x) { return x; }
+__device__ __forceinline__ float purlin_acc_to_f32(float x) { return x; }
+
+__device__ __forceinline__ float purlin_f16_to_acc(unsigned short h)
+{
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ unsigned short purlin_acc_to_f16(float f)
+{
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float purlin_bf16_to_acc(unsigned short b) { return __uint_as_float((unsigned)b << 16); }
+
+// Round to nearest even; every NaN becomes the canonical 0x7fc0 (as dtypes.from_float32).
+__device__ __forceinline__ unsigned short purlin_acc_to_bf16(float f)
+{
+    const unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+__device__ __forceinline__ int purlin_i32_to_acc(int x) { return x; }
+__device__ __forceinline__ int purlin_acc_to_i32(int x) { return x; }
+
+// float ops: explicit rounding (no contraction); max/min propagate NaN like numpy.
+__device__ __forceinline__ float purlin_sum_f(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float purlin_prod_f(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float purlin_max_f(float a, float b) { return (a != a || a > b) ? a : b; }
+__device__ __forceinline__ float purlin_min_f(float a, float b) { return (a != a || a < b) ? a : b; }
+
+// int32 ops: sum and prod wrap (done in unsigned arithmetic, which has no overflow UB).
+__device__ __forceinline__ int purlin_sum_i(int a, int b) { return (int)((unsigned)a + (unsigned)b); }
+__device__ __forceinline__ int purlin_prod_i(int a, int b) { return (int)((unsigned)a * (unsigned)b); }
+__device__ __forceinline__ int purlin_max_i(int a, int b) { return a > b ? a : b; }
+__device__ __forceinline__ int purlin_min_i(int a, int b) { return a < b ? a : b; }

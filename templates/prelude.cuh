@@ -1,0 +1,143 @@
+// ---- prelude: launch arguments, rounds and slices, signals (shared by every atom) ----
+// Needs PURLIN_WORLD, PURLIN_ITEMSIZE, PURLIN_SLICES, PURLIN_THREADS defined before it.
+
+typedef unsigned long long purlin_u64;
+typedef long long purlin_i64;
+
+// The kernel argument, passed by value; layout fixed by purlinc/atom/abi.py.
+struct purlin_args {
+    purlin_u64 count;        // elements per chunk in the caller's IN/OUT buffers
+    purlin_u64 piece;        // elements per chunk moved per round (staging capacity)
+    purlin_u64 timeout_ns;   // bound on every wait
+    char* in;                // this rank's input
+    char* out;               // this rank's output
+    purlin_u64* counters;    // call counters, one per channel
+    purlin_u64* error;       // error record (host-mapped), see abi.ERROR_RECORD
+    char* stage[PURLIN_WORLD];          // every rank's staging buffer, as mapped here
+    purlin_u64* signals[PURLIN_WORLD];  // every rank's signal pad, as mapped here
+    char* in_peer[PURLIN_WORLD];        // registered inputs (null when not registered)
+    char* out_peer[PURLIN_WORLD];       // registered outputs (null when not registered)
+};
+
+// What one round needs: its epoch, where it starts in an IN/OUT unit and its slicing.
+struct purlin_round {
+    purlin_u64 epoch;      // counters[channel] + round
+    purlin_u64 io_offset;  // byte offset of this round inside an IN/OUT unit: round * piece * itemsize
+    purlin_u64 io_unit;    // bytes between IN/OUT units: count * itemsize
+    purlin_u64 stage_unit; // bytes between staging units: piece * itemsize
+    purlin_u64 bytes;      // bytes of one unit moved this round: n * itemsize
+    purlin_u64 step;       // slice stride in bytes: round_up(ceil(piece bytes / SLICES), 16)
+};
+
+__device__ __forceinline__ purlin_u64 purlin_rounds(purlin_u64 count, purlin_u64 piece)
+{
+    return count == 0 ? 0 : (count + piece - 1) / piece;
+}
+
+__device__ __forceinline__ purlin_round purlin_begin_round(const purlin_args& args, purlin_u64 epoch0, purlin_u64 round)
+{
+    purlin_round rd;
+    rd.epoch = epoch0 + round;
+    const purlin_u64 first = round * args.piece;
+    const purlin_u64 left = args.count - first;
+    rd.io_offset = first * PURLIN_ITEMSIZE;
+    rd.io_unit = args.count * PURLIN_ITEMSIZE;
+    rd.stage_unit = args.piece * PURLIN_ITEMSIZE;
+    rd.bytes = (left < args.piece ? left : args.piece) * PURLIN_ITEMSIZE;
+    // The stride comes from a full round (piece), not this round's bytes: a slice then covers
+    // the same staging bytes in every round, so a channel that runs ahead into a shorter last
+    // round cannot overlap another channel's slice of the previous round
+    // (purlinc.snac.simulate.round_slice_bounds).
+    rd.step = ((args.piece * PURLIN_ITEMSIZE + PURLIN_SLICES - 1) / PURLIN_SLICES + 15) & ~15ull;
+    return rd;
+}
+
+// Slice s of a unit: bytes [lo, hi) with lo = min(bytes, s * step), hi = min(bytes, lo + step)
+// (the same function as purlinc.snac.simulate.slice_bounds).
+__device__ __forceinline__ purlin_u64 purlin_slice_lo(const purlin_round& rd, unsigned s)
+{
+    const purlin_u64 lo = s * rd.step;
+    return lo < rd.bytes ? lo : rd.bytes;
+}
+
+__device__ __forceinline__ purlin_u64 purlin_slice_len(const purlin_round& rd, unsigned s)
+{
+    const purlin_u64 lo = purlin_slice_lo(rd, s);
+    const purlin_u64 hi = lo + rd.step;
+    return (hi < rd.bytes ? hi : rd.bytes) - lo;
+}
+
+// Slice s of unit u of a caller buffer (IN/OUT): units are `count` elements apart.
+__device__ __forceinline__ char* purlin_io(char* base, purlin_u64 unit, unsigned s, const purlin_round& rd)
+{
+    return base + unit * rd.io_unit + rd.io_offset + purlin_slice_lo(rd, s);
+}
+
+// Slice s of unit u of a staging buffer: units are `piece` elements apart.
+__device__ __forceinline__ char* purlin_stage(char* base, purlin_u64 unit, unsigned s, const purlin_round& rd)
+{
+    return base + unit * rd.stage_unit + purlin_slice_lo(rd, s);
+}
+
+// ---- signals ----
+
+// Release store at system scope: every write this block made before the preceding
+// __syncthreads() is visible to whoever acquires the new value.
+__device__ __forceinline__ void purlin_notify(purlin_u64* signal, purlin_i64 value)
+{
+    asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(signal), "l"(value) : "memory");
+}
+
+__device__ __forceinline__ purlin_i64 purlin_poll(const purlin_u64* signal)
+{
+    purlin_i64 value;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(signal) : "memory");
+    return value;
+}
+
+__device__ __forceinline__ purlin_u64 purlin_clock_ns()
+{
+    purlin_u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// The first failing wait of this rank fills the error record (abi.ERROR_RECORD order).
+__device__ __noinline__ void purlin_record_error(purlin_u64* error, unsigned rank, unsigned step,
+                                                 unsigned index, purlin_i64 expected, purlin_i64 observed)
+{
+    if (atomicCAS(error, 0ull, 1ull) != 0ull) return;  // another wait was first
+    volatile purlin_u64* record = error;
+    record[1] = rank;
+    record[2] = blockIdx.x;
+    record[3] = step;
+    record[4] = rank;  // the signal's owner: only the owner waits on a signal
+    record[5] = index;
+    record[6] = (purlin_u64)expected;
+    record[7] = (purlin_u64)observed;
+    __threadfence_system();
+}
+
+// Wait until *signal >= target (signed: the target may be negative at epoch 0), bounded by
+// timeout_ns.  Returns 1 on timeout or when another wait of this rank already failed; the
+// kernel must then return.  Not inlined: called by one lane per signal, and a call per wait
+// keeps long schedules quick to compile.  The host-mapped error flag and the clock are read
+// only every 1024 polls.
+__device__ __noinline__ int purlin_wait(const purlin_u64* signal, purlin_i64 target, purlin_u64 timeout_ns,
+                                        purlin_u64* error, unsigned rank, unsigned step, unsigned index)
+{
+    purlin_i64 seen = purlin_poll(signal);
+    if (seen >= target) return 0;
+    const purlin_u64 start = purlin_clock_ns();
+    for (unsigned polls = 1;; ++polls) {
+        seen = purlin_poll(signal);
+        if (seen >= target) return 0;
+        if ((polls & 1023u) == 0) {
+            if (*(volatile purlin_u64*)error != 0) return 1;  // another wait of this rank failed
+            if (purlin_clock_ns() - start > timeout_ns) {
+                purlin_record_error(error, rank, step, index, target, seen);
+                return 1;
+            }
+        }
+    }
+}

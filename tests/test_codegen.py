@@ -1,0 +1,259 @@
+"""CUDA generation (purlinc.atom.codegen): structure of the generated module, the split
+between orchestration and atom, names, comments, and the errors it raises.  CPU only;
+compiling is tests/test_nvrtc.py's job."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from purlinc import pipeline
+from purlinc.atom import codegen
+from purlinc.atom.abi import HEADER_FIELDS
+from purlinc.atom.atoms import applicable_atoms, get_atom, parse_arch
+from purlinc.atom.codegen import generate
+from purlinc.dtypes import DType, ReduceOp
+from purlinc.errors import PurlinError
+from purlinc.frontend.ast import Operation
+from purlinc.snac.ir import (
+    Algorithm, Consume, LowerOptions, Notify, Program, Region, Role, Schedule, Signal, SignalDecl, Space,
+    Stage, Wait,
+)
+from purlinc.snac.lower import applicable_algorithms
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLE_NAMES = sorted(p.stem for p in EXAMPLES.glob("*.pln"))
+
+
+def spec_of(name: str, world_size: int):
+    definition = pipeline.parse_stage(pipeline.load_source(EXAMPLES / f"{name}.pln"))
+    return pipeline.spec_stage(definition, world_size, None)
+
+
+def schedule_of(name: str, world_size: int = 4, algorithm: Algorithm | None = None, **changes):
+    spec = spec_of(name, world_size)
+    options = pipeline.default_options(spec)
+    if algorithm is not None:
+        changes["algorithm"] = algorithm
+    return spec, pipeline.snac_stage(spec, replace(options, **changes))
+
+
+def op_for(spec) -> ReduceOp | None:
+    return ReduceOp.SUM if spec.is_reduce else None
+
+
+def rank_text(source: str, rank: int) -> str:
+    """The text of one rank's entry point (from its banner to the next one)."""
+    parts = re.split(r"(?m)^// ==== rank ", source)
+    return next(p for p in parts[1:] if p.startswith(f"{rank}:"))
+
+
+# ---- a hand-built schedule: merged groups, a hazard barrier, a cross-call wait ----------
+
+def _r(space: Space, rank: int, unit: int) -> Region:
+    return Region(space, rank, unit, 0)
+
+
+def hand_schedule() -> Schedule:
+    """Two ranks, one channel.  Rank 0 pushes two units to rank 1 and raises both signals
+    at once; rank 1 waits for both at once.  Rank 0 then copies into OUT and out of OUT
+    again (needs a barrier between the two)."""
+    data0, data1, ack = Signal(1, 0), Signal(1, 1), Signal(0, 0)
+    rank0 = (
+        Wait(ack, 0, note="rank 1 done with the previous call"),
+        Stage(_r(Space.IN, 0, 0), _r(Space.STAGE, 1, 0), note="x for r1"),
+        Stage(_r(Space.IN, 0, 0), _r(Space.STAGE, 1, 1), note="x again"),
+        Notify(data0, 1),
+        Notify(data1, 1),
+        Consume(Operation.COPY, (_r(Space.IN, 0, 0),), _r(Space.OUT, 0, 0), line=3),
+        Consume(Operation.COPY, (_r(Space.OUT, 0, 0),), _r(Space.OUT, 0, 1), line=3),
+    )
+    rank1 = (
+        Wait(data0, 1),
+        Wait(data1, 1),
+        Consume(Operation.COPY, (_r(Space.STAGE, 1, 0),), _r(Space.OUT, 1, 0), line=3),
+        Consume(Operation.COPY, (_r(Space.STAGE, 1, 1),), _r(Space.OUT, 1, 1), line=3),
+        Notify(ack, 1),
+    )
+    return Schedule(
+        collective="handmade", world_size=2, operation=Operation.COPY, options=LowerOptions(), slices=1,
+        in_units=(1, 1), out_units=(2, 2), stage_units=2,
+        signals=(
+            SignalDecl(data0, 1, Role.DATA), SignalDecl(data1, 1, Role.DATA), SignalDecl(ack, 1, Role.ACK),
+        ),
+        programs=(Program(0, 0, rank0), Program(1, 0, rank1)),
+    )
+
+
+def test_hand_schedule_structure():
+    kernel = generate(hand_schedule(), None, atom="ldst", arch="sm_90", dtype=DType.FLOAT32, op=None)
+    r0, r1 = rank_text(kernel.source, 0), rank_text(kernel.source, 1)
+    # merged notify: one barrier, two lanes raise the two signals
+    assert "if (threadIdx.x < 2) {  // lane i raises the i-th signal" in r0
+    assert "args.signals[1] + 0" in r0 and "args.signals[1] + 1" in r0
+    # merged wait: two lanes poll, one barrier tells everyone
+    assert "if (threadIdx.x < 2) {  // lane i polls the i-th signal" in r1
+    assert r1.count("__syncthreads_or") == 1
+    # step 6 reads what step 5 wrote: a barrier in between
+    assert re.search(r"// step 5:.*\n.*\n\s*// barrier: step 6 .*\n\s*__syncthreads\(\);\n\s*// step 6:", r0)
+    # a cross-call wait: epoch * 1 + (0)
+    assert "(purlin_i64)rd.epoch * 1 + (0)" in r0
+    # every step is named in a comment, with its note or line
+    for rank, steps in ((0, 7), (1, 5)):
+        text = rank_text(kernel.source, rank)
+        for index in range(steps):
+            assert f"// step {index}: " in text
+    assert "(x for r1)" in r0 and "(line 3)" in r0
+
+
+def test_entry_points_and_abi():
+    spec, schedule = schedule_of("allgather", 4)
+    kernel = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.BFLOAT16, op=None)
+    assert re.fullmatch(r"purlin_allgather_[0-9a-f]{8}", kernel.kernel_base)
+    assert kernel.filename == f"{kernel.kernel_base}.cu"
+    for rank in range(4):
+        assert f"extern \"C\" __global__ void __launch_bounds__({codegen.THREADS})\n{kernel.kernel_base}_r{rank}(const purlin_args args)" in kernel.source
+    assert kernel.source.count('extern "C" __global__') == 4
+    abi = kernel.abi
+    assert (abi.world_size, abi.channels, abi.threads, abi.itemsize) == (4, schedule.channels, codegen.THREADS, 2)
+    assert abi.stage_units == schedule.stage_units and abi.signal_pad == schedule.signal_pad_size()
+    assert abi.in_units == schedule.in_units and abi.out_units == schedule.out_units
+    assert not abi.needs_in_peers and not abi.needs_out_peers
+
+
+def test_args_struct_matches_abi():
+    spec, schedule = schedule_of("allreduce", 8)
+    kernel = generate(schedule, spec, atom="ldst", arch="sm_80", dtype=DType.FLOAT32, op=ReduceOp.SUM)
+    body = re.search(r"struct purlin_args \{(.*?)\n\};", kernel.source, re.S).group(1)
+    names = re.findall(r"^\s+[\w\s\*]+?\*?\s*(\w+)(?:\[PURLIN_WORLD\])?;", body, re.M)
+    assert names == [*HEADER_FIELDS, "stage", "signals", "in_peer", "out_peer"]
+    assert "constexpr int PURLIN_WORLD = 8;" in kernel.source
+
+
+def test_registered_buffers_need_peers():
+    spec, schedule = schedule_of("allgather", 4, Algorithm.DIRECT_PULL, registered=frozenset({"in"}))
+    kernel = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.BFLOAT16, op=None)
+    assert kernel.abi.needs_in_peers
+    assert "args.in_peer[" in kernel.source
+
+
+def test_names_are_deterministic_and_distinct():
+    spec, schedule = schedule_of("allreduce", 4)
+    a = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.BFLOAT16, op=ReduceOp.SUM)
+    b = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.BFLOAT16, op=ReduceOp.SUM)
+    assert a.source == b.source and a.kernel_base == b.kernel_base
+    others = {
+        generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.FLOAT32, op=ReduceOp.SUM).kernel_base,
+        generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.BFLOAT16, op=ReduceOp.MAX).kernel_base,
+        generate(schedule, spec, atom="tma", arch="sm_90", dtype=DType.BFLOAT16, op=ReduceOp.SUM).kernel_base,
+    }
+    assert a.kernel_base not in others and len(others) == 3
+    # the target is not part of the name: sm_90 and sm_100 share the source
+    c = generate(schedule, spec, atom="ldst", arch="sm_100", dtype=DType.BFLOAT16, op=ReduceOp.SUM)
+    assert c.source == a.source
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+def test_atoms_change_only_the_atom_part(name):
+    """The same schedule generated for ldst and tma differs only between the atom markers."""
+    for world_size in (2, 8):
+        spec = spec_of(name, world_size)
+        for algorithm in applicable_algorithms(spec):
+            schedule = pipeline.snac_stage(spec, replace(pipeline.default_options(spec), algorithm=algorithm))
+            ldst, tma = (
+                generate(schedule, spec, atom=atom, arch="sm_90", dtype=DType.BFLOAT16, op=op_for(spec))
+                for atom in ("ldst", "tma")
+            )
+            assert ldst.orchestration_source == tma.orchestration_source, (name, world_size, algorithm)
+            assert ldst.atom_source != tma.atom_source
+            for kernel in (ldst, tma):
+                # the atom knows nothing of signals or schedules; the orchestration nothing of datapaths
+                assert "purlin_notify" not in kernel.atom_source and "purlin_wait" not in kernel.atom_source
+                assert "cp.async" not in kernel.orchestration_source and "uint4" not in kernel.orchestration_source
+            assert "cp.async.bulk" in tma.atom_source and "cp.async" not in ldst.atom_source
+
+
+def test_reduce_elements_and_ops():
+    spec, schedule = schedule_of("reduce_scatter", 4)
+    for dtype, op, names in (
+        (DType.BFLOAT16, ReduceOp.SUM, ("purlin_bf16_to_acc", "purlin_acc_to_bf16", "purlin_sum_f")),
+        (DType.FLOAT16, ReduceOp.MAX, ("purlin_f16_to_acc", "purlin_acc_to_f16", "purlin_max_f")),
+        (DType.FLOAT32, ReduceOp.PROD, ("purlin_f32_to_acc", "purlin_acc_to_f32", "purlin_prod_f")),
+        (DType.INT32, ReduceOp.MIN, ("purlin_i32_to_acc", "purlin_acc_to_i32", "purlin_min_i")),
+    ):
+        source = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=dtype, op=op).source
+        for name in names:
+            assert f"return {name}(" in source
+        assert "purlin_reduce<" in source
+        assert "#include" not in source  # no NVRTC headers needed
+
+
+def test_copy_ignores_op_and_allows_fp8():
+    spec, schedule = schedule_of("allgather", 2)
+    a = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.FLOAT8_E4M3, op=ReduceOp.SUM)
+    b = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.FLOAT8_E4M3, op=None)
+    assert a.op is None and a.source == b.source
+    assert "purlin_reduce" not in a.source
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(atom="tma", arch="sm_80"), "atom 'tma' needs sm_90 or newer, not sm_80"),
+        (dict(atom="ldst", arch="sm_75"), "unknown target architecture 'sm_75'"),
+        (dict(atom="ldst", arch="compute_90"), "unknown target architecture 'compute_90'"),
+        (dict(atom="ldst", arch="sm90"), "unknown target architecture 'sm90'"),
+        (dict(atom="multimem", arch="sm_90"), "unknown atom 'multimem'"),
+        (dict(atom="ldst", arch="sm_90", dtype=DType.FLOAT8_E5M2), "float8_e5m2 cannot be reduced"),
+        (dict(atom="ldst", arch="sm_90", op=None), "allreduce is a reduction: give an operator"),
+    ],
+)
+def test_errors(kwargs, message):
+    spec, schedule = schedule_of("allreduce", 2)
+    values = dict(dtype=DType.BFLOAT16, op=ReduceOp.SUM) | kwargs
+    with pytest.raises(PurlinError) as error:
+        generate(schedule, spec, **values)
+    assert message in error.value.render()
+
+
+def test_atom_registry():
+    assert applicable_atoms("sm_80") == ("ldst",)
+    assert applicable_atoms("sm_90") == ("ldst", "tma")
+    assert applicable_atoms("sm_100a") == ("ldst", "tma")
+    assert parse_arch("sm_90a").name == "sm_90a"
+    assert get_atom("tma", "sm_100").template == "atom_tma.cuh.j2"
+
+
+def test_missing_template_value_is_an_error():
+    with pytest.raises(PurlinError, match="has no attribute 'srcs'"):
+        codegen._render("block_copy.cu.j2", block={"dst": "d"})
+
+
+def test_broken_template_is_a_readable_error(monkeypatch):
+    real = codegen._load_template
+
+    def broken(name):
+        text = real(name)
+        return text.replace("{% for kernel in kernels %}", "{% for kernel in kernels") if name == "kernel.cu.j2" else text
+
+    codegen._environment.cache_clear()
+    monkeypatch.setattr(codegen, "_load_template", broken)
+    try:
+        spec, schedule = schedule_of("allgather", 2)
+        with pytest.raises(PurlinError) as error:
+            generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.BFLOAT16, op=None)
+        assert re.match(r"error: template kernel\.cu\.j2:\d+: ", error.value.render())
+    finally:
+        monkeypatch.undo()
+        codegen._environment.cache_clear()
+
+
+def test_dump_cuda_stage(capsys):
+    from purlinc.cli import main
+
+    assert main(["dump", str(EXAMPLES / "allgather.pln"), "--ranks", "2", "--stage", "cuda", "--atom", "tma"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("// purlin_allgather_") and "atom 'tma'" in out

@@ -1,0 +1,91 @@
+"""``purlinc compile``: the files it writes, the manifest, and its errors (exit status 2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from purlinc.atom.abi import KernelABI
+from purlinc.cli import main
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("PURLIN_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cli-cache"))
+    monkeypatch.delenv("PURLIN_NO_CACHE", raising=False)
+
+
+def _compile(capsys, *args):
+    status = main(["compile", *map(str, args)])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_compile_allgather_default_ranks(tmp_path, capsys):
+    status, out, err = _compile(capsys, EXAMPLES / "allgather.pln", "--arch", "sm_90", "-o", tmp_path)
+    assert status == 0, err
+    written = [Path(line) for line in out.splitlines()]
+    names = sorted(p.name for p in written)
+    base = written[0].name.removesuffix(".cu")
+    assert base.startswith("purlin_allgather_")
+    assert names == sorted(f"{base}{ext}" for ext in (".cu", ".cubin", ".schedule.json", ".manifest.json"))
+    assert all(p.exists() and p.parent == tmp_path for p in written)
+    assert (tmp_path / f"{base}.cubin").read_bytes()[:4] == b"\x7fELF"
+
+    manifest = json.loads((tmp_path / f"{base}.manifest.json").read_text())
+    assert manifest["collective"] == "allgather"
+    assert manifest["ranks"] == 8 and manifest["ranks_defaulted"] is True
+    assert (manifest["arch"], manifest["atom"], manifest["dtype"], manifest["op"]) == ("sm_90", "ldst", "bfloat16", None)
+    assert manifest["algorithm"] == "direct-push" and manifest["options_key"].startswith("direct-push/")
+    assert manifest["entries"] == [f"{base}_r{r}" for r in range(8)]
+    assert manifest["launch"]["grid"] == [1, 1, 1] and manifest["launch"]["block"][0] > 0
+    assert manifest["abi"]["args_bytes"] == KernelABI(
+        base, 8, 1, 1, 0, 2, 0, 0, (), (), False, False,
+    ).args_bytes
+    assert manifest["buffers"]["out_units"] == [8] * 8 and manifest["buffers"]["in_units"] == [1] * 8
+    assert set(manifest["versions"]) == {"purlinc", "nvrtc", "cuda-bindings"}
+    assert all(manifest["versions"].values())
+
+    schedule = json.loads((tmp_path / f"{base}.schedule.json").read_text())
+    assert schedule["collective"] == "allgather" and schedule["world_size"] == 8
+
+
+def test_compile_reduction_with_options(tmp_path, capsys):
+    status, out, err = _compile(
+        capsys, EXAMPLES / "allreduce.pln", "--ranks", "4", "--arch", "sm_100", "--atom", "tma",
+        "--dtype", "float32", "--op", "max", "--algorithm", "two-shot", "--channels", "2", "--slices", "2",
+        "-o", tmp_path,
+    )
+    assert status == 0, err
+    manifest = json.loads(next(tmp_path.glob("*.manifest.json")).read_text())
+    assert manifest["ranks"] == 4 and manifest["ranks_defaulted"] is False
+    assert (manifest["atom"], manifest["dtype"], manifest["op"], manifest["algorithm"]) == ("tma", "float32", "max", "two-shot")
+    assert manifest["launch"]["grid"] == [2, 1, 1]
+
+
+def test_compile_params(tmp_path, capsys):
+    status, _, err = _compile(capsys, EXAMPLES / "broadcast.pln", "-R", "2", "--param", "root=1", "-o", tmp_path)
+    assert status == 0, err
+    manifest = json.loads(next(tmp_path.glob("*.manifest.json")).read_text())
+    assert manifest["params"] == {"root": 1}
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--atom", "tma", "--arch", "sm_80"], "error: atom 'tma' needs sm_90 or newer, not sm_80"),
+        (["--arch", "sm_9"], "error: unknown target architecture 'sm_9'"),
+        (["--dtype", "float8_e4m3"], "error: float8_e4m3 cannot be reduced"),
+        (["--dtype", "float64"], "error: unknown dtype 'float64'"),
+    ],
+)
+def test_compile_errors(tmp_path, capsys, args, message):
+    status, out, err = _compile(capsys, EXAMPLES / "allreduce.pln", "-R", "2", *args, "-o", tmp_path)
+    assert status == 2
+    assert err.startswith(message), err
+    assert "Traceback" not in err and out == ""
+    assert not list(tmp_path.iterdir())

@@ -1,0 +1,272 @@
+"""NVRTC: every example x applicable algorithm x atom x target x R in {2, 4, 8} compiles to
+a CUBIN; errors are readable; the disk cache works; the SASS shows the datapath we meant.
+
+The matrix is compiled once per session by a process pool (one worker per core) into a
+session-scoped cache directory; each case is then its own test.
+
+The full matrix (555 modules) takes about 12 CPU-minutes: R=8 ring schedules are ~100 steps
+per rank and ptxas compiles every rank's entry separately.  So by default every example x
+algorithm compiles for every (arch, atom) target at R=2, and at R=4 and R=8 for one target
+each, rotating so that every target sees every R.  PURLIN_TEST_FULL_MATRIX=1 compiles all of it."""
+
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from purlinc import pipeline
+from purlinc.atom import nvrtc
+from purlinc.atom.atoms import applicable_atoms
+from purlinc.atom.codegen import generate
+from purlinc.dtypes import DType, ReduceOp
+from purlinc.errors import PurlinError
+from purlinc.snac.ir import Algorithm
+from purlinc.snac.lower import applicable_algorithms
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+ARCHES = ("sm_80", "sm_90", "sm_100")
+WORLD_SIZES = (2, 4, 8)
+# dtypes / ops rotate over the cases, so the matrix covers each without multiplying it.
+COPY_TYPES = (DType.BFLOAT16, DType.FLOAT32, DType.FLOAT8_E4M3, DType.FLOAT16, DType.INT32)
+REDUCE_TYPES = (
+    (DType.BFLOAT16, ReduceOp.SUM), (DType.FLOAT32, ReduceOp.MAX), (DType.FLOAT16, ReduceOp.SUM),
+    (DType.INT32, ReduceOp.PROD), (DType.BFLOAT16, ReduceOp.MIN), (DType.FLOAT32, ReduceOp.SUM),
+)
+
+
+def _spec(name: str, world_size: int):
+    definition = pipeline.parse_stage(pipeline.load_source(EXAMPLES / f"{name}.pln"))
+    return pipeline.spec_stage(definition, world_size, None)
+
+
+TARGETS = tuple((arch, atom) for arch in ARCHES for atom in applicable_atoms(arch))
+FULL_MATRIX = os.environ.get("PURLIN_TEST_FULL_MATRIX", "") not in ("", "0")
+
+
+def _cases(full: bool) -> list[tuple]:
+    cases = []
+    rotation = 0
+    for path in sorted(EXAMPLES.glob("*.pln")):
+        for world_size in WORLD_SIZES:
+            spec = _spec(path.stem, world_size)
+            for algorithm in applicable_algorithms(spec):
+                targets = TARGETS
+                if not full and world_size != WORLD_SIZES[0]:
+                    targets = (TARGETS[rotation % len(TARGETS)],)
+                    rotation += 1
+                for arch, atom in targets:
+                    n = len(cases)
+                    if spec.is_reduce:
+                        dtype, op = REDUCE_TYPES[n % len(REDUCE_TYPES)]
+                    else:
+                        dtype, op = COPY_TYPES[n % len(COPY_TYPES)], None
+                    cases.append((path.stem, world_size, algorithm.value, arch, atom, dtype.value, op and op.value))
+    return cases
+
+
+CASES = _cases(FULL_MATRIX)
+
+
+def _case_id(case) -> str:
+    name, world_size, algorithm, arch, atom, dtype, op = case
+    return f"{name}-R{world_size}-{algorithm}-{arch}-{atom}-{dtype}" + (f"-{op}" if op else "")
+
+
+def _compile_case(case) -> tuple:
+    """Worker: (case, error text or None, entry names, cubin bytes)."""
+    name, world_size, algorithm, arch, atom, dtype, op = case
+    try:
+        spec = _spec(name, world_size)
+        options = replace(pipeline.default_options(spec), algorithm=Algorithm(algorithm))
+        schedule = pipeline.snac_stage(spec, options)
+        kernel = generate(schedule, spec, atom=atom, arch=arch, dtype=DType(dtype), op=op and ReduceOp(op))
+        cubin = nvrtc.compile_cubin(kernel.source, kernel.filename, arch)
+        entries = [kernel.abi.entry(rank) for rank in range(world_size)]
+        return case, None, entries, cubin
+    except Exception as error:  # noqa: BLE001 - reported by the test of this case
+        return case, f"{type(error).__name__}: {error}", [], b""
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    """A fresh compile cache for the whole session (children of the pool inherit it)."""
+    path = tmp_path_factory.mktemp("purlin-cache")
+    saved = {k: os.environ.get(k) for k in ("PURLIN_CACHE_DIR", "PURLIN_NO_CACHE")}
+    os.environ["PURLIN_CACHE_DIR"] = str(path)
+    os.environ.pop("PURLIN_NO_CACHE", None)
+    yield path
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def matrix(cache_dir):
+    workers = max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 16))
+    # fork: the children inherit this module and the environment; NVRTC keeps no state
+    # that forking would break.  Biggest modules first, so the pool ends evenly.
+    order = sorted(CASES, key=lambda c: (-c[1], c[2] != "ring"))
+    if workers == 1 or sys.platform != "linux":
+        results = [_compile_case(case) for case in order]
+    else:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            results = pool.map(_compile_case, order, chunksize=1)
+    return {case: (error, entries, cubin) for case, error, entries, cubin in results}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
+def test_compiles(case, matrix):
+    error, entries, cubin = matrix[case]
+    assert error is None, error
+    assert cubin[:4] == b"\x7fELF"
+    for entry in entries:
+        assert entry.encode() in cubin
+
+
+# ---- the cache -------------------------------------------------------------------------
+
+TINY = 'extern "C" __global__ void purlin_tiny(int* p) { p[threadIdx.x] = %d; }\n'
+
+
+def test_cache_hit_does_no_nvrtc_work(tmp_path, monkeypatch):
+    monkeypatch.setenv("PURLIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("PURLIN_NO_CACHE", raising=False)
+    source = TINY % 101
+    before = nvrtc.STATS.compiles
+    first = nvrtc.compile_cubin(source, "tiny.cu", "sm_90")
+    assert nvrtc.STATS.compiles == before + 1
+    assert len(list(tmp_path.rglob("*.cubin"))) == 1
+    hits = nvrtc.STATS.cache_hits
+    second = nvrtc.compile_cubin(source, "tiny.cu", "sm_90")
+    assert nvrtc.STATS.compiles == before + 1 and nvrtc.STATS.cache_hits == hits + 1
+    assert first == second
+    # another target, another option or another source: another entry
+    nvrtc.compile_cubin(source, "tiny.cu", "sm_80")
+    nvrtc.compile_cubin(source, "tiny.cu", "sm_90", ("-DPURLIN_TEST=1",))
+    nvrtc.compile_cubin(TINY % 102, "tiny.cu", "sm_90")
+    assert nvrtc.STATS.compiles == before + 4
+    assert len(list(tmp_path.rglob("*.cubin"))) == 4
+    assert not list(tmp_path.rglob(".tmp-*"))
+
+
+def test_no_cache_bypasses(tmp_path, monkeypatch):
+    monkeypatch.setenv("PURLIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PURLIN_NO_CACHE", "1")
+    before = nvrtc.STATS.compiles
+    nvrtc.compile_cubin(TINY % 103, "tiny.cu", "sm_90")
+    nvrtc.compile_cubin(TINY % 103, "tiny.cu", "sm_90")
+    assert nvrtc.STATS.compiles == before + 2
+    assert not list(tmp_path.rglob("*"))
+
+
+def test_cache_dir_relocates(tmp_path, monkeypatch):
+    monkeypatch.delenv("PURLIN_NO_CACHE", raising=False)
+    for sub in ("a", "b"):
+        monkeypatch.setenv("PURLIN_CACHE_DIR", str(tmp_path / sub))
+        before = nvrtc.STATS.compiles
+        nvrtc.compile_cubin(TINY % 104, "tiny.cu", "sm_90")
+        assert nvrtc.STATS.compiles == before + 1  # a new place: nothing cached there yet
+        assert len(list((tmp_path / sub).rglob("*.cubin"))) == 1
+
+
+def test_corrupt_cache_dir_is_not_fatal(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("PURLIN_CACHE_DIR", str(blocker))
+    monkeypatch.delenv("PURLIN_NO_CACHE", raising=False)
+    assert nvrtc.compile_cubin(TINY % 105, "tiny.cu", "sm_90")[:4] == b"\x7fELF"
+
+
+# ---- errors ----------------------------------------------------------------------------
+
+def test_compile_error_is_readable(tmp_path, monkeypatch):
+    monkeypatch.setenv("PURLIN_NO_CACHE", "1")
+    source = 'extern "C" __global__ void broken() { undeclared_thing = 1; }\n'
+    with pytest.raises(PurlinError) as error:
+        nvrtc.compile_cubin(source, "purlin_broken.cu", "sm_90")
+    text = error.value.render()
+    assert text.startswith("error: NVRTC compilation of purlin_broken.cu (--gpu-architecture=sm_90 ")
+    assert "failed: NVRTC_ERROR_COMPILATION" in text
+    assert "undeclared_thing" in text and "NVRTC log:" in text
+    kept = next(n for n in error.value.notes if n.startswith("generated source kept at "))
+    path = Path(kept.removeprefix("generated source kept at "))
+    assert path.name.startswith("purlin_broken-") and path.read_text() == source
+    path.unlink()
+
+
+def test_bad_option_is_readable(monkeypatch):
+    monkeypatch.setenv("PURLIN_NO_CACHE", "1")
+    with pytest.raises(PurlinError) as error:
+        nvrtc.compile_cubin(TINY % 106, "tiny.cu", "sm_90", ("--no-such-option",))
+    text = error.value.render()
+    assert "NVRTC_ERROR_INVALID_OPTION" in text and "--no-such-option" in text
+
+
+def test_bad_arch_is_readable():
+    with pytest.raises(PurlinError, match="unknown target architecture 'sm_12'"):
+        nvrtc.compile_cubin(TINY % 107, "tiny.cu", "sm_12")
+
+
+def test_versions():
+    major, minor = nvrtc.nvrtc_version().split(".")
+    assert int(major) >= 12 and int(minor) >= 0
+    assert nvrtc.normalize_options("sm_90", (" -lineinfo", "-DX=1", "-DX=1")) == (
+        "--gpu-architecture=sm_90", *nvrtc.BASE_OPTIONS, "-DX=1",
+    )
+
+
+# ---- the SASS --------------------------------------------------------------------------
+
+def _tool(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for candidate in sorted(Path(root).glob(f"*/bin/{name}")):
+            if os.access(candidate, os.X_OK):
+                return str(candidate)
+    return None
+
+
+def _sass(cubin: bytes, tmp_path: Path) -> str:
+    cuobjdump, nvdisasm = _tool("cuobjdump"), _tool("nvdisasm")
+    if cuobjdump is None or nvdisasm is None:
+        pytest.skip("no disassembler: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm (the 'test' extra)")
+    path = tmp_path / "module.cubin"
+    path.write_bytes(cubin)
+    env = dict(os.environ, PATH=f"{Path(nvdisasm).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    done = subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _cubin(name: str, atom: str, arch: str, world_size: int = 2) -> bytes:
+    spec = _spec(name, world_size)
+    schedule = pipeline.snac_stage(spec, pipeline.default_options(spec))
+    op = ReduceOp.SUM if spec.is_reduce else None
+    kernel = generate(schedule, spec, atom=atom, arch=arch, dtype=DType.BFLOAT16, op=op)
+    return nvrtc.compile_cubin(kernel.source, kernel.filename, arch)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_ldst_uses_128_bit_accesses(arch, tmp_path, cache_dir):
+    sass = _sass(_cubin("allreduce", "ldst", arch), tmp_path)
+    assert "LDG.E.128" in sass and "STG.E.128" in sass
+    assert "UBLKCP" not in sass
+
+
+def test_tma_issues_bulk_copies(tmp_path, cache_dir):
+    sass = _sass(_cubin("allgather", "tma", "sm_90"), tmp_path)
+    assert "UBLKCP" in sass  # cp.async.bulk (global <-> shared)
+    assert "SYNCS" in sass  # the mbarrier the loads complete on
