@@ -358,7 +358,7 @@ def purlin_case(ctx: Ctx, coll: str, variant: purlin_api.Variant, X, Y) -> Case:
     def output():
         return None if coll in ("reduce", "gather") and rank != 0 else Y
 
-    sms, note = purlin_api.grid_sms(loaded, variant.options)
+    sms, note = purlin_api.grid_sms(loaded, variant.options, X, Y)
     return Case("purlin", variant.name, load, call, output, True, sms, note, dict(variant.options),
                 after=lambda: purlin_api.check_errors(ctx.comm, loaded))
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-OPTION_KEYS = ("algorithm", "atom", "channels", "slices", "params")
+OPTION_KEYS = ("algorithm", "atom", "channels", "slices", "packed", "params")
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,8 @@ class Variant:
 
 
 def _v(name: str, algorithm: str, atom: str, channels: int | None, slices: int | None = None,
-       only: tuple[str, ...] = ()) -> Variant:
-    opts = {"algorithm": algorithm, "atom": atom, "channels": channels, "slices": slices}
+       only: tuple[str, ...] = (), packed: bool | None = None) -> Variant:
+    opts = {"algorithm": algorithm, "atom": atom, "channels": channels, "slices": slices, "packed": packed}
     return Variant(name, {k: v for k, v in opts.items() if v is not None}, only)
 
 
@@ -47,15 +47,22 @@ VARIANTS = (
     _v("push-ldst-c1", "direct-push", "ldst", 1),
     _v("push-ldst-c4", "direct-push", "ldst", 4),
     _v("push-ldst-c16", "direct-push", "ldst", 16),
+    _v("push-ldst-c32", "direct-push", "ldst", 32),
+    _v("push-ldst-c64", "direct-push", "ldst", 64),
+    # LL: the notify rides in every 16-byte packet (latency); not for other algorithms.
+    _v("push-ll-c1", "direct-push", "ldst", 1, packed=True),
+    _v("push-ll-c8", "direct-push", "ldst", 8, packed=True),
     _v("push-ldst-c16-s4", "direct-push", "ldst", 16, 4),
     _v("pull-ldst-c16", "direct-pull", "ldst", 16),
     _v("two-shot-ldst-c16", "two-shot", "ldst", 16, only=("allreduce",)),
+    _v("two-shot-ldst-c32", "two-shot", "ldst", 32, only=("allreduce",)),
     _v("ring-ldst-c16", "ring", "ldst", 16, only=("allreduce", "allgather", "reduce_scatter")),
     _v("push-tma-c8", "direct-push", "tma", 8),
     # The copy engines only move bytes: no reductions.
     _v("push-ce", "direct-push", "ce", None, only=("allgather", "alltoall", "broadcast", "gather", "scatter")),
 )
-QUICK_VARIANTS = ("default", "push-ldst-c1", "push-ldst-c16", "two-shot-ldst-c16", "push-tma-c8", "push-ce")
+QUICK_VARIANTS = ("default", "push-ldst-c1", "push-ldst-c16", "push-ldst-c32", "push-ldst-c64", "push-ll-c1",
+                  "push-ll-c8", "two-shot-ldst-c32", "push-tma-c8", "push-ce")
 
 
 def parse_variant(text: str) -> Variant:
@@ -67,7 +74,12 @@ def parse_variant(text: str) -> Variant:
         key = key.strip()
         if key not in OPTION_KEYS or key == "params":
             raise ValueError(f"--variant-spec {text!r}: unknown option {key!r}")
-        opts[key] = int(value) if key in ("channels", "slices") else value.strip()
+        if key in ("channels", "slices"):
+            opts[key] = int(value)
+        elif key == "packed":
+            opts[key] = value.strip().lower() in ("1", "true", "yes")
+        else:
+            opts[key] = value.strip()
     return Variant(name.strip(), opts)
 
 
@@ -134,8 +146,16 @@ def call(coll, collective: str, x, y, *, rank: int, root: int = 0, reduce: bool)
         coll(x, out=y)
 
 
-def grid_sms(coll, options: dict) -> tuple[int | None, str]:
+def grid_sms(coll, options: dict, x=None, y=None) -> tuple[int | None, str]:
     """SMs a call occupies: the kernel grid (channels) from the loaded collective's ABI; 0 for ce."""
+    if hasattr(coll, "sms_for") and (x is not None or y is not None):
+        # A plain load picks a schedule per size bucket: ask it which one this size runs.
+        first = coll.variants[0]
+        if x is not None and first.in_units and x.numel() % first.in_units == 0:
+            count, itemsize = x.numel() // first.in_units, x.element_size()
+        else:
+            count, itemsize = y.numel() // max(first.out_units, 1), y.element_size()
+        return coll.sms_for(count, itemsize), "the size bucket's channels (tuned default)"
     if options.get("atom") == "ce":
         return 0, "copy engines only"
     if getattr(getattr(coll, "compiled", None), "atom", None) == "ce":
@@ -216,7 +236,7 @@ def precompile_one(job: dict, arch: str) -> str:
         prepare = None
     if prepare is not None:
         compiled = prepare(str(pln_path(job["collective"])), job["world_size"], arch=arch,
-                           **{k: opts.get(k) for k in ("algorithm", "atom", "channels", "slices")})
+                           **{k: opts.get(k) for k in ("algorithm", "atom", "channels", "slices", "packed")})
         if compiled.ce_plan is None:
             is_reduce = compiled.schedule.operation.value == "reduce"
             compiled.kernel(DType.BFLOAT16, ReduceOp.SUM if is_reduce else None)

@@ -1,10 +1,19 @@
-"""The on-disk CUBIN cache: only NVRTC's work is cached (it is the expensive stage).
+"""The on-disk compile caches, two levels (Triton-style), under ``settings.cache_dir()``.
 
-Key: sha256 of a stable JSON of the schema version, a hash of this package's own code and
-templates, the source, the target, the normalized options, the NVRTC version and the
+* The front cache (``front/``): one entry per ``pipeline.compile`` call, keyed on its
+  inputs (the .pln text, world size, params, options, atom, arch, dtype, op) before any
+  work is done.  A hit skips parse, check, lower, verify, generate and NVRTC.
+* The NVRTC cache (``<xx>/<key>.cubin``): keyed on the generated CUDA source, so two
+  front entries that generate the same module share NVRTC's work (and the runtime,
+  which generates its own sources, uses it directly).
+
+Both keys are sha256 of a stable JSON of the schema version, a hash of this package's own
+code, grammar and templates, the inputs, the normalized options, the NVRTC version and the
 settings that affect generated code.  Entries are written to a temporary file and renamed
-into place, so concurrent compilers never see half a file.  ``PURLIN_NO_CACHE=1`` bypasses
-the cache, ``PURLIN_CACHE_DIR`` relocates it (both in purlinc/settings.py).
+into place, so concurrent compilers never see half a file; a front entry also carries a
+checksum, and one that does not read back cleanly is a miss (then rewritten), never an
+error.  ``PURLIN_NO_CACHE=1`` bypasses both levels, ``PURLIN_CACHE_DIR`` relocates both
+(purlinc/settings.py).
 """
 
 from __future__ import annotations
@@ -12,41 +21,70 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
 import tempfile
-from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 
 from purlinc import settings
-from purlinc.atom.atoms import templates_root
 
 SCHEMA_VERSION = 1
+FRONT_SCHEMA_VERSION = 1
+_FRONT_MAGIC = b"PURLIN-FRONT\x00\x01"
+_LENGTHS = struct.Struct("<QQ")  # header JSON bytes, CUBIN bytes
+_PACKAGE_SUFFIXES = (".py", ".j2", ".cuh", ".lark")
+
+_PACKAGE_HASH: str | None = None
 
 
-def _walk(node, prefix: str = ""):
-    for child in sorted(node.iterdir(), key=lambda c: c.name):
+def _package_roots() -> list[tuple[str, Path]]:
+    """purlinc's code, grammar and templates, as real folders (editable or installed)."""
+    from purlinc.resources import grammar_dir, templates_dir
+
+    code = Path(__file__).resolve().parents[1]
+    return [("purlinc", code), ("grammar", Path(str(grammar_dir()))), ("templates", Path(str(templates_dir())))]
+
+
+def _walk(root: Path, prefix: str = ""):
+    with os.scandir(root) as entries:
+        children = sorted(entries, key=lambda e: e.name)
+    for child in children:
         name = f"{prefix}{child.name}"
         if child.is_dir():
             if child.name != "__pycache__":
-                yield from _walk(child, name + "/")
-        elif child.name.endswith((".py", ".j2", ".cuh", ".lark")):
-            yield name, child
+                yield from _walk(Path(child.path), name + "/")
+        elif child.name.endswith(_PACKAGE_SUFFIXES):
+            yield name, child.path
 
 
-@lru_cache(maxsize=1)
 def package_hash() -> str:
-    """Hash of purlinc's own code and templates: a new compiler never reuses old CUBINs."""
-    digest = hashlib.sha256()
-    for package, root in (("purlinc", resources.files("purlinc")), ("templates", templates_root())):
-        for name, node in _walk(root):
-            digest.update(f"{package}/{name}\0".encode())
-            digest.update(node.read_bytes())
-            digest.update(b"\0")
-    return digest.hexdigest()
+    """Hash of purlinc's own code, grammar and templates (file contents, read once per
+    process): a changed compiler never reuses an old entry.  A few ms; memoised."""
+    global _PACKAGE_HASH
+    if _PACKAGE_HASH is None:
+        digest = hashlib.sha256()
+        seen: set[str] = set()
+        for package, root in _package_roots():
+            for name, path in _walk(root):
+                real = os.path.realpath(path)
+                if real in seen:  # an installed purlinc/templates is also under purlinc/
+                    continue
+                seen.add(real)
+                with open(path, "rb") as handle:
+                    data = handle.read()
+                digest.update(f"{package}/{name}\0{len(data)}\0".encode())
+                digest.update(data)
+        _PACKAGE_HASH = digest.hexdigest()
+    return _PACKAGE_HASH
 
+
+def _digest(picture: dict) -> str:
+    return hashlib.sha256(json.dumps(picture, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+# ---- level 2: NVRTC, keyed on the generated source -------------------------------------
 
 def cache_key(*, source: str, arch: str, options: tuple[str, ...], nvrtc: str) -> str:
-    picture = {
+    return _digest({
         "schema": SCHEMA_VERSION,
         "package": package_hash(),
         "source": hashlib.sha256(source.encode()).hexdigest(),
@@ -54,8 +92,7 @@ def cache_key(*, source: str, arch: str, options: tuple[str, ...], nvrtc: str) -
         "options": list(options),
         "nvrtc": nvrtc,
         "settings": settings.codegen_settings(),
-    }
-    return hashlib.sha256(json.dumps(picture, sort_keys=True).encode()).hexdigest()
+    })
 
 
 def _path(key: str) -> Path:
@@ -71,20 +108,78 @@ def load(key: str) -> bytes | None:
         return None
 
 
-def store(key: str, data: bytes) -> None:
-    """Write atomically; a cache that cannot be written is not an error (just slower)."""
-    if not settings.cache_enabled():
-        return
-    path = _path(key)
+def _write_atomically(path: Path, chunks: tuple[bytes, ...]) -> None:
+    """Temporary file + rename; a cache that cannot be written is not an error (just slower)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".cubin")
+        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
         try:
             with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
+                for chunk in chunks:
+                    handle.write(chunk)
             os.replace(temp, path)
         except BaseException:
             os.unlink(temp)
             raise
     except OSError:
         pass
+
+
+def store(key: str, data: bytes) -> None:
+    if settings.cache_enabled():
+        _write_atomically(_path(key), (data,))
+
+
+# ---- level 1: the front cache, keyed on compile()'s inputs -----------------------------
+
+def front_key(inputs: dict) -> str:
+    """``inputs``: JSON-able, already normalized by the caller (pipeline.compile)."""
+    return _digest({
+        "schema": FRONT_SCHEMA_VERSION,
+        "package": package_hash(),
+        "inputs": inputs,
+        "settings": settings.codegen_settings(),
+    })
+
+
+def _front_path(key: str) -> Path:
+    return settings.cache_dir() / "front" / key[:2] / f"{key}.entry"
+
+
+def load_front(key: str) -> tuple[dict, bytes | None] | None:
+    """(header, CUBIN or None) of a sound entry; None for a miss or an unreadable entry.
+
+    Layout: magic, two little-endian u64 lengths, header JSON, CUBIN, sha256 of all before."""
+    if not settings.cache_enabled():
+        return None
+    try:
+        data = _front_path(key).read_bytes()
+    except OSError:
+        return None
+    try:
+        fixed = len(_FRONT_MAGIC) + _LENGTHS.size
+        if len(data) < fixed + 32 or not data.startswith(_FRONT_MAGIC):
+            return None
+        body, checksum = data[:-32], data[-32:]
+        if hashlib.sha256(body).digest() != checksum:
+            return None
+        header_len, cubin_len = _LENGTHS.unpack_from(data, len(_FRONT_MAGIC))
+        if fixed + header_len + cubin_len != len(body):
+            return None
+        header = json.loads(body[fixed:fixed + header_len])
+        if not isinstance(header, dict) or header.get("key") != key:
+            return None
+        cubin = body[fixed + header_len:] if header.get("has_cubin") else None
+        return header, cubin
+    except (ValueError, struct.error):  # JSON / UTF-8 / layout damage: a miss
+        return None
+
+
+def store_front(key: str, header: dict, cubin: bytes | None) -> None:
+    if not settings.cache_enabled():
+        return
+    header = {**header, "key": key, "has_cubin": cubin is not None}
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    cubin = cubin or b""
+    body = _FRONT_MAGIC + _LENGTHS.pack(len(encoded), len(cubin)) + encoded + cubin
+    _write_atomically(_front_path(key), (body, hashlib.sha256(body).digest()))

@@ -60,6 +60,7 @@ class Compiled:
     ce_plan: object = None
     kernels: dict = None  # (DType, ReduceOp | None) -> (KernelSource, cubin)
     lock: threading.Lock = None
+    stage_bytes: int = 0  # staging space per rank (0: the default setting)
 
     def kernel(self, dtype: DType, op: ReduceOp | None):
         with self.lock:
@@ -91,9 +92,15 @@ def prepare(
     atom: str | None = None,
     channels: int | None = None,
     slices: int | None = None,
+    packed: bool | None = None,
     arch: str = "sm_90",
+    stage_bytes: int | None = None,
 ) -> Compiled:
-    """Parse, check and lower (no GPU needed): everything a load decides before touching memory."""
+    """Parse, check and lower (no GPU needed): everything a load decides before touching memory.
+
+    ``stage_bytes`` caps this collective's staging space (default PURLIN_STAGE_MB); larger
+    messages run in several rounds.
+    """
     from purlinc import pipeline
 
     atom = atom or "ldst"
@@ -113,12 +120,14 @@ def prepare(
         options = replace(options, channels=int(channels))
     if slices is not None:
         options = replace(options, slices=int(slices))
+    if packed is not None:
+        options = replace(options, packed=bool(packed))
     # The runtime exchanges no per-call pointers, so the caller's buffers are never registered.
     options = replace(options, registered=frozenset())
     schedule = pipeline.snac_stage(spec, options)
     compiled = Compiled(
         spec.name, source.text, source.filename, world_size, tuple(spec.params), options, atom, arch,
-        spec, schedule, None, {}, threading.Lock(),
+        spec, schedule, None, {}, threading.Lock(), stage_bytes or settings.stage_bytes(),
     )
     if atom == "ce":
         from purlinc.runtime.ce import plan
@@ -146,7 +155,7 @@ class Layout:
 def layout_sizes(compiled: Compiled) -> tuple[int, int, int]:
     """(staging, signal pad, counters) bytes for one rank."""
     schedule = compiled.schedule
-    stage = settings.stage_bytes() if schedule.stage_units else 0
+    stage = (compiled.stage_bytes or settings.stage_bytes()) if schedule.stage_units else 0
     words = compiled.ce_plan.pad_words if compiled.ce_plan is not None else schedule.signal_pad_size()
     return stage, 8 * max(words, 1), 8 * schedule.channels
 
@@ -452,31 +461,12 @@ def _disagreement(name: str, prints: list, identities: list) -> MismatchError:
     )
 
 
-def load(
-    path_or_source: str | Path,
-    comm,
-    *,
-    params: Mapping[str, int] | None = None,
-    algorithm: Algorithm | str | None = None,
-    atom: str | None = None,
-    channels: int | None = None,
-    slices: int | None = None,
-    arch: str | None = None,
-):
-    """Load a collective on ``comm`` (a Communicator, or a LocalGroup for a group callable)."""
+def _load_compiled(compiled: Compiled, comm, comms: list):
+    """Take heap space for ``compiled`` on every rank of ``comms`` and check the ranks agree."""
     from purlinc.runtime import driver
-    from purlinc.runtime.communicator import Communicator, LocalGroup
+    from purlinc.runtime.communicator import LocalGroup
 
-    if isinstance(comm, LocalGroup):
-        comms = list(comm.comms)
-    elif isinstance(comm, Communicator):
-        comms = [comm]
-    else:
-        raise TypeError(f"load: comm must be a Communicator or a LocalGroup, got {type(comm).__name__}")
     first = comms[0]
-    arch = arch or driver.arch_of(first.device)
-    compiled = prepare(path_or_source, first.world_size, params=params, algorithm=algorithm, atom=atom,
-                       channels=channels, slices=slices, arch=arch)
     if compiled.ce_plan is not None and not driver.supports_stream_mem_ops(first.device):
         raise PurlinError(f"the ce atom needs 64-bit stream memory operations, which cuda:{first.device} lacks")
     layouts = [_allocate(c, compiled) for c in comms]
@@ -496,3 +486,41 @@ def load(
     if len({e[0] for e in everyone}) != 1:
         raise _disagreement(compiled.name, [e[0] for e in everyone], [e[1] for e in everyone])
     return Collective(compiled, comm, layout, agree=True)
+
+
+def load(
+    path_or_source: str | Path,
+    comm,
+    *,
+    params: Mapping[str, int] | None = None,
+    algorithm: Algorithm | str | None = None,
+    atom: str | None = None,
+    channels: int | None = None,
+    slices: int | None = None,
+    packed: bool | None = None,
+    arch: str | None = None,
+):
+    """Load a collective on ``comm`` (a Communicator, or a LocalGroup for a group callable).
+
+    With no orchestration option (algorithm, atom, channels, slices, packed), the result
+    picks a schedule per call by message size (``purlinc.runtime.tuning``); with any of
+    them, exactly that schedule runs for every size.
+    """
+    from purlinc.runtime import driver
+    from purlinc.runtime.communicator import Communicator, LocalGroup
+
+    if isinstance(comm, LocalGroup):
+        comms = list(comm.comms)
+    elif isinstance(comm, Communicator):
+        comms = [comm]
+    else:
+        raise TypeError(f"load: comm must be a Communicator or a LocalGroup, got {type(comm).__name__}")
+    first = comms[0]
+    arch = arch or driver.arch_of(first.device)
+    if algorithm is None and atom is None and channels is None and slices is None and packed is None:
+        from purlinc.runtime.tuned import load_tuned
+
+        return load_tuned(path_or_source, comm, comms, params=params, arch=arch)
+    compiled = prepare(path_or_source, first.world_size, params=params, algorithm=algorithm, atom=atom,
+                       channels=channels, slices=slices, packed=packed, arch=arch)
+    return _load_compiled(compiled, comm, comms)

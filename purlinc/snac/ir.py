@@ -29,6 +29,19 @@ rank may notify it.  Within one call each signal is notified exactly ``per_call`
 ``epoch`` is the call number (0, 1, 2, ...), kept on the device, so repeated calls and
 CUDA-graph replays need no reset.  ``k`` may be <= 0 in a Wait: it then waits for a notify
 of an *earlier* call (flow control across calls: "the consumer finished with this slot").
+
+Packed stages (LL)
+------------------
+A ``Stage`` with a ``signal`` is a Stage and a ``Notify(signal, k)`` in one: the datapath
+writes a flag word into every 16-byte packet it stages (NCCL's LL protocol), so the
+consumer sees "data there" per packet and no fence or separate flag store is needed.
+Its semantics are exactly those of the Stage followed by the Notify
+(``purlinc.snac.packing.normalized`` rewrites it so; the verifier and the simulator run
+on that).  A packed message occupies two consecutive STAGE units (packets carry 8 data
+bytes each, so they are twice the data): ``Region(STAGE, r, u, s)`` of a packed stage
+addresses unit ``u``, and unit ``u + 1`` is reserved for the second half of its packets.
+The consumer's ``Wait`` on the signal stays a Wait, and the ``Consume`` steps right after
+it that read the packed regions unpack them (see ``purlinc.snac.packing``).
 """
 
 from __future__ import annotations
@@ -90,6 +103,14 @@ class Stage:
     src: Region
     dst: Region
     note: str = field(default="", compare=False)  # e.g. "x[3] for r1"
+    # Packed (LL): the stage also notifies ``signal`` with ``k``, through a flag in every
+    # 16-byte packet it writes.  None: a plain stage (its notify, if any, is a separate step).
+    signal: Signal | None = None
+    k: int = 0
+
+    @property
+    def packed(self) -> bool:
+        return self.signal is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,11 +174,15 @@ class LowerOptions:
     slots: int | None = None
     # Which of the caller's buffers are registered (peer-reachable): frozenset of "in"/"out".
     registered: frozenset[str] = frozenset()
+    # LL packing: data notifies ride inside the staged data (a flag in every 16-byte packet),
+    # saving a system fence and a flag hop per call; for small messages (direct-push only).
+    packed: bool = False
 
     def key(self) -> str:
         reg = ",".join(sorted(self.registered)) or "-"
         slots = "all" if self.slots is None else str(self.slots)
-        return f"{self.algorithm.value}/c{self.channels}/s{self.slices}/slots{slots}/reg{reg}"
+        ll = "/ll" if self.packed else ""  # absent when off: keys (and caches) of plain schedules unchanged
+        return f"{self.algorithm.value}/c{self.channels}/s{self.slices}/slots{slots}/reg{reg}{ll}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,167 @@
+"""The collective a plain ``load(path, comm)`` returns: one loaded schedule per size bucket,
+chosen per call by message size (``purlinc.runtime.tuning`` says which buckets).
+
+Every rank must run the same schedule for a call, so the size that picks the bucket is
+rank-independent: ``count * itemsize * U``, with ``U`` the most chunks any rank's input or
+output holds (for a gather, the root's output).  All buckets are loaded up front, so a
+first call of a new size allocates nothing and can be captured in a CUDA graph (after a
+warm-up call per (dtype, op), as for any collective).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import fields
+from pathlib import Path
+
+from purlinc import settings
+from purlinc.errors import PurlinError
+from purlinc.runtime import tuning
+from purlinc.runtime.collective import Collective, GroupCollective, _load_compiled, prepare
+from purlinc.snac.ir import LowerOptions
+
+_MIN_STAGE = 64 << 10
+
+
+def _prepare_bucket(path_or_source, world_size, bucket: tuning.Bucket, params, arch):
+    """Lower one bucket's schedule; a bucket whose options do not apply to the spec falls back
+    to plain direct-push with the same channels (deterministic, so every rank agrees)."""
+    kwargs = dict(params=params, algorithm=bucket.algorithm, atom=bucket.atom, channels=bucket.channels,
+                  slices=bucket.slices, arch=arch)
+    if "packed" in {f.name for f in fields(LowerOptions)}:
+        kwargs["packed"] = bucket.packed
+    try:
+        compiled = prepare(path_or_source, world_size, **kwargs)
+    except PurlinError:
+        kwargs.update(algorithm="direct-push", atom="ldst", slices=1)
+        kwargs.pop("packed", None)
+        compiled = prepare(path_or_source, world_size, **kwargs)
+    if bucket.max_bytes is not None and compiled.schedule.stage_units:
+        # A bucket never moves more than max_bytes per unit, so it needs no more staging.
+        need = compiled.schedule.stage_units * bucket.max_bytes
+        compiled.stage_bytes = min(settings.stage_bytes(), max(_MIN_STAGE, -(-need // 4096) * 4096))
+    return compiled
+
+
+def load_tuned(path_or_source: str | Path, comm, comms: list, *, params: Mapping[str, int] | None, arch: str):
+    from purlinc import pipeline
+    from purlinc.runtime.communicator import LocalGroup
+
+    world_size = comms[0].world_size
+    source = pipeline.load_source(path_or_source)
+    spec = pipeline.spec_stage(pipeline.parse_stage(source), world_size, params)
+    packed_supported = "packed" in {f.name for f in fields(LowerOptions)}
+    buckets = tuning.buckets_for(spec, packed_supported=packed_supported)
+
+    loaded: dict[str, object] = {}
+    per_bucket = []
+    for bucket in buckets:
+        compiled = _prepare_bucket(source.text if source.filename == "<string>" else source.filename,
+                                   world_size, bucket, params, arch)
+        key = f"{compiled.atom}/{compiled.options.key()}/{compiled.stage_bytes}"
+        if key not in loaded:  # buckets that lower to the same schedule share one load
+            loaded[key] = _load_compiled(compiled, comm, comms)
+        per_bucket.append(loaded[key])
+    units = max(max(len(ins), len(outs)) for ins, outs in zip(spec.inputs, spec.outputs))
+    if isinstance(comm, LocalGroup):
+        return TunedGroup(buckets, per_bucket, units)
+    return Tuned(buckets, per_bucket, units)
+
+
+class Tuned:
+    """``coll(x, out=None, op="sum", stream=None)``: each call runs its size bucket's schedule."""
+
+    def __init__(self, buckets, variants: list[Collective], units: int):
+        self.buckets = tuple(buckets)
+        self.variants = list(variants)
+        self.units = max(units, 1)
+        self.name = variants[0].name
+        self.comm = variants[0].comm
+        self.rank = variants[0].rank
+        self._distinct = list({id(v): v for v in variants}.values())
+        self._chosen: dict = {}
+
+    def __repr__(self) -> str:
+        rows = ", ".join(f"<={b.max_bytes if b.max_bytes is not None else 'inf'}: {v.compiled.options.key()}"
+                         for b, v in zip(self.buckets, self.variants))
+        return f"Tuned({self.name}, rank={self.rank}, {rows})"
+
+    def variant_for(self, count: int, itemsize: int) -> Collective:
+        key = (count, itemsize)
+        index = self._chosen.get(key)
+        if index is None:
+            index = self._chosen[key] = tuning.choose(self.buckets, count * itemsize * self.units)
+        return self.variants[index]
+
+    def sms_for(self, count: int, itemsize: int) -> int:
+        variant = self.variant_for(count, itemsize)
+        return 0 if variant.compiled.atom == "ce" else variant.compiled.options.channels
+
+    def __call__(self, x=None, out=None, op="sum", stream=None, *, count: int | None = None):
+        for variant in self._distinct:
+            if variant._flag.value:
+                variant._raise_timeout()
+        # Buffers are validated once (every variant has the same layouts), then launched by
+        # the bucket's variant.
+        shape, handle, out = self.variants[0].prepare_call(x, out, op, stream, count)
+        self.variant_for(shape.count, shape.dtype.itemsize).launch(shape, handle)
+        return out
+
+    def warm(self, dtype, op="sum") -> None:
+        for variant in self._distinct:
+            variant.warm(dtype, op)
+
+    def check(self) -> None:
+        for variant in self._distinct:
+            variant.check()
+
+    def close(self) -> None:
+        for variant in self._distinct:
+            variant.close()
+
+
+class TunedGroup:
+    """The LocalGroup form: ``gcoll(xs, outs=None, op="sum", streams=None)``."""
+
+    def __init__(self, buckets, variants: list[GroupCollective], units: int):
+        self.buckets = tuple(buckets)
+        self.variants = list(variants)
+        self.name = variants[0].name
+        self.ranks = [Tuned(buckets, [v[rank] for v in variants], units) for rank in range(len(variants[0]))]
+        self._distinct = list({id(v): v for v in variants}.values())
+
+    def __getitem__(self, rank: int) -> Tuned:
+        return self.ranks[rank]
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    def __call__(self, xs, outs=None, op="sum", streams=None, *, count: int | None = None):
+        world = len(self.ranks)
+        xs = list(xs) if xs is not None else [None] * world
+        outs = list(outs) if outs is not None else [None] * world
+        streams = list(streams) if streams is not None else [None] * world
+        prepared = [t.variants[0].prepare_call(x, o, op, s, count)
+                    for t, x, o, s in zip(self.ranks, xs, outs, streams)]
+        counts = {shape.count for (shape, _, _), t in zip(prepared, self.ranks)
+                  if t.variants[0].in_units or t.variants[0].out_units}
+        if len(counts) > 1:
+            from purlinc.runtime.errors import ArgumentError
+
+            raise ArgumentError(f"{self.name}: ranks disagree on count (elements per chunk): "
+                                + ", ".join(f"rank {r}: {p[0].count}" for r, p in enumerate(prepared)))
+        for tuned, (shape, handle, _) in zip(self.ranks, prepared):
+            tuned.variant_for(shape.count, shape.dtype.itemsize).launch(shape, handle)
+        return [out for _, _, out in prepared]
+
+    def warm(self, dtype, op="sum") -> None:
+        for tuned in self.ranks:
+            tuned.warm(dtype, op)
+
+    def check(self) -> None:
+        for group in self._distinct:
+            group.check()
+
+    def close(self) -> None:
+        for group in self._distinct:
+            group.close()

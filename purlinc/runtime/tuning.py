@@ -1,0 +1,117 @@
+"""Which schedule a plain call runs: a size-bucketed table, measured or modelled.
+
+``load(path, comm)`` with no orchestration options loads one variant per size bucket and
+each call runs the variant of the first bucket whose ``max_bytes`` covers the call's bytes
+(the larger of this rank's input and output, as nccl-tests counts).  Buckets come from:
+
+1. a tuning table measured by ``benchmarks/bench.py`` on a machine and committed as
+   ``purlinc/runtime/tuning.json`` ({"tables": {collective: {world_size: [bucket, ...]}}});
+   used when the collective's name and world size are in it;
+2. otherwise the cost model below, which encodes what the measurements showed on H200
+   NVLink: latency is dominated by signalling up to ~64 KiB (one thread block, and the
+   packed LL protocol where the schedule supports it), bandwidth needs many thread blocks
+   (one block moves ~46 GB/s over NVLink, so 1 MiB wants ~16 and 16 MiB+ wants 32 or more).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from pathlib import Path
+
+from purlinc.snac.ir import Algorithm, LowerOptions
+
+TABLE_PATH = Path(__file__).with_name("tuning.json")
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    max_bytes: int | None  # None: no upper bound (the last bucket)
+    algorithm: str = Algorithm.DIRECT_PUSH.value
+    atom: str = "ldst"
+    channels: int = 1
+    slices: int = 1
+    packed: bool = False
+
+    def covers(self, nbytes: int) -> bool:
+        return self.max_bytes is None or nbytes <= self.max_bytes
+
+    def options(self, base: LowerOptions) -> dict:
+        """The keyword arguments for LowerOptions that this bucket pins."""
+        chosen = {"algorithm": Algorithm(self.algorithm), "channels": self.channels, "slices": self.slices}
+        if "packed" in {f.name for f in fields(LowerOptions)}:
+            chosen["packed"] = self.packed
+        return chosen
+
+    def to_json(self) -> dict:
+        return {"max_bytes": self.max_bytes, "algorithm": self.algorithm, "atom": self.atom,
+                "channels": self.channels, "slices": self.slices, "packed": self.packed}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Bucket":
+        return cls(
+            max_bytes=None if data.get("max_bytes") is None else int(data["max_bytes"]),
+            algorithm=str(data.get("algorithm", Algorithm.DIRECT_PUSH.value)),
+            atom=str(data.get("atom", "ldst")),
+            channels=int(data.get("channels", 1)),
+            slices=int(data.get("slices", 1)),
+            packed=bool(data.get("packed", False)),
+        )
+
+
+KIB, MIB = 1 << 10, 1 << 20
+
+
+def model(*, is_reduce: bool, replicated_reduce: bool, world_size: int, packed_supported: bool) -> tuple[Bucket, ...]:
+    """The cost model's buckets (used where no measured table applies)."""
+    large_algorithm = Algorithm.DIRECT_PUSH.value
+    if replicated_reduce and world_size > 2:
+        # One-shot all-reduce sends every chunk to every peer: (R-1)*R chunks per rank against
+        # two-shot's 2(R-1); at two ranks they move the same bytes and one-shot has one hop less.
+        large_algorithm = Algorithm.TWO_SHOT.value
+    return (
+        Bucket(16 * KIB, channels=1, packed=packed_supported),
+        Bucket(128 * KIB, channels=8, packed=packed_supported),
+        Bucket(2 * MIB, channels=16),
+        Bucket(None, algorithm=large_algorithm, channels=32),
+    )
+
+
+@lru_cache(maxsize=None)
+def _measured() -> dict:
+    try:
+        data = json.loads(TABLE_PATH.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data.get("tables", {})
+
+
+def measured(name: str, world_size: int) -> tuple[Bucket, ...] | None:
+    rows = _measured().get(name, {}).get(str(world_size))
+    if not rows:
+        return None
+    buckets = tuple(Bucket.from_json(row) for row in rows)
+    if buckets[-1].max_bytes is not None:  # the table must cover every size
+        buckets = (*buckets, Bucket.from_json({**buckets[-1].to_json(), "max_bytes": None}))
+    return buckets
+
+
+def buckets_for(spec, *, packed_supported: bool) -> tuple[Bucket, ...]:
+    table = measured(spec.name, spec.world_size)
+    if table is not None:
+        return tuple(b if packed_supported or not b.packed else Bucket.from_json({**b.to_json(), "packed": False})
+                     for b in table)
+    holders = Counter(chunk for outputs in spec.outputs for chunk in set(outputs))
+    replicated = spec.is_reduce and any(n > 1 for n in holders.values())
+    return model(is_reduce=spec.is_reduce, replicated_reduce=replicated, world_size=spec.world_size,
+                 packed_supported=packed_supported)
+
+
+def choose(buckets: tuple[Bucket, ...], nbytes: int) -> int:
+    """Index of the bucket a call of ``nbytes`` runs in."""
+    for index, bucket in enumerate(buckets):
+        if bucket.covers(nbytes):
+            return index
+    return len(buckets) - 1

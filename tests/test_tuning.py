@@ -1,0 +1,113 @@
+"""Size-based selection of the default schedule (purlinc.runtime.tuning): no GPU needed."""
+
+import json
+
+import pytest
+
+from purlinc import pipeline
+from purlinc.runtime import tuning
+
+
+def _spec(name, world_size=4):
+    source = pipeline.load_source(f"examples/{name}.pln")
+    return pipeline.spec_stage(pipeline.parse_stage(source), world_size, None)
+
+
+COMMITTED_TABLE = tuning.TABLE_PATH
+
+
+@pytest.fixture(autouse=True)
+def _no_measured_table(monkeypatch, tmp_path):
+    monkeypatch.setattr(tuning, "TABLE_PATH", tmp_path / "absent.json")
+    tuning._measured.cache_clear()
+    yield
+    tuning._measured.cache_clear()
+
+
+def test_model_buckets_grow_channels_with_size_and_cover_everything():
+    buckets = tuning.buckets_for(_spec("allgather"), packed_supported=True)
+    assert buckets[-1].max_bytes is None
+    bounds = [b.max_bytes for b in buckets[:-1]]
+    assert bounds == sorted(bounds)
+    channels = [b.channels for b in buckets]
+    assert channels == sorted(channels) and channels[0] == 1 and channels[-1] >= 32
+    assert buckets[0].packed and not buckets[-1].packed
+
+
+def test_packed_buckets_only_when_supported():
+    assert not any(b.packed for b in tuning.buckets_for(_spec("allgather"), packed_supported=False))
+
+
+def test_two_shot_for_large_replicated_reductions_beyond_two_ranks():
+    assert tuning.buckets_for(_spec("allreduce", 4), packed_supported=False)[-1].algorithm == "two-shot"
+    assert tuning.buckets_for(_spec("allreduce", 2), packed_supported=False)[-1].algorithm == "direct-push"
+    # reduce_scatter's outputs are not replicated: two-shot would be direct-push again.
+    assert tuning.buckets_for(_spec("reduce_scatter", 4), packed_supported=False)[-1].algorithm == "direct-push"
+
+
+@pytest.mark.parametrize("nbytes, expected", [(1, 0), (16 << 10, 0), ((16 << 10) + 1, 1), (1 << 30, 3)])
+def test_choose_takes_the_first_bucket_that_covers(nbytes, expected):
+    buckets = tuning.model(is_reduce=False, replicated_reduce=False, world_size=2, packed_supported=False)
+    assert tuning.choose(buckets, nbytes) == expected
+
+
+def test_measured_table_overrides_the_model_and_is_closed_at_the_top(monkeypatch, tmp_path):
+    table = {"tables": {"allgather": {"4": [
+        {"max_bytes": 4096, "algorithm": "direct-push", "atom": "ldst", "channels": 2, "slices": 1, "packed": True},
+        {"max_bytes": 1 << 20, "algorithm": "direct-pull", "atom": "ldst", "channels": 16, "slices": 2},
+    ]}}}
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setattr(tuning, "TABLE_PATH", path)
+    tuning._measured.cache_clear()
+    buckets = tuning.buckets_for(_spec("allgather", 4), packed_supported=False)
+    assert [b.channels for b in buckets] == [2, 16, 16]
+    assert buckets[-1].max_bytes is None and buckets[-1].algorithm == "direct-pull"
+    assert not buckets[0].packed  # dropped: this build cannot pack
+    # Another world size falls back to the model.
+    assert tuning.buckets_for(_spec("allgather", 8), packed_supported=False)[0].channels == 1
+
+
+def test_bucket_json_round_trip():
+    bucket = tuning.Bucket(1 << 20, "two-shot", "ldst", 32, 2, False)
+    assert tuning.Bucket.from_json(bucket.to_json()) == bucket
+
+
+def test_committed_table_is_valid():
+    """The table shipped in the package parses, every bucket list is ordered, and every bucket
+    lowers (and verifies) for its collective and world size."""
+    from purlinc.snac.ir import LowerOptions
+
+    tables = json.loads(COMMITTED_TABLE.read_text())["tables"]
+    assert tables, "the committed tuning table is empty"
+    for name, by_size in tables.items():
+        for world_size, rows in by_size.items():
+            buckets = [tuning.Bucket.from_json(row) for row in rows]
+            bounds = [b.max_bytes for b in buckets if b.max_bytes is not None]
+            assert bounds == sorted(bounds), (name, world_size)
+            spec = _spec(name, int(world_size))
+            for bucket in buckets:
+                if bucket.atom == "ce":
+                    continue
+                options = LowerOptions(**bucket.options(LowerOptions()))
+                pipeline.snac_stage(spec, options)
+
+
+def test_selection_size_is_rank_independent():
+    """A gather's root holds R chunks of output, the others one chunk of input: every rank
+    must still pick the same bucket, so the size is count * itemsize * (most units on any rank)."""
+    from purlinc.runtime.tuned import Tuned
+
+    spec = _spec("gather", 4)
+    units = max(max(len(i), len(o)) for i, o in zip(spec.inputs, spec.outputs))
+    assert units == 4
+
+    class _Fake:
+        name, comm, rank = "gather", None, 0
+
+    buckets = tuning.model(is_reduce=False, replicated_reduce=False, world_size=4, packed_supported=False)
+    tuned = Tuned(buckets, [_Fake()] * len(buckets), units)
+    # 8 KiB per chunk: 32 KiB on the root's output, whichever rank asks.
+    assert tuned._chosen == {}
+    tuned.variant_for(4096, 2)
+    assert tuned._chosen[(4096, 2)] == tuning.choose(buckets, 4096 * 2 * 4) == 1
