@@ -8,6 +8,7 @@ cuda-bindings 13.3 and 13.5 are used.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
@@ -73,11 +74,60 @@ def _call(function, what: str, *args):
     return values[0] if len(values) == 1 else tuple(values)
 
 
-@lru_cache(maxsize=1)
+_VERSION: str | None = None
+
+
 def nvrtc_version() -> str:
-    nvrtc = _nvrtc()
-    major, minor = _call(nvrtc.nvrtcVersion, "nvrtcVersion")
-    return f"{major}.{minor}"
+    """NVRTC's own ``major.minor``; memoised.  Loading NVRTC to ask costs ~0.1-0.4 s, so a
+    front-cache hit hands in the version recorded with the entry (``remember_version``)."""
+    global _VERSION
+    if _VERSION is None:
+        nvrtc = _nvrtc()
+        major, minor = _call(nvrtc.nvrtcVersion, "nvrtcVersion")
+        _VERSION = f"{major}.{minor}"
+    return _VERSION
+
+
+def remember_version(version: str) -> None:
+    """Set by a front-cache hit, whose key's ``nvrtc_fingerprint`` pins the installation
+    that reported ``version`` when the entry was written."""
+    global _VERSION
+    if _VERSION is None:
+        _VERSION = version
+
+
+# Distributions that decide which NVRTC cuda-bindings loads and how it is driven.
+_FINGERPRINT_DISTS = ("cuda_bindings", "cuda_pathfinder", "nvidia_cuda_nvrtc")
+
+
+@lru_cache(maxsize=1)
+def nvrtc_fingerprint() -> str:
+    """The NVRTC identity for the front cache key, without loading NVRTC.
+
+    The installed versions of cuda-bindings, cuda-pathfinder and the nvidia-cuda-nvrtc
+    wheel, read from their ``.dist-info`` folder names on sys.path (a directory listing;
+    ``importlib.metadata`` would cost more than the whole cache hit).  When no NVRTC wheel
+    is installed, NVRTC comes from a system toolkit that no distribution names, so the
+    fingerprint falls back to NVRTC's own version (loading it, ~0.1-0.4 s)."""
+    found: dict[str, str] = {}
+    for folder in sys.path:
+        try:
+            names = os.listdir(folder or ".")
+        except OSError:
+            continue
+        for name in names:
+            if not name.endswith(".dist-info"):
+                continue
+            dist, _, version = name[: -len(".dist-info")].partition("-")
+            dist = dist.lower().replace("-", "_").replace(".", "_")
+            for wanted in _FINGERPRINT_DISTS:
+                # nvidia_cuda_nvrtc_cu12 and the like count as nvidia_cuda_nvrtc
+                if (dist == wanted or dist.startswith(wanted + "_")) and dist not in found:
+                    found[dist] = version
+    parts = [f"{dist}={version}" for dist, version in sorted(found.items())]
+    if not any(dist.startswith("nvidia_cuda_nvrtc") for dist in found):
+        parts.append(f"nvrtc={nvrtc_version()}")
+    return ";".join(parts)
 
 
 def normalize_options(arch: str, options: tuple[str, ...] = ()) -> tuple[str, ...]:

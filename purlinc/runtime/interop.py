@@ -107,7 +107,10 @@ def _describe_cai(x, kind: str = CAI) -> ArrayInfo:
     shape = tuple(cai["shape"])
     itemsize = int(typestr[2:]) if typestr[2:].isdigit() else 1
     numel = _numel(shape)
-    device = _device_of_pointer(ptr) if numel else _current_device_fallback()
+    if kind == CUPY:
+        device = int(x.device.id)  # CuPy knows; its pools need not answer pointer queries alike
+    else:
+        device = _device_of_pointer(ptr) if numel else _current_device_fallback()
     return ArrayInfo(
         ptr, numel, dtype, _TYPESTR_NAMES.get(typestr, str(getattr(x, "dtype", typestr))), device,
         _c_contiguous(shape, cai.get("strides"), itemsize), kind,

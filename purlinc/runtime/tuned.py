@@ -86,6 +86,15 @@ class Tuned:
                          for b, v in zip(self.buckets, self.variants))
         return f"Tuned({self.name}, rank={self.rank}, {rows})"
 
+    @property
+    def spec(self):
+        return self.variants[0].compiled.spec
+
+    @property
+    def compiled(self):
+        """The smallest bucket's compiled collective (all buckets share the spec and layouts)."""
+        return self.variants[0].compiled
+
     def variant_for(self, count: int, itemsize: int) -> Collective:
         key = (count, itemsize)
         index = self._chosen.get(key)

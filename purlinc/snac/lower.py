@@ -19,6 +19,11 @@ previous call uses ``k - per_call`` (<= 0).  Waits name the notify they need (by
 are resolved once every program is built, so the two sides never have to agree on counts by
 convention.
 
+``options.packed`` (direct-push only): every staged message slice carries its data notify
+in its packets (a packed ``Stage`` with its own ``k``), occupying two STAGE units; the
+consumer's wait for a slice names the last k of that slice, and the consumes after it
+read the packets (``purlinc.snac.packing``).
+
 ``options.slots`` shapes the ring only (the one algorithm that forwards through staging);
 direct-push, direct-pull and two-shot give every message its own unit, reused across calls.
 Ring reductions add in ring order and round at each hop: close to the spec's evaluator but
@@ -164,6 +169,15 @@ class _Builder:
     def stage(self, rank: int, src: Region, dst: Region, note: str) -> None:
         self.steps[rank].append(Stage(src, dst, note))
 
+    def stage_packed(self, rank: int, src: Region, dst: Region, sig: _Sig, note: str, keys: tuple = ()) -> int:
+        """A packed stage: the stage and the next notify of ``sig`` in one step."""
+        self.counts[sig] += 1
+        k = self.counts[sig]
+        self.steps[rank].append(Stage(src, dst, note, sig, k))
+        for key in keys:
+            self.recorded[key] = (sig, k)
+        return k
+
     def notify(self, rank: int, sig: _Sig, note: str, keys: tuple = ()) -> int:
         """Emit a notify on ``sig``; record its k under every key; return k."""
         self.counts[sig] += 1
@@ -217,7 +231,8 @@ class _Builder:
 
         def step_for(step, channel: int):
             if isinstance(step, Stage):
-                return replace(step, src=region(step.src, channel), dst=region(step.dst, channel))
+                packed = {} if step.signal is None else {"signal": signal(step.signal, channel)}
+                return replace(step, src=region(step.src, channel), dst=region(step.dst, channel), **packed)
             if isinstance(step, Consume):
                 return replace(step, srcs=tuple(region(s, channel) for s in step.srcs), dst=region(step.dst, channel))
             if isinstance(step, Notify):
@@ -303,9 +318,17 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
         for consumer, _ in need.positions:
             slots = need.sources if spec.is_reduce else (_copy_source(need, consumer),)
             wanted.update((slot, consumer) for slot in slots if slot.rank != consumer)
+    packed = options.packed
+    if packed and registered_out:
+        raise PurlinError(
+            f"packed (LL) stages write the consumer's staging buffer, but {spec.name} with a registered "
+            "output pushes straight into it: drop --registered out or --packed"
+        )
     if not registered_out:
         for slot, consumer in sorted(wanted, key=lambda sc: (sc[1], sc[0])):
             landed[slot, consumer] = b.unit(consumer)
+            if packed:  # packets are twice the data: the next unit holds their second half
+                b.unit(consumer)
     for need in needs:
         for consumer, positions in need.positions:
             if spec.is_reduce:
@@ -353,7 +376,14 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
         mine = sorted((m for m in msgs if m.producer == producer), key=lambda m: ((m.consumer - producer) % R, m.dst))
         for s in range(S):
             for m in mine:
-                b.stage(producer, _reg(m.src[0], producer, m.src[1], s), _reg(m.dst[0], m.consumer, m.dst[1], s), f"{m.chunk} for r{m.consumer}")
+                src, dst = _reg(m.src[0], producer, m.src[1], s), _reg(m.dst[0], m.consumer, m.dst[1], s)
+                if packed:  # the notify rides in the packets: one k per message slice
+                    b.stage_packed(producer, src, dst, _data(producer, m.consumer), f"{m.chunk} for r{m.consumer}",
+                                   keys=(("data", producer, m.consumer, s),))
+                    continue
+                b.stage(producer, src, dst, f"{m.chunk} for r{m.consumer}")
+            if packed:
+                continue
             for p, consumer in sorted(edges, key=lambda e: (e[1] - producer) % R):
                 if p != producer:
                     continue
@@ -784,6 +814,11 @@ def _check_options(spec: Spec, options: LowerOptions) -> None:
         raise PurlinError(f"channels and slices must be >= 1 (got channels={options.channels}, slices={options.slices})")
     if options.slots is not None and options.slots < 1:
         raise PurlinError(f"slots must be >= 1 (got {options.slots})")
+    if options.packed and options.algorithm is not Algorithm.DIRECT_PUSH:
+        raise PurlinError(
+            f"packed (LL) stages are supported for direct-push only, not {options.algorithm.value}",
+            notes=("LL packing is for small messages, where one-shot direct-push is the algorithm to use",),
+        )
     unknown = set(options.registered) - {"in", "out"}
     if unknown:
         raise PurlinError(f"registered buffers must be 'in' and/or 'out', got {sorted(unknown)}")

@@ -92,6 +92,26 @@ def test_collective(group, name, algorithm, atom):
         coll.close()
 
 
+@pytest.mark.parametrize("name", ["allreduce.pln", "allgather.pln", "reduce_scatter.pln", "alltoall.pln",
+                                  "broadcast.pln", "reduce.pln", "gather.pln", "scatter.pln"])
+def test_tuned_default_across_size_buckets(group, name):
+    """A plain load picks a schedule per size bucket: every bucket must be right, and the
+    ranks must agree on the bucket (a gather's root and leaves hold different sizes)."""
+    import purlinc
+
+    coll = purlinc.load(EXAMPLES / name, group)
+    spec = coll[0].spec
+    rng = np.random.default_rng(11)
+    try:
+        buckets = coll[0].buckets
+        assert len({id(v) for v in coll[0].variants}) >= 2, coll[0]
+        for count in (1, 301, 4097, 70_000, 1_100_000):
+            run_once(coll, spec, count, DType.BFLOAT16, "sum", rng, f"{name}/default/n={count}")
+        assert len(buckets) >= 3
+    finally:
+        coll.close()
+
+
 @pytest.mark.parametrize("name,algorithm,atom,dtype,op", dtype_matrix())
 def test_dtypes_and_ops(group, name, algorithm, atom, dtype, op):
     import purlinc
