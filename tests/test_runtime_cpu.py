@@ -178,3 +178,29 @@ def test_importing_purlin_needs_no_gpu():
     import purlinc
 
     assert purlin.load is purlinc.load
+
+
+def test_launch_goes_through_libcuda_with_plain_ints(monkeypatch):
+    """The eager hot path: one ctypes call with the handle values (not binding objects)."""
+    from cuda.bindings import driver as cu
+
+    from purlinc.runtime import driver
+
+    seen = []
+    monkeypatch.setattr(driver, "_raw_launch", lambda *a: seen.append(a) or 0)
+    monkeypatch.setattr(driver, "_raw_launch_probed", True)
+    args = driver.PackedArgs(b"\0" * 64)
+    driver.launch(driver.handle_int(cu.CUfunction(0x1234)), 8, 512, 0, cu.CUstream(0x99), args)
+    (call,) = seen
+    assert call[0] == 0x1234 and call[1:8] == (8, 1, 1, 512, 1, 1, 0)
+    assert call[8] == 0x99 and call[9] == args.kernel_params and call[10] is None
+
+
+def test_launch_failure_names_the_driver_error(monkeypatch):
+    from purlinc.runtime import driver
+    from purlinc.runtime.errors import CudaError
+
+    monkeypatch.setattr(driver, "_raw_launch", lambda *a: 1)  # CUDA_ERROR_INVALID_VALUE
+    monkeypatch.setattr(driver, "_raw_launch_probed", True)
+    with pytest.raises(CudaError, match="INVALID_VALUE"):
+        driver.launch(1, 1, 32, 0, 0, driver.PackedArgs(b"\0" * 8))

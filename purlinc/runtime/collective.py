@@ -166,7 +166,10 @@ class _Variant:
     __slots__ = ("function", "module", "grid", "block", "shared", "abi", "key")
 
     def __init__(self, function, module, abi, key):
-        self.function, self.module, self.abi, self.key = function, module, abi, key
+        from purlinc.runtime.driver import handle_int
+
+        # The raw handle as an int: the launch goes through libcuda directly (driver.launch).
+        self.function, self.module, self.abi, self.key = handle_int(function), module, abi, key
         self.grid, self.block, self.shared = abi.channels, abi.threads, abi.shared_bytes
 
 

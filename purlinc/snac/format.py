@@ -36,6 +36,9 @@ def _epoch(per_call: int, k: int) -> str:
 def _step_text(step, per_call: dict[Signal, int]) -> tuple[str, str, str]:
     """(verb, operands, note) of one step."""
     if isinstance(step, Stage):
+        if step.packed:  # the notify rides in the packets (LL): one step, both meanings
+            operands = f"{step.src.format()} -> {step.dst.format()}, {step.signal.format()} = {_epoch(per_call[step.signal], step.k)} (LL)"
+            return "stage+notify", operands, step.note
         return "stage", f"{step.src.format()} -> {step.dst.format()}", step.note
     if isinstance(step, Notify):
         return "notify", f"{step.signal.format()} = {_epoch(per_call[step.signal], step.k)}", step.note
@@ -58,11 +61,13 @@ def format_program(program: Program, per_call: dict[Signal, int]) -> list[str]:
     # Notes line up in one column; operands longer than NOTE_COLUMN just push theirs right.
     width = min(max((len(operands) for _, operands, _ in rows), default=0), NOTE_COLUMN)
     digits = len(str(max(len(rows) - 1, 0)))
+    verbs = max((len(verb) for verb, _, _ in rows), default=7)
+    verbs = max(verbs, 7)  # plain schedules keep their layout; packed ones widen the column
     lines = []
     for i, (verb, operands, note) in enumerate(rows):
-        text = f"  {i:>{digits}}  {verb:<7} {operands}"
+        text = f"  {i:>{digits}}  {verb:<{verbs}} {operands}"
         if note:
-            text = f"{text:<{digits + 12 + width}}   {note}"
+            text = f"{text:<{digits + verbs + 5 + width}}   {note}"
         lines.append(text.rstrip())
     return lines
 
@@ -75,7 +80,8 @@ def format_schedule(schedule: Schedule) -> str:
     lines = [
         f"schedule {schedule.collective} (R={schedule.world_size}, {schedule.operation.value})",
         f"  algorithm {options.algorithm.value}, channels {options.channels}, slices {options.slices} per channel "
-        f"({schedule.slices} per unit), slots {slots}, registered {registered}",
+        f"({schedule.slices} per unit), slots {slots}, registered {registered}"
+        + (", packed (LL: data notifies ride in 16-byte packets, 2 staging units per message)" if options.packed else ""),
         f"  key {options.key()}",
         "  buffers (units of one chunk):",
         "    in:    " + " ".join(f"r{r}:{n}" for r, n in enumerate(schedule.in_units)),
@@ -106,7 +112,10 @@ def _signal(s: Signal) -> list:
 
 def _step_json(step) -> dict:
     if isinstance(step, Stage):
-        return {"op": "stage", "src": _region(step.src), "dst": _region(step.dst), "note": step.note}
+        data = {"op": "stage", "src": _region(step.src), "dst": _region(step.dst), "note": step.note}
+        if step.packed:
+            data.update(signal=_signal(step.signal), k=step.k)
+        return data
     if isinstance(step, Notify):
         return {"op": "notify", "signal": _signal(step.signal), "k": step.k, "note": step.note}
     if isinstance(step, Wait):
@@ -130,6 +139,7 @@ def schedule_to_json(schedule: Schedule) -> dict:
             "slices": options.slices,
             "slots": options.slots,
             "registered": sorted(options.registered),
+            "packed": options.packed,
             "key": options.key(),
         },
         "slices": schedule.slices,
@@ -156,7 +166,8 @@ def _region_from(data) -> Region:
 def _step_from(data: dict):
     op = data["op"]
     if op == "stage":
-        return Stage(_region_from(data["src"]), _region_from(data["dst"]), data.get("note", ""))
+        signal = Signal(*data["signal"]) if data.get("signal") is not None else None
+        return Stage(_region_from(data["src"]), _region_from(data["dst"]), data.get("note", ""), signal, data.get("k", 0))
     if op in ("notify", "wait"):
         cls = Notify if op == "notify" else Wait
         return cls(Signal(*data["signal"]), data["k"], data.get("note", ""))
@@ -175,7 +186,7 @@ def schedule_from_json(data: dict) -> Schedule:
     o = data["options"]
     options = LowerOptions(
         algorithm=Algorithm(o["algorithm"]), channels=o["channels"], slices=o["slices"],
-        slots=o["slots"], registered=frozenset(o["registered"]),
+        slots=o["slots"], registered=frozenset(o["registered"]), packed=o.get("packed", False),
     )
     return Schedule(
         collective=data["collective"],

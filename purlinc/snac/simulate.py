@@ -29,6 +29,7 @@ from purlinc.frontend.ast import Operation
 from purlinc.frontend.evaluate import reduce_chunks
 from purlinc.frontend.spec import Spec
 from purlinc.snac.ir import Consume, Notify, Region, Schedule, Space, Stage, Wait
+from purlinc.snac.packing import normalized
 from purlinc.snac.verify import describe
 
 POISON_OUT = 0xA5  # byte pattern of OUT before each call
@@ -186,6 +187,8 @@ def simulate_calls(
         reduce_op = ReduceOp.parse(op)
         if not dtype.reducible:
             raise ValueError(f"{dtype.value} cannot be reduced (fp8 is supported for copies only)")
+    # A packed stage is its Stage followed by its Notify (purlinc.snac.packing).
+    schedule, _ = normalized(schedule)
     per_call_inputs = _per_call_inputs(spec, inputs, calls, count, dtype)
     machine = _Machine(schedule, count, dtype, reduce_op, piece)
     rng = random.Random(seed)

@@ -47,6 +47,7 @@ from purlinc.errors import PurlinError
 from purlinc.frontend.ast import Operation
 from purlinc.frontend.spec import Slot, Spec
 from purlinc.snac.ir import Consume, Notify, Region, Schedule, Space, Stage, Step, Wait
+from purlinc.snac.packing import layout_problems, ll_groups, normalized, packed_stages
 
 CALLS = 2  # calls unrolled by the proof (see the module docstring for why two suffice)
 
@@ -82,6 +83,8 @@ class VerificationError(PurlinError):
 def describe(step: Step) -> str:
     """One step as short text, e.g. ``consume r2.stage[1].s0 -> r2.out[1].s0``."""
     if isinstance(step, Stage):
+        if step.packed:
+            return f"stage+notify {step.src.format()} -> {step.dst.format()}, {step.signal.format()} k={step.k} (LL)"
         return f"stage {step.src.format()} -> {step.dst.format()}"
     if isinstance(step, Notify):
         return f"notify {step.signal.format()} k={step.k}"
@@ -111,20 +114,32 @@ def _writes(step: Step) -> tuple[Region, ...]:
 
 
 class _Failure:
-    """Builds located errors for one schedule."""
+    """Builds located errors for one schedule.
 
-    def __init__(self, schedule: Schedule):
+    The proof runs on the normalized schedule (packed stages split into Stage + Notify, see
+    ``purlinc.snac.packing``); ``origins`` maps its step indices back to the schedule as
+    written, so errors name the steps the user sees."""
+
+    def __init__(self, schedule: Schedule, origins: dict | None = None):
         self.schedule = schedule
+        self.origins = origins
+
+    def index(self, rank: int, channel: int, index: int | None) -> int | None:
+        """The step index as written, of normalized step ``index``."""
+        if self.origins is None or index is None:
+            return index
+        return self.origins[rank, channel][index]
 
     def at(self, rank: int, channel: int, index: int, message: str, call: int = 0) -> VerificationError:
         step = self.schedule.program(rank, channel).steps[index]
         when = f" in call {call}" if call else ""
-        text = f"rank {rank}, channel {channel}, step {index}{when} ({describe(step)}): {message}"
-        return VerificationError(text, rank=rank, channel=channel, step=index, call=call)
+        written = self.index(rank, channel, index)
+        text = f"rank {rank}, channel {channel}, step {written}{when} ({describe(step)}): {message}"
+        return VerificationError(text, rank=rank, channel=channel, step=written, call=call)
 
     def short(self, rank: int, channel: int, index: int, call: int = 0) -> str:
         when = f" in call {call}" if call else ""
-        return f"rank {rank} channel {channel} step {index}{when}"
+        return f"rank {rank} channel {channel} step {self.index(rank, channel, index)}{when}"
 
 
 # --------------------------------------------------------------------------- 1. well-formed
@@ -198,6 +213,11 @@ def _region_fault(schedule: Schedule, region: Region, rank: int, channel: int, w
 
 
 def _step_problem(schedule: Schedule, step: Step, rank: int, channel: int, per_call: dict) -> str | None:
+    if isinstance(step, Stage) and step.packed:
+        if step.signal not in per_call:
+            return f"{step.signal.format()} is not declared"
+        if not 1 <= step.k <= per_call[step.signal]:
+            return f"k={step.k} is outside 1..{per_call[step.signal]} (per_call of {step.signal.format()})"
     if isinstance(step, (Notify, Wait)):
         if step.signal not in per_call:
             return f"{step.signal.format()} is not declared"
@@ -625,7 +645,7 @@ def _check_result(schedule: Schedule, spec: Spec, order: _Order) -> None:
                 if writer is not None:
                     text += f" (last written by {order.short(writer)}: {describe(order.step(writer))})"
                 _, channel, index, _ = order.where(writer) if writer is not None else (rank, s // per_channel, None, 0)
-                raise VerificationError(text, rank=rank, channel=channel, step=index, call=0)
+                raise VerificationError(text, rank=rank, channel=channel, step=order.fail.index(rank, channel, index), call=0)
 
 
 def _output_problem(spec: Spec, value, sources: tuple[Slot, ...]) -> str | None:
@@ -654,13 +674,34 @@ def _output_problem(spec: Spec, value, sources: tuple[Slot, ...]) -> str | None:
 # --------------------------------------------------------------------------- entry point
 
 
+def _check_packing(schedule: Schedule) -> None:
+    """Packed stages fit the staging layout, and their packets are read as the datapath
+    reads them: by the consumes right after the waits that guard exactly them."""
+    fail = _Failure(schedule)
+    problems = layout_problems(schedule)
+    if problems:
+        rank, channel, index, message = problems[0]
+        raise fail.at(rank, channel, index, message)
+    packed = packed_stages(schedule)
+    if not packed:
+        return
+    for program in schedule.programs:
+        _, found = ll_groups(program, packed)
+        if found:
+            index, message = min(found)
+            raise fail.at(program.rank, program.channel, index, message)
+
+
 def verify(schedule: Schedule, spec: Spec) -> None:
     """Prove ``schedule`` computes ``spec`` for every count and interleaving, or raise
     ``VerificationError`` naming the first violation."""
-    fail = _Failure(schedule)
     _check_shape(schedule, spec)
     _check_signals_declared(schedule)
-    _check_steps(schedule, fail)
+    _check_steps(schedule, _Failure(schedule))
+    _check_packing(schedule)
+    # A packed stage means its Stage followed by its Notify: the proof runs on that schedule.
+    schedule, origins = normalized(schedule)
+    fail = _Failure(schedule, origins)
     _check_signal_counts(schedule, fail)
     order = _Order(schedule, fail)
     _check_monotone(schedule, order)
