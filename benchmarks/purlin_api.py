@@ -60,9 +60,10 @@ VARIANTS = (
     _v("push-tma-c8", "direct-push", "tma", 8),
     # The copy engines only move bytes: no reductions.
     _v("push-ce", "direct-push", "ce", None, only=("allgather", "alltoall", "broadcast", "gather", "scatter")),
+    _v("push-ce-c4", "direct-push", "ce", 4, only=("allgather", "alltoall", "broadcast", "gather", "scatter")),
 )
 QUICK_VARIANTS = ("default", "push-ldst-c1", "push-ldst-c16", "push-ldst-c32", "push-ldst-c64", "push-ll-c1",
-                  "push-ll-c8", "two-shot-ldst-c32", "push-tma-c8", "push-ce")
+                  "push-ll-c8", "two-shot-ldst-c32", "push-tma-c8", "push-ce", "push-ce-c4")
 
 
 def parse_variant(text: str) -> Variant:

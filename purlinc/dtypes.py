@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from enum import Enum
 
-import numpy as np
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # NumPy is imported where values are touched: DType alone stays cheap
+    import numpy as np
 
 
 class DType(Enum):
@@ -28,6 +31,8 @@ class DType(Enum):
     @property
     def storage(self) -> np.dtype:
         """The NumPy dtype whose values are this type's bit patterns (or values)."""
+        import numpy as np
+
         return np.dtype(_STORAGE[self])
 
     @property
@@ -92,6 +97,8 @@ _ALIASES = {
 
 def to_float32(bits: np.ndarray, dtype: DType) -> np.ndarray:
     """Exact widening of stored values to float32 (int32 is returned as int64)."""
+    import numpy as np
+
     if dtype is DType.FLOAT32:
         return bits.astype(np.float32)
     if dtype is DType.FLOAT16:
@@ -105,6 +112,8 @@ def to_float32(bits: np.ndarray, dtype: DType) -> np.ndarray:
 
 def from_float32(values: np.ndarray, dtype: DType) -> np.ndarray:
     """Round float32 (or int64 for int32) values to ``dtype``'s storage, round-to-nearest-even."""
+    import numpy as np
+
     if dtype is DType.FLOAT32:
         return values.astype(np.float32)
     if dtype is DType.FLOAT16:
@@ -125,6 +134,8 @@ def random_values(rng: np.random.Generator, size: int, dtype: DType, *, small: b
 
     Floats avoid NaN patterns so results can be compared bitwise.
     """
+    import numpy as np
+
     if dtype is DType.INT32:
         high = 8 if small else 1 << 20
         return rng.integers(-high, high, size=size, dtype=np.int64).astype(np.int32)

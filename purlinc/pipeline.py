@@ -252,7 +252,7 @@ def _front_inputs(source: SourceText, *, world_size, params, arch, options, over
     }
 
 
-def _from_entry(header: dict, cubin: bytes | None, source: SourceText, world_size: int,
+def _from_entry(header: dict, blobs: dict[str, bytes], source: SourceText, world_size: int,
                 params: Mapping[str, int] | None) -> Artifact:
     from purlinc.atom.abi import KernelABI
     from purlinc.atom.nvrtc import remember_version
@@ -263,32 +263,37 @@ def _from_entry(header: dict, cubin: bytes | None, source: SourceText, world_siz
     abi = KernelABI(**abi_fields)
     if header.get("nvrtc"):
         remember_version(header["nvrtc"])
-    schedule_json = header["schedule"]
+    schedule_json = blobs["schedule"]
+    header = {**header, "source": blobs["source"].decode("utf-8")}
 
     def schedule() -> Schedule:
+        import json
+
         from purlinc.snac.format import schedule_from_json
 
-        return schedule_from_json(schedule_json)
+        return schedule_from_json(json.loads(schedule_json))
 
     def spec() -> Spec:
         return spec_stage(parse_stage(source), world_size, params)
 
     return Artifact(
-        spec, schedule, CachedKernel(header, abi), cubin, header["arch"], header["atom"], header["dtype"],
+        spec, schedule, CachedKernel(header, abi), blobs.get("cubin"), header["arch"], header["atom"], header["dtype"],
         header["op"], collective=header["collective"], params=header["params"], from_cache=True,
     )
 
 
-def _entry(artifact: Artifact) -> dict:
+def _entry(artifact: Artifact) -> tuple[dict, dict[str, bytes]]:
+    """The front cache entry of a fresh artifact: a small JSON header and big blobs."""
+    import json
+
     from purlinc.atom.nvrtc import nvrtc_version
     from purlinc.snac.format import schedule_to_json
 
     kernel = artifact.cuda
     abi = {f.name: getattr(kernel.abi, f.name) for f in fields(kernel.abi)}
-    return {
+    header = {
         "collective": artifact.collective,
         "params": artifact.params,
-        "source": kernel.source,
         "filename": kernel.filename,
         "kernel_base": kernel.kernel_base,
         "atom": kernel.atom,
@@ -298,9 +303,15 @@ def _entry(artifact: Artifact) -> dict:
         "atom_start": kernel.atom_start,
         "atom_end": kernel.atom_end,
         "abi": {k: list(v) if isinstance(v, tuple) else v for k, v in abi.items()},
-        "schedule": schedule_to_json(artifact.schedule),
         "nvrtc": nvrtc_version() if artifact.cubin is not None else None,
     }
+    blobs = {
+        "source": kernel.source.encode("utf-8"),
+        "schedule": json.dumps(schedule_to_json(artifact.schedule), separators=(",", ":")).encode(),
+    }
+    if artifact.cubin is not None:
+        blobs["cubin"] = artifact.cubin
+    return header, blobs
 
 
 # ---- compile ---------------------------------------------------------------------------
@@ -335,10 +346,10 @@ def compile(
             algorithm=algorithm, atom=atom, dtype=dtype, op=op, emit_cubin=emit_cubin,
         ))
         entry = cache.load_front(key)
-        if entry is not None and (entry[1] is not None or not emit_cubin):
+        if entry is not None and ("cubin" in entry[1] or not emit_cubin):
             try:
                 artifact = _from_entry(*entry, source, world_size, params)
-            except (KeyError, TypeError, ValueError):  # an entry of another shape: recompile
+            except (KeyError, TypeError, ValueError):  # an entry of another shape: recompile (and rewrite)
                 artifact = None
             if artifact is not None:
                 STATS.front_hits += 1
@@ -348,7 +359,7 @@ def compile(
                         overrides=overrides, algorithm=algorithm, atom=atom, dtype=dtype, op=op,
                         emit_cubin=emit_cubin)
     if key is not None:
-        cache.store_front(key, _entry(artifact), artifact.cubin)
+        cache.store_front(key, *_entry(artifact))
     return artifact
 
 

@@ -29,8 +29,8 @@ from purlinc import settings
 
 SCHEMA_VERSION = 1
 FRONT_SCHEMA_VERSION = 1
-_FRONT_MAGIC = b"PURLIN-FRONT\x00\x01"
-_LENGTHS = struct.Struct("<QQ")  # header JSON bytes, CUBIN bytes
+_FRONT_MAGIC = b"PURLIN-FRONT\x00\x02"
+_LENGTH = struct.Struct("<Q")  # header JSON bytes
 _PACKAGE_SUFFIXES = (".py", ".j2", ".cuh", ".lark")
 
 _PACKAGE_HASH: str | None = None
@@ -44,14 +44,14 @@ def _package_roots() -> list[tuple[str, Path]]:
     return [("purlinc", code), ("grammar", Path(str(grammar_dir()))), ("templates", Path(str(templates_dir())))]
 
 
-def _walk(root: Path, prefix: str = ""):
+def _walk(root: Path, skip: frozenset[str], prefix: str = ""):
     with os.scandir(root) as entries:
         children = sorted(entries, key=lambda e: e.name)
     for child in children:
         name = f"{prefix}{child.name}"
         if child.is_dir():
-            if child.name != "__pycache__":
-                yield from _walk(Path(child.path), name + "/")
+            if child.name != "__pycache__" and os.path.realpath(child.path) not in skip:
+                yield from _walk(Path(child.path), skip, name + "/")
         elif child.name.endswith(_PACKAGE_SUFFIXES):
             yield name, child.path
 
@@ -62,13 +62,12 @@ def package_hash() -> str:
     global _PACKAGE_HASH
     if _PACKAGE_HASH is None:
         digest = hashlib.sha256()
-        seen: set[str] = set()
-        for package, root in _package_roots():
-            for name, path in _walk(root):
-                real = os.path.realpath(path)
-                if real in seen:  # an installed purlinc/templates is also under purlinc/
-                    continue
-                seen.add(real)
+        roots = _package_roots()
+        real_roots = [os.path.realpath(root) for _, root in roots]
+        for n, (package, root) in enumerate(roots):
+            # an installed purlinc/templates is also under purlinc/: hash it once, as itself
+            skip = frozenset(real_roots[:n] + real_roots[n + 1:])
+            for name, path in _walk(root, skip):
                 with open(path, "rb") as handle:
                     data = handle.read()
                 digest.update(f"{package}/{name}\0{len(data)}\0".encode())
@@ -146,10 +145,12 @@ def _front_path(key: str) -> Path:
     return settings.cache_dir() / "front" / key[:2] / f"{key}.entry"
 
 
-def load_front(key: str) -> tuple[dict, bytes | None] | None:
-    """(header, CUBIN or None) of a sound entry; None for a miss or an unreadable entry.
+def load_front(key: str) -> tuple[dict, dict[str, bytes]] | None:
+    """(header, blobs) of a sound entry; None for a miss or an entry that does not read back.
 
-    Layout: magic, two little-endian u64 lengths, header JSON, CUBIN, sha256 of all before."""
+    Layout: magic, u64 header length, header JSON (it lists the blobs' names and lengths),
+    the blobs, sha256 of everything before.  Big values (CUDA source, schedule JSON, CUBIN)
+    are blobs, not JSON strings, so a hit decodes only the small header."""
     if not settings.cache_enabled():
         return None
     try:
@@ -157,29 +158,32 @@ def load_front(key: str) -> tuple[dict, bytes | None] | None:
     except OSError:
         return None
     try:
-        fixed = len(_FRONT_MAGIC) + _LENGTHS.size
+        fixed = len(_FRONT_MAGIC) + _LENGTH.size
         if len(data) < fixed + 32 or not data.startswith(_FRONT_MAGIC):
             return None
-        body, checksum = data[:-32], data[-32:]
-        if hashlib.sha256(body).digest() != checksum:
+        view = memoryview(data)
+        if hashlib.sha256(view[:-32]).digest() != data[-32:]:
             return None
-        header_len, cubin_len = _LENGTHS.unpack_from(data, len(_FRONT_MAGIC))
-        if fixed + header_len + cubin_len != len(body):
-            return None
-        header = json.loads(body[fixed:fixed + header_len])
+        (header_len,) = _LENGTH.unpack_from(data, len(_FRONT_MAGIC))
+        header = json.loads(data[fixed:fixed + header_len])
         if not isinstance(header, dict) or header.get("key") != key:
             return None
-        cubin = body[fixed + header_len:] if header.get("has_cubin") else None
-        return header, cubin
-    except (ValueError, struct.error):  # JSON / UTF-8 / layout damage: a miss
+        blobs = {}
+        offset = fixed + header_len
+        for name, length in header["blobs"]:
+            blobs[name] = data[offset:offset + length]
+            offset += length
+        if offset != len(data) - 32:
+            return None
+        return header, blobs
+    except (ValueError, TypeError, KeyError, struct.error):  # JSON / layout damage: a miss
         return None
 
 
-def store_front(key: str, header: dict, cubin: bytes | None) -> None:
+def store_front(key: str, header: dict, blobs: dict[str, bytes]) -> None:
     if not settings.cache_enabled():
         return
-    header = {**header, "key": key, "has_cubin": cubin is not None}
+    header = {**header, "key": key, "blobs": [[name, len(blob)] for name, blob in blobs.items()]}
     encoded = json.dumps(header, separators=(",", ":")).encode()
-    cubin = cubin or b""
-    body = _FRONT_MAGIC + _LENGTHS.pack(len(encoded), len(cubin)) + encoded + cubin
+    body = b"".join((_FRONT_MAGIC, _LENGTH.pack(len(encoded)), encoded, *blobs.values()))
     _write_atomically(_front_path(key), (body, hashlib.sha256(body).digest()))

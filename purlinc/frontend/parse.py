@@ -13,6 +13,7 @@ from pathlib import Path
 import lark
 from lark import Lark, Token, Transformer, v_args
 
+from purlinc import settings
 from purlinc.errors import PurlinError, Source, Span
 from purlinc.resources import grammar_dir
 from purlinc.frontend import ast
@@ -50,7 +51,17 @@ def _parser() -> Lark:
     grammar = grammar_dir().joinpath("purlin.lark").read_text(encoding="utf-8")
     # The basic lexer reserves keywords ('copy', 'in', ...) everywhere, so a misplaced keyword
     # is reported as such instead of being read as a chunk name.
-    return Lark(grammar, parser="lalr", lexer="basic", propagate_positions=True, maybe_placeholders=True)
+    options = dict(parser="lalr", lexer="basic", propagate_positions=True, maybe_placeholders=True)
+    # lark's analysis of the grammar takes ~0.2 s per process; its cache file records a hash of
+    # the grammar and options and is only used when they match.
+    if settings.cache_enabled():
+        try:
+            folder = settings.cache_dir()
+            folder.mkdir(parents=True, exist_ok=True)
+            return Lark(grammar, cache=str(folder / f"lark-{lark.__version__}.grammar"), **options)
+        except OSError:
+            pass
+    return Lark(grammar, **options)
 
 
 def _describe(terminal: str) -> str:

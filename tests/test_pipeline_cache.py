@@ -1,0 +1,233 @@
+"""The front compile cache (purlinc/pipeline.py + purlinc/atom/cache.py): a second compile of
+the same inputs, in this process or a fresh one, does no lowering, verification, code
+generation or NVRTC work; any changed input misses; a damaged entry is a miss that gets
+rewritten; PURLIN_NO_CACHE and PURLIN_CACHE_DIR are honoured.  Asserted with counters,
+monkeypatched stages and sys.modules, never with times."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from purlinc import pipeline
+from purlinc.atom import cache, nvrtc
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+ALLGATHER = EXAMPLES / "allgather.pln"
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    path = tmp_path / "cache"
+    monkeypatch.setenv("PURLIN_CACHE_DIR", str(path))
+    monkeypatch.delenv("PURLIN_NO_CACHE", raising=False)
+    return path
+
+
+def _work() -> tuple[int, ...]:
+    s = pipeline.STATS
+    return (s.lowerings, s.verifications, s.generations, nvrtc.STATS.compiles, nvrtc.STATS.cache_hits)
+
+
+def _forbid_work(monkeypatch) -> None:
+    """Any stage past the front cache now fails the test."""
+    def boom(*args, **kwargs):
+        raise AssertionError("a front-cache hit ran a compiler stage")
+
+    import purlinc.atom.codegen as codegen
+
+    monkeypatch.setattr(pipeline, "snac_stage", boom)
+    monkeypatch.setattr(pipeline, "parse_stage", boom)
+    monkeypatch.setattr(codegen, "generate", boom)
+    monkeypatch.setattr(nvrtc, "compile_cubin", boom)
+    monkeypatch.setattr(nvrtc, "_compile", boom)
+
+
+def _entries(path: Path) -> list[Path]:
+    return sorted((path / "front").rglob("*.entry")) if (path / "front").exists() else []
+
+
+def test_second_compile_in_process_hits(cache_dir, monkeypatch):
+    first = pipeline.compile(ALLGATHER, world_size=2, arch="sm_90")
+    assert not first.from_cache and len(_entries(cache_dir)) == 1
+    hits = pipeline.STATS.front_hits
+    work = _work()
+    with monkeypatch.context() as patch:
+        _forbid_work(patch)
+        second = pipeline.compile(ALLGATHER, world_size=2, arch="sm_90")
+        assert second.from_cache and pipeline.STATS.front_hits == hits + 1
+        assert second.cubin == first.cubin and second.cubin[:4] == b"\x7fELF"
+        for name in ("source", "filename", "kernel_base", "abi", "atom", "arch", "dtype", "op", "atom_source",
+                     "orchestration_source"):
+            assert getattr(second.cuda, name) == getattr(first.cuda, name), name
+        assert second.schedule == first.schedule
+        assert (second.collective, second.params, second.arch, second.atom, second.dtype, second.op) == (
+            first.collective, first.params, first.arch, first.atom, first.dtype, first.op)
+    assert _work() == work
+    assert second.spec == first.spec  # re-derived on demand (parse + check), outside the patch
+
+
+def test_fresh_process_hits_and_imports_little(cache_dir):
+    pipeline.compile(ALLGATHER, world_size=2, arch="sm_90")
+    child = f"""
+import json, sys
+from purlinc import pipeline
+from purlinc.atom import nvrtc
+artifact = pipeline.compile({str(ALLGATHER)!r}, world_size=2, arch="sm_90")
+heavy = ("lark", "jinja2", "numpy", "cuda.bindings", "purlinc.frontend.parse", "purlinc.snac.lower",
+         "purlinc.snac.verify", "purlinc.atom.codegen")
+print(json.dumps({{"stats": [pipeline.STATS.front_hits, pipeline.STATS.front_misses, pipeline.STATS.lowerings,
+                   pipeline.STATS.verifications, pipeline.STATS.generations, nvrtc.STATS.compiles,
+                   nvrtc.STATS.cache_hits],
+                  "imported": [m for m in heavy if m in sys.modules],
+                  "elf": artifact.cubin[:4] == b"\\x7fELF"}}))
+"""
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=dict(os.environ),
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["stats"] == [1, 0, 0, 0, 0, 0, 0]
+    assert result["imported"] == []
+    assert result["elf"]
+
+
+def _variant(change: str) -> dict:
+    base = dict(path_or_source=ALLGATHER, world_size=2, arch="sm_90", atom="ldst", dtype="bfloat16", op="sum",
+                params=None, emit_cubin=False)
+    if change == "source":
+        base["path_or_source"] = ALLGATHER.read_text() + "\n// a comment changes the key\n"
+    elif change == "world_size":
+        base["world_size"] = 4
+    elif change == "params":
+        base["path_or_source"] = EXAMPLES / "broadcast.pln"
+    elif change == "params2":
+        base["path_or_source"], base["params"] = EXAMPLES / "broadcast.pln", {"root": 1}
+    elif change == "options":
+        base["overrides"] = {"channels": 2}
+    elif change == "options_object":
+        base["options"] = pipeline.default_options(pipeline.spec_stage(
+            pipeline.parse_stage(pipeline.load_source(ALLGATHER)), 2, None)).__class__(channels=2)
+    elif change == "algorithm":
+        base["algorithm"] = "direct-pull"
+    elif change == "atom":
+        base["atom"] = "tma"
+    elif change == "arch":
+        base["arch"] = "sm_80"
+    elif change == "dtype":
+        base["dtype"] = "float32"
+    elif change == "reduce":
+        base["path_or_source"] = EXAMPLES / "allreduce.pln"
+    elif change == "op":
+        base["path_or_source"], base["op"] = EXAMPLES / "allreduce.pln", "max"
+    return base
+
+
+CHANGES = ("source", "world_size", "params", "params2", "options", "options_object", "algorithm", "atom", "arch",
+           "dtype", "reduce", "op")
+
+
+def test_every_input_changes_the_key(cache_dir):
+    """Each variant misses once (a new entry), then hits; no two variants share an entry."""
+    keys = set()
+    for change in ("base", *CHANGES):
+        kwargs = _variant(change)
+        path = kwargs.pop("path_or_source")
+        misses, lowerings = pipeline.STATS.front_misses, pipeline.STATS.lowerings
+        first = pipeline.compile(path, **kwargs)
+        assert pipeline.STATS.front_misses == misses + 1, f"{change}: hit an entry of other inputs"
+        assert pipeline.STATS.lowerings == lowerings + 1
+        assert not first.from_cache and first.cubin is None
+        again = pipeline.compile(path, **kwargs)
+        assert again.from_cache, change
+        assert again.cuda.source == first.cuda.source and again.schedule == first.schedule
+        keys.add(again.cuda.source)
+    assert len(_entries(cache_dir)) == 1 + len(CHANGES)
+
+
+def test_new_option_fields_enter_the_key():
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Options:
+        channels: int = 1
+        packed: bool = False
+
+        def key(self) -> str:  # an old key() that forgot the new field
+            return f"c{self.channels}"
+
+    source = pipeline.SourceText("collective x {}", "<string>")
+    common = dict(world_size=2, params=None, arch="sm_90", overrides=None, algorithm=None, atom="ldst",
+                  dtype="bfloat16", op="sum", emit_cubin=False)
+    a = pipeline._front_inputs(source, options=Options(), **common)
+    b = pipeline._front_inputs(source, options=Options(packed=True), **common)
+    assert cache.front_key(a) != cache.front_key(b)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "flipped", "empty", "bad_header"])
+def test_damaged_entry_is_a_miss_and_is_rewritten(cache_dir, damage):
+    first = pipeline.compile(ALLGATHER, world_size=2, arch="sm_90", emit_cubin=False)
+    (entry,) = _entries(cache_dir)
+    data = entry.read_bytes()
+    if damage == "garbage":
+        data = b"not an entry at all" * 10
+    elif damage == "truncated":
+        data = data[: len(data) // 2]
+    elif damage == "flipped":
+        middle = len(data) // 2
+        data = data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:]
+    elif damage == "empty":
+        data = b""
+    elif damage == "bad_header":  # a sound checksum over a header of the wrong shape
+        import hashlib
+
+        body = cache._FRONT_MAGIC + cache._LENGTH.pack(2) + b"{}"
+        data = body + hashlib.sha256(body).digest()
+    entry.write_bytes(data)
+    misses = pipeline.STATS.front_misses
+    again = pipeline.compile(ALLGATHER, world_size=2, arch="sm_90", emit_cubin=False)
+    assert pipeline.STATS.front_misses == misses + 1 and not again.from_cache
+    assert again.cuda.source == first.cuda.source
+    assert entry.read_bytes() != data  # rewritten
+    assert pipeline.compile(ALLGATHER, world_size=2, arch="sm_90", emit_cubin=False).from_cache
+
+
+def test_no_cache_bypasses_both_levels(cache_dir, monkeypatch):
+    monkeypatch.setenv("PURLIN_NO_CACHE", "1")
+    work = _work()
+    for _ in range(2):
+        artifact = pipeline.compile(ALLGATHER, world_size=2, arch="sm_90")
+        assert not artifact.from_cache
+    lowerings, _, generations, compiles, cache_hits = _work()
+    assert (lowerings, generations, compiles, cache_hits) == (work[0] + 2, work[2] + 2, work[3] + 2, work[4])
+    assert not cache_dir.exists()
+
+
+def test_cache_dir_relocates_both_levels(tmp_path, monkeypatch):
+    monkeypatch.delenv("PURLIN_NO_CACHE", raising=False)
+    for sub in ("a", "b"):
+        monkeypatch.setenv("PURLIN_CACHE_DIR", str(tmp_path / sub))
+        artifact = pipeline.compile(ALLGATHER, world_size=2, arch="sm_80", atom="ldst", dtype="float16")
+        assert not artifact.from_cache  # a new place: nothing cached there yet
+        assert len(_entries(tmp_path / sub)) == 1
+        assert len(list((tmp_path / sub).glob("*/*.cubin"))) == 1
+        assert pipeline.compile(ALLGATHER, world_size=2, arch="sm_80", atom="ldst", dtype="float16").from_cache
+
+
+def test_unwritable_cache_is_not_fatal(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("PURLIN_CACHE_DIR", str(blocker))
+    monkeypatch.delenv("PURLIN_NO_CACHE", raising=False)
+    artifact = pipeline.compile(ALLGATHER, world_size=2, arch="sm_90", emit_cubin=False)
+    assert not artifact.from_cache and artifact.cuda.source
+
+
+def test_nvrtc_fingerprint_needs_no_nvrtc():
+    """Read from distribution folders; stable within the process."""
+    assert nvrtc.nvrtc_fingerprint() == nvrtc.nvrtc_fingerprint()
+    assert "cuda_bindings=" in nvrtc.nvrtc_fingerprint() or "nvrtc=" in nvrtc.nvrtc_fingerprint()
