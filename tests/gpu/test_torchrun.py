@@ -19,7 +19,11 @@ HERE = Path(__file__).resolve().parent
 def test_torchrun_two_processes():
     torchrun = shutil.which("torchrun")
     command = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
-    command += ["--nproc_per_node=2", "--master_port=29533", str(HERE / "torchrun_check.py")]
+    import torch
+
+    # One process per visible GPU: the same test runs on 2-, 4- and 8-GPU machines.
+    nproc = torch.cuda.device_count()
+    command += [f"--nproc_per_node={nproc}", "--master_port=29533", str(HERE / "torchrun_check.py")]
     env = dict(os.environ)
     env.setdefault("PURLIN_WAIT_TIMEOUT_S", "5")
     done = subprocess.run(command, env=env, capture_output=True, text=True,
