@@ -70,6 +70,10 @@ def _add_lowering(parser: argparse.ArgumentParser) -> None:
         "--registered", choices=("none", "in", "out", "both"), default="none",
         help="which caller buffers are peer-registered (symmetric): lets stages skip the staging buffer",
     )
+    parser.add_argument(
+        "--packed", action="store_true",
+        help="LL packing (direct-push): data notifies ride in the staged data, a flag in every 16-byte packet",
+    )
 
 
 def _add_codegen(parser: argparse.ArgumentParser) -> None:
@@ -149,6 +153,8 @@ def _options(args, spec):
     registered = getattr(args, "registered", "none")
     if registered != "none":
         changes["registered"] = frozenset({"in", "out"} if registered == "both" else {registered})
+    if getattr(args, "packed", False):
+        changes["packed"] = True
     return replace(options, **changes)
 
 
@@ -189,6 +195,7 @@ def _cmd_check(args) -> int:
     sizes = check_all(definition, args.ranks, params)
     verified = 0
     if not args.spec_only:
+        from purlinc.snac.ir import Algorithm
         from purlinc.snac.lower import applicable_algorithms
 
         for world_size in sizes:
@@ -196,6 +203,8 @@ def _cmd_check(args) -> int:
             for algorithm in applicable_algorithms(spec):
                 if args.algorithm and algorithm.value != args.algorithm:
                     continue
+                if args.packed and not args.algorithm and algorithm is not Algorithm.DIRECT_PUSH:
+                    continue  # packing applies to direct-push only
                 options = replace(_options(args, spec), algorithm=algorithm)
                 try:
                     pipeline.snac_stage(spec, options)

@@ -1,5 +1,5 @@
 // ---- prelude: launch arguments, rounds and slices, signals (shared by every atom) ----
-// Needs PURLIN_WORLD, PURLIN_ITEMSIZE, PURLIN_SLICES, PURLIN_THREADS defined before it.
+// Needs PURLIN_WORLD, PURLIN_ITEMSIZE, PURLIN_SLICES, PURLIN_THREADS, PURLIN_STAGE_ALIGN defined before it.
 
 typedef unsigned long long purlin_u64;
 typedef long long purlin_i64;
@@ -24,7 +24,7 @@ struct purlin_round {
     purlin_u64 epoch;      // counters[channel] + round
     purlin_u64 io_offset;  // byte offset of this round inside an IN/OUT unit: round * piece * itemsize
     purlin_u64 io_unit;    // bytes between IN/OUT units: count * itemsize
-    purlin_u64 stage_unit; // bytes between staging units: piece * itemsize
+    purlin_u64 stage_unit; // bytes between staging units: piece * itemsize, rounded up to PURLIN_STAGE_ALIGN
     purlin_u64 bytes;      // bytes of one unit moved this round: n * itemsize
     purlin_u64 step;       // slice stride in bytes: round_up(ceil(piece bytes / SLICES), 16)
 };
@@ -42,7 +42,8 @@ __device__ __forceinline__ purlin_round purlin_begin_round(const purlin_args& ar
     const purlin_u64 left = args.count - first;
     rd.io_offset = first * PURLIN_ITEMSIZE;
     rd.io_unit = args.count * PURLIN_ITEMSIZE;
-    rd.stage_unit = args.piece * PURLIN_ITEMSIZE;
+    // Packed (LL) modules round units up to 16 bytes, so every packet is 16-byte aligned.
+    rd.stage_unit = (args.piece * PURLIN_ITEMSIZE + PURLIN_STAGE_ALIGN - 1) / PURLIN_STAGE_ALIGN * PURLIN_STAGE_ALIGN;
     rd.bytes = (left < args.piece ? left : args.piece) * PURLIN_ITEMSIZE;
     // The stride comes from a full round (piece), not this round's bytes: a slice then covers
     // the same staging bytes in every round, so a channel that runs ahead into a shorter last
@@ -79,6 +80,13 @@ __device__ __forceinline__ char* purlin_stage(char* base, purlin_u64 unit, unsig
     return base + unit * rd.stage_unit + purlin_slice_lo(rd, s);
 }
 
+// Packets of slice s of a packed message in unit u (and u + 1): data byte o of the slice is in
+// the packet at byte 2 * o from the start of unit u plus twice the slice's start (16-byte aligned).
+__device__ __forceinline__ char* purlin_stage_ll(char* base, purlin_u64 unit, unsigned s, const purlin_round& rd)
+{
+    return base + unit * rd.stage_unit + 2 * purlin_slice_lo(rd, s);
+}
+
 // ---- signals ----
 
 // Release store at system scope: every write this block made before the preceding
@@ -86,6 +94,20 @@ __device__ __forceinline__ char* purlin_stage(char* base, purlin_u64 unit, unsig
 __device__ __forceinline__ void purlin_notify(purlin_u64* signal, purlin_i64 value)
 {
     asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(signal), "l"(value) : "memory");
+}
+
+// Relaxed store at system scope, no fence: for ACK signals only ("I finished reading the data
+// you staged for me / you may write my OUT").  What such a notify orders before the peer's next
+// writes are this block's *reads*, and every one of them has returned its value before the
+// __syncthreads() that precedes the notify: each value was stored to OUT, combined into a
+// stored result, or tested by a poll, so the thread waited for it before reaching the barrier.
+// A read that has returned cannot see a write issued after it, so the peer, which writes only
+// after it observes the new value, cannot overwrite data still being read: no release fence
+// (which would also wait for this block's remote stores to complete) is needed.  DATA
+// notifies keep purlin_notify's release: there the data written before must be visible.
+__device__ __forceinline__ void purlin_notify_relaxed(purlin_u64* signal, purlin_i64 value)
+{
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" :: "l"(signal), "l"(value) : "memory");
 }
 
 __device__ __forceinline__ purlin_i64 purlin_poll(const purlin_u64* signal)

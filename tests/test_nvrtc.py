@@ -34,6 +34,7 @@ from purlinc.snac.lower import applicable_algorithms
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 ARCHES = ("sm_80", "sm_90", "sm_100")
 WORLD_SIZES = (2, 4, 8)
+PACKED = "direct-push+ll"  # direct-push with packed (LL) stages
 # dtypes / ops rotate over the cases, so the matrix covers each without multiplying it.
 COPY_TYPES = (DType.BFLOAT16, DType.FLOAT32, DType.FLOAT8_E4M3, DType.FLOAT16, DType.INT32)
 REDUCE_TYPES = (
@@ -57,7 +58,10 @@ def _cases(full: bool) -> list[tuple]:
     for path in sorted(EXAMPLES.glob("*.pln")):
         for world_size in WORLD_SIZES:
             spec = _spec(path.stem, world_size)
-            for algorithm in applicable_algorithms(spec):
+            algorithms = [a.value for a in applicable_algorithms(spec)]
+            if world_size == WORLD_SIZES[0]:
+                algorithms.append(PACKED)  # LL packing: every target, at R=2 only
+            for algorithm in algorithms:
                 targets = TARGETS
                 if not full and world_size != WORLD_SIZES[0]:
                     targets = (TARGETS[rotation % len(TARGETS)],)
@@ -68,7 +72,7 @@ def _cases(full: bool) -> list[tuple]:
                         dtype, op = REDUCE_TYPES[n % len(REDUCE_TYPES)]
                     else:
                         dtype, op = COPY_TYPES[n % len(COPY_TYPES)], None
-                    cases.append((path.stem, world_size, algorithm.value, arch, atom, dtype.value, op and op.value))
+                    cases.append((path.stem, world_size, algorithm, arch, atom, dtype.value, op and op.value))
     return cases
 
 
@@ -85,7 +89,8 @@ def _compile_case(case) -> tuple:
     name, world_size, algorithm, arch, atom, dtype, op = case
     try:
         spec = _spec(name, world_size)
-        options = replace(pipeline.default_options(spec), algorithm=Algorithm(algorithm))
+        packed = algorithm == PACKED
+        options = replace(pipeline.default_options(spec), algorithm=Algorithm(algorithm.removesuffix("+ll")), packed=packed)
         schedule = pipeline.snac_stage(spec, options)
         kernel = generate(schedule, spec, atom=atom, arch=arch, dtype=DType(dtype), op=op and ReduceOp(op))
         cubin = nvrtc.compile_cubin(kernel.source, kernel.filename, arch)

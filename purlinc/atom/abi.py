@@ -20,8 +20,16 @@ argument: a ``purlin_args`` struct by value.  Its layout (all fields 8 bytes, no
 Launch: grid = (channels, 1, 1), block = (threads, 1, 1), no dynamic shared memory
 unless ``KernelABI.shared_bytes`` says otherwise.
 
-Staging: unit ``u`` of a rank's staging buffer starts at byte ``u * piece * itemsize``;
-the runtime must provide ``stage_units * piece * itemsize`` bytes per rank.
+Staging: unit ``u`` of a rank's staging buffer starts at byte ``u * unit_bytes``, with
+``unit_bytes = round_up(piece * itemsize, stage_align)`` (``KernelABI.stage_unit_bytes``);
+the runtime must provide ``stage_units * unit_bytes`` bytes per rank (``stage_bytes``),
+16-byte aligned.  ``stage_align`` is 1, except 16 for modules with packed (LL) stages,
+whose packets must be 16-byte aligned; a packed message takes two consecutive units
+(already counted in ``stage_units``).  Packed modules need the staging buffer zeroed once
+before the first call (a packet whose flag words hold a stale value equal to an expected
+flag would be taken as arrived; zero never is), and its staging buffer, signal pad and call
+counters must not be shared with a schedule that has a different ``per_call`` (flags are
+``epoch * per_call + k`` in 32 bits, unique only within one schedule's epochs).
 
 Slices: with ``S`` slices per unit, slice ``s`` of a round moving ``n`` elements covers the
 bytes ``[min(nb, s*step), min(nb, s*step + step))`` of the unit, ``nb = n * itemsize`` and
@@ -61,6 +69,16 @@ class KernelABI:
     out_units: tuple[int, ...]  # chunks in each rank's output
     needs_in_peers: bool  # the schedule reads or writes other ranks' IN (registered inputs)
     needs_out_peers: bool  # ... other ranks' OUT (registered outputs)
+    stage_align: int = 1  # staging units are rounded up to this many bytes (16 with packed stages)
+
+    def stage_unit_bytes(self, piece: int) -> int:
+        """Bytes between staging units for a call moving ``piece`` elements per round."""
+        raw = piece * self.itemsize
+        return -(-raw // self.stage_align) * self.stage_align
+
+    def stage_bytes(self, piece: int) -> int:
+        """Staging bytes per rank a call with this ``piece`` needs."""
+        return self.stage_units * self.stage_unit_bytes(piece)
 
     def entry(self, rank: int) -> str:
         return f"{self.kernel_base}_r{rank}"
@@ -108,6 +126,7 @@ class KernelABI:
             "itemsize": self.itemsize,
             "stage_units": self.stage_units,
             "signal_pad": self.signal_pad,
+            "stage_align": self.stage_align,
             "in_units": list(self.in_units),
             "out_units": list(self.out_units),
             "needs_in_peers": self.needs_in_peers,

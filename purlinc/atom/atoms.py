@@ -56,6 +56,57 @@ def parse_arch(text: str) -> Arch:
 
 
 @dataclass(frozen=True, slots=True)
+class TmaRing:
+    """The ``tma`` atom's shared-memory ring (see ``atom_tma.cuh.j2``).
+
+    ``issuers`` threads (lane 0 of warps 0, 1, ...) each stream their share of a copy's tiles
+    through ``stages`` tiles of ``tile_bytes``; a tile is refilled once at most ``pending``
+    younger stores are still reading theirs, so ``stages - pending`` loads run ahead and
+    ``pending + 1`` stores are under way while an issuer waits.  The ring is the launch's
+    dynamic shared memory: ``ring_bytes`` is the module's ``KernelABI.shared_bytes``.
+    """
+
+    issuers: int
+    stages: int
+    pending: int
+    tile_bytes: int
+    min_bytes: int  # shorter copies take the ldst path (a bulk pipeline's fill and drain cost more)
+
+    @property
+    def ring_bytes(self) -> int:
+        return self.issuers * self.stages * self.tile_bytes
+
+    def template_values(self) -> dict:
+        return {
+            "tma_issuers": self.issuers,
+            "tma_stages": self.stages,
+            "tma_pending": self.pending,
+            "tma_tile_bytes": self.tile_bytes,
+            "tma_min_bytes": self.min_bytes,
+            "tma_ring_bytes": self.ring_bytes,
+        }
+
+
+# A block may opt in to 227 KiB of shared memory on sm_90 / sm_100 / sm_103 / sm_110, 99 KiB on
+# sm_120 / sm_121.  192 KiB (3 issuers x 4 tiles x 16 KiB) leaves room for static shared memory
+# (the atom's barriers, anything the orchestration adds); the small parts get half of it.
+# Every tile of the ring cycles through a load and a store, so a block moves at most
+# ring_bytes / (load latency + store latency): with ~0.5-1 us for a local bulk load and ~1.5-3 us
+# until a store to a peer over NVLink completes, 192 KiB give ~50-100 GB/s per block, and 8
+# blocks can fill one direction of the link (~370-390 GB/s).  P = 2 of S = 4 favours the push
+# (stores slower than loads: 3 stores under way per issuer while it waits) and still keeps 2
+# loads ahead for a pull; a discrete-event model of one issuer reaches 87-100% of that bound
+# for stores 1-5x slower than loads, 67-75% when loads are 2-3x slower.
+TMA_RING = TmaRing(issuers=3, stages=4, pending=2, tile_bytes=16384, min_bytes=65536)
+TMA_RING_SMALL = TmaRing(issuers=3, stages=4, pending=2, tile_bytes=8192, min_bytes=65536)
+SMALL_SHARED_ARCHES = (120, 121)
+
+
+def tma_ring(arch: Arch) -> TmaRing:
+    return TMA_RING_SMALL if arch.major_minor in SMALL_SHARED_ARCHES else TMA_RING
+
+
+@dataclass(frozen=True, slots=True)
 class Atom:
     name: str
     template: str  # under purlinc.templates
@@ -65,10 +116,18 @@ class Atom:
     def supports(self, arch: Arch) -> bool:
         return arch.major_minor >= self.min_arch
 
+    def template_values(self, arch: Arch) -> dict:
+        """Target-dependent values the atom's template needs (beyond reduce / unroll)."""
+        return tma_ring(arch).template_values() if self.name == "tma" else {}
+
+    def shared_bytes(self, arch: Arch) -> int:
+        """Dynamic shared memory per block the atom's kernels must be launched with."""
+        return tma_ring(arch).ring_bytes if self.name == "tma" else 0
+
 
 ATOMS: dict[str, Atom] = {
     "ldst": Atom("ldst", "atom_ldst.cuh.j2", 80, "SM loads and stores over peer pointers, 16-byte vectors"),
-    "tma": Atom("tma", "atom_tma.cuh.j2", 90, "bulk asynchronous copies (cp.async.bulk) through shared memory"),
+    "tma": Atom("tma", "atom_tma.cuh.j2", 90, "bulk asynchronous copies (cp.async.bulk) through a shared-memory ring"),
 }
 
 

@@ -7,6 +7,14 @@ Region is addressed, which element conversions a dtype needs.  The templates onl
 The orchestration (``kernel.cu.j2`` and its includes) calls only ``purlin_copy`` and
 ``purlin_reduce<N>``, which the atom's template defines; the atom's text sits between two
 marker lines, so ``KernelSource.orchestration_source`` is the module without it.
+
+Packed (LL) schedules (``purlinc.snac.packing``) add a small datapath shared by every atom,
+``ll.cuh.j2``, because LL is a signal mechanism: a packed Stage becomes ``purlin_ll_send``
+(every thread writes 16-byte packets carrying the flag; no barrier, no fence), and a consume
+group -- the packed Waits plus the Consumes right after them that read packets -- becomes
+one ``ll_recv`` block in which every thread polls its own packets and writes (or reduces)
+their data straight to OUT, then one barrier.  Notifies of ACK signals are relaxed stores
+(see ``purlin_notify_relaxed`` in the prelude); DATA notifies keep release semantics.
 """
 
 from __future__ import annotations
@@ -25,12 +33,12 @@ from purlinc.atom.atoms import get_atom, parse_arch, templates_root
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.errors import InternalError, PurlinError
 from purlinc.frontend.ast import Operation
-from purlinc.snac.ir import Consume, Notify, Program, Region, Schedule, Space, Stage, Wait
+from purlinc.snac.ir import Consume, Notify, Program, Region, Role, Schedule, Space, Stage, Wait
+from purlinc.snac.packing import ll_groups, packed_stages
 
 THREADS = 512  # block size of every channel
-LDST_UNROLL = 4  # 16-byte vectors in flight per thread in an ldst copy
-TMA_TILE_BYTES = 16384  # two tiles of shared memory per block (static, so shared_bytes stays 0)
-TMA_MIN_BYTES = 16384  # below this a bulk copy's setup costs more than it saves: ldst instead
+LDST_UNROLL_FALLBACK = 4  # the same loop inside other atoms (small pieces only)
+LDST_UNROLL = 8  # 16-byte vectors in flight per thread in an ldst copy (64 KiB per 512-thread block: ~46 GB/s per block over NVLink was load-latency bound at 4)
 MAX_GROUP = 32  # merged Notify / Wait groups use the lanes of warp 0
 
 ATOM_BEGIN = "// ======== atom begin ========"
@@ -170,15 +178,33 @@ def _region_expr(region: Region, rank: int) -> str:
     return f"purlin_io({base}, {unit}, {s}, rd)"
 
 
+def _packets_expr(region: Region) -> str:
+    return f"purlin_stage_ll(args.stage[{region.rank}], {region.unit}, {region.slice}, rd)"
+
+
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def _data_block(index: int, step: Stage | Consume, rank: int) -> dict:
+def _data_block(index: int, step: Stage | Consume, rank: int, per_call: dict) -> dict:
     srcs = (step.src,) if isinstance(step, Stage) else step.srcs
     regions = (*srcs, step.dst)
     if len({r.slice for r in regions}) != 1:
         raise InternalError(f"step {index} mixes slices: {', '.join(r.format() for r in regions)}")
+    if isinstance(step, Stage) and step.packed:
+        note = f" ({_one_line(step.note)})" if step.note else ""
+        return {
+            "kind": "ll_send",
+            "comments": [f"step {index}: stage+notify {step.src.format()} -> {step.dst.format()}, "
+                         f"{step.signal.format()} = epoch*{per_call[step.signal]} + {step.k} in every packet (LL){note}"],
+            "dst": _packets_expr(step.dst),
+            "srcs": [_region_expr(step.src, rank)],
+            "slice": step.dst.slice,
+            "per_call": per_call[step.signal],
+            "k": step.k,
+            "reads": frozenset({step.src}),
+            "writes": frozenset({step.dst}),
+        }
     if isinstance(step, Stage):
         kind, what = "copy", f"stage {step.src.format()} -> {step.dst.format()}"
     else:
@@ -212,7 +238,7 @@ def _signal_entry(index: int, step: Notify | Wait, per_call: dict, position: int
     }
 
 
-def _signal_block(kind: str, group: list[tuple[int, Notify | Wait]], per_call: dict) -> dict:
+def _signal_block(kind: str, group: list[tuple[int, Notify | Wait]], per_call: dict, relaxed: bool = False) -> dict:
     comments = []
     for index, step in group:
         verb = "notify" if kind == "notify" else "wait"
@@ -220,48 +246,135 @@ def _signal_block(kind: str, group: list[tuple[int, Notify | Wait]], per_call: d
         note = f" ({_one_line(step.note)})" if step.note else ""
         comments.append(f"step {index}: {verb} {step.signal.format()} {rel} epoch*{per_call.get(step.signal, '?')} + {step.k}{note}")
     signals = [_signal_entry(i, s, per_call, n, n == len(group) - 1) for n, (i, s) in enumerate(group)]
+    if relaxed:
+        comments.append("ACK notifies: relaxed stores (the reads they announce have returned; see purlin_notify_relaxed)")
     # One signal: thread 0 alone, no lane dispatch.
-    return {"kind": kind if len(group) > 1 else f"{kind}_one", "comments": comments, "signals": signals}
+    return {
+        "kind": kind if len(group) > 1 else f"{kind}_one", "comments": comments, "signals": signals,
+        "store": "purlin_notify_relaxed" if relaxed else "purlin_notify",
+    }
 
 
-def _program_blocks(program: Program, per_call: dict) -> list[dict]:
+def _ll_block(program: Program, group, packed: dict, per_call: dict) -> dict:
+    """A consume group: its packed waits vanish into the packet polls of its consumes."""
+    steps, rank = program.steps, program.rank
+    wait_of = {steps[w].signal: w for w in group.waits}
+    comments = []
+    for w in group.waits:
+        wait = steps[w]
+        comments.append(f"step {w}: wait {wait.signal.format()} >= epoch*{per_call[wait.signal]} + {wait.k}: "
+                        "each thread polls the flags of its own packets below (LL)")
+    consumes = []
+    for c in group.consumes:
+        step = steps[c]
+        kind = "reduce" if step.operation is Operation.REDUCE else "copy"
+        srcs = []
+        for region in (step.srcs if kind == "reduce" else step.srcs[:1]):
+            stage = packed.get(region)
+            if stage is None:
+                srcs.append({"expr": _region_expr(region, rank), "packed": False, "per_call": 0, "k": 0, "step": 0, "index": 0})
+                continue
+            if region.rank != rank or stage.signal not in wait_of:
+                raise InternalError(f"rank {rank} step {c} reads packed {region.format()} outside its consume group")
+            srcs.append({
+                "expr": _packets_expr(region), "packed": True, "per_call": per_call[stage.signal], "k": stage.k,
+                "step": wait_of[stage.signal], "index": stage.signal.index,
+            })
+        if kind == "copy" and not srcs[0]["packed"]:
+            raise InternalError(f"rank {rank} step {c}: a fused copy must read packets")
+        note = f" ({_one_line(step.note)})" if step.note else ""
+        what = ", ".join(r.format() for r in step.srcs)
+        comments.append(f"step {c}: consume {step.operation.value} {what} -> {step.dst.format()} from the packets{note}")
+        consumes.append({"kind": kind, "dst": _region_expr(step.dst, rank), "slice": step.dst.slice, "srcs": srcs})
+    return {"kind": "ll_recv", "comments": comments, "consumes": consumes}
+
+
+def _program_blocks(program: Program, per_call: dict, roles: dict | None = None, packed: dict | None = None) -> list[dict]:
     """A channel program as blocks: data steps, merged signal groups, and the barriers
     needed between data steps that touch the same region (threads split work differently
     from one step to the next)."""
+    roles = roles or {}
+    packed = packed or {}
     blocks: list[dict] = []
     reads: set[Region] = set()  # since the last barrier
     writes: set[Region] = set()
     steps = program.steps
+    groups = {}
+    if packed:
+        found, problems = ll_groups(program, packed)
+        if problems:
+            index, message = problems[0]
+            raise InternalError(f"rank {program.rank} channel {program.channel} step {index}: {message}")
+        groups = {g.waits[0]: g for g in found}
+
+    def data(index: int) -> None:
+        block = _data_block(index, steps[index], program.rank, per_call)
+        if block["reads"] & writes or block["writes"] & (reads | writes):
+            blocks.append({"kind": "barrier", "comments": [f"barrier: step {index} touches a region an earlier step just used"]})
+            reads.clear()
+            writes.clear()
+        reads.update(block["reads"])
+        writes.update(block["writes"])
+        blocks.append(block)
+
     i = 0
     while i < len(steps):
         step = steps[i]
-        if isinstance(step, (Notify, Wait)):
-            kind = type(step)
+        if isinstance(step, Wait):
+            end = i
+            while end < len(steps) and isinstance(steps[end], Wait):
+                end += 1
+            group = next((groups[w] for w in range(i, end) if w in groups), None)
+            plain = [(w, steps[w]) for w in range(i, end) if group is None or w not in group.waits]
+            for index, wait in plain:
+                if wait.signal.owner != program.rank:
+                    raise InternalError(f"rank {program.rank} step {index} waits on {wait.signal.format()}, owned by another rank")
+            for start in range(0, len(plain), MAX_GROUP):
+                blocks.append(_signal_block("wait", plain[start:start + MAX_GROUP], per_call))
+            reads.clear()  # a wait ends with a barrier
+            writes.clear()
+            i = end
+            if group is not None:
+                _check_reorder(program, group)
+                blocks.append(_ll_block(program, group, packed, per_call))  # ends with a barrier
+                reads.clear()
+                writes.clear()
+                for c in range(end, group.end):
+                    if c not in group.consumes:
+                        data(c)
+                i = group.end
+            continue
+        if isinstance(step, Notify):
+            relaxed = roles.get(step.signal) is Role.ACK
             group = []
-            while i < len(steps) and isinstance(steps[i], kind) and len(group) < MAX_GROUP:
+            while (i < len(steps) and isinstance(steps[i], Notify) and len(group) < MAX_GROUP
+                   and (roles.get(steps[i].signal) is Role.ACK) == relaxed):
                 group.append((i, steps[i]))
                 i += 1
-            if kind is Wait:
-                for index, wait in group:
-                    if wait.signal.owner != program.rank:
-                        raise InternalError(f"rank {program.rank} step {index} waits on {wait.signal.format()}, owned by another rank")
-            blocks.append(_signal_block("notify" if kind is Notify else "wait", group, per_call))
-            reads.clear()  # both start (notify) or end (wait) with a barrier
+            blocks.append(_signal_block("notify", group, per_call, relaxed))
+            reads.clear()  # a notify starts with a barrier
             writes.clear()
             continue
-        block = _data_block(i, step, program.rank)
-        if block["reads"] & writes or block["writes"] & (reads | writes):
-            blocks.append({"kind": "barrier", "comments": [f"barrier: step {i} touches a region an earlier step just used"]})
-            reads.clear()
-            writes.clear()
-        reads |= block["reads"]
-        writes |= block["writes"]
-        blocks.append(block)
+        data(i)
         i += 1
     if reads or writes:
         # The next round reuses staging units and the counter update follows.
         blocks.append({"kind": "barrier", "comments": ["barrier: end of the round"]})
     return blocks
+
+
+def _check_reorder(program: Program, group) -> None:
+    """The group's packed consumes run first: no plain consume before one of them may conflict."""
+    steps = program.steps
+    fused = set(group.consumes)
+    for p in range(group.consumes[0], group.end):
+        if p in fused:
+            continue
+        plain = steps[p]
+        for f in (c for c in group.consumes if c > p):
+            later = steps[f]
+            if plain.dst in (*later.srcs, later.dst) or later.dst in plain.srcs:
+                raise InternalError(f"rank {program.rank} step {f} reads packets but conflicts with step {p} before it")
 
 
 def _needs_peers(schedule: Schedule, space: Space) -> bool:
@@ -306,9 +419,15 @@ def generate(
     op = _check_types(schedule, dtype, op)
     base = kernel_base(schedule, atom, dtype, op)
     per_call = schedule.per_call()
+    roles = {decl.signal: decl.role for decl in schedule.signals}
+    packed = packed_stages(schedule)
     reduce = op is not None
 
-    atom_values = {"reduce": reduce, "unroll": LDST_UNROLL, "tile_bytes": TMA_TILE_BYTES, "min_bytes": TMA_MIN_BYTES}
+    # The tma atom moves bulk data through its shared-memory ring (atoms.TmaRing); its ldst
+    # fallback only carries heads, tails and small copies, and keeps the lighter unroll so the
+    # inlined copy stays free of spills on every target.
+    unroll = LDST_UNROLL if atom == "ldst" else LDST_UNROLL_FALLBACK
+    atom_values = {"reduce": reduce, "unroll": unroll, **atom_def.template_values(target)}
     atom_text = _render(atom_def.template, **atom_values).rstrip("\n")
     kernels = []
     for rank in range(schedule.world_size):
@@ -317,7 +436,8 @@ def generate(
             program = schedule.program(rank, channel)
             if (program.rank, program.channel) != (rank, channel):
                 raise InternalError(f"schedule.programs out of order at rank {rank} channel {channel}")
-            channels.append({"channel": channel, "steps": len(program.steps), "blocks": _program_blocks(program, per_call)})
+            blocks = _program_blocks(program, per_call, roles, packed)
+            channels.append({"channel": channel, "steps": len(program.steps), "blocks": blocks})
         kernels.append({"rank": rank, "entry": f"{base}_r{rank}", "channels": channels})
 
     params_text = "".join(f", {k}={v}" for k, v in getattr(spec, "params", ()))
@@ -337,6 +457,8 @@ def generate(
         op=op.value if op else "",
         threads=THREADS,
         itemsize=dtype.itemsize,
+        stage_align=16 if packed else 1,
+        ll_source=_render("ll.cuh.j2", reduce=reduce).rstrip("\n") if packed else "",
         prelude=_load_template("prelude.cuh").rstrip("\n"),
         elem_source=_load_template("elem.cuh").rstrip("\n"),
         elem=_elem_values(dtype, op),
@@ -352,10 +474,11 @@ def generate(
         world_size=schedule.world_size,
         channels=schedule.channels,
         threads=THREADS,
-        shared_bytes=0,  # the tma atom's tiles are static shared memory
+        shared_bytes=atom_def.shared_bytes(target),  # the tma atom's ring (dynamic shared memory)
         itemsize=dtype.itemsize,
         stage_units=schedule.stage_units,
         signal_pad=schedule.signal_pad_size(),
+        stage_align=16 if packed else 1,
         in_units=tuple(schedule.in_units),
         out_units=tuple(schedule.out_units),
         needs_in_peers=_needs_peers(schedule, Space.IN),

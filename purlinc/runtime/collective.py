@@ -132,6 +132,10 @@ def prepare(
     if atom == "ce":
         from purlinc.runtime.ce import plan
 
+        if getattr(options, "packed", False):
+            raise ArgumentError("the ce atom cannot run packed (LL) schedules: stream memory operations "
+                                "signal separately from the copies; drop packed=True or use atom='ldst'")
+
         compiled.ce_plan = plan(schedule)
     return compiled
 
@@ -441,6 +445,10 @@ def _zero(comm, compiled: Compiled, layout: Layout) -> None:
 
     driver.set_current(comm.device)
     own = comm.heap.ptr(comm.rank, 0)
+    # Staging is zeroed too: a packed (LL) schedule takes a packet whose flag word matches as
+    # arrived data, and heap space can be reused from an earlier collective.
+    if layout.stage_bytes:
+        driver.memset_d8(own + layout.stage, 0, layout.stage_bytes)
     driver.memset_d8(own + layout.pad, 0, layout.pad_bytes)
     driver.memset_d8(own + layout.counters, 0, layout.counters_bytes)
     if compiled.ce_plan is not None:

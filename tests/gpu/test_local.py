@@ -94,6 +94,55 @@ def test_collective(group, name, algorithm, atom):
         coll.close()
 
 
+@pytest.mark.parametrize("name", examples())
+def test_packed_ll(group, name):
+    """The LL protocol (notify inside every 16-byte packet): every example that direct-push
+    lowers, odd counts, copies bitwise, reductions bitwise against the evaluator's order,
+    two channels, and CUDA-graph replays (flags are epoch-stamped: replays need no reset)."""
+    import purlinc
+    from purlinc.errors import PurlinError
+
+    rng = np.random.default_rng(5)
+    for channels in (1, 2):
+        try:
+            coll = purlinc.load(EXAMPLES / name, group, algorithm="direct-push", packed=True, channels=channels)
+        except PurlinError as error:
+            pytest.skip(str(error).splitlines()[0])
+        spec = coll[0].compiled.spec
+        try:
+            for count in (1, 7, 1000, 4097, 20_000):
+                for dtype in (DType.FLOAT32, DType.BFLOAT16):
+                    run_once(coll, spec, count, dtype, "sum", rng, f"{name}/ll/c{channels}/{dtype.value}/n={count}")
+            # graph replay, several calls per replay
+            count, dtype = 4097, DType.BFLOAT16
+            xs, outs = _buffers(spec, count, dtype, inputs_for(spec, count, dtype, rng))
+            coll(xs, outs)
+            _sync()
+            graphs = []
+            for r in DEVICES:
+                with torch.cuda.device(r):
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g, stream=torch.cuda.Stream(device=r)):
+                        for _ in range(3):
+                            coll[r](xs[r], outs[r])
+                    graphs.append(g)
+            for it in range(3):
+                inputs = inputs_for(spec, count, dtype, rng)
+                for r in DEVICES:
+                    if xs[r] is not None:
+                        xs[r].copy_(to_torch(inputs[r], dtype, r))
+                    if outs[r] is not None:
+                        poison(outs[r])
+                _sync()
+                for g in graphs:
+                    g.replay()
+                _sync()
+                coll.check()
+                _compare(spec, outs, expected(spec, inputs, count, dtype, "sum"), dtype, f"{name}/ll graph {it}")
+        finally:
+            coll.close()
+
+
 @pytest.mark.parametrize("name", ["allreduce.pln", "allgather.pln", "reduce_scatter.pln", "alltoall.pln",
                                   "broadcast.pln", "reduce.pln", "gather.pln", "scatter.pln"])
 def test_tuned_default_across_size_buckets(group, name):

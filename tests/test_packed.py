@@ -1,0 +1,269 @@
+"""Packed (LL) stages: lowering, normalisation, verifier, simulator, dumps, CUDA generation.
+
+A packed Stage is a Stage and a Notify in one (a flag in every 16-byte packet); the verifier
+and the simulator run on the normalized schedule, so the existing proofs apply.  CPU only,
+except the NVRTC/SASS checks at the end (NVRTC runs on CPU)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from purlinc import cli, pipeline
+from purlinc.atom.codegen import generate
+from purlinc.dtypes import DType, ReduceOp, random_values
+from purlinc.errors import PurlinError
+from purlinc.frontend.evaluate import evaluate
+from purlinc.snac.format import format_schedule, schedule_from_json, schedule_to_json
+from purlinc.snac.ir import Algorithm, Consume, LowerOptions, Notify, Role, Stage, Wait
+from purlinc.snac.packing import PACKED_UNITS, normalized, packed_stages
+from purlinc.snac.simulate import simulate_calls
+from purlinc.snac.verify import VerificationError, verify
+from test_snac_properties import NAMES, definition, spec_for, world_sizes
+from test_simulate import same_bits
+from test_nvrtc import cache_dir  # noqa: F401 - the session compile cache fixture
+
+COUNTS = (1, 3, 8, 13)
+COPY_TYPES = (DType.BFLOAT16, DType.FLOAT32, DType.FLOAT8_E4M3, DType.INT32)
+REDUCE_TYPES = ((DType.BFLOAT16, "sum"), (DType.FLOAT32, "max"), (DType.FLOAT16, "sum"), (DType.INT32, "prod"))
+
+
+def packed_schedule(name: str, world: int, channels: int = 1, slices: int = 1):
+    spec = spec_for(name, world)
+    return spec, pipeline.snac_stage(spec, LowerOptions(channels=channels, slices=slices, packed=True))
+
+
+def _inputs(spec, count, dtype, seed):
+    rng = np.random.default_rng(seed)
+    return [random_values(rng, len(spec.inputs[r]) * count, dtype) for r in range(spec.world_size)]
+
+
+# ---------------------------------------------------------------- lowering + verify + simulate
+
+
+CASES = [
+    (name, world, channels, slices)
+    for name in NAMES
+    for world in world_sizes(name, range(2, 9))
+    for channels, slices in ((1, 1), (2, 1), (1, 2), (2, 2))
+    if (channels, slices) == (1, 1) or world in (2, 3, 5, 8)
+]
+
+
+@pytest.mark.parametrize("name,world,channels,slices", CASES, ids=[f"{n}-R{w}-c{c}-s{s}" for n, w, c, s in CASES])
+def test_packed_equals_the_evaluator(name, world, channels, slices):
+    spec, schedule = packed_schedule(name, world, channels, slices)  # verified by snac_stage
+    plain = pipeline.snac_stage(spec, LowerOptions(channels=channels, slices=slices))
+    assert schedule.options.key() == plain.options.key() + "/ll"
+    stages = [s for p in schedule.programs for s in p.steps if isinstance(s, Stage)]
+    assert all(s.packed for s in stages)
+    assert schedule.stage_units == PACKED_UNITS * plain.stage_units
+    # No separate DATA notify is left: every notify is an ACK.
+    roles = {d.signal: d.role for d in schedule.signals}
+    assert all(roles[s.signal] is Role.ACK for p in schedule.programs for s in p.steps if isinstance(s, Notify))
+    n = len(CASES)
+    index = CASES.index((name, world, channels, slices))
+    if spec.is_reduce:
+        dtype, op = REDUCE_TYPES[index % len(REDUCE_TYPES)]
+    else:
+        dtype, op = COPY_TYPES[index % len(COPY_TYPES)], None
+    for count in COUNTS[: 2 if world > 5 else 4]:
+        sets = [_inputs(spec, count, dtype, seed) for seed in range(2)]
+        got = simulate_calls(schedule, spec, sets, count, dtype, op, calls=2, seed=index + n * count)
+        for inputs, outputs in zip(sets, got):
+            want = evaluate(spec, inputs, count, dtype, op)
+            assert all(same_bits(g, w) for g, w in zip(outputs, want))
+
+
+def test_packed_runs_in_rounds():
+    spec, schedule = packed_schedule("allreduce", 3, 2, 2)
+    sets = [_inputs(spec, 37, DType.FLOAT32, seed) for seed in range(3)]
+    got = simulate_calls(schedule, spec, sets, 37, DType.FLOAT32, "sum", calls=3, seed=4, piece=8)
+    for inputs, outputs in zip(sets, got):
+        want = evaluate(spec, inputs, 37, DType.FLOAT32, "sum")
+        assert all(same_bits(g, w) for g, w in zip(outputs, want))
+
+
+def test_normalized_is_stage_then_notify():
+    _, schedule = packed_schedule("allgather", 2)
+    flat, origins = normalized(schedule)
+    program, original = flat.program(0, 0), schedule.program(0, 0)
+    assert len(program.steps) == len(original.steps) + 1
+    i = next(i for i, s in enumerate(original.steps) if isinstance(s, Stage))
+    packed = original.steps[i]
+    assert program.steps[i] == replace(packed, signal=None, k=0) and not program.steps[i].packed
+    assert program.steps[i + 1] == Notify(packed.signal, packed.k)
+    assert origins[0, 0][i] == origins[0, 0][i + 1] == i
+    # A plain schedule is its own normal form.
+    plain = pipeline.snac_stage(spec_for("allgather", 2), LowerOptions())
+    assert normalized(plain)[0] is plain
+
+
+def test_only_direct_push_and_no_registered_out():
+    spec = spec_for("allgather", 4)
+    for algorithm in (Algorithm.DIRECT_PULL, Algorithm.RING):
+        with pytest.raises(PurlinError, match="direct-push only"):
+            pipeline.snac_stage(spec, LowerOptions(algorithm=algorithm, packed=True))
+    with pytest.raises(PurlinError, match="registered"):
+        pipeline.snac_stage(spec, LowerOptions(packed=True, registered=frozenset({"out"})))
+
+
+# ---------------------------------------------------------------- mutations
+
+
+def _with_program(schedule, rank, steps):
+    programs = list(schedule.programs)
+    programs[rank * schedule.channels] = replace(programs[rank * schedule.channels], steps=tuple(steps))
+    return replace(schedule, programs=tuple(programs))
+
+
+@pytest.mark.parametrize("name", ["allgather", "allreduce", "alltoall", "broadcast"])
+def test_deleting_the_packed_wait_is_reported(name):
+    spec, schedule = packed_schedule(name, 3)
+    packed_signals = {s.signal for s in packed_stages(schedule).values()}
+    found = 0
+    for rank in range(3):
+        steps = schedule.program(rank, 0).steps
+        for i, step in enumerate(steps):
+            if isinstance(step, Wait) and step.signal in packed_signals:
+                found += 1
+                with pytest.raises(VerificationError):
+                    verify(_with_program(schedule, rank, steps[:i] + steps[i + 1:]), spec)
+    assert found
+
+
+@pytest.mark.parametrize("name", ["allgather", "allreduce", "reduce_scatter"])
+def test_unpacking_a_stage_without_notify_is_reported(name):
+    spec, schedule = packed_schedule(name, 3)
+    found = 0
+    for rank in range(3):
+        steps = schedule.program(rank, 0).steps
+        for i, step in enumerate(steps):
+            if isinstance(step, Stage) and step.packed:
+                found += 1
+                mutant = steps[:i] + (replace(step, signal=None, k=0),) + steps[i + 1:]
+                with pytest.raises(VerificationError):
+                    verify(_with_program(schedule, rank, mutant), spec)
+    assert found
+
+
+def test_packed_layout_problems_are_reported():
+    spec, schedule = packed_schedule("allgather", 2)
+    steps = schedule.program(0, 0).steps
+    i = next(i for i, s in enumerate(steps) if isinstance(s, Stage))
+    stage = steps[i]
+    # Into the reserved second unit of a packed message: out of bounds here.
+    bad = replace(stage, dst=replace(stage.dst, unit=stage.dst.unit + 1))
+    with pytest.raises(VerificationError, match="packed"):
+        verify(_with_program(schedule, 0, steps[:i] + (bad,) + steps[i + 1:]), spec)
+    # The reserved unit touched by a plain step.
+    grown = replace(schedule, stage_units=schedule.stage_units + 2)
+    j = next(j for j, s in enumerate(grown.program(1, 0).steps) if isinstance(s, Consume) and s.srcs[0].space.value == "stage")
+    consume = grown.program(1, 0).steps[j]
+    # rank 1 reads its stage[0] (packed by rank 0); make a plain read of stage[1] instead.
+    moved = replace(consume, srcs=(replace(consume.srcs[0], unit=consume.srcs[0].unit + 1),))
+    with pytest.raises(VerificationError, match="second half of a packed"):
+        verify(_with_program(grown, 1, grown.program(1, 0).steps[:j] + (moved,) + grown.program(1, 0).steps[j + 1:]), spec)
+    # A plain Notify of a packed signal.
+    extra = Notify(stage.signal, stage.k)
+    with pytest.raises(VerificationError, match="only packed stages may notify"):
+        verify(_with_program(schedule, 0, steps[:i + 1] + (extra,) + steps[i + 1:]), spec)
+
+
+def test_packed_wait_must_guard_what_its_consumes_read():
+    # allgather R=3 with two slices: move slice 1's consume before slice 1's wait, into slice 0's group.
+    spec, schedule = packed_schedule("allgather", 3, 1, 2)
+    steps = list(schedule.program(0, 0).steps)
+    waits = [i for i, s in enumerate(steps) if isinstance(s, Wait) and s.k > 0]
+    consumes = [i for i, s in enumerate(steps) if isinstance(s, Consume) and s.srcs[0].space.value == "stage"]
+    late = next(c for c in consumes if c > waits[-1])
+    step = steps.pop(late)
+    steps.insert(waits[0] + 1 + sum(1 for w in waits if w <= waits[0] + 1), step)
+    with pytest.raises(VerificationError):
+        verify(_with_program(schedule, 0, steps), spec)
+
+
+# ---------------------------------------------------------------- dumps
+
+
+def test_dump_shows_packed_stages(capsys):
+    assert cli.main(["dump", "examples/allgather.pln", "-R", "2", "--stage", "snac", "--packed"]) == 0
+    text = capsys.readouterr().out
+    assert "stage+notify r0.in[0].s0 -> r1.stage[0].s0, r1.sig[0] = e*1+1 (LL)" in text
+    assert "packed (LL" in text and "/ll" in text
+    assert "stage: 2 per rank" in text
+
+
+@pytest.mark.parametrize("name", ["allgather", "allreduce"])
+def test_json_round_trips(name):
+    _, schedule = packed_schedule(name, 3, 2, 2)
+    data = json.loads(json.dumps(schedule_to_json(schedule)))
+    assert data["options"]["packed"] is True
+    back = schedule_from_json(data)
+    assert back == schedule and format_schedule(back) == format_schedule(schedule)
+
+
+def test_cli_flag_reaches_the_options(capsys):
+    assert cli.main(["check", "examples/allreduce.pln", "-R", "2..4", "--packed"]) == 0
+    assert "3 schedules verified" in capsys.readouterr().out
+    assert cli.main(["check", "examples/allreduce.pln", "-R", "2", "--packed", "-a", "ring"]) == 2
+
+
+# ---------------------------------------------------------------- CUDA
+
+
+def _kernel(name, world=2, atom="ldst", arch="sm_90", channels=1, dtype=None, packed=True):
+    spec = spec_for(name, world)
+    schedule = pipeline.snac_stage(spec, LowerOptions(channels=channels, packed=packed))
+    op = ReduceOp.SUM if spec.is_reduce else None
+    dtype = dtype or DType.BFLOAT16
+    return schedule, generate(schedule, spec, atom=atom, arch=arch, dtype=dtype, op=op)
+
+
+def test_generated_ll_structure():
+    schedule, kernel = _kernel("allreduce", 2)
+    source = kernel.source
+    assert "PURLIN_STAGE_ALIGN = 16" in source and kernel.abi.stage_align == 16
+    assert kernel.abi.stage_bytes(3) == schedule.stage_units * 16  # 3 bf16 = 6 bytes -> 16
+    assert source.count("purlin_ll_send(purlin_stage_ll(") == 4  # 2 ranks x 2 chunks
+    body = source.split("// ==== rank 0")[1].split("// ==== rank 1")[0]
+    assert "purlin_ll_reduce<2>(" in body and "purlin_ll_recv(" not in body
+    # No DATA notify and no separate packed wait: only the ACK wait and the relaxed ACK notify.
+    assert body.count("purlin_wait(") == 1 and body.count("purlin_notify_relaxed(") == 1
+    assert "purlin_notify(" not in body
+    assert "st.volatile.global.v4.u32" in source and "ld.volatile.global.v4.u32" in source
+    _, copy = _kernel("allgather", 2)
+    assert "purlin_ll_recv(" in copy.source and "purlin_ll_reduce" not in copy.source
+
+
+def test_plain_kernels_use_relaxed_ack_and_release_data():
+    _, kernel = _kernel("allgather", 4, packed=False)
+    body = kernel.source.split("// ==== rank 0")[1].split("// ==== rank 1")[0]
+    assert "purlin_notify_relaxed(" in body and "purlin_notify(" in body
+    assert "purlin_ll_" not in kernel.source and "PURLIN_STAGE_ALIGN = 1;" in kernel.source
+    assert kernel.abi.stage_align == 1
+
+
+@pytest.mark.parametrize("name", ["allgather", "allreduce"])
+def test_atoms_render_identical_orchestration(name):
+    _, ldst = _kernel(name, 2, atom="ldst")
+    _, tma = _kernel(name, 2, atom="tma")
+    assert ldst.orchestration_source == tma.orchestration_source
+
+
+# Packed kernels compile for every target: tests/test_nvrtc.py's matrix ("direct-push+ll", R=2).
+
+
+def test_packed_stage_uses_128_bit_volatile_stores(tmp_path, cache_dir):
+    from purlinc.atom import nvrtc
+    from test_nvrtc import _sass
+
+    _, kernel = _kernel("allgather", 2, arch="sm_90")
+    sass = _sass(nvrtc.compile_cubin(kernel.source, kernel.filename, "sm_90"), tmp_path)
+    assert "STG.E.128.STRONG.SYS" in sass  # st.volatile.global.v4.u32: one packet per store
+    assert "LDG.E.128.STRONG.SYS" in sass  # ld.volatile.global.v4.u32: one packet per poll
+    _, plain = _kernel("allgather", 2, arch="sm_90", packed=False)
+    assert "STG.E.128.STRONG.SYS" not in _sass(nvrtc.compile_cubin(plain.source, plain.filename, "sm_90"), tmp_path)
