@@ -245,7 +245,7 @@ def merge(docs: list[dict]) -> dict:
 
 def variant_options(row: dict) -> dict:
     opts = dict(row.get("options") or {})
-    return {k: opts.get(k) for k in ("algorithm", "atom", "channels", "slices") if opts.get(k) is not None}
+    return {k: opts.get(k) for k in ("algorithm", "atom", "channels", "slices", "packed") if opts.get(k) is not None}
 
 
 def tuning_table(doc: dict, *, prefer_mode: str = "graph") -> dict:

@@ -55,8 +55,8 @@ class Bucket:
             max_bytes=None if data.get("max_bytes") is None else int(data["max_bytes"]),
             algorithm=str(data.get("algorithm", Algorithm.DIRECT_PUSH.value)),
             atom=str(data.get("atom", "ldst")),
-            channels=int(data.get("channels", 1)),
-            slices=int(data.get("slices", 1)),
+            channels=int(data.get("channels") or 1),
+            slices=int(data.get("slices") or 1),
             packed=bool(data.get("packed", False)),
         )
 
@@ -85,7 +85,8 @@ def _measured() -> dict:
         data = json.loads(TABLE_PATH.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    return data.get("tables", {})
+    # Either {"tables": {...}, ...notes} or the harness's own file ({collective: {R: [...]}}).
+    return data.get("tables", data) if isinstance(data, dict) else {}
 
 
 def measured(name: str, world_size: int) -> tuple[Bucket, ...] | None:

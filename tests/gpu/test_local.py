@@ -158,7 +158,7 @@ def test_tuned_default_across_size_buckets(group, name):
         assert len({id(v) for v in coll[0].variants}) >= 2, coll[0]
         for count in (1, 301, 4097, 70_000, 1_100_000):
             run_once(coll, spec, count, DType.BFLOAT16, "sum", rng, f"{name}/default/n={count}")
-        assert len(buckets) >= 3
+        assert len(buckets) >= 2 and buckets[-1].max_bytes is None
     finally:
         coll.close()
 
@@ -267,7 +267,7 @@ def test_two_collectives_on_two_streams(group):
 
 @pytest.mark.parametrize("name,algorithm,atom", [
     ("allgather.pln", "direct-push", "ldst"), ("allgather.pln", "direct-push", "ce"),
-    ("allreduce.pln", "two-shot", "ldst"),
+    ("allgather.pln", "direct-push", "tma"), ("allreduce.pln", "two-shot", "ldst"),
 ])
 def test_large(group, name, algorithm, atom):
     import purlinc
