@@ -49,6 +49,8 @@ VARIANTS = (
     _v("push-ldst-c16", "direct-push", "ldst", 16),
     _v("push-ldst-c32", "direct-push", "ldst", 32),
     _v("push-ldst-c64", "direct-push", "ldst", 64),
+    _v("push-ldst-c128", "direct-push", "ldst", 128),
+    _v("push-ldst-c64-s4", "direct-push", "ldst", 64, 4),
     # LL: the notify rides in every 16-byte packet (latency); not for other algorithms.
     _v("push-ll-c1", "direct-push", "ldst", 1, packed=True),
     _v("push-ll-c8", "direct-push", "ldst", 8, packed=True),
@@ -56,6 +58,7 @@ VARIANTS = (
     _v("pull-ldst-c16", "direct-pull", "ldst", 16),
     _v("two-shot-ldst-c16", "two-shot", "ldst", 16, only=("allreduce",)),
     _v("two-shot-ldst-c32", "two-shot", "ldst", 32, only=("allreduce",)),
+    _v("two-shot-ldst-c64", "two-shot", "ldst", 64, only=("allreduce",)),
     _v("ring-ldst-c16", "ring", "ldst", 16, only=("allreduce", "allgather", "reduce_scatter")),
     _v("push-tma-c8", "direct-push", "tma", 8),
     # The copy engines only move bytes: no reductions.
