@@ -110,7 +110,9 @@ def heap_bytes_for(loads: int) -> int | None:
 
     if os.environ.get("PURLIN_HEAP_MB"):
         return None
-    return max(512 << 20, loads * stage_bytes() + (256 << 20))
+    # A plain (tuned) load holds one schedule per size bucket, several with full staging:
+    # leave room for about four more stagings per collective.
+    return max(512 << 20, loads * stage_bytes() + 32 * stage_bytes() + (256 << 20))
 
 
 def communicator(heap_bytes: int | None = None):

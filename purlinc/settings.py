@@ -33,8 +33,9 @@ WAIT_TIMEOUT_S = Setting(
 )
 
 HEAP_MB = Setting(
-    "PURLIN_HEAP_MB", "512", False,
-    "size of each rank's symmetric heap (staging buffers and signal pads of every loaded collective), MiB",
+    "PURLIN_HEAP_MB", "2048", False,
+    "size of each rank's symmetric heap (staging buffers and signal pads of every loaded collective), MiB; "
+    "a plain load holds one schedule per size bucket, up to a few hundred MiB",
 )
 STAGE_MB = Setting(
     "PURLIN_STAGE_MB", "64", False,

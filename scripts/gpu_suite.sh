@@ -114,12 +114,6 @@ if tr:
                "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for row in tr["latency"]:
             md.append("| {collective} | {algorithm} | {atom} | {input_bytes_per_rank} | {purlin_graph_us} | {nccl_graph_us} | {purlin_eager_us} | {nccl_eager_us} |".format(**row))
-    if tr.get("launch_paths"):
-        md += ["", "Eager launch paths (allgather, 1 KiB in, 1 channel): per-call eager time and host time alone, us",
-               "", "| packed | eager (libcuda ctypes) | eager (cuda-bindings) | host (ctypes) | host (bindings) |",
-               "| --- | --- | --- | --- | --- |"]
-        for row in tr["launch_paths"]:
-            md.append("| {packed} | {eager_us_ctypes} | {eager_us_bindings} | {host_us_ctypes} | {host_us_bindings} |".format(**row))
 if summary["local_results"]:
     md += ["", "Local results: " + json.dumps(summary["local_results"])]
 for part in ("local", "local_ce", "torchrun_pytest"):

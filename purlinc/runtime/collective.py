@@ -170,11 +170,52 @@ class _Variant:
     __slots__ = ("function", "module", "grid", "block", "shared", "abi", "key")
 
     def __init__(self, function, module, abi, key):
-        from purlinc.runtime.driver import handle_int
-
-        # The raw handle as an int: the launch goes through libcuda directly (driver.launch).
-        self.function, self.module, self.abi, self.key = handle_int(function), module, abi, key
+        self.function, self.module, self.abi, self.key = function, module, abi, key
         self.grid, self.block, self.shared = abi.channels, abi.threads, abi.shared_bytes
+
+
+class FastPath:
+    """The last call's launch, replayed when the next call passes the same torch tensors.
+
+    Describing and validating two tensors costs more than the launch itself; an eager call
+    whose buffers are unchanged (the same pointers, shapes, dtypes and contiguity, read off
+    the tensors, which covers a tensor freed and replaced by an identical one) only needs the
+    current stream and the launch.  Anything else takes the full path, which validates.
+    """
+
+    __slots__ = ("tensor_type", "x_key", "out_key", "op", "count", "target")
+
+    @staticmethod
+    def key(t, tensor_type):
+        if t is None:
+            return None
+        if type(t) is not tensor_type:
+            return False  # not a plain torch tensor: never matches
+        return (t.data_ptr(), t.shape, t.dtype, t.is_contiguous())
+
+    @classmethod
+    def make(cls, x, out, result, op, count, target, out_units):
+        torch = interop.torch_module()
+        if torch is None or target is None or (out is None and out_units):
+            return None  # nothing to replay, or an output allocated per call
+        fast = cls()
+        fast.tensor_type = torch.Tensor
+        fast.x_key, fast.out_key = cls.key(x, torch.Tensor), cls.key(out, torch.Tensor)
+        if fast.x_key is False or fast.out_key is False or (x is None and out is None):
+            return None
+        fast.op, fast.count, fast.target = op, count, target
+        return fast
+
+    def matches(self, x, out, op, count) -> bool:
+        return (op == self.op and count == self.count and self.key(x, self.tensor_type) == self.x_key
+                and self.key(out, self.tensor_type) == self.out_key)
+
+    def launch(self, collective) -> None:
+        driver = collective._driver
+        if collective._multi_device:
+            driver.set_current(collective.device)
+        function, grid, block, shared, packed = self.target
+        driver.launch(function, grid, block, shared, interop.current_stream(interop.TORCH, collective.device), packed)
 
 
 class Collective:
@@ -207,6 +248,7 @@ class Collective:
         self._flag = ctypes.c_uint64.from_address(self.error_host)
         self._variants: dict = {}
         self._args: dict = {}
+        self._fast: FastPath | None = None
         self._shapes: dict = {}
         self._ce = None
         if compiled.ce_plan is not None:
@@ -329,28 +371,42 @@ class Collective:
             handle = interop.current_stream(kind, self.device)
         return shape, handle, (out if self.out_units else None)
 
+    def target(self, shape: CallShape):
+        """What launching ``shape`` takes: (function, grid, block, shared, packed args), or None
+        when there is no kernel to launch (count 0, or the ce atom, which is host-driven)."""
+        if shape.count == 0 or self._ce is not None:
+            return None
+        piece = choose_piece(shape.count, self.stage_units, shape.dtype.itemsize, self.layout.stage_bytes)
+        variant = self.variant(shape.dtype, shape.op)
+        return (variant.function, variant.grid, variant.block, variant.shared, self._packed(variant, shape, piece))
+
     def launch(self, shape: CallShape, stream: int) -> None:
         if shape.count == 0:
             return  # every rank sees count 0 and skips alike
         if self._multi_device:
             self._driver.set_current(self.device)
-        itemsize = shape.dtype.itemsize
-        piece = choose_piece(shape.count, self.stage_units, itemsize, self.layout.stage_bytes)
         if self._ce is not None:
             from purlinc.runtime.ce import Buffers
 
+            itemsize = shape.dtype.itemsize
+            piece = choose_piece(shape.count, self.stage_units, itemsize, self.layout.stage_bytes)
             self._ce.run(Buffers(shape.in_ptr, shape.out_ptr, tuple(self.stage_ptrs), tuple(self.pad_ptrs),
                                  shape.count, piece, itemsize), stream)
             return
-        variant = self.variant(shape.dtype, shape.op)
-        packed = self._packed(variant, shape, piece)
-        self._driver.launch(variant.function, variant.grid, variant.block, variant.shared, stream, packed)
+        function, grid, block, shared, packed = self.target(shape)
+        self._driver.launch(function, grid, block, shared, stream, packed)
 
     def __call__(self, x=None, out=None, op="sum", stream=None, *, count: int | None = None):
         """Run on this rank's buffers; returns ``out`` (allocated like ``x`` when None)."""
-        shape, handle, out = self.prepare_call(x, out, op, stream, count)
+        fast = self._fast
+        if fast is not None and stream is None and fast.matches(x, out, op, count) and not self._flag.value:
+            fast.launch(self)
+            return out
+        shape, handle, result = self.prepare_call(x, out, op, stream, count)
         self.launch(shape, handle)
-        return out
+        if stream is None:
+            self._fast = FastPath.make(x, out, result, op, count, self.target(shape), self.out_units)
+        return result
 
     def warm(self, dtype: DType | str, op: ReduceOp | str | None = "sum") -> None:
         """Compile and load the kernel for (dtype, op) now (a collective under torchrun)."""
@@ -362,6 +418,7 @@ class Collective:
         """Give the heap regions back (call on every rank, in the same order as loads)."""
         if self.closed:
             return
+        self._fast = None  # a closed collective must take the path that says so
         driver = self._driver
         failure = None
         try:

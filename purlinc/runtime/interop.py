@@ -208,6 +208,11 @@ def describe(x) -> ArrayInfo:
 _raw_torch_stream = None
 
 
+def torch_module():
+    """torch if the caller has imported it (Purlin never imports it on its own)."""
+    return sys.modules.get("torch")
+
+
 def current_stream(kind: str, device: int) -> int:
     """The caller's current stream on ``device`` (torch's or CuPy's), as an int handle."""
     global _raw_torch_stream

@@ -203,40 +203,6 @@ def latency(comm):
             })
 
 
-def launch_paths(comm):
-    """Eager cost of the two launch paths (libcuda through ctypes, the cuda-bindings wrapper),
-    and the host time alone per call, for the smallest collectives."""
-    import purlinc
-    from purlinc.runtime import driver
-
-    x = torch.randn(512, device=comm.device).to(torch.bfloat16)
-    for packed in (None, True):
-        coll = purlinc.load(EXAMPLES / "allgather.pln", comm, algorithm="direct-push", atom="ldst",
-                            channels=1, packed=packed)
-        out = torch.empty(coll.out_units * 512, dtype=x.dtype, device=comm.device)
-        coll(x, out)
-        torch.cuda.synchronize()
-        row = {"collective": "allgather", "bytes_in": 1024, "packed": bool(packed)}
-        for path in ("ctypes", "bindings"):
-            saved = (driver._raw_launch, driver._raw_launch_probed)
-            if path == "bindings":
-                driver._raw_launch, driver._raw_launch_probed = None, True
-            try:
-                row[f"eager_us_{path}"] = round(time_eager(lambda: coll(x, out)), 2)
-                dist.barrier()
-                torch.cuda.synchronize()
-                start = time.perf_counter()
-                for _ in range(300):
-                    coll(x, out)
-                row[f"host_us_{path}"] = round((time.perf_counter() - start) / 300 * 1e6, 2)
-                torch.cuda.synchronize()
-            finally:
-                driver._raw_launch, driver._raw_launch_probed = saved
-        coll.check()
-        coll.close()
-        results.setdefault("launch_paths", []).append(row)
-
-
 def main():
     import purlinc
 
@@ -269,7 +235,6 @@ def main():
     if os.environ.get("PURLIN_SKIP_LATENCY") != "1":
         t = time.time()
         latency(comm)
-        launch_paths(comm)
         stages["latency_s"] = round(time.time() - t, 1)
     results["stages"] = stages
     gathered = [None] * dist.get_world_size()
