@@ -251,13 +251,6 @@ class PackedArgs:
 _launch = cu.cuLaunchKernel
 
 
-def handle_int(handle) -> int:
-    """A driver handle (CUfunction, CUstream, ...) or an int, as an int."""
-    # int() of a binding handle is the handle's value (getPtr() would be the address of the
-    # Python object's storage, not the handle).
-    return handle if isinstance(handle, int) else int(handle)
-
-
 def launch(function, grid: int, block: int, shared: int, stream, args: PackedArgs) -> None:
     """cuLaunchKernel with one by-value struct argument (hot path: no allocation).
 
