@@ -139,11 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _options(args, spec):
-    from purlinc.pipeline import default_options
+def _overrides(args) -> dict:
+    """The LowerOptions fields the command line sets (applied over the spec's defaults)."""
     from purlinc.snac.ir import Algorithm
 
-    options = default_options(spec)
     changes = {}
     if getattr(args, "algorithm", None):
         changes["algorithm"] = Algorithm(args.algorithm)
@@ -155,7 +154,13 @@ def _options(args, spec):
         changes["registered"] = frozenset({"in", "out"} if registered == "both" else {registered})
     if getattr(args, "packed", False):
         changes["packed"] = True
-    return replace(options, **changes)
+    return changes
+
+
+def _options(args, spec):
+    from purlinc.pipeline import default_options
+
+    return replace(default_options(spec), **_overrides(args))
 
 
 def _cmd_dump(args) -> int:
@@ -220,20 +225,18 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_compile(args) -> int:
-    from purlinc.atom.emit import write_artifacts
     from purlinc import pipeline
-    from purlinc.dtypes import DType
+    from purlinc.atom.emit import write_artifacts
 
-    source = pipeline.load_source(args.file)
-    definition = pipeline.parse_stage(source)
+    # Options go in as overrides, not as options computed from a checked spec: on a compile
+    # cache hit nothing is parsed, lowered or generated (see pipeline.compile).
     ranks_defaulted = args.ranks is None
     world_size = pipeline.DEFAULT_WORLD_SIZE if ranks_defaulted else args.ranks
-    spec = pipeline.spec_stage(definition, world_size, dict(args.param))
     artifact = pipeline.compile(
         args.file, world_size=world_size, params=dict(args.param), arch=args.arch,
-        options=_options(args, spec), atom=args.atom, dtype=DType.parse(args.dtype), op=args.op,
+        overrides=_overrides(args), atom=args.atom, dtype=args.dtype, op=args.op,
     )
-    out_dir = Path(args.output_dir) if args.output_dir else Path("purlin-out") / spec.name
+    out_dir = Path(args.output_dir) if args.output_dir else Path("purlin-out") / artifact.collective
     written = write_artifacts(artifact, out_dir, ranks_defaulted=ranks_defaulted)
     for path in written:
         print(path)

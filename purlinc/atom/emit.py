@@ -41,10 +41,10 @@ def manifest(artifact, *, ranks_defaulted: bool) -> dict:
     abi = kernel.abi
     return {
         "schema": MANIFEST_SCHEMA,
-        "collective": artifact.spec.name,
+        "collective": artifact.collective,
         "ranks": schedule.world_size,
         "ranks_defaulted": ranks_defaulted,
-        "params": dict(artifact.spec.params),
+        "params": dict(artifact.params),
         "operation": schedule.operation.value,
         "arch": kernel.arch,
         "atom": artifact.atom,
