@@ -20,7 +20,6 @@ their data straight to OUT, then one barrier.  Notifies of ACK signals are relax
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, fields, is_dataclass
 from enum import Enum
 from functools import lru_cache

@@ -442,6 +442,24 @@ class Collective:
             raise failure
 
 
+def prepare_group(name: str, ranks: Sequence[Collective], xs, outs, op, streams, count):
+    """Validate a group call for every rank before any launch (a launched rank would wait for
+    the others): one entry per rank in xs / outs / streams, and one count for all ranks."""
+    world = len(ranks)
+    xs = list(xs) if xs is not None else [None] * world
+    outs = list(outs) if outs is not None else [None] * world
+    streams = list(streams) if streams is not None else [None] * world
+    for label, values in (("xs", xs), ("outs", outs), ("streams", streams)):
+        if len(values) != world:
+            raise ArgumentError(f"{name}: {label} has {len(values)} entries, expected {world} (one per rank)")
+    prepared = [c.prepare_call(x, o, op, s, count) for c, x, o, s in zip(ranks, xs, outs, streams)]
+    counts = {p[0].count for c, p in zip(ranks, prepared) if c.in_units or c.out_units}
+    if len(counts) > 1:
+        raise ArgumentError(f"{name}: ranks disagree on count (elements per chunk): "
+                            + ", ".join(f"rank {r}: {p[0].count}" for r, p in enumerate(prepared)))
+    return prepared
+
+
 class GroupCollective:
     """A LocalGroup's collective: ``gcoll(xs, outs=None, op="sum", streams=None)`` with one
     buffer per rank; ``gcoll[r]`` is rank r's Collective (e.g. to capture per-device graphs)."""
@@ -457,19 +475,7 @@ class GroupCollective:
         return len(self.ranks)
 
     def __call__(self, xs, outs=None, op="sum", streams=None, *, count: int | None = None):
-        world = len(self.ranks)
-        xs = list(xs) if xs is not None else [None] * world
-        outs = list(outs) if outs is not None else [None] * world
-        streams = list(streams) if streams is not None else [None] * world
-        for label, values in (("xs", xs), ("outs", outs), ("streams", streams)):
-            if len(values) != world:
-                raise ArgumentError(f"{self.name}: {label} has {len(values)} entries, expected {world} (one per rank)")
-        # Validate every rank before launching any: a launched rank would wait for the others.
-        prepared = [c.prepare_call(x, o, op, s, count) for c, x, o, s in zip(self.ranks, xs, outs, streams)]
-        counts = {p[0].count for c, p in zip(self.ranks, prepared) if c.in_units or c.out_units}
-        if len(counts) > 1:
-            raise ArgumentError(f"{self.name}: ranks disagree on count (elements per chunk): "
-                                + ", ".join(f"rank {r}: {p[0].count}" for r, p in enumerate(prepared)))
+        prepared = prepare_group(self.name, self.ranks, xs, outs, op, streams, count)
         for collective, (shape, handle, _) in zip(self.ranks, prepared):
             collective.launch(shape, handle)
         return [out for _, _, out in prepared]

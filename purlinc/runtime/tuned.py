@@ -17,7 +17,9 @@ from pathlib import Path
 from purlinc import settings
 from purlinc.errors import PurlinError
 from purlinc.runtime import tuning
-from purlinc.runtime.collective import Collective, FastPath, GroupCollective, _load_compiled, prepare
+from purlinc.runtime.collective import (
+    Collective, FastPath, GroupCollective, _load_compiled, prepare, prepare_group,
+)
 from purlinc.snac.ir import LowerOptions
 
 _MIN_STAGE = 64 << 10
@@ -155,19 +157,9 @@ class TunedGroup:
         return len(self.ranks)
 
     def __call__(self, xs, outs=None, op="sum", streams=None, *, count: int | None = None):
-        world = len(self.ranks)
-        xs = list(xs) if xs is not None else [None] * world
-        outs = list(outs) if outs is not None else [None] * world
-        streams = list(streams) if streams is not None else [None] * world
-        prepared = [t.variants[0].prepare_call(x, o, op, s, count)
-                    for t, x, o, s in zip(self.ranks, xs, outs, streams)]
-        counts = {shape.count for (shape, _, _), t in zip(prepared, self.ranks)
-                  if t.variants[0].in_units or t.variants[0].out_units}
-        if len(counts) > 1:
-            from purlinc.runtime.errors import ArgumentError
-
-            raise ArgumentError(f"{self.name}: ranks disagree on count (elements per chunk): "
-                                + ", ".join(f"rank {r}: {p[0].count}" for r, p in enumerate(prepared)))
+        for tuned in self.ranks:  # a timeout in any bucket's schedule is reported now
+            tuned.check()
+        prepared = prepare_group(self.name, [t.variants[0] for t in self.ranks], xs, outs, op, streams, count)
         for tuned, (shape, handle, _) in zip(self.ranks, prepared):
             tuned.variant_for(shape.count, shape.dtype.itemsize).launch(shape, handle)
         return [out for _, _, out in prepared]
