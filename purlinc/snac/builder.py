@@ -1,0 +1,215 @@
+"""The builder every lowering shares: template programs with symbolic signals, staging units
+and deferred ack counts, numbered and instantiated per channel by ``_Builder.build``.
+
+How signals, keys and channels fit together is told in ``purlinc.snac.lower``'s docstring."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+from purlinc.frontend.ast import Operation
+from purlinc.frontend.spec import Chunk, Spec
+from purlinc.snac.ir import Consume, LowerOptions, Notify, Program, Region, Role, Schedule, Signal, SignalDecl, Space
+from purlinc.snac.ir import Stage, Wait
+from purlinc.snac.needs import _Need
+
+IN, OUT, STAGE = Space.IN, Space.OUT, Space.STAGE
+
+
+# --------------------------------------------------------------------------------------
+# The builder: template programs with symbolic signals and deferred ack counts
+
+
+@dataclass(frozen=True, slots=True)
+class _Sig:
+    """A signal before numbering: DATA(owner=consumer, peer=producer) or ACK(owner=producer, peer=consumer)."""
+
+    owner: int
+    role: Role
+    peer: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Ref:
+    """A wait's target, resolved at the end: the k recorded under ``key``, minus per_call if ``previous``."""
+
+    key: object
+    previous: bool
+
+
+def _data(producer: int, consumer: int) -> _Sig:
+    return _Sig(consumer, Role.DATA, producer)
+
+
+def _ack(producer: int, consumer: int) -> _Sig:
+    return _Sig(producer, Role.ACK, consumer)
+
+
+@dataclass
+class _Builder:
+    spec: Spec
+    options: LowerOptions
+    steps: list[list] = field(default_factory=list)
+    units: list[int] = field(default_factory=list)
+    counts: dict[_Sig, int] = field(default_factory=lambda: defaultdict(int))
+    recorded: dict[object, tuple[_Sig, int]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.steps = [[] for _ in range(self.world)]
+        self.units = [0] * self.world
+
+    @property
+    def world(self) -> int:
+        return self.spec.world_size
+
+    @property
+    def slices(self) -> int:
+        return self.options.slices
+
+    def unit(self, rank: int) -> int:
+        self.units[rank] += 1
+        return self.units[rank] - 1
+
+    def stage(self, rank: int, src: Region, dst: Region, note: str) -> None:
+        self.steps[rank].append(Stage(src, dst, note))
+
+    def stage_packed(self, rank: int, src: Region, dst: Region, sig: _Sig, note: str, keys: tuple = ()) -> int:
+        """A packed stage: the stage and the next notify of ``sig`` in one step."""
+        self.counts[sig] += 1
+        k = self.counts[sig]
+        self.steps[rank].append(Stage(src, dst, note, sig, k))
+        for key in keys:
+            self.recorded[key] = (sig, k)
+        return k
+
+    def notify(self, rank: int, sig: _Sig, note: str, keys: tuple = ()) -> int:
+        """Emit a notify on ``sig``; record its k under every key; return k."""
+        self.counts[sig] += 1
+        k = self.counts[sig]
+        self.steps[rank].append(Notify(sig, k, note))
+        for key in keys:
+            self.recorded[key] = (sig, k)
+        return k
+
+    def wait(self, rank: int, key: object, note: str, previous: bool = False) -> None:
+        self.steps[rank].append(Wait(None, _Ref(key, previous), note))
+
+    def wait_all(self, rank: int, keys, note_of) -> None:
+        """One wait per distinct (signal, k) among ``keys`` (the highest k per signal suffices)."""
+        best: dict[_Sig, tuple[int, object]] = {}
+        for key in keys:
+            sig, k = self.recorded[key]
+            if sig not in best or k > best[sig][0]:
+                best[sig] = (k, key)
+        for sig, (_, key) in best.items():
+            self.wait(rank, key, note_of(sig))
+
+    def consume(self, rank: int, srcs: tuple[Region, ...], dst: Region, chunk: Chunk, position: int, note: str = "") -> None:
+        operation = Operation.REDUCE if len(srcs) > 1 else Operation.COPY
+        line = self.spec.output_line(dst.rank, position) if dst.space is OUT else None
+        self.steps[rank].append(Consume(operation, srcs, dst, note or str(chunk), line))
+
+    # ---- finishing
+
+    def build(self, algorithm_note: str = "") -> Schedule:
+        spec, options = self.spec, self.options
+        for rank in range(self.world):
+            for step in self.steps[rank]:
+                if isinstance(step, Wait):
+                    sig, _ = self.recorded[step.k.key]
+                    if sig.owner != rank:
+                        raise AssertionError(f"r{rank} waits on {sig}, owned by r{sig.owner}")
+        # Number signals per owner: DATA by producer rank, then ACK by consumer rank.
+        per_owner: dict[int, list[_Sig]] = defaultdict(list)
+        for sig in sorted(self.counts, key=lambda s: (s.owner, s.role is Role.ACK, s.peer)):
+            per_owner[sig.owner].append(sig)
+        local = {sig: i for sigs in per_owner.values() for i, sig in enumerate(sigs)}
+        width = {owner: len(sigs) for owner, sigs in per_owner.items()}
+        S = self.slices
+
+        def signal(sig: _Sig, channel: int) -> Signal:
+            return Signal(sig.owner, channel * width[sig.owner] + local[sig])
+
+        def region(r: Region, channel: int) -> Region:
+            return replace(r, slice=channel * S + r.slice)
+
+        def step_for(step, channel: int):
+            if isinstance(step, Stage):
+                packed = {} if step.signal is None else {"signal": signal(step.signal, channel)}
+                return replace(step, src=region(step.src, channel), dst=region(step.dst, channel), **packed)
+            if isinstance(step, Consume):
+                return replace(step, srcs=tuple(region(s, channel) for s in step.srcs), dst=region(step.dst, channel))
+            if isinstance(step, Notify):
+                return replace(step, signal=signal(step.signal, channel))
+            sig, k = self.recorded[step.k.key]
+            if step.k.previous:
+                k -= self.counts[sig]
+            return replace(step, signal=signal(sig, channel), k=k)
+
+        programs = tuple(
+            Program(rank, channel, tuple(step_for(step, channel) for step in self.steps[rank]))
+            for rank in range(self.world)
+            for channel in range(options.channels)
+        )
+        decls = tuple(
+            SignalDecl(signal(sig, channel), self.counts[sig], sig.role, _signal_note(sig, channel))
+            for owner in sorted(per_owner)
+            for channel in range(options.channels)
+            for sig in per_owner[owner]
+        )
+        return Schedule(
+            collective=spec.name,
+            world_size=self.world,
+            operation=spec.operation,
+            options=options,
+            slices=options.channels * S,
+            in_units=tuple(len(layout) for layout in spec.inputs),
+            out_units=tuple(len(layout) for layout in spec.outputs),
+            stage_units=max(self.units, default=0),
+            signals=decls,
+            programs=programs,
+        )
+
+
+def _signal_note(sig: _Sig, channel: int) -> str:
+    if sig.role is Role.DATA:
+        return f"data from r{sig.peer}, channel {channel}"
+    return f"ack from r{sig.peer}, channel {channel}"
+
+
+def _from(sig: _Sig) -> str:
+    return f"from r{sig.peer}"
+
+
+def _names(chunks) -> str:
+    chunks = list(dict.fromkeys(str(c) for c in chunks))
+    return ", ".join(chunks) if len(chunks) <= 4 else ", ".join(chunks[:3]) + f", ... ({len(chunks)} chunks)"
+
+
+def _reg(space: Space, rank: int, unit: int, s: int) -> Region:
+    return Region(space, rank, unit, s)
+
+
+# --------------------------------------------------------------------------------------
+# Shared by the lowerings: one-shot messages, consumes into OUT
+
+
+@dataclass(frozen=True, slots=True)
+class _Msg:
+    """A chunk moved from ``src`` (on its producer) to ``dst`` (unit on the consumer)."""
+
+    chunk: Chunk
+    producer: int
+    consumer: int
+    src: tuple[Space, int]  # space, unit on the producer
+    dst: tuple[Space, int]  # space, unit on the consumer (push) or where the consumer reads (pull)
+
+
+def _consume_into(b: _Builder, rank: int, need: _Need, positions, srcs, s: int, src_rank=None) -> None:
+    """One Consume into the first position, then copies to the others (bitwise the same)."""
+    regions = tuple(_reg(space, rank if src_rank is None else src_rank[i], unit, s) for i, (space, unit) in enumerate(srcs))
+    first = _reg(OUT, rank, positions[0], s)
+    b.consume(rank, regions, first, need.chunk, positions[0])
+    for position in positions[1:]:
+        b.consume(rank, (first,), _reg(OUT, rank, position, s), need.chunk, position)

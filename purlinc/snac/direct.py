@@ -1,0 +1,192 @@
+"""One-shot direct lowerings: direct-push (with packed/LL stages) and direct-pull."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from purlinc.errors import PurlinError
+from purlinc.frontend.spec import Slot, Spec
+from purlinc.snac.builder import IN, OUT, STAGE, _ack, _Builder, _consume_into, _data, _from, _Msg, _names, _reg
+from purlinc.snac.ir import LowerOptions, Schedule, Space
+from purlinc.snac.needs import _copy_source, _needs
+
+
+# --------------------------------------------------------------------------------------
+# One-shot algorithms
+
+
+def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
+    b = _Builder(spec, options)
+    S, R = b.slices, b.world
+    registered_out = "out" in options.registered and not spec.is_reduce
+    msgs: list[_Msg] = []
+    landed: dict[tuple[Slot, int], int] = {}  # (slot, consumer) -> STAGE unit on consumer
+    local_work: list[list] = [[] for _ in range(R)]  # per rank: (srcs-fn, dst-fn)
+    remote_work: list[list] = [[] for _ in range(R)]
+
+    needs = _needs(spec)
+    # Units on each consumer in (producer, input position) order: what one producer sends
+    # one consumer is contiguous there, so the datapath may move it as one block.
+    wanted = set()
+    for need in needs:
+        for consumer, _ in need.positions:
+            slots = need.sources if spec.is_reduce else (_copy_source(need, consumer),)
+            wanted.update((slot, consumer) for slot in slots if slot.rank != consumer)
+    packed = options.packed
+    if packed and registered_out:
+        raise PurlinError(
+            f"packed (LL) stages write the consumer's staging buffer, but {spec.name} with a registered "
+            "output pushes straight into it: drop --registered out or --packed"
+        )
+    if not registered_out:
+        for slot, consumer in sorted(wanted, key=lambda sc: (sc[1], sc[0])):
+            landed[slot, consumer] = b.unit(consumer)
+            if packed:  # packets are twice the data: the next unit holds their second half
+                b.unit(consumer)
+    for need in needs:
+        for consumer, positions in need.positions:
+            if spec.is_reduce:
+                slots = need.sources
+            else:
+                slots = (_copy_source(need, consumer),)
+            srcs = []
+            for slot in slots:
+                if slot.rank == consumer:
+                    srcs.append((IN, slot.position))
+                    continue
+                if registered_out:
+                    for position in positions:
+                        msgs.append(_Msg(need.chunk, slot.rank, consumer, (IN, slot.position), (OUT, position)))
+                    srcs = None
+                    continue
+                if not any(m.producer == slot.rank and m.consumer == consumer and m.src == (IN, slot.position) for m in msgs):
+                    msgs.append(_Msg(need.chunk, slot.rank, consumer, (IN, slot.position), (STAGE, landed[slot, consumer])))
+                srcs.append((STAGE, landed[slot, consumer]))
+            if srcs is None:  # landed straight in OUT
+                remote_work[consumer].append((need, positions, None))
+                continue
+            local = all(space is IN for space, _ in srcs)
+            (local_work if local else remote_work)[consumer].append((need, positions, tuple(srcs)))
+
+    out_edges = {(m.producer, m.consumer) for m in msgs if m.dst[0] is OUT}
+    stage_edges = {(m.producer, m.consumer) for m in msgs if m.dst[0] is STAGE}
+    edges = sorted(out_edges | stage_edges, key=lambda e: (e[1], e[0]))
+
+    # 1. "ready": a consumer whose OUT is written by peers says so first thing.
+    for producer, consumer in sorted(out_edges, key=lambda e: (e[1], e[0])):
+        b.notify(consumer, _ack(producer, consumer), f"r{consumer}.out ready for r{producer}", keys=(("ready", producer, consumer),))
+    # 2. Producers make sure their targets are free: previous call consumed / this call started.
+    for producer in range(R):
+        for p, consumer in edges:
+            if p != producer:
+                continue
+            if (p, consumer) in stage_edges:
+                b.wait(producer, ("ack", p, consumer), f"r{consumer} done with last call's data", previous=True)
+            if (p, consumer) in out_edges:
+                b.wait(producer, ("ready", p, consumer), f"r{consumer}.out ready")
+    # 3. Stage everything, then one notify per edge and slice.
+    for producer in range(R):
+        # Start with the next rank, so that not every producer hits rank 0 first.
+        mine = sorted((m for m in msgs if m.producer == producer), key=lambda m: ((m.consumer - producer) % R, m.dst))
+        for s in range(S):
+            for m in mine:
+                src, dst = _reg(m.src[0], producer, m.src[1], s), _reg(m.dst[0], m.consumer, m.dst[1], s)
+                if packed:  # the notify rides in the packets: one k per message slice
+                    b.stage_packed(producer, src, dst, _data(producer, m.consumer), f"{m.chunk} for r{m.consumer}",
+                                   keys=(("data", producer, m.consumer, s),))
+                    continue
+                b.stage(producer, src, dst, f"{m.chunk} for r{m.consumer}")
+            if packed:
+                continue
+            for p, consumer in sorted(edges, key=lambda e: (e[1] - producer) % R):
+                if p != producer:
+                    continue
+                chunks = [m.chunk for m in mine if m.consumer == consumer]
+                b.notify(producer, _data(producer, consumer), f"{_names(chunks)} for r{consumer}", keys=(("data", producer, consumer, s),))
+    # 4. Outputs made only of local inputs: no need to wait for anyone.
+    for rank in range(R):
+        for s in range(S):
+            for need, positions, srcs in local_work[rank]:
+                _consume_into(b, rank, need, positions, srcs, s)
+    # 5. Wait for each slice from every peer, then consume it.
+    for consumer in range(R):
+        producers = sorted({p for p, c in edges if c == consumer})
+        for s in range(S):
+            b.wait_all(consumer, [("data", p, consumer, s) for p in producers],
+                       lambda sig: f"({_names(m.chunk for m in msgs if (m.producer, m.consumer) == (sig.peer, consumer))} {_from(sig)})")
+            for need, positions, srcs in remote_work[consumer]:
+                if srcs is not None:
+                    _consume_into(b, consumer, need, positions, srcs, s)
+    # 6. Tell producers their staging units are free again.
+    for consumer in range(R):
+        for producer in sorted({p for p, c in stage_edges if c == consumer}):
+            b.notify(consumer, _ack(producer, consumer), f"consumed r{producer}'s data", keys=(("ack", producer, consumer),))
+    return b.build()
+
+
+def _direct_pull(spec: Spec, options: LowerOptions) -> Schedule:
+    b = _Builder(spec, options)
+    S, R = b.slices, b.world
+    registered_in = "in" in options.registered
+    exposed: dict[Slot, tuple[Space, int]] = {}  # slot -> where its producer exposes it
+    readers: dict[Slot, list[int]] = defaultdict(list)
+    work: list[list] = [[] for _ in range(R)]  # (need, positions, srcs: ((space, rank, unit), ...))
+
+    for need in _needs(spec):
+        for consumer, positions in need.positions:
+            slots = need.sources if spec.is_reduce else (_copy_source(need, consumer),)
+            srcs = []
+            for slot in slots:
+                if slot.rank == consumer:
+                    srcs.append((IN, consumer, slot.position))
+                    continue
+                if slot not in exposed:
+                    exposed[slot] = (IN, slot.position) if registered_in else (STAGE, b.unit(slot.rank))
+                if consumer not in readers[slot]:
+                    readers[slot].append(consumer)
+                srcs.append((exposed[slot][0], slot.rank, exposed[slot][1]))
+            work[consumer].append((need, positions, tuple(srcs)))
+
+    edges = sorted({(slot.rank, c) for slot, cs in readers.items() for c in cs}, key=lambda e: (e[0], e[1]))
+    exposed_by = {p: sorted(slot for slot in exposed if slot.rank == p) for p in range(R)}
+    chunk_of = {slot: spec.inputs[slot.rank][slot.position] for slot in exposed}
+
+    # 1. A producer rewrites its staging units only once last call's readers are done.
+    if not registered_in:
+        for producer, consumer in edges:
+            b.wait(producer, ("ack", producer, consumer), f"r{consumer} done reading last call's data", previous=True)
+    # 2. Expose (local copy into STAGE unless IN is registered), then tell every reader.
+    for producer in range(R):
+        consumers = [c for p, c in edges if p == producer]
+        for s in range(S if not registered_in else 1):
+            if not registered_in:
+                for slot in exposed_by[producer]:
+                    unit = exposed[slot][1]
+                    b.stage(producer, _reg(IN, producer, slot.position, s), _reg(STAGE, producer, unit, s), f"{chunk_of[slot]} for readers")
+            for consumer in consumers:
+                chunks = [chunk_of[slot] for slot in exposed_by[producer] if consumer in readers[slot]]
+                slices = range(S) if registered_in else (s,)
+                b.notify(producer, _data(producer, consumer), f"{_names(chunks)} readable by r{consumer}",
+                         keys=tuple(("data", producer, consumer, t) for t in slices))
+    # 3. Outputs made only of local inputs.
+    for rank in range(R):
+        for s in range(S):
+            for need, positions, srcs in work[rank]:
+                if all(r == rank for _, r, _ in srcs):
+                    _consume_into(b, rank, need, positions, [(sp, u) for sp, _, u in srcs], s)
+    # 4. Wait for each producer, read its slice remotely.
+    for consumer in range(R):
+        producers = sorted({p for p, c in edges if c == consumer})
+        for s in range(S):
+            b.wait_all(consumer, [("data", p, consumer, s) for p in producers], lambda sig: f"({_from(sig)})")
+            for need, positions, srcs in work[consumer]:
+                if any(r != consumer for _, r, _ in srcs):
+                    _consume_into(b, consumer, need, positions, [(sp, u) for sp, _, u in srcs], s,
+                                  src_rank=[r for _, r, _ in srcs])
+        for producer in producers:
+            b.notify(consumer, _ack(producer, consumer), f"done reading r{producer}", keys=(("ack", producer, consumer),))
+    # 5. With registered inputs the caller may rewrite IN once we return: wait for every reader.
+    if registered_in:
+        for producer, consumer in edges:
+            b.wait(producer, ("ack", producer, consumer), f"r{consumer} done reading r{producer}.in")
+    return b.build()

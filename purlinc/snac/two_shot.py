@@ -1,0 +1,113 @@
+"""Two-shot lowering for reductions: reduce-scatter to each chunk's owner, then all-gather from it."""
+
+from __future__ import annotations
+
+from purlinc.errors import PurlinError
+from purlinc.frontend.spec import Chunk, Spec
+from purlinc.snac.builder import IN, OUT, STAGE, _ack, _Builder, _consume_into, _data, _from, _Msg, _names, _reg
+from purlinc.snac.ir import LowerOptions, Schedule
+from purlinc.snac.needs import _needs, _owners
+
+
+def _two_shot(spec: Spec, options: LowerOptions) -> Schedule:
+    needs = _needs(spec)
+    if not spec.is_reduce:
+        raise PurlinError(f"two-shot applies to reductions only; {spec.name} is a copy collective (use direct-push, direct-pull or ring)")
+    if not any(len(need.ranks) > 1 for need in needs):
+        raise PurlinError(
+            f"two-shot needs an output chunk that several ranks receive (as in allreduce); in {spec.name} "
+            f"for R={spec.world_size} every chunk goes to one rank, so two-shot would be exactly direct-push: use that"
+        )
+    b = _Builder(spec, options)
+    S, R = b.slices, b.world
+    registered_out = "out" in options.registered
+    owners = _owners(needs)
+    phase1: list[_Msg] = []  # contributions -> owner's STAGE
+    phase2: list[_Msg] = []  # owner's OUT -> other ranks
+    reduce_at: dict[Chunk, tuple] = {}  # chunk -> srcs on the owner
+    copies: list[list] = [[] for _ in range(R)]  # (need, positions, unit or None)
+    for need in needs:
+        owner = owners[need.chunk]
+        srcs = []
+        for slot in need.sources:
+            if slot.rank == owner:
+                srcs.append((IN, slot.position))
+            else:
+                unit = b.unit(owner)
+                phase1.append(_Msg(need.chunk, slot.rank, owner, (IN, slot.position), (STAGE, unit)))
+                srcs.append((STAGE, unit))
+        reduce_at[need.chunk] = tuple(srcs)
+        first = need.at(owner)[0]
+        for consumer, positions in need.positions:
+            if consumer == owner:
+                continue
+            if registered_out:
+                phase2.append(_Msg(need.chunk, owner, consumer, (OUT, first), (OUT, positions[0])))
+                copies[consumer].append((need, positions, None))
+            else:
+                unit = b.unit(consumer)
+                phase2.append(_Msg(need.chunk, owner, consumer, (OUT, first), (STAGE, unit)))
+                copies[consumer].append((need, positions, unit))
+
+    def edges_of(msgs):
+        return sorted({(m.producer, m.consumer) for m in msgs}, key=lambda e: (e[1], e[0]))
+
+    e1, e2 = edges_of(phase1), edges_of(phase2)
+    stage2 = [] if registered_out else e2
+    if registered_out:
+        for producer, consumer in e2:
+            b.notify(consumer, _ack(producer, consumer), f"r{consumer}.out ready for r{producer}", keys=(("ready", producer, consumer),))
+    for rank in range(R):
+        for producer, consumer in e1:
+            if producer == rank:
+                b.wait(rank, ("ack1", producer, consumer), f"r{consumer} done with last call's contributions", previous=True)
+        for producer, consumer in e2:
+            if producer == rank:
+                if registered_out:
+                    b.wait(rank, ("ready", producer, consumer), f"r{consumer}.out ready")
+                else:
+                    b.wait(rank, ("ack2", producer, consumer), f"r{consumer} done with last call's results", previous=True)
+
+    def push(msgs, edges, phase):
+        for producer in range(R):
+            mine = [m for m in msgs if m.producer == producer]
+            for s in range(S):
+                for m in mine:
+                    what = "contribution to" if phase == 1 else "result for"
+                    b.stage(producer, _reg(m.src[0], producer, m.src[1], s), _reg(m.dst[0], m.consumer, m.dst[1], s),
+                            f"{m.chunk} {what} r{m.consumer}")
+                for p, consumer in edges:
+                    if p == producer:
+                        chunks = [m.chunk for m in mine if m.consumer == consumer]
+                        b.notify(producer, _data(producer, consumer), f"{_names(chunks)} for r{consumer}",
+                                 keys=((f"data{phase}", producer, consumer, s),))
+
+    def waits(rank, msgs, edges, phase, s):
+        producers = sorted({p for p, c in edges if c == rank})
+        b.wait_all(rank, [(f"data{phase}", p, rank, s) for p in producers],
+                   lambda sig: f"({_names(m.chunk for m in msgs if (m.producer, m.consumer) == (sig.peer, rank))} {_from(sig)})")
+
+    # Phase 1: reduce-scatter to the owners.
+    push(phase1, e1, 1)
+    for rank in range(R):
+        mine = [need for need in needs if owners[need.chunk] == rank]
+        for s in range(S):
+            waits(rank, phase1, e1, 1, s)
+            for need in mine:
+                _consume_into(b, rank, need, need.at(rank), reduce_at[need.chunk], s)
+        for producer in sorted({p for p, c in e1 if c == rank}):
+            b.notify(rank, _ack(producer, rank), f"reduced r{producer}'s contributions", keys=(("ack1", producer, rank),))
+    # Phase 2: all-gather from the owners.
+    push(phase2, e2, 2)
+    for rank in range(R):
+        for s in range(S):
+            waits(rank, phase2, e2, 2, s)
+            for need, positions, unit in copies[rank]:
+                if unit is None:
+                    for position in positions[1:]:
+                        b.consume(rank, (_reg(OUT, rank, positions[0], s),), _reg(OUT, rank, position, s), need.chunk, position)
+                else:
+                    _consume_into(b, rank, need, positions, ((STAGE, unit),), s)
+        for producer in sorted({p for p, c in stage2 if c == rank}):
+            b.notify(rank, _ack(producer, rank), f"copied r{producer}'s results", keys=(("ack2", producer, rank),))
+    return b.build()
