@@ -1,0 +1,51 @@
+"""The wheel carries what a non-editable install needs: grammar, templates, tuning table.
+
+``grammar/`` and ``templates/`` live at the top of the repository and are mapped into the
+package by pyproject.toml; a mapping mistake only shows in a real (non-editable) install,
+which the editable test environment never exercises.
+"""
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> zipfile.ZipFile:
+    out = tmp_path_factory.mktemp("wheel")
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(REPO)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (path,) = out.glob("purlinc-*.whl")
+    return zipfile.ZipFile(path)
+
+
+def test_wheel_has_package_data(wheel):
+    names = set(wheel.namelist())
+    required = {
+        "purlinc/grammar/purlin.lark",
+        "purlinc/templates/kernel.cu.j2",
+        "purlinc/templates/prelude.cuh",
+        "purlinc/templates/atom_ldst.cuh.j2",
+        "purlinc/templates/atom_tma.cuh.j2",
+        "purlinc/templates/ll.cuh.j2",
+        "purlinc/runtime/tuning.json",
+        "purlin/__init__.py",
+    }
+    assert required <= names, sorted(required - names)
+    # every template in the repository ships
+    for template in (REPO / "templates").iterdir():
+        if template.suffix in (".j2", ".cuh"):
+            assert f"purlinc/templates/{template.name}" in names, template.name
+
+
+def test_wheel_declares_the_console_script(wheel):
+    entry_points = next(n for n in wheel.namelist() if n.endswith("entry_points.txt"))
+    assert "purlinc = purlinc.cli:main" in wheel.read(entry_points).decode()
