@@ -3,10 +3,8 @@ KernelABI.shared_bytes, compiled without spills, and the SASS shows the pipeline
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from purlinc.atom import nvrtc
 from purlinc.atom.atoms import ATOMS, parse_arch, tma_ring
 from purlinc.atom.codegen import generate
 from purlinc.dtypes import DType, ReduceOp
+from test_nvrtc import _tool  # the one lookup of the NVIDIA wheels' binaries
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 # Shared memory a block may opt in to (static + dynamic), from the CUDA programming guide.
@@ -80,18 +79,6 @@ def test_no_spills_and_shared_memory_fits(name, arch):
     assert atom_functions >= 3  # purlin_copy, purlin_tma_stream, purlin_ldst_copy
     static = [int(n) for n in re.findall(r"(\d+) bytes smem", log)]
     assert static and max(static) + kernel.abi.shared_bytes + 1024 <= MAX_SHARED[arch]  # 1 KiB reserved per block
-
-
-def _tool(name: str) -> str | None:
-    found = shutil.which(name)
-    if found:
-        return found
-    spec = importlib.util.find_spec("nvidia")
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        for candidate in sorted(Path(root).glob(f"*/bin/{name}")):
-            if os.access(candidate, os.X_OK):
-                return str(candidate)
-    return None
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
