@@ -243,7 +243,7 @@ def precompile_one(job: dict, arch: str) -> str:
     if prepare is not None:
         compiled = prepare(str(pln_path(job["collective"])), job["world_size"], arch=arch,
                            **{k: opts.get(k) for k in ("algorithm", "atom", "channels", "slices", "packed")})
-        if compiled.ce_plan is None:
+        if compiled.plan is None:  # a kernel atom (a host-driven one, ce, has no kernels)
             is_reduce = compiled.schedule.operation.value == "reduce"
             compiled.kernel(DType.BFLOAT16, ReduceOp.SUM if is_reduce else None)
         return f"{job['collective']}/{job['variant']}: ok"

@@ -23,7 +23,7 @@ import hashlib
 import json
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from purlinc import settings
@@ -33,54 +33,15 @@ from purlinc.errors import InternalError, PurlinError
 from purlinc.runtime import interop
 from purlinc.runtime.errors import ArgumentError, MismatchError, PurlinTimeoutError
 from purlinc.runtime.validate import CallShape, choose_piece, validate_call
-from purlinc.snac.ir import Algorithm, LowerOptions, Schedule
+from purlinc.atom.atoms import DEFAULT_ATOM, lookup_atom
+from purlinc.pipeline import Compiled
+from purlinc.snac.ir import Algorithm
 
-ATOMS = ("ldst", "tma", "ce")
 _ARGS_CACHE_LIMIT = 4096
 
 
 # ---------------------------------------------------------------------------------------------
-# compile-side state, shared by every rank of a process
-
-
-@dataclass
-class Compiled:
-    """One collective lowered for one world size, plus its kernels per (dtype, op)."""
-
-    name: str
-    source_text: str
-    filename: str
-    world_size: int
-    params: tuple[tuple[str, int], ...]
-    options: LowerOptions
-    atom: str
-    arch: str
-    spec: object
-    schedule: Schedule
-    ce_plan: object = None
-    kernels: dict = None  # (DType, ReduceOp | None) -> (KernelSource, cubin)
-    lock: threading.Lock = None
-    stage_bytes: int = 0  # staging space per rank (0: the default setting)
-
-    def kernel(self, dtype: DType, op: ReduceOp | None):
-        with self.lock:
-            hit = self.kernels.get((dtype, op))
-            if hit is None:
-                from purlinc.atom.codegen import generate
-                from purlinc.atom.nvrtc import compile_cubin
-
-                source = generate(self.schedule, self.spec, atom=self.atom, arch=self.arch, dtype=dtype, op=op)
-                hit = (source, compile_cubin(source.source, source.filename, self.arch))
-                self.kernels[(dtype, op)] = hit
-            return hit
-
-    def identity(self) -> dict:
-        """What every rank must agree on (hashed at load)."""
-        return {
-            "source": hashlib.sha256(self.source_text.encode()).hexdigest(),
-            "name": self.name, "world_size": self.world_size, "params": list(self.params),
-            "options": self.options.key(), "atom": self.atom, "arch": self.arch,
-        }
+# compile-side state: the pipeline's Compiled, shared by every rank of a process
 
 
 def prepare(
@@ -94,50 +55,19 @@ def prepare(
     slices: int | None = None,
     packed: bool | None = None,
     arch: str = "sm_90",
-    stage_bytes: int | None = None,
 ) -> Compiled:
     """Parse, check and lower (no GPU needed): everything a load decides before touching memory.
 
-    ``stage_bytes`` caps this collective's staging space (default PURLIN_STAGE_MB); larger
-    messages run in several rounds.
+    The same path as ``purlinc compile`` (``pipeline.prepare``), with the runtime's one
+    constraint: the caller's buffers are never registered (no per-call pointers are
+    exchanged).  Raises the PurlinError of an option, atom or algorithm that does not apply.
     """
     from purlinc import pipeline
 
-    atom = atom or "ldst"
-    if atom not in ATOMS:
-        raise ArgumentError(f"unknown atom {atom!r}; expected one of {', '.join(ATOMS)}")
-    source = pipeline.load_source(path_or_source)
-    definition = pipeline.parse_stage(source)
-    spec = pipeline.spec_stage(definition, world_size, params)
-    options = pipeline.default_options(spec)
-    if algorithm is not None:
-        try:
-            options = replace(options, algorithm=Algorithm(algorithm) if isinstance(algorithm, str) else algorithm)
-        except ValueError:
-            names = ", ".join(a.value for a in Algorithm)
-            raise ArgumentError(f"unknown algorithm {algorithm!r}; expected one of {names}") from None
-    if channels is not None:
-        options = replace(options, channels=int(channels))
-    if slices is not None:
-        options = replace(options, slices=int(slices))
-    if packed is not None:
-        options = replace(options, packed=bool(packed))
-    # The runtime exchanges no per-call pointers, so the caller's buffers are never registered.
-    options = replace(options, registered=frozenset())
-    schedule = pipeline.snac_stage(spec, options)
-    compiled = Compiled(
-        spec.name, source.text, source.filename, world_size, tuple(spec.params), options, atom, arch,
-        spec, schedule, None, {}, threading.Lock(), stage_bytes or settings.stage_bytes(),
-    )
-    if atom == "ce":
-        from purlinc.runtime.ce import plan
-
-        if getattr(options, "packed", False):
-            raise ArgumentError("the ce atom cannot run packed (LL) schedules: stream memory operations "
-                                "signal separately from the copies; drop packed=True or use atom='ldst'")
-
-        compiled.ce_plan = plan(schedule)
-    return compiled
+    overrides = {"algorithm": algorithm, "channels": channels, "slices": slices, "packed": packed,
+                 "registered": frozenset()}
+    return pipeline.prepare(path_or_source, world_size=world_size, params=params, arch=arch,
+                            atom=atom or DEFAULT_ATOM, overrides=overrides).prepared()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,11 +86,12 @@ class Layout:
     counters_bytes: int
 
 
-def layout_sizes(compiled: Compiled) -> tuple[int, int, int]:
-    """(staging, signal pad, counters) bytes for one rank."""
+def layout_sizes(compiled: Compiled, stage_bytes: int | None = None) -> tuple[int, int, int]:
+    """(staging, signal pad, counters) bytes for one rank; ``stage_bytes`` caps the staging
+    space (default PURLIN_STAGE_MB): larger messages run in several rounds."""
     schedule = compiled.schedule
-    stage = (compiled.stage_bytes or settings.stage_bytes()) if schedule.stage_units else 0
-    words = compiled.ce_plan.pad_words if compiled.ce_plan is not None else schedule.signal_pad_size()
+    stage = (stage_bytes or settings.stage_bytes()) if schedule.stage_units else 0
+    words = compiled.plan.pad_words if compiled.plan is not None else schedule.signal_pad_size()
     return stage, 8 * max(words, 1), 8 * schedule.channels
 
 
@@ -251,10 +182,9 @@ class Collective:
         self._fast: FastPath | None = None
         self._shapes: dict = {}
         self._ce = None
-        if compiled.ce_plan is not None:
-            from purlinc.runtime.ce import CeRunner
-
-            self._ce = CeRunner(compiled.ce_plan, self.rank, self.device)
+        self._host = lookup_atom(compiled.atom).host_module()  # a host-driven atom (ce): no kernels
+        if self._host is not None:
+            self._ce = self._host.Runner(compiled.plan, self.rank, self.device, driver)
         self.closed = False
         comm.register(self)
 
@@ -302,7 +232,7 @@ class Collective:
         if hit is not None:
             return hit
         driver = self._driver
-        source, cubin = self.compiled.kernel(dtype, op)
+        source, cubin = self.compiled.kernel(dtype, op)  # cached per (dtype, op) by the pipeline
         abi = source.abi
         if (abi.world_size, abi.channels, abi.stage_units) != (
             self.compiled.world_size, self.compiled.schedule.channels, self.stage_units
@@ -386,8 +316,7 @@ class Collective:
         if self._multi_device:
             self._driver.set_current(self.device)
         if self._ce is not None:
-            from purlinc.runtime.ce import Buffers
-
+            Buffers = self._host.Buffers
             itemsize = shape.dtype.itemsize
             piece = choose_piece(shape.count, self.stage_units, itemsize, self.layout.stage_bytes)
             self._ce.run(Buffers(shape.in_ptr, shape.out_ptr, tuple(self.stage_ptrs), tuple(self.pad_ptrs),
@@ -493,8 +422,8 @@ class GroupCollective:
 # load
 
 
-def _allocate(comm, compiled: Compiled) -> Layout:
-    stage, pad, counters = layout_sizes(compiled)
+def _allocate(comm, compiled: Compiled, stage_bytes: int | None) -> Layout:
+    stage, pad, counters = layout_sizes(compiled, stage_bytes)
     heap = comm.heap
     stage_off = heap.alloc(stage, f"{compiled.name} staging") if stage else 0
     pad_off = heap.alloc(pad, f"{compiled.name} signal pad")
@@ -504,7 +433,6 @@ def _allocate(comm, compiled: Compiled) -> Layout:
 
 def _zero(comm, compiled: Compiled, layout: Layout) -> None:
     from purlinc.runtime import driver
-    from purlinc.runtime.ce import init_image
 
     driver.set_current(comm.device)
     own = comm.heap.ptr(comm.rank, 0)
@@ -514,8 +442,9 @@ def _zero(comm, compiled: Compiled, layout: Layout) -> None:
         driver.memset_d8(own + layout.stage, 0, layout.stage_bytes)
     driver.memset_d8(own + layout.pad, 0, layout.pad_bytes)
     driver.memset_d8(own + layout.counters, 0, layout.counters_bytes)
-    if compiled.ce_plan is not None:
-        driver.copy_htod(own + layout.pad, init_image(compiled.ce_plan, comm.rank))
+    if compiled.plan is not None:
+        host = lookup_atom(compiled.atom).host_module()
+        driver.copy_htod(own + layout.pad, host.init_image(compiled.plan, comm.rank))
 
 
 def _fingerprint(compiled: Compiled, layout: Layout) -> str:
@@ -535,15 +464,16 @@ def _disagreement(name: str, prints: list, identities: list) -> MismatchError:
     )
 
 
-def _load_compiled(compiled: Compiled, comm, comms: list):
+def _load_compiled(compiled: Compiled, comm, comms: list, stage_bytes: int | None = None):
     """Take heap space for ``compiled`` on every rank of ``comms`` and check the ranks agree."""
     from purlinc.runtime import driver
     from purlinc.runtime.communicator import LocalGroup
 
     first = comms[0]
-    if compiled.ce_plan is not None and not driver.supports_stream_mem_ops(first.device):
-        raise PurlinError(f"the ce atom needs 64-bit stream memory operations, which cuda:{first.device} lacks")
-    layouts = [_allocate(c, compiled) for c in comms]
+    if compiled.plan is not None and not driver.supports_stream_mem_ops(first.device):
+        raise PurlinError(f"the {compiled.atom} atom needs 64-bit stream memory operations, "
+                          f"which cuda:{first.device} lacks")
+    layouts = [_allocate(c, compiled, stage_bytes) for c in comms]
     for c, layout in zip(comms, layouts):
         _zero(c, compiled, layout)
     for c in comms:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 
+from purlinc.atom.atoms import DEFAULT_ATOM
 from purlinc.snac.ir import Algorithm, LowerOptions
 
 TABLE_PATH = Path(__file__).with_name("tuning.json")
@@ -30,7 +31,7 @@ TABLE_PATH = Path(__file__).with_name("tuning.json")
 class Bucket:
     max_bytes: int | None  # None: no upper bound (the last bucket)
     algorithm: str = Algorithm.DIRECT_PUSH.value
-    atom: str = "ldst"
+    atom: str = DEFAULT_ATOM
     channels: int = 1
     slices: int = 1
     packed: bool = False
@@ -54,7 +55,7 @@ class Bucket:
         return cls(
             max_bytes=None if data.get("max_bytes") is None else int(data["max_bytes"]),
             algorithm=str(data.get("algorithm", Algorithm.DIRECT_PUSH.value)),
-            atom=str(data.get("atom", "ldst")),
+            atom=str(data.get("atom", DEFAULT_ATOM)),
             channels=int(data.get("channels") or 1),
             slices=int(data.get("slices") or 1),
             packed=bool(data.get("packed", False)),

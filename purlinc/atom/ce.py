@@ -43,6 +43,11 @@ one program, and schedules that touch another rank's IN or OUT (registered buffe
 
 There is no timeout on a stream wait: a peer that never calls leaves the stream blocked
 (``Collective.check`` cannot see it; use the ``ldst``/``tma`` atoms where that matters).
+
+Layers: this module is the Atom layer, below the runtime, so it never imports
+``purlinc.runtime``.  ``plan``/``expand`` are pure; ``CeRunner`` issues the driver calls
+through the driver module the runtime hands it (``purlinc.runtime.driver``, or any object
+with the same functions: a recorder in the CPU tests).
 """
 
 from __future__ import annotations
@@ -85,6 +90,12 @@ def gate_word(signals: int, signal: Signal) -> int:
 def plan(schedule: Schedule) -> CePlan:
     """Translate a copy schedule into copy-engine operations, or raise CeError saying why not."""
     name = schedule.collective
+    if schedule.options.packed:
+        raise CeError(
+            f"the ce atom cannot run packed (LL) schedules of {name}: stream memory operations signal "
+            "separately from the copies",
+            notes=("drop packed=True, or use atom='ldst'",),
+        )
     if schedule.operation is Operation.REDUCE:
         raise CeError(
             f"the ce atom cannot run {name}: it is a reduction, and the copy engines only move bytes",
@@ -211,11 +222,12 @@ def expand(plan_: CePlan, rank: int, channel: int, buffers: Buffers):
 
 
 class CeRunner:
-    """Issues one rank's plan on the caller's stream (and one forked stream per extra channel)."""
+    """Issues one rank's plan on the caller's stream (and one forked stream per extra channel).
 
-    def __init__(self, plan_: CePlan, rank: int, device: int):
-        from purlinc.runtime import driver
+    ``driver``: the runtime's driver module (``purlinc.runtime.driver``), passed in so this
+    layer does not import the one above it."""
 
+    def __init__(self, plan_: CePlan, rank: int, device: int, driver):
         self.plan = plan_
         self.rank = rank
         self.device = device
@@ -252,3 +264,6 @@ class CeRunner:
             if e is not None:
                 d.event_destroy(e)
         self.streams, self.joins, self.fork = [], [], None
+
+
+Runner = CeRunner  # the name the runtime asks a host-driven atom's module for (atoms.Atom.host)
