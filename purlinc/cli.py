@@ -7,15 +7,17 @@ import argparse
 import json
 import shlex
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from purlinc import settings
+from purlinc.atom.atoms import DEFAULT_ATOM, kernel_atoms
+from purlinc.dtypes import DTYPES
 from purlinc.errors import PurlinError
+from purlinc.snac.algorithms import ALGORITHMS as ALGORITHM_REGISTRY
 
 STAGES = ("ast", "spec", "snac", "cuda")
-ATOMS = ("ldst", "tma")
-ALGORITHMS = ("direct-push", "direct-pull", "two-shot", "ring")
+ATOMS = kernel_atoms()  # the atom registry's atoms with kernels (compile and dump write CUDA)
+ALGORITHMS = ALGORITHM_REGISTRY.names()
 
 
 def _param(text: str) -> tuple[str, int]:
@@ -78,8 +80,8 @@ def _add_lowering(parser: argparse.ArgumentParser) -> None:
 
 def _add_codegen(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", default="sm_90", help="target: sm_80, sm_90, sm_100 (or sm_90a, sm_100a); default sm_90")
-    parser.add_argument("--atom", choices=ATOMS, default="ldst", help="datapath mechanism (default ldst)")
-    parser.add_argument("--dtype", default="bfloat16", help="element type: float32, float16, bfloat16, int32, float8_e4m3, float8_e5m2")
+    parser.add_argument("--atom", choices=ATOMS, default=DEFAULT_ATOM, help=f"datapath mechanism (default {DEFAULT_ATOM})")
+    parser.add_argument("--dtype", default="bfloat16", help=f"element type: {', '.join(DTYPES)}")
     parser.add_argument("--op", default="sum", help="reduction operator for reduce collectives: sum, prod, max, min")
 
 
@@ -157,10 +159,10 @@ def _overrides(args) -> dict:
     return changes
 
 
-def _options(args, spec):
-    from purlinc.pipeline import default_options
+def _options(args, spec, **more):
+    from purlinc.pipeline import resolve_options
 
-    return replace(default_options(spec), **_overrides(args))
+    return resolve_options(spec, overrides={**_overrides(args), **more})
 
 
 def _cmd_dump(args) -> int:
@@ -210,7 +212,7 @@ def _cmd_check(args) -> int:
                     continue
                 if args.packed and not args.algorithm and algorithm is not Algorithm.DIRECT_PUSH:
                     continue  # packing applies to direct-push only
-                options = replace(_options(args, spec), algorithm=algorithm)
+                options = _options(args, spec, algorithm=algorithm)
                 try:
                     pipeline.snac_stage(spec, options)
                 except PurlinError as error:
