@@ -637,7 +637,8 @@ def prepare(
     cached = cache.settings.cache_enabled()
     if not cached:  # PURLIN_NO_CACHE: no cache at any level, in this process either
         return Compiled(request, key, False)
-    memo_key = (key, str(cache.settings.cache_dir()))  # the memo stands for that cache directory
+    # The memo stands for that cache directory; the file name rides along in diagnostics.
+    memo_key = (key, source.filename, str(cache.settings.cache_dir()))
     with _frontend_lock:
         hit = _compiled.get(memo_key)
         if hit is None:

@@ -58,16 +58,18 @@ def prepare(
 ) -> Compiled:
     """Parse, check and lower (no GPU needed): everything a load decides before touching memory.
 
-    The same path as ``purlinc compile`` (``pipeline.prepare``), with the runtime's one
-    constraint: the caller's buffers are never registered (no per-call pointers are
-    exchanged).  Raises the PurlinError of an option, atom or algorithm that does not apply.
+    The same path, and for the same inputs the same Compiled, as ``purlinc compile``
+    (``pipeline.prepare``).  The caller's buffers are never registered (no per-call pointers
+    are exchanged), which the default options already say.  Raises the PurlinError of an option, atom or algorithm that does not apply.
     """
     from purlinc import pipeline
 
-    overrides = {"algorithm": algorithm, "channels": channels, "slices": slices, "packed": packed,
-                 "registered": frozenset()}
-    return pipeline.prepare(path_or_source, world_size=world_size, params=params, arch=arch,
-                            atom=atom or DEFAULT_ATOM, overrides=overrides).prepared()
+    overrides = {"algorithm": algorithm, "channels": channels, "slices": slices, "packed": packed}
+    compiled = pipeline.prepare(path_or_source, world_size=world_size, params=params, arch=arch,
+                                atom=atom or DEFAULT_ATOM, overrides=overrides).prepared()
+    if compiled.options.registered:  # the defaults register nothing, and no override here does
+        raise InternalError(f"{compiled.name}: a runtime schedule asks for registered buffers")
+    return compiled
 
 
 # ---------------------------------------------------------------------------------------------
