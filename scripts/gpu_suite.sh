@@ -3,7 +3,7 @@
 # LocalGroup tests (ldst/tma, then ce on their own: a copy-engine wait has no timeout),
 # the torchrun tests (bootstrap, NCCL comparison, 1,000 calls, graphs, latency).
 # Everything runs under `timeout`; logs and a JSON + Markdown summary land in $OUT.
-# Designed to finish in under 8 minutes.  Usage: OUT=/some/dir scripts/gpu_suite.sh
+# Designed to finish in under 8 minutes (15 with the slow CPU sweeps; PURLIN_SLOW=0 skips them).  Usage: OUT=/some/dir scripts/gpu_suite.sh
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/purlin_gpu_suite}
@@ -39,10 +39,18 @@ PURLIN_TEST_ATOMS=ce step local_ce 70 local_ce.log \
   -k "test_collective or test_dtypes or test_graph or test_large"
 PURLIN_TORCHRUN_TIMEOUT=150 step torchrun 165 torchrun.log \
   python3 -m pytest -q -rs -s -p no:cacheprovider tests/gpu/test_torchrun.py --junitxml=/tmp/purlin_torchrun.xml
+# The CPU sweeps the default test run deselects (full NVRTC matrix, big property sweeps): the
+# many cores here finish them in a few minutes.  Needs hypothesis (the 'test' extra).
+if [ "${PURLIN_SLOW:-1}" != 0 ] && python3 -c "import hypothesis" 2>/dev/null; then
+  step slow 420 slow.log python3 -m pytest -q -rs -p no:cacheprovider -m slow tests --ignore=tests/gpu \
+    --junitxml=/tmp/purlin_slow.xml
+else
+  rm -f /tmp/purlin_slow.xml; RC[slow]=-1; SECS[slow]=0; echo "== slow: not run (PURLIN_SLOW=0, or no hypothesis)"
+fi
 
 export SUITE_RC_PRECOMPILE=${RC[precompile]} SUITE_RC_LOCAL=${RC[local]} SUITE_RC_LOCAL_CE=${RC[local_ce]}
-export SUITE_RC_TORCHRUN=${RC[torchrun]} SUITE_SECONDS=$(( $(date +%s) - T0 ))
-export SUITE_STEP_SECONDS="precompile=${SECS[precompile]} local=${SECS[local]} local_ce=${SECS[local_ce]} torchrun=${SECS[torchrun]}"
+export SUITE_RC_TORCHRUN=${RC[torchrun]} SUITE_RC_SLOW=${RC[slow]} SUITE_SECONDS=$(( $(date +%s) - T0 ))
+export SUITE_STEP_SECONDS="precompile=${SECS[precompile]} local=${SECS[local]} local_ce=${SECS[local_ce]} torchrun=${SECS[torchrun]} slow=${SECS[slow]}"
 python3 - <<'PY'
 import datetime, json, os, platform, subprocess, xml.etree.ElementTree as ET
 
@@ -90,8 +98,9 @@ summary = {
     "topology": sh("nvidia-smi topo -m"),
     "versions": versions(),
     "seconds": int(os.environ["SUITE_SECONDS"]), "step_seconds": os.environ["SUITE_STEP_SECONDS"],
-    "rc": {k: int(os.environ[f"SUITE_RC_{k.upper()}"]) for k in ("precompile", "local", "local_ce", "torchrun")},
+    "rc": {k: int(os.environ[f"SUITE_RC_{k.upper()}"]) for k in ("precompile", "local", "local_ce", "torchrun", "slow")},
     "local": junit("/tmp/purlin_local.xml"), "local_ce": junit("/tmp/purlin_local_ce.xml"),
+    "slow": junit("/tmp/purlin_slow.xml"),
     "torchrun_pytest": junit("/tmp/purlin_torchrun.xml"),
     "local_results": load("local_results.json"), "torchrun": load("torchrun_results.json"),
 }
@@ -103,7 +112,7 @@ json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)
 md = [f"# Purlin GPU suite, {summary['date']}", "", f"Machine: {summary['machine']}", "",
       f"Versions: {json.dumps(summary['versions'])}", "", f"Total {summary['seconds']} s ({summary['step_seconds']}); rc {summary['rc']}", "",
       "| part | passed | failed | errors | skipped |", "| --- | --- | --- | --- | --- |"]
-for part in ("local", "local_ce", "torchrun_pytest"):
+for part in ("local", "local_ce", "torchrun_pytest", "slow"):
     r = summary[part]
     if r:
         md.append(f"| {part} | {r['passed']} | {r['failures']} | {r['errors']} | {r['skipped']} |")
@@ -116,7 +125,7 @@ if tr:
             md.append("| {collective} | {algorithm} | {atom} | {input_bytes_per_rank} | {purlin_graph_us} | {nccl_graph_us} | {purlin_eager_us} | {nccl_eager_us} |".format(**row))
 if summary["local_results"]:
     md += ["", "Local results: " + json.dumps(summary["local_results"])]
-for part in ("local", "local_ce", "torchrun_pytest"):
+for part in ("local", "local_ce", "torchrun_pytest", "slow"):
     r = summary[part]
     if r and r["failed"]:
         md += ["", f"## {part} failures"] + [f"- {f}" for f in r["failed"][:60]]
