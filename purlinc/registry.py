@@ -51,6 +51,11 @@ class Registry(Generic[T]):
             raise UnknownNameError(f"unknown {self.kind} {str(name)!r}", notes=(f"expected one of: {', '.join(self)}",))
         return record
 
+    __getitem__ = get  # registry[name], as for the dicts the registries replaced
+
+    def items(self) -> tuple[tuple[str, T], ...]:
+        return tuple(self._records.items())
+
     def names(self) -> tuple[str, ...]:
         return tuple(self._records)
 

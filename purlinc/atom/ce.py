@@ -82,6 +82,12 @@ class CePlan:
     init: tuple[tuple[tuple[int, int], ...], ...]  # [rank] -> (word, value) for its own pad
 
 
+def _atoms_that(capability: str) -> str:
+    from purlinc.atom.atoms import ATOMS
+
+    return ", ".join(repr(a.name) for a in ATOMS.records() if getattr(a, capability))
+
+
 def gate_word(signals: int, signal: Signal) -> int:
     """Where the gate of ``signal`` sits in its notifier's pad."""
     return signals + signal.owner * signals + signal.index
@@ -94,19 +100,19 @@ def plan(schedule: Schedule) -> CePlan:
         raise CeError(
             f"the ce atom cannot run packed (LL) schedules of {name}: stream memory operations signal "
             "separately from the copies",
-            notes=("drop packed=True, or use atom='ldst'",),
+            notes=(f"drop packed=True, or use one of the atoms {_atoms_that('packed')}",),
         )
     if schedule.operation is Operation.REDUCE:
         raise CeError(
             f"the ce atom cannot run {name}: it is a reduction, and the copy engines only move bytes",
-            notes=("use atom='ldst' or atom='tma' for reductions",),
+            notes=(f"use one of the atoms {_atoms_that('reduces')} for reductions",),
         )
     many = sorted(d.signal.format() for d in schedule.signals if d.per_call != 1)
     if many:
         raise CeError(
             f"the ce atom cannot run this schedule of {name}: signal(s) {', '.join(many[:4])} are notified "
             f"more than once per call (per_call > 1), which constant-valued stream writes cannot count",
-            notes=("use slices=1 per channel with atom='ce' (more channels are fine)",),
+            notes=("use slices=1 per channel with this atom (more channels are fine)",),
         )
     n = schedule.signal_pad_size()
     R = schedule.world_size

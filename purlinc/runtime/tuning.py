@@ -22,6 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from purlinc.atom.atoms import DEFAULT_ATOM
+from purlinc.snac.algorithms import DEFAULT_ALGORITHM
 from purlinc.snac.ir import Algorithm, LowerOptions
 
 TABLE_PATH = Path(__file__).with_name("tuning.json")
@@ -30,7 +31,7 @@ TABLE_PATH = Path(__file__).with_name("tuning.json")
 @dataclass(frozen=True, slots=True)
 class Bucket:
     max_bytes: int | None  # None: no upper bound (the last bucket)
-    algorithm: str = Algorithm.DIRECT_PUSH.value
+    algorithm: str = DEFAULT_ALGORITHM.value
     atom: str = DEFAULT_ATOM
     channels: int = 1
     slices: int = 1
@@ -54,7 +55,7 @@ class Bucket:
     def from_json(cls, data: dict) -> "Bucket":
         return cls(
             max_bytes=None if data.get("max_bytes") is None else int(data["max_bytes"]),
-            algorithm=str(data.get("algorithm", Algorithm.DIRECT_PUSH.value)),
+            algorithm=str(data.get("algorithm", DEFAULT_ALGORITHM.value)),
             atom=str(data.get("atom", DEFAULT_ATOM)),
             channels=int(data.get("channels") or 1),
             slices=int(data.get("slices") or 1),
@@ -67,7 +68,7 @@ KIB, MIB = 1 << 10, 1 << 20
 
 def model(*, is_reduce: bool, replicated_reduce: bool, world_size: int, packed_supported: bool) -> tuple[Bucket, ...]:
     """The cost model's buckets (used where no measured table applies)."""
-    large_algorithm = Algorithm.DIRECT_PUSH.value
+    large_algorithm = DEFAULT_ALGORITHM.value
     if replicated_reduce and world_size > 2:
         # One-shot all-reduce sends every chunk to every peer: (R-1)*R chunks per rank against
         # two-shot's 2(R-1); at two ranks they move the same bytes and one-shot has one hop less.
