@@ -161,10 +161,13 @@ class Runner:
 
 
 def _cold_warm(runner: Runner, command: list[str], limit: float) -> dict:
+    """Cold, then warm with the cache the cold run filled; a cold run that timed out or
+    failed stored nothing, so its warm run is not attempted."""
     cache = runner.new_cache()
     cold = runner.run(command, cache, limit)
-    warm = runner.run(command, cache, limit)
-    return {"cold": cold, "warm": warm}
+    if cold.get("timeout") or cold.get("error"):
+        return {"cold": cold, "warm": {"skipped": "the cold run did not finish"}}
+    return {"cold": cold, "warm": runner.run(command, cache, limit)}
 
 
 def _seconds(result: dict, key: str = "seconds") -> float | None:
@@ -180,13 +183,13 @@ def measure(runner: Runner, sections, out_dir: Path) -> dict:
         out = str(runner.scratch / "out")
         command = runner.cli("compile", str(EXAMPLES / "allreduce.pln"), "--ranks", "8", "--channels", "64",
                              "--arch", "sm_90", "-o", out)
-        rows["compile"] = _cold_warm(runner, command, 300)
+        rows["compile"] = _cold_warm(runner, command, 120)
         say(f"compile allreduce R=8 c64: {_fmt(rows['compile'])}")
     if "cu_size" in sections:
         rows["cu_size"] = {}
         for channels in (1, 128):
             command = runner.child("cu", collective="allreduce", ranks=8, channels=channels, arch="sm_90")
-            rows["cu_size"][str(channels)] = runner.run(command, runner.new_cache(), 300)
+            rows["cu_size"][str(channels)] = runner.run(command, runner.new_cache(), 180)
             say(f".cu allreduce R=8 c{channels}: {rows['cu_size'][str(channels)]}")
     if "tuned" in sections:
         rows["tuned"] = {}
@@ -194,18 +197,18 @@ def measure(runner: Runner, sections, out_dir: Path) -> dict:
             for kernels in (False, True):
                 name = f"{collective}{' + kernels' if kernels else ''}"
                 command = runner.child("tuned", collective=collective, ranks=8, arch="sm_90", kernels=kernels or None)
-                rows["tuned"][name] = _cold_warm(runner, command, 600 if kernels else 120)
+                rows["tuned"][name] = _cold_warm(runner, command, 300 if kernels else 120)
                 say(f"tuned load R=8 {name}: {_fmt(rows['tuned'][name])}")
     if "check72" in sections:
         rows["check72"] = {}
         for collective in STANDARD:
             command = runner.cli("check", str(EXAMPLES / f"{collective}.pln"), "--ranks", "72")
-            rows["check72"][collective] = _cold_warm(runner, command, 60)
+            rows["check72"][collective] = _cold_warm(runner, command, 30)
             say(f"check {collective} --ranks 72: {_fmt(rows['check72'][collective])}")
     if "check_alltoall" in sections:
         command = runner.cli("check", str(EXAMPLES / "alltoall.pln"), "--ranks", "1..64")
         cache = runner.new_cache()
-        rows["check_alltoall"] = {"cold": runner.run(command, cache, 180)}
+        rows["check_alltoall"] = {"cold": runner.run(command, cache, 120)}
         say(f"check alltoall --ranks 1..64: {_fmt(rows['check_alltoall'])}")
     return rows
 
@@ -231,6 +234,8 @@ def _fmt(pair: dict) -> str:
 
 
 def _show(result: dict, key: str = "seconds") -> str:
+    if result.get("skipped"):
+        return "-"
     if result.get("timeout"):
         return f"> {result['limit_s']:g} s (timeout)"
     if result.get("error"):
