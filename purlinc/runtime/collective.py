@@ -21,7 +21,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
