@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from purlinc.frontend.ast import Operation
 from purlinc.snac.ir import Consume, Notify, Region, Schedule, Signal, Stage, Wait
 
-_CHUNK = re.compile(r"[A-Za-z_]\w*(?:\[[^\]\s]+\])+")
+_CHUNK = re.compile(r"(?<![\w.])[A-Za-z_]\w*(?:\[[^\]\s]+\])+")  # x[3], not r0.stage[3]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,7 @@ class StepBox:
     signal: Signal | None = None  # notify / wait / packed stage
     k: int = 0
     previous_call: bool = False  # a wait for an earlier call's notify
+    peer: int | None = None  # the other rank a stage writes to / a notify raises (None: local)
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -139,10 +140,15 @@ def _box(rank: int, channel: int, index: int, step, lines: dict[str, int]) -> St
         line = lines.get(chunk)
     signal = getattr(step, "signal", None)
     k = getattr(step, "k", 0)
+    peer = None
+    if isinstance(step, Stage):
+        peer = step.dst.rank if step.dst.rank != rank else (step.src.rank if step.src.rank != rank else None)
+    elif isinstance(step, Notify) and step.signal.owner != rank:
+        peer = step.signal.owner
     return StepBox(
         rank=rank, channel=channel, index=index, verb=_verb(step), chunk=chunk, chunks=chunks, line=line,
         operands=_operands(step), note=note, signal=signal, k=k,
-        previous_call=isinstance(step, Wait) and step.k <= 0,
+        previous_call=isinstance(step, Wait) and step.k <= 0, peer=peer,
     )
 
 

@@ -81,8 +81,10 @@ def _box_label(box: StepBox, w: float) -> list[str]:
     if w < 28:
         return []
     chars = max(int((w - 4) / 5.6), 1)
-    rows = [_SHORT[box.verb], box.chunk or (box.signal.format() if box.signal is not None else ""),
-            f"L{box.line}" if box.line is not None else ""]
+    what = box.chunk or (box.signal.format() if box.signal is not None else "")
+    if box.peer is not None and box.verb != "wait":
+        what = f"{box.chunk}>r{box.peer}" if box.chunk else f"r{box.peer}.sig[{box.signal.index}]" if box.signal else what
+    rows = [_SHORT[box.verb], what, f"L{box.line}" if box.line is not None else ""]
     return [r[:chars] for r in rows if r]
 
 

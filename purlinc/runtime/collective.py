@@ -61,6 +61,7 @@ class Compiled:
     kernels: dict = None  # (DType, ReduceOp | None) -> (KernelSource, cubin)
     lock: threading.Lock = None
     stage_bytes: int = 0  # staging space per rank (0: the default setting)
+    trace: bool = False  # kernels stamp every block (purlinc.atom.trace); coll.trace() reads them
 
     def kernel(self, dtype: DType, op: ReduceOp | None):
         with self.lock:
@@ -69,7 +70,8 @@ class Compiled:
                 from purlinc.atom.codegen import generate
                 from purlinc.atom.nvrtc import compile_cubin
 
-                source = generate(self.schedule, self.spec, atom=self.atom, arch=self.arch, dtype=dtype, op=op)
+                extra = {"trace": True} if self.trace else {}
+                source = generate(self.schedule, self.spec, atom=self.atom, arch=self.arch, dtype=dtype, op=op, **extra)
                 hit = (source, compile_cubin(source.source, source.filename, self.arch))
                 self.kernels[(dtype, op)] = hit
             return hit
@@ -80,6 +82,7 @@ class Compiled:
             "source": hashlib.sha256(self.source_text.encode()).hexdigest(),
             "name": self.name, "world_size": self.world_size, "params": list(self.params),
             "options": self.options.key(), "atom": self.atom, "arch": self.arch,
+            **({"trace": True} if self.trace else {}),
         }
 
 
@@ -95,6 +98,7 @@ def prepare(
     packed: bool | None = None,
     arch: str = "sm_90",
     stage_bytes: int | None = None,
+    trace: bool = False,
 ) -> Compiled:
     """Parse, check and lower (no GPU needed): everything a load decides before touching memory.
 
@@ -127,8 +131,10 @@ def prepare(
     schedule = pipeline.snac_stage(spec, options)
     compiled = Compiled(
         spec.name, source.text, source.filename, world_size, tuple(spec.params), options, atom, arch,
-        spec, schedule, None, {}, threading.Lock(), stage_bytes or settings.stage_bytes(),
+        spec, schedule, None, {}, threading.Lock(), stage_bytes or settings.stage_bytes(), bool(trace),
     )
+    if trace and atom == "ce":
+        raise ArgumentError("trace=True needs a kernel atom (ldst or tma): the ce atom runs no kernel to stamp")
     if atom == "ce":
         from purlinc.runtime.ce import plan
 
@@ -414,6 +420,13 @@ class Collective:
             dtype = dtype if isinstance(dtype, DType) else DType.parse(dtype)
             self.variant(dtype, ReduceOp.parse(op) if self.is_reduce else None)
 
+    def trace(self) -> dict:
+        """The last call's device trace, every rank's, as JSON (purlinc.draw.trace; docs/DRAW.md).
+        Under torchrun a collective: call it on every rank.  Needs ``load(..., trace=True)``."""
+        from purlinc.runtime.trace import collect
+
+        return collect([self], self.comm.allgather)
+
     def close(self) -> None:
         """Give the heap regions back (call on every rank, in the same order as loads)."""
         if self.closed:
@@ -436,6 +449,8 @@ class Collective:
                              (self.layout.counters, 1)):
             if size:
                 heap.free(offset)
+        if getattr(self, "_trace_slots", None) is not None:  # clock-alignment flags (runtime/trace.py)
+            heap.free(self._trace_slots)
         self.closed = True
         self.comm.unregister(self)
         if failure is not None:
@@ -483,6 +498,12 @@ class GroupCollective:
     def check(self) -> None:
         for collective in self.ranks:
             collective.check()
+
+    def trace(self) -> dict:
+        """The last call's device trace of every rank (see Collective.trace)."""
+        from purlinc.runtime.trace import collect
+
+        return collect(self.ranks)
 
     def close(self) -> None:
         for collective in self.ranks:
@@ -573,8 +594,12 @@ def load(
     slices: int | None = None,
     packed: bool | None = None,
     arch: str | None = None,
+    trace: bool | None = None,
 ):
     """Load a collective on ``comm`` (a Communicator, or a LocalGroup for a group callable).
+
+    ``trace`` (default: the PURLIN_TRACE setting): build kernels that stamp every block, read by
+    ``coll.trace()``; a traced load pins one schedule (the default options unless given).
 
     With no orchestration option (algorithm, atom, channels, slices, packed), the result
     picks a schedule per call by message size (``purlinc.runtime.tuning``); with any of
@@ -591,10 +616,11 @@ def load(
         raise TypeError(f"load: comm must be a Communicator or a LocalGroup, got {type(comm).__name__}")
     first = comms[0]
     arch = arch or driver.arch_of(first.device)
-    if algorithm is None and atom is None and channels is None and slices is None and packed is None:
+    trace = settings.trace() if trace is None else bool(trace)
+    if not trace and algorithm is None and atom is None and channels is None and slices is None and packed is None:
         from purlinc.runtime.tuned import load_tuned
 
         return load_tuned(path_or_source, comm, comms, params=params, arch=arch)
     compiled = prepare(path_or_source, first.world_size, params=params, algorithm=algorithm, atom=atom,
-                       channels=channels, slices=slices, packed=packed, arch=arch)
+                       channels=channels, slices=slices, packed=packed, arch=arch, trace=trace)
     return _load_compiled(compiled, comm, comms)
