@@ -264,6 +264,9 @@ def test_traced_kernel_compiles():
 
     _, _, traced = _traced_kernel(_schedule("allreduce", 2, channels=2))
     assert nvrtc.compile_cubin(traced.source, traced.filename, "sm_90")[:4] == b"\x7fELF"
+    from purlinc.runtime.trace import ALIGN_SOURCE  # the clock-alignment ping-pong kernel
+
+    assert nvrtc.compile_cubin(ALIGN_SOURCE, "purlin_clock_align.cu", "sm_90")[:4] == b"\x7fELF"
 
 
 def test_clock_offset_from_ping_pong_samples():
