@@ -74,7 +74,8 @@ def _scale(panels: list[Panel], width: int | None) -> float:
 
 def _panel_height(panel: Panel) -> int:
     ranks = panel.drawing.world_size
-    return HEAD_H + AXIS_H + len(panel.drawing.lanes) * LANE_H + ranks * RANK_GAP + 14 * len(panel.drawing.notes)
+    notes = len(panel.drawing.notes) + len(panel.times.notes)
+    return HEAD_H + AXIS_H + len(panel.drawing.lanes) * LANE_H + ranks * RANK_GAP + 14 * notes
 
 
 def _box_label(box: StepBox, w: float) -> list[str]:
@@ -157,8 +158,10 @@ def _render_panel(panel: Panel, y0: float, px: float, colours: dict, parts: list
         if pair.notify not in anchors or pair.wait not in anchors:
             continue
         nx0, nx1, ny = anchors[pair.notify]
-        wx0, _, wy = anchors[pair.wait]
-        sx, ex = nx1, wx0
+        wx0, wx1, wy = anchors[pair.wait]
+        # Schedule view: into the wait's start (it runs after the notify).  In time, a wait
+        # starts whenever its lane gets there and *ends* when released: point at its end.
+        sx, ex = nx1, (wx0 if t.unit == "step" else wx1)
         bend = max(abs(ex - sx) / 2, 12)
         parts.append(
             f'<path class="arrow" data-notify="{",".join(map(str, pair.notify))}" '
