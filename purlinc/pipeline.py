@@ -415,6 +415,7 @@ class Request:
     atom: str
     options: LowerOptions | None  # a full replacement of the spec's defaults
     overrides: tuple[tuple[str, object], ...]  # applied on top (resolve_options)
+    trace: bool = False  # kernels stamp every block (purlinc.atom.trace); coll.trace() reads them
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -457,6 +458,10 @@ class Compiled:
     @property
     def arch(self) -> str:
         return self.request.arch
+
+    @property
+    def trace(self) -> bool:
+        return self.request.trace
 
     # -- products
     @property
@@ -563,7 +568,8 @@ class Compiled:
         schedule = self.schedule
         reduce_op = _op(op) if schedule.operation is Operation.REDUCE else None
         STATS.generations += 1
-        cuda = generate(schedule, self.spec, atom=self.atom, arch=self.arch, dtype=dtype, op=reduce_op)
+        extra = {"trace": True} if self.trace else {}  # the untraced source stays byte-identical
+        cuda = generate(schedule, self.spec, atom=self.atom, arch=self.arch, dtype=dtype, op=reduce_op, **extra)
         cubin = compile_cubin(cuda.source, cuda.filename, self.arch) if emit_cubin else None
         kernel = Kernel(cuda, cubin, self.name, self.params, False)
         if key is not None:
@@ -575,7 +581,7 @@ class Compiled:
         return {
             "source": self.source.digest, "name": self.name, "world_size": self.world_size,
             "params": [list(p) for p in self.params], "options": self.options.key(), "atom": self.atom,
-            "arch": self.arch,
+            "arch": self.arch, **({"trace": True} if self.trace else {}),
         }
 
 
@@ -609,6 +615,7 @@ def prepare(
     options: LowerOptions | None = None,
     overrides: Mapping[str, object] | None = None,
     algorithm: Algorithm | str | None = None,
+    trace: bool = False,
 ) -> Compiled:
     """The Compiled for these inputs: nothing is parsed or lowered yet (``Compiled.prepared()``
     does that now).  The atom and arch are checked here, against the atom registry.
@@ -630,10 +637,14 @@ def prepare(
     changes = {k: v for k, v in dict(overrides or {}).items() if v is not None}
     if algorithm is not None:
         changes["algorithm"] = algorithm
+    if trace and not record.generates_kernels:
+        raise PurlinError(f"trace=True needs a kernel atom: the {record.name} atom runs no kernel to stamp")
     request = Request(source, int(world_size), _params_key(params), target.name, record.name, options,
-                      tuple(sorted(changes.items(), key=lambda kv: kv[0])))
+                      tuple(sorted(changes.items(), key=lambda kv: kv[0])), bool(trace))
     key = cache.front_key(_front_inputs(source, world_size=request.world_size, params=params, arch=request.arch,
                                         options=options, overrides=changes, atom=request.atom))
+    if trace:  # the same schedule, other kernels: a key of its own (kernel entries hang off it)
+        key = cache.front_key({"traced": key})
     cached = cache.settings.cache_enabled()
     if not cached:  # PURLIN_NO_CACHE: no cache at any level, in this process either
         return Compiled(request, key, False)

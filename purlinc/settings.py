@@ -42,7 +42,13 @@ STAGE_MB = Setting(
     "staging space per loaded collective and rank, MiB; larger messages run in several rounds",
 )
 
-ALL = (DEBUG, CACHE_DIR, NO_CACHE, WAIT_TIMEOUT_S, HEAP_MB, STAGE_MB)
+TRACE = Setting(
+    "PURLIN_TRACE", "0", False,
+    "1: load() builds traced kernels (a timestamp after every block; coll.trace() returns them). "
+    "Not a codegen key: a traced kernel is asked for explicitly by generate(trace=True)",
+)
+
+ALL = (DEBUG, CACHE_DIR, NO_CACHE, WAIT_TIMEOUT_S, HEAP_MB, STAGE_MB, TRACE)
 
 
 def debug() -> bool:
@@ -67,6 +73,10 @@ def wait_timeout_ns() -> int:
 
 def heap_bytes() -> int:
     return int(float(HEAP_MB.raw()) * (1 << 20))
+
+
+def trace() -> bool:
+    return TRACE.raw() not in ("", "0")
 
 
 def stage_bytes() -> int:

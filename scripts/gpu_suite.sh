@@ -37,6 +37,7 @@ PURLIN_TEST_ATOMS=ldst,tma step local 170 local.log \
 PURLIN_TEST_ATOMS=ce step local_ce 70 local_ce.log \
   python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_local.py --junitxml=/tmp/purlin_local_ce.xml \
   -k "test_collective or test_dtypes or test_graph or test_large"
+step trace 90 trace.log python3 -m pytest -q -rs -s -p no:cacheprovider tests/gpu/test_trace.py
 PURLIN_TORCHRUN_TIMEOUT=150 step torchrun 165 torchrun.log \
   python3 -m pytest -q -rs -s -p no:cacheprovider tests/gpu/test_torchrun.py --junitxml=/tmp/purlin_torchrun.xml
 # The CPU sweeps the default test run deselects (full NVRTC matrix, big property sweeps): the

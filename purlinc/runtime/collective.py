@@ -54,6 +54,7 @@ def prepare(
     slices: int | None = None,
     packed: bool | None = None,
     arch: str = "sm_90",
+    trace: bool = False,
 ) -> Compiled:
     """Parse, check and lower (no GPU needed): everything a load decides before touching memory.
 
@@ -65,7 +66,7 @@ def prepare(
 
     overrides = {"algorithm": algorithm, "channels": channels, "slices": slices, "packed": packed}
     compiled = pipeline.prepare(path_or_source, world_size=world_size, params=params, arch=arch,
-                                atom=atom or DEFAULT_ATOM, overrides=overrides).prepared()
+                                atom=atom or DEFAULT_ATOM, overrides=overrides, trace=trace).prepared()
     if compiled.options.registered:  # the defaults register nothing, and no override here does
         raise InternalError(f"{compiled.name}: a runtime schedule asks for registered buffers")
     return compiled
@@ -344,6 +345,13 @@ class Collective:
             dtype = dtype if isinstance(dtype, DType) else DType.parse(dtype)
             self.variant(dtype, ReduceOp.parse(op) if self.is_reduce else None)
 
+    def trace(self) -> dict:
+        """The last call's device trace, every rank's, as JSON (purlinc.draw.trace; docs/DRAW.md).
+        Under torchrun a collective: call it on every rank.  Needs ``load(..., trace=True)``."""
+        from purlinc.runtime.trace import collect
+
+        return collect([self], self.comm.allgather)
+
     def close(self) -> None:
         """Give the heap regions back (call on every rank, in the same order as loads)."""
         if self.closed:
@@ -366,6 +374,8 @@ class Collective:
                              (self.layout.counters, 1)):
             if size:
                 heap.free(offset)
+        if getattr(self, "_trace_slots", None) is not None:  # clock-alignment flags (runtime/trace.py)
+            heap.free(self._trace_slots)
         self.closed = True
         self.comm.unregister(self)
         if failure is not None:
@@ -413,6 +423,12 @@ class GroupCollective:
     def check(self) -> None:
         for collective in self.ranks:
             collective.check()
+
+    def trace(self) -> dict:
+        """The last call's device trace of every rank (see Collective.trace)."""
+        from purlinc.runtime.trace import collect
+
+        return collect(self.ranks)
 
     def close(self) -> None:
         for collective in self.ranks:
@@ -504,8 +520,12 @@ def load(
     slices: int | None = None,
     packed: bool | None = None,
     arch: str | None = None,
+    trace: bool | None = None,
 ):
     """Load a collective on ``comm`` (a Communicator, or a LocalGroup for a group callable).
+
+    ``trace`` (default: the PURLIN_TRACE setting): build kernels that stamp every block, read by
+    ``coll.trace()``; a traced load pins one schedule (the default options unless given).
 
     With no orchestration option (algorithm, atom, channels, slices, packed), the result
     picks a schedule per call by message size (``purlinc.runtime.tuning``); with any of
@@ -522,10 +542,11 @@ def load(
         raise TypeError(f"load: comm must be a Communicator or a LocalGroup, got {type(comm).__name__}")
     first = comms[0]
     arch = arch or driver.arch_of(first.device)
-    if algorithm is None and atom is None and channels is None and slices is None and packed is None:
+    trace = settings.trace() if trace is None else bool(trace)
+    if not trace and algorithm is None and atom is None and channels is None and slices is None and packed is None:
         from purlinc.runtime.tuned import load_tuned
 
         return load_tuned(path_or_source, comm, comms, params=params, arch=arch)
     compiled = prepare(path_or_source, first.world_size, params=params, algorithm=algorithm, atom=atom,
-                       channels=channels, slices=slices, packed=packed, arch=arch)
+                       channels=channels, slices=slices, packed=packed, arch=arch, trace=trace)
     return _load_compiled(compiled, comm, comms)
