@@ -1,0 +1,282 @@
+"""The symmetric heap's growth and block tracking, the zero-copy choice and agreement, and the
+registered twins, all without a GPU (the heap's ``grow`` is a fake that hands out addresses)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from purlinc.dtypes import DType, ReduceOp
+from purlinc.runtime import symmetric, zerocopy
+from purlinc.runtime.collective import layout_sizes, prepare
+from purlinc.runtime.errors import ArgumentError, FreedBufferError, HeapExhaustedError, MismatchError
+from purlinc.runtime.heap import SEGMENT_ALIGN, SymmetricHeap
+from purlinc.runtime.validate import CallShape
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+MiB = 1 << 20
+
+
+class FakeGrow:
+    """Segments at made-up, far-apart addresses for two ranks; records every growth."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, index, size):
+        self.calls.append((index, size))
+        return [(1 << 40) * (rank + 1) + (index << 36) for rank in range(2)]
+
+
+def heap(rank=0, size=4 * MiB, limit=0, grow=True):
+    g = FakeGrow() if grow else None
+    bases = [(1 << 40) * (r + 1) for r in range(2)]
+    return SymmetricHeap(rank, size, bases, grow=g, segment_bytes=size, limit_bytes=limit), g
+
+
+def test_heap_grows_by_segments_and_pointers_follow_the_segment():
+    h, g = heap()
+    a = h.alloc(3 * MiB, "a")
+    b = h.alloc(3 * MiB, "b")  # does not fit in segment 0 any more
+    assert g.calls == [(1, 4 * MiB)]
+    assert len(h.segments) == 2 and h.size == 8 * MiB
+    assert a == 0 and b == 4 * MiB  # heap offsets continue across segments
+    assert h.ptr(0, b) == (1 << 40) + (1 << 36)
+    assert h.ptrs(b) == [(1 << 40) + (1 << 36), (2 << 40) + (1 << 36)]
+    big = h.alloc(9 * MiB, "big")  # larger than a growth step: a segment of its own size
+    assert g.calls[-1] == (2, 10 * MiB) and h.segment_of(big).size == 10 * MiB
+    h.free(a)
+    assert h.alloc(1 * MiB, "c") == 0  # freed space is reused before growing again
+    assert len(g.calls) == 2
+
+
+def test_growth_rounds_segments_to_whole_pages():
+    h, g = heap(size=SEGMENT_ALIGN)
+    h.alloc(SEGMENT_ALIGN, "fill")
+    h.alloc(SEGMENT_ALIGN + 1, "odd")
+    assert g.calls == [(1, 2 * SEGMENT_ALIGN)]
+
+
+def test_exhaustion_names_requested_and_available():
+    h, _ = heap(size=4 * MiB, limit=8 * MiB)
+    h.alloc(3 * MiB, "a")
+    h.alloc(3 * MiB, "b")  # grows to the limit
+    with pytest.raises(HeapExhaustedError) as caught:
+        h.alloc(5 * MiB, "comm.empty([5 MiB])")
+    e = caught.value
+    assert e.requested == 5 * MiB and e.available == h.largest_free == 1 * MiB
+    assert "comm.empty([5 MiB]) needs 5242880 bytes" in str(e) and "limit 8388608" in str(e)
+    assert "PURLIN_HEAP_MAX_MB" in " ".join(e.notes)
+
+
+def test_a_heap_without_grow_is_exhausted_at_once():
+    h, _ = heap(grow=False)
+    with pytest.raises(HeapExhaustedError, match="needs 8388608 bytes"):
+        h.alloc(8 * MiB, "x")
+
+
+def test_locate_live_freed_and_outside():
+    h, _ = heap()
+    staging = h.alloc(4096, "staging")  # Purlin's own space, not a user block
+    off = h.alloc_user(1000, "user")
+    ptr = h.ptr(0, off)
+    hit = h.locate(ptr + 8, 512)
+    assert hit.offset == off + 8 and hit.block == (off, 1024)
+    assert h.locate(0x1234, 8) is None  # not in the heap: an ordinary buffer
+    with pytest.raises(ArgumentError, match="runs .* past the end"):
+        h.locate(ptr, 2048)
+    with pytest.raises(FreedBufferError, match="not in a live block"):
+        h.locate(h.ptr(0, staging), 16)
+    gen = h.generation
+    h.free_user(off)
+    assert h.generation == gen + 1
+    with pytest.raises(FreedBufferError, match="freed"):
+        h.locate(ptr, 16)
+    with pytest.raises(KeyError):
+        h.free_user(off)
+
+
+def test_same_sequence_same_offsets_on_every_rank():
+    h0, _ = heap(rank=0)
+    h1, _ = heap(rank=1)
+    for h in (h0, h1):
+        h.alloc_user(100, "a")
+        b = h.alloc_user(5 * MiB, "b")  # grows
+        h.free_user(b)
+        h.alloc_user(300, "c")
+    assert sorted(h0.user) == sorted(h1.user)
+    assert [s.start for s in h0.segments] == [s.start for s in h1.segments]
+
+
+# --------------------------------------------------------------------------- blocks
+
+
+class FakeComm:
+    def __init__(self, rank=0, exchange=None):
+        self.rank, self.device, self.closed = rank, 0, False
+        self.heap, _ = heap(rank=rank)
+        self._exchange = exchange
+
+    def allgather(self, obj):
+        return self._exchange(obj)
+
+
+def test_heap_block_free_and_array_interface():
+    comm = FakeComm()
+    block = symmetric.alloc(comm, 1000)
+    assert block.ptr == comm.heap.ptr(0, block.offset)
+    assert block.peer_ptr(1) == comm.heap.ptr(1, block.offset)
+    cai = block.__cuda_array_interface__
+    assert cai["shape"] == (1000,) and cai["data"][0] == block.ptr and cai["typestr"] == "|u1"
+    assert comm.heap.locate(block.ptr, 1000) is not None
+    block.free()
+    block.free()  # idempotent
+    with pytest.raises(FreedBufferError):
+        comm.heap.locate(block.ptr, 1000)
+    with pytest.raises(ArgumentError, match="was freed"):
+        block.__cuda_array_interface__
+
+
+def test_heap_block_freed_when_dropped():
+    comm = FakeComm()
+    block = symmetric.alloc(comm, 64)
+    offset = block.offset
+    del block
+    assert offset not in comm.heap.user
+
+
+def test_blocks_checked_across_ranks():
+    comm = FakeComm(exchange=lambda obj: [obj, ("heap-block", obj[1] + 256, obj[2])])
+    with pytest.raises(MismatchError, match="ranks got different heap blocks: rank 0: offset 0, 64 bytes, rank 1: offset 256"):
+        symmetric.alloc(comm, 64)
+    assert not comm.heap.user  # the failed block was given back
+
+
+def test_pool_region_suballocates_and_reports():
+    comm = FakeComm()
+    region = symmetric.PoolRegion(symmetric.alloc(comm, 4 * MiB))
+    p = region.malloc(2 * MiB, 0, None)
+    q = region.malloc(2 * MiB, 0, None)
+    assert p == region.block.ptr and q == p + 2 * MiB
+    assert region.malloc(1, 0, None) == 0 and "largest free block is 0" in region.failed[-1]
+    assert region.malloc(16, 1, None) == 0 and "cuda:1" in region.failed[-1]
+    region.free(p, 2 * MiB, 0, None)
+    assert region.malloc(1024, 0, None) == p
+
+
+# --------------------------------------------------------------------------- twins and choice
+
+
+@pytest.mark.parametrize("name", ["allgather", "alltoall", "broadcast", "gather", "scatter"])
+def test_copy_collectives_get_a_registered_twin(name):
+    compiled = prepare(EXAMPLES / f"{name}.pln", 2, algorithm="direct-push", channels=1)
+    assert not compiled.options.registered
+    twin = zerocopy.twin_compiled(compiled)
+    assert twin is not None and twin.options.registered
+    assert zerocopy.peer_spaces(twin.schedule) == twin.options.registered
+    assert zerocopy.peer_spaces(compiled.schedule) == frozenset()
+    # pushing straight into the peer's output needs no staging at all
+    assert layout_sizes(twin)[0] == 0 and twin.kernels == {} and twin.lock is not compiled.lock
+
+
+def test_pull_twin_reads_registered_inputs():
+    compiled = prepare(EXAMPLES / "allreduce.pln", 2, algorithm="direct-pull", channels=1)
+    twin = zerocopy.twin_compiled(compiled)
+    assert twin is not None and "in" in twin.options.registered
+
+
+def test_no_twin_for_ce_or_for_packed_push():
+    assert zerocopy.twin_compiled(prepare(EXAMPLES / "allgather.pln", 2, atom="ce")) is None
+    packed = prepare(EXAMPLES / "allgather.pln", 2, algorithm="direct-push", channels=1, packed=True)
+    twin = zerocopy.twin_compiled(packed)  # registered out refuses packed; registered in may not apply
+    assert twin is None or "out" not in twin.options.registered
+
+
+class FakeCollective(SimpleNamespace):
+    pass
+
+
+def zc_for(comm, in_units=1, out_units=2, agreement=None):
+    staged = FakeCollective(name="allgather", rank=comm.rank, comm=comm, in_units=in_units, out_units=out_units)
+    return zerocopy.ZeroCopy(staged, "TWIN", agreement)
+
+
+def shape(in_ptr, out_ptr, count=64, dtype=DType.BFLOAT16, op=None):
+    return CallShape(dtype, op, count, in_ptr, out_ptr)
+
+
+def test_choice_needs_every_buffer_in_the_heap():
+    comm = FakeComm()
+    zc = zc_for(comm)
+    x, out = symmetric.alloc(comm, 128), symmetric.alloc(comm, 256)
+    ordinary = 0x7000_0000
+    checked = []
+    comm._check_exchange = lambda obj: checked.append(obj) or [obj, obj]
+    assert zc.pick(shape(x.ptr, out.ptr)) == "TWIN"
+    assert zc.pick(shape(x.ptr, out.ptr)) == "TWIN"
+    assert len(checked) == 1  # ranks are asked once per (offsets, count, dtype, op)
+    assert zc.pick(shape(x.ptr, ordinary)) is None
+    assert zc.pick(shape(ordinary, out.ptr)) is None
+    with pytest.raises(ArgumentError, match="runs .* past the end"):
+        zc.pick(shape(x.ptr, out.ptr, count=65))
+    out.free()
+    with pytest.raises(FreedBufferError, match="allgather on rank 0: out .* not in a live block"):
+        zc.pick(shape(x.ptr, out.ptr))
+
+
+def test_choice_peer_disagreement_is_a_mismatch():
+    comm = FakeComm()
+    zc = zc_for(comm)
+    x, out = symmetric.alloc(comm, 128), symmetric.alloc(comm, 256)
+    comm._check_exchange = lambda obj: [obj, ("zero-copy", obj[1], (0, 512, 64, "bfloat16", None))]
+    with pytest.raises(MismatchError, match="ranks disagree on the zero-copy path"):
+        zc.pick(shape(x.ptr, out.ptr))
+
+    def timeout(obj):
+        raise RuntimeError("gloo timed out")
+
+    comm._check_exchange = timeout
+    with pytest.raises(MismatchError, match="a peer did not join the check"):
+        zc.pick(shape(x.ptr, out.ptr, count=32))
+
+
+def test_buffer_of_another_communicator_is_named():
+    mine, other = FakeComm(), FakeComm()
+    for c in (mine, other):  # far apart: move the other heap's addresses
+        pass
+    other.heap.segments[0].bases = [(5 << 40), (6 << 40)]
+    theirs = symmetric.alloc(other, 128)
+    symmetric.alloc(mine, 64)
+    zc = zc_for(mine)
+    with pytest.raises(ArgumentError, match="lives in the symmetric heap of another communicator"):
+        zc.pick(shape(theirs.ptr, 0x7000_0000))
+
+
+def test_local_agreement_compares_call_by_call():
+    agreement = zerocopy.LocalAgreement(2)
+    agreement.record("allgather", 0, (0, 256, 8, "bfloat16", None))
+    agreement.record("allgather", 0, None)  # rank 0 may run ahead (per-device graph capture)
+    agreement.record("allgather", 1, (0, 256, 8, "bfloat16", None))
+    with pytest.raises(MismatchError, match="rank 0: staged .*; rank 1: zero-copy, x at heap offset 0"):
+        agreement.record("allgather", 1, (0, 256, 8, "bfloat16", None))
+
+
+def test_peer_args_give_every_rank_the_same_offset():
+    comm = FakeComm()
+    x = symmetric.alloc(comm, 128)
+    coll = FakeCollective(comm=comm, compiled=SimpleNamespace(world_size=2))
+    args = zerocopy.peer_args(coll, shape(x.ptr, 0))
+    assert args["in_peer"] == [x.peer_ptr(0), x.peer_ptr(1)] and args["out_peer"] == [0, 0]
+
+
+def test_reduce_op_in_choice_key():
+    comm = FakeComm()
+    zc = zc_for(comm, in_units=2, out_units=2)
+    x, out = symmetric.alloc(comm, 256), symmetric.alloc(comm, 256)
+    seen = []
+    comm._check_exchange = lambda obj: seen.append(obj) or [obj, obj]
+    zc.pick(shape(x.ptr, out.ptr, count=64, op=ReduceOp.SUM))
+    zc.pick(shape(x.ptr, out.ptr, count=64, op=ReduceOp.MAX))
+    assert [s[2][4] for s in seen] == ["sum", "max"]
