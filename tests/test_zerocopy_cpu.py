@@ -187,11 +187,28 @@ def test_pull_twin_reads_registered_inputs():
     assert twin is not None and "in" in twin.options.registered
 
 
-def test_no_twin_for_ce_or_for_packed_push():
+def test_no_twin_for_ce():
     assert zerocopy.twin_compiled(prepare(EXAMPLES / "allgather.pln", 2, atom="ce")) is None
-    packed = prepare(EXAMPLES / "allgather.pln", 2, algorithm="direct-push", channels=1, packed=True)
-    twin = zerocopy.twin_compiled(packed)  # registered out refuses packed; registered in may not apply
-    assert twin is None or "out" not in twin.options.registered
+
+
+def test_packed_push_twin_drops_packing():
+    packed = prepare(EXAMPLES / "allgather.pln", 2, algorithm="direct-push", channels=8, packed=True)
+    twin = zerocopy.twin_compiled(packed)  # registered out refuses packed stages
+    assert twin.options.registered == {"out"} and not twin.options.packed and twin.options.channels == 8
+
+
+@pytest.mark.parametrize("name", ["allreduce", "reduce_scatter", "reduce"])
+def test_push_reductions_fall_back_to_pull_twins(name):
+    compiled = prepare(EXAMPLES / f"{name}.pln", 2, algorithm="direct-push", channels=4)
+    twin = zerocopy.twin_compiled(compiled)
+    assert twin.options.algorithm.value == "direct-pull" and twin.options.registered == {"in"}
+    assert twin.options.channels == 4 and layout_sizes(twin)[0] == 0
+
+
+@pytest.mark.parametrize("algorithm", ["two-shot", "ring"])
+def test_allreduce_twins_keep_their_algorithm(algorithm):
+    twin = zerocopy.twin_compiled(prepare(EXAMPLES / "allreduce.pln", 2, algorithm=algorithm, channels=2))
+    assert twin.options.algorithm.value == algorithm and "out" in twin.options.registered
 
 
 class FakeCollective(SimpleNamespace):
@@ -280,3 +297,42 @@ def test_reduce_op_in_choice_key():
     zc.pick(shape(x.ptr, out.ptr, count=64, op=ReduceOp.SUM))
     zc.pick(shape(x.ptr, out.ptr, count=64, op=ReduceOp.MAX))
     assert [s[2][4] for s in seen] == ["sum", "max"]
+
+
+ALGORITHMS = ("direct-push", "direct-pull", "two-shot", "ring")
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in EXAMPLES.glob("*.pln")))
+def test_every_example_twin_verifies_and_simulates_to_the_evaluator(name):
+    """The registered schedules the zero-copy path runs: for every example and algorithm that
+    lowers, the twin passes the verifier and two simulated calls equal the evaluator."""
+    import numpy as np
+
+    from purlinc.dtypes import random_values
+    from purlinc.errors import PurlinError
+    from purlinc.frontend.evaluate import evaluate
+    from purlinc.snac.simulate import simulate_calls
+    from purlinc.snac.verify import verify
+
+    twins = 0
+    for algorithm in ALGORITHMS:
+        try:
+            compiled = prepare(EXAMPLES / f"{name}.pln", 2, algorithm=algorithm, channels=2)
+        except PurlinError:
+            continue
+        twin = zerocopy.twin_compiled(compiled)
+        if twin is None:
+            continue
+        twins += 1
+        verify(twin.schedule, twin.spec)
+        spec, count, dtype = twin.spec, 37, DType.FLOAT32
+        rng = np.random.default_rng(7)
+        calls = [[random_values(rng, len(spec.inputs[r]) * count, dtype) for r in range(2)] for _ in range(2)]
+        op = ReduceOp.SUM if spec.is_reduce else None
+        results = simulate_calls(twin.schedule, spec, calls, count, dtype, op, calls=2)
+        for inputs, got in zip(calls, results):
+            want = evaluate(spec, inputs, count, dtype, op)
+            for r in range(2):
+                if len(spec.outputs[r]):
+                    np.testing.assert_allclose(got[r], want[r], rtol=1e-6, err_msg=f"{name}/{algorithm} rank {r}")
+    assert twins, f"{name}: no algorithm has a zero-copy twin"

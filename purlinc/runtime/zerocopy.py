@@ -2,9 +2,11 @@
 schedule (peers read and write those buffers directly) instead of staging through the heap.
 
 At load every (staged) collective gets a *twin*: the same spec and options lowered with
-``registered={"in", "out"}`` (or the part of it the algorithm accepts), loaded as its own
-Collective with its own signal pad and counters.  No twin when the lowering touches no
-peer buffer anyway (nothing to gain), or for the ``ce`` atom.
+``registered={"in", "out"}`` (or the part of it the algorithm uses), loaded as its own
+Collective with its own signal pad and counters.  Where that registers nothing (a direct-push
+reduction must gather every input at the consumer; an LL-packed push has no staging buffer to
+pack into once it writes the output itself), the twin drops packing, then falls back to
+direct-pull reading registered inputs with the same channels.  No twin for the ``ce`` atom.
 
 The rule, per call: **zero-copy when every buffer this rank passes (``x`` where it gives
 input, ``out`` where it receives output) lies in a live heap block**; otherwise the staged
@@ -60,14 +62,31 @@ def peer_spaces(schedule) -> frozenset[str]:
     return frozenset(found)
 
 
+def _candidates(options):
+    """Registered forms to try, best first: the same schedule with registered buffers; the same
+    without LL packing (a registered output takes the pushes itself, so there is no staging
+    buffer to pack into); direct-pull reading registered inputs (direct-push reductions always
+    stage: a reduction needs every input at the consumer)."""
+    from purlinc.snac.ir import Algorithm
+
+    for registered in _TRIES:
+        yield replace(options, registered=registered)
+    if getattr(options, "packed", False):
+        for registered in _TRIES:
+            yield replace(options, packed=False, registered=registered)
+    if options.algorithm is not Algorithm.DIRECT_PULL:
+        unpacked = replace(options, packed=False) if hasattr(options, "packed") else options
+        yield replace(unpacked, algorithm=Algorithm.DIRECT_PULL, registered=frozenset({"in"}))
+
+
 def twin_compiled(compiled):
-    """``compiled`` lowered for registered buffers, or None when that gains nothing."""
+    """``compiled`` lowered for registered buffers, or None when no registered form reaches a
+    peer's buffer (nothing to gain) or the atom cannot run one (``ce``)."""
     from purlinc import pipeline
 
     if compiled.atom == "ce" or compiled.options.registered:
         return None
-    for registered in _TRIES:
-        options = replace(compiled.options, registered=registered)
+    for options in _candidates(compiled.options):
         try:
             schedule = pipeline.snac_stage(compiled.spec, options)
         except PurlinError:
@@ -75,8 +94,8 @@ def twin_compiled(compiled):
         spaces = peer_spaces(schedule)
         if not spaces:
             continue
-        options = replace(options, registered=frozenset(spaces))
-        if options.registered != registered:
+        if options.registered != spaces:  # register exactly what the schedule reaches
+            options = replace(options, registered=frozenset(spaces))
             schedule = pipeline.snac_stage(compiled.spec, options)
         return replace(compiled, options=options, schedule=schedule, kernels={}, lock=threading.Lock())
     return None
