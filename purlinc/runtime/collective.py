@@ -274,6 +274,8 @@ class Collective:
         """Raise PurlinTimeoutError if a device-side wait of this rank timed out (no sync needed)."""
         if self._flag.value:
             self._raise_timeout()
+        if self._zc is not None:
+            self._zc.twin.check()
 
     def _raise_timeout(self):
         record = self.error_record()
@@ -355,6 +357,8 @@ class Collective:
             raise ArgumentError(f"{self.name}: this collective was closed")
         if self._flag.value:
             self._raise_timeout()
+        if self._zc is not None and self._zc.twin._flag.value:
+            self._zc.twin._raise_timeout()
         xi = interop.describe(x) if x is not None else None
         oi = interop.describe(out) if out is not None else None
         if oi is None and self.out_units and xi is not None and self.in_units and xi.dtype is not None \
