@@ -3,7 +3,8 @@
 # LocalGroup tests (ldst/tma, then ce on their own: a copy-engine wait has no timeout),
 # the torchrun tests (bootstrap, NCCL comparison, 1,000 calls, graphs, latency).
 # Everything runs under `timeout`; logs and a JSON + Markdown summary land in $OUT.
-# Designed to finish in under 8 minutes.  Usage: OUT=/some/dir scripts/gpu_suite.sh
+# Designed to finish in under 8 minutes without the zero-copy steps (about 3 more with them).
+# Usage: OUT=/some/dir scripts/gpu_suite.sh
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/purlin_gpu_suite}
@@ -39,10 +40,16 @@ PURLIN_TEST_ATOMS=ce step local_ce 70 local_ce.log \
   -k "test_collective or test_dtypes or test_graph or test_large"
 PURLIN_TORCHRUN_TIMEOUT=150 step torchrun 165 torchrun.log \
   python3 -m pytest -q -rs -s -p no:cacheprovider tests/gpu/test_torchrun.py --junitxml=/tmp/purlin_torchrun.xml
+# Zero-copy (heap buffers -> registered schedules): LocalGroup, then torchrun.
+step zerocopy 240 zerocopy.log \
+  python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_zerocopy_local.py --junitxml=/tmp/purlin_zerocopy.xml
+PURLIN_TORCHRUN_TIMEOUT=200 step zerocopy_torchrun 215 zerocopy_torchrun.log \
+  python3 -m pytest -q -rs -s -p no:cacheprovider tests/gpu/test_zerocopy_torchrun.py --junitxml=/tmp/purlin_zerocopy_torchrun.xml
 
 export SUITE_RC_PRECOMPILE=${RC[precompile]} SUITE_RC_LOCAL=${RC[local]} SUITE_RC_LOCAL_CE=${RC[local_ce]}
 export SUITE_RC_TORCHRUN=${RC[torchrun]} SUITE_SECONDS=$(( $(date +%s) - T0 ))
-export SUITE_STEP_SECONDS="precompile=${SECS[precompile]} local=${SECS[local]} local_ce=${SECS[local_ce]} torchrun=${SECS[torchrun]}"
+export SUITE_RC_ZEROCOPY=${RC[zerocopy]} SUITE_RC_ZEROCOPY_TORCHRUN=${RC[zerocopy_torchrun]}
+export SUITE_STEP_SECONDS="precompile=${SECS[precompile]} local=${SECS[local]} local_ce=${SECS[local_ce]} torchrun=${SECS[torchrun]} zerocopy=${SECS[zerocopy]} zerocopy_torchrun=${SECS[zerocopy_torchrun]}"
 python3 - <<'PY'
 import datetime, json, os, platform, subprocess, xml.etree.ElementTree as ET
 
@@ -90,9 +97,12 @@ summary = {
     "topology": sh("nvidia-smi topo -m"),
     "versions": versions(),
     "seconds": int(os.environ["SUITE_SECONDS"]), "step_seconds": os.environ["SUITE_STEP_SECONDS"],
-    "rc": {k: int(os.environ[f"SUITE_RC_{k.upper()}"]) for k in ("precompile", "local", "local_ce", "torchrun")},
+    "rc": {k: int(os.environ[f"SUITE_RC_{k.upper()}"]) for k in ("precompile", "local", "local_ce", "torchrun",
+                                                                  "zerocopy", "zerocopy_torchrun")},
     "local": junit("/tmp/purlin_local.xml"), "local_ce": junit("/tmp/purlin_local_ce.xml"),
     "torchrun_pytest": junit("/tmp/purlin_torchrun.xml"),
+    "zerocopy": junit("/tmp/purlin_zerocopy.xml"), "zerocopy_torchrun": junit("/tmp/purlin_zerocopy_torchrun.xml"),
+    "zerocopy_torchrun_checks": load("zerocopy_torchrun.json"),
     "local_results": load("local_results.json"), "torchrun": load("torchrun_results.json"),
 }
 tr = summary["torchrun"] or {}
@@ -103,7 +113,7 @@ json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)
 md = [f"# Purlin GPU suite, {summary['date']}", "", f"Machine: {summary['machine']}", "",
       f"Versions: {json.dumps(summary['versions'])}", "", f"Total {summary['seconds']} s ({summary['step_seconds']}); rc {summary['rc']}", "",
       "| part | passed | failed | errors | skipped |", "| --- | --- | --- | --- | --- |"]
-for part in ("local", "local_ce", "torchrun_pytest"):
+for part in ("local", "local_ce", "torchrun_pytest", "zerocopy", "zerocopy_torchrun"):
     r = summary[part]
     if r:
         md.append(f"| {part} | {r['passed']} | {r['failures']} | {r['errors']} | {r['skipped']} |")
@@ -116,7 +126,7 @@ if tr:
             md.append("| {collective} | {algorithm} | {atom} | {input_bytes_per_rank} | {purlin_graph_us} | {nccl_graph_us} | {purlin_eager_us} | {nccl_eager_us} |".format(**row))
 if summary["local_results"]:
     md += ["", "Local results: " + json.dumps(summary["local_results"])]
-for part in ("local", "local_ce", "torchrun_pytest"):
+for part in ("local", "local_ce", "torchrun_pytest", "zerocopy", "zerocopy_torchrun"):
     r = summary[part]
     if r and r["failed"]:
         md += ["", f"## {part} failures"] + [f"- {f}" for f in r["failed"][:60]]

@@ -336,3 +336,25 @@ def test_every_example_twin_verifies_and_simulates_to_the_evaluator(name):
                 if len(spec.outputs[r]):
                     np.testing.assert_allclose(got[r], want[r], rtol=1e-6, err_msg=f"{name}/{algorithm} rank {r}")
     assert twins, f"{name}: no algorithm has a zero-copy twin"
+
+
+@pytest.mark.parametrize("name,algorithm,needs", [("allgather", "direct-push", "out"), ("allreduce", "direct-push", "in"),
+                                                 ("allreduce", "two-shot", "out")])
+def test_twin_kernels_compile_and_want_peer_pointers(name, algorithm, needs):
+    """NVRTC needs no GPU: the twin's kernel compiles, and its ABI asks for exactly the peer
+    pointers the runtime packs for a zero-copy call."""
+    compiled = prepare(EXAMPLES / f"{name}.pln", 2, algorithm=algorithm, channels=2)
+    twin = zerocopy.twin_compiled(compiled)
+    dtype, op = DType.BFLOAT16, (ReduceOp.SUM if twin.spec.is_reduce else None)
+    source, cubin = twin.kernel(dtype, op)
+    assert cubin and len(cubin) > 1000
+    abi = source.abi
+    assert (abi.needs_in_peers, abi.needs_out_peers) == (needs == "in", needs == "out")
+    comm = FakeComm()
+    x, out = symmetric.alloc(comm, 4096), symmetric.alloc(comm, 4096)
+    coll = FakeCollective(comm=comm, compiled=SimpleNamespace(world_size=2))
+    peers = zerocopy.peer_args(coll, shape(x.ptr, out.ptr))
+    packed = abi.pack_args(count=64, piece=64, timeout_ns=1, in_ptr=x.ptr, out_ptr=out.ptr, counters_ptr=0,
+                           error_ptr=0, stage=[0, 0], signals=[0, 0], **peers)
+    words = __import__("struct").unpack(f"<{len(packed) // 8}Q", packed)
+    assert list(words[-4:]) == [x.peer_ptr(0), x.peer_ptr(1), out.peer_ptr(0), out.peer_ptr(1)]
