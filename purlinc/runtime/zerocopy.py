@@ -178,8 +178,8 @@ class ZeroCopy:
         """The Collective to launch ``shape`` with: the twin (zero-copy) or None (staged).
 
         ``record=False``: only look (no agreement bookkeeping), for the fast-path decision."""
-        if self.agreement is None and not symmetric.any_blocks():
-            return None  # nothing lives in any heap: the common case costs one check
+        if not symmetric.any_blocks():
+            return None  # no heap block anywhere in this process: every call stages, on every rank
         if self.heap.generation != self._generation:
             self._cache.clear()
             self._generation = self.heap.generation
