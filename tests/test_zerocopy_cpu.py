@@ -215,9 +215,15 @@ class FakeCollective(SimpleNamespace):
     pass
 
 
-def zc_for(comm, in_units=1, out_units=2, agreement=None):
-    staged = FakeCollective(name="allgather", rank=comm.rank, comm=comm, in_units=in_units, out_units=out_units)
-    return zerocopy.ZeroCopy(staged, "TWIN", agreement)
+TWIN = SimpleNamespace(name="twin")
+
+
+def staged_for(comm, in_units=1, out_units=2):
+    return FakeCollective(name="allgather", rank=comm.rank, comm=comm, in_units=in_units, out_units=out_units)
+
+
+def zc_for(comm, in_units=1, out_units=2):
+    return zerocopy.ZeroCopy(staged_for(comm, in_units, out_units), TWIN)
 
 
 def shape(in_ptr, out_ptr, count=64, dtype=DType.BFLOAT16, op=None):
@@ -231,23 +237,53 @@ def test_choice_needs_every_buffer_in_the_heap():
     ordinary = 0x7000_0000
     checked = []
     comm._check_exchange = lambda obj: checked.append(obj) or [obj, obj]
-    assert zc.pick(shape(x.ptr, out.ptr)) == "TWIN"
-    assert zc.pick(shape(x.ptr, out.ptr)) == "TWIN"
-    assert len(checked) == 1  # ranks are asked once per (offsets, count, dtype, op)
+    assert zc.pick(shape(x.ptr, out.ptr)) is TWIN
+    assert zc.pick(shape(x.ptr, out.ptr)) is TWIN
+    assert len(checked) == 1  # ranks are asked once per (buffers, count, dtype, op)
+    assert TWIN._zc_offsets[zerocopy.call_key(shape(x.ptr, out.ptr))] == (x.offset, out.offset)
     assert zc.pick(shape(x.ptr, ordinary)) is None
     assert zc.pick(shape(ordinary, out.ptr)) is None
+    assert len(checked) == 1  # ordinary buffers never exchange (their addresses differ by rank)
     with pytest.raises(ArgumentError, match="runs .* past the end"):
         zc.pick(shape(x.ptr, out.ptr, count=65))
     out.free()
     with pytest.raises(FreedBufferError, match="allgather on rank 0: out .* not in a live block"):
-        zc.pick(shape(x.ptr, out.ptr))
+        zc.pick(shape(x.ptr, out.ptr))  # refused even though the call was agreed before
+
+
+def test_agree():
+    a = (0, 512, 64, "bfloat16", None)
+    assert zerocopy.agree("ag", [None, None]) is None
+    assert zerocopy.agree("ag", [a, a]) == (0, 512)
+    # a broadcast's non-root passes no input: it takes the root's input offset
+    assert zerocopy.agree("bc", [(0, 512, 64, "bfloat16", None), (None, 512, 64, "bfloat16", None)]) == (0, 512)
+    with pytest.raises(MismatchError, match="rank 0: zero-copy, x at heap offset 0, out at 512; rank 1: staged"):
+        zerocopy.agree("ag", [a, None])
+    with pytest.raises(MismatchError, match="ranks disagree on the zero-copy path"):
+        zerocopy.agree("ag", [a, (256, 512, 64, "bfloat16", None)])
+    with pytest.raises(MismatchError, match=r"different \(count, dtype, op\)"):
+        zerocopy.agree("ag", [a, (0, 512, 32, "bfloat16", None)])
+
+
+def test_peer_pointers_follow_the_agreed_offsets():
+    """A rank without input still reaches the root's input (broadcast through a pull)."""
+    comm = FakeComm(rank=1)
+    out = symmetric.alloc(comm, 256)
+    root_x = 1 << 20  # the root's input offset, as the exchange reported it
+    comm._check_exchange = lambda obj: [("zero-copy", obj[1], (root_x, out.offset, 64, "bfloat16", None)), obj]
+    twin = SimpleNamespace(comm=comm, compiled=SimpleNamespace(world_size=2))
+    zc = zerocopy.ZeroCopy(staged_for(comm, in_units=0, out_units=1), twin)
+    s = shape(0, out.ptr)
+    assert zc.pick(s) is twin
+    peers = zerocopy.peer_args(twin, s)
+    assert peers["in_peer"] == comm.heap.ptrs(root_x) and peers["out_peer"] == [out.peer_ptr(0), out.peer_ptr(1)]
 
 
 def test_choice_peer_disagreement_is_a_mismatch():
     comm = FakeComm()
     zc = zc_for(comm)
     x, out = symmetric.alloc(comm, 128), symmetric.alloc(comm, 256)
-    comm._check_exchange = lambda obj: [obj, ("zero-copy", obj[1], (0, 512, 64, "bfloat16", None))]
+    comm._check_exchange = lambda obj: [obj, ("zero-copy", obj[1], (0, 768, 64, "bfloat16", None))]
     with pytest.raises(MismatchError, match="ranks disagree on the zero-copy path"):
         zc.pick(shape(x.ptr, out.ptr))
 
@@ -261,8 +297,6 @@ def test_choice_peer_disagreement_is_a_mismatch():
 
 def test_buffer_of_another_communicator_is_named():
     mine, other = FakeComm(), FakeComm()
-    for c in (mine, other):  # far apart: move the other heap's addresses
-        pass
     other.heap.segments[0].bases = [(5 << 40), (6 << 40)]
     theirs = symmetric.alloc(other, 128)
     symmetric.alloc(mine, 64)
@@ -271,13 +305,28 @@ def test_buffer_of_another_communicator_is_named():
         zc.pick(shape(theirs.ptr, 0x7000_0000))
 
 
-def test_local_agreement_compares_call_by_call():
-    agreement = zerocopy.LocalAgreement(2)
-    agreement.record("allgather", 0, (0, 256, 8, "bfloat16", None))
-    agreement.record("allgather", 0, None)  # rank 0 may run ahead (per-device graph capture)
-    agreement.record("allgather", 1, (0, 256, 8, "bfloat16", None))
-    with pytest.raises(MismatchError, match="rank 0: staged .*; rank 1: zero-copy, x at heap offset 0"):
-        agreement.record("allgather", 1, (0, 256, 8, "bfloat16", None))
+def test_local_group_agrees_before_launch_and_per_rank_calls_reuse_it():
+    group = SimpleNamespace()
+    comms = [FakeComm(rank=r) for r in range(2)]
+    for c in comms:
+        c.local_group = group
+    ranks = []
+    for c in comms:
+        staged = staged_for(c)
+        staged._zc = zerocopy.ZeroCopy(staged, SimpleNamespace())
+        ranks.append(staged)
+    xs = [symmetric.alloc(c, 128) for c in comms]
+    outs = [symmetric.alloc(c, 256) for c in comms]
+    shapes = [shape(x.ptr, o.ptr) for x, o in zip(xs, outs)]
+    # per-rank call on heap buffers before any group call: refused, with the way out
+    with pytest.raises(ArgumentError, match="no group call has agreed on yet"):
+        ranks[0]._zc.pick(shapes[0])
+    zerocopy.agree_group(ranks, [(s, None, None) for s in shapes])
+    assert all(r._zc.pick(s) is r._zc.twin for r, s in zip(ranks, shapes))
+    # one rank with an ordinary output: refused before any rank launches
+    mixed = [shapes[0], shape(xs[1].ptr, 0x7000_0000)]
+    with pytest.raises(MismatchError, match="rank 1: staged"):
+        zerocopy.agree_group(ranks, [(s, None, None) for s in mixed])
 
 
 def test_peer_args_give_every_rank_the_same_offset():

@@ -332,16 +332,12 @@ class Collective:
     def _packed(self, variant: _Variant, shape: CallShape, piece: int):
         from purlinc.runtime.driver import PackedArgs
 
-        key = (variant.key, shape.in_ptr, shape.out_ptr, shape.count)
+        peers = zerocopy.peer_args(self, shape) if self.registered else {}
+        key = (variant.key, shape.in_ptr, shape.out_ptr, shape.count, *map(tuple, peers.values()))
         packed = self._args.get(key)
         if packed is None:
             if len(self._args) >= _ARGS_CACHE_LIMIT:
                 self._args.clear()  # launches copy their arguments: dropping old ones is safe
-            peers = {}
-            if self.registered:
-                from purlinc.runtime.zerocopy import peer_args
-
-                peers = peer_args(self, shape)
             data = variant.abi.pack_args(**peers,
                 count=shape.count, piece=piece, timeout_ns=self.timeout_ns, in_ptr=shape.in_ptr,
                 out_ptr=shape.out_ptr, counters_ptr=self.counters_ptr, error_ptr=self.error_dev,
@@ -479,6 +475,7 @@ def prepare_group(name: str, ranks: Sequence[Collective], xs, outs, op, streams,
     if len(counts) > 1:
         raise ArgumentError(f"{name}: ranks disagree on count (elements per chunk): "
                             + ", ".join(f"rank {r}: {p[0].count}" for r, p in enumerate(prepared)))
+    zerocopy.agree_group(ranks, prepared)  # heap buffers: every rank takes the same path
     return prepared
 
 

@@ -20,8 +20,11 @@ ranks check that they agree:
   MismatchError).  The staged and zero-copy schedules use separate signal pads, so a rank
   whose peers took the other path waits on signals nobody raises: its kernel times out
   (PurlinTimeoutError), it never writes into the wrong buffer.
-- in a LocalGroup (one process), every call's choice is compared across the ranks of the
-  group call, rank by rank, before the last rank launches.
+- in a LocalGroup (one process), a group call compares every rank's choice before any rank
+  launches; per-rank calls (one device's graph capture) reuse what a group call agreed on.
+
+The agreed offsets also give every rank its peers' pointers: a rank without input (a
+broadcast's non-root) reaches the root's input at the offset the root reported.
 
 Buffers outside the heap stage (two copies) as before: registering arbitrary buffers at graph
 capture would need an IPC export and a host exchange per new buffer, which is left for later
@@ -32,7 +35,6 @@ communicator's heap an ArgumentError.
 from __future__ import annotations
 
 import threading
-from collections import deque
 from dataclasses import replace
 
 from purlinc.errors import PurlinError
@@ -110,41 +112,50 @@ def attach(loaded, compiled, comm, comms):
         return loaded
     twin = _load_compiled(twin_c, comm, comms)
     if isinstance(loaded, GroupCollective):
-        agreement = LocalAgreement(len(loaded.ranks))
         for staged, registered in zip(loaded.ranks, twin.ranks):
-            staged._zc = ZeroCopy(staged, registered, agreement)
+            staged._zc = ZeroCopy(staged, registered)
     else:
-        loaded._zc = ZeroCopy(loaded, twin, None)
+        loaded._zc = ZeroCopy(loaded, twin)
     return loaded
 
 
+def call_key(shape) -> tuple:
+    return (shape.in_ptr, shape.out_ptr, shape.count, shape.dtype, shape.op)
+
+
 def peer_args(collective, shape) -> dict:
-    """``in_peer`` / ``out_peer`` pointers of a zero-copy call (the same heap offset everywhere)."""
+    """``in_peer`` / ``out_peer`` of a zero-copy call: every rank's buffer at the heap offset the
+    ranks agreed on (a rank without input, e.g. a broadcast's non-root, still reaches the root's
+    input through the offset the root reported)."""
     heap = collective.comm.heap
-    out = {}
-    for key, ptr in (("in_peer", shape.in_ptr), ("out_peer", shape.out_ptr)):
-        hit = heap.offset_of(ptr) if ptr else None
-        out[key] = heap.ptrs(hit[0]) if hit is not None else [0] * collective.compiled.world_size
-    return out
+    world = collective.compiled.world_size
+    offsets = getattr(collective, "_zc_offsets", {}).get(call_key(shape))
+    if offsets is None:  # not agreed through pick(): this rank's own offsets
+        offsets = tuple((heap.offset_of(ptr) or (None,))[0] if ptr else None for ptr in (shape.in_ptr, shape.out_ptr))
+    return {key: heap.ptrs(off) if off is not None else [0] * world
+            for key, off in (("in_peer", offsets[0]), ("out_peer", offsets[1]))}
 
 
-class LocalAgreement:
-    """The choices of one LocalGroup collective's ranks, compared call by call."""
+def agree(name: str, choices: list) -> tuple[int | None, int | None] | None:
+    """Every rank's choice -> the agreed (input offset, output offset), or None (all staged).
 
-    def __init__(self, world: int):
-        self.queues = [deque() for _ in range(world)]
-        self.lock = threading.Lock()
-
-    def record(self, name: str, rank: int, choice) -> None:
-        with self.lock:
-            self.queues[rank].append(choice)
-            if not all(self.queues):
-                if len(self.queues[rank]) > 4096:
-                    raise MismatchError(f"{name}: rank {rank} made 4096 calls its peers did not make")
-                return
-            heads = [q.popleft() for q in self.queues]
-        if len(set(heads)) != 1:
-            raise _disagree(name, heads)
+    A choice is None (a buffer outside the heap) or (in offset, out offset, count, dtype, op),
+    offsets None where the rank passes no such buffer.  The ranks must all choose zero-copy or
+    all stage, and the ranks that pass a buffer on a side must pass it at the same offset."""
+    if all(c is None for c in choices):
+        return None
+    if any(c is None for c in choices):
+        raise _disagree(name, choices)
+    if len({tuple(c[2:]) for c in choices}) != 1:
+        raise MismatchError(f"{name}: ranks called with different (count, dtype, op): "
+                            + "; ".join(f"rank {r}: {tuple(c[2:])}" for r, c in enumerate(choices)))
+    agreed = []
+    for side in (0, 1):
+        offsets = {c[side] for c in choices if c[side] is not None}
+        if len(offsets) > 1:
+            raise _disagree(name, choices)
+        agreed.append(offsets.pop() if offsets else None)
+    return agreed[0], agreed[1]
 
 
 def _describe(choice) -> str:
@@ -162,60 +173,128 @@ def _disagree(name: str, choices) -> MismatchError:
     )
 
 
+class LocalAgreement:
+    """A LocalGroup's agreed choices, shared by every loaded collective of the group:
+    (rank, call key) -> agreed offsets or None.  A group call settles them for every rank
+    before any rank launches (``agree_group``); per-rank calls (one rank's graph capture)
+    then find them here."""
+
+    def __init__(self):
+        self.agreed: dict = {}
+        self.lock = threading.Lock()
+
+
+def agreement_of(comm) -> LocalAgreement | None:
+    group = getattr(comm, "local_group", None)
+    if group is None:
+        return None
+    found = getattr(group, "_zc_agreement", None)
+    if found is None:
+        found = group._zc_agreement = LocalAgreement()
+    return found
+
+
+def agree_group(ranks, prepared) -> None:
+    """A LocalGroup call: settle the zero-copy choice of every rank before any launches."""
+    if not symmetric.any_blocks() or not ranks:
+        return
+    shapes = [p[0] for p in prepared]
+    if all(s.count == 0 for s in shapes):
+        return
+    choices = [c._zc.local_choice(s) if c._zc is not None else choose(c, s) for c, s in zip(ranks, shapes)]
+    agreed = agree(ranks[0].name, choices)
+    shared = agreement_of(ranks[0].comm)
+    with shared.lock:
+        if len(shared.agreed) > 65536:
+            shared.agreed.clear()  # old buffers; a later per-rank call without a group call is refused
+        for c, s in zip(ranks, shapes):
+            shared.agreed[(c.rank, call_key(s))] = agreed
+
+
+def choose(collective, shape):
+    """One rank's choice for a call: None (some buffer it passes is outside the heap: staged)
+    or (in offset, out offset, count, dtype, op).  Raises for freed or foreign heap buffers."""
+    heap = collective.comm.heap
+    itemsize = shape.dtype.itemsize
+    where = f"{collective.name} on rank {collective.rank}"
+    offsets = []
+    for label, ptr, units in (("x", shape.in_ptr, collective.in_units), ("out", shape.out_ptr, collective.out_units)):
+        if not units or not ptr:
+            offsets.append(None)
+            continue
+        located = heap.locate(ptr, units * shape.count * itemsize, f"{where}: {label}")
+        if located is None:
+            other = symmetric.owner_of(ptr, collective.comm)
+            if other is not None:
+                raise ArgumentError(f"{where}: {label} lives in the symmetric heap of another communicator "
+                                    f"({other!r}), not this collective's ({collective.comm!r})")
+            return None
+        offsets.append(located.offset)
+    return (offsets[0], offsets[1], shape.count, shape.dtype.value, shape.op.value if shape.op else None)
+
+
 class ZeroCopy:
     """Per staged Collective: its registered twin and the per-call choice."""
 
-    def __init__(self, staged, twin, agreement: LocalAgreement | None):
+    def __init__(self, staged, twin):
         self.staged = staged
         self.twin = twin
-        self.agreement = agreement
         self.heap = staged.comm.heap
-        self._cache: dict = {}
+        self.local = agreement_of(staged.comm)  # None under torchrun
+        self._cache: dict = {}  # call key -> this rank's choice (cleared when the heap changes)
         self._generation = -1
-        self._agreed: set = set()
+        self.offsets: dict = {}  # call key -> agreed (in, out) offsets, read by the twin's peer_args
+        twin._zc_offsets = self.offsets
+
+    def local_choice(self, shape):
+        """This rank's choice for ``shape`` (raises for freed or foreign heap buffers)."""
+        if self.heap.generation != self._generation:
+            self._cache.clear()
+            self._generation = self.heap.generation
+        key = call_key(shape)
+        choice = self._cache.get(key, _MISSING)
+        if choice is _MISSING:
+            choice = self._cache[key] = choose(self.staged, shape)
+        return choice
 
     def pick(self, shape, *, record: bool = True):
         """The Collective to launch ``shape`` with: the twin (zero-copy) or None (staged).
 
-        ``record=False``: only look (no agreement bookkeeping), for the fast-path decision."""
+        ``record=False``: only look (no agreement with the peers), for the fast-path decision."""
         if not symmetric.any_blocks():
             return None  # no heap block anywhere in this process: every call stages, on every rank
-        if self.heap.generation != self._generation:
-            self._cache.clear()
-            self._generation = self.heap.generation
-        key = (shape.in_ptr, shape.out_ptr, shape.count, shape.dtype, shape.op)
-        choice = self._cache.get(key, _MISSING)
-        if choice is _MISSING:
-            choice = self._cache[key] = self._choose(shape)
+        choice = self.local_choice(shape)  # every call: a freed block is refused even when agreed
         if not record:
             return self.twin if choice is not None else None
-        if self.agreement is not None:
-            self.agreement.record(self.staged.name, self.staged.rank, choice)
-        elif choice is not None and key not in self._agreed:
-            self._check_peers(choice)
-            self._agreed.add(key)
-        return self.twin if choice is not None else None
+        key = call_key(shape)
+        if self.local is not None:
+            with self.local.lock:
+                agreed = self.local.agreed.get((self.staged.rank, key), _MISSING)
+            if agreed is _MISSING:
+                if choice is None:
+                    return None  # not a heap call: staged, as every rank's identical buffers say
+                raise ArgumentError(
+                    f"{self.staged.name} on rank {self.staged.rank}: heap buffers in a per-rank call that no "
+                    "group call has agreed on yet",
+                    notes=("call the group collective once with these buffers (it checks every rank takes the "
+                           "zero-copy path), then per-rank calls and graph captures reuse that",),
+                )
+        elif key in self.offsets:
+            agreed = self.offsets[key]
+        elif choice is None:
+            return None  # ordinary buffers: never a host exchange (their addresses differ by rank)
+        else:
+            agreed = self._check_peers(choice)
+        if (agreed is None) != (choice is None):
+            raise MismatchError(f"{self.staged.name} on rank {self.staged.rank}: the buffers changed since the "
+                                "ranks agreed on this call's path")
+        if agreed is None:
+            return None
+        self.offsets[key] = agreed
+        return self.twin
 
-    def _choose(self, shape):
-        staged = self.staged
-        itemsize = shape.dtype.itemsize
-        where = f"{staged.name} on rank {staged.rank}"
-        offsets = []
-        for label, ptr, units in (("x", shape.in_ptr, staged.in_units), ("out", shape.out_ptr, staged.out_units)):
-            if not units or not ptr:
-                offsets.append(None)
-                continue
-            located = self.heap.locate(ptr, units * shape.count * itemsize, f"{where}: {label}")
-            if located is None:
-                other = symmetric.owner_of(ptr, staged.comm)
-                if other is not None:
-                    raise ArgumentError(f"{where}: {label} lives in the symmetric heap of another communicator "
-                                        f"({other!r}), not this collective's ({staged.comm!r})")
-                return None
-            offsets.append(located.offset)
-        return (offsets[0], offsets[1], shape.count, shape.dtype.value, shape.op.value if shape.op else None)
-
-    def _check_peers(self, choice) -> None:
+    def _check_peers(self, choice):
+        """Under torchrun: every rank's choice, once per call key; the agreed offsets."""
         comm = self.staged.comm
         check = getattr(comm, "_check_exchange", None) or comm.allgather
         try:
@@ -228,6 +307,7 @@ class ZeroCopy:
                 f"join the check ({type(error).__name__}): it passed buffers outside the heap",
                 notes=("pass buffers from comm.empty on every rank, or on none",),
             ) from error
-        choices = [e[2] if isinstance(e, tuple) and len(e) == 3 and e[0] == "zero-copy" else None for e in everyone]
-        if len(set(choices)) != 1:
-            raise _disagree(self.staged.name, choices)
+        choices = [e[2] if isinstance(e, (tuple, list)) and len(e) == 3 and e[0] == "zero-copy" else None
+                   for e in everyone]
+        choices = [tuple(c) if c is not None else None for c in choices]
+        return agree(self.staged.name, choices)

@@ -221,23 +221,29 @@ def test_mem_pool_places_torch_allocations_in_the_heap(group):
         coll.close()
 
 
-def test_ranks_disagreeing_on_zero_copy_is_a_mismatch_not_a_hang(group, monkeypatch):
+def test_ranks_disagreeing_on_zero_copy_is_refused_before_launch(group):
     import purlinc
-    from purlinc.runtime.errors import MismatchError, PurlinTimeoutError
+    from purlinc.runtime.errors import ArgumentError, MismatchError
 
     coll = purlinc.load(EXAMPLES / "allgather.pln", group, algorithm="direct-push")
     try:
         count = 1024
         spec = coll[0].compiled.spec
         xs, outs = _heap_buffers(group, spec, count, DType.FLOAT32)
-        outs[-1] = torch.empty(outs[-1].numel(), dtype=torch.float32, device=f"cuda:{DEVICES[-1]}")  # not in the heap
+        ordinary = torch.empty(outs[-1].numel(), dtype=torch.float32, device=f"cuda:{DEVICES[-1]}")
         with pytest.raises(MismatchError, match="ranks disagree on the zero-copy path"):
-            coll(xs, outs)
-        # The ranks before the last launched the zero-copy kernel: it waits for peers that never
-        # come, and times out (bounded by PURLIN_WAIT_TIMEOUT_S) instead of hanging or writing.
+            coll(xs, outs[:-1] + [ordinary])
+        # The group call compares every rank's choice before any rank launches: nothing ran,
+        # the collective's signals are in step, and a consistent call works.
+        inputs = _fill(spec, xs, outs, count, DType.FLOAT32, np.random.default_rng(11))
+        coll(xs, outs)
         _sync()
-        with pytest.raises(PurlinTimeoutError):
-            coll.check()
+        coll.check()
+        _compare(spec, outs, expected(spec, inputs, count, DType.FLOAT32, None), DType.FLOAT32, "after a mismatch")
+        # a per-rank call on heap buffers no group call has agreed on is refused too
+        x2, out2 = _heap_buffers(group, spec, count, DType.FLOAT32)
+        with pytest.raises(ArgumentError, match="no group call has agreed on yet"):
+            coll[0](x2[0], out2[0])
     finally:
         coll.close()
 
