@@ -120,6 +120,8 @@ def tensor_of(block: HeapBlock, shape, dtype):
     itemsize = torch.empty((), dtype=dtype).element_size()
     if numel * itemsize > block.nbytes:
         raise ArgumentError(f"a {shape} {dtype} tensor needs {numel * itemsize} bytes; {block!r} holds {block.nbytes}")
+    if numel == 0:
+        return torch.empty(shape, dtype=dtype, device=f"cuda:{block.comm.device}")
     with torch.cuda.device(block.comm.device):
         raw = torch.as_tensor(block, device=f"cuda:{block.comm.device}")
     if raw.data_ptr() != block.ptr:
