@@ -407,3 +407,13 @@ def test_twin_kernels_compile_and_want_peer_pointers(name, algorithm, needs):
                            error_ptr=0, stage=[0, 0], signals=[0, 0], **peers)
     words = __import__("struct").unpack(f"<{len(packed) // 8}Q", packed)
     assert list(words[-4:]) == [x.peer_ptr(0), x.peer_ptr(1), out.peer_ptr(0), out.peer_ptr(1)]
+
+
+def test_available_counts_growth_room_under_the_limit():
+    h, g = heap(size=4 * MiB, limit=16 * MiB)
+    # a region never straddles segments: 12 MiB (a new segment under the limit) is the most
+    with pytest.raises(HeapExhaustedError, match="needs 33554432 bytes, 12582912 are available") as caught:
+        h.alloc(32 * MiB, "big")
+    assert caught.value.available == 12 * MiB and not g.calls
+    h.alloc(12 * MiB, "fits")  # exactly the growth room left
+    assert g.calls == [(1, 12 * MiB)] and h.size == 16 * MiB

@@ -145,13 +145,11 @@ class SymmetricHeap:
         return max(s.allocator.largest_free for s in self.segments)
 
     def available(self) -> int:
-        """The largest request ``alloc`` can still satisfy without exceeding the limit."""
+        """The largest request ``alloc`` could satisfy now: the largest free block, or what a
+        new segment may still take under the limit (unbounded heaps: the device decides)."""
         room = self.largest_free
-        if self._grow is not None:
-            if self.limit_bytes:
-                room = max(room, (self.limit_bytes - self.size) // SEGMENT_ALIGN * SEGMENT_ALIGN)
-            else:
-                return -1  # unbounded (the device's memory decides)
+        if self._grow is not None and self.limit_bytes:
+            room = max(room, (self.limit_bytes - self.size) // SEGMENT_ALIGN * SEGMENT_ALIGN)
         return room
 
     # ------------------------------------------------------------------ alloc / free
@@ -174,12 +172,13 @@ class SymmetricHeap:
         if self.limit_bytes and self.size + size > self.limit_bytes:
             size = need  # a smaller step may still fit under the limit
         if self._grow is None or (self.limit_bytes and self.size + size > self.limit_bytes):
+            available = self.available()
             raise HeapExhaustedError(
-                f"symmetric heap exhausted: {what} needs {nbytes} bytes, the largest free block is "
-                f"{self.largest_free} bytes ({self.in_use} of {self.size} bytes in use"
+                f"symmetric heap exhausted: {what} needs {nbytes} bytes, {available} are available "
+                f"(largest free block {self.largest_free} bytes; {self.in_use} of {self.size} bytes in use"
                 + (f", limit {self.limit_bytes} bytes)" if self.limit_bytes else ")"),
                 notes=self._exhaustion_notes(),
-                requested=int(nbytes), available=self.largest_free,
+                requested=int(nbytes), available=available,
             )
         bases = self._grow(len(self.segments), size)
         segment = Segment(len(self.segments), self.size, size, list(bases))
