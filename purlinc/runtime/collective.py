@@ -422,12 +422,13 @@ class Collective:
             self._fast = FastPath.make(x, out, result, op, count, self.target(shape), self.out_units)
         return result
 
-    def warm(self, dtype: DType | str, op: ReduceOp | str | None = "sum") -> None:
-        """Compile and load the kernel for (dtype, op) now (a collective under torchrun)."""
+    def warm(self, dtype: DType | str, op: ReduceOp | str | None = "sum", *, zero_copy: bool = False) -> None:
+        """Compile and load the kernel for (dtype, op) now (a collective under torchrun);
+        ``zero_copy=True`` also the zero-copy twin's (otherwise its first heap call does)."""
         if self._ce is None:
             dtype = dtype if isinstance(dtype, DType) else DType.parse(dtype)
             self.variant(dtype, ReduceOp.parse(op) if self.is_reduce else None)
-        if self._zc is not None:
+        if zero_copy and self._zc is not None:
             self._zc.twin.warm(dtype, op)
 
     def close(self) -> None:

@@ -26,6 +26,10 @@ ranks check that they agree:
 The agreed offsets also give every rank its peers' pointers: a rank without input (a
 broadcast's non-root) reaches the root's input at the offset the root reported.
 
+The twin's kernel is compiled and loaded at its first zero-copy call (or by
+``coll.warm(dtype, op, zero_copy=True)``): make one eager call on the heap buffers before
+capturing a CUDA graph, as for any new (dtype, op).
+
 Buffers outside the heap stage (two copies) as before: registering arbitrary buffers at graph
 capture would need an IPC export and a host exchange per new buffer, which is left for later
 measurement.  A pointer into freed heap space is a FreedBufferError; a buffer in another
