@@ -33,9 +33,13 @@ WAIT_TIMEOUT_S = Setting(
 )
 
 HEAP_MB = Setting(
-    "PURLIN_HEAP_MB", "2048", False,
-    "size of each rank's symmetric heap (staging buffers and signal pads of every loaded collective), MiB; "
-    "a plain load holds one schedule per size bucket, up to a few hundred MiB",
+    "PURLIN_HEAP_MB", "256", False,
+    "first segment of each rank's symmetric heap, and the least it grows by, MiB; the heap (staging, "
+    "signal pads, comm.empty blocks) grows on demand by further segments",
+)
+HEAP_MAX_MB = Setting(
+    "PURLIN_HEAP_MAX_MB", "0", False,
+    "upper bound on each rank's symmetric heap, MiB (0: none but the device's memory)",
 )
 STAGE_MB = Setting(
     "PURLIN_STAGE_MB", "64", False,
@@ -48,7 +52,7 @@ TRACE = Setting(
     "Not a codegen key: a traced kernel is asked for explicitly by generate(trace=True)",
 )
 
-ALL = (DEBUG, CACHE_DIR, NO_CACHE, WAIT_TIMEOUT_S, HEAP_MB, STAGE_MB, TRACE)
+ALL = (DEBUG, CACHE_DIR, NO_CACHE, WAIT_TIMEOUT_S, HEAP_MB, HEAP_MAX_MB, STAGE_MB, TRACE)
 
 
 def debug() -> bool:
@@ -77,6 +81,10 @@ def heap_bytes() -> int:
 
 def trace() -> bool:
     return TRACE.raw() not in ("", "0")
+
+
+def heap_max_bytes() -> int:
+    return int(float(HEAP_MAX_MB.raw()) * (1 << 20))
 
 
 def stage_bytes() -> int:

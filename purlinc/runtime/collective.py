@@ -29,7 +29,7 @@ from purlinc import settings
 from purlinc.atom.abi import ERROR_RECORD, ERROR_RECORD_BYTES, decode_error
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.errors import InternalError, PurlinError
-from purlinc.runtime import interop
+from purlinc.runtime import interop, zerocopy
 from purlinc.runtime.errors import ArgumentError, MismatchError, PurlinTimeoutError
 from purlinc.runtime.validate import CallShape, choose_piece, validate_call
 from purlinc.atom.atoms import DEFAULT_ATOM, lookup_atom
@@ -184,6 +184,8 @@ class Collective:
         self._fast: FastPath | None = None
         self._shapes: dict = {}
         self._ce = None
+        self.registered = bool(compiled.options.registered)  # a zero-copy twin (see zerocopy.py)
+        self._zc = None  # staged collectives: their ZeroCopy (twin + per-call choice), if any
         self._host = lookup_atom(compiled.atom).host_module()  # a host-driven atom (ce): no kernels
         if self._host is not None:
             self._ce = self._host.Runner(compiled.plan, self.rank, self.device, driver)
@@ -204,6 +206,8 @@ class Collective:
         """Raise PurlinTimeoutError if a device-side wait of this rank timed out (no sync needed)."""
         if self._flag.value:
             self._raise_timeout()
+        if self._zc is not None:
+            self._zc.twin.check()
 
     def _raise_timeout(self):
         record = self.error_record()
@@ -240,8 +244,8 @@ class Collective:
             self.compiled.world_size, self.compiled.schedule.channels, self.stage_units
         ) or 8 * abi.signal_pad > self.layout.pad_bytes:
             raise InternalError(f"kernel ABI {abi} does not match the loaded schedule of {self.name}")
-        if abi.needs_in_peers or abi.needs_out_peers:
-            raise InternalError(f"{self.name}: the kernel wants registered buffers, which load() never asks for")
+        if (abi.needs_in_peers or abi.needs_out_peers) and not self.registered:
+            raise InternalError(f"{self.name}: the kernel wants registered buffers, but this is the staged schedule")
         if self._agree:
             mine = (dtype.value, op.value if op else None)
             everyone = self.comm.allgather(("variant", self.name, mine))
@@ -260,12 +264,13 @@ class Collective:
     def _packed(self, variant: _Variant, shape: CallShape, piece: int):
         from purlinc.runtime.driver import PackedArgs
 
-        key = (variant.key, shape.in_ptr, shape.out_ptr, shape.count)
+        peers = zerocopy.peer_args(self, shape) if self.registered else {}
+        key = (variant.key, shape.in_ptr, shape.out_ptr, shape.count, *map(tuple, peers.values()))
         packed = self._args.get(key)
         if packed is None:
             if len(self._args) >= _ARGS_CACHE_LIMIT:
                 self._args.clear()  # launches copy their arguments: dropping old ones is safe
-            data = variant.abi.pack_args(
+            data = variant.abi.pack_args(**peers,
                 count=shape.count, piece=piece, timeout_ns=self.timeout_ns, in_ptr=shape.in_ptr,
                 out_ptr=shape.out_ptr, counters_ptr=self.counters_ptr, error_ptr=self.error_dev,
                 stage=self.stage_ptrs, signals=self.pad_ptrs,
@@ -280,6 +285,8 @@ class Collective:
             raise ArgumentError(f"{self.name}: this collective was closed")
         if self._flag.value:
             self._raise_timeout()
+        if self._zc is not None and self._zc.twin._flag.value:
+            self._zc.twin._raise_timeout()
         xi = interop.describe(x) if x is not None else None
         oi = interop.describe(out) if out is not None else None
         if oi is None and self.out_units and xi is not None and self.in_units and xi.dtype is not None \
@@ -308,6 +315,8 @@ class Collective:
         when there is no kernel to launch (count 0, or the ce atom, which is host-driven)."""
         if shape.count == 0 or self._ce is not None:
             return None
+        if self._zc is not None and self._zc.pick(shape, record=False) is not None:
+            return None  # zero-copy calls take the full path: it checks the heap blocks are still live
         piece = choose_piece(shape.count, self.stage_units, shape.dtype.itemsize, self.layout.stage_bytes)
         variant = self.variant(shape.dtype, shape.op)
         return (variant.function, variant.grid, variant.block, variant.shared, self._packed(variant, shape, piece))
@@ -315,6 +324,11 @@ class Collective:
     def launch(self, shape: CallShape, stream: int) -> None:
         if shape.count == 0:
             return  # every rank sees count 0 and skips alike
+        if self._zc is not None:
+            twin = self._zc.pick(shape)
+            if twin is not None:
+                twin.launch(shape, stream)
+                return
         if self._multi_device:
             self._driver.set_current(self.device)
         if self._ce is not None:
@@ -339,11 +353,14 @@ class Collective:
             self._fast = FastPath.make(x, out, result, op, count, self.target(shape), self.out_units)
         return result
 
-    def warm(self, dtype: DType | str, op: ReduceOp | str | None = "sum") -> None:
-        """Compile and load the kernel for (dtype, op) now (a collective under torchrun)."""
+    def warm(self, dtype: DType | str, op: ReduceOp | str | None = "sum", *, zero_copy: bool = False) -> None:
+        """Compile and load the kernel for (dtype, op) now (a collective under torchrun);
+        ``zero_copy=True`` also the zero-copy twin's (otherwise its first heap call does)."""
         if self._ce is None:
             dtype = dtype if isinstance(dtype, DType) else DType.parse(dtype)
             self.variant(dtype, ReduceOp.parse(op) if self.is_reduce else None)
+        if zero_copy and self._zc is not None:
+            self._zc.twin.warm(dtype, op)
 
     def trace(self) -> dict:
         """The last call's device trace, every rank's, as JSON (purlinc.draw.trace; docs/DRAW.md).
@@ -357,6 +374,8 @@ class Collective:
         if self.closed:
             return
         self._fast = None  # a closed collective must take the path that says so
+        if self._zc is not None:
+            self._zc.twin.close()
         driver = self._driver
         failure = None
         try:
@@ -397,6 +416,7 @@ def prepare_group(name: str, ranks: Sequence[Collective], xs, outs, op, streams,
     if len(counts) > 1:
         raise ArgumentError(f"{name}: ranks disagree on count (elements per chunk): "
                             + ", ".join(f"rank {r}: {p[0].count}" for r, p in enumerate(prepared)))
+    zerocopy.agree_group(ranks, prepared)  # heap buffers: every rank takes the same path
     return prepared
 
 
@@ -452,16 +472,16 @@ def _zero(comm, compiled: Compiled, layout: Layout) -> None:
     from purlinc.runtime import driver
 
     driver.set_current(comm.device)
-    own = comm.heap.ptr(comm.rank, 0)
+    own = comm.heap.ptr  # heap offsets -> this rank's pointers (segment by segment)
     # Staging is zeroed too: a packed (LL) schedule takes a packet whose flag word matches as
     # arrived data, and heap space can be reused from an earlier collective.
     if layout.stage_bytes:
-        driver.memset_d8(own + layout.stage, 0, layout.stage_bytes)
-    driver.memset_d8(own + layout.pad, 0, layout.pad_bytes)
-    driver.memset_d8(own + layout.counters, 0, layout.counters_bytes)
+        driver.memset_d8(own(comm.rank, layout.stage), 0, layout.stage_bytes)
+    driver.memset_d8(own(comm.rank, layout.pad), 0, layout.pad_bytes)
+    driver.memset_d8(own(comm.rank, layout.counters), 0, layout.counters_bytes)
     if compiled.plan is not None:
         host = lookup_atom(compiled.atom).host_module()
-        driver.copy_htod(own + layout.pad, host.init_image(compiled.plan, comm.rank))
+        driver.copy_htod(own(comm.rank, layout.pad), host.init_image(compiled.plan, comm.rank))
 
 
 def _fingerprint(compiled: Compiled, layout: Layout) -> str:
@@ -499,14 +519,15 @@ def _load_compiled(compiled: Compiled, comm, comms: list, stage_bytes: int | Non
     if isinstance(comm, LocalGroup):
         if len({(l.stage, l.pad, l.counters) for l in layouts}) != 1:
             raise MismatchError(f"{compiled.name}: the LocalGroup's heaps are out of step: {layouts}")
-        return GroupCollective([Collective(compiled, c, l, agree=False) for c, l in zip(comms, layouts)])
+        group = GroupCollective([Collective(compiled, c, l, agree=False) for c, l in zip(comms, layouts)])
+        return zerocopy.attach(group, compiled, comm, comms)
 
     layout = layouts[0]
     fp = _fingerprint(compiled, layout)
     everyone = comm.allgather((fp, {**compiled.identity(), "layout": (layout.stage, layout.pad, layout.counters)}))
     if len({e[0] for e in everyone}) != 1:
         raise _disagreement(compiled.name, [e[0] for e in everyone], [e[1] for e in everyone])
-    return Collective(compiled, comm, layout, agree=True)
+    return zerocopy.attach(Collective(compiled, comm, layout, agree=True), compiled, comm, comms)
 
 
 def load(
