@@ -103,7 +103,11 @@ def twin_compiled(compiled):
         if options.registered != spaces:  # register exactly what the schedule reaches
             options = replace(options, registered=frozenset(spaces))
             schedule = pipeline.snac_stage(compiled.spec, options)
-        return replace(compiled, options=options, schedule=schedule, kernels={}, lock=threading.Lock())
+        # The pipeline's Compiled for these options (same source, world, atom and target): the
+        # twin's schedule and kernels are cached like any other's.
+        return pipeline.prepare(compiled.source, world_size=compiled.world_size, params=dict(compiled.params),
+                                arch=compiled.arch, atom=compiled.atom, options=options,
+                                trace=compiled.trace).prepared()
     return None
 
 
