@@ -5,7 +5,18 @@ violation (in a fixed order: well-formedness, deadlock, signal monotonicity, rac
 
 How the proof works
 -------------------
-1. *Well-formedness*, step by step: regions in bounds and on the program's channel, remote
+0. *Channels*.  Programs are channel-relative (``purlinc.snac.ir``): one per rank, its
+   slices in ``[0, S)`` and its signal indices in ``[0, W)``; channel ``c`` runs it shifted
+   by ``c * S`` and ``c * W``.  Checking exactly that (every relative slice < S, every
+   signal index < W, declarations included) proves that channels touch disjoint slices of
+   every buffer (staging included) and disjoint signal words: they share no region and no
+   signal, so each is a copy of channel 0 that cannot see the others.  The only thing they
+   share is the call boundary (a rank's next call starts when all its channels finished),
+   which orders call-0 steps before call-1 steps and adds no wait within a call: so a
+   deadlock, a race or a wrong result in the C-channel schedule would be one in channel 0
+   alone.  Steps 1-4 prove channel 0 (the schedule viewed with one channel); the simulator
+   still runs every channel concretely.
+1. *Well-formedness*, step by step: regions in bounds and in the channel's slices, remote
    ``IN``/``OUT`` only when registered, nothing writes an ``IN`` buffer, a step never moves
    one slice into another, waits only on the waiting rank's own signals, every signal
    declared and notified exactly ``per_call`` times per call with ``k`` = 1..per_call.
@@ -39,7 +50,7 @@ How the proof works
 from __future__ import annotations
 
 from collections import Counter, defaultdict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -163,10 +174,11 @@ def _check_shape(schedule: Schedule, spec: Spec) -> None:
             f"slices = {schedule.slices}, but channels x slices per channel = "
             f"{schedule.channels} x {schedule.options.slices}"
         )
-    expected = [(r, c) for r in range(world) for c in range(schedule.channels)]
     found = [(p.rank, p.channel) for p in schedule.programs]
-    if found != expected:
-        problems.append("its programs are not one per (rank, channel) in that order")
+    if found != [(r, 0) for r in range(world)]:
+        problems.append("its programs are not one per rank (channel-relative, channel 0), in rank order")
+    if schedule.channel_signals < 0:
+        problems.append(f"channel_signals = {schedule.channel_signals} (must be >= 0)")
     if problems:
         raise VerificationError(f"schedule {schedule.collective} does not fit its spec: " + "; ".join(problems))
 
@@ -179,6 +191,11 @@ def _check_signals_declared(schedule: Schedule) -> None:
         seen.add(decl.signal)
         if not 0 <= decl.signal.owner < schedule.world_size or decl.signal.index < 0:
             raise VerificationError(f"signal {decl.signal.format()} names no rank's pad")
+        if decl.signal.index >= schedule.channel_signals:
+            raise VerificationError(
+                f"signal {decl.signal.format()} lies outside its channel's signals 0..{schedule.channel_signals - 1} "
+                f"(channel_signals = {schedule.channel_signals}): channel 1 would share it"
+            )
         if decl.per_call < 1:
             raise VerificationError(f"signal {decl.signal.format()} has per_call = {decl.per_call} (must be >= 1)")
 
@@ -200,11 +217,10 @@ def _region_fault(schedule: Schedule, region: Region, rank: int, channel: int, w
         units = schedule.out_units[region.rank]
     if not 0 <= region.unit < units:
         return f"@ is out of bounds: rank {region.rank}'s {space.value} has {units} units"
-    if not 0 <= region.slice < schedule.slices:
-        return f"@ is out of bounds: units have {schedule.slices} slices"
     per_channel = schedule.options.slices
-    if region.slice // per_channel != channel:
-        return f"@ belongs to channel {region.slice // per_channel}, not this program's channel {channel}"
+    if not 0 <= region.slice < per_channel:
+        return (f"@ lies outside the channel's slices 0..{per_channel - 1} (programs are channel-relative: "
+                "channel c adds c * slices, so another channel would own it)")
     if writes and space is Space.IN:
         return "writes @, the caller's input"
     if region.rank != rank and space is not Space.STAGE and space.value not in schedule.options.registered:
@@ -692,11 +708,20 @@ def _check_packing(schedule: Schedule) -> None:
             raise fail.at(program.rank, program.channel, index, message)
 
 
+def _one_channel(schedule: Schedule) -> Schedule:
+    """The schedule as if it had one channel: what steps 1-4 prove (see the docstring)."""
+    if schedule.channels == 1:
+        return schedule
+    options = replace(schedule.options, channels=1)
+    return replace(schedule, options=options, slices=options.slices)
+
+
 def verify(schedule: Schedule, spec: Spec) -> None:
     """Prove ``schedule`` computes ``spec`` for every count and interleaving, or raise
     ``VerificationError`` naming the first violation."""
     _check_shape(schedule, spec)
     _check_signals_declared(schedule)
+    schedule = _one_channel(schedule)
     _check_steps(schedule, _Failure(schedule))
     _check_packing(schedule)
     # A packed stage means its Stage followed by its Notify: the proof runs on that schedule.
