@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from purlinc.frontend.ast import Operation
 from purlinc.frontend.spec import Chunk, Spec
@@ -133,7 +134,7 @@ class _Builder:
     def consume(self, rank: int, srcs: tuple[Region, ...], dst: Region, chunk: Chunk, position: int, note: str = "") -> None:
         operation = Operation.REDUCE if len(srcs) > 1 else Operation.COPY
         line = self.spec.output_line(dst.rank, position) if dst.space is OUT else None
-        self.steps[rank].append(Consume(operation, srcs, dst, note or str(chunk), line))
+        self.steps[rank].append(Consume(operation, srcs, dst, note or _text(chunk), line))
 
     # ---- finishing
 
@@ -198,8 +199,14 @@ def _from(sig: _Sig) -> str:
     return f"from r{sig.peer}"
 
 
+@lru_cache(maxsize=1 << 16)
+def _text(chunk: Chunk) -> str:
+    """``str(chunk)``, once per chunk: notes name chunks on every step of big schedules."""
+    return str(chunk)
+
+
 def _names(chunks) -> str:
-    chunks = list(dict.fromkeys(str(c) for c in chunks))
+    chunks = list(dict.fromkeys(_text(c) for c in chunks))
     return ", ".join(chunks) if len(chunks) <= 4 else ", ".join(chunks[:3]) + f", ... ({len(chunks)} chunks)"
 
 

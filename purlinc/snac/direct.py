@@ -6,7 +6,7 @@ from collections import defaultdict
 
 from purlinc.errors import PurlinError
 from purlinc.frontend.spec import Slot, Spec
-from purlinc.snac.builder import IN, OUT, STAGE, _ack, _Builder, _consume_into, _data, _from, _Msg, _names, _reg
+from purlinc.snac.builder import IN, OUT, STAGE, _ack, _Builder, _consume_into, _data, _from, _Msg, _names, _reg, _text
 from purlinc.snac.ir import LowerOptions, Schedule, Space
 from purlinc.snac.needs import _copy_source, _needs
 
@@ -108,10 +108,10 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
             for m in mine:
                 src, dst = _reg(m.src[0], producer, m.src[1], s), _reg(m.dst[0], m.consumer, m.dst[1], s)
                 if packed:  # the notify rides in the packets: one k per message slice
-                    b.stage_packed(producer, src, dst, _data(producer, m.consumer), f"{m.chunk} for r{m.consumer}",
+                    b.stage_packed(producer, src, dst, _data(producer, m.consumer), f"{_text(m.chunk)} for r{m.consumer}",
                                    keys=(("data", producer, m.consumer, s),))
                     continue
-                b.stage(producer, src, dst, f"{m.chunk} for r{m.consumer}")
+                b.stage(producer, src, dst, f"{_text(m.chunk)} for r{m.consumer}")
             if packed:
                 continue
             for consumer in rotated:
@@ -188,7 +188,7 @@ def _direct_pull(spec: Spec, options: LowerOptions) -> Schedule:
             if not registered_in:
                 for slot in exposed_by[producer]:
                     unit = exposed[slot][1]
-                    b.stage(producer, _reg(IN, producer, slot.position, s), _reg(STAGE, producer, unit, s), f"{chunk_of[slot]} for readers")
+                    b.stage(producer, _reg(IN, producer, slot.position, s), _reg(STAGE, producer, unit, s), f"{_text(chunk_of[slot])} for readers")
             for consumer in consumers:
                 slices = range(S) if registered_in else (s,)
                 b.notify(producer, _data(producer, consumer), notes[consumer],

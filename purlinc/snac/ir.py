@@ -68,6 +68,10 @@ class Space(Enum):
     OUT = "out"
     STAGE = "stage"
 
+    # Members are singletons: identity hashing is correct, and C-level (Enum's own __hash__ is
+    # Python code, run for every Region hashed; verifying a big schedule hashes millions).
+    __hash__ = object.__hash__
+
 
 @dataclass(frozen=True, slots=True)
 class Region:

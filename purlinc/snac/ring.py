@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from purlinc.errors import PurlinError
 from purlinc.frontend.ast import Operation
 from purlinc.frontend.spec import Chunk, Spec
-from purlinc.snac.builder import IN, OUT, STAGE, _ack, _Builder, _consume_into, _data, _from, _names, _reg
+from purlinc.snac.builder import IN, OUT, STAGE, _ack, _Builder, _consume_into, _data, _from, _names, _reg, _text
 from purlinc.snac.ir import Consume, LowerOptions, Region, Schedule
 from purlinc.snac.needs import _copy_source, _Need, _needs, _owners
 
@@ -163,7 +163,7 @@ def _ring(spec: Spec, options: LowerOptions) -> Schedule:
         return _reg(STAGE, hop.receiver, hop.unit, s)
 
     def ack(hop: _Hop) -> None:
-        b.notify(hop.receiver, _ack(hop.sender, hop.receiver), f"done with {hop.chunk} (r{hop.receiver}.stage[{hop.unit}])",
+        b.notify(hop.receiver, _ack(hop.sender, hop.receiver), f"done with {_text(hop.chunk)} (r{hop.receiver}.stage[{hop.unit}])",
                  keys=(("ack", hop.id),))
 
     def slot_wait(hop: _Hop) -> None:
@@ -208,9 +208,9 @@ def _ring(spec: Spec, options: LowerOptions) -> Schedule:
                 srcs = tuple(region(rank, where, s) for where in hop.srcs)
                 dst = dst_of(hop, s)
                 if len(srcs) == 1:
-                    b.stage(rank, srcs[0], dst, f"{hop.chunk} for r{hop.receiver}")
+                    b.stage(rank, srcs[0], dst, f"{_text(hop.chunk)} for r{hop.receiver}")
                 else:
-                    b.steps[rank].append(Consume(Operation.REDUCE, srcs, dst, f"partial {hop.chunk} for r{hop.receiver}"))
+                    b.steps[rank].append(Consume(Operation.REDUCE, srcs, dst, f"partial {_text(hop.chunk)} for r{hop.receiver}"))
                 if s == S - 1:
                     for where in hop.srcs:
                         if where[0] == "hop":

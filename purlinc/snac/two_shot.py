@@ -6,7 +6,7 @@ from collections import defaultdict
 
 from purlinc.errors import PurlinError
 from purlinc.frontend.spec import Chunk, Spec
-from purlinc.snac.builder import IN, OUT, STAGE, _ack, _Builder, _consume_into, _data, _from, _Msg, _names, _reg
+from purlinc.snac.builder import IN, OUT, STAGE, _ack, _Builder, _consume_into, _data, _from, _Msg, _names, _reg, _text
 from purlinc.snac.ir import LowerOptions, Schedule
 from purlinc.snac.needs import _needs, _owners
 
@@ -102,7 +102,7 @@ def _two_shot(spec: Spec, options: LowerOptions) -> Schedule:
             for s in range(S):
                 for m in mine:
                     b.stage(producer, _reg(m.src[0], producer, m.src[1], s), _reg(m.dst[0], m.consumer, m.dst[1], s),
-                            f"{m.chunk} {what} r{m.consumer}")
+                            f"{_text(m.chunk)} {what} r{m.consumer}")
                 for consumer in targets[producer]:
                     b.notify(producer, _data(producer, consumer), notes[consumer], keys=((f"data{phase}", producer, consumer, s),))
 
