@@ -187,8 +187,10 @@ def _signal_expr(index: int) -> str:
     return f"{SIG0} + {index}"
 
 
-def _region_expr(region: Region, rank: int) -> str:
-    unit, s = region.unit, _slice_expr(region.slice)
+def _region_expr(region: Region, rank: int, unit: str | None = None) -> str:
+    """The address of ``region`` for ``rank``'s kernel; ``unit`` overrides its unit with an
+    expression (a loop over a run of steps, see ``_runs``)."""
+    unit, s = region.unit if unit is None else unit, _slice_expr(region.slice)
     if region.space is Space.STAGE:
         return f"purlin_stage(args.stage[{region.rank}], {unit}, {s}, rd)"
     own, peers = ("args.in", "args.in_peer") if region.space is Space.IN else ("args.out", "args.out_peer")
@@ -238,6 +240,8 @@ def _data_block(index: int, step: Stage | Consume, rank: int, per_call: dict) ->
         "dst": _region_expr(step.dst, rank),
         "srcs": [_region_expr(r, rank) for r in srcs],
         "slice": _slice_expr(step.dst.slice),
+        "loop": 0,
+        "regions": (step.dst, *srcs),
         "reads": frozenset(srcs),
         "writes": frozenset({step.dst}),
     }
@@ -378,7 +382,66 @@ def _program_blocks(program: Program, per_call: dict, roles: dict | None = None,
     if reads or writes:
         # The next round reuses staging units and the counter update follows.
         blocks.append({"kind": "barrier", "comments": ["barrier: end of the round"]})
-    return blocks
+    return _runs(blocks, program.rank)
+
+
+MIN_RUN = 3  # shorter runs of like steps stay straight-line code
+
+
+def _step_of_run(first: tuple[Region, ...], block: dict, count: int, deltas: list[int] | None) -> list[int] | None:
+    """The unit strides that make ``block`` the ``count``-th step of a run starting with
+    ``first`` (None when it does not continue the run)."""
+    regions = block.get("regions")
+    if regions is None or len(regions) != len(first):
+        return None
+    strides = []
+    for a, b in zip(first, regions):
+        if (a.space, a.rank, a.slice) != (b.space, b.rank, b.slice) or (b.unit - a.unit) % count:
+            return None
+        strides.append((b.unit - a.unit) // count)
+    return strides if deltas is None or strides == deltas else None
+
+
+def _runs(blocks: list[dict], rank: int) -> list[dict]:
+    """Consecutive copy (or reduce) blocks whose regions differ only by units in arithmetic
+    progression become one loop over ``i``: the code grows with the structure of a program,
+    not with its number of steps.  Only blocks that followed each other with no barrier are
+    merged, so the loop runs exactly the steps, in order, that it replaces; every step keeps
+    its comment."""
+    out: list[dict] = []
+    i = 0
+    while i < len(blocks):
+        block = blocks[i]
+        if block["kind"] not in ("copy", "reduce"):
+            out.append(block)
+            i += 1
+            continue
+        first, deltas, end = block["regions"], None, i + 1
+        while end < len(blocks) and blocks[end]["kind"] == block["kind"]:
+            strides = _step_of_run(first, blocks[end], end - i, deltas)
+            if strides is None:
+                break
+            deltas, end = strides, end + 1
+        if end - i < MIN_RUN:
+            out.extend(blocks[i:end])
+            i = end
+            continue
+
+        def unit(region: Region, delta: int) -> str:
+            return str(region.unit) if delta == 0 else f"{region.unit} + {delta} * i" if delta != 1 else f"{region.unit} + i"
+
+        dst, *srcs = first
+        exprs = [_region_expr(r, rank, unit(r, d)) for r, d in zip(first, deltas)]
+        out.append({
+            **block,
+            "comments": [c for b in blocks[i:end] for c in b["comments"]]
+                        + [f"steps above: one loop, i = 0..{end - i - 1} (units advance by {', '.join(map(str, deltas))})"],
+            "dst": exprs[0],
+            "srcs": exprs[1:],
+            "loop": end - i,
+        })
+        i = end
+    return out
 
 
 def _check_reorder(program: Program, group) -> None:
