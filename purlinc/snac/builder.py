@@ -42,13 +42,13 @@ class _Ref:
 
 @dataclass(frozen=True, slots=True)
 class _TStage:
-    """A Stage before numbering; ``sig`` set: packed (LL), notifying ``sig`` with ``k``."""
+    """A packed (LL) Stage before numbering: it notifies ``sig`` with ``k``."""
 
     src: Region
     dst: Region
     note: str
-    sig: _Sig | None = None
-    k: int = 0
+    sig: _Sig
+    k: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +98,8 @@ class _Builder:
         return self.units[rank] - 1
 
     def stage(self, rank: int, src: Region, dst: Region, note: str) -> None:
-        self.steps[rank].append(_TStage(src, dst, note))
+        # A plain stage names no signal: it is IR already (so is a Consume).
+        self.steps[rank].append(Stage(src, dst, note))
 
     def stage_packed(self, rank: int, src: Region, dst: Region, sig: _Sig, note: str, keys: tuple = ()) -> int:
         """A packed stage: the stage and the next notify of ``sig`` in one step."""
@@ -151,11 +152,12 @@ class _Builder:
         width = max((len(sigs) for sigs in per_owner.values()), default=0)
 
         def step_for(rank: int, step):
-            if isinstance(step, _TStage):
-                if step.sig is None:
-                    return Stage(step.src, step.dst, step.note)
+            kind = type(step)
+            if kind is Stage or kind is Consume:  # no signal in it: IR already
+                return step
+            if kind is _TStage:
                 return Stage(step.src, step.dst, step.note, numbered[step.sig], step.k)
-            if isinstance(step, _TNotify):
+            if kind is _TNotify:
                 return Notify(numbered[step.sig], step.k, step.note)
             if isinstance(step, _TWait):
                 sig, k = self.recorded[step.ref.key]
@@ -164,7 +166,7 @@ class _Builder:
                 if step.ref.previous:
                     k -= self.counts[sig]
                 return Wait(numbered[sig], k, step.note)
-            return step  # a Consume holds only regions: already IR
+            raise AssertionError(f"not a builder step: {step!r}")
 
         programs = tuple(
             Program(rank, 0, tuple(step_for(rank, step) for step in self.steps[rank])) for rank in range(self.world)
@@ -210,7 +212,9 @@ def _names(chunks) -> str:
     return ", ".join(chunks) if len(chunks) <= 4 else ", ".join(chunks[:3]) + f", ... ({len(chunks)} chunks)"
 
 
+@lru_cache(maxsize=1 << 18)
 def _reg(space: Space, rank: int, unit: int, s: int) -> Region:
+    """One Region object per place (cached): big schedules name each region several times."""
     return Region(space, rank, unit, s)
 
 

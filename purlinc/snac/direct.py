@@ -20,7 +20,8 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
     S, R = b.slices, b.world
     registered_out = "out" in options.registered and not spec.is_reduce
     msgs: list[_Msg] = []
-    landed: dict[tuple[Slot, int], int] = {}  # (slot, consumer) -> STAGE unit on consumer
+    # (slot rank, slot position, consumer) -> STAGE unit on consumer (int keys hash in C)
+    landed: dict[tuple[int, int, int], int] = {}
     local_work: list[list] = [[] for _ in range(R)]  # per rank: (srcs-fn, dst-fn)
     remote_work: list[list] = [[] for _ in range(R)]
 
@@ -39,11 +40,12 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
             "output pushes straight into it: drop --registered out or --packed"
         )
     if not registered_out:
-        for slot, consumer in sorted(wanted, key=lambda sc: (sc[1], sc[0])):
-            landed[slot, consumer] = b.unit(consumer)
+        # Slot orders as (rank, position): sort plain int tuples, not dataclasses.
+        for _, _, _, slot, consumer in sorted((c, slot.rank, slot.position, slot, c) for slot, c in wanted):
+            landed[slot.rank, slot.position, consumer] = b.unit(consumer)
             if packed:  # packets are twice the data: the next unit holds their second half
                 b.unit(consumer)
-    staged: set[tuple[Slot, int]] = set()  # (slot, consumer) already sent to STAGE
+    staged: set[tuple[int, int, int]] = set()  # (slot rank, slot position, consumer) already sent to STAGE
     for need in needs:
         for consumer, positions in need.positions:
             if spec.is_reduce:
@@ -60,10 +62,11 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
                         msgs.append(_Msg(need.chunk, slot.rank, consumer, (IN, slot.position), (OUT, position)))
                     srcs = None
                     continue
-                if (slot, consumer) not in staged:
-                    staged.add((slot, consumer))
-                    msgs.append(_Msg(need.chunk, slot.rank, consumer, (IN, slot.position), (STAGE, landed[slot, consumer])))
-                srcs.append((STAGE, landed[slot, consumer]))
+                key = (slot.rank, slot.position, consumer)
+                if key not in staged:
+                    staged.add(key)
+                    msgs.append(_Msg(need.chunk, slot.rank, consumer, (IN, slot.position), (STAGE, landed[key])))
+                srcs.append((STAGE, landed[key]))
             if srcs is None:  # landed straight in OUT
                 remote_work[consumer].append((need, positions, None))
                 continue
