@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict, deque
 from dataclasses import replace
+from operator import attrgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -273,19 +274,15 @@ def _check_steps(schedule: Schedule, fail: _Failure) -> None:
     per_call = schedule.per_call()
     for program in schedule.programs:
         rank, channel = program.rank, program.channel
-        fine: set = set()  # (region, writes) already found fine for this program: regions recur
         for index, step in enumerate(program.steps):
-            kind = type(step)
-            if kind is Stage and not step.packed:  # the common case, quickly
+            if type(step) is Stage and step.signal is None:  # the common case, quickly
                 src, dst = step.src, step.dst
-                if (src, False) in fine and (dst, True) in fine and src.slice == dst.slice:
+                if (src.slice == dst.slice and _region_fault(schedule, src, rank, channel, False) is None
+                        and _region_fault(schedule, dst, rank, channel, True) is None):
                     continue
             problem = _step_problem(schedule, step, rank, channel, per_call)
             if problem is not None:
                 raise fail.at(rank, channel, index, problem)
-            if kind is Stage:
-                fine.add((step.src, False))
-                fine.add((step.dst, True))
 
 
 def _notify_sites(schedule: Schedule) -> dict:
@@ -613,16 +610,25 @@ def _race_message(order: _Order, region: Region, later: _Node, earlier: _Node, l
 
 def _check_races(schedule: Schedule, order: _Order) -> None:
     found = []
+    topo, snap = order.topo, order.snap
+
+    def before(a, b) -> bool:  # order.before, inlined: it runs for every access
+        if a[0] == b[0]:
+            return a[1] < b[1]
+        return snap[b[0]][b[1]][a[0]] >= a[1]
+
     for region, nodes in _accesses(schedule, order).items():
-        accesses = sorted(nodes.items(), key=lambda item: order.topo[item[0][0]][item[0][1]])
+        if len(nodes) == 1:  # one access conflicts with nothing
+            continue
+        accesses = sorted(nodes.items(), key=lambda item: topo[item[0][0]][item[0][1]])
         last_write = None
         reads: list = []
         for node, writes in accesses:
-            if last_write is not None and not order.before(last_write, node):
+            if last_write is not None and not before(last_write, node):
                 found.append(_race_message(order, region, node, last_write, writes, True))
             if writes:
                 for read in reads:
-                    if not order.before(read, node):
+                    if not before(read, node):
                         found.append(_race_message(order, region, node, read, True, False))
                 last_write, reads = node, []
             else:
@@ -632,6 +638,9 @@ def _check_races(schedule: Schedule, order: _Order) -> None:
 
 
 # --------------------------------------------------------------------------- 4. result
+
+
+_slot_key = attrgetter("rank", "position")  # Slot's own order, compared in C
 
 
 def _format_value(value: tuple[Slot, ...] | None) -> str:
@@ -646,26 +655,37 @@ def _check_result(schedule: Schedule, spec: Spec, order: _Order) -> None:
     values: dict[Region, tuple[Slot, ...] | None] = {}
     last_writer: dict[Region, _Node] = {}
 
+    inputs: dict[Region, tuple[Slot, ...]] = {}
+
     def read(region: Region):
         if region.space is Space.IN:
-            return (Slot(region.rank, region.unit),)
+            value = inputs.get(region)
+            if value is None:
+                value = inputs[region] = (Slot(region.rank, region.unit),)
+            return value
         return values.get(region)
 
+    np_, n, programs = order.np, order.n, order.programs
     for node in order.sequence:
-        if order.is_caller(node) or order.call_of(node) != 0:
+        p, pos = node
+        if p >= np_ or pos >= n[p]:  # a caller, or call 1
             continue
-        step = order.step(node)
-        if not isinstance(step, (Stage, Consume)):
+        step = programs[p].steps[pos]
+        kind = type(step)
+        if kind is Stage:
+            srcs = (step.src,)
+        elif kind is Consume:
+            srcs = step.srcs
+        else:
             continue
-        srcs = _reads(step)
         got = [read(r) for r in srcs]
         for region, value in zip(srcs, got):
             if value is None:
                 writer = last_writer.get(region)
                 why = "nothing writes it before" if writer is None else "it holds garbage"
                 raise order.error(node, f"reads {region.format()}, which holds no data in call 0 ({why})")
-        if isinstance(step, Consume) and step.operation is Operation.REDUCE:
-            result = tuple(sorted(slot for value in got for slot in value))
+        if kind is Consume and step.operation is Operation.REDUCE:
+            result = tuple(sorted((slot for value in got for slot in value), key=_slot_key))
         else:
             result = got[0]
         values[step.dst] = result
@@ -698,6 +718,8 @@ def _output_problem(spec: Spec, value, sources: tuple[Slot, ...]) -> str | None:
             return None
         want = " or ".join(map(str, sources))
         return f"holds {_format_value(value)}, expected a copy of {want}"
+    if value == tuple(sorted(sources, key=_slot_key)):  # values of reductions are kept sorted
+        return None
     got, want = Counter(value), Counter(sources)
     if got == want:
         return None
