@@ -59,6 +59,7 @@ import numpy as np
 from purlinc.errors import PurlinError
 from purlinc.frontend.ast import Operation
 from purlinc.frontend.spec import Slot, Spec
+from purlinc.snac.gcpause import gc_paused
 from purlinc.snac.ir import Consume, Notify, Region, Schedule, Space, Stage, Step, Wait
 from purlinc.snac.packing import layout_problems, ll_groups, normalized, packed_stages
 
@@ -767,6 +768,11 @@ def _one_channel(schedule: Schedule) -> Schedule:
 def verify(schedule: Schedule, spec: Spec) -> None:
     """Prove ``schedule`` computes ``spec`` for every count and interleaving, or raise
     ``VerificationError`` naming the first violation."""
+    with gc_paused():  # millions of acyclic nodes: see purlinc.snac.gcpause
+        _verify(schedule, spec)
+
+
+def _verify(schedule: Schedule, spec: Spec) -> None:
     _check_shape(schedule, spec)
     _check_signals_declared(schedule)
     schedule = _one_channel(schedule)
