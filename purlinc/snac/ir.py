@@ -102,6 +102,8 @@ class Role(Enum):
     DATA = "data"  # producer -> consumer: "the staged data is there"
     ACK = "ack"  # consumer -> producer: "I have consumed it; the slot is free again"
 
+    __hash__ = object.__hash__  # as Space: C-level, for the builder's signal keys
+
 
 @dataclass(frozen=True, slots=True)
 class SignalDecl:
