@@ -85,6 +85,7 @@ def hand_schedule() -> Schedule:
             SignalDecl(data0, 1, Role.DATA), SignalDecl(data1, 1, Role.DATA), SignalDecl(ack, 1, Role.ACK),
         ),
         programs=(Program(0, 0, rank0), Program(1, 0, rank1)),
+        channel_signals=2,
     )
 
 
@@ -93,7 +94,7 @@ def test_hand_schedule_structure():
     r0, r1 = rank_text(kernel.source, 0), rank_text(kernel.source, 1)
     # merged notify: one barrier, two lanes raise the two signals
     assert "if (threadIdx.x < 2) {  // lane i raises the i-th signal" in r0
-    assert "args.signals[1] + 0" in r0 and "args.signals[1] + 1" in r0
+    assert "args.signals[1] + sig0 + 0" in r0 and "args.signals[1] + sig0 + 1" in r0
     # merged wait: two lanes poll, one barrier tells everyone
     assert "if (threadIdx.x < 2) {  // lane i polls the i-th signal" in r1
     assert r1.count("__syncthreads_or") == 1
@@ -107,6 +108,55 @@ def test_hand_schedule_structure():
         for index in range(steps):
             assert f"// step {index}: " in text
     assert "(x for r1)" in r0 and "(line 3)" in r0
+
+
+@pytest.mark.parametrize("name", ("allgather", "allreduce"))
+def test_channels_are_indexed_not_enumerated(name):
+    """One body per rank whatever the channel count: channel c = blockIdx.x picks slices
+    c*S.. and signals c*W..; the source differs across channel counts only in constants."""
+    sources = {}
+    for channels in (1, 4, 128):
+        spec, schedule = schedule_of(name, 4, channels=channels, slices=2)
+        kernel = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.FLOAT32,
+                          op=ReduceOp.SUM if spec.is_reduce else None)
+        source = kernel.source
+        assert "switch (blockIdx.x)" not in source and source.count("__global__") == 4
+        assert "const unsigned slice0 = blockIdx.x * PURLIN_CHANNEL_SLICES;" in source
+        assert "const unsigned sig0 = blockIdx.x * PURLIN_CHANNEL_SIGNALS;" in source
+        assert f"constexpr unsigned PURLIN_CHANNEL_SIGNALS = {schedule.channel_signals};" in source
+        assert kernel.abi.channels == channels and kernel.abi.signal_pad == channels * schedule.channel_signals
+        sources[channels] = source
+    assert len(sources[128]) <= 1.01 * len(sources[1])
+    body = rank_text(sources[128], 1)
+    assert re.search(r"purlin_stage\(args\.stage\[\d\], \d+( \+ i)?, slice0 \+ 1, rd\)", body)
+    assert re.search(r"args\.signals\[\d\] \+ sig0 \+ \d", body)
+
+
+def test_runs_of_like_steps_become_loops():
+    """allreduce R=8, direct-push: each rank stages its 8 units to a peer as one loop; every
+    step keeps its comment, and the loop covers exactly those steps, in order."""
+    spec, schedule = schedule_of("allreduce", 8)
+    kernel = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.FLOAT32, op=ReduceOp.SUM)
+    body = rank_text(kernel.source, 0)
+    for index in range(len(schedule.programs[0].steps)):
+        assert f"// step {index}: " in body
+    loops = re.findall(r"for \(unsigned i = 0; i < (\d+); \+\+i\)", body)
+    assert loops and all(n == "8" for n in loops)
+    assert "purlin_copy(purlin_stage(args.stage[1], 0 + i, slice0 + 0, rd), purlin_io(args.in, 0 + i, slice0 + 0, rd)" in body
+    # the 8 reductions: srcs advance together (in[u], then the 7 peers' units u, 8 + u, ...)
+    assert "purlin_reduce<8>(purlin_io(args.out, 0 + i, slice0 + 0, rd), srcs" in body
+    assert "purlin_stage(args.stage[0], 8 + i, slice0 + 0, rd)" in body
+    # no loop across a barrier: two runs separated by a hazard stay apart
+    blocks = codegen._runs([
+        {"kind": "copy", "comments": [], "regions": (Region(Space.STAGE, 1, u, 0), Region(Space.IN, 0, u, 0)),
+         "dst": "", "srcs": [""], "slice": "", "loop": 0}
+        for u in range(2)
+    ] + [{"kind": "barrier", "comments": []}] + [
+        {"kind": "copy", "comments": [], "regions": (Region(Space.STAGE, 1, u, 0), Region(Space.IN, 0, u, 0)),
+         "dst": "", "srcs": [""], "slice": "", "loop": 0}
+        for u in range(2, 6)
+    ], 0)
+    assert [b.get("loop") for b in blocks] == [0, 0, None, 4]
 
 
 def test_entry_points_and_abi():
@@ -229,7 +279,7 @@ def test_atom_registry():
 
 def test_missing_template_value_is_an_error():
     with pytest.raises(PurlinError, match="has no attribute 'srcs'"):
-        codegen._render("block_copy.cu.j2", block={"dst": "d"})
+        codegen._render("block_copy.cu.j2", block={"dst": "d", "loop": 0})
 
 
 def test_broken_template_is_a_readable_error(monkeypatch):

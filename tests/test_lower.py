@@ -82,21 +82,31 @@ def test_registered_buffers_verify(name, registered):
 def _check_consistent(schedule, spec):
     world, channels, S = schedule.world_size, schedule.channels, schedule.options.slices
     assert schedule.slices == channels * S
-    assert [(p.rank, p.channel) for p in schedule.programs] == [(r, c) for r in range(world) for c in range(channels)]
+    # One channel-relative program per rank; the concrete ones shift it per channel.
+    assert [(p.rank, p.channel) for p in schedule.programs] == [(r, 0) for r in range(world)]
+    concrete = schedule.concrete_programs()
+    assert [(p.rank, p.channel) for p in concrete] == [(r, c) for r in range(world) for c in range(channels)]
+    W = schedule.channel_signals
     # Stage units: exactly the number used (max over ranks).
     used = [-1]
-    for program in schedule.programs:
+    for program in concrete:
         for step in program.steps:
             regions = (step.src, step.dst) if isinstance(step, Stage) else (*step.srcs, step.dst) if isinstance(step, Consume) else ()
             used += [r.unit for r in regions if r.space is Space.STAGE]
-            # Every region lies on the program's channel.
+            # Every region lies on the program's channel, and so does every signal.
             assert all(r.slice // S == program.channel for r in regions)
+            if isinstance(step, (Notify, Wait)):
+                assert step.signal.index // W == program.channel
     assert schedule.stage_units == max(used) + 1
-    # Signals: dense from 0 per rank, notified exactly per_call times per call, k in 1..per_call.
+    # Signals: dense from 0 per rank and channel, notified exactly per_call times per call, k in 1..per_call.
     per_call = schedule.per_call()
     for rank in range(world):
         indices = sorted(d.signal.index for d in schedule.signals if d.signal.owner == rank)
-        assert indices == list(range(len(indices)))
+        assert indices == list(range(len(indices))) and len(indices) <= W
+    assert W == max((sum(1 for d in schedule.signals if d.signal.owner == r) for r in range(world)), default=0)
+    assert schedule.signal_pad_size() == channels * W
+    decls = schedule.signal_decls()
+    assert len(decls) == channels * len(schedule.signals) and len({d.signal for d in decls}) == len(decls)
     counts = Counter(s.signal for p in schedule.programs for s in p.steps if isinstance(s, Notify))
     assert counts == Counter(per_call)
     for program in schedule.programs:
@@ -124,7 +134,7 @@ def test_direct_push_allgather_stages_once_to_each_peer(channels):
             assert len(stages) == 3
             assert sorted(s.dst.rank for s in stages) == sorted(set(range(4)) - {rank})
     # One DATA and one ACK signal per edge and channel, each notified once per call.
-    assert len(schedule.signals) == 2 * 4 * 3 * channels
+    assert len(schedule.signals) == 2 * 4 * 3 and len(schedule.signal_decls()) == 2 * 4 * 3 * channels
     assert {d.per_call for d in schedule.signals} == {1}
     assert schedule.stage_units == 3
 
@@ -150,7 +160,7 @@ def test_direct_push_reduce_consumes_in_spec_order():
 
 
 def _moved_units(schedule, rank):
-    return sum(1 for p in schedule.programs if p.rank == rank for s in p.steps
+    return sum(1 for p in schedule.concrete_programs() if p.rank == rank for s in p.steps
                if (isinstance(s, Stage) and s.dst.rank != rank) or (isinstance(s, Consume) and s.dst.rank != rank))
 
 
@@ -268,7 +278,7 @@ def test_default_options():
 def test_cli_dump_and_check(capsys):
     assert cli_main(["dump", str(EXAMPLES / "allreduce.pln"), "--ranks", "8", "--stage", "snac"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("schedule allreduce (R=8, reduce)") and "rank 7 channel 0" in out
+    assert out.startswith("schedule allreduce (R=8, reduce)") and "rank 7 (every channel)" in out
     assert cli_main(["check", str(EXAMPLES / "alltoall.pln"), "--ranks", "1..16"]) == 0
     assert "alltoall: ok for R=1..16" in capsys.readouterr().out
     assert cli_main(["dump", str(EXAMPLES / "allgather.pln"), "-R", "4", "-s", "snac", "-a", "two-shot"]) == 2

@@ -224,3 +224,18 @@ def test_fast_path_replays_only_identical_buffers(monkeypatch):
     assert FastPath.make(x, None, out, "sum", None, ("f", 1, 512, 0, "a"), out_units=2) is None
     # No kernel (count 0, ce): nothing to replay.
     assert FastPath.make(x, out, out, "sum", None, None, out_units=2) is None
+
+
+def test_ce_plan_runs_every_channel_on_its_own_slices_and_signals():
+    """The ce atom walks the concrete (rank, channel) programs of a channel-relative schedule:
+    channel c copies only slice c and touches only the signals c*W..(c+1)*W-1 of each pad."""
+    compiled = prepare(EXAMPLES / "allgather.pln", 2, atom="ce", channels=3)
+    p, schedule = compiled.ce_plan, compiled.schedule
+    W = schedule.channel_signals
+    assert p.signals == schedule.signal_pad_size() == 3 * W
+    for rank in range(2):
+        for channel in range(3):
+            ops = p.programs[rank][channel]
+            assert {op[1].slice for op in ops if op[0] == "copy"} == {channel}
+            flags = {op[2] for op in ops if op[0] != "copy" and op[2] < p.signals}
+            assert flags and all(channel * W <= word < (channel + 1) * W for word in flags)

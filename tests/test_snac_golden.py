@@ -20,3 +20,15 @@ def test_snac_golden(golden, examples_dir, name, world_size):
     spec = pipeline.spec_stage(pipeline.parse_stage(source), world_size, {})
     schedule = lower(spec, default_options(spec))
     golden(f"snac/{name}_r{world_size}.txt", format_schedule(schedule))
+
+
+@pytest.mark.parametrize("name", ("allgather", "allreduce"))
+def test_snac_golden_channels(golden, examples_dir, name):
+    """Four channels of two slices: the dump holds one channel-relative program per rank
+    (slices s0..s1, signals 0..W-1) and says how channel c shifts it."""
+    from dataclasses import replace
+
+    source = pipeline.load_source(str(examples_dir / f"{name}.pln"))
+    spec = pipeline.spec_stage(pipeline.parse_stage(source), 2, {})
+    schedule = lower(spec, replace(default_options(spec), channels=4, slices=2))
+    golden(f"snac/{name}_r2_c4_s2.txt", format_schedule(schedule))

@@ -41,14 +41,14 @@ def sig(owner, index):
     return Signal(owner, index)
 
 
-def schedule_of(spec, programs, signals, *, stage_units=1, registered=frozenset(), channels=1, slices=1):
-    """A Schedule from {rank: [steps]} (or {(rank, channel): [steps]})."""
+def schedule_of(spec, programs, signals, *, stage_units=1, registered=frozenset(), channels=1, slices=1,
+                channel_signals=None):
+    """A Schedule from {rank: [steps]}: channel-relative programs, one per rank, run by
+    every channel; ``channel_signals`` defaults to the widest declared pad."""
     world = spec.world_size
-    progs = []
-    for rank in range(world):
-        for channel in range(channels):
-            steps = programs.get((rank, channel), programs.get(rank, ()) if channels == 1 else ())
-            progs.append(Program(rank, channel, tuple(steps)))
+    progs = [Program(rank, 0, tuple(programs.get(rank, ()))) for rank in range(world)]
+    if channel_signals is None:
+        channel_signals = max((d.signal.index + 1 for d in signals), default=0)
     return Schedule(
         collective=spec.name,
         world_size=world,
@@ -60,6 +60,7 @@ def schedule_of(spec, programs, signals, *, stage_units=1, registered=frozenset(
         stage_units=stage_units,
         signals=tuple(signals),
         programs=tuple(progs),
+        channel_signals=channel_signals,
     )
 
 
@@ -172,7 +173,7 @@ def test_shape_mismatch():
     [
         (OUT(1, 2), "r1.out[2].s0 is out of bounds: rank 1's out has 2 units"),
         (ST(1, 1), "r1.stage[1].s0 is out of bounds: rank 1's stage has 1 units"),
-        (OUT(1, 0, 1), "r1.out[0].s1 is out of bounds: units have 1 slices"),
+        (OUT(1, 0, 1), "r1.out[0].s1 lies outside the channel's slices 0..0 (programs are channel-relative: channel c adds c * slices, so another channel would own it)"),
         (OUT(5, 0), "r5.out[0].s0 names no rank (R=2)"),
         (OUT(0, 1), "touches r0.out[1].s0, another rank's out buffer, which is not registered"),
         (IN(1, 0), "writes r1.in[0].s0, the caller's input"),
@@ -196,14 +197,42 @@ def test_remote_registered_out_is_allowed_in_bounds():
 
 def test_slice_of_another_channel():
     spec = spec_of("allgather")
-    programs = {(r, c): [] for r in (0, 1) for c in (0, 1)}
-    programs[(0, 1)] = [Consume(COPY, (IN(0, 0, 0),), OUT(0, 0, 0))]
+    programs = {0: [Consume(COPY, (IN(0, 0, 1),), OUT(0, 0, 1))]}
     schedule = schedule_of(spec, programs, [], channels=2)
     error = fails(spec, schedule)
-    assert (error.rank, error.channel, error.step) == (0, 1, 0)
+    assert (error.rank, error.channel, error.step) == (0, 0, 0)
     assert error.message.endswith(
-        "r0.in[0].s0 belongs to channel 0, not this program's channel 1"
+        "r0.in[0].s1 lies outside the channel's slices 0..0 (programs are channel-relative: "
+        "channel c adds c * slices, so another channel would own it)"
     )
+
+
+def test_signal_of_another_channel():
+    """A signal index >= channel_signals would be channel 1's: rejected, declared or used."""
+    spec, schedule = allgather2()
+    narrow = replace(schedule, channel_signals=1, options=replace(schedule.options, channels=2), slices=2)
+    error = fails(spec, narrow)
+    assert error.message == (
+        "signal r0.sig[1] lies outside its channel's signals 0..0 (channel_signals = 1): channel 1 would share it"
+    )
+    undeclared = replace(schedule, signals=schedule.signals[:1] + schedule.signals[2:])  # r0.sig[1] used, not declared
+    assert "r0.sig[1] is not declared" in fails(spec, undeclared).message
+
+
+def test_one_program_per_rank():
+    spec, schedule = allgather2()
+    doubled = replace(schedule, programs=schedule.programs + (Program(0, 1, ()),))
+    assert "not one per rank" in fails(spec, doubled).message
+
+
+def test_channels_run_the_same_program_on_their_own_slices_and_signals():
+    spec, schedule = allgather2()
+    wide = replace(schedule, options=replace(schedule.options, channels=3), slices=3)
+    verify(wide, spec)
+    program = wide.program(1, 2)
+    assert program.channel == 2 and program.steps[2] == Stage(IN(1, 0, 2), ST(0, 0, 2))
+    assert program.steps[3] == Notify(sig(0, 2 * 2 + 0), 1) and wide.signal_pad_size() == 6
+    assert [d.signal for d in wide.signal_decls()][:4] == [sig(0, 0), sig(0, 1), sig(0, 2), sig(0, 3)]
 
 
 def test_mixed_slices():

@@ -36,6 +36,11 @@ bytes ``[min(nb, s*step), min(nb, s*step + step))`` of the unit, ``nb = n * item
 ``step = round_up(ceil(piece * itemsize / S), 16)``: the stride of a full round, so a slice
 covers the same staging bytes in every round (``purlinc.snac.simulate.round_slice_bounds``).
 
+Channels: block ``c`` (``blockIdx.x``) runs its rank's channel-relative program on slices
+``c * S + s`` (``S`` slices per channel) and on the signals ``c * W + i`` of every pad
+(``W`` signals per channel, the same on every rank), so ``signal_pad = channels * W``; the
+error record's signal index is that concrete ``c * W + i``.
+
 The epoch of round ``i`` of a call is ``counters[channel] + i``; each channel adds
 ``rounds`` to its counter when it finishes.  Signal pads and counters start zeroed.
 

@@ -118,7 +118,8 @@ def plan(schedule: Schedule) -> CePlan:
     R = schedule.world_size
     notifier: dict[Signal, tuple[int, int]] = {}
     waiter: dict[Signal, tuple[int, int, int]] = {}
-    for program in schedule.programs:
+    concrete = schedule.concrete_programs()  # channel-relative programs, shifted per channel
+    for program in concrete:
         where = (program.rank, program.channel)
         for step in program.steps:
             if isinstance(step, Notify):
@@ -149,7 +150,7 @@ def plan(schedule: Schedule) -> CePlan:
             raise CeError(f"the ce atom cannot run {name}: {signal.format()} is waited on but never notified")
 
     programs: list[list[tuple[Op, ...]]] = [[() for _ in range(schedule.channels)] for _ in range(R)]
-    for program in schedule.programs:
+    for program in concrete:
         ops: list[Op] = []
         for step in program.steps:
             if isinstance(step, Stage):

@@ -4,6 +4,11 @@ Every decision is made here and handed to the templates as plain values: which b
 channel program becomes (data steps, merged Notify / Wait groups, hazard barriers), how a
 Region is addressed, which element conversions a dtype needs.  The templates only format.
 
+Channels are indexed, not enumerated: a rank's entry runs its channel-relative program
+(``purlinc.snac.ir``) for channel ``blockIdx.x``, every slice offset by ``slice0 = blockIdx.x *
+S`` and every signal index by ``sig0 = blockIdx.x * W`` (expressions ``SLICE0`` / ``SIG0``
+below), so the source does not grow with the number of channels.
+
 The orchestration (``kernel.cu.j2`` and its includes) calls only ``purlin_copy`` and
 ``purlin_reduce<N>``, which the atom's template defines; the atom's text sits between two
 marker lines, so ``KernelSource.orchestration_source`` is the module without it.
@@ -164,6 +169,7 @@ def kernel_base(schedule: Schedule, atom: str, dtype: DType, op: ReduceOp | None
     picture = repr((
         schedule.collective, schedule.world_size, schedule.operation, schedule.options.key(), schedule.slices,
         schedule.in_units, schedule.out_units, schedule.stage_units, schedule.signals, schedule.programs,
+        schedule.channel_signals,
         atom, dtype.value, op.value if op else None,
     ))
     digest = hashlib.sha256(picture.encode()).hexdigest()[:8]
@@ -172,8 +178,23 @@ def kernel_base(schedule: Schedule, atom: str, dtype: DType, op: ReduceOp | None
 
 # ---- schedule -> blocks ----------------------------------------------------------------
 
-def _region_expr(region: Region, rank: int) -> str:
-    unit, s = region.unit, region.slice
+SLICE0 = "slice0"  # this block's first slice: blockIdx.x * slices per channel (rank.cu.j2)
+SIG0 = "sig0"  # this block's first signal in every pad: blockIdx.x * channel_signals
+
+
+def _slice_expr(s: int) -> str:
+    """The concrete slice of channel-relative slice ``s``, as the kernel computes it."""
+    return f"{SLICE0} + {s}"
+
+
+def _signal_expr(index: int) -> str:
+    return f"{SIG0} + {index}"
+
+
+def _region_expr(region: Region, rank: int, unit: str | None = None) -> str:
+    """The address of ``region`` for ``rank``'s kernel; ``unit`` overrides its unit with an
+    expression (a loop over a run of steps, see ``_runs``)."""
+    unit, s = region.unit if unit is None else unit, _slice_expr(region.slice)
     if region.space is Space.STAGE:
         return f"purlin_stage(args.stage[{region.rank}], {unit}, {s}, rd)"
     own, peers = ("args.in", "args.in_peer") if region.space is Space.IN else ("args.out", "args.out_peer")
@@ -182,7 +203,7 @@ def _region_expr(region: Region, rank: int) -> str:
 
 
 def _packets_expr(region: Region) -> str:
-    return f"purlin_stage_ll(args.stage[{region.rank}], {region.unit}, {region.slice}, rd)"
+    return f"purlin_stage_ll(args.stage[{region.rank}], {region.unit}, {_slice_expr(region.slice)}, rd)"
 
 
 def _one_line(text: str) -> str:
@@ -202,7 +223,7 @@ def _data_block(index: int, step: Stage | Consume, rank: int, per_call: dict) ->
                          f"{step.signal.format()} = epoch*{per_call[step.signal]} + {step.k} in every packet (LL){note}"],
             "dst": _packets_expr(step.dst),
             "srcs": [_region_expr(step.src, rank)],
-            "slice": step.dst.slice,
+            "slice": _slice_expr(step.dst.slice),
             "per_call": per_call[step.signal],
             "k": step.k,
             "reads": frozenset({step.src}),
@@ -222,7 +243,9 @@ def _data_block(index: int, step: Stage | Consume, rank: int, per_call: dict) ->
         "comments": [comment],
         "dst": _region_expr(step.dst, rank),
         "srcs": [_region_expr(r, rank) for r in srcs],
-        "slice": step.dst.slice,
+        "slice": _slice_expr(step.dst.slice),
+        "loop": 0,
+        "regions": (step.dst, *srcs),
         "reads": frozenset(srcs),
         "writes": frozenset({step.dst}),
     }
@@ -234,7 +257,7 @@ def _signal_entry(index: int, step: Notify | Wait, per_call: dict, position: int
     return {
         "label": "default" if last else f"case {position}",
         "owner": step.signal.owner,
-        "index": step.signal.index,
+        "index": _signal_expr(step.signal.index),
         "per_call": per_call[step.signal],
         "k": step.k,
         "step": index,
@@ -275,20 +298,20 @@ def _ll_block(program: Program, group, packed: dict, per_call: dict) -> dict:
         for region in (step.srcs if kind == "reduce" else step.srcs[:1]):
             stage = packed.get(region)
             if stage is None:
-                srcs.append({"expr": _region_expr(region, rank), "packed": False, "per_call": 0, "k": 0, "step": 0, "index": 0})
+                srcs.append({"expr": _region_expr(region, rank), "packed": False, "per_call": 0, "k": 0, "step": 0, "index": "0"})
                 continue
             if region.rank != rank or stage.signal not in wait_of:
                 raise InternalError(f"rank {rank} step {c} reads packed {region.format()} outside its consume group")
             srcs.append({
                 "expr": _packets_expr(region), "packed": True, "per_call": per_call[stage.signal], "k": stage.k,
-                "step": wait_of[stage.signal], "index": stage.signal.index,
+                "step": wait_of[stage.signal], "index": _signal_expr(stage.signal.index),
             })
         if kind == "copy" and not srcs[0]["packed"]:
             raise InternalError(f"rank {rank} step {c}: a fused copy must read packets")
         note = f" ({_one_line(step.note)})" if step.note else ""
         what = ", ".join(r.format() for r in step.srcs)
         comments.append(f"step {c}: consume {step.operation.value} {what} -> {step.dst.format()} from the packets{note}")
-        consumes.append({"kind": kind, "dst": _region_expr(step.dst, rank), "slice": step.dst.slice, "srcs": srcs})
+        consumes.append({"kind": kind, "dst": _region_expr(step.dst, rank), "slice": _slice_expr(step.dst.slice), "srcs": srcs})
     return {"kind": "ll_recv", "comments": comments, "consumes": consumes}
 
 
@@ -363,7 +386,66 @@ def _program_blocks(program: Program, per_call: dict, roles: dict | None = None,
     if reads or writes:
         # The next round reuses staging units and the counter update follows.
         blocks.append({"kind": "barrier", "comments": ["barrier: end of the round"]})
-    return blocks
+    return _runs(blocks, program.rank)
+
+
+MIN_RUN = 3  # shorter runs of like steps stay straight-line code
+
+
+def _step_of_run(first: tuple[Region, ...], block: dict, count: int, deltas: list[int] | None) -> list[int] | None:
+    """The unit strides that make ``block`` the ``count``-th step of a run starting with
+    ``first`` (None when it does not continue the run)."""
+    regions = block.get("regions")
+    if regions is None or len(regions) != len(first):
+        return None
+    strides = []
+    for a, b in zip(first, regions):
+        if (a.space, a.rank, a.slice) != (b.space, b.rank, b.slice) or (b.unit - a.unit) % count:
+            return None
+        strides.append((b.unit - a.unit) // count)
+    return strides if deltas is None or strides == deltas else None
+
+
+def _runs(blocks: list[dict], rank: int) -> list[dict]:
+    """Consecutive copy (or reduce) blocks whose regions differ only by units in arithmetic
+    progression become one loop over ``i``: the code grows with the structure of a program,
+    not with its number of steps.  Only blocks that followed each other with no barrier are
+    merged, so the loop runs exactly the steps, in order, that it replaces; every step keeps
+    its comment."""
+    out: list[dict] = []
+    i = 0
+    while i < len(blocks):
+        block = blocks[i]
+        if block["kind"] not in ("copy", "reduce"):
+            out.append(block)
+            i += 1
+            continue
+        first, deltas, end = block["regions"], None, i + 1
+        while end < len(blocks) and blocks[end]["kind"] == block["kind"]:
+            strides = _step_of_run(first, blocks[end], end - i, deltas)
+            if strides is None:
+                break
+            deltas, end = strides, end + 1
+        if end - i < MIN_RUN:
+            out.extend(blocks[i:end])
+            i = end
+            continue
+
+        def unit(region: Region, delta: int) -> str:
+            return str(region.unit) if delta == 0 else f"{region.unit} + {delta} * i" if delta != 1 else f"{region.unit} + i"
+
+        dst, *srcs = first
+        exprs = [_region_expr(r, rank, unit(r, d)) for r, d in zip(first, deltas)]
+        out.append({
+            **block,
+            "comments": [c for b in blocks[i:end] for c in b["comments"]]
+                        + [f"steps above: one loop, i = 0..{end - i - 1} (units advance by {', '.join(map(str, deltas))})"],
+            "dst": exprs[0],
+            "srcs": exprs[1:],
+            "loop": end - i,
+        })
+        i = end
+    return out
 
 
 def _check_reorder(program: Program, group) -> None:
@@ -437,15 +519,12 @@ def generate(
     atom_values = {"reduce": reduce, "unroll": unroll, **atom_def.template_values(target)}
     atom_text = _render(atom_def.template, **atom_values).rstrip("\n")
     kernels = []
-    for rank in range(schedule.world_size):
-        channels = []
-        for channel in range(schedule.channels):
-            program = schedule.program(rank, channel)
-            if (program.rank, program.channel) != (rank, channel):
-                raise InternalError(f"schedule.programs out of order at rank {rank} channel {channel}")
-            blocks = _program_blocks(program, per_call, roles, packed)
-            channels.append({"channel": channel, "steps": len(program.steps), "blocks": blocks})
-        kernels.append({"rank": rank, "entry": f"{base}_r{rank}", "channels": channels})
+    for rank, program in enumerate(schedule.programs):
+        if (program.rank, program.channel) != (rank, 0):
+            raise InternalError(f"schedule.programs[{rank}] is rank {program.rank} channel {program.channel}, "
+                                f"expected rank {rank}'s channel-relative program")
+        blocks = _program_blocks(program, per_call, roles, packed)
+        kernels.append({"rank": rank, "entry": f"{base}_r{rank}", "steps": len(program.steps), "blocks": blocks})
     trace_values = trace_template_values(kernels, schedule.channels) if trace else None
 
     params_text = "".join(f", {k}={v}" for k, v in getattr(spec, "params", ()))
@@ -458,6 +537,9 @@ def generate(
         version=purlinc.__version__,
         options_key=schedule.options.key(),
         slices=schedule.slices,
+        channels=schedule.channels,
+        channel_slices=schedule.options.slices,
+        channel_signals=schedule.channel_signals,
         stage_units=schedule.stage_units,
         signal_pad=schedule.signal_pad_size(),
         atom=atom,

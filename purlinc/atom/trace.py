@@ -41,9 +41,9 @@ def block_steps(block: dict) -> tuple[int, ...]:
 
 def trace_template_values(kernels: list[dict], channels: int) -> dict:
     """What the templates need for a traced module, and the block -> steps map."""
-    blocks = tuple(
-        tuple(tuple(block_steps(b) for b in ch["blocks"]) for ch in kernel["channels"]) for kernel in kernels
-    )
+    # Every channel runs its rank's one channel-relative program: the same blocks, repeated so
+    # the map stays [rank][channel][block] -> steps.
+    blocks = tuple((tuple(block_steps(b) for b in kernel["blocks"]),) * channels for kernel in kernels)
     marks = 1 + max((len(ch) for rank in blocks for ch in rank), default=0)
     return {"rounds": TRACE_ROUNDS, "marks": marks, "channels": channels,
             "words": 2 * channels + 2 * channels * TRACE_ROUNDS * marks, "blocks": blocks}

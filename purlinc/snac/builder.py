@@ -1,12 +1,14 @@
-"""The builder every lowering shares: template programs with symbolic signals, staging units
-and deferred ack counts, numbered and instantiated per channel by ``_Builder.build``.
+"""The builder every lowering shares: one channel-relative program per rank, written as the
+builder's own template steps (symbolic signals, waits naming the notify they need), turned
+into IR steps only at the end by ``_Builder.build``.
 
 How signals, keys and channels fit together is told in ``purlinc.snac.lower``'s docstring."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from functools import lru_cache
 
 from purlinc.frontend.ast import Operation
 from purlinc.frontend.spec import Chunk, Spec
@@ -36,6 +38,30 @@ class _Ref:
 
     key: object
     previous: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _TStage:
+    """A packed (LL) Stage before numbering: it notifies ``sig`` with ``k``."""
+
+    src: Region
+    dst: Region
+    note: str
+    sig: _Sig
+    k: int
+
+
+@dataclass(frozen=True, slots=True)
+class _TNotify:
+    sig: _Sig
+    k: int
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class _TWait:
+    ref: _Ref
+    note: str
 
 
 def _data(producer: int, consumer: int) -> _Sig:
@@ -72,13 +98,14 @@ class _Builder:
         return self.units[rank] - 1
 
     def stage(self, rank: int, src: Region, dst: Region, note: str) -> None:
+        # A plain stage names no signal: it is IR already (so is a Consume).
         self.steps[rank].append(Stage(src, dst, note))
 
     def stage_packed(self, rank: int, src: Region, dst: Region, sig: _Sig, note: str, keys: tuple = ()) -> int:
         """A packed stage: the stage and the next notify of ``sig`` in one step."""
         self.counts[sig] += 1
         k = self.counts[sig]
-        self.steps[rank].append(Stage(src, dst, note, sig, k))
+        self.steps[rank].append(_TStage(src, dst, note, sig, k))
         for key in keys:
             self.recorded[key] = (sig, k)
         return k
@@ -87,13 +114,13 @@ class _Builder:
         """Emit a notify on ``sig``; record its k under every key; return k."""
         self.counts[sig] += 1
         k = self.counts[sig]
-        self.steps[rank].append(Notify(sig, k, note))
+        self.steps[rank].append(_TNotify(sig, k, note))
         for key in keys:
             self.recorded[key] = (sig, k)
         return k
 
     def wait(self, rank: int, key: object, note: str, previous: bool = False) -> None:
-        self.steps[rank].append(Wait(None, _Ref(key, previous), note))
+        self.steps[rank].append(_TWait(_Ref(key, previous), note))
 
     def wait_all(self, rank: int, keys, note_of) -> None:
         """One wait per distinct (signal, k) among ``keys`` (the highest k per signal suffices)."""
@@ -108,54 +135,45 @@ class _Builder:
     def consume(self, rank: int, srcs: tuple[Region, ...], dst: Region, chunk: Chunk, position: int, note: str = "") -> None:
         operation = Operation.REDUCE if len(srcs) > 1 else Operation.COPY
         line = self.spec.output_line(dst.rank, position) if dst.space is OUT else None
-        self.steps[rank].append(Consume(operation, srcs, dst, note or str(chunk), line))
+        self.steps[rank].append(Consume(operation, srcs, dst, note or _text(chunk), line))
 
     # ---- finishing
 
-    def build(self, algorithm_note: str = "") -> Schedule:
+    def build(self) -> Schedule:
+        """The schedule: one channel-relative program per rank (see ``purlinc.snac.ir``)."""
         spec, options = self.spec, self.options
-        for rank in range(self.world):
-            for step in self.steps[rank]:
-                if isinstance(step, Wait):
-                    sig, _ = self.recorded[step.k.key]
-                    if sig.owner != rank:
-                        raise AssertionError(f"r{rank} waits on {sig}, owned by r{sig.owner}")
-        # Number signals per owner: DATA by producer rank, then ACK by consumer rank.
+        # Number signals per owner: DATA by producer rank, then ACK by consumer rank.  Every
+        # rank's pad reserves W = the widest owner's count per channel, so channel c's signals
+        # sit at c * W + index on every rank (a symmetric pad, one base per channel).
         per_owner: dict[int, list[_Sig]] = defaultdict(list)
         for sig in sorted(self.counts, key=lambda s: (s.owner, s.role is Role.ACK, s.peer)):
             per_owner[sig.owner].append(sig)
-        local = {sig: i for sigs in per_owner.values() for i, sig in enumerate(sigs)}
-        width = {owner: len(sigs) for owner, sigs in per_owner.items()}
-        S = self.slices
+        numbered = {sig: Signal(sig.owner, i) for sigs in per_owner.values() for i, sig in enumerate(sigs)}
+        width = max((len(sigs) for sigs in per_owner.values()), default=0)
 
-        def signal(sig: _Sig, channel: int) -> Signal:
-            return Signal(sig.owner, channel * width[sig.owner] + local[sig])
-
-        def region(r: Region, channel: int) -> Region:
-            return replace(r, slice=channel * S + r.slice)
-
-        def step_for(step, channel: int):
-            if isinstance(step, Stage):
-                packed = {} if step.signal is None else {"signal": signal(step.signal, channel)}
-                return replace(step, src=region(step.src, channel), dst=region(step.dst, channel), **packed)
-            if isinstance(step, Consume):
-                return replace(step, srcs=tuple(region(s, channel) for s in step.srcs), dst=region(step.dst, channel))
-            if isinstance(step, Notify):
-                return replace(step, signal=signal(step.signal, channel))
-            sig, k = self.recorded[step.k.key]
-            if step.k.previous:
-                k -= self.counts[sig]
-            return replace(step, signal=signal(sig, channel), k=k)
+        def step_for(rank: int, step):
+            kind = type(step)
+            if kind is Stage or kind is Consume:  # no signal in it: IR already
+                return step
+            if kind is _TStage:
+                return Stage(step.src, step.dst, step.note, numbered[step.sig], step.k)
+            if kind is _TNotify:
+                return Notify(numbered[step.sig], step.k, step.note)
+            if isinstance(step, _TWait):
+                sig, k = self.recorded[step.ref.key]
+                if sig.owner != rank:
+                    raise AssertionError(f"r{rank} waits on {sig}, owned by r{sig.owner}")
+                if step.ref.previous:
+                    k -= self.counts[sig]
+                return Wait(numbered[sig], k, step.note)
+            raise AssertionError(f"not a builder step: {step!r}")
 
         programs = tuple(
-            Program(rank, channel, tuple(step_for(step, channel) for step in self.steps[rank]))
-            for rank in range(self.world)
-            for channel in range(options.channels)
+            Program(rank, 0, tuple(step_for(rank, step) for step in self.steps[rank])) for rank in range(self.world)
         )
         decls = tuple(
-            SignalDecl(signal(sig, channel), self.counts[sig], sig.role, _signal_note(sig, channel))
+            SignalDecl(numbered[sig], self.counts[sig], sig.role, _signal_note(sig))
             for owner in sorted(per_owner)
-            for channel in range(options.channels)
             for sig in per_owner[owner]
         )
         return Schedule(
@@ -163,31 +181,40 @@ class _Builder:
             world_size=self.world,
             operation=spec.operation,
             options=options,
-            slices=options.channels * S,
+            slices=options.channels * self.slices,
             in_units=tuple(len(layout) for layout in spec.inputs),
             out_units=tuple(len(layout) for layout in spec.outputs),
             stage_units=max(self.units, default=0),
             signals=decls,
             programs=programs,
+            channel_signals=width,
         )
 
 
-def _signal_note(sig: _Sig, channel: int) -> str:
+def _signal_note(sig: _Sig) -> str:
     if sig.role is Role.DATA:
-        return f"data from r{sig.peer}, channel {channel}"
-    return f"ack from r{sig.peer}, channel {channel}"
+        return f"data from r{sig.peer}"
+    return f"ack from r{sig.peer}"
 
 
 def _from(sig: _Sig) -> str:
     return f"from r{sig.peer}"
 
 
+@lru_cache(maxsize=1 << 16)
+def _text(chunk: Chunk) -> str:
+    """``str(chunk)``, once per chunk: notes name chunks on every step of big schedules."""
+    return str(chunk)
+
+
 def _names(chunks) -> str:
-    chunks = list(dict.fromkeys(str(c) for c in chunks))
+    chunks = list(dict.fromkeys(_text(c) for c in chunks))
     return ", ".join(chunks) if len(chunks) <= 4 else ", ".join(chunks[:3]) + f", ... ({len(chunks)} chunks)"
 
 
+@lru_cache(maxsize=1 << 18)
 def _reg(space: Space, rank: int, unit: int, s: int) -> Region:
+    """One Region object per place (cached): big schedules name each region several times."""
     return Region(space, rank, unit, s)
 
 

@@ -6,7 +6,7 @@ from collections import defaultdict
 
 from purlinc.errors import PurlinError
 from purlinc.frontend.spec import Slot, Spec
-from purlinc.snac.builder import IN, OUT, STAGE, _ack, _Builder, _consume_into, _data, _from, _Msg, _names, _reg
+from purlinc.snac.builder import IN, OUT, STAGE, _ack, _Builder, _consume_into, _data, _from, _Msg, _names, _reg, _text
 from purlinc.snac.ir import LowerOptions, Schedule, Space
 from purlinc.snac.needs import _copy_source, _needs
 
@@ -20,7 +20,8 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
     S, R = b.slices, b.world
     registered_out = "out" in options.registered and not spec.is_reduce
     msgs: list[_Msg] = []
-    landed: dict[tuple[Slot, int], int] = {}  # (slot, consumer) -> STAGE unit on consumer
+    # (slot rank, slot position, consumer) -> STAGE unit on consumer (int keys hash in C)
+    landed: dict[tuple[int, int, int], int] = {}
     local_work: list[list] = [[] for _ in range(R)]  # per rank: (srcs-fn, dst-fn)
     remote_work: list[list] = [[] for _ in range(R)]
 
@@ -39,10 +40,12 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
             "output pushes straight into it: drop --registered out or --packed"
         )
     if not registered_out:
-        for slot, consumer in sorted(wanted, key=lambda sc: (sc[1], sc[0])):
-            landed[slot, consumer] = b.unit(consumer)
+        # Slot orders as (rank, position): sort plain int tuples, not dataclasses.
+        for _, _, _, slot, consumer in sorted((c, slot.rank, slot.position, slot, c) for slot, c in wanted):
+            landed[slot.rank, slot.position, consumer] = b.unit(consumer)
             if packed:  # packets are twice the data: the next unit holds their second half
                 b.unit(consumer)
+    staged: set[tuple[int, int, int]] = set()  # (slot rank, slot position, consumer) already sent to STAGE
     for need in needs:
         for consumer, positions in need.positions:
             if spec.is_reduce:
@@ -59,9 +62,11 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
                         msgs.append(_Msg(need.chunk, slot.rank, consumer, (IN, slot.position), (OUT, position)))
                     srcs = None
                     continue
-                if not any(m.producer == slot.rank and m.consumer == consumer and m.src == (IN, slot.position) for m in msgs):
-                    msgs.append(_Msg(need.chunk, slot.rank, consumer, (IN, slot.position), (STAGE, landed[slot, consumer])))
-                srcs.append((STAGE, landed[slot, consumer]))
+                key = (slot.rank, slot.position, consumer)
+                if key not in staged:
+                    staged.add(key)
+                    msgs.append(_Msg(need.chunk, slot.rank, consumer, (IN, slot.position), (STAGE, landed[key])))
+                srcs.append((STAGE, landed[key]))
             if srcs is None:  # landed straight in OUT
                 remote_work[consumer].append((need, positions, None))
                 continue
@@ -70,39 +75,50 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
 
     out_edges = {(m.producer, m.consumer) for m in msgs if m.dst[0] is OUT}
     stage_edges = {(m.producer, m.consumer) for m in msgs if m.dst[0] is STAGE}
-    edges = sorted(out_edges | stage_edges, key=lambda e: (e[1], e[0]))
+    # Indexed once, so that every loop below is linear in the schedule it writes.
+    sent_by: list[list[_Msg]] = [[] for _ in range(R)]  # producer -> its messages
+    chunks_on: dict[tuple[int, int], list] = defaultdict(list)  # edge -> chunks, in message order
+    for m in msgs:
+        sent_by[m.producer].append(m)
+        chunks_on[m.producer, m.consumer].append(m.chunk)
+    consumers_of: list[list[int]] = [[] for _ in range(R)]  # producer -> consumers, by consumer
+    producers_of: list[list[int]] = [[] for _ in range(R)]  # consumer -> producers, by producer
+    for producer, consumer in sorted(out_edges | stage_edges, key=lambda e: (e[1], e[0])):
+        consumers_of[producer].append(consumer)
+        producers_of[consumer].append(producer)
 
     # 1. "ready": a consumer whose OUT is written by peers says so first thing.
     for producer, consumer in sorted(out_edges, key=lambda e: (e[1], e[0])):
         b.notify(consumer, _ack(producer, consumer), f"r{consumer}.out ready for r{producer}", keys=(("ready", producer, consumer),))
     # 2. Producers make sure their targets are free: previous call consumed / this call started.
     for producer in range(R):
-        for p, consumer in edges:
-            if p != producer:
-                continue
-            if (p, consumer) in stage_edges:
-                b.wait(producer, ("ack", p, consumer), f"r{consumer} done with last call's data", previous=True)
-            if (p, consumer) in out_edges:
-                b.wait(producer, ("ready", p, consumer), f"r{consumer}.out ready")
+        for consumer in consumers_of[producer]:
+            if (producer, consumer) in stage_edges:
+                b.wait(producer, ("ack", producer, consumer), f"r{consumer} done with last call's data", previous=True)
+            if (producer, consumer) in out_edges:
+                b.wait(producer, ("ready", producer, consumer), f"r{consumer}.out ready")
     # 3. Stage everything, then one notify per edge and slice.
     for producer in range(R):
         # Start with the next rank, so that not every producer hits rank 0 first.
-        mine = sorted((m for m in msgs if m.producer == producer), key=lambda m: ((m.consumer - producer) % R, m.dst))
+        mine = sorted(sent_by[producer], key=lambda m: ((m.consumer - producer) % R, m.dst))
+        # sorted() is stable: consumers in edge order, rotated to start after the producer.
+        rotated = sorted(consumers_of[producer], key=lambda c: (c - producer) % R)
+        sent_to: dict[int, list] = defaultdict(list)
+        for m in mine:
+            sent_to[m.consumer].append(m.chunk)
+        notes = {c: f"{_names(sent_to[c])} for r{c}" for c in rotated}
         for s in range(S):
             for m in mine:
                 src, dst = _reg(m.src[0], producer, m.src[1], s), _reg(m.dst[0], m.consumer, m.dst[1], s)
                 if packed:  # the notify rides in the packets: one k per message slice
-                    b.stage_packed(producer, src, dst, _data(producer, m.consumer), f"{m.chunk} for r{m.consumer}",
+                    b.stage_packed(producer, src, dst, _data(producer, m.consumer), f"{_text(m.chunk)} for r{m.consumer}",
                                    keys=(("data", producer, m.consumer, s),))
                     continue
-                b.stage(producer, src, dst, f"{m.chunk} for r{m.consumer}")
+                b.stage(producer, src, dst, f"{_text(m.chunk)} for r{m.consumer}")
             if packed:
                 continue
-            for p, consumer in sorted(edges, key=lambda e: (e[1] - producer) % R):
-                if p != producer:
-                    continue
-                chunks = [m.chunk for m in mine if m.consumer == consumer]
-                b.notify(producer, _data(producer, consumer), f"{_names(chunks)} for r{consumer}", keys=(("data", producer, consumer, s),))
+            for consumer in rotated:
+                b.notify(producer, _data(producer, consumer), notes[consumer], keys=(("data", producer, consumer, s),))
     # 4. Outputs made only of local inputs: no need to wait for anyone.
     for rank in range(R):
         for s in range(S):
@@ -110,17 +126,18 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
                 _consume_into(b, rank, need, positions, srcs, s)
     # 5. Wait for each slice from every peer, then consume it.
     for consumer in range(R):
-        producers = sorted({p for p, c in edges if c == consumer})
+        producers = producers_of[consumer]
         for s in range(S):
             b.wait_all(consumer, [("data", p, consumer, s) for p in producers],
-                       lambda sig: f"({_names(m.chunk for m in msgs if (m.producer, m.consumer) == (sig.peer, consumer))} {_from(sig)})")
+                       lambda sig: f"({_names(chunks_on[sig.peer, consumer])} {_from(sig)})")
             for need, positions, srcs in remote_work[consumer]:
                 if srcs is not None:
                     _consume_into(b, consumer, need, positions, srcs, s)
     # 6. Tell producers their staging units are free again.
     for consumer in range(R):
-        for producer in sorted({p for p, c in stage_edges if c == consumer}):
-            b.notify(consumer, _ack(producer, consumer), f"consumed r{producer}'s data", keys=(("ack", producer, consumer),))
+        for producer in producers_of[consumer]:
+            if (producer, consumer) in stage_edges:
+                b.notify(consumer, _ack(producer, consumer), f"consumed r{producer}'s data", keys=(("ack", producer, consumer),))
     return b.build()
 
 
@@ -129,7 +146,7 @@ def _direct_pull(spec: Spec, options: LowerOptions) -> Schedule:
     S, R = b.slices, b.world
     registered_in = "in" in options.registered
     exposed: dict[Slot, tuple[Space, int]] = {}  # slot -> where its producer exposes it
-    readers: dict[Slot, list[int]] = defaultdict(list)
+    readers: dict[Slot, dict[int, None]] = defaultdict(dict)  # slot -> its reading consumers (ordered set)
     work: list[list] = [[] for _ in range(R)]  # (need, positions, srcs: ((space, rank, unit), ...))
 
     for need in _needs(spec):
@@ -142,14 +159,25 @@ def _direct_pull(spec: Spec, options: LowerOptions) -> Schedule:
                     continue
                 if slot not in exposed:
                     exposed[slot] = (IN, slot.position) if registered_in else (STAGE, b.unit(slot.rank))
-                if consumer not in readers[slot]:
-                    readers[slot].append(consumer)
+                readers[slot][consumer] = None
                 srcs.append((exposed[slot][0], slot.rank, exposed[slot][1]))
             work[consumer].append((need, positions, tuple(srcs)))
 
     edges = sorted({(slot.rank, c) for slot, cs in readers.items() for c in cs}, key=lambda e: (e[0], e[1]))
-    exposed_by = {p: sorted(slot for slot in exposed if slot.rank == p) for p in range(R)}
+    exposed_by: dict[int, list[Slot]] = {p: [] for p in range(R)}
+    for slot in sorted(exposed):
+        exposed_by[slot.rank].append(slot)
     chunk_of = {slot: spec.inputs[slot.rank][slot.position] for slot in exposed}
+    consumers_of: list[list[int]] = [[] for _ in range(R)]  # producer -> consumers, by consumer
+    producers_of: list[list[int]] = [[] for _ in range(R)]  # consumer -> producers, by producer
+    for producer, consumer in edges:
+        consumers_of[producer].append(consumer)
+        producers_of[consumer].append(producer)
+    readable: dict[tuple[int, int], list] = defaultdict(list)  # edge -> chunks the consumer reads
+    for producer in range(R):
+        for slot in exposed_by[producer]:
+            for consumer in readers[slot]:
+                readable[producer, consumer].append(chunk_of[slot])
 
     # 1. A producer rewrites its staging units only once last call's readers are done.
     if not registered_in:
@@ -157,16 +185,16 @@ def _direct_pull(spec: Spec, options: LowerOptions) -> Schedule:
             b.wait(producer, ("ack", producer, consumer), f"r{consumer} done reading last call's data", previous=True)
     # 2. Expose (local copy into STAGE unless IN is registered), then tell every reader.
     for producer in range(R):
-        consumers = [c for p, c in edges if p == producer]
+        consumers = consumers_of[producer]
+        notes = {c: f"{_names(readable[producer, c])} readable by r{c}" for c in consumers}
         for s in range(S if not registered_in else 1):
             if not registered_in:
                 for slot in exposed_by[producer]:
                     unit = exposed[slot][1]
-                    b.stage(producer, _reg(IN, producer, slot.position, s), _reg(STAGE, producer, unit, s), f"{chunk_of[slot]} for readers")
+                    b.stage(producer, _reg(IN, producer, slot.position, s), _reg(STAGE, producer, unit, s), f"{_text(chunk_of[slot])} for readers")
             for consumer in consumers:
-                chunks = [chunk_of[slot] for slot in exposed_by[producer] if consumer in readers[slot]]
                 slices = range(S) if registered_in else (s,)
-                b.notify(producer, _data(producer, consumer), f"{_names(chunks)} readable by r{consumer}",
+                b.notify(producer, _data(producer, consumer), notes[consumer],
                          keys=tuple(("data", producer, consumer, t) for t in slices))
     # 3. Outputs made only of local inputs.
     for rank in range(R):
@@ -176,7 +204,7 @@ def _direct_pull(spec: Spec, options: LowerOptions) -> Schedule:
                     _consume_into(b, rank, need, positions, [(sp, u) for sp, _, u in srcs], s)
     # 4. Wait for each producer, read its slice remotely.
     for consumer in range(R):
-        producers = sorted({p for p, c in edges if c == consumer})
+        producers = producers_of[consumer]
         for s in range(S):
             b.wait_all(consumer, [("data", p, consumer, s) for p in producers], lambda sig: f"({_from(sig)})")
             for need, positions, srcs in work[consumer]:

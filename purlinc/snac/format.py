@@ -2,7 +2,9 @@
 
 The text is meant for a collective-library engineer: a header with the algorithm, the
 buffers and every signal (owner, role, notifies per call), then per rank and channel the
-numbered steps.  ``e`` in a notify or wait is the epoch (call number); a signal notified
+numbered steps.  Programs are channel-relative (``purlinc.snac.ir``): one per rank, written
+for channel 0; channel ``c`` runs the same steps with ``c * S`` added to every slice and
+``c * W`` to every signal index, as the header says.  ``e`` in a notify or wait is the epoch (call number); a signal notified
 ``P`` times per call is at ``e*P + k`` after its k-th notify of call ``e``.
 """
 
@@ -25,7 +27,7 @@ from purlinc.snac.ir import (
     Wait,
 )
 
-SCHEMA = 1
+SCHEMA = 2  # 2: channel-relative programs, one per rank, and channel_signals
 NOTE_COLUMN = 44
 
 
@@ -87,13 +89,16 @@ def format_schedule(schedule: Schedule) -> str:
         "    in:    " + " ".join(f"r{r}:{n}" for r, n in enumerate(schedule.in_units)),
         "    out:   " + " ".join(f"r{r}:{n}" for r, n in enumerate(schedule.out_units)),
         f"    stage: {schedule.stage_units} per rank",
-        f"  signals: {len(schedule.signals)} ({schedule.signal_pad_size()} per rank)",
+        f"  channels: {options.channels}; channel c runs every program below with slices + c*{options.slices} "
+        f"and signal indices + c*{schedule.channel_signals}",
+        f"  signals: {len(schedule.signals)} per channel ({schedule.channel_signals} per rank and channel; "
+        f"pad {schedule.signal_pad_size()} per rank)",
     ]
     for decl in schedule.signals:
         lines.append(f"    {decl.signal.format():<14} {decl.role.value:<4} per_call={decl.per_call:<3} {decl.note}".rstrip())
     for program in schedule.programs:
         lines.append("")
-        lines.append(f"rank {program.rank} channel {program.channel}: {len(program.steps)} steps")
+        lines.append(f"rank {program.rank} (every channel): {len(program.steps)} steps")
         lines.extend(format_program(program, per_call))
     return "\n".join(lines) + "\n"
 
@@ -147,12 +152,13 @@ def schedule_to_json(schedule: Schedule) -> dict:
         "out_units": list(schedule.out_units),
         "stage_units": schedule.stage_units,
         "signal_pad": schedule.signal_pad_size(),
+        "channel_signals": schedule.channel_signals,
         "signals": [
             {"signal": _signal(d.signal), "per_call": d.per_call, "role": d.role.value, "note": d.note}
             for d in schedule.signals
         ],
         "programs": [
-            {"rank": p.rank, "channel": p.channel, "steps": [_step_json(s) for s in p.steps]}
+            {"rank": p.rank, "steps": [_step_json(s) for s in p.steps]}
             for p in schedule.programs
         ],
     }
@@ -202,7 +208,8 @@ def schedule_from_json(data: dict) -> Schedule:
             for d in data["signals"]
         ),
         programs=tuple(
-            Program(p["rank"], p["channel"], tuple(_step_from(s) for s in p["steps"]))
+            Program(p["rank"], 0, tuple(_step_from(s) for s in p["steps"]))
             for p in data["programs"]
         ),
+        channel_signals=data["channel_signals"],
     )

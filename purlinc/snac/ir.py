@@ -15,7 +15,18 @@ of the call's dtype, ``count`` known only at call time):
 A unit is cut into ``Schedule.slices`` equal slices (the last may be shorter, some may be
 empty for tiny counts).  ``Region(space, rank, unit, slice)`` names one slice of one unit of
 one rank's buffer: the smallest piece of memory the IR talks about.  Slices
-``[c * slices_per_channel, (c + 1) * slices_per_channel)`` belong to channel ``c``.
+``[c * S, (c + 1) * S)`` belong to channel ``c`` (``S = options.slices``).
+
+Channels are symbolic
+---------------------
+Channels are independent copies of one another: channel ``c`` runs the same steps as
+channel 0 on its own slices and its own signals.  So ``Schedule.programs`` holds one
+``Program`` per rank, written for channel 0: its regions are *channel-relative* (slice in
+``[0, S)``) and so are its signals (index in ``[0, W)``, ``W = Schedule.channel_signals``,
+the same for every rank).  Channel ``c`` adds ``c * S`` to every slice and ``c * W`` to every
+signal index: the signal pad of a rank holds ``channels * W`` signals, channel ``c``'s at
+``[c * W, (c + 1) * W)``.  ``Schedule.program(rank, c)`` and ``Schedule.signal_decls()``
+give that concrete picture; the kernels compute it from ``blockIdx.x``.
 
 Reading or writing another rank's ``IN`` or ``OUT`` is allowed only when the schedule was
 lowered for registered buffers (``LowerOptions.registered``); ``STAGE`` is always reachable.
@@ -57,6 +68,10 @@ class Space(Enum):
     OUT = "out"
     STAGE = "stage"
 
+    # Members are singletons: identity hashing is correct, and C-level (Enum's own __hash__ is
+    # Python code, run for every Region hashed; verifying a big schedule hashes millions).
+    __hash__ = object.__hash__
+
 
 @dataclass(frozen=True, slots=True)
 class Region:
@@ -86,6 +101,8 @@ class Role(Enum):
 
     DATA = "data"  # producer -> consumer: "the staged data is there"
     ACK = "ack"  # consumer -> producer: "I have consumed it; the slot is free again"
+
+    __hash__ = object.__hash__  # as Space: C-level, for the builder's signal keys
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,11 +164,34 @@ Step = Stage | Notify | Wait | Consume
 
 @dataclass(frozen=True, slots=True)
 class Program:
-    """What one channel (one thread block, or one copy-engine stream) of one rank runs, in order."""
+    """What one channel (one thread block, or one copy-engine stream) of one rank runs, in order.
+
+    In ``Schedule.programs``: channel 0, channel-relative; ``Schedule.program(rank, c)`` shifts
+    it to channel ``c``."""
 
     rank: int
     channel: int
     steps: tuple[Step, ...]
+
+
+def shift_region(region: Region, base: int) -> Region:
+    """``region`` of channel 0 moved to the channel whose slices start at ``base``."""
+    return Region(region.space, region.rank, region.unit, base + region.slice) if base else region
+
+
+def shift_signal(signal: Signal, base: int) -> Signal:
+    return Signal(signal.owner, base + signal.index) if base else signal
+
+
+def shift_step(step: Step, slice_base: int, signal_base: int) -> Step:
+    """A channel-relative step as channel ``c`` runs it (bases ``c * S`` and ``c * W``)."""
+    if isinstance(step, Stage):
+        signal = None if step.signal is None else shift_signal(step.signal, signal_base)
+        return Stage(shift_region(step.src, slice_base), shift_region(step.dst, slice_base), step.note, signal, step.k)
+    if isinstance(step, Consume):
+        srcs = tuple(shift_region(r, slice_base) for r in step.srcs)
+        return Consume(step.operation, srcs, shift_region(step.dst, slice_base), step.note, step.line)
+    return type(step)(shift_signal(step.signal, signal_base), step.k, step.note)
 
 
 class Algorithm(Enum):
@@ -195,19 +235,44 @@ class Schedule:
     in_units: tuple[int, ...]  # per rank
     out_units: tuple[int, ...]  # per rank
     stage_units: int  # the same on every rank (symmetric)
-    signals: tuple[SignalDecl, ...]
-    programs: tuple[Program, ...]  # ordered by (rank, channel)
+    signals: tuple[SignalDecl, ...]  # one channel's signals, channel-relative (index < channel_signals)
+    programs: tuple[Program, ...]  # one per rank, in rank order: channel 0, channel-relative
+    channel_signals: int  # W: signals per channel in every rank's pad (channel c's start at c * W)
 
     @property
     def channels(self) -> int:
         return self.options.channels
 
     def program(self, rank: int, channel: int) -> Program:
-        return self.programs[rank * self.channels + channel]
+        """The concrete program of ``channel`` of ``rank``: slices + channel * S, signals + channel * W."""
+        program = self.programs[rank]
+        if channel == 0:
+            return program
+        slice_base, signal_base = channel * self.options.slices, channel * self.channel_signals
+        return Program(program.rank, channel, tuple(shift_step(s, slice_base, signal_base) for s in program.steps))
+
+    def concrete_programs(self) -> tuple[Program, ...]:
+        """Every (rank, channel) program, concrete, ordered by (rank, channel)."""
+        return tuple(self.program(rank, channel) for rank in range(self.world_size) for channel in range(self.channels))
+
+    def signal_decls(self) -> tuple[SignalDecl, ...]:
+        """Every concrete signal of every channel, ordered by (owner, channel, index)."""
+        W = self.channel_signals
+        decls = []
+        for owner in sorted({d.signal.owner for d in self.signals}):
+            mine = sorted((d for d in self.signals if d.signal.owner == owner), key=lambda d: d.signal.index)
+            for channel in range(self.channels):
+                suffix = f", channel {channel}" if self.channels > 1 else ""
+                decls += [
+                    SignalDecl(shift_signal(d.signal, channel * W), d.per_call, d.role, d.note + suffix)
+                    for d in mine
+                ]
+        return tuple(decls)
 
     def signal_pad_size(self) -> int:
-        """Signals per rank (the pad is symmetric: every rank allocates the largest)."""
-        return max((d.signal.index + 1 for d in self.signals), default=0)
+        """Signals per rank (the pad is symmetric: every rank allocates channels * W)."""
+        return self.channels * self.channel_signals
 
     def per_call(self) -> dict[Signal, int]:
+        """Channel-relative signal -> notifies per call (the same for every channel)."""
         return {d.signal: d.per_call for d in self.signals}

@@ -39,6 +39,7 @@ from __future__ import annotations
 from purlinc.errors import PurlinError
 from purlinc.frontend.spec import Spec
 from purlinc.snac.direct import _direct_pull, _direct_push
+from purlinc.snac.gcpause import gc_paused
 from purlinc.snac.ir import Algorithm, LowerOptions, Schedule
 from purlinc.snac.needs import _needs
 from purlinc.snac.ring import _ring
@@ -72,7 +73,8 @@ def lower(spec: Spec, options: LowerOptions) -> Schedule:
     """The SNAC schedule of ``spec`` under ``options``; PurlinError when the algorithm does not apply."""
     _check_options(spec, options)
     try:
-        return _LOWERINGS[options.algorithm](spec, options)
+        with gc_paused():
+            return _LOWERINGS[options.algorithm](spec, options)
     except PurlinError as error:
         raise error.with_note(f"while lowering {spec.name} for R={spec.world_size} with {options.key()}") from None
 

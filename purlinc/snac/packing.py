@@ -49,17 +49,18 @@ def is_packed(schedule: Schedule) -> bool:
     return any(isinstance(s, Stage) and s.packed for p in schedule.programs for s in p.steps)
 
 
-def normalized(schedule: Schedule) -> tuple[Schedule, dict[tuple[int, int], tuple[int, ...]]]:
+def normalized(schedule: Schedule) -> tuple[Schedule, dict[tuple[int, int], tuple[int, ...]] | None]:
     """(the schedule with packed stages split into Stage + Notify, origin map): the origin map
-    gives, per (rank, channel), the original step index of every normalized step."""
+    gives, per (rank, channel), the original step index of every normalized step; it is None
+    for a schedule with no packed stage, its own normal form (every index maps to itself)."""
+    if not is_packed(schedule):
+        return schedule, None
     programs = []
     origins = {}
     for program in schedule.programs:
         steps, origin = unpack_steps(program.steps)
         programs.append(Program(program.rank, program.channel, steps))
         origins[program.rank, program.channel] = origin
-    if not is_packed(schedule):
-        return schedule, origins
     return replace(schedule, programs=tuple(programs)), origins
 
 
@@ -146,6 +147,8 @@ def ll_groups(program: Program, packed: dict[Region, Stage]) -> tuple[tuple[LLGr
 def layout_problems(schedule: Schedule) -> list[tuple[int, int, int, str]]:
     """Packed stages that do not fit the schedule: (rank, channel, step index, message)."""
     packed = packed_stages(schedule)
+    if not packed:  # every check below is about packed stages, their units and signals
+        return []
     units = {(r.rank, r.unit) for r in packed}
     signals = {stage.signal for stage in packed.values()}
     problems = []

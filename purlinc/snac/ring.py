@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from purlinc.errors import PurlinError
 from purlinc.frontend.ast import Operation
 from purlinc.frontend.spec import Chunk, Spec
-from purlinc.snac.builder import IN, OUT, STAGE, _ack, _Builder, _consume_into, _data, _from, _names, _reg
+from purlinc.snac.builder import IN, OUT, STAGE, _ack, _Builder, _consume_into, _data, _from, _names, _reg, _text
 from purlinc.snac.ir import Consume, LowerOptions, Region, Schedule
 from purlinc.snac.needs import _copy_source, _Need, _needs, _owners
 
@@ -163,7 +163,7 @@ def _ring(spec: Spec, options: LowerOptions) -> Schedule:
         return _reg(STAGE, hop.receiver, hop.unit, s)
 
     def ack(hop: _Hop) -> None:
-        b.notify(hop.receiver, _ack(hop.sender, hop.receiver), f"done with {hop.chunk} (r{hop.receiver}.stage[{hop.unit}])",
+        b.notify(hop.receiver, _ack(hop.sender, hop.receiver), f"done with {_text(hop.chunk)} (r{hop.receiver}.stage[{hop.unit}])",
                  keys=(("ack", hop.id),))
 
     def slot_wait(hop: _Hop) -> None:
@@ -172,7 +172,7 @@ def _ring(spec: Spec, options: LowerOptions) -> Schedule:
         if n is not None and j >= n:
             b.wait(hop.sender, ("ack", msgs[j - n].id), f"r{hop.receiver}.stage[{hop.unit}] free again")
             return
-        last = j if n is None else max(i for i in range(len(msgs)) if i % n == j % n)
+        last = j if n is None else j + (len(msgs) - 1 - j) // n * n  # the last message on this unit
         b.wait(hop.sender, ("ack", msgs[last].id), f"r{hop.receiver}.stage[{hop.unit}] free (read last call)", previous=True)
 
     # A receiver whose OUT peers write into says so first.
@@ -185,10 +185,20 @@ def _ring(spec: Spec, options: LowerOptions) -> Schedule:
             _consume_into(b, rank, need, positions, srcs, s)
 
     steps = max((h.step for h in hops), default=-1) + 1
+    at_step: dict[int, list[_Hop]] = defaultdict(list)
+    for hop in hops:
+        at_step[hop.step].append(hop)
     for w in range(steps + S - 1):
-        batch = [(h, w - h.step) for h in hops if 0 <= w - h.step < S]
-        for rank in range(R):
-            sent = [(h, s) for h, s in batch if h.sender == rank]
+        # The hops in flight at wavefront w (slice w - step of each), in hop order.
+        batch = sorted(((h, w - t) for t in range(max(0, w - S + 1), w + 1) for h in at_step.get(t, ())),
+                       key=lambda hs: hs[0].id)
+        sending: dict[int, list] = defaultdict(list)
+        receiving: dict[int, list] = defaultdict(list)
+        for h, s in batch:
+            sending[h.sender].append((h, s))
+            receiving[h.receiver].append((h, s))
+        for rank in sorted(sending):
+            sent = sending[rank]
             for hop, s in sent:
                 if s == 0 and hop.to_out is None:
                     slot_wait(hop)
@@ -198,21 +208,18 @@ def _ring(spec: Spec, options: LowerOptions) -> Schedule:
                 srcs = tuple(region(rank, where, s) for where in hop.srcs)
                 dst = dst_of(hop, s)
                 if len(srcs) == 1:
-                    b.stage(rank, srcs[0], dst, f"{hop.chunk} for r{hop.receiver}")
+                    b.stage(rank, srcs[0], dst, f"{_text(hop.chunk)} for r{hop.receiver}")
                 else:
-                    b.steps[rank].append(Consume(Operation.REDUCE, srcs, dst, f"partial {hop.chunk} for r{hop.receiver}"))
+                    b.steps[rank].append(Consume(Operation.REDUCE, srcs, dst, f"partial {_text(hop.chunk)} for r{hop.receiver}"))
                 if s == S - 1:
                     for where in hop.srcs:
                         if where[0] == "hop":
                             ack(by_id[where[1]])
-            if sent:
-                receiver = sent[0][0].receiver
-                b.notify(rank, _data(rank, receiver), f"{_names(h.chunk for h, _ in sent)} for r{receiver}",
-                         keys=tuple(("data", h.id, s) for h, s in sent))
-        for rank in range(R):
-            got = [(h, s) for h, s in batch if h.receiver == rank]
-            if not got:
-                continue
+            receiver = sent[0][0].receiver
+            b.notify(rank, _data(rank, receiver), f"{_names(h.chunk for h, _ in sent)} for r{receiver}",
+                     keys=tuple(("data", h.id, s) for h, s in sent))
+        for rank in sorted(receiving):
+            got = receiving[rank]
             b.wait_all(rank, [("data", h.id, s) for h, s in got], lambda sig: f"({_names(h.chunk for h, _ in got)} {_from(sig)})")
             for hop, s in got:
                 for srcs, position in hop.receipt:

@@ -7,6 +7,9 @@ picked uniformly among those not blocked; a ``Wait`` blocks until the pad holds 
 ``epoch * per_call + k``, a ``Notify`` *stores* ``epoch * per_call + k`` (as the kernels do:
 a value going backwards shows up as a hang or a wrong result here too).
 
+Channels run concretely: every (rank, channel) program of ``Schedule.program`` is a
+program here, with its own slices and signals (``purlinc.snac.ir``).
+
 A rank starts call ``c + 1`` only when all its channels finished call ``c`` (the kernel
 boundary); its caller then reads OUT, puts the next input in IN and poisons OUT.  Other
 ranks may still be in call ``c`` meanwhile, so schedules that race across calls fail here.
@@ -110,7 +113,7 @@ class _Machine:
         self.outs = [np.zeros(schedule.out_units[r] * count, dtype=storage) for r in range(world)]
         self.stages = [self._poisoned(schedule.stage_units * self.piece, POISON_STAGE) for _ in range(world)]
         self.pads = [np.zeros(schedule.signal_pad_size(), dtype=np.int64) for _ in range(world)]
-        self.per_call = schedule.per_call()
+        self.per_call = {d.signal: d.per_call for d in schedule.signal_decls()}
         self._bounds: dict[int, list[tuple[int, int]]] = {}
 
     def _poisoned(self, size: int, byte: int) -> np.ndarray:
@@ -194,7 +197,7 @@ def simulate_calls(
     rng = random.Random(seed)
 
     world, channels = schedule.world_size, schedule.channels
-    programs = schedule.programs
+    programs = schedule.concrete_programs()  # ordered by (rank, channel)
     steps_per_call = [len(p.steps) * machine.rounds for p in programs]
     position = [0] * len(programs)  # flattened over calls, rounds, steps
     finished_call = [[0] * world for _ in range(calls)]  # channels of each rank done with call c

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 from purlinc.errors import PurlinError
 from purlinc.frontend.spec import Chunk, Spec
-from purlinc.snac.builder import IN, OUT, STAGE, _ack, _Builder, _consume_into, _data, _from, _Msg, _names, _reg
+from purlinc.snac.builder import IN, OUT, STAGE, _ack, _Builder, _consume_into, _data, _from, _Msg, _names, _reg, _text
 from purlinc.snac.ir import LowerOptions, Schedule
 from purlinc.snac.needs import _needs, _owners
 
@@ -53,61 +55,85 @@ def _two_shot(spec: Spec, options: LowerOptions) -> Schedule:
         return sorted({(m.producer, m.consumer) for m in msgs}, key=lambda e: (e[1], e[0]))
 
     e1, e2 = edges_of(phase1), edges_of(phase2)
-    stage2 = [] if registered_out else e2
+    # Indexed once, so that every loop below is linear in the schedule it writes.
+    def by_producer(edges):
+        out = [[] for _ in range(R)]
+        for producer, consumer in edges:
+            out[producer].append(consumer)
+        return out
+
+    def by_consumer(edges):
+        out = [[] for _ in range(R)]
+        for producer, consumer in sorted(edges):
+            out[consumer].append(producer)
+        return out
+
+    def chunks_by_edge(msgs):
+        out = defaultdict(list)
+        for m in msgs:
+            out[m.producer, m.consumer].append(m.chunk)
+        return out
+
+    def sent_by(msgs):
+        out = [[] for _ in range(R)]
+        for m in msgs:
+            out[m.producer].append(m)
+        return out
+
+    to1, to2 = by_producer(e1), by_producer(e2)
+    from1, from2, from_stage2 = by_consumer(e1), by_consumer(e2), by_consumer(e2 if not registered_out else [])
+    chunks1, chunks2 = chunks_by_edge(phase1), chunks_by_edge(phase2)
     if registered_out:
         for producer, consumer in e2:
             b.notify(consumer, _ack(producer, consumer), f"r{consumer}.out ready for r{producer}", keys=(("ready", producer, consumer),))
     for rank in range(R):
-        for producer, consumer in e1:
-            if producer == rank:
-                b.wait(rank, ("ack1", producer, consumer), f"r{consumer} done with last call's contributions", previous=True)
-        for producer, consumer in e2:
-            if producer == rank:
-                if registered_out:
-                    b.wait(rank, ("ready", producer, consumer), f"r{consumer}.out ready")
-                else:
-                    b.wait(rank, ("ack2", producer, consumer), f"r{consumer} done with last call's results", previous=True)
+        for consumer in to1[rank]:
+            b.wait(rank, ("ack1", rank, consumer), f"r{consumer} done with last call's contributions", previous=True)
+        for consumer in to2[rank]:
+            if registered_out:
+                b.wait(rank, ("ready", rank, consumer), f"r{consumer}.out ready")
+            else:
+                b.wait(rank, ("ack2", rank, consumer), f"r{consumer} done with last call's results", previous=True)
 
-    def push(msgs, edges, phase):
-        for producer in range(R):
-            mine = [m for m in msgs if m.producer == producer]
+    def push(msgs, targets, chunks, phase):
+        what = "contribution to" if phase == 1 else "result for"
+        for producer, mine in enumerate(sent_by(msgs)):
+            notes = {c: f"{_names(chunks[producer, c])} for r{c}" for c in targets[producer]}
             for s in range(S):
                 for m in mine:
-                    what = "contribution to" if phase == 1 else "result for"
                     b.stage(producer, _reg(m.src[0], producer, m.src[1], s), _reg(m.dst[0], m.consumer, m.dst[1], s),
-                            f"{m.chunk} {what} r{m.consumer}")
-                for p, consumer in edges:
-                    if p == producer:
-                        chunks = [m.chunk for m in mine if m.consumer == consumer]
-                        b.notify(producer, _data(producer, consumer), f"{_names(chunks)} for r{consumer}",
-                                 keys=((f"data{phase}", producer, consumer, s),))
+                            f"{_text(m.chunk)} {what} r{m.consumer}")
+                for consumer in targets[producer]:
+                    b.notify(producer, _data(producer, consumer), notes[consumer], keys=((f"data{phase}", producer, consumer, s),))
 
-    def waits(rank, msgs, edges, phase, s):
-        producers = sorted({p for p, c in edges if c == rank})
-        b.wait_all(rank, [(f"data{phase}", p, rank, s) for p in producers],
-                   lambda sig: f"({_names(m.chunk for m in msgs if (m.producer, m.consumer) == (sig.peer, rank))} {_from(sig)})")
+    def waits(rank, sources, chunks, phase, s):
+        b.wait_all(rank, [(f"data{phase}", p, rank, s) for p in sources[rank]],
+                   lambda sig: f"({_names(chunks[sig.peer, rank])} {_from(sig)})")
 
     # Phase 1: reduce-scatter to the owners.
-    push(phase1, e1, 1)
+    push(phase1, to1, chunks1, 1)
+    owned: list[list] = [[] for _ in range(R)]
+    for need in needs:
+        owned[owners[need.chunk]].append(need)
     for rank in range(R):
-        mine = [need for need in needs if owners[need.chunk] == rank]
+        mine = owned[rank]
         for s in range(S):
-            waits(rank, phase1, e1, 1, s)
+            waits(rank, from1, chunks1, 1, s)
             for need in mine:
                 _consume_into(b, rank, need, need.at(rank), reduce_at[need.chunk], s)
-        for producer in sorted({p for p, c in e1 if c == rank}):
+        for producer in from1[rank]:
             b.notify(rank, _ack(producer, rank), f"reduced r{producer}'s contributions", keys=(("ack1", producer, rank),))
     # Phase 2: all-gather from the owners.
-    push(phase2, e2, 2)
+    push(phase2, to2, chunks2, 2)
     for rank in range(R):
         for s in range(S):
-            waits(rank, phase2, e2, 2, s)
+            waits(rank, from2, chunks2, 2, s)
             for need, positions, unit in copies[rank]:
                 if unit is None:
                     for position in positions[1:]:
                         b.consume(rank, (_reg(OUT, rank, positions[0], s),), _reg(OUT, rank, position, s), need.chunk, position)
                 else:
                     _consume_into(b, rank, need, positions, ((STAGE, unit),), s)
-        for producer in sorted({p for p, c in stage2 if c == rank}):
+        for producer in from_stage2[rank]:
             b.notify(rank, _ack(producer, rank), f"copied r{producer}'s results", keys=(("ack2", producer, rank),))
     return b.build()

@@ -5,7 +5,18 @@ violation (in a fixed order: well-formedness, deadlock, signal monotonicity, rac
 
 How the proof works
 -------------------
-1. *Well-formedness*, step by step: regions in bounds and on the program's channel, remote
+0. *Channels*.  Programs are channel-relative (``purlinc.snac.ir``): one per rank, its
+   slices in ``[0, S)`` and its signal indices in ``[0, W)``; channel ``c`` runs it shifted
+   by ``c * S`` and ``c * W``.  Checking exactly that (every relative slice < S, every
+   signal index < W, declarations included) proves that channels touch disjoint slices of
+   every buffer (staging included) and disjoint signal words: they share no region and no
+   signal, so each is a copy of channel 0 that cannot see the others.  The only thing they
+   share is the call boundary (a rank's next call starts when all its channels finished),
+   which orders call-0 steps before call-1 steps and adds no wait within a call: so a
+   deadlock, a race or a wrong result in the C-channel schedule would be one in channel 0
+   alone.  Steps 1-4 prove channel 0 (the schedule viewed with one channel); the simulator
+   still runs every channel concretely.
+1. *Well-formedness*, step by step: regions in bounds and in the channel's slices, remote
    ``IN``/``OUT`` only when registered, nothing writes an ``IN`` buffer, a step never moves
    one slice into another, waits only on the waiting rank's own signals, every signal
    declared and notified exactly ``per_call`` times per call with ``k`` = 1..per_call.
@@ -39,13 +50,16 @@ How the proof works
 from __future__ import annotations
 
 from collections import Counter, defaultdict, deque
-from dataclasses import dataclass
+from dataclasses import replace
+from operator import attrgetter
+from typing import NamedTuple
 
 import numpy as np
 
 from purlinc.errors import PurlinError
 from purlinc.frontend.ast import Operation
 from purlinc.frontend.spec import Slot, Spec
+from purlinc.snac.gcpause import gc_paused
 from purlinc.snac.ir import Consume, Notify, Region, Schedule, Space, Stage, Step, Wait
 from purlinc.snac.packing import layout_problems, ll_groups, normalized, packed_stages
 
@@ -100,15 +114,17 @@ def _kind(step: Step) -> str:
 
 
 def _reads(step: Step) -> tuple[Region, ...]:
-    if isinstance(step, Stage):
+    kind = type(step)
+    if kind is Stage:
         return (step.src,)
-    if isinstance(step, Consume):
+    if kind is Consume:
         return step.srcs
     return ()
 
 
 def _writes(step: Step) -> tuple[Region, ...]:
-    if isinstance(step, (Stage, Consume)):
+    kind = type(step)
+    if kind is Stage or kind is Consume:
         return (step.dst,)
     return ()
 
@@ -163,10 +179,11 @@ def _check_shape(schedule: Schedule, spec: Spec) -> None:
             f"slices = {schedule.slices}, but channels x slices per channel = "
             f"{schedule.channels} x {schedule.options.slices}"
         )
-    expected = [(r, c) for r in range(world) for c in range(schedule.channels)]
     found = [(p.rank, p.channel) for p in schedule.programs]
-    if found != expected:
-        problems.append("its programs are not one per (rank, channel) in that order")
+    if found != [(r, 0) for r in range(world)]:
+        problems.append("its programs are not one per rank (channel-relative, channel 0), in rank order")
+    if schedule.channel_signals < 0:
+        problems.append(f"channel_signals = {schedule.channel_signals} (must be >= 0)")
     if problems:
         raise VerificationError(f"schedule {schedule.collective} does not fit its spec: " + "; ".join(problems))
 
@@ -179,6 +196,11 @@ def _check_signals_declared(schedule: Schedule) -> None:
         seen.add(decl.signal)
         if not 0 <= decl.signal.owner < schedule.world_size or decl.signal.index < 0:
             raise VerificationError(f"signal {decl.signal.format()} names no rank's pad")
+        if decl.signal.index >= schedule.channel_signals:
+            raise VerificationError(
+                f"signal {decl.signal.format()} lies outside its channel's signals 0..{schedule.channel_signals - 1} "
+                f"(channel_signals = {schedule.channel_signals}): channel 1 would share it"
+            )
         if decl.per_call < 1:
             raise VerificationError(f"signal {decl.signal.format()} has per_call = {decl.per_call} (must be >= 1)")
 
@@ -200,11 +222,10 @@ def _region_fault(schedule: Schedule, region: Region, rank: int, channel: int, w
         units = schedule.out_units[region.rank]
     if not 0 <= region.unit < units:
         return f"@ is out of bounds: rank {region.rank}'s {space.value} has {units} units"
-    if not 0 <= region.slice < schedule.slices:
-        return f"@ is out of bounds: units have {schedule.slices} slices"
     per_channel = schedule.options.slices
-    if region.slice // per_channel != channel:
-        return f"@ belongs to channel {region.slice // per_channel}, not this program's channel {channel}"
+    if not 0 <= region.slice < per_channel:
+        return (f"@ lies outside the channel's slices 0..{per_channel - 1} (programs are channel-relative: "
+                "channel c adds c * slices, so another channel would own it)")
     if writes and space is Space.IN:
         return "writes @, the caller's input"
     if region.rank != rank and space is not Space.STAGE and space.value not in schedule.options.registered:
@@ -253,10 +274,16 @@ def _step_problem(schedule: Schedule, step: Step, rank: int, channel: int, per_c
 def _check_steps(schedule: Schedule, fail: _Failure) -> None:
     per_call = schedule.per_call()
     for program in schedule.programs:
+        rank, channel = program.rank, program.channel
         for index, step in enumerate(program.steps):
-            problem = _step_problem(schedule, step, program.rank, program.channel, per_call)
+            if type(step) is Stage and step.signal is None:  # the common case, quickly
+                src, dst = step.src, step.dst
+                if (src.slice == dst.slice and _region_fault(schedule, src, rank, channel, False) is None
+                        and _region_fault(schedule, dst, rank, channel, True) is None):
+                    continue
+            problem = _step_problem(schedule, step, rank, channel, per_call)
             if problem is not None:
-                raise fail.at(program.rank, program.channel, index, problem)
+                raise fail.at(rank, channel, index, problem)
 
 
 def _notify_sites(schedule: Schedule) -> dict:
@@ -293,13 +320,20 @@ def _check_signal_counts(schedule: Schedule, fail: _Failure) -> None:
 # --------------------------------------------------------------------------- 2. happens-before
 
 
-@dataclass(frozen=True, slots=True)
-class _Node:
+class _Node(NamedTuple):
     """A step of the unrolled graph: chain ``p`` (a program, or ``programs + rank`` for a
-    caller) at position ``pos`` (call * len(steps) + step; always 0 for a caller)."""
+    caller) at position ``pos`` (call * len(steps) + step; always 0 for a caller).
+
+    A named tuple, not a frozen dataclass: the proof makes a few per step of every program
+    and call, and tuples are built, hashed and compared in C (the proof of a schedule with
+    half a million steps spent a third of its time on dataclass nodes)."""
 
     p: int
     pos: int
+
+
+# Hot paths build nodes as plain (p, pos) tuples (equal to, and hashed like, _Node), and
+# every reader indexes them: node[0] is p, node[1] is pos.
 
 
 class _Order:
@@ -325,35 +359,35 @@ class _Order:
                 for index, step in enumerate(program.steps):
                     if isinstance(step, Notify):
                         value = call * self.per_call[step.signal] + step.k
-                        self.notify_at[(step.signal, value)] = _Node(p, call * self.n[p] + index)
+                        self.notify_at[(step.signal, value)] = (p, call * self.n[p] + index)
         self._run(width)
 
     # ---- queries
 
     def is_caller(self, node: _Node) -> bool:
-        return node.p >= self.np
+        return node[0] >= self.np
 
     def call_of(self, node: _Node) -> int:
-        return 1 if self.is_caller(node) else node.pos // max(1, self.n[node.p])
+        return 1 if self.is_caller(node) else node[1] // max(1, self.n[node[0]])
 
     def before(self, a: _Node, b: _Node) -> bool:
         """a happens before b (strictly)."""
-        if a.p == b.p:
-            return a.pos < b.pos
-        return int(self.snap[b.p][b.pos][a.p]) >= a.pos
+        if a[0] == b[0]:
+            return a[1] < b[1]
+        return int(self.snap[b[0]][b[1]][a[0]]) >= a[1]
 
     def where(self, node: _Node) -> tuple[int, int, int, int]:
         """(rank, channel, step, call) of a program node."""
-        n = self.n[node.p]
-        return (node.p // self.channels, node.p % self.channels, node.pos % n, node.pos // n)
+        n = self.n[node[0]]
+        return (node[0] // self.channels, node[0] % self.channels, node[1] % n, node[1] // n)
 
     def step(self, node: _Node) -> Step:
-        return self.programs[node.p].steps[node.pos % self.n[node.p]]
+        return self.programs[node[0]].steps[node[1] % self.n[node[0]]]
 
     def key(self, node: _Node) -> tuple:
         """Deterministic order of reported locations: call, rank, channel, step."""
         if self.is_caller(node):
-            return (1, node.p - self.np, -1, -1)
+            return (1, node[0] - self.np, -1, -1)
         rank, channel, index, call = self.where(node)
         return (call, rank, channel, index)
 
@@ -381,8 +415,8 @@ class _Order:
         ready = deque(range(np_))
 
         def record(node: _Node, vc) -> None:
-            self.snap[node.p][node.pos] = vc
-            self.topo[node.p][node.pos] = len(self.sequence)
+            self.snap[node[0]][node[1]] = vc
+            self.topo[node[0]][node[1]] = len(self.sequence)
             self.sequence.append(node)
 
         def arrive(p: int) -> None:
@@ -434,7 +468,7 @@ class _Order:
                             blocked[(step.signal, target)].append(p)
                             break
                         clock[p] = np.maximum(clock[p], source)
-                record(_Node(p, pos[p]), clock[p])
+                record((p, pos[p]), clock[p])
                 if isinstance(step, Notify):
                     value = call * self.per_call[step.signal] + step.k
                     vc = clock[p].copy()
@@ -460,7 +494,7 @@ class _Order:
             call = pos[p] // self.n[p]
             value = call * self.per_call[step.signal] + step.k
             source = self.notify_at[(step.signal, value)]
-            return source.p, f"waits for {self.short(source)} ({describe(self.step(source))})"
+            return source[0], f"waits for {self.short(source)} ({describe(self.step(source))})"
 
         seen: dict[int, int] = {}
         path: list[int] = []
@@ -518,13 +552,19 @@ def _accesses(schedule: Schedule, order: _Order) -> dict:
     table: dict = defaultdict(dict)
     for p, program in enumerate(schedule.programs):
         n = len(program.steps)
-        for call in range(CALLS):
-            for index, step in enumerate(program.steps):
-                node = _Node(p, call * n + index)
-                for region in _reads(step):
+        for index, step in enumerate(program.steps):
+            kind = type(step)
+            if kind is Stage:
+                reads = (step.src,)
+            elif kind is Consume:
+                reads = step.srcs
+            else:
+                continue
+            for call in range(CALLS):
+                node = (p, call * n + index)
+                for region in reads:
                     table[region].setdefault(node, False)
-                for region in _writes(step):
-                    table[region][node] = True
+                table[step.dst][node] = True
     # The caller of each rank, between its calls, owns its IN and OUT (reads and rewrites them).
     for rank in range(schedule.world_size):
         node = _Node(order.np + rank, 0)
@@ -542,7 +582,7 @@ def _race_message(order: _Order, region: Region, later: _Node, earlier: _Node, l
     text = region.format()
     if order.is_caller(later) or order.is_caller(earlier):
         caller, other = (later, earlier) if order.is_caller(later) else (earlier, later)
-        owner = caller.p - order.np
+        owner = caller[0] - order.np
         verb = "writes" if (later_writes if other == later else earlier_writes) else "reads"
         if order.call_of(other) == 0:  # may still run after the owner finished call 0
             message = (
@@ -571,16 +611,25 @@ def _race_message(order: _Order, region: Region, later: _Node, earlier: _Node, l
 
 def _check_races(schedule: Schedule, order: _Order) -> None:
     found = []
+    topo, snap = order.topo, order.snap
+
+    def before(a, b) -> bool:  # order.before, inlined: it runs for every access
+        if a[0] == b[0]:
+            return a[1] < b[1]
+        return snap[b[0]][b[1]][a[0]] >= a[1]
+
     for region, nodes in _accesses(schedule, order).items():
-        accesses = sorted(nodes.items(), key=lambda item: order.topo[item[0].p][item[0].pos])
+        if len(nodes) == 1:  # one access conflicts with nothing
+            continue
+        accesses = sorted(nodes.items(), key=lambda item: topo[item[0][0]][item[0][1]])
         last_write = None
         reads: list = []
         for node, writes in accesses:
-            if last_write is not None and not order.before(last_write, node):
+            if last_write is not None and not before(last_write, node):
                 found.append(_race_message(order, region, node, last_write, writes, True))
             if writes:
                 for read in reads:
-                    if not order.before(read, node):
+                    if not before(read, node):
                         found.append(_race_message(order, region, node, read, True, False))
                 last_write, reads = node, []
             else:
@@ -590,6 +639,9 @@ def _check_races(schedule: Schedule, order: _Order) -> None:
 
 
 # --------------------------------------------------------------------------- 4. result
+
+
+_slot_key = attrgetter("rank", "position")  # Slot's own order, compared in C
 
 
 def _format_value(value: tuple[Slot, ...] | None) -> str:
@@ -604,26 +656,37 @@ def _check_result(schedule: Schedule, spec: Spec, order: _Order) -> None:
     values: dict[Region, tuple[Slot, ...] | None] = {}
     last_writer: dict[Region, _Node] = {}
 
+    inputs: dict[Region, tuple[Slot, ...]] = {}
+
     def read(region: Region):
         if region.space is Space.IN:
-            return (Slot(region.rank, region.unit),)
+            value = inputs.get(region)
+            if value is None:
+                value = inputs[region] = (Slot(region.rank, region.unit),)
+            return value
         return values.get(region)
 
+    np_, n, programs = order.np, order.n, order.programs
     for node in order.sequence:
-        if order.is_caller(node) or order.call_of(node) != 0:
+        p, pos = node
+        if p >= np_ or pos >= n[p]:  # a caller, or call 1
             continue
-        step = order.step(node)
-        if not isinstance(step, (Stage, Consume)):
+        step = programs[p].steps[pos]
+        kind = type(step)
+        if kind is Stage:
+            srcs = (step.src,)
+        elif kind is Consume:
+            srcs = step.srcs
+        else:
             continue
-        srcs = _reads(step)
         got = [read(r) for r in srcs]
         for region, value in zip(srcs, got):
             if value is None:
                 writer = last_writer.get(region)
                 why = "nothing writes it before" if writer is None else "it holds garbage"
                 raise order.error(node, f"reads {region.format()}, which holds no data in call 0 ({why})")
-        if isinstance(step, Consume) and step.operation is Operation.REDUCE:
-            result = tuple(sorted(slot for value in got for slot in value))
+        if kind is Consume and step.operation is Operation.REDUCE:
+            result = tuple(sorted((slot for value in got for slot in value), key=_slot_key))
         else:
             result = got[0]
         values[step.dst] = result
@@ -656,6 +719,8 @@ def _output_problem(spec: Spec, value, sources: tuple[Slot, ...]) -> str | None:
             return None
         want = " or ".join(map(str, sources))
         return f"holds {_format_value(value)}, expected a copy of {want}"
+    if value == tuple(sorted(sources, key=_slot_key)):  # values of reductions are kept sorted
+        return None
     got, want = Counter(value), Counter(sources)
     if got == want:
         return None
@@ -692,11 +757,25 @@ def _check_packing(schedule: Schedule) -> None:
             raise fail.at(program.rank, program.channel, index, message)
 
 
+def _one_channel(schedule: Schedule) -> Schedule:
+    """The schedule as if it had one channel: what steps 1-4 prove (see the docstring)."""
+    if schedule.channels == 1:
+        return schedule
+    options = replace(schedule.options, channels=1)
+    return replace(schedule, options=options, slices=options.slices)
+
+
 def verify(schedule: Schedule, spec: Spec) -> None:
     """Prove ``schedule`` computes ``spec`` for every count and interleaving, or raise
     ``VerificationError`` naming the first violation."""
+    with gc_paused():  # millions of acyclic nodes: see purlinc.snac.gcpause
+        _verify(schedule, spec)
+
+
+def _verify(schedule: Schedule, spec: Spec) -> None:
     _check_shape(schedule, spec)
     _check_signals_declared(schedule)
+    schedule = _one_channel(schedule)
     _check_steps(schedule, _Failure(schedule))
     _check_packing(schedule)
     # A packed stage means its Stage followed by its Notify: the proof runs on that schedule.
