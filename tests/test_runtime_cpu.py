@@ -230,7 +230,7 @@ def test_ce_plan_runs_every_channel_on_its_own_slices_and_signals():
     """The ce atom walks the concrete (rank, channel) programs of a channel-relative schedule:
     channel c copies only slice c and touches only the signals c*W..(c+1)*W-1 of each pad."""
     compiled = prepare(EXAMPLES / "allgather.pln", 2, atom="ce", channels=3)
-    p, schedule = compiled.ce_plan, compiled.schedule
+    p, schedule = compiled.plan, compiled.schedule
     W = schedule.channel_signals
     assert p.signals == schedule.signal_pad_size() == 3 * W
     for rank in range(2):
