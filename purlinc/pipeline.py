@@ -43,6 +43,8 @@ class SourceText:
 
 def load_source(path_or_source: str | Path) -> SourceText:
     """A path to a .pln file, or .pln text itself (anything containing 'collective' and '{')."""
+    if isinstance(path_or_source, SourceText):  # already read (the CLI's standard input)
+        return path_or_source
     if isinstance(path_or_source, Path) or (
         isinstance(path_or_source, str) and "{" not in path_or_source
     ):
@@ -51,15 +53,8 @@ def load_source(path_or_source: str | Path) -> SourceText:
 
 
 def _read_source(path: str | Path) -> str:
-    """The file's text.  The plain case reads it here; anything unusual goes to the
-    frontend's reader, which turns it into the right PurlinError (and imports lark)."""
-    try:
-        data = Path(path).read_bytes()
-        if b"\x00" not in data:
-            return data.decode("utf-8")
-    except (OSError, UnicodeDecodeError):
-        pass
-    from purlinc.frontend.parse import read_source
+    """The file's text (bounded in size; the reader needs no lark, so a cache hit parses nothing)."""
+    from purlinc.frontend.source import read_source
 
     return read_source(path)
 

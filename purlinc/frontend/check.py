@@ -9,6 +9,7 @@ sizes so a spec that only breaks at some R says which.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Iterator
@@ -20,6 +21,13 @@ from purlinc.frontend.spec import Chunk, Slot, Spec
 RANK_VARIABLE = "r"
 WORLD_VARIABLE = "R"
 DEFAULT_WORLD_SIZES = range(1, 65)
+
+# Bounds that keep the checker's work and memory small for any input.  Chunks are counted
+# (arithmetic on range lengths) before any is made, so x[0..1000000000000] is refused at once.
+MAX_WORLD_SIZE = 1 << 16
+MAX_CHUNKS = 1 << 20  # chunks named by all layouts of one world size together (~200 MB at most)
+MAX_VALUE = 2**63 - 1  # index arithmetic beyond this is refused, not computed
+_SHOWN = 60  # characters of an expression quoted in a message
 
 
 class _Scope:
@@ -33,44 +41,77 @@ class _Scope:
         return _Scope({**self.values, name: value}, {**self.kinds, name: kind})
 
 
-def _evaluate(expr: ast.Expr, scope: _Scope) -> int:
-    if isinstance(expr, ast.Number):
-        return expr.value
-    if isinstance(expr, ast.Name):
-        if expr.name in scope.values:
-            return scope.values[expr.name]
-        if expr.name == RANK_VARIABLE:
-            raise PurlinError(
-                "'r' (the rank) is only defined on the right-hand side of a statement for every rank, "
-                "such as 'out[r] = ...'",
-                expr.span,
-            )
-        known = ", ".join(f"{name} ({scope.kinds[name]})" for name in sorted(scope.values))
-        raise PurlinError(f"unknown name '{expr.name}'", expr.span, (f"names defined here: {known}",))
-    if isinstance(expr, ast.Negate):
-        return -_evaluate(expr.operand, scope)
-    left = _evaluate(expr.left, scope)
-    right = _evaluate(expr.right, scope)
+def _short(expr: ast.Expr | ast.Range) -> str:
+    """An expression as written, cut short for a message (a generated one can be 200 KB)."""
+    text = expr.format()
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
+
+
+def _lookup(expr: ast.Name, scope: _Scope) -> int:
+    if expr.name in scope.values:
+        return scope.values[expr.name]
+    if expr.name == RANK_VARIABLE:
+        raise PurlinError(
+            "'r' (the rank) is only defined on the right-hand side of a statement for every rank, "
+            "such as 'out[r] = ...'",
+            expr.span,
+        )
+    known = ", ".join(f"{name} ({scope.kinds[name]})" for name in sorted(scope.values))
+    raise PurlinError(f"unknown name '{expr.name}'", expr.span, (f"names defined here: {known}",))
+
+
+def _apply(expr: ast.Binary, left: int, right: int) -> int:
     if expr.op is ast.BinaryOp.ADD:
-        return left + right
-    if expr.op is ast.BinaryOp.SUB:
-        return left - right
-    if expr.op is ast.BinaryOp.MUL:
-        return left * right
-    if right == 0:
-        raise PurlinError(f"division by zero in '{expr.format()}'", expr.span)
-    # Floor semantics (Python's): (-1) % R == R - 1, which is what a ring wants.
-    return left // right if expr.op is ast.BinaryOp.DIV else left % right
+        value = left + right
+    elif expr.op is ast.BinaryOp.SUB:
+        value = left - right
+    elif expr.op is ast.BinaryOp.MUL:
+        value = left * right
+    elif right == 0:
+        raise PurlinError(f"division by zero in '{_short(expr)}'", expr.span)
+    else:
+        # Floor semantics (Python's): (-1) % R == R - 1, which is what a ring wants.
+        value = left // right if expr.op is ast.BinaryOp.DIV else left % right
+    if not -MAX_VALUE <= value <= MAX_VALUE:
+        # Bounded integers keep every later step cheap (R*R*...*R would grow without end).
+        raise PurlinError(f"'{_short(expr)}' is out of range: its value exceeds {MAX_VALUE} in magnitude", expr.span)
+    return value
+
+
+def _evaluate(expr: ast.Expr, scope: _Scope) -> int:
+    """The expression's value.  Iterative (an explicit stack, left operand first), so the
+    depth of an expression is bounded by the size of the file, not by Python's stack."""
+    values: list[int] = []
+    stack: list[tuple[ast.Expr, bool]] = [(expr, False)]
+    while stack:
+        node, ready = stack.pop()
+        if isinstance(node, ast.Number):
+            values.append(node.value)
+        elif isinstance(node, ast.Name):
+            values.append(_lookup(node, scope))
+        elif not ready:
+            stack.append((node, True))
+            if isinstance(node, ast.Negate):
+                stack.append((node.operand, False))
+            else:
+                stack.append((node.right, False))
+                stack.append((node.left, False))
+        elif isinstance(node, ast.Negate):
+            values.append(-values.pop())
+        else:
+            right = values.pop()
+            values.append(_apply(node, values.pop(), right))
+    return values[0]
 
 
 def _evaluate_range(rng: ast.Range, scope: _Scope) -> range:
     lo = _evaluate(rng.lo, scope)
     hi = _evaluate(rng.hi, scope)
     if lo < 0:
-        raise PurlinError(f"range {rng.format()} starts at {lo}, below 0 (chunk indices start at 0)", rng.span)
+        raise PurlinError(f"range {_short(rng)} starts at {lo}, below 0 (chunk indices start at 0)", rng.span)
     if hi <= lo:
-        raise PurlinError(f"range {rng.format()} is empty ({lo}..{hi})", rng.span)
-    return range(lo, hi)
+        raise PurlinError(f"range {_short(rng)} is empty ({lo}..{hi})", rng.span)
+    return range(lo, hi)  # a range object holds two ints, whatever its length
 
 
 def _compare(condition: ast.Condition, scope: _Scope) -> bool:
@@ -92,6 +133,7 @@ class _Checker:
         self.world_size = world_size
         self.params = self._bind_params(params)
         self.arity: dict[str, tuple[int, Span | None]] = {}
+        self.chunks_left = MAX_CHUNKS
 
     def _bind_params(self, given: Mapping[str, int]) -> dict[str, int]:
         declared = {p.name: p for p in self.definition.params}
@@ -148,29 +190,39 @@ class _Checker:
                 ref.span,
             )
 
+    def _spend(self, count: int, span: Span | None, what: str) -> None:
+        """Take ``count`` chunks from the budget, or refuse before making any of them.
+        ``what`` completes "<what> <count> chunks", e.g. "'x[0..R]' names"."""
+        if count > self.chunks_left:
+            named = MAX_CHUNKS - self.chunks_left
+            raise PurlinError(
+                f"{what} {count:,} chunks, more than this spec may name at R={self.world_size} "
+                f"(at most {MAX_CHUNKS:,} chunks over all ranks' layouts; {named:,} named before it)",
+                span,
+            )
+        self.chunks_left -= count
+
     def _expand_chunk(self, ref: ast.ChunkRef, scope: _Scope) -> Iterator[Chunk]:
         self._check_arity(ref)
-        axes: list[list[int]] = []
+        axes: list[range] = []
         for index in ref.indices:
             if isinstance(index, ast.Range):
-                axes.append(list(_evaluate_range(index, scope)))
+                axes.append(_evaluate_range(index, scope))
             else:
                 value = _evaluate(index, scope)
                 if value < 0:
                     raise PurlinError(
-                        f"index '{index.format()}' is {value}, out of bounds (chunk indices start at 0)",
+                        f"index '{_short(index)}' is {value}, out of bounds (chunk indices start at 0)",
                         index.span,
                     )
-                axes.append([value])
-
-        def product(prefix: tuple[int, ...], rest: list[list[int]]) -> Iterator[tuple[int, ...]]:
-            if not rest:
-                yield prefix
-                return
-            for value in rest[0]:
-                yield from product((*prefix, value), rest[1:])
-
-        for index in product((), axes):
+                axes.append(range(value, value + 1))
+        count = 1
+        for axis in axes:
+            count *= len(axis)
+            if count > self.chunks_left:
+                break
+        self._spend(count, ref.span, f"'{_short(ref)}' names")
+        for index in itertools.product(*axes):
             yield Chunk(ref.name, index)
 
     def _expand_item(self, item: ast.Item, scope: _Scope, loops: tuple[ast.Loop, ...]) -> Iterator[Chunk]:
@@ -184,7 +236,12 @@ class _Checker:
                 f"of the same name",
                 loop.span,
             )
-        for value in _evaluate_range(loop.range, scope):
+        values = _evaluate_range(loop.range, scope)
+        # Every iteration names at least one chunk (ranges are never empty): a loop longer than
+        # the budget is refused before it runs.
+        if len(values) > self.chunks_left:
+            self._spend(len(values), loop.span, f"'{_short(loop)}' names at least")
+        for value in values:
             yield from self._expand_item(item, scope.bind(loop.variable, value, "loop variable"), tuple(rest))
 
     def expand_layout(self, layout: tuple[ast.Item, ...], scope: _Scope) -> tuple[list[Chunk], list[Span | None]]:
@@ -203,7 +260,7 @@ class _Checker:
         rank = _evaluate(assignment.rank, self.base_scope())
         if not 0 <= rank < self.world_size:
             raise PurlinError(
-                f"rank index '{assignment.rank.format()}' is {rank}, outside 0..{self.world_size - 1}",
+                f"rank index '{_short(assignment.rank)}' is {rank}, outside 0..{self.world_size - 1}",
                 assignment.rank.span,
             )
         return [rank]
@@ -301,12 +358,14 @@ def check(definition: ast.CollectiveDef, world_size: int, params: Mapping[str, i
     params = dict(params or {})
     if world_size < 1:
         raise PurlinError(f"the world size must be at least 1, not {world_size}")
+    if world_size > MAX_WORLD_SIZE:
+        raise PurlinError(f"the world size {world_size:,} is larger than Purlin supports ({MAX_WORLD_SIZE:,})")
     try:
         checker = _Checker(definition, world_size, params)
         failed = checker.failed_constraint()
         if failed is not None:
             raise PurlinError(
-                f"{definition.name} is not defined for R={world_size}: it requires {failed.format()}",
+                f"{definition.name} is not defined for R={world_size}: it requires {_short(failed)}",
                 failed.span,
             )
         return checker.resolve()
@@ -330,6 +389,9 @@ def check_all(
     too small for the given value is reported like any other failure.
     """
     params = dict(params or {})
+    world_sizes = list(world_sizes) if not isinstance(world_sizes, range) else world_sizes
+    if world_sizes and max(world_sizes) > MAX_WORLD_SIZE:  # refused up front, not after 65,536 checks
+        raise PurlinError(f"the world size {max(world_sizes):,} is larger than Purlin supports ({MAX_WORLD_SIZE:,})")
     admitted = []
     for world_size in world_sizes:
         try:
