@@ -13,10 +13,11 @@ from typing import BinaryIO
 
 from purlinc.errors import PurlinError, Source, Span
 
-# A collective is a few lines (the largest example is under 1 KB).  lark needs about 10-30 us
-# and a few hundred bytes per token, so this much text parses in about a second and a larger
-# input is refused before any of it is lexed (a 10 MB file would take a minute and a GB).
-MAX_SOURCE_BYTES = 256 * 1024
+# A collective is a few lines (the largest example is under 1 KB).  lark needs 15-60 us and
+# about 1 KB per token (tree and spans), so this much text (up to ~45,000 tokens) parses in
+# about a second and a larger input is refused before any of it is lexed (a 10 MB file would
+# take minutes and gigabytes).
+MAX_SOURCE_BYTES = 64 * 1024
 
 
 def located(source: Source, offset: int) -> Span:
