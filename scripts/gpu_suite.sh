@@ -39,10 +39,13 @@ PURLIN_TEST_ATOMS=ce step local_ce 70 local_ce.log \
   -k "test_collective or test_dtypes or test_graph or test_large"
 PURLIN_TORCHRUN_TIMEOUT=150 step torchrun 165 torchrun.log \
   python3 -m pytest -q -rs -s -p no:cacheprovider tests/gpu/test_torchrun.py --junitxml=/tmp/purlin_torchrun.xml
+# Faults: mismatches, a timeout stopping the communicator, the ce watchdog, a rank exiting under torchrun.
+step faults 200 faults.log \
+  python3 -m pytest -q -rs -s -p no:cacheprovider tests/gpu/test_faults.py --junitxml=/tmp/purlin_faults.xml
 
 export SUITE_RC_PRECOMPILE=${RC[precompile]} SUITE_RC_LOCAL=${RC[local]} SUITE_RC_LOCAL_CE=${RC[local_ce]}
-export SUITE_RC_TORCHRUN=${RC[torchrun]} SUITE_SECONDS=$(( $(date +%s) - T0 ))
-export SUITE_STEP_SECONDS="precompile=${SECS[precompile]} local=${SECS[local]} local_ce=${SECS[local_ce]} torchrun=${SECS[torchrun]}"
+export SUITE_RC_TORCHRUN=${RC[torchrun]} SUITE_RC_FAULTS=${RC[faults]} SUITE_SECONDS=$(( $(date +%s) - T0 ))
+export SUITE_STEP_SECONDS="precompile=${SECS[precompile]} local=${SECS[local]} local_ce=${SECS[local_ce]} torchrun=${SECS[torchrun]} faults=${SECS[faults]}"
 python3 - <<'PY'
 import datetime, json, os, platform, subprocess, xml.etree.ElementTree as ET
 
@@ -90,9 +93,10 @@ summary = {
     "topology": sh("nvidia-smi topo -m"),
     "versions": versions(),
     "seconds": int(os.environ["SUITE_SECONDS"]), "step_seconds": os.environ["SUITE_STEP_SECONDS"],
-    "rc": {k: int(os.environ[f"SUITE_RC_{k.upper()}"]) for k in ("precompile", "local", "local_ce", "torchrun")},
+    "rc": {k: int(os.environ[f"SUITE_RC_{k.upper()}"]) for k in ("precompile", "local", "local_ce", "torchrun", "faults")},
     "local": junit("/tmp/purlin_local.xml"), "local_ce": junit("/tmp/purlin_local_ce.xml"),
-    "torchrun_pytest": junit("/tmp/purlin_torchrun.xml"),
+    "torchrun_pytest": junit("/tmp/purlin_torchrun.xml"), "faults": junit("/tmp/purlin_faults.xml"),
+    "fault_results": load("fault_results.json"),
     "local_results": load("local_results.json"), "torchrun": load("torchrun_results.json"),
 }
 tr = summary["torchrun"] or {}
@@ -103,7 +107,7 @@ json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)
 md = [f"# Purlin GPU suite, {summary['date']}", "", f"Machine: {summary['machine']}", "",
       f"Versions: {json.dumps(summary['versions'])}", "", f"Total {summary['seconds']} s ({summary['step_seconds']}); rc {summary['rc']}", "",
       "| part | passed | failed | errors | skipped |", "| --- | --- | --- | --- | --- |"]
-for part in ("local", "local_ce", "torchrun_pytest"):
+for part in ("local", "local_ce", "torchrun_pytest", "faults"):
     r = summary[part]
     if r:
         md.append(f"| {part} | {r['passed']} | {r['failures']} | {r['errors']} | {r['skipped']} |")
@@ -116,7 +120,7 @@ if tr:
             md.append("| {collective} | {algorithm} | {atom} | {input_bytes_per_rank} | {purlin_graph_us} | {nccl_graph_us} | {purlin_eager_us} | {nccl_eager_us} |".format(**row))
 if summary["local_results"]:
     md += ["", "Local results: " + json.dumps(summary["local_results"])]
-for part in ("local", "local_ce", "torchrun_pytest"):
+for part in ("local", "local_ce", "torchrun_pytest", "faults"):
     r = summary[part]
     if r and r["failed"]:
         md += ["", f"## {part} failures"] + [f"- {f}" for f in r["failed"][:60]]
