@@ -136,3 +136,26 @@ def test_random_mutations_of_every_example(seed):
     for data in SEEDS:
         for _ in range(10):
             assert fuzz.run_one(fuzz.mutate(data, rng)) in ("ok", "error")
+
+
+# --- found by scripts/fuzz.py (seed 13): parameter values were not bounded -------------------
+
+def test_a_parameter_default_too_long_for_python():
+    error = _timed("collective s(shift = " + "9" * 5000 + ") {\n  in[r] = x[r]\n  out[r] = x[r]\n  copy\n}\n", limit=1.0)
+    assert error.render().splitlines()[0] == (
+        "t.pln:1:22: error: number 999999999999...999999 (5000 digits) is too large (at most 9223372036854775807)"
+    )
+
+
+def test_a_huge_parameter_range_is_counted_without_len():
+    text = "collective b(k = 9223372036854775807) {\n  in[r] = x[r][0..k]\n  out[r] = x[r][0..k]\n  copy\n}\n"
+    assert _timed(text, limit=1.0).message.startswith(
+        "'x[r][0..k]' names 9,223,372,036,854,775,807 chunks, more than this spec may name at R=2")
+
+
+def test_a_parameter_given_out_of_range():
+    definition = parse("collective b(k = 1) {\n  in[r] = x[r][0..k]\n  out[r] = x[r][0..k]\n  copy\n}\n", "t.pln")
+    with pytest.raises(PurlinError) as caught:
+        check(definition, 2, {"k": 10**30})
+    assert caught.value.message == ("parameter 'k' = 1000000000000000000000000000000 is out of range "
+                                    "(at most 9223372036854775807 in magnitude)")

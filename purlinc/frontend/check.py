@@ -245,6 +245,12 @@ class _Checker:
                     (f"give it a value (purlinc --param {param.name}=N, or {param.name}=N in Python), "
                      f"or a default in the declaration: ({param.name} = 0)",),
                 )
+            if not -MAX_VALUE <= bound[param.name] <= MAX_VALUE:
+                raise PurlinError(
+                    f"parameter '{param.name}' = {bound[param.name]} is out of range "
+                    f"(at most {MAX_VALUE} in magnitude)",
+                    param.span,
+                )
         return bound
 
     def base_scope(self) -> _Scope:
@@ -300,7 +306,7 @@ class _Checker:
                 axes.append(range(value, value + 1))
         count = 1
         for axis in axes:
-            count *= len(axis)
+            count *= axis.stop - axis.start  # not len(): a range may be longer than sys.maxsize
             if count > self.chunks_left:
                 break
         if count > self.chunks_left:
@@ -343,8 +349,8 @@ class _Checker:
             values = _evaluate_range(loop.range, inner)
             # Every iteration names at least one chunk (ranges are never empty): a loop longer
             # than the budget is refused before it runs.
-            if len(values) > self.chunks_left:
-                self._spend(len(values), loop.span, f"'{_short(loop)}' names at least")
+            if values.stop - values.start > self.chunks_left:
+                self._spend(values.stop - values.start, loop.span, f"'{_short(loop)}' names at least")
             stack.append((depth + 1, _bound_scopes(inner, loop.variable, values)))
         return count
 

@@ -152,12 +152,15 @@ class _ToAst(Transformer_NonRecursive):
         return Span(self._source, token.line, token.column, token.end_line, token.end_column)
 
     # expressions
-    def number(self, children):
-        (token,) = children
+    def _literal(self, token: Token) -> int:
         if len(token) > MAX_LITERAL_DIGITS or int(token) > MAX_LITERAL:
             shown = token if len(token) <= 24 else f"{token[:12]}...{token[-6:]} ({len(token)} digits)"
             raise PurlinError(f"number {shown} is too large (at most {MAX_LITERAL})", self._token_span(token))
-        return ast.Number(int(token), self._token_span(token))
+        return int(token)
+
+    def number(self, children):
+        (token,) = children
+        return ast.Number(self._literal(token), self._token_span(token))
 
     def name(self, children):
         (token,) = children
@@ -222,10 +225,10 @@ class _ToAst(Transformer_NonRecursive):
         return str(children[0])
 
     def neg_int(self, children):
-        return -int(children[0])
+        return -self._literal(children[0])
 
     def signed_int(self, children):
-        return int(children[0])
+        return self._literal(children[0])
 
     @v_args(meta=True)
     def param(self, meta, children):

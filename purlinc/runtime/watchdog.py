@@ -113,6 +113,9 @@ class Watchdog:
         with self._lock:
             items = list(self._watched.items())
         for key, watched in items:
+            if not watched.calls:
+                continue
+            self.ops.set_current(watched.device)  # this thread's context, for the event calls
             now = self.clock()
             while watched.calls:
                 call = watched.calls[0]
