@@ -41,8 +41,15 @@ copy engines only move bytes), signals notified more than once per call (``per_c
 e.g. several slices per channel), a signal waited more than once per call or by more than
 one program, and schedules that touch another rank's IN or OUT (registered buffers).
 
-There is no timeout on a stream wait itself: a host-side watchdog (``watchdog.py``) bounds
-each call instead, releasing a stuck wait and recording a timeout that the next call raises.
+There is no timeout on a stream wait itself: the runtime's host-side watchdog
+(``purlinc/runtime/watchdog.py``) bounds each call instead, releasing a stuck wait and
+recording a timeout that the next call raises.
+
+Layers: this module is the Atom layer, below the runtime, so it never imports
+``purlinc.runtime``.  ``plan``/``expand`` are pure; ``CeRunner`` issues the driver calls
+through the driver module the runtime hands it (``purlinc.runtime.driver``, or any object
+with the same functions: a recorder in the CPU tests), and reports each call to the
+watchdog the runtime hands it (``watchdog``: anything with ``track`` and ``unregister``).
 """
 
 from __future__ import annotations
@@ -77,6 +84,12 @@ class CePlan:
     init: tuple[tuple[tuple[int, int], ...], ...]  # [rank] -> (word, value) for its own pad
 
 
+def _atoms_that(capability: str) -> str:
+    from purlinc.atom.atoms import ATOMS
+
+    return ", ".join(repr(a.name) for a in ATOMS.records() if getattr(a, capability))
+
+
 def gate_word(signals: int, signal: Signal) -> int:
     """Where the gate of ``signal`` sits in its notifier's pad."""
     return signals + signal.owner * signals + signal.index
@@ -85,17 +98,23 @@ def gate_word(signals: int, signal: Signal) -> int:
 def plan(schedule: Schedule) -> CePlan:
     """Translate a copy schedule into copy-engine operations, or raise CeError saying why not."""
     name = schedule.collective
+    if schedule.options.packed:
+        raise CeError(
+            f"the ce atom cannot run packed (LL) schedules of {name}: stream memory operations signal "
+            "separately from the copies",
+            notes=(f"drop packed=True, or use one of the atoms {_atoms_that('packed')}",),
+        )
     if schedule.operation is Operation.REDUCE:
         raise CeError(
             f"the ce atom cannot run {name}: it is a reduction, and the copy engines only move bytes",
-            notes=("use atom='ldst' or atom='tma' for reductions",),
+            notes=(f"use one of the atoms {_atoms_that('reduces')} for reductions",),
         )
     many = sorted(d.signal.format() for d in schedule.signals if d.per_call != 1)
     if many:
         raise CeError(
             f"the ce atom cannot run this schedule of {name}: signal(s) {', '.join(many[:4])} are notified "
             f"more than once per call (per_call > 1), which constant-valued stream writes cannot count",
-            notes=("use slices=1 per channel with atom='ce' (more channels are fine)",),
+            notes=("use slices=1 per channel with this atom (more channels are fine)",),
         )
     n = schedule.signal_pad_size()
     R = schedule.world_size
@@ -211,11 +230,12 @@ def expand(plan_: CePlan, rank: int, channel: int, buffers: Buffers):
 
 
 class CeRunner:
-    """Issues one rank's plan on the caller's stream (and one forked stream per extra channel)."""
+    """Issues one rank's plan on the caller's stream (and one forked stream per extra channel).
 
-    def __init__(self, plan_: CePlan, rank: int, device: int):
-        from purlinc.runtime import driver
+    ``driver``: the runtime's driver module (``purlinc.runtime.driver``), passed in so this
+    layer does not import the one above it."""
 
+    def __init__(self, plan_: CePlan, rank: int, device: int, driver):
         self.plan = plan_
         self.rank = rank
         self.device = device
@@ -227,13 +247,8 @@ class CeRunner:
         self.streams = [driver.stream_create() for _ in range(plan_.channels)]
         self.fork = driver.event_create()
         self.joins = [driver.event_create() for _ in range(plan_.channels)]
-        self.watchdog = None  # set by watch(): bounds every call's stream waits
-
-    def watch(self, timeout_s: float, on_timeout) -> None:
-        from purlinc.runtime.watchdog import watchdog
-
-        self.watchdog = watchdog()
-        self.watchdog.register(id(self), self.device, timeout_s, on_timeout)
+        # Set by the runtime (which registers id(self) with it): bounds every call's waits.
+        self.watchdog = None
 
     def run(self, buffers: Buffers, stream: int) -> None:
         d = self._driver
@@ -266,3 +281,6 @@ class CeRunner:
             if e is not None:
                 d.event_destroy(e)
         self.streams, self.joins, self.fork = [], [], None
+
+
+Runner = CeRunner  # the name the runtime asks a host-driven atom's module for (atoms.Atom.host)
