@@ -159,3 +159,20 @@ def test_a_parameter_given_out_of_range():
         check(definition, 2, {"k": 10**30})
     assert caught.value.message == ("parameter 'k' = 1000000000000000000000000000000 is out of range "
                                     "(at most 9223372036854775807 in magnitude)")
+
+
+def test_the_work_meter_stops_a_check_and_says_what_to_do():
+    from purlinc.frontend.check import Meter, check_all
+
+    definition = parse(_with("r" + "+0" * 50), "t.pln")
+    with pytest.raises(PurlinError) as caught:
+        check(definition, 4, meter=Meter(100))
+    assert caught.value.render().splitlines() == [
+        "t.pln:3:14: error: this spec takes too much work to check: more than 100 steps (expression steps, "
+        "8 per chunk reference evaluated, 2 per chunk named)",
+        "      out[r] = x[r+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0]",
+        "                 " + "^" * 80,  # a long underline is cut at half the window
+        "note: check fewer world sizes (purlinc check --ranks LO..HI), or write shorter layouts and expressions",
+        "note: while checking a for R=4",
+    ]
+    assert check_all(definition, range(1, 65)) == list(range(1, 65))  # the default bound is far above this

@@ -28,7 +28,7 @@ MAX_WORLD_SIZE = 1 << 16
 MAX_CHUNKS = 1 << 19  # chunks named by all layouts of one world size together (~100 MB at most)
 # Work for one check or one check_all (all its world sizes together): a chunk costs
 # _CHUNK_COST units, an expression step one.  About 10 s of the slowest machine here.
-WORK_LIMIT = 1 << 24
+WORK_LIMIT = 1 << 23
 _ITEM_COST = 8  # a chunk reference evaluated (indices, arity, bookkeeping)
 _CHUNK_COST = 2  # each chunk it names
 
