@@ -8,10 +8,10 @@ from purlinc.errors import PurlinError
 
 __version__ = "0.1.0"
 
-__all__ = ["PurlinError", "__version__", "load", "Communicator", "LocalGroup", "PurlinTimeoutError"]
+__all__ = ["PurlinError", "__version__", "load", "Communicator", "LocalGroup", "PurlinTimeoutError", "MismatchError"]
 
 # The runtime is imported on first use, so ``import purlinc`` needs no GPU, driver or torch.
-_RUNTIME = ("load", "Communicator", "LocalGroup", "PurlinTimeoutError", "Collective", "GroupCollective")
+_RUNTIME = ("load", "Communicator", "LocalGroup", "PurlinTimeoutError", "MismatchError", "Collective", "GroupCollective")
 
 
 def __getattr__(name: str):

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
+import time
 from pathlib import Path
 
-from purlinc import settings
+from purlinc import __version__, settings
 from purlinc.atom.atoms import DEFAULT_ATOM, kernel_atoms
 from purlinc.dtypes import DTYPES
 from purlinc.errors import PurlinError
@@ -51,8 +53,11 @@ def _world_sizes(text: str) -> range:
     return sizes
 
 
+FILE_HELP = "the .pln collective (see docs/LANGUAGE.md), or - for standard input"
+
+
 def _add_common(parser: argparse.ArgumentParser, ranks_default: int | None) -> None:
-    parser.add_argument("file", help="the .pln collective (see docs/LANGUAGE.md)")
+    parser.add_argument("file", help=FILE_HELP)
     parser.add_argument(
         "--ranks", "-R", type=_positive, default=ranks_default, metavar="N",
         help=f"world size (number of ranks){'' if ranks_default is None else f'; default {ranks_default}'}",
@@ -95,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         "The .pln language is described in docs/LANGUAGE.md. Errors in the input exit with status 2.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"purlinc {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
 
@@ -124,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check the spec for every world size in --ranks (default 1..64) and verify the SNAC "
         "schedule of every applicable algorithm; the first problem is reported with its world size.",
     )
-    check_parser.add_argument("file", help="the .pln collective (see docs/LANGUAGE.md)")
+    check_parser.add_argument("file", help=FILE_HELP)
     check_parser.add_argument(
         "--ranks", "-R", type=_world_sizes, default=range(1, 65), metavar="N|LO..HI",
         help="world sizes to check: N, or LO..HI with both ends included (default 1..64); "
@@ -166,10 +172,78 @@ def _options(args, spec, **more):
     return resolve_options(spec, overrides={**_overrides(args), **more})
 
 
+def _source(args):
+    """The input named on the command line: a path (never read as .pln text, whatever it
+    contains), or standard input for ``-``."""
+    from purlinc import pipeline
+
+    if args.file == "-":
+        from purlinc.frontend.source import read_bounded
+
+        return pipeline.SourceText(read_bounded(sys.stdin.buffer, "<stdin>"), "<stdin>")
+    return pipeline.load_source(Path(args.file))
+
+
+def _output_dir_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be (or be created as) a directory to write into, or None.
+    Checked before compiling: a bad -o should not cost a whole compile."""
+    existing = path
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        if existing == path:
+            return f"{path} is a file, not a directory"
+        return f"{existing} is a file, so {path} cannot be created under it"
+    if not existing.exists():  # a dangling symbolic link
+        return f"{existing} is a broken symbolic link"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable" if existing == path else f"cannot create {path}: {existing} is not writable"
+    try:  # access() says yes to root even where the kernel will say no (/proc, read-only mounts)
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        return f"cannot create {path}: {error.strerror or error}"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{path} is not writable"
+    return None
+
+
+class _Progress:
+    """'checking R=17 (17/64)' on one line of a terminal; nothing when stderr is not one."""
+
+    def __init__(self, name: str, total: int):
+        self.name = name
+        self.total = total
+        self.shown = False
+        self.last = 0.0
+        self.enabled = _isatty(sys.stderr)
+
+    def __call__(self, text: str) -> None:
+        now = time.monotonic()
+        if not self.enabled or now - self.last < 0.1:
+            return
+        self.last = now
+        sys.stderr.write(f"\r\x1b[Kchecking {self.name}: {text}")
+        sys.stderr.flush()
+        self.shown = True
+
+    def done(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+            self.shown = False
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
 def _cmd_dump(args) -> int:
     from purlinc import pipeline
 
-    source = pipeline.load_source(args.file)
+    source = _source(args)
     definition = pipeline.parse_stage(source)
     if args.stage == "ast":
         print(definition.format(), end="")
@@ -197,16 +271,34 @@ def _cmd_check(args) -> int:
     from purlinc import pipeline
     from purlinc.frontend.check import check_all
 
-    source = pipeline.load_source(args.file)
+    source = _source(args)
     definition = pipeline.parse_stage(source)
     params = dict(args.param)
-    sizes = check_all(definition, args.ranks, params)
+    progress = _Progress(definition.name, len(args.ranks))
+    try:
+        sizes = check_all(definition, args.ranks, params,
+                          progress=lambda R: progress(f"spec for R={R} (up to R={args.ranks[-1]})"))
+        verified = _verify_schedules(args, definition, sizes, params, progress)
+    finally:
+        progress.done()
+    sizes_text = f"R={sizes[0]}" if len(sizes) == 1 else f"R={sizes[0]}..{sizes[-1]} ({len(sizes)} sizes)"
+    if definition.constraints and len(sizes) > 1:  # the sizes may have gaps: say which were skipped
+        sizes_text += " where " + ", ".join(c.format() for c in definition.constraints)
+    what = "spec" if args.spec_only else f"spec and {verified} schedules verified"
+    print(f"{definition.name}: ok for {sizes_text}: {what}")
+    return 0
+
+
+def _verify_schedules(args, definition, sizes, params, progress) -> int:
+    from purlinc import pipeline
+
     verified = 0
     if not args.spec_only:
         from purlinc.snac.ir import Algorithm
         from purlinc.snac.lower import applicable_algorithms
 
-        for world_size in sizes:
+        for done, world_size in enumerate(sizes):
+            progress(f"schedules for R={world_size} ({done + 1}/{len(sizes)} sizes)")
             spec = pipeline.spec_stage(definition, world_size, params)
             for algorithm in applicable_algorithms(spec):
                 if args.algorithm and algorithm.value != args.algorithm:
@@ -219,12 +311,7 @@ def _cmd_check(args) -> int:
                 except PurlinError as error:
                     raise error.with_note(f"while verifying {algorithm.value} for R={world_size}") from None
                 verified += 1
-    sizes_text = f"R={sizes[0]}" if len(sizes) == 1 else f"R={sizes[0]}..{sizes[-1]} ({len(sizes)} sizes)"
-    if definition.constraints and len(sizes) > 1:  # the sizes may have gaps: say which were skipped
-        sizes_text += " where " + ", ".join(c.format() for c in definition.constraints)
-    what = "spec" if args.spec_only else f"spec and {verified} schedules verified"
-    print(f"{definition.name}: ok for {sizes_text}: {what}")
-    return 0
+    return verified
 
 
 def _cmd_compile(args) -> int:
@@ -235,12 +322,26 @@ def _cmd_compile(args) -> int:
     # cache hit nothing is parsed, lowered or generated (see pipeline.compile).
     ranks_defaulted = args.ranks is None
     world_size = pipeline.DEFAULT_WORLD_SIZE if ranks_defaulted else args.ranks
+    # The output place is checked before any compile work (the default's parent here, the
+    # collective's own folder under it once the name is known).
+    chosen = Path(args.output_dir) if args.output_dir else Path("purlin-out")
+    problem = _output_dir_problem(chosen)
+    if problem is not None:
+        flag = f"-o {args.output_dir}" if args.output_dir else "the default output directory purlin-out"
+        raise PurlinError(f"{flag}: {problem}", None, ("choose another place with -o DIR",))
+    source = _source(args)
+    if ranks_defaulted:
+        print(f"note: --ranks not given: compiling for R={world_size} ranks (the default)", file=sys.stderr)
     artifact = pipeline.compile(
-        args.file, world_size=world_size, params=dict(args.param), arch=args.arch,
+        source, world_size=world_size, params=dict(args.param), arch=args.arch,
         overrides=_overrides(args), atom=args.atom, dtype=args.dtype, op=args.op,
     )
     out_dir = Path(args.output_dir) if args.output_dir else Path("purlin-out") / artifact.collective
-    written = write_artifacts(artifact, out_dir, ranks_defaulted=ranks_defaulted)
+    try:
+        written = write_artifacts(artifact, out_dir, ranks_defaulted=ranks_defaulted)
+    except OSError as error:
+        where = error.filename or out_dir
+        raise PurlinError(f"cannot write the artifacts into {out_dir}: {where}: {error.strerror or error}") from None
     for path in written:
         print(path)
     return 0
@@ -303,6 +404,16 @@ def _cmd_draw(args) -> int:
     return 0
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 COMMANDS = {"compile": _cmd_compile, "dump": _cmd_dump, "check": _cmd_check}
 COMMANDS["draw"] = _cmd_draw
 
@@ -311,7 +422,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        status = COMMANDS[args.command](args)
+        sys.stdout.flush()  # inside the try: a closed pipe shows up here
+        return status
+    except BrokenPipeError:
+        # `purlinc dump ... | head`: the reader has gone; stop quietly, as cat and grep do.
+        _silence_stdout()
+        return 141  # 128 + SIGPIPE, what a shell reports for a process the signal ended
     except PurlinError as error:
         if settings.debug():
             raise
@@ -321,6 +438,12 @@ def main(argv: list[str] | None = None) -> int:
         if settings.debug():
             raise
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # an unreadable cache, a full disk: the environment, not a bug
+        if settings.debug():
+            raise
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"error: {where}{error.strerror or error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

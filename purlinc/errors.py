@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 _TAB = 4
+_WINDOW = 160  # characters of a long source line shown around the caret
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,19 +72,36 @@ class PurlinError(Exception):
             lines.append(f"{span.where()}: error: {self.message}")
             text = span.source.line(span.line)
             if text:
-                width = 1
-                if span.end_line == span.line and span.end_column > span.column:
-                    width = span.end_column - span.column
-                # Expand tabs in the line and in the caret's indent alike, so the caret lines up.
-                indent = len(text[: span.column - 1].expandtabs(_TAB))
-                width = max(1, len(text[: span.column - 1 + width].expandtabs(_TAB)) - indent)
-                lines.append(f"    {text.expandtabs(_TAB)}")
-                lines.append("    " + " " * indent + "^" * width)
+                lines.extend(_excerpt(text, span))
         lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.render()
+
+
+def _excerpt(text: str, span: Span) -> list[str]:
+    """The source line and a caret underline, cut to about ``_WINDOW`` characters around the
+    caret: a 20 KB line (generated input, a minified file) is not echoed whole."""
+    start = max(span.column - 1, 0)
+    width = 1
+    if span.end_line == span.line and span.end_column > span.column:
+        width = span.end_column - span.column
+    width = max(1, min(width, _WINDOW // 2, max(len(text) - start, 1)))
+    if len(text) > _WINDOW:
+        # Keep the caret visible with some context on both sides; mark cuts with '...'.
+        lo = max(0, min(start - _WINDOW // 2, len(text) - _WINDOW))
+        hi = min(len(text), lo + _WINDOW)
+        head = "..." if lo > 0 else ""
+        tail = "..." if hi < len(text) else ""
+        text, start = head + text[lo:hi] + tail, start - lo + len(head)
+        width = max(1, min(width, hi - lo - (start - len(head))))
+    # Control characters (escape sequences in a binary file) are not echoed to a terminal.
+    text = "".join(c if c.isprintable() or c == "\t" else "\ufffd" for c in text)
+    # Expand tabs in the line and in the caret's indent alike, so the caret lines up.
+    indent = len(text[:start].expandtabs(_TAB))
+    width = max(1, len(text[: start + width].expandtabs(_TAB)) - indent)
+    return [f"    {text.expandtabs(_TAB)}", "    " + " " * indent + "^" * width]
 
 
 class InternalError(RuntimeError):

@@ -77,15 +77,8 @@ def load_source(path_or_source: str | Path | SourceText) -> SourceText:
 
 
 def _read_source(path: str | Path) -> str:
-    """The file's text.  The plain case reads it here; anything unusual goes to the
-    frontend's reader, which turns it into the right PurlinError (and imports lark)."""
-    try:
-        data = Path(path).read_bytes()
-        if b"\x00" not in data:
-            return data.decode("utf-8")
-    except (OSError, UnicodeDecodeError):
-        pass
-    from purlinc.frontend.parse import read_source
+    """The file's text (bounded in size; the reader needs no lark, so a cache hit parses nothing)."""
+    from purlinc.frontend.source import read_source
 
     return read_source(path)
 

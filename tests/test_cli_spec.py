@@ -167,8 +167,8 @@ def test_syntax_error(capsys, tmp_path):
 @pytest.mark.parametrize("content, message", [
     (b"", "error: the file is empty"),
     (b"  \n\n", "error: the file is empty"),
-    (b"\x7fELF\x02\x01\x01\x00\x00", "is not a text file (it contains NUL bytes)"),
-    (b"collective \xc3\x28 {}", "is not UTF-8 text (bad byte at offset 11)"),
+    (b"\x7fELF\x02\x01\x01\x00\x00", "f.pln:1:8: error: not a text file: it contains a NUL byte"),
+    (b"collective \xc3\x28 {}", "f.pln:1:12: error: not UTF-8 text: byte 0xc3 (at byte offset 11)"),
 ])
 def test_unusable_files(capsys, tmp_path, content, message):
     path = tmp_path / "f.pln"

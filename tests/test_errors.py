@@ -479,20 +479,29 @@ def test_binary_file(tmp_path):
     path.write_bytes(b"collective\x00\x01\x02")
     with pytest.raises(PurlinError) as info:
         parse_file(path)
-    assert info.value.render() == f"error: {path} is not a text file (it contains NUL bytes)"
+    assert info.value.render().splitlines() == [
+        f"{path}:1:11: error: not a text file: it contains a NUL byte",
+        "    collective\ufffd\ufffd\ufffd",
+        "              ^",
+    ]
 
 
 def test_file_that_is_not_utf8(tmp_path):
     path = tmp_path / "a.pln"
-    path.write_bytes(b"collective a \xff{ }")
+    path.write_bytes(b"// caf\xc3\xa9\ncollective a \xff{ }")
     with pytest.raises(PurlinError) as info:
         parse_file(path)
-    assert info.value.render() == f"error: {path} is not UTF-8 text (bad byte at offset 13)"
+    assert info.value.render().splitlines() == [
+        f"{path}:2:14: error: not UTF-8 text: byte 0xff (at byte offset 22)",
+        "    collective a \ufffd{ }",
+        "                 ^",
+    ]
 
 
 def test_nul_in_text_given_directly():
-    with pytest.raises(PurlinError, match=r"<string> is not a text file \(it contains NUL bytes\)"):
+    with pytest.raises(PurlinError) as info:
         parse("collective a\x00")
+    assert info.value.render().splitlines()[0] == "<string>:1:13: error: not a text file: it contains a NUL byte"
 
 
 def test_empty_file_on_disk(tmp_path):

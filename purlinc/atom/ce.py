@@ -41,13 +41,15 @@ copy engines only move bytes), signals notified more than once per call (``per_c
 e.g. several slices per channel), a signal waited more than once per call or by more than
 one program, and schedules that touch another rank's IN or OUT (registered buffers).
 
-There is no timeout on a stream wait: a peer that never calls leaves the stream blocked
-(``Collective.check`` cannot see it; use the ``ldst``/``tma`` atoms where that matters).
+There is no timeout on a stream wait itself: the runtime's host-side watchdog
+(``purlinc/runtime/watchdog.py``) bounds each call instead, releasing a stuck wait and
+recording a timeout that the next call raises.
 
 Layers: this module is the Atom layer, below the runtime, so it never imports
 ``purlinc.runtime``.  ``plan``/``expand`` are pure; ``CeRunner`` issues the driver calls
 through the driver module the runtime hands it (``purlinc.runtime.driver``, or any object
-with the same functions: a recorder in the CPU tests).
+with the same functions: a recorder in the CPU tests), and reports each call to the
+watchdog the runtime hands it (``watchdog``: anything with ``track`` and ``unregister``).
 """
 
 from __future__ import annotations
@@ -246,25 +248,34 @@ class CeRunner:
         self.streams = [driver.stream_create() for _ in range(plan_.channels)]
         self.fork = driver.event_create()
         self.joins = [driver.event_create() for _ in range(plan_.channels)]
+        # Set by the runtime (which registers id(self) with it): bounds every call's waits.
+        self.watchdog = None
 
     def run(self, buffers: Buffers, stream: int) -> None:
         d = self._driver
+        waits = []
         d.event_record(self.fork, stream)
         for channel, s in enumerate(self.streams):
             d.stream_wait_event(s, self.fork)
-            for op in expand(self.plan, self.rank, channel, buffers):
+            for index, op in enumerate(expand(self.plan, self.rank, channel, buffers)):
                 if op[0] == "copy":
                     d.memcpy_async(op[1], op[2], op[3], s)
                 elif op[0] == "wait":
                     d.wait_value64(s, op[1], op[2])
+                    waits.append((channel, index, op[1], op[2]))
                 else:
                     d.write_value64(s, op[1], op[2])
         for s, join in zip(self.streams, self.joins):
             d.event_record(join, s)
             d.stream_wait_event(stream, join)
+        if self.watchdog is not None:
+            self.watchdog.track(id(self), stream, waits)
 
     def close(self) -> None:
         d = self._driver
+        if self.watchdog is not None:
+            self.watchdog.unregister(id(self))
+            self.watchdog = None
         for s in self.streams:
             d.stream_destroy(s)
         for e in (self.fork, *self.joins):

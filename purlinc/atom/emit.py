@@ -76,12 +76,20 @@ def manifest(artifact, *, ranks_defaulted: bool) -> dict:
     }
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
+
+
 def _write(path: Path, data: bytes) -> None:
     """Temporary file + rename: a reader never sees half an artifact."""
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
+        # mkstemp creates 0600; artifacts are ordinary files (0644 under the usual umask).
+        os.chmod(temp, 0o666 & ~_umask())
         os.replace(temp, path)
     except BaseException:
         os.unlink(temp)

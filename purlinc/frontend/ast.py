@@ -61,7 +61,7 @@ class Negate:
     precedence = _UNARY_PRECEDENCE
 
     def format(self) -> str:
-        return f"-{_wrap(self.operand, _UNARY_PRECEDENCE)}"
+        return format_expr(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,19 +76,43 @@ class Binary:
         return _PRECEDENCE[self.op]
 
     def format(self) -> str:
-        # Left-associative: the right operand needs parentheses at equal precedence,
-        # so a - (b - c) and a * (b % c) survive a round trip.
-        left = _wrap(self.left, self.precedence)
-        right = _wrap(self.right, self.precedence + 1)
-        return f"{left} {self.op.value} {right}"
+        return format_expr(self)
 
 
 Expr = Number | Name | Negate | Binary
 
 
-def _wrap(expr: "Expr", precedence: int) -> str:
-    """``expr`` printed, parenthesized if it binds less tightly than ``precedence``."""
-    text = expr.format()
+def format_expr(expr: "Expr") -> str:
+    """``expr`` printed with the fewest parentheses that keep its meaning.
+
+    Iterative, not recursive: a sum of 10,000 terms is 10,000 levels deep.  Left-associative
+    operators: the right operand needs parentheses at equal precedence, so a - (b - c) and
+    a * (b % c) survive a round trip.
+    """
+    texts: list[str] = []
+    stack: list[tuple["Expr", bool]] = [(expr, False)]
+    while stack:
+        node, ready = stack.pop()
+        if isinstance(node, (Number, Name)):
+            texts.append(node.format())
+        elif not ready:
+            stack.append((node, True))
+            if isinstance(node, Negate):
+                stack.append((node.operand, False))
+            else:
+                stack.append((node.right, False))
+                stack.append((node.left, False))
+        elif isinstance(node, Negate):
+            texts.append("-" + _wrap(texts.pop(), node.operand, _UNARY_PRECEDENCE))
+        else:
+            right = _wrap(texts.pop(), node.right, node.precedence + 1)
+            left = _wrap(texts.pop(), node.left, node.precedence)
+            texts.append(f"{left} {node.op.value} {right}")
+    return texts[0]
+
+
+def _wrap(text: str, expr: "Expr", precedence: int) -> str:
+    """``expr``'s ``text``, parenthesized if it binds less tightly than ``precedence``."""
     return f"({text})" if expr.precedence < precedence else text
 
 

@@ -9,8 +9,9 @@ sizes so a spec that only breaks at some R says which.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Iterator
 
 from purlinc.errors import PurlinError, Span
@@ -21,56 +22,170 @@ RANK_VARIABLE = "r"
 WORLD_VARIABLE = "R"
 DEFAULT_WORLD_SIZES = range(1, 65)
 
+# Bounds that keep the checker's work and memory small for any input.  Chunks are counted
+# (arithmetic on range lengths) before any is made, so x[0..1000000000000] is refused at once.
+MAX_WORLD_SIZE = 1 << 16
+MAX_CHUNKS = 1 << 19  # chunks named by all layouts of one world size together (~100 MB at most)
+# Work for one check or one check_all (all its world sizes together): a chunk costs
+# _CHUNK_COST units, an expression step one.  About 10 s of the slowest machine here.
+WORK_LIMIT = 1 << 23
+_ITEM_COST = 8  # a chunk reference evaluated (indices, arity, bookkeeping)
+_CHUNK_COST = 2  # each chunk it names
+
+
+class Meter:
+    """The work left to a check (shared by every world size of a check_all)."""
+
+    def __init__(self, limit: int = WORK_LIMIT):
+        self.left = limit
+        self.limit = limit
+
+    def charge(self, units: int, span: Span | None) -> None:
+        self.left -= units
+        if self.left < 0:
+            raise PurlinError(
+                f"this spec takes too much work to check: more than {self.limit:,} steps "
+                f"(expression steps, {_ITEM_COST} per chunk reference evaluated, {_CHUNK_COST} per chunk named)",
+                span,
+                ("check fewer world sizes (purlinc check --ranks LO..HI), or write shorter layouts and expressions",),
+            )
+MAX_VALUE = 2**63 - 1  # index arithmetic beyond this is refused, not computed
+_SHOWN = 60  # characters of an expression quoted in a message
+
 
 class _Scope:
     """Names visible to an expression, with a word for each for error messages."""
 
-    def __init__(self, values: dict[str, int], kinds: dict[str, str]):
+    def __init__(self, values: dict[str, int], kinds: dict[str, str], meter: "Meter | None" = None):
         self.values = values
         self.kinds = kinds
+        self.meter = meter
 
     def bind(self, name: str, value: int, kind: str) -> "_Scope":
-        return _Scope({**self.values, name: value}, {**self.kinds, name: kind})
+        return _Scope({**self.values, name: value}, {**self.kinds, name: kind}, self.meter)
+
+
+def _short(expr) -> str:
+    """An expression as written, cut short for a message (a generated one can be 200 KB).
+    Taken from the source where the span allows: formatting a deep tree costs more."""
+    span = getattr(expr, "span", None)
+    if span is not None and span.end_line == span.line:
+        text = span.source.line(span.line)[span.column - 1 : min(span.end_column - 1, span.column - 1 + _SHOWN)]
+        if span.end_column - span.column > _SHOWN:
+            text = text[: _SHOWN - 3] + "..."
+    else:
+        text = expr.format()
+    text = " ".join(text.split())
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
+
+
+def _lookup(expr: ast.Name, scope: _Scope) -> int:
+    if expr.name in scope.values:
+        return scope.values[expr.name]
+    if expr.name == RANK_VARIABLE:
+        raise PurlinError(
+            "'r' (the rank) is only defined on the right-hand side of a statement for every rank, "
+            "such as 'out[r] = ...'",
+            expr.span,
+        )
+    known = ", ".join(f"{name} ({scope.kinds[name]})" for name in sorted(scope.values))
+    raise PurlinError(f"unknown name '{expr.name}'", expr.span, (f"names defined here: {known}",))
+
+
+def _apply(expr: ast.Binary, left: int, right: int) -> int:
+    if expr.op is ast.BinaryOp.ADD:
+        value = left + right
+    elif expr.op is ast.BinaryOp.SUB:
+        value = left - right
+    elif expr.op is ast.BinaryOp.MUL:
+        value = left * right
+    elif right == 0:
+        raise PurlinError(f"division by zero in '{_short(expr)}'", expr.span)
+    else:
+        # Floor semantics (Python's): (-1) % R == R - 1, which is what a ring wants.
+        value = left // right if expr.op is ast.BinaryOp.DIV else left % right
+    if not -MAX_VALUE <= value <= MAX_VALUE:
+        # Bounded integers keep every later step cheap (R*R*...*R would grow without end).
+        raise PurlinError(f"'{_short(expr)}' is out of range: its value exceeds {MAX_VALUE} in magnitude", expr.span)
+    return value
+
+
+_CONST, _NAME, _NEG, _BINARY = range(4)
+_PROGRAMS: dict[int, tuple[ast.Expr, tuple]] = {}
+
+
+def _program(expr: ast.Expr) -> tuple:
+    """``expr`` as a postfix program, built once per expression (cached by identity).
+
+    Iterative, so an expression's depth is bounded by the size of the file, not by Python's
+    stack; operands are evaluated left first.  Names are looked up at run time; pairs of
+    negations cancel (500 nested minuses cost nothing per rank).
+    """
+    entry = _PROGRAMS.get(id(expr))
+    if entry is not None and entry[0] is expr:
+        return entry[1]
+    program: list[tuple[int, object]] = []
+    stack: list[tuple[ast.Expr, bool]] = [(expr, False)]
+    while stack:
+        node, ready = stack.pop()
+        if isinstance(node, ast.Number):
+            program.append((_CONST, node.value))
+        elif isinstance(node, ast.Name):
+            program.append((_NAME, node))
+        elif not ready:
+            stack.append((node, True))
+            if isinstance(node, ast.Negate):
+                stack.append((node.operand, False))
+            else:
+                stack.append((node.right, False))
+                stack.append((node.left, False))
+        elif isinstance(node, ast.Negate):
+            if program and program[-1][0] == _NEG:
+                program.pop()
+            elif program and program[-1][0] == _CONST:
+                program[-1] = (_CONST, -program[-1][1])
+            else:
+                program.append((_NEG, node))
+        else:
+            program.append((_BINARY, node))
+    if len(_PROGRAMS) > 4096:
+        _PROGRAMS.clear()
+    _PROGRAMS[id(expr)] = (expr, tuple(program))
+    return _PROGRAMS[id(expr)][1]
 
 
 def _evaluate(expr: ast.Expr, scope: _Scope) -> int:
+    """The expression's value in ``scope``, or a ``PurlinError`` at the offending part."""
     if isinstance(expr, ast.Number):
         return expr.value
     if isinstance(expr, ast.Name):
-        if expr.name in scope.values:
-            return scope.values[expr.name]
-        if expr.name == RANK_VARIABLE:
-            raise PurlinError(
-                "'r' (the rank) is only defined on the right-hand side of a statement for every rank, "
-                "such as 'out[r] = ...'",
-                expr.span,
-            )
-        known = ", ".join(f"{name} ({scope.kinds[name]})" for name in sorted(scope.values))
-        raise PurlinError(f"unknown name '{expr.name}'", expr.span, (f"names defined here: {known}",))
-    if isinstance(expr, ast.Negate):
-        return -_evaluate(expr.operand, scope)
-    left = _evaluate(expr.left, scope)
-    right = _evaluate(expr.right, scope)
-    if expr.op is ast.BinaryOp.ADD:
-        return left + right
-    if expr.op is ast.BinaryOp.SUB:
-        return left - right
-    if expr.op is ast.BinaryOp.MUL:
-        return left * right
-    if right == 0:
-        raise PurlinError(f"division by zero in '{expr.format()}'", expr.span)
-    # Floor semantics (Python's): (-1) % R == R - 1, which is what a ring wants.
-    return left // right if expr.op is ast.BinaryOp.DIV else left % right
+        return scope.values[expr.name] if expr.name in scope.values else _lookup(expr, scope)
+    values: list[int] = []
+    names = scope.values
+    program = _program(expr)
+    if scope.meter is not None:
+        scope.meter.charge(len(program), expr.span)
+    for kind, arg in program:
+        if kind == _CONST:
+            values.append(arg)
+        elif kind == _NAME:
+            values.append(names[arg.name] if arg.name in names else _lookup(arg, scope))
+        elif kind == _NEG:
+            values[-1] = -values[-1]
+        else:
+            right = values.pop()
+            values[-1] = _apply(arg, values[-1], right)
+    return values[0]
 
 
 def _evaluate_range(rng: ast.Range, scope: _Scope) -> range:
     lo = _evaluate(rng.lo, scope)
     hi = _evaluate(rng.hi, scope)
     if lo < 0:
-        raise PurlinError(f"range {rng.format()} starts at {lo}, below 0 (chunk indices start at 0)", rng.span)
+        raise PurlinError(f"range {_short(rng)} starts at {lo}, below 0 (chunk indices start at 0)", rng.span)
     if hi <= lo:
-        raise PurlinError(f"range {rng.format()} is empty ({lo}..{hi})", rng.span)
-    return range(lo, hi)
+        raise PurlinError(f"range {_short(rng)} is empty ({lo}..{hi})", rng.span)
+    return range(lo, hi)  # a range object holds two ints, whatever its length
 
 
 def _compare(condition: ast.Condition, scope: _Scope) -> bool:
@@ -86,12 +201,20 @@ def _compare(condition: ast.Condition, scope: _Scope) -> bool:
     }[condition.compare]
 
 
+def _bound_scopes(scope: _Scope, variable: str, values: range) -> Iterator[_Scope]:
+    for value in values:
+        yield scope.bind(variable, value, "loop variable")
+
+
 class _Checker:
-    def __init__(self, definition: ast.CollectiveDef, world_size: int, params: Mapping[str, int]):
+    def __init__(self, definition: ast.CollectiveDef, world_size: int, params: Mapping[str, int],
+                 meter: Meter | None = None):
+        self.meter = meter or Meter()
         self.definition = definition
         self.world_size = world_size
         self.params = self._bind_params(params)
         self.arity: dict[str, tuple[int, Span | None]] = {}
+        self.chunks_left = MAX_CHUNKS
 
     def _bind_params(self, given: Mapping[str, int]) -> dict[str, int]:
         declared = {p.name: p for p in self.definition.params}
@@ -122,12 +245,18 @@ class _Checker:
                     (f"give it a value (purlinc --param {param.name}=N, or {param.name}=N in Python), "
                      f"or a default in the declaration: ({param.name} = 0)",),
                 )
+            if not -MAX_VALUE <= bound[param.name] <= MAX_VALUE:
+                raise PurlinError(
+                    f"parameter '{param.name}' = {bound[param.name]} is out of range "
+                    f"(at most {MAX_VALUE} in magnitude)",
+                    param.span,
+                )
         return bound
 
     def base_scope(self) -> _Scope:
         values = {WORLD_VARIABLE: self.world_size, **self.params}
         kinds = {WORLD_VARIABLE: "world size", **{name: "parameter" for name in self.params}}
-        return _Scope(values, kinds)
+        return _Scope(values, kinds, self.meter)
 
     # --- constraints -------------------------------------------------------------------
     def failed_constraint(self) -> ast.Condition | None:
@@ -148,52 +277,89 @@ class _Checker:
                 ref.span,
             )
 
-    def _expand_chunk(self, ref: ast.ChunkRef, scope: _Scope) -> Iterator[Chunk]:
+    def _spend(self, count: int, span: Span | None, what: str) -> None:
+        """Take ``count`` chunks from the budget, or refuse before making any of them.
+        ``what`` completes "<what> <count> chunks", e.g. "'x[0..R]' names"."""
+        if count > self.chunks_left:
+            named = MAX_CHUNKS - self.chunks_left
+            raise PurlinError(
+                f"{what} {count:,} chunks, more than this spec may name at R={self.world_size} "
+                f"(at most {MAX_CHUNKS:,} chunks over all ranks' layouts; {named:,} named before it)",
+                span,
+            )
+        self.chunks_left -= count
+
+    def _expand_chunk(self, ref: ast.ChunkRef, scope: _Scope, into: list[Chunk]) -> int:
+        """Append the chunks ``ref`` names in ``scope`` to ``into``; return how many."""
         self._check_arity(ref)
-        axes: list[list[int]] = []
+        axes: list[range] = []
         for index in ref.indices:
             if isinstance(index, ast.Range):
-                axes.append(list(_evaluate_range(index, scope)))
+                axes.append(_evaluate_range(index, scope))
             else:
                 value = _evaluate(index, scope)
                 if value < 0:
                     raise PurlinError(
-                        f"index '{index.format()}' is {value}, out of bounds (chunk indices start at 0)",
+                        f"index '{_short(index)}' is {value}, out of bounds (chunk indices start at 0)",
                         index.span,
                     )
-                axes.append([value])
+                axes.append(range(value, value + 1))
+        count = 1
+        for axis in axes:
+            count *= axis.stop - axis.start  # not len(): a range may be longer than sys.maxsize
+            if count > self.chunks_left:
+                break
+        if count > self.chunks_left:
+            self._spend(count, ref.span, f"'{_short(ref)}' names")
+        self.chunks_left -= count
+        self.meter.charge(_ITEM_COST + count * _CHUNK_COST, ref.span)
+        if count == 1:
+            into.append(Chunk(ref.name, tuple(axis.start for axis in axes)))
+        else:
+            name = ref.name
+            into.extend(Chunk(name, index) for index in itertools.product(*axes))
+        return count
 
-        def product(prefix: tuple[int, ...], rest: list[list[int]]) -> Iterator[tuple[int, ...]]:
-            if not rest:
-                yield prefix
-                return
-            for value in rest[0]:
-                yield from product((*prefix, value), rest[1:])
+    def _expand_item(self, item: ast.Item, scope: _Scope, into: list[Chunk]) -> int:
+        """Append the chunks of one layout entry, loops expanded row-major (first loop outermost).
 
-        for index in product((), axes):
-            yield Chunk(ref.name, index)
-
-    def _expand_item(self, item: ast.Item, scope: _Scope, loops: tuple[ast.Loop, ...]) -> Iterator[Chunk]:
+        Iterative (a stack of iterators, one per loop), so a thousand nested loops are no
+        deeper for Python than one."""
+        loops = item.loops
         if not loops:
-            yield from self._expand_chunk(item.chunk, scope)
-            return
-        loop, *rest = loops
-        if loop.variable in scope.values or loop.variable == RANK_VARIABLE:
-            raise PurlinError(
-                f"loop variable '{loop.variable}' hides the {scope.kinds.get(loop.variable, 'rank')} "
-                f"of the same name",
-                loop.span,
-            )
-        for value in _evaluate_range(loop.range, scope):
-            yield from self._expand_item(item, scope.bind(loop.variable, value, "loop variable"), tuple(rest))
+            return self._expand_chunk(item.chunk, scope, into)
+        count = 0
+        stack: list[tuple[int, Iterator[_Scope]]] = [(0, iter((scope,)))]
+        while stack:
+            depth, scopes = stack[-1]
+            inner = next(scopes, None)
+            if inner is None:
+                stack.pop()
+                continue
+            if depth == len(loops):
+                count += self._expand_chunk(item.chunk, inner, into)
+                continue
+            loop = loops[depth]
+            if loop.variable in inner.values or loop.variable == RANK_VARIABLE:
+                raise PurlinError(
+                    f"loop variable '{loop.variable}' hides the {inner.kinds.get(loop.variable, 'rank')} "
+                    f"of the same name",
+                    loop.span,
+                )
+            values = _evaluate_range(loop.range, inner)
+            # Every iteration names at least one chunk (ranges are never empty): a loop longer
+            # than the budget is refused before it runs.
+            if values.stop - values.start > self.chunks_left:
+                self._spend(values.stop - values.start, loop.span, f"'{_short(loop)}' names at least")
+            stack.append((depth + 1, _bound_scopes(inner, loop.variable, values)))
+        return count
 
     def expand_layout(self, layout: tuple[ast.Item, ...], scope: _Scope) -> tuple[list[Chunk], list[Span | None]]:
         chunks: list[Chunk] = []
         spans: list[Span | None] = []
         for item in layout:
-            for chunk in self._expand_item(item, scope, item.loops):
-                chunks.append(chunk)
-                spans.append(item.span)
+            count = self._expand_item(item, scope, chunks)
+            spans.extend(itertools.repeat(item.span, count))
         return chunks, spans
 
     # --- assignments -------------------------------------------------------------------
@@ -203,7 +369,7 @@ class _Checker:
         rank = _evaluate(assignment.rank, self.base_scope())
         if not 0 <= rank < self.world_size:
             raise PurlinError(
-                f"rank index '{assignment.rank.format()}' is {rank}, outside 0..{self.world_size - 1}",
+                f"rank index '{_short(assignment.rank)}' is {rank}, outside 0..{self.world_size - 1}",
                 assignment.rank.span,
             )
         return [rank]
@@ -296,17 +462,21 @@ def _while_checking(definition: ast.CollectiveDef, world_size: int, params: Mapp
     return f"while checking {definition.name} for R={world_size}{bound}"
 
 
-def check(definition: ast.CollectiveDef, world_size: int, params: Mapping[str, int] | None = None) -> Spec:
-    """Resolve ``definition`` for ``world_size`` ranks; raise ``PurlinError`` if ill-formed."""
+def check(definition: ast.CollectiveDef, world_size: int, params: Mapping[str, int] | None = None,
+          *, meter: Meter | None = None) -> Spec:
+    """Resolve ``definition`` for ``world_size`` ranks; raise ``PurlinError`` if ill-formed.
+    ``meter`` bounds the work (a fresh one per call unless given: check_all shares one)."""
     params = dict(params or {})
     if world_size < 1:
         raise PurlinError(f"the world size must be at least 1, not {world_size}")
+    if world_size > MAX_WORLD_SIZE:
+        raise PurlinError(f"the world size {world_size:,} is larger than Purlin supports ({MAX_WORLD_SIZE:,})")
     try:
-        checker = _Checker(definition, world_size, params)
+        checker = _Checker(definition, world_size, params, meter)
         failed = checker.failed_constraint()
         if failed is not None:
             raise PurlinError(
-                f"{definition.name} is not defined for R={world_size}: it requires {failed.format()}",
+                f"{definition.name} is not defined for R={world_size}: it requires {_short(failed)}",
                 failed.span,
             )
         return checker.resolve()
@@ -314,30 +484,42 @@ def check(definition: ast.CollectiveDef, world_size: int, params: Mapping[str, i
         raise error.with_note(_while_checking(definition, world_size, params)) from None
 
 
-def supports(definition: ast.CollectiveDef, world_size: int, params: Mapping[str, int] | None = None) -> bool:
+def supports(definition: ast.CollectiveDef, world_size: int, params: Mapping[str, int] | None = None,
+             *, meter: Meter | None = None) -> bool:
     """Whether the collective's ``where`` constraints admit ``world_size``."""
-    return _Checker(definition, world_size, dict(params or {})).failed_constraint() is None
+    return _Checker(definition, world_size, dict(params or {}), meter).failed_constraint() is None
 
 
 def check_all(
     definition: ast.CollectiveDef,
     world_sizes: Iterable[int] = DEFAULT_WORLD_SIZES,
     params: Mapping[str, int] | None = None,
+    *,
+    progress: Callable[[int], None] | None = None,
 ) -> list[int]:
     """Check every world size the constraints admit; return them.  The first failure raises.
+    One ``Meter`` bounds the work of all sizes together; ``progress(R)`` is called before each.
 
     Parameters that are rank indices (such as ``root``) are checked as given; a world size
     too small for the given value is reported like any other failure.
     """
     params = dict(params or {})
+    world_sizes = list(world_sizes) if not isinstance(world_sizes, range) else world_sizes
+    if world_sizes and max(world_sizes) > MAX_WORLD_SIZE:  # refused up front, not after 65,536 checks
+        raise PurlinError(f"the world size {max(world_sizes):,} is larger than Purlin supports ({MAX_WORLD_SIZE:,})")
+    if not world_sizes:
+        raise PurlinError("no world size to check")
+    meter = Meter()
     admitted = []
     for world_size in world_sizes:
+        if progress is not None:
+            progress(world_size)
         try:
-            if not supports(definition, world_size, params):
+            if not supports(definition, world_size, params, meter=meter):
                 continue
         except PurlinError as error:
             raise error.with_note(_while_checking(definition, world_size, params)) from None
-        check(definition, world_size, params)
+        check(definition, world_size, params, meter=meter)
         admitted.append(world_size)
     if not admitted:
         sizes = list(world_sizes)

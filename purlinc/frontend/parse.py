@@ -11,12 +11,13 @@ import functools
 from pathlib import Path
 
 import lark
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer_NonRecursive, v_args
 
 from purlinc import settings
 from purlinc.errors import PurlinError, Source, Span
 from purlinc.resources import grammar_dir
 from purlinc.frontend import ast
+from purlinc.frontend.source import MAX_SOURCE_BYTES, located, read_source, too_large  # noqa: F401 (read_source: API)
 
 # lark's terminal names, in words (anonymous terminals are named after their text).
 _TOKEN_WORDS = {
@@ -129,7 +130,15 @@ def _translate(error: lark.exceptions.LarkError, source: Source) -> PurlinError:
     return PurlinError(str(error))
 
 
-class _ToAst(Transformer):
+# Integer literals: 2**63 is far beyond any chunk index, and Python refuses to convert
+# more than 4300 digits anyway (ValueError), so long literals are refused here with a location.
+MAX_LITERAL_DIGITS = 19
+MAX_LITERAL = 2**63 - 1
+
+
+# Non-recursive: an expression of 500 nested unary minuses or a flat sum of 10,000 terms
+# is as deep as it is long, far beyond Python's recursion limit.
+class _ToAst(Transformer_NonRecursive):
     def __init__(self, source: Source):
         super().__init__()
         self._source = source
@@ -143,9 +152,15 @@ class _ToAst(Transformer):
         return Span(self._source, token.line, token.column, token.end_line, token.end_column)
 
     # expressions
+    def _literal(self, token: Token) -> int:
+        if len(token) > MAX_LITERAL_DIGITS or int(token) > MAX_LITERAL:
+            shown = token if len(token) <= 24 else f"{token[:12]}...{token[-6:]} ({len(token)} digits)"
+            raise PurlinError(f"number {shown} is too large (at most {MAX_LITERAL})", self._token_span(token))
+        return int(token)
+
     def number(self, children):
         (token,) = children
-        return ast.Number(int(token), self._token_span(token))
+        return ast.Number(self._literal(token), self._token_span(token))
 
     def name(self, children):
         (token,) = children
@@ -210,10 +225,10 @@ class _ToAst(Transformer):
         return str(children[0])
 
     def neg_int(self, children):
-        return -int(children[0])
+        return -self._literal(children[0])
 
     def signed_int(self, children):
-        return int(children[0])
+        return self._literal(children[0])
 
     @v_args(meta=True)
     def param(self, meta, children):
@@ -269,9 +284,12 @@ class _ToAst(Transformer):
 
 def parse(text: str, filename: str = "<string>") -> ast.CollectiveDef:
     """Parse one collective from ``text``; raise ``PurlinError`` pointing at the first mistake."""
+    if len(text) > MAX_SOURCE_BYTES:
+        raise too_large(len(text.encode("utf-8", "surrogatepass")), filename)
     source = Source(filename, text)
-    if "\x00" in text:
-        raise PurlinError(f"{filename} is not a text file (it contains NUL bytes)")
+    nul = text.find("\x00")
+    if nul >= 0:
+        raise PurlinError("not a text file: it contains a NUL byte", located(source, nul))
     if not text.strip():
         raise PurlinError(
             "the file is empty; expected a collective such as 'collective name { in[r] = ... out[r] = ... copy }'",
@@ -281,26 +299,12 @@ def parse(text: str, filename: str = "<string>") -> ast.CollectiveDef:
         tree = _parser().parse(text)
     except lark.exceptions.LarkError as error:
         raise _translate(error, source) from None
-    return _ToAst(source).transform(tree)
-
-
-def read_source(path: str | Path) -> str:
-    """Read a .pln file, turning the usual ways a file can be unreadable into ``PurlinError``."""
-    path = Path(path)
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise PurlinError(f"no such file: {path}") from None
-    except IsADirectoryError:
-        raise PurlinError(f"{path} is a directory, not a .pln file") from None
-    except OSError as error:
-        raise PurlinError(f"cannot read {path}: {error.strerror}") from None
-    if b"\x00" in data:
-        raise PurlinError(f"{path} is not a text file (it contains NUL bytes)")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise PurlinError(f"{path} is not UTF-8 text (bad byte at offset {error.start})") from None
+        return _ToAst(source).transform(tree)
+    except lark.exceptions.VisitError as error:  # a PurlinError raised inside the transformer
+        if isinstance(error.orig_exc, PurlinError):
+            raise error.orig_exc from None
+        raise
 
 
 def parse_file(path: str | Path) -> ast.CollectiveDef:

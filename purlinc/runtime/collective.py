@@ -31,7 +31,9 @@ from purlinc.dtypes import DType, ReduceOp
 from purlinc.errors import InternalError, PurlinError
 from purlinc.runtime import interop, zerocopy
 from purlinc.runtime.errors import ArgumentError, MismatchError, PurlinTimeoutError
-from purlinc.runtime.validate import CallShape, choose_piece, validate_call
+from purlinc.runtime.validate import (
+    CallShape, CallSignature, call_signature, choose_piece, disagreement, validate_call,
+)
 from purlinc.atom.atoms import DEFAULT_ATOM, lookup_atom
 from purlinc.pipeline import Compiled
 from purlinc.snac.ir import Algorithm
@@ -144,6 +146,8 @@ class FastPath:
                 and self.key(out, self.tensor_type) == self.out_key)
 
     def launch(self, collective) -> None:
+        if getattr(collective.comm, "failed", None) is not None:
+            collective.comm.refuse(collective.name)
         driver = collective._driver
         if collective._multi_device:
             driver.set_current(collective.device)
@@ -189,6 +193,15 @@ class Collective:
         self._host = lookup_atom(compiled.atom).host_module()  # a host-driven atom (ce): no kernels
         if self._host is not None:
             self._ce = self._host.Runner(compiled.plan, self.rank, self.device, driver)
+        if self._ce is not None:  # the ce atom's waits have no clock: the watchdog bounds each call
+            from purlinc.runtime.watchdog import watchdog
+
+            self._ce.watchdog = watchdog()
+            self._ce.watchdog.register(id(self._ce), self.device, self.timeout_ns / 1e9, self._ce_timed_out)
+        # Under torchrun, the (dtype, op, count) signatures the ranks have agreed on: a new
+        # one costs one host-side exchange before its first launch, a known one nothing.
+        self._identity = f"{compiled.name} ({hashlib.sha256(json.dumps(compiled.identity(), sort_keys=True).encode()).hexdigest()[:8]})"
+        self._agreed: set = set()
         self.closed = False
         comm.register(self)
 
@@ -209,17 +222,45 @@ class Collective:
         if self._zc is not None:
             self._zc.twin.check()
 
+    def _ce_timed_out(self, waits, seconds: float) -> None:
+        """The watchdog's report (from its thread): a ce call ran past the bound."""
+        from purlinc.runtime.watchdog import write_error_record
+
+        channel, index, address, value = waits[0] if waits else (0, 0, 0, 0)
+        owner, word = 0, 0
+        for peer, base in enumerate(self.pad_ptrs):
+            if base <= address < base + self.layout.pad_bytes:
+                owner, word = peer, (address - base) // 8
+        write_error_record(self.error_host, self.rank, channel, index, owner, word, value, 0)
+
     def _raise_timeout(self):
+        error = self._timeout_error()
+        self.comm.fail(error)
+        raise error
+
+    def _timeout_error(self) -> PurlinTimeoutError:
         record = self.error_record()
         schedule = self.compiled.schedule
+        seconds = self.timeout_ns / 1e9
+        if self._ce is not None:
+            return PurlinTimeoutError(
+                f"{self.name}: rank {record['rank']} (ce atom) did not finish a call within {seconds:g} s: "
+                f"channel {record['channel']} was still waiting for signal r{record['signal_owner']}"
+                f".sig[{record['signal_index']}] >= {record['expected']} (or a later wait of that call)",
+                notes=(
+                    "a peer did not call this collective (or called it with another count, dtype or op)",
+                    "the watchdog released the copy engines' waits: that call's output is not valid",
+                    f"the bound is {settings.WAIT_TIMEOUT_S.name}={settings.WAIT_TIMEOUT_S.raw()}",
+                ),
+                record=record,
+            )
         what = ""
         try:
             step = schedule.program(record["rank"], record["channel"]).steps[record["step"]]
             what = f" ({type(step).__name__}{': ' + step.note if getattr(step, 'note', '') else ''})"
         except (IndexError, KeyError):
             pass
-        seconds = self.timeout_ns / 1e9
-        raise PurlinTimeoutError(
+        return PurlinTimeoutError(
             f"{self.name}: rank {record['rank']} timed out after {seconds:g} s in channel {record['channel']}, "
             f"step {record['step']}{what}, waiting for signal r{record['signal_owner']}.sig[{record['signal_index']}] "
             f">= {record['expected']}, observed {record['observed']}",
@@ -247,11 +288,11 @@ class Collective:
         if (abi.needs_in_peers or abi.needs_out_peers) and not self.registered:
             raise InternalError(f"{self.name}: the kernel wants registered buffers, but this is the staged schedule")
         if self._agree:
-            mine = (dtype.value, op.value if op else None)
-            everyone = self.comm.allgather(("variant", self.name, mine))
-            if len({tuple(e[2]) for e in everyone}) != 1:
-                raise MismatchError(f"{self.name}: ranks called with different (dtype, op): "
-                                    + ", ".join(f"rank {r}: {e[2]}" for r, e in enumerate(everyone)))
+            mine = CallSignature(self._identity, dtype.value, op.value if op else None, None)
+            everyone = self.comm.allgather(("variant", mine.as_tuple()))
+            problem = disagreement(self.name, [CallSignature.from_tuple(e[1]) for e in everyone])
+            if problem is not None:
+                raise problem
         driver.set_current(self.device)
         module = driver.module_load(cubin)
         function = driver.get_function(module, abi.entry(self.rank))
@@ -287,6 +328,8 @@ class Collective:
             self._raise_timeout()
         if self._zc is not None and self._zc.twin._flag.value:
             self._zc.twin._raise_timeout()
+        if getattr(self.comm, "failed", None) is not None:
+            self.comm.refuse(self.name)
         xi = interop.describe(x) if x is not None else None
         oi = interop.describe(out) if out is not None else None
         if oi is None and self.out_units and xi is not None and self.in_units and xi.dtype is not None \
@@ -303,12 +346,33 @@ class Collective:
             if len(self._shapes) >= _ARGS_CACHE_LIMIT:
                 self._shapes.clear()
             self._shapes[key] = shape
+        if self._agree:
+            self._agree_on(shape)
         if stream is not None:
             handle = interop.stream_handle(stream)
         else:
             kind = xi.kind if xi is not None else (oi.kind if oi is not None else interop.TORCH)
             handle = interop.current_stream(kind, self.device)
         return shape, handle, (out if self.out_units else None)
+
+    def _agree_on(self, shape: CallShape) -> None:
+        """Under torchrun: the first call of each (dtype, op, count) exchanges it with the other
+        ranks (one small host-side all-gather) and raises MismatchError before launching if any
+        rank differs.  Known signatures cost a set lookup.  A rank that repeats a known
+        signature while another makes a new one cannot be caught here: the device-side bound
+        (PurlinTimeoutError) and the exchange's own timeout catch that."""
+        mine = call_signature(self._identity, shape, bool(self.in_units or self.out_units))
+        if mine in self._agreed:
+            return
+        everyone = self.comm.allgather(("call", mine.as_tuple()))
+        problem = disagreement(self.name, [CallSignature.from_tuple(e[1]) if e[0] == "call" else
+                                           CallSignature(f"another exchange ({e[0]})", None, None, None)
+                                           for e in everyone])
+        if problem is not None:
+            raise problem
+        if len(self._agreed) >= _ARGS_CACHE_LIMIT:
+            self._agreed.clear()
+        self._agreed.add(mine)
 
     def target(self, shape: CallShape):
         """What launching ``shape`` takes: (function, grid, block, shared, packed args), or None
@@ -412,10 +476,11 @@ def prepare_group(name: str, ranks: Sequence[Collective], xs, outs, op, streams,
         if len(values) != world:
             raise ArgumentError(f"{name}: {label} has {len(values)} entries, expected {world} (one per rank)")
     prepared = [c.prepare_call(x, o, op, s, count) for c, x, o, s in zip(ranks, xs, outs, streams)]
-    counts = {p[0].count for c, p in zip(ranks, prepared) if c.in_units or c.out_units}
-    if len(counts) > 1:
-        raise ArgumentError(f"{name}: ranks disagree on count (elements per chunk): "
-                            + ", ".join(f"rank {r}: {p[0].count}" for r, p in enumerate(prepared)))
+    # One process holds every rank's buffers: any disagreement is caught before any launch.
+    problem = disagreement(name, [call_signature(name, p[0], bool(c.in_units or c.out_units))
+                                  for c, p in zip(ranks, prepared)])
+    if problem is not None:
+        raise problem
     zerocopy.agree_group(ranks, prepared)  # heap buffers: every rank takes the same path
     return prepared
 
@@ -507,6 +572,9 @@ def _load_compiled(compiled: Compiled, comm, comms: list, stage_bytes: int | Non
     from purlinc.runtime.communicator import LocalGroup
 
     first = comms[0]
+    for c in comms:
+        if getattr(c, "failed", None) is not None:
+            c.refuse(f"loading {compiled.name}")
     if compiled.plan is not None and not driver.supports_stream_mem_ops(first.device):
         raise PurlinError(f"the {compiled.atom} atom needs 64-bit stream memory operations, "
                           f"which cuda:{first.device} lacks")

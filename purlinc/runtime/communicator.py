@@ -9,6 +9,12 @@ Two ways in:
 - ``LocalGroup(devices)``: one process driving several GPUs with peer access; it holds one
   Communicator per device.  Pointers need no translation (one address space).
 
+After a timeout (``PurlinTimeoutError``: a device-side wait ran out, or a host-side exchange
+with the other ranks failed) the communicator refuses every further call and load with a
+clear error: a peer that missed a call leaves the signals of every collective out of step,
+and a peer that died cannot come back.  Create a new Communicator (or LocalGroup) and load
+again; the heap of the failed one is still freed by ``close()``.
+
 Each Communicator owns a symmetric heap from which every loaded collective takes its staging
 space, signal pads and call counters, and ``comm.empty`` its tensors, at the same offsets on
 every rank.  The heap starts with one segment of ``PURLIN_HEAP_MB`` and grows on demand by
@@ -28,6 +34,8 @@ from collections.abc import Callable, Sequence
 from purlinc import settings
 from purlinc.runtime.errors import MismatchError, PurlinTimeoutError
 from purlinc.runtime.heap import SymmetricHeap
+
+EXCHANGE_TIMEOUT_S = 300.0  # host-side exchanges (loads, first use of a call signature)
 
 # How long a zero-copy agreement check waits for the other ranks (they are all in the same
 # call, so anything longer means a peer passed buffers outside the heap and took another path).
@@ -88,6 +96,26 @@ class Communicator:
         self._collectives: list = []  # weak bookkeeping for check()
         self._lock = threading.Lock()
         self.closed = False
+        self.failed: PurlinTimeoutError | None = None  # the timeout that stopped this communicator
+
+    def fail(self, error: PurlinTimeoutError) -> None:
+        """Stop this communicator (and its LocalGroup's other members) after ``error``."""
+        members = self.local_group.comms if self.local_group is not None else [self]
+        for comm in members:
+            if comm.failed is None:
+                comm.failed = error
+            for collective in list(comm._collectives):
+                collective._fast = None  # the fast path must take the checking path from now on
+
+    def refuse(self, what: str) -> None:
+        """Raise the error that says this communicator stopped (called for every later use)."""
+        first = self.failed.message.splitlines()[0] if self.failed is not None else "a timeout"
+        raise PurlinTimeoutError(
+            f"{what}: rank {self.rank}'s communicator stopped after an earlier timeout ({first})",
+            notes=("the ranks' signals are out of step (or a peer is gone): create a new "
+                   "Communicator or LocalGroup and load the collectives again",),
+            record=getattr(self.failed, "record", None),
+        )
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, world_size={self.world_size}, device=cuda:{self.device})"
@@ -110,11 +138,30 @@ class Communicator:
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
         # Host-side exchanges use gloo: no CUDA stream involved, safe during graph capture.
-        gloo = dist.new_group(ranks=ranks, backend="gloo")
+        # A bounded host-side exchange: a peer that died (or never arrives) is reported, not
+        # waited for through gloo's default of 30 minutes.  Generous, since a peer may be
+        # compiling a kernel (NVRTC) while this rank waits.
+        bound = max(settings.wait_timeout_ns() / 1e9, EXCHANGE_TIMEOUT_S)
+        gloo = dist.new_group(ranks=ranks, backend="gloo", timeout=datetime.timedelta(seconds=bound))
+        holder: list = []
 
         def exchange(obj):
+            comm = holder[0] if holder else None
+            if comm is not None and comm.failed is not None:
+                comm.refuse("exchange")
             gathered = [None] * world
-            dist.all_gather_object(gathered, obj, group=gloo)
+            try:
+                dist.all_gather_object(gathered, obj, group=gloo)
+            except RuntimeError as error:  # gloo: a timeout, or a peer's connection closed
+                failure = PurlinTimeoutError(
+                    f"rank {rank}: the host-side exchange with the other ranks failed (bound {bound:g} s): "
+                    f"{str(error).splitlines()[0] if str(error) else type(error).__name__}",
+                    notes=("a peer exited, or has not made the same call (load or first use of a new "
+                           "dtype, op or count)",),
+                )
+                if comm is not None:
+                    comm.fail(failure)
+                raise failure from None
             return gathered
 
         device = torch.cuda.current_device()
@@ -136,6 +183,7 @@ class Communicator:
 
         bases = grow(0, size)
         comm = cls(rank, world, device, None, exchange, opened=opened, owned=owned)
+        holder.append(comm)
         comm.heap = SymmetricHeap(rank, size, bases, grow=grow, segment_bytes=size,
                                   limit_bytes=settings.heap_max_bytes())
         comm._opened, comm._owned = opened, owned  # the same lists grow() appends to

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from purlinc.dtypes import DType, ReduceOp
-from purlinc.runtime.errors import ArgumentError
+from purlinc.runtime.errors import ArgumentError, MismatchError
 from purlinc.runtime.interop import ArrayInfo
 
 FAST_ALIGN = 16  # bytes: buffers aligned to this take the vectorised path
@@ -169,3 +169,66 @@ def choose_piece(count: int, stage_units: int, itemsize: int, stage_bytes: int) 
 
 def rounds(count: int, piece: int) -> int:
     return 0 if count == 0 else -(-count // piece)
+
+
+# ---------------------------------------------------------------------------------------------
+# agreement between ranks
+
+_FIELDS = ("collective", "dtype", "op", "count")
+
+
+@dataclass(frozen=True, slots=True)
+class CallSignature:
+    """What every rank of one call must agree on.  ``dtype`` and ``count`` are None on a rank
+    whose buffers say nothing (no input and no output chunks): it agrees with anything."""
+
+    collective: str
+    dtype: str | None
+    op: str | None
+    count: int | None
+
+    def as_tuple(self) -> tuple:
+        return (self.collective, self.dtype, self.op, self.count)
+
+    @classmethod
+    def from_tuple(cls, values) -> "CallSignature":
+        return cls(*values)
+
+
+def call_signature(collective: str, shape: CallShape, has_chunks: bool) -> CallSignature:
+    return CallSignature(
+        collective,
+        shape.dtype.value if has_chunks else None,
+        shape.op.value if shape.op is not None else None,
+        shape.count if has_chunks else None,
+    )
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def disagreement(name: str, signatures) -> MismatchError | None:
+    """A ``MismatchError`` naming the first field the ranks' signatures disagree on (collective,
+    dtype, op, count), the ranks, the expected value (the lowest such rank's) and the actual
+    ones; None when they agree."""
+    for field in _FIELDS:
+        by_value: dict[object, list[int]] = {}
+        for rank, signature in enumerate(signatures):
+            value = getattr(signature, field)
+            if value is not None or field in ("collective", "op"):
+                by_value.setdefault(value, []).append(rank)
+        if len(by_value) <= 1:
+            continue
+        (expected, agreeing), *others = sorted(by_value.items(), key=lambda item: item[1][0])
+        shown = "elements per chunk" if field == "count" else ""
+        actual = "; ".join(f"{_ranks(ranks)} passed {value}{' ' + shown if shown else ''}" for value, ranks in others)
+        what = "called" if field == "collective" else "passed"
+        actual = actual.replace("passed", what)
+        return MismatchError(
+            f"{name}: the ranks disagree on the {field}: expected {expected}{' ' + shown if shown else ''} "
+            f"(as {_ranks(agreeing)}), but {actual}",
+            None,
+            ("every rank must make the same call: the same collective, dtype, op and count; nothing was launched",),
+        )
+    return None

@@ -1,0 +1,210 @@
+"""Command-line conventions: --version, ``python -m purlinc``, ``-`` for standard input, a
+quiet exit on a closed pipe, 0644 artifacts, the output place checked before compiling, the
+defaulted world size said aloud, progress only on a terminal.  Error texts are exact."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import purlinc
+from purlinc import cli as cli_module
+from purlinc.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+
+
+def run(*argv: str, stdin: bytes | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "purlinc", *map(str, argv)], input=stdin, capture_output=True,
+                          env=env, cwd=cwd, timeout=120)
+
+
+def cli(capsys, *argv) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("PURLIN_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "conventions-cache"))
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"purlinc {purlinc.__version__}\n"
+
+
+def test_python_dash_m():
+    done = run("--version")
+    assert (done.returncode, done.stdout.decode(), done.stderr) == (0, f"purlinc {purlinc.__version__}\n", b"")
+
+
+def test_standard_input():
+    text = (EXAMPLES / "allgather.pln").read_bytes()
+    done = run("dump", "-", "--ranks", "2", stdin=text)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().startswith("collective allgather (R=2, copy)\nrank 0:\n")
+
+
+def test_standard_input_errors_are_located():
+    done = run("check", "-", "--spec-only", stdin=b"collective a {\n  in[r] = x[r]\n  out[r] = y[r]\n  copy\n}\n")
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines() == [
+        "<stdin>:3:12: error: output chunk y[0] of rank 0 has no producer: no input names it",
+        "      out[r] = y[r]",
+        "               ^^^^",
+        "note: no input names any chunk called 'y'",
+        "note: while checking a for R=1",
+    ]
+
+
+def test_standard_input_that_is_not_utf8():
+    done = run("dump", "-", stdin=b"collective a {\n  in[r] = x\xe9[r]\n")
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines() == [
+        "<stdin>:2:12: error: not UTF-8 text: byte 0xe9 (at byte offset 26)",
+        "      in[r] = x\ufffd[r]",
+        "               ^",
+    ]
+
+
+def test_a_path_is_never_read_as_text(tmp_path, capsys):
+    # A file name with a brace in it is still a file name.
+    path = tmp_path / "odd{name}.pln"
+    path.write_bytes((EXAMPLES / "allgather.pln").read_bytes())
+    code, out, err = cli(capsys, "dump", path, "--ranks", "2")
+    assert (code, err) == (0, "") and out.startswith("collective allgather (R=2")
+
+
+def test_closed_pipe_exits_quietly():
+    command = f"{sys.executable} -m purlinc dump {EXAMPLES / 'alltoall.pln'} --ranks 64 --json | head -c 10"
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.stdout == b'{\n  "colle'
+    assert done.stderr == b""  # no BrokenPipeError, no traceback
+    assert done.returncode == 141  # 128 + SIGPIPE, as for cat or grep
+
+
+def test_compile_writes_0644_and_says_the_default_world_size(tmp_path, capsys):
+    old = os.umask(0o022)
+    try:
+        code, out, err = cli(capsys, "compile", EXAMPLES / "allgather.pln", "--arch", "sm_90", "-o", tmp_path / "out")
+    finally:
+        os.umask(old)
+    assert code == 0, err
+    assert err == "note: --ranks not given: compiling for R=8 ranks (the default)\n"
+    written = [Path(line) for line in out.splitlines()]
+    assert len(written) == 4
+    assert {stat.S_IMODE(p.stat().st_mode) for p in written} == {0o644}
+
+
+def test_compile_with_ranks_says_nothing(tmp_path, capsys):
+    code, out, err = cli(capsys, "compile", EXAMPLES / "allgather.pln", "-R", "2", "-o", tmp_path)
+    assert (code, err) == (0, "")
+
+
+def _no_compile(monkeypatch):
+    """Any compile work from here on fails the test: the output check must come first."""
+    from purlinc import pipeline
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("compiled before checking the output directory")
+
+    monkeypatch.setattr(pipeline, "compile", refuse)
+    monkeypatch.setattr(pipeline, "parse_stage", refuse)
+
+
+def test_output_is_a_file(tmp_path, capsys, monkeypatch):
+    _no_compile(monkeypatch)
+    target = tmp_path / "f"
+    target.write_text("")
+    code, out, err = cli(capsys, "compile", EXAMPLES / "allgather.pln", "-o", target)
+    assert (code, out) == (2, "")
+    assert err == f"error: -o {target}: {target} is a file, not a directory\nnote: choose another place with -o DIR\n"
+
+
+def test_output_under_a_file(tmp_path, capsys, monkeypatch):
+    _no_compile(monkeypatch)
+    (tmp_path / "f").write_text("")
+    target = tmp_path / "f" / "a" / "b"
+    code, out, err = cli(capsys, "compile", EXAMPLES / "allgather.pln", "-o", target)
+    assert (code, out) == (2, "")
+    assert err == (f"error: -o {target}: {tmp_path / 'f'} is a file, so {target} cannot be created under it\n"
+                   "note: choose another place with -o DIR\n")
+
+
+def test_output_in_an_unwritable_place(tmp_path, capsys, monkeypatch):
+    _no_compile(monkeypatch)
+    target = Path("/proc/purlin-out")  # the kernel refuses mkdir here, even to root
+    code, out, err = cli(capsys, "compile", EXAMPLES / "allgather.pln", "-o", target)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"error: -o {target}: cannot create {target}: ")
+    assert err.endswith("\nnote: choose another place with -o DIR\n")
+
+
+def test_default_output_under_a_file(tmp_path, capsys, monkeypatch):
+    _no_compile(monkeypatch)
+    (tmp_path / "purlin-out").write_text("")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli(capsys, "compile", EXAMPLES / "allgather.pln")
+    assert (code, out) == (2, "")
+    assert err == ("error: the default output directory purlin-out: purlin-out is a file, not a directory\n"
+                   "note: choose another place with -o DIR\n")
+
+
+def test_too_large_input(tmp_path, capsys):
+    path = tmp_path / "big.pln"
+    path.write_bytes(b"// " + b"x" * (10 * 1024 * 1024) + b"\n")
+    code, out, err = cli(capsys, "check", path)
+    assert (code, out) == (2, "")
+    assert err == (f"error: {path} is too large to be a collective: 10,485,764 bytes, the limit is 65,536\n"
+                   "note: a collective is a few lines; is this the right file?\n")
+
+
+def test_too_large_standard_input():
+    done = run("dump", "-", stdin=b" " * (1 << 20))
+    assert done.returncode == 2
+    assert done.stderr.decode() == ("error: <stdin> is too large to be a collective: more than 65,536 bytes, "
+                                    "the limit is 65,536\nnote: a collective is a few lines; is this the right file?\n")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_only_on_a_terminal(monkeypatch, capsys):
+    code, out, err = cli(capsys, "check", EXAMPLES / "allgather.pln", "--ranks", "1..4")
+    assert (code, err) == (0, "")  # not a terminal: silent
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setattr(cli_module.time, "monotonic", iter(range(0, 10_000)).__next__)  # every update shows
+    code = main(["check", str(EXAMPLES / "allgather.pln"), "--ranks", "1..4"])
+    assert code == 0
+    shown = terminal.getvalue()
+    assert "\r\x1b[Kchecking allgather: spec for R=3 (up to R=4)" in shown
+    assert "\r\x1b[Kchecking allgather: schedules for R=4 (4/4 sizes)" in shown
+    assert shown.endswith("\r\x1b[K")  # the line is cleared before the result is printed
+
+
+def test_internal_errors_still_exit_3(monkeypatch, capsys):
+    from purlinc import pipeline
+
+    def broken(*args, **kwargs):
+        raise KeyError("oops")
+
+    monkeypatch.setattr(pipeline, "parse_stage", broken)
+    code, out, err = cli(capsys, "dump", EXAMPLES / "allgather.pln")
+    assert (code, out) == (3, "")
+    assert err.startswith("internal error (a bug in purlinc, not in your input): KeyError: 'oops'\n")

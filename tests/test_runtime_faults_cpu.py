@@ -1,0 +1,286 @@
+"""Disagreements between ranks, timeouts and the ce watchdog: the logic, without a GPU.
+
+The GPU side (the same paths on two H200s, and a rank dying under torchrun) is in
+tests/gpu/test_faults.py."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+
+import pytest
+
+from purlinc.atom.abi import ERROR_RECORD, decode_error
+from purlinc.dtypes import DType, ReduceOp
+from purlinc.runtime.collective import Collective, FastPath, prepare_group
+from purlinc.runtime.communicator import Communicator
+from purlinc.runtime.errors import MismatchError, PurlinTimeoutError
+from purlinc.runtime.validate import CallShape, CallSignature, call_signature, disagreement
+from purlinc.runtime.watchdog import Watchdog, write_error_record
+
+
+def sig(dtype="bfloat16", op=None, count=8, collective="allgather"):
+    return CallSignature(collective, dtype, op, count)
+
+
+# --- disagreement: exact texts ------------------------------------------------------------
+
+NOTE = "note: every rank must make the same call: the same collective, dtype, op and count; nothing was launched"
+
+
+def test_agreeing_ranks():
+    assert disagreement("allgather", [sig(), sig()]) is None
+    # A rank without buffers (dtype and count None) agrees with anything.
+    assert disagreement("broadcast", [sig(), sig(dtype=None, count=None)]) is None
+
+
+def test_dtype_disagreement():
+    error = disagreement("allgather", [sig(), sig(dtype="float32")])
+    assert isinstance(error, MismatchError)
+    assert error.render() == ("error: allgather: the ranks disagree on the dtype: expected bfloat16 (as rank 0), "
+                              "but rank 1 passed float32\n" + NOTE)
+
+
+def test_count_disagreement_names_every_group():
+    error = disagreement("allreduce", [sig(count=8), sig(count=8), sig(count=16), sig(count=4)])
+    assert error.message == ("allreduce: the ranks disagree on the count: expected 8 elements per chunk "
+                             "(as ranks 0, 1), but rank 2 passed 16 elements per chunk; "
+                             "rank 3 passed 4 elements per chunk")
+
+
+def test_op_disagreement():
+    error = disagreement("allreduce", [sig(op="sum"), sig(op="max")])
+    assert error.message == "allreduce: the ranks disagree on the op: expected sum (as rank 0), but rank 1 passed max"
+
+
+def test_collective_disagreement_comes_first():
+    error = disagreement("allgather", [sig(), sig(collective="allreduce (1234abcd)", dtype="float32")])
+    assert error.message == ("allgather: the ranks disagree on the collective: expected allgather (as rank 0), "
+                             "but rank 1 called allreduce (1234abcd)")
+
+
+def test_signature_of_a_rank_without_chunks():
+    shape = CallShape(DType.FLOAT32, None, 0, 0, 0)
+    assert call_signature("c", shape, False) == CallSignature("c", None, None, None)
+    shape = CallShape(DType.FLOAT16, ReduceOp.MAX, 12, 1, 2)
+    assert call_signature("c", shape, True) == CallSignature("c", "float16", "max", 12)
+
+
+# --- group calls: checked before any launch ---------------------------------------------
+
+class _FakeRank:
+    def __init__(self, rank, dtype, count, units=1):
+        self.rank, self.in_units, self.out_units = rank, units, units
+        self.shape = CallShape(dtype, None, count, 0x1000 * (rank + 1), 0x9000 * (rank + 1))
+        self.launched = False
+
+    def prepare_call(self, x, out, op, stream, count):
+        return self.shape, 0, out
+
+    def launch(self, shape, stream):
+        self.launched = True
+
+
+def test_group_call_with_different_dtypes_is_refused_before_launch():
+    ranks = [_FakeRank(0, DType.BFLOAT16, 8), _FakeRank(1, DType.FLOAT32, 8)]
+    with pytest.raises(MismatchError) as caught:
+        prepare_group("allgather", ranks, [1, 2], None, "sum", None, None)
+    assert caught.value.message == ("allgather: the ranks disagree on the dtype: expected bfloat16 (as rank 0), "
+                                    "but rank 1 passed float32")
+    assert not any(r.launched for r in ranks)
+
+
+def test_group_call_with_different_counts():
+    ranks = [_FakeRank(0, DType.BFLOAT16, 8), _FakeRank(1, DType.BFLOAT16, 9)]
+    with pytest.raises(MismatchError, match="disagree on the count: expected 8 elements per chunk"):
+        prepare_group("allgather", ranks, [1, 2], None, "sum", None, None)
+
+
+def test_group_call_rank_without_chunks_is_not_a_disagreement():
+    ranks = [_FakeRank(0, DType.BFLOAT16, 8), _FakeRank(1, DType.FLOAT32, 0, units=0)]
+    assert len(prepare_group("odd", ranks, [1, None], None, "sum", None, None)) == 2
+
+
+# --- torchrun: one exchange per new signature -------------------------------------------
+
+class _FakeComm:
+    def __init__(self, others):
+        self.others = others  # what the other ranks send, per exchange
+        self.exchanges = 0
+        self.failed = None
+
+    def allgather(self, obj):
+        self.exchanges += 1
+        return [obj] + [(obj[0], other) for other in self.others]
+
+
+def _torchrun_rank(comm):
+    rank = object.__new__(Collective)
+    rank.name, rank.comm, rank.in_units, rank.out_units = "allgather", comm, 1, 2
+    rank._identity, rank._agreed = "allgather (00000000)", set()
+    return rank
+
+
+def test_first_use_exchanges_once_then_never_again():
+    comm = _FakeComm([("allgather (00000000)", "bfloat16", None, 8)])
+    rank = _torchrun_rank(comm)
+    shape = CallShape(DType.BFLOAT16, None, 8, 1, 2)
+    for _ in range(100):
+        rank._agree_on(shape)
+    assert comm.exchanges == 1
+
+
+def test_first_use_mismatch_under_torchrun():
+    comm = _FakeComm([("allgather (00000000)", "bfloat16", None, 16)])
+    rank = _torchrun_rank(comm)
+    with pytest.raises(MismatchError) as caught:
+        rank._agree_on(CallShape(DType.BFLOAT16, None, 8, 1, 2))
+    assert caught.value.message == ("allgather: the ranks disagree on the count: expected 8 elements per chunk "
+                                    "(as rank 0), but rank 1 passed 16 elements per chunk")
+    assert rank._agreed == set()  # not remembered: the next call exchanges (and fails) again
+
+
+def test_another_collective_under_torchrun():
+    comm = _FakeComm([("allreduce (11111111)", "bfloat16", "sum", 8)])
+    rank = _torchrun_rank(comm)
+    with pytest.raises(MismatchError, match=r"disagree on the collective: expected allgather \(00000000\) "
+                                            r"\(as rank 0\), but rank 1 called allreduce \(11111111\)"):
+        rank._agree_on(CallShape(DType.BFLOAT16, None, 8, 1, 2))
+
+
+# --- after a timeout the communicator refuses ------------------------------------------
+
+def test_a_failed_communicator_refuses_calls_and_fast_paths():
+    comm = Communicator(0, 2, 0, heap=None, exchange=None)
+    timeout = PurlinTimeoutError("allgather: rank 0 timed out after 5 s in channel 0, step 2\nmore")
+
+    class _Registered:
+        name = "allgather"
+        _fast = "something"
+
+    registered = _Registered()
+    comm.register(registered)
+    comm.fail(timeout)
+    assert comm.failed is timeout and registered._fast is None
+    with pytest.raises(PurlinTimeoutError) as caught:
+        comm.refuse("allreduce")
+    assert caught.value.render() == (
+        "error: allreduce: rank 0's communicator stopped after an earlier timeout "
+        "(allgather: rank 0 timed out after 5 s in channel 0, step 2)\n"
+        "note: the ranks' signals are out of step (or a peer is gone): create a new Communicator or "
+        "LocalGroup and load the collectives again"
+    )
+
+    class _Collective:
+        name = "allgather"
+
+    fast = object.__new__(FastPath)
+    collective = _Collective()
+    collective.comm = comm
+    with pytest.raises(PurlinTimeoutError, match="stopped after an earlier timeout"):
+        fast.launch(collective)
+
+
+# --- the ce watchdog -----------------------------------------------------------------------
+
+class _FakeOps:
+    def __init__(self):
+        self.done: dict[int, bool] = {}
+        self.writes: list = []
+        self.capturing = False
+        self.ids = itertools.count()
+        self.destroyed = []
+
+    def event_create(self):
+        return next(self.ids)
+
+    def event_record(self, event, stream):
+        self.done[event] = False
+
+    def event_done(self, event):
+        return self.done[event]
+
+    def event_destroy(self, event):
+        self.destroyed.append(event)
+
+    def is_capturing(self, stream):
+        return self.capturing
+
+    def stream_create(self):
+        return "release-stream"
+
+    def write_value64(self, stream, address, value):
+        self.writes.append((stream, address, value))
+
+    def set_current(self, device):
+        pass
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def _watchdog():
+    ops, clock = _FakeOps(), _Clock()
+    dog = Watchdog(ops, clock=clock)
+    dog._ensure_thread = lambda: None  # the test drives poll() itself
+    fired = []
+    dog.register(1, 0, 5.0, lambda waits, seconds: fired.append((waits, seconds)))
+    return dog, ops, clock, fired
+
+
+def test_watchdog_leaves_finished_calls_alone():
+    dog, ops, clock, fired = _watchdog()
+    dog.track(1, "s", [(0, 3, 0x100, 7)])
+    clock.now += 4
+    dog.poll()
+    ops.done[0] = True
+    clock.now += 10
+    dog.poll()
+    assert fired == [] and ops.writes == [] and ops.destroyed == [0]
+
+
+def test_watchdog_releases_a_stuck_wait_and_reports_once():
+    dog, ops, clock, fired = _watchdog()
+    dog.track(1, "s", [(0, 3, 0x100, 7), (1, 5, 0x208, 9)])
+    dog.poll()
+    clock.now += 5.5
+    dog.poll()
+    assert ops.writes == [("release-stream", 0x100, 7), ("release-stream", 0x208, 9)]
+    assert fired == [(((0, 3, 0x100, 7), (1, 5, 0x208, 9)), 5.5)]
+    clock.now += 60
+    dog.poll()
+    assert len(fired) == 1  # once: the collective now refuses calls
+    dog.track(1, "s", [(0, 3, 0x100, 8)])  # and later calls are no longer watched
+    assert len(dog._watched[1].calls) == 1
+
+
+def test_watchdog_clock_starts_when_a_call_becomes_the_oldest():
+    # Ten calls queued at once, each taking 3 s: none is stuck, though the last ends 30 s later.
+    dog, ops, clock, fired = _watchdog()
+    for _ in range(10):
+        dog.track(1, "s", [(0, 0, 0x100, 1)])
+    for event in range(10):
+        clock.now += 3
+        dog.poll()
+        ops.done[event] = True
+    dog.poll()
+    assert fired == [] and not dog._watched[1].calls
+
+
+def test_watchdog_ignores_graph_capture():
+    dog, ops, clock, fired = _watchdog()
+    ops.capturing = True
+    dog.track(1, "s", [(0, 0, 0x100, 1)])
+    assert not dog._watched[1].calls
+
+
+def test_error_record_written_like_a_kernel_would():
+    record = (ctypes.c_uint64 * len(ERROR_RECORD))()
+    write_error_record(ctypes.addressof(record), rank=1, channel=2, step=3, owner=0, index=4, expected=5, observed=0)
+    assert decode_error(tuple(record)) == {"flag": 1, "rank": 1, "channel": 2, "step": 3, "signal_owner": 0,
+                                           "signal_index": 4, "expected": 5, "observed": 0}
