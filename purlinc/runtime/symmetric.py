@@ -185,8 +185,10 @@ class PoolRegion:
         self.block = block
         self.fit = FirstFit(block.nbytes)
         self.failed: list[str] = []
+        self.calls = 0  # malloc calls torch made (diagnostics)
 
     def malloc(self, size: int, device: int, stream) -> int:
+        self.calls += 1
         try:
             if device != self.block.comm.device:
                 self.failed.append(f"asked for {size} bytes on cuda:{device}; the pool lives on "

@@ -135,9 +135,11 @@ def test_zero_copy_every_example(group, name, algorithm):
 def test_heap_grows_on_demand(group):
     import purlinc
 
-    before = len(group[0].heap.segments)
-    big = [comm.empty((12 << 20,), torch.uint8) for comm in group]  # more than the 8 MiB first segment
-    assert all(len(comm.heap.segments) > before for comm in group)
+    before = [len(comm.heap.segments) for comm in group]
+    # More than any free block (earlier tests may have left grown segments behind): must grow.
+    need = max(comm.heap.largest_free for comm in group) + (8 << 20)
+    big = [comm.empty((need,), torch.uint8) for comm in group]
+    assert all(len(comm.heap.segments) > b for comm, b in zip(group, before)), [c.heap.segments for c in group]
     assert len({comm.heap.offset_of(t.data_ptr())[0] for comm, t in zip(group, big)}) == 1
     # a collective on buffers in the new segment: zero-copy, correct
     coll = purlinc.load(EXAMPLES / "allgather.pln", group, algorithm="direct-push")
@@ -209,8 +211,12 @@ def test_mem_pool_places_torch_allocations_in_the_heap(group):
             with torch.cuda.device(r), torch.cuda.use_mem_pool(pool):
                 xs.append(torch.empty(len(spec.inputs[r]) * count, dtype=torch.bfloat16, device=f"cuda:{r}"))
                 outs.append(torch.empty(len(spec.outputs[r]) * count, dtype=torch.bfloat16, device=f"cuda:{r}"))
-        for comm, x in zip(group, xs):
-            assert comm.heap.locate(x.data_ptr(), x.numel() * 2) is not None
+        for comm, x, pool in zip(group, xs, pools):
+            region = getattr(pool, "purlin_region", None)
+            assert comm.heap.locate(x.data_ptr(), x.numel() * 2) is not None, (
+                f"cuda:{comm.device}: tensor at {x.data_ptr():#x} is outside the heap; pool region "
+                f"{(region.block.ptr if region else 0):#x}+{region.block.nbytes if region else 0}, "
+                f"allocator calls {getattr(region, 'calls', '?')}, failures {getattr(region, 'failed', '?')}")
         for it in range(2):
             inputs = _fill(spec, xs, outs, count, dtype, np.random.default_rng(it))
             coll(xs, outs)

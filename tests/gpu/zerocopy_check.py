@@ -112,7 +112,8 @@ def check_growth_and_errors(comm):
 
     rank = comm.rank
     segments = len(comm.heap.segments)
-    big = comm.empty((24 << 20,), torch.uint8)  # more than the 16 MiB first segment
+    # More than any free block (earlier checks may have left grown segments behind): must grow.
+    big = comm.empty((comm.heap.largest_free + (8 << 20),), torch.uint8)
     note(len(comm.heap.segments) > segments, "heap grew by a segment", f"{comm.heap.segments}")
     coll = purlinc.load(EXAMPLES / "allgather.pln", comm, algorithm="direct-push")
     try:
