@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import threading
 
 import pytest
 
@@ -215,6 +216,9 @@ class _FakeOps:
     def set_current(self, device):
         pass
 
+    def relax_capture_mode(self):
+        self.relaxed = threading.get_ident()
+
 
 class _Clock:
     def __init__(self):
@@ -277,6 +281,18 @@ def test_watchdog_ignores_graph_capture():
     ops.capturing = True
     dog.track(1, "s", [(0, 0, 0x100, 1)])
     assert not dog._watched[1].calls
+
+
+def test_watchdog_thread_runs_in_relaxed_capture_mode():
+    # Seen on 2 x H200: under torch's global capture mode, the thread's event queries
+    # invalidated graph captures made by other threads (cudaErrorStreamCaptureInvalidated).
+    ops = _FakeOps()
+    dog = Watchdog(ops, poll_s=0.001)
+    dog._ensure_thread()
+    dog._thread.join(0.05)
+    dog.stop()
+    dog._thread.join(1.0)
+    assert getattr(ops, "relaxed", None) == dog._thread.ident
 
 
 def test_error_record_written_like_a_kernel_would():

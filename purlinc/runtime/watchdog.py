@@ -102,6 +102,12 @@ class Watchdog:
             self._thread.start()
 
     def _run(self) -> None:
+        # The thread queries events while other threads may be capturing CUDA graphs; under the
+        # default (global) capture mode such a query from any thread invalidates their capture.
+        # Relaxed mode exempts this thread; it only queries events recorded outside any capture.
+        relax = getattr(self.ops, "relax_capture_mode", None)
+        if relax is not None:
+            relax()
         while not self._stop.wait(self.poll_s):
             self.poll()
 
@@ -183,6 +189,10 @@ class DriverOps:
         result = self.cu.cuEventQuery(event)
         result = result[0] if isinstance(result, tuple) else result
         return result == self.cu.CUresult.CUDA_SUCCESS  # NOT_READY (or an error): not finished
+
+    def relax_capture_mode(self) -> None:
+        mode = self.cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+        self.d.call(self.cu.cuThreadExchangeStreamCaptureMode, mode)
 
     def is_capturing(self, stream) -> bool:
         status = self.d.call(self.cu.cuStreamIsCapturing, stream)
