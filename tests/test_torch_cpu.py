@@ -361,13 +361,11 @@ def test_explain_no_graph_breaks_on_meta():
             assert op in names, (op, names)
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_compiled_fullgraph_runs_and_matches_eager(backend):
-    if backend == "inductor":
-        import shutil
-
-        if not shutil.which("cc") and not shutil.which("gcc"):
-            pytest.skip("inductor on CPU needs a C compiler")
+def test_compiled_fullgraph_runs_and_matches_eager():
+    # aot_eager: dynamo + AOTAutograd's functionalization of the mutating ops, then the real
+    # implementations.  (Inductor compiles C++ for minutes on the 2-core CI box; the GPU check
+    # runs the default inductor backend.)
+    backend = "aot_eager"
     R = 2
     eager_groups = StandInWorlds(R).groups()
     compiled_groups = StandInWorlds(R).groups()
