@@ -132,42 +132,52 @@ def _capturing(t) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def is_warm(coll, dtype: DType, op: ReduceOp | None, count: int) -> bool:
-    """Whether calling ``coll`` with (dtype, op) launches without loading anything."""
+def _variant(coll, count: int, itemsize: int):
+    """The loaded Collective a call of this size runs (a Tuned picks one per size bucket)."""
+    pick = getattr(coll, "variant_for", None)
+    return pick(count, itemsize) if pick is not None else coll
+
+
+def is_warm(e: Entry, coll, dtype: DType, op: ReduceOp | None, count: int) -> bool:
+    """Whether calling ``coll`` with (dtype, op) and this count launches without compiling,
+    loading or agreeing on anything (what a graph capture needs)."""
     probe = getattr(coll, "is_warm", None)
     if probe is not None:
         return probe(dtype, op, count)
-    variants = getattr(coll, "_distinct", None) or [coll]  # a Tuned holds one Collective per bucket
-    return all(v._ce is not None or (dtype, op) in v._variants for v in variants)
+    variant = _variant(coll, count, dtype.itemsize)
+    if getattr(variant, "_ce", None) is not None:  # host-driven copy engines: warm once run outside a capture
+        return id(variant) in e.warmed
+    return (dtype, op) in variant._variants
 
 
 def run(e: Entry, x, out, op: str) -> None:
-    """Launch entry ``e`` on (x, out) on the current stream; ``None`` for a side a rank lacks."""
+    """Launch entry ``e`` on (x, out) on the current stream; ``None`` for a side a rank lacks.
+
+    Outside a capture the collective compiles and loads what the call needs (its size
+    bucket's kernel for the dtype and op) on first use; inside one that is refused, clearly.
+    """
     probe = x if x is not None else out
     capturing = _capturing(probe)
     coll = e.collective(capturing)
     dtype = dtype_of(probe)
     purlin_op = "sum" if op == "avg" else op
-    key = (dtype, ReduceOp.parse(purlin_op) if e.is_reduce else None)
-    if key not in e.warmed:
-        count = (x.numel() // e.in_units) if e.in_units else (out.numel() // max(e.out_units, 1))
-        if capturing:
-            if not is_warm(coll, key[0], key[1], count):
-                label = "x" if x is not None else "out"
-                raise ArgumentError(
-                    f"purlin::{e.name} on rank {e.rank}: {label} ({dtype.value}, {probe.numel()} elements) reached a "
-                    f"CUDA graph capture before a warm-up call: expected one call with dtype {dtype.value}"
-                    f"{', op ' + purlin_op if e.is_reduce else ''} outside the capture, got none",
-                    notes=("the first call of a dtype compiles and loads the kernels, and the ranks agree on "
-                           "them; a graph can capture neither",
-                           "torch.compile(mode='reduce-overhead') makes that call by itself"),
-                )
-        else:
-            warm = getattr(coll, "warm", None)
-            if warm is not None:  # every size bucket now, so a later capture of another size needs nothing
-                warm(dtype.value, purlin_op if e.is_reduce else None)
-            e.warmed.add(key)
+    reduce_op = ReduceOp.parse(purlin_op) if e.is_reduce else None
+    count = (x.numel() // e.in_units) if e.in_units else (out.numel() // max(e.out_units, 1))
+    if capturing and not is_warm(e, coll, dtype, reduce_op, count):
+        label = "x" if x is not None else "out"
+        raise ArgumentError(
+            f"purlin::{e.name} on rank {e.rank}: {label} ({dtype.value}, {probe.numel()} elements) reached a "
+            f"CUDA graph capture before a warm-up call: expected one call with dtype {dtype.value}"
+            f"{', op ' + purlin_op if e.is_reduce else ''} and this size outside the capture, got none",
+            notes=("the first call of a dtype and size bucket compiles and loads its kernel, and the ranks "
+                   "agree on it; a graph can capture neither",
+                   "torch.compile(mode='reduce-overhead') makes that call by itself"),
+        )
     coll(x, out, op=purlin_op)
+    if not capturing:
+        variant = _variant(coll, count, dtype.itemsize)
+        if getattr(variant, "_ce", None) is not None:
+            e.warmed.add(id(variant))
     if op == "avg" and out is not None and out.numel():
         out.div_(e.world_size)
 

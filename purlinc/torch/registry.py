@@ -35,7 +35,7 @@ class Entry:
         self.out_units = len(spec.outputs[self.rank])
         self.is_reduce = spec.is_reduce
         self.comm = comm
-        self.warmed: set = set()  # (DType, ReduceOp | None) warmed through this entry
+        self.warmed: set = set()  # ids of host-driven (ce) variants run outside a capture
         self._collective = collective
         self._loader = loader
         with _LOCK:
