@@ -39,10 +39,13 @@ PURLIN_TEST_ATOMS=ce step local_ce 70 local_ce.log \
   -k "test_collective or test_dtypes or test_graph or test_large"
 PURLIN_TORCHRUN_TIMEOUT=150 step torchrun 165 torchrun.log \
   python3 -m pytest -q -rs -s -p no:cacheprovider tests/gpu/test_torchrun.py --junitxml=/tmp/purlin_torchrun.xml
+# purlinc.torch (eager, torch.compile, CUDA graphs vs NCCL) and CuPy ranks without torch (issue 13)
+step torch 600 torch.log \
+  python3 -m pytest -q -rs -s -p no:cacheprovider tests/gpu/test_torch_api.py --junitxml=/tmp/purlin_torch.xml
 
 export SUITE_RC_PRECOMPILE=${RC[precompile]} SUITE_RC_LOCAL=${RC[local]} SUITE_RC_LOCAL_CE=${RC[local_ce]}
-export SUITE_RC_TORCHRUN=${RC[torchrun]} SUITE_SECONDS=$(( $(date +%s) - T0 ))
-export SUITE_STEP_SECONDS="precompile=${SECS[precompile]} local=${SECS[local]} local_ce=${SECS[local_ce]} torchrun=${SECS[torchrun]}"
+export SUITE_RC_TORCHRUN=${RC[torchrun]} SUITE_RC_TORCH=${RC[torch]} SUITE_SECONDS=$(( $(date +%s) - T0 ))
+export SUITE_STEP_SECONDS="precompile=${SECS[precompile]} local=${SECS[local]} local_ce=${SECS[local_ce]} torchrun=${SECS[torchrun]} torch=${SECS[torch]}"
 python3 - <<'PY'
 import datetime, json, os, platform, subprocess, xml.etree.ElementTree as ET
 
@@ -90,11 +93,15 @@ summary = {
     "topology": sh("nvidia-smi topo -m"),
     "versions": versions(),
     "seconds": int(os.environ["SUITE_SECONDS"]), "step_seconds": os.environ["SUITE_STEP_SECONDS"],
-    "rc": {k: int(os.environ[f"SUITE_RC_{k.upper()}"]) for k in ("precompile", "local", "local_ce", "torchrun")},
+    "rc": {k: int(os.environ[f"SUITE_RC_{k.upper()}"]) for k in ("precompile", "local", "local_ce", "torchrun", "torch")},
     "local": junit("/tmp/purlin_local.xml"), "local_ce": junit("/tmp/purlin_local_ce.xml"),
     "torchrun_pytest": junit("/tmp/purlin_torchrun.xml"),
     "local_results": load("local_results.json"), "torchrun": load("torchrun_results.json"),
+    "torch_pytest": junit("/tmp/purlin_torch.xml"), "torch_api": load("torch_results.json"),
+    "cupy_no_torch": load("cupy_results.json"),
 }
+if summary["torch_api"]:
+    summary["torch_api"].pop("checks_rank0", None)
 tr = summary["torchrun"] or {}
 if "checks" in tr:
     tr = {k: v for k, v in tr.items() if k != "checks"}
@@ -103,7 +110,7 @@ json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)
 md = [f"# Purlin GPU suite, {summary['date']}", "", f"Machine: {summary['machine']}", "",
       f"Versions: {json.dumps(summary['versions'])}", "", f"Total {summary['seconds']} s ({summary['step_seconds']}); rc {summary['rc']}", "",
       "| part | passed | failed | errors | skipped |", "| --- | --- | --- | --- | --- |"]
-for part in ("local", "local_ce", "torchrun_pytest"):
+for part in ("local", "local_ce", "torchrun_pytest", "torch_pytest"):
     r = summary[part]
     if r:
         md.append(f"| {part} | {r['passed']} | {r['failures']} | {r['errors']} | {r['skipped']} |")
@@ -114,9 +121,15 @@ if tr:
                "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for row in tr["latency"]:
             md.append("| {collective} | {algorithm} | {atom} | {input_bytes_per_rank} | {purlin_graph_us} | {nccl_graph_us} | {purlin_eager_us} | {nccl_eager_us} |".format(**row))
+ta, cp = summary["torch_api"] or {}, summary["cupy_no_torch"] or {}
+if ta or cp:
+    md += ["", f"purlinc.torch checks (eager, compile, reduce-overhead, cuda-graph, bad input; all ranks): "
+           f"{ta.get('passed')}/{ta.get('total')} passed; stages {ta.get('stages')}",
+           f"CuPy ranks without torch (all-gather): {cp.get('passed')}/{cp.get('checks')} passed, torch imported: "
+           f"{cp.get('torch_imported')}"]
 if summary["local_results"]:
     md += ["", "Local results: " + json.dumps(summary["local_results"])]
-for part in ("local", "local_ce", "torchrun_pytest"):
+for part in ("local", "local_ce", "torchrun_pytest", "torch_pytest"):
     r = summary[part]
     if r and r["failed"]:
         md += ["", f"## {part} failures"] + [f"- {f}" for f in r["failed"][:60]]
