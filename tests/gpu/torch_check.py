@@ -332,8 +332,11 @@ def main():
             fn()
         except Exception as error:  # noqa: BLE001 - a stage that crashes is a failed check, not a hang
             note(False, f"stage {name} crashed", f"{type(error).__name__}: {error}\n{traceback.format_exc()[-2000:]}")
-        torch.cuda.synchronize()
-        comm.check()
+        try:
+            torch.cuda.synchronize()
+            comm.check()  # a device-side timeout of any call in the stage
+        except Exception as error:  # noqa: BLE001
+            note(False, f"stage {name}: device-side check", f"{type(error).__name__}: {error}")
         dist.barrier()
         results["stages"][name] = round(time.time() - start, 1)
     gathered = [None] * R
