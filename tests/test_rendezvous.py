@@ -164,3 +164,13 @@ def test_env_errors(env, words):
 def test_env_defaults():
     info = env_info({"RANK": "1", "WORLD_SIZE": "2"})
     assert (info.rank, info.world_size, info.local_rank, info.master_addr, info.master_port) == (1, 2, 1, "127.0.0.1", 29500)
+
+
+def test_communicator_from_env_reads_the_environment_first(monkeypatch):
+    # Before any GPU work: a missing variable is a RendezvousError, not a driver failure.
+    from purlinc.runtime.communicator import Communicator
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(RendezvousError, match="environment variable RANK is not set"):
+        Communicator.from_env()
