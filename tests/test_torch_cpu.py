@@ -111,7 +111,6 @@ def on_ranks(groups, fn):
             results[rank] = fn(rank, groups[rank])
         except BaseException as error:  # noqa: BLE001 - reported below
             errors.append(error)
-            groups[rank]  # keep the reference
             for g in groups:  # wake the others: a barrier left waiting would hang the test
                 for e in g._entries.values():
                     if e.loaded:
