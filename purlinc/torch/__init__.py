@@ -114,15 +114,23 @@ class TorchCollective:
             if torch.compiler.is_compiling():
                 return self.ops.functional(x, self.handle, op, count)
             return self.ops.eager_functional(x, self.handle, op, count)
-        if torch.compiler.is_compiling():
-            self.ops.out(x, out, self.handle, op)
+        if torch.compiler.is_compiling():  # the ordered functional op, then a copy (see ops._keep_in_order)
+            n = out.numel() // self.entry.out_units if self.entry.out_units else 0
+            y = self.ops.functional(x, self.handle, op, -1 if self.entry.in_units else n)
+            if self.entry.out_units:
+                out.copy_(y.view(out.shape))
         else:
             self.ops.eager_out(x, out, self.handle, op)
         return out
 
     def inplace(self, t, op="sum"):
+        e = self.entry
         if torch.compiler.is_compiling():
-            self.ops.inplace(t, self.handle, op)
+            ops._inplace_units(f"purlin::{self.name} on rank {e.rank}", e, t)  # unequal sizes: a clear error
+            x = t if e.in_units else t.new_empty(0)
+            y = self.ops.functional(x, self.handle, op, -1 if e.in_units else t.numel() // max(e.out_units, 1))
+            if e.out_units:
+                t.copy_(y.view(t.shape))
         else:
             self.ops.eager_inplace(t, self.handle, op)
         return t

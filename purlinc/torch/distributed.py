@@ -5,7 +5,9 @@ dim 0, as torch concatenates), takes ``op=`` as a string or a ``torch.distribute
 (``avg`` included, for floating dtypes) and ``async_op=True`` for a :class:`Work`.
 
 Eager calls run the op bodies directly (no dispatcher); inside ``torch.compile`` the same
-calls become the custom ops of :mod:`purlinc.torch.ops`, so a graph holds them whole.  A
+calls become the functional custom ops of :mod:`purlinc.torch.ops` (ordered effects: the
+compiler neither drops nor reorders them, so every rank's graph calls its collectives in
+program order) followed by a copy into the caller's tensor.  A
 collective with a root (broadcast, reduce, gather, scatter) is one loaded collective per
 root.  A Group makes every (collective, root) entry up front -- shapes only, from the spec --
 so a compiled graph finds its handle by a dict lookup (a constant), and the load itself
@@ -162,7 +164,7 @@ class Group:
         op = _ops.normalize_op(op, "all_reduce")
         handle = self._handle("allreduce")
         if _compiling():
-            torch.ops.purlin.allreduce_inplace(tensor, handle, op)
+            tensor.copy_(torch.ops.purlin.allreduce(tensor, handle, op, -1).view(tensor.shape))
             return _DONE if async_op else None
         e = entry(handle)
         self._check("all_reduce", e, [("tensor", tensor)], op)
@@ -172,7 +174,7 @@ class Group:
     def all_gather_into_tensor(self, output_tensor, input_tensor, async_op=False):
         handle = self._handle("allgather")
         if _compiling():
-            torch.ops.purlin.allgather_out(input_tensor, output_tensor, handle, "sum")
+            output_tensor.copy_(torch.ops.purlin.allgather(input_tensor, handle, "sum", -1).view(output_tensor.shape))
             return _DONE if async_op else None
         e = entry(handle)
         where = "all_gather_into_tensor"
@@ -191,7 +193,7 @@ class Group:
         op = _ops.normalize_op(op, "reduce_scatter_tensor")
         handle = self._handle("reduce_scatter")
         if _compiling():
-            torch.ops.purlin.reduce_scatter_out(input, output, handle, op)
+            output.copy_(torch.ops.purlin.reduce_scatter(input, handle, op, -1).view(output.shape))
             return _DONE if async_op else None
         e = entry(handle)
         where = "reduce_scatter_tensor"
@@ -217,7 +219,7 @@ class Group:
                            "chunk sizes, or pad",))
         handle = self._handle("alltoall")
         if _compiling():
-            torch.ops.purlin.alltoall_out(input, output, handle, "sum")
+            output.copy_(torch.ops.purlin.alltoall(input, handle, "sum", -1).view(output.shape))
             return _DONE if async_op else None
         e = entry(handle)
         self._check(where, e, [("input", input), ("output", output)])
@@ -235,7 +237,8 @@ class Group:
         src = self._root("broadcast", "src", src)
         handle = self._handle("broadcast", src)
         if _compiling():
-            torch.ops.purlin.broadcast_inplace(tensor, handle, "sum")
+            x = tensor if self.rank == src else tensor.new_empty(0)
+            tensor.copy_(torch.ops.purlin.broadcast(x, handle, "sum", tensor.numel()).view(tensor.shape))
             return _DONE if async_op else None
         self._check("broadcast", entry(handle), [("tensor", tensor)])
         body = _ops.define("broadcast").eager_inplace
@@ -246,7 +249,9 @@ class Group:
         op = _ops.normalize_op(op, "reduce")
         handle = self._handle("reduce", dst)
         if _compiling():
-            torch.ops.purlin.reduce_inplace(tensor, handle, op)
+            y = torch.ops.purlin.reduce(tensor, handle, op, -1)
+            if self.rank == dst:  # elsewhere y is empty and tensor keeps its value
+                tensor.copy_(y.view(tensor.shape))
             return _DONE if async_op else None
         self._check("reduce", entry(handle), [("tensor", tensor)], op)
         body = _ops.define("reduce").eager_inplace
@@ -257,24 +262,22 @@ class Group:
         dst = self._root(where, "dst", dst)
         self._lists(where, "gather_list", gather_list, tensor, self.rank == dst, "dst")
         handle = self._handle("gather", dst)
+        if _compiling():
+            y = torch.ops.purlin.gather(tensor, handle, "sum", -1)
+            if self.rank == dst:
+                for i, g in enumerate(gather_list):
+                    g.copy_(y[i * tensor.numel():(i + 1) * tensor.numel()].view(g.shape))
+            return _DONE if async_op else None
+        self._check(where, entry(handle), [("tensor", tensor)])
+        body = _ops.define("gather").eager_out
         out = tensor.new_empty(self.world_size * tensor.numel() if self.rank == dst else 0)
 
-        def split():
+        def run():
+            body(tensor, out, handle, "sum")
             if self.rank == dst:
                 n = tensor.numel()
                 for i, g in enumerate(gather_list):
                     g.copy_(out[i * n:(i + 1) * n].view(g.shape))
-
-        if _compiling():
-            torch.ops.purlin.gather_out(tensor, out, handle, "sum")
-            split()
-            return _DONE if async_op else None
-        self._check(where, entry(handle), [("tensor", tensor)])
-        body = _ops.define("gather").eager_out
-
-        def run():
-            body(tensor, out, handle, "sum")
-            split()
         return self._issue(run, [tensor, out, *(gather_list or [])], async_op, gather_list or [])
 
     def scatter(self, tensor, scatter_list=None, src=0, async_op=False):
@@ -284,7 +287,7 @@ class Group:
         handle = self._handle("scatter", src)
         if _compiling():
             x = torch.cat([s.reshape(-1) for s in scatter_list]) if self.rank == src else tensor.new_empty(0)
-            torch.ops.purlin.scatter_out(x, tensor, handle, "sum")
+            tensor.copy_(torch.ops.purlin.scatter(x, handle, "sum", tensor.numel()).view(tensor.shape))
             return _DONE if async_op else None
         self._check(where, entry(handle), [("tensor", tensor)])
         body = _ops.define("scatter").eager_out

@@ -261,9 +261,27 @@ def define(name: str) -> Ops:
     ):
         custom = torch.library.custom_op(lib + suffix, fn, mutates_args=mutates, schema=schema)
         custom.register_fake(fake)
-        ops.append(getattr(getattr(torch.ops, NAMESPACE), name + suffix).default)
+        overload = getattr(getattr(torch.ops, NAMESPACE), name + suffix).default
+        _keep_in_order(overload, mutable=bool(mutates))
+        ops.append(overload)
     _DEFINED[name] = hit = Ops(*ops, functional, out_form, inplace)
     return hit
+
+
+def _keep_in_order(op, *, mutable: bool) -> None:
+    """Every rank must call its collectives in the same order, and a call whose result a rank
+    does not use (a gather on a non-root rank) must still happen: a compiler may neither drop
+    nor reorder them.  The functional op is an ORDERED effect (AOTAutograd threads a token
+    through every call; inductor keeps that order as dependencies); torch's effect system takes
+    no mutating op, so the out/in-place ops are only kept from dead-code elimination.  Compiled
+    code should therefore reach collectives through the functional op, as the
+    torch.distributed-shaped calls do (see distributed.py)."""
+    if mutable:
+        torch.fx.node.has_side_effect(op)
+        return
+    from torch._higher_order_ops.effects import _EffectType, _register_effectful_op
+
+    _register_effectful_op(op, _EffectType.ORDERED)
 
 
 def _inplace_units(where: str, e: Entry, t) -> None:
