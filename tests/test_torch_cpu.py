@@ -183,6 +183,7 @@ def test_ops_register_with_schemas():
         assert str(getattr(torch.ops.purlin, name + "_inplace").default._schema) == \
             f"purlin::{name}_inplace(Tensor(a!) t, int handle, str op) -> ()"
     assert pt.define("allreduce") is pt.define("allreduce")  # defined once per process
+    assert ops_module.ORDERED  # the functional ops are ordered effects on this torch
     with pytest.raises(ArgumentError, match="op name 'not-a-name' is not an identifier"):
         pt.define("not-a-name")
 

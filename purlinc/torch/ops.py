@@ -34,6 +34,7 @@ NAMESPACE = "purlin"
 REDUCE_OPS = ("sum", "avg", "prod", "max", "min")
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 _DEFINED: dict[str, "Ops"] = {}
+ORDERED = True  # False if this torch could not register the functional ops as ordered effects
 
 
 class Ops(NamedTuple):
@@ -276,12 +277,17 @@ def _keep_in_order(op, *, mutable: bool) -> None:
     no mutating op, so the out/in-place ops are only kept from dead-code elimination.  Compiled
     code should therefore reach collectives through the functional op, as the
     torch.distributed-shaped calls do (see distributed.py)."""
+    global ORDERED
     if mutable:
         torch.fx.node.has_side_effect(op)
         return
-    from torch._higher_order_ops.effects import _EffectType, _register_effectful_op
+    try:
+        from torch._higher_order_ops.effects import _EffectType, _register_effectful_op
 
-    _register_effectful_op(op, _EffectType.ORDERED)
+        _register_effectful_op(op, _EffectType.ORDERED)
+    except (ImportError, AttributeError, TypeError, AssertionError):  # a torch without this private API
+        torch.fx.node.has_side_effect(op)  # still never dropped; order then rests on the compiler
+        ORDERED = False
 
 
 def _inplace_units(where: str, e: Entry, t) -> None:

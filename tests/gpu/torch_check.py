@@ -196,6 +196,7 @@ def eager_checks(group):
 def compiled_checks(group):
     from torch._dynamo.utils import counters
 
+    note(pt.ops.ORDERED, "functional ops registered as ORDERED effects (no per-rank reordering)")
     dtype, rows, op, root = torch.bfloat16, R * 256, "sum", R - 1
     f = program(group, op, root)
     torch._dynamo.reset()
