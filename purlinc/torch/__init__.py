@@ -100,6 +100,7 @@ class TorchCollective:
         self.entry = Entry(name, spec, comm, dev, collective=coll)
         self.handle = self.entry.handle
         self.ops = define(name)
+        self._seq = ops.sequence(comm, dev)  # compiled calls stay in program order (ops._keep_in_order)
 
     def __repr__(self) -> str:
         return f"TorchCollective(purlin::{self.name}, handle {self.handle}, rank {self.entry.rank})"
@@ -112,11 +113,11 @@ class TorchCollective:
                                 f"input: its dtype and device say what to allocate)")
         if out is None:
             if torch.compiler.is_compiling():
-                return self.ops.functional(x, self.handle, op, count)
+                return self.ops.sequenced(x, self._seq, self.handle, op, count)
             return self.ops.eager_functional(x, self.handle, op, count)
         if torch.compiler.is_compiling():  # the ordered functional op, then a copy (see ops._keep_in_order)
             n = out.numel() // self.entry.out_units if self.entry.out_units else 0
-            y = self.ops.functional(x, self.handle, op, -1 if self.entry.in_units else n)
+            y = self.ops.sequenced(x, self._seq, self.handle, op, -1 if self.entry.in_units else n)
             if self.entry.out_units:
                 out.copy_(y.view(out.shape))
         else:
@@ -128,7 +129,7 @@ class TorchCollective:
         if torch.compiler.is_compiling():
             ops._inplace_units(f"purlin::{self.name} on rank {e.rank}", e, t)  # unequal sizes: a clear error
             x = t if e.in_units else t.new_empty(0)
-            y = self.ops.functional(x, self.handle, op, -1 if e.in_units else t.numel() // max(e.out_units, 1))
+            y = self.ops.sequenced(x, self._seq, self.handle, op, -1 if e.in_units else t.numel() // max(e.out_units, 1))
             if e.out_units:
                 t.copy_(y.view(t.shape))
         else:

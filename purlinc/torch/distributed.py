@@ -91,6 +91,7 @@ class Group:
         self._loader = loader
         self._entries: dict[tuple[str, int], Entry] = {}
         self._side: torch.cuda.Stream | None = None
+        self._seq = _ops.sequence(comm, self.device)  # orders compiled calls (ops._keep_in_order)
         # Every (collective, root) entry now: they hold only shapes (loads come on first use),
         # and a compiled graph then finds its handle by a plain dict lookup, a constant.
         self._handles: dict[tuple[str, int], int] = {}
@@ -164,7 +165,7 @@ class Group:
         op = _ops.normalize_op(op, "all_reduce")
         handle = self._handle("allreduce")
         if _compiling():
-            tensor.copy_(torch.ops.purlin.allreduce(tensor, handle, op, -1).view(tensor.shape))
+            tensor.copy_(torch.ops.purlin.allreduce_seq(tensor, self._seq, handle, op, -1).view(tensor.shape))
             return _DONE if async_op else None
         e = entry(handle)
         self._check("all_reduce", e, [("tensor", tensor)], op)
@@ -174,7 +175,7 @@ class Group:
     def all_gather_into_tensor(self, output_tensor, input_tensor, async_op=False):
         handle = self._handle("allgather")
         if _compiling():
-            output_tensor.copy_(torch.ops.purlin.allgather(input_tensor, handle, "sum", -1).view(output_tensor.shape))
+            output_tensor.copy_(torch.ops.purlin.allgather_seq(input_tensor, self._seq, handle, "sum", -1).view(output_tensor.shape))
             return _DONE if async_op else None
         e = entry(handle)
         where = "all_gather_into_tensor"
@@ -193,7 +194,7 @@ class Group:
         op = _ops.normalize_op(op, "reduce_scatter_tensor")
         handle = self._handle("reduce_scatter")
         if _compiling():
-            output.copy_(torch.ops.purlin.reduce_scatter(input, handle, op, -1).view(output.shape))
+            output.copy_(torch.ops.purlin.reduce_scatter_seq(input, self._seq, handle, op, -1).view(output.shape))
             return _DONE if async_op else None
         e = entry(handle)
         where = "reduce_scatter_tensor"
@@ -219,7 +220,7 @@ class Group:
                            "chunk sizes, or pad",))
         handle = self._handle("alltoall")
         if _compiling():
-            output.copy_(torch.ops.purlin.alltoall(input, handle, "sum", -1).view(output.shape))
+            output.copy_(torch.ops.purlin.alltoall_seq(input, self._seq, handle, "sum", -1).view(output.shape))
             return _DONE if async_op else None
         e = entry(handle)
         self._check(where, e, [("input", input), ("output", output)])
@@ -238,7 +239,7 @@ class Group:
         handle = self._handle("broadcast", src)
         if _compiling():
             x = tensor if self.rank == src else tensor.new_empty(0)
-            tensor.copy_(torch.ops.purlin.broadcast(x, handle, "sum", tensor.numel()).view(tensor.shape))
+            tensor.copy_(torch.ops.purlin.broadcast_seq(x, self._seq, handle, "sum", tensor.numel()).view(tensor.shape))
             return _DONE if async_op else None
         self._check("broadcast", entry(handle), [("tensor", tensor)])
         body = _ops.define("broadcast").eager_inplace
@@ -249,7 +250,7 @@ class Group:
         op = _ops.normalize_op(op, "reduce")
         handle = self._handle("reduce", dst)
         if _compiling():
-            y = torch.ops.purlin.reduce(tensor, handle, op, -1)
+            y = torch.ops.purlin.reduce_seq(tensor, self._seq, handle, op, -1)
             if self.rank == dst:  # elsewhere y is empty and tensor keeps its value
                 tensor.copy_(y.view(tensor.shape))
             return _DONE if async_op else None
@@ -263,7 +264,7 @@ class Group:
         self._lists(where, "gather_list", gather_list, tensor, self.rank == dst, "dst")
         handle = self._handle("gather", dst)
         if _compiling():
-            y = torch.ops.purlin.gather(tensor, handle, "sum", -1)
+            y = torch.ops.purlin.gather_seq(tensor, self._seq, handle, "sum", -1)
             if self.rank == dst:
                 for i, g in enumerate(gather_list):
                     g.copy_(y[i * tensor.numel():(i + 1) * tensor.numel()].view(g.shape))
@@ -287,7 +288,7 @@ class Group:
         handle = self._handle("scatter", src)
         if _compiling():
             x = torch.cat([s.reshape(-1) for s in scatter_list]) if self.rank == src else tensor.new_empty(0)
-            tensor.copy_(torch.ops.purlin.scatter(x, handle, "sum", tensor.numel()).view(tensor.shape))
+            tensor.copy_(torch.ops.purlin.scatter_seq(x, self._seq, handle, "sum", tensor.numel()).view(tensor.shape))
             return _DONE if async_op else None
         self._check(where, entry(handle), [("tensor", tensor)])
         body = _ops.define("scatter").eager_out

@@ -18,7 +18,7 @@ def _group(group):
 def _call(group, kind: str, x, op: str):
     handle = group._handle(kind)
     if torch.compiler.is_compiling():
-        return getattr(torch.ops.purlin, kind)(x, handle, op, -1)
+        return getattr(torch.ops.purlin, kind + "_seq")(x, group._seq, handle, op, -1)  # ordered: ops.sequence
     return _ops.define(kind).eager_functional(x, handle, op, -1)
 
 

@@ -44,6 +44,7 @@ class Ops(NamedTuple):
     functional: object
     out: object
     inplace: object
+    sequenced: object
     eager_functional: Callable
     eager_out: Callable
     eager_inplace: Callable
@@ -253,12 +254,20 @@ def define(name: str) -> Ops:
         check_tensor(where, "t", t, e, normalize_op(op, where))
         _inplace_units(where, e, t)
 
+    def sequenced(x, seq, handle, op, count):  # seq is only "written": the order it imposes is the point
+        return functional(x, handle, op, count)
+
+    def sequenced_fake(x, seq, handle, op, count):
+        return functional_fake(x, handle, op, count)
+
     lib = f"{NAMESPACE}::{name}"
     ops: list = []
     for suffix, fn, fake, schema, mutates in (
         ("", functional, functional_fake, "(Tensor x, int handle, str op, SymInt count) -> Tensor", ()),
         ("_out", out_form, out_fake, "(Tensor x, Tensor(a!) out, int handle, str op) -> ()", ("out",)),
         ("_inplace", inplace, inplace_fake, "(Tensor(a!) t, int handle, str op) -> ()", ("t",)),
+        ("_seq", sequenced, sequenced_fake, "(Tensor x, Tensor(a!) seq, int handle, str op, SymInt count) -> Tensor",
+         ("seq",)),
     ):
         custom = torch.library.custom_op(lib + suffix, fn, mutates_args=mutates, schema=schema)
         custom.register_fake(fake)
@@ -272,11 +281,12 @@ def define(name: str) -> Ops:
 def _keep_in_order(op, *, mutable: bool) -> None:
     """Every rank must call its collectives in the same order, and a call whose result a rank
     does not use (a gather on a non-root rank) must still happen: a compiler may neither drop
-    nor reorder them.  The functional op is an ORDERED effect (AOTAutograd threads a token
-    through every call; inductor keeps that order as dependencies); torch's effect system takes
-    no mutating op, so the out/in-place ops are only kept from dead-code elimination.  Compiled
-    code should therefore reach collectives through the functional op, as the
-    torch.distributed-shaped calls do (see distributed.py)."""
+    nor reorder them.  Mutating ops are never dropped (marked side-effectful); the functional op
+    is also an ORDERED effect.  Effect tokens alone did not hold inductor's order (torch 2.13
+    reordered them when reordering for peak memory, differently per rank since graphs differ
+    at the root), so compiled code goes through ``NAME_seq``: the functional op that also
+    "mutates" a one-element sequence tensor of the communicator (:func:`sequence`), a real
+    write-after-write chain that every scheduler keeps (see distributed.py)."""
     global ORDERED
     if mutable:
         torch.fx.node.has_side_effect(op)
@@ -288,6 +298,25 @@ def _keep_in_order(op, *, mutable: bool) -> None:
     except (ImportError, AttributeError, TypeError, AssertionError):  # a torch without this private API
         torch.fx.node.has_side_effect(op)  # still never dropped; order then rests on the compiler
         ORDERED = False
+
+
+_SEQUENCES: dict = {}
+
+
+def sequence(comm, device) -> "torch.Tensor | None":
+    """The communicator's sequence tensor: what NAME_seq ops "write", so compiled collectives of
+    one communicator stay in program order.  Static (``mark_static_address``): CUDA graphs
+    (reduce-overhead) accept mutations of static inputs.  Made eagerly, outside any trace."""
+    key = (id(comm), str(device))
+    hit = _SEQUENCES.get(key)
+    if hit is None:
+        try:
+            hit = torch.zeros(1, dtype=torch.int32, device=device)
+        except (RuntimeError, AssertionError):  # a device this torch cannot reach: eager checks still work
+            return None
+        torch._dynamo.mark_static_address(hit)
+        _SEQUENCES[key] = hit
+    return hit
 
 
 def _inplace_units(where: str, e: Entry, t) -> None:
