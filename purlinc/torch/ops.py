@@ -1,9 +1,11 @@
-"""The torch.library custom ops: three per collective name, all taking a handle
+"""The torch.library custom ops: four per collective name, all taking a handle
 (:mod:`purlinc.torch.registry`) in place of the collective.
 
     purlin::NAME(Tensor x, int handle, str op, SymInt count) -> Tensor         functional
     purlin::NAME_out(Tensor x, Tensor(a!) out, int handle, str op) -> ()       writes out
     purlin::NAME_inplace(Tensor(a!) t, int handle, str op) -> ()               t is input and output
+    purlin::NAME_seq(Tensor x, Tensor(a!) seq, int handle, str op, SymInt count) -> Tensor
+        the functional op, kept in program order by a sequence tensor (see _keep_in_order)
 
 ``x`` is this rank's input (an empty tensor on ranks that give none: it still carries the
 dtype and device); the functional form returns this rank's output, 1-D, and takes ``count``
