@@ -494,3 +494,45 @@ def test_warm_up_marks_entry_and_capture_then_passes(monkeypatch):
     torch.testing.assert_close(t, x)
     with pytest.raises(ArgumentError, match="expected one call with dtype float32, op max"):
         g.all_reduce(t, op="max")
+
+
+class Recorder:
+    """A collective that records its calls (no peers): what order a compiled graph calls in."""
+
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def is_warm(self, *args):
+        return True
+
+    def __call__(self, x=None, out=None, op="sum"):
+        self.log.append(self.name)
+        if out is not None:
+            out.zero_()
+        return out
+
+
+def test_inductor_keeps_every_ranks_collectives_in_program_order():
+    # Rank 1 of 2 is the root of broadcast/reduce/gather/scatter, so its graph differs from
+    # rank 0's.  Inductor (torch 2.13) reordered this program's collectives on rank 1 when they
+    # were ordered by effect tokens only; the sequence tensor must keep program order.  The
+    # program is the GPU check's own (tests/gpu/torch_check.py), on CPU tensors.
+    import importlib.util
+    import shutil
+
+    if not (shutil.which("c++") or shutil.which("g++")):
+        pytest.skip("inductor on CPU needs a C++ compiler")
+    spec = importlib.util.spec_from_file_location("torch_check", REPO / "tests" / "gpu" / "torch_check.py")
+    tc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tc)
+    tc.RANK, tc.R = 1, 2
+    eager_log, compiled_log = [], []
+
+    def group(log):
+        return pt.Group(Comm(1, 2), loader=lambda src, params: Recorder(src.split()[1].split("(")[0], log))
+
+    x = torch.randn(512, 8).bfloat16()
+    tc.program(group(eager_log), "sum", 1)(x)
+    torch._dynamo.reset()
+    torch.compile(tc.program(group(compiled_log), "sum", 1), fullgraph=True, backend="inductor")(x)
+    assert compiled_log == eager_log and len(eager_log) == 12, (compiled_log, eager_log)
