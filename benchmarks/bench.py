@@ -1,8 +1,14 @@
 #!/usr/bin/env python3
-"""Collective benchmark: NCCL, torch symmetric memory and Purlin in one run, on the same
-buffers and sizes, eager and CUDA-graph timings, correctness checked after timing.
+"""Collective benchmark: NCCL (default, graph mixing off, symmetric kernels), torch symmetric
+memory and Purlin (staged and zero-copy) in one run, on the same sizes, eager and CUDA-graph
+timings with fixed calls per graph, correctness checked after timing.
 
     torchrun --nproc_per_node=2 benchmarks/bench.py [--quick] [--out DIR]
+
+NCCL reads NCCL_GRAPH_MIXING_SUPPORT once per process (an NCCL_PARAM, cached on first use,
+then copied into every communicator's config), so the ``nomix`` and ``symm`` NCCL variants run
+in a child process group: every rank starts one child with the variable set to 0 (a new
+rendezvous port, the same RANK/WORLD_SIZE), waits for it, and rank 0 merges its rows.
     python benchmarks/bench.py --dry-run --world-size 2 [--quick]     # the plan and estimate, no GPU
 
 Rank 0 writes benchmarks/results/<date>-<machine>.json (+ .md, -tuning.json, PNGs), copies
@@ -49,6 +55,10 @@ torch = None  # imported in main(), after the environment above is fixed
 dist = None
 
 SYSTEMS = ("nccl", "symm_mem", "purlin")
+NCCL_VARIANTS = ("default", "nomix", "symm")
+# The collectives NCCL 2.28 has symmetric kernels for (all-to-all runs its ordinary kernels on
+# the registered buffers; measured too, the row says which method registered them).
+NCCL_SYMM_COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "alltoall")
 CHECK_RTOL = 1e-2  # bf16 reductions: relative L2 error; copies must be bit-exact
 PROBE_LIMIT_US = 1e6  # a single call slower than 1 s is a hang (a device wait timing out)
 
@@ -68,6 +78,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--variant-spec", action="append", default=[],
                     help="extra Purlin variant 'name:algorithm=ring,atom=ldst,channels=8,slices=2' (repeatable)")
     ap.add_argument("--modes", default="eager,graph")
+    ap.add_argument("--calls-per-graph", default="20,100",
+                    help="calls captured per CUDA graph, the same for every system (one graph row each)")
+    ap.add_argument("--many-calls-max-bytes", type=report.parse_bytes, default=None,
+                    help="graphs with the later --calls-per-graph values only up to this size, for every system "
+                         "(default 1M with --quick, 16M otherwise: above it launches are noise and replays long)")
+    ap.add_argument("--nccl-variants", default="default,nomix,symm",
+                    help="NCCL rows: default (the environment as given), nomix (NCCL_GRAPH_MIXING_SUPPORT=0), "
+                         "symm (mixing off + NCCL symmetric buffers); nomix/symm run in a child process group")
+    ap.add_argument("--child-timeout-s", type=float, default=None,
+                    help="bound on the NCCL child run (default 150, quick 110)")
+    ap.add_argument("--nccl-child", action="store_true", help=argparse.SUPPRESS)  # internal: the child
+    ap.add_argument("--child-out", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--sizes", default=None, help="explicit comma-separated sizes, e.g. 1K,64K,1M")
     ap.add_argument("--min-bytes", type=report.parse_bytes, default=0)
     ap.add_argument("--max-bytes", type=report.parse_bytes, default=None)
@@ -97,7 +119,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.target_rep_us is None:
         args.target_rep_us = 3000.0 if args.quick else 5000.0
     if args.budget_s is None:
-        args.budget_s = 200.0 if args.quick else 330.0
+        args.budget_s = 230.0 if args.quick else 330.0
+    if args.many_calls_max_bytes is None:
+        args.many_calls_max_bytes = report.MiB if args.quick else 16 * report.MiB
+    if args.quick and args.reps == 5:
+        args.reps = 3
+    if args.child_timeout_s is None:
+        args.child_timeout_s = 110.0 if args.quick else 150.0
+    args.calls_list = [int(c) for c in str(args.calls_per_graph).split(",") if c.strip()]
+    args.nccl_list = [v.strip() for v in args.nccl_variants.split(",") if v.strip()]
+    bad = [v for v in args.nccl_list if v not in NCCL_VARIANTS]
+    if bad:
+        raise SystemExit(f"unknown NCCL variants {bad}; choose from {NCCL_VARIANTS}")
     return args
 
 
@@ -108,11 +141,23 @@ class Plan:
     variants: list[purlin_api.Variant]
     sizes: list[int]
     modes: list[str]
+    nccl: tuple[str, ...] = ("default",)
+    calls: tuple[int, ...] = (20, 100)
+    many_calls_max_bytes: int | None = None  # graphs beyond the first calls value only up to here
+
+    def views(self, nbytes: int | None = None) -> list[tuple[str, int | None]]:
+        """(mode, calls per graph) of the rows every case of size ``nbytes`` gets (the same
+        for every system: the bound is on the size, never on a system's speed)."""
+        out = [("eager", None)] if "eager" in self.modes else []
+        if "graph" in self.modes:
+            out += [("graph", c) for i, c in enumerate(self.calls)
+                    if i == 0 or nbytes is None or self.many_calls_max_bytes is None or nbytes <= self.many_calls_max_bytes]
+        return out
 
     def cases(self, collective: str) -> int:
         n = 0
         if "nccl" in self.systems:
-            n += 1
+            n += sum(1 for v in self.nccl if v != "symm" or collective in NCCL_SYMM_COLLECTIVES)
         if "symm_mem" in self.systems and collective == "allreduce":
             n += 2
         if "purlin" in self.systems:
@@ -122,7 +167,8 @@ class Plan:
     def loads(self) -> int:
         if "purlin" not in self.systems:
             return 0
-        return sum(1 for c in self.collectives for v in self.variants if v.applies(c))
+        keys = {(c, purlin_api.load_key(v)) for c in self.collectives for v in self.variants if v.applies(c)}
+        return len(keys)
 
 
 def make_plan(args) -> Plan:
@@ -147,13 +193,19 @@ def make_plan(args) -> Plan:
     sizes = report.select_sizes(quick=args.quick, min_bytes=args.min_bytes, max_bytes=args.max_bytes,
                                 explicit=explicit)
     modes = [m.strip() for m in args.modes.split(",") if m.strip() in report.MODES]
-    return Plan(colls, systems, variants, sizes, modes)
+    return Plan(colls, systems, variants, sizes, modes, tuple(args.nccl_list), tuple(args.calls_list),
+                args.many_calls_max_bytes)
 
 
 def estimate_s(plan: Plan, args) -> float:
-    triples = [(c, s, plan.cases(c)) for s in plan.sizes for c in plan.collectives]
-    return report.estimate_run_s(triples, reps=args.reps, target_rep_us=args.target_rep_us,
-                                 modes=len(plan.modes), loads=plan.loads())
+    est = report.estimate_run_s([], reps=args.reps, target_rep_us=args.target_rep_us, modes=1, loads=plan.loads())
+    for s in plan.sizes:
+        triples = [(c, s, plan.cases(c)) for c in plan.collectives]
+        est += report.estimate_run_s(triples, reps=args.reps, target_rep_us=args.target_rep_us,
+                                     modes=len(plan.views(s)), loads=0, startup_s=0.0)
+    if "nccl" in plan.systems and set(plan.nccl) - {"default"}:
+        est += 25.0  # the NCCL child's start-up (torch import, communicator)
+    return est
 
 
 def describe_plan(plan: Plan, args, world: int) -> str:
@@ -162,7 +214,9 @@ def describe_plan(plan: Plan, args, world: int) -> str:
         f"plan: R={world}, {len(plan.collectives)} collectives x {len(plan.sizes)} sizes "
         f"({report.fmt_bytes(plan.sizes[0]) if plan.sizes else '-'} .. "
         f"{report.fmt_bytes(plan.sizes[-1]) if plan.sizes else '-'}), modes {','.join(plan.modes)}",
-        f"  systems: {', '.join(plan.systems)}; Purlin variants: {', '.join(v.name for v in plan.variants)}",
+        f"  systems: {', '.join(plan.systems)}; NCCL variants: {', '.join(plan.nccl)}; "
+        f"Purlin variants: {', '.join(v.name for v in plan.variants)}; calls per graph: "
+        f"{', '.join(str(c) for c in plan.calls)}",
         f"  cases: {sum(plan.cases(c) for c in plan.collectives) * len(plan.sizes)}; Purlin loads: {plan.loads()}",
         f"  estimated wall time: {est:.0f} s (model in report.estimate_case_s; first-run NVRTC compiles "
         f"counted at 2 s per load); budget {args.budget_s:.0f} s, hard guard {args.timeout_s:.0f} s",
@@ -188,6 +242,8 @@ class Ctx:
     lock: threading.Lock = field(default_factory=threading.Lock)
     stem: str = ""
     symm: object = None  # (tensor, handle) of the symmetric buffer, or None
+    nccl_here: tuple = ("default",)  # the NCCL variants this process measures (the child: nomix, symm)
+    nsymm: object = None  # (input, output) flat buffers registered as NCCL symmetric windows, or None
     comm: object = None  # Purlin communicator
     colls: dict = field(default_factory=dict)  # (collective, variant name) -> loaded Purlin collective
     failures: list = field(default_factory=list)  # correctness failures, for the exit status
@@ -271,7 +327,11 @@ def nccl_sms() -> tuple[int | None, str]:
     return None, "NCCL picks channels (one CTA each) per size; not exposed through torch"
 
 
-def nccl_case(ctx: Ctx, coll: str, lay: report.Layout, X, Y) -> Case:
+def nccl_env() -> dict:
+    return {k: os.environ[k] for k in ("NCCL_GRAPH_MIXING_SUPPORT", "NCCL_NVLS_ENABLE") if k in os.environ}
+
+
+def nccl_case(ctx: Ctx, coll: str, lay: report.Layout, X, Y, variant: str = "default") -> Case:
     rank, root, R = ctx.rank, 0, ctx.world
     is_root = rank == root
     sms, note = nccl_sms()
@@ -308,7 +368,19 @@ def nccl_case(ctx: Ctx, coll: str, lay: report.Layout, X, Y) -> Case:
         call, load, safe = (lambda: dist.scatter(Y, scatter_list=slist, src=root)), load_out_of_place, True
     else:
         raise ValueError(coll)
-    return Case("nccl", "nccl", load, call, out, safe, sms, note)
+    options = {"env": nccl_env()}
+    if variant == "symm":
+        options["symmetric_buffers"] = (ctx.meta.get("nccl_symm") or {}).get("method")
+    return Case("nccl", variant, load, call, out, safe, sms, note, options)
+
+
+def nccl_symm_case(ctx: Ctx, coll: str, lay: report.Layout) -> Case:
+    """NCCL on buffers registered as symmetric windows (views at offset 0 of two big ones)."""
+    SX, SY = ctx.nsymm
+    if SX.numel() < lay.in_elems or SY.numel() < lay.out_elems:
+        raise RuntimeError(f"NCCL symmetric buffers hold {SX.numel()}/{SY.numel()} elements, "
+                           f"{lay.in_elems}/{lay.out_elems} needed")
+    return nccl_case(ctx, coll, lay, SX[: lay.in_elems], SY[: lay.out_elems], variant="symm")
 
 
 def symm_cases(ctx: Ctx, lay: report.Layout, Y) -> list[Case]:
@@ -542,11 +614,16 @@ def run_case(ctx: Ctx, lay: report.Layout, case: Case, x_time, salt: int) -> lis
     args = ctx.args
     base = {"system": case.system, "variant": case.variant, "collective": lay.collective, "dtype": "bfloat16",
             "bytes": lay.bytes, "count": lay.count, "world_size": ctx.world, "sms": case.sms,
-            "sms_note": case.sms_note, "options": case.options or None, "repeat_safe": case.repeat_safe}
+            "sms_note": case.sms_note, "options": case.options or None, "repeat_safe": case.repeat_safe,
+            "limit_us": round(report.limit_us(lay.collective, ctx.world, lay.bytes), 3)}
+    views = ctx.plan.views(lay.bytes)
+
+    def view_base(mode, calls):
+        return {**base, "mode": mode, "calls_per_graph": calls}
 
     def error_rows(msg):
-        return [{**base, "mode": m, "time_us": None, "algbw_gbps": None, "busbw_gbps": None,
-                 "checked": None, "error": msg} for m in ctx.plan.modes]
+        return [{**view_base(m, c), "time_us": None, "algbw_gbps": None, "busbw_gbps": None, "pct_of_limit": None,
+                 "checked": None, "error": msg} for m, c in views]
 
     key = (case.system, case.variant, lay.collective)
     if key in ctx.hung:
@@ -562,25 +639,26 @@ def run_case(ctx: Ctx, lay: report.Layout, case: Case, x_time, salt: int) -> lis
     if t1 > PROBE_LIMIT_US:
         ctx.hung[key] = f"a call took {t1 / 1e3:.0f} ms at {report.fmt_bytes(lay.bytes)}"
         return error_rows(f"probe: one call took {t1 / 1e3:.0f} ms (a device-side wait timing out?)")
-    iters = max(2, min(100, int(args.target_rep_us / max(t1, 1.0))))
+    iters = max(2, min(100, int(args.target_rep_us / max(t1, 1.0))))  # eager calls per repeat
 
     measured, graph, errors = {}, None, {}
-    for mode in ctx.plan.modes:
+    for mode, calls in views:
         barrier(ctx)
         if mode == "eager":
             ran, value, err = guarded(ctx, lambda: time_eager(case, iters, args.reps))
         else:
-            ran, value, err = guarded(ctx, lambda: time_graph(case, iters, args.reps))
+            ran, value, err = guarded(ctx, lambda: time_graph(case, calls, args.reps))
             if ran:
-                value, graph = value
+                value, g = value
+                graph = graph if graph is not None else g  # the first (primary) graph is checked
         if ran:
-            measured[mode] = value
+            measured[(mode, calls)] = value
         else:
-            errors[mode] = err
+            errors[(mode, calls)] = err
     # One collective for all numbers: the slowest rank's median (and its spread).
     flat = []
-    for mode in ctx.plan.modes:
-        v = measured.get(mode)
+    for view in views:
+        v = measured.get(view)
         flat += [statistics.median(v), min(v), max(v)] if v else [-1.0, -1.0, -1.0]
     flat = allreduce_max(ctx, flat)
 
@@ -592,22 +670,25 @@ def run_case(ctx: Ctx, lay: report.Layout, case: Case, x_time, salt: int) -> lis
     del graph
 
     rows = []
-    for i, mode in enumerate(ctx.plan.modes):
-        if mode in errors:
-            rows.append({**base, "mode": mode, "time_us": None, "algbw_gbps": None, "busbw_gbps": None,
-                         "checked": None, "error": f"{mode}: {errors[mode]}"})
+    for i, (mode, calls) in enumerate(views):
+        if (mode, calls) in errors:
+            rows.append({**view_base(mode, calls), "time_us": None, "algbw_gbps": None, "busbw_gbps": None,
+                         "pct_of_limit": None, "checked": None, "error": f"{mode}: {errors[(mode, calls)]}"})
             continue
         med, lo, hi = flat[3 * i: 3 * i + 3]
         checked, note = checks.get(mode, checks.get("eager", (None, "not checked")))
-        row = {**base, "mode": mode, "time_us": med, "time_us_min": lo, "time_us_max": hi,
-               "iters": iters, "reps": args.reps,
+        if mode == "graph" and calls != views[[m for m, _ in views].index("graph")][1]:
+            note = f"{note} (checked on the {ctx.plan.calls[0]}-call graph)"
+        row = {**view_base(mode, calls), "time_us": med, "time_us_min": lo, "time_us_max": hi,
+               "iters": iters if mode == "eager" else calls, "reps": args.reps,
                "algbw_gbps": report.algbw_gbps(lay.bytes, med),
                "busbw_gbps": report.busbw_gbps(lay.collective, ctx.world, lay.bytes, med),
+               "pct_of_limit": report.pct_of_limit(lay.collective, ctx.world, lay.bytes, med),
                "checked": checked, "check_note": note, "error": None}
         rows.append(row)
         if checked is False:
             msg = (f"CHECK FAILED: {case.system}/{case.variant} {lay.collective} "
-                   f"{report.fmt_bytes(lay.bytes)} {mode}: {note}")
+                   f"{report.fmt_bytes(lay.bytes)} {mode}{'' if calls is None else f' x{calls}'}: {note}")
             ctx.failures.append(msg)
             if ctx.rank == 0:
                 print("!" * 8 + " " + msg, file=sys.stderr, flush=True)
@@ -744,6 +825,115 @@ def setup_symm(ctx: Ctx, nbytes: int) -> None:
     ctx.log(f"symm_mem buffer {report.fmt_bytes(nbytes)}: {'ok' if ran else err}")
 
 
+def setup_nccl_symm(ctx: Ctx, in_bytes: int, out_bytes: int) -> None:
+    """Two flat bf16 buffers registered with NCCL as symmetric windows, so that ordinary
+    dist.all_reduce / all_gather_into_tensor / reduce_scatter_tensor on views of them take
+    NCCL's symmetric kernels.  Two ways (torch 2.11, NCCL 2.28), tried in order; the one that
+    worked, or why neither did, goes into meta.nccl_symm (a failure never stops the run)."""
+    n_in, n_out = max(in_bytes // 2, 8), max(out_bytes // 2, 8)
+    tried = {}
+
+    def via_symm_mem():
+        import torch.distributed._symmetric_memory as symm_mem
+
+        symm_mem.set_backend("NCCL")
+        SX = symm_mem.empty(n_in, dtype=torch.bfloat16, device=ctx.device)
+        SY = symm_mem.empty(n_out, dtype=torch.bfloat16, device=ctx.device)
+        symm_mem.rendezvous(SX, ctx.group_name)
+        symm_mem.rendezvous(SY, ctx.group_name)
+        return SX, SY
+
+    def via_mem_pool():
+        backend = dist.group.WORLD._get_backend(ctx.device)
+        pool = torch.cuda.MemPool(backend.mem_allocator)
+        with torch.cuda.use_mem_pool(pool):
+            SX = torch.empty(n_in, dtype=torch.bfloat16, device=ctx.device)
+            SY = torch.empty(n_out, dtype=torch.bfloat16, device=ctx.device)
+        try:
+            backend.register_mem_pool(pool, symm=True)
+        except TypeError as e:  # no symm= in this torch: plain registration is not what we measure
+            raise RuntimeError(f"register_mem_pool(pool, symm=True) unsupported: {e}") from e
+        ctx.meta.setdefault("_keep", []).append(pool)  # the pool must outlive the buffers
+        return SX, SY
+
+    for name, how in (("symm_mem.set_backend('NCCL') + symm_mem.empty + rendezvous", via_symm_mem),
+                      ("MemPool(backend.mem_allocator) + register_mem_pool(symm=True)", via_mem_pool)):
+        ran, value, err = guarded(ctx, how)
+        if ran:
+            ctx.nsymm = value
+            ctx.meta["nccl_symm"] = {"method": name, "in_bytes": in_bytes, "out_bytes": out_bytes,
+                                     **({"failed_first": tried} if tried else {})}
+            ctx.log(f"NCCL symmetric buffers: {name}")
+            return
+        tried[name] = err
+    ctx.meta["nccl_symm"] = {"error": "; ".join(f"{k}: {v}" for k, v in tried.items())[:2000]}
+    ctx.log(f"NCCL symmetric buffers unavailable: {ctx.meta['nccl_symm']['error'][:300]}")
+
+
+def run_nccl_child(ctx: Ctx) -> None:
+    """Measure the nomix / symm NCCL variants in a child process group with
+    NCCL_GRAPH_MIXING_SUPPORT=0 (read once per process by NCCL), then merge its rows."""
+    wanted = [v for v in ctx.plan.nccl if v != "default"]
+    if not wanted:
+        return
+    import socket
+    import tempfile
+
+    info = [None]
+    if ctx.rank == 0:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        info = [{"port": port, "out": str(Path(tempfile.mkdtemp(prefix="bench-nccl-")) / "child.json")}]
+    dist.broadcast_object_list(info, src=0)
+    port, out = info[0]["port"], Path(info[0]["out"])
+    args = ctx.args
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")}
+    env.update(NCCL_GRAPH_MIXING_SUPPORT="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               RANK=str(ctx.rank), WORLD_SIZE=str(ctx.world), LOCAL_RANK=str(ctx.local_rank),
+               LOCAL_WORLD_SIZE=os.environ.get("LOCAL_WORLD_SIZE", str(ctx.world)))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--nccl-child", "--child-out", str(out),
+           "--systems", "nccl", "--nccl-variants", ",".join(wanted), "--collectives", ",".join(ctx.plan.collectives),
+           "--sizes", ",".join(str(b) for b in ctx.plan.sizes), "--modes", ",".join(ctx.plan.modes),
+           "--calls-per-graph", ",".join(str(c) for c in ctx.plan.calls), "--reps", str(args.reps),
+           "--many-calls-max-bytes", str(ctx.plan.many_calls_max_bytes),
+           "--target-rep-us", str(args.target_rep_us), "--seed", str(args.seed), "--no-peak", "--no-plots",
+           "--budget-s", str(max(10.0, args.child_timeout_s - 30)), "--timeout-s", str(args.child_timeout_s),
+           "--pg-timeout-s", str(args.pg_timeout_s)]
+    barrier(ctx)
+    t = time.time()
+    ctx.log(f"NCCL child ({', '.join(wanted)}; NCCL_GRAPH_MIXING_SUPPORT=0) started")
+    status = "ok"
+    try:
+        done = subprocess.run(cmd, env=env, timeout=args.child_timeout_s + 90,
+                              stdout=None if ctx.rank == 0 else subprocess.DEVNULL)
+        status = f"exit {done.returncode}"
+    except Exception as e:  # noqa: BLE001
+        status = f"{type(e).__name__}: {e}"
+    barrier(ctx)
+    ctx.meta["nccl_variants"] = {"default": f"this process, env {nccl_env() or '(NCCL defaults)'}"}
+    if ctx.rank == 0:
+        try:
+            child = json.loads(out.read_text())
+            for row in child.get("rows", []):
+                ctx.add(row)
+                if row.get("checked") is False:
+                    ctx.failures.append(f"CHECK FAILED: nccl/{row.get('variant')} {row.get('collective')} "
+                                        f"{report.fmt_bytes(row.get('bytes'))} {row.get('mode')}: {row.get('check_note')}")
+            cmeta = child.get("meta", {})
+            for v in wanted:
+                ctx.meta["nccl_variants"][v] = ("child process group, NCCL_GRAPH_MIXING_SUPPORT=0"
+                                                + (f"; buffers: {cmeta.get('nccl_symm')}" if v == "symm" else ""))
+            ctx.meta["nccl_child"] = {"status": status, "seconds": round(time.time() - t, 1),
+                                      "child_status": cmeta.get("status"), "nccl_symm": cmeta.get("nccl_symm")}
+        except Exception as e:  # noqa: BLE001
+            ctx.meta["nccl_child"] = {"status": status, "error": f"no child results: {type(e).__name__}: {e}"}
+            for v in wanted:
+                ctx.meta["nccl_variants"][v] = f"FAILED: {status}; {e}"
+        shutil.rmtree(out.parent, ignore_errors=True)
+    ctx.log(f"NCCL child: {status} in {time.time() - t:.0f} s")
+
+
 def precompile(ctx: Ctx) -> None:
     """Warm Purlin's on-disk compile cache with a process pool on one rank per host."""
     plan = ctx.plan
@@ -802,14 +992,19 @@ def setup_purlin(ctx: Ctx) -> None:
     free1 = torch.cuda.mem_get_info(ctx.device)[0]
     load_times = {}
     for coll in ctx.plan.collectives:
+        shared: dict = {}  # load_key -> loaded (zerocopy uses the default's collective)
         for v in ctx.plan.variants:
             if not v.applies(coll):
+                continue
+            key = purlin_api.load_key(v)
+            if key in shared:
+                ctx.colls[(coll, v.name)] = shared[key]
                 continue
             t = time.time()
             ran, loaded, err = guarded(ctx, lambda: purlin_api.load(comm, coll, v.options))
             load_times[f"{coll}/{v.name}"] = round(time.time() - t, 2)
             if ran:
-                ctx.colls[(coll, v.name)] = loaded
+                ctx.colls[(coll, v.name)] = shared[key] = loaded
             else:
                 ctx.add(_load_error_row(ctx, coll, v, f"load: {err}"))
     free2 = torch.cuda.mem_get_info(ctx.device)[0]
@@ -888,6 +1083,16 @@ def run(ctx: Ctx) -> None:
     collect_meta(ctx)
     ctx.log(describe_plan(plan, args, ctx.world))
     ctx.meta["estimate_s"] = round(estimate_s(plan, args))
+    if args.nccl_child:
+        ctx.nccl_here = tuple(plan.nccl)
+        if "symm" in plan.nccl:
+            lays = [report.layout(c, ctx.world, s) for c in plan.collectives if c in NCCL_SYMM_COLLECTIVES
+                    for s in plan.sizes]
+            if lays:
+                setup_nccl_symm(ctx, 2 * max(l.in_elems for l in lays), 2 * max(l.out_elems for l in lays))
+    elif "nccl" in plan.systems:
+        ctx.nccl_here = tuple(v for v in plan.nccl if v == "default")
+        run_nccl_child(ctx)  # first, while nothing else of this run holds the GPUs or the CPUs
 
     need_symm = "symm_mem" in plan.systems or not args.no_peak
     if need_symm:
@@ -932,7 +1137,18 @@ def run_size(ctx: Ctx, coll: str, nbytes: int, salt: int) -> None:
     cases: list[Case] = []
     build_errors = []
     if "nccl" in plan.systems:
-        cases.append(nccl_case(ctx, coll, lay, X, Y))
+        for variant in ctx.nccl_here:
+            if variant != "symm":
+                cases.append(nccl_case(ctx, coll, lay, X, Y, variant))
+            elif coll in NCCL_SYMM_COLLECTIVES:
+                if ctx.nsymm is None:
+                    why = (ctx.meta.get("nccl_symm") or {}).get("error", "unavailable")
+                    build_errors.append(("nccl", "symm", f"NCCL symmetric buffers: {why}"))
+                else:
+                    try:
+                        cases.append(nccl_symm_case(ctx, coll, lay))
+                    except Exception as e:  # noqa: BLE001
+                        build_errors.append(("nccl", "symm", f"{type(e).__name__}: {e}"))
     if "symm_mem" in plan.systems and coll == "allreduce":
         if ctx.symm is None:
             why = (ctx.meta.get("symm_mem") or {}).get("error", "unavailable")
@@ -942,23 +1158,36 @@ def run_size(ctx: Ctx, coll: str, nbytes: int, salt: int) -> None:
                 cases += symm_cases(ctx, lay, Y)
             except Exception as e:  # noqa: BLE001
                 build_errors.append(("symm_mem", "one-shot", f"{type(e).__name__}: {e}"))
+    heap_bufs = None
+    if "purlin" in plan.systems and any(v.heap and v.applies(coll) and (coll, v.name) in ctx.colls
+                                        for v in plan.variants):
+        # Zero-copy buffers: a collective allocation in Purlin's symmetric heap (every rank is here).
+        ran, heap_bufs, err = guarded(ctx, lambda: (purlin_api.empty(ctx.comm, lay.in_elems, torch.bfloat16),
+                                                    purlin_api.empty(ctx.comm, lay.out_elems, torch.bfloat16)))
+        if not ran:
+            heap_bufs = None
+            build_errors += [("purlin", v.name, f"comm.empty: {err}") for v in plan.variants
+                             if v.heap and v.applies(coll)]
     if "purlin" in plan.systems:
         for v in plan.variants:
             if v.applies(coll) and (coll, v.name) in ctx.colls:
+                if v.heap and heap_bufs is None:
+                    continue
                 try:
-                    cases.append(purlin_case(ctx, coll, v, X, Y))
+                    cases.append(purlin_case(ctx, coll, v, *(heap_bufs if v.heap else (X, Y))))
                 except Exception as e:  # noqa: BLE001
                     build_errors.append(("purlin", v.name, f"{type(e).__name__}: {e}"))
     for system, variant, err in build_errors:
-        for mode in plan.modes:
+        for mode, calls in plan.views(lay.bytes):
             ctx.add({"system": system, "variant": variant, "collective": coll, "dtype": "bfloat16",
                      "bytes": lay.bytes, "count": lay.count, "world_size": ctx.world, "mode": mode,
-                     "time_us": None, "checked": None, "error": err})
+                     "calls_per_graph": calls, "time_us": None, "checked": None, "error": err})
     for k, case in enumerate(cases):
         for row in run_case(ctx, lay, case, x_time, salt * 100 + k + 1):
             ctx.add(row)
     progress(ctx, coll, lay.bytes)
-    del X, Y, x_time, cases
+    del X, Y, x_time, cases, heap_bufs  # the heap blocks are freed alike on every rank
+    sync()
     torch.cuda.empty_cache()
 
 
@@ -968,11 +1197,14 @@ def progress(ctx: Ctx, coll: str, nbytes: int) -> None:
     rows = [r for r in ctx.rows if r.get("collective") == coll and r.get("bytes") == nbytes]
     parts = []
     for mode in ("graph", "eager"):
-        n = report.one(rows, system="nccl", variant="nccl", mode=mode)
-        d = report.one(rows, system="purlin", variant="default", mode=mode)
-        b = report.best_purlin(rows, coll, nbytes, mode)
-        s = report.best_of(rows, "symm_mem", coll, nbytes, mode)
-        bit = f"{mode[0]}: nccl {report._cell_time(n)} default {report._cell_time(d)}"
+        sub = report.select(rows, mode)
+        n = report.best_nccl(sub, coll, nbytes, mode)
+        d = report.one(sub, system="purlin", variant="default", mode=mode)
+        z = report.one(sub, system="purlin", variant="zerocopy", mode=mode)
+        b = report.best_purlin(sub, coll, nbytes, mode)
+        s = report.best_of(sub, "symm_mem", coll, nbytes, mode)
+        bit = (f"{mode[0]}: nccl {n['variant'] + ' ' + report._cell_time(n) if n else '-'} "
+               f"default {report._cell_time(d)}" + (f" zc {report._cell_time(z)}" if z else ""))
         if b:
             bit += f" best {b['variant']} {report._num(b['time_us'])}"
         if s:
@@ -990,17 +1222,22 @@ def progress(ctx: Ctx, coll: str, nbytes: int) -> None:
 def document(ctx: Ctx) -> dict:
     with ctx.lock:
         rows = list(ctx.rows)
-    doc = {"meta": dict(ctx.meta, elapsed_s=round(time.time() - ctx.t0, 1)), "rows": rows}
+    meta = {k: v for k, v in ctx.meta.items() if not k.startswith("_")}
+    doc = {"meta": dict(meta, elapsed_s=round(time.time() - ctx.t0, 1)), "rows": rows}
     if ctx.args.merge:
         olds = [json.loads(p.read_text()) for p in ctx.args.merge if p.exists()]
         doc = report.merge(olds + [doc])
-        doc["meta"] = dict(ctx.meta, elapsed_s=round(time.time() - ctx.t0, 1),
+        doc["meta"] = dict(meta, elapsed_s=round(time.time() - ctx.t0, 1),
                            merged_from=[str(p) for p in ctx.args.merge])
     return doc
 
 
 def write_partial(ctx: Ctx) -> None:
     if ctx.rank != 0:
+        return
+    if ctx.args.nccl_child:
+        if ctx.args.child_out:
+            report._atomic_write(ctx.args.child_out, json.dumps(document(ctx), default=str))
         return
     try:
         ctx.args.results_dir.mkdir(parents=True, exist_ok=True)
@@ -1026,7 +1263,12 @@ def finish(ctx: Ctx, status: str) -> None:
 
 def _finish(ctx: Ctx, status: str) -> None:
     ctx.meta["status"] = status
+    ctx.meta.pop("_keep", None)
     doc = document(ctx)
+    if ctx.args.nccl_child:  # the parent merges these rows and writes the reports
+        if ctx.args.child_out:
+            report._atomic_write(ctx.args.child_out, json.dumps(doc, default=str))
+        return
     try:
         paths = report.write_all(doc, ctx.args.results_dir, ctx.stem, plots=not ctx.args.no_plots)
         if ctx.args.out:
@@ -1097,7 +1339,9 @@ def main(argv=None) -> int:
             "args": {k: str(v) for k, v in vars(args).items()},
             "plan": {"collectives": plan.collectives, "systems": plan.systems,
                      "variants": {v.name: v.options for v in plan.variants}, "sizes": plan.sizes,
-                     "modes": plan.modes}}
+                     "modes": plan.modes, "nccl_variants": list(plan.nccl), "calls_per_graph": list(plan.calls)},
+            "wire_model": {"launch_us": report.LAUNCH_US, "signal_us": report.SIGNAL_US,
+                           "two_way_gbps": report.TWO_WAY_GBPS, "one_way_gbps": report.ONE_WAY_GBPS}}
     ctx = Ctx(args, plan, rank, world, local_rank, device, dist.group.WORLD.group_name, time.time(), meta)
     ctx.meta["machine"] = machine_tag(ctx)
     ctx.stem = f"{ctx.meta['date']}-{ctx.meta['machine']}"

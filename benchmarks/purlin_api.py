@@ -30,6 +30,7 @@ class Variant:
     name: str
     options: dict = field(default_factory=dict)  # OPTION_KEYS; missing = the runtime's choice
     only: tuple[str, ...] = ()  # collectives it applies to (empty = all)
+    heap: bool = False  # buffers from comm.empty (the zero-copy path) instead of torch.empty
 
     def applies(self, collective: str) -> bool:
         return not self.only or collective in self.only
@@ -41,9 +42,12 @@ def _v(name: str, algorithm: str, atom: str, channels: int | None, slices: int |
     return Variant(name, {k: v for k, v in opts.items() if v is not None}, only)
 
 
-# ``default`` is the call a user makes with no options; the rest pin algorithm/atom/channels.
+# ``default`` is the call a user makes with no options; ``zerocopy`` is the same call on buffers
+# from the communicator's symmetric heap (comm.empty: the registered schedules, no staging);
+# the rest pin algorithm/atom/channels.
 VARIANTS = (
     Variant("default"),
+    Variant("zerocopy", heap=True),
     _v("push-ldst-c1", "direct-push", "ldst", 1),
     _v("push-ldst-c4", "direct-push", "ldst", 4),
     _v("push-ldst-c16", "direct-push", "ldst", 16),
@@ -65,8 +69,13 @@ VARIANTS = (
     _v("push-ce", "direct-push", "ce", None, only=("allgather", "alltoall", "broadcast", "gather", "scatter")),
     _v("push-ce-c4", "direct-push", "ce", 4, only=("allgather", "alltoall", "broadcast", "gather", "scatter")),
 )
-QUICK_VARIANTS = ("default", "push-ldst-c1", "push-ldst-c16", "push-ldst-c32", "push-ldst-c64", "push-ll-c1",
-                  "push-ll-c8", "two-shot-ldst-c32", "push-tma-c8", "push-ce", "push-ce-c4")
+QUICK_VARIANTS = ("default", "zerocopy", "push-ldst-c1", "push-ldst-c16", "push-ldst-c64", "push-ll-c1",
+                  "push-ll-c8", "two-shot-ldst-c32", "push-ce")
+
+
+def load_key(variant: Variant) -> tuple:
+    """Variants with the same options share one loaded collective (``zerocopy`` = ``default``)."""
+    return tuple(sorted((k, str(v)) for k, v in variant.options.items()))
 
 
 def parse_variant(text: str) -> Variant:
@@ -104,15 +113,27 @@ def stage_bytes() -> int:
 
 
 def heap_bytes_for(loads: int) -> int | None:
-    """A heap that holds every variant the benchmark loads at once (the default 512 MiB holds
-    about seven); None when the user set PURLIN_HEAP_MB, which then wins."""
+    """The first heap segment: None (the runtime's PURLIN_HEAP_MB) when the heap grows on demand;
+    older runtimes without growth get one that holds every variant the benchmark loads."""
     import os
 
-    if os.environ.get("PURLIN_HEAP_MB"):
+    if os.environ.get("PURLIN_HEAP_MB") or heap_grows():
         return None
-    # A plain (tuned) load holds one schedule per size bucket, several with full staging:
-    # leave room for about four more stagings per collective.
     return max(512 << 20, loads * stage_bytes() + 32 * stage_bytes() + (256 << 20))
+
+
+def heap_grows() -> bool:
+    try:
+        from purlinc.runtime.heap import SymmetricHeap
+
+        return hasattr(SymmetricHeap, "alloc_user")
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def empty(comm, numel: int, dtype):
+    """A tensor in the communicator's symmetric heap (a collective: every rank calls it)."""
+    return comm.empty((numel,), dtype)
 
 
 def communicator(heap_bytes: int | None = None):
@@ -193,6 +214,10 @@ def device_bytes(comm) -> dict:
         v = getattr(comm, name, None)
         if isinstance(v, int):
             out[f"comm.{name}"] = v
+    heap = getattr(comm, "heap", None)
+    if heap is not None:
+        out["heap_reserved"] = int(heap.size)
+        out["heap_segments"] = len(getattr(heap, "segments", ()) or ()) or 1
     return out
 
 
@@ -243,7 +268,7 @@ def precompile_one(job: dict, arch: str) -> str:
     if prepare is not None:
         compiled = prepare(str(pln_path(job["collective"])), job["world_size"], arch=arch,
                            **{k: opts.get(k) for k in ("algorithm", "atom", "channels", "slices", "packed")})
-        if compiled.ce_plan is None:
+        if compiled.plan is None:  # a kernel atom (a host-driven one, ce, has no kernels)
             is_reduce = compiled.schedule.operation.value == "reduce"
             compiled.kernel(DType.BFLOAT16, ReduceOp.SUM if is_reduce else None)
         return f"{job['collective']}/{job['variant']}: ok"

@@ -6,12 +6,26 @@ that document, so a report can be rebuilt (or several split runs merged) on any 
 
     python benchmarks/report.py benchmarks/results/2026-11-30-h200x2.json [more.json ...]
 
-Row fields (one row per system, variant, collective, size and mode):
+Row fields (one row per system, variant, collective, size, mode and calls per graph):
     system, variant, collective, dtype, bytes, count, world_size, mode ("eager" | "graph"),
-    time_us (max over ranks of each rank's median), time_us_min / time_us_max (spread of the
-    repeats on the slowest rank), iters, reps, algbw_gbps, busbw_gbps, sms, sms_note,
+    calls_per_graph (graph rows: calls captured in one graph, the same for every system;
+    eager rows: None), time_us (max over ranks of each rank's median), time_us_min /
+    time_us_max (spread of the repeats on the slowest rank), iters, reps, algbw_gbps,
+    busbw_gbps, limit_us and pct_of_limit (the wire model below), sms, sms_note,
     checked (True | False | None = not checkable), check_note, error (None or text),
-    options (Purlin variant options), repeat_safe.
+    options (Purlin variant options), repeat_safe, nccl_env (NCCL rows: the settings used).
+
+NCCL variants: ``default`` (NCCL as the caller's environment sets it up), ``nomix``
+(``NCCL_GRAPH_MIXING_SUPPORT=0``), ``symm`` (mixing off, buffers registered as NCCL symmetric
+windows: NCCL's symmetric kernels where it has them).  Speed-ups are quoted against the
+*best* NCCL row of each size and mode (``best_nccl``), which the tables name.
+
+The wire model (``limit_us``): launch of a kernel inside a CUDA graph (0.56 us) + one NVLink
+signal (1.26 us) + the bytes one rank must move over its busiest link direction
+(``busbw_factor * bytes``, nccl-tests' bus bytes) at 365 GB/s when every rank sends at once
+(all-reduce, all-gather, reduce-scatter, all-to-all) or 396 GB/s when one direction carries it
+(broadcast, reduce, gather, scatter); all measured on 2 x H200 (DESIGN.md, section 5b).  It is
+a floor for graph replays; eager rows carry the same figure (their launch costs more).
 """
 
 from __future__ import annotations
@@ -46,7 +60,7 @@ ALIGN_BYTES = 16
 
 
 def quick_sizes() -> list[int]:
-    return [1 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 256 * MiB]
+    return [1 * KiB, 16 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 256 * MiB]
 
 
 def full_sizes() -> list[int]:
@@ -169,7 +183,44 @@ def estimate_run_s(plan: list[tuple[str, int, int]], *, reps: int, target_rep_us
     return startup_s + loads * load_s + cases
 
 
+# --------------------------------------------------------------------------- the wire model
+
+LAUNCH_US = 0.56  # an empty kernel inside a CUDA graph (H200)
+SIGNAL_US = 1.26  # one release store -> acquire poll across NVLink
+TWO_WAY_GBPS = 365.0  # each way, with both directions busy (730 GB/s together)
+ONE_WAY_GBPS = 396.0  # one direction alone (copy-engine peak at 1 GiB)
+TWO_WAY = frozenset({"allreduce", "allgather", "reduce_scatter", "alltoall"})
+
+
+def wire_bytes(collective: str, world_size: int, nbytes: int) -> float:
+    """Bytes the busiest link direction of one rank must carry (nccl-tests' bus bytes)."""
+    return busbw_factor(collective, world_size) * nbytes
+
+
+def limit_us(collective: str, world_size: int, nbytes: int) -> float:
+    gbps = TWO_WAY_GBPS if collective in TWO_WAY else ONE_WAY_GBPS
+    return LAUNCH_US + SIGNAL_US + wire_bytes(collective, world_size, nbytes) / (gbps * 1e3)
+
+
+def pct_of_limit(collective: str, world_size: int, nbytes: int, time_us: float | None) -> float | None:
+    """100 = at the wire limit; lower is slower."""
+    if not time_us or time_us <= 0:
+        return None
+    return 100.0 * limit_us(collective, world_size, nbytes) / time_us
+
+
 # --------------------------------------------------------------------------- row access
+
+PRIMARY_CALLS_PER_GRAPH = 20  # graph rows the tables and targets quote first
+
+
+def normalize(row: dict) -> dict:
+    """Rows of older runs: NCCL's plain row was variant ``nccl``; no calls_per_graph."""
+    if row.get("system") == "nccl" and row.get("variant") == "nccl":
+        row = {**row, "variant": "default"}
+    if "calls_per_graph" not in row:
+        row = {**row, "calls_per_graph": None}
+    return row
 
 
 def ok(row: dict) -> bool:
@@ -186,16 +237,48 @@ def one(rows: list[dict], **match) -> dict | None:
     return found[0] if found else None
 
 
+def graph_counts(rows: list[dict]) -> list[int | None]:
+    """The calls-per-graph values of the graph rows, the primary one first."""
+    found = sorted({r.get("calls_per_graph") for r in rows if r.get("mode") == "graph"},
+                   key=lambda c: (c != PRIMARY_CALLS_PER_GRAPH, c is None, c or 0))
+    return found
+
+
+def views(rows: list[dict]) -> list[tuple[str, int | None]]:
+    """(mode, calls_per_graph) pairs present, graph (primary first) then eager."""
+    out = [("graph", c) for c in graph_counts(rows)]
+    if any(r.get("mode") == "eager" for r in rows):
+        out.append(("eager", None))
+    return out
+
+
+def select(rows: list[dict], mode: str, calls: int | None = None) -> list[dict]:
+    """The rows of one timing view; for graph rows ``calls`` picks the calls per graph
+    (default: the primary one present)."""
+    if mode == "graph" and calls is None:
+        counts = graph_counts(rows)
+        calls = counts[0] if counts else None
+    return [r for r in rows if r.get("mode") == mode and (mode != "graph" or r.get("calls_per_graph") == calls)]
+
+
+NOT_SCHEDULES = ("default", "zerocopy")  # Purlin rows that are a choice, not one pinned schedule
+
+
 def best_purlin(rows: list[dict], collective: str, nbytes: int, mode: str) -> dict | None:
-    """The fastest correct explicit Purlin variant (``default`` excluded: it is a choice)."""
+    """The fastest correct explicit Purlin variant (``default``/``zerocopy`` excluded: choices)."""
     cands = [r for r in rows_for(rows, system="purlin", collective=collective, bytes=nbytes, mode=mode)
-             if r.get("variant") != "default" and ok(r) and r.get("checked") is True]
+             if r.get("variant") not in NOT_SCHEDULES and ok(r) and r.get("checked") is True]
     return min(cands, key=lambda r: r["time_us"]) if cands else None
 
 
 def best_of(rows: list[dict], system: str, collective: str, nbytes: int, mode: str) -> dict | None:
     cands = [r for r in rows_for(rows, system=system, collective=collective, bytes=nbytes, mode=mode) if ok(r)]
     return min(cands, key=lambda r: r["time_us"]) if cands else None
+
+
+def best_nccl(rows: list[dict], collective: str, nbytes: int, mode: str) -> dict | None:
+    """The fastest NCCL row (default, nomix or symm) that ran and was not found wrong."""
+    return best_of(rows, "nccl", collective, nbytes, mode)
 
 
 def sizes_of(rows: list[dict], collective: str) -> list[int]:
@@ -219,18 +302,29 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return None if not a or not b else a / b
 
 
+def with_limits(row: dict) -> dict:
+    """``limit_us`` and ``pct_of_limit`` filled in (rows of older runs lack them)."""
+    if row.get("bytes") and row.get("collective") in COLLECTIVES and row.get("world_size"):
+        lim = limit_us(row["collective"], row["world_size"], row["bytes"])
+        row = {**row, "limit_us": round(lim, 3),
+               "pct_of_limit": None if not ok(row) else round(100.0 * lim / row["time_us"], 1)}
+    return row
+
+
 # --------------------------------------------------------------------------- merge
 
 
 def merge(docs: list[dict]) -> dict:
-    """Later documents win for the same (system, variant, collective, bytes, mode) key."""
+    """Later documents win for the same (system, variant, collective, bytes, mode, calls) key."""
     if not docs:
         return {"meta": {}, "rows": []}
     meta = dict(docs[0].get("meta", {}))
     keyed: dict[tuple, dict] = {}
     for doc in docs:
         for row in doc.get("rows", []):
-            key = (row.get("system"), row.get("variant"), row.get("collective"), row.get("bytes"), row.get("mode"))
+            row = normalize(row)
+            key = (row.get("system"), row.get("variant"), row.get("collective"), row.get("bytes"), row.get("mode"),
+                   row.get("calls_per_graph"))
             keyed[key] = row
     if len(docs) > 1:
         meta["merged_from"] = [d.get("meta", {}).get("run_id") for d in docs]
@@ -238,6 +332,11 @@ def merge(docs: list[dict]) -> dict:
             for k, v in (d.get("meta", {}).get("peaks") or {}).items():
                 meta.setdefault("peaks", {}).setdefault(k, v)
     return {"meta": meta, "rows": list(keyed.values())}
+
+
+def prepared(doc: dict) -> dict:
+    """The document with rows normalised and limits filled in (what the report reads)."""
+    return {"meta": doc.get("meta", {}), "rows": [with_limits(normalize(r)) for r in doc.get("rows", [])]}
 
 
 # --------------------------------------------------------------------------- tuning table
@@ -252,18 +351,19 @@ def tuning_table(doc: dict, *, prefer_mode: str = "graph") -> dict:
     """{collective: {world_size: [{max_bytes, variant, options...}, ...]}}.
 
     Per measured size the fastest correct explicit Purlin variant (``prefer_mode`` timings,
-    eager where that mode has none); neighbouring sizes with the same winner are merged.
-    An entry applies to calls of at most ``max_bytes``; the last has ``max_bytes: null``.
+    the primary calls per graph; eager where that mode has none); neighbouring sizes with the
+    same winner are merged.  An entry applies to calls of at most ``max_bytes``; the last has
+    ``max_bytes: null``.
     """
-    rows = doc.get("rows", [])
+    rows = prepared(doc)["rows"]
     ws = str(world_size_of(doc))
+    other = "eager" if prefer_mode == "graph" else "graph"
+    first, second = select(rows, prefer_mode), select(rows, other)
     table: dict[str, dict[str, list[dict]]] = {}
     for coll in collectives_of(rows):
         picks: list[tuple[int, dict]] = []
         for nbytes in sizes_of(rows, coll):
-            best = best_purlin(rows, coll, nbytes, prefer_mode)
-            if best is None:
-                best = best_purlin(rows, coll, nbytes, "eager" if prefer_mode == "graph" else "graph")
+            best = best_purlin(first, coll, nbytes, prefer_mode) or best_purlin(second, coll, nbytes, other)
             if best is not None:
                 picks.append((nbytes, best))
         entries: list[dict] = []
@@ -294,46 +394,6 @@ def _fmt_ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
-def _pairs(rows: list[dict], collective: str, mode: str, lo: int, hi: int):
-    """(bytes, nccl row, purlin default row) over the sizes in [lo, hi] with both present."""
-    for nbytes in sizes_of(rows, collective):
-        if not lo <= nbytes <= hi:
-            continue
-        n = one(rows, system="nccl", variant="nccl", collective=collective, bytes=nbytes, mode=mode)
-        d = one(rows, system="purlin", variant="default", collective=collective, bytes=nbytes, mode=mode)
-        if n is not None and d is not None:
-            yield nbytes, n, d
-
-
-def _speedup_target(name: str, rows: list[dict], mode: str, lo: int, hi: int, need: float,
-                    metric: str, collectives: list[str]) -> Target:
-    """Every collective: purlin default >= need x NCCL (time ratio, or busbw ratio)."""
-    lines, missed, seen = [], False, 0
-    for coll in collectives:
-        worst = None
-        for nbytes, n, d in _pairs(rows, coll, mode, lo, hi):
-            if not ok(n):
-                continue
-            seen += 1
-            r = ratio(n["time_us"], d["time_us"]) if ok(d) else 0.0  # same bytes: busbw ratio = time ratio
-            if worst is None or r < worst[0]:
-                worst = (r, nbytes, n, d)
-        if worst is None:
-            lines.append(f"{coll}: no data")
-            continue
-        r, nbytes, n, d = worst
-        good = r >= need
-        missed |= not good
-        if metric == "time":
-            detail = f"NCCL {_num(n['time_us'])} us, Purlin {_num(d.get('time_us'))} us"
-        else:
-            detail = f"NCCL {_num(n.get('busbw_gbps'))} GB/s, Purlin {_num(d.get('busbw_gbps'))} GB/s"
-        why = "" if ok(d) else f" (Purlin row failed: {_why(d)})"
-        lines.append(f"{coll}: {'met' if good else 'MISSED'}, worst {_fmt_ratio(r)} at {fmt_bytes(nbytes)} ({detail}){why}")
-    status = "no data" if not seen else ("missed" if missed else "met")
-    return Target(name, status, lines)
-
-
 def _why(row: dict) -> str:
     if row.get("error"):
         return str(row["error"]).splitlines()[0][:100]
@@ -352,22 +412,100 @@ def _num(x: float | None, digits: int = 2) -> str:
     return f"{x:.{digits}f}"
 
 
-def _symm_target(rows: list[dict]) -> Target:
-    name = "small (1-64 KiB), graph: Purlin all-reduce faster than the best torch symm_mem all-reduce"
-    lines, missed, seen = [], False, 0
-    for nbytes in sizes_of(rows, "allreduce"):
-        if not KiB <= nbytes <= 64 * KiB:
+def _name(row: dict | None) -> str:
+    return "-" if row is None else f"{row['system']}/{row['variant']}"
+
+
+def _default(rows: list[dict], coll: str, nbytes: int, mode: str) -> dict | None:
+    return one(rows, system="purlin", variant="default", collective=coll, bytes=nbytes, mode=mode)
+
+
+def _judge(name: str, checks: list[tuple[bool, str]]) -> Target:
+    if not checks:
+        return Target(name, "no data", [])
+    missed = [line for good, line in checks if not good]
+    lines = [("met: " if good else "MISSED: ") + line for good, line in checks]
+    return Target(name, "missed" if missed else "met", lines)
+
+
+def _latency_target(rows, colls, lo, hi, limit: dict[str, float], speedup: float | None, name: str) -> Target:
+    """graph: the Purlin default <= limit[coll] us and (optionally) >= speedup x best NCCL."""
+    checks = []
+    for coll in colls:
+        for nbytes in sizes_of(rows, coll):
+            if not lo <= nbytes <= hi:
+                continue
+            d, n = _default(rows, coll, nbytes, "graph"), best_nccl(rows, coll, nbytes, "graph")
+            if d is None:
+                continue
+            bound = limit.get(coll, limit.get("*"))
+            t = d["time_us"] if ok(d) else None
+            good = t is not None and (bound is None or t <= bound)
+            r = ratio(n["time_us"], t) if n is not None and t else None
+            if speedup is not None:
+                good = good and r is not None and r >= speedup
+            line = (f"{coll} {fmt_bytes(nbytes)}: Purlin {_num(t)} us" + (f" (<= {bound})" if bound else "")
+                    + (f", {_fmt_ratio(r)} best NCCL ({_name(n)} {_num(n['time_us'])} us)" if n else ", no NCCL row"))
+            if not ok(d):
+                line += f" (Purlin row failed: {_why(d)})"
+            checks.append((good, line))
+    return _judge(name, checks)
+
+
+def _speedup_target(rows, colls, lo, hi, need: float, name: str, only=None) -> Target:
+    checks = []
+    for coll in (only or colls):
+        if coll not in colls:
             continue
-        d = one(rows, system="purlin", variant="default", collective="allreduce", bytes=nbytes, mode="graph")
-        s = best_of(rows, "symm_mem", "allreduce", nbytes, "graph")
-        if d is None or s is None:
+        for nbytes in sizes_of(rows, coll):
+            if not lo <= nbytes <= hi:
+                continue
+            d, n = _default(rows, coll, nbytes, "graph"), best_nccl(rows, coll, nbytes, "graph")
+            if d is None or n is None:
+                continue
+            r = ratio(n["time_us"], d["time_us"]) if ok(d) else None
+            checks.append((r is not None and r >= need,
+                           f"{coll} {fmt_bytes(nbytes)}: {_fmt_ratio(r)} best NCCL ({_name(n)} {_num(n['time_us'])} us, "
+                           f"Purlin {_num(d.get('time_us'))} us)" + ("" if ok(d) else f" (Purlin: {_why(d)})")))
+    return _judge(name, checks)
+
+
+def _wire_target(rows, colls, nbytes_at: int, within: float, name: str) -> Target:
+    checks = []
+    for coll in colls:
+        d = _default(rows, coll, nbytes_at, "graph")
+        if d is None:
             continue
-        seen += 1
-        good = ok(d) and d["time_us"] < s["time_us"]
-        missed |= not good
-        lines.append(f"{fmt_bytes(nbytes)}: {'met' if good else 'MISSED'} (Purlin {_num(d.get('time_us'))} us, "
-                     f"symm_mem {s['variant']} {s['time_us']:.2f} us)")
-    return Target(name, "no data" if not seen else ("missed" if missed else "met"), lines)
+        pct = d.get("pct_of_limit") if ok(d) else None
+        checks.append((pct is not None and pct >= 100.0 * (1 - within),
+                       f"{coll} {fmt_bytes(nbytes_at)}: {_num(pct)}% of the wire limit "
+                       f"({_num(d.get('limit_us'))} us; Purlin {_num(d.get('time_us'))} us)"))
+    return _judge(name, checks)
+
+
+def _busbw_target(rows, colls, need_gbps: float, name: str) -> Target:
+    checks = []
+    for coll in [c for c in BANDWIDTH_BOUND if c in colls]:
+        for nbytes in sizes_of(rows, coll):
+            if nbytes < 256 * MiB:
+                continue
+            d = _default(rows, coll, nbytes, "graph")
+            if d is None:
+                continue
+            bus = d.get("busbw_gbps") if ok(d) else None
+            checks.append((bus is not None and bus >= need_gbps, f"{coll} {fmt_bytes(nbytes)}: {_num(bus)} GB/s busbw"))
+    return _judge(name, checks)
+
+
+def _eager_target(rows, colls, bound: float, name: str) -> Target:
+    checks = []
+    for coll in colls:
+        d = _default(rows, coll, KiB, "eager")
+        if d is None:
+            continue
+        t = d["time_us"] if ok(d) else None
+        checks.append((t is not None and t <= bound, f"{coll} 1 KiB eager: {_num(t)} us"))
+    return _judge(name, checks)
 
 
 def measured_peak_gbps(meta: dict) -> tuple[float | None, str]:
@@ -383,37 +521,13 @@ def measured_peak_gbps(meta: dict) -> tuple[float | None, str]:
     return best, how
 
 
-def _large_target(rows: list[dict], meta: dict, collectives: list[str]) -> list[Target]:
-    lo, hi = 256 * MiB, 1 * GiB
-    base = _speedup_target("large (256 MiB, 1 GiB), graph: Purlin busbw >= NCCL busbw, every collective",
-                           rows, "graph", lo, hi, 1.0, "busbw", collectives)
-    peak, how = measured_peak_gbps(meta)
-    name = "large (256 MiB, 1 GiB), graph: allgather / reduce_scatter / alltoall >= 1.1x NCCL and >= 90% of peak"
-    lines, missed, seen = [], False, 0
-    for coll in [c for c in BANDWIDTH_BOUND if c in collectives]:
-        for nbytes, n, d in _pairs(rows, coll, "graph", lo, hi):
-            if not ok(n):
-                continue
-            seen += 1
-            bus = d.get("busbw_gbps") if ok(d) else None
-            r = ratio(bus, n.get("busbw_gbps")) or 0.0
-            frac = None if (peak is None or bus is None) else bus / peak
-            good = r >= 1.1 and frac is not None and frac >= 0.9
-            missed |= not good
-            lines.append(f"{coll} {fmt_bytes(nbytes)}: {'met' if good else 'MISSED'} ({_fmt_ratio(r)} NCCL, "
-                         f"{'-' if frac is None else f'{100 * frac:.0f}%'} of peak; Purlin {_num(bus)} GB/s, "
-                         f"NCCL {_num(n.get('busbw_gbps'))} GB/s)")
-    lines.append(f"peak: {_num(peak)} GB/s ({how or 'not measured'})")
-    return [base, Target(name, "no data" if not seen else ("missed" if missed else "met"), lines)]
-
-
 def _default_vs_best(rows: list[dict], collectives: list[str]) -> Target:
     name = "default within 10% of the best explicit variant (every collective, size and mode)"
     misses, seen = [], 0
     for coll in collectives:
         for nbytes in sizes_of(rows, coll):
             for mode in MODES:
-                d = one(rows, system="purlin", variant="default", collective=coll, bytes=nbytes, mode=mode)
+                d = _default(rows, coll, nbytes, mode)
                 b = best_purlin(rows, coll, nbytes, mode)
                 if d is None or b is None:
                     continue
@@ -428,34 +542,42 @@ def _default_vs_best(rows: list[dict], collectives: list[str]) -> Target:
 
 
 def _footprint(rows: list[dict], meta: dict, collectives: list[str]) -> Target:
-    """No threshold was given: report the SMs and memory the default call occupies."""
+    """Report the SMs and memory the default call occupies (target: <= 32 SMs at >= 256 MiB)."""
     lines = []
     for coll in collectives:
         sms = sorted({r["sms"] for r in rows_for(rows, system="purlin", variant="default", collective=coll)
-                      if r.get("sms") is not None})
-        nccl = sorted({r["sms"] for r in rows_for(rows, system="nccl", collective=coll) if r.get("sms") is not None})
-        lines.append(f"{coll}: Purlin default SMs {sms or 'unknown'}; NCCL SMs {nccl or 'unknown (not exposed)'}")
+                      if r.get("sms") is not None and (r.get("bytes") or 0) >= 256 * MiB})
+        lines.append(f"{coll}: Purlin default SMs at >= 256 MiB: {sms or 'unknown'}")
     fp = meta.get("purlin_footprint") or {}
     if fp:
         lines.append("Purlin device memory: " + ", ".join(f"{k} {fmt_bytes(v) if isinstance(v, int) else v}"
                                                            for k, v in fp.items()))
-    return Target("footprint (SMs and device memory of the default call)", "report", lines)
+    return Target("footprint (SMs of the default call at >= 256 MiB; device memory)", "report", lines)
 
 
 def targets(doc: dict) -> list[Target]:
-    rows, meta = doc.get("rows", []), doc.get("meta", {})
+    """Issue #11's targets, against the best NCCL row of each size (graph: the primary calls
+    per graph)."""
+    doc = prepared(doc)
+    rows, meta = doc["rows"], doc["meta"]
     colls = collectives_of(rows)
+    graph = select(rows, "graph")
+    eager = select(rows, "eager")
+    small = {"allreduce": 2.3, "allgather": 2.3, "reduce_scatter": 2.3, "*": 2.5}
     out = [
-        _speedup_target("small (1-64 KiB), graph: Purlin >= 3x faster than NCCL, every collective",
-                        rows, "graph", KiB, 64 * KiB, 3.0, "time", colls),
-        _symm_target(rows),
-        _speedup_target("small (1-64 KiB), eager: Purlin >= 2x faster than NCCL eager, every collective",
-                        rows, "eager", KiB, 64 * KiB, 2.0, "time", colls),
-        _speedup_target("medium (1-16 MiB), graph: Purlin busbw >= 2x NCCL busbw, every collective",
-                        rows, "graph", MiB, 16 * MiB, 2.0, "busbw", colls),
-        *_large_target(rows, meta, colls),
+        _latency_target(graph, colls, KiB, 16 * KiB, small, 1.25,
+                        "graph, 1 KiB and 16 KiB: every collective <= 2.5 us (all-reduce, all-gather, "
+                        "reduce-scatter <= 2.3 us) and >= 1.25x the best NCCL"),
+        _latency_target(graph, colls, 64 * KiB, 64 * KiB, {"*": 3.0}, None,
+                        "graph, 64 KiB: every collective <= 3.0 us"),
+        _speedup_target(graph, colls, MiB, MiB, 1.5, "graph, 1 MiB: >= 1.5x the best NCCL"),
+        _wire_target(graph, colls, 16 * MiB, 0.15, "graph, 16 MiB: within 15% of the wire limit"),
+        _busbw_target(graph, colls, 330.0,
+                      "graph, 256 MiB and 1 GiB: all-gather, reduce-scatter, all-to-all >= 330 GB/s busbw"),
+        _speedup_target(graph, colls, 256 * MiB, GiB, 1.05, "graph, 256 MiB and 1 GiB: all eight >= 1.05x the best NCCL"),
+        _eager_target(eager, colls, 8.0, "eager, 1 KiB: <= 8 us per call"),
         _footprint(rows, meta, colls),
-        _default_vs_best(rows, colls),
+        _default_vs_best(graph + eager, colls),
     ]
     missing = [c for c in COLLECTIVES if c not in colls]
     if missing:
@@ -490,27 +612,41 @@ def _cell_sms(row: dict | None) -> str:
     return str(row["sms"])
 
 
+def _t(row: dict | None) -> float | None:
+    return row["time_us"] if row is not None and ok(row) else None
+
+
 def collective_table(rows: list[dict], coll: str, mode: str) -> list[str]:
+    """One row per size: NCCL default and best (named), Purlin default, zero-copy and best
+    explicit variant, speed-ups against the best NCCL row, the wire limit, symm_mem."""
     with_symm = any(r.get("system") == "symm_mem" and r.get("collective") == coll for r in rows)
-    head = ["size", "NCCL us", "NCCL alg/bus GB/s", "default us", "default alg/bus", "default vs NCCL",
-            "best variant", "best us", "best alg/bus", "best vs NCCL", "default/best", "SMs NCCL/def/best"]
+    with_zc = any(r.get("variant") == "zerocopy" and r.get("collective") == coll for r in rows)
+    head = ["size", "NCCL default us", "best NCCL", "best NCCL us", "Purlin default us", "default alg/bus GB/s",
+            "default vs best NCCL"]
+    if with_zc:
+        head += ["zero-copy us", "zero-copy vs best NCCL"]
+    head += ["best variant", "best us", "best vs best NCCL", "default/best", "limit us", "default % of limit",
+             "SMs def/best"]
     if with_symm:
         head.append("symm_mem best us")
     head.append("checked")
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for nbytes in sizes_of(rows, coll):
-        n = one(rows, system="nccl", variant="nccl", collective=coll, bytes=nbytes, mode=mode)
-        d = one(rows, system="purlin", variant="default", collective=coll, bytes=nbytes, mode=mode)
+        nd = one(rows, system="nccl", variant="default", collective=coll, bytes=nbytes, mode=mode)
+        n = best_nccl(rows, coll, nbytes, mode)
+        d = _default(rows, coll, nbytes, mode)
+        z = one(rows, system="purlin", variant="zerocopy", collective=coll, bytes=nbytes, mode=mode)
         b = best_purlin(rows, coll, nbytes, mode)
-        if n is None and d is None and b is None:
+        if nd is None and n is None and d is None and b is None and z is None:
             continue
-        nt = n["time_us"] if n is not None and ok(n) else None
-        dt = d["time_us"] if d is not None and ok(d) else None
-        bt = b["time_us"] if b is not None else None
-        cells = [fmt_bytes(nbytes), _cell_time(n), _cell_bw(n), _cell_time(d), _cell_bw(d),
-                 _fmt_ratio(ratio(nt, dt)), b["variant"] if b else "-", _cell_time(b), _cell_bw(b),
-                 _fmt_ratio(ratio(nt, bt)), _fmt_ratio(ratio(dt, bt)),
-                 f"{_cell_sms(n)}/{_cell_sms(d)}/{_cell_sms(b)}"]
+        nt, dt, bt, zt = _t(n), _t(d), _t(b), _t(z)
+        cells = [fmt_bytes(nbytes), _cell_time(nd), n["variant"] if n else "-", _cell_time(n), _cell_time(d),
+                 _cell_bw(d), _fmt_ratio(ratio(nt, dt))]
+        if with_zc:
+            cells += [_cell_time(z), _fmt_ratio(ratio(nt, zt))]
+        lim = limit_us(coll, int((d or n or nd or b or z).get("world_size") or 2), nbytes)
+        cells += [b["variant"] if b else "-", _cell_time(b), _fmt_ratio(ratio(nt, bt)), _fmt_ratio(ratio(dt, bt)),
+                  _num(lim), _num(None if dt is None else 100.0 * lim / dt, 1), f"{_cell_sms(d)}/{_cell_sms(b)}"]
         if with_symm:
             s = best_of(rows, "symm_mem", coll, nbytes, mode)
             cells.append(f"{_num(s['time_us'])} ({s['variant']})" if s else "-")
@@ -519,6 +655,25 @@ def collective_table(rows: list[dict], coll: str, mode: str) -> list[str]:
         cells.append("FAIL" if False in checks else ("yes" if checks and all(c is True for c in checks)
                                                       else "partial"))
         out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def nccl_table(rows: list[dict], mode: str) -> list[str]:
+    """Every NCCL variant side by side (time per call), so the best one's margin shows."""
+    variants = [v for v in ("default", "nomix", "symm") if rows_for(rows, system="nccl", variant=v)]
+    variants += sorted({r["variant"] for r in rows if r.get("system") == "nccl"} - set(variants))
+    if len(variants) < 2:
+        return []
+    out = ["| collective | size | " + " | ".join(f"{v} us" for v in variants) + " | best |",
+           "|" + "---|" * (len(variants) + 3)]
+    for coll in collectives_of(rows):
+        for nbytes in sizes_of(rows, coll):
+            cells = [_cell_time(one(rows, system="nccl", variant=v, collective=coll, bytes=nbytes, mode=mode))
+                     for v in variants]
+            if all(c == "-" for c in cells):
+                continue
+            best = best_nccl(rows, coll, nbytes, mode)
+            out.append(f"| {coll} | {fmt_bytes(nbytes)} | " + " | ".join(cells) + f" | {best['variant'] if best else '-'} |")
     return out
 
 
@@ -532,6 +687,10 @@ def _meta_lines(meta: dict) -> list[str]:
             if isinstance(v, list):
                 v = ", ".join(str(x) for x in v)
             out.append(f"- {k}: {v}")
+    nccl = meta.get("nccl_variants")
+    if isinstance(nccl, dict):
+        for name, info in nccl.items():
+            out.append(f"- NCCL {name}: {info}")
     return out
 
 
@@ -548,26 +707,41 @@ def _peak_lines(meta: dict) -> list[str]:
     return out
 
 
+def _view_name(mode: str, calls: int | None) -> str:
+    return f"graph, {calls} calls per graph" if mode == "graph" and calls else mode
+
+
 def markdown(doc: dict) -> str:
-    rows, meta = doc.get("rows", []), doc.get("meta", {})
+    doc = prepared(doc)
+    rows, meta = doc["rows"], doc["meta"]
     ws = world_size_of(doc)
     out = [f"# Collective benchmark: {meta.get('machine', '?')}, {meta.get('date', '?')}, R={ws}", ""]
     out += _meta_lines(meta) + [""]
     out += ["Times in microseconds: per call, the slowest rank's median. alg/bus: algorithm and bus",
             "bandwidth in GB/s (nccl-tests conventions; bytes = the larger of one rank's input and output).",
-            "'vs NCCL' > 1 means faster than NCCL. 'best' is the fastest correct explicit Purlin variant.",
+            "'vs best NCCL' > 1 means faster than the fastest NCCL row of that size (default, nomix =",
+            "NCCL_GRAPH_MIXING_SUPPORT=0, symm = mixing off + NCCL symmetric buffers), which 'best NCCL' names.",
+            "'best' is the fastest correct explicit Purlin variant; 'zero-copy' is the default call on",
+            "buffers from comm.empty. Graph rows: the same calls per graph for every system. 'limit' is",
+            f"the wire model: {LAUNCH_US} us launch + {SIGNAL_US} us signal + bus bytes at {TWO_WAY_GBPS:.0f} GB/s",
+            f"(both directions busy) or {ONE_WAY_GBPS:.0f} GB/s (one direction); '% of limit' = limit / time.",
             "Latency claims use graph mode (CUDA-graph replays); eager includes the Python launch.", ""]
     out += ["## One-way peer bandwidth (same run)", ""] + _peak_lines(meta) + [""]
     wrong = [r for r in rows if r.get("checked") is False]
     if wrong:
         out += ["## CORRECTNESS FAILURES", ""]
-        out += [f"- {r['system']}/{r['variant']} {r['collective']} {fmt_bytes(r['bytes'])} {r['mode']}: "
-                f"{r.get('check_note', '')}" for r in wrong] + [""]
+        out += [f"- {r['system']}/{r['variant']} {r['collective']} {fmt_bytes(r['bytes'])} "
+                f"{_view_name(r['mode'], r.get('calls_per_graph'))}: {r.get('check_note', '')}" for r in wrong] + [""]
+    for mode, calls in views(rows):
+        table = nccl_table(select(rows, mode, calls), mode)
+        if table:
+            out += [f"## NCCL variants, {_view_name(mode, calls)}", ""] + table + [""]
     for coll in collectives_of(rows):
-        for mode in ("graph", "eager"):
-            if not rows_for(rows, collective=coll, mode=mode):
+        for mode, calls in views(rows):
+            sub = select(rows, mode, calls)
+            if not rows_for(sub, collective=coll):
                 continue
-            out += [f"## {coll}, {mode}", ""] + collective_table(rows, coll, mode) + [""]
+            out += [f"## {coll}, {_view_name(mode, calls)}", ""] + collective_table(sub, coll, mode) + [""]
     errors = [r for r in rows if r.get("error")]
     if errors:
         out += ["## Errors", ""]
@@ -581,7 +755,7 @@ def markdown(doc: dict) -> str:
             n = sum(1 for e in errors if (e.get("system"), e.get("variant"), e.get("collective")) == key[:3])
             out.append(f"- {r.get('system')}/{r.get('variant')} {r.get('collective')} ({n} rows): {msg}")
         out.append("")
-    out += ["## Targets", ""]
+    out += ["## Targets (against the best NCCL row of each size)", ""]
     for t in targets(doc):
         out.append(f"- **{t.status.upper()}**: {t.name}")
         out += [f"    - {line}" for line in t.lines]
@@ -601,7 +775,8 @@ def plot(doc: dict, out_dir: Path, stem: str) -> list[Path]:
         import matplotlib.pyplot as plt
     except ImportError:
         return []
-    rows = doc.get("rows", [])
+    doc = prepared(doc)
+    rows = doc["rows"]
     colls = collectives_of(rows)
     if not colls:
         return []
@@ -609,14 +784,18 @@ def plot(doc: dict, out_dir: Path, stem: str) -> list[Path]:
     for mode, metric, label in (("graph", "time_us", "time per call (us)"),
                                 ("eager", "time_us", "time per call (us)"),
                                 ("graph", "busbw_gbps", "bus bandwidth (GB/s)")):
+        sub = select(rows, mode)
+        if not sub:
+            continue
         ncols = min(4, len(colls))
         nrows = math.ceil(len(colls) / ncols)
         fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.4 * nrows), squeeze=False)
         for ax, coll in zip(axes.flat, colls):
-            for name, series in _series(rows, coll, mode, metric).items():
+            for name, series in _series(sub, coll, mode, metric).items():
                 if series:
                     xs, ys = zip(*series)
-                    ax.plot(xs, ys, marker="o", markersize=3, label=name)
+                    style = dict(linestyle="--", color="gray") if name == "wire limit" else {}
+                    ax.plot(xs, ys, marker="o", markersize=3, label=name, **style)
             ax.set_xscale("log", base=2)
             ticks = sizes_of(rows, coll)
             if len(ticks) > 7:  # keep the labels readable: every other size
@@ -628,11 +807,13 @@ def plot(doc: dict, out_dir: Path, stem: str) -> list[Path]:
             ax.set_xlabel("bytes")
             ax.set_ylabel(label)
             ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=6)
         for ax in list(axes.flat)[len(colls):]:
             ax.axis("off")
         what = "latency" if metric == "time_us" else "busbw"
-        fig.suptitle(f"{doc.get('meta', {}).get('machine', '')} R={world_size_of(doc)}: {what}, {mode}")
+        calls = graph_counts(rows)[0] if mode == "graph" and graph_counts(rows) else None
+        fig.suptitle(f"{doc.get('meta', {}).get('machine', '')} R={world_size_of(doc)}: {what}, "
+                     f"{_view_name(mode, calls)}")
         fig.tight_layout()
         path = out_dir / f"{stem}-{what}-{mode}.png"
         fig.savefig(path, dpi=110)
@@ -642,17 +823,24 @@ def plot(doc: dict, out_dir: Path, stem: str) -> list[Path]:
 
 
 def _series(rows: list[dict], coll: str, mode: str, metric: str) -> dict[str, list[tuple[int, float]]]:
-    out: dict[str, list[tuple[int, float]]] = {"nccl": [], "purlin default": [], "purlin best": [], "symm_mem best": []}
+    names = ("nccl default", "nccl best", "purlin default", "purlin zero-copy", "purlin best", "symm_mem best",
+             "wire limit")
+    out: dict[str, list[tuple[int, float]]] = {k: [] for k in names}
     for nbytes in sizes_of(rows, coll):
         picks = {
-            "nccl": one(rows, system="nccl", variant="nccl", collective=coll, bytes=nbytes, mode=mode),
-            "purlin default": one(rows, system="purlin", variant="default", collective=coll, bytes=nbytes, mode=mode),
+            "nccl default": one(rows, system="nccl", variant="default", collective=coll, bytes=nbytes, mode=mode),
+            "nccl best": best_nccl(rows, coll, nbytes, mode),
+            "purlin default": _default(rows, coll, nbytes, mode),
+            "purlin zero-copy": one(rows, system="purlin", variant="zerocopy", collective=coll, bytes=nbytes, mode=mode),
             "purlin best": best_purlin(rows, coll, nbytes, mode),
             "symm_mem best": best_of(rows, "symm_mem", coll, nbytes, mode),
         }
         for name, row in picks.items():
             if row is not None and ok(row) and row.get(metric):
                 out[name].append((nbytes, row[metric]))
+        world = next((r.get("world_size") for r in rows if r.get("world_size")), 2)
+        lim = limit_us(coll, world, nbytes)
+        out["wire limit"].append((nbytes, lim if metric == "time_us" else busbw_gbps(coll, world, nbytes, lim)))
     return {k: v for k, v in out.items() if v}
 
 
@@ -664,7 +852,11 @@ def write_all(doc: dict, results_dir: Path, stem: str, *, plots: bool = True) ->
     results_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": results_dir / f"{stem}.json", "md": results_dir / f"{stem}.md",
              "tuning": results_dir / f"{stem}-tuning.json"}
-    _atomic_write(paths["json"], json.dumps(doc, indent=1, sort_keys=False, default=str))
+    doc = prepared(doc)
+    # Compact JSON: one row per line keeps the file small and diffable.
+    rows = ",\n".join(json.dumps(r, separators=(",", ":"), default=str) for r in doc["rows"])
+    meta = json.dumps(doc["meta"], separators=(",", ":"), default=str)
+    _atomic_write(paths["json"], '{"meta":' + meta + ',\n"rows":[\n' + rows + "\n]}\n")
     _atomic_write(paths["md"], markdown(doc))
     _atomic_write(paths["tuning"], json.dumps(tuning_table(doc), indent=1))
     if plots:

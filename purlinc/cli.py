@@ -7,15 +7,17 @@ import argparse
 import json
 import shlex
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from purlinc import settings
+from purlinc.atom.atoms import DEFAULT_ATOM, kernel_atoms
+from purlinc.dtypes import DTYPES
 from purlinc.errors import PurlinError
+from purlinc.snac.algorithms import ALGORITHMS as ALGORITHM_REGISTRY
 
 STAGES = ("ast", "spec", "snac", "cuda")
-ATOMS = ("ldst", "tma")
-ALGORITHMS = ("direct-push", "direct-pull", "two-shot", "ring")
+ATOMS = kernel_atoms()  # the atom registry's atoms with kernels (compile and dump write CUDA)
+ALGORITHMS = ALGORITHM_REGISTRY.names()
 
 
 def _param(text: str) -> tuple[str, int]:
@@ -78,8 +80,8 @@ def _add_lowering(parser: argparse.ArgumentParser) -> None:
 
 def _add_codegen(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", default="sm_90", help="target: sm_80, sm_90, sm_100 (or sm_90a, sm_100a); default sm_90")
-    parser.add_argument("--atom", choices=ATOMS, default="ldst", help="datapath mechanism (default ldst)")
-    parser.add_argument("--dtype", default="bfloat16", help="element type: float32, float16, bfloat16, int32, float8_e4m3, float8_e5m2")
+    parser.add_argument("--atom", choices=ATOMS, default=DEFAULT_ATOM, help=f"datapath mechanism (default {DEFAULT_ATOM})")
+    parser.add_argument("--dtype", default="bfloat16", help=f"element type: {', '.join(DTYPES)}")
     parser.add_argument("--op", default="sum", help="reduction operator for reduce collectives: sum, prod, max, min")
 
 
@@ -136,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--spec-only", action="store_true", help="check the spec only (parse and resolve), not the schedules"
     )
     _add_lowering(check_parser)
+    _add_draw(commands)
     return parser
 
 
@@ -157,10 +160,10 @@ def _overrides(args) -> dict:
     return changes
 
 
-def _options(args, spec):
-    from purlinc.pipeline import default_options
+def _options(args, spec, **more):
+    from purlinc.pipeline import resolve_options
 
-    return replace(default_options(spec), **_overrides(args))
+    return resolve_options(spec, overrides={**_overrides(args), **more})
 
 
 def _cmd_dump(args) -> int:
@@ -210,7 +213,7 @@ def _cmd_check(args) -> int:
                     continue
                 if args.packed and not args.algorithm and algorithm is not Algorithm.DIRECT_PUSH:
                     continue  # packing applies to direct-push only
-                options = replace(_options(args, spec), algorithm=algorithm)
+                options = _options(args, spec, algorithm=algorithm)
                 try:
                     pipeline.snac_stage(spec, options)
                 except PurlinError as error:
@@ -243,7 +246,65 @@ def _cmd_compile(args) -> int:
     return 0
 
 
+# ---- draw: the schedule as SVG / HTML (purlinc/draw) -----------------------------------
+
+def _byte_size(text: str) -> int:
+    units = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
+    number = text.rstrip("kKmMgGiIbB")
+    try:
+        value = int(number) * units[text[len(number):].lower()]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"expected a size like 4096, 64KiB or 1MiB, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a size of at least 0, got {text!r}")
+    return value
+
+
+def _add_draw(commands) -> None:
+    draw = commands.add_parser(
+        "draw", help="draw the schedule (SVG, or HTML with hover details)",
+        description="Draw a collective's SNAC schedule: one lane per rank (channels as sub-lanes, identical "
+        "channels drawn once), steps as boxes, an arrow from each notify to the wait it releases. "
+        "--timeline lays it out in time by a cost model; --compare draws several algorithms on one time "
+        "axis; --trace draws the times measured on the GPU (coll.trace()). See docs/DRAW.md.",
+    )
+    _add_common(draw, 8)
+    _add_lowering(draw)
+    draw.add_argument("-o", "--output", default=None, help="output file, .svg or .html (default: SVG on stdout)")
+    draw.add_argument("--format", "-f", default=None, help="svg or html (default: from the output file's extension)")
+    draw.add_argument("--timeline", action="store_true", help="lay the steps out in time by the cost model")
+    draw.add_argument("--compare", default=None, metavar="A,B",
+                      help="algorithms to draw one above the other on one time axis, e.g. ring,direct-push")
+    draw.add_argument("--bytes", dest="nbytes", type=_byte_size, default=None, metavar="SIZE",
+                      help="message size for the timeline: the larger of one rank's input and output (default 64KiB)")
+    draw.add_argument("--count", type=int, default=None, help="elements per chunk for the timeline (instead of --bytes)")
+    draw.add_argument("--dtype", default="bfloat16", help="element type for the timeline (default bfloat16)")
+    draw.add_argument("--all-channels", action="store_true", help="draw every channel even when they are identical")
+    draw.add_argument("--trace", default=None, metavar="TRACE.json", help="draw the times of a device trace (coll.trace())")
+    draw.add_argument("--width", type=_positive, default=None, help="width of a timeline in pixels")
+
+
+def _cmd_draw(args) -> int:
+    from purlinc.draw.render import Request, output_format, render
+
+    fmt = output_format(args.output, args.format)
+    compare = tuple(a.strip() for a in args.compare.split(",") if a.strip()) if args.compare else ()
+    request = Request(
+        file=args.file, world_size=args.ranks, params=tuple(args.param), overrides=tuple(_overrides(args).items()),
+        timeline=args.timeline, compare=compare, nbytes=args.nbytes, count=args.count, dtype=args.dtype,
+        collapse=not args.all_channels, trace=args.trace, width=args.width,
+    )
+    text = render(request, fmt)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+        print(args.output)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 COMMANDS = {"compile": _cmd_compile, "dump": _cmd_dump, "check": _cmd_check}
+COMMANDS["draw"] = _cmd_draw
 
 
 def main(argv: list[str] | None = None) -> int:

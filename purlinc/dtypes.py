@@ -8,9 +8,12 @@ generated kernels do, so the evaluator's answer is bit-exact for a fixed summati
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 
 from typing import TYPE_CHECKING
+
+from purlinc.registry import Registry
 
 if TYPE_CHECKING:  # NumPy is imported where values are touched: DType alone stays cheap
     import numpy as np
@@ -25,36 +28,41 @@ class DType(Enum):
     FLOAT8_E5M2 = "float8_e5m2"
 
     @property
+    def info(self) -> "DTypeInfo":
+        """This type's record in ``DTYPES``: everything every layer knows about it."""
+        return DTYPES.get(self.value)
+
+    @property
     def itemsize(self) -> int:
-        return _ITEMSIZE[self]
+        return self.info.itemsize
 
     @property
     def storage(self) -> np.dtype:
         """The NumPy dtype whose values are this type's bit patterns (or values)."""
         import numpy as np
 
-        return np.dtype(_STORAGE[self])
+        return np.dtype(self.info.numpy_storage)
 
     @property
     def reducible(self) -> bool:
         """fp8 is a storage format here: copies only."""
-        return self not in (DType.FLOAT8_E4M3, DType.FLOAT8_E5M2)
+        return self.info.reducible
 
     @property
     def is_float(self) -> bool:
-        return self is not DType.INT32
+        return self.info.is_float
 
     @property
     def short(self) -> str:
-        return _SHORT[self]
+        return self.info.short
 
     @classmethod
-    def parse(cls, text: str) -> "DType":
-        key = str(text).lower().replace("torch.", "")
-        if key in _ALIASES:
-            return _ALIASES[key]
-        names = ", ".join(sorted({d.value for d in cls}))
-        raise ValueError(f"unknown dtype {text!r}; expected one of {names}")
+    def parse(cls, text: "str | DType") -> "DType":
+        """A DType from its name or an alias (``bf16``, ``torch.float16``, ...); an
+        UnknownNameError (a PurlinError and a ValueError) listing the names otherwise."""
+        if isinstance(text, DType):
+            return text
+        return DTYPES.get(str(text).lower().replace("torch.", "")).dtype
 
 
 class ReduceOp(Enum):
@@ -74,25 +82,52 @@ class ReduceOp(Enum):
             raise ValueError(f"unknown reduce op {text!r}; expected one of {names}") from None
 
 
-_ITEMSIZE = {
-    DType.FLOAT32: 4, DType.FLOAT16: 2, DType.BFLOAT16: 2, DType.INT32: 4,
-    DType.FLOAT8_E4M3: 1, DType.FLOAT8_E5M2: 1,
-}
-_STORAGE = {
-    DType.FLOAT32: "float32", DType.FLOAT16: "float16", DType.BFLOAT16: "uint16", DType.INT32: "int32",
-    DType.FLOAT8_E4M3: "uint8", DType.FLOAT8_E5M2: "uint8",
-}
-_SHORT = {
-    DType.FLOAT32: "f32", DType.FLOAT16: "f16", DType.BFLOAT16: "bf16", DType.INT32: "i32",
-    DType.FLOAT8_E4M3: "e4m3", DType.FLOAT8_E5M2: "e5m2",
-}
-_ALIASES = {
-    **{d.value: d for d in DType},
-    **{d.short: d for d in DType},
-    "float": DType.FLOAT32, "half": DType.FLOAT16, "bf16": DType.BFLOAT16, "int": DType.INT32,
-    "float8_e4m3fn": DType.FLOAT8_E4M3, "float8_e5m2": DType.FLOAT8_E5M2, "fp32": DType.FLOAT32,
-    "fp16": DType.FLOAT16, "fp8_e4m3": DType.FLOAT8_E4M3, "fp8_e5m2": DType.FLOAT8_E5M2,
-}
+@dataclass(frozen=True, slots=True)
+class DTypeInfo:
+    """One element type, for every layer: the evaluator's NumPy storage, the generated
+    code's C types and ``elem.cuh`` helpers, the runtime's torch / DLPack /
+    ``__cuda_array_interface__`` names."""
+
+    dtype: DType
+    itemsize: int
+    short: str  # kernel names, benchmark labels
+    numpy_storage: str  # the NumPy dtype holding its bits (NumPy has no bf16 / fp8)
+    c_storage: str  # C type holding one element's bits
+    c_acc: str | None  # accumulator C type; None: not reducible (a storage format, copies only)
+    c_suffix: str  # elem.cuh: purlin_<suffix>_to_acc / purlin_acc_to_<suffix>
+    c_ops: str  # elem.cuh: purlin_<op>_<c_ops> ("f" or "i")
+    is_float: bool
+    torch_name: str  # attribute of the torch module
+    typestr: str | None  # __cuda_array_interface__ typestr, where it has its own
+    dlpack: tuple[int, int]  # (type code, bits): 0 int, 1 uint, 2 float, 4 bfloat, 10 e4m3fn, 12 e5m2
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.dtype.value
+
+    @property
+    def reducible(self) -> bool:
+        return self.c_acc is not None
+
+
+_RECORDS = (
+    DTypeInfo(DType.FLOAT32, 4, "f32", "float32", "float", "float", "f32", "f", True, "float32", "<f4", (2, 32),
+              ("float", "fp32")),
+    DTypeInfo(DType.FLOAT16, 2, "f16", "float16", "unsigned short", "float", "f16", "f", True, "float16", "<f2",
+              (2, 16), ("half", "fp16")),
+    DTypeInfo(DType.BFLOAT16, 2, "bf16", "uint16", "unsigned short", "float", "bf16", "f", True, "bfloat16", None,
+              (4, 16), ()),
+    DTypeInfo(DType.INT32, 4, "i32", "int32", "int", "int", "i32", "i", False, "int32", "<i4", (0, 32), ("int",)),
+    DTypeInfo(DType.FLOAT8_E4M3, 1, "e4m3", "uint8", "unsigned char", None, "", "", True, "float8_e4m3fn", None,
+              (10, 8), ("float8_e4m3fn", "fp8_e4m3")),
+    DTypeInfo(DType.FLOAT8_E5M2, 1, "e5m2", "uint8", "unsigned char", None, "", "", True, "float8_e5m2", None,
+              (12, 8), ("fp8_e5m2",)),
+)
+
+DTYPES: Registry[DTypeInfo] = Registry(
+    "dtype", _RECORDS, aliases={alias: r.name for r in _RECORDS for alias in (r.short, *r.aliases)},
+)
 
 
 def to_float32(bits: np.ndarray, dtype: DType) -> np.ndarray:

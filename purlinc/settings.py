@@ -33,16 +33,26 @@ WAIT_TIMEOUT_S = Setting(
 )
 
 HEAP_MB = Setting(
-    "PURLIN_HEAP_MB", "2048", False,
-    "size of each rank's symmetric heap (staging buffers and signal pads of every loaded collective), MiB; "
-    "a plain load holds one schedule per size bucket, up to a few hundred MiB",
+    "PURLIN_HEAP_MB", "256", False,
+    "first segment of each rank's symmetric heap, and the least it grows by, MiB; the heap (staging, "
+    "signal pads, comm.empty blocks) grows on demand by further segments",
+)
+HEAP_MAX_MB = Setting(
+    "PURLIN_HEAP_MAX_MB", "0", False,
+    "upper bound on each rank's symmetric heap, MiB (0: none but the device's memory)",
 )
 STAGE_MB = Setting(
     "PURLIN_STAGE_MB", "64", False,
     "staging space per loaded collective and rank, MiB; larger messages run in several rounds",
 )
 
-ALL = (DEBUG, CACHE_DIR, NO_CACHE, WAIT_TIMEOUT_S, HEAP_MB, STAGE_MB)
+TRACE = Setting(
+    "PURLIN_TRACE", "0", False,
+    "1: load() builds traced kernels (a timestamp after every block; coll.trace() returns them). "
+    "Not a codegen key: a traced kernel is asked for explicitly by generate(trace=True)",
+)
+
+ALL = (DEBUG, CACHE_DIR, NO_CACHE, WAIT_TIMEOUT_S, HEAP_MB, HEAP_MAX_MB, STAGE_MB, TRACE)
 
 
 def debug() -> bool:
@@ -67,6 +77,14 @@ def wait_timeout_ns() -> int:
 
 def heap_bytes() -> int:
     return int(float(HEAP_MB.raw()) * (1 << 20))
+
+
+def trace() -> bool:
+    return TRACE.raw() not in ("", "0")
+
+
+def heap_max_bytes() -> int:
+    return int(float(HEAP_MAX_MB.raw()) * (1 << 20))
 
 
 def stage_bytes() -> int:

@@ -2,12 +2,15 @@
 a CUBIN; errors are readable; the disk cache works; the SASS shows the datapath we meant.
 
 The matrix is compiled once per session by a process pool (one worker per core) into a
-session-scoped cache directory; each case is then its own test.
+session-scoped cache directory, for the cases the session selected; each case is then its
+own test.
 
-The full matrix (555 modules) takes about 12 CPU-minutes: R=8 ring schedules are ~100 steps
-per rank and ptxas compiles every rank's entry separately.  So by default every example x
-algorithm compiles for every (arch, atom) target at R=2, and at R=4 and R=8 for one target
-each, rotating so that every target sees every R.  PURLIN_TEST_FULL_MATRIX=1 compiles all of it."""
+The full matrix (615 modules) takes about 12 CPU-minutes: R=8 ring schedules are ~100 steps
+per rank and ptxas compiles every rank's entry separately.  The default run (``pytest``,
+which deselects ``slow``) compiles every example x algorithm (and LL packing) once at R=2,
+rotating over the (arch, atom) targets so that every target compiles several modules of
+every atom it supports, plus one R=8 module per atom.  The rest is marked ``slow``:
+``pytest -m slow tests/test_nvrtc.py`` compiles it, ``pytest -m "slow or not slow"`` all."""
 
 from __future__ import annotations
 
@@ -49,12 +52,10 @@ def _spec(name: str, world_size: int):
 
 
 TARGETS = tuple((arch, atom) for arch in ARCHES for atom in applicable_atoms(arch))
-FULL_MATRIX = os.environ.get("PURLIN_TEST_FULL_MATRIX", "") not in ("", "0")
 
 
-def _cases(full: bool) -> list[tuple]:
+def _cases() -> list[tuple]:
     cases = []
-    rotation = 0
     for path in sorted(EXAMPLES.glob("*.pln")):
         for world_size in WORLD_SIZES:
             spec = _spec(path.stem, world_size)
@@ -62,11 +63,7 @@ def _cases(full: bool) -> list[tuple]:
             if world_size == WORLD_SIZES[0]:
                 algorithms.append(PACKED)  # LL packing: every target, at R=2 only
             for algorithm in algorithms:
-                targets = TARGETS
-                if not full and world_size != WORLD_SIZES[0]:
-                    targets = (TARGETS[rotation % len(TARGETS)],)
-                    rotation += 1
-                for arch, atom in targets:
+                for arch, atom in TARGETS:
                     n = len(cases)
                     if spec.is_reduce:
                         dtype, op = REDUCE_TYPES[n % len(REDUCE_TYPES)]
@@ -76,7 +73,29 @@ def _cases(full: bool) -> list[tuple]:
     return cases
 
 
-CASES = _cases(FULL_MATRIX)
+def _default_cases(cases: list[tuple]) -> set[tuple]:
+    """What the default run compiles: each (example, algorithm) at R=2 on one target, the
+    targets taken in turn; and at R=8 one module per atom (allreduce's ring: the largest)."""
+    chosen, rotation = set(), 0
+    for case in cases:
+        name, world_size, algorithm, arch, atom = case[:5]
+        if world_size == WORLD_SIZES[0] and (arch, atom) == TARGETS[rotation % len(TARGETS)]:
+            chosen.add(case)
+        if world_size == WORLD_SIZES[0] and (arch, atom) == TARGETS[-1]:
+            rotation += 1  # the next (example, algorithm) takes the next target
+    for atom, arch in (("ldst", "sm_90"), ("tma", "sm_100")):
+        chosen.update(c for c in cases if c[:5] == ("allreduce", WORLD_SIZES[-1], "ring", arch, atom))
+    for dtype, op in ((d.value, None) for d in COPY_TYPES):  # every dtype and op compiles at least once
+        if not any(c[5:] == (dtype, op) for c in chosen):
+            chosen.add(next(c for c in cases if c[5:] == (dtype, op) and c[1] == WORLD_SIZES[0]))
+    for dtype, op in ((d.value, o.value) for d, o in REDUCE_TYPES):
+        if not any(c[5:] == (dtype, op) for c in chosen):
+            chosen.add(next(c for c in cases if c[5:] == (dtype, op) and c[1] == WORLD_SIZES[0]))
+    return chosen
+
+
+CASES = _cases()
+DEFAULT_CASES = _default_cases(CASES)
 
 
 def _case_id(case) -> str:
@@ -116,11 +135,14 @@ def cache_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def matrix(cache_dir):
+def matrix(cache_dir, request):
     workers = max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 16))
+    # Only the cases this session selected (-m, -k, node ids).
+    selected = {item.callspec.params["case"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_compiles" and hasattr(item, "callspec")}
     # fork: the children inherit this module and the environment; NVRTC keeps no state
     # that forking would break.  Biggest modules first, so the pool ends evenly.
-    order = sorted(CASES, key=lambda c: (-c[1], c[2] != "ring"))
+    order = sorted(selected, key=lambda c: (-c[1], c[2] != "ring"))
     if workers == 1 or sys.platform != "linux":
         results = [_compile_case(case) for case in order]
     else:
@@ -129,7 +151,9 @@ def matrix(cache_dir):
     return {case: (error, entries, cubin) for case, error, entries, cubin in results}
 
 
-@pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
+@pytest.mark.parametrize("case", [
+    pytest.param(c, id=_case_id(c), marks=() if c in DEFAULT_CASES else (pytest.mark.slow,)) for c in CASES
+])
 def test_compiles(case, matrix):
     error, entries, cubin = matrix[case]
     assert error is None, error

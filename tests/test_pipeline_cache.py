@@ -2,7 +2,10 @@
 the same inputs, in this process or a fresh one, does no lowering, verification, code
 generation or NVRTC work; any changed input misses; a damaged entry is a miss that gets
 rewritten; PURLIN_NO_CACHE and PURLIN_CACHE_DIR are honoured.  Asserted with counters,
-monkeypatched stages and sys.modules, never with times."""
+monkeypatched stages and sys.modules, never with times.
+
+Each Compiled has one schedule entry on disk, and each of its (dtype, op) kernels one kernel
+entry; in one process, the same inputs give the same Compiled (``pipeline.forget`` drops it)."""
 
 from __future__ import annotations
 
@@ -54,13 +57,14 @@ def _entries(path: Path) -> list[Path]:
 
 def test_second_compile_in_process_hits(cache_dir, monkeypatch):
     first = pipeline.compile(ALLGATHER, world_size=2, arch="sm_90")
-    assert not first.from_cache and len(_entries(cache_dir)) == 1
-    hits = pipeline.STATS.front_hits
+    assert not first.from_cache and len(_entries(cache_dir)) == 2  # the schedule and the kernel
+    hits, memo = pipeline.STATS.front_hits, pipeline.STATS.memo_hits
     work = _work()
     with monkeypatch.context() as patch:
         _forbid_work(patch)
         second = pipeline.compile(ALLGATHER, world_size=2, arch="sm_90")
-        assert second.from_cache and pipeline.STATS.front_hits == hits + 1
+        assert second.from_cache and pipeline.STATS.front_hits == hits + 1 and pipeline.STATS.memo_hits == memo + 1
+        assert second.compiled is first.compiled
         assert second.cubin == first.cubin and second.cubin[:4] == b"\x7fELF"
         for name in ("source", "filename", "kernel_base", "abi", "atom", "arch", "dtype", "op", "atom_source",
                      "orchestration_source"):
@@ -69,7 +73,22 @@ def test_second_compile_in_process_hits(cache_dir, monkeypatch):
         assert (second.collective, second.params, second.arch, second.atom, second.dtype, second.op) == (
             first.collective, first.params, first.arch, first.atom, first.dtype, first.op)
     assert _work() == work
-    assert second.spec == first.spec  # re-derived on demand (parse + check), outside the patch
+    assert second.spec == first.spec
+
+
+def test_fresh_compiled_reads_both_entries(cache_dir, monkeypatch):
+    """With the process's memos dropped, the schedule and the kernel come from disk."""
+    first = pipeline.compile(ALLGATHER, world_size=2, arch="sm_90")
+    pipeline.forget()
+    work = _work()
+    with monkeypatch.context() as patch:
+        _forbid_work(patch)
+        hits = pipeline.STATS.schedule_hits
+        again = pipeline.compile(ALLGATHER, world_size=2, arch="sm_90")
+        assert again.from_cache and again.compiled is not first.compiled
+        assert again.schedule == first.schedule and pipeline.STATS.schedule_hits == hits + 1
+        assert again.cubin == first.cubin and again.cuda.source == first.cuda.source
+    assert _work() == work
 
 
 def test_fresh_process_hits_and_imports_little(cache_dir):
@@ -83,7 +102,7 @@ heavy = ("lark", "jinja2", "numpy", "cuda.bindings", "purlinc.frontend.parse", "
          "purlinc.snac.verify", "purlinc.atom.codegen")
 print(json.dumps({{"stats": [pipeline.STATS.front_hits, pipeline.STATS.front_misses, pipeline.STATS.lowerings,
                    pipeline.STATS.verifications, pipeline.STATS.generations, nvrtc.STATS.compiles,
-                   nvrtc.STATS.cache_hits],
+                   nvrtc.STATS.cache_hits, pipeline.STATS.parses, pipeline.STATS.checks],
                   "imported": [m for m in heavy if m in sys.modules],
                   "elf": artifact.cubin[:4] == b"\\x7fELF"}}))
 """
@@ -91,7 +110,7 @@ print(json.dumps({{"stats": [pipeline.STATS.front_hits, pipeline.STATS.front_mis
                           timeout=120)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["stats"] == [1, 0, 0, 0, 0, 0, 0]
+    assert result["stats"] == [1, 0, 0, 0, 0, 0, 0, 0, 0]
     assert result["imported"] == []
     assert result["elf"]
 
@@ -129,24 +148,27 @@ def _variant(change: str) -> dict:
 
 CHANGES = ("source", "world_size", "params", "params2", "options", "options_object", "algorithm", "atom", "arch",
            "dtype", "reduce", "op")
+# Changes that keep the schedule: a new kernel of the same Compiled ("op" is allreduce like "reduce").
+KERNEL_ONLY = ("dtype", "op")
 
 
 def test_every_input_changes_the_key(cache_dir):
-    """Each variant misses once (a new entry), then hits; no two variants share an entry."""
-    keys = set()
+    """Each variant misses once (a new kernel entry, and a new schedule entry unless only the
+    dtype or op changed), then hits; no two variants share an entry."""
     for change in ("base", *CHANGES):
         kwargs = _variant(change)
         path = kwargs.pop("path_or_source")
         misses, lowerings = pipeline.STATS.front_misses, pipeline.STATS.lowerings
         first = pipeline.compile(path, **kwargs)
         assert pipeline.STATS.front_misses == misses + 1, f"{change}: hit an entry of other inputs"
-        assert pipeline.STATS.lowerings == lowerings + 1
+        assert pipeline.STATS.lowerings == lowerings + (0 if change in KERNEL_ONLY else 1), change
         assert not first.from_cache and first.cubin is None
         again = pipeline.compile(path, **kwargs)
         assert again.from_cache, change
         assert again.cuda.source == first.cuda.source and again.schedule == first.schedule
-        keys.add(again.cuda.source)
-    assert len(_entries(cache_dir)) == 1 + len(CHANGES)
+    kernels = 1 + len(CHANGES)
+    schedules = 1 + len(CHANGES) - len(KERNEL_ONLY)
+    assert len(_entries(cache_dir)) == kernels + schedules
 
 
 def test_new_option_fields_enter_the_key():
@@ -171,7 +193,24 @@ def test_new_option_fields_enter_the_key():
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "flipped", "empty", "bad_header"])
 def test_damaged_entry_is_a_miss_and_is_rewritten(cache_dir, damage):
     first = pipeline.compile(ALLGATHER, world_size=2, arch="sm_90", emit_cubin=False)
-    (entry,) = _entries(cache_dir)
+    for entry in _entries(cache_dir):  # the schedule's and the kernel's
+        _damage(entry, damage)
+    pipeline.forget()
+    misses, lowerings = pipeline.STATS.front_misses, pipeline.STATS.lowerings
+    again = pipeline.compile(ALLGATHER, world_size=2, arch="sm_90", emit_cubin=False)
+    assert pipeline.STATS.front_misses == misses + 1 and not again.from_cache
+    assert pipeline.STATS.lowerings == lowerings + 1
+    assert again.cuda.source == first.cuda.source
+    for entry in _entries(cache_dir):
+        assert entry.read_bytes() != damaged[entry]  # rewritten
+    pipeline.forget()
+    assert pipeline.compile(ALLGATHER, world_size=2, arch="sm_90", emit_cubin=False).from_cache
+
+
+damaged: dict = {}
+
+
+def _damage(entry: Path, damage: str) -> None:
     data = entry.read_bytes()
     if damage == "garbage":
         data = b"not an entry at all" * 10
@@ -188,12 +227,7 @@ def test_damaged_entry_is_a_miss_and_is_rewritten(cache_dir, damage):
         body = cache._FRONT_MAGIC + cache._LENGTH.pack(2) + b"{}"
         data = body + hashlib.sha256(body).digest()
     entry.write_bytes(data)
-    misses = pipeline.STATS.front_misses
-    again = pipeline.compile(ALLGATHER, world_size=2, arch="sm_90", emit_cubin=False)
-    assert pipeline.STATS.front_misses == misses + 1 and not again.from_cache
-    assert again.cuda.source == first.cuda.source
-    assert entry.read_bytes() != data  # rewritten
-    assert pipeline.compile(ALLGATHER, world_size=2, arch="sm_90", emit_cubin=False).from_cache
+    damaged[entry] = data
 
 
 def test_no_cache_bypasses_both_levels(cache_dir, monkeypatch):
@@ -213,7 +247,7 @@ def test_cache_dir_relocates_both_levels(tmp_path, monkeypatch):
         monkeypatch.setenv("PURLIN_CACHE_DIR", str(tmp_path / sub))
         artifact = pipeline.compile(ALLGATHER, world_size=2, arch="sm_80", atom="ldst", dtype="float16")
         assert not artifact.from_cache  # a new place: nothing cached there yet
-        assert len(_entries(tmp_path / sub)) == 1
+        assert len(_entries(tmp_path / sub)) == 2  # the schedule and the kernel
         assert len(list((tmp_path / sub).glob("*/*.cubin"))) == 1
         assert pipeline.compile(ALLGATHER, world_size=2, arch="sm_80", atom="ldst", dtype="float16").from_cache
 

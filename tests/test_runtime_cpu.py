@@ -12,7 +12,7 @@ from cuda.bindings import driver as cu
 
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.runtime import driver
-from purlinc.runtime.ce import CeError, expand, Buffers, init_image, plan
+from purlinc.atom.ce import CeError, expand, Buffers, init_image, plan
 from purlinc.runtime.collective import layout_sizes, prepare
 from purlinc.runtime.errors import ArgumentError, CudaError
 from purlinc.runtime.heap import ALIGN, FirstFit
@@ -131,7 +131,7 @@ def test_checker_names_the_result():
 
 def test_ce_plan_handshake_and_initial_values():
     compiled = prepare(EXAMPLES / "allgather.pln", 2, atom="ce")
-    p = compiled.ce_plan
+    p = compiled.plan
     assert p.pad_words == p.signals * 3
     for rank in range(2):
         image = init_image(p, rank)

@@ -1,8 +1,13 @@
-"""The Atom registry: which datapath mechanisms exist and which targets each supports.
+"""The Atom registry: which datapath mechanisms exist, and one record per atom carrying
+everything about it (targets, template, whether it reduces, runs packed schedules, uses SMs).
 
-An atom supplies only ``purlin_copy`` and ``purlin_reduce<N>`` (its template); the
+A kernel atom supplies only ``purlin_copy`` and ``purlin_reduce<N>`` (its template); the
 orchestration (rounds, slices, signals) is common to all of them and lives in
-``kernel.cu.j2``.  ``ce`` (copy engines) runs without kernels and is the runtime's business.
+``kernel.cu.j2``.  A host-driven atom (``ce``, the copy engines) has no template: its
+``planner`` turns a schedule into host-issued operations (``purlinc.atom.ce``).
+
+The CLI's ``--atom`` choices, the runtime's checks, the tuning table and the code
+generator all read these records; adding an atom is its record and its template.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 
 from purlinc.errors import PurlinError
+from purlinc.registry import Registry
 
 @lru_cache(maxsize=1)
 def templates_root():
@@ -109,42 +115,93 @@ def tma_ring(arch: Arch) -> TmaRing:
 @dataclass(frozen=True, slots=True)
 class Atom:
     name: str
-    template: str  # under purlinc.templates
-    min_arch: int  # lowest sm_NN it compiles for
     description: str
+    min_arch: int  # lowest sm_NN it runs on
+    template: str | None  # under purlinc.templates; None: no kernels (driven from the host)
+    reduces: bool  # can run reduce steps
+    packed: bool  # can run packed (LL) schedules
+    uses_sms: bool  # occupies thread blocks (one per channel)
+    unroll: int = 0  # 16-byte vectors in flight per thread in the kernels' ldst copy loop
+    shared_ring: bool = False  # streams through a shared-memory ring (``TmaRing``)
+    # A host-driven atom's module: ``plan(schedule)`` (a PurlinError when the schedule cannot
+    # run on it), ``init_image(plan, rank)`` (its signal pad's first contents) and
+    # ``Runner(plan, rank, device, driver)`` (issues a call; the runtime passes its driver).
+    host: str | None = None
+
+    @property
+    def generates_kernels(self) -> bool:
+        return self.template is not None
 
     def supports(self, arch: Arch) -> bool:
         return arch.major_minor >= self.min_arch
 
     def template_values(self, arch: Arch) -> dict:
         """Target-dependent values the atom's template needs (beyond reduce / unroll)."""
-        return tma_ring(arch).template_values() if self.name == "tma" else {}
+        return tma_ring(arch).template_values() if self.shared_ring else {}
 
     def shared_bytes(self, arch: Arch) -> int:
         """Dynamic shared memory per block the atom's kernels must be launched with."""
-        return tma_ring(arch).ring_bytes if self.name == "tma" else 0
+        return tma_ring(arch).ring_bytes if self.shared_ring else 0
+
+    def host_module(self):
+        """The host-driven atom's module (see ``host``); None for kernel atoms."""
+        if self.host is None:
+            return None
+        from importlib import import_module
+
+        return import_module(self.host)
+
+    def plan(self, schedule):
+        """The host plan of a host-driven atom (None for kernel atoms); a PurlinError saying
+        why when the schedule cannot run on it."""
+        module = self.host_module()
+        return None if module is None else module.plan(schedule)
 
 
-ATOMS: dict[str, Atom] = {
-    "ldst": Atom("ldst", "atom_ldst.cuh.j2", 80, "SM loads and stores over peer pointers, 16-byte vectors"),
-    "tma": Atom("tma", "atom_tma.cuh.j2", 90, "bulk asynchronous copies (cp.async.bulk) through a shared-memory ring"),
-}
+# The ldst loop's unroll: 8 in the ldst atom (64 KiB per 512-thread block in flight: ~46 GB/s
+# per block over NVLink was load-latency bound at 4); the tma atom's ldst fallback only carries
+# heads, tails and small copies and keeps 4, so the inlined copy stays free of spills.
+ATOMS: Registry[Atom] = Registry("atom", (
+    Atom("ldst", "SM loads and stores over peer pointers, 16-byte vectors", 80, "atom_ldst.cuh.j2",
+         reduces=True, packed=True, uses_sms=True, unroll=8),
+    Atom("tma", "bulk asynchronous copies (cp.async.bulk) through a shared-memory ring", 90, "atom_tma.cuh.j2",
+         reduces=True, packed=True, uses_sms=True, unroll=4, shared_ring=True),
+    Atom("ce", "the copy engines: stream-ordered copies and stream memory operations, no SMs", 80, None,
+         reduces=False, packed=False, uses_sms=False, host="purlinc.atom.ce"),
+))
+DEFAULT_ATOM = "ldst"
 
 
-def get_atom(name: str, arch: str | Arch) -> Atom:
-    """The atom called ``name``, checked against the target; a PurlinError otherwise."""
+def lookup_atom(name: str) -> Atom:
+    """The record called ``name`` (any atom); UnknownNameError listing the atoms otherwise."""
+    return ATOMS.get(name)
+
+
+def get_atom(name: str, arch: str | Arch, *, kernels: bool = True) -> Atom:
+    """The atom called ``name``, checked against the target (and, with ``kernels``, that it
+    has kernels to generate: what the code generator asks for); a PurlinError otherwise."""
     target = arch if isinstance(arch, Arch) else parse_arch(arch)
-    atom = ATOMS.get(name)
-    if atom is None:
-        raise PurlinError(f"unknown atom {name!r}", notes=(f"available atoms: {', '.join(ATOMS)}",))
+    atom = lookup_atom(name)
+    if kernels and not atom.generates_kernels:
+        raise PurlinError(
+            f"atom {name!r} runs without kernels ({atom.description}): there is no CUDA to generate",
+            notes=(f"atoms with kernels for {target.name}: {', '.join(applicable_atoms(target))}",),
+        )
     if not atom.supports(target):
         raise PurlinError(
             f"atom {name!r} needs sm_{atom.min_arch} or newer, not {target.name}",
-            notes=(f"atoms for {target.name}: {', '.join(applicable_atoms(target))}",),
+            notes=(f"atoms for {target.name}: {', '.join(applicable_atoms(target, kernels=kernels))}",),
         )
     return atom
 
 
-def applicable_atoms(arch: str | Arch) -> tuple[str, ...]:
+def applicable_atoms(arch: str | Arch, *, kernels: bool = True) -> tuple[str, ...]:
+    """The atoms that run on ``arch``: those with kernels (what codegen and NVRTC serve, and
+    ``purlinc compile --atom`` offers), or with ``kernels=False`` every atom."""
     target = arch if isinstance(arch, Arch) else parse_arch(arch)
-    return tuple(name for name, atom in ATOMS.items() if atom.supports(target))
+    return tuple(a.name for a in ATOMS.records() if a.supports(target) and (a.generates_kernels or not kernels))
+
+
+def kernel_atoms() -> tuple[str, ...]:
+    """Every atom with kernels, on any target (the CLI's ``--atom`` choices)."""
+    return tuple(a.name for a in ATOMS.records() if a.generates_kernels)

@@ -1,8 +1,9 @@
 """The on-disk compile caches, two levels (Triton-style), under ``settings.cache_dir()``.
 
-* The front cache (``front/``): one entry per ``pipeline.compile`` call, keyed on its
-  inputs (the .pln text, world size, params, options, atom, arch, dtype, op) before any
-  work is done.  A hit skips parse, check, lower, verify, generate and NVRTC.
+* The front cache (``front/``), keyed on a compile's inputs before any work is done: a
+  *schedule* entry per ``pipeline.Compiled`` (the .pln text, world size, params, options,
+  atom, arch), and a *kernel* entry per (Compiled, dtype, op) with the CUDA source and
+  CUBIN.  A hit skips parse, check, lower, verify (schedule) and generate, NVRTC (kernel).
 * The NVRTC cache (``<xx>/<key>.cubin``): keyed on the generated CUDA source, so two
   front entries that generate the same module share NVRTC's work (and the runtime,
   which generates its own sources, uses it directly).

@@ -34,6 +34,7 @@ from purlinc.errors import InternalError, PurlinError
 from purlinc.frontend.ast import Operation
 from purlinc.snac.ir import Consume, Notify, Program, Region, Role, Schedule, Space, Stage, Wait
 from purlinc.snac.packing import ll_groups, packed_stages
+from purlinc.atom.trace import trace_template_values
 
 THREADS = 512  # block size of every channel
 LDST_UNROLL_FALLBACK = 4  # the same loop inside other atoms (small pieces only)
@@ -56,6 +57,9 @@ class KernelSource:
     op: ReduceOp | None
     atom_start: int  # the atom's text is source[atom_start:atom_end]
     atom_end: int
+    # Traced kernels only (generate(trace=True)): per rank, per channel, the step indices of
+    # each block in order; the kernel's trace marks are numbered after these blocks.
+    trace_blocks: tuple = ()
 
     @property
     def atom_source(self) -> str:
@@ -411,8 +415,12 @@ def generate(
     arch: str,
     dtype: DType,
     op: ReduceOp | None,
+    trace: bool = False,
 ) -> KernelSource:
-    """The CUDA module of one (schedule, atom, dtype, op): one entry per rank."""
+    """The CUDA module of one (schedule, atom, dtype, op): one entry per rank.
+
+    ``trace``: also record a %globaltimer / clock64 stamp after every block (purlinc.runtime.trace);
+    off, the source is exactly the untraced one."""
     target = parse_arch(arch)
     atom_def = get_atom(atom, target)
     op = _check_types(schedule, dtype, op)
@@ -438,6 +446,7 @@ def generate(
             blocks = _program_blocks(program, per_call, roles, packed)
             channels.append({"channel": channel, "steps": len(program.steps), "blocks": blocks})
         kernels.append({"rank": rank, "entry": f"{base}_r{rank}", "channels": channels})
+    trace_values = trace_template_values(kernels, schedule.channels) if trace else None
 
     params_text = "".join(f", {k}={v}" for k, v in getattr(spec, "params", ()))
     source = _render(
@@ -465,6 +474,7 @@ def generate(
         atom_end=ATOM_END,
         atom_source=atom_text,
         kernels=kernels,
+        trace=trace_values,
     )
     start = source.index(ATOM_BEGIN)
     end = source.index(ATOM_END) + len(ATOM_END)
@@ -486,4 +496,5 @@ def generate(
     return KernelSource(
         source=source, filename=f"{base}.cu", kernel_base=base, abi=abi, atom=atom, arch=target.name,
         dtype=dtype, op=op, atom_start=start, atom_end=end,
+        trace_blocks=trace_values["blocks"] if trace else (),
     )

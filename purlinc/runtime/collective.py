@@ -21,66 +21,26 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
-import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from purlinc import settings
 from purlinc.atom.abi import ERROR_RECORD, ERROR_RECORD_BYTES, decode_error
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.errors import InternalError, PurlinError
-from purlinc.runtime import interop
+from purlinc.runtime import interop, zerocopy
 from purlinc.runtime.errors import ArgumentError, MismatchError, PurlinTimeoutError
 from purlinc.runtime.validate import CallShape, choose_piece, validate_call
-from purlinc.snac.ir import Algorithm, LowerOptions, Schedule
+from purlinc.atom.atoms import DEFAULT_ATOM, lookup_atom
+from purlinc.pipeline import Compiled
+from purlinc.snac.ir import Algorithm
 
-ATOMS = ("ldst", "tma", "ce")
 _ARGS_CACHE_LIMIT = 4096
 
 
 # ---------------------------------------------------------------------------------------------
-# compile-side state, shared by every rank of a process
-
-
-@dataclass
-class Compiled:
-    """One collective lowered for one world size, plus its kernels per (dtype, op)."""
-
-    name: str
-    source_text: str
-    filename: str
-    world_size: int
-    params: tuple[tuple[str, int], ...]
-    options: LowerOptions
-    atom: str
-    arch: str
-    spec: object
-    schedule: Schedule
-    ce_plan: object = None
-    kernels: dict = None  # (DType, ReduceOp | None) -> (KernelSource, cubin)
-    lock: threading.Lock = None
-    stage_bytes: int = 0  # staging space per rank (0: the default setting)
-
-    def kernel(self, dtype: DType, op: ReduceOp | None):
-        with self.lock:
-            hit = self.kernels.get((dtype, op))
-            if hit is None:
-                from purlinc.atom.codegen import generate
-                from purlinc.atom.nvrtc import compile_cubin
-
-                source = generate(self.schedule, self.spec, atom=self.atom, arch=self.arch, dtype=dtype, op=op)
-                hit = (source, compile_cubin(source.source, source.filename, self.arch))
-                self.kernels[(dtype, op)] = hit
-            return hit
-
-    def identity(self) -> dict:
-        """What every rank must agree on (hashed at load)."""
-        return {
-            "source": hashlib.sha256(self.source_text.encode()).hexdigest(),
-            "name": self.name, "world_size": self.world_size, "params": list(self.params),
-            "options": self.options.key(), "atom": self.atom, "arch": self.arch,
-        }
+# compile-side state: the pipeline's Compiled, shared by every rank of a process
 
 
 def prepare(
@@ -94,49 +54,21 @@ def prepare(
     slices: int | None = None,
     packed: bool | None = None,
     arch: str = "sm_90",
-    stage_bytes: int | None = None,
+    trace: bool = False,
 ) -> Compiled:
     """Parse, check and lower (no GPU needed): everything a load decides before touching memory.
 
-    ``stage_bytes`` caps this collective's staging space (default PURLIN_STAGE_MB); larger
-    messages run in several rounds.
+    The same path, and for the same inputs the same Compiled, as ``purlinc compile``
+    (``pipeline.prepare``).  The caller's buffers are never registered (no per-call pointers
+    are exchanged), which the default options already say.  Raises the PurlinError of an option, atom or algorithm that does not apply.
     """
     from purlinc import pipeline
 
-    atom = atom or "ldst"
-    if atom not in ATOMS:
-        raise ArgumentError(f"unknown atom {atom!r}; expected one of {', '.join(ATOMS)}")
-    source = pipeline.load_source(path_or_source)
-    definition = pipeline.parse_stage(source)
-    spec = pipeline.spec_stage(definition, world_size, params)
-    options = pipeline.default_options(spec)
-    if algorithm is not None:
-        try:
-            options = replace(options, algorithm=Algorithm(algorithm) if isinstance(algorithm, str) else algorithm)
-        except ValueError:
-            names = ", ".join(a.value for a in Algorithm)
-            raise ArgumentError(f"unknown algorithm {algorithm!r}; expected one of {names}") from None
-    if channels is not None:
-        options = replace(options, channels=int(channels))
-    if slices is not None:
-        options = replace(options, slices=int(slices))
-    if packed is not None:
-        options = replace(options, packed=bool(packed))
-    # The runtime exchanges no per-call pointers, so the caller's buffers are never registered.
-    options = replace(options, registered=frozenset())
-    schedule = pipeline.snac_stage(spec, options)
-    compiled = Compiled(
-        spec.name, source.text, source.filename, world_size, tuple(spec.params), options, atom, arch,
-        spec, schedule, None, {}, threading.Lock(), stage_bytes or settings.stage_bytes(),
-    )
-    if atom == "ce":
-        from purlinc.runtime.ce import plan
-
-        if getattr(options, "packed", False):
-            raise ArgumentError("the ce atom cannot run packed (LL) schedules: stream memory operations "
-                                "signal separately from the copies; drop packed=True or use atom='ldst'")
-
-        compiled.ce_plan = plan(schedule)
+    overrides = {"algorithm": algorithm, "channels": channels, "slices": slices, "packed": packed}
+    compiled = pipeline.prepare(path_or_source, world_size=world_size, params=params, arch=arch,
+                                atom=atom or DEFAULT_ATOM, overrides=overrides, trace=trace).prepared()
+    if compiled.options.registered:  # the defaults register nothing, and no override here does
+        raise InternalError(f"{compiled.name}: a runtime schedule asks for registered buffers")
     return compiled
 
 
@@ -156,11 +88,12 @@ class Layout:
     counters_bytes: int
 
 
-def layout_sizes(compiled: Compiled) -> tuple[int, int, int]:
-    """(staging, signal pad, counters) bytes for one rank."""
+def layout_sizes(compiled: Compiled, stage_bytes: int | None = None) -> tuple[int, int, int]:
+    """(staging, signal pad, counters) bytes for one rank; ``stage_bytes`` caps the staging
+    space (default PURLIN_STAGE_MB): larger messages run in several rounds."""
     schedule = compiled.schedule
-    stage = (compiled.stage_bytes or settings.stage_bytes()) if schedule.stage_units else 0
-    words = compiled.ce_plan.pad_words if compiled.ce_plan is not None else schedule.signal_pad_size()
+    stage = (stage_bytes or settings.stage_bytes()) if schedule.stage_units else 0
+    words = compiled.plan.pad_words if compiled.plan is not None else schedule.signal_pad_size()
     return stage, 8 * max(words, 1), 8 * schedule.channels
 
 
@@ -251,10 +184,11 @@ class Collective:
         self._fast: FastPath | None = None
         self._shapes: dict = {}
         self._ce = None
-        if compiled.ce_plan is not None:
-            from purlinc.runtime.ce import CeRunner
-
-            self._ce = CeRunner(compiled.ce_plan, self.rank, self.device)
+        self.registered = bool(compiled.options.registered)  # a zero-copy twin (see zerocopy.py)
+        self._zc = None  # staged collectives: their ZeroCopy (twin + per-call choice), if any
+        self._host = lookup_atom(compiled.atom).host_module()  # a host-driven atom (ce): no kernels
+        if self._host is not None:
+            self._ce = self._host.Runner(compiled.plan, self.rank, self.device, driver)
         self.closed = False
         comm.register(self)
 
@@ -272,6 +206,8 @@ class Collective:
         """Raise PurlinTimeoutError if a device-side wait of this rank timed out (no sync needed)."""
         if self._flag.value:
             self._raise_timeout()
+        if self._zc is not None:
+            self._zc.twin.check()
 
     def _raise_timeout(self):
         record = self.error_record()
@@ -302,14 +238,14 @@ class Collective:
         if hit is not None:
             return hit
         driver = self._driver
-        source, cubin = self.compiled.kernel(dtype, op)
+        source, cubin = self.compiled.kernel(dtype, op)  # cached per (dtype, op) by the pipeline
         abi = source.abi
         if (abi.world_size, abi.channels, abi.stage_units) != (
             self.compiled.world_size, self.compiled.schedule.channels, self.stage_units
         ) or 8 * abi.signal_pad > self.layout.pad_bytes:
             raise InternalError(f"kernel ABI {abi} does not match the loaded schedule of {self.name}")
-        if abi.needs_in_peers or abi.needs_out_peers:
-            raise InternalError(f"{self.name}: the kernel wants registered buffers, which load() never asks for")
+        if (abi.needs_in_peers or abi.needs_out_peers) and not self.registered:
+            raise InternalError(f"{self.name}: the kernel wants registered buffers, but this is the staged schedule")
         if self._agree:
             mine = (dtype.value, op.value if op else None)
             everyone = self.comm.allgather(("variant", self.name, mine))
@@ -328,12 +264,13 @@ class Collective:
     def _packed(self, variant: _Variant, shape: CallShape, piece: int):
         from purlinc.runtime.driver import PackedArgs
 
-        key = (variant.key, shape.in_ptr, shape.out_ptr, shape.count)
+        peers = zerocopy.peer_args(self, shape) if self.registered else {}
+        key = (variant.key, shape.in_ptr, shape.out_ptr, shape.count, *map(tuple, peers.values()))
         packed = self._args.get(key)
         if packed is None:
             if len(self._args) >= _ARGS_CACHE_LIMIT:
                 self._args.clear()  # launches copy their arguments: dropping old ones is safe
-            data = variant.abi.pack_args(
+            data = variant.abi.pack_args(**peers,
                 count=shape.count, piece=piece, timeout_ns=self.timeout_ns, in_ptr=shape.in_ptr,
                 out_ptr=shape.out_ptr, counters_ptr=self.counters_ptr, error_ptr=self.error_dev,
                 stage=self.stage_ptrs, signals=self.pad_ptrs,
@@ -348,6 +285,8 @@ class Collective:
             raise ArgumentError(f"{self.name}: this collective was closed")
         if self._flag.value:
             self._raise_timeout()
+        if self._zc is not None and self._zc.twin._flag.value:
+            self._zc.twin._raise_timeout()
         xi = interop.describe(x) if x is not None else None
         oi = interop.describe(out) if out is not None else None
         if oi is None and self.out_units and xi is not None and self.in_units and xi.dtype is not None \
@@ -376,6 +315,8 @@ class Collective:
         when there is no kernel to launch (count 0, or the ce atom, which is host-driven)."""
         if shape.count == 0 or self._ce is not None:
             return None
+        if self._zc is not None and self._zc.pick(shape, record=False) is not None:
+            return None  # zero-copy calls take the full path: it checks the heap blocks are still live
         piece = choose_piece(shape.count, self.stage_units, shape.dtype.itemsize, self.layout.stage_bytes)
         variant = self.variant(shape.dtype, shape.op)
         return (variant.function, variant.grid, variant.block, variant.shared, self._packed(variant, shape, piece))
@@ -383,11 +324,15 @@ class Collective:
     def launch(self, shape: CallShape, stream: int) -> None:
         if shape.count == 0:
             return  # every rank sees count 0 and skips alike
+        if self._zc is not None:
+            twin = self._zc.pick(shape)
+            if twin is not None:
+                twin.launch(shape, stream)
+                return
         if self._multi_device:
             self._driver.set_current(self.device)
         if self._ce is not None:
-            from purlinc.runtime.ce import Buffers
-
+            Buffers = self._host.Buffers
             itemsize = shape.dtype.itemsize
             piece = choose_piece(shape.count, self.stage_units, itemsize, self.layout.stage_bytes)
             self._ce.run(Buffers(shape.in_ptr, shape.out_ptr, tuple(self.stage_ptrs), tuple(self.pad_ptrs),
@@ -408,17 +353,29 @@ class Collective:
             self._fast = FastPath.make(x, out, result, op, count, self.target(shape), self.out_units)
         return result
 
-    def warm(self, dtype: DType | str, op: ReduceOp | str | None = "sum") -> None:
-        """Compile and load the kernel for (dtype, op) now (a collective under torchrun)."""
+    def warm(self, dtype: DType | str, op: ReduceOp | str | None = "sum", *, zero_copy: bool = False) -> None:
+        """Compile and load the kernel for (dtype, op) now (a collective under torchrun);
+        ``zero_copy=True`` also the zero-copy twin's (otherwise its first heap call does)."""
         if self._ce is None:
             dtype = dtype if isinstance(dtype, DType) else DType.parse(dtype)
             self.variant(dtype, ReduceOp.parse(op) if self.is_reduce else None)
+        if zero_copy and self._zc is not None:
+            self._zc.twin.warm(dtype, op)
+
+    def trace(self) -> dict:
+        """The last call's device trace, every rank's, as JSON (purlinc.draw.trace; docs/DRAW.md).
+        Under torchrun a collective: call it on every rank.  Needs ``load(..., trace=True)``."""
+        from purlinc.runtime.trace import collect
+
+        return collect([self], self.comm.allgather)
 
     def close(self) -> None:
         """Give the heap regions back (call on every rank, in the same order as loads)."""
         if self.closed:
             return
         self._fast = None  # a closed collective must take the path that says so
+        if self._zc is not None:
+            self._zc.twin.close()
         driver = self._driver
         failure = None
         try:
@@ -436,6 +393,8 @@ class Collective:
                              (self.layout.counters, 1)):
             if size:
                 heap.free(offset)
+        if getattr(self, "_trace_slots", None) is not None:  # clock-alignment flags (runtime/trace.py)
+            heap.free(self._trace_slots)
         self.closed = True
         self.comm.unregister(self)
         if failure is not None:
@@ -457,6 +416,7 @@ def prepare_group(name: str, ranks: Sequence[Collective], xs, outs, op, streams,
     if len(counts) > 1:
         raise ArgumentError(f"{name}: ranks disagree on count (elements per chunk): "
                             + ", ".join(f"rank {r}: {p[0].count}" for r, p in enumerate(prepared)))
+    zerocopy.agree_group(ranks, prepared)  # heap buffers: every rank takes the same path
     return prepared
 
 
@@ -484,6 +444,12 @@ class GroupCollective:
         for collective in self.ranks:
             collective.check()
 
+    def trace(self) -> dict:
+        """The last call's device trace of every rank (see Collective.trace)."""
+        from purlinc.runtime.trace import collect
+
+        return collect(self.ranks)
+
     def close(self) -> None:
         for collective in self.ranks:
             collective.close()
@@ -493,8 +459,8 @@ class GroupCollective:
 # load
 
 
-def _allocate(comm, compiled: Compiled) -> Layout:
-    stage, pad, counters = layout_sizes(compiled)
+def _allocate(comm, compiled: Compiled, stage_bytes: int | None) -> Layout:
+    stage, pad, counters = layout_sizes(compiled, stage_bytes)
     heap = comm.heap
     stage_off = heap.alloc(stage, f"{compiled.name} staging") if stage else 0
     pad_off = heap.alloc(pad, f"{compiled.name} signal pad")
@@ -504,18 +470,18 @@ def _allocate(comm, compiled: Compiled) -> Layout:
 
 def _zero(comm, compiled: Compiled, layout: Layout) -> None:
     from purlinc.runtime import driver
-    from purlinc.runtime.ce import init_image
 
     driver.set_current(comm.device)
-    own = comm.heap.ptr(comm.rank, 0)
+    own = comm.heap.ptr  # heap offsets -> this rank's pointers (segment by segment)
     # Staging is zeroed too: a packed (LL) schedule takes a packet whose flag word matches as
     # arrived data, and heap space can be reused from an earlier collective.
     if layout.stage_bytes:
-        driver.memset_d8(own + layout.stage, 0, layout.stage_bytes)
-    driver.memset_d8(own + layout.pad, 0, layout.pad_bytes)
-    driver.memset_d8(own + layout.counters, 0, layout.counters_bytes)
-    if compiled.ce_plan is not None:
-        driver.copy_htod(own + layout.pad, init_image(compiled.ce_plan, comm.rank))
+        driver.memset_d8(own(comm.rank, layout.stage), 0, layout.stage_bytes)
+    driver.memset_d8(own(comm.rank, layout.pad), 0, layout.pad_bytes)
+    driver.memset_d8(own(comm.rank, layout.counters), 0, layout.counters_bytes)
+    if compiled.plan is not None:
+        host = lookup_atom(compiled.atom).host_module()
+        driver.copy_htod(own(comm.rank, layout.pad), host.init_image(compiled.plan, comm.rank))
 
 
 def _fingerprint(compiled: Compiled, layout: Layout) -> str:
@@ -535,15 +501,16 @@ def _disagreement(name: str, prints: list, identities: list) -> MismatchError:
     )
 
 
-def _load_compiled(compiled: Compiled, comm, comms: list):
+def _load_compiled(compiled: Compiled, comm, comms: list, stage_bytes: int | None = None):
     """Take heap space for ``compiled`` on every rank of ``comms`` and check the ranks agree."""
     from purlinc.runtime import driver
     from purlinc.runtime.communicator import LocalGroup
 
     first = comms[0]
-    if compiled.ce_plan is not None and not driver.supports_stream_mem_ops(first.device):
-        raise PurlinError(f"the ce atom needs 64-bit stream memory operations, which cuda:{first.device} lacks")
-    layouts = [_allocate(c, compiled) for c in comms]
+    if compiled.plan is not None and not driver.supports_stream_mem_ops(first.device):
+        raise PurlinError(f"the {compiled.atom} atom needs 64-bit stream memory operations, "
+                          f"which cuda:{first.device} lacks")
+    layouts = [_allocate(c, compiled, stage_bytes) for c in comms]
     for c, layout in zip(comms, layouts):
         _zero(c, compiled, layout)
     for c in comms:
@@ -552,14 +519,15 @@ def _load_compiled(compiled: Compiled, comm, comms: list):
     if isinstance(comm, LocalGroup):
         if len({(l.stage, l.pad, l.counters) for l in layouts}) != 1:
             raise MismatchError(f"{compiled.name}: the LocalGroup's heaps are out of step: {layouts}")
-        return GroupCollective([Collective(compiled, c, l, agree=False) for c, l in zip(comms, layouts)])
+        group = GroupCollective([Collective(compiled, c, l, agree=False) for c, l in zip(comms, layouts)])
+        return zerocopy.attach(group, compiled, comm, comms)
 
     layout = layouts[0]
     fp = _fingerprint(compiled, layout)
     everyone = comm.allgather((fp, {**compiled.identity(), "layout": (layout.stage, layout.pad, layout.counters)}))
     if len({e[0] for e in everyone}) != 1:
         raise _disagreement(compiled.name, [e[0] for e in everyone], [e[1] for e in everyone])
-    return Collective(compiled, comm, layout, agree=True)
+    return zerocopy.attach(Collective(compiled, comm, layout, agree=True), compiled, comm, comms)
 
 
 def load(
@@ -573,8 +541,12 @@ def load(
     slices: int | None = None,
     packed: bool | None = None,
     arch: str | None = None,
+    trace: bool | None = None,
 ):
     """Load a collective on ``comm`` (a Communicator, or a LocalGroup for a group callable).
+
+    ``trace`` (default: the PURLIN_TRACE setting): build kernels that stamp every block, read by
+    ``coll.trace()``; a traced load pins one schedule (the default options unless given).
 
     With no orchestration option (algorithm, atom, channels, slices, packed), the result
     picks a schedule per call by message size (``purlinc.runtime.tuning``); with any of
@@ -591,10 +563,11 @@ def load(
         raise TypeError(f"load: comm must be a Communicator or a LocalGroup, got {type(comm).__name__}")
     first = comms[0]
     arch = arch or driver.arch_of(first.device)
-    if algorithm is None and atom is None and channels is None and slices is None and packed is None:
+    trace = settings.trace() if trace is None else bool(trace)
+    if not trace and algorithm is None and atom is None and channels is None and slices is None and packed is None:
         from purlinc.runtime.tuned import load_tuned
 
         return load_tuned(path_or_source, comm, comms, params=params, arch=arch)
     compiled = prepare(path_or_source, first.world_size, params=params, algorithm=algorithm, atom=atom,
-                       channels=channels, slices=slices, packed=packed, arch=arch)
+                       channels=channels, slices=slices, packed=packed, arch=arch, trace=trace)
     return _load_compiled(compiled, comm, comms)

@@ -9,13 +9,17 @@ Two ways in:
 - ``LocalGroup(devices)``: one process driving several GPUs with peer access; it holds one
   Communicator per device.  Pointers need no translation (one address space).
 
-Each Communicator owns a symmetric heap (``PURLIN_HEAP_MB`` per rank, one allocation, the
-same size everywhere) from which every loaded collective takes its staging space, signal
-pads and call counters, at the same offsets on every rank.
+Each Communicator owns a symmetric heap from which every loaded collective takes its staging
+space, signal pads and call counters, and ``comm.empty`` its tensors, at the same offsets on
+every rank.  The heap starts with one segment of ``PURLIN_HEAP_MB`` and grows on demand by
+further segments (``cuMemAlloc`` + CUDA IPC handles exchanged when a segment is created;
+growth happens inside allocations every rank makes at the same point), up to
+``PURLIN_HEAP_MAX_MB`` (0: no bound but the device's memory).
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import threading
@@ -24,6 +28,46 @@ from collections.abc import Callable, Sequence
 from purlinc import settings
 from purlinc.runtime.errors import MismatchError, PurlinTimeoutError
 from purlinc.runtime.heap import SymmetricHeap
+
+# How long a zero-copy agreement check waits for the other ranks (they are all in the same
+# call, so anything longer means a peer passed buffers outside the heap and took another path).
+_CHECK_TIMEOUT_S = 60
+
+
+def _ipc_segment(exchange, rank: int, device: int, index: int, size: int, opened: list, owned: list) -> list[int]:
+    """Allocate heap segment ``index`` (``size`` bytes, zeroed) here, export it through CUDA IPC,
+    open every peer's, and return the segment's base on every rank (a collective)."""
+    from purlinc.runtime import driver
+
+    driver.set_current(device)
+    base = driver.mem_alloc(size)
+    try:
+        driver.memset_d8(base, 0, size)
+        driver.synchronize(device)
+        handle, offset = driver.ipc_handle(base)
+    except Exception:
+        driver.mem_free(base)
+        raise
+    owned.append(base)
+    info = exchange({"segment": index, "size": size, "handle": handle, "offset": offset})
+    shapes = {(i["segment"], i["size"]) for i in info}
+    if len(shapes) != 1:
+        raise MismatchError(
+            f"ranks disagree on heap segment {index}: " + ", ".join(
+                f"rank {r}: segment {i['segment']} of {i['size']} bytes" for r, i in enumerate(info)),
+            notes=(f"set {settings.HEAP_MB.name} alike, and allocate (load, comm.empty) in the same order "
+                   "on every rank",),
+        )
+    bases = []
+    for peer, i in enumerate(info):
+        if peer == rank:
+            bases.append(base)
+        else:
+            ptr = driver.ipc_open(i["handle"], i["offset"])
+            opened.append(ptr - i["offset"])
+            bases.append(ptr)
+    exchange(("heap-open", index))  # every rank has mapped every segment before anyone writes into one
+    return bases
 
 
 class Communicator:
@@ -39,7 +83,8 @@ class Communicator:
         self._exchange = exchange
         self.local_group = local_group
         self._opened = list(opened)  # peer bases opened through IPC (closed on close())
-        self._owned = owned  # our own heap allocation
+        self._owned = [owned] if isinstance(owned, int) and owned else list(owned or ())  # our segments
+        self._check_exchange = None  # torchrun: a gloo exchange with a short timeout (zero-copy checks)
         self._collectives: list = []  # weak bookkeeping for check()
         self._lock = threading.Lock()
         self.closed = False
@@ -75,32 +120,62 @@ class Communicator:
         device = torch.cuda.current_device()
         torch.cuda.init()
         driver.set_current(device)
-        size = heap_bytes or settings.heap_bytes()
-        base = driver.mem_alloc(size)
-        driver.memset_d8(base, 0, size)
-        driver.synchronize(device)
-        handle, offset = driver.ipc_handle(base)
-        info = exchange({"host": socket.gethostname(), "pid": os.getpid(), "device": device,
-                         "size": size, "handle": handle, "offset": offset})
+        info = exchange({"host": socket.gethostname(), "pid": os.getpid(), "device": device})
         hosts = {i["host"] for i in info}
         if len(hosts) != 1:
             raise MismatchError(f"Purlin needs every rank on one host (one NVLink domain); got hosts {sorted(hosts)}")
-        sizes = {i["size"] for i in info}
-        if len(sizes) != 1:
-            raise MismatchError(f"ranks disagree on the heap size ({sorted(sizes)} bytes): set {settings.HEAP_MB.name} alike")
         for peer, i in enumerate(info):
             if peer != rank and i["device"] != device and not driver.can_access_peer(device, i["device"]):
                 raise MismatchError(f"cuda:{device} (rank {rank}) cannot access cuda:{i['device']} (rank {peer}) as a peer")
-        bases, opened = [], []
-        for peer, i in enumerate(info):
-            if peer == rank:
-                bases.append(base)
-            else:
-                ptr = driver.ipc_open(i["handle"], i["offset"])
-                opened.append(ptr - i["offset"])
-                bases.append(ptr)
-        exchange("heap-open")  # every rank has mapped every heap before anyone writes into one
-        return cls(rank, world, device, SymmetricHeap(rank, size, bases), exchange, opened=opened, owned=base)
+        size = heap_bytes or settings.heap_bytes()
+        opened: list[int] = []
+        owned: list[int] = []
+
+        def grow(index: int, nbytes: int) -> list[int]:
+            return _ipc_segment(exchange, rank, device, index, nbytes, opened, owned)
+
+        bases = grow(0, size)
+        comm = cls(rank, world, device, None, exchange, opened=opened, owned=owned)
+        comm.heap = SymmetricHeap(rank, size, bases, grow=grow, segment_bytes=size,
+                                  limit_bytes=settings.heap_max_bytes())
+        comm._opened, comm._owned = opened, owned  # the same lists grow() appends to
+        check = dist.new_group(ranks=ranks, backend="gloo", timeout=datetime.timedelta(seconds=_CHECK_TIMEOUT_S))
+
+        def check_exchange(obj):
+            gathered = [None] * world
+            dist.all_gather_object(gathered, obj, group=check)
+            return gathered
+
+        comm._check_exchange = check_exchange
+        return comm
+
+    # ----------------------------------------------------------------------------- allocation
+    def empty(self, shape, dtype):
+        """A torch tensor in this communicator's symmetric heap, at the same offset on every rank
+        (a collective: every rank calls it, in the same order, with the same shape and dtype).
+
+        Collectives called on heap tensors use the zero-copy (registered) schedules: peers read
+        and write them directly, with no staging copy.  The block is freed when the tensor (and
+        every view of it) is gone.
+        """
+        from purlinc.runtime import symmetric
+
+        return symmetric.empty(self, shape, dtype)
+
+    def alloc(self, nbytes: int):
+        """A raw :class:`~purlinc.runtime.symmetric.HeapBlock` (``ptr``, ``nbytes``, ``free()``,
+        ``__cuda_array_interface__`` for CuPy/Numba, ``peer_ptr(rank)``); a collective like ``empty``."""
+        from purlinc.runtime import symmetric
+
+        return symmetric.alloc(self, nbytes)
+
+    def mem_pool(self, nbytes: int):
+        """A ``torch.cuda.MemPool`` whose allocations land in a ``nbytes`` region of the heap, for
+        ordinary torch code: ``with torch.cuda.use_mem_pool(comm.mem_pool(n)): x = torch.empty(...)``
+        (a collective; allocate in the same order on every rank so offsets match)."""
+        from purlinc.runtime import symmetric
+
+        return symmetric.mem_pool(self, nbytes)
 
     @classmethod
     def from_store(cls, store, rank: int, world_size: int, *, device: int | None = None,
@@ -159,8 +234,8 @@ class Communicator:
             driver.synchronize(self.device)
             for base in self._opened:
                 driver.ipc_close(base)
-            if self._owned:
-                driver.mem_free(self._owned)
+            for base in self._owned:
+                driver.mem_free(base)
         finally:
             self.closed = True
 
@@ -186,20 +261,55 @@ class LocalGroup:
                     if not driver.can_access_peer(d, p):
                         raise MismatchError(f"cuda:{d} cannot access cuda:{p} as a peer (no NVLink/P2P path)")
                     driver.enable_peer_access(d, p)
-        size = heap_bytes or settings.heap_bytes()
-        bases = []
-        for d in devices:
-            driver.set_current(d)
-            base = driver.mem_alloc(size)
-            driver.memset_d8(base, 0, size)
-            bases.append(base)
-        for d in devices:
-            driver.synchronize(d)
         self.devices = devices
-        self.comms = [
-            Communicator(r, len(devices), d, SymmetricHeap(r, size, bases), None, local_group=self, owned=bases[r])
-            for r, d in enumerate(devices)
-        ]
+        self._segments: dict[int, list[int]] = {}  # index -> base on every device
+        self._sizes: dict[int, int] = {}
+        size = heap_bytes or settings.heap_bytes()
+        self.comms = [Communicator(r, len(devices), d, None, None, local_group=self) for r, d in enumerate(devices)]
+        bases = self._grow(0, size)
+        for r, comm in enumerate(self.comms):
+            # One process: every rank's heap grows through the group, which allocates the new
+            # segment on every device once (the first rank to need it) and hands out the same bases.
+            comm.heap = SymmetricHeap(r, size, bases, grow=self._grow, segment_bytes=size,
+                                      limit_bytes=settings.heap_max_bytes())
+
+    def _grow(self, index: int, size: int) -> list[int]:
+        from purlinc.runtime import driver
+
+        hit = self._segments.get(index)
+        if hit is not None:
+            if self._sizes[index] != size:
+                raise MismatchError(f"the LocalGroup's heaps are out of step: segment {index} of {size} bytes "
+                                    f"asked for, {self._sizes[index]} bytes exist")
+            return hit
+        if index != len(self._segments):
+            raise MismatchError(f"the LocalGroup's heaps are out of step: segment {index} asked for, "
+                                f"{len(self._segments)} exist")
+        bases = []
+        try:
+            for d in self.devices:
+                driver.set_current(d)
+                base = driver.mem_alloc(size)
+                bases.append(base)
+                driver.memset_d8(base, 0, size)
+            for d in self.devices:
+                driver.synchronize(d)
+        except Exception:
+            for d, base in zip(self.devices, bases):
+                driver.set_current(d)
+                driver.mem_free(base)
+            raise
+        for comm, base in zip(self.comms, bases):
+            comm._owned.append(base)
+        self._segments[index] = bases
+        self._sizes[index] = size
+        return bases
+
+    def empty(self, shape, dtype) -> list:
+        """One torch tensor per rank, in the symmetric heap (see ``Communicator.empty``)."""
+        from purlinc.runtime import symmetric
+
+        return symmetric.group_empty(self, shape, dtype)
 
     def __len__(self) -> int:
         return len(self.comms)

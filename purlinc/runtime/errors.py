@@ -28,3 +28,16 @@ class PurlinTimeoutError(PurlinError, TimeoutError):
     def __init__(self, message: str, span=None, notes=(), *, record: dict[str, int] | None = None):
         super().__init__(message, span, notes)
         self.record = dict(record or {})
+
+
+class HeapExhaustedError(ArgumentError):
+    """The symmetric heap cannot hold a request (``requested`` vs ``available`` bytes)."""
+
+    def __init__(self, message: str, span=None, notes=(), *, requested: int = 0, available: int = 0):
+        super().__init__(message, span, notes)
+        self.requested = requested
+        self.available = available
+
+
+class FreedBufferError(ArgumentError):
+    """A call named heap memory that is no longer a live block (freed, or Purlin's own)."""

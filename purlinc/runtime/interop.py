@@ -12,7 +12,7 @@ import ctypes
 import sys
 from dataclasses import dataclass
 
-from purlinc.dtypes import DType
+from purlinc.dtypes import DTYPES, DType
 
 TORCH, CUPY, CAI, DLPACK = "torch", "cupy", "cuda_array_interface", "dlpack"
 
@@ -42,14 +42,9 @@ def _torch_dtype_map() -> dict:
     if not _TORCH_DTYPES:
         import torch
 
-        table = {
-            torch.float32: DType.FLOAT32, torch.float16: DType.FLOAT16,
-            torch.bfloat16: DType.BFLOAT16, torch.int32: DType.INT32,
-        }
-        for name, dtype in (("float8_e4m3fn", DType.FLOAT8_E4M3), ("float8_e5m2", DType.FLOAT8_E5M2)):
-            if hasattr(torch, name):
-                table[getattr(torch, name)] = dtype
-        _TORCH_DTYPES.update(table)
+        # the dtype registry's torch names (fp8 types are missing from older torch builds)
+        _TORCH_DTYPES.update({getattr(torch, r.torch_name): r.dtype for r in DTYPES.records()
+                              if hasattr(torch, r.torch_name)})
     return _TORCH_DTYPES
 
 
@@ -75,7 +70,7 @@ def _describe_torch(x) -> ArrayInfo:
 # ---------------------------------------------------------------------------------------------
 # __cuda_array_interface__ (CuPy, Numba, ...)
 
-_TYPESTR = {"<f4": DType.FLOAT32, "<f2": DType.FLOAT16, "<i4": DType.INT32}
+_TYPESTR = {r.typestr: r.dtype for r in DTYPES.records() if r.typestr}
 _TYPESTR_NAMES = {"<f4": "float32", "<f2": "float16", "<i4": "int32", "<u2": "uint16", "<u1": "uint8"}
 
 
@@ -153,10 +148,7 @@ class _DLTensor(ctypes.Structure):
 
 
 # (code, bits) -> DType; codes: 0 int, 1 uint, 2 float, 4 bfloat, 10 float8_e4m3fn, 12 float8_e5m2
-_DL_DTYPES = {
-    (2, 32): DType.FLOAT32, (2, 16): DType.FLOAT16, (4, 16): DType.BFLOAT16, (0, 32): DType.INT32,
-    (10, 8): DType.FLOAT8_E4M3, (12, 8): DType.FLOAT8_E5M2,
-}
+_DL_DTYPES = {r.dlpack: r.dtype for r in DTYPES.records()}
 
 _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_pointer.restype = ctypes.c_void_p

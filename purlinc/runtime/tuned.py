@@ -11,21 +11,38 @@ warm-up call per (dtype, op), as for any collective).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from purlinc import settings
+from purlinc.atom.atoms import DEFAULT_ATOM, lookup_atom
 from purlinc.errors import PurlinError
+from purlinc.pipeline import Compiled
 from purlinc.runtime import tuning
 from purlinc.runtime.collective import (
     Collective, FastPath, GroupCollective, _load_compiled, prepare, prepare_group,
 )
+from purlinc.snac.algorithms import DEFAULT_ALGORITHM
 from purlinc.snac.ir import LowerOptions
 
 _MIN_STAGE = 64 << 10
 
 
-def _prepare_bucket(path_or_source, world_size, bucket: tuning.Bucket, params, arch):
+@dataclass(frozen=True, slots=True)
+class PreparedBucket:
+    """One size bucket, ready to load: its Compiled and the staging space it needs."""
+
+    bucket: tuning.Bucket
+    compiled: Compiled
+    stage_bytes: int | None  # None: the default (PURLIN_STAGE_MB)
+
+    @property
+    def load_key(self) -> tuple:
+        """Buckets with equal keys share one load (the same schedule and staging)."""
+        return (self.compiled.key, self.stage_bytes)
+
+
+def _prepare_bucket(source, world_size, bucket: tuning.Bucket, params, arch) -> PreparedBucket:
     """Lower one bucket's schedule; a bucket whose options do not apply to the spec falls back
     to plain direct-push with the same channels (deterministic, so every rank agrees)."""
     kwargs = dict(params=params, algorithm=bucket.algorithm, atom=bucket.atom, channels=bucket.channels,
@@ -33,38 +50,47 @@ def _prepare_bucket(path_or_source, world_size, bucket: tuning.Bucket, params, a
     if "packed" in {f.name for f in fields(LowerOptions)}:
         kwargs["packed"] = bucket.packed
     try:
-        compiled = prepare(path_or_source, world_size, **kwargs)
+        compiled = prepare(source, world_size, **kwargs)
     except PurlinError:
-        kwargs.update(algorithm="direct-push", atom="ldst", slices=1)
+        kwargs.update(algorithm=DEFAULT_ALGORITHM.value, atom=DEFAULT_ATOM, slices=1)
         kwargs.pop("packed", None)
-        compiled = prepare(path_or_source, world_size, **kwargs)
+        compiled = prepare(source, world_size, **kwargs)
+    stage_bytes = None
     if bucket.max_bytes is not None and compiled.schedule.stage_units:
         # A bucket never moves more than max_bytes per unit, so it needs no more staging.
         need = compiled.schedule.stage_units * bucket.max_bytes
-        compiled.stage_bytes = min(settings.stage_bytes(), max(_MIN_STAGE, -(-need // 4096) * 4096))
-    return compiled
+        stage_bytes = min(settings.stage_bytes(), max(_MIN_STAGE, -(-need // 4096) * 4096))
+    return PreparedBucket(bucket, compiled, stage_bytes)
+
+
+def prepare_tuned(path_or_source, world_size: int, *, params: Mapping[str, int] | None = None,
+                  arch: str = "sm_90") -> tuple[tuple[PreparedBucket, ...], int]:
+    """Everything a plain ``load()`` decides before touching a GPU: the size buckets, each
+    lowered and verified (no GPU needed).  Returns the buckets and ``U``, the most chunks any
+    rank's input or output holds.  The source is read once, and parsed and checked once for
+    every bucket (``pipeline.spec_of``)."""
+    from purlinc import pipeline
+
+    source = pipeline.load_source(path_or_source)
+    spec = pipeline.spec_of(source, world_size, params)
+    packed_supported = "packed" in {f.name for f in fields(LowerOptions)}
+    buckets = tuning.buckets_for(spec, packed_supported=packed_supported)
+    prepared = tuple(_prepare_bucket(source, world_size, bucket, params, arch) for bucket in buckets)
+    units = max(max(len(ins), len(outs)) for ins, outs in zip(spec.inputs, spec.outputs))
+    return prepared, units
 
 
 def load_tuned(path_or_source: str | Path, comm, comms: list, *, params: Mapping[str, int] | None, arch: str):
-    from purlinc import pipeline
     from purlinc.runtime.communicator import LocalGroup
 
-    world_size = comms[0].world_size
-    source = pipeline.load_source(path_or_source)
-    spec = pipeline.spec_stage(pipeline.parse_stage(source), world_size, params)
-    packed_supported = "packed" in {f.name for f in fields(LowerOptions)}
-    buckets = tuning.buckets_for(spec, packed_supported=packed_supported)
-
-    loaded: dict[str, object] = {}
+    prepared, units = prepare_tuned(path_or_source, comms[0].world_size, params=params, arch=arch)
+    buckets = tuple(p.bucket for p in prepared)
+    loaded: dict[tuple, object] = {}
     per_bucket = []
-    for bucket in buckets:
-        compiled = _prepare_bucket(source.text if source.filename == "<string>" else source.filename,
-                                   world_size, bucket, params, arch)
-        key = f"{compiled.atom}/{compiled.options.key()}/{compiled.stage_bytes}"
-        if key not in loaded:  # buckets that lower to the same schedule share one load
-            loaded[key] = _load_compiled(compiled, comm, comms)
-        per_bucket.append(loaded[key])
-    units = max(max(len(ins), len(outs)) for ins, outs in zip(spec.inputs, spec.outputs))
+    for p in prepared:
+        if p.load_key not in loaded:  # buckets that lower to the same schedule share one load
+            loaded[p.load_key] = _load_compiled(p.compiled, comm, comms, p.stage_bytes)
+        per_bucket.append(loaded[p.load_key])
     if isinstance(comm, LocalGroup):
         return TunedGroup(buckets, per_bucket, units)
     return Tuned(buckets, per_bucket, units)
@@ -107,7 +133,7 @@ class Tuned:
 
     def sms_for(self, count: int, itemsize: int) -> int:
         variant = self.variant_for(count, itemsize)
-        return 0 if variant.compiled.atom == "ce" else variant.compiled.options.channels
+        return variant.compiled.options.channels if lookup_atom(variant.compiled.atom).uses_sms else 0
 
     def __call__(self, x=None, out=None, op="sum", stream=None, *, count: int | None = None):
         for variant in self._distinct:

@@ -21,6 +21,8 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 
+from purlinc.atom.atoms import DEFAULT_ATOM
+from purlinc.snac.algorithms import DEFAULT_ALGORITHM
 from purlinc.snac.ir import Algorithm, LowerOptions
 
 TABLE_PATH = Path(__file__).with_name("tuning.json")
@@ -29,8 +31,8 @@ TABLE_PATH = Path(__file__).with_name("tuning.json")
 @dataclass(frozen=True, slots=True)
 class Bucket:
     max_bytes: int | None  # None: no upper bound (the last bucket)
-    algorithm: str = Algorithm.DIRECT_PUSH.value
-    atom: str = "ldst"
+    algorithm: str = DEFAULT_ALGORITHM.value
+    atom: str = DEFAULT_ATOM
     channels: int = 1
     slices: int = 1
     packed: bool = False
@@ -53,8 +55,8 @@ class Bucket:
     def from_json(cls, data: dict) -> "Bucket":
         return cls(
             max_bytes=None if data.get("max_bytes") is None else int(data["max_bytes"]),
-            algorithm=str(data.get("algorithm", Algorithm.DIRECT_PUSH.value)),
-            atom=str(data.get("atom", "ldst")),
+            algorithm=str(data.get("algorithm", DEFAULT_ALGORITHM.value)),
+            atom=str(data.get("atom", DEFAULT_ATOM)),
             channels=int(data.get("channels") or 1),
             slices=int(data.get("slices") or 1),
             packed=bool(data.get("packed", False)),
@@ -66,7 +68,7 @@ KIB, MIB = 1 << 10, 1 << 20
 
 def model(*, is_reduce: bool, replicated_reduce: bool, world_size: int, packed_supported: bool) -> tuple[Bucket, ...]:
     """The cost model's buckets (used where no measured table applies)."""
-    large_algorithm = Algorithm.DIRECT_PUSH.value
+    large_algorithm = DEFAULT_ALGORITHM.value
     if replicated_reduce and world_size > 2:
         # One-shot all-reduce sends every chunk to every peer: (R-1)*R chunks per rank against
         # two-shot's 2(R-1); at two ranks they move the same bytes and one-shot has one hop less.

@@ -43,6 +43,11 @@ one program, and schedules that touch another rank's IN or OUT (registered buffe
 
 There is no timeout on a stream wait: a peer that never calls leaves the stream blocked
 (``Collective.check`` cannot see it; use the ``ldst``/``tma`` atoms where that matters).
+
+Layers: this module is the Atom layer, below the runtime, so it never imports
+``purlinc.runtime``.  ``plan``/``expand`` are pure; ``CeRunner`` issues the driver calls
+through the driver module the runtime hands it (``purlinc.runtime.driver``, or any object
+with the same functions: a recorder in the CPU tests).
 """
 
 from __future__ import annotations
@@ -77,6 +82,12 @@ class CePlan:
     init: tuple[tuple[tuple[int, int], ...], ...]  # [rank] -> (word, value) for its own pad
 
 
+def _atoms_that(capability: str) -> str:
+    from purlinc.atom.atoms import ATOMS
+
+    return ", ".join(repr(a.name) for a in ATOMS.records() if getattr(a, capability))
+
+
 def gate_word(signals: int, signal: Signal) -> int:
     """Where the gate of ``signal`` sits in its notifier's pad."""
     return signals + signal.owner * signals + signal.index
@@ -85,17 +96,23 @@ def gate_word(signals: int, signal: Signal) -> int:
 def plan(schedule: Schedule) -> CePlan:
     """Translate a copy schedule into copy-engine operations, or raise CeError saying why not."""
     name = schedule.collective
+    if schedule.options.packed:
+        raise CeError(
+            f"the ce atom cannot run packed (LL) schedules of {name}: stream memory operations signal "
+            "separately from the copies",
+            notes=(f"drop packed=True, or use one of the atoms {_atoms_that('packed')}",),
+        )
     if schedule.operation is Operation.REDUCE:
         raise CeError(
             f"the ce atom cannot run {name}: it is a reduction, and the copy engines only move bytes",
-            notes=("use atom='ldst' or atom='tma' for reductions",),
+            notes=(f"use one of the atoms {_atoms_that('reduces')} for reductions",),
         )
     many = sorted(d.signal.format() for d in schedule.signals if d.per_call != 1)
     if many:
         raise CeError(
             f"the ce atom cannot run this schedule of {name}: signal(s) {', '.join(many[:4])} are notified "
             f"more than once per call (per_call > 1), which constant-valued stream writes cannot count",
-            notes=("use slices=1 per channel with atom='ce' (more channels are fine)",),
+            notes=("use slices=1 per channel with this atom (more channels are fine)",),
         )
     n = schedule.signal_pad_size()
     R = schedule.world_size
@@ -211,11 +228,12 @@ def expand(plan_: CePlan, rank: int, channel: int, buffers: Buffers):
 
 
 class CeRunner:
-    """Issues one rank's plan on the caller's stream (and one forked stream per extra channel)."""
+    """Issues one rank's plan on the caller's stream (and one forked stream per extra channel).
 
-    def __init__(self, plan_: CePlan, rank: int, device: int):
-        from purlinc.runtime import driver
+    ``driver``: the runtime's driver module (``purlinc.runtime.driver``), passed in so this
+    layer does not import the one above it."""
 
+    def __init__(self, plan_: CePlan, rank: int, device: int, driver):
         self.plan = plan_
         self.rank = rank
         self.device = device
@@ -252,3 +270,6 @@ class CeRunner:
             if e is not None:
                 d.event_destroy(e)
         self.streams, self.joins, self.fork = [], [], None
+
+
+Runner = CeRunner  # the name the runtime asks a host-driven atom's module for (atoms.Atom.host)

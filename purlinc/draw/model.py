@@ -1,0 +1,291 @@
+"""A SNAC schedule as something to draw: lanes, step boxes and Notify -> Wait arrows.
+
+Programs are read only through ``Schedule.program(rank, channel)`` (the concrete program of
+one channel), ``Schedule.channels`` and ``Schedule.world_size``, so the drawing does not care
+whether the IR stores channels concretely or symbolically.
+
+Pairs: within one call, ``Wait(s, k)`` with ``k >= 1`` is released by the step that raises
+``s`` to ``k``: a ``Notify(s, k)``, or a packed (LL) ``Stage`` carrying ``(s, k)``.  A wait
+with ``k <= 0`` waits for a notify of an *earlier* call (flow control): it gets no arrow,
+only a "previous call" mark.
+
+Identical channels: channel ``c`` is drawn once with channel 0 when its program equals
+channel 0's after shifting slices back by ``c * options.slices`` and renaming signals in
+order of first use (the lowering instantiates one template channel; this checks it rather
+than assuming it).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from purlinc.frontend.ast import Operation
+from purlinc.snac.ir import Consume, Notify, Region, Schedule, Signal, Stage, Wait
+
+_CHUNK = re.compile(r"(?<![\w.])[A-Za-z_]\w*(?:\[[^\]\s]+\])+")  # x[3], not r0.stage[3]
+
+
+@dataclass(frozen=True, slots=True)
+class StepBox:
+    """One step of one drawn lane."""
+
+    rank: int
+    channel: int
+    index: int  # position in the program's steps
+    verb: str  # stage | stage+notify | notify | wait | copy | reduce
+    chunk: str  # the chunk the step moves or announces ("" when none, e.g. an ack)
+    chunks: tuple[str, ...]  # every chunk its note names
+    line: int | None  # .pln line of the chunk's output, when known
+    operands: str  # the dump's operand text, e.g. "r0.in[0].s0 -> r1.stage[0].s0"
+    note: str
+    signal: Signal | None = None  # notify / wait / packed stage
+    k: int = 0
+    previous_call: bool = False  # a wait for an earlier call's notify
+    peer: int | None = None  # the other rank a stage writes to / a notify raises (None: local)
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.rank, self.channel, self.index)
+
+    def label(self) -> str:
+        return self.verb
+
+    def detail(self) -> str:
+        where = f"rank {self.rank} channel {self.channel} step {self.index}"
+        line = f", line {self.line}" if self.line is not None else ""
+        text = f"{where}: {self.verb} {self.operands}"
+        if self.note:
+            text += f"  ({self.note})"
+        return text + line
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """An arrow: the step raising ``signal`` to ``k`` releases the wait for it."""
+
+    notify: tuple[int, int, int]  # (rank, channel, index)
+    wait: tuple[int, int, int]
+    signal: Signal
+    k: int
+
+
+@dataclass(frozen=True, slots=True)
+class Lane:
+    rank: int
+    channel: int
+    label: str
+    steps: tuple[StepBox, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Drawing:
+    title: str
+    subtitle: str
+    world_size: int
+    channels: int  # channels of the schedule
+    collapsed: bool  # True: only channel 0 is drawn, the others are identical up to shift
+    lanes: tuple[Lane, ...]
+    pairs: tuple[Pair, ...]  # only pairs whose both ends are drawn
+    chunks: tuple[str, ...]  # every chunk name, in a stable order (the colour key)
+    notes: tuple[str, ...] = field(default=())
+
+    def lane_of(self, rank: int, channel: int) -> Lane | None:
+        for lane in self.lanes:
+            if (lane.rank, lane.channel) == (rank, channel):
+                return lane
+        return None
+
+
+# ---- steps ------------------------------------------------------------------------------
+
+def _operands(step) -> str:
+    if isinstance(step, Stage):
+        text = f"{step.src.format()} -> {step.dst.format()}"
+        if step.packed:
+            text += f", {step.signal.format()} = +{step.k} (LL)"
+        return text
+    if isinstance(step, Notify):
+        return f"{step.signal.format()} = call*P+{step.k}"
+    if isinstance(step, Wait):
+        return f"{step.signal.format()} >= call*P{step.k:+d}"
+    srcs = ", ".join(s.format() for s in step.srcs)
+    return f"({srcs}) -> {step.dst.format()}"
+
+
+def chunks_of(note: str) -> tuple[str, ...]:
+    return tuple(_CHUNK.findall(note or ""))
+
+
+def _verb(step) -> str:
+    if isinstance(step, Stage):
+        return "stage+notify" if step.packed else "stage"
+    if isinstance(step, Notify):
+        return "notify"
+    if isinstance(step, Wait):
+        return "wait"
+    if isinstance(step, Consume):
+        if step.operation is Operation.COPY and len(step.srcs) == 1:
+            return "copy"
+        return "reduce"
+    raise TypeError(f"not a SNAC step: {step!r}")
+
+
+def _box(rank: int, channel: int, index: int, step, lines: dict[str, int]) -> StepBox:
+    note = " ".join(str(getattr(step, "note", "") or "").split())
+    chunks = chunks_of(note)
+    chunk = chunks[0] if len(set(chunks)) == 1 else ""
+    line = getattr(step, "line", None)
+    if line is None and chunk:
+        line = lines.get(chunk)
+    signal = getattr(step, "signal", None)
+    k = getattr(step, "k", 0)
+    peer = None
+    if isinstance(step, Stage):
+        peer = step.dst.rank if step.dst.rank != rank else (step.src.rank if step.src.rank != rank else None)
+    elif isinstance(step, Notify) and step.signal.owner != rank:
+        peer = step.signal.owner
+    return StepBox(
+        rank=rank, channel=channel, index=index, verb=_verb(step), chunk=chunk, chunks=chunks, line=line,
+        operands=_operands(step), note=note, signal=signal, k=k,
+        previous_call=isinstance(step, Wait) and step.k <= 0, peer=peer,
+    )
+
+
+# ---- channels ---------------------------------------------------------------------------
+
+def _canonical(schedule: Schedule, rank: int, channel: int) -> tuple:
+    """Channel ``channel``'s program with slices made channel-relative and signals renamed
+    by first use: equal for two channels that run the same template."""
+    shift = channel * schedule.options.slices
+    names: dict[Signal, tuple[int, int]] = {}
+
+    def sig(s: Signal | None):
+        if s is None:
+            return None
+        if s not in names:
+            names[s] = (s.owner, len(names))
+        return names[s]
+
+    def reg(r: Region):
+        return (r.space.value, r.rank, r.unit, r.slice - shift)
+
+    out = []
+    for step in schedule.program(rank, channel).steps:
+        if isinstance(step, Stage):
+            out.append(("stage", reg(step.src), reg(step.dst), sig(step.signal), step.k))
+        elif isinstance(step, (Notify, Wait)):
+            out.append((type(step).__name__, sig(step.signal), step.k))
+        else:
+            out.append(("consume", step.operation.value, tuple(reg(s) for s in step.srcs), reg(step.dst)))
+    return tuple(out)
+
+
+def channels_identical(schedule: Schedule) -> bool:
+    """Every channel of every rank equals channel 0 up to the slice shift and signal names."""
+    if schedule.channels == 1:
+        return True
+    for rank in range(schedule.world_size):
+        first = _canonical(schedule, rank, 0)
+        if any(_canonical(schedule, rank, c) != first for c in range(1, schedule.channels)):
+            return False
+    return True
+
+
+# ---- the drawing ------------------------------------------------------------------------
+
+def _chunk_lines(schedule: Schedule, channels: range) -> dict[str, int]:
+    """chunk name -> the .pln line of its output (from the consumes that write it)."""
+    lines: dict[str, int] = {}
+    for rank in range(schedule.world_size):
+        for channel in channels:
+            for step in schedule.program(rank, channel).steps:
+                if isinstance(step, Consume) and step.line is not None:
+                    for chunk in chunks_of(step.note):
+                        lines.setdefault(chunk, step.line)
+    return lines
+
+
+def _chunk_order(name: str) -> tuple:
+    """x[10] after x[9]: compare indices as numbers."""
+    base = name.split("[", 1)[0]
+    idx = tuple(int(i) if i.lstrip("-").isdigit() else 0 for i in re.findall(r"\[([^\]]+)\]", name))
+    return (base, idx, name)
+
+
+def build(schedule: Schedule, *, collapse: bool = True, channels: tuple[int, ...] | None = None,
+          title: str | None = None) -> Drawing:
+    """The drawing of ``schedule``.  ``collapse``: draw channel 0 alone when every channel is
+    identical up to the slice shift; ``channels``: draw exactly these channels instead."""
+    world, nchan = schedule.world_size, schedule.channels
+    identical = channels_identical(schedule)
+    if channels is not None:
+        bad = [c for c in channels if not 0 <= c < nchan]
+        if bad:
+            from purlinc.errors import PurlinError
+
+            raise PurlinError(f"channel {bad[0]} does not exist: the schedule has channels 0..{nchan - 1}")
+        drawn = tuple(channels)
+        collapsed = False
+    elif collapse and identical:
+        drawn, collapsed = (0,), nchan > 1
+    else:
+        drawn, collapsed = tuple(range(nchan)), False
+    lines = _chunk_lines(schedule, range(nchan) if not collapsed else range(1))
+    lanes = []
+    all_chunks: set[str] = set()
+    for rank in range(world):
+        for channel in drawn:
+            program = schedule.program(rank, channel)
+            boxes = tuple(_box(rank, channel, i, step, lines) for i, step in enumerate(program.steps))
+            for box in boxes:
+                all_chunks.update(box.chunks)
+            if collapsed:
+                label = f"rank {rank}  (x{nchan} channels)"
+            elif nchan > 1:
+                label = f"rank {rank} ch {channel}"
+            else:
+                label = f"rank {rank}"
+            lanes.append(Lane(rank, channel, label, boxes))
+    pairs, unmatched = match_pairs(lanes)
+    o = schedule.options
+    subtitle = (f"R={world}, {schedule.operation.value}, {o.algorithm.value}, channels {nchan}, "
+                f"slices {o.slices} per channel" + (", packed (LL)" if o.packed else ""))
+    notes = []
+    if collapsed:
+        notes.append(f"channels 0..{nchan - 1} identical up to slice offset: channel 0 drawn for all {nchan}")
+    if unmatched:
+        notes.append(f"{unmatched} wait(s) released by a notify outside the drawn lanes (no arrow)")
+    return Drawing(
+        title=title or f"{schedule.collective}", subtitle=subtitle, world_size=world, channels=nchan,
+        collapsed=collapsed, lanes=tuple(lanes), pairs=pairs, chunks=tuple(sorted(all_chunks, key=_chunk_order)),
+        notes=tuple(notes),
+    )
+
+
+def match_pairs(lanes) -> tuple[tuple[Pair, ...], int]:
+    """Every (notify, wait) pair of one call among ``lanes``; and the number of waits (k >= 1)
+    whose notify is not among them."""
+    raisers: dict[tuple[Signal, int], tuple[int, int, int]] = {}
+    for lane in lanes:
+        for box in lane.steps:
+            if box.signal is not None and box.verb in ("notify", "stage+notify"):
+                raisers[(box.signal, box.k)] = box.key
+    pairs, unmatched = [], 0
+    for lane in lanes:
+        for box in lane.steps:
+            if box.verb != "wait" or box.previous_call:
+                continue
+            source = raisers.get((box.signal, box.k))
+            if source is None:
+                unmatched += 1
+                continue
+            pairs.append(Pair(source, box.key, box.signal, box.k))
+    return tuple(pairs), unmatched
+
+
+def all_pairs(schedule: Schedule) -> tuple[Pair, ...]:
+    """Every pair of the whole schedule (all channels): what ``build(..., collapse=False)`` draws."""
+    lanes = [Lane(r, c, "", tuple(_box(r, c, i, s, {}) for i, s in enumerate(schedule.program(r, c).steps)))
+             for r in range(schedule.world_size) for c in range(schedule.channels)]
+    return match_pairs(lanes)[0]

@@ -1,0 +1,225 @@
+"""Drawings as SVG text: one panel per schedule, one lane group per rank, boxes and arrows.
+
+A small writer, no plotting library.  Every element a reader (or a test) looks for carries a
+class and data attributes:
+
+- ``g.rank[data-rank]``: one per rank and panel, holding that rank's lanes (``g.lane``, one
+  per drawn channel);
+- ``g.step[data-rank][data-channel][data-index][data-verb][data-chunk][data-line]`` with a
+  ``<title>`` (the hover text: operands, note, .pln line; measured times in a trace);
+- ``path.arrow[data-notify][data-wait]``: "rank,channel,index" of both ends;
+- ``g.prev-call``: the mark on a wait released by an earlier call.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import math
+from dataclasses import dataclass
+from xml.sax.saxutils import escape, quoteattr
+
+from purlinc.draw.model import Drawing, StepBox
+from purlinc.draw.timeline import Times
+
+LABEL_W = 170  # lane labels
+LANE_H = 44
+BOX_H = 36
+COL_W = 64  # one step in the schedule view
+RANK_GAP = 8
+HEAD_H = 46
+AXIS_H = 22
+FONT = "DejaVu Sans Mono, Menlo, Consolas, monospace"
+
+_STROKE = {
+    "stage": "#4d4d4d", "stage+notify": "#1f4fbf", "notify": "#1f4fbf", "wait": "#b8401a",
+    "copy": "#4d4d4d", "reduce": "#4d4d4d",
+}
+_SHORT = {"stage+notify": "stage+ntf", "notify": "notify", "wait": "wait", "stage": "stage", "copy": "copy",
+          "reduce": "reduce"}
+
+
+def palette(chunks: tuple[str, ...]) -> dict[str, str]:
+    """Chunk name -> fill colour: hues spread evenly in the drawing's stable chunk order, so
+    a chunk has the same colour on every rank (and x[i] keeps its colour between panels of
+    one collective)."""
+    colours = {}
+    n = max(len(chunks), 1)
+    for i, name in enumerate(chunks):
+        # Alternate lightness so neighbours differ even when there are many chunks.
+        r, g, b = colorsys.hls_to_rgb(i / n, 0.78 if i % 2 == 0 else 0.68, 0.62)
+        colours[name] = f"#{int(r * 255):02x}{int(g * 255):02x}{int(b * 255):02x}"
+    return colours
+
+
+@dataclass(frozen=True, slots=True)
+class Panel:
+    drawing: Drawing
+    times: Times
+    heading: str = ""
+    measured: dict | None = None  # (rank, channel, index) -> text added to the hover (traces)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.1f}".rstrip("0").rstrip(".")
+
+
+def _scale(panels: list[Panel], width: int | None) -> float:
+    """Pixels per x unit, shared by every panel (so compared timelines line up)."""
+    if all(p.times.unit == "step" for p in panels):
+        return COL_W
+    longest = max((p.times.total for p in panels), default=1.0) or 1.0
+    target = width or max(1200, min(4000, 40 * max(len(l.steps) for p in panels for l in p.drawing.lanes)))
+    return (target - LABEL_W - 30) / longest
+
+
+def _panel_height(panel: Panel) -> int:
+    ranks = panel.drawing.world_size
+    notes = len(panel.drawing.notes) + len(panel.times.notes)
+    return HEAD_H + AXIS_H + len(panel.drawing.lanes) * LANE_H + ranks * RANK_GAP + 14 * notes
+
+
+def _box_label(box: StepBox, w: float) -> list[str]:
+    if w < 28:
+        return []
+    chars = max(int((w - 4) / 5.6), 1)
+    what = box.chunk or (box.signal.format() if box.signal is not None else "")
+    if box.peer is not None and box.verb != "wait":
+        what = f"{box.chunk}>r{box.peer}" if box.chunk else f"r{box.peer}.sig[{box.signal.index}]" if box.signal else what
+    rows = [_SHORT[box.verb], what, f"L{box.line}" if box.line is not None else ""]
+    return [r[:chars] for r in rows if r]
+
+
+def _render_panel(panel: Panel, y0: float, px: float, colours: dict, parts: list[str]) -> tuple[float, dict]:
+    d, t = panel.drawing, panel.times
+    parts.append(f'<g class="panel" transform="translate(0,{_fmt(y0)})">')
+    parts.append(f'<text x="10" y="20" font-size="15" font-weight="bold">{escape(panel.heading or d.title)}</text>')
+    total = f"{t.total:.2f} us" if t.unit == "us" else f"{int(t.total)} steps on the longest lane"
+    parts.append(f'<text x="10" y="38" font-size="11" fill="#333">{escape(d.subtitle)}; {escape(total)}</text>')
+    y = HEAD_H
+    # Axis: ticks every nice step of x units.
+    right = LABEL_W + t.total * px
+    parts.append(f'<g class="axis"><line x1="{LABEL_W}" y1="{y + 16}" x2="{_fmt(right)}" y2="{y + 16}" stroke="#999"/>')
+    tick = _nice(t.total / 10 if t.total else 1)
+    if t.unit == "step":
+        tick = max(tick, 1.0)
+    value = 0.0
+    while value <= t.total + 1e-9:
+        x = LABEL_W + value * px
+        label = f"{_fmt(value)} us" if t.unit == "us" else f"{int(value)}"
+        parts.append(f'<line x1="{_fmt(x)}" y1="{y + 12}" x2="{_fmt(x)}" y2="{y + 20}" stroke="#999"/>'
+                     f'<text x="{_fmt(x + 2)}" y="{y + 10}" font-size="9" fill="#666">{escape(label)}</text>')
+        value += tick
+    parts.append("</g>")
+    y += AXIS_H
+    anchors: dict = {}
+    by_rank: dict[int, list] = {}
+    for lane in d.lanes:
+        by_rank.setdefault(lane.rank, []).append(lane)
+    for rank in sorted(by_rank):
+        parts.append(f'<g class="rank" data-rank="{rank}">')
+        for lane in by_rank[rank]:
+            shade = "#f4f6fa" if rank % 2 == 0 else "#fbfbf6"
+            parts.append(f'<g class="lane" data-rank="{lane.rank}" data-channel="{lane.channel}">')
+            parts.append(f'<rect x="0" y="{_fmt(y)}" width="{_fmt(right + 20)}" height="{LANE_H}" fill="{shade}"/>')
+            parts.append(f'<text x="8" y="{_fmt(y + LANE_H / 2 + 4)}" font-size="12">{escape(lane.label)}</text>')
+            for box in lane.steps:
+                start, end = t.spans[box.key]
+                x, w = LABEL_W + start * px, max((end - start) * px - (3 if t.unit == "step" else 0), 1.5)
+                by = y + (LANE_H - BOX_H) / 2
+                fill = colours.get(box.chunk, "#e6e6e6")
+                stroke = _STROKE[box.verb]
+                dash = ' stroke-dasharray="3,2"' if box.verb == "wait" else ""
+                detail = box.detail()
+                if panel.measured and box.key in panel.measured:
+                    detail += "\n" + panel.measured[box.key]
+                elif t.unit == "us":
+                    detail += f"\nmodel: {start:.3f} .. {end:.3f} us"
+                parts.append(
+                    f'<g class="step" data-rank="{box.rank}" data-channel="{box.channel}" data-index="{box.index}" '
+                    f'data-verb="{box.verb}" data-chunk={quoteattr(box.chunk)} data-line="{box.line or ""}" '
+                    f'data-detail={quoteattr(detail)}><title>{escape(detail)}</title>'
+                    f'<rect x="{_fmt(x)}" y="{_fmt(by)}" width="{_fmt(w)}" height="{BOX_H}" rx="3" '
+                    f'fill="{fill}" stroke="{stroke}"{dash}/>'
+                )
+                for row, text in enumerate(_box_label(box, w)):
+                    weight = ' font-weight="bold"' if row == 0 else ""
+                    parts.append(f'<text x="{_fmt(x + 3)}" y="{_fmt(by + 11 + 11 * row)}" font-size="9.5"{weight}>'
+                                 f'{escape(text)}</text>')
+                if box.previous_call:
+                    parts.append(f'<g class="prev-call"><path d="M{_fmt(x - 1)},{_fmt(by + 4)} l-5,-3 v6 z" '
+                                 f'fill="#b8401a"/></g>')
+                parts.append("</g>")
+                anchors[box.key] = (x, x + w, by + BOX_H / 2)
+            parts.append("</g>")
+            y += LANE_H
+        parts.append("</g>")
+        y += RANK_GAP
+    for pair in d.pairs:
+        if pair.notify not in anchors or pair.wait not in anchors:
+            continue
+        nx0, nx1, ny = anchors[pair.notify]
+        wx0, wx1, wy = anchors[pair.wait]
+        # Schedule view: into the wait's start (it runs after the notify).  In time, a wait
+        # starts whenever its lane gets there and *ends* when released: point at its end.
+        sx, ex = nx1, (wx0 if t.unit == "step" else wx1)
+        bend = max(abs(ex - sx) / 2, 12)
+        parts.append(
+            f'<path class="arrow" data-notify="{",".join(map(str, pair.notify))}" '
+            f'data-wait="{",".join(map(str, pair.wait))}" data-signal="{escape(pair.signal.format())}" '
+            f'data-k="{pair.k}" d="M{_fmt(sx)},{_fmt(ny)} C{_fmt(sx + bend)},{_fmt(ny)} {_fmt(ex - bend)},{_fmt(wy)} '
+            f'{_fmt(ex)},{_fmt(wy)}" fill="none" stroke="#1f4fbf" stroke-opacity="0.55" stroke-width="1.2" '
+            f'marker-end="url(#head)"/>'
+        )
+    for note in d.notes + t.notes:
+        parts.append(f'<text class="note" x="10" y="{_fmt(y + 12)}" font-size="11" fill="#333">{escape(note)}</text>')
+        y += 14
+    parts.append("</g>")
+    return y0 + _panel_height(panel), anchors
+
+
+def _nice(raw: float) -> float:
+    """The smallest of 1, 2, 5 times a power of ten that is >= raw (axis tick spacing)."""
+    if raw <= 0:
+        return 1.0
+    exp = 10.0 ** math.floor(math.log10(raw))
+    for m in (1, 2, 5, 10):
+        if m * exp >= raw * (1 - 1e-9):
+            return m * exp
+    return 10 * exp
+
+
+def render(panels: list[Panel], *, width: int | None = None) -> str:
+    """SVG text of the panels, stacked, sharing the x scale."""
+    if not panels:
+        raise ValueError("nothing to draw")
+    px = _scale(panels, width)
+    chunks: list[str] = []
+    for p in panels:
+        chunks.extend(c for c in p.drawing.chunks if c not in chunks)
+    colours = palette(tuple(chunks))
+    parts: list[str] = []
+    y = 0.0
+    for panel in panels:
+        y, _ = _render_panel(panel, y, px, colours, parts)
+    # Legend: the chunk colours.
+    legend_y = y + 6
+    x = 10.0
+    legend = [f'<g class="legend"><text x="{_fmt(x)}" y="{_fmt(legend_y + 11)}" font-size="11">chunks:</text>']
+    x += 56
+    for name in chunks:
+        legend.append(f'<rect x="{_fmt(x)}" y="{_fmt(legend_y + 1)}" width="12" height="12" fill="{colours[name]}" stroke="#555"/>'
+                      f'<text x="{_fmt(x + 15)}" y="{_fmt(legend_y + 11)}" font-size="10">{escape(name)}</text>')
+        x += 22 + 6.2 * len(name)
+    legend.append(f'<text x="{_fmt(x + 10)}" y="{_fmt(legend_y + 11)}" font-size="10" fill="#1f4fbf">'
+                  f'arrow: notify -&gt; the wait it releases; dashed: wait; red mark: waits for the previous call</text>')
+    legend.append("</g>")
+    width_px = max(LABEL_W + max(p.times.total for p in panels) * px + 30, x + 560)
+    height_px = legend_y + 24
+    head = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="purlin-schedule" width="{_fmt(width_px)}" '
+        f'height="{_fmt(height_px)}" viewBox="0 0 {_fmt(width_px)} {_fmt(height_px)}" font-family="{FONT}">\n'
+        '<defs><marker id="head" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
+        'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#1f4fbf"/></marker></defs>\n'
+        f'<rect x="0" y="0" width="{_fmt(width_px)}" height="{_fmt(height_px)}" fill="white"/>\n'
+    )
+    return head + "\n".join(parts + legend) + "\n</svg>\n"

@@ -1,0 +1,191 @@
+"""The device trace as JSON: its schema, how it is built from raw stamps, checked, and drawn.
+
+Schema (``"format": "purlin-trace", "version": 1``)::
+
+    {
+      "format": "purlin-trace", "version": 1,
+      "collective": "allreduce", "world_size": 2, "params": {},
+      "options": {"algorithm": "direct-push", "channels": 1, "slices": 1, "packed": false,
+                  "key": "direct-push/c1/s1/slotsall/reg-"},
+      "atom": "ldst", "dtype": "bfloat16", "op": "sum", "device": "NVIDIA H200",
+      "kernel": "purlin_allreduce_1a2b3c4d",
+      "calls": [7, 7],                 # per rank: the call number (epoch) traced
+      "timebase": "globaltimer" | "clock64",
+      "clock": {"method": "ping-pong", "reference_rank": 0, "iterations": 64,
+                "ranks": [{"rank": 1, "offset_ns": ..., "uncertainty_ns": ..., "min_rtt_ns": ...,
+                           "globaltimer_tick_ns": ..., "sm_cycles_per_ns": ...}, ...]},
+      "t0_ns": ...,                    # the reference clock at the earliest stamp
+      "events": [{"rank": 0, "channel": 0, "round": 0, "block": 3, "steps": [5, 6],
+                  "start_ns": 812.0, "end_ns": 1630.5,        # aligned to rank 0's clock, minus t0_ns
+                  "raw": [gt_start, clk_start, gt_end, clk_end]}, ...]
+    }
+
+``offset_ns`` is the rank's timer minus the reference's; aligned time = local - offset.
+Within one round of one channel, times come from ``clock64`` cycles after the round's first
+global-timer stamp when the global timer ticks coarser than 100 ns (``timebase``), else from the
+global timer itself.  A block covers one or more SNAC steps (a merged group of waits, an LL
+receive with its consumes); the drawing splits a block's time evenly among its steps.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from purlinc.errors import PurlinError
+from purlinc.draw.timeline import Times
+
+FORMAT = "purlin-trace"
+VERSION = 1
+_REQUIRED = ("collective", "world_size", "params", "options", "clock", "events")
+
+
+# ---- building ---------------------------------------------------------------------------
+
+def _stamp_time(gt: int, clk: int, anchor: tuple[int, int], rate: float, use_clock: bool) -> float:
+    if use_clock and rate > 0:
+        return anchor[0] + (clk - anchor[1]) / rate
+    return float(gt)
+
+
+def from_stamps(schedule, params: dict, atom: str, parts: list[dict], clock: dict) -> dict:
+    """The trace JSON from every rank's raw stamps (purlinc.runtime.trace.read_stamps) and the
+    clock alignment (purlinc.runtime.trace.align)."""
+    ranks = {r["rank"]: r for r in clock["ranks"]}
+    ticks = [r.get("globaltimer_tick_ns") or 0 for r in clock["ranks"]]
+    use_clock = max(ticks, default=0) > 100
+    events = []
+    for part in sorted(parts, key=lambda p: p["rank"]):
+        info = ranks.get(part["rank"], {"offset_ns": 0.0, "sm_cycles_per_ns": 0.0})
+        offset, rate = info["offset_ns"], info.get("sm_cycles_per_ns", 0.0)
+        for c, ch in enumerate(part["channels"]):
+            for i, row in enumerate(ch["stamps"]):
+                anchor = row[0]
+                times = [_stamp_time(gt, clk, anchor, rate, use_clock) - offset for gt, clk in row]
+                for b, steps in enumerate(ch["blocks"]):
+                    if b + 1 >= len(row):
+                        break
+                    events.append({
+                        "rank": part["rank"], "channel": c, "round": i, "block": b, "steps": list(steps),
+                        "start_ns": times[b], "end_ns": times[b + 1],
+                        "raw": [row[b][0], row[b][1], row[b + 1][0], row[b + 1][1]],
+                    })
+    t0 = min((e["start_ns"] for e in events), default=0.0)
+    for e in events:
+        e["start_ns"] -= t0
+        e["end_ns"] -= t0
+    o = schedule.options
+    first = parts[0] if parts else {}
+    return {
+        "format": FORMAT, "version": VERSION,
+        "collective": schedule.collective, "world_size": schedule.world_size, "params": dict(params),
+        "options": {"algorithm": o.algorithm.value, "channels": o.channels, "slices": o.slices,
+                    "packed": bool(o.packed), "key": o.key()},
+        "atom": atom, "dtype": first.get("dtype"), "op": first.get("op"), "device": first.get("device", ""),
+        "kernel": first.get("kernel", ""),
+        "calls": [int(p["channels"][0]["epoch"]) if p["channels"] else None for p in sorted(parts, key=lambda p: p["rank"])],
+        "timebase": "clock64" if use_clock else "globaltimer",
+        "clock": clock, "t0_ns": t0, "events": events,
+    }
+
+
+# ---- reading ----------------------------------------------------------------------------
+
+def load(path: str) -> dict:
+    """A trace file, checked for shape; PurlinError (exit 2 in the CLI) for anything else."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PurlinError(f"trace file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise PurlinError(f"cannot read trace file {path}: {error}") from None
+    if not text.strip():
+        raise PurlinError(f"trace file {path} is empty", notes=("write one with json.dump(coll.trace(), f)",))
+    try:
+        data = json.loads(text)
+    except ValueError as error:
+        raise PurlinError(f"trace file {path} is not JSON: {error}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise PurlinError(
+            f"{path} is not a Purlin trace: expected \"format\": \"{FORMAT}\", found {found!r}",
+            notes=("a trace is what coll.trace() returns (docs/DRAW.md), not a profiler's or Chrome's trace",),
+        )
+    if data.get("version") != VERSION:
+        raise PurlinError(f"trace file {path} has version {data.get('version')!r}; this purlinc reads version {VERSION}")
+    missing = [k for k in _REQUIRED if k not in data]
+    if missing:
+        raise PurlinError(f"trace file {path} lacks {', '.join(missing)}")
+    if not data["events"]:
+        raise PurlinError(f"trace file {path} has no events: was the collective called before coll.trace()?")
+    for n, e in enumerate(data["events"]):
+        if not isinstance(e, dict) or not all(k in e for k in ("rank", "channel", "block", "steps", "start_ns", "end_ns")):
+            raise PurlinError(f"trace file {path}: event {n} lacks rank, channel, block, steps, start_ns or end_ns")
+    return data
+
+
+def options_of(data: dict) -> dict:
+    from purlinc.snac.ir import Algorithm
+
+    o = data["options"]
+    try:
+        return {"algorithm": Algorithm(o["algorithm"]), "channels": int(o["channels"]), "slices": int(o["slices"]),
+                "packed": bool(o.get("packed", False))}
+    except (KeyError, ValueError, TypeError) as error:
+        raise PurlinError(f"trace options {o!r} are not a schedule's options: {error}") from None
+
+
+def channels_of(data: dict) -> tuple[int, ...]:
+    return tuple(sorted({int(e["channel"]) for e in data["events"]}))
+
+
+def check_matches(data: dict, schedule, path: str) -> None:
+    """The trace must come from this schedule: same collective, world size and options."""
+    want = (schedule.collective, schedule.world_size, schedule.options.key())
+    got = (data["collective"], data["world_size"], data["options"].get("key"))
+    if want != got:
+        raise PurlinError(
+            f"trace {path} is of {got[0]} R={got[1]} {got[2]}, but the file gives {want[0]} R={want[1]} {want[2]}",
+            notes=("draw a trace with the .pln file it was recorded from",),
+        )
+    for e in data["events"]:
+        rank, channel = int(e["rank"]), int(e["channel"])
+        if not (0 <= rank < schedule.world_size and 0 <= channel < schedule.channels):
+            raise PurlinError(f"trace {path}: event of rank {rank} channel {channel} is outside the schedule")
+        steps = len(schedule.program(rank, channel).steps)
+        bad = [s for s in e["steps"] if not 0 <= int(s) < steps]
+        if bad:
+            raise PurlinError(f"trace {path}: rank {rank} channel {channel} names step {bad[0]}, "
+                              f"but its program has {steps} steps")
+
+
+def times(data: dict, drawing, round_: int = 0) -> tuple[Times, dict]:
+    """Measured spans (us) of every drawn step, from one round; and the hover text per step."""
+    spans, measured = {}, {}
+    clock = {r["rank"]: r for r in data["clock"]["ranks"]}
+    for e in data["events"]:
+        if e.get("round", 0) != round_ or not e["steps"]:
+            continue
+        start, end = e["start_ns"] / 1e3, e["end_ns"] / 1e3
+        n = len(e["steps"])
+        skew = clock.get(e["rank"], {}).get("uncertainty_ns", 0.0)
+        for j, step in enumerate(e["steps"]):
+            key = (int(e["rank"]), int(e["channel"]), int(step))
+            spans[key] = (start + (end - start) * j / n, start + (end - start) * (j + 1) / n)
+            measured[key] = (f"measured: block {e['block']} (steps {', '.join(map(str, e['steps']))}) "
+                             f"{start:.3f} .. {end:.3f} us (rank 0's clock, +-{skew:.0f} ns)")
+    missing = 0
+    for lane in drawing.lanes:
+        last = 0.0
+        for box in lane.steps:
+            if box.key in spans:
+                last = spans[box.key][1]
+            else:
+                spans[box.key] = (last, last)
+                missing += 1
+    total = max((e for _, e in spans.values()), default=0.0)
+    notes = [f"measured on {data.get('device') or 'the GPU'}, call {data.get('calls')}, round {round_}; "
+             f"timebase {data.get('timebase')}; clocks aligned by {data['clock'].get('method')}"]
+    if missing:
+        notes.append(f"{missing} step(s) have no stamp (drawn with no width)")
+    return Times("us", spans, total, tuple(notes)), measured

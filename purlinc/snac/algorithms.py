@@ -1,0 +1,73 @@
+"""The algorithm registry: one record per orchestration algorithm, with its lowering
+function, when it applies to a spec, and which options it honours.
+
+The CLI's ``--algorithm`` choices, the runtime's checks (``load(..., algorithm=...)``, the
+tuning table) and ``purlinc check``'s list of schedules to verify read these records.
+Lowering functions are named by ``module:function`` and imported on first use, so this
+module stays cheap to import (the CLI and a compile-cache hit read it without lowering).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from purlinc.registry import Registry
+from purlinc.snac.ir import Algorithm
+
+
+def _always(spec) -> bool:
+    return True
+
+
+def _replicated_reduction(spec) -> bool:
+    """Two-shot reduces each chunk at one owner and all-gathers it: worth it only for a
+    reduction whose outputs hold some chunk on more than one rank."""
+    if not spec.is_reduce:
+        return False
+    from purlinc.snac.needs import _needs
+
+    return any(len(need.ranks) > 1 for need in _needs(spec))
+
+
+@dataclass(frozen=True, slots=True)
+class AlgorithmInfo:
+    algorithm: Algorithm
+    description: str
+    lowering: str  # "module:function" taking (Spec, LowerOptions) -> Schedule
+    applies: Callable[[object], bool]  # spec -> bool: whether ``purlinc check`` (and tuning) consider it
+    packed: bool  # supports packed (LL) stages
+    uses_slots: bool  # honours LowerOptions.slots (forwards through staging); the others give every message a unit
+
+    @property
+    def name(self) -> str:
+        return self.algorithm.value
+
+    def lower_function(self):
+        from importlib import import_module
+
+        module, _, function = self.lowering.partition(":")
+        return getattr(import_module(module), function)
+
+
+ALGORITHMS: Registry[AlgorithmInfo] = Registry("algorithm", (
+    AlgorithmInfo(Algorithm.DIRECT_PUSH, "one-shot: producers write into consumers' memory (or staging)",
+                  "purlinc.snac.direct:_direct_push", _always, packed=True, uses_slots=False),
+    AlgorithmInfo(Algorithm.DIRECT_PULL, "one-shot: consumers read producers' memory",
+                  "purlinc.snac.direct:_direct_pull", _always, packed=False, uses_slots=False),
+    AlgorithmInfo(Algorithm.TWO_SHOT, "reduce-scatter to an owner, then all-gather from it",
+                  "purlinc.snac.two_shot:_two_shot", _replicated_reduction, packed=False, uses_slots=False),
+    AlgorithmInfo(Algorithm.RING, "neighbour to neighbour, around the ranks",
+                  "purlinc.snac.ring:_ring", _always, packed=False, uses_slots=True),
+))
+DEFAULT_ALGORITHM = Algorithm.DIRECT_PUSH
+
+
+def get_algorithm(name: str | Algorithm) -> AlgorithmInfo:
+    """The record of ``name`` (or of an Algorithm); UnknownNameError listing the names otherwise."""
+    return ALGORITHMS.get(name.value if isinstance(name, Algorithm) else name)
+
+
+def applicable(spec) -> tuple[Algorithm, ...]:
+    """The algorithms that apply to ``spec``, in registry order."""
+    return tuple(record.algorithm for record in ALGORITHMS.records() if record.applies(spec))

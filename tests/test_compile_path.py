@@ -1,0 +1,141 @@
+"""One compile path: ``purlinc compile`` and the runtime go through ``pipeline.prepare`` and
+get the same frozen Compiled for the same inputs; kernels are made once per (dtype, op); a
+tuned load parses and checks its source once for all its size buckets; options are
+assembled in one place (``pipeline.resolve_options``).  Counters, not times."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+
+from purlinc import cli, pipeline
+from purlinc.dtypes import DType, ReduceOp
+from purlinc.snac.ir import Algorithm, LowerOptions
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    path = tmp_path / "cache"
+    monkeypatch.setenv("PURLIN_CACHE_DIR", str(path))
+    monkeypatch.delenv("PURLIN_NO_CACHE", raising=False)
+    pipeline.forget()
+    yield path
+    pipeline.forget()
+
+
+def _stats() -> dict:
+    return dataclasses.asdict(pipeline.STATS)
+
+
+def _delta(before: dict) -> dict:
+    return {k: v - before[k] for k, v in _stats().items() if v != before[k]}
+
+
+def test_cli_and_runtime_share_one_compiled(cache_dir, tmp_path, capsys):
+    from purlinc.runtime.collective import prepare
+
+    path = EXAMPLES / "allreduce.pln"
+    assert cli.main(["compile", str(path), "-R", "2", "--channels", "2", "-o", str(tmp_path / "out")]) == 0
+    cli_artifact = pipeline.compile(path, world_size=2, overrides={"channels": 2})
+    runtime = prepare(path, 2, channels=2)
+    assert runtime is cli_artifact.compiled
+    assert runtime.options.channels == 2 and runtime.options.registered == frozenset()
+    again = prepare(path, 2, channels=2)
+    assert again is runtime  # same inputs, same object
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        runtime.key = "x"
+    kernel = runtime.kernel(DType.BFLOAT16, ReduceOp.SUM)
+    assert kernel.cuda.source == cli_artifact.cuda.source and kernel.cubin == cli_artifact.cubin
+
+
+def test_same_inputs_same_compiled_object(cache_dir):
+    a = pipeline.prepare(EXAMPLES / "allgather.pln", world_size=4, overrides={"channels": 2})
+    b = pipeline.prepare(EXAMPLES / "allgather.pln", world_size=4, overrides={"channels": 2, "slices": None})
+    c = pipeline.prepare(EXAMPLES / "allgather.pln", world_size=4, overrides={"channels": 3})
+    assert a is b and a is not c and a.key != c.key
+
+
+def test_kernels_are_made_once_per_dtype_and_op(cache_dir):
+    compiled = pipeline.prepare(EXAMPLES / "allreduce.pln", world_size=2)
+    before = _stats()
+    first = compiled.kernel(DType.FLOAT32, ReduceOp.MAX, emit_cubin=False)
+    assert compiled.kernel("float32", "max", emit_cubin=False) is first
+    other = compiled.kernel(DType.FLOAT32, ReduceOp.SUM, emit_cubin=False)
+    assert other is not first and other.cuda.source != first.cuda.source
+    delta = _delta(before)
+    assert delta["generations"] == 2 and delta["lowerings"] == 1 and delta["memo_hits"] == 1
+
+
+def test_tuned_load_parses_and_checks_once(cache_dir):
+    from purlinc.runtime.tuned import prepare_tuned
+
+    before = _stats()
+    prepared, units = prepare_tuned(EXAMPLES / "allreduce.pln", 4, arch="sm_90")
+    delta = _delta(before)
+    assert len(prepared) >= 3 and units == 4
+    assert delta["parses"] == 1 and delta["checks"] == 1
+    distinct = {p.compiled.key for p in prepared}
+    assert delta["lowerings"] == delta["verifications"] == len(distinct)
+    # the same load again in this process: nothing to do
+    before = _stats()
+    again, _ = prepare_tuned(EXAMPLES / "allreduce.pln", 4, arch="sm_90")
+    assert [p.compiled for p in again] == [p.compiled for p in prepared]
+    assert _delta(before) == {}
+    # a fresh process (memos dropped): schedules come from the disk cache, one parse + check
+    pipeline.forget()
+    before = _stats()
+    fresh, _ = prepare_tuned(EXAMPLES / "allreduce.pln", 4, arch="sm_90")
+    delta = _delta(before)
+    assert delta == {"parses": 1, "checks": 1, "schedule_hits": len(distinct)}
+    assert [p.compiled.schedule for p in fresh] == [p.compiled.schedule for p in prepared]
+
+
+def test_tuned_bucket_that_does_not_apply_falls_back(cache_dir):
+    from purlinc.runtime import tuning
+    from purlinc.runtime.tuned import _prepare_bucket
+
+    source = pipeline.load_source(EXAMPLES / "allgather.pln")
+    bucket = tuning.Bucket(1024, algorithm="two-shot", atom="ce", channels=4, slices=2)  # no two-shot for a copy
+    prepared = _prepare_bucket(source, 2, bucket, None, "sm_90")
+    options = prepared.compiled.options
+    assert (options.algorithm, options.channels, options.slices, prepared.compiled.atom) == (
+        Algorithm.DIRECT_PUSH, 4, 1, "ldst")
+    assert prepared.stage_bytes == 64 << 10
+
+
+def test_resolve_options_is_the_one_place(cache_dir):
+    spec = pipeline.spec_of(pipeline.load_source(EXAMPLES / "allgather.pln"), 2, None)
+    base = pipeline.default_options(spec)
+    assert pipeline.resolve_options(spec) == base
+    got = pipeline.resolve_options(spec, overrides={"algorithm": "ring", "channels": "3", "slots": None,
+                                                    "registered": ["in"]})
+    assert got == dataclasses.replace(base, algorithm=Algorithm.RING, channels=3, registered=frozenset({"in"}))
+    full = LowerOptions(channels=5)
+    assert pipeline.resolve_options(spec, options=full, overrides={"slices": 2}) == LowerOptions(channels=5, slices=2)
+
+
+def test_no_cache_means_no_memo_either(cache_dir, monkeypatch):
+    monkeypatch.setenv("PURLIN_NO_CACHE", "1")
+    a = pipeline.prepare(EXAMPLES / "allgather.pln", world_size=2)
+    b = pipeline.prepare(EXAMPLES / "allgather.pln", world_size=2)
+    assert a is not b and a.key == b.key
+    before = _stats()
+    assert a.schedule == b.schedule
+    assert _delta(before)["lowerings"] == 2
+    assert not cache_dir.exists()
+
+
+def test_ce_plan_rides_on_the_compiled(cache_dir):
+    from purlinc.runtime.collective import layout_sizes, prepare
+
+    compiled = prepare(EXAMPLES / "allgather.pln", 2, atom="ce")
+    plan = compiled.plan
+    assert plan is not None and plan is compiled.plan
+    stage, pad, counters = layout_sizes(compiled)
+    assert pad == 8 * plan.pad_words and counters == 8 * compiled.schedule.channels
+    assert prepare(EXAMPLES / "allgather.pln", 2).plan is None

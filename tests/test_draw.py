@@ -1,0 +1,369 @@
+"""``purlinc draw``: SVG and HTML that parse, one lane group per rank, one arrow per Notify/Wait
+pair (checked against the schedule's own steps, not the drawing's matcher), the golden of
+all-gather at R=2, timelines, traces (synthetic stamps through the real JSON path), the
+traced kernel's codegen, bad input, and an HTML screenshot in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+import xml.etree.ElementTree as ET
+import zlib
+from functools import lru_cache
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from purlinc import pipeline
+from purlinc.cli import main
+from purlinc.draw import html as draw_html
+from purlinc.draw import svg
+from purlinc.draw.model import build, channels_identical
+from purlinc.draw.render import Request, render
+from purlinc.draw.timeline import CostModel, schedule_times
+from purlinc.snac.ir import Algorithm, LowerOptions, Notify, Stage, Wait
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+STANDARD = ("allgather", "reduce_scatter", "allreduce", "alltoall", "broadcast", "reduce", "gather", "scatter")
+NS = "{http://www.w3.org/2000/svg}"
+
+
+@lru_cache(maxsize=None)
+def _schedule(name: str, world: int, channels: int = 1, algorithm: str = "direct-push"):
+    source = pipeline.load_source(EXAMPLES / f"{name}.pln")
+    spec = pipeline.spec_stage(pipeline.parse_stage(source), world, {})
+    options = LowerOptions(algorithm=Algorithm(algorithm), channels=channels)
+    return pipeline.snac_stage(spec, options)
+
+
+def _svg_of(schedule, **kw) -> str:
+    drawing = build(schedule, **kw)
+    return svg.render([svg.Panel(drawing, schedule_times(schedule, drawing))])
+
+
+def _classes(el) -> set[str]:
+    return set(el.get("class", "").split())
+
+
+def _find(root, tag: str, cls: str):
+    return [el for el in root.iter(NS + tag) if cls in _classes(el)]
+
+
+def _expected_pairs(schedule, channels) -> set[tuple]:
+    """Every (notify-side step, wait step) of one call, straight from the programs."""
+    raisers = {}
+    for r in range(schedule.world_size):
+        for c in channels:
+            for i, step in enumerate(schedule.program(r, c).steps):
+                if isinstance(step, Notify) or (isinstance(step, Stage) and step.signal is not None):
+                    raisers[(step.signal, step.k)] = (r, c, i)
+    pairs = set()
+    for r in range(schedule.world_size):
+        for c in channels:
+            for i, step in enumerate(schedule.program(r, c).steps):
+                if isinstance(step, Wait) and step.k >= 1:
+                    pairs.add((raisers[(step.signal, step.k)], (r, c, i)))
+    return pairs
+
+
+def _arrows(elements) -> set[tuple]:
+    key = lambda text: tuple(int(v) for v in text.split(","))  # noqa: E731
+    return {(key(a.get("data-notify")), key(a.get("data-wait"))) for a in elements}
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("name", STANDARD)
+def test_svg_lanes_and_arrows(name, world):
+    schedule = _schedule(name, world)
+    root = ET.fromstring(_svg_of(schedule))
+    ranks = _find(root, "g", "rank")
+    assert sorted(int(g.get("data-rank")) for g in ranks) == list(range(world))
+    arrows = _find(root, "path", "arrow")
+    want = _expected_pairs(schedule, range(schedule.channels))
+    assert len(arrows) == len(want) and _arrows(arrows) == want
+    steps = _find(root, "g", "step")
+    assert len(steps) == sum(len(schedule.program(r, 0).steps) for r in range(world))
+    for g in steps:  # every box says what it is
+        assert g.find(NS + "title").text and g.get("data-verb") in svg._STROKE
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("name", STANDARD)
+def test_html_parses_with_same_lanes_and_arrows(name, world):
+    schedule = _schedule(name, world)
+    page = draw_html.render(_svg_of(schedule), title=name)
+
+    class Counter(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.ranks, self.arrows, self.steps, self.script = set(), 0, 0, False
+
+        def handle_starttag(self, tag, attrs):
+            a = dict(attrs)
+            cls = set((a.get("class") or "").split())
+            if tag == "g" and "rank" in cls:
+                self.ranks.add(int(a["data-rank"]))
+            if tag == "path" and "arrow" in cls:
+                self.arrows += 1
+            if tag == "g" and "step" in cls:
+                self.steps += 1
+                assert a.get("data-detail")
+            self.script |= tag == "script"
+
+    parser = Counter()
+    parser.feed(page)
+    parser.close()
+    assert parser.ranks == set(range(world))
+    assert parser.arrows == len(_expected_pairs(schedule, range(1)))
+    assert parser.steps > 0 and parser.script
+
+
+def test_golden_allgather_r2(golden):
+    text = render(Request(file=str(EXAMPLES / "allgather.pln"), world_size=2), "svg")
+    golden("draw/allgather_r2.svg", text)
+
+
+def test_identical_channels_collapse_to_one_lane_per_rank():
+    schedule = _schedule("allreduce", 8, channels=8)
+    assert channels_identical(schedule)
+    root = ET.fromstring(_svg_of(schedule))
+    assert len(_find(root, "g", "rank")) == 8 and len(_find(root, "g", "lane")) == 8
+    assert _arrows(_find(root, "path", "arrow")) == _expected_pairs(schedule, range(1))
+    assert any("identical up to slice offset" in (t.text or "") for t in _find(root, "text", "note"))
+    # Every channel drawn: 8 sub-lanes per rank, every pair of every channel.
+    root = ET.fromstring(_svg_of(schedule, collapse=False))
+    assert len(_find(root, "g", "rank")) == 8 and len(_find(root, "g", "lane")) == 64
+    assert _arrows(_find(root, "path", "arrow")) == _expected_pairs(schedule, range(8))
+
+
+def test_ring_channels_identical_and_packed_stage_carries_the_arrow():
+    assert channels_identical(_schedule("allreduce", 4, channels=4, algorithm="ring"))
+    source = pipeline.load_source(EXAMPLES / "allgather.pln")
+    spec = pipeline.spec_stage(pipeline.parse_stage(source), 2, {})
+    schedule = pipeline.snac_stage(spec, LowerOptions(packed=True))
+    root = ET.fromstring(_svg_of(schedule))
+    arrows = _find(root, "path", "arrow")
+    assert arrows and _arrows(arrows) == _expected_pairs(schedule, range(1))
+    verbs = {(g.get("data-rank"), g.get("data-index")): g.get("data-verb") for g in _find(root, "g", "step")}
+    for a in arrows:
+        r, _, i = a.get("data-notify").split(",")
+        assert verbs[(r, i)] == "stage+notify"
+
+
+def test_schedule_view_arrows_point_forward():
+    for name in STANDARD:
+        schedule = _schedule(name, 4)
+        drawing = build(schedule)
+        times = schedule_times(schedule, drawing)
+        for pair in drawing.pairs:
+            assert times.spans[pair.wait][0] >= times.spans[pair.notify][1]
+
+
+def test_timeline_respects_signal_latency_and_bandwidth():
+    model = CostModel()
+    small, large = [], []
+    for algorithm in ("ring", "direct-push"):
+        schedule = _schedule("allreduce", 4, algorithm=algorithm)
+        drawing = build(schedule)
+        for chunk, out in ((1024, small), (1 << 20, large)):
+            t = schedule_times(schedule, drawing, model, chunk_bytes=chunk)
+            for pair in drawing.pairs:
+                assert t.spans[pair.wait][1] >= t.spans[pair.notify][1] + model.signal_us - 1e-9
+            for lane in drawing.lanes:
+                spans = [t.spans[b.key] for b in lane.steps]
+                assert spans[0][0] >= model.launch_us
+                assert all(a[1] <= b[0] + 1e-9 for a, b in zip(spans, spans[1:]))
+            out.append(t.total)
+    assert all(s < l for s, l in zip(small, large))
+    assert small[1] < small[0]  # one-shot beats the ring at 1 KiB (fewer signal hops)
+
+
+def test_compare_draws_one_panel_per_algorithm(tmp_path):
+    out = tmp_path / "cmp.svg"
+    assert main(["draw", str(EXAMPLES / "allreduce.pln"), "--ranks", "4", "--compare", "ring,direct-push",
+                 "--bytes", "1MiB", "-o", str(out)]) == 0
+    root = ET.fromstring(out.read_text())
+    panels = _find(root, "g", "panel")
+    assert len(panels) == 2
+    assert [len(_find(p, "g", "rank")) for p in panels] == [4, 4]
+    heads = [p.find(NS + "text").text for p in panels]
+    assert "ring" in heads[0] and "direct-push" in heads[1]
+
+
+def test_cli_html_by_extension(tmp_path):
+    out = tmp_path / "s.html"
+    assert main(["draw", str(EXAMPLES / "alltoall.pln"), "--ranks", "4", "--timeline", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("<!DOCTYPE html>") and "model:" in text
+
+
+# ---- bad input ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, message", [
+    (["draw", "{ex}/allgather.pln", "-o", "{tmp}/x.png"], "unknown drawing format 'png'"),
+    (["draw", "{ex}/allgather.pln", "--format", "pdf"], "unknown drawing format 'pdf'"),
+    (["draw", "{ex}/allgather.pln", "--compare", "ring,zigzag"], "unknown algorithm 'zigzag'"),
+    (["draw", "{ex}/allgather.pln", "--trace", "{tmp}/missing.json"], "does not exist"),
+    (["draw", "{ex}/allgather.pln", "--trace", "{tmp}/empty.json"], "is empty"),
+    (["draw", "{ex}/allgather.pln", "--trace", "{tmp}/chrome.json"], "is not a Purlin trace"),
+    (["draw", "{ex}/allgather.pln", "--trace", "{tmp}/garbage.json"], "is not JSON"),
+    (["draw", "{ex}/allgather.pln", "--dtype", "float7"], "float7"),
+])
+def test_bad_input_exits_2(tmp_path, capsys, argv, message):
+    (tmp_path / "empty.json").write_text("")
+    (tmp_path / "chrome.json").write_text(json.dumps({"traceEvents": [{"ph": "X", "ts": 1}]}))
+    (tmp_path / "garbage.json").write_text("{not json")
+    argv = [a.format(ex=EXAMPLES, tmp=tmp_path) for a in argv]
+    assert main(argv + ["--timeline"] * ("--dtype" in argv)) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_unknown_stage_exits_2(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["dump", str(EXAMPLES / "allgather.pln"), "--stage", "bogus"])
+    assert stop.value.code == 2
+    assert "invalid choice: 'bogus'" in capsys.readouterr().err
+
+
+# ---- traces -------------------------------------------------------------------------------
+
+def _traced_kernel(schedule, spec_name="allreduce", world=2):
+    from purlinc.atom.codegen import generate
+    from purlinc.dtypes import DType, ReduceOp
+
+    source = pipeline.load_source(EXAMPLES / f"{spec_name}.pln")
+    spec = pipeline.spec_stage(pipeline.parse_stage(source), world, {})
+    op = ReduceOp.SUM if spec.is_reduce else None
+    plain = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.BFLOAT16, op=op)
+    off = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.BFLOAT16, op=op, trace=False)
+    traced = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.BFLOAT16, op=op, trace=True)
+    return plain, off, traced
+
+
+def test_traced_codegen_is_additive_and_covers_every_step():
+    for options in (LowerOptions(), LowerOptions(channels=2, slices=2), LowerOptions(packed=True)):
+        source = pipeline.load_source(EXAMPLES / "allreduce.pln")
+        spec = pipeline.spec_stage(pipeline.parse_stage(source), 2, {})
+        schedule = pipeline.snac_stage(spec, options)
+        plain, off, traced = _traced_kernel(schedule)
+        assert off.source == plain.source and "trace" not in plain.source and plain.trace_blocks == ()
+        assert "purlin_trace_buf" in traced.source and traced.abi == plain.abi
+        for rank, channels in enumerate(traced.trace_blocks):
+            for channel, blocks in enumerate(channels):
+                covered = [s for block in blocks for s in block]
+                assert covered == list(range(len(schedule.program(rank, channel).steps)))
+
+
+def test_traced_kernel_compiles():
+    from purlinc.atom import nvrtc
+
+    _, _, traced = _traced_kernel(_schedule("allreduce", 2, channels=2))
+    assert nvrtc.compile_cubin(traced.source, traced.filename, "sm_90")[:4] == b"\x7fELF"
+    from purlinc.runtime.trace import ALIGN_SOURCE  # the clock-alignment ping-pong kernel
+
+    assert nvrtc.compile_cubin(ALIGN_SOURCE, "purlin_clock_align.cu", "sm_90")[:4] == b"\x7fELF"
+
+
+def test_clock_offset_from_ping_pong_samples():
+    from purlinc.runtime.trace import offset_from_samples
+
+    # Peer clock 5000 ns ahead, one-way latency 1300 ns, one slow outlier round trip.
+    samples = [(t, t + 1300 + 5000, t + 2600) for t in range(0, 64000, 4000)] + [(100000, 106300, 109000)]
+    offset, uncertainty, rtt = offset_from_samples(samples)
+    assert offset == pytest.approx(5000) and uncertainty == pytest.approx(1300) and rtt == 2600
+
+
+def _fake_trace(schedule):
+    """Raw stamps as the device would write them: every block 100 ns, rank 1's clock 7 us ahead,
+    waits stretched until their notify (so the trace is causal once aligned)."""
+    from purlinc.draw.trace import from_stamps
+
+    _, _, traced = _traced_kernel(schedule)
+    parts = []
+    for rank in range(schedule.world_size):
+        channels = []
+        for c, blocks in enumerate(traced.trace_blocks[rank]):
+            gt = 1_000_000 + 7000 * rank + 40 * c
+            row = [(gt, 10 * gt)]
+            for block in blocks:
+                gt += 1500 if any(isinstance(schedule.program(rank, c).steps[s], Wait) for s in block) else 100
+                row.append((gt, 10 * gt))
+            channels.append({"epoch": 3, "rounds": 1, "stamps": [row], "blocks": [list(b) for b in blocks]})
+        parts.append({"rank": rank, "device": "fake GPU", "kernel": traced.kernel_base, "dtype": "bfloat16",
+                      "op": "sum", "channels": channels})
+    clock = {"method": "ping-pong", "reference_rank": 0, "iterations": 1,
+             "ranks": [{"rank": r, "offset_ns": 7000.0 * r, "uncertainty_ns": 50.0, "min_rtt_ns": 2600.0,
+                        "globaltimer_tick_ns": 32, "sm_cycles_per_ns": 10.0} for r in range(schedule.world_size)]}
+    return from_stamps(schedule, {}, "ldst", parts, clock)
+
+
+def test_trace_json_and_drawing(tmp_path):
+    schedule = _schedule("allreduce", 2, channels=2)
+    data = _fake_trace(schedule)
+    assert data["format"] == "purlin-trace" and data["timebase"] == "globaltimer" and data["calls"] == [3, 3]
+    starts = {e["rank"]: e["start_ns"] for e in data["events"] if e["block"] == 0 and e["channel"] == 0}
+    assert starts == {0: 0.0, 1: 0.0}  # aligned: the 7 us offset is gone
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(data))
+    out = tmp_path / "traced.svg"
+    assert main(["draw", str(EXAMPLES / "allreduce.pln"), "--trace", str(path), "-o", str(out)]) == 0
+    root = ET.fromstring(out.read_text())
+    assert len(_find(root, "g", "rank")) == 2 and len(_find(root, "g", "lane")) == 4
+    assert all("measured: block" in g.get("data-detail") for g in _find(root, "g", "step"))
+    assert _arrows(_find(root, "path", "arrow")) == _expected_pairs(schedule, range(2))
+
+
+def test_trace_of_another_schedule_is_refused(tmp_path, capsys):
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(_fake_trace(_schedule("allreduce", 2, channels=2))))
+    assert main(["draw", str(EXAMPLES / "allgather.pln"), "--trace", str(path)]) == 2
+    assert "trace" in capsys.readouterr().err
+    data = json.loads(path.read_text())
+    data["events"] = []
+    path.write_text(json.dumps(data))
+    assert main(["draw", str(EXAMPLES / "allreduce.pln"), "--trace", str(path)]) == 2
+    assert "no events" in capsys.readouterr().err
+
+
+# ---- a browser looks at the HTML ----------------------------------------------------------
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def _png_pixels(data: bytes) -> bytes:
+    """The decompressed scanlines of a PNG (filter bytes included): enough to see variety."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat = 8, b""
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        if kind == b"IDAT":
+            idat += data[pos + 8:pos + 8 + length]
+        pos += 12 + length
+    return zlib.decompress(idat)
+
+
+def test_html_screenshot_is_not_blank(tmp_path):
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("headless Chromium not installed (apt-get install chromium): screenshot not taken")
+    page = tmp_path / "s.html"
+    assert main(["draw", str(EXAMPLES / "allreduce.pln"), "--ranks", "4", "-o", str(page)]) == 0
+    shot = tmp_path / "shot.png"
+    subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--screenshot={shot}",
+         "--window-size=1200,700", page.as_uri()],
+        check=True, capture_output=True, timeout=120,
+    )
+    pixels = _png_pixels(shot.read_bytes())
+    assert len(set(pixels)) > 16, "the screenshot is blank"
+    assert pixels.count(255) < 0.97 * len(pixels), "the screenshot is nearly all white"

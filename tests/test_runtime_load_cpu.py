@@ -1,0 +1,125 @@
+"""The runtime's load path on the CPU, with a recording stand-in for the CUDA driver and a
+one-rank view of a two-rank communicator: ``load()`` and a plain (tuned) ``load()`` take
+their schedules and kernels from the pipeline's Compiled, lay out the heap, and hand a
+host-driven atom (ce) its plan and the driver.  What runs on a GPU is the GPU suite's job."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import pytest
+
+from purlinc import pipeline
+from purlinc.dtypes import DType, ReduceOp
+from purlinc.runtime import collective, driver
+from purlinc.runtime.collective import Collective, load
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+class FakeHeap:
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+        self.used = 0
+
+    def alloc(self, nbytes: int, what: str) -> int:
+        offset = self.used
+        self.used += -(-nbytes // 256) * 256
+        return offset
+
+    def ptr(self, rank: int, offset: int) -> int:
+        return (rank + 1) << 40 | offset
+
+    def ptrs(self, offset: int) -> list[int]:
+        return [self.ptr(r, offset) for r in range(self.world_size)]
+
+
+class FakeComm:
+    """Rank 0 of two; every rank 'agrees' (allgather returns this rank's object twice)."""
+
+    def __init__(self):
+        self.rank, self.world_size, self.device, self.local_group = 0, 2, 0, None
+        self.heap = FakeHeap(2)
+        self.collectives = []
+
+    def allgather(self, obj) -> list:
+        return [obj, obj]
+
+    def register(self, c) -> None:
+        self.collectives.append(c)
+
+    def unregister(self, c) -> None:
+        self.collectives.remove(c)
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    from purlinc.runtime import communicator
+
+    monkeypatch.setenv("PURLIN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("PURLIN_NO_CACHE", raising=False)
+    pipeline.forget()
+    calls = []
+    buffers = []
+
+    def record(name, result=None):
+        def call(*args):
+            calls.append((name, *args))
+            return result() if callable(result) else result
+        return call
+
+    def host_alloc_mapped(nbytes):
+        buffer = ctypes.create_string_buffer(nbytes)
+        buffers.append(buffer)
+        return ctypes.addressof(buffer), 0xD000
+    for name in ("set_current", "memset_d8", "copy_htod", "synchronize", "set_max_dynamic_shared",
+                 "stream_destroy", "event_destroy", "host_free", "module_unload"):
+        monkeypatch.setattr(driver, name, record(name))
+    monkeypatch.setattr(driver, "host_alloc_mapped", host_alloc_mapped)
+    monkeypatch.setattr(driver, "supports_stream_mem_ops", record("supports_stream_mem_ops", True))
+    monkeypatch.setattr(driver, "module_load", record("module_load", "module"))
+    monkeypatch.setattr(driver, "get_function", lambda module, name: calls.append(("get_function", name)) or name)
+    monkeypatch.setattr(driver, "stream_create", record("stream_create", object))
+    monkeypatch.setattr(driver, "event_create", record("event_create", object))
+    monkeypatch.setattr(driver, "arch_of", lambda device: "sm_90")
+    # the fake communicator passes load()'s type check
+    monkeypatch.setattr(communicator, "Communicator", FakeComm)
+    yield calls
+    pipeline.forget()
+
+
+def test_load_uses_the_pipelines_compiled_and_kernels(fake):
+    comm = FakeComm()
+    coll = load(EXAMPLES / "allreduce.pln", comm, channels=2)
+    assert isinstance(coll, Collective) and coll.compiled is collective.prepare(EXAMPLES / "allreduce.pln", 2,
+                                                                                 channels=2)
+    assert coll.compiled.options.channels == 2 and coll.layout.counters_bytes == 16
+    variant = coll.variant(DType.FLOAT32, ReduceOp.SUM)
+    assert variant.grid == 2 and ("get_function", variant.abi.entry(0)) in fake
+    # the kernel is the Compiled's, made once per (dtype, op)
+    kernel = coll.compiled.kernel(DType.FLOAT32, ReduceOp.SUM)
+    assert kernel.cuda.abi == variant.abi and [c[0] for c in fake].count("module_load") == 1
+
+
+def test_ce_load_gets_the_plan_and_the_driver(fake):
+    comm = FakeComm()
+    coll = load(EXAMPLES / "allgather.pln", comm, atom="ce", channels=2)
+    plan = coll.compiled.plan
+    assert coll._ce is not None and coll._ce.plan is plan and coll._ce._driver is driver
+    assert len(coll._ce.streams) == 2
+    assert coll.layout.pad_bytes == 8 * plan.pad_words
+    images = [c for c in fake if c[0] == "copy_htod"]
+    assert len(images) == 1 and len(images[0][2]) == 8 * plan.pad_words
+
+
+def test_plain_load_prepares_every_bucket_once(fake):
+    comm = FakeComm()
+    before = pipeline.STATS.parses, pipeline.STATS.checks
+    tuned = load(EXAMPLES / "allreduce.pln", comm)
+    assert (pipeline.STATS.parses, pipeline.STATS.checks) == (before[0] + 1, before[1] + 1)
+    assert len(tuned.variants) == len(tuned.buckets) >= 3
+    for bucket, variant in zip(tuned.buckets, tuned.variants):
+        assert variant.compiled.options.channels == bucket.channels
+    small = tuned.variant_for(16, 2)
+    assert small is tuned.variants[0] and tuned.sms_for(16, 2) == tuned.buckets[0].channels
