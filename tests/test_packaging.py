@@ -38,6 +38,8 @@ def test_wheel_has_package_data(wheel):
         "purlinc/templates/ll.cuh.j2",
         "purlinc/runtime/tuning.json",
         "purlin/__init__.py",
+        "purlin/torch.py",
+        "purlinc/torch/__init__.py",
     }
     assert required <= names, sorted(required - names)
     # every template in the repository ships

@@ -225,6 +225,31 @@ class Communicator:
 
         return symmetric.mem_pool(self, nbytes)
 
+    @classmethod
+    def from_store(cls, store, rank: int, world_size: int, *, device: int | None = None,
+                   heap_bytes: int | None = None, timeout: float | None = None) -> "Communicator":
+        """A communicator bootstrapped through a ``rendezvous.TCPStore`` / ``FileStore``: no torch.
+
+        ``device`` defaults to ``rank``; every rank of the world calls it (it is a collective).
+        """
+        from purlinc.runtime.bootstrap import open_heap
+        from purlinc.runtime.rendezvous import Exchange
+
+        exchange = Exchange(store, rank, world_size, timeout=timeout)
+        return open_heap(cls, rank, world_size, rank if device is None else device, exchange, heap_bytes)
+
+    @classmethod
+    def from_env(cls, *, device: int | None = None, heap_bytes: int | None = None,
+                 timeout: float | None = None) -> "Communicator":
+        """RANK, WORLD_SIZE, LOCAL_RANK (the device by default), MASTER_ADDR, MASTER_PORT: rank 0
+        serves a TCP store there (standard library only, no torch needed)."""
+        from purlinc.runtime import rendezvous
+
+        info = rendezvous.env_info()
+        store = rendezvous.store_from_env(info, timeout=timeout or rendezvous.DEFAULT_TIMEOUT_S)
+        return cls.from_store(store, info.rank, info.world_size, heap_bytes=heap_bytes, timeout=timeout,
+                              device=info.local_rank if device is None else device)
+
     # -----------------------------------------------------------------------------------------
     def allgather(self, obj) -> list:
         """Every rank's ``obj``, in rank order (a collective over the host)."""

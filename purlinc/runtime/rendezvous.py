@@ -1,0 +1,417 @@
+"""Start-up without torch: a key-value store and an all-gather over it, standard library only.
+
+A communicator needs one thing from its bootstrap: every rank's small host-side objects
+(the heap's CUDA IPC handle, agreement hashes), in rank order.  torch.distributed gives that
+through a gloo group; here two stores give it without torch, so CuPy (or plain driver) processes
+can form a communicator:
+
+- :class:`TCPStore`: rank 0 serves a dict on ``MASTER_ADDR:MASTER_PORT`` (a thread in its
+  process); every rank, rank 0 included, is a client.  Requests are length-prefixed frames.
+- :class:`FileStore`: one file per key in a directory every rank can see (a shared or local
+  file system), written to a temporary name and renamed into place.
+
+:class:`Exchange` builds ``allgather(obj)`` on either: round ``n`` puts ``obj`` under
+``<prefix>/<n>/<rank>``, reads every rank's key, and the last rank to finish deletes the round.
+Objects travel as pickles of plain data only (tuples, lists, dicts, str, bytes, numbers): the
+unpickler refuses every global, so a peer cannot make this process import or call anything.
+
+Every wait is bounded (``timeout`` seconds; :func:`purlinc.runtime.rendezvous.env_info` reads
+the usual variables ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``)
+and ends in :class:`RendezvousTimeout` naming the key, the rank waited for and the address.
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import os
+import pickle
+import socket
+import socketserver
+import struct
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from purlinc.errors import PurlinError
+
+DEFAULT_TIMEOUT_S = 300.0
+
+# one request: op (1 byte), key length (4), key, value length (8), value
+_SET, _GET, _ADD, _DELETE, _PING = b"S", b"G", b"A", b"D", b"P"
+# one reply: status (1 byte), value length (8), value
+_OK, _MISSING, _BAD = b"K", b"M", b"E"
+
+
+class RendezvousError(PurlinError):
+    """The ranks could not meet: bad environment variables, an unreachable store, bad data."""
+
+
+class RendezvousTimeout(RendezvousError, TimeoutError):
+    """A bounded wait of the rendezvous ran out (a rank never arrived or never wrote its key)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# environment
+
+
+@dataclass(frozen=True, slots=True)
+class EnvInfo:
+    """What the usual launcher variables say about this process."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+
+
+def _int_var(environ: Mapping[str, str], name: str, default: str | None = None) -> int:
+    raw = environ.get(name, default)
+    if raw is None:
+        raise RendezvousError(f"environment variable {name} is not set",
+                              notes=("a launcher (torchrun, mpirun, a script) sets RANK, WORLD_SIZE, LOCAL_RANK, "
+                                     "MASTER_ADDR and MASTER_PORT for every process",))
+    try:
+        return int(raw)
+    except ValueError:
+        raise RendezvousError(f"environment variable {name} must be an integer, got {raw!r}") from None
+
+
+def env_info(environ: Mapping[str, str] | None = None) -> EnvInfo:
+    """Rank, world size, local rank and the store's address from the environment."""
+    environ = os.environ if environ is None else environ
+    rank = _int_var(environ, "RANK")
+    world = _int_var(environ, "WORLD_SIZE")
+    local = _int_var(environ, "LOCAL_RANK", str(rank))
+    port = _int_var(environ, "MASTER_PORT", "29500")
+    addr = environ.get("MASTER_ADDR", "127.0.0.1")
+    if world < 1:
+        raise RendezvousError(f"WORLD_SIZE must be at least 1, got {world}")
+    if not 0 <= rank < world:
+        raise RendezvousError(f"RANK must be in [0, {world}) (WORLD_SIZE={world}), got {rank}")
+    if local < 0:
+        raise RendezvousError(f"LOCAL_RANK must be >= 0, got {local}")
+    if not 0 <= port < 65536:
+        raise RendezvousError(f"MASTER_PORT must be a TCP port (0..65535), got {port}")
+    return EnvInfo(rank, world, local, addr, port)
+
+
+# ---------------------------------------------------------------------------------------------
+# plain-data pickles
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):  # noqa: D401 - the one hook that matters
+        raise RendezvousError(f"rendezvous data may hold only plain values; refused {module}.{name}")
+
+
+def dumps(obj) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def loads(data: bytes):
+    return _PlainUnpickler(io.BytesIO(data)).load()
+
+
+# ---------------------------------------------------------------------------------------------
+# TCP store
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        chunk = sock.recv(n - got)
+        if not chunk:
+            raise ConnectionError("the rendezvous peer closed the connection")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+class _Table:
+    """The server's dict, with a condition so a GET can wait for its key."""
+
+    def __init__(self):
+        self.data: dict[str, bytes] = {}
+        self.cond = threading.Condition()
+        self.clients = 0
+
+    def connected(self, delta: int) -> None:
+        with self.cond:
+            self.clients += delta
+            self.cond.notify_all()
+
+    def wait_clients_gone(self, timeout: float) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: self.clients <= 0, timeout)
+
+    def set(self, key: str, value: bytes) -> None:
+        with self.cond:
+            self.data[key] = value
+            self.cond.notify_all()
+
+    def get(self, key: str, timeout: float) -> bytes | None:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while key not in self.data:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.cond.wait(left)
+            return self.data[key]
+
+    def add(self, key: str, delta: int) -> int:
+        with self.cond:
+            value = int(self.data.get(key, b"0")) + delta
+            self.data[key] = str(value).encode()
+            self.cond.notify_all()
+            return value
+
+    def delete(self, keys: list[str]) -> None:
+        with self.cond:
+            for key in keys:
+                self.data.pop(key, None)
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    def setup(self):
+        self.server.table.connected(+1)  # type: ignore[attr-defined]
+
+    def finish(self):
+        self.server.table.connected(-1)  # type: ignore[attr-defined]
+
+    def handle(self):
+        table: _Table = self.server.table  # type: ignore[attr-defined]
+        sock = self.request
+        while True:
+            try:
+                op = sock.recv(1)
+                if not op:
+                    return
+                (klen,) = struct.unpack("!I", _recv_exact(sock, 4))
+                key = _recv_exact(sock, klen).decode()
+                (vlen,) = struct.unpack("!Q", _recv_exact(sock, 8))
+                value = _recv_exact(sock, vlen)
+            except (ConnectionError, OSError):
+                return
+            status, reply = _OK, b""
+            if op == _SET:
+                table.set(key, value)
+            elif op == _GET:
+                found = table.get(key, float(value.decode()))
+                status, reply = (_MISSING, b"") if found is None else (_OK, found)
+            elif op == _ADD:
+                reply = str(table.add(key, int(value.decode()))).encode()
+            elif op == _DELETE:
+                table.delete(loads(value))
+            elif op != _PING:
+                status = _BAD
+            try:
+                sock.sendall(status + struct.pack("!Q", len(reply)) + reply)
+            except OSError:
+                return
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class TCPStore:
+    """A client of the store at ``host:port``; with ``is_server=True`` it also serves it.
+
+    ``port=0`` with ``is_server=True`` picks a free port (``store.port`` says which).
+    """
+
+    def __init__(self, host: str, port: int, *, is_server: bool = False, timeout: float = DEFAULT_TIMEOUT_S):
+        self.host, self.timeout = host, float(timeout)
+        self._server: _Server | None = None
+        if is_server:
+            try:
+                self._server = _Server((host, port), _Handler)
+            except OSError as error:
+                raise RendezvousError(f"cannot serve the rendezvous store on {host}:{port}: {error}",
+                                      notes=("another job may hold MASTER_PORT; pick a free one",)) from None
+            self._server.table = _Table()  # type: ignore[attr-defined]
+            port = self._server.server_address[1]
+            threading.Thread(target=self._server.serve_forever, name="purlin-store", daemon=True).start()
+            # The server lives in rank 0's process: at exit it waits (bounded) for the other
+            # ranks to hang up, so a fast rank 0 does not pull the store from under them.
+            atexit.register(self.close)
+        self.port = port
+        self._lock = threading.Lock()
+        self._sock = self._connect()
+
+    def __repr__(self) -> str:
+        return f"TCPStore({self.host}:{self.port}{', server' if self._server else ''})"
+
+    def _connect(self) -> socket.socket:
+        deadline = time.monotonic() + self.timeout
+        last: Exception | None = None
+        delay = 0.01
+        while time.monotonic() < deadline:
+            try:
+                sock = socket.create_connection((self.host, self.port), timeout=max(0.1, deadline - time.monotonic()))
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.settimeout(None)
+                return sock
+            except OSError as error:  # the server (rank 0) may not be up yet
+                last = error
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+        raise RendezvousTimeout(
+            f"could not reach the rendezvous store at {self.host}:{self.port} within {self.timeout:g} s ({last})",
+            notes=("rank 0 serves it: is rank 0 running, and do all ranks have the same MASTER_ADDR and MASTER_PORT?",),
+        )
+
+    def _request(self, op: bytes, key: str, value: bytes = b"", wait: float = 0.0) -> tuple[bytes, bytes]:
+        k = key.encode()
+        with self._lock:
+            # The server answers a GET within ``wait``; the socket bound is a safety net over it.
+            self._sock.settimeout(wait + 30.0)
+            try:
+                self._sock.sendall(op + struct.pack("!I", len(k)) + k + struct.pack("!Q", len(value)) + value)
+                status = _recv_exact(self._sock, 1)
+                (n,) = struct.unpack("!Q", _recv_exact(self._sock, 8))
+                return status, _recv_exact(self._sock, n)
+            except (OSError, ConnectionError) as error:
+                raise RendezvousError(f"the rendezvous store at {self.host}:{self.port} went away during "
+                                      f"a request for {key!r}: {error}",
+                                      notes=("rank 0 serves the store: did it exit or crash?",)) from None
+
+    def set(self, key: str, value: bytes) -> None:
+        self._request(_SET, key, bytes(value))
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        wait = self.timeout if timeout is None else float(timeout)
+        status, value = self._request(_GET, key, repr(wait).encode(), wait)
+        if status == _MISSING:
+            raise RendezvousTimeout(f"key {key!r} did not appear in the store at {self.host}:{self.port} "
+                                    f"within {wait:g} s")
+        return value
+
+    def add(self, key: str, delta: int) -> int:
+        return int(self._request(_ADD, key, str(int(delta)).encode())[1])
+
+    def delete(self, keys: list[str]) -> None:
+        self._request(_DELETE, "", dumps(list(keys)))
+
+    def close(self) -> None:
+        """Hang up; the serving rank first waits (up to ``timeout``) for every client to hang up."""
+        self._sock.close()
+        server, self._server = self._server, None
+        if server is not None:
+            server.table.wait_clients_gone(self.timeout)  # type: ignore[attr-defined]
+            server.shutdown()
+            server.server_close()
+
+
+# ---------------------------------------------------------------------------------------------
+# file store
+
+
+class FileStore:
+    """Keys as files under ``directory`` (created if missing); every rank must see the same one."""
+
+    def __init__(self, directory: str | os.PathLike, *, timeout: float = DEFAULT_TIMEOUT_S):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.timeout = float(timeout)
+
+    def __repr__(self) -> str:
+        return f"FileStore({self.directory})"
+
+    def _path(self, key: str) -> Path:
+        return self.directory / key.replace("%", "%25").replace("/", "%2F")
+
+    def set(self, key: str, value: bytes) -> None:
+        path = self._path(key)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_bytes(bytes(value))
+        os.replace(tmp, path)  # readers see the whole value or nothing
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        wait = self.timeout if timeout is None else float(timeout)
+        deadline = time.monotonic() + wait
+        path, delay = self._path(key), 0.001
+        while True:
+            try:
+                return path.read_bytes()
+            except FileNotFoundError:
+                if time.monotonic() >= deadline:
+                    raise RendezvousTimeout(f"key {key!r} did not appear in {self.directory} within {wait:g} s") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+
+    def add(self, key: str, delta: int) -> int:
+        import fcntl
+
+        with open(self.directory / ".lock", "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                path = self._path(key)
+                value = int(path.read_bytes()) if path.exists() else 0
+                value += int(delta)
+                self.set(key, str(value).encode())
+                return value
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def delete(self, keys: list[str]) -> None:
+        for key in keys:
+            try:
+                self._path(key).unlink()
+            except FileNotFoundError:
+                pass
+
+    def close(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# all-gather over a store
+
+
+class Exchange:
+    """``exchange(obj)``: every rank's ``obj`` in rank order (the communicator's host collective)."""
+
+    def __init__(self, store, rank: int, world_size: int, *, prefix: str = "purlin", timeout: float | None = None):
+        if not 0 <= rank < world_size:
+            raise RendezvousError(f"rank {rank} is outside the world of {world_size} ranks")
+        self.store, self.rank, self.world_size, self.prefix = store, rank, world_size, prefix
+        self.timeout = float(timeout if timeout is not None else getattr(store, "timeout", DEFAULT_TIMEOUT_S))
+        self.round = 0
+
+    def __call__(self, obj) -> list:
+        n = self.round
+        self.round += 1
+        base = f"{self.prefix}/{n}"
+        if n >= 2:
+            # Every rank that wrote round n-1 had finished reading round n-2, and we have read
+            # all of round n-1: our round n-2 key is dead.  (No request after a round's last
+            # read, so rank 0 -- the server -- may leave as soon as it has read.)
+            self.store.delete([f"{self.prefix}/{n - 2}/{self.rank}"])
+        self.store.set(f"{base}/{self.rank}", dumps(obj))
+        gathered = []
+        for peer in range(self.world_size):
+            try:
+                gathered.append(loads(self.store.get(f"{base}/{peer}", self.timeout)))
+            except RendezvousTimeout:
+                raise RendezvousTimeout(
+                    f"rendezvous round {n}: rank {self.rank} waited {self.timeout:g} s for rank {peer} of "
+                    f"{self.world_size}, which never arrived (store {self.store!r})",
+                    notes=("every rank must make the same sequence of communicator calls (creation, loads, "
+                           "first calls of each dtype)",),
+                ) from None
+        return gathered
+
+    def barrier(self) -> None:
+        self(None)
+
+
+def store_from_env(info: EnvInfo, *, timeout: float = DEFAULT_TIMEOUT_S) -> TCPStore:
+    """Rank 0 serves on MASTER_ADDR:MASTER_PORT; every rank connects to it."""
+    return TCPStore(info.master_addr, info.master_port, is_server=info.rank == 0, timeout=timeout)

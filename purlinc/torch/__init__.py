@@ -1,0 +1,145 @@
+"""PyTorch integration: Purlin collectives as torch.library custom ops, and calls shaped like
+torch.distributed.  ``import purlinc.torch`` (or ``purlin.torch``) imports torch;
+``import purlinc`` never does.
+
+    import purlinc, purlinc.torch as pt
+    comm = purlinc.Communicator.from_torch()            # or from_env(): no torch.distributed
+    pt.init(comm)                                       # the default group of the calls below
+    pt.all_reduce(t, op="avg")                          # in place, like torch.distributed
+    pt.all_gather_into_tensor(out, inp)
+    y = pt.functional.all_reduce(t)                     # a new tensor (cheapest under torch.compile)
+
+    shift = pt.op(purlinc.load("ring_shift.pln", comm), name="ring_shift")
+    y = shift(x); shift(x, out=y)                       # torch.ops.purlin.ring_shift / ring_shift_out
+
+Every call works eagerly, under ``torch.compile(fullgraph=True)`` (one custom op per call,
+no graph break) and in CUDA graphs (after one warm-up call per dtype and op, which
+``mode="reduce-overhead"`` makes by itself).  See docs/TORCH.md.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from purlinc.runtime.errors import ArgumentError
+from purlinc.torch import functional, ops
+from purlinc.torch.distributed import Group, Work
+from purlinc.torch.ops import define
+from purlinc.torch.registry import Entry, entry
+
+__all__ = [
+    "Group", "TorchCollective", "Work", "all_gather_into_tensor", "all_reduce", "all_to_all_single",
+    "broadcast", "default_group", "define", "entry", "functional", "gather", "init", "op", "ops", "reduce",
+    "reduce_scatter_tensor", "scatter",
+]
+
+_DEFAULT: list[Group] = []
+
+
+def init(comm, **load_options) -> Group:
+    """Make ``Group(comm, **load_options)`` the default of the module-level calls, and return it."""
+    group = comm if isinstance(comm, Group) else Group(comm, **load_options)
+    _DEFAULT[:] = [group]
+    return group
+
+
+def default_group() -> Group:
+    if not _DEFAULT:
+        raise ArgumentError("no default Purlin group: call purlinc.torch.init(comm) first, or pass group=")
+    return _DEFAULT[0]
+
+
+def _group(group) -> Group:
+    return group if group is not None else default_group()
+
+
+def all_reduce(tensor, op="sum", group=None, async_op=False):
+    return _group(group).all_reduce(tensor, op=op, async_op=async_op)
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+    return _group(group).all_gather_into_tensor(output_tensor, input_tensor, async_op=async_op)
+
+
+def reduce_scatter_tensor(output, input, op="sum", group=None, async_op=False):
+    return _group(group).reduce_scatter_tensor(output, input, op=op, async_op=async_op)
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):
+    return _group(group).all_to_all_single(output, input, output_split_sizes, input_split_sizes, async_op=async_op)
+
+
+def broadcast(tensor, src=0, group=None, async_op=False):
+    return _group(group).broadcast(tensor, src=src, async_op=async_op)
+
+
+def reduce(tensor, dst=0, op="sum", group=None, async_op=False):
+    return _group(group).reduce(tensor, dst=dst, op=op, async_op=async_op)
+
+
+def gather(tensor, gather_list=None, dst=0, group=None, async_op=False):
+    return _group(group).gather(tensor, gather_list, dst=dst, async_op=async_op)
+
+
+def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False):
+    return _group(group).scatter(tensor, scatter_list, src=src, async_op=async_op)
+
+
+class TorchCollective:
+    """A loaded collective as custom ops: ``tc(x)`` (functional), ``tc(x, out=y)``,
+    ``tc.inplace(t)``; the ops are ``torch.ops.purlin.<name>[_out|_inplace]``."""
+
+    def __init__(self, coll, name: str | None = None, *, device=None):
+        spec = coll.spec if hasattr(coll, "spec") else coll.compiled.spec
+        name = name or spec.name
+        comm = coll.comm
+        dev = comm.device if device is None else device
+        dev = torch.device("cuda", dev) if isinstance(dev, int) else torch.device(dev)
+        self.collective = coll
+        self.name = name
+        self.entry = Entry(name, spec, comm, dev, collective=coll)
+        self.handle = self.entry.handle
+        self.ops = define(name)
+        self._seq = ops.sequence(comm, dev)  # compiled calls stay in program order (ops._keep_in_order)
+
+    def __repr__(self) -> str:
+        return f"TorchCollective(purlin::{self.name}, handle {self.handle}, rank {self.entry.rank})"
+
+    def __call__(self, x, out=None, op="sum", *, count: int = -1):
+        """This rank's output (1-D), or ``out`` filled.  ``x`` is an empty tensor on ranks that
+        give no input (it says the dtype and device); ``count`` then says the chunk size."""
+        if x is None:
+            raise ArgumentError(f"purlin::{self.name}: x is None; expected a tensor (an empty one on ranks without "
+                                f"input: its dtype and device say what to allocate)")
+        if out is None:
+            if torch.compiler.is_compiling():
+                return self.ops.sequenced(x, self._seq, self.handle, op, count)
+            return self.ops.eager_functional(x, self.handle, op, count)
+        if torch.compiler.is_compiling():  # the ordered functional op, then a copy (see ops._keep_in_order)
+            n = out.numel() // self.entry.out_units if self.entry.out_units else 0
+            y = self.ops.sequenced(x, self._seq, self.handle, op, -1 if self.entry.in_units else n)
+            if self.entry.out_units:
+                out.copy_(y.view(out.shape))
+        else:
+            self.ops.eager_out(x, out, self.handle, op)
+        return out
+
+    def inplace(self, t, op="sum"):
+        e = self.entry
+        if torch.compiler.is_compiling():
+            ops._inplace_units(f"purlin::{self.name} on rank {e.rank}", e, t)  # unequal sizes: a clear error
+            x = t if e.in_units else t.new_empty(0)
+            y = self.ops.sequenced(x, self._seq, self.handle, op, -1 if e.in_units else t.numel() // max(e.out_units, 1))
+            if e.out_units:
+                t.copy_(y.view(t.shape))
+        else:
+            self.ops.eager_inplace(t, self.handle, op)
+        return t
+
+    def close(self) -> None:
+        self.entry.close()
+
+
+def op(coll, name: str | None = None, *, device=None) -> TorchCollective:
+    """Expose a loaded collective (``purlinc.load(...)``, one rank's) as torch custom ops."""
+    return TorchCollective(coll, name, device=device)

@@ -1,0 +1,332 @@
+"""The torch.library custom ops: four per collective name, all taking a handle
+(:mod:`purlinc.torch.registry`) in place of the collective.
+
+    purlin::NAME(Tensor x, int handle, str op, SymInt count) -> Tensor         functional
+    purlin::NAME_out(Tensor x, Tensor(a!) out, int handle, str op) -> ()       writes out
+    purlin::NAME_inplace(Tensor(a!) t, int handle, str op) -> ()               t is input and output
+    purlin::NAME_seq(Tensor x, Tensor(a!) seq, int handle, str op, SymInt count) -> Tensor
+        the functional op, kept in program order by a sequence tensor (see _keep_in_order)
+
+``x`` is this rank's input (an empty tensor on ranks that give none: it still carries the
+dtype and device); the functional form returns this rank's output, 1-D, and takes ``count``
+(elements per chunk) only where x cannot say it (``-1`` otherwise).  ``op`` is a reduction
+(``sum``, ``prod``, ``max``, ``min``, or ``avg``: sum, then a division by the world size, for
+floating dtypes) and is ignored by copies.  Any contiguous shape is accepted: a collective
+sees a tensor as its elements in order, so "chunk i" of a tensor is its i-th slice along
+dim 0 when dim 0 splits evenly, which is how torch.distributed concatenates.
+
+The fake implementations compute shapes from the handle's entry (no GPU, no load); the real
+ones launch on the caller's current stream.  Both check their arguments and fail with an
+:class:`~purlinc.runtime.errors.ArgumentError` naming the tensor, the expected and the actual.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from purlinc.dtypes import DType, ReduceOp
+from purlinc.runtime.errors import ArgumentError
+from purlinc.torch.registry import Entry, entry
+
+NAMESPACE = "purlin"
+REDUCE_OPS = ("sum", "avg", "prod", "max", "min")
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+_DEFINED: dict[str, "Ops"] = {}
+ORDERED = True  # False if this torch could not register the functional ops as ordered effects
+
+
+class Ops(NamedTuple):
+    """One name's ops (what graphs call) and their Python bodies (what eager calls run, without
+    the dispatcher's cost)."""
+
+    functional: object
+    out: object
+    inplace: object
+    sequenced: object
+    eager_functional: Callable
+    eager_out: Callable
+    eager_inplace: Callable
+
+
+# ---------------------------------------------------------------------------------------------
+# checks shared by the fake and real implementations and the torch.distributed-shaped calls
+
+
+def dtype_of(t) -> DType | None:
+    from purlinc.runtime.interop import _torch_dtype_map
+
+    return _torch_dtype_map().get(t.dtype)
+
+
+def normalize_op(op, where: str) -> str:
+    """``op`` as a lower-case name: strings, torch.distributed.ReduceOp members, Purlin's ReduceOp."""
+    name = getattr(op, "name", None) or getattr(op, "value", None) or op
+    name = str(name).lower().removeprefix("redoptype.")
+    if name not in REDUCE_OPS:
+        raise ArgumentError(f"{where}: op={op!r} is not supported; expected one of {', '.join(REDUCE_OPS)}")
+    return name
+
+
+def check_tensor(where: str, label: str, t, e: Entry, op: str | None = None) -> None:
+    """Device, dtype and contiguity of one tensor for entry ``e``."""
+    if t.device != e.device and t.device.type != "meta":  # meta: shape inference only
+        raise ArgumentError(
+            f"{where}: {label} is on {t.device}, expected {e.device} (the device of this Purlin communicator, "
+            f"rank {e.rank} of {e.world_size})",
+            notes=("a tensor of another device or communicator cannot take part in this one's collectives",),
+        )
+    dtype = dtype_of(t)
+    if dtype is None:
+        raise ArgumentError(f"{where}: {label} has dtype {str(t.dtype).removeprefix('torch.')}, which Purlin does "
+                            f"not support; expected float32, float16, bfloat16, int32, or float8 (copies only)")
+    if e.is_reduce and t.numel():
+        if not dtype.reducible:
+            raise ArgumentError(f"{where}: {label} has dtype {dtype.value}, which cannot be reduced; expected "
+                                f"float32, float16, bfloat16 or int32")
+        if op == "avg" and not dtype.is_float:
+            raise ArgumentError(f"{where}: op='avg' needs a floating dtype, {label} has {dtype.value}",
+                                notes=("use op='sum' and divide (integer averages would truncate)",))
+    if not t.is_contiguous():
+        raise ArgumentError(f"{where}: {label} is not contiguous (shape {tuple(t.shape)}, strides "
+                            f"{tuple(t.stride())})", notes=("pass .contiguous() (a copy)",))
+
+
+def count_of(where: str, e: Entry, x, out=None, count: int = -1, names=("x", "out")):
+    """Elements per chunk: from x (ranks with input), else from out, else the ``count`` argument."""
+    if e.in_units:
+        n = x.numel()
+        if n % e.in_units:
+            raise ArgumentError(f"{where}: {names[0]} has {n} elements, expected a multiple of {e.in_units} "
+                                f"(rank {e.rank} gives {e.in_units} chunks)")
+        return n // e.in_units
+    if x is not None and x.numel():
+        raise ArgumentError(f"{where}: rank {e.rank} gives no input, but {names[0]} has {x.numel()} elements; "
+                            f"expected an empty tensor")
+    if out is not None and e.out_units:
+        n = out.numel()
+        if n % e.out_units:
+            raise ArgumentError(f"{where}: {names[1]} has {n} elements, expected a multiple of {e.out_units} "
+                                f"(rank {e.rank} receives {e.out_units} chunks)")
+        return n // e.out_units
+    if count is None or count < 0:
+        raise ArgumentError(f"{where}: rank {e.rank} gives no input, so count (elements per chunk) is needed; "
+                            f"got {count}")
+    return count
+
+
+def check_out(where: str, e: Entry, x, out, count, names=("x", "out")) -> None:
+    expected = e.out_units * count
+    if out.numel() != expected:
+        raise ArgumentError(f"{where}: {names[1]} has {out.numel()} elements, expected {expected} "
+                            f"({e.out_units} chunks x {count} elements per chunk)")
+    if e.in_units and out.dtype != x.dtype:
+        raise ArgumentError(f"{where}: {names[1]} has dtype {str(out.dtype).removeprefix('torch.')}, expected "
+                            f"{str(x.dtype).removeprefix('torch.')} (the dtype of {names[0]})")
+
+
+# ---------------------------------------------------------------------------------------------
+# the real call
+
+
+def _capturing(t) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _variant(coll, count: int, itemsize: int):
+    """The loaded Collective a call of this size runs (a Tuned picks one per size bucket)."""
+    pick = getattr(coll, "variant_for", None)
+    return pick(count, itemsize) if pick is not None else coll
+
+
+def is_warm(e: Entry, coll, dtype: DType, op: ReduceOp | None, count: int) -> bool:
+    """Whether calling ``coll`` with (dtype, op) and this count launches without compiling,
+    loading or agreeing on anything (what a graph capture needs)."""
+    probe = getattr(coll, "is_warm", None)
+    if probe is not None:
+        return probe(dtype, op, count)
+    variant = _variant(coll, count, dtype.itemsize)
+    if getattr(variant, "_ce", None) is not None:  # host-driven copy engines: warm once run outside a capture
+        return id(variant) in e.warmed
+    return (dtype, op) in variant._variants
+
+
+def run(e: Entry, x, out, op: str) -> None:
+    """Launch entry ``e`` on (x, out) on the current stream; ``None`` for a side a rank lacks.
+
+    Outside a capture the collective compiles and loads what the call needs (its size
+    bucket's kernel for the dtype and op) on first use; inside one that is refused, clearly.
+    """
+    probe = x if x is not None else out
+    capturing = _capturing(probe)
+    coll = e.collective(capturing)
+    dtype = dtype_of(probe)
+    purlin_op = "sum" if op == "avg" else op
+    reduce_op = ReduceOp.parse(purlin_op) if e.is_reduce else None
+    count = (x.numel() // e.in_units) if e.in_units else (out.numel() // max(e.out_units, 1))
+    if capturing and not is_warm(e, coll, dtype, reduce_op, count):
+        label = "x" if x is not None else "out"
+        raise ArgumentError(
+            f"purlin::{e.name} on rank {e.rank}: {label} ({dtype.value}, {probe.numel()} elements) reached a "
+            f"CUDA graph capture before a warm-up call: expected one call with dtype {dtype.value}"
+            f"{', op ' + purlin_op if e.is_reduce else ''} and this size outside the capture, got none",
+            notes=("the first call of a dtype and size bucket compiles and loads its kernel, and the ranks "
+                   "agree on it; a graph can capture neither",
+                   "torch.compile(mode='reduce-overhead') makes that call by itself"),
+        )
+    coll(x, out, op=purlin_op)
+    if not capturing:
+        variant = _variant(coll, count, dtype.itemsize)
+        if getattr(variant, "_ce", None) is not None:
+            e.warmed.add(id(variant))
+    if op == "avg" and out is not None and out.numel():
+        out.div_(e.world_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# the three ops of one name
+
+
+def _where(name: str, e: Entry) -> str:
+    return f"purlin::{name} on rank {e.rank}"
+
+
+def define(name: str) -> Ops:
+    """The functional, out and in-place ops for collectives called ``name``; defined once per process."""
+    hit = _DEFINED.get(name)
+    if hit is not None:
+        return hit
+    if not _NAME.fullmatch(name):
+        raise ArgumentError(f"op name {name!r} is not an identifier (letters, digits, _; a letter first)")
+
+    def functional(x, handle, op, count):
+        e = entry(handle)
+        where = _where(name, e)
+        op = normalize_op(op, where)
+        check_tensor(where, "x", x, e, op)
+        n = count_of(where, e, x, None, count)
+        result = x.new_empty(e.out_units * n)
+        if e.out_units * n or e.in_units * n:
+            run(e, x if e.in_units else None, result if e.out_units else None, op)
+        return result
+
+    def functional_fake(x, handle, op, count):
+        e = entry(handle)
+        where = _where(name, e)
+        check_tensor(where, "x", x, e, normalize_op(op, where))
+        return x.new_empty(e.out_units * count_of(where, e, x, None, count))
+
+    def out_form(x, out, handle, op):
+        e = entry(handle)
+        where = _where(name, e)
+        op = normalize_op(op, where)
+        for label, t in (("x", x), ("out", out)):
+            check_tensor(where, label, t, e, op)
+        n = count_of(where, e, x, out)
+        check_out(where, e, x, out, n)
+        if n:
+            run(e, x if e.in_units else None, out if e.out_units else None, op)
+
+    def out_fake(x, out, handle, op):
+        e = entry(handle)
+        where = _where(name, e)
+        for label, t in (("x", x), ("out", out)):
+            check_tensor(where, label, t, e, normalize_op(op, where))
+        check_out(where, e, x, out, count_of(where, e, x, out))
+
+    def inplace(t, handle, op):
+        e = entry(handle)
+        where = _where(name, e)
+        op = normalize_op(op, where)
+        check_tensor(where, "t", t, e, op)
+        _inplace_units(where, e, t)
+        if not t.numel():
+            return
+        if e.in_units and e.out_units:
+            run(e, t.clone(), t, op)  # the kernels never run in place: read from a copy
+        else:
+            run(e, t if e.in_units else None, t if e.out_units else None, op)
+
+    def inplace_fake(t, handle, op):
+        e = entry(handle)
+        where = _where(name, e)
+        check_tensor(where, "t", t, e, normalize_op(op, where))
+        _inplace_units(where, e, t)
+
+    def sequenced(x, seq, handle, op, count):  # seq is only "written": the order it imposes is the point
+        return functional(x, handle, op, count)
+
+    def sequenced_fake(x, seq, handle, op, count):
+        return functional_fake(x, handle, op, count)
+
+    lib = f"{NAMESPACE}::{name}"
+    ops: list = []
+    for suffix, fn, fake, schema, mutates in (
+        ("", functional, functional_fake, "(Tensor x, int handle, str op, SymInt count) -> Tensor", ()),
+        ("_out", out_form, out_fake, "(Tensor x, Tensor(a!) out, int handle, str op) -> ()", ("out",)),
+        ("_inplace", inplace, inplace_fake, "(Tensor(a!) t, int handle, str op) -> ()", ("t",)),
+        ("_seq", sequenced, sequenced_fake, "(Tensor x, Tensor(a!) seq, int handle, str op, SymInt count) -> Tensor",
+         ("seq",)),
+    ):
+        custom = torch.library.custom_op(lib + suffix, fn, mutates_args=mutates, schema=schema)
+        custom.register_fake(fake)
+        overload = getattr(getattr(torch.ops, NAMESPACE), name + suffix).default
+        _keep_in_order(overload, mutable=bool(mutates))
+        ops.append(overload)
+    _DEFINED[name] = hit = Ops(*ops, functional, out_form, inplace)
+    return hit
+
+
+def _keep_in_order(op, *, mutable: bool) -> None:
+    """Every rank must call its collectives in the same order, and a call whose result a rank
+    does not use (a gather on a non-root rank) must still happen: a compiler may neither drop
+    nor reorder them.  Mutating ops are never dropped (marked side-effectful); the functional op
+    is also an ORDERED effect.  Effect tokens alone did not hold inductor's order (torch 2.13
+    reordered them when reordering for peak memory, differently per rank since graphs differ
+    at the root), so compiled code goes through ``NAME_seq``: the functional op that also
+    "mutates" a one-element sequence tensor of the communicator (:func:`sequence`), a real
+    write-after-write chain that every scheduler keeps (see distributed.py)."""
+    global ORDERED
+    if mutable:
+        torch.fx.node.has_side_effect(op)
+        return
+    try:
+        from torch._higher_order_ops.effects import _EffectType, _register_effectful_op
+
+        _register_effectful_op(op, _EffectType.ORDERED)
+    except (ImportError, AttributeError, TypeError, AssertionError):  # a torch without this private API
+        torch.fx.node.has_side_effect(op)  # still never dropped; order then rests on the compiler
+        ORDERED = False
+
+
+_SEQUENCES: dict = {}
+
+
+def sequence(comm, device) -> "torch.Tensor | None":
+    """The communicator's sequence tensor: what NAME_seq ops "write", so compiled collectives of
+    one communicator stay in program order.  Static (``mark_static_address``): CUDA graphs
+    (reduce-overhead) accept mutations of static inputs.  Made eagerly, outside any trace."""
+    key = (id(comm), str(device))
+    hit = _SEQUENCES.get(key)
+    if hit is None:
+        try:
+            hit = torch.zeros(1, dtype=torch.int32, device=device)
+        except (RuntimeError, AssertionError):  # a device this torch cannot reach: eager checks still work
+            return None
+        torch._dynamo.mark_static_address(hit)
+        _SEQUENCES[key] = hit
+    return hit
+
+
+def _inplace_units(where: str, e: Entry, t) -> None:
+    if e.in_units and e.out_units and e.in_units != e.out_units:
+        raise ArgumentError(
+            f"{where}: cannot run in place: rank {e.rank} gives {e.in_units} chunks and receives {e.out_units}; "
+            f"expected equal sizes", notes=("use the functional form or out=",))
+    if e.in_units:
+        count_of(where, e, t, names=("t", "t"))
+    elif e.out_units and t.numel() % e.out_units:
+        raise ArgumentError(f"{where}: t has {t.numel()} elements, expected a multiple of {e.out_units}")

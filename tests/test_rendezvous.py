@@ -1,0 +1,176 @@
+"""The torch-free rendezvous: TCP and file stores, the all-gather over them, env parsing and
+bounded waits.  Real processes on loopback (spawned with subprocess), every one under a timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from purlinc.runtime.rendezvous import (
+    Exchange, FileStore, RendezvousError, RendezvousTimeout, TCPStore, dumps, env_info, loads,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+# One rank: rendezvous from the environment (as a launcher would set it), three all-gathers,
+# a check that no torch was imported, and the result as JSON on stdout.
+WORKER = textwrap.dedent("""
+    import json, os, sys
+    from purlinc.runtime import rendezvous as rv
+    info = rv.env_info()
+    kind = sys.argv[1]
+    if kind == "tcp":
+        store = rv.store_from_env(info, timeout=20)
+    else:
+        store = rv.FileStore(sys.argv[2], timeout=20)
+    ex = rv.Exchange(store, info.rank, info.world_size, timeout=20)
+    a = ex({"rank": info.rank, "handle": bytes([info.rank]) * 64, "local": info.local_rank})
+    b = ex(("second", info.rank * 10))
+    ex.barrier()
+    print(json.dumps({"a": [[x["rank"], x["handle"].hex()[:4], x["local"]] for x in a], "b": b,
+                      "torch": "torch" in sys.modules}))
+    sys.stdout.flush()
+    ex.barrier()   # rank 0 (the server) stays up until everyone has read
+""")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(world: int, kind: str, extra: list[str], port: int, drop: set[int] = frozenset(), timeout=60):
+    procs = []
+    for rank in range(world):
+        if rank in drop:
+            continue
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(REPO))
+        procs.append(subprocess.Popen([sys.executable, "-c", WORKER, kind, *extra], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        outs.append((p.returncode, out, err))
+    return outs
+
+
+@pytest.mark.parametrize("kind", ["tcp", "file"])
+def test_processes_gather_in_rank_order(kind, tmp_path):
+    world = 3
+    outs = launch(world, kind, [str(tmp_path / "store")] if kind == "file" else [], free_port())
+    for rank, (rc, out, err) in enumerate(outs):
+        assert rc == 0, err[-2000:]
+        got = json.loads(out)
+        assert got["a"] == [[r, f"{r:02x}{r:02x}", r] for r in range(world)]
+        assert got["b"] == [["second", r * 10] for r in range(world)]
+        assert got["torch"] is False  # the rendezvous never imports torch
+    if kind == "file":  # rounds older than the last two were cleared (4 rounds were made)
+        left = sorted(p.name for p in (tmp_path / "store").iterdir() if not p.name.startswith("."))
+        assert left == sorted(f"purlin%2F{n}%2F{r}" for n in (2, 3) for r in range(world))
+
+
+def test_missing_rank_times_out_with_its_number(tmp_path):
+    # Rank 2 of 3 never starts: ranks 0 and 1 must fail within their bound, naming rank 2.
+    start = time.monotonic()
+    worker = WORKER.replace("timeout=20", "timeout=2")
+    procs = []
+    port = free_port()
+    for rank in (0, 1):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   PYTHONPATH=str(REPO))
+        procs.append(subprocess.Popen([sys.executable, "-c", worker, "tcp"], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        _, err = p.communicate(timeout=60)
+        assert p.returncode != 0
+        assert "RendezvousTimeout" in err and "for rank 2 of 3" in err and "never arrived" in err
+    assert time.monotonic() - start < 30
+
+
+def test_unreachable_store_is_a_clear_timeout():
+    port = free_port()  # nobody serves it
+    start = time.monotonic()
+    with pytest.raises(RendezvousTimeout, match=rf"could not reach the rendezvous store at 127.0.0.1:{port} within 0.5 s"):
+        TCPStore("127.0.0.1", port, timeout=0.5)
+    assert time.monotonic() - start < 5
+
+
+def test_tcp_store_in_process():
+    server = TCPStore("127.0.0.1", 0, is_server=True, timeout=5)
+    client = TCPStore("127.0.0.1", server.port, timeout=5)
+    try:
+        client.set("k", b"\x00\x01binary")
+        assert server.get("k") == b"\x00\x01binary"
+        assert server.add("n", 2) == 2 and client.add("n", 3) == 5
+        with pytest.raises(RendezvousTimeout, match="key 'absent' did not appear .* within 0.2 s"):
+            client.get("absent", timeout=0.2)
+        client.delete(["k"])
+        with pytest.raises(RendezvousTimeout):
+            server.get("k", timeout=0.1)
+    finally:
+        client.close()
+        server.close()
+
+
+def test_file_store_in_process(tmp_path):
+    store = FileStore(tmp_path, timeout=1)
+    store.set("a/b", b"v")
+    assert FileStore(tmp_path).get("a/b") == b"v"
+    assert store.add("c", 4) == 4 and store.add("c", -1) == 3
+    with pytest.raises(RendezvousTimeout, match="key 'zz' did not appear"):
+        store.get("zz", timeout=0.05)
+
+
+def test_exchange_single_rank(tmp_path):
+    ex = Exchange(FileStore(tmp_path), 0, 1)
+    assert ex({"x": 1}) == [{"x": 1}] and ex("y") == ["y"]
+    with pytest.raises(RendezvousError, match="rank 3 is outside the world of 2"):
+        Exchange(FileStore(tmp_path), 3, 2)
+
+
+def test_plain_data_only():
+    assert loads(dumps({"a": (1, b"x", None, [2.5])})) == {"a": (1, b"x", None, [2.5])}
+    with pytest.raises(RendezvousError, match="refused pathlib.PosixPath"):
+        loads(dumps(Path("/tmp")))
+
+
+@pytest.mark.parametrize("env, words", [
+    ({}, "RANK is not set"),
+    ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK must be an integer, got 'x'"),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, r"RANK must be in \[0, 2\)"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE must be at least 1"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "70000"}, "MASTER_PORT must be a TCP port"),
+])
+def test_env_errors(env, words):
+    with pytest.raises(RendezvousError, match=words):
+        env_info(env)
+
+
+def test_env_defaults():
+    info = env_info({"RANK": "1", "WORLD_SIZE": "2"})
+    assert (info.rank, info.world_size, info.local_rank, info.master_addr, info.master_port) == (1, 2, 1, "127.0.0.1", 29500)
+
+
+def test_communicator_from_env_reads_the_environment_first(monkeypatch):
+    # Before any GPU work: a missing variable is a RendezvousError, not a driver failure.
+    from purlinc.runtime.communicator import Communicator
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(RendezvousError, match="environment variable RANK is not set"):
+        Communicator.from_env()

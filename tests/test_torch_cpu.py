@@ -1,0 +1,538 @@
+"""purlinc.torch without a GPU: the custom ops register, their fake implementations give the
+right shapes and dtypes, torch.compile traces the torch.distributed-shaped calls whole
+(fullgraph=True, no graph break), and bad input fails clearly.
+
+A CPU stand-in takes the loaded collective's place: R threads, one per rank, each a Group
+whose loader returns a StandIn; a call deposits the rank's input, meets the others at a
+barrier and takes its output from the NumPy evaluator (the spec's own oracle).  Expected
+values below are computed independently with NumPy (sums, concatenations).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import purlinc.torch as pt  # noqa: E402
+from purlinc.dtypes import DType, ReduceOp  # noqa: E402
+from purlinc.frontend.check import check  # noqa: E402
+from purlinc.frontend.evaluate import evaluate  # noqa: E402
+from purlinc.frontend.parse import parse  # noqa: E402
+from purlinc.runtime.errors import ArgumentError  # noqa: E402
+from purlinc.torch import ops as ops_module  # noqa: E402
+from purlinc.torch.standard import SOURCES  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+_TORCH_TO_DTYPE = {torch.float32: DType.FLOAT32, torch.int32: DType.INT32}
+
+
+class Comm:
+    def __init__(self, rank, world_size, device="cpu"):
+        self.rank, self.world_size, self.device = rank, world_size, device
+
+
+class Sequence:
+    """One barrier for every collective of a set of ranks, and what each rank is calling: a
+    rank that calls its collectives in another order than its peers (a compiler that dropped
+    or reordered one) is caught at once, not left waiting."""
+
+    def __init__(self, world_size):
+        self.barrier = threading.Barrier(world_size, timeout=30)
+        self.calling = [None] * world_size
+
+
+class World:
+    """What the ranks of one stand-in collective share."""
+
+    def __init__(self, source, world_size, params, sequence=None):
+        self.spec = check(parse(source), world_size, params)
+        self.sequence = sequence or Sequence(world_size)
+        self.barrier = self.sequence.barrier
+        self.slots = [None] * world_size
+
+
+class StandIn:
+    """One rank's collective on CPU tensors (float32 / int32), through the spec's evaluator."""
+
+    def __init__(self, world: World, rank: int):
+        self.world, self.spec, self.rank = world, world.spec, rank
+        self.comm = Comm(rank, world.spec.world_size)
+        self.warmed = set()
+        self.closed = False
+
+    def is_warm(self, dtype, op, count):
+        return (dtype, op) in self.warmed
+
+    def close(self):
+        self.closed = True
+
+    def __call__(self, x=None, out=None, op="sum"):
+        spec, w, r = self.spec, self.world, self.rank
+        ins, outs = len(spec.inputs[r]), len(spec.outputs[r])
+        probe = x if x is not None else out
+        dtype = _TORCH_TO_DTYPE[probe.dtype]
+        count = x.numel() // ins if ins else out.numel() // outs
+        self.warmed.add((dtype, ReduceOp.parse(op) if spec.is_reduce else None))  # as a kernel load would
+        w.sequence.calling[r] = (spec.name, spec.params)
+        w.barrier.wait()
+        if len(set(w.sequence.calling)) != 1:
+            raise AssertionError(f"ranks call different collectives at once: {w.sequence.calling}")
+        w.barrier.wait()  # everyone has compared before anyone moves on
+        w.slots[r] = x.reshape(-1).numpy().copy() if x is not None else np.empty(0, dtype.storage)
+        w.barrier.wait()
+        result = evaluate(spec, w.slots, count, dtype, op if spec.is_reduce else None)[r]
+        w.barrier.wait()  # every rank has read the slots before any rank's next call refills them
+        if out is not None:
+            out.copy_(torch.from_numpy(np.ascontiguousarray(result)).view(out.shape))
+        return out
+
+
+class StandInWorlds:
+    """Loaders for R ranks' Groups: the same (source, params) gives one shared World."""
+
+    def __init__(self, world_size):
+        self.world_size = world_size
+        self.worlds: dict = {}
+        self.lock = threading.Lock()
+        self.sequence = Sequence(world_size)
+
+    def loader(self, rank):
+        def load(source, params):
+            key = (source, tuple(sorted((params or {}).items())))
+            with self.lock:
+                world = self.worlds.get(key)
+                if world is None:
+                    world = self.worlds[key] = World(source, self.world_size, params, self.sequence)
+            return StandIn(world, rank)
+        return load
+
+    def groups(self, device=None):
+        return [pt.Group(Comm(r, self.world_size), loader=self.loader(r), device=device)
+                for r in range(self.world_size)]
+
+
+def on_ranks(groups, fn):
+    """fn(rank, group) on one thread per rank; returns the results, re-raises the first error."""
+    results, errors = [None] * len(groups), []
+
+    def body(rank):
+        try:
+            results[rank] = fn(rank, groups[rank])
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+            for g in groups:  # wake the others: a barrier left waiting would hang the test
+                for e in g._entries.values():
+                    if e.loaded:
+                        e.collective().world.barrier.abort()
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(len(groups))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    if errors:
+        raise errors[0]
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    return results
+
+
+def rand(rank, *shape, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(1000 * seed + rank)
+    if dtype == torch.int32:
+        return torch.randint(-100, 100, shape, generator=g, dtype=torch.int32)
+    return torch.randn(*shape, generator=g)
+
+
+# ---------------------------------------------------------------------------------------------
+# registration and fake implementations
+
+
+def test_import_purlinc_does_not_import_torch():
+    code = "import sys, purlinc, purlinc.runtime, purlinc.runtime.rendezvous; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.stdout.strip() == "False", done.stderr
+
+
+def test_purlin_torch_is_purlinc_torch():
+    import purlin.torch
+
+    assert purlin.torch is pt
+
+
+def test_standard_sources_match_examples():
+    for name, text in SOURCES.items():
+        params = {"root": 1} if "root" in text else None
+        ours = check(parse(text), 3, params)
+        theirs = check(parse((REPO / "examples" / f"{name}.pln").read_text()), 3, params)
+        assert ours == theirs, name
+
+
+def test_ops_register_with_schemas():
+    for name in SOURCES:
+        pt.define(name)
+        base = getattr(torch.ops.purlin, name)
+        assert str(base.default._schema) == f"purlin::{name}(Tensor x, int handle, str op, SymInt count) -> Tensor"
+        assert str(getattr(torch.ops.purlin, name + "_out").default._schema) == \
+            f"purlin::{name}_out(Tensor x, Tensor(a!) out, int handle, str op) -> ()"
+        assert str(getattr(torch.ops.purlin, name + "_inplace").default._schema) == \
+            f"purlin::{name}_inplace(Tensor(a!) t, int handle, str op) -> ()"
+        assert str(getattr(torch.ops.purlin, name + "_seq").default._schema) == \
+            f"purlin::{name}_seq(Tensor x, Tensor(a!) seq, int handle, str op, SymInt count) -> Tensor"
+    assert pt.define("allreduce") is pt.define("allreduce")  # defined once per process
+    assert ops_module.ORDERED  # the functional ops are ordered effects on this torch
+    with pytest.raises(ArgumentError, match="op name 'not-a-name' is not an identifier"):
+        pt.define("not-a-name")
+
+
+# (kind, root, rank) -> (in_units, out_units) for R = 3
+UNITS = {
+    "allreduce": lambda r, root: (3, 3), "allgather": lambda r, root: (1, 3),
+    "reduce_scatter": lambda r, root: (3, 1), "alltoall": lambda r, root: (3, 3),
+    "broadcast": lambda r, root: (int(r == root), 1), "reduce": lambda r, root: (1, int(r == root)),
+    "gather": lambda r, root: (1, 3 * (r == root)), "scatter": lambda r, root: (3 * (r == root), 1),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SOURCES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
+def test_fake_shapes_and_dtypes_on_meta(kind, dtype):
+    groups = StandInWorlds(3).groups()
+    count = 5
+    for rank, group in enumerate(groups):
+        e = group.entry(kind, root=1)
+        ins, outs = UNITS[kind](rank, 1)
+        assert (e.in_units, e.out_units) == (ins, outs)
+        ops = pt.define(kind)
+        x = torch.empty(ins * count, dtype=dtype, device="meta")
+        y = ops.functional(x, e.handle, "sum", -1 if ins else count)
+        assert y.device.type == "meta" and y.dtype == dtype and tuple(y.shape) == (outs * count,)
+        ops.out(x, torch.empty(outs * count, dtype=dtype, device="meta"), e.handle, "max")
+        if ins:  # (without input, out itself says the count)
+            with pytest.raises(ArgumentError, match=rf"out has {outs * count + 1} elements, expected {outs * count}"):
+                ops.out(x, torch.empty(outs * count + 1, dtype=dtype, device="meta"), e.handle, "sum")
+        elif outs > 1:
+            with pytest.raises(ArgumentError, match=rf"out has {outs * count + 1} elements, expected a multiple"):
+                ops.out(x, torch.empty(outs * count + 1, dtype=dtype, device="meta"), e.handle, "sum")
+
+
+def test_fake_tensor_mode_gives_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    group = StandInWorlds(2).groups()[0]
+    handle = group.entry("allgather").handle
+    with FakeTensorMode():
+        x = torch.empty(4, 3, dtype=torch.float16)
+        y = torch.ops.purlin.allgather(x, handle, "sum", -1)
+        assert tuple(y.shape) == (24,) and y.dtype == torch.float16
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.distributed-shaped calls on three threaded ranks, against NumPy
+
+
+def test_every_standard_collective_on_three_ranks():
+    R = 3
+    groups = StandInWorlds(R).groups()
+    xs = [rand(r, 6, 2, seed=1) for r in range(R)]
+
+    def body(rank, g):
+        got = {}
+        t = xs[rank].clone()
+        g.all_reduce(t)
+        got["sum"] = t
+        t = xs[rank].clone()
+        pt.all_reduce(t, op="avg", group=g)
+        got["avg"] = t
+        t = xs[rank].clone()
+        g.all_reduce(t, op=torch.distributed.ReduceOp.MAX if torch.distributed.is_available() else "max")
+        got["max"] = t
+        out = torch.full((R * 6, 2), float("nan"))
+        g.all_gather_into_tensor(out, xs[rank])
+        got["gather_all"] = out
+        out = torch.full((2, 2), float("nan"))
+        g.reduce_scatter_tensor(out, xs[rank])
+        got["rs"] = out
+        out = torch.full((6, 2), float("nan"))
+        g.all_to_all_single(out, xs[rank])
+        got["a2a"] = out
+        t = xs[rank].clone()
+        g.broadcast(t, src=2)
+        got["bcast"] = t
+        t = xs[rank].clone()
+        g.reduce(t, dst=1)
+        got["reduce"] = t
+        lst = [torch.full((6, 2), float("nan")) for _ in range(R)] if rank == 1 else None
+        g.gather(xs[rank], lst, dst=1)
+        got["gather"] = lst
+        t = torch.full((2, 2), float("nan"))
+        g.scatter(t, [xs[rank][2 * i:2 * i + 2].clone() for i in range(R)] if rank == 0 else None, src=0)
+        got["scatter"] = t
+        t = xs[rank].clone()
+        work = g.all_reduce(t, async_op=True)
+        assert work.wait() is True and work.is_completed()
+        got["async"] = t
+        got["f_ar"] = pt.functional.all_reduce(xs[rank], group=g)
+        got["f_ag"] = pt.functional.all_gather_tensor(xs[rank], group=g)
+        got["f_rs"] = pt.functional.reduce_scatter_tensor(xs[rank], group=g)
+        got["f_a2a"] = pt.functional.all_to_all_single(xs[rank], group=g)
+        return got
+
+    results = on_ranks(groups, body)
+    total = sum(x.numpy() for x in xs)
+    for r, got in enumerate(results):
+        np.testing.assert_allclose(got["sum"].numpy(), total, rtol=1e-6)
+        np.testing.assert_allclose(got["avg"].numpy(), total / R, rtol=1e-6)
+        np.testing.assert_array_equal(got["max"].numpy(), np.maximum.reduce([x.numpy() for x in xs]))
+        np.testing.assert_array_equal(got["gather_all"].numpy(), np.concatenate([x.numpy() for x in xs]))
+        np.testing.assert_allclose(got["rs"].numpy(), total[2 * r:2 * r + 2], rtol=1e-6)
+        np.testing.assert_array_equal(got["a2a"].numpy(), np.concatenate([x.numpy()[2 * r:2 * r + 2] for x in xs]))
+        np.testing.assert_array_equal(got["bcast"].numpy(), xs[2].numpy())
+        want_reduce = total if r == 1 else xs[r].numpy()  # non-destination ranks keep their input
+        np.testing.assert_allclose(got["reduce"].numpy(), want_reduce, rtol=1e-6)
+        if r == 1:
+            for i in range(R):
+                np.testing.assert_array_equal(got["gather"][i].numpy(), xs[i].numpy())
+        np.testing.assert_array_equal(got["scatter"].numpy(), xs[0].numpy()[2 * r:2 * r + 2])
+        np.testing.assert_allclose(got["async"].numpy(), total, rtol=1e-6)
+        np.testing.assert_allclose(got["f_ar"].numpy(), total, rtol=1e-6)
+        assert got["f_ar"].shape == (6, 2) and got["f_ag"].shape == (18, 2) and got["f_rs"].shape == (2, 2)
+        np.testing.assert_array_equal(got["f_ag"].numpy(), np.concatenate([x.numpy() for x in xs]))
+        np.testing.assert_allclose(got["f_rs"].numpy(), total[2 * r:2 * r + 2], rtol=1e-6)
+        np.testing.assert_array_equal(got["f_a2a"].numpy(), got["a2a"].numpy())
+
+
+def test_user_collective_through_op():
+    R = 3
+    source = (REPO / "examples" / "ring_shift.pln").read_text()
+    world = World(source, R, {"shift": 1})
+    colls = [pt.op(StandIn(world, r), name="ring_shift") for r in range(R)]
+    xs = [rand(r, 4, seed=2) for r in range(R)]
+
+    def body(rank, _):
+        y = colls[rank](xs[rank])
+        out = torch.empty(4)
+        colls[rank](xs[rank], out=out)
+        t = xs[rank].clone()
+        colls[rank].inplace(t)
+        return y, out, t
+
+    class G:  # on_ranks only needs _entries to abort barriers
+        _entries: dict = {}
+    results = on_ranks([G(), G(), G()], body)
+    for r, (y, out, t) in enumerate(results):
+        want = xs[(r + 1) % R].numpy()
+        for got in (y, out, t):
+            np.testing.assert_array_equal(got.numpy(), want)
+    assert torch.ops.purlin.ring_shift.default._schema.name == "purlin::ring_shift"
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.compile: traced whole, run through the custom ops
+
+
+def _program(g, rank):
+    def f(x):
+        y = x * 2
+        pt.all_reduce(y, group=g)
+        a = pt.functional.all_reduce(x, op="avg", group=g)
+        out = x.new_empty(g.world_size * x.shape[0], *x.shape[1:])
+        g.all_gather_into_tensor(out, x)
+        rs = x.new_empty(x.shape[0] // g.world_size, *x.shape[1:])
+        g.reduce_scatter_tensor(rs, x)
+        a2a = torch.empty_like(x)
+        g.all_to_all_single(a2a, x)
+        b = x + 1
+        g.broadcast(b, src=g.world_size - 1)
+        rd = x + 2
+        g.reduce(rd, dst=0)
+        sc = x.new_empty(x.shape[0] // g.world_size, *x.shape[1:])
+        g.scatter(sc, list(x.chunk(g.world_size)) if rank == 0 else None, src=0)
+        gl = [torch.empty_like(x) for _ in range(g.world_size)] if rank == 0 else None
+        g.gather(x, gl, dst=0)
+        w = g.all_reduce(b, async_op=True)
+        w.wait()
+        return y, a, out, rs, a2a, b, rd, sc
+    return f
+
+
+def test_explain_no_graph_breaks_on_meta():
+    groups = StandInWorlds(3).groups()
+    for rank, g in enumerate(groups):
+        f = _program(g, rank)
+        torch._dynamo.reset()
+        explanation = torch._dynamo.explain(f)(torch.empty(6, 4, device="meta"))
+        assert explanation.graph_break_count == 0, explanation.break_reasons
+        assert explanation.graph_count == 1
+        names = {str(n.target).removesuffix(".default") for gm in explanation.graphs for n in gm.graph.nodes
+                 if n.op == "call_function"}
+        # compiled code reaches every collective through the sequenced functional op
+        for op in ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "reduce", "scatter", "gather"):
+            assert f"purlin.{op}_seq" in names, (op, names)
+        assert not [n for n in names if n.endswith(("_out", "_inplace"))], names
+
+
+def test_compiled_fullgraph_runs_and_matches_eager():
+    # aot_eager: dynamo + AOTAutograd's functionalization of the mutating ops, then the real
+    # implementations.  (Inductor compiles C++ for minutes on the 2-core CI box; the GPU check
+    # runs the default inductor backend.)
+    backend = "aot_eager"
+    R = 2
+    eager_groups = StandInWorlds(R).groups()
+    compiled_groups = StandInWorlds(R).groups()
+    xs = [rand(r, 4, 3, seed=3) for r in range(R)]
+    want = on_ranks(eager_groups, lambda r, g: _program(g, r)(xs[r]))
+    torch._dynamo.reset()
+    got = on_ranks(compiled_groups, lambda r, g: torch.compile(_program(g, r), fullgraph=True, backend=backend)(xs[r]))
+    for r in range(R):
+        for a, b in zip(want[r], got[r]):
+            torch.testing.assert_close(a, b)
+    # and the eager answer itself, for rank 0's all-reduce of 2x
+    torch.testing.assert_close(want[0][0], 2 * (xs[0] + xs[1]))
+
+
+def test_opcheck_on_a_world_of_one():
+    g = StandInWorlds(1).groups()[0]
+    h = g.entry("allgather").handle
+    x = torch.randn(8)
+    torch.library.opcheck(torch.ops.purlin.allgather.default, (x, h, "sum", -1))
+    torch.library.opcheck(torch.ops.purlin.allgather_out.default, (x, torch.empty(8), h, "sum"))
+    ha = g.entry("allreduce").handle
+    torch.library.opcheck(torch.ops.purlin.allreduce_inplace.default, (x.clone(), ha, "avg"))
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input
+
+
+def test_bad_input_errors():
+    g = StandInWorlds(2).groups()[0]
+    x = torch.randn(4, 2)
+    with pytest.raises(ArgumentError, match=r"all_gather_into_tensor: output_tensor has 12 elements \(shape \(6, 2\)\), "
+                                            r"expected 16 \(2 ranks x the 8 of input_tensor\)"):
+        g.all_gather_into_tensor(torch.empty(6, 2), x)
+    with pytest.raises(ArgumentError, match="output_tensor has dtype float16, expected float32"):
+        g.all_gather_into_tensor(torch.empty(8, 2, dtype=torch.float16), x)
+    with pytest.raises(ArgumentError, match="all_reduce: tensor has dtype float64, which Purlin does not support"):
+        g.all_reduce(torch.randn(4, dtype=torch.float64))
+    with pytest.raises(ArgumentError, match="op='avg' needs a floating dtype, tensor has int32"):
+        g.all_reduce(torch.ones(4, dtype=torch.int32), op="avg")
+    with pytest.raises(ArgumentError, match="op='premul_sum' is not supported"):
+        g.all_reduce(x, op="premul_sum")
+    with pytest.raises(ArgumentError, match="input has 7 elements .*expected 6"):
+        g.reduce_scatter_tensor(torch.empty(3), torch.empty(7))
+    with pytest.raises(ArgumentError, match=r"tensor is not contiguous \(shape \(2, 4\)"):
+        g.all_reduce(x.t())
+    with pytest.raises(ArgumentError, match=r"broadcast: src=5, expected a rank in \[0, 2\)"):
+        g.broadcast(x, src=5)
+    with pytest.raises(ArgumentError, match="gather_list on the dst rank must hold 2 tensors"):
+        g.gather(x, [x], dst=0)
+    with pytest.raises(ArgumentError, match=r"input_split_sizes=\[1, 3\], expected 2 equal splits"):
+        g.all_to_all_single(torch.empty(4, 2), x, input_split_sizes=[1, 3])
+    with pytest.raises(ArgumentError, match="purlin::allgather on rank 0: x has dtype float64"):
+        torch.ops.purlin.allgather(torch.randn(3, dtype=torch.float64), g.entry("allgather").handle, "sum", -1)
+    with pytest.raises(ArgumentError, match="no Purlin collective has handle 999999"):
+        torch.ops.purlin.allgather(x, 999999, "sum", -1)
+
+
+def test_tensor_of_another_device_or_communicator():
+    # A group whose communicator drives cuda:1 is handed a tensor of another device: refused
+    # before anything is loaded or launched.
+    g = StandInWorlds(2).groups(device=torch.device("cuda", 1))[0]
+    with pytest.raises(ArgumentError, match=r"all_reduce: tensor is on cpu, expected cuda:1 \(the device of this "
+                                            r"Purlin communicator, rank 0 of 2\)"):
+        g.all_reduce(torch.randn(4))
+    with pytest.raises(ArgumentError, match="input_tensor is on cpu, expected cuda:1"):
+        g.all_gather_into_tensor(torch.empty(8), torch.empty(4))
+    assert not any(e.loaded for e in g._entries.values())
+
+
+def test_compiled_bad_shape_names_tensor_expected_actual():
+    g = StandInWorlds(2).groups()[0]
+
+    def f(x):
+        return pt.functional.all_gather_tensor(x, group=g), torch.ops.purlin.reduce_scatter(x, g.entry("reduce_scatter").handle, "sum", -1)
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"purlin::reduce_scatter on rank 0: x has 5 elements, expected a multiple of 2"):
+        torch.compile(f, fullgraph=True, backend="aot_eager")(torch.randn(5))
+
+
+def test_capture_before_warm_up_is_refused(monkeypatch):
+    R = 2
+    groups = StandInWorlds(R).groups()
+    monkeypatch.setattr(ops_module, "_capturing", lambda t: True)
+
+    def body(rank, g):
+        g.all_reduce(torch.randn(4))
+
+    with pytest.raises(ArgumentError, match=r"purlin::allreduce on rank \d: called inside a CUDA graph capture "
+                                            r"before its warm-up call"):
+        on_ranks(groups, body)
+    # loaded but not warmed for this dtype: the same refusal, naming dtype and op
+    for g in groups:
+        g.entry("allreduce")._collective = StandIn(World(SOURCES["allreduce"], R, None), g.rank)
+    with pytest.raises(ArgumentError, match=r"x \(float32, 4 elements\) reached a CUDA graph capture before a warm-up "
+                                            r"call: expected one call with dtype float32, op sum and this size outside the capture"):
+        groups[0].all_reduce(torch.randn(4))
+
+
+def test_warm_up_marks_entry_and_capture_then_passes(monkeypatch):
+    g = StandInWorlds(1).groups()[0]
+    x = torch.randn(4)
+    g.all_reduce(x.clone())  # eager: loads, and compiles (float32, sum)
+    e = g.entry("allreduce")
+    assert e.collective().warmed == {(DType.FLOAT32, ReduceOp.SUM)}
+    monkeypatch.setattr(ops_module, "_capturing", lambda t: True)
+    t = x.clone()
+    g.all_reduce(t)  # "captured": warm, so it runs
+    torch.testing.assert_close(t, x)
+    with pytest.raises(ArgumentError, match="expected one call with dtype float32, op max"):
+        g.all_reduce(t, op="max")
+
+
+class Recorder:
+    """A collective that records its calls (no peers): what order a compiled graph calls in."""
+
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def is_warm(self, *args):
+        return True
+
+    def __call__(self, x=None, out=None, op="sum"):
+        self.log.append(self.name)
+        if out is not None:
+            out.zero_()
+        return out
+
+
+def test_inductor_keeps_every_ranks_collectives_in_program_order():
+    # Rank 1 of 2 is the root of broadcast/reduce/gather/scatter, so its graph differs from
+    # rank 0's.  Inductor (torch 2.13) reordered this program's collectives on rank 1 when they
+    # were ordered by effect tokens only; the sequence tensor must keep program order.  The
+    # program is the GPU check's own (tests/gpu/torch_check.py), on CPU tensors.
+    import importlib.util
+    import shutil
+
+    if not (shutil.which("c++") or shutil.which("g++")):
+        pytest.skip("inductor on CPU needs a C++ compiler")
+    spec = importlib.util.spec_from_file_location("torch_check", REPO / "tests" / "gpu" / "torch_check.py")
+    tc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tc)
+    tc.RANK, tc.R = 1, 2
+    eager_log, compiled_log = [], []
+
+    def group(log):
+        return pt.Group(Comm(1, 2), loader=lambda src, params: Recorder(src.split()[1].split("(")[0], log))
+
+    x = torch.randn(512, 8).bfloat16()
+    tc.program(group(eager_log), "sum", 1)(x)
+    torch._dynamo.reset()
+    torch.compile(tc.program(group(compiled_log), "sum", 1), fullgraph=True, backend="inductor")(x)
+    assert compiled_log == eager_log and len(eager_log) == 12, (compiled_log, eager_log)
