@@ -283,6 +283,20 @@ def test_watchdog_ignores_graph_capture():
     assert not dog._watched[1].calls
 
 
+def test_watchdog_destroys_each_event_once_when_a_runner_closes():
+    # Seen on 2 x H200: close() and the thread both destroyed one event (a segfault).
+    dog, ops, clock, fired = _watchdog()
+    dog.track(1, "s", [(0, 3, 0x100, 7)])
+    dog.track(1, "s", [(0, 3, 0x100, 8)])
+    items = list(dog._watched.items())  # what a poll already in flight had picked up
+    dog.unregister(1)
+    ops.done[0] = ops.done[1] = True
+    dog.poll()
+    for _, watched in items:
+        assert not watched.calls
+    assert sorted(ops.destroyed) == [0, 1]
+
+
 def test_watchdog_thread_runs_in_relaxed_capture_mode():
     # Seen on 2 x H200: under torch's global capture mode, the thread's event queries
     # invalidated graph captures made by other threads (cudaErrorStreamCaptureInvalidated).

@@ -221,7 +221,11 @@ def mem_pool(comm, nbytes: int):
     region = PoolRegion(block)
     malloc, free = _ALLOC_FN(region.malloc), _FREE_FN(region.free)
     allocator = custom(ctypes.cast(malloc, ctypes.c_void_p).value, ctypes.cast(free, ctypes.c_void_p).value)
-    pool = torch.cuda.MemPool(allocator)
+    # A MemPool binds its allocator on the device current at its creation: made while another
+    # device was current, allocations on this one bypass it (seen on 2 x H200: torch never
+    # called the allocator for cuda:0).
+    with torch.cuda.device(comm.device):
+        pool = torch.cuda.MemPool(allocator)
     _KEEP.append((region, malloc, free, allocator))
     try:
         pool.purlin_region = region  # for error messages and tests

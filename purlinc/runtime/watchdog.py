@@ -64,7 +64,10 @@ class Watchdog:
         self.ops = ops
         self.poll_s = poll_s
         self.clock = clock
-        self._lock = threading.Lock()
+        # One lock over the watched calls and their events: the thread queries and destroys
+        # events while the runner's close() destroys the rest (a double cuEventDestroy, or a
+        # query of a destroyed event, crashed a process on 2 x H200).
+        self._lock = threading.RLock()
         self._watched: dict[int, _Watched] = {}
         self._release_streams: dict[int, object] = {}
         self._thread: threading.Thread | None = None
@@ -79,9 +82,10 @@ class Watchdog:
     def unregister(self, key: int) -> None:
         with self._lock:
             watched = self._watched.pop(key, None)
-        if watched is not None:
-            for call in watched.calls:
-                self.ops.event_destroy(call.event)
+            if watched is not None:
+                for call in watched.calls:
+                    self.ops.event_destroy(call.event)
+                watched.calls.clear()
 
     def track(self, key: int, stream, waits) -> None:
         """After a call's operations were enqueued on ``stream`` (the caller's, after the join):
@@ -117,25 +121,23 @@ class Watchdog:
     def poll(self) -> None:
         """One look at every runner's oldest unfinished calls (the thread calls this)."""
         with self._lock:
-            items = list(self._watched.items())
-        for key, watched in items:
-            if not watched.calls:
-                continue
-            self.ops.set_current(watched.device)  # this thread's context, for the event calls
-            now = self.clock()
-            while watched.calls:
-                call = watched.calls[0]
-                if call.started is None:
-                    call.started = max(call.enqueued, now)
-                if self.ops.event_done(call.event):
-                    with self._lock:
-                        watched.calls.popleft()
-                    self.ops.event_destroy(call.event)
+            for key, watched in list(self._watched.items()):
+                if not watched.calls:
                     continue
-                if now - call.started > watched.timeout_s and not watched.fired:
-                    watched.fired = True
-                    self._fire(watched, call, now - call.started)
-                break
+                self.ops.set_current(watched.device)  # this thread's context, for the event calls
+                now = self.clock()
+                while watched.calls:
+                    call = watched.calls[0]
+                    if call.started is None:
+                        call.started = max(call.enqueued, now)
+                    if self.ops.event_done(call.event):
+                        watched.calls.popleft()
+                        self.ops.event_destroy(call.event)
+                        continue
+                    if now - call.started > watched.timeout_s and not watched.fired:
+                        watched.fired = True
+                        self._fire(watched, call, now - call.started)
+                    break
 
     def _fire(self, watched: _Watched, call: _Call, waited: float) -> None:
         ops = self.ops
