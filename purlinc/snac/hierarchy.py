@@ -118,7 +118,8 @@ class InterPhase:
     operation: Operation
     moves: tuple[Move, ...]
     # The NCCL operation the moves amount to on every sub-group (descriptive; the moves are
-    # the semantics): all_reduce, reduce, all_gather, send_recv or local (no network).
+    # the semantics): all_reduce, reduce_scatter, reduce, broadcast, all_gather, gather, scatter, send_recv
+    # (batch_isend_irecv) or local (no network: copies within a rank).
     nccl: str
 
 

@@ -126,12 +126,31 @@ def _nccl_kind(t: Topology, operation: Operation, moves: list[Move]) -> str:
             dsts.setdefault(m.srcs, set()).add(m.dst.rank)
         if all(len(srcs) == everyone and len(d) == everyone for srcs, d in dsts.items()):
             return "all_reduce"
+        if all(len(srcs) == everyone and len(d) == 1 for srcs, d in dsts.items()):
+            per_rank: dict[int, int] = {}
+            for m in moves:
+                per_rank[m.dst.rank] = per_rank.get(m.dst.rank, 0) + 1
+            if len(per_rank) == t.world_size and len(set(per_rank.values())) == 1:
+                return "reduce_scatter"
         return "reduce"
+    # Copies, per sub-group: who sends, how far each sent unit fans out, who receives.
     fan: dict[Unit, set[int]] = {}
     for m in remote:
         fan.setdefault(m.srcs[0], set()).add(m.dst.rank)
+    senders: dict[int, set[int]] = {}
+    receivers: dict[int, set[int]] = {}
+    for m in remote:
+        senders.setdefault(t.local_of(m.dst.rank), set()).add(m.srcs[0].rank)
+        receivers.setdefault(t.local_of(m.dst.rank), set()).add(m.dst.rank)
     if all(len(d) == everyone - 1 for d in fan.values()):
-        return "all_gather"
+        if all(len(s) == 1 for s in senders.values()):
+            return "broadcast"
+        if all(len(s) == everyone for s in senders.values()):
+            return "all_gather"
+    if all(len(r) == 1 for r in receivers.values()):
+        return "gather"
+    if all(len(s) == 1 for s in senders.values()):
+        return "scatter"
     return "send_recv"
 
 
