@@ -237,3 +237,58 @@ def test_cli_errors(capsys, repo_dir):
     assert "--gpus-per-node applies to --stage snac" in capsys.readouterr().err
     assert main(["check", path, "-R", "5", "--gpus-per-node", "2"]) == 2
     assert "no world size in R=5..5 is a multiple of --gpus-per-node 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", STANDARD + USER)
+@pytest.mark.parametrize("nodes,G", ((2, 2), (3, 2), (2, 1)))
+def test_phase_sources_give_back_their_sub_specs(repo_dir, name, nodes, G):
+    """The runtime loads each node's phase from generated .pln text: it must check to exactly
+    the canonical sub-spec the plan's schedule was proved for."""
+    from purlinc.snac.hiersource import has_work, phase_name, phase_source
+
+    plan = plan_hierarchical(_spec(repo_dir, name, nodes * G), G)
+    for index, shape in enumerate(plan.canonical):
+        if not has_work(shape):
+            continue
+        text = phase_source(shape, phase_name(plan.spec.name, index))
+        spec = pipeline.spec_stage(pipeline.parse_stage(pipeline.load_source(text)), G, {})
+        assert (spec.operation, spec.inputs, spec.outputs, spec.sources) == \
+            (shape.operation, shape.inputs, shape.outputs, shape.sources), text
+
+
+@pytest.mark.parametrize("name", STANDARD + USER)
+@pytest.mark.parametrize("nodes,G", ((2, 2), (3, 2), (4, 1)))
+def test_runtime_point_to_point_lists_pair_up(repo_dir, name, nodes, G):
+    """What each rank hands NCCL for an inter phase (purlinc.runtime.hierarchical, no torch
+    needed to build it): every pair's sends and receives match in order, and running them
+    (sends into receives, then the local reductions) gives the phase's moves."""
+    from purlinc.runtime.hierarchical import _inter_for
+
+    plan = plan_hierarchical(_spec(repo_dir, name, nodes * G), G)
+    R = plan.topology.world_size
+    for index, phase in enumerate(plan.phases):
+        if not isinstance(phase, InterPhase):
+            continue
+        runs = [_inter_for(plan, index, phase, rank, None) for rank in range(R)]
+        assert len({run.all_reduce for run in runs}) == 1  # every rank takes the same path
+        src = {(r, u): {(r, u)} for r in range(R) for u in range(len(plan.layout(phase.src).units[r]))}
+        dst, tmp = {}, {}
+        if runs[0].all_reduce:
+            for m in phase.moves:
+                dst[(m.dst.rank, m.dst.unit)] = set().union(*(src[(s.rank, s.unit)] for s in m.srcs))
+        else:
+            for a in range(R):
+                for b in range(R):
+                    sent = [u for u, peer in runs[a].sends if peer == b]
+                    got = [d for d, peer in runs[b].recvs if peer == a]
+                    assert len(sent) == len(got), f"phase {index}: r{a} sends {len(sent)} to r{b}, which receives {len(got)}"
+                    for u, d in zip(sent, got):
+                        target = tmp if isinstance(d, tuple) else dst
+                        target[(b, d[1]) if isinstance(d, tuple) else (b, d)] = src[(a, u)]
+            for rank, run in enumerate(runs):
+                for d, s in run.copies:
+                    dst[(rank, d)] = src[(rank, s)]
+                for d, parts in run.reductions:
+                    dst[(rank, d)] = set().union(*(src[(rank, u)] if kind == "src" else tmp[(rank, u)] for kind, u in parts))
+        want = {(m.dst.rank, m.dst.unit): set().union(*(src[(s.rank, s.unit)] for s in m.srcs)) for m in phase.moves}
+        assert dst == want
