@@ -16,7 +16,6 @@ import pytest
 
 from purlinc import pipeline
 from purlinc.cli import main
-from purlinc.errors import PurlinError
 from purlinc.frontend.ast import Operation
 from purlinc.frontend.evaluate import evaluate
 from purlinc.snac.hiercheck import simulate_plan, verify_plan

@@ -28,12 +28,15 @@ import itertools
 import os
 from dataclasses import dataclass
 
-from purlinc.dtypes import DType, ReduceOp
+from purlinc.dtypes import ReduceOp
 from purlinc.errors import PurlinError
 from purlinc.frontend.ast import Operation
 from purlinc.snac.hierarchy import IN, OUT, HierPlan, InterPhase, IntraPhase, TopologyError
 
 _LOADS = itertools.count()  # every rank loads in the same order: the same serial everywhere
+# (world size, G) -> this rank's local-index NCCL group, shared by every load of that topology
+# (every rank makes the same loads in the same order, so all create the groups together).
+_GROUPS: dict = {}
 
 
 class _TorchStore:
@@ -46,7 +49,12 @@ class _TorchStore:
         self.store.set(key, value)
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
-        self.store.wait([key], datetime.timedelta(seconds=timeout or self.timeout))
+        from purlinc.runtime.rendezvous import RendezvousTimeout
+
+        try:
+            self.store.wait([key], datetime.timedelta(seconds=timeout or self.timeout))
+        except Exception as error:  # torch's DistStoreError: report as the exchange's timeout
+            raise RendezvousTimeout(f"torch store: {key} did not arrive: {str(error).splitlines()[0]}") from error
         return bytes(self.store.get(key))
 
     def delete(self, keys) -> None:
@@ -187,7 +195,6 @@ class HierarchicalCollective:
         return out
 
     def _run_inter(self, inter: _Inter, views: dict, tmp, count: int, reduce_op) -> None:
-        import torch
         import torch.distributed as dist
 
         src, dst = views[inter.phase.src], views[inter.phase.dst]
@@ -293,11 +300,13 @@ def load_hierarchical(path_or_source, gpus_per_node: int | None = None, *, param
     device = torch.cuda.current_device()
     serial = next(_LOADS)
 
-    groups = [dist.new_group(ranks=list(t.group(l))) for l in range(t.gpus_per_node)]
-    group = groups[local]
-    warm = torch.zeros(1, device=f"cuda:{device}")
-    dist.all_reduce(warm, group=group)  # creates the NCCL communicator now, with every member
-    torch.cuda.synchronize(device)
+    group = _GROUPS.get((R, t.gpus_per_node))
+    if group is None:
+        groups = [dist.new_group(ranks=list(t.group(l))) for l in range(t.gpus_per_node)]
+        group = _GROUPS[(R, t.gpus_per_node)] = groups[local]
+        warm = torch.zeros(1, device=f"cuda:{device}")
+        dist.all_reduce(warm, group=group)  # creates the NCCL communicator now, with every member
+        torch.cuda.synchronize(device)
 
     store = dist.distributed_c10d._get_default_store()
     exchange = Exchange(_TorchStore(store, DEFAULT_TIMEOUT_S), local, t.gpus_per_node,

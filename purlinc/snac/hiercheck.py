@@ -35,7 +35,7 @@ from purlinc.dtypes import DType, ReduceOp
 from purlinc.frontend.ast import Operation
 from purlinc.frontend.evaluate import reduce_chunks
 from purlinc.frontend.spec import Slot
-from purlinc.snac.hierarchy import IN, OUT, HierPlan, InterPhase, IntraPhase
+from purlinc.snac.hierarchy import IN, OUT, HierPlan, IntraPhase
 from purlinc.snac.hierplan import canonical
 from purlinc.snac.simulate import POISON_OUT, simulate
 from purlinc.snac.verify import VerificationError, verify
