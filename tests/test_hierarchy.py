@@ -38,14 +38,18 @@ def _spec(repo_dir, name: str, world_size: int, **params):
 
 def _inputs(spec, count: int, dtype: str, seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    arrays = []
-    for layout in spec.inputs:
-        n = len(layout) * count
+
+    def fresh(n: int) -> np.ndarray:
         if dtype == "int32":
-            arrays.append(rng.integers(-2**31, 2**31, n, dtype=np.int64).astype(np.int32))
-        else:
-            arrays.append(rng.standard_normal(n).astype(np.float32))
-    return arrays
+            return rng.integers(-2**31, 2**31, n, dtype=np.int64).astype(np.int32)
+        return rng.standard_normal(n).astype(np.float32)
+
+    if not spec.replicated:
+        return [fresh(len(layout) * count) for layout in spec.inputs]
+    # 'copy replicated' promises identical producers: one value per chunk name
+    values: dict = {}
+    return [np.concatenate([values.setdefault(c, fresh(count)) for c in layout] or [fresh(0)])
+            for layout in spec.inputs]
 
 
 def _check(spec, gpus_per_node: int, *, count: int = 3, seed: int = 0, options=None, schedules=True):
@@ -291,3 +295,21 @@ def test_runtime_point_to_point_lists_pair_up(repo_dir, name, nodes, G):
                     dst[(rank, d)] = set().union(*(src[(rank, u)] if kind == "src" else tmp[(rank, u)] for kind, u in parts))
         want = {(m.dst.rank, m.dst.unit): set().union(*(src[(s.rank, s.unit)] for s in m.srcs)) for m in phase.moves}
         assert dst == want
+
+
+INLINE = {
+    # replicated producers: a node serves x from its own ranks, y crosses nodes
+    "shared": "collective shared { in[r] = x, y[r]  out[r] = x, y[(r + 1) % R]  copy replicated }",
+    # a chunk twice on one rank, outputs on some ranks only, a partial reduction per parity
+    "parity": "collective parity { in[r] = x, x, y[r % 2]  out[r] = y[(r + 1) % 2], x  reduce }",
+    # rooted with a parameter and a non-trivial layout
+    "gather2": "collective gather2(root = 1) { in[r] = a[r], b[r]  out[root] = b[0..R], a[0..R]  copy }",
+}
+
+
+@pytest.mark.parametrize("nodes,G", SMALL + ((3, 4),))
+@pytest.mark.parametrize("name", sorted(INLINE))
+def test_inline_user_collectives(name, nodes, G):
+    source = pipeline.load_source(INLINE[name])
+    spec = pipeline.spec_stage(pipeline.parse_stage(source), nodes * G, {})
+    _check(spec, G, seed=nodes * 10 + G)
