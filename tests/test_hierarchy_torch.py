@@ -96,3 +96,57 @@ def test_inter_phases_under_gloo(repo_dir):
     problems = [p for r in range(WORLD) for p in results[r]]
     assert not problems, "\n".join(problems[:20])
     assert all(p.exitcode == 0 for p in procs)
+
+
+def _topology_worker(rank: int, port: int, repo: str, queue) -> None:
+    """Two gloo processes: the load-time topology errors (before any GPU is touched)."""
+    import torch.distributed as dist
+
+    from purlinc.runtime import hierarchical
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    seen = []
+    try:
+        try:
+            hierarchical.load_hierarchical(os.path.join(repo, "examples", "allreduce.pln"), 3)
+        except Exception as error:  # noqa: BLE001 - the message is the result
+            seen.append(f"{type(error).__name__}: {getattr(error, 'message', error)}")
+        os.environ["LOCAL_WORLD_SIZE"] = str(1 + rank)  # torchrun on two nodes of different sizes
+        try:
+            hierarchical._check_nodes(dist, 1, 2)
+        except Exception as error:  # noqa: BLE001
+            seen.append(f"{type(error).__name__}: {getattr(error, 'message', error)}")
+        os.environ["LOCAL_WORLD_SIZE"] = "2"
+        import socket as socket_module
+
+        real = socket_module.gethostname
+        socket_module.gethostname = lambda: f"host{rank}"  # one "node" of 2 ranks on two hosts
+        try:
+            hierarchical._check_nodes(dist, 2, 2)
+        except Exception as error:  # noqa: BLE001
+            seen.append(f"{type(error).__name__}: {getattr(error, 'message', error)}")
+        finally:
+            socket_module.gethostname = real
+    finally:
+        queue.put((rank, seen))
+        dist.destroy_process_group()
+
+
+def test_load_topology_errors(repo_dir):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_topology_worker, args=(r, port, str(repo_dir), queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=120) for _ in range(2))
+    for p in procs:
+        p.join(timeout=30)
+    for rank in range(2):
+        first, unequal, hosts = results[rank]
+        assert first.startswith("TopologyError: world size R=2 is not a multiple of gpus_per_node=3"), first
+        assert unequal.startswith("TopologyError: nodes of unequal size: torchrun's LOCAL_WORLD_SIZE is 1, 2"), unequal
+        assert hosts.startswith("TopologyError: node 0 (ranks 0..1) spans hosts ['host0', 'host1']"), hosts
