@@ -268,7 +268,7 @@ def _check_nodes(dist, G: int, R: int) -> None:
 
 
 def load_hierarchical(path_or_source, gpus_per_node: int | None = None, *, params=None, arch: str | None = None,
-                      heap_bytes: int | None = None) -> HierarchicalCollective:
+                      heap_bytes: int | None = None, algorithm: str = "direct-push") -> HierarchicalCollective:
     """This rank's hierarchical collective over the torch.distributed world (a collective call)."""
     import torch
     import torch.distributed as dist
@@ -320,7 +320,9 @@ def load_hierarchical(path_or_source, gpus_per_node: int | None = None, *, param
             shape = plan.canonical[phase.schedules[node]]
             if has_work(shape):
                 source = phase_source(shape, phase_name(spec.name, index))
-                coll = flat.load(source, node_comm, arch=arch)
+                # One pinned schedule per phase (not the per-size tuned set): each phase then
+                # compiles one kernel per (dtype, op), and the plan's phases stay the proved ones.
+                coll = flat.load(source, node_comm, arch=arch, algorithm=algorithm)
                 loaded = coll.compiled.spec if hasattr(coll, "compiled") else None
                 if loaded is not None and (loaded.inputs, loaded.outputs, loaded.sources) != (shape.inputs, shape.outputs, shape.sources):
                     raise PurlinError(f"{spec.name}: phase {index}'s generated source does not give back its sub-spec")

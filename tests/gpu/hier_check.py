@@ -184,6 +184,9 @@ def main() -> int:
             except Exception as error:  # noqa: BLE001 - every case reports, the run goes on
                 note(False, f"{name}/G={G}/load", f"{type(error).__name__}: {error}")
                 continue
+            if dist.get_rank() == 0:
+                print(f"[{time.time() - start:6.1f} s] {name}, {world // G} node(s) x {G} GPU(s), "
+                      f"{len(failures)} failures so far", flush=True)
             reduce = name in ("allreduce", "reduce", "reduce_scatter")
             cases = [(DType.FLOAT32, "sum"), (DType.INT32, "sum"), (DType.BFLOAT16, "max")] if reduce \
                 else [(DType.FLOAT32, None), (DType.BFLOAT16, None)]

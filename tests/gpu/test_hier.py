@@ -27,8 +27,13 @@ def test_hierarchical_two_processes():
     command += ["--nproc_per_node=2", "--master_port=29541", str(HERE / "hier_check.py")]
     env = dict(os.environ)
     env.setdefault("PURLIN_WAIT_TIMEOUT_S", "5")
-    done = subprocess.run(command, env=env, capture_output=True, text=True,
-                          timeout=int(os.environ.get("PURLIN_HIER_TIMEOUT", "190")))
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True,
+                              timeout=int(os.environ.get("PURLIN_HIER_TIMEOUT", "380")))
+    except subprocess.TimeoutExpired as error:  # show how far it got
+        out = error.stdout.decode(errors="replace") if isinstance(error.stdout, bytes) else (error.stdout or "")
+        err = error.stderr.decode(errors="replace") if isinstance(error.stderr, bytes) else (error.stderr or "")
+        pytest.fail(f"timed out after {error.timeout} s\n{out[-4000:]}\n{err[-4000:]}")
     print(done.stdout[-8000:])
     print(done.stderr[-6000:], file=sys.stderr)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
