@@ -389,6 +389,7 @@ def _add_draw(commands) -> None:
     )
     _add_common(draw, 8)
     _add_lowering(draw)
+    _add_hierarchy(draw)
     draw.add_argument("-o", "--output", default=None, help="output file, .svg or .html (default: SVG on stdout)")
     draw.add_argument("--format", "-f", default=None, help="svg or html (default: from the output file's extension)")
     draw.add_argument("--timeline", action="store_true", help="lay the steps out in time by the cost model")
@@ -407,6 +408,10 @@ def _cmd_draw(args) -> int:
     from purlinc.draw.render import Request, output_format, render
 
     fmt = output_format(args.output, args.format)
+    if args.gpus_per_node is not None:  # a hierarchical plan: phases, NCCL lines (purlinc/draw/hier.py)
+        from purlinc.snac import hiercli
+
+        return hiercli.draw(args, fmt, _source(args), _options)
     compare = tuple(a.strip() for a in args.compare.split(",") if a.strip()) if args.compare else ()
     request = Request(
         file=args.file, world_size=args.ranks, params=tuple(args.param), overrides=tuple(_overrides(args).items()),

@@ -313,3 +313,20 @@ def test_inline_user_collectives(name, nodes, G):
     source = pipeline.load_source(INLINE[name])
     spec = pipeline.spec_stage(pipeline.parse_stage(source), nodes * G, {})
     _check(spec, G, seed=nodes * 10 + G)
+
+
+def test_cli_draw_hierarchical(capsys, repo_dir, tmp_path):
+    import xml.dom.minidom
+
+    assert main(["draw", str(repo_dir / "examples/allreduce.pln"), "-R", "8", "--gpus-per-node", "2"]) == 0
+    svg = capsys.readouterr().out
+    document = xml.dom.minidom.parseString(svg)
+    lines = document.getElementsByTagName("line")
+    # the inter all-reduce: every partial unit of r goes to the 3 other nodes' peer of r
+    assert len(lines) == 8 * 3
+    assert "1: NCCL all_reduce" in svg and "0: SNAC reduce" in svg and "2: SNAC copy" in svg
+    page = tmp_path / "plan.html"
+    assert main(["draw", str(repo_dir / "examples/broadcast.pln"), "-R", "4", "--gpus-per-node", "2", "-o", str(page)]) == 0
+    assert "<svg" in page.read_text() and "NCCL broadcast" in page.read_text()
+    assert main(["draw", str(repo_dir / "examples/broadcast.pln"), "-R", "4", "--gpus-per-node", "2", "--timeline"]) == 2
+    assert "--timeline, --compare and --trace do not apply" in capsys.readouterr().err

@@ -71,3 +71,31 @@ def check(args, definition, sizes, params, options_of) -> tuple[int, str]:
         except PurlinError as error:
             raise error.with_note(f"while verifying the hierarchical plan for R={R} ({R // G} nodes x {G} GPUs)") from None
     return len(usable), f"{len(usable)} hierarchical plans ({G} GPUs per node) verified"
+
+
+def draw(args, fmt: str, source, options_of) -> int:
+    """``purlinc draw --gpus-per-node G``: the plan as SVG (or the SVG in a page for html)."""
+    import sys
+    from pathlib import Path
+    from xml.sax.saxutils import escape
+
+    from purlinc import pipeline
+    from purlinc.draw.hier import plan_svg
+
+    if args.timeline or args.compare or args.trace:
+        raise PurlinError("--gpus-per-node draws the plan's phases: --timeline, --compare and --trace do not apply")
+    spec = pipeline.spec_stage(pipeline.parse_stage(source), args.ranks, dict(args.param))
+    from purlinc.cli import _overrides
+
+    plan = _plan(spec, options_of(args, spec) if _overrides(args) else None, args.gpus_per_node)
+    text = plan_svg(plan)
+    if fmt == "html":
+        title = escape(f"{spec.name}: {plan.topology.nodes} nodes x {plan.topology.gpus_per_node} GPUs")
+        text = (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\"><title>{title}</title></head>\n"
+                f"<body>\n{text}</body>\n</html>\n")
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+        print(args.output)
+    else:
+        sys.stdout.write(text)
+    return 0
