@@ -152,7 +152,9 @@ class HierarchicalCollective:
             self._scratch[key] = buffers
         return buffers
 
-    def __call__(self, x=None, out=None, op="sum", *, count: int | None = None):
+    def __call__(self, x=None, out=None, op="sum", *, count: int | None = None, dtype=None):
+        """Run on this rank's buffers; returns ``out``.  A rank whose spec gives it no input and
+        no output still takes part (it may hold scratch units): pass ``count`` and ``dtype``."""
         import torch
 
         spec, rank = self.plan.spec, self.rank
@@ -166,9 +168,9 @@ class HierarchicalCollective:
             else:
                 raise PurlinError(f"{spec.name}: rank {rank} holds no input or output here: pass count=")
         some = x if x is not None else out
-        if some is None:
-            raise PurlinError(f"{spec.name}: rank {rank}: give x or out (a CUDA tensor) so the dtype is known")
-        dtype = some.dtype
+        if some is None and dtype is None:
+            raise PurlinError(f"{spec.name}: rank {rank}: give x or out (a CUDA tensor), or dtype=, so the dtype is known")
+        dtype = some.dtype if some is not None else dtype
         for what, tensor, units in (("x", x, n_in), ("out", out, n_out)):
             if tensor is not None and (tensor.numel() != units * count or not tensor.is_contiguous() or tensor.dtype != dtype):
                 raise PurlinError(f"{spec.name}: rank {rank}: {what} must be a contiguous {dtype} tensor of "
