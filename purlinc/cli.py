@@ -123,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument("--stage", "-s", choices=STAGES, default="spec", help="which stage to print (default spec)")
     dump.add_argument("--json", action="store_true", help="JSON instead of text (spec and snac stages)")
     _add_lowering(dump)
+    _add_hierarchy(dump)
     _add_codegen(dump)
 
     check_parser = commands.add_parser(
@@ -144,8 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--spec-only", action="store_true", help="check the spec only (parse and resolve), not the schedules"
     )
     _add_lowering(check_parser)
+    _add_hierarchy(check_parser)
     _add_draw(commands)
     return parser
+
+
+def _add_hierarchy(parser: argparse.ArgumentParser) -> None:
+    from purlinc.snac.hiercli import add_argument
+
+    add_argument(parser)
 
 
 def _overrides(args) -> dict:
@@ -252,6 +260,10 @@ def _cmd_dump(args) -> int:
     if args.stage == "spec":
         print(json.dumps(spec.to_json(), indent=2) if args.json else spec.format(), end="" if not args.json else "\n")
         return 0
+    if args.gpus_per_node is not None:  # hierarchical: SNAC inside nodes, NCCL between them
+        from purlinc.snac import hiercli
+
+        return hiercli.dump(args, spec, _options(args, spec) if _overrides(args) else None)
     schedule = pipeline.snac_stage(spec, _options(args, spec))
     if args.stage == "snac":
         from purlinc.snac.format import format_schedule, schedule_to_json
@@ -278,13 +290,19 @@ def _cmd_check(args) -> int:
     try:
         sizes = check_all(definition, args.ranks, params,
                           progress=lambda R: progress(f"spec for R={R} (up to R={args.ranks[-1]})"))
-        verified = _verify_schedules(args, definition, sizes, params, progress)
+        if args.gpus_per_node is not None and not args.spec_only:
+            from purlinc.snac import hiercli
+
+            verified, hier_text = hiercli.check(args, definition, sizes, params,
+                                                lambda spec: _options(args, spec) if _overrides(args) else None)
+        else:
+            verified, hier_text = _verify_schedules(args, definition, sizes, params, progress), None
     finally:
         progress.done()
     sizes_text = f"R={sizes[0]}" if len(sizes) == 1 else f"R={sizes[0]}..{sizes[-1]} ({len(sizes)} sizes)"
     if definition.constraints and len(sizes) > 1:  # the sizes may have gaps: say which were skipped
         sizes_text += " where " + ", ".join(c.format() for c in definition.constraints)
-    what = "spec" if args.spec_only else f"spec and {verified} schedules verified"
+    what = "spec" if args.spec_only else hier_text or f"spec and {verified} schedules verified"
     print(f"{definition.name}: ok for {sizes_text}: {what}")
     return 0
 
@@ -371,6 +389,7 @@ def _add_draw(commands) -> None:
     )
     _add_common(draw, 8)
     _add_lowering(draw)
+    _add_hierarchy(draw)
     draw.add_argument("-o", "--output", default=None, help="output file, .svg or .html (default: SVG on stdout)")
     draw.add_argument("--format", "-f", default=None, help="svg or html (default: from the output file's extension)")
     draw.add_argument("--timeline", action="store_true", help="lay the steps out in time by the cost model")
@@ -389,6 +408,10 @@ def _cmd_draw(args) -> int:
     from purlinc.draw.render import Request, output_format, render
 
     fmt = output_format(args.output, args.format)
+    if args.gpus_per_node is not None:  # a hierarchical plan: phases, NCCL lines (purlinc/draw/hier.py)
+        from purlinc.snac import hiercli
+
+        return hiercli.draw(args, fmt, _source(args), _options)
     compare = tuple(a.strip() for a in args.compare.split(",") if a.strip()) if args.compare else ()
     request = Request(
         file=args.file, world_size=args.ranks, params=tuple(args.param), overrides=tuple(_overrides(args).items()),

@@ -59,6 +59,7 @@ PURLIN_TORCHRUN_TIMEOUT=150 pytest_step torchrun 165 -s tests/gpu/test_torchrun.
 pytest_step zerocopy 240 tests/gpu/test_zerocopy_local.py
 PURLIN_TORCHRUN_TIMEOUT=200 pytest_step zerocopy_torchrun 215 -s tests/gpu/test_zerocopy_torchrun.py
 pytest_step faults 200 -s tests/gpu/test_faults.py
+PURLIN_HIER_TIMEOUT=380 pytest_step hier 400 -s tests/gpu/test_hier.py
 # purlinc.torch under torchrun (writes torch_results.json) and CuPy ranks without torch (cupy_results.json)
 PURLIN_TORCH_TIMEOUT=${PURLIN_TORCH_TIMEOUT:-480} pytest_step torch $(( ${PURLIN_TORCH_TIMEOUT:-480} + 120 )) -s tests/gpu/test_torch_api.py
 if python3 -c "import hypothesis" 2>/dev/null; then

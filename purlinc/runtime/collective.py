@@ -610,8 +610,13 @@ def load(
     packed: bool | None = None,
     arch: str | None = None,
     trace: bool | None = None,
+    gpus_per_node: int | None = None,
 ):
     """Load a collective on ``comm`` (a Communicator, or a LocalGroup for a group callable).
+
+    ``gpus_per_node=G`` (comm None, under torchrun): a hierarchical collective over the whole
+    torch.distributed world, Purlin inside nodes of G ranks and NCCL between them
+    (``purlinc.runtime.hierarchical``, docs/HIERARCHY.md).
 
     ``trace`` (default: the PURLIN_TRACE setting): build kernels that stamp every block, read by
     ``coll.trace()``; a traced load pins one schedule (the default options unless given).
@@ -623,6 +628,13 @@ def load(
     from purlinc.runtime import driver
     from purlinc.runtime.communicator import Communicator, LocalGroup
 
+    if gpus_per_node is not None:
+        if comm is not None or algorithm or atom or channels or slices or packed or trace:
+            raise PurlinError("load(..., gpus_per_node=G) takes comm=None (it builds a communicator per node) "
+                              "and no orchestration options")
+        from purlinc.runtime.hierarchical import load_hierarchical
+
+        return load_hierarchical(path_or_source, gpus_per_node, params=params, arch=arch)
     if isinstance(comm, LocalGroup):
         comms = list(comm.comms)
     elif isinstance(comm, Communicator):

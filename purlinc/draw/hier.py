@@ -1,0 +1,78 @@
+"""``purlinc draw --gpus-per-node G``: a hierarchical plan as one SVG.
+
+One row per rank, ranks of a node on one shaded band; one column per buffer (``in``, the
+scratch buffers, ``out``) and between two columns the phase that turns one into the next:
+an intra-node phase is a box per node naming its SNAC schedule, an inter-node phase draws one
+line per (sending rank, receiving rank) pair of its NCCL moves, labelled with how many units
+it carries (local copies are not drawn).
+"""
+
+from __future__ import annotations
+
+from xml.sax.saxutils import escape
+
+from purlinc.snac.hierarchy import HierPlan, IntraPhase
+
+ROW, COL, LEFT, TOP = 18, 230, 90, 56
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
+def plan_svg(plan: HierPlan) -> str:
+    t = plan.topology
+    R = t.world_size
+    buffers = [plan.phases[0].src] + [p.dst for p in plan.phases]
+    width = LEFT + COL * len(plan.phases) + 120
+    height = TOP + ROW * R + 30
+
+    def y(rank: int) -> float:
+        return TOP + ROW * rank + ROW / 2
+
+    def x(column: int) -> float:
+        return LEFT + COL * column
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'font-family="sans-serif" font-size="11">',
+           f'<text x="8" y="18" font-size="14" font-weight="bold">{escape(plan.spec.name)}: '
+           f'{t.nodes} nodes x {t.gpus_per_node} GPUs (R={R}), {plan.spec.operation.value}</text>']
+    for node in range(t.nodes):
+        top = TOP + ROW * node * t.gpus_per_node
+        shade = "#f2f2f2" if node % 2 == 0 else "#e6eef7"
+        out.append(f'<rect x="0" y="{top}" width="{width}" height="{ROW * t.gpus_per_node}" fill="{shade}"/>')
+        out.append(f'<text x="8" y="{top + 12}" fill="#555">node {node}</text>')
+    for rank in range(R):
+        out.append(f'<text x="{LEFT - 30}" y="{y(rank) + 4}" text-anchor="end">r{rank}</text>')
+    for column, name in enumerate(buffers):
+        out.append(f'<text x="{x(column)}" y="{TOP - 10}" text-anchor="middle" font-weight="bold">{escape(name)}</text>')
+        for rank in range(R):
+            units = len(plan.layout(name).units[rank])
+            out.append(f'<circle cx="{x(column)}" cy="{y(rank)}" r="{3 if units else 1.5}" fill="{"#333" if units else "#bbb"}">'
+                       f'<title>r{rank}.{escape(name)}: {units} units</title></circle>')
+    for index, phase in enumerate(plan.phases):
+        left, right = x(index) + 12, x(index + 1) - 12
+        if isinstance(phase, IntraPhase):
+            label = f"SNAC {phase.operation.value}"
+            for node, which in enumerate(phase.schedules):
+                schedule = plan.schedules[which]
+                top = TOP + ROW * node * t.gpus_per_node + 2
+                steps = sum(len(p.steps) for p in schedule.programs)
+                out.append(f'<rect x="{left}" y="{top}" width="{right - left}" height="{ROW * t.gpus_per_node - 4}" '
+                           f'fill="#fff" stroke="#1f77b4" rx="4"><title>node {node}: schedule #{which}, '
+                           f'{escape(schedule.options.key())}, {steps} steps</title></rect>')
+                if t.gpus_per_node * ROW >= 14:
+                    out.append(f'<text x="{(left + right) / 2}" y="{top + min(ROW * t.gpus_per_node / 2 + 2, 13)}" '
+                               f'text-anchor="middle" fill="#1f77b4">schedule #{which}</text>')
+        else:
+            label = f"NCCL {phase.nccl}"
+            pairs: dict[tuple[int, int], int] = {}
+            for move in phase.moves:
+                for src in move.srcs:
+                    if src.rank != move.dst.rank:
+                        pairs[(src.rank, move.dst.rank)] = pairs.get((src.rank, move.dst.rank), 0) + 1
+            for (a, b), n in sorted(pairs.items()):
+                color = COLORS[t.local_of(a) % len(COLORS)]
+                out.append(f'<line x1="{left}" y1="{y(a)}" x2="{right}" y2="{y(b)}" stroke="{color}" '
+                           f'stroke-opacity="0.7"><title>r{a} -> r{b}: {n} units</title></line>')
+        out.append(f'<text x="{(x(index) + x(index + 1)) / 2}" y="{TOP - 26}" text-anchor="middle">'
+                   f'{index}: {escape(label)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"

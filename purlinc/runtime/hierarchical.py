@@ -1,0 +1,334 @@
+"""Hierarchical collectives at run time: Purlin kernels inside each node, NCCL between nodes.
+
+``purlinc.load(path, None, gpus_per_node=G)`` under torchrun (``torch.distributed`` initialised
+with NCCL, ``torch.cuda.set_device`` done) derives the ``HierPlan`` of the spec for the
+world's R ranks (``purlinc.snac.hierplan``), checks it (``verify_plan``), and builds:
+
+- one Purlin ``Communicator`` per node (the node's G ranks, bootstrapped through the torch
+  store under a prefix of its own, so nodes never share a group name);
+- one NCCL sub-group per local index (``torch.distributed.new_group``, every rank creating
+  every group in the same order, as torch requires), warmed up at load so that the first
+  point-to-point call needs no other rank;
+- per intra phase, an ordinary Purlin collective loaded from the node's sub-spec as .pln text
+  (``purlinc.snac.hiersource``): its own staging, signals and compiled kernels.
+
+A call runs the phases in order on the caller's current torch stream: intra phases as Purlin
+launches, inter phases as NCCL (``all_reduce`` where the moves are exactly an all-reduce with
+aligned units, else ``batch_isend_irecv`` plus a local reduction in node order).  Scratch
+buffers are allocated on the first call of a (dtype, count): warm up before capturing a CUDA
+graph, as for flat collectives.
+
+Untested on GPUs in this branch's session (no GPU there): tests/gpu/hier_check.py is the check.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import os
+from dataclasses import dataclass
+
+from purlinc.dtypes import ReduceOp
+from purlinc.errors import PurlinError
+from purlinc.frontend.ast import Operation
+from purlinc.snac.hierarchy import IN, OUT, HierPlan, InterPhase, IntraPhase, TopologyError
+
+_LOADS = itertools.count()  # every rank loads in the same order: the same serial everywhere
+# (world size, G) -> this rank's local-index NCCL group, shared by every load of that topology
+# (every rank makes the same loads in the same order, so all create the groups together).
+_GROUPS: dict = {}
+
+
+class _TorchStore:
+    """The store interface ``rendezvous.Exchange`` uses, over torch's c10d store."""
+
+    def __init__(self, store, timeout: float):
+        self.store, self.timeout = store, timeout
+
+    def set(self, key: str, value: bytes) -> None:
+        self.store.set(key, value)
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        from purlinc.runtime.rendezvous import RendezvousTimeout
+
+        try:
+            self.store.wait([key], datetime.timedelta(seconds=timeout or self.timeout))
+        except Exception as error:  # torch's DistStoreError: report as the exchange's timeout
+            raise RendezvousTimeout(f"torch store: {key} did not arrive: {str(error).splitlines()[0]}") from error
+        return bytes(self.store.get(key))
+
+    def delete(self, keys) -> None:
+        for key in keys:
+            self.store.delete_key(key)
+
+
+@dataclass
+class _Inter:
+    """One inter phase as this rank runs it (everything in the plan's global move order)."""
+
+    index: int
+    phase: InterPhase
+    group: object
+    copies: list  # (dst unit, src unit): local copies
+    sends: list  # (src unit, peer rank)
+    recvs: list  # (dst unit or ("tmp", k), peer rank)
+    reductions: list  # (dst unit, [("src", unit) | ("tmp", k)]) in the move's source order
+    temps: int
+    all_reduce: bool  # the moves are one all_reduce of this rank's src buffer into its dst buffer
+
+
+def _torch_op(dist, op: ReduceOp):
+    return {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.PROD: dist.ReduceOp.PRODUCT,
+            ReduceOp.MAX: dist.ReduceOp.MAX, ReduceOp.MIN: dist.ReduceOp.MIN}[op]
+
+
+def _inter_for(plan: HierPlan, index: int, phase: InterPhase, rank: int, group) -> _Inter:
+    copies, sends, recvs, reductions = [], [], [], []
+    temps = 0
+    t = plan.topology
+    # One NCCL all_reduce per sub-group when, on every rank (all must take the same path), the
+    # moves reduce every unit of the src buffer over the whole group into the same unit of dst.
+    src_units, dst_units = plan.layout(phase.src).units, plan.layout(phase.dst).units
+    aligned = (
+        phase.nccl == "all_reduce" and phase.operation is Operation.REDUCE
+        and all(len(src_units[r]) == len(dst_units[r]) for r in range(t.world_size))
+        and len(phase.moves) == sum(len(u) for u in dst_units)
+        and all(s.unit == m.dst.unit for m in phase.moves for s in m.srcs)
+        and all([s.rank for s in m.srcs] == list(t.group(t.local_of(m.dst.rank))) for m in phase.moves)
+    )
+    for move in phase.moves:
+        if phase.operation is Operation.COPY:
+            (src,) = move.srcs
+            if src.rank == move.dst.rank == rank:
+                copies.append((move.dst.unit, src.unit))
+            elif src.rank == rank:
+                sends.append((src.unit, move.dst.rank))
+            elif move.dst.rank == rank:
+                recvs.append((move.dst.unit, src.rank))
+            continue
+        parts = []
+        for src in move.srcs:
+            if move.dst.rank == rank:
+                if src.rank == rank:
+                    parts.append(("src", src.unit))
+                else:
+                    recvs.append((("tmp", temps), src.rank))
+                    parts.append(("tmp", temps))
+                    temps += 1
+            elif src.rank == rank:
+                sends.append((src.unit, move.dst.rank))
+        if move.dst.rank == rank:
+            reductions.append((move.dst.unit, parts))
+    return _Inter(index, phase, group, copies, sends, recvs, reductions, temps, aligned)
+
+
+class HierarchicalCollective:
+    """One rank's hierarchical collective: ``coll(x, out=None, op="sum", count=None)``."""
+
+    def __init__(self, plan: HierPlan, rank: int, device: int, node_comm, intra: dict, inter: dict):
+        self.plan, self.rank, self.device = plan, rank, device
+        self.node_comm = node_comm
+        self._intra = intra  # phase index -> Purlin collective (absent: nothing to do on this node)
+        self._inter = inter  # phase index -> _Inter
+        self._scratch: dict = {}
+
+    def __repr__(self) -> str:
+        t = self.plan.topology
+        return f"HierarchicalCollective({self.plan.spec.name}, rank {self.rank}, {t.nodes} nodes x {t.gpus_per_node} GPUs)"
+
+    def _buffers(self, dtype, count: int) -> dict:
+        import torch
+
+        key = (dtype, count)
+        buffers = self._scratch.get(key)
+        if buffers is None:
+            buffers = {}
+            for layout in self.plan.layouts:
+                if layout.name not in (IN, OUT):
+                    units = len(layout.units[self.rank])
+                    buffers[layout.name] = torch.empty(units * count, dtype=dtype, device=f"cuda:{self.device}")
+            for index, inter in self._inter.items():
+                buffers[("tmp", index)] = torch.empty(inter.temps * count, dtype=dtype, device=f"cuda:{self.device}")
+            self._scratch[key] = buffers
+        return buffers
+
+    def __call__(self, x=None, out=None, op="sum", *, count: int | None = None, dtype=None):
+        """Run on this rank's buffers; returns ``out``.  A rank whose spec gives it no input and
+        no output still takes part (it may hold scratch units): pass ``count`` and ``dtype``."""
+        import torch
+
+        spec, rank = self.plan.spec, self.rank
+        n_in, n_out = len(spec.inputs[rank]), len(spec.outputs[rank])
+        reduce_op = ReduceOp.parse(op) if spec.is_reduce else None
+        if count is None:
+            if x is not None and n_in:
+                count = x.numel() // n_in
+            elif out is not None and n_out:
+                count = out.numel() // n_out
+            else:
+                raise PurlinError(f"{spec.name}: rank {rank} holds no input or output here: pass count=")
+        some = x if x is not None else out
+        if some is None and dtype is None:
+            raise PurlinError(f"{spec.name}: rank {rank}: give x or out (a CUDA tensor), or dtype=, so the dtype is known")
+        dtype = some.dtype if some is not None else dtype
+        for what, tensor, units in (("x", x, n_in), ("out", out, n_out)):
+            if tensor is not None and (tensor.numel() != units * count or not tensor.is_contiguous() or tensor.dtype != dtype):
+                raise PurlinError(f"{spec.name}: rank {rank}: {what} must be a contiguous {dtype} tensor of "
+                                  f"{units} x {count} elements, got {tuple(tensor.shape)} {tensor.dtype}")
+        if out is None and n_out:
+            out = torch.empty(n_out * count, dtype=dtype, device=f"cuda:{self.device}")
+        buffers = self._buffers(dtype, count)
+        views = dict(buffers)
+        views[IN] = x.reshape(-1) if x is not None else None
+        views[OUT] = out.reshape(-1) if out is not None else None
+        for index, phase in enumerate(self.plan.phases):
+            if isinstance(phase, IntraPhase):
+                coll = self._intra.get(index)
+                if coll is not None:
+                    src, dst = views[phase.src], views[phase.dst]
+                    src = src if src is not None and src.numel() else None
+                    dst = dst if dst is not None and dst.numel() else None
+                    # A rank with nothing in this phase passes no buffer and no count, as on a
+                    # flat collective (its program is empty; the others' calls do the work).
+                    coll(src, dst, op=op if reduce_op else "sum",
+                         count=count if src is not None or dst is not None else None)
+            else:
+                self._run_inter(self._inter[index], views, buffers[("tmp", index)], count, reduce_op)
+        return out
+
+    def _run_inter(self, inter: _Inter, views: dict, tmp, count: int, reduce_op) -> None:
+        import torch.distributed as dist
+
+        src, dst = views[inter.phase.src], views[inter.phase.dst]
+
+        def unit(buffer, u):
+            return buffer[u * count:(u + 1) * count]
+
+        try:
+            if inter.all_reduce:
+                dst.copy_(src)
+                dist.all_reduce(dst, op=_torch_op(dist, reduce_op), group=inter.group)
+                return
+            for d, s in inter.copies:
+                unit(dst, d).copy_(unit(src, s))
+            ops = [dist.P2POp(dist.isend, unit(src, s), peer, inter.group) for s, peer in inter.sends]
+            ops += [dist.P2POp(dist.irecv, unit(tmp, d[1]) if isinstance(d, tuple) else unit(dst, d), peer, inter.group)
+                    for d, peer in inter.recvs]
+            # NCCL matches a pair's point-to-point operations in order; both sides list them in
+            # the plan's global move order, so sends and receives pair up.
+            if ops:
+                for work in dist.batch_isend_irecv(ops):
+                    work.wait()
+        except RuntimeError as error:  # torch's DistBackendError and NCCL errors
+            raise PurlinError(
+                f"{self.plan.spec.name}: rank {self.rank}: NCCL failed in phase {inter.index} "
+                f"({inter.phase.nccl}, {inter.phase.src} -> {inter.phase.dst}): {str(error).splitlines()[0]}"
+            ) from error
+        for d, parts in inter.reductions:
+            tensors = [unit(src, u) if kind == "src" else unit(tmp, u) for kind, u in parts]
+            unit(dst, d).copy_(_reduce(tensors, reduce_op))
+
+    def close(self) -> None:
+        for coll in self._intra.values():
+            close = getattr(coll, "close", None)
+            if close is not None:
+                close()
+        self._intra.clear()
+        if self.node_comm is not None:
+            self.node_comm.close()
+            self.node_comm = None
+
+
+def _reduce(tensors, op: ReduceOp):
+    """In order, float32 accumulation for floats (as the kernels), int32 wrapping for int32."""
+    import torch
+
+    fn = {ReduceOp.SUM: torch.add, ReduceOp.PROD: torch.mul, ReduceOp.MAX: torch.maximum, ReduceOp.MIN: torch.minimum}[op]
+    wide = tensors[0].dtype.is_floating_point
+    acc = tensors[0].float() if wide else tensors[0].clone()
+    for t in tensors[1:]:
+        acc = fn(acc, t.float() if wide else t)
+    return acc
+
+
+def _check_nodes(dist, G: int, R: int) -> None:
+    """Every rank of one node on one host; torchrun's LOCAL_WORLD_SIZE, where set, equal everywhere."""
+    import socket
+
+    mine = {"host": socket.gethostname(), "local_world": os.environ.get("LOCAL_WORLD_SIZE")}
+    everyone = [None] * R
+    dist.all_gather_object(everyone, mine)
+    sizes = sorted({e["local_world"] for e in everyone if e["local_world"] is not None})
+    if len(sizes) > 1:
+        raise TopologyError(f"nodes of unequal size: torchrun's LOCAL_WORLD_SIZE is {', '.join(sizes)} on different nodes",
+                            notes=("a hierarchical plan needs R = nodes x gpus_per_node, the same on every node",))
+    for node in range(R // G):
+        hosts = sorted({everyone[r]["host"] for r in range(node * G, (node + 1) * G)})
+        if len(hosts) > 1:
+            raise TopologyError(f"node {node} (ranks {node * G}..{node * G + G - 1}) spans hosts {hosts}: "
+                                f"gpus_per_node={G} does not match how the ranks are placed")
+
+
+def load_hierarchical(path_or_source, gpus_per_node: int | None = None, *, params=None, arch: str | None = None,
+                      heap_bytes: int | None = None, algorithm: str = "direct-push") -> HierarchicalCollective:
+    """This rank's hierarchical collective over the torch.distributed world (a collective call)."""
+    import torch
+    import torch.distributed as dist
+
+    from purlinc import pipeline
+    from purlinc.runtime import collective as flat
+    from purlinc.runtime import driver
+    from purlinc.runtime.bootstrap import open_heap
+    from purlinc.runtime.communicator import Communicator
+    from purlinc.runtime.rendezvous import DEFAULT_TIMEOUT_S, Exchange
+    from purlinc.snac.hiercheck import verify_plan
+    from purlinc.snac.hierplan import plan_hierarchical
+    from purlinc.snac.hiersource import has_work, phase_name, phase_source
+
+    if not dist.is_initialized():
+        raise PurlinError("a hierarchical load runs under torch.distributed: call init_process_group first")
+    R, rank = dist.get_world_size(), dist.get_rank()
+    if gpus_per_node is None:
+        if "LOCAL_WORLD_SIZE" not in os.environ:
+            raise PurlinError("gpus_per_node: not given and LOCAL_WORLD_SIZE (torchrun) is not set")
+        gpus_per_node = int(os.environ["LOCAL_WORLD_SIZE"])
+    spec = pipeline.spec_of(pipeline.load_source(path_or_source), R, params)
+    plan = plan_hierarchical(spec, gpus_per_node)  # TopologyError for R not a multiple of G
+    verify_plan(plan, schedules=False)
+    t = plan.topology
+    if "LOCAL_WORLD_SIZE" in os.environ or t.nodes > 1:
+        _check_nodes(dist, t.gpus_per_node, R)
+    node, local = t.node_of(rank), t.local_of(rank)
+    device = torch.cuda.current_device()
+    serial = next(_LOADS)
+
+    group = _GROUPS.get((R, t.gpus_per_node))
+    if group is None:
+        groups = [dist.new_group(ranks=list(t.group(l))) for l in range(t.gpus_per_node)]
+        group = _GROUPS[(R, t.gpus_per_node)] = groups[local]
+        warm = torch.zeros(1, device=f"cuda:{device}")
+        dist.all_reduce(warm, group=group)  # creates the NCCL communicator now, with every member
+        torch.cuda.synchronize(device)
+
+    store = dist.distributed_c10d._get_default_store()
+    exchange = Exchange(_TorchStore(store, DEFAULT_TIMEOUT_S), local, t.gpus_per_node,
+                        prefix=f"purlin-hier/{serial}/node{node}")
+    driver.set_current(device)
+    node_comm = open_heap(Communicator, local, t.gpus_per_node, device, exchange, heap_bytes)
+
+    intra, inter = {}, {}
+    for index, phase in enumerate(plan.phases):
+        if isinstance(phase, IntraPhase):
+            shape = plan.canonical[phase.schedules[node]]
+            if has_work(shape):
+                source = phase_source(shape, phase_name(spec.name, index))
+                # One pinned schedule per phase (not the per-size tuned set): each phase then
+                # compiles one kernel per (dtype, op), and the plan's phases stay the proved ones.
+                coll = flat.load(source, node_comm, arch=arch, algorithm=algorithm)
+                loaded = coll.compiled.spec if hasattr(coll, "compiled") else None
+                if loaded is not None and (loaded.inputs, loaded.outputs, loaded.sources) != (shape.inputs, shape.outputs, shape.sources):
+                    raise PurlinError(f"{spec.name}: phase {index}'s generated source does not give back its sub-spec")
+                intra[index] = coll
+        else:
+            inter[index] = _inter_for(plan, index, phase, rank, group)
+    return HierarchicalCollective(plan, rank, device, node_comm, intra, inter)

@@ -1,0 +1,101 @@
+"""The command line's view of hierarchical plans: ``--gpus-per-node G`` on ``dump --stage snac``
+and ``check`` (kept here so that cli.py only routes to it)."""
+
+from __future__ import annotations
+
+import json
+
+from purlinc.errors import PurlinError
+
+
+def add_argument(parser) -> None:
+    from purlinc.cli import _positive
+
+    parser.add_argument(
+        "--gpus-per-node", type=_positive, default=None, metavar="G",
+        help="plan hierarchically: nodes of G ranks (SNAC inside a node, NCCL between nodes); "
+        "R must be a multiple of G",
+    )
+
+
+def _plan(spec, options, gpus_per_node: int):
+    from purlinc.snac.hiercheck import verify_plan
+    from purlinc.snac.hierplan import plan_hierarchical
+
+    plan = plan_hierarchical(spec, gpus_per_node, options)  # proves every intra-node schedule
+    verify_plan(plan, schedules=False)  # and the composition
+    return plan
+
+
+def dump(args, spec, options) -> int:
+    """``purlinc dump --stage snac --gpus-per-node G``: the phases, NCCL steps as text."""
+    from purlinc.snac.format import schedule_to_json
+    from purlinc.snac.hierarchy import IntraPhase, format_plan
+
+    if args.stage != "snac":
+        raise PurlinError(f"--gpus-per-node applies to --stage snac, not --stage {args.stage}")
+    plan = _plan(spec, options, args.gpus_per_node)
+    if not args.json:
+        print(format_plan(plan), end="")
+        return 0
+    phases = []
+    for phase in plan.phases:
+        if isinstance(phase, IntraPhase):
+            phases.append({"kind": "intra", "src": phase.src, "dst": phase.dst, "operation": phase.operation.value,
+                           "schedules": list(phase.schedules)})
+        else:
+            phases.append({"kind": "nccl", "nccl": phase.nccl, "src": phase.src, "dst": phase.dst,
+                           "operation": phase.operation.value,
+                           "moves": [{"dst": [m.dst.rank, m.dst.unit], "srcs": [[s.rank, s.unit] for s in m.srcs],
+                                      "chunk": str(m.chunk)} for m in phase.moves]})
+    print(json.dumps({
+        "collective": spec.name, "nodes": plan.topology.nodes, "gpus_per_node": plan.topology.gpus_per_node,
+        "buffers": {layout.name: [[str(c) for c in units] for units in layout.units] for layout in plan.layouts},
+        "phases": phases, "schedules": [schedule_to_json(s) for s in plan.schedules],
+    }, indent=2))
+    return 0
+
+
+def check(args, definition, sizes, params, options_of) -> tuple[int, str]:
+    """Plan and prove every size in ``sizes`` that G divides; (plans verified, text for the summary)."""
+    from purlinc import pipeline
+
+    G = args.gpus_per_node
+    usable = [R for R in sizes if R % G == 0]
+    if not usable:
+        raise PurlinError(f"no world size in R={sizes[0]}..{sizes[-1]} is a multiple of --gpus-per-node {G}")
+    for R in usable:
+        spec = pipeline.spec_stage(definition, R, params)
+        try:
+            _plan(spec, options_of(spec), G)
+        except PurlinError as error:
+            raise error.with_note(f"while verifying the hierarchical plan for R={R} ({R // G} nodes x {G} GPUs)") from None
+    return len(usable), f"{len(usable)} hierarchical plans ({G} GPUs per node) verified"
+
+
+def draw(args, fmt: str, source, options_of) -> int:
+    """``purlinc draw --gpus-per-node G``: the plan as SVG (or the SVG in a page for html)."""
+    import sys
+    from pathlib import Path
+    from xml.sax.saxutils import escape
+
+    from purlinc import pipeline
+    from purlinc.draw.hier import plan_svg
+
+    if args.timeline or args.compare or args.trace:
+        raise PurlinError("--gpus-per-node draws the plan's phases: --timeline, --compare and --trace do not apply")
+    spec = pipeline.spec_stage(pipeline.parse_stage(source), args.ranks, dict(args.param))
+    from purlinc.cli import _overrides
+
+    plan = _plan(spec, options_of(args, spec) if _overrides(args) else None, args.gpus_per_node)
+    text = plan_svg(plan)
+    if fmt == "html":
+        title = escape(f"{spec.name}: {plan.topology.nodes} nodes x {plan.topology.gpus_per_node} GPUs")
+        text = (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\"><title>{title}</title></head>\n"
+                f"<body>\n{text}</body>\n</html>\n")
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+        print(args.output)
+    else:
+        sys.stdout.write(text)
+    return 0

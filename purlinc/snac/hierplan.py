@@ -1,0 +1,275 @@
+"""Deriving a ``HierPlan`` from a resolved spec (any collective, never by its name).
+
+Reductions (every output chunk is the reduction of every occurrence of its name):
+
+1. intra-node reduce: on every node that holds a contribution to chunk ``c``, the node's
+   contributions are reduced onto one *owner* local index ``o(c)`` (buffer ``partial``);
+   owners spread over the local indices (or the consumers' local index when every consumer
+   of ``c`` has the same one, so the last copy stays on the rank);
+2. inter-node reduce among the ranks with local index ``o(c)``: the node partials, in node
+   order, land on the owner of every node that needs ``c`` (buffer ``reduced``);
+3. intra-node copy from the owner to every rank of the node that outputs ``c``.
+
+For an all-reduce that is exactly intra reduce-scatter, inter all-reduce of the shards,
+intra all-gather.
+
+Copies: every node that needs chunk ``c`` takes it from a producer on the node if there is
+one, else from the first producer ``p``, whose rank with the same local index on the
+consumer node receives it (inter-node, one NCCL sub-group per local index; a node receives
+each chunk once however many of its ranks need it).  Chunks served from the node itself are
+copied locally into the same buffer (``mid``), and one intra-node copy delivers to the
+consumers.  When no chunk crosses a node boundary the plan is one intra-node phase.
+
+Every output chunk of the spec has this decomposition, so the plan always exists; what can
+fail is the topology (``TopologyError``) or lowering a sub-spec under the options asked for
+(``PurlinError``, naming the phase and node).
+"""
+
+from __future__ import annotations
+
+from purlinc.errors import PurlinError
+from purlinc.frontend.ast import Operation
+from purlinc.frontend.spec import Chunk, Slot, Spec
+from purlinc.snac.hierarchy import IN, OUT, HierPlan, InterPhase, IntraPhase, Layout, Move, Topology, Unit
+from purlinc.snac.ir import Algorithm, LowerOptions, Schedule
+from purlinc.snac.lower import applicable_algorithms, default_options, lower
+from purlinc.snac.verify import verify
+
+
+def canonical(spec: Spec, name: str) -> Spec:
+    """``spec`` with its chunks renamed ``c[i]`` in order of appearance: nodes whose sub-specs
+    differ only by names share one schedule (the lowering and the proof see only slots)."""
+    names: dict[Chunk, Chunk] = {}
+
+    def rename(chunk: Chunk) -> Chunk:
+        if chunk not in names:
+            names[chunk] = Chunk("c", (len(names),))
+        return names[chunk]
+
+    inputs = tuple(tuple(rename(c) for c in layout) for layout in spec.inputs)
+    outputs = tuple(tuple(rename(c) for c in layout) for layout in spec.outputs)
+    return Spec(name, spec.world_size, (), spec.operation, spec.replicated, inputs, outputs, spec.sources)
+
+
+class _Builder:
+    def __init__(self, spec: Spec, topology: Topology, options: LowerOptions | None, verify_schedules: bool):
+        self.spec, self.t = spec, topology
+        self.options = options
+        self.verify = verify_schedules
+        self.layouts: list[Layout] = [Layout(IN, spec.inputs), Layout(OUT, spec.outputs)]
+        self.phases: list = []
+        self.schedules: list[Schedule] = []
+        self.canonical: list[Spec] = []
+        self._by_shape: dict[Spec, int] = {}
+
+    def layout(self, name: str, units: list[list[Chunk]]) -> str:
+        self.layouts.append(Layout(name, tuple(tuple(u) for u in units)))
+        return name
+
+    def _options_for(self, spec: Spec) -> LowerOptions:
+        if self.options is None:
+            return default_options(spec)
+        if self.options.algorithm in applicable_algorithms(spec):
+            return self.options
+        # e.g. two-shot asked for, but this phase is a copy: the node's phase runs direct-push
+        # with the same channels and slices (documented in docs/HIERARCHY.md).
+        return LowerOptions(Algorithm.DIRECT_PUSH, self.options.channels, self.options.slices, None,
+                            self.options.registered, False)
+
+    def intra(self, src: str, dst: str, operation: Operation, node_specs: list[Spec], what: str) -> None:
+        indices = []
+        for node, spec in enumerate(node_specs):
+            shape = canonical(spec, f"{self.spec.name}.{what}")
+            index = self._by_shape.get(shape)
+            if index is None:
+                try:
+                    schedule = lower(shape, self._options_for(shape))
+                    if self.verify:
+                        verify(schedule, shape)
+                except PurlinError as error:
+                    raise error.with_note(
+                        f"while building the intra-node {what} phase of node {node} "
+                        f"({self.t.nodes} nodes x {self.t.gpus_per_node} GPUs)"
+                    ) from None
+                index = self._by_shape[shape] = len(self.schedules)
+                self.schedules.append(schedule)
+                self.canonical.append(shape)
+            indices.append(index)
+        self.phases.append(IntraPhase(src, dst, operation, tuple(node_specs), tuple(indices)))
+
+    def inter(self, src: str, dst: str, operation: Operation, moves: list[Move]) -> None:
+        self.phases.append(InterPhase(src, dst, operation, tuple(moves), _nccl_kind(self.t, operation, moves)))
+
+    def node_spec(self, node: int, what: str, operation: Operation, src: Layout, dst: Layout,
+                  sources: list[list[tuple[Slot, ...]]]) -> Spec:
+        ranks = self.t.node_ranks(node)
+        return Spec(
+            f"{self.spec.name}.{what}.n{node}", self.t.gpus_per_node, (), operation, False,
+            tuple(src.units[r] for r in ranks), tuple(dst.units[r] for r in ranks),
+            tuple(tuple(s) for s in sources),
+        )
+
+    def plan(self) -> HierPlan:
+        return HierPlan(self.spec, self.t, tuple(self.layouts), tuple(self.phases),
+                        tuple(self.schedules), tuple(self.canonical))
+
+
+def _nccl_kind(t: Topology, operation: Operation, moves: list[Move]) -> str:
+    """Which NCCL collective the moves are, on every sub-group (descriptive)."""
+    remote = [m for m in moves if any(s.rank != m.dst.rank for s in m.srcs)]
+    if not remote:
+        return "local"
+    everyone = t.nodes
+    if operation is Operation.REDUCE:
+        dsts: dict[tuple[Unit, ...], set[int]] = {}
+        for m in moves:
+            dsts.setdefault(m.srcs, set()).add(m.dst.rank)
+        if all(len(srcs) == everyone and len(d) == everyone for srcs, d in dsts.items()):
+            return "all_reduce"
+        if all(len(srcs) == everyone and len(d) == 1 for srcs, d in dsts.items()):
+            per_rank: dict[int, int] = {}
+            for m in moves:
+                per_rank[m.dst.rank] = per_rank.get(m.dst.rank, 0) + 1
+            if len(per_rank) == t.world_size and len(set(per_rank.values())) == 1:
+                return "reduce_scatter"
+        return "reduce"
+    # Copies, per sub-group: who sends, how far each sent unit fans out, who receives.
+    fan: dict[Unit, set[int]] = {}
+    for m in remote:
+        fan.setdefault(m.srcs[0], set()).add(m.dst.rank)
+    senders: dict[int, set[int]] = {}
+    receivers: dict[int, set[int]] = {}
+    for m in remote:
+        senders.setdefault(t.local_of(m.dst.rank), set()).add(m.srcs[0].rank)
+        receivers.setdefault(t.local_of(m.dst.rank), set()).add(m.dst.rank)
+    if all(len(d) == everyone - 1 for d in fan.values()):
+        if all(len(s) == 1 for s in senders.values()):
+            return "broadcast"
+        if all(len(s) == everyone for s in senders.values()):
+            return "all_gather"
+    if all(len(r) == 1 for r in receivers.values()):
+        return "gather"
+    if all(len(s) == 1 for s in senders.values()):
+        return "scatter"
+    return "send_recv"
+
+
+def _reduce_plan(b: _Builder) -> None:
+    spec, t = b.spec, b.t
+    G = t.gpus_per_node
+    # Distinct output chunks (first appearance), their contributions and consumers.
+    slots: dict[Chunk, tuple[Slot, ...]] = {}
+    consumers: dict[Chunk, list[int]] = {}
+    for rank in range(t.world_size):
+        for position, chunk in enumerate(spec.outputs[rank]):
+            slots.setdefault(chunk, spec.sources[rank][position])
+            consumers.setdefault(chunk, []).append(rank)
+    owner: dict[Chunk, int] = {}
+    spread = 0
+    for chunk in slots:
+        locals_ = {t.local_of(r) for r in consumers[chunk]}
+        if len(locals_) == 1:
+            owner[chunk] = locals_.pop()
+        else:
+            owner[chunk] = spread % G
+            spread += 1
+    contributors = {c: sorted({t.node_of(s.rank) for s in slots[c]}) for c in slots}
+    needers = {c: sorted({t.node_of(r) for r in consumers[c]}) for c in slots}
+
+    # 1. intra-node reduce onto the owners: buffer ``partial``.
+    partial: list[list[Chunk]] = [[] for _ in range(t.world_size)]
+    for chunk in slots:
+        for node in contributors[chunk]:
+            partial[t.rank(node, owner[chunk])].append(chunk)
+    b.layout("partial", partial)
+    specs = []
+    for node in range(t.nodes):
+        sources = []
+        for rank in t.node_ranks(node):
+            sources.append([
+                tuple(Slot(t.local_of(s.rank), s.position) for s in slots[c] if t.node_of(s.rank) == node)
+                for c in partial[rank]
+            ])
+        specs.append(b.node_spec(node, "reduce", Operation.REDUCE, b.layouts[0], b.layouts[-1], sources))
+    b.intra(IN, "partial", Operation.REDUCE, specs, "reduce")
+
+    # 2. inter-node reduce among the owners, delivered to the nodes that need the chunk.
+    where = {(rank, c): u for rank in range(t.world_size) for u, c in enumerate(partial[rank])}
+    reduced: list[list[Chunk]] = [[] for _ in range(t.world_size)]
+    moves = []
+    for chunk in slots:
+        srcs = tuple(Unit(t.rank(n, owner[chunk]), where[(t.rank(n, owner[chunk]), chunk)]) for n in contributors[chunk])
+        for node in needers[chunk]:
+            rank = t.rank(node, owner[chunk])
+            moves.append(Move(Unit(rank, len(reduced[rank])), srcs, chunk))
+            reduced[rank].append(chunk)
+    b.layout("reduced", reduced)
+    b.inter("partial", "reduced", Operation.REDUCE, moves)
+
+    # 3. intra-node copy from the owner to every consumer on the node.
+    held = {(rank, c): u for rank in range(t.world_size) for u, c in enumerate(reduced[rank])}
+    specs = []
+    for node in range(t.nodes):
+        sources = []
+        for rank in t.node_ranks(node):
+            sources.append([
+                (Slot(owner[c], held[(t.rank(node, owner[c]), c)]),) for c in spec.outputs[rank]
+            ])
+        specs.append(b.node_spec(node, "gather", Operation.COPY, b.layouts[-1], b.layouts[1], sources))
+    b.intra("reduced", OUT, Operation.COPY, specs, "gather")
+
+
+def _copy_plan(b: _Builder) -> None:
+    spec, t = b.spec, b.t
+    # Per (chunk, consumer node): the producer slot it is served from, and the rank of that
+    # node that holds it for the final intra copy (the producer, or its peer by local index).
+    mid: list[list[Chunk]] = [[] for _ in range(t.world_size)]
+    moves: list[Move] = []
+    held: dict[tuple[Chunk, int], Slot] = {}  # (chunk, node) -> local slot in ``mid``
+    for rank in range(t.world_size):
+        node = t.node_of(rank)
+        for position, chunk in enumerate(spec.outputs[rank]):
+            if (chunk, node) in held:
+                continue
+            producers = spec.sources[rank][position]
+            local = [s for s in producers if t.node_of(s.rank) == node]
+            source = local[0] if local else producers[0]
+            holder = t.rank(node, t.local_of(source.rank))
+            held[(chunk, node)] = Slot(t.local_of(holder), len(mid[holder]))
+            moves.append(Move(Unit(holder, len(mid[holder])), (Unit(source.rank, source.position),), chunk))
+            mid[holder].append(chunk)
+
+    if all(m.srcs[0].rank == m.dst.rank for m in moves):
+        # Nothing crosses a node boundary: one intra-node phase per node, IN -> OUT.
+        specs = []
+        for node in range(t.nodes):
+            sources = [
+                [(Slot(t.local_of(p[0].rank), p[0].position),) for p in
+                 ([s for s in slots if t.node_of(s.rank) == node] for slots in spec.sources[rank])]
+                for rank in t.node_ranks(node)
+            ]
+            specs.append(b.node_spec(node, "copy", Operation.COPY, b.layouts[0], b.layouts[1], sources))
+        b.intra(IN, OUT, Operation.COPY, specs, "copy")
+        return
+
+    b.layout("mid", mid)
+    b.inter(IN, "mid", Operation.COPY, moves)
+    specs = []
+    for node in range(t.nodes):
+        sources = [[(held[(c, node)],) for c in spec.outputs[rank]] for rank in t.node_ranks(node)]
+        specs.append(b.node_spec(node, "scatter", Operation.COPY, b.layouts[-1], b.layouts[1], sources))
+    b.intra("mid", OUT, Operation.COPY, specs, "scatter")
+
+
+def plan_hierarchical(spec: Spec, gpus_per_node: int, options: LowerOptions | None = None,
+                      *, verify_schedules: bool = True) -> HierPlan:
+    """The hierarchical plan of ``spec`` over nodes of ``gpus_per_node`` ranks.
+
+    ``options`` shape the intra-node schedules (default: ``lower.default_options``); an
+    algorithm that does not apply to a phase (two-shot for a copy phase) falls back to
+    direct-push for that phase.  With ``verify_schedules`` every distinct intra-node schedule
+    is proved by the SNAC verifier as it is made (``verify_plan`` checks the composition)."""
+    topology = Topology.of(spec.world_size, gpus_per_node)
+    builder = _Builder(spec, topology, options, verify_schedules)
+    (_reduce_plan if spec.is_reduce else _copy_plan)(builder)
+    return builder.plan()

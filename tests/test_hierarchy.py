@@ -1,0 +1,332 @@
+"""Hierarchical plans (nodes x G ranks): derived from the spec, proved, and simulated to the
+evaluator's answer, for the standard and user-defined examples.
+
+Copies are compared bitwise.  Reductions add node partials first, so float results differ
+from the evaluator by rounding (compared with a tolerance); int32 sum wraps and is
+associative, and max is order-free, so those are compared bitwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+import pytest
+
+from purlinc import pipeline
+from purlinc.cli import main
+from purlinc.frontend.ast import Operation
+from purlinc.frontend.evaluate import evaluate
+from purlinc.snac.hiercheck import simulate_plan, verify_plan
+from purlinc.snac.hierarchy import InterPhase, IntraPhase, Move, Topology, TopologyError, Unit, format_plan
+from purlinc.snac.hierplan import plan_hierarchical
+from purlinc.snac.ir import Algorithm, LowerOptions
+from purlinc.snac.verify import VerificationError
+
+STANDARD = ("allgather", "allreduce", "alltoall", "broadcast", "gather", "reduce", "reduce_scatter", "scatter")
+USER = ("allgather_rotated", "alltoall_blocks", "pairwise_exchange", "ring_shift")
+SMALL = ((2, 1), (2, 2), (4, 2), (2, 4))
+BIG = ((9, 8),)
+HUGE = ((32, 8),)
+
+
+def _spec(repo_dir, name: str, world_size: int, **params):
+    source = pipeline.load_source(repo_dir / "examples" / f"{name}.pln")
+    return pipeline.spec_stage(pipeline.parse_stage(source), world_size, params)
+
+
+def _inputs(spec, count: int, dtype: str, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+
+    def fresh(n: int) -> np.ndarray:
+        if dtype == "int32":
+            return rng.integers(-2**31, 2**31, n, dtype=np.int64).astype(np.int32)
+        return rng.standard_normal(n).astype(np.float32)
+
+    if not spec.replicated:
+        return [fresh(len(layout) * count) for layout in spec.inputs]
+    # 'copy replicated' promises identical producers: one value per chunk name
+    values: dict = {}
+    return [np.concatenate([values.setdefault(c, fresh(count)) for c in layout] or [fresh(0)])
+            for layout in spec.inputs]
+
+
+def _check(spec, gpus_per_node: int, *, count: int = 3, seed: int = 0, options=None, schedules=True):
+    """Plan, prove and simulate ``spec``; compare with the evaluator.  Returns the plan."""
+    plan = plan_hierarchical(spec, gpus_per_node, options)
+    verify_plan(plan, schedules=schedules)
+    if spec.is_reduce:
+        cases = [("int32", "sum", True), ("int32", "max", True), ("float32", "sum", False)]
+    else:
+        cases = [("float32", None, True)]
+    for dtype, op, exact in cases:
+        inputs = _inputs(spec, count, dtype, seed)
+        got = simulate_plan(plan, inputs, count, dtype, op, seed=seed)
+        want = evaluate(spec, inputs, count, dtype, op)
+        for rank, (g, w) in enumerate(zip(got, want)):
+            if exact:
+                assert g.tobytes() == w.tobytes(), f"rank {rank}, {dtype} {op}: {g} != {w}"
+            else:
+                # Partials round once per phase: a few ulps of the largest partial sum.
+                tolerance = 1e-5 * spec.world_size
+                np.testing.assert_allclose(g, w, rtol=tolerance, atol=tolerance, err_msg=f"rank {rank}")
+    return plan
+
+
+@pytest.mark.parametrize("nodes,G", SMALL)
+@pytest.mark.parametrize("name", STANDARD + USER)
+def test_small_plans_verify_and_simulate(repo_dir, name, nodes, G):
+    _check(_spec(repo_dir, name, nodes * G), G)
+
+
+@pytest.mark.parametrize("name", ("broadcast", "gather", "reduce", "scatter"))
+@pytest.mark.parametrize("nodes,G", ((2, 2), (4, 2), (3, 4)))
+def test_rooted_collectives_with_every_root(repo_dir, name, nodes, G):
+    for root in range(nodes * G):
+        _check(_spec(repo_dir, name, nodes * G, root=root), G, seed=root)
+
+
+@pytest.mark.parametrize("nodes,G", BIG)
+@pytest.mark.parametrize("name", STANDARD + USER)
+def test_big_plans_verify_and_simulate(repo_dir, name, nodes, G):
+    start = time.process_time()
+    _check(_spec(repo_dir, name, nodes * G), G, count=2, schedules=False)
+    assert time.process_time() - start < 60, "a (9, 8) case should take a few seconds"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nodes,G", HUGE)
+@pytest.mark.parametrize("name", STANDARD + USER)
+def test_huge_plans_verify_and_simulate(repo_dir, name, nodes, G):
+    _check(_spec(repo_dir, name, nodes * G), G, count=1, schedules=False)
+
+
+def test_huge_allreduce_plan_verifies(repo_dir):
+    """R = 256 all-reduce, proved (not simulated: the evaluator alone takes half a minute there)."""
+    plan = plan_hierarchical(_spec(repo_dir, "allreduce", 256), 8)
+    verify_plan(plan, schedules=False)
+    assert [getattr(p, "nccl", "intra") for p in plan.phases] == ["intra", "all_reduce", "intra"]
+
+
+@pytest.mark.parametrize("name,kinds", [
+    ("allreduce", ["intra", "all_reduce", "intra"]),
+    ("reduce_scatter", ["intra", "reduce_scatter", "intra"]),
+    ("reduce", ["intra", "reduce", "intra"]),
+    ("allgather", ["all_gather", "intra"]),
+    ("broadcast", ["broadcast", "intra"]),
+    ("gather", ["gather", "intra"]),
+    ("scatter", ["scatter", "intra"]),
+    ("alltoall", ["send_recv", "intra"]),
+    ("pairwise_exchange", ["intra"]),  # pairs stay inside nodes of 2: no network at all
+])
+def test_decompositions(repo_dir, name, kinds):
+    plan = plan_hierarchical(_spec(repo_dir, name, 8), 2)
+    assert [getattr(p, "nccl", "intra") for p in plan.phases] == kinds
+
+
+def test_allreduce_is_reduce_scatter_all_reduce_all_gather(repo_dir):
+    plan = plan_hierarchical(_spec(repo_dir, "allreduce", 8), 4)
+    first, middle, last = plan.phases
+    # intra reduce-scatter: each local rank owns R / G = 2 chunks of its node
+    assert isinstance(first, IntraPhase) and first.operation is Operation.REDUCE
+    assert all(len(units) == 2 for units in plan.layout("partial").units)
+    # inter all-reduce of the shards, within each local index
+    assert isinstance(middle, InterPhase) and len(middle.moves) == 8 * 2
+    assert all(len(m.srcs) == 2 and {s.rank % 4 for s in m.srcs} == {m.dst.rank % 4} for m in middle.moves)
+    # one schedule shape per phase, shared by both nodes
+    assert first.schedules == (0, 0) and last.schedules == (1, 1)
+
+
+def test_one_node_and_one_gpu_per_node(repo_dir):
+    _check(_spec(repo_dir, "allreduce", 4), 4)  # one node: the network phase is local copies
+    _check(_spec(repo_dir, "alltoall", 4), 1)  # one GPU per node: every exchange is NCCL
+
+
+def test_intra_options_apply_where_they_can(repo_dir):
+    spec = _spec(repo_dir, "allreduce", 8)
+    plan = _check(spec, 2, options=LowerOptions(Algorithm.RING, channels=2, slices=2))
+    assert {s.options.algorithm for s in plan.schedules} == {Algorithm.RING}
+    plan = _check(spec, 4, options=LowerOptions(Algorithm.TWO_SHOT, channels=2))
+    # two-shot applies to no phase here (each chunk has one consumer per phase): direct-push
+    assert {s.options.key() for s in plan.schedules} == {"direct-push/c2/s1/slotsall/reg-"}
+
+
+@pytest.mark.parametrize("world_size,G", [(6, 4), (3, 2), (7, 8)])
+def test_world_size_not_a_multiple_of_gpus_per_node(repo_dir, world_size, G):
+    with pytest.raises(TopologyError, match=f"R={world_size} is not a multiple of gpus_per_node={G}"):
+        plan_hierarchical(_spec(repo_dir, "allreduce", world_size), G)
+
+
+def test_gpus_per_node_must_be_positive():
+    with pytest.raises(TopologyError, match="gpus_per_node must be >= 1, got 0"):
+        Topology.of(4, 0)
+
+
+def _replace_phase(plan, index, phase):
+    phases = list(plan.phases)
+    phases[index] = phase
+    return dataclasses.replace(plan, phases=tuple(phases))
+
+
+def test_verifier_rejects_a_dropped_contribution(repo_dir):
+    plan = plan_hierarchical(_spec(repo_dir, "allreduce", 4), 2)
+    inter = plan.phases[1]
+    moves = list(inter.moves)
+    moves[0] = Move(moves[0].dst, moves[0].srcs[:1], moves[0].chunk)
+    bad = _replace_phase(plan, 1, dataclasses.replace(inter, moves=tuple(moves)))
+    with pytest.raises(VerificationError, match=r"r0\.out\[0\] should be x\[0\]"):
+        verify_plan(bad)
+
+
+def test_verifier_rejects_a_move_across_local_indices(repo_dir):
+    plan = plan_hierarchical(_spec(repo_dir, "allgather", 4), 2)
+    inter = plan.phases[0]
+    moves = list(inter.moves)
+    moves[1] = Move(moves[1].dst, (Unit(1 - moves[1].dst.rank % 2, 0),), moves[1].chunk)
+    bad = _replace_phase(plan, 0, dataclasses.replace(inter, moves=tuple(moves)))
+    with pytest.raises(VerificationError, match="mixes local indices"):
+        verify_plan(bad)
+
+
+def test_verifier_rejects_a_missing_phase(repo_dir):
+    plan = plan_hierarchical(_spec(repo_dir, "allreduce", 4), 2)
+    bad = dataclasses.replace(plan, phases=plan.phases[::2])
+    with pytest.raises(VerificationError, match="before anything wrote it"):
+        verify_plan(bad)
+
+
+def test_verifier_rejects_a_schedule_of_another_shape(repo_dir):
+    plan = plan_hierarchical(_spec(repo_dir, "allreduce", 4), 2)
+    last = plan.phases[2]
+    bad = _replace_phase(plan, 2, dataclasses.replace(last, schedules=(0, 0)))
+    with pytest.raises(VerificationError, match="not the shape schedule #0 was proved for"):
+        verify_plan(bad)
+
+
+def test_format_shows_nccl_steps(repo_dir):
+    text = format_plan(plan_hierarchical(_spec(repo_dir, "allreduce", 4), 2))
+    assert "phase 1: inter-node NCCL all_reduce (reduce) partial -> reduced: 8 moves, 8 over the network" in text
+    assert "NCCL r0.reduced[0] = r0.partial[0] + r2.partial[0]  (x[0])" in text
+    assert "phase 0: intra-node SNAC reduce in -> partial" in text
+
+
+def test_cli_dump_snac_hierarchical(capsys, repo_dir):
+    assert main(["dump", str(repo_dir / "examples/broadcast.pln"), "-R", "4", "-s", "snac", "--gpus-per-node", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "hierarchical broadcast (R=4 = 2 nodes x 2 GPUs, copy)" in out
+    assert "NCCL r2.mid[0] = r0.in[0]  (x)" in out
+
+
+def test_cli_dump_json(capsys, repo_dir):
+    import json
+
+    assert main(["dump", str(repo_dir / "examples/allreduce.pln"), "-R", "4", "-s", "snac", "--gpus-per-node", "2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [p["kind"] for p in data["phases"]] == ["intra", "nccl", "intra"]
+    assert data["phases"][1]["moves"][0] == {"dst": [0, 0], "srcs": [[0, 0], [2, 0]], "chunk": "x[0]"}
+
+
+def test_cli_check_hierarchical(capsys, repo_dir):
+    assert main(["check", str(repo_dir / "examples/alltoall.pln"), "-R", "1..8", "--gpus-per-node", "2"]) == 0
+    assert "4 hierarchical plans (2 GPUs per node) verified" in capsys.readouterr().out
+
+
+def test_cli_errors(capsys, repo_dir):
+    path = str(repo_dir / "examples/allreduce.pln")
+    assert main(["dump", path, "-R", "6", "-s", "snac", "--gpus-per-node", "4"]) == 2
+    assert "R=6 is not a multiple of gpus_per_node=4" in capsys.readouterr().err
+    assert main(["dump", path, "-R", "4", "-s", "cuda", "--gpus-per-node", "2"]) == 2
+    assert "--gpus-per-node applies to --stage snac" in capsys.readouterr().err
+    assert main(["check", path, "-R", "5", "--gpus-per-node", "2"]) == 2
+    assert "no world size in R=5..5 is a multiple of --gpus-per-node 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", STANDARD + USER)
+@pytest.mark.parametrize("nodes,G", ((2, 2), (3, 2), (2, 1)))
+def test_phase_sources_give_back_their_sub_specs(repo_dir, name, nodes, G):
+    """The runtime loads each node's phase from generated .pln text: it must check to exactly
+    the canonical sub-spec the plan's schedule was proved for."""
+    from purlinc.snac.hiersource import has_work, phase_name, phase_source
+
+    plan = plan_hierarchical(_spec(repo_dir, name, nodes * G), G)
+    for index, shape in enumerate(plan.canonical):
+        if not has_work(shape):
+            continue
+        text = phase_source(shape, phase_name(plan.spec.name, index))
+        spec = pipeline.spec_stage(pipeline.parse_stage(pipeline.load_source(text)), G, {})
+        assert (spec.operation, spec.inputs, spec.outputs, spec.sources) == \
+            (shape.operation, shape.inputs, shape.outputs, shape.sources), text
+
+
+@pytest.mark.parametrize("name", STANDARD + USER)
+@pytest.mark.parametrize("nodes,G", ((2, 2), (3, 2), (4, 1)))
+def test_runtime_point_to_point_lists_pair_up(repo_dir, name, nodes, G):
+    """What each rank hands NCCL for an inter phase (purlinc.runtime.hierarchical, no torch
+    needed to build it): every pair's sends and receives match in order, and running them
+    (sends into receives, then the local reductions) gives the phase's moves."""
+    from purlinc.runtime.hierarchical import _inter_for
+
+    plan = plan_hierarchical(_spec(repo_dir, name, nodes * G), G)
+    R = plan.topology.world_size
+    for index, phase in enumerate(plan.phases):
+        if not isinstance(phase, InterPhase):
+            continue
+        runs = [_inter_for(plan, index, phase, rank, None) for rank in range(R)]
+        assert len({run.all_reduce for run in runs}) == 1  # every rank takes the same path
+        src = {(r, u): {(r, u)} for r in range(R) for u in range(len(plan.layout(phase.src).units[r]))}
+        dst, tmp = {}, {}
+        if runs[0].all_reduce:
+            for m in phase.moves:
+                dst[(m.dst.rank, m.dst.unit)] = set().union(*(src[(s.rank, s.unit)] for s in m.srcs))
+        else:
+            for a in range(R):
+                for b in range(R):
+                    sent = [u for u, peer in runs[a].sends if peer == b]
+                    got = [d for d, peer in runs[b].recvs if peer == a]
+                    assert len(sent) == len(got), f"phase {index}: r{a} sends {len(sent)} to r{b}, which receives {len(got)}"
+                    for u, d in zip(sent, got):
+                        target = tmp if isinstance(d, tuple) else dst
+                        target[(b, d[1]) if isinstance(d, tuple) else (b, d)] = src[(a, u)]
+            for rank, run in enumerate(runs):
+                for d, s in run.copies:
+                    dst[(rank, d)] = src[(rank, s)]
+                for d, parts in run.reductions:
+                    dst[(rank, d)] = set().union(*(src[(rank, u)] if kind == "src" else tmp[(rank, u)] for kind, u in parts))
+        want = {(m.dst.rank, m.dst.unit): set().union(*(src[(s.rank, s.unit)] for s in m.srcs)) for m in phase.moves}
+        assert dst == want
+
+
+INLINE = {
+    # replicated producers: a node serves x from its own ranks, y crosses nodes
+    "shared": "collective shared { in[r] = x, y[r]  out[r] = x, y[(r + 1) % R]  copy replicated }",
+    # a chunk twice on one rank, outputs on some ranks only, a partial reduction per parity
+    "parity": "collective parity { in[r] = x, x, y[r % 2]  out[r] = y[(r + 1) % 2], x  reduce }",
+    # rooted with a parameter and a non-trivial layout
+    "gather2": "collective gather2(root = 1) { in[r] = a[r], b[r]  out[root] = b[0..R], a[0..R]  copy }",
+}
+
+
+@pytest.mark.parametrize("nodes,G", SMALL + ((3, 4),))
+@pytest.mark.parametrize("name", sorted(INLINE))
+def test_inline_user_collectives(name, nodes, G):
+    source = pipeline.load_source(INLINE[name])
+    spec = pipeline.spec_stage(pipeline.parse_stage(source), nodes * G, {})
+    _check(spec, G, seed=nodes * 10 + G)
+
+
+def test_cli_draw_hierarchical(capsys, repo_dir, tmp_path):
+    import xml.dom.minidom
+
+    assert main(["draw", str(repo_dir / "examples/allreduce.pln"), "-R", "8", "--gpus-per-node", "2"]) == 0
+    svg = capsys.readouterr().out
+    document = xml.dom.minidom.parseString(svg)
+    lines = document.getElementsByTagName("line")
+    # the inter all-reduce: every partial unit of r goes to the 3 other nodes' peer of r
+    assert len(lines) == 8 * 3
+    assert "1: NCCL all_reduce" in svg and "0: SNAC reduce" in svg and "2: SNAC copy" in svg
+    page = tmp_path / "plan.html"
+    assert main(["draw", str(repo_dir / "examples/broadcast.pln"), "-R", "4", "--gpus-per-node", "2", "-o", str(page)]) == 0
+    assert "<svg" in page.read_text() and "NCCL broadcast" in page.read_text()
+    assert main(["draw", str(repo_dir / "examples/broadcast.pln"), "-R", "4", "--gpus-per-node", "2", "--timeline"]) == 2
+    assert "--timeline, --compare and --trace do not apply" in capsys.readouterr().err

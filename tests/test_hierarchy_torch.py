@@ -1,0 +1,152 @@
+"""The runtime's inter-node phases (purlinc.runtime.hierarchical) for real, on the CPU: four
+processes under torch.distributed with gloo run every inter phase of the examples' plans
+(point-to-point lists, the all_reduce path, local reductions) on CPU tensors, and each rank
+checks its destination buffer against the phase's moves computed with NumPy."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+NAMES = ("allgather", "allreduce", "alltoall", "broadcast", "gather", "reduce", "reduce_scatter", "scatter",
+         "allgather_rotated", "alltoall_blocks", "pairwise_exchange", "ring_shift")
+WORLD = 4
+COUNT = 3
+
+
+def _worker(rank: int, port: int, repo: str, queue) -> None:
+    import torch.distributed as dist
+
+    from purlinc import pipeline
+    from purlinc.dtypes import DType, ReduceOp
+    from purlinc.frontend.evaluate import reduce_chunks
+    from purlinc.runtime.hierarchical import _inter_for
+    from purlinc.snac.hierarchy import InterPhase
+    from purlinc.snac.hierplan import plan_hierarchical
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    problems = []
+    try:
+        for G in (1, 2, 4):
+            groups = [dist.new_group(ranks=list(range(l, WORLD, G))) for l in range(G)]
+            for name in NAMES:
+                source = pipeline.load_source(os.path.join(repo, "examples", f"{name}.pln"))
+                spec = pipeline.spec_stage(pipeline.parse_stage(source), WORLD, {})
+                plan = plan_hierarchical(spec, G)
+                for index, phase in enumerate(plan.phases):
+                    if not isinstance(phase, InterPhase):
+                        continue
+                    src_units = plan.layout(phase.src).units
+                    dst_units = plan.layout(phase.dst).units
+                    # Every rank knows every rank's source buffer (seeded by rank): the reference.
+                    def source_of(r):
+                        rng = np.random.default_rng(1000 * index + r)
+                        return rng.integers(-50, 50, len(src_units[r]) * COUNT).astype(np.int32)
+                    sources = [source_of(r) for r in range(WORLD)]
+                    want = np.full(len(dst_units[rank]) * COUNT, -7, dtype=np.int32)
+                    for m in phase.moves:
+                        if m.dst.rank == rank:
+                            parts = [sources[s.rank][s.unit * COUNT:(s.unit + 1) * COUNT] for s in m.srcs]
+                            want[m.dst.unit * COUNT:(m.dst.unit + 1) * COUNT] = (
+                                parts[0] if len(parts) == 1 else reduce_chunks(parts, DType.INT32, ReduceOp.SUM))
+                    inter = _inter_for(plan, index, phase, rank, groups[rank % G])
+                    views = {phase.src: torch.from_numpy(sources[rank].copy()),
+                             phase.dst: torch.full((len(dst_units[rank]) * COUNT,), -7, dtype=torch.int32)}
+                    tmp = torch.empty(inter.temps * COUNT, dtype=torch.int32)
+                    runner = type("R", (), {"plan": plan, "rank": rank})()
+                    from purlinc.runtime.hierarchical import HierarchicalCollective
+
+                    HierarchicalCollective._run_inter(runner, inter, views, tmp, COUNT,
+                                                      ReduceOp.SUM if spec.is_reduce else None)
+                    got = views[phase.dst].numpy()
+                    if not np.array_equal(got, want):
+                        problems.append(f"{name} G={G} phase {index} ({phase.nccl}) rank {rank}: {got} != {want}")
+        dist.barrier()
+    except Exception as error:  # noqa: BLE001 - reported to the test
+        problems.append(f"rank {rank}: {type(error).__name__}: {error}")
+    finally:
+        queue.put((rank, problems))
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_inter_phases_under_gloo(repo_dir):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, port, str(repo_dir), queue)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=240) for _ in range(WORLD))
+    for p in procs:
+        p.join(timeout=60)
+    problems = [p for r in range(WORLD) for p in results[r]]
+    assert not problems, "\n".join(problems[:20])
+    assert all(p.exitcode == 0 for p in procs)
+
+
+def _topology_worker(rank: int, port: int, repo: str, queue) -> None:
+    """Two gloo processes: the load-time topology errors (before any GPU is touched)."""
+    import torch.distributed as dist
+
+    from purlinc.runtime import hierarchical
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    seen = []
+    try:
+        try:
+            hierarchical.load_hierarchical(os.path.join(repo, "examples", "allreduce.pln"), 3)
+        except Exception as error:  # noqa: BLE001 - the message is the result
+            seen.append(f"{type(error).__name__}: {getattr(error, 'message', error)}")
+        os.environ["LOCAL_WORLD_SIZE"] = str(1 + rank)  # torchrun on two nodes of different sizes
+        try:
+            hierarchical._check_nodes(dist, 1, 2)
+        except Exception as error:  # noqa: BLE001
+            seen.append(f"{type(error).__name__}: {getattr(error, 'message', error)}")
+        os.environ["LOCAL_WORLD_SIZE"] = "2"
+        import socket as socket_module
+
+        real = socket_module.gethostname
+        socket_module.gethostname = lambda: f"host{rank}"  # one "node" of 2 ranks on two hosts
+        try:
+            hierarchical._check_nodes(dist, 2, 2)
+        except Exception as error:  # noqa: BLE001
+            seen.append(f"{type(error).__name__}: {getattr(error, 'message', error)}")
+        finally:
+            socket_module.gethostname = real
+    finally:
+        queue.put((rank, seen))
+        dist.destroy_process_group()
+
+
+def test_load_topology_errors(repo_dir):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_topology_worker, args=(r, port, str(repo_dir), queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=120) for _ in range(2))
+    for p in procs:
+        p.join(timeout=30)
+    for rank in range(2):
+        first, unequal, hosts = results[rank]
+        assert first.startswith("TopologyError: world size R=2 is not a multiple of gpus_per_node=3"), first
+        assert unequal.startswith("TopologyError: nodes of unequal size: torchrun's LOCAL_WORLD_SIZE is 1, 2"), unequal
+        assert hosts.startswith("TopologyError: node 0 (ranks 0..1) spans hosts ['host0', 'host1']"), hosts
