@@ -1049,12 +1049,12 @@ def collect_meta(ctx: Ctx) -> None:
         m["purlinc"] = purlin_api.version()
     except Exception as e:  # noqa: BLE001
         m["purlinc"] = f"not importable ({e})"
-    commit = _run(["git", "-C", str(ROOT), "rev-parse", "HEAD"])
-    if commit:
+    # An explicit --git-commit wins: the device machine's copy of the tree can carry a stale .git.
+    commit = ctx.args.git_commit or _run(["git", "-C", str(ROOT), "rev-parse", "HEAD"])
+    if commit and not ctx.args.git_commit:
         dirty = _run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"])
-        m["git_commit"] = commit + ("-dirty" if dirty else "")
-    else:
-        m["git_commit"] = ctx.args.git_commit
+        commit += "-dirty" if dirty else ""
+    m["git_commit"] = commit
     m["env"] = {k: v for k, v in sorted(os.environ.items())
                 if k.startswith(("NCCL_", "TORCH_SYMM_MEM", "PURLIN_", "CUDA_VISIBLE", "TORCH_NCCL"))}
 
