@@ -337,7 +337,7 @@ class _Node(NamedTuple):
 
 
 class _Order:
-    """Happens-before over two calls, as vector clocks and a topological numbering."""
+    """Happens-before over two calls, as vector clocks and a topological order."""
 
     def __init__(self, schedule: Schedule, fail: _Failure):
         self.schedule = schedule
@@ -351,7 +351,6 @@ class _Order:
         width = self.np + self.world
         # snap[p][pos]: vector clock of that node, excluding its own chain's entry (its pos).
         self.snap: list[list] = [[None] * (CALLS * n) for n in self.n] + [[None] for _ in range(self.world)]
-        self.topo: list[list[int]] = [[-1] * (CALLS * n) for n in self.n] + [[-1] for _ in range(self.world)]
         self.sequence: list[_Node] = []  # the topological order itself
         self.notify_at: dict = {}  # (signal, value) -> _Node
         for p, program in enumerate(self.programs):
@@ -416,7 +415,6 @@ class _Order:
 
         def record(node: _Node, vc) -> None:
             self.snap[node[0]][node[1]] = vc
-            self.topo[node[0]][node[1]] = len(self.sequence)
             self.sequence.append(node)
 
         def arrive(p: int) -> None:
@@ -544,37 +542,7 @@ def _check_monotone(schedule: Schedule, order: _Order) -> None:
                 )
 
 
-# --------------------------------------------------------------------------- 3. races
-
-
-def _accesses(schedule: Schedule, order: _Order) -> dict:
-    """region -> [(node, writes)], one entry per node (a read-modify-write counts as a write)."""
-    table: dict = defaultdict(dict)
-    for p, program in enumerate(schedule.programs):
-        n = len(program.steps)
-        for index, step in enumerate(program.steps):
-            kind = type(step)
-            if kind is Stage:
-                reads = (step.src,)
-            elif kind is Consume:
-                reads = step.srcs
-            else:
-                continue
-            for call in range(CALLS):
-                node = (p, call * n + index)
-                for region in reads:
-                    table[region].setdefault(node, False)
-                table[step.dst][node] = True
-    # The caller of each rank, between its calls, owns its IN and OUT (reads and rewrites them).
-    for rank in range(schedule.world_size):
-        node = _Node(order.np + rank, 0)
-        for space, units in ((Space.IN, schedule.in_units[rank]), (Space.OUT, schedule.out_units[rank])):
-            for unit in range(units):
-                for s in range(schedule.slices):
-                    region = Region(space, rank, unit, s)
-                    if region in table:  # untouched regions cannot race
-                        table[region][node] = True
-    return table
+# --------------------------------------------------------------------------- 3. races, 4. result
 
 
 def _race_message(order: _Order, region: Region, later: _Node, earlier: _Node, later_writes: bool, earlier_writes: bool):
@@ -609,38 +577,6 @@ def _race_message(order: _Order, region: Region, later: _Node, earlier: _Node, l
     return order.key(later), order.error(later, message)
 
 
-def _check_races(schedule: Schedule, order: _Order) -> None:
-    found = []
-    topo, snap = order.topo, order.snap
-
-    def before(a, b) -> bool:  # order.before, inlined: it runs for every access
-        if a[0] == b[0]:
-            return a[1] < b[1]
-        return snap[b[0]][b[1]][a[0]] >= a[1]
-
-    for region, nodes in _accesses(schedule, order).items():
-        if len(nodes) == 1:  # one access conflicts with nothing
-            continue
-        accesses = sorted(nodes.items(), key=lambda item: topo[item[0][0]][item[0][1]])
-        last_write = None
-        reads: list = []
-        for node, writes in accesses:
-            if last_write is not None and not before(last_write, node):
-                found.append(_race_message(order, region, node, last_write, writes, True))
-            if writes:
-                for read in reads:
-                    if not before(read, node):
-                        found.append(_race_message(order, region, node, read, True, False))
-                last_write, reads = node, []
-            else:
-                reads.append(node)
-    if found:
-        raise min(found, key=lambda item: (item[0], item[1].message))[1]
-
-
-# --------------------------------------------------------------------------- 4. result
-
-
 _slot_key = attrgetter("rank", "position")  # Slot's own order, compared in C
 
 
@@ -650,65 +586,197 @@ def _format_value(value: tuple[Slot, ...] | None) -> str:
     return " + ".join(map(str, value))
 
 
-def _check_result(schedule: Schedule, spec: Spec, order: _Order) -> None:
-    # Race-freedom makes every read see the same write in any topological order, so running
-    # call 0 in the one order we have proves the result for all interleavings.
-    values: dict[Region, tuple[Slot, ...] | None] = {}
-    last_writer: dict[Region, _Node] = {}
+def _access_table(programs) -> tuple[list, list, dict]:
+    """Per program and step, its accesses over interned regions: (reads, write), where
+    ``reads`` are region ids read and not written by the step (each once) and ``write`` is
+    the id of the region written (-1: none).  Regions are numbered once here, so the walk
+    below indexes lists instead of hashing a Region per access and call."""
+    ids: dict[Region, int] = {}
+    regions: list[Region] = []
+    table = []
+    none = ((), -1)
+    for program in programs:
+        rows = []
+        for step in program.steps:
+            kind = type(step)
+            if kind is Stage:
+                srcs = (step.src,)
+            elif kind is Consume:
+                srcs = step.srcs
+            else:
+                rows.append(none)
+                continue
+            dst = step.dst
+            w = ids.get(dst)
+            if w is None:
+                w = ids[dst] = len(regions)
+                regions.append(dst)
+            reads = []
+            for region in srcs:
+                r = ids.get(region)
+                if r is None:
+                    r = ids[region] = len(regions)
+                    regions.append(region)
+                if r != w and r not in reads:  # a read-modify-write counts as a write, once
+                    reads.append(r)
+            rows.append((tuple(reads), w))
+        table.append(rows)
+    return table, regions, ids
 
-    inputs: dict[Region, tuple[Slot, ...]] = {}
 
-    def read(region: Region):
+def _check_races_and_result(schedule: Schedule, spec: Spec, order: _Order) -> None:
+    """Steps 3 and 4 in one walk of the topological order.
+
+    Races: per region, accesses in the topological order; each access must be ordered after
+    the previous write, and each write after the reads since the previous write.  The
+    caller of each rank, between its calls, writes every IN and OUT region of its rank that
+    some program touches.  Result: the same walk, over call 0's program steps, runs the
+    symbolic execution; its errors are raised only if there is no race (races first)."""
+    programs = order.programs
+    table, regions, ids = _access_table(programs)
+    nreg = len(regions)
+    np_, n, snap = order.np, order.n, order.snap
+    world = order.world
+    last_write: list = [None] * nreg
+    reads_since: list = [None] * nreg  # None: no read since the last write
+    seen = [False] * nreg
+    # Regions in a caller's care (its rank's IN and OUT), per rank; a region first touched
+    # after its caller ran starts out written by that caller.
+    mine = [[] for _ in range(world)]
+    owner = [-1] * nreg
+    for i, region in enumerate(regions):
+        if region.space is not Space.STAGE:
+            owner[i] = region.rank
+            mine[region.rank].append(i)
+    caller_of: list = [None] * world
+    found = []
+
+    # Result state (call 0): region id -> multiset of slots (a sorted tuple) or None (garbage).
+    values: list = [None] * nreg
+    writer: list = [None] * nreg  # last call-0 writer
+    for i, region in enumerate(regions):
         if region.space is Space.IN:
-            value = inputs.get(region)
-            if value is None:
-                value = inputs[region] = (Slot(region.rank, region.unit),)
-            return value
-        return values.get(region)
+            values[i] = (Slot(region.rank, region.unit),)
+    failure = None
+    reduce = Operation.REDUCE
 
-    np_, n, programs = order.np, order.n, order.programs
+    def race(i, later, earlier, later_writes, earlier_writes):
+        found.append(_race_message(order, regions[i], later, earlier, later_writes, earlier_writes))
+
+    def access(i, node, writes):
+        if not seen[i]:
+            seen[i] = True
+            o = owner[i]
+            if o >= 0 and caller_of[o] is not None:
+                last_write[i] = caller_of[o]
+        lw = last_write[i]
+        if lw is not None:
+            if lw[0] == node[0]:
+                if not lw[1] < node[1]:
+                    race(i, node, lw, writes, True)
+            elif not snap[node[0]][node[1]][lw[0]] >= lw[1]:
+                race(i, node, lw, writes, True)
+        if writes:
+            rs = reads_since[i]
+            if rs is not None:
+                p, pos = node
+                vc = snap[p][pos]
+                for read in rs:
+                    if read[0] == p:
+                        if not read[1] < pos:
+                            race(i, node, read, True, False)
+                    elif not vc[read[0]] >= read[1]:
+                        race(i, node, read, True, False)
+                reads_since[i] = None
+            last_write[i] = node
+        else:
+            rs = reads_since[i]
+            if rs is None:
+                reads_since[i] = [node]
+            else:
+                rs.append(node)
+
     for node in order.sequence:
         p, pos = node
-        if p >= np_ or pos >= n[p]:  # a caller, or call 1
+        if p >= np_:  # a caller: rewrites its rank's IN and OUT
+            rank = p - np_
+            caller_of[rank] = node
+            for i in mine[rank]:
+                if seen[i]:
+                    access(i, node, True)
             continue
-        step = programs[p].steps[pos]
-        kind = type(step)
-        if kind is Stage:
-            srcs = (step.src,)
-        elif kind is Consume:
-            srcs = step.srcs
-        else:
+        count = n[p]
+        index = pos - count if pos >= count else pos
+        reads, w = table[p][index]
+        if w < 0:
             continue
-        got = [read(r) for r in srcs]
-        for region, value in zip(srcs, got):
-            if value is None:
-                writer = last_writer.get(region)
-                why = "nothing writes it before" if writer is None else "it holds garbage"
-                raise order.error(node, f"reads {region.format()}, which holds no data in call 0 ({why})")
-        if kind is Consume and step.operation is Operation.REDUCE:
-            result = tuple(sorted((slot for value in got for slot in value), key=_slot_key))
+        # Races: inlined for the common case (one access, ordered), the rest in access().
+        vc = snap[p][pos]
+        for i in reads:
+            if not seen[i]:
+                access(i, node, False)
+                continue
+            lw = last_write[i]
+            if lw is not None and not (lw[1] < pos if lw[0] == p else vc[lw[0]] >= lw[1]):
+                race(i, node, lw, False, True)
+            rs = reads_since[i]
+            if rs is None:
+                reads_since[i] = [node]
+            else:
+                rs.append(node)
+        access(w, node, True)
+        if pos >= count or failure is not None:
+            continue
+        # Result: call 0, symbolically.
+        step = programs[p].steps[index]
+        if type(step) is Stage:
+            src = ids[step.src]
+            got = values[src]
+            if got is None:
+                failure = _garbage_read(order, node, step.src, writer[src])
+                continue
+            result = got
         else:
-            result = got[0]
-        values[step.dst] = result
-        last_writer[step.dst] = node
+            srcs = [ids[r] for r in step.srcs]
+            got = [values[i] for i in srcs]
+            bad = next((k for k, value in enumerate(got) if value is None), None)
+            if bad is not None:
+                failure = _garbage_read(order, node, step.srcs[bad], writer[srcs[bad]])
+                continue
+            if step.operation is reduce:
+                result = tuple(sorted((slot for value in got for slot in value), key=_slot_key))
+            else:
+                result = got[0]
+        values[w] = result
+        writer[w] = node
+    if found:
+        raise min(found, key=lambda item: (item[0], item[1].message))[1]
+    if failure is not None:
+        raise failure
 
     per_channel = schedule.options.slices
     for rank in range(spec.world_size):
         for unit, sources in enumerate(spec.sources[rank]):
             for s in range(schedule.slices):
                 region = Region(Space.OUT, rank, unit, s)
-                problem = _output_problem(spec, values.get(region), sources)
+                i = ids.get(region)
+                problem = _output_problem(spec, None if i is None else values[i], sources)
                 if problem is None:
                     continue
                 chunk = spec.outputs[rank][unit]
                 line = spec.output_line(rank, unit)
                 named = f"{chunk}" + (f", line {line}" if line is not None else "")
-                writer = last_writer.get(region)
+                last = None if i is None else writer[i]
                 text = f"rank {rank} out[{unit}] ({named}) slice {s} {problem}"
-                if writer is not None:
-                    text += f" (last written by {order.short(writer)}: {describe(order.step(writer))})"
-                _, channel, index, _ = order.where(writer) if writer is not None else (rank, s // per_channel, None, 0)
+                if last is not None:
+                    text += f" (last written by {order.short(last)}: {describe(order.step(last))})"
+                _, channel, index, _ = order.where(last) if last is not None else (rank, s // per_channel, None, 0)
                 raise VerificationError(text, rank=rank, channel=channel, step=order.fail.index(rank, channel, index), call=0)
+
+
+def _garbage_read(order: _Order, node, region: Region, writer) -> VerificationError:
+    why = "nothing writes it before" if writer is None else "it holds garbage"
+    return order.error(node, f"reads {region.format()}, which holds no data in call 0 ({why})")
 
 
 def _output_problem(spec: Spec, value, sources: tuple[Slot, ...]) -> str | None:
@@ -784,5 +852,4 @@ def _verify(schedule: Schedule, spec: Spec) -> None:
     _check_signal_counts(schedule, fail)
     order = _Order(schedule, fail)
     _check_monotone(schedule, order)
-    _check_races(schedule, order)
-    _check_result(schedule, spec, order)
+    _check_races_and_result(schedule, spec, order)
