@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NamedTuple
 
 from purlinc.frontend.ast import Operation
 from purlinc.frontend.spec import Chunk, Spec
@@ -169,7 +170,8 @@ class _Builder:
             raise AssertionError(f"not a builder step: {step!r}")
 
         programs = tuple(
-            Program(rank, 0, tuple(step_for(rank, step) for step in self.steps[rank])) for rank in range(self.world)
+            Program(rank, 0, tuple([step if type(step) in _IR else step_for(rank, step) for step in self.steps[rank]]))
+            for rank in range(self.world)
         )
         decls = tuple(
             SignalDecl(numbered[sig], self.counts[sig], sig.role, _signal_note(sig))
@@ -189,6 +191,9 @@ class _Builder:
             programs=programs,
             channel_signals=width,
         )
+
+
+_IR = frozenset({Stage, Consume})  # builder steps that are IR already (they name no signal)
 
 
 def _signal_note(sig: _Sig) -> str:
@@ -212,9 +217,11 @@ def _names(chunks) -> str:
     return ", ".join(chunks) if len(chunks) <= 4 else ", ".join(chunks[:3]) + f", ... ({len(chunks)} chunks)"
 
 
-@lru_cache(maxsize=1 << 18)
+@lru_cache(maxsize=1 << 21)
 def _reg(space: Space, rank: int, unit: int, s: int) -> Region:
-    """One Region object per place (cached): big schedules name each region several times."""
+    """One Region object per place (cached): big schedules name each region several times.
+    Sized for R=72 (an all-reduce by direct-push names 380k places): the verifier numbers
+    regions by object identity first, so sharing objects also speeds up the proof."""
     return Region(space, rank, unit, s)
 
 
@@ -222,9 +229,11 @@ def _reg(space: Space, rank: int, unit: int, s: int) -> Region:
 # Shared by the lowerings: one-shot messages, consumes into OUT
 
 
-@dataclass(frozen=True, slots=True)
-class _Msg:
-    """A chunk moved from ``src`` (on its producer) to ``dst`` (unit on the consumer)."""
+class _Msg(NamedTuple):
+    """A chunk moved from ``src`` (on its producer) to ``dst`` (unit on the consumer).
+
+    A named tuple, not a frozen dataclass: direct-push makes one per (slot, consumer),
+    R^2 (R-1) of them for an all-reduce, and tuples are built in C."""
 
     chunk: Chunk
     producer: int
@@ -235,7 +244,10 @@ class _Msg:
 
 def _consume_into(b: _Builder, rank: int, need: _Need, positions, srcs, s: int, src_rank=None) -> None:
     """One Consume into the first position, then copies to the others (bitwise the same)."""
-    regions = tuple(_reg(space, rank if src_rank is None else src_rank[i], unit, s) for i, (space, unit) in enumerate(srcs))
+    if src_rank is None:
+        regions = tuple([_reg(space, rank, unit, s) for space, unit in srcs])
+    else:
+        regions = tuple([_reg(space, src_rank[i], unit, s) for i, (space, unit) in enumerate(srcs)])
     first = _reg(OUT, rank, positions[0], s)
     b.consume(rank, regions, first, need.chunk, positions[0])
     for position in positions[1:]:

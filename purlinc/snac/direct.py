@@ -7,7 +7,7 @@ from collections import defaultdict
 from purlinc.errors import PurlinError
 from purlinc.frontend.spec import Slot, Spec
 from purlinc.snac.builder import IN, OUT, STAGE, _ack, _Builder, _consume_into, _data, _from, _Msg, _names, _reg, _text
-from purlinc.snac.ir import LowerOptions, Schedule, Space
+from purlinc.snac.ir import LowerOptions, Schedule, Space, Stage
 from purlinc.snac.needs import _copy_source, _needs
 
 
@@ -28,11 +28,18 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
     needs = _needs(spec)
     # Units on each consumer in (producer, input position) order: what one producer sends
     # one consumer is contiguous there, so the datapath may move it as one block.
-    wanted = set()
+    # (consumer, slot rank, slot position): plain ints, hashed and sorted in C.
+    wanted: set[tuple[int, int, int]] = set()
     for need in needs:
+        if spec.is_reduce:
+            sources = [(slot.rank, slot.position) for slot in need.sources]
+            for consumer, _ in need.positions:
+                wanted.update([(consumer, rank, position) for rank, position in sources if rank != consumer])
+            continue
         for consumer, _ in need.positions:
-            slots = need.sources if spec.is_reduce else (_copy_source(need, consumer),)
-            wanted.update((slot, consumer) for slot in slots if slot.rank != consumer)
+            slot = _copy_source(need, consumer)
+            if slot.rank != consumer:
+                wanted.add((consumer, slot.rank, slot.position))
     packed = options.packed
     if packed and registered_out:
         raise PurlinError(
@@ -41,8 +48,8 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
         )
     if not registered_out:
         # Slot orders as (rank, position): sort plain int tuples, not dataclasses.
-        for _, _, _, slot, consumer in sorted((c, slot.rank, slot.position, slot, c) for slot, c in wanted):
-            landed[slot.rank, slot.position, consumer] = b.unit(consumer)
+        for consumer, rank, position in sorted(wanted):
+            landed[rank, position, consumer] = b.unit(consumer)
             if packed:  # packets are twice the data: the next unit holds their second half
                 b.unit(consumer)
     staged: set[tuple[int, int, int]] = set()  # (slot rank, slot position, consumer) already sent to STAGE
@@ -107,16 +114,17 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
         for m in mine:
             sent_to[m.consumer].append(m.chunk)
         notes = {c: f"{_names(sent_to[c])} for r{c}" for c in rotated}
+        # Per message, what every slice's stage needs (hoisted: hundreds of thousands of stages).
+        rows = [(m.src[0], m.src[1], m.dst[0], m.consumer, m.dst[1], f"{_text(m.chunk)} for r{m.consumer}") for m in mine]
+        append = b.steps[producer].append
         for s in range(S):
-            for m in mine:
-                src, dst = _reg(m.src[0], producer, m.src[1], s), _reg(m.dst[0], m.consumer, m.dst[1], s)
-                if packed:  # the notify rides in the packets: one k per message slice
-                    b.stage_packed(producer, src, dst, _data(producer, m.consumer), f"{_text(m.chunk)} for r{m.consumer}",
-                                   keys=(("data", producer, m.consumer, s),))
-                    continue
-                b.stage(producer, src, dst, f"{_text(m.chunk)} for r{m.consumer}")
-            if packed:
+            if packed:  # the notify rides in the packets: one k per message slice
+                for src_space, src_unit, dst_space, consumer, dst_unit, note in rows:
+                    b.stage_packed(producer, _reg(src_space, producer, src_unit, s), _reg(dst_space, consumer, dst_unit, s),
+                                   _data(producer, consumer), note, keys=(("data", producer, consumer, s),))
                 continue
+            for src_space, src_unit, dst_space, consumer, dst_unit, note in rows:  # b.stage, inlined
+                append(Stage(_reg(src_space, producer, src_unit, s), _reg(dst_space, consumer, dst_unit, s), note))
             for consumer in rotated:
                 b.notify(producer, _data(producer, consumer), notes[consumer], keys=(("data", producer, consumer, s),))
     # 4. Outputs made only of local inputs: no need to wait for anyone.

@@ -281,9 +281,32 @@ def _check_steps(schedule: Schedule, fail: _Failure) -> None:
                 if (src.slice == dst.slice and _region_fault(schedule, src, rank, channel, False) is None
                         and _region_fault(schedule, dst, rank, channel, True) is None):
                     continue
+            elif type(step) is Consume and _consume_ok(schedule, step, rank, channel):
+                continue
             problem = _step_problem(schedule, step, rank, channel, per_call)
             if problem is not None:
                 raise fail.at(rank, channel, index, problem)
+
+
+def _consume_ok(schedule: Schedule, step: Consume, rank: int, channel: int) -> bool:
+    """``_step_problem`` of a Consume finds nothing (True), or may find something (False:
+    then ``_step_problem`` names it).  The same checks, without building messages: reduces
+    have hundreds of sources at R=72."""
+    srcs, dst = step.srcs, step.dst
+    if not srcs:
+        return False
+    if step.operation is Operation.COPY:
+        if len(srcs) != 1:
+            return False
+    elif step.operation is not Operation.REDUCE or schedule.operation is Operation.COPY:
+        return False
+    if _region_fault(schedule, dst, rank, channel, True) is not None:
+        return False
+    s = dst.slice
+    for region in srcs:  # a source that is the destination passed as a write just above
+        if region.slice != s or _region_fault(schedule, region, rank, channel, False) is not None:
+            return False
+    return True
 
 
 def _notify_sites(schedule: Schedule) -> dict:
@@ -403,6 +426,9 @@ class _Order:
     def _run(self, width: int) -> None:
         np_, n, channels = self.np, self.n, self.channels
         clock = [np.full(width, -1, dtype=np.int64) for _ in range(np_)]
+        # clock[p] as a Python list, for snap (None: not listed since it last changed).  The
+        # race walk indexes snaps millions of times: list items are cheaper than NumPy scalars.
+        listed: list = [None] * np_
         pos = [0] * np_
         arrived = [False] * np_
         passed = [False] * np_
@@ -427,7 +453,7 @@ class _Order:
             for q in range(rank * channels, (rank + 1) * channels):
                 vc = np.maximum(vc, clock[q])
                 vc[q] = max(int(vc[q]), n[q] - 1)
-            record(_Node(np_ + rank, 0), vc)
+            record(_Node(np_ + rank, 0), vc.tolist())
             vc = vc.copy()
             vc[np_ + rank] = 0
             caller_clock[rank] = vc
@@ -453,6 +479,7 @@ class _Order:
                         at_boundary[rank].append(p)
                         break
                     clock[p] = np.maximum(clock[p], caller_clock[rank])
+                    listed[p] = None
                     passed[p] = True
                 if pos[p] == CALLS * n[p]:
                     break
@@ -466,7 +493,11 @@ class _Order:
                             blocked[(step.signal, target)].append(p)
                             break
                         clock[p] = np.maximum(clock[p], source)
-                record((p, pos[p]), clock[p])
+                        listed[p] = None
+                vc = listed[p]
+                if vc is None:
+                    vc = listed[p] = clock[p].tolist()
+                record((p, pos[p]), vc)
                 if isinstance(step, Notify):
                     value = call * self.per_call[step.signal] + step.k
                     vc = clock[p].copy()
@@ -587,14 +618,29 @@ def _format_value(value: tuple[Slot, ...] | None) -> str:
 
 
 def _access_table(programs) -> tuple[list, list, dict]:
-    """Per program and step, its accesses over interned regions: (reads, write), where
-    ``reads`` are region ids read and not written by the step (each once) and ``write`` is
-    the id of the region written (-1: none).  Regions are numbered once here, so the walk
+    """Per program and step, its accesses over interned regions: (reads, write, sources),
+    where ``reads`` are region ids read and not written by the step (each once), ``write``
+    is the id of the region written (-1: none) and ``sources`` the ids of its sources in
+    order (what the symbolic execution reads).  Regions are numbered once here, so the walk
     below indexes lists instead of hashing a Region per access and call."""
     ids: dict[Region, int] = {}
     regions: list[Region] = []
+    # Lowerings share one Region object per place (``builder._reg``): look objects up by
+    # identity first (an int hashed in C; a Region's hash is Python code), by value on a miss,
+    # so equal regions that are distinct objects still get one number.  The schedule keeps
+    # every object alive, so no id is reused while this table lives.
+    by_object: dict[int, int] = {}
     table = []
-    none = ((), -1)
+
+    def number(region: Region) -> int:
+        r = ids.get(region)
+        if r is None:
+            r = ids[region] = len(regions)
+            regions.append(region)
+        by_object[id(region)] = r
+        return r
+
+    none = ((), -1, None)
     for program in programs:
         rows = []
         for step in program.steps:
@@ -607,19 +653,20 @@ def _access_table(programs) -> tuple[list, list, dict]:
                 rows.append(none)
                 continue
             dst = step.dst
-            w = ids.get(dst)
+            w = by_object.get(id(dst))
             if w is None:
-                w = ids[dst] = len(regions)
-                regions.append(dst)
-            reads = []
+                w = number(dst)
+            order = []
             for region in srcs:
-                r = ids.get(region)
+                r = by_object.get(id(region))
                 if r is None:
-                    r = ids[region] = len(regions)
-                    regions.append(region)
-                if r != w and r not in reads:  # a read-modify-write counts as a write, once
-                    reads.append(r)
-            rows.append((tuple(reads), w))
+                    r = number(region)
+                order.append(r)
+            if len(order) == 1:
+                reads = () if order[0] == w else (order[0],)
+            else:  # each region once; a read-modify-write counts as a write
+                reads = tuple(r for r in dict.fromkeys(order) if r != w)
+            rows.append((reads, w, order))
         table.append(rows)
     return table, regions, ids
 
@@ -658,7 +705,6 @@ def _check_races_and_result(schedule: Schedule, spec: Spec, order: _Order) -> No
         if region.space is Space.IN:
             values[i] = (Slot(region.rank, region.unit),)
     failure = None
-    reduce = Operation.REDUCE
 
     def race(i, later, earlier, later_writes, earlier_writes):
         found.append(_race_message(order, regions[i], later, earlier, later_writes, earlier_writes))
@@ -707,7 +753,7 @@ def _check_races_and_result(schedule: Schedule, spec: Spec, order: _Order) -> No
             continue
         count = n[p]
         index = pos - count if pos >= count else pos
-        reads, w = table[p][index]
+        reads, w, sources = table[p][index]
         if w < 0:
             continue
         # Races: inlined for the common case (one access, ordered), the rest in access().
@@ -724,29 +770,37 @@ def _check_races_and_result(schedule: Schedule, spec: Spec, order: _Order) -> No
                 reads_since[i] = [node]
             else:
                 rs.append(node)
-        access(w, node, True)
+        if not seen[w]:
+            access(w, node, True)
+        else:  # access(w, node, True), inlined
+            lw = last_write[w]
+            if lw is not None and not (lw[1] < pos if lw[0] == p else vc[lw[0]] >= lw[1]):
+                race(w, node, lw, True, True)
+            rs = reads_since[w]
+            if rs is not None:
+                for read in rs:
+                    if not (read[1] < pos if read[0] == p else vc[read[0]] >= read[1]):
+                        race(w, node, read, True, False)
+                reads_since[w] = None
+            last_write[w] = node
         if pos >= count or failure is not None:
             continue
         # Result: call 0, symbolically.
-        step = programs[p].steps[index]
-        if type(step) is Stage:
-            src = ids[step.src]
-            got = values[src]
-            if got is None:
-                failure = _garbage_read(order, node, step.src, writer[src])
+        if len(sources) == 1:
+            src = sources[0]
+            result = values[src]
+            if result is None:
+                failure = _garbage_read(order, node, regions[src], writer[src])
                 continue
-            result = got
         else:
-            srcs = [ids[r] for r in step.srcs]
-            got = [values[i] for i in srcs]
+            got = [values[i] for i in sources]
             bad = next((k for k, value in enumerate(got) if value is None), None)
             if bad is not None:
-                failure = _garbage_read(order, node, step.srcs[bad], writer[srcs[bad]])
+                failure = _garbage_read(order, node, regions[sources[bad]], writer[sources[bad]])
                 continue
-            if step.operation is reduce:
-                result = tuple(sorted((slot for value in got for slot in value), key=_slot_key))
-            else:
-                result = got[0]
+            # Several sources: a reduce (step 1 rejects a copy of more than one).  A single
+            # source is a copy, or a reduce of one value, which is already sorted.
+            result = tuple(sorted((slot for value in got for slot in value), key=_slot_key))
         values[w] = result
         writer[w] = node
     if found:
