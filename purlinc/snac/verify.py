@@ -273,9 +273,20 @@ def _step_problem(schedule: Schedule, step: Step, rank: int, channel: int, per_c
 
 def _check_steps(schedule: Schedule, fail: _Failure) -> None:
     per_call = schedule.per_call()
+    known: dict[int, int] = {}  # id(Signal) -> per_call, for declared signals (see _Order)
     for program in schedule.programs:
         rank, channel = program.rank, program.channel
         for index, step in enumerate(program.steps):
+            kind = type(step)
+            if kind is Notify or kind is Wait:  # as quickly: the checks of _step_problem
+                signal = step.signal
+                total = known.get(id(signal))
+                if total is None and signal in per_call:
+                    total = known[id(signal)] = per_call[signal]
+                if total is not None:
+                    k = step.k
+                    if (1 <= k <= total) if kind is Notify else (signal.owner == rank and -total < k <= total):
+                        continue
             if type(step) is Stage and step.signal is None:  # the common case, quickly
                 src, dst = step.src, step.dst
                 if (src.slice == dst.slice and _region_fault(schedule, src, rank, channel, False) is None
@@ -312,10 +323,14 @@ def _consume_ok(schedule: Schedule, step: Consume, rank: int, channel: int) -> b
 def _notify_sites(schedule: Schedule) -> dict:
     """signal -> k -> [(program index, step index)] within one call."""
     sites: dict = defaultdict(lambda: defaultdict(list))
+    by_object: dict = {}  # id(Signal) -> its entry of sites (a Signal's hash is Python code)
     for p, program in enumerate(schedule.programs):
         for index, step in enumerate(program.steps):
-            if isinstance(step, Notify):
-                sites[step.signal][step.k].append((p, index))
+            if type(step) is Notify or isinstance(step, Notify):
+                entry = by_object.get(id(step.signal))
+                if entry is None:
+                    entry = by_object[id(step.signal)] = sites[step.signal]
+                entry[step.k].append((p, index))
     return sites
 
 
@@ -375,16 +390,41 @@ class _Order:
         # snap[p][pos]: vector clock of that node, excluding its own chain's entry (its pos).
         self.snap: list[list] = [[None] * (CALLS * n) for n in self.n] + [[None] for _ in range(self.world)]
         self.sequence: list[_Node] = []  # the topological order itself
-        self.notify_at: dict = {}  # (signal, value) -> _Node
+        self.notify_at: dict = {}  # (signal number, value) -> _Node; see notify_of
+        # Per program and step: None, or (is a wait, signal number, per_call, k).  Signals are
+        # numbered here so that the proof hashes int pairs, not Signal dataclasses (whose hash
+        # is Python code): by object identity first (lowerings share one Signal object per
+        # signal; the schedule keeps them alive), by value on a miss.
+        self.events: list[list] = []
+        self.numbers: dict = {}  # Signal -> its number
+        by_object: dict = {}  # id(Signal) -> (number, per_call)
         for p, program in enumerate(self.programs):
-            for call in range(CALLS):
-                for index, step in enumerate(program.steps):
-                    if isinstance(step, Notify):
-                        value = call * self.per_call[step.signal] + step.k
-                        self.notify_at[(step.signal, value)] = (p, call * self.n[p] + index)
+            count = self.n[p]
+            events = [None] * count
+            for index, step in enumerate(program.steps):
+                kind = type(step)
+                if kind is Stage or kind is Consume:
+                    continue
+                wait = isinstance(step, Wait)
+                if wait or isinstance(step, Notify):
+                    signal = step.signal
+                    known = by_object.get(id(signal))
+                    if known is None:
+                        known = (self.numbers.setdefault(signal, len(self.numbers)), self.per_call[signal])
+                        by_object[id(signal)] = known
+                    number, per_call = known
+                    events[index] = (wait, number, per_call, step.k)
+                    if not wait:
+                        for call in range(CALLS):
+                            self.notify_at[(number, call * per_call + step.k)] = (p, call * count + index)
+            self.events.append(events)
         self._run(width)
 
     # ---- queries
+
+    def notify_of(self, signal, value: int) -> _Node:
+        """The notify that stores ``value`` into ``signal`` (KeyError: none does)."""
+        return self.notify_at[(self.numbers[signal], value)]
 
     def is_caller(self, node: _Node) -> bool:
         return node[0] >= self.np
@@ -426,9 +466,6 @@ class _Order:
     def _run(self, width: int) -> None:
         np_, n, channels = self.np, self.n, self.channels
         clock = [np.full(width, -1, dtype=np.int64) for _ in range(np_)]
-        # clock[p] as a Python list, for snap (None: not listed since it last changed).  The
-        # race walk indexes snaps millions of times: list items are cheaper than NumPy scalars.
-        listed: list = [None] * np_
         pos = [0] * np_
         arrived = [False] * np_
         passed = [False] * np_
@@ -438,6 +475,7 @@ class _Order:
         blocked: dict = defaultdict(list)  # (signal, value) -> programs waiting for it
         at_boundary: dict = defaultdict(list)  # rank -> programs waiting for its caller
         ready = deque(range(np_))
+        append = self.sequence.append
 
         def record(node: _Node, vc) -> None:
             self.snap[node[0]][node[1]] = vc
@@ -453,7 +491,7 @@ class _Order:
             for q in range(rank * channels, (rank + 1) * channels):
                 vc = np.maximum(vc, clock[q])
                 vc[q] = max(int(vc[q]), n[q] - 1)
-            record(_Node(np_ + rank, 0), vc.tolist())
+            record(_Node(np_ + rank, 0), vc)
             vc = vc.copy()
             vc[np_ + rank] = 0
             caller_clock[rank] = vc
@@ -468,8 +506,13 @@ class _Order:
                 second_call.clear()
             p = ready.popleft()
             rank = p // channels
+            # Program p's position and clock live in locals while it runs (written back below).
+            events, count, snap_p = self.events[p], n[p], self.snap[p]
+            end = CALLS * count
+            position, vc = pos[p], clock[p]
             while True:
-                if pos[p] == n[p] and not passed[p]:
+                if position == count and not passed[p]:
+                    clock[p] = vc  # arrive() reads it
                     if not arrived[p]:
                         arrive(p)
                         if caller_clock[rank] is not None:
@@ -478,33 +521,39 @@ class _Order:
                     if caller_clock[rank] is None:
                         at_boundary[rank].append(p)
                         break
-                    clock[p] = np.maximum(clock[p], caller_clock[rank])
-                    listed[p] = None
+                    vc = np.maximum(vc, caller_clock[rank])
                     passed[p] = True
-                if pos[p] == CALLS * n[p]:
+                if position == end:
                     break
-                call, index = divmod(pos[p], n[p])
-                step = self.programs[p].steps[index]
-                if isinstance(step, Wait):
-                    target = call * self.per_call[step.signal] + step.k
-                    if target > 0:
-                        source = notified.get((step.signal, target))
+                event = events[position - count if position >= count else position]
+                if event is None:  # a stage or consume: ordered by program order alone
+                    snap_p[position] = vc
+                    append((p, position))
+                    position += 1
+                    continue
+                wait, signal, per_call, k = event
+                value = (position // count) * per_call + k
+                if wait:
+                    if value > 0:
+                        source = notified.get((signal, value))
                         if source is None:
-                            blocked[(step.signal, target)].append(p)
+                            blocked[(signal, value)].append(p)
                             break
-                        clock[p] = np.maximum(clock[p], source)
-                        listed[p] = None
-                vc = listed[p]
-                if vc is None:
-                    vc = listed[p] = clock[p].tolist()
-                record((p, pos[p]), vc)
-                if isinstance(step, Notify):
-                    value = call * self.per_call[step.signal] + step.k
-                    vc = clock[p].copy()
-                    vc[p] = pos[p]
-                    notified[(step.signal, value)] = vc
-                    ready.extend(blocked.pop((step.signal, value), []))
-                pos[p] += 1
+                        # A notify's clock is (its program's clock, its program, its position).
+                        vc = np.maximum(vc, source[0])
+                        if vc[source[1]] < source[2]:
+                            vc[source[1]] = source[2]  # vc is fresh from np.maximum: no snap shares it
+                    snap_p[position] = vc
+                    append((p, position))
+                else:
+                    snap_p[position] = vc
+                    append((p, position))
+                    notified[(signal, value)] = (vc, p, position)  # no copy: vc is never changed in place
+                    waiting = blocked.pop((signal, value), None)
+                    if waiting:
+                        ready.extend(waiting)
+                position += 1
+            pos[p], clock[p] = position, vc
 
         stuck = [p for p in range(np_) if pos[p] < CALLS * n[p] or not passed[p]]
         if stuck:
@@ -522,7 +571,7 @@ class _Order:
             step = self.step(_Node(p, pos[p]))
             call = pos[p] // self.n[p]
             value = call * self.per_call[step.signal] + step.k
-            source = self.notify_at[(step.signal, value)]
+            source = self.notify_of(step.signal, value)
             return source[0], f"waits for {self.short(source)} ({describe(self.step(source))})"
 
         seen: dict[int, int] = {}
@@ -561,9 +610,10 @@ def _check_monotone(schedule: Schedule, order: _Order) -> None:
     """A notify stores its value: the signal's notifies must happen in increasing value."""
     for decl in schedule.signals:
         per_call = decl.per_call
+        number = order.numbers[decl.signal]  # every declared signal is notified (checked before)
         for value in range(1, CALLS * per_call):
-            earlier = order.notify_at[(decl.signal, value)]
-            later = order.notify_at[(decl.signal, value + 1)]
+            earlier = order.notify_at[(number, value)]
+            later = order.notify_at[(number, value + 1)]
             if not order.before(earlier, later):
                 raise order.error(
                     later,
