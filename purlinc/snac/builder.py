@@ -22,10 +22,12 @@ IN, OUT, STAGE = Space.IN, Space.OUT, Space.STAGE
 
 # --------------------------------------------------------------------------------------
 # The builder: template programs with symbolic signals and deferred ack counts
+#
+# Its own records are named tuples, not frozen dataclasses: a schedule at R=72 makes
+# hundreds of thousands of them, and tuples are built, hashed and compared in C.
 
 
-@dataclass(frozen=True, slots=True)
-class _Sig:
+class _Sig(NamedTuple):
     """A signal before numbering: DATA(owner=consumer, peer=producer) or ACK(owner=producer, peer=consumer)."""
 
     owner: int
@@ -33,16 +35,14 @@ class _Sig:
     peer: int
 
 
-@dataclass(frozen=True, slots=True)
-class _Ref:
+class _Ref(NamedTuple):
     """A wait's target, resolved at the end: the k recorded under ``key``, minus per_call if ``previous``."""
 
     key: object
     previous: bool
 
 
-@dataclass(frozen=True, slots=True)
-class _TStage:
+class _TStage(NamedTuple):
     """A packed (LL) Stage before numbering: it notifies ``sig`` with ``k``."""
 
     src: Region
@@ -52,15 +52,13 @@ class _TStage:
     k: int
 
 
-@dataclass(frozen=True, slots=True)
-class _TNotify:
+class _TNotify(NamedTuple):
     sig: _Sig
     k: int
     note: str
 
 
-@dataclass(frozen=True, slots=True)
-class _TWait:
+class _TWait(NamedTuple):
     ref: _Ref
     note: str
 
