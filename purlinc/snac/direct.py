@@ -54,26 +54,31 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
                 b.unit(consumer)
     staged: set[tuple[int, int, int]] = set()  # (slot rank, slot position, consumer) already sent to STAGE
     for need in needs:
+        chunk = need.chunk
+        # (rank, position, where it is read on its own rank) of each source slot: plain
+        # tuples, made once per need rather than once per consumer (R^3 of them at R=72).
+        if spec.is_reduce:
+            sources = [(slot.rank, slot.position, (IN, slot.position)) for slot in need.sources]
         for consumer, positions in need.positions:
-            if spec.is_reduce:
-                slots = need.sources
-            else:
-                slots = (_copy_source(need, consumer),)
+            if not spec.is_reduce:
+                slot = _copy_source(need, consumer)
+                sources = [(slot.rank, slot.position, (IN, slot.position))]
             srcs = []
-            for slot in slots:
-                if slot.rank == consumer:
-                    srcs.append((IN, slot.position))
+            for rank, position, own in sources:
+                if rank == consumer:
+                    srcs.append(own)
                     continue
                 if registered_out:
-                    for position in positions:
-                        msgs.append(_Msg(need.chunk, slot.rank, consumer, (IN, slot.position), (OUT, position)))
+                    for out in positions:
+                        msgs.append(_Msg(chunk, rank, consumer, own, (OUT, out)))
                     srcs = None
                     continue
-                key = (slot.rank, slot.position, consumer)
+                key = (rank, position, consumer)
+                landing = (STAGE, landed[key])
                 if key not in staged:
                     staged.add(key)
-                    msgs.append(_Msg(need.chunk, slot.rank, consumer, (IN, slot.position), (STAGE, landed[key])))
-                srcs.append((STAGE, landed[key]))
+                    msgs.append(_Msg(chunk, rank, consumer, own, landing))
+                srcs.append(landing)
             if srcs is None:  # landed straight in OUT
                 remote_work[consumer].append((need, positions, None))
                 continue
