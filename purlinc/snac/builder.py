@@ -211,7 +211,7 @@ def _text(chunk: Chunk) -> str:
 
 
 def _names(chunks) -> str:
-    chunks = list(dict.fromkeys(_text(c) for c in chunks))
+    chunks = list(dict.fromkeys(map(_text, chunks)))  # map: _text is C (lru_cache), no Python frame per chunk
     return ", ".join(chunks) if len(chunks) <= 4 else ", ".join(chunks[:3]) + f", ... ({len(chunks)} chunks)"
 
 
