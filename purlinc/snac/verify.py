@@ -691,24 +691,30 @@ def _access_table(programs) -> tuple[list, list, dict]:
         return r
 
     none = ((), -1, None)
+    known = by_object.get
     for program in programs:
         rows = []
+        append = rows.append
         for step in program.steps:
             kind = type(step)
-            if kind is Stage:
-                srcs = (step.src,)
-            elif kind is Consume:
-                srcs = step.srcs
-            else:
-                rows.append(none)
+            if kind is Stage:  # the common step, quickly: one source, one destination
+                w = known(id(step.dst))
+                if w is None:
+                    w = number(step.dst)
+                r = known(id(step.src))
+                if r is None:
+                    r = number(step.src)
+                append(((r,) if r != w else (), w, (r,)))
                 continue
-            dst = step.dst
-            w = by_object.get(id(dst))
+            if kind is not Consume:
+                append(none)
+                continue
+            w = known(id(step.dst))
             if w is None:
-                w = number(dst)
+                w = number(step.dst)
             order = []
-            for region in srcs:
-                r = by_object.get(id(region))
+            for region in step.srcs:
+                r = known(id(region))
                 if r is None:
                     r = number(region)
                 order.append(r)
@@ -716,7 +722,7 @@ def _access_table(programs) -> tuple[list, list, dict]:
                 reads = () if order[0] == w else (order[0],)
             else:  # each region once; a read-modify-write counts as a write
                 reads = tuple(r for r in dict.fromkeys(order) if r != w)
-            rows.append((reads, w, order))
+            append((reads, w, order))
         table.append(rows)
     return table, regions, ids
 
@@ -736,16 +742,12 @@ def _check_races_and_result(schedule: Schedule, spec: Spec, order: _Order) -> No
     world = order.world
     last_write: list = [None] * nreg
     reads_since: list = [None] * nreg  # None: no read since the last write
-    seen = [False] * nreg
-    # Regions in a caller's care (its rank's IN and OUT), per rank; a region first touched
-    # after its caller ran starts out written by that caller.
+    # Regions in a caller's care, per rank: its IN and OUT regions that some program touches
+    # (the table numbers every region any step touches, in either call).
     mine = [[] for _ in range(world)]
-    owner = [-1] * nreg
     for i, region in enumerate(regions):
         if region.space is not Space.STAGE:
-            owner[i] = region.rank
             mine[region.rank].append(i)
-    caller_of: list = [None] * world
     found = []
 
     # Result state (call 0): region id -> multiset of slots (a sorted tuple) or None (garbage).
@@ -759,59 +761,35 @@ def _check_races_and_result(schedule: Schedule, spec: Spec, order: _Order) -> No
     def race(i, later, earlier, later_writes, earlier_writes):
         found.append(_race_message(order, regions[i], later, earlier, later_writes, earlier_writes))
 
-    def access(i, node, writes):
-        if not seen[i]:
-            seen[i] = True
-            o = owner[i]
-            if o >= 0 and caller_of[o] is not None:
-                last_write[i] = caller_of[o]
+    def written(i, node):
+        """Region ``i`` written by ``node``: ordered after the last write and the reads since."""
+        p, pos = node
+        vc = snap[p][pos]
         lw = last_write[i]
-        if lw is not None:
-            if lw[0] == node[0]:
-                if not lw[1] < node[1]:
-                    race(i, node, lw, writes, True)
-            elif not snap[node[0]][node[1]][lw[0]] >= lw[1]:
-                race(i, node, lw, writes, True)
-        if writes:
-            rs = reads_since[i]
-            if rs is not None:
-                p, pos = node
-                vc = snap[p][pos]
-                for read in rs:
-                    if read[0] == p:
-                        if not read[1] < pos:
-                            race(i, node, read, True, False)
-                    elif not vc[read[0]] >= read[1]:
-                        race(i, node, read, True, False)
-                reads_since[i] = None
-            last_write[i] = node
-        else:
-            rs = reads_since[i]
-            if rs is None:
-                reads_since[i] = [node]
-            else:
-                rs.append(node)
+        if lw is not None and not (lw[1] < pos if lw[0] == p else vc[lw[0]] >= lw[1]):
+            race(i, node, lw, True, True)
+        rs = reads_since[i]
+        if rs is not None:
+            for read in rs:
+                if not (read[1] < pos if read[0] == p else vc[read[0]] >= read[1]):
+                    race(i, node, read, True, False)
+            reads_since[i] = None
+        last_write[i] = node
 
     for node in order.sequence:
         p, pos = node
         if p >= np_:  # a caller: rewrites its rank's IN and OUT
-            rank = p - np_
-            caller_of[rank] = node
-            for i in mine[rank]:
-                if seen[i]:
-                    access(i, node, True)
+            for i in mine[p - np_]:
+                written(i, node)
             continue
         count = n[p]
         index = pos - count if pos >= count else pos
         reads, w, sources = table[p][index]
         if w < 0:
             continue
-        # Races: inlined for the common case (one access, ordered), the rest in access().
+        # Races, inlined: this runs for every access of every step in both calls.
         vc = snap[p][pos]
         for i in reads:
-            if not seen[i]:
-                access(i, node, False)
-                continue
             lw = last_write[i]
             if lw is not None and not (lw[1] < pos if lw[0] == p else vc[lw[0]] >= lw[1]):
                 race(i, node, lw, False, True)
@@ -820,19 +798,16 @@ def _check_races_and_result(schedule: Schedule, spec: Spec, order: _Order) -> No
                 reads_since[i] = [node]
             else:
                 rs.append(node)
-        if not seen[w]:
-            access(w, node, True)
-        else:  # access(w, node, True), inlined
-            lw = last_write[w]
-            if lw is not None and not (lw[1] < pos if lw[0] == p else vc[lw[0]] >= lw[1]):
-                race(w, node, lw, True, True)
-            rs = reads_since[w]
-            if rs is not None:
-                for read in rs:
-                    if not (read[1] < pos if read[0] == p else vc[read[0]] >= read[1]):
-                        race(w, node, read, True, False)
-                reads_since[w] = None
-            last_write[w] = node
+        lw = last_write[w]  # written(w, node), inlined
+        if lw is not None and not (lw[1] < pos if lw[0] == p else vc[lw[0]] >= lw[1]):
+            race(w, node, lw, True, True)
+        rs = reads_since[w]
+        if rs is not None:
+            for read in rs:
+                if not (read[1] < pos if read[0] == p else vc[read[0]] >= read[1]):
+                    race(w, node, read, True, False)
+            reads_since[w] = None
+        last_write[w] = node
         if pos >= count or failure is not None:
             continue
         # Result: call 0, symbolically.
