@@ -211,7 +211,11 @@ def _text(chunk: Chunk) -> str:
 
 
 def _names(chunks) -> str:
-    chunks = list(dict.fromkeys(map(_text, chunks)))  # map: _text is C (lru_cache), no Python frame per chunk
+    chunks = chunks if isinstance(chunks, (list, tuple)) else list(chunks)
+    # Distinct objects first (by id, all in C: a Chunk's hash is Python code), then distinct
+    # texts in order of first appearance; edges of big schedules list the same chunk objects.
+    unique = dict(zip(map(id, chunks), chunks)).values()
+    chunks = list(dict.fromkeys(map(_text, unique)))
     return ", ".join(chunks) if len(chunks) <= 4 else ", ".join(chunks[:3]) + f", ... ({len(chunks)} chunks)"
 
 
