@@ -20,26 +20,28 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
     S, R = b.slices, b.world
     registered_out = "out" in options.registered and not spec.is_reduce
     msgs: list[_Msg] = []
-    # (slot rank, slot position, consumer) -> STAGE unit on consumer (int keys hash in C)
-    landed: dict[tuple[int, int, int], int] = {}
+    # (consumer, slot rank, slot position) as one int, (consumer * R + rank) * P + position:
+    # ints sort and hash much faster than tuples, and R^2 (R-1) of them at R=72 for an
+    # all-reduce; their order is the tuples' order.
+    P = max((len(layout) for layout in spec.inputs), default=0) + 1
+    landed: dict[int, int] = {}  # slot + consumer key -> STAGE unit on the consumer
     local_work: list[list] = [[] for _ in range(R)]  # per rank: (srcs-fn, dst-fn)
     remote_work: list[list] = [[] for _ in range(R)]
 
     needs = _needs(spec)
     # Units on each consumer in (producer, input position) order: what one producer sends
     # one consumer is contiguous there, so the datapath may move it as one block.
-    # (consumer, slot rank, slot position): plain ints, hashed and sorted in C.
-    wanted: set[tuple[int, int, int]] = set()
+    wanted: set[int] = set()  # slot + consumer keys (above)
     for need in needs:
         if spec.is_reduce:
             sources = [(slot.rank, slot.position) for slot in need.sources]
             for consumer, _ in need.positions:
-                wanted.update([(consumer, rank, position) for rank, position in sources if rank != consumer])
+                wanted.update([(consumer * R + rank) * P + position for rank, position in sources if rank != consumer])
             continue
         for consumer, _ in need.positions:
             slot = _copy_source(need, consumer)
             if slot.rank != consumer:
-                wanted.add((consumer, slot.rank, slot.position))
+                wanted.add((consumer * R + slot.rank) * P + slot.position)
     packed = options.packed
     if packed and registered_out:
         raise PurlinError(
@@ -47,14 +49,16 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
             "output pushes straight into it: drop --registered out or --packed"
         )
     if not registered_out:
-        # Slot orders as (rank, position): sort plain int tuples, not dataclasses.
-        for consumer, rank, position in sorted(wanted):
-            landed[rank, position, consumer] = b.unit(consumer)
+        # By consumer, then slot (rank, position): the keys' own order.
+        for key in sorted(wanted):
+            landed[key] = b.unit(key // (R * P))
             if packed:  # packets are twice the data: the next unit holds their second half
-                b.unit(consumer)
-    staged: set[tuple[int, int, int]] = set()  # (slot rank, slot position, consumer) already sent to STAGE
+                b.unit(key // (R * P))
+    staged: set[int] = set()  # slot + consumer keys already sent to STAGE
+    texts: dict[int, str] = {}  # id(chunk) -> its text (a Chunk's hash is Python code)
     for need in needs:
         chunk = need.chunk
+        texts[id(chunk)] = _text(chunk)
         # (rank, position, where it is read on its own rank) of each source slot: plain
         # tuples, made once per need rather than once per consumer (R^3 of them at R=72).
         if spec.is_reduce:
@@ -73,7 +77,7 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
                         msgs.append(_Msg(chunk, rank, consumer, own, (OUT, out)))
                     srcs = None
                     continue
-                key = (rank, position, consumer)
+                key = (consumer * R + rank) * P + position
                 landing = (STAGE, landed[key])
                 if key not in staged:
                     staged.add(key)
@@ -112,7 +116,10 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
     # 3. Stage everything, then one notify per edge and slice.
     for producer in range(R):
         # Start with the next rank, so that not every producer hits rank 0 first.
-        mine = sorted(sent_by[producer], key=lambda m: ((m.consumer - producer) % R, m.dst))
+        # By (consumer offset, unit), stably: int tuples compare in C (the messages to one
+        # consumer all land in one space, so the unit orders them as m.dst does).
+        sent = sent_by[producer]
+        mine = [sent[i] for _, _, i in sorted([((m.consumer - producer) % R, m.dst[1], i) for i, m in enumerate(sent)])]
         # sorted() is stable: consumers in edge order, rotated to start after the producer.
         rotated = sorted(consumers_of[producer], key=lambda c: (c - producer) % R)
         sent_to: dict[int, list] = defaultdict(list)
@@ -120,7 +127,7 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
             sent_to[m.consumer].append(m.chunk)
         notes = {c: f"{_names(sent_to[c])} for r{c}" for c in rotated}
         # Per message, what every slice's stage needs (hoisted: hundreds of thousands of stages).
-        rows = [(m.src[0], m.src[1], m.dst[0], m.consumer, m.dst[1], f"{_text(m.chunk)} for r{m.consumer}") for m in mine]
+        rows = [(m.src[0], m.src[1], m.dst[0], m.consumer, m.dst[1], f"{texts[id(m.chunk)]} for r{m.consumer}") for m in mine]
         append = b.steps[producer].append
         for s in range(S):
             if packed:  # the notify rides in the packets: one k per message slice
