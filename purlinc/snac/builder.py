@@ -210,12 +210,17 @@ def _text(chunk: Chunk) -> str:
     return str(chunk)
 
 
-def _names(chunks) -> str:
+def _names(chunks, texts: dict[int, str] | None = None) -> str:
+    """The chunks' distinct names, in order (the first three and a count if many).
+    ``texts``: id(chunk) -> its text, for every chunk here, if the caller has them."""
     chunks = chunks if isinstance(chunks, (list, tuple)) else list(chunks)
     # Distinct objects first (by id, all in C: a Chunk's hash is Python code), then distinct
     # texts in order of first appearance; edges of big schedules list the same chunk objects.
-    unique = dict(zip(map(id, chunks), chunks)).values()
-    chunks = list(dict.fromkeys(map(_text, unique)))
+    unique = dict(zip(map(id, chunks), chunks))
+    if texts is not None:
+        chunks = list(dict.fromkeys(map(texts.__getitem__, unique)))
+    else:
+        chunks = list(dict.fromkeys(map(_text, unique.values())))
     return ", ".join(chunks) if len(chunks) <= 4 else ", ".join(chunks[:3]) + f", ... ({len(chunks)} chunks)"
 
 

@@ -114,20 +114,32 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
             if (producer, consumer) in out_edges:
                 b.wait(producer, ("ready", producer, consumer), f"r{consumer}.out ready")
     # 3. Stage everything, then one notify per edge and slice.
+    note_of: dict[int, str] = {}  # id(chunk) * R + consumer -> the stage's note
     for producer in range(R):
         # Start with the next rank, so that not every producer hits rank 0 first.
-        # By (consumer offset, unit), stably: int tuples compare in C (the messages to one
-        # consumer all land in one space, so the unit orders them as m.dst does).
+        # By (consumer offset, unit), stably (the messages to one consumer all land in one
+        # space, so the unit orders them as m.dst does): sorted as single ints, which compare
+        # in C far faster than tuples.
         sent = sent_by[producer]
-        mine = [sent[i] for _, _, i in sorted([((m.consumer - producer) % R, m.dst[1], i) for i, m in enumerate(sent)])]
+        count = len(sent)
+        units = max((m.dst[1] for m in sent), default=0) + 1
+        order = sorted([(((m.consumer - producer) % R) * units + m.dst[1]) * count + i for i, m in enumerate(sent)])
+        mine = [sent[key % count] for key in order]
         # sorted() is stable: consumers in edge order, rotated to start after the producer.
         rotated = sorted(consumers_of[producer], key=lambda c: (c - producer) % R)
         sent_to: dict[int, list] = defaultdict(list)
         for m in mine:
             sent_to[m.consumer].append(m.chunk)
-        notes = {c: f"{_names(sent_to[c])} for r{c}" for c in rotated}
+        notes = {c: f"{_names(sent_to[c], texts)} for r{c}" for c in rotated}
         # Per message, what every slice's stage needs (hoisted: hundreds of thousands of stages).
-        rows = [(m.src[0], m.src[1], m.dst[0], m.consumer, m.dst[1], f"{texts[id(m.chunk)]} for r{m.consumer}") for m in mine]
+        rows = []
+        for m in mine:
+            consumer = m.consumer
+            key = id(m.chunk) * R + consumer
+            note = note_of.get(key)
+            if note is None:  # one string per (chunk, consumer), shared by every producer
+                note = note_of[key] = f"{texts[id(m.chunk)]} for r{consumer}"
+            rows.append((m.src[0], m.src[1], m.dst[0], consumer, m.dst[1], note))
         append = b.steps[producer].append
         for s in range(S):
             if packed:  # the notify rides in the packets: one k per message slice
@@ -149,7 +161,7 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
         producers = producers_of[consumer]
         for s in range(S):
             b.wait_all(consumer, [("data", p, consumer, s) for p in producers],
-                       lambda sig: f"({_names(chunks_on[sig.peer, consumer])} {_from(sig)})")
+                       lambda sig: f"({_names(chunks_on[sig.peer, consumer], texts)} {_from(sig)})")
             for need, positions, srcs in remote_work[consumer]:
                 if srcs is not None:
                     _consume_into(b, consumer, need, positions, srcs, s)
