@@ -204,10 +204,22 @@ def _from(sig: _Sig) -> str:
     return f"from r{sig.peer}"
 
 
-@lru_cache(maxsize=1 << 16)
+_TEXTS: dict[int, tuple[Chunk, str]] = {}  # id(chunk) -> (chunk, its text)
+
+
 def _text(chunk: Chunk) -> str:
-    """``str(chunk)``, once per chunk: notes name chunks on every step of big schedules."""
-    return str(chunk)
+    """``str(chunk)``, once per chunk: notes name chunks on every step of big schedules.
+
+    Cached by object identity (a Chunk's hash is Python code, and this runs per step); the
+    entry holds the chunk itself, so its id cannot be reused by another object meanwhile."""
+    entry = _TEXTS.get(id(chunk))
+    if entry is not None and entry[0] is chunk:
+        return entry[1]
+    if len(_TEXTS) >= 1 << 16:
+        _TEXTS.clear()
+    text = str(chunk)
+    _TEXTS[id(chunk)] = (chunk, text)
+    return text
 
 
 def _names(chunks, texts: dict[int, str] | None = None) -> str:
