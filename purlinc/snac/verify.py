@@ -45,6 +45,9 @@ How the proof works
    conflicting pair of accesses is ordered (3), every topological order gives every read
    the same write, so one order suffices.  A region holds a multiset of input slots (a copy
    is a multiset of one) or garbage; every output slice must hold exactly what the spec names.
+   Steps 3 and 4 share one walk of the topological order (each region's accesses come up in
+   that order, so no per-region sort is needed); a result error is reported only when no
+   race was found, keeping the order of checks above.
 """
 
 from __future__ import annotations
