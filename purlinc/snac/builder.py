@@ -236,11 +236,12 @@ def _names(chunks, texts: dict[int, str] | None = None) -> str:
     return ", ".join(chunks) if len(chunks) <= 4 else ", ".join(chunks[:3]) + f", ... ({len(chunks)} chunks)"
 
 
-@lru_cache(maxsize=1 << 21)
+@lru_cache(maxsize=1 << 19)
 def _reg(space: Space, rank: int, unit: int, s: int) -> Region:
     """One Region object per place (cached): big schedules name each region several times.
-    Sized for R=72 (an all-reduce by direct-push names 380k places): the verifier numbers
-    regions by object identity first, so sharing objects also speeds up the proof."""
+    Sized for R=72 (an all-reduce by direct-push names 380k places; the cache holds at most
+    about 80 MB): the verifier numbers regions by object identity first, so sharing objects
+    also speeds up the proof."""
     return Region(space, rank, unit, s)
 
 
