@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NamedTuple
 
 from purlinc.frontend.ast import Operation
 from purlinc.frontend.spec import Chunk, Spec
@@ -21,10 +22,12 @@ IN, OUT, STAGE = Space.IN, Space.OUT, Space.STAGE
 
 # --------------------------------------------------------------------------------------
 # The builder: template programs with symbolic signals and deferred ack counts
+#
+# Its own records are named tuples, not frozen dataclasses: a schedule at R=72 makes
+# hundreds of thousands of them, and tuples are built, hashed and compared in C.
 
 
-@dataclass(frozen=True, slots=True)
-class _Sig:
+class _Sig(NamedTuple):
     """A signal before numbering: DATA(owner=consumer, peer=producer) or ACK(owner=producer, peer=consumer)."""
 
     owner: int
@@ -32,16 +35,14 @@ class _Sig:
     peer: int
 
 
-@dataclass(frozen=True, slots=True)
-class _Ref:
+class _Ref(NamedTuple):
     """A wait's target, resolved at the end: the k recorded under ``key``, minus per_call if ``previous``."""
 
     key: object
     previous: bool
 
 
-@dataclass(frozen=True, slots=True)
-class _TStage:
+class _TStage(NamedTuple):
     """A packed (LL) Stage before numbering: it notifies ``sig`` with ``k``."""
 
     src: Region
@@ -51,15 +52,13 @@ class _TStage:
     k: int
 
 
-@dataclass(frozen=True, slots=True)
-class _TNotify:
+class _TNotify(NamedTuple):
     sig: _Sig
     k: int
     note: str
 
 
-@dataclass(frozen=True, slots=True)
-class _TWait:
+class _TWait(NamedTuple):
     ref: _Ref
     note: str
 
@@ -169,7 +168,8 @@ class _Builder:
             raise AssertionError(f"not a builder step: {step!r}")
 
         programs = tuple(
-            Program(rank, 0, tuple(step_for(rank, step) for step in self.steps[rank])) for rank in range(self.world)
+            Program(rank, 0, tuple([step if type(step) in _IR else step_for(rank, step) for step in self.steps[rank]]))
+            for rank in range(self.world)
         )
         decls = tuple(
             SignalDecl(numbered[sig], self.counts[sig], sig.role, _signal_note(sig))
@@ -191,6 +191,9 @@ class _Builder:
         )
 
 
+_IR = frozenset({Stage, Consume})  # builder steps that are IR already (they name no signal)
+
+
 def _signal_note(sig: _Sig) -> str:
     if sig.role is Role.DATA:
         return f"data from r{sig.peer}"
@@ -201,20 +204,44 @@ def _from(sig: _Sig) -> str:
     return f"from r{sig.peer}"
 
 
-@lru_cache(maxsize=1 << 16)
+_TEXTS: dict[int, tuple[Chunk, str]] = {}  # id(chunk) -> (chunk, its text)
+
+
 def _text(chunk: Chunk) -> str:
-    """``str(chunk)``, once per chunk: notes name chunks on every step of big schedules."""
-    return str(chunk)
+    """``str(chunk)``, once per chunk: notes name chunks on every step of big schedules.
+
+    Cached by object identity (a Chunk's hash is Python code, and this runs per step); the
+    entry holds the chunk itself, so its id cannot be reused by another object meanwhile."""
+    entry = _TEXTS.get(id(chunk))
+    if entry is not None and entry[0] is chunk:
+        return entry[1]
+    if len(_TEXTS) >= 1 << 16:
+        _TEXTS.clear()
+    text = str(chunk)
+    _TEXTS[id(chunk)] = (chunk, text)
+    return text
 
 
-def _names(chunks) -> str:
-    chunks = list(dict.fromkeys(_text(c) for c in chunks))
+def _names(chunks, texts: dict[int, str] | None = None) -> str:
+    """The chunks' distinct names, in order (the first three and a count if many).
+    ``texts``: id(chunk) -> its text, for every chunk here, if the caller has them."""
+    chunks = chunks if isinstance(chunks, (list, tuple)) else list(chunks)
+    # Distinct objects first (by id, all in C: a Chunk's hash is Python code), then distinct
+    # texts in order of first appearance; edges of big schedules list the same chunk objects.
+    unique = dict(zip(map(id, chunks), chunks))
+    if texts is not None:
+        chunks = list(dict.fromkeys(map(texts.__getitem__, unique)))
+    else:
+        chunks = list(dict.fromkeys(map(_text, unique.values())))
     return ", ".join(chunks) if len(chunks) <= 4 else ", ".join(chunks[:3]) + f", ... ({len(chunks)} chunks)"
 
 
-@lru_cache(maxsize=1 << 18)
+@lru_cache(maxsize=1 << 19)
 def _reg(space: Space, rank: int, unit: int, s: int) -> Region:
-    """One Region object per place (cached): big schedules name each region several times."""
+    """One Region object per place (cached): big schedules name each region several times.
+    Sized for R=72 (an all-reduce by direct-push names 380k places; the cache holds at most
+    about 80 MB): the verifier numbers regions by object identity first, so sharing objects
+    also speeds up the proof."""
     return Region(space, rank, unit, s)
 
 
@@ -222,9 +249,11 @@ def _reg(space: Space, rank: int, unit: int, s: int) -> Region:
 # Shared by the lowerings: one-shot messages, consumes into OUT
 
 
-@dataclass(frozen=True, slots=True)
-class _Msg:
-    """A chunk moved from ``src`` (on its producer) to ``dst`` (unit on the consumer)."""
+class _Msg(NamedTuple):
+    """A chunk moved from ``src`` (on its producer) to ``dst`` (unit on the consumer).
+
+    A named tuple, not a frozen dataclass: direct-push makes one per (slot, consumer),
+    R^2 (R-1) of them for an all-reduce, and tuples are built in C."""
 
     chunk: Chunk
     producer: int
@@ -235,7 +264,10 @@ class _Msg:
 
 def _consume_into(b: _Builder, rank: int, need: _Need, positions, srcs, s: int, src_rank=None) -> None:
     """One Consume into the first position, then copies to the others (bitwise the same)."""
-    regions = tuple(_reg(space, rank if src_rank is None else src_rank[i], unit, s) for i, (space, unit) in enumerate(srcs))
+    if src_rank is None:
+        regions = tuple([_reg(space, rank, unit, s) for space, unit in srcs])
+    else:
+        regions = tuple([_reg(space, src_rank[i], unit, s) for i, (space, unit) in enumerate(srcs)])
     first = _reg(OUT, rank, positions[0], s)
     b.consume(rank, regions, first, need.chunk, positions[0])
     for position in positions[1:]:

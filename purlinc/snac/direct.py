@@ -7,7 +7,7 @@ from collections import defaultdict
 from purlinc.errors import PurlinError
 from purlinc.frontend.spec import Slot, Spec
 from purlinc.snac.builder import IN, OUT, STAGE, _ack, _Builder, _consume_into, _data, _from, _Msg, _names, _reg, _text
-from purlinc.snac.ir import LowerOptions, Schedule, Space
+from purlinc.snac.ir import LowerOptions, Schedule, Space, Stage
 from purlinc.snac.needs import _copy_source, _needs
 
 
@@ -20,19 +20,28 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
     S, R = b.slices, b.world
     registered_out = "out" in options.registered and not spec.is_reduce
     msgs: list[_Msg] = []
-    # (slot rank, slot position, consumer) -> STAGE unit on consumer (int keys hash in C)
-    landed: dict[tuple[int, int, int], int] = {}
+    # (consumer, slot rank, slot position) as one int, (consumer * R + rank) * P + position:
+    # ints sort and hash much faster than tuples, and R^2 (R-1) of them at R=72 for an
+    # all-reduce; their order is the tuples' order.
+    P = max((len(layout) for layout in spec.inputs), default=0) + 1
+    landed: dict[int, int] = {}  # slot + consumer key -> STAGE unit on the consumer
     local_work: list[list] = [[] for _ in range(R)]  # per rank: (srcs-fn, dst-fn)
     remote_work: list[list] = [[] for _ in range(R)]
 
     needs = _needs(spec)
     # Units on each consumer in (producer, input position) order: what one producer sends
     # one consumer is contiguous there, so the datapath may move it as one block.
-    wanted = set()
+    wanted: set[int] = set()  # slot + consumer keys (above)
     for need in needs:
+        if spec.is_reduce:
+            sources = [(slot.rank, slot.position) for slot in need.sources]
+            for consumer, _ in need.positions:
+                wanted.update([(consumer * R + rank) * P + position for rank, position in sources if rank != consumer])
+            continue
         for consumer, _ in need.positions:
-            slots = need.sources if spec.is_reduce else (_copy_source(need, consumer),)
-            wanted.update((slot, consumer) for slot in slots if slot.rank != consumer)
+            slot = _copy_source(need, consumer)
+            if slot.rank != consumer:
+                wanted.add((consumer * R + slot.rank) * P + slot.position)
     packed = options.packed
     if packed and registered_out:
         raise PurlinError(
@@ -40,33 +49,40 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
             "output pushes straight into it: drop --registered out or --packed"
         )
     if not registered_out:
-        # Slot orders as (rank, position): sort plain int tuples, not dataclasses.
-        for _, _, _, slot, consumer in sorted((c, slot.rank, slot.position, slot, c) for slot, c in wanted):
-            landed[slot.rank, slot.position, consumer] = b.unit(consumer)
+        # By consumer, then slot (rank, position): the keys' own order.
+        for key in sorted(wanted):
+            landed[key] = b.unit(key // (R * P))
             if packed:  # packets are twice the data: the next unit holds their second half
-                b.unit(consumer)
-    staged: set[tuple[int, int, int]] = set()  # (slot rank, slot position, consumer) already sent to STAGE
+                b.unit(key // (R * P))
+    staged: set[int] = set()  # slot + consumer keys already sent to STAGE
+    texts: dict[int, str] = {}  # id(chunk) -> its text (a Chunk's hash is Python code)
     for need in needs:
+        chunk = need.chunk
+        texts[id(chunk)] = _text(chunk)
+        # (rank, position, where it is read on its own rank) of each source slot: plain
+        # tuples, made once per need rather than once per consumer (R^3 of them at R=72).
+        if spec.is_reduce:
+            sources = [(slot.rank, slot.position, (IN, slot.position)) for slot in need.sources]
         for consumer, positions in need.positions:
-            if spec.is_reduce:
-                slots = need.sources
-            else:
-                slots = (_copy_source(need, consumer),)
+            if not spec.is_reduce:
+                slot = _copy_source(need, consumer)
+                sources = [(slot.rank, slot.position, (IN, slot.position))]
             srcs = []
-            for slot in slots:
-                if slot.rank == consumer:
-                    srcs.append((IN, slot.position))
+            for rank, position, own in sources:
+                if rank == consumer:
+                    srcs.append(own)
                     continue
                 if registered_out:
-                    for position in positions:
-                        msgs.append(_Msg(need.chunk, slot.rank, consumer, (IN, slot.position), (OUT, position)))
+                    for out in positions:
+                        msgs.append(_Msg(chunk, rank, consumer, own, (OUT, out)))
                     srcs = None
                     continue
-                key = (slot.rank, slot.position, consumer)
+                key = (consumer * R + rank) * P + position
+                landing = (STAGE, landed[key])
                 if key not in staged:
                     staged.add(key)
-                    msgs.append(_Msg(need.chunk, slot.rank, consumer, (IN, slot.position), (STAGE, landed[key])))
-                srcs.append((STAGE, landed[key]))
+                    msgs.append(_Msg(chunk, rank, consumer, own, landing))
+                srcs.append(landing)
             if srcs is None:  # landed straight in OUT
                 remote_work[consumer].append((need, positions, None))
                 continue
@@ -98,25 +114,41 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
             if (producer, consumer) in out_edges:
                 b.wait(producer, ("ready", producer, consumer), f"r{consumer}.out ready")
     # 3. Stage everything, then one notify per edge and slice.
+    note_of: dict[int, str] = {}  # id(chunk) * R + consumer -> the stage's note
     for producer in range(R):
         # Start with the next rank, so that not every producer hits rank 0 first.
-        mine = sorted(sent_by[producer], key=lambda m: ((m.consumer - producer) % R, m.dst))
+        # By (consumer offset, unit), stably (the messages to one consumer all land in one
+        # space, so the unit orders them as m.dst does): sorted as single ints, which compare
+        # in C far faster than tuples.
+        sent = sent_by[producer]
+        count = len(sent)
+        units = max((m.dst[1] for m in sent), default=0) + 1
+        order = sorted([(((m.consumer - producer) % R) * units + m.dst[1]) * count + i for i, m in enumerate(sent)])
+        mine = [sent[key % count] for key in order]
         # sorted() is stable: consumers in edge order, rotated to start after the producer.
         rotated = sorted(consumers_of[producer], key=lambda c: (c - producer) % R)
         sent_to: dict[int, list] = defaultdict(list)
         for m in mine:
             sent_to[m.consumer].append(m.chunk)
-        notes = {c: f"{_names(sent_to[c])} for r{c}" for c in rotated}
+        notes = {c: f"{_names(sent_to[c], texts)} for r{c}" for c in rotated}
+        # Per message, what every slice's stage needs (hoisted: hundreds of thousands of stages).
+        rows = []
+        for m in mine:
+            consumer = m.consumer
+            key = id(m.chunk) * R + consumer
+            note = note_of.get(key)
+            if note is None:  # one string per (chunk, consumer), shared by every producer
+                note = note_of[key] = f"{texts[id(m.chunk)]} for r{consumer}"
+            rows.append((m.src[0], m.src[1], m.dst[0], consumer, m.dst[1], note))
+        append = b.steps[producer].append
         for s in range(S):
-            for m in mine:
-                src, dst = _reg(m.src[0], producer, m.src[1], s), _reg(m.dst[0], m.consumer, m.dst[1], s)
-                if packed:  # the notify rides in the packets: one k per message slice
-                    b.stage_packed(producer, src, dst, _data(producer, m.consumer), f"{_text(m.chunk)} for r{m.consumer}",
-                                   keys=(("data", producer, m.consumer, s),))
-                    continue
-                b.stage(producer, src, dst, f"{_text(m.chunk)} for r{m.consumer}")
-            if packed:
+            if packed:  # the notify rides in the packets: one k per message slice
+                for src_space, src_unit, dst_space, consumer, dst_unit, note in rows:
+                    b.stage_packed(producer, _reg(src_space, producer, src_unit, s), _reg(dst_space, consumer, dst_unit, s),
+                                   _data(producer, consumer), note, keys=(("data", producer, consumer, s),))
                 continue
+            for src_space, src_unit, dst_space, consumer, dst_unit, note in rows:  # b.stage, inlined
+                append(Stage(_reg(src_space, producer, src_unit, s), _reg(dst_space, consumer, dst_unit, s), note))
             for consumer in rotated:
                 b.notify(producer, _data(producer, consumer), notes[consumer], keys=(("data", producer, consumer, s),))
     # 4. Outputs made only of local inputs: no need to wait for anyone.
@@ -129,7 +161,7 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
         producers = producers_of[consumer]
         for s in range(S):
             b.wait_all(consumer, [("data", p, consumer, s) for p in producers],
-                       lambda sig: f"({_names(chunks_on[sig.peer, consumer])} {_from(sig)})")
+                       lambda sig: f"({_names(chunks_on[sig.peer, consumer], texts)} {_from(sig)})")
             for need, positions, srcs in remote_work[consumer]:
                 if srcs is not None:
                     _consume_into(b, consumer, need, positions, srcs, s)

@@ -45,6 +45,9 @@ How the proof works
    conflicting pair of accesses is ordered (3), every topological order gives every read
    the same write, so one order suffices.  A region holds a multiset of input slots (a copy
    is a multiset of one) or garbage; every output slice must hold exactly what the spec names.
+   Steps 3 and 4 share one walk of the topological order (each region's accesses come up in
+   that order, so no per-region sort is needed); a result error is reported only when no
+   race was found, keeping the order of checks above.
 """
 
 from __future__ import annotations
@@ -273,26 +276,64 @@ def _step_problem(schedule: Schedule, step: Step, rank: int, channel: int, per_c
 
 def _check_steps(schedule: Schedule, fail: _Failure) -> None:
     per_call = schedule.per_call()
+    known: dict[int, int] = {}  # id(Signal) -> per_call, for declared signals (see _Order)
     for program in schedule.programs:
         rank, channel = program.rank, program.channel
         for index, step in enumerate(program.steps):
+            kind = type(step)
+            if kind is Notify or kind is Wait:  # as quickly: the checks of _step_problem
+                signal = step.signal
+                total = known.get(id(signal))
+                if total is None and signal in per_call:
+                    total = known[id(signal)] = per_call[signal]
+                if total is not None:
+                    k = step.k
+                    if (1 <= k <= total) if kind is Notify else (signal.owner == rank and -total < k <= total):
+                        continue
             if type(step) is Stage and step.signal is None:  # the common case, quickly
                 src, dst = step.src, step.dst
                 if (src.slice == dst.slice and _region_fault(schedule, src, rank, channel, False) is None
                         and _region_fault(schedule, dst, rank, channel, True) is None):
                     continue
+            elif type(step) is Consume and _consume_ok(schedule, step, rank, channel):
+                continue
             problem = _step_problem(schedule, step, rank, channel, per_call)
             if problem is not None:
                 raise fail.at(rank, channel, index, problem)
 
 
+def _consume_ok(schedule: Schedule, step: Consume, rank: int, channel: int) -> bool:
+    """``_step_problem`` of a Consume finds nothing (True), or may find something (False:
+    then ``_step_problem`` names it).  The same checks, without building messages: reduces
+    have hundreds of sources at R=72."""
+    srcs, dst = step.srcs, step.dst
+    if not srcs:
+        return False
+    if step.operation is Operation.COPY:
+        if len(srcs) != 1:
+            return False
+    elif step.operation is not Operation.REDUCE or schedule.operation is Operation.COPY:
+        return False
+    if _region_fault(schedule, dst, rank, channel, True) is not None:
+        return False
+    s = dst.slice
+    for region in srcs:  # a source that is the destination passed as a write just above
+        if region.slice != s or _region_fault(schedule, region, rank, channel, False) is not None:
+            return False
+    return True
+
+
 def _notify_sites(schedule: Schedule) -> dict:
     """signal -> k -> [(program index, step index)] within one call."""
     sites: dict = defaultdict(lambda: defaultdict(list))
+    by_object: dict = {}  # id(Signal) -> its entry of sites (a Signal's hash is Python code)
     for p, program in enumerate(schedule.programs):
         for index, step in enumerate(program.steps):
-            if isinstance(step, Notify):
-                sites[step.signal][step.k].append((p, index))
+            if type(step) is Notify or isinstance(step, Notify):
+                entry = by_object.get(id(step.signal))
+                if entry is None:
+                    entry = by_object[id(step.signal)] = sites[step.signal]
+                entry[step.k].append((p, index))
     return sites
 
 
@@ -337,7 +378,7 @@ class _Node(NamedTuple):
 
 
 class _Order:
-    """Happens-before over two calls, as vector clocks and a topological numbering."""
+    """Happens-before over two calls, as vector clocks and a topological order."""
 
     def __init__(self, schedule: Schedule, fail: _Failure):
         self.schedule = schedule
@@ -351,18 +392,42 @@ class _Order:
         width = self.np + self.world
         # snap[p][pos]: vector clock of that node, excluding its own chain's entry (its pos).
         self.snap: list[list] = [[None] * (CALLS * n) for n in self.n] + [[None] for _ in range(self.world)]
-        self.topo: list[list[int]] = [[-1] * (CALLS * n) for n in self.n] + [[-1] for _ in range(self.world)]
         self.sequence: list[_Node] = []  # the topological order itself
-        self.notify_at: dict = {}  # (signal, value) -> _Node
+        self.notify_at: dict = {}  # (signal number, value) -> _Node; see notify_of
+        # Per program and step: None, or (is a wait, signal number, per_call, k).  Signals are
+        # numbered here so that the proof hashes int pairs, not Signal dataclasses (whose hash
+        # is Python code): by object identity first (lowerings share one Signal object per
+        # signal; the schedule keeps them alive), by value on a miss.
+        self.events: list[list] = []
+        self.numbers: dict = {}  # Signal -> its number
+        by_object: dict = {}  # id(Signal) -> (number, per_call)
         for p, program in enumerate(self.programs):
-            for call in range(CALLS):
-                for index, step in enumerate(program.steps):
-                    if isinstance(step, Notify):
-                        value = call * self.per_call[step.signal] + step.k
-                        self.notify_at[(step.signal, value)] = (p, call * self.n[p] + index)
+            count = self.n[p]
+            events = [None] * count
+            for index, step in enumerate(program.steps):
+                kind = type(step)
+                if kind is Stage or kind is Consume:
+                    continue
+                wait = isinstance(step, Wait)
+                if wait or isinstance(step, Notify):
+                    signal = step.signal
+                    known = by_object.get(id(signal))
+                    if known is None:
+                        known = (self.numbers.setdefault(signal, len(self.numbers)), self.per_call[signal])
+                        by_object[id(signal)] = known
+                    number, per_call = known
+                    events[index] = (wait, number, per_call, step.k)
+                    if not wait:
+                        for call in range(CALLS):
+                            self.notify_at[(number, call * per_call + step.k)] = (p, call * count + index)
+            self.events.append(events)
         self._run(width)
 
     # ---- queries
+
+    def notify_of(self, signal, value: int) -> _Node:
+        """The notify that stores ``value`` into ``signal`` (KeyError: none does)."""
+        return self.notify_at[(self.numbers[signal], value)]
 
     def is_caller(self, node: _Node) -> bool:
         return node[0] >= self.np
@@ -413,10 +478,10 @@ class _Order:
         blocked: dict = defaultdict(list)  # (signal, value) -> programs waiting for it
         at_boundary: dict = defaultdict(list)  # rank -> programs waiting for its caller
         ready = deque(range(np_))
+        append = self.sequence.append
 
         def record(node: _Node, vc) -> None:
             self.snap[node[0]][node[1]] = vc
-            self.topo[node[0]][node[1]] = len(self.sequence)
             self.sequence.append(node)
 
         def arrive(p: int) -> None:
@@ -444,8 +509,13 @@ class _Order:
                 second_call.clear()
             p = ready.popleft()
             rank = p // channels
+            # Program p's position and clock live in locals while it runs (written back below).
+            events, count, snap_p = self.events[p], n[p], self.snap[p]
+            end = CALLS * count
+            position, vc = pos[p], clock[p]
             while True:
-                if pos[p] == n[p] and not passed[p]:
+                if position == count and not passed[p]:
+                    clock[p] = vc  # arrive() reads it
                     if not arrived[p]:
                         arrive(p)
                         if caller_clock[rank] is not None:
@@ -454,28 +524,39 @@ class _Order:
                     if caller_clock[rank] is None:
                         at_boundary[rank].append(p)
                         break
-                    clock[p] = np.maximum(clock[p], caller_clock[rank])
+                    vc = np.maximum(vc, caller_clock[rank])
                     passed[p] = True
-                if pos[p] == CALLS * n[p]:
+                if position == end:
                     break
-                call, index = divmod(pos[p], n[p])
-                step = self.programs[p].steps[index]
-                if isinstance(step, Wait):
-                    target = call * self.per_call[step.signal] + step.k
-                    if target > 0:
-                        source = notified.get((step.signal, target))
+                event = events[position - count if position >= count else position]
+                if event is None:  # a stage or consume: ordered by program order alone
+                    snap_p[position] = vc
+                    append((p, position))
+                    position += 1
+                    continue
+                wait, signal, per_call, k = event
+                value = (position // count) * per_call + k
+                if wait:
+                    if value > 0:
+                        source = notified.get((signal, value))
                         if source is None:
-                            blocked[(step.signal, target)].append(p)
+                            blocked[(signal, value)].append(p)
                             break
-                        clock[p] = np.maximum(clock[p], source)
-                record((p, pos[p]), clock[p])
-                if isinstance(step, Notify):
-                    value = call * self.per_call[step.signal] + step.k
-                    vc = clock[p].copy()
-                    vc[p] = pos[p]
-                    notified[(step.signal, value)] = vc
-                    ready.extend(blocked.pop((step.signal, value), []))
-                pos[p] += 1
+                        # A notify's clock is (its program's clock, its program, its position).
+                        vc = np.maximum(vc, source[0])
+                        if vc[source[1]] < source[2]:
+                            vc[source[1]] = source[2]  # vc is fresh from np.maximum: no snap shares it
+                    snap_p[position] = vc
+                    append((p, position))
+                else:
+                    snap_p[position] = vc
+                    append((p, position))
+                    notified[(signal, value)] = (vc, p, position)  # no copy: vc is never changed in place
+                    waiting = blocked.pop((signal, value), None)
+                    if waiting:
+                        ready.extend(waiting)
+                position += 1
+            pos[p], clock[p] = position, vc
 
         stuck = [p for p in range(np_) if pos[p] < CALLS * n[p] or not passed[p]]
         if stuck:
@@ -493,7 +574,7 @@ class _Order:
             step = self.step(_Node(p, pos[p]))
             call = pos[p] // self.n[p]
             value = call * self.per_call[step.signal] + step.k
-            source = self.notify_at[(step.signal, value)]
+            source = self.notify_of(step.signal, value)
             return source[0], f"waits for {self.short(source)} ({describe(self.step(source))})"
 
         seen: dict[int, int] = {}
@@ -532,9 +613,10 @@ def _check_monotone(schedule: Schedule, order: _Order) -> None:
     """A notify stores its value: the signal's notifies must happen in increasing value."""
     for decl in schedule.signals:
         per_call = decl.per_call
+        number = order.numbers[decl.signal]  # every declared signal is notified (checked before)
         for value in range(1, CALLS * per_call):
-            earlier = order.notify_at[(decl.signal, value)]
-            later = order.notify_at[(decl.signal, value + 1)]
+            earlier = order.notify_at[(number, value)]
+            later = order.notify_at[(number, value + 1)]
             if not order.before(earlier, later):
                 raise order.error(
                     later,
@@ -544,37 +626,7 @@ def _check_monotone(schedule: Schedule, order: _Order) -> None:
                 )
 
 
-# --------------------------------------------------------------------------- 3. races
-
-
-def _accesses(schedule: Schedule, order: _Order) -> dict:
-    """region -> [(node, writes)], one entry per node (a read-modify-write counts as a write)."""
-    table: dict = defaultdict(dict)
-    for p, program in enumerate(schedule.programs):
-        n = len(program.steps)
-        for index, step in enumerate(program.steps):
-            kind = type(step)
-            if kind is Stage:
-                reads = (step.src,)
-            elif kind is Consume:
-                reads = step.srcs
-            else:
-                continue
-            for call in range(CALLS):
-                node = (p, call * n + index)
-                for region in reads:
-                    table[region].setdefault(node, False)
-                table[step.dst][node] = True
-    # The caller of each rank, between its calls, owns its IN and OUT (reads and rewrites them).
-    for rank in range(schedule.world_size):
-        node = _Node(order.np + rank, 0)
-        for space, units in ((Space.IN, schedule.in_units[rank]), (Space.OUT, schedule.out_units[rank])):
-            for unit in range(units):
-                for s in range(schedule.slices):
-                    region = Region(space, rank, unit, s)
-                    if region in table:  # untouched regions cannot race
-                        table[region][node] = True
-    return table
+# --------------------------------------------------------------------------- 3. races, 4. result
 
 
 def _race_message(order: _Order, region: Region, later: _Node, earlier: _Node, later_writes: bool, earlier_writes: bool):
@@ -609,38 +661,6 @@ def _race_message(order: _Order, region: Region, later: _Node, earlier: _Node, l
     return order.key(later), order.error(later, message)
 
 
-def _check_races(schedule: Schedule, order: _Order) -> None:
-    found = []
-    topo, snap = order.topo, order.snap
-
-    def before(a, b) -> bool:  # order.before, inlined: it runs for every access
-        if a[0] == b[0]:
-            return a[1] < b[1]
-        return snap[b[0]][b[1]][a[0]] >= a[1]
-
-    for region, nodes in _accesses(schedule, order).items():
-        if len(nodes) == 1:  # one access conflicts with nothing
-            continue
-        accesses = sorted(nodes.items(), key=lambda item: topo[item[0][0]][item[0][1]])
-        last_write = None
-        reads: list = []
-        for node, writes in accesses:
-            if last_write is not None and not before(last_write, node):
-                found.append(_race_message(order, region, node, last_write, writes, True))
-            if writes:
-                for read in reads:
-                    if not before(read, node):
-                        found.append(_race_message(order, region, node, read, True, False))
-                last_write, reads = node, []
-            else:
-                reads.append(node)
-    if found:
-        raise min(found, key=lambda item: (item[0], item[1].message))[1]
-
-
-# --------------------------------------------------------------------------- 4. result
-
-
 _slot_key = attrgetter("rank", "position")  # Slot's own order, compared in C
 
 
@@ -650,65 +670,195 @@ def _format_value(value: tuple[Slot, ...] | None) -> str:
     return " + ".join(map(str, value))
 
 
-def _check_result(schedule: Schedule, spec: Spec, order: _Order) -> None:
-    # Race-freedom makes every read see the same write in any topological order, so running
-    # call 0 in the one order we have proves the result for all interleavings.
-    values: dict[Region, tuple[Slot, ...] | None] = {}
-    last_writer: dict[Region, _Node] = {}
+def _access_table(programs) -> tuple[list, list, dict]:
+    """Per program and step, its accesses over interned regions: (reads, write, sources),
+    where ``reads`` are region ids read and not written by the step (each once), ``write``
+    is the id of the region written (-1: none) and ``sources`` the ids of its sources in
+    order (what the symbolic execution reads).  Regions are numbered once here, so the walk
+    below indexes lists instead of hashing a Region per access and call."""
+    ids: dict[Region, int] = {}
+    regions: list[Region] = []
+    # Lowerings share one Region object per place (``builder._reg``): look objects up by
+    # identity first (an int hashed in C; a Region's hash is Python code), by value on a miss,
+    # so equal regions that are distinct objects still get one number.  The schedule keeps
+    # every object alive, so no id is reused while this table lives.
+    by_object: dict[int, int] = {}
+    table = []
 
-    inputs: dict[Region, tuple[Slot, ...]] = {}
+    def number(region: Region) -> int:
+        r = ids.get(region)
+        if r is None:
+            r = ids[region] = len(regions)
+            regions.append(region)
+        by_object[id(region)] = r
+        return r
 
-    def read(region: Region):
+    none = ((), -1, None)
+    known = by_object.get
+    for program in programs:
+        rows = []
+        append = rows.append
+        for step in program.steps:
+            kind = type(step)
+            if kind is Stage:  # the common step, quickly: one source, one destination
+                w = known(id(step.dst))
+                if w is None:
+                    w = number(step.dst)
+                r = known(id(step.src))
+                if r is None:
+                    r = number(step.src)
+                append(((r,) if r != w else (), w, (r,)))
+                continue
+            if kind is not Consume:
+                append(none)
+                continue
+            w = known(id(step.dst))
+            if w is None:
+                w = number(step.dst)
+            order = []
+            for region in step.srcs:
+                r = known(id(region))
+                if r is None:
+                    r = number(region)
+                order.append(r)
+            if len(order) == 1:
+                reads = () if order[0] == w else (order[0],)
+            else:  # each region once; a read-modify-write counts as a write
+                reads = tuple(r for r in dict.fromkeys(order) if r != w)
+            append((reads, w, order))
+        table.append(rows)
+    return table, regions, ids
+
+
+def _check_races_and_result(schedule: Schedule, spec: Spec, order: _Order) -> None:
+    """Steps 3 and 4 in one walk of the topological order.
+
+    Races: per region, accesses in the topological order; each access must be ordered after
+    the previous write, and each write after the reads since the previous write.  The
+    caller of each rank, between its calls, writes every IN and OUT region of its rank that
+    some program touches.  Result: the same walk, over call 0's program steps, runs the
+    symbolic execution; its errors are raised only if there is no race (races first)."""
+    programs = order.programs
+    table, regions, ids = _access_table(programs)
+    nreg = len(regions)
+    np_, n, snap = order.np, order.n, order.snap
+    world = order.world
+    last_write: list = [None] * nreg
+    reads_since: list = [None] * nreg  # None: no read since the last write
+    # Regions in a caller's care, per rank: its IN and OUT regions that some program touches
+    # (the table numbers every region any step touches, in either call).
+    mine = [[] for _ in range(world)]
+    for i, region in enumerate(regions):
+        if region.space is not Space.STAGE:
+            mine[region.rank].append(i)
+    found = []
+
+    # Result state (call 0): region id -> multiset of slots (a sorted tuple) or None (garbage).
+    values: list = [None] * nreg
+    writer: list = [None] * nreg  # last call-0 writer
+    for i, region in enumerate(regions):
         if region.space is Space.IN:
-            value = inputs.get(region)
-            if value is None:
-                value = inputs[region] = (Slot(region.rank, region.unit),)
-            return value
-        return values.get(region)
+            values[i] = (Slot(region.rank, region.unit),)
+    failure = None
 
-    np_, n, programs = order.np, order.n, order.programs
+    def race(i, later, earlier, later_writes, earlier_writes):
+        found.append(_race_message(order, regions[i], later, earlier, later_writes, earlier_writes))
+
+    def written(i, node):
+        """Region ``i`` written by ``node``: ordered after the last write and the reads since."""
+        p, pos = node
+        vc = snap[p][pos]
+        lw = last_write[i]
+        if lw is not None and not (lw[1] < pos if lw[0] == p else vc[lw[0]] >= lw[1]):
+            race(i, node, lw, True, True)
+        rs = reads_since[i]
+        if rs is not None:
+            for read in rs:
+                if not (read[1] < pos if read[0] == p else vc[read[0]] >= read[1]):
+                    race(i, node, read, True, False)
+            reads_since[i] = None
+        last_write[i] = node
+
     for node in order.sequence:
         p, pos = node
-        if p >= np_ or pos >= n[p]:  # a caller, or call 1
+        if p >= np_:  # a caller: rewrites its rank's IN and OUT
+            for i in mine[p - np_]:
+                written(i, node)
             continue
-        step = programs[p].steps[pos]
-        kind = type(step)
-        if kind is Stage:
-            srcs = (step.src,)
-        elif kind is Consume:
-            srcs = step.srcs
+        count = n[p]
+        index = pos - count if pos >= count else pos
+        reads, w, sources = table[p][index]
+        if w < 0:
+            continue
+        # Races, inlined: this runs for every access of every step in both calls.
+        vc = snap[p][pos]
+        for i in reads:
+            lw = last_write[i]
+            if lw is not None and not (lw[1] < pos if lw[0] == p else vc[lw[0]] >= lw[1]):
+                race(i, node, lw, False, True)
+            rs = reads_since[i]
+            if rs is None:
+                reads_since[i] = [node]
+            else:
+                rs.append(node)
+        lw = last_write[w]  # written(w, node), inlined
+        if lw is not None and not (lw[1] < pos if lw[0] == p else vc[lw[0]] >= lw[1]):
+            race(w, node, lw, True, True)
+        rs = reads_since[w]
+        if rs is not None:
+            for read in rs:
+                if not (read[1] < pos if read[0] == p else vc[read[0]] >= read[1]):
+                    race(w, node, read, True, False)
+            reads_since[w] = None
+        last_write[w] = node
+        if pos >= count or failure is not None:
+            continue
+        # Result: call 0, symbolically.
+        if len(sources) == 1:
+            src = sources[0]
+            result = values[src]
+            if result is None:
+                failure = _garbage_read(order, node, regions[src], writer[src])
+                continue
         else:
-            continue
-        got = [read(r) for r in srcs]
-        for region, value in zip(srcs, got):
-            if value is None:
-                writer = last_writer.get(region)
-                why = "nothing writes it before" if writer is None else "it holds garbage"
-                raise order.error(node, f"reads {region.format()}, which holds no data in call 0 ({why})")
-        if kind is Consume and step.operation is Operation.REDUCE:
+            got = [values[i] for i in sources]
+            bad = next((k for k, value in enumerate(got) if value is None), None)
+            if bad is not None:
+                failure = _garbage_read(order, node, regions[sources[bad]], writer[sources[bad]])
+                continue
+            # Several sources: a reduce (step 1 rejects a copy of more than one).  A single
+            # source is a copy, or a reduce of one value, which is already sorted.
             result = tuple(sorted((slot for value in got for slot in value), key=_slot_key))
-        else:
-            result = got[0]
-        values[step.dst] = result
-        last_writer[step.dst] = node
+        values[w] = result
+        writer[w] = node
+    if found:
+        raise min(found, key=lambda item: (item[0], item[1].message))[1]
+    if failure is not None:
+        raise failure
 
     per_channel = schedule.options.slices
     for rank in range(spec.world_size):
         for unit, sources in enumerate(spec.sources[rank]):
             for s in range(schedule.slices):
                 region = Region(Space.OUT, rank, unit, s)
-                problem = _output_problem(spec, values.get(region), sources)
+                i = ids.get(region)
+                problem = _output_problem(spec, None if i is None else values[i], sources)
                 if problem is None:
                     continue
                 chunk = spec.outputs[rank][unit]
                 line = spec.output_line(rank, unit)
                 named = f"{chunk}" + (f", line {line}" if line is not None else "")
-                writer = last_writer.get(region)
+                last = None if i is None else writer[i]
                 text = f"rank {rank} out[{unit}] ({named}) slice {s} {problem}"
-                if writer is not None:
-                    text += f" (last written by {order.short(writer)}: {describe(order.step(writer))})"
-                _, channel, index, _ = order.where(writer) if writer is not None else (rank, s // per_channel, None, 0)
+                if last is not None:
+                    text += f" (last written by {order.short(last)}: {describe(order.step(last))})"
+                _, channel, index, _ = order.where(last) if last is not None else (rank, s // per_channel, None, 0)
                 raise VerificationError(text, rank=rank, channel=channel, step=order.fail.index(rank, channel, index), call=0)
+
+
+def _garbage_read(order: _Order, node, region: Region, writer) -> VerificationError:
+    why = "nothing writes it before" if writer is None else "it holds garbage"
+    return order.error(node, f"reads {region.format()}, which holds no data in call 0 ({why})")
 
 
 def _output_problem(spec: Spec, value, sources: tuple[Slot, ...]) -> str | None:
@@ -784,5 +934,4 @@ def _verify(schedule: Schedule, spec: Spec) -> None:
     _check_signal_counts(schedule, fail)
     order = _Order(schedule, fail)
     _check_monotone(schedule, order)
-    _check_races(schedule, order)
-    _check_result(schedule, spec, order)
+    _check_races_and_result(schedule, spec, order)
