@@ -579,14 +579,17 @@ def _load_compiled(compiled: Compiled, comm, comms: list, stage_bytes: int | Non
         raise PurlinError(f"the {compiled.atom} atom needs 64-bit stream memory operations, "
                           f"which cuda:{first.device} lacks")
     layouts = [_allocate(c, compiled, stage_bytes) for c in comms]
-    for c, layout in zip(comms, layouts):
-        _zero(c, compiled, layout)
-    for c in comms:
-        driver.synchronize(c.device)
+
+    def zero_all() -> None:
+        for c, layout in zip(comms, layouts):
+            _zero(c, compiled, layout)
+        for c in comms:
+            driver.synchronize(c.device)
 
     if isinstance(comm, LocalGroup):
         if len({(l.stage, l.pad, l.counters) for l in layouts}) != 1:
             raise MismatchError(f"{compiled.name}: the LocalGroup's heaps are out of step: {layouts}")
+        zero_all()  # one process: every device was synchronized when the last collective closed
         group = GroupCollective([Collective(compiled, c, l, agree=False) for c, l in zip(comms, layouts)])
         return zerocopy.attach(group, compiled, comm, comms)
 
@@ -595,6 +598,12 @@ def _load_compiled(compiled: Compiled, comm, comms: list, stage_bytes: int | Non
     everyone = comm.allgather((fp, {**compiled.identity(), "layout": (layout.stage, layout.pad, layout.counters)}))
     if len({e[0] for e in everyone}) != 1:
         raise _disagreement(compiled.name, [e[0] for e in everyone], [e[1] for e in everyone])
+    # Zero only after the exchange: the space may have belonged to a collective closed just
+    # before, and a peer's last call of it can still write into it (its final notify lands in
+    # our pad) until that peer has closed it too -- which it has, once it reached this
+    # exchange (close() synchronizes the device).  Zeroing first let such a late write survive
+    # into the new collective's signals (seen on 2 x H200: an intermittent wrong first call).
+    zero_all()
     return zerocopy.attach(Collective(compiled, comm, layout, agree=True), compiled, comm, comms)
 
 
