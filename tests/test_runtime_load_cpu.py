@@ -123,3 +123,22 @@ def test_plain_load_prepares_every_bucket_once(fake):
         assert variant.compiled.options.channels == bucket.channels
     small = tuned.variant_for(16, 2)
     assert small is tuned.variants[0] and tuned.sms_for(16, 2) == tuned.buckets[0].channels
+
+
+def test_heap_space_is_zeroed_only_after_the_ranks_exchange(fake):
+    """A collective's space may have belonged to one a peer is still finishing (its last
+    notify lands in our pad until it has closed that collective too); every peer has closed
+    once it reaches the load's exchange, so the zeroing must come after it.  Zeroing first let
+    a late notify survive (seen on 2 x H200 as an intermittent wrong first call)."""
+
+    class RecordingComm(FakeComm):
+        def allgather(self, obj) -> list:
+            fake.append(("allgather",))
+            return super().allgather(obj)
+
+    comm = RecordingComm()
+    load(EXAMPLES / "allreduce.pln", comm, algorithm="two-shot", channels=2)
+    names = [c[0] for c in fake]
+    exchange = names.index("allgather")
+    zeroes = [i for i, name in enumerate(names) if name == "memset_d8"]
+    assert zeroes and min(zeroes) > exchange, names
