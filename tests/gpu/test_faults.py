@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -20,7 +19,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from _common import EXAMPLES, expected, inputs_for, poison, to_numpy, to_torch, torch_dtype  # noqa: E402
+from _launch import torchrun_command  # noqa: E402
+from _common import EXAMPLES, expected, inputs_for, poison, to_numpy, to_torch  # noqa: E402
 from purlinc.dtypes import DType  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
@@ -192,11 +192,9 @@ def test_ce_watchdog_stays_quiet_on_healthy_calls(monkeypatch):
 # --- torchrun ------------------------------------------------------------------------------
 
 def _torchrun(mode: str, limit: int, port: int) -> tuple[subprocess.CompletedProcess, float]:
-    torchrun = shutil.which("torchrun")
-    command = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
     marker = f"purlin-fault-{mode}-{os.getpid()}"
-    command = ["timeout", "--kill-after=10", str(limit), *command, "--nproc_per_node=2", f"--master_port={port}",
-               str(HERE / "fault_check.py"), mode, marker]
+    command = ["timeout", "--kill-after=10", str(limit), *torchrun_command(HERE / "fault_check.py", 2, port),
+               mode, marker]
     env = {**os.environ, "PURLIN_WAIT_TIMEOUT_S": "3"}
     start = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=limit + 30)

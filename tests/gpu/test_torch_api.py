@@ -6,41 +6,27 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from _launch import free_port, run_torchrun
+
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
 HERE = Path(__file__).resolve().parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_torch_api_under_torchrun():
     import torch
 
-    torchrun = shutil.which("torchrun")
-    command = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
-    command += [f"--nproc_per_node={torch.cuda.device_count()}", f"--master_port={_free_port()}",
-                str(HERE / "torch_check.py")]
-    env = dict(os.environ)
     # Ranks compile their graphs (inductor) at slightly different times: a device-side wait
     # must outlast that skew, not just a missing peer.
-    env["PURLIN_WAIT_TIMEOUT_S"] = os.environ.get("PURLIN_TORCH_WAIT_TIMEOUT_S", "120")
-    done = subprocess.run(command, env=env, capture_output=True, text=True,
-                          timeout=int(os.environ.get("PURLIN_TORCH_TIMEOUT", "480")))
-    print(done.stdout[-8000:])
-    print(done.stderr[-6000:], file=sys.stderr)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_torchrun(HERE / "torch_check.py", nproc=torch.cuda.device_count(), port=free_port(),
+                 timeout=int(os.environ.get("PURLIN_TORCH_TIMEOUT", "480")),
+                 env={"PURLIN_WAIT_TIMEOUT_S": os.environ.get("PURLIN_TORCH_WAIT_TIMEOUT_S", "120")})
 
 
 def test_cupy_processes_without_torch():
@@ -48,7 +34,7 @@ def test_cupy_processes_without_torch():
     import torch
 
     world = torch.cuda.device_count()
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),

@@ -4,12 +4,11 @@ torch.distributed), under a timeout."""
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from _launch import run_torchrun
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
@@ -17,17 +16,9 @@ HERE = Path(__file__).resolve().parent
 
 
 def test_torchrun_two_processes():
-    torchrun = shutil.which("torchrun")
-    command = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
     import torch
 
     # One process per visible GPU: the same test runs on 2-, 4- and 8-GPU machines.
-    nproc = torch.cuda.device_count()
-    command += [f"--nproc_per_node={nproc}", "--master_port=29533", str(HERE / "torchrun_check.py")]
-    env = dict(os.environ)
-    env.setdefault("PURLIN_WAIT_TIMEOUT_S", "5")
-    done = subprocess.run(command, env=env, capture_output=True, text=True,
-                          timeout=int(os.environ.get("PURLIN_TORCHRUN_TIMEOUT", "240")))
-    print(done.stdout[-6000:])
-    print(done.stderr[-6000:], file=sys.stderr)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_torchrun(HERE / "torchrun_check.py", nproc=torch.cuda.device_count(), port=29533,
+                 timeout=int(os.environ.get("PURLIN_TORCHRUN_TIMEOUT", "240")),
+                 env={"PURLIN_WAIT_TIMEOUT_S": os.environ.get("PURLIN_WAIT_TIMEOUT_S", "5")}, tail=6000)
