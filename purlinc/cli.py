@@ -418,10 +418,14 @@ def _cmd_draw(args) -> int:
         timeline=args.timeline, compare=compare, nbytes=args.nbytes, count=args.count, dtype=args.dtype,
         collapse=not args.all_channels, trace=args.trace, width=args.width,
     )
-    text = render(request, fmt)
-    if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
-        print(args.output)
+    return write_drawing(render(request, fmt), args.output)
+
+
+def write_drawing(text: str, output: str | None) -> int:
+    """A drawing to ``output`` (its path is printed), or to standard output."""
+    if output:
+        Path(output).write_text(text, encoding="utf-8")
+        print(output)
     else:
         sys.stdout.write(text)
     return 0

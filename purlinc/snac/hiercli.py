@@ -75,8 +75,6 @@ def check(args, definition, sizes, params, options_of) -> tuple[int, str]:
 
 def draw(args, fmt: str, source, options_of) -> int:
     """``purlinc draw --gpus-per-node G``: the plan as SVG (or the SVG in a page for html)."""
-    import sys
-    from pathlib import Path
     from xml.sax.saxutils import escape
 
     from purlinc import pipeline
@@ -85,7 +83,7 @@ def draw(args, fmt: str, source, options_of) -> int:
     if args.timeline or args.compare or args.trace:
         raise PurlinError("--gpus-per-node draws the plan's phases: --timeline, --compare and --trace do not apply")
     spec = pipeline.spec_stage(pipeline.parse_stage(source), args.ranks, dict(args.param))
-    from purlinc.cli import _overrides
+    from purlinc.cli import _overrides, write_drawing
 
     plan = _plan(spec, options_of(args, spec) if _overrides(args) else None, args.gpus_per_node)
     text = plan_svg(plan)
@@ -93,9 +91,4 @@ def draw(args, fmt: str, source, options_of) -> int:
         title = escape(f"{spec.name}: {plan.topology.nodes} nodes x {plan.topology.gpus_per_node} GPUs")
         text = (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\"><title>{title}</title></head>\n"
                 f"<body>\n{text}</body>\n</html>\n")
-    if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
-        print(args.output)
-    else:
-        sys.stdout.write(text)
-    return 0
+    return write_drawing(text, args.output)
