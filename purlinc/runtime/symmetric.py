@@ -112,12 +112,7 @@ def tensor_of(block: HeapBlock, shape, dtype):
     """A torch tensor viewing ``block`` (it keeps the block alive)."""
     import torch
 
-    dtype = _torch_dtype(torch, dtype)
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    numel = 1
-    for dim in shape:
-        numel *= int(dim)
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    shape, dtype, numel, itemsize = _tensor_size(torch, shape, dtype)
     if numel * itemsize > block.nbytes:
         raise ArgumentError(f"a {shape} {dtype} tensor needs {numel * itemsize} bytes; {block!r} holds {block.nbytes}")
     if numel == 0:
@@ -132,14 +127,19 @@ def tensor_of(block: HeapBlock, shape, dtype):
 def empty(comm, shape, dtype):
     import torch
 
+    dims, dtype, numel, itemsize = _tensor_size(torch, shape, dtype)
+    block = alloc(comm, numel * itemsize, f"comm.empty({list(dims)}, {dtype})")
+    return tensor_of(block, dims, dtype)
+
+
+def _tensor_size(torch, shape, dtype) -> tuple[tuple[int, ...], object, int, int]:
+    """(dims, torch dtype, elements, bytes per element) of a tensor of ``shape`` and ``dtype``."""
     dtype = _torch_dtype(torch, dtype)
     dims = (shape,) if isinstance(shape, int) else tuple(shape)
     numel = 1
     for dim in dims:
         numel *= int(dim)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    block = alloc(comm, numel * itemsize, f"comm.empty({list(dims)}, {dtype})")
-    return tensor_of(block, dims, dtype)
+    return dims, dtype, numel, torch.empty((), dtype=dtype).element_size()
 
 
 def group_empty(group, shape, dtype) -> list:
