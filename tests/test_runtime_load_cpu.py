@@ -142,3 +142,7 @@ def test_heap_space_is_zeroed_only_after_the_ranks_exchange(fake):
     exchange = names.index("allgather")
     zeroes = [i for i, name in enumerate(names) if name == "memset_d8"]
     assert zeroes and min(zeroes) > exchange, names
+    # and a barrier after the zeroing: no rank's first call may land in a peer's space before
+    # that peer has zeroed it (the notify would be wiped, and the peer's wait time out)
+    barriers = [i for i, name in enumerate(names) if name == "allgather" and i > max(zeroes)]
+    assert barriers, names

@@ -604,6 +604,10 @@ def _load_compiled(compiled: Compiled, comm, comms: list, stage_bytes: int | Non
     # exchange (close() synchronizes the device).  Zeroing first let such a late write survive
     # into the new collective's signals (seen on 2 x H200: an intermittent wrong first call).
     zero_all()
+    # ...and no rank may call the new collective before every rank has zeroed: our first call
+    # writes into the peers' staging and pads, and a peer still zeroing would wipe that notify
+    # (its wait would then time out).  The second exchange is that barrier.
+    comm.allgather(("zeroed", fp))
     return zerocopy.attach(Collective(compiled, comm, layout, agree=True), compiled, comm, comms)
 
 
