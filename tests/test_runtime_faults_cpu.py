@@ -15,7 +15,7 @@ from purlinc.atom.abi import ERROR_RECORD, decode_error
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.runtime.collective import Collective, FastPath, prepare_group
 from purlinc.runtime.communicator import Communicator
-from purlinc.runtime.errors import MismatchError, PurlinTimeoutError
+from purlinc.runtime.errors import ArgumentError, MismatchError, PurlinTimeoutError
 from purlinc.runtime.validate import CallShape, CallSignature, call_signature, disagreement
 from purlinc.runtime.watchdog import Watchdog, write_error_record
 
@@ -65,6 +65,25 @@ def test_signature_of_a_rank_without_chunks():
     assert call_signature("c", shape, False) == CallSignature("c", None, None, None)
     shape = CallShape(DType.FLOAT16, ReduceOp.MAX, 12, 1, 2)
     assert call_signature("c", shape, True) == CallSignature("c", "float16", "max", 12)
+
+
+def test_a_rank_without_chunks_that_gives_count_and_dtype_agrees_on_them():
+    """Hierarchical phases give some ranks nothing to send or receive; such a rank passes
+    count= and dtype= so that each new count changes its signature as it does the others'
+    (with None it never changed, so it skipped the exchange the others waited in)."""
+    from purlinc.runtime.validate import validate_call
+
+    common = dict(name="h", rank=1, device=0, in_units=0, out_units=0, is_reduce=False)
+    shape = validate_call(None, None, count=1000, dtype_hint="bfloat16", **common)
+    assert (shape.dtype, shape.count, shape.in_ptr, shape.out_ptr) == (DType.BFLOAT16, 1000, 0, 0)
+    assert call_signature("h", shape, False) == CallSignature("h", "bfloat16", None, 1000)
+    assert validate_call(None, None, count=7, dtype_hint=DType.INT32, **common).dtype is DType.INT32
+    with pytest.raises(ArgumentError, match="pass dtype= too"):
+        validate_call(None, None, count=1000, **common)
+    with pytest.raises(ArgumentError, match="not a dtype Purlin knows"):
+        validate_call(None, None, count=1000, dtype_hint="complex128", **common)
+    # no count: the call is a no-op on this rank, as before
+    assert validate_call(None, None, **common).count == 0
 
 
 # --- group calls: checked before any launch ---------------------------------------------

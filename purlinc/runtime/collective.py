@@ -320,7 +320,7 @@ class Collective:
         return packed
 
     # -------------------------------------------------------------------------------- calls
-    def prepare_call(self, x, out, op, stream, count):
+    def prepare_call(self, x, out, op, stream, count, dtype=None):
         """Validate and resolve everything a launch needs (raises before anything is launched)."""
         if self.closed:
             raise ArgumentError(f"{self.name}: this collective was closed")
@@ -336,12 +336,12 @@ class Collective:
                 and xi.numel % self.in_units == 0 and xi.device == self.device:
             out = interop.empty_like_kind(xi.kind, self.out_units * (xi.numel // self.in_units), xi.dtype, self.device)
             oi = interop.describe(out)
-        key = (xi, oi, op, count)
+        key = (xi, oi, op, count, dtype)
         shape = self._shapes.get(key)
         if shape is None:
             shape = validate_call(
                 xi, oi, name=self.name, rank=self.rank, device=self.device, in_units=self.in_units,
-                out_units=self.out_units, is_reduce=self.is_reduce, op=op, count=count,
+                out_units=self.out_units, is_reduce=self.is_reduce, op=op, count=count, dtype_hint=dtype,
             )
             if len(self._shapes) >= _ARGS_CACHE_LIMIT:
                 self._shapes.clear()
@@ -405,13 +405,18 @@ class Collective:
         function, grid, block, shared, packed = self.target(shape)
         self._driver.launch(function, grid, block, shared, stream, packed)
 
-    def __call__(self, x=None, out=None, op="sum", stream=None, *, count: int | None = None):
-        """Run on this rank's buffers; returns ``out`` (allocated like ``x`` when None)."""
+    def __call__(self, x=None, out=None, op="sum", stream=None, *, count: int | None = None, dtype=None):
+        """Run on this rank's buffers; returns ``out`` (allocated like ``x`` when None).
+
+        A rank the spec gives no chunks passes no buffers; under torchrun it should pass
+        ``count=`` and ``dtype=`` as the others' buffers have them, so that it joins their
+        agreement on each new count (otherwise they wait for it, up to the exchange's bound)."""
         fast = self._fast
-        if fast is not None and stream is None and fast.matches(x, out, op, count) and not self._flag.value:
+        if fast is not None and stream is None and dtype is None and fast.matches(x, out, op, count) \
+                and not self._flag.value:
             fast.launch(self)
             return out
-        shape, handle, result = self.prepare_call(x, out, op, stream, count)
+        shape, handle, result = self.prepare_call(x, out, op, stream, count, dtype)
         self.launch(shape, handle)
         if stream is None:
             self._fast = FastPath.make(x, out, result, op, count, self.target(shape), self.out_units)

@@ -188,10 +188,11 @@ class HierarchicalCollective:
                     src, dst = views[phase.src], views[phase.dst]
                     src = src if src is not None and src.numel() else None
                     dst = dst if dst is not None and dst.numel() else None
-                    # A rank with nothing in this phase passes no buffer and no count, as on a
-                    # flat collective (its program is empty; the others' calls do the work).
-                    coll(src, dst, op=op if reduce_op else "sum",
-                         count=count if src is not None or dst is not None else None)
+                    # A rank with nothing in this phase passes count and dtype instead of
+                    # buffers: it must still join the ranks' agreement on each new count
+                    # (without them its signature never changed, and the others waited for it).
+                    coll(src, dst, op=op if reduce_op else "sum", count=count,
+                         dtype=dtype if src is None and dst is None else None)
             else:
                 self._run_inter(self._inter[index], views, buffers[("tmp", index)], count, reduce_op)
         return out

@@ -63,8 +63,12 @@ def validate_call(
     is_reduce: bool,
     op="sum",
     count: int | None = None,
+    dtype_hint=None,
 ) -> CallShape:
-    """Raise ArgumentError (naming the tensor, what was expected and what was given) or return the shape."""
+    """Raise ArgumentError (naming the tensor, what was expected and what was given) or return the shape.
+
+    ``dtype_hint``: the dtype (a DType or its name) of a rank that passes no buffer, so it can
+    give ``count`` too and take part in the schedule (and the ranks' agreement) with the others."""
     where = f"{name} on rank {rank}"
     reduce_op = parse_op(op, is_reduce)
 
@@ -107,7 +111,18 @@ def validate_call(
     if dtype is None:
         if count in (None, 0):
             return CallShape(DType.FLOAT32, reduce_op, 0, 0, out.ptr if out else 0)
-        raise _err(f"{where}: count={count} but no buffer on this rank says what dtype it has")
+        if dtype_hint is None:
+            raise _err(f"{where}: count={count} but no buffer on this rank says what dtype it has",
+                       "pass dtype= too")
+        try:
+            dtype = DType.parse(dtype_hint if isinstance(dtype_hint, DType) else str(dtype_hint))
+        except ValueError:
+            raise _err(f"{where}: dtype={dtype_hint!r} is not a dtype Purlin knows") from None
+        if count < 0:
+            raise _err(f"{where}: count={count} is negative")
+        if reduce_op is not None and not dtype.reducible:
+            raise _err(f"{where}: {dtype.value} cannot be reduced (fp8 is supported for copies only)")
+        return CallShape(dtype, reduce_op, int(count), 0, 0)
     if reduce_op is not None and not dtype.reducible:
         raise _err(f"{where}: {dtype.value} cannot be reduced (fp8 is supported for copies only)")
 
@@ -198,9 +213,10 @@ class CallSignature:
 def call_signature(collective: str, shape: CallShape, has_chunks: bool) -> CallSignature:
     return CallSignature(
         collective,
-        shape.dtype.value if has_chunks else None,
+        # A rank without chunks that gave count= and dtype= agrees on them like the others.
+        shape.dtype.value if has_chunks or shape.count else None,
         shape.op.value if shape.op is not None else None,
-        shape.count if has_chunks else None,
+        shape.count if has_chunks or shape.count else None,
     )
 
 
