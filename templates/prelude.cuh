@@ -1,5 +1,6 @@
 // ---- prelude: launch arguments, rounds and slices, signals (shared by every atom) ----
-// Needs PURLIN_WORLD, PURLIN_ITEMSIZE, PURLIN_SLICES, PURLIN_THREADS, PURLIN_STAGE_ALIGN defined before it.
+// Needs PURLIN_WORLD, PURLIN_ITEMSIZE, PURLIN_SLICES, PURLIN_THREADS, PURLIN_STAGE_ALIGN,
+// PURLIN_STAGE_UNITS and PURLIN_STAGE_COPIES defined before it.
 
 typedef unsigned long long purlin_u64;
 typedef long long purlin_i64;
@@ -27,6 +28,7 @@ struct purlin_round {
     purlin_u64 stage_unit; // bytes between staging units: piece * itemsize, rounded up to PURLIN_STAGE_ALIGN
     purlin_u64 bytes;      // bytes of one unit moved this round: n * itemsize
     purlin_u64 step;       // slice stride in bytes: round_up(ceil(piece bytes / SLICES), 16)
+    purlin_u64 stage_copy; // byte offset of this round's staging copy (epoch parity; 0 with one copy)
 };
 
 __device__ __forceinline__ purlin_u64 purlin_rounds(purlin_u64 count, purlin_u64 piece)
@@ -50,6 +52,9 @@ __device__ __forceinline__ purlin_round purlin_begin_round(const purlin_args& ar
     // round cannot overlap another channel's slice of the previous round
     // (purlinc.snac.simulate.round_slice_bounds).
     rd.step = ((args.piece * PURLIN_ITEMSIZE + PURLIN_SLICES - 1) / PURLIN_SLICES + 15) & ~15ull;
+    // Two staging copies: round e writes and reads copy e % 2, so a producer may fill the next
+    // round's copy while its consumer still reads this one (purlinc.snac.ir, "Staging copies").
+    rd.stage_copy = PURLIN_STAGE_COPIES > 1 ? (rd.epoch % PURLIN_STAGE_COPIES) * PURLIN_STAGE_UNITS * rd.stage_unit : 0;
     return rd;
 }
 
@@ -77,14 +82,14 @@ __device__ __forceinline__ char* purlin_io(char* base, purlin_u64 unit, unsigned
 // Slice s of unit u of a staging buffer: units are `piece` elements apart.
 __device__ __forceinline__ char* purlin_stage(char* base, purlin_u64 unit, unsigned s, const purlin_round& rd)
 {
-    return base + unit * rd.stage_unit + purlin_slice_lo(rd, s);
+    return base + rd.stage_copy + unit * rd.stage_unit + purlin_slice_lo(rd, s);
 }
 
 // Packets of slice s of a packed message in unit u (and u + 1): data byte o of the slice is in
 // the packet at byte 2 * o from the start of unit u plus twice the slice's start (16-byte aligned).
 __device__ __forceinline__ char* purlin_stage_ll(char* base, purlin_u64 unit, unsigned s, const purlin_round& rd)
 {
-    return base + unit * rd.stage_unit + 2 * purlin_slice_lo(rd, s);
+    return base + rd.stage_copy + unit * rd.stage_unit + 2 * purlin_slice_lo(rd, s);
 }
 
 // ---- signals ----

@@ -71,8 +71,8 @@ def test_packed_equals_the_evaluator(name, world, channels, slices):
     else:
         dtype, op = COPY_TYPES[index % len(COPY_TYPES)], None
     for count in COUNTS[: 2 if world > 5 else 4]:
-        sets = [_inputs(spec, count, dtype, seed) for seed in range(2)]
-        got = simulate_calls(schedule, spec, sets, count, dtype, op, calls=2, seed=index + n * count)
+        sets = [_inputs(spec, count, dtype, seed) for seed in range(3)]
+        got = simulate_calls(schedule, spec, sets, count, dtype, op, calls=3, seed=index + n * count)
         for inputs, outputs in zip(sets, got):
             want = evaluate(spec, inputs, count, dtype, op)
             assert all(same_bits(g, w) for g, w in zip(outputs, want))
@@ -227,13 +227,16 @@ def test_generated_ll_structure():
     schedule, kernel = _kernel("allreduce", 2)
     source = kernel.source
     assert "PURLIN_STAGE_ALIGN = 16" in source and kernel.abi.stage_align == 16
-    assert kernel.abi.stage_bytes(3) == schedule.stage_units * 16  # 3 bf16 = 6 bytes -> 16
+    # Two staging copies by epoch parity: the runtime allocates both.
+    assert schedule.stage_copies == 2 and "PURLIN_STAGE_COPIES = 2" in source
+    assert kernel.abi.stage_bytes(3) == 2 * schedule.stage_units * 16  # 3 bf16 = 6 bytes -> 16
     assert source.count("purlin_ll_send(purlin_stage_ll(") == 4  # 2 ranks x 2 chunks
     body = source.split("// ==== rank 0")[1].split("// ==== rank 1")[0]
     assert "purlin_ll_reduce<2>(" in body and "purlin_ll_recv(" not in body
-    # No DATA notify and no separate packed wait: only the ACK wait and the relaxed ACK notify.
-    assert body.count("purlin_wait(") == 1 and body.count("purlin_notify_relaxed(") == 1
-    assert "purlin_notify(" not in body
+    # No DATA notify, no separate packed wait, and no ACK: each rank's next call waits for the
+    # other's data, sent only after that rank finished reading this call's copy.
+    assert body.count("purlin_wait(") == 0 and body.count("purlin_notify_relaxed(") == 0
+    assert "purlin_notify(" not in body and kernel.abi.threads == 256
     assert "st.volatile.global.v4.u32" in source and "ld.volatile.global.v4.u32" in source
     _, copy = _kernel("allgather", 2)
     assert "purlin_ll_recv(" in copy.source and "purlin_ll_reduce" not in copy.source
@@ -267,3 +270,76 @@ def test_packed_stage_uses_128_bit_volatile_stores(tmp_path, cache_dir):
     assert "LDG.E.128.STRONG.SYS" in sass  # ld.volatile.global.v4.u32: one packet per poll
     _, plain = _kernel("allgather", 2, arch="sm_90", packed=False)
     assert "STG.E.128.STRONG.SYS" not in _sass(nvrtc.compile_cubin(plain.source, plain.filename, "sm_90"), tmp_path)
+
+
+# ---------------------------------------------------------------- staging copies (epoch parity)
+
+
+def _without(schedule, rank: int, index: int):
+    """``schedule`` with step ``index`` of ``rank``'s program deleted."""
+    programs = list(schedule.programs)
+    steps = programs[rank].steps
+    programs[rank] = replace(programs[rank], steps=steps[:index] + steps[index + 1:])
+    return replace(schedule, programs=tuple(programs))
+
+
+def test_packed_schedules_use_two_copies_and_ack_only_one_way_edges():
+    # All-pairs exchanges need no ACK at all; a broadcast's root waits two calls back.
+    for name, acks in (("allreduce", 0), ("allgather", 0), ("alltoall", 0), ("broadcast", 2)):
+        _, schedule = packed_schedule(name, 3)
+        assert schedule.stage_copies == 2 and schedule.staging_units == 2 * schedule.stage_units
+        waits = [s for p in schedule.programs for s in p.steps if isinstance(s, Wait)]
+        ack_waits = [s for s in waits if s.k <= 0]
+        assert len(ack_waits) == acks, name
+        assert all(s.k == -1 for s in ack_waits)  # per_call 1: the ACK of two calls back
+
+
+def test_parity_ack_removed_is_a_race():
+    spec, schedule = packed_schedule("broadcast", 2)
+    root = schedule.programs[0].steps
+    index = next(i for i, s in enumerate(root) if isinstance(s, Wait) and s.k <= 0)
+    with pytest.raises(VerificationError, match="reused too early") as caught:
+        verify(_without(schedule, 0, index), spec)
+    assert caught.value.call == 2  # the rewrite of copy 0 in call 2 (calls 0..3 are proved)
+
+
+def test_one_copy_without_acks_is_a_race():
+    """The ACKs of an all-pairs exchange are implied only with two copies."""
+    spec, schedule = packed_schedule("allreduce", 2)
+    with pytest.raises(VerificationError, match="reused too early"):
+        verify(replace(schedule, stage_copies=1), spec)
+
+
+def test_ack_reaching_back_past_the_copies_is_refused():
+    spec, schedule = packed_schedule("broadcast", 2)
+    root = list(schedule.programs[0].steps)
+    index = next(i for i, s in enumerate(root) if isinstance(s, Wait) and s.k <= 0)
+    root[index] = replace(root[index], k=-2)
+    programs = (replace(schedule.programs[0], steps=tuple(root)),) + schedule.programs[1:]
+    with pytest.raises(VerificationError, match="reaches back more than 2 calls"):
+        verify(replace(schedule, programs=programs), spec)
+
+
+@pytest.mark.parametrize("name", ["allreduce", "broadcast", "gather", "reduce_scatter"])
+def test_every_deleted_wait_or_notify_of_a_packed_schedule_is_caught(name):
+    """Mutation test for two-copy schedules: each deletion is rejected by the verifier, or
+    (a wait another wait implies) runs correctly in the simulator over four calls."""
+    spec, schedule = packed_schedule(name, 3)
+    dtype, op = (DType.INT32, "sum") if spec.is_reduce else (DType.INT32, None)
+    rejected = 0
+    for rank, program in enumerate(schedule.programs):
+        for index, step in enumerate(program.steps):
+            if not isinstance(step, (Wait, Notify)):
+                continue
+            mutant = _without(schedule, rank, index)
+            try:
+                verify(mutant, spec)
+            except VerificationError:
+                rejected += 1
+                continue
+            sets = [_inputs(spec, 5, dtype, seed) for seed in range(4)]
+            for seed in range(10):
+                got = simulate_calls(mutant, spec, sets, 5, dtype, op, calls=4, seed=seed)
+                for inputs, outputs in zip(sets, got):
+                    assert all(same_bits(g, w) for g, w in zip(outputs, evaluate(spec, inputs, 5, dtype, op)))
+    assert rejected > 0

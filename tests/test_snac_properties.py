@@ -71,15 +71,17 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def check_run(spec, schedule, *, count: int, dtype: DType, op: str | None, seed: int, piece: int | None = None):
-    """verify, then simulate two calls with fresh inputs and compare each with evaluate."""
+    """verify, then simulate back-to-back calls (every staging copy reused) with fresh inputs and
+    compare each with evaluate."""
     verify(schedule, spec)
     rng = np.random.default_rng(seed)
     small = spec.is_reduce  # keeps float sums well conditioned for the ring's tolerance
+    calls = 1 + schedule.stage_copies  # a staging copy is reused stage_copies calls later
     sets = [
         [random_values(rng, len(spec.inputs[r]) * count, dtype, small=small) for r in range(spec.world_size)]
-        for _ in range(2)
+        for _ in range(calls)
     ]
-    per_call = simulate_calls(schedule, spec, sets, count, dtype, op, calls=2, seed=seed, piece=piece)
+    per_call = simulate_calls(schedule, spec, sets, count, dtype, op, calls=calls, seed=seed, piece=piece)
     exact = not spec.is_reduce or dtype is DType.INT32 or schedule.options.algorithm is not Algorithm.RING
     for call, (inputs, got) in enumerate(zip(sets, per_call)):
         want = evaluate(spec, inputs, count, dtype, op)

@@ -42,6 +42,10 @@ from purlinc.snac.packing import ll_groups, packed_stages
 from purlinc.atom.trace import trace_template_values
 
 THREADS = 512  # block size of every channel
+# Packed (LL) schedules serve small messages, where a call is a few hundred packets per
+# channel: fewer threads make every block barrier and the launch cheaper, and still give
+# each thread only a few packets up to the sizes the tuner picks LL for.
+THREADS_PACKED = 256
 LDST_UNROLL_FALLBACK = 4  # the same loop inside other atoms (small pieces only)
 LDST_UNROLL = 8  # 16-byte vectors in flight per thread in an ldst copy (64 KiB per 512-thread block: ~46 GB/s per block over NVLink was load-latency bound at 4)
 MAX_GROUP = 32  # merged Notify / Wait groups use the lanes of warp 0
@@ -528,6 +532,7 @@ def generate(
     trace_values = trace_template_values(kernels, schedule.channels) if trace else None
 
     params_text = "".join(f", {k}={v}" for k, v in getattr(spec, "params", ()))
+    threads = THREADS_PACKED if packed else THREADS
     source = _render(
         "kernel.cu.j2",
         kernel_base=base,
@@ -541,11 +546,12 @@ def generate(
         channel_slices=schedule.options.slices,
         channel_signals=schedule.channel_signals,
         stage_units=schedule.stage_units,
+        stage_copies=schedule.stage_copies,
         signal_pad=schedule.signal_pad_size(),
         atom=atom,
         dtype=dtype.value,
         op=op.value if op else "",
-        threads=THREADS,
+        threads=threads,
         itemsize=dtype.itemsize,
         stage_align=16 if packed else 1,
         ll_source=_render("ll.cuh.j2", reduce=reduce).rstrip("\n") if packed else "",
@@ -564,10 +570,10 @@ def generate(
         kernel_base=base,
         world_size=schedule.world_size,
         channels=schedule.channels,
-        threads=THREADS,
+        threads=threads,
         shared_bytes=atom_def.shared_bytes(target),  # the tma atom's ring (dynamic shared memory)
         itemsize=dtype.itemsize,
-        stage_units=schedule.stage_units,
+        stage_units=schedule.staging_units,  # what the runtime allocates: every copy
         signal_pad=schedule.signal_pad_size(),
         stage_align=16 if packed else 1,
         in_units=tuple(schedule.in_units),

@@ -170,7 +170,7 @@ class Collective:
         schedule = compiled.schedule
         self.in_units = schedule.in_units[self.rank]
         self.out_units = schedule.out_units[self.rank]
-        self.stage_units = schedule.stage_units
+        self.stage_units = schedule.staging_units  # every staging copy (snac/ir.py)
         self.is_reduce = schedule.operation.value == "reduce"
         self.timeout_ns = settings.wait_timeout_ns()
         self._agree = agree  # exchange (dtype, op) with the other ranks on first use

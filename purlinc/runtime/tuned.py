@@ -56,9 +56,9 @@ def _prepare_bucket(source, world_size, bucket: tuning.Bucket, params, arch) -> 
         kwargs.pop("packed", None)
         compiled = prepare(source, world_size, **kwargs)
     stage_bytes = None
-    if bucket.max_bytes is not None and compiled.schedule.stage_units:
+    if bucket.max_bytes is not None and compiled.schedule.staging_units:
         # A bucket never moves more than max_bytes per unit, so it needs no more staging.
-        need = compiled.schedule.stage_units * bucket.max_bytes
+        need = compiled.schedule.staging_units * bucket.max_bytes  # every copy (ir.py)
         stage_bytes = min(settings.stage_bytes(), max(_MIN_STAGE, -(-need // 4096) * 4096))
     return PreparedBucket(bucket, compiled, stage_bytes)
 

@@ -36,7 +36,8 @@ class _Sig(NamedTuple):
 
 
 class _Ref(NamedTuple):
-    """A wait's target, resolved at the end: the k recorded under ``key``, minus per_call if ``previous``."""
+    """A wait's target, resolved at the end: the k recorded under ``key``; with ``previous``,
+    of the call the slot was last used in (``stage_copies`` calls back: minus that many per_call)."""
 
     key: object
     previous: bool
@@ -79,6 +80,7 @@ class _Builder:
     units: list[int] = field(default_factory=list)
     counts: dict[_Sig, int] = field(default_factory=lambda: defaultdict(int))
     recorded: dict[object, tuple[_Sig, int]] = field(default_factory=dict)
+    stage_copies: int = 1  # STAGE copies by epoch parity (purlinc.snac.ir, "Staging copies")
 
     def __post_init__(self):
         self.steps = [[] for _ in range(self.world)]
@@ -163,7 +165,7 @@ class _Builder:
                 if sig.owner != rank:
                     raise AssertionError(f"r{rank} waits on {sig}, owned by r{sig.owner}")
                 if step.ref.previous:
-                    k -= self.counts[sig]
+                    k -= self.counts[sig] * self.stage_copies
                 return Wait(numbered[sig], k, step.note)
             raise AssertionError(f"not a builder step: {step!r}")
 
@@ -188,6 +190,7 @@ class _Builder:
             signals=decls,
             programs=programs,
             channel_signals=width,
+            stage_copies=self.stage_copies,
         )
 
 

@@ -48,6 +48,10 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
             f"packed (LL) stages write the consumer's staging buffer, but {spec.name} with a registered "
             "output pushes straight into it: drop --registered out or --packed"
         )
+    if packed:
+        # Two staging copies by epoch parity: call e+1 lands beside call e, so a producer waits
+        # for its consumer's ACK two calls late (or not at all, below): see ir.py.
+        b.stage_copies = 2
     if not registered_out:
         # By consumer, then slot (rank, position): the keys' own order.
         for key in sorted(wanted):
@@ -91,6 +95,11 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
 
     out_edges = {(m.producer, m.consumer) for m in msgs if m.dst[0] is OUT}
     stage_edges = {(m.producer, m.consumer) for m in msgs if m.dst[0] is STAGE}
+    # Edges whose staging needs an ACK.  With two copies, the producer rewrites a copy two
+    # calls later; if the consumer also stages data for the producer every call, the
+    # producer's next call waits for that data, which the consumer sends only once its
+    # previous call (the reads of this copy included) has finished: the ACK is implied.
+    acked = stage_edges if b.stage_copies == 1 else {e for e in stage_edges if (e[1], e[0]) not in stage_edges}
     # Indexed once, so that every loop below is linear in the schedule it writes.
     sent_by: list[list[_Msg]] = [[] for _ in range(R)]  # producer -> its messages
     chunks_on: dict[tuple[int, int], list] = defaultdict(list)  # edge -> chunks, in message order
@@ -109,8 +118,9 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
     # 2. Producers make sure their targets are free: previous call consumed / this call started.
     for producer in range(R):
         for consumer in consumers_of[producer]:
-            if (producer, consumer) in stage_edges:
-                b.wait(producer, ("ack", producer, consumer), f"r{consumer} done with last call's data", previous=True)
+            if (producer, consumer) in acked:
+                last = "last call's" if b.stage_copies == 1 else "this copy's last"
+                b.wait(producer, ("ack", producer, consumer), f"r{consumer} done with {last} data", previous=True)
             if (producer, consumer) in out_edges:
                 b.wait(producer, ("ready", producer, consumer), f"r{consumer}.out ready")
     # 3. Stage everything, then one notify per edge and slice.
@@ -168,7 +178,7 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
     # 6. Tell producers their staging units are free again.
     for consumer in range(R):
         for producer in producers_of[consumer]:
-            if (producer, consumer) in stage_edges:
+            if (producer, consumer) in acked:
                 b.notify(consumer, _ack(producer, consumer), f"consumed r{producer}'s data", keys=(("ack", producer, consumer),))
     return b.build()
 

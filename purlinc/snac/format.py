@@ -88,7 +88,9 @@ def format_schedule(schedule: Schedule) -> str:
         "  buffers (units of one chunk):",
         "    in:    " + " ".join(f"r{r}:{n}" for r, n in enumerate(schedule.in_units)),
         "    out:   " + " ".join(f"r{r}:{n}" for r, n in enumerate(schedule.out_units)),
-        f"    stage: {schedule.stage_units} per rank",
+        f"    stage: {schedule.stage_units} per rank"
+        + (f", {schedule.stage_copies} copies by call parity ({schedule.staging_units} allocated)"
+           if schedule.stage_copies > 1 else ""),
         f"  channels: {options.channels}; channel c runs every program below with slices + c*{options.slices} "
         f"and signal indices + c*{schedule.channel_signals}",
         f"  signals: {len(schedule.signals)} per channel ({schedule.channel_signals} per rank and channel; "
@@ -151,6 +153,7 @@ def schedule_to_json(schedule: Schedule) -> dict:
         "in_units": list(schedule.in_units),
         "out_units": list(schedule.out_units),
         "stage_units": schedule.stage_units,
+        "stage_copies": schedule.stage_copies,
         "signal_pad": schedule.signal_pad_size(),
         "channel_signals": schedule.channel_signals,
         "signals": [
@@ -212,4 +215,5 @@ def schedule_from_json(data: dict) -> Schedule:
             for p in data["programs"]
         ),
         channel_signals=data["channel_signals"],
+        stage_copies=data.get("stage_copies", 1),
     )

@@ -10,7 +10,8 @@ of the call's dtype, ``count`` known only at call time):
 
 - ``IN``    the caller's input  (``Schedule.in_units[rank]`` units)
 - ``OUT``   the caller's output (``Schedule.out_units[rank]`` units)
-- ``STAGE`` a symmetric staging buffer, reachable by every peer (``stage_units`` units)
+- ``STAGE`` a symmetric staging buffer, reachable by every peer (``stage_units`` units, or
+            two copies of them: see "Staging copies" below)
 
 A unit is cut into ``Schedule.slices`` equal slices (the last may be shorter, some may be
 empty for tiny counts).  ``Region(space, rank, unit, slice)`` names one slice of one unit of
@@ -53,6 +54,19 @@ bytes each, so they are twice the data): ``Region(STAGE, r, u, s)`` of a packed 
 addresses unit ``u``, and unit ``u + 1`` is reserved for the second half of its packets.
 The consumer's ``Wait`` on the signal stays a Wait, and the ``Consume`` steps right after
 it that read the packed regions unpack them (see ``purlinc.snac.packing``).
+
+Staging copies (epoch parity)
+-----------------------------
+With ``Schedule.stage_copies = 2`` every rank's STAGE holds two copies of the
+``stage_units`` units the programs address, and call (round) ``e`` uses copy ``e % 2``:
+``Region(STAGE, r, u, s)`` in call ``e`` is unit ``u + (e % 2) * stage_units``.  A producer
+then writes call ``e + 1`` into the other copy while its consumer may still read call ``e``,
+so "the consumer is done with my last call's data" (an ACK) is needed only two calls later:
+its Wait reaches back two calls (``k > -2 * per_call``), and it is normally satisfied long
+before the producer gets there -- no round trip on the critical path.  Where the consumer
+sends the producer data of its own every call, even that ACK is implied (the consumer's
+next call starts after it finished reading) and the lowering leaves it out; the verifier
+proves either case (``purlinc.snac.parity``).
 """
 
 from __future__ import annotations
@@ -238,10 +252,17 @@ class Schedule:
     signals: tuple[SignalDecl, ...]  # one channel's signals, channel-relative (index < channel_signals)
     programs: tuple[Program, ...]  # one per rank, in rank order: channel 0, channel-relative
     channel_signals: int  # W: signals per channel in every rank's pad (channel c's start at c * W)
+    # STAGE copies chosen by the call's epoch parity (see "Staging copies" above): 1 or 2.
+    stage_copies: int = 1
 
     @property
     def channels(self) -> int:
         return self.options.channels
+
+    @property
+    def staging_units(self) -> int:
+        """STAGE units every rank allocates: ``stage_units`` per copy, times the copies."""
+        return self.stage_units * self.stage_copies
 
     def program(self, rank: int, channel: int) -> Program:
         """The concrete program of ``channel`` of ``rank``: slices + channel * S, signals + channel * W."""

@@ -111,7 +111,7 @@ class _Machine:
         storage = dtype.storage
         self.ins = [np.zeros(0, dtype=storage) for _ in range(world)]
         self.outs = [np.zeros(schedule.out_units[r] * count, dtype=storage) for r in range(world)]
-        self.stages = [self._poisoned(schedule.stage_units * self.piece, POISON_STAGE) for _ in range(world)]
+        self.stages = [self._poisoned(schedule.staging_units * self.piece, POISON_STAGE) for _ in range(world)]
         self.pads = [np.zeros(schedule.signal_pad_size(), dtype=np.int64) for _ in range(world)]
         self.per_call = {d.signal: d.per_call for d in schedule.signal_decls()}
         self._bounds: dict[int, list[tuple[int, int]]] = {}
@@ -128,7 +128,7 @@ class _Machine:
     def round_length(self, round_: int) -> int:
         return min(self.piece, self.count - round_ * self.piece)
 
-    def view(self, region: Region, round_: int) -> np.ndarray:
+    def view(self, region: Region, round_: int, epoch: int = 0) -> np.ndarray:
         n = self.round_length(round_)
         bounds = self._bounds.get(n)
         if bounds is None:
@@ -138,8 +138,9 @@ class _Machine:
             ]
             self._bounds[n] = bounds
         lo, hi = bounds[region.slice]
-        if region.space is Space.STAGE:
-            base = region.unit * self.piece
+        if region.space is Space.STAGE:  # the copy of the epoch's parity (ir.py, "Staging copies")
+            copy = epoch % self.schedule.stage_copies
+            base = (region.unit + copy * self.schedule.stage_units) * self.piece
             return self.stages[region.rank][base + lo:base + hi]
         buffer = self.ins[region.rank] if region.space is Space.IN else self.outs[region.rank]
         base = region.unit * self.count + round_ * self.piece
@@ -153,15 +154,15 @@ class _Machine:
 
     def execute(self, step, epoch: int, round_: int) -> None:
         if isinstance(step, Stage):
-            self.view(step.dst, round_)[:] = self.view(step.src, round_)
+            self.view(step.dst, round_, epoch)[:] = self.view(step.src, round_, epoch)
         elif isinstance(step, Notify):
             self.pads[step.signal.owner][step.signal.index] = self.target(step, epoch)
         elif isinstance(step, Consume):
             if step.operation is Operation.COPY:
-                self.view(step.dst, round_)[:] = self.view(step.srcs[0], round_)
+                self.view(step.dst, round_, epoch)[:] = self.view(step.srcs[0], round_, epoch)
             else:
-                chunks = [self.view(r, round_).copy() for r in step.srcs]  # dst may be a source
-                self.view(step.dst, round_)[:] = reduce_chunks(chunks, self.dtype, self.op)
+                chunks = [self.view(r, round_, epoch).copy() for r in step.srcs]  # dst may be a source
+                self.view(step.dst, round_, epoch)[:] = reduce_chunks(chunks, self.dtype, self.op)
 
 
 def simulate_calls(

@@ -65,6 +65,7 @@ from purlinc.frontend.spec import Slot, Spec
 from purlinc.snac.gcpause import gc_paused
 from purlinc.snac.ir import Consume, Notify, Region, Schedule, Space, Stage, Step, Wait
 from purlinc.snac.packing import layout_problems, ll_groups, normalized, packed_stages
+from purlinc.snac.parity import unrolled
 
 CALLS = 2  # calls unrolled by the proof (see the module docstring for why two suffice)
 
@@ -139,24 +140,37 @@ class _Failure:
     ``purlinc.snac.packing``); ``origins`` maps its step indices back to the schedule as
     written, so errors name the steps the user sees."""
 
-    def __init__(self, schedule: Schedule, origins: dict | None = None):
-        self.schedule = schedule
+    def __init__(self, schedule: Schedule, origins: dict | None = None, unroll: int = 1):
+        self.schedule = schedule  # as normalized, before any unrolling (purlinc.snac.parity)
         self.origins = origins
+        self.unroll = unroll  # original calls per proof call: steps past n are the next call's
+
+    def _split(self, rank: int, channel: int, index: int, call: int) -> tuple[int, int]:
+        """(normalized step index, original call) of step ``index`` of proof call ``call``."""
+        if self.unroll == 1:
+            return index, call
+        n = len(self.schedule.programs[rank].steps)
+        return index % n, call * self.unroll + index // n
 
     def index(self, rank: int, channel: int, index: int | None) -> int | None:
-        """The step index as written, of normalized step ``index``."""
-        if self.origins is None or index is None:
+        """The step index as written, of normalized (proof) step ``index``."""
+        if index is None:
+            return index
+        index = self._split(rank, channel, index, 0)[0]
+        if self.origins is None:
             return index
         return self.origins[rank, channel][index]
 
     def at(self, rank: int, channel: int, index: int, message: str, call: int = 0) -> VerificationError:
-        step = self.schedule.program(rank, channel).steps[index]
+        normal, call = self._split(rank, channel, index, call)
+        step = self.schedule.program(rank, channel).steps[normal]
         when = f" in call {call}" if call else ""
         written = self.index(rank, channel, index)
         text = f"rank {rank}, channel {channel}, step {written}{when} ({describe(step)}): {message}"
         return VerificationError(text, rank=rank, channel=channel, step=written, call=call)
 
     def short(self, rank: int, channel: int, index: int, call: int = 0) -> str:
+        call = self._split(rank, channel, index, call)[1]
         when = f" in call {call}" if call else ""
         return f"rank {rank} channel {channel} step {self.index(rank, channel, index)}{when}"
 
@@ -254,8 +268,10 @@ def _step_problem(schedule: Schedule, step: Step, rank: int, channel: int, per_c
             return f"waits on {step.signal.format()}, which rank {step.signal.owner} owns (only the owner may wait)"
         if step.k > total:
             return f"k={step.k} exceeds per_call = {total} of {step.signal.format()}"
-        if step.k <= -total:
-            return f"k={step.k} reaches back more than one call (per_call = {total})"
+        copies = schedule.stage_copies  # a slot is reused that many calls later
+        if step.k <= -total * copies:
+            back = "one call" if copies == 1 else f"{copies} calls (its stage copies)"
+            return f"k={step.k} reaches back more than {back} (per_call = {total})"
         return None
     if isinstance(step, Consume):
         if not step.srcs:
@@ -853,7 +869,8 @@ def _check_races_and_result(schedule: Schedule, spec: Spec, order: _Order) -> No
                 if last is not None:
                     text += f" (last written by {order.short(last)}: {describe(order.step(last))})"
                 _, channel, index, _ = order.where(last) if last is not None else (rank, s // per_channel, None, 0)
-                raise VerificationError(text, rank=rank, channel=channel, step=order.fail.index(rank, channel, index), call=0)
+                call = 0 if index is None else order.fail._split(rank, channel, index, 0)[1]
+                raise VerificationError(text, rank=rank, channel=channel, step=order.fail.index(rank, channel, index), call=call)
 
 
 def _garbage_read(order: _Order, node, region: Region, writer) -> VerificationError:
@@ -930,7 +947,10 @@ def _verify(schedule: Schedule, spec: Spec) -> None:
     _check_packing(schedule)
     # A packed stage means its Stage followed by its Notify: the proof runs on that schedule.
     schedule, origins = normalized(schedule)
-    fail = _Failure(schedule, origins)
+    # Two staging copies: the proof runs on two calls per call, so that each copy's reuse is
+    # inside the unrolled calls (purlinc.snac.parity); errors still name the steps as written.
+    fail = _Failure(schedule, origins, schedule.stage_copies)
+    schedule = unrolled(schedule)
     _check_signal_counts(schedule, fail)
     order = _Order(schedule, fail)
     _check_monotone(schedule, order)

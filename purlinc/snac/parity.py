@@ -1,0 +1,62 @@
+"""Staging copies by epoch parity (``purlinc.snac.ir``, "Staging copies"), for the proof.
+
+``unrolled(schedule)`` rewrites a schedule with ``stage_copies = 2`` as one with a single
+copy whose every call is two calls of the original: each program runs its steps for an even
+call, then again for the odd call with every STAGE region moved to the second copy (unit
+``+ stage_units``) and every signal's ``k`` raised by its ``per_call``; ``per_call`` doubles.
+Call ``E`` of the unrolled schedule is calls ``2E`` and ``2E + 1`` of the original, so the
+verifier's two unrolled calls cover four original ones, in which each copy is reused: a
+producer that rewrites a copy before its consumer finished reading it is a race there,
+and a missing ACK a wrong result or a race, exactly as for single-copy schedules.
+
+Why the proof carries over.  The unrolled program orders the odd call after the even one by
+program order, which the kernel boundary also gives (a rank's next call starts when all its
+channels finished; the proof is of one channel).  What the unrolled schedule leaves out is
+the caller's turn between an even and an odd call (it reads OUT and rewrites IN and OUT);
+but the two calls access IN and OUT identically -- copies exist only for STAGE -- and are
+ordered by the same notifies and waits, so the caller's turn between an odd call and the
+next even one, which the proof does check, stands for both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from purlinc.snac.ir import Consume, Notify, Program, Region, Schedule, SignalDecl, Space, Stage, Wait
+
+
+def _moved(region: Region, units: int) -> Region:
+    if region.space is not Space.STAGE:
+        return region
+    return Region(region.space, region.rank, region.unit + units, region.slice)
+
+
+def _odd(step, units: int, per_call: dict):
+    """``step`` as the odd call runs it: second STAGE copy, k one call on."""
+    kind = type(step)
+    if kind is Stage:
+        k = step.k + per_call[step.signal] if step.signal is not None else step.k
+        return Stage(_moved(step.src, units), _moved(step.dst, units), step.note, step.signal, k)
+    if kind is Consume:
+        return Consume(step.operation, tuple(_moved(r, units) for r in step.srcs), _moved(step.dst, units),
+                       step.note, step.line)
+    if kind is Notify or kind is Wait:
+        return kind(step.signal, step.k + per_call[step.signal], step.note)
+    raise AssertionError(f"not an IR step: {step!r}")
+
+
+def unrolled(schedule: Schedule) -> Schedule:
+    """The single-copy schedule of two calls per call (see the module docstring); a schedule
+    with one copy is returned as it is."""
+    if schedule.stage_copies == 1:
+        return schedule
+    if schedule.stage_copies != 2:
+        raise AssertionError(f"stage_copies = {schedule.stage_copies}: only 1 or 2 are defined")
+    units = schedule.stage_units
+    per_call = schedule.per_call()
+    programs = tuple(
+        Program(p.rank, p.channel, p.steps + tuple(_odd(step, units, per_call) for step in p.steps))
+        for p in schedule.programs
+    )
+    signals = tuple(SignalDecl(d.signal, 2 * d.per_call, d.role, d.note) for d in schedule.signals)
+    return replace(schedule, programs=programs, signals=signals, stage_units=2 * units, stage_copies=1)
