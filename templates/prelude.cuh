@@ -33,7 +33,9 @@ struct purlin_round {
 
 __device__ __forceinline__ purlin_u64 purlin_rounds(purlin_u64 count, purlin_u64 piece)
 {
-    return count == 0 ? 0 : (count + piece - 1) / piece;
+    // One round is the common case (small calls): skip the 64-bit division, a software
+    // routine on the GPU that would sit on every small call's critical path.
+    return count <= piece ? (count != 0) : (count + piece - 1) / piece;
 }
 
 __device__ __forceinline__ purlin_round purlin_begin_round(const purlin_args& args, purlin_u64 epoch0, purlin_u64 round)

@@ -1,0 +1,131 @@
+"""Small-message (packed, LL) kernels: CUDA-graph time per call against the block size.
+
+    python3 benchmarks/ll_sweep.py --out DIR        (one process, every visible GPU a rank)
+
+For each collective and size, and each block size of the packed kernels (the code
+generator's ``THREADS_PACKED``, set here before each load), loads the packed direct-push
+schedule on one channel, checks one call against the reference on fresh random data
+(poisoned outputs, every rank), captures ``--calls`` calls per device in one CUDA graph,
+replays them ``--reps`` times and reports the slowest device's median per call, with the
+range over repeats.  Writes ll_sweep.json and ll_sweep.md into --out.  The measurement
+behind the choice of ``THREADS_PACKED`` (see purlinc/atom/codegen.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+# The block size is a code-generator constant set per variant below: no compile cache (it
+# keys on the request, not on that constant) and no in-process memo of compiled collectives.
+os.environ["PURLIN_NO_CACHE"] = "1"
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import purlinc  # noqa: E402
+from purlinc.atom import codegen  # noqa: E402
+from purlinc.dtypes import DType  # noqa: E402
+from _common import expected, inputs_for, poison, to_numpy, to_torch  # noqa: E402
+
+EXAMPLES = ROOT / "examples"
+
+
+def per_call_us(coll, xs, outs, devices, calls: int, reps: int) -> list[float]:
+    graphs, streams = [], []
+    for r in devices:
+        with torch.cuda.device(r):
+            stream = torch.cuda.Stream(device=r)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                for _ in range(calls):
+                    coll[r](xs[r], outs[r])
+            graphs.append(graph)
+            streams.append(stream)
+    for graph in graphs:  # once untimed
+        graph.replay()
+    for r in devices:
+        torch.cuda.synchronize(r)
+    times = []
+    for _ in range(reps):
+        events = []
+        for r, graph in zip(devices, graphs):
+            with torch.cuda.device(r):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph.replay()
+                end.record()
+                events.append((start, end))
+        for r in devices:
+            torch.cuda.synchronize(r)
+        times.append(max(s.elapsed_time(e) for s, e in events) * 1e3 / calls)
+    return times
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--collectives", default="allreduce,allgather,reduce_scatter")
+    ap.add_argument("--bytes", default="1024,16384,65536")
+    ap.add_argument("--threads", default="64,128,256,512")
+    ap.add_argument("--channels", type=int, default=1)
+    ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("--reps", type=int, default=7)
+    args = ap.parse_args()
+    devices = list(range(torch.cuda.device_count()))
+    group = purlinc.LocalGroup(devices)
+    rng = np.random.default_rng(11)
+    dtype = DType.BFLOAT16
+    rows = []
+    for name in args.collectives.split(","):
+        for threads in map(int, args.threads.split(",")):
+            codegen.THREADS_PACKED = threads
+            coll = purlinc.load(EXAMPLES / f"{name}.pln", group, algorithm="direct-push", packed=True,
+                                channels=args.channels)
+            spec = coll[0].compiled.spec
+            try:
+                for nbytes in map(int, args.bytes.split(",")):
+                    units = max(max(len(spec.inputs[r]), len(spec.outputs[r])) for r in range(spec.world_size))
+                    count = max(1, nbytes // (units * dtype.itemsize))
+                    inputs = inputs_for(spec, count, dtype, rng)
+                    xs = [to_torch(inputs[r], dtype, r) if len(spec.inputs[r]) else None for r in devices]
+                    outs = [torch.empty(len(spec.outputs[r]) * count, dtype=torch.bfloat16, device=f"cuda:{r}")
+                            if len(spec.outputs[r]) else None for r in devices]
+                    for o in outs:
+                        if o is not None:
+                            poison(o)
+                    coll(xs, outs)
+                    for r in devices:
+                        torch.cuda.synchronize(r)
+                    want = expected(spec, inputs, count, dtype, "sum" if spec.is_reduce else None)
+                    ok = all(o is None or np.array_equal(to_numpy(o, dtype).view(np.uint16), w.view(np.uint16))
+                             for o, w in zip(outs, want))
+                    times = per_call_us(coll, xs, outs, devices, args.calls, args.reps)
+                    row = {"collective": name, "bytes": nbytes, "threads": threads, "channels": args.channels,
+                           "median_us": round(statistics.median(times), 3), "min_us": round(min(times), 3),
+                           "max_us": round(max(times), 3), "checked": ok}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+            finally:
+                coll.close()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"gpus": [torch.cuda.get_device_name(r) for r in devices], "calls_per_graph": args.calls,
+            "reps": args.reps, "dtype": dtype.value}
+    (out / "ll_sweep.json").write_text(json.dumps({"meta": meta, "rows": rows}))
+    lines = ["| collective | bytes | threads | median us | range us | checked |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['collective']} | {r['bytes']} | {r['threads']} | {r['median_us']} | "
+              f"{r['min_us']}-{r['max_us']} | {r['checked']} |" for r in rows]
+    (out / "ll_sweep.md").write_text("\n".join(lines) + "\n")
+    return 0 if all(r["checked"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
