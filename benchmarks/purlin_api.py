@@ -57,7 +57,10 @@ VARIANTS = (
     _v("push-ldst-c64-s4", "direct-push", "ldst", 64, 4),
     # LL: the notify rides in every 16-byte packet (latency); not for other algorithms.
     _v("push-ll-c1", "direct-push", "ldst", 1, packed=True),
+    _v("push-ll-c2", "direct-push", "ldst", 2, packed=True),
+    _v("push-ll-c4", "direct-push", "ldst", 4, packed=True),
     _v("push-ll-c8", "direct-push", "ldst", 8, packed=True),
+    _v("push-ll-c16", "direct-push", "ldst", 16, packed=True),
     _v("push-ldst-c16-s4", "direct-push", "ldst", 16, 4),
     _v("pull-ldst-c16", "direct-pull", "ldst", 16),
     _v("two-shot-ldst-c16", "two-shot", "ldst", 16, only=("allreduce",)),
@@ -70,7 +73,7 @@ VARIANTS = (
     _v("push-ce-c4", "direct-push", "ce", 4, only=("allgather", "alltoall", "broadcast", "gather", "scatter")),
 )
 QUICK_VARIANTS = ("default", "zerocopy", "push-ldst-c1", "push-ldst-c16", "push-ldst-c64", "push-ll-c1",
-                  "push-ll-c8", "two-shot-ldst-c32", "push-ce")
+                  "push-ll-c4", "push-ll-c8", "push-ll-c16", "two-shot-ldst-c32", "push-ce")
 
 
 def load_key(variant: Variant) -> tuple:

@@ -218,8 +218,10 @@ class FakeCollective(SimpleNamespace):
 TWIN = SimpleNamespace(name="twin")
 
 
-def staged_for(comm, in_units=1, out_units=2):
-    return FakeCollective(name="allgather", rank=comm.rank, comm=comm, in_units=in_units, out_units=out_units)
+def staged_for(comm, in_units=1, out_units=2, packed=False):
+    compiled = SimpleNamespace(options=SimpleNamespace(packed=packed))
+    return FakeCollective(name="allgather", rank=comm.rank, comm=comm, in_units=in_units, out_units=out_units,
+                          compiled=compiled)
 
 
 def zc_for(comm, in_units=1, out_units=2):
@@ -417,3 +419,15 @@ def test_available_counts_growth_room_under_the_limit():
     assert caught.value.available == 12 * MiB and not g.calls
     h.alloc(12 * MiB, "fits")  # exactly the growth room left
     assert g.calls == [(1, 12 * MiB)] and h.size == 16 * MiB
+
+
+def test_packed_schedules_stage_heap_buffers_but_still_refuse_freed_ones():
+    """Small calls (packed LL buckets) stage even on heap buffers: LL beats the registered
+    twin there.  A freed heap block is still refused before anything launches."""
+    comm = FakeComm()
+    zc = zerocopy.ZeroCopy(staged_for(comm, packed=True), TWIN)
+    x, out = symmetric.alloc(comm, 128), symmetric.alloc(comm, 256)
+    assert zc.pick(shape(x.ptr, out.ptr)) is None and zc.pick(shape(x.ptr, out.ptr), record=False) is None
+    x.free()
+    with pytest.raises(FreedBufferError):
+        zc.pick(shape(x.ptr, out.ptr))
