@@ -150,3 +150,76 @@ def test_load_topology_errors(repo_dir):
         assert first.startswith("TopologyError: world size R=2 is not a multiple of gpus_per_node=3"), first
         assert unequal.startswith("TopologyError: nodes of unequal size: torchrun's LOCAL_WORLD_SIZE is 1, 2"), unequal
         assert hosts.startswith("TopologyError: node 0 (ranks 0..1) spans hosts ['host0', 'host1']"), hosts
+
+
+def _agreement_worker(rank: int, port: int, repo: str, queue) -> None:
+    """Two gloo processes, 2 nodes x 1 GPU: the world-wide agreement on each new (dtype, op,
+    count) of a hierarchical call (host only, through the torch store), and the node check that
+    every rank makes whatever its environment says."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from purlinc.runtime import hierarchical
+    from purlinc.runtime.rendezvous import Exchange
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=20))
+    seen = []
+    try:
+        plan = hierarchical.plan_for(os.path.join(repo, "examples", "allreduce.pln"), 2, 1)
+        store = hierarchical._TorchStore(dist.distributed_c10d._get_default_store(), 20.0)
+        world = Exchange(store, rank, 2, prefix="test-agree/world")
+        coll = hierarchical.HierarchicalCollective(plan, rank, 0, None, {}, {}, world)
+        coll._agree("float32", "sum", 8)
+        rounds = world.round
+        coll._agree("float32", "sum", 8)  # known: no exchange
+        seen.append(f"rounds {rounds} {world.round}")
+        for dtype, count in (("float32", 9 + rank), ("float32" if rank == 0 else "int32", 10)):
+            try:
+                coll._agree(dtype, "sum", count)
+                seen.append("agreed")
+            except Exception as error:  # noqa: BLE001 - the message is the result
+                seen.append(f"{type(error).__name__}: {getattr(error, 'message', error)}")
+        # LOCAL_WORLD_SIZE on rank 0 only, one node of 2: both ranks must still check the nodes
+        # together (the check used to run only where the variable was set: rank 0 then waited
+        # alone in its all-gather), then both fail alike at the first CUDA call (no GPU here).
+        os.environ.pop("LOCAL_WORLD_SIZE", None)
+        if rank == 0:
+            os.environ["LOCAL_WORLD_SIZE"] = "2"
+        try:
+            hierarchical.load_hierarchical(os.path.join(repo, "examples", "allreduce.pln"), 2)
+            seen.append("loaded")
+        except Exception as error:  # noqa: BLE001
+            seen.append(type(error).__name__)
+        dist.barrier()
+    except Exception as error:  # noqa: BLE001
+        seen.append(f"rank {rank}: {type(error).__name__}: {error}")
+    finally:
+        queue.put((rank, seen))
+        dist.destroy_process_group()
+
+
+def test_world_agreement_and_node_check(repo_dir):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_agreement_worker, args=(r, port, str(repo_dir), queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=120) for _ in range(2))
+    for p in procs:
+        p.join(timeout=30)
+    for rank in range(2):
+        assert len(results[rank]) == 4, results[rank]
+        rounds, count, dtype, load = results[rank]
+        assert rounds == "rounds 1 1", rounds
+        assert count == ("MismatchError: allreduce (hierarchical): the ranks disagree on the count: expected 9 "
+                         "elements per chunk (as rank 0), but rank 1 passed 10 elements per chunk"), count
+        assert dtype == ("MismatchError: allreduce (hierarchical): the ranks disagree on the dtype: expected "
+                         "float32 (as rank 0), but rank 1 passed int32"), dtype
+        # Not a distributed timeout: both ranks got past the node check and failed at CUDA alike.
+        assert load == results[0][3] and "Dist" not in load and load != "loaded", load
+    assert all(p.exitcode == 0 for p in procs)
