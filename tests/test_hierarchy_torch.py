@@ -175,12 +175,19 @@ def _agreement_worker(rank: int, port: int, repo: str, queue) -> None:
         rounds = world.round
         coll._agree("float32", "sum", 8)  # known: no exchange
         seen.append(f"rounds {rounds} {world.round}")
-        for dtype, count in (("float32", 9 + rank), ("float32" if rank == 0 else "int32", 10)):
+        cases = (("float32", 9 + rank, None), ("float32" if rank == 0 else "int32", 10, None),
+                 ("float32", 11, "OutOfMemoryError: CUDA out of memory" if rank == 1 else None))
+        for dtype, count, problem in cases:
             try:
-                coll._agree(dtype, "sum", count)
+                coll._agree(dtype, "sum", count, problem)
                 seen.append("agreed")
             except Exception as error:  # noqa: BLE001 - the message is the result
                 seen.append(f"{type(error).__name__}: {getattr(error, 'message', error)}")
+        coll._agree("float32", "sum", 11)  # not agreed after the failure: exchanged again
+        coll.free_scratch()  # drops the agreements with the scratch: count 8 is exchanged again
+        before = world.round
+        coll._agree("float32", "sum", 8)
+        seen.append(f"again {world.round - before}")
         # LOCAL_WORLD_SIZE on rank 0 only, one node of 2: both ranks must still check the nodes
         # together (the check used to run only where the variable was set: rank 0 then waited
         # alone in its all-gather), then both fail alike at the first CUDA call (no GPU here).
@@ -213,13 +220,16 @@ def test_world_agreement_and_node_check(repo_dir):
     for p in procs:
         p.join(timeout=30)
     for rank in range(2):
-        assert len(results[rank]) == 4, results[rank]
-        rounds, count, dtype, load = results[rank]
+        assert len(results[rank]) == 6, results[rank]
+        rounds, count, dtype, scratch, again, load = results[rank]
         assert rounds == "rounds 1 1", rounds
         assert count == ("MismatchError: allreduce (hierarchical): the ranks disagree on the count: expected 9 "
                          "elements per chunk (as rank 0), but rank 1 passed 10 elements per chunk"), count
         assert dtype == ("MismatchError: allreduce (hierarchical): the ranks disagree on the dtype: expected "
                          "float32 (as rank 0), but rank 1 passed int32"), dtype
+        assert scratch == ("PurlinError: allreduce (hierarchical): no call with 11 elements per chunk: "
+                           "rank 1: OutOfMemoryError: CUDA out of memory"), scratch
+        assert again == "again 1", again
         # Not a distributed timeout: both ranks got past the node check and failed at CUDA alike.
-        assert load == results[0][3] and "Dist" not in load and load != "loaded", load
+        assert load == results[0][5] and "Dist" not in load and load != "loaded", load
     assert all(p.exitcode == 0 for p in procs)

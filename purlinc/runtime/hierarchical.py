@@ -186,8 +186,16 @@ class HierarchicalCollective:
                                   f"{units} x {count} elements, got {tuple(tensor.shape)} {tensor.dtype}")
         if out is None and n_out:
             out = torch.empty(n_out * count, dtype=dtype, device=f"cuda:{self.device}")
-        self._agree(str(dtype).removeprefix("torch."), reduce_op.value if reduce_op else None, count)
-        buffers = self._buffers(dtype, count)
+        # Scratch first, then the agreement: a rank that cannot allocate (out of memory) says
+        # so in the exchange and every rank raises, instead of the others going on into the
+        # phases and waiting for it there.
+        try:
+            buffers, problem = self._buffers(dtype, count), None
+        except RuntimeError as error:  # torch.OutOfMemoryError and other allocation failures
+            buffers, problem = None, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        self._agree(str(dtype).removeprefix("torch."), reduce_op.value if reduce_op else None, count, problem)
+        if problem is not None:  # no exchange to join (not under torch.distributed): raise here
+            raise PurlinError(f"{spec.name}: rank {rank}: scratch buffers for {count} elements per chunk: {problem}")
         views = dict(buffers)
         views[IN] = x.reshape(-1) if x is not None else None
         views[OUT] = out.reshape(-1) if out is not None else None
@@ -207,25 +215,34 @@ class HierarchicalCollective:
                 self._run_inter(self._inter[index], views, buffers[("tmp", index)], count, reduce_op)
         return out
 
-    def _agree(self, dtype: str, op: str | None, count: int) -> None:
+    def _agree(self, dtype: str, op: str | None, count: int, problem: str | None = None) -> None:
         """The first call of each (dtype, op, count): every rank of the world exchanges it (one
         host round through the torch store; nothing on the device, so capture is unaffected once
         warm) and raises ``MismatchError`` before anything runs if any rank differs.  Known
         signatures cost a set lookup.  As for flat collectives, a rank repeating a known
         signature while another makes a new one is not caught here (the exchange's timeout and
-        the device-side bound are)."""
+        the device-side bound are).  ``problem``: why this rank cannot run the call (its scratch
+        allocation failed); every rank then raises it.  A new (dtype, count) always comes here
+        with a new key (scratch and agreement are dropped together), so a failed allocation is
+        always exchanged."""
         from purlinc.runtime.validate import CallSignature, disagreement
 
         key = (dtype, op, count)
         if self._world is None or key in self._agreed:
             return
-        mine = CallSignature(self.plan.spec.name, dtype, op, count)
-        everyone = self._world(("hier-call", mine.as_tuple()))
-        problem = disagreement(f"{self.plan.spec.name} (hierarchical)", [
+        name = self.plan.spec.name
+        mine = CallSignature(name, dtype, op, count)
+        everyone = self._world(("hier-call", mine.as_tuple(), problem))
+        mismatch = disagreement(f"{name} (hierarchical)", [
             CallSignature.from_tuple(e[1]) if e[0] == "hier-call" else CallSignature(f"another exchange ({e[0]})", None, None, None)
             for e in everyone])
-        if problem is not None:
-            raise problem
+        if mismatch is not None:
+            raise mismatch
+        failed = [(r, e[2]) for r, e in enumerate(everyone) if e[2]]
+        if failed:
+            raise PurlinError(f"{name} (hierarchical): no call with {count} elements per chunk: "
+                              + "; ".join(f"rank {r}: {why}" for r, why in failed),
+                              notes=("every rank raised this; nothing was launched",))
         self._agreed.add(key)
 
     def warm(self, dtype, op="sum") -> None:
@@ -241,8 +258,10 @@ class HierarchicalCollective:
 
     def free_scratch(self) -> None:
         """Drop the scratch buffers of every (dtype, count) seen so far (the next call of each
-        allocates again).  No CUDA graph that captured a call may be replayed afterwards."""
+        allocates again, and agrees again).  No CUDA graph that captured a call may be replayed
+        afterwards.  Call it on every rank alike."""
         self._scratch.clear()
+        self._agreed.clear()
 
     def _run_inter(self, inter: _Inter, views: dict, tmp, count: int, reduce_op) -> None:
         import torch.distributed as dist
