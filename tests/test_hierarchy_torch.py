@@ -233,3 +233,102 @@ def test_world_agreement_and_node_check(repo_dir):
         # Not a distributed timeout: both ranks got past the node check and failed at CUDA alike.
         assert load == results[0][5] and "Dist" not in load and load != "loaded", load
     assert all(p.exitcode == 0 for p in procs)
+
+
+class _NodeOfOne:
+    """Stands in for an intra phase's Purlin collective on a node of one rank (G=1): its
+    sub-spec evaluated with NumPy, with the flat collective's checks on what it is given."""
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    def __call__(self, x=None, out=None, op="sum", *, count=None, dtype=None):
+        from purlinc.dtypes import DType
+        from purlinc.frontend.evaluate import evaluate
+
+        n_in, n_out = len(self.spec.inputs[0]), len(self.spec.outputs[0])
+        assert (x is None) == (n_in == 0) and (out is None) == (n_out == 0), (self.spec.name, x, out)
+        assert x is None or x.numel() == n_in * count
+        assert out is None or out.numel() == n_out * count
+        assert (dtype is not None) == (x is None and out is None)
+        kind = (x if x is not None else out).dtype if dtype is None else dtype
+        dt = {torch.int32: DType.INT32, torch.float32: DType.FLOAT32}[kind]
+        values = x.numpy() if x is not None else np.zeros(0, dtype=np.int32)
+        result = evaluate(self.spec, [values], count, dt, op if self.spec.is_reduce else None)[0]
+        if out is not None:
+            out.copy_(torch.from_numpy(result))
+        return out
+
+
+def _call_worker(rank: int, port: int, repo: str, queue) -> None:
+    """2 nodes x 1 rank under gloo: every standard collective called exactly as the benchmark
+    calls purlin/hierarchical (benchmarks/purlin_api.call, count=, x or out None where the rank
+    has none), intra phases stood in for on the CPU, inter phases and the agreement for real;
+    every rank's output against the evaluator."""
+    import sys
+
+    import torch.distributed as dist
+
+    from purlinc.dtypes import DType
+    from purlinc.frontend.evaluate import evaluate
+    from purlinc.runtime import hierarchical
+    from purlinc.runtime.rendezvous import Exchange
+
+    sys.path.insert(0, os.path.join(repo, "benchmarks"))
+    import purlin_api
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    problems = []
+    try:
+        group = dist.new_group(ranks=[0, 1])  # G=1: the one local index's group is the world
+        store = hierarchical._TorchStore(dist.distributed_c10d._get_default_store(), 30.0)
+        for serial, name in enumerate(NAMES[:8]):
+            plan = hierarchical.plan_for(os.path.join(repo, "examples", f"{name}.pln"), 2, 1)
+            spec = plan.spec
+            intra = {i: _NodeOfOne(plan.canonical[plan.phases[i].schedules[rank]])
+                     for i in hierarchical.intra_sources(plan, rank)}
+            inter = {i: hierarchical._inter_for(plan, i, p, rank, group) for i, p in enumerate(plan.phases)
+                     if isinstance(p, hierarchical.InterPhase)}
+            world = Exchange(store, rank, 2, prefix=f"test-call/{serial}")
+            coll = hierarchical.HierarchicalCollective(plan, rank, "cpu", None, intra, inter, world)
+            for count in (4, 7):
+                rng = np.random.default_rng(17 * count + serial)  # the same on every rank
+                ins = [rng.integers(-1000, 1000, len(spec.inputs[r]) * count).astype(np.int32) for r in range(2)]
+                want = evaluate(spec, ins, count, DType.INT32, "sum" if spec.is_reduce else None)[rank]
+                # the benchmark's buffers: X = the root's input size, Y = the root's output size
+                n_in = max(len(spec.inputs[r]) for r in range(2))
+                n_out = max(len(spec.outputs[r]) for r in range(2))
+                X = torch.zeros(n_in * count, dtype=torch.int32)
+                X[:ins[rank].size] = torch.from_numpy(ins[rank])
+                Y = torch.full((n_out * count,), -7, dtype=torch.int32)
+                purlin_api.call(coll, name, X, Y, rank=rank, root=0, reduce=spec.is_reduce, count=count)
+                if len(spec.outputs[rank]):
+                    got = Y.numpy()[:want.size]
+                    if not np.array_equal(got, want):
+                        problems.append(f"{name} count {count} rank {rank}: {got} != {want}")
+        dist.barrier()
+    except Exception as error:  # noqa: BLE001 - reported to the test
+        import traceback
+
+        problems.append(f"rank {rank}: {type(error).__name__}: {error}\n{traceback.format_exc()}")
+    finally:
+        queue.put((rank, problems))
+        dist.destroy_process_group()
+
+
+def test_calls_as_the_benchmark_makes_them(repo_dir):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_call_worker, args=(r, port, str(repo_dir), queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=180) for _ in range(2))
+    for p in procs:
+        p.join(timeout=30)
+    problems = [p for r in range(2) for p in results[r]]
+    assert not problems, "\n".join(problems[:10])
+    assert all(p.exitcode == 0 for p in procs)

@@ -141,6 +141,12 @@ class HierarchicalCollective:
         self._world = world_exchange  # Exchange over every rank of the world (host only), or None
         self._agreed: set = set()  # (dtype, op, count) every rank of the world agreed on
 
+    @property
+    def _where(self) -> str:
+        """Where scratch and outputs go: the CUDA device (an index); a string device (``"cpu"``)
+        only in CPU tests that stand in for the intra phases."""
+        return self.device if isinstance(self.device, str) else f"cuda:{self.device}"
+
     def __repr__(self) -> str:
         t = self.plan.topology
         return f"HierarchicalCollective({self.plan.spec.name}, rank {self.rank}, {t.nodes} nodes x {t.gpus_per_node} GPUs)"
@@ -155,9 +161,9 @@ class HierarchicalCollective:
             for layout in self.plan.layouts:
                 if layout.name not in (IN, OUT):
                     units = len(layout.units[self.rank])
-                    buffers[layout.name] = torch.empty(units * count, dtype=dtype, device=f"cuda:{self.device}")
+                    buffers[layout.name] = torch.empty(units * count, dtype=dtype, device=self._where)
             for index, inter in self._inter.items():
-                buffers[("tmp", index)] = torch.empty(inter.temps * count, dtype=dtype, device=f"cuda:{self.device}")
+                buffers[("tmp", index)] = torch.empty(inter.temps * count, dtype=dtype, device=self._where)
             self._scratch[key] = buffers
         return buffers
 
@@ -185,7 +191,7 @@ class HierarchicalCollective:
                 raise PurlinError(f"{spec.name}: rank {rank}: {what} must be a contiguous {dtype} tensor of "
                                   f"{units} x {count} elements, got {tuple(tensor.shape)} {tensor.dtype}")
         if out is None and n_out:
-            out = torch.empty(n_out * count, dtype=dtype, device=f"cuda:{self.device}")
+            out = torch.empty(n_out * count, dtype=dtype, device=self._where)
         # Scratch first, then the agreement: a rank that cannot allocate (out of memory) says
         # so in the exchange and every rank raises, instead of the others going on into the
         # phases and waiting for it there.
