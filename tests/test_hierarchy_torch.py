@@ -235,33 +235,41 @@ def test_world_agreement_and_node_check(repo_dir):
     assert all(p.exitcode == 0 for p in procs)
 
 
-class _NodeOfOne:
-    """Stands in for an intra phase's Purlin collective on a node of one rank (G=1): its
-    sub-spec evaluated with NumPy, with the flat collective's checks on what it is given."""
+class _NodeStandIn:
+    """Stands in for an intra phase's Purlin collective on one node: the ranks of the node
+    gather their inputs (gloo) and each evaluates the node's sub-spec with NumPy, with the flat
+    collective's checks on what it is given (a rank with no chunks passes count= and dtype=,
+    and still takes part, as in the real phase's agreement)."""
 
-    def __init__(self, spec):
-        self.spec = spec
+    def __init__(self, spec, group, local: int):
+        self.spec, self.group, self.local = spec, group, local
 
     def __call__(self, x=None, out=None, op="sum", *, count=None, dtype=None):
+        import torch.distributed as dist
+
         from purlinc.dtypes import DType
         from purlinc.frontend.evaluate import evaluate
 
-        n_in, n_out = len(self.spec.inputs[0]), len(self.spec.outputs[0])
+        n_in, n_out = len(self.spec.inputs[self.local]), len(self.spec.outputs[self.local])
         assert (x is None) == (n_in == 0) and (out is None) == (n_out == 0), (self.spec.name, x, out)
         assert x is None or x.numel() == n_in * count
         assert out is None or out.numel() == n_out * count
         assert (dtype is not None) == (x is None and out is None)
         kind = (x if x is not None else out).dtype if dtype is None else dtype
         dt = {torch.int32: DType.INT32, torch.float32: DType.FLOAT32}[kind]
-        values = x.numpy() if x is not None else np.zeros(0, dtype=np.int32)
-        result = evaluate(self.spec, [values], count, dt, op if self.spec.is_reduce else None)[0]
+        mine = x.numpy().copy() if x is not None else np.zeros(0, dtype=np.int32)
+        values = [mine]
+        if self.group is not None:
+            values = [None] * self.spec.world_size
+            dist.all_gather_object(values, mine, group=self.group)
+        result = evaluate(self.spec, values, count, dt, op if self.spec.is_reduce else None)[self.local]
         if out is not None:
             out.copy_(torch.from_numpy(result))
         return out
 
 
-def _call_worker(rank: int, port: int, repo: str, queue) -> None:
-    """2 nodes x 1 rank under gloo: every standard collective called exactly as the benchmark
+def _call_worker(rank: int, world: int, G: int, port: int, repo: str, queue) -> None:
+    """nodes x G ranks under gloo: every standard collective called exactly as the benchmark
     calls purlin/hierarchical (benchmarks/purlin_api.call, count=, x or out None where the rank
     has none), intra phases stood in for on the CPU, inter phases and the agreement for real;
     every rank's output against the evaluator."""
@@ -278,27 +286,31 @@ def _call_worker(rank: int, port: int, repo: str, queue) -> None:
     import purlin_api
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     problems = []
     try:
-        group = dist.new_group(ranks=[0, 1])  # G=1: the one local index's group is the world
+        node, local = divmod(rank, G)
+        # every rank creates every group, in the same order (torch requires it)
+        by_local = [dist.new_group(ranks=list(range(l, world, G))) for l in range(G)]
+        by_node = [dist.new_group(ranks=list(range(n * G, n * G + G))) for n in range(world // G)] if G > 1 else None
         store = hierarchical._TorchStore(dist.distributed_c10d._get_default_store(), 30.0)
         for serial, name in enumerate(NAMES[:8]):
-            plan = hierarchical.plan_for(os.path.join(repo, "examples", f"{name}.pln"), 2, 1)
+            plan = hierarchical.plan_for(os.path.join(repo, "examples", f"{name}.pln"), world, G)
             spec = plan.spec
-            intra = {i: _NodeOfOne(plan.canonical[plan.phases[i].schedules[rank]])
-                     for i in hierarchical.intra_sources(plan, rank)}
-            inter = {i: hierarchical._inter_for(plan, i, p, rank, group) for i, p in enumerate(plan.phases)
+            intra = {i: _NodeStandIn(plan.canonical[plan.phases[i].schedules[node]],
+                                     by_node[node] if by_node else None, local)
+                     for i in hierarchical.intra_sources(plan, node)}
+            inter = {i: hierarchical._inter_for(plan, i, p, rank, by_local[local]) for i, p in enumerate(plan.phases)
                      if isinstance(p, hierarchical.InterPhase)}
-            world = Exchange(store, rank, 2, prefix=f"test-call/{serial}")
-            coll = hierarchical.HierarchicalCollective(plan, rank, "cpu", None, intra, inter, world)
+            exchange = Exchange(store, rank, world, prefix=f"test-call/{serial}")
+            coll = hierarchical.HierarchicalCollective(plan, rank, "cpu", None, intra, inter, exchange)
             for count in (4, 7):
                 rng = np.random.default_rng(17 * count + serial)  # the same on every rank
-                ins = [rng.integers(-1000, 1000, len(spec.inputs[r]) * count).astype(np.int32) for r in range(2)]
+                ins = [rng.integers(-1000, 1000, len(spec.inputs[r]) * count).astype(np.int32) for r in range(world)]
                 want = evaluate(spec, ins, count, DType.INT32, "sum" if spec.is_reduce else None)[rank]
                 # the benchmark's buffers: X = the root's input size, Y = the root's output size
-                n_in = max(len(spec.inputs[r]) for r in range(2))
-                n_out = max(len(spec.outputs[r]) for r in range(2))
+                n_in = max(len(u) for u in spec.inputs)
+                n_out = max(len(u) for u in spec.outputs)
                 X = torch.zeros(n_in * count, dtype=torch.int32)
                 X[:ins[rank].size] = torch.from_numpy(ins[rank])
                 Y = torch.full((n_out * count,), -7, dtype=torch.int32)
@@ -306,7 +318,7 @@ def _call_worker(rank: int, port: int, repo: str, queue) -> None:
                 if len(spec.outputs[rank]):
                     got = Y.numpy()[:want.size]
                     if not np.array_equal(got, want):
-                        problems.append(f"{name} count {count} rank {rank}: {got} != {want}")
+                        problems.append(f"{name} {world // G}x{G} count {count} rank {rank}: {got} != {want}")
         dist.barrier()
     except Exception as error:  # noqa: BLE001 - reported to the test
         import traceback
@@ -317,18 +329,19 @@ def _call_worker(rank: int, port: int, repo: str, queue) -> None:
         dist.destroy_process_group()
 
 
-def test_calls_as_the_benchmark_makes_them(repo_dir):
+@pytest.mark.parametrize("world,G", [(2, 1), (4, 2)])
+def test_calls_as_the_benchmark_makes_them(repo_dir, world, G):
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_call_worker, args=(r, port, str(repo_dir), queue)) for r in range(2)]
+    procs = [ctx.Process(target=_call_worker, args=(r, world, G, port, str(repo_dir), queue)) for r in range(world)]
     for p in procs:
         p.start()
-    results = dict(queue.get(timeout=180) for _ in range(2))
+    results = dict(queue.get(timeout=240) for _ in range(world))
     for p in procs:
         p.join(timeout=30)
-    problems = [p for r in range(2) for p in results[r]]
+    problems = [p for r in range(world) for p in results[r]]
     assert not problems, "\n".join(problems[:10])
     assert all(p.exitcode == 0 for p in procs)
