@@ -131,7 +131,7 @@ def _inter_for(plan: HierPlan, index: int, phase: InterPhase, rank: int, group) 
 class HierarchicalCollective:
     """One rank's hierarchical collective: ``coll(x, out=None, op="sum", count=None)``."""
 
-    def __init__(self, plan: HierPlan, rank: int, device: int, node_comm, intra: dict, inter: dict,
+    def __init__(self, plan: HierPlan, rank: int, device: int | str, node_comm, intra: dict, inter: dict,
                  world_exchange=None):
         self.plan, self.rank, self.device = plan, rank, device
         self.node_comm = node_comm
