@@ -54,7 +54,8 @@ for _k, _v in SAFE_ENV.items():
 torch = None  # imported in main(), after the environment above is fixed
 dist = None
 
-SYSTEMS = ("nccl", "symm_mem", "purlin")
+HIER = "purlin/hierarchical"  # Purlin inside nodes of G ranks, NCCL between them (docs/HIERARCHY.md)
+SYSTEMS = ("nccl", "symm_mem", "purlin", HIER)
 NCCL_VARIANTS = ("default", "nomix", "symm")
 # The collectives NCCL 2.28 has symmetric kernels for (all-to-all runs its ordinary kernels on
 # the registered buffers; measured too, the row says which method registered them).
@@ -73,7 +74,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--results-dir", type=Path, default=HERE / "results")
     ap.add_argument("--machine", default=None, help="machine tag in file names (default: <gpu>x<R>, e.g. h200x2)")
     ap.add_argument("--collectives", default=",".join(report.COLLECTIVES), help="comma-separated subset")
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of nccl,symm_mem,purlin")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
+    ap.add_argument("--hier-gpus-per-node", default="R,1",
+                    help=f"{HIER} rows: gpus_per_node values, one variant g<G> each (R = the world: one node; "
+                         "1: every rank a node, NCCL between them)")
     ap.add_argument("--variants", default=None, help="comma-separated Purlin variant names (default: all, or the quick set)")
     ap.add_argument("--variant-spec", action="append", default=[],
                     help="extra Purlin variant 'name:algorithm=ring,atom=ldst,channels=8,slices=2' (repeatable)")
@@ -144,6 +148,7 @@ class Plan:
     nccl: tuple[str, ...] = ("default",)
     calls: tuple[int, ...] = (20, 100)
     many_calls_max_bytes: int | None = None  # graphs beyond the first calls value only up to here
+    hier: tuple[int, ...] = ()  # gpus_per_node of the purlin/hierarchical variants (g<G>)
 
     def views(self, nbytes: int | None = None) -> list[tuple[str, int | None]]:
         """(mode, calls per graph) of the rows every case of size ``nbytes`` gets (the same
@@ -162,7 +167,12 @@ class Plan:
             n += 2
         if "purlin" in self.systems:
             n += sum(1 for v in self.variants if v.applies(collective))
+        if HIER in self.systems:
+            n += len(self.hier)
         return n
+
+    def hier_loads(self) -> int:
+        return len(self.collectives) * len(self.hier) if HIER in self.systems else 0
 
     def loads(self) -> int:
         if "purlin" not in self.systems:
@@ -193,12 +203,27 @@ def make_plan(args) -> Plan:
     sizes = report.select_sizes(quick=args.quick, min_bytes=args.min_bytes, max_bytes=args.max_bytes,
                                 explicit=explicit)
     modes = [m.strip() for m in args.modes.split(",") if m.strip() in report.MODES]
+    world = args.world_size or int(os.environ.get("WORLD_SIZE", "2"))
     return Plan(colls, systems, variants, sizes, modes, tuple(args.nccl_list), tuple(args.calls_list),
-                args.many_calls_max_bytes)
+                args.many_calls_max_bytes, hier_gpus_per_node(args.hier_gpus_per_node, world))
+
+
+def hier_gpus_per_node(text: str, world: int) -> tuple[int, ...]:
+    """'R,1' -> (R, 1) for this world, duplicates dropped; a G that does not divide R stays
+    (its load fails with the TopologyError, recorded as the variant's error row)."""
+    out: list[int] = []
+    for token in filter(None, (t.strip() for t in text.split(","))):
+        g = world if token.upper() == "R" else int(token)
+        if g < 1:
+            raise SystemExit(f"--hier-gpus-per-node: {token!r} is not a positive number of GPUs")
+        if g not in out:
+            out.append(g)
+    return tuple(out)
 
 
 def estimate_s(plan: Plan, args) -> float:
-    est = report.estimate_run_s([], reps=args.reps, target_rep_us=args.target_rep_us, modes=1, loads=plan.loads())
+    est = report.estimate_run_s([], reps=args.reps, target_rep_us=args.target_rep_us, modes=1,
+                                loads=plan.loads() + plan.hier_loads())
     for s in plan.sizes:
         triples = [(c, s, plan.cases(c)) for c in plan.collectives]
         est += report.estimate_run_s(triples, reps=args.reps, target_rep_us=args.target_rep_us,
@@ -217,7 +242,10 @@ def describe_plan(plan: Plan, args, world: int) -> str:
         f"  systems: {', '.join(plan.systems)}; NCCL variants: {', '.join(plan.nccl)}; "
         f"Purlin variants: {', '.join(v.name for v in plan.variants)}; calls per graph: "
         f"{', '.join(str(c) for c in plan.calls)}",
-        f"  cases: {sum(plan.cases(c) for c in plan.collectives) * len(plan.sizes)}; Purlin loads: {plan.loads()}",
+        f"  cases: {sum(plan.cases(c) for c in plan.collectives) * len(plan.sizes)}; Purlin loads: {plan.loads()}"
+        + (f"; {HIER}: gpus_per_node {', '.join(str(g) for g in plan.hier)} "
+           f"({', '.join(f'{world // g} x {g}' if world % g == 0 else f'{g} (not a divisor of R)' for g in plan.hier)}"
+           f" nodes x GPUs), {plan.hier_loads()} loads" if HIER in plan.systems and plan.hier else ""),
         f"  estimated wall time: {est:.0f} s (model in report.estimate_case_s; first-run NVRTC compiles "
         f"counted at 2 s per load); budget {args.budget_s:.0f} s, hard guard {args.timeout_s:.0f} s",
     ]
@@ -246,6 +274,7 @@ class Ctx:
     nsymm: object = None  # (input, output) flat buffers registered as NCCL symmetric windows, or None
     comm: object = None  # Purlin communicator
     colls: dict = field(default_factory=dict)  # (collective, variant name) -> loaded Purlin collective
+    hcolls: dict = field(default_factory=dict)  # (collective, gpus_per_node) -> loaded hierarchical collective
     failures: list = field(default_factory=list)  # correctness failures, for the exit status
     hung: dict = field(default_factory=dict)  # (system, variant, collective) -> why it is skipped from now on
     finished: bool = False
@@ -433,6 +462,34 @@ def purlin_case(ctx: Ctx, coll: str, variant: purlin_api.Variant, X, Y) -> Case:
     sms, note = purlin_api.grid_sms(loaded, variant.options, X, Y)
     return Case("purlin", variant.name, load, call, output, True, sms, note, dict(variant.options),
                 after=lambda: purlin_api.check_errors(ctx.comm, loaded))
+
+
+def hier_variant(g: int) -> str:
+    return f"g{g}"
+
+
+def hier_case(ctx: Ctx, coll: str, g: int, lay: report.Layout, X, Y) -> Case:
+    """purlin/hierarchical g<G>: the world as R/G nodes of G ranks, on ordinary torch buffers
+    (the same X, Y as NCCL).  Every rank passes count= (a rank without input or output still
+    takes part in the phases) and the same buffer conventions as the flat Purlin call."""
+    loaded = ctx.hcolls[(coll, g)]
+    reduce = coll in report.REDUCE_COLLECTIVES
+    rank = ctx.rank
+
+    def load(x):
+        poison(Y)
+        X.copy_(x)
+
+    def call():
+        purlin_api.call(loaded, coll, X, Y, rank=rank, root=0, reduce=reduce, count=lay.count)
+
+    def output():
+        return None if coll in ("reduce", "gather") and rank != 0 else Y
+
+    options = {"gpus_per_node": g, "nodes": ctx.world // g}
+    note = "Purlin kernels per intra phase + NCCL per inter phase; not summed"
+    return Case(HIER, hier_variant(g), load, call, output, True, None, note, options,
+                after=lambda: purlin_api.check_errors(None, loaded))
 
 
 # =========================================================================== reference and check
@@ -937,7 +994,9 @@ def run_nccl_child(ctx: Ctx) -> None:
 def precompile(ctx: Ctx) -> None:
     """Warm Purlin's on-disk compile cache with a process pool on one rank per host."""
     plan = ctx.plan
-    jobs = purlin_api.precompile_jobs(plan.collectives, plan.variants, ctx.world)
+    jobs = purlin_api.precompile_jobs(plan.collectives, plan.variants if "purlin" in plan.systems else (), ctx.world)
+    if HIER in plan.systems:
+        jobs += purlin_api.hier_precompile_jobs(plan.collectives, plan.hier, ctx.world)
     info = {"jobs": len(jobs)}
     if ctx.local_rank == 0 and jobs:
         import concurrent.futures as cf
@@ -1013,6 +1072,26 @@ def setup_purlin(ctx: Ctx) -> None:
                                     **purlin_api.device_bytes(comm)}
     ctx.log(f"Purlin: {len(ctx.colls)} collectives loaded in {sum(load_times.values()):.1f} s "
             f"({sum(1 for r in ctx.rows if r.get('phase') == 'load')} failed)")
+
+
+def setup_hierarchical(ctx: Ctx) -> None:
+    """Load every collective as purlin/hierarchical for each gpus_per_node of the plan (every
+    rank, same order: each load is a collective).  A load that fails (no plan, a topology
+    error) becomes one error row, and that variant is skipped for that collective."""
+    load_times = {}
+    for coll in ctx.plan.collectives:
+        for g in ctx.plan.hier:
+            t = time.time()
+            ran, loaded, err = guarded(ctx, lambda: purlin_api.load_hierarchical(coll, g))
+            load_times[f"{coll}/{hier_variant(g)}"] = round(time.time() - t, 2)
+            if ran:
+                ctx.hcolls[(coll, g)] = loaded
+            else:
+                ctx.add({"system": HIER, "variant": hier_variant(g), "collective": coll, "dtype": "bfloat16",
+                         "bytes": None, "world_size": ctx.world, "mode": None, "time_us": None, "checked": None,
+                         "options": {"gpus_per_node": g}, "error": f"load: {err}", "phase": "load"})
+    ctx.meta["hier_load_s"] = load_times
+    ctx.log(f"{HIER}: {len(ctx.hcolls)} of {ctx.plan.hier_loads()} loaded in {sum(load_times.values()):.1f} s")
 
 
 def _load_error_row(ctx: Ctx, coll: str, v: purlin_api.Variant, err: str) -> dict:
@@ -1099,10 +1178,13 @@ def run(ctx: Ctx) -> None:
         ar_max = max((report.layout("allreduce", ctx.world, s).bytes for s in plan.sizes), default=0)
         symm_bytes = max(ar_max if "allreduce" in plan.collectives else 0, 0 if args.no_peak else args.peak_bytes)
         setup_symm(ctx, max(symm_bytes, report.MiB))
-    if "purlin" in plan.systems:
+    if "purlin" in plan.systems or HIER in plan.systems:
         if not args.no_precompile:
             precompile(ctx)
+    if "purlin" in plan.systems:
         setup_purlin(ctx)
+    if HIER in plan.systems and plan.hier:
+        setup_hierarchical(ctx)
     if not args.no_peak:
         ctx.meta["peaks"] = measure_peaks(ctx)
         best, how = report.measured_peak_gbps(ctx.meta)
@@ -1177,6 +1259,13 @@ def run_size(ctx: Ctx, coll: str, nbytes: int, salt: int) -> None:
                     cases.append(purlin_case(ctx, coll, v, *(heap_bufs if v.heap else (X, Y))))
                 except Exception as e:  # noqa: BLE001
                     build_errors.append(("purlin", v.name, f"{type(e).__name__}: {e}"))
+    if HIER in plan.systems:
+        for g in plan.hier:
+            if (coll, g) in ctx.hcolls:  # a failed load has its error row already: no row per size
+                try:
+                    cases.append(hier_case(ctx, coll, g, lay, X, Y))
+                except Exception as e:  # noqa: BLE001
+                    build_errors.append((HIER, hier_variant(g), f"{type(e).__name__}: {e}"))
     for system, variant, err in build_errors:
         for mode, calls in plan.views(lay.bytes):
             ctx.add({"system": system, "variant": variant, "collective": coll, "dtype": "bfloat16",
@@ -1188,6 +1277,9 @@ def run_size(ctx: Ctx, coll: str, nbytes: int, salt: int) -> None:
     progress(ctx, coll, lay.bytes)
     del X, Y, x_time, cases, heap_bufs  # the heap blocks are freed alike on every rank
     sync()
+    for g in plan.hier:  # this size's scratch (its graphs are gone): memory stays flat over the sizes
+        if (coll, g) in ctx.hcolls:
+            purlin_api.free_scratch(ctx.hcolls[(coll, g)])
     torch.cuda.empty_cache()
 
 
@@ -1209,6 +1301,8 @@ def progress(ctx: Ctx, coll: str, nbytes: int) -> None:
             bit += f" best {b['variant']} {report._num(b['time_us'])}"
         if s:
             bit += f" symm {report._num(s['time_us'])}"
+        for h in sorted(report.rows_for(sub, system=HIER), key=lambda r: r["variant"]):
+            bit += f" hier/{h['variant']} {report._cell_time(h)}"
         parts.append(bit)
     errs = sum(1 for r in rows if r.get("error"))
     wrong = sum(1 for r in rows if r.get("checked") is False)
@@ -1339,7 +1433,8 @@ def main(argv=None) -> int:
             "args": {k: str(v) for k, v in vars(args).items()},
             "plan": {"collectives": plan.collectives, "systems": plan.systems,
                      "variants": {v.name: v.options for v in plan.variants}, "sizes": plan.sizes,
-                     "modes": plan.modes, "nccl_variants": list(plan.nccl), "calls_per_graph": list(plan.calls)},
+                     "modes": plan.modes, "nccl_variants": list(plan.nccl), "calls_per_graph": list(plan.calls),
+                     "hier_gpus_per_node": list(plan.hier)},
             "wire_model": {"launch_us": report.LAUNCH_US, "signal_us": report.SIGNAL_US,
                            "two_way_gbps": report.TWO_WAY_GBPS, "one_way_gbps": report.ONE_WAY_GBPS}}
     ctx = Ctx(args, plan, rank, world, local_rank, device, dist.group.WORLD.group_name, time.time(), meta)

@@ -7,6 +7,8 @@ else.  Assumed API (torch.distributed initialised, the CUDA device set):
     coll = purlinc.load("examples/allgather.pln", comm, algorithm=None, atom=None,
                         channels=None, slices=None, params=None)
     coll(x, out=y, op="sum")          # torch tensors, the current stream, graph-capturable
+    hier = purlinc.load("examples/allreduce.pln", None, gpus_per_node=G)   # purlin/hierarchical
+    hier(x, y, op="sum", count=n)     # every rank passes count (some have no x or no out)
 
 Buffer conventions per collective (``count`` = the .pln chunk): allgather in=count,
 out=R*count; reduce_scatter in=R*count, out=count; allreduce and alltoall in=out=R*count;
@@ -163,17 +165,38 @@ def load(comm, collective: str, options: dict):
     return coll
 
 
-def call(coll, collective: str, x, y, *, rank: int, root: int = 0, reduce: bool) -> None:
-    """One call with the buffer conventions above; ``x``/``y`` are this rank's full buffers."""
+def call(coll, collective: str, x, y, *, rank: int, root: int = 0, reduce: bool, count: int | None = None) -> None:
+    """One call with the buffer conventions above; ``x``/``y`` are this rank's full buffers.
+    ``count`` (elements per chunk) is passed only when given (hierarchical calls need it)."""
     is_root = rank == root
     if collective == "broadcast" or collective == "scatter":
         x = x if is_root else None
     if collective in ("reduce", "gather"):
         y = y if is_root else None
+    kwargs = {} if count is None else {"count": count}
     if reduce:
-        coll(x, out=y, op="sum")
+        coll(x, out=y, op="sum", **kwargs)
     else:
-        coll(x, out=y)
+        coll(x, out=y, **kwargs)
+
+
+def load_hierarchical(collective: str, gpus_per_node: int):
+    """``collective`` as a hierarchical collective over the torch.distributed world in nodes of
+    ``gpus_per_node`` ranks (a collective: every rank, same order), its bf16 kernels loaded."""
+    import purlinc
+
+    coll = purlinc.load(str(pln_path(collective)), None, gpus_per_node=gpus_per_node)
+    warm = getattr(coll, "warm", None)
+    if callable(warm):
+        warm("bfloat16", "sum")
+    return coll
+
+
+def free_scratch(coll) -> None:
+    """Drop a hierarchical collective's per-size scratch buffers (no captured graph may remain)."""
+    fn = getattr(coll, "free_scratch", None)
+    if callable(fn):
+        fn()
 
 
 def grid_sms(coll, options: dict, x=None, y=None) -> tuple[int | None, str]:
@@ -256,12 +279,37 @@ def precompile_jobs(collectives, variants, world_size: int) -> list[dict]:
     return jobs
 
 
+def hier_precompile_jobs(collectives, gpus_per_node, world_size: int) -> list[dict]:
+    """Jobs warming the kernels of every intra phase of the hierarchical plans (bf16, sum)."""
+    return [{"collective": coll, "variant": f"hierarchical-g{g}", "world_size": world_size, "gpus_per_node": g,
+             "options": {}} for coll in collectives for g in gpus_per_node if world_size % g == 0]
+
+
+def _precompile_hier(job: dict, arch: str) -> str:
+    """Each node's intra-phase sources exactly as the hierarchical load makes them (same text,
+    same pinned algorithm), so the cache keys are the ones its first call looks up."""
+    from purlinc.dtypes import DType, ReduceOp
+    from purlinc.runtime.collective import prepare
+    from purlinc.runtime.hierarchical import intra_sources, plan_for
+
+    plan = plan_for(str(pln_path(job["collective"])), job["world_size"], job["gpus_per_node"])
+    sources = {src for node in range(plan.topology.nodes) for src in intra_sources(plan, node).values()}
+    for source in sorted(sources):
+        compiled = prepare(source, job["gpus_per_node"], arch=arch, algorithm="direct-push")
+        if compiled.plan is None:
+            is_reduce = compiled.schedule.operation.value == "reduce"
+            compiled.kernel(DType.BFLOAT16, ReduceOp.SUM if is_reduce else None)
+    return f"{job['collective']}/{job['variant']}: ok ({len(sources)} phase sources)"
+
+
 def precompile_one(job: dict, arch: str) -> str:
     """Run in a worker process; returns a short status string.
 
     Goes through the runtime's own ``prepare`` + ``Compiled.kernel`` (what ``load`` and the
     first call do), so the cache key is the one the runtime will look up.
     """
+    if job.get("gpus_per_node"):
+        return _precompile_hier(job, arch)
     opts = job["options"]
     try:
         from purlinc.dtypes import DType, ReduceOp

@@ -15,6 +15,11 @@ Row fields (one row per system, variant, collective, size, mode and calls per gr
     checked (True | False | None = not checkable), check_note, error (None or text),
     options (Purlin variant options), repeat_safe, nccl_env (NCCL rows: the settings used).
 
+``purlin/hierarchical`` rows (variant ``g<G>``, options ``gpus_per_node`` and ``nodes``): the
+collective loaded with ``purlinc.load(path, None, gpus_per_node=G)``, the world as R/G nodes of G
+ranks.  They are a system of their own: never a "best Purlin variant", never in the tuning
+table or the targets; the report gives them one table per view beside NCCL.
+
 NCCL variants: ``default`` (NCCL as the caller's environment sets it up), ``nomix``
 (``NCCL_GRAPH_MIXING_SUPPORT=0``), ``symm`` (mixing off, buffers registered as NCCL symmetric
 windows: NCCL's symmetric kernels where it has them).  Speed-ups are quoted against the
@@ -50,7 +55,8 @@ ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter"})
 # The collectives whose large-message target asks for >= 1.1x NCCL and >= 90 % of peak.
 BANDWIDTH_BOUND = ("allgather", "reduce_scatter", "alltoall")
 MODES = ("eager", "graph")
-SYSTEMS = ("nccl", "symm_mem", "purlin")
+HIER = "purlin/hierarchical"  # Purlin inside nodes of G ranks, NCCL between them; variants g<G>
+SYSTEMS = ("nccl", "symm_mem", "purlin", HIER)
 
 # Alignment: every chunk a multiple of 16 bytes (the ldst atom moves 16-byte vectors).
 ALIGN_BYTES = 16
@@ -677,6 +683,73 @@ def nccl_table(rows: list[dict], mode: str) -> list[str]:
     return out
 
 
+def _hier_order(variant: str) -> tuple:
+    """g<G> variants by G, largest (fewest nodes) first; other names after, by name."""
+    g = int(variant[1:]) if variant[:1] == "g" and variant[1:].isdigit() else 0
+    return (-g, variant)
+
+
+def hier_variants(rows: list[dict]) -> list[str]:
+    """The purlin/hierarchical variants present, the largest G (fewest nodes) first."""
+    return sorted({r["variant"] for r in rows if r.get("system") == HIER}, key=_hier_order)
+
+
+def _hier_label(rows: list[dict], variant: str) -> str:
+    opts = next((r.get("options") or {} for r in rows if r.get("system") == HIER and r.get("variant") == variant
+                 and r.get("options")), {})
+    if opts.get("nodes") and opts.get("gpus_per_node"):
+        return f"{variant} ({opts['nodes']}x{opts['gpus_per_node']})"
+    return variant
+
+
+def hierarchical_table(rows: list[dict], mode: str, load_errors: dict | None = None) -> list[str]:
+    """purlin/hierarchical beside NCCL, one line per collective and size: NCCL default and the
+    best NCCL row (named), the flat Purlin default, each hierarchical variant (nodes x GPUs)
+    and its ratio to the best NCCL row, the wire limit, and whether the hierarchical rows
+    were checked.  ``load_errors``: {(collective, variant): error} of loads that failed (their
+    variant shows 'no load' for that collective)."""
+    load_errors = load_errors or {}
+    variants = sorted(set(hier_variants(rows)) | {v for _, v in load_errors}, key=_hier_order)
+    if not variants:
+        return []
+    colls = [c for c in collectives_of(rows) if rows_for(rows, system=HIER, collective=c)
+             or any(c == lc for lc, _ in load_errors)]
+    head = ["collective", "size", "NCCL default us", "best NCCL", "best NCCL us", "Purlin default us"]
+    for v in variants:
+        label = _hier_label(rows, v)
+        head += [f"{label} us", f"{v} vs best NCCL"]
+    head += ["limit us", "checked"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for coll in colls:
+        for nbytes in sizes_of(rows, coll):
+            hs = {v: one(rows, system=HIER, variant=v, collective=coll, bytes=nbytes, mode=mode) for v in variants}
+            if all(h is None for h in hs.values()) and not any((coll, v) in load_errors for v in variants):
+                continue
+            nd = one(rows, system="nccl", variant="default", collective=coll, bytes=nbytes, mode=mode)
+            n = best_nccl(rows, coll, nbytes, mode)
+            d = _default(rows, coll, nbytes, mode)
+            cells = [coll, fmt_bytes(nbytes), _cell_time(nd), n["variant"] if n else "-", _cell_time(n), _cell_time(d)]
+            for v in variants:
+                h = hs[v]
+                if h is None and (coll, v) in load_errors:
+                    cells += ["no load", "-"]
+                else:
+                    cells += [_cell_time(h), _fmt_ratio(ratio(_t(n), _t(h)))]
+            world = next((r.get("world_size") for r in (*hs.values(), n, nd, d) if r and r.get("world_size")), 2)
+            checks = [h.get("checked") for h in hs.values() if h is not None and h.get("error") is None]
+            cells += [_num(limit_us(coll, int(world), nbytes)),
+                      "FAIL" if False in checks else ("yes" if checks and all(c is True for c in checks) else
+                                                      ("-" if not checks else "partial"))]
+            out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def hier_load_errors(rows: list[dict]) -> dict:
+    """{(collective, variant): error} of the purlin/hierarchical loads that failed."""
+    return {(r.get("collective"), r.get("variant")): r.get("error") for r in rows
+            if r.get("system") == HIER and r.get("phase") == "load" and r.get("error")}
+
+
 def _meta_lines(meta: dict) -> list[str]:
     keys = ("date", "machine", "world_size", "gpus", "nvidia_driver", "torch", "nccl", "cuda_bindings",
             "purlinc", "git_commit", "quick", "elapsed_s", "estimate_s", "status", "stopped_by_budget")
@@ -736,6 +809,14 @@ def markdown(doc: dict) -> str:
         table = nccl_table(select(rows, mode, calls), mode)
         if table:
             out += [f"## NCCL variants, {_view_name(mode, calls)}", ""] + table + [""]
+    load_errors = hier_load_errors(rows)
+    for mode, calls in views(rows):
+        table = hierarchical_table(select(rows, mode, calls), mode, load_errors)
+        if table:
+            out += [f"## {HIER} beside NCCL, {_view_name(mode, calls)}", "",
+                    "g<G>: the world as R/G nodes of G GPUs (nodes x GPUs in the header): Purlin kernels inside a",
+                    "node, NCCL between nodes (docs/HIERARCHY.md). 'no load': no hierarchical plan or load failed",
+                    "(see Errors).", ""] + table + [""]
     for coll in collectives_of(rows):
         for mode, calls in views(rows):
             sub = select(rows, mode, calls)
@@ -835,9 +916,11 @@ def _series(rows: list[dict], coll: str, mode: str, metric: str) -> dict[str, li
             "purlin best": best_purlin(rows, coll, nbytes, mode),
             "symm_mem best": best_of(rows, "symm_mem", coll, nbytes, mode),
         }
+        for v in hier_variants(rows):
+            picks[f"hierarchical {v}"] = one(rows, system=HIER, variant=v, collective=coll, bytes=nbytes, mode=mode)
         for name, row in picks.items():
             if row is not None and ok(row) and row.get(metric):
-                out[name].append((nbytes, row[metric]))
+                out.setdefault(name, []).append((nbytes, row[metric]))
         world = next((r.get("world_size") for r in rows if r.get("world_size")), 2)
         lim = limit_us(coll, world, nbytes)
         out["wire limit"].append((nbytes, lim if metric == "time_us" else busbw_gbps(coll, world, nbytes, lim)))

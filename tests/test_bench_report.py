@@ -398,3 +398,149 @@ def test_variant_spec():
     names = [v.name for v in api.VARIANTS]
     assert names[0] == "default" and len(set(names)) == len(names)
     assert set(api.QUICK_VARIANTS) <= set(names)
+
+
+# --------------------------------------------------------------------------- purlin/hierarchical
+
+
+def hier_doc() -> dict:
+    """synthetic_doc plus purlin/hierarchical rows: g2 everywhere, g1 too except gather (whose
+    load 'failed'), one wrong g1 row, and hierarchical rows far faster than every Purlin one."""
+    doc = synthetic_doc()
+    rows = doc["rows"]
+    for coll in report.COLLECTIVES:
+        for g in (2, 1):
+            if g == 1 and coll == "gather":
+                rows.append({"system": report.HIER, "variant": "g1", "collective": coll, "dtype": "bfloat16",
+                             "bytes": None, "world_size": 2, "mode": None, "time_us": None, "checked": None,
+                             "options": {"gpus_per_node": 1}, "error": "load: TopologyError: no plan", "phase": "load"})
+                continue
+            for nbytes in (KiB, 64 * KiB, MiB, 16 * MiB, 256 * MiB, GiB):
+                for mode in ("eager", "graph"):
+                    wrong = g == 1 and coll == "alltoall" and nbytes == MiB and mode == "graph"
+                    rows.append(row(report.HIER, f"g{g}", coll, nbytes, mode, 0.01 * g, checked=not wrong,
+                                    options={"gpus_per_node": g, "nodes": 2 // g}))
+    return doc
+
+
+def test_hierarchical_rows_stay_out_of_purlin_choices():
+    doc = hier_doc()
+    rows = report.prepared(doc)["rows"]
+    best = report.best_purlin(rows, "allreduce", KiB, "graph")
+    assert best["system"] == "purlin" and best["variant"] == "push-ldst-c1"
+    assert report.tuning_table(doc) == report.tuning_table(synthetic_doc())
+    assert [(t.name, t.status, t.lines) for t in report.targets(doc)] == \
+        [(t.name, t.status, t.lines) for t in report.targets(synthetic_doc())]
+    assert report.hier_variants(rows) == ["g2", "g1"]
+    assert report.hier_load_errors(rows) == {("gather", "g1"): "load: TopologyError: no plan"}
+
+
+def test_hierarchical_table_and_markdown():
+    doc = hier_doc()
+    rows = report.prepared(doc)["rows"]
+    table = report.hierarchical_table(report.select(rows, "graph"), "graph", report.hier_load_errors(rows))
+    assert table[0] == ("| collective | size | NCCL default us | best NCCL | best NCCL us | Purlin default us | "
+                        "g2 (1x2) us | g2 vs best NCCL | g1 (2x1) us | g1 vs best NCCL | limit us | checked |")
+    line = next(l for l in table if l.startswith("| allreduce | 1 KiB |"))
+    nccl = 8.0 + KiB / 300e3
+    assert f"| {report._num(0.02)} | {report._fmt_ratio(nccl / 0.02)} | {report._num(0.01)} |" in line
+    assert line.endswith(f"| {report._num(report.limit_us('allreduce', 2, KiB))} | yes |")
+    gather = next(l for l in table if l.startswith("| gather | 1 KiB |"))
+    assert "| no load | - |" in gather and gather.endswith("| yes |")
+    wrong = next(l for l in table if l.startswith("| alltoall | 1 MiB |"))
+    assert " WRONG " in wrong and wrong.endswith("| FAIL |")
+    assert len(table) == 2 + 8 * 6
+    md = report.markdown(doc)
+    assert "## purlin/hierarchical beside NCCL, graph, 20 calls per graph" not in md  # no calls_per_graph here
+    assert "## purlin/hierarchical beside NCCL, graph" in md and "## purlin/hierarchical beside NCCL, eager" in md
+    assert "purlin/hierarchical/g1 alltoall 1 MiB graph" in md  # listed under CORRECTNESS FAILURES
+    assert "- purlin/hierarchical/g1 gather (1 rows): load: TopologyError: no plan" in md
+    # Without hierarchical rows the report has no such section.
+    assert "purlin/hierarchical" not in report.markdown(synthetic_doc())
+    assert report.hierarchical_table(report.select(report.prepared(synthetic_doc())["rows"], "graph"), "graph") == []
+
+
+def test_hierarchical_series_in_plots():
+    rows = report.select(report.prepared(hier_doc())["rows"], "graph")
+    series = report._series(rows, "allreduce", "graph", "time_us")
+    assert series["hierarchical g2"][0] == (KiB, 0.02) and "hierarchical g1" in series
+    assert all(n != MiB for n, _ in report._series(rows, "alltoall", "graph", "time_us")["hierarchical g1"])
+
+
+def test_hierarchical_plan_and_flags():
+    bench = _load("bench")
+    args = bench.parse_args(["--quick", "--world-size", "4", "--collectives", "allreduce,gather",
+                             "--systems", "nccl,purlin/hierarchical", "--nccl-variants", "default"])
+    plan = bench.make_plan(args)
+    assert plan.hier == (4, 1) and plan.hier_loads() == 4
+    assert plan.cases("allreduce") == 1 + 2 and plan.cases("gather") == 1 + 2 and plan.loads() == 0
+    assert "purlin/hierarchical" in bench.SYSTEMS and bench.make_plan(bench.parse_args(["--quick"])).hier == (2, 1)
+    assert bench.hier_gpus_per_node("2,R,2, 1", 8) == (2, 8, 1)
+    assert bench.hier_gpus_per_node("R,1", 1) == (1,)
+    assert bench.hier_gpus_per_node("3", 4) == (3,)  # kept: its load records the TopologyError
+    with pytest.raises(SystemExit, match="not a positive number"):
+        bench.hier_gpus_per_node("0", 2)
+    off = bench.make_plan(bench.parse_args(["--quick", "--systems", "nccl,symm_mem,purlin"]))
+    assert off.hier_loads() == 0 and off.cases("allreduce") == bench.make_plan(bench.parse_args(
+        ["--quick", "--systems", "nccl,symm_mem,purlin", "--hier-gpus-per-node", "1"])).cases("allreduce")
+    text = bench.describe_plan(plan, args, 4)
+    assert "purlin/hierarchical: gpus_per_node 4, 1 (1 x 4, 4 x 1 nodes x GPUs), 4 loads" in text
+    assert "not a divisor" in bench.describe_plan(bench.make_plan(bench.parse_args(
+        ["--world-size", "4", "--hier-gpus-per-node", "3"])), args, 4)
+
+
+def test_hierarchical_case_buffer_conventions():
+    """hier_case calls the loaded collective with the flat call's conventions plus count=, on
+    every rank; the output it checks is None where the rank has none."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    bench = _load("bench")
+    for coll in report.COLLECTIVES:
+        lay = report.layout(coll, 2, 4 * KiB)
+        for rank in (0, 1):
+            calls = []
+
+            def fake(x=None, out=None, op="sum", *, count=None, dtype=None):
+                calls.append((x, out, op, count, dtype))
+                return out
+
+            fake.check = lambda: calls.append("check")
+            ctx = SimpleNamespace(rank=rank, world=2, hcolls={(coll, 1): fake})
+            X, Y = torch.ones(lay.in_elems), torch.zeros(lay.out_elems)
+            case = bench.hier_case(ctx, coll, 1, lay, X, Y)
+            assert (case.system, case.variant, case.options) == ("purlin/hierarchical", "g1",
+                                                                 {"gpus_per_node": 1, "nodes": 2})
+            assert case.repeat_safe
+            fresh = torch.arange(lay.in_elems, dtype=torch.float32)
+            case.load(fresh)
+            assert torch.equal(X, fresh) and bool(torch.isnan(Y).all())  # fresh input, poisoned output
+            case.call()
+            case.after()
+            (x, out, op, count, dtype), check = calls
+            assert check == "check" and count == lay.count and dtype is None
+            assert (x is None) == (rank != 0 and coll in ("broadcast", "scatter"))
+            assert (out is None) == (rank != 0 and coll in ("reduce", "gather"))
+            assert x is None or x is X
+            assert out is None or out is Y
+            assert op == "sum"
+            assert (case.output() is None) == (rank != 0 and coll in ("reduce", "gather"))
+
+
+def test_hierarchical_precompile_jobs(tmp_path, monkeypatch):
+    """The precompile compiles the intra-phase sources a hierarchical load uses (the runtime's
+    own intra_sources, NVRTC, no GPU); a second run finds them all in the cache."""
+    api = _load("purlin_api")
+    jobs = api.hier_precompile_jobs(["allreduce", "gather"], (2, 1, 3), 2)
+    assert [(j["collective"], j["variant"], j["gpus_per_node"]) for j in jobs] == [
+        ("allreduce", "hierarchical-g2", 2), ("allreduce", "hierarchical-g1", 1),
+        ("gather", "hierarchical-g2", 2), ("gather", "hierarchical-g1", 1)]  # 3 does not divide R=2
+    monkeypatch.setenv("PURLIN_CACHE_DIR", str(tmp_path))
+    assert api.precompile_one(jobs[0], "sm_90") == "allreduce/hierarchical-g2: ok (2 phase sources)"
+    # gather over 2 nodes x 1 GPU: only the root's node has an intra phase with work
+    assert api.precompile_one(jobs[3], "sm_90") == "gather/hierarchical-g1: ok (1 phase sources)"
+    cached = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+    assert cached
+    api.precompile_one(jobs[0], "sm_90")
+    api.precompile_one(jobs[3], "sm_90")
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == cached

@@ -150,3 +150,198 @@ def test_load_topology_errors(repo_dir):
         assert first.startswith("TopologyError: world size R=2 is not a multiple of gpus_per_node=3"), first
         assert unequal.startswith("TopologyError: nodes of unequal size: torchrun's LOCAL_WORLD_SIZE is 1, 2"), unequal
         assert hosts.startswith("TopologyError: node 0 (ranks 0..1) spans hosts ['host0', 'host1']"), hosts
+
+
+def _agreement_worker(rank: int, port: int, repo: str, queue) -> None:
+    """Two gloo processes, 2 nodes x 1 GPU: the world-wide agreement on each new (dtype, op,
+    count) of a hierarchical call (host only, through the torch store), and the node check that
+    every rank makes whatever its environment says."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from purlinc.runtime import hierarchical
+    from purlinc.runtime.rendezvous import Exchange
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=20))
+    seen = []
+    try:
+        plan = hierarchical.plan_for(os.path.join(repo, "examples", "allreduce.pln"), 2, 1)
+        store = hierarchical._TorchStore(dist.distributed_c10d._get_default_store(), 20.0)
+        world = Exchange(store, rank, 2, prefix="test-agree/world")
+        coll = hierarchical.HierarchicalCollective(plan, rank, 0, None, {}, {}, world)
+        coll._agree("float32", "sum", 8)
+        rounds = world.round
+        coll._agree("float32", "sum", 8)  # known: no exchange
+        seen.append(f"rounds {rounds} {world.round}")
+        cases = (("float32", 9 + rank, None), ("float32" if rank == 0 else "int32", 10, None),
+                 ("float32", 11, "OutOfMemoryError: CUDA out of memory" if rank == 1 else None))
+        for dtype, count, problem in cases:
+            try:
+                coll._agree(dtype, "sum", count, problem)
+                seen.append("agreed")
+            except Exception as error:  # noqa: BLE001 - the message is the result
+                seen.append(f"{type(error).__name__}: {getattr(error, 'message', error)}")
+        coll._agree("float32", "sum", 11)  # not agreed after the failure: exchanged again
+        coll.free_scratch()  # drops the agreements with the scratch: count 8 is exchanged again
+        before = world.round
+        coll._agree("float32", "sum", 8)
+        seen.append(f"again {world.round - before}")
+        # LOCAL_WORLD_SIZE on rank 0 only, one node of 2: both ranks must still check the nodes
+        # together (the check used to run only where the variable was set: rank 0 then waited
+        # alone in its all-gather), then both fail alike at the first CUDA call (no GPU here).
+        os.environ.pop("LOCAL_WORLD_SIZE", None)
+        if rank == 0:
+            os.environ["LOCAL_WORLD_SIZE"] = "2"
+        try:
+            hierarchical.load_hierarchical(os.path.join(repo, "examples", "allreduce.pln"), 2)
+            seen.append("loaded")
+        except Exception as error:  # noqa: BLE001
+            seen.append(type(error).__name__)
+        dist.barrier()
+    except Exception as error:  # noqa: BLE001
+        seen.append(f"rank {rank}: {type(error).__name__}: {error}")
+    finally:
+        queue.put((rank, seen))
+        dist.destroy_process_group()
+
+
+def test_world_agreement_and_node_check(repo_dir):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_agreement_worker, args=(r, port, str(repo_dir), queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=120) for _ in range(2))
+    for p in procs:
+        p.join(timeout=30)
+    for rank in range(2):
+        assert len(results[rank]) == 6, results[rank]
+        rounds, count, dtype, scratch, again, load = results[rank]
+        assert rounds == "rounds 1 1", rounds
+        assert count == ("MismatchError: allreduce (hierarchical): the ranks disagree on the count: expected 9 "
+                         "elements per chunk (as rank 0), but rank 1 passed 10 elements per chunk"), count
+        assert dtype == ("MismatchError: allreduce (hierarchical): the ranks disagree on the dtype: expected "
+                         "float32 (as rank 0), but rank 1 passed int32"), dtype
+        assert scratch == ("PurlinError: allreduce (hierarchical): no call with 11 elements per chunk: "
+                           "rank 1: OutOfMemoryError: CUDA out of memory"), scratch
+        assert again == "again 1", again
+        # Not a distributed timeout: both ranks got past the node check and failed at CUDA alike.
+        assert load == results[0][5] and "Dist" not in load and load != "loaded", load
+    assert all(p.exitcode == 0 for p in procs)
+
+
+class _NodeStandIn:
+    """Stands in for an intra phase's Purlin collective on one node: the ranks of the node
+    gather their inputs (gloo) and each evaluates the node's sub-spec with NumPy, with the flat
+    collective's checks on what it is given (a rank with no chunks passes count= and dtype=,
+    and still takes part, as in the real phase's agreement)."""
+
+    def __init__(self, spec, group, local: int):
+        self.spec, self.group, self.local = spec, group, local
+
+    def __call__(self, x=None, out=None, op="sum", *, count=None, dtype=None):
+        import torch.distributed as dist
+
+        from purlinc.dtypes import DType
+        from purlinc.frontend.evaluate import evaluate
+
+        n_in, n_out = len(self.spec.inputs[self.local]), len(self.spec.outputs[self.local])
+        assert (x is None) == (n_in == 0) and (out is None) == (n_out == 0), (self.spec.name, x, out)
+        assert x is None or x.numel() == n_in * count
+        assert out is None or out.numel() == n_out * count
+        assert (dtype is not None) == (x is None and out is None)
+        kind = (x if x is not None else out).dtype if dtype is None else dtype
+        dt = {torch.int32: DType.INT32, torch.float32: DType.FLOAT32}[kind]
+        mine = x.numpy().copy() if x is not None else np.zeros(0, dtype=np.int32)
+        values = [mine]
+        if self.group is not None:
+            values = [None] * self.spec.world_size
+            dist.all_gather_object(values, mine, group=self.group)
+        result = evaluate(self.spec, values, count, dt, op if self.spec.is_reduce else None)[self.local]
+        if out is not None:
+            out.copy_(torch.from_numpy(result))
+        return out
+
+
+def _call_worker(rank: int, world: int, G: int, port: int, repo: str, queue) -> None:
+    """nodes x G ranks under gloo: every standard collective called exactly as the benchmark
+    calls purlin/hierarchical (benchmarks/purlin_api.call, count=, x or out None where the rank
+    has none), intra phases stood in for on the CPU, inter phases and the agreement for real;
+    every rank's output against the evaluator."""
+    import sys
+
+    import torch.distributed as dist
+
+    from purlinc.dtypes import DType
+    from purlinc.frontend.evaluate import evaluate
+    from purlinc.runtime import hierarchical
+    from purlinc.runtime.rendezvous import Exchange
+
+    sys.path.insert(0, os.path.join(repo, "benchmarks"))
+    import purlin_api
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    problems = []
+    try:
+        node, local = divmod(rank, G)
+        # every rank creates every group, in the same order (torch requires it)
+        by_local = [dist.new_group(ranks=list(range(l, world, G))) for l in range(G)]
+        by_node = [dist.new_group(ranks=list(range(n * G, n * G + G))) for n in range(world // G)] if G > 1 else None
+        store = hierarchical._TorchStore(dist.distributed_c10d._get_default_store(), 30.0)
+        for serial, name in enumerate(NAMES[:8]):
+            plan = hierarchical.plan_for(os.path.join(repo, "examples", f"{name}.pln"), world, G)
+            spec = plan.spec
+            intra = {i: _NodeStandIn(plan.canonical[plan.phases[i].schedules[node]],
+                                     by_node[node] if by_node else None, local)
+                     for i in hierarchical.intra_sources(plan, node)}
+            inter = {i: hierarchical._inter_for(plan, i, p, rank, by_local[local]) for i, p in enumerate(plan.phases)
+                     if isinstance(p, hierarchical.InterPhase)}
+            exchange = Exchange(store, rank, world, prefix=f"test-call/{serial}")
+            coll = hierarchical.HierarchicalCollective(plan, rank, "cpu", None, intra, inter, exchange)
+            for count in (4, 7):
+                rng = np.random.default_rng(17 * count + serial)  # the same on every rank
+                ins = [rng.integers(-1000, 1000, len(spec.inputs[r]) * count).astype(np.int32) for r in range(world)]
+                want = evaluate(spec, ins, count, DType.INT32, "sum" if spec.is_reduce else None)[rank]
+                # the benchmark's buffers: X = the root's input size, Y = the root's output size
+                n_in = max(len(u) for u in spec.inputs)
+                n_out = max(len(u) for u in spec.outputs)
+                X = torch.zeros(n_in * count, dtype=torch.int32)
+                X[:ins[rank].size] = torch.from_numpy(ins[rank])
+                Y = torch.full((n_out * count,), -7, dtype=torch.int32)
+                purlin_api.call(coll, name, X, Y, rank=rank, root=0, reduce=spec.is_reduce, count=count)
+                if len(spec.outputs[rank]):
+                    got = Y.numpy()[:want.size]
+                    if not np.array_equal(got, want):
+                        problems.append(f"{name} {world // G}x{G} count {count} rank {rank}: {got} != {want}")
+        dist.barrier()
+    except Exception as error:  # noqa: BLE001 - reported to the test
+        import traceback
+
+        problems.append(f"rank {rank}: {type(error).__name__}: {error}\n{traceback.format_exc()}")
+    finally:
+        queue.put((rank, problems))
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world,G", [(2, 1), (4, 2)])
+def test_calls_as_the_benchmark_makes_them(repo_dir, world, G):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_call_worker, args=(r, world, G, port, str(repo_dir), queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=240) for _ in range(world))
+    for p in procs:
+        p.join(timeout=30)
+    problems = [p for r in range(world) for p in results[r]]
+    assert not problems, "\n".join(problems[:10])
+    assert all(p.exitcode == 0 for p in procs)

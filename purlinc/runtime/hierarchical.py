@@ -16,7 +16,10 @@ A call runs the phases in order on the caller's current torch stream: intra phas
 launches, inter phases as NCCL (``all_reduce`` where the moves are exactly an all-reduce with
 aligned units, else ``batch_isend_irecv`` plus a local reduction in node order).  Scratch
 buffers are allocated on the first call of a (dtype, count): warm up before capturing a CUDA
-graph, as for flat collectives.
+graph, as for flat collectives.  That first call also makes the ranks of the whole world agree on
+(dtype, op, count) through the torch store (host only): the intra phases' own agreement covers
+one node, and ranks of different nodes passing different counts would otherwise reach NCCL with
+different sizes (a hang, or wrong data) instead of a ``MismatchError``.
 
 Untested on GPUs in this branch's session (no GPU there): tests/gpu/hier_check.py is the check.
 """
@@ -34,8 +37,11 @@ from purlinc.frontend.ast import Operation
 from purlinc.snac.hierarchy import IN, OUT, HierPlan, InterPhase, IntraPhase, TopologyError
 
 _LOADS = itertools.count()  # every rank loads in the same order: the same serial everywhere
-# (world size, G) -> this rank's local-index NCCL group, shared by every load of that topology
-# (every rank makes the same loads in the same order, so all create the groups together).
+# (default group, world size, G) -> this rank's local-index NCCL group, shared by every load of
+# that topology (every rank makes the same loads in the same order, so all create the groups
+# together).  The default group is in the key (and kept alive by it): after
+# destroy_process_group and a new init_process_group the old sub-groups are dead, and reusing
+# them would fail or hang in the first NCCL call instead of creating new ones.
 _GROUPS: dict = {}
 
 
@@ -125,12 +131,21 @@ def _inter_for(plan: HierPlan, index: int, phase: InterPhase, rank: int, group) 
 class HierarchicalCollective:
     """One rank's hierarchical collective: ``coll(x, out=None, op="sum", count=None)``."""
 
-    def __init__(self, plan: HierPlan, rank: int, device: int, node_comm, intra: dict, inter: dict):
+    def __init__(self, plan: HierPlan, rank: int, device: int | str, node_comm, intra: dict, inter: dict,
+                 world_exchange=None):
         self.plan, self.rank, self.device = plan, rank, device
         self.node_comm = node_comm
         self._intra = intra  # phase index -> Purlin collective (absent: nothing to do on this node)
         self._inter = inter  # phase index -> _Inter
         self._scratch: dict = {}
+        self._world = world_exchange  # Exchange over every rank of the world (host only), or None
+        self._agreed: set = set()  # (dtype, op, count) every rank of the world agreed on
+
+    @property
+    def _where(self) -> str:
+        """Where scratch and outputs go: the CUDA device (an index); a string device (``"cpu"``)
+        only in CPU tests that stand in for the intra phases."""
+        return self.device if isinstance(self.device, str) else f"cuda:{self.device}"
 
     def __repr__(self) -> str:
         t = self.plan.topology
@@ -146,9 +161,9 @@ class HierarchicalCollective:
             for layout in self.plan.layouts:
                 if layout.name not in (IN, OUT):
                     units = len(layout.units[self.rank])
-                    buffers[layout.name] = torch.empty(units * count, dtype=dtype, device=f"cuda:{self.device}")
+                    buffers[layout.name] = torch.empty(units * count, dtype=dtype, device=self._where)
             for index, inter in self._inter.items():
-                buffers[("tmp", index)] = torch.empty(inter.temps * count, dtype=dtype, device=f"cuda:{self.device}")
+                buffers[("tmp", index)] = torch.empty(inter.temps * count, dtype=dtype, device=self._where)
             self._scratch[key] = buffers
         return buffers
 
@@ -176,8 +191,17 @@ class HierarchicalCollective:
                 raise PurlinError(f"{spec.name}: rank {rank}: {what} must be a contiguous {dtype} tensor of "
                                   f"{units} x {count} elements, got {tuple(tensor.shape)} {tensor.dtype}")
         if out is None and n_out:
-            out = torch.empty(n_out * count, dtype=dtype, device=f"cuda:{self.device}")
-        buffers = self._buffers(dtype, count)
+            out = torch.empty(n_out * count, dtype=dtype, device=self._where)
+        # Scratch first, then the agreement: a rank that cannot allocate (out of memory) says
+        # so in the exchange and every rank raises, instead of the others going on into the
+        # phases and waiting for it there.
+        try:
+            buffers, problem = self._buffers(dtype, count), None
+        except RuntimeError as error:  # torch.OutOfMemoryError and other allocation failures
+            buffers, problem = None, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        self._agree(str(dtype).removeprefix("torch."), reduce_op.value if reduce_op else None, count, problem)
+        if problem is not None:  # no exchange to join (not under torch.distributed): raise here
+            raise PurlinError(f"{spec.name}: rank {rank}: scratch buffers for {count} elements per chunk: {problem}")
         views = dict(buffers)
         views[IN] = x.reshape(-1) if x is not None else None
         views[OUT] = out.reshape(-1) if out is not None else None
@@ -196,6 +220,54 @@ class HierarchicalCollective:
             else:
                 self._run_inter(self._inter[index], views, buffers[("tmp", index)], count, reduce_op)
         return out
+
+    def _agree(self, dtype: str, op: str | None, count: int, problem: str | None = None) -> None:
+        """The first call of each (dtype, op, count): every rank of the world exchanges it (one
+        host round through the torch store; nothing on the device, so capture is unaffected once
+        warm) and raises ``MismatchError`` before anything runs if any rank differs.  Known
+        signatures cost a set lookup.  As for flat collectives, a rank repeating a known
+        signature while another makes a new one is not caught here (the exchange's timeout and
+        the device-side bound are).  ``problem``: why this rank cannot run the call (its scratch
+        allocation failed); every rank then raises it.  A new (dtype, count) always comes here
+        with a new key (scratch and agreement are dropped together), so a failed allocation is
+        always exchanged."""
+        from purlinc.runtime.validate import CallSignature, disagreement
+
+        key = (dtype, op, count)
+        if self._world is None or key in self._agreed:
+            return
+        name = self.plan.spec.name
+        mine = CallSignature(name, dtype, op, count)
+        everyone = self._world(("hier-call", mine.as_tuple(), problem))
+        mismatch = disagreement(f"{name} (hierarchical)", [
+            CallSignature.from_tuple(e[1]) if e[0] == "hier-call" else CallSignature(f"another exchange ({e[0]})", None, None, None)
+            for e in everyone])
+        if mismatch is not None:
+            raise mismatch
+        failed = [(r, e[2]) for r, e in enumerate(everyone) if e[2]]
+        if failed:
+            raise PurlinError(f"{name} (hierarchical): no call with {count} elements per chunk: "
+                              + "; ".join(f"rank {r}: {why}" for r, why in failed),
+                              notes=("every rank raised this; nothing was launched",))
+        self._agreed.add(key)
+
+    def warm(self, dtype, op="sum") -> None:
+        """Compile and load every intra phase's kernel for (dtype, op) now (a collective: every
+        rank calls it).  Scratch buffers still come with the first call of each count."""
+        for coll in self._intra.values():
+            coll.warm(dtype, op)  # a copy phase ignores op
+
+    def check(self) -> None:
+        """Raise the device-side error (a timed-out wait) an intra phase recorded, if any."""
+        for coll in self._intra.values():
+            coll.check()
+
+    def free_scratch(self) -> None:
+        """Drop the scratch buffers of every (dtype, count) seen so far (the next call of each
+        allocates again, and agrees again).  No CUDA graph that captured a call may be replayed
+        afterwards.  Call it on every rank alike."""
+        self._scratch.clear()
+        self._agreed.clear()
 
     def _run_inter(self, inter: _Inter, views: dict, tmp, count: int, reduce_op) -> None:
         import torch.distributed as dist
@@ -235,6 +307,7 @@ class HierarchicalCollective:
             if close is not None:
                 close()
         self._intra.clear()
+        self._scratch.clear()
         if self.node_comm is not None:
             self.node_comm.close()
             self.node_comm = None
@@ -270,21 +343,44 @@ def _check_nodes(dist, G: int, R: int) -> None:
                                 f"gpus_per_node={G} does not match how the ranks are placed")
 
 
+def plan_for(path_or_source, world_size: int, gpus_per_node: int, params=None) -> HierPlan:
+    """The checked hierarchical plan of a .pln path or source for ``world_size`` ranks in nodes
+    of ``gpus_per_node`` (no GPU, no torch): what a load derives, and what a precompile needs."""
+    from purlinc import pipeline
+    from purlinc.snac.hiercheck import verify_plan
+    from purlinc.snac.hierplan import plan_hierarchical
+
+    spec = pipeline.spec_of(pipeline.load_source(path_or_source), world_size, params)
+    plan = plan_hierarchical(spec, gpus_per_node)  # TopologyError for R not a multiple of G
+    verify_plan(plan, schedules=False)
+    return plan
+
+
+def intra_sources(plan: HierPlan, node: int) -> dict[int, str]:
+    """Phase index -> the .pln text a node loads for each intra phase with work on it (the
+    same on every rank of the node: it depends on the node's sub-spec only)."""
+    from purlinc.snac.hiersource import has_work, phase_name, phase_source
+
+    out = {}
+    for index, phase in enumerate(plan.phases):
+        if isinstance(phase, IntraPhase):
+            shape = plan.canonical[phase.schedules[node]]
+            if has_work(shape):
+                out[index] = phase_source(shape, phase_name(plan.spec.name, index))
+    return out
+
+
 def load_hierarchical(path_or_source, gpus_per_node: int | None = None, *, params=None, arch: str | None = None,
                       heap_bytes: int | None = None, algorithm: str = "direct-push") -> HierarchicalCollective:
     """This rank's hierarchical collective over the torch.distributed world (a collective call)."""
     import torch
     import torch.distributed as dist
 
-    from purlinc import pipeline
     from purlinc.runtime import collective as flat
     from purlinc.runtime import driver
     from purlinc.runtime.bootstrap import open_heap
     from purlinc.runtime.communicator import Communicator
     from purlinc.runtime.rendezvous import DEFAULT_TIMEOUT_S, Exchange
-    from purlinc.snac.hiercheck import verify_plan
-    from purlinc.snac.hierplan import plan_hierarchical
-    from purlinc.snac.hiersource import has_work, phase_name, phase_source
 
     if not dist.is_initialized():
         raise PurlinError("a hierarchical load runs under torch.distributed: call init_process_group first")
@@ -293,43 +389,53 @@ def load_hierarchical(path_or_source, gpus_per_node: int | None = None, *, param
         if "LOCAL_WORLD_SIZE" not in os.environ:
             raise PurlinError("gpus_per_node: not given and LOCAL_WORLD_SIZE (torchrun) is not set")
         gpus_per_node = int(os.environ["LOCAL_WORLD_SIZE"])
-    spec = pipeline.spec_of(pipeline.load_source(path_or_source), R, params)
-    plan = plan_hierarchical(spec, gpus_per_node)  # TopologyError for R not a multiple of G
-    verify_plan(plan, schedules=False)
+    plan = plan_for(path_or_source, R, gpus_per_node, params)
     t = plan.topology
-    if "LOCAL_WORLD_SIZE" in os.environ or t.nodes > 1:
-        _check_nodes(dist, t.gpus_per_node, R)
+    spec = plan.spec
+    # Every rank checks, whatever its environment says: a check only some ranks made (one
+    # with LOCAL_WORLD_SIZE set, one without) would leave the others alone in its all-gather.
+    _check_nodes(dist, t.gpus_per_node, R)
     node, local = t.node_of(rank), t.local_of(rank)
     device = torch.cuda.current_device()
     serial = next(_LOADS)
 
-    group = _GROUPS.get((R, t.gpus_per_node))
+    world_group = dist.distributed_c10d._get_default_group()
+    group = _GROUPS.get((world_group, R, t.gpus_per_node))
     if group is None:
         groups = [dist.new_group(ranks=list(t.group(l))) for l in range(t.gpus_per_node)]
-        group = _GROUPS[(R, t.gpus_per_node)] = groups[local]
+        group = _GROUPS[(world_group, R, t.gpus_per_node)] = groups[local]
         warm = torch.zeros(1, device=f"cuda:{device}")
         dist.all_reduce(warm, group=group)  # creates the NCCL communicator now, with every member
         torch.cuda.synchronize(device)
 
-    store = dist.distributed_c10d._get_default_store()
-    exchange = Exchange(_TorchStore(store, DEFAULT_TIMEOUT_S), local, t.gpus_per_node,
-                        prefix=f"purlin-hier/{serial}/node{node}")
+    store = _TorchStore(dist.distributed_c10d._get_default_store(), DEFAULT_TIMEOUT_S)
+    exchange = Exchange(store, local, t.gpus_per_node, prefix=f"purlin-hier/{serial}/node{node}")
+    world_exchange = Exchange(store, rank, R, prefix=f"purlin-hier/{serial}/world")
     driver.set_current(device)
     node_comm = open_heap(Communicator, local, t.gpus_per_node, device, exchange, heap_bytes)
 
     intra, inter = {}, {}
-    for index, phase in enumerate(plan.phases):
-        if isinstance(phase, IntraPhase):
-            shape = plan.canonical[phase.schedules[node]]
-            if has_work(shape):
-                source = phase_source(shape, phase_name(spec.name, index))
-                # One pinned schedule per phase (not the per-size tuned set): each phase then
-                # compiles one kernel per (dtype, op), and the plan's phases stay the proved ones.
-                coll = flat.load(source, node_comm, arch=arch, algorithm=algorithm)
-                loaded = coll.compiled.spec if hasattr(coll, "compiled") else None
-                if loaded is not None and (loaded.inputs, loaded.outputs, loaded.sources) != (shape.inputs, shape.outputs, shape.sources):
-                    raise PurlinError(f"{spec.name}: phase {index}'s generated source does not give back its sub-spec")
-                intra[index] = coll
-        else:
-            inter[index] = _inter_for(plan, index, phase, rank, group)
-    return HierarchicalCollective(plan, rank, device, node_comm, intra, inter)
+    sources = intra_sources(plan, node)
+    try:
+        for index, phase in enumerate(plan.phases):
+            if isinstance(phase, IntraPhase):
+                if index in sources:
+                    shape = plan.canonical[phase.schedules[node]]
+                    # One pinned schedule per phase (not the per-size tuned set): each phase then
+                    # compiles one kernel per (dtype, op), and the plan's phases stay the proved ones.
+                    coll = flat.load(sources[index], node_comm, arch=arch, algorithm=algorithm)
+                    intra[index] = coll
+                    loaded = coll.compiled.spec if hasattr(coll, "compiled") else None
+                    if loaded is not None and (loaded.inputs, loaded.outputs, loaded.sources) != (shape.inputs, shape.outputs, shape.sources):
+                        raise PurlinError(f"{spec.name}: phase {index}'s generated source does not give back its sub-spec")
+            else:
+                inter[index] = _inter_for(plan, index, phase, rank, group)
+    except BaseException:
+        # Give the node's heap back: every rank of the node fails alike (the same sources, the
+        # same exchanges), so each closes what it opened, in the same order (closing is local).
+        try:
+            HierarchicalCollective(plan, rank, device, node_comm, intra, inter).close()
+        except Exception:  # noqa: BLE001 - the load's own error is the one to report
+            pass
+        raise
+    return HierarchicalCollective(plan, rank, device, node_comm, intra, inter, world_exchange)

@@ -2,8 +2,10 @@
 gpus_per_node=G)) as 2 nodes x 1 GPU (NCCL between the "nodes") and 1 node x 2 GPUs (Purlin
 only, the NCCL phases are local copies), every standard collective, fresh random data each
 call, poisoned outputs, every rank checked against the evaluator and against NCCL where it has
-the collective; CUDA-graph capture and replay; a latency row ``purlin/hierarchical`` beside
-NCCL.  Exit status 1 on any failure (rank 0 prints the summary)."""
+the collective; CUDA-graph capture and replay of every collective (every rank, those without
+input or output included); a latency row ``purlin/hierarchical`` beside NCCL (the benchmark's
+``purlin/hierarchical`` rows cover every collective: benchmarks/bench.py).  Exit status 1 on
+any failure (rank 0 prints the summary)."""
 
 from __future__ import annotations
 
@@ -98,15 +100,18 @@ def check_collective(coll, name: str, G: int, dtype: DType, op: str | None, coun
             if reference is not None and out is not None:
                 ok, detail = same(to_numpy(out, dtype), to_numpy(reference, dtype), exact)
                 note(ok, f"{tag}/it{it} vs NCCL", detail)
-    if name in ("allreduce", "alltoall", "allgather") and count > 1:
+    if count > 1:
         check_graph(coll, spec, tag, dtype, op, count, rng)
 
 
 def check_graph(coll, spec, tag, dtype, op, count, rng) -> None:
+    """Capture one call in a CUDA graph (after a warm call: scratch, kernels, NCCL), then replay
+    it on fresh inputs with poisoned outputs.  Ranks without input or output take part too."""
     rank, device = dist.get_rank(), torch.cuda.current_device()
+    n_in, n_out = len(spec.inputs[rank]), len(spec.outputs[rank])
     inputs = inputs_for(spec, count, dtype, rng)
-    x = to_torch(inputs[rank], dtype, device)
-    out = torch.empty(len(spec.outputs[rank]) * count, dtype=torch_dtype(dtype), device=device)
+    x = to_torch(inputs[rank], dtype, device) if n_in else None
+    out = torch.empty(n_out * count, dtype=torch_dtype(dtype), device=device) if n_out else None
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -114,21 +119,33 @@ def check_graph(coll, spec, tag, dtype, op, count, rng) -> None:
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
+    captured = True
     try:
         with torch.cuda.graph(graph):
             coll(x, out, op=op or "sum", count=count)
     except Exception as error:  # noqa: BLE001 - reported as a failure with its cause
         note(False, f"{tag}/graph capture", f"{type(error).__name__}: {error}")
+        captured = False
+    # Replay only if every rank captured: a lone replay would wait for peers that never come
+    # (NCCL has no bound on that wait).
+    everyone = torch.tensor([1 if captured else 0], device=device)
+    dist.all_reduce(everyone, op=dist.ReduceOp.MIN)
+    if not int(everyone.item()):
+        if captured:
+            note(False, f"{tag}/graph capture", "another rank failed to capture; not replayed")
         return
     exact = dtype is not DType.FLOAT32 or not spec.is_reduce
     for it in range(3):
         inputs = inputs_for(spec, count, dtype, rng)
-        x.copy_(to_torch(inputs[rank], dtype, device))
-        poison(out)
+        if x is not None:
+            x.copy_(to_torch(inputs[rank], dtype, device))
+        if out is not None:
+            poison(out)
         graph.replay()
         torch.cuda.synchronize()
-        ok, detail = same(to_numpy(out, dtype), expected(spec, inputs, count, dtype, op)[rank], exact)
-        note(ok, f"{tag}/graph replay {it}", detail)
+        if out is not None:
+            ok, detail = same(to_numpy(out, dtype), expected(spec, inputs, count, dtype, op)[rank], exact)
+            note(ok, f"{tag}/graph replay {it}", detail)
 
 
 def latency(G: int) -> list[dict]:
