@@ -81,6 +81,11 @@ def _add_lowering(parser: argparse.ArgumentParser) -> None:
         "--packed", action="store_true",
         help="LL packing (direct-push): data notifies ride in the staged data, a flag in every 16-byte packet",
     )
+    parser.add_argument(
+        "--stage-copies", type=int, choices=(1, 2), default=None,
+        help="staging copies by call parity (direct-push): 2 takes the consumers' acknowledgements off the "
+             "critical path; default: what the atom can address (2 for kernels, 1 for ce)",
+    )
 
 
 def _add_codegen(parser: argparse.ArgumentParser) -> None:
@@ -171,13 +176,20 @@ def _overrides(args) -> dict:
         changes["registered"] = frozenset({"in", "out"} if registered == "both" else {registered})
     if getattr(args, "packed", False):
         changes["packed"] = True
+    if getattr(args, "stage_copies", None) is not None:
+        changes["stage_copies"] = args.stage_copies
     return changes
 
 
 def _options(args, spec, **more):
+    """The options of a dump or check: those ``compile`` would use (the atom's staging copies
+    included, as pipeline.prepare picks them)."""
+    from purlinc.atom.atoms import DEFAULT_ATOM, lookup_atom
     from purlinc.pipeline import resolve_options
 
-    return resolve_options(spec, overrides={**_overrides(args), **more})
+    changes = {**_overrides(args), **more}
+    changes.setdefault("stage_copies", lookup_atom(getattr(args, "atom", None) or DEFAULT_ATOM).stage_copies)
+    return resolve_options(spec, overrides=changes)
 
 
 def _source(args):

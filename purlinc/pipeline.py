@@ -177,7 +177,7 @@ def normalize_overrides(overrides: Mapping[str, object] | None) -> dict[str, obj
                           notes=(f"expected one of: {', '.join(known)}",))
     if "algorithm" in changes:
         changes["algorithm"] = get_algorithm(changes["algorithm"]).algorithm
-    for name in ("channels", "slices", "slots"):
+    for name in ("channels", "slices", "slots", "stage_copies"):
         if name in changes:
             changes[name] = int(changes[name])
     if "packed" in changes:
@@ -630,6 +630,10 @@ def prepare(
     changes = {k: v for k, v in dict(overrides or {}).items() if v is not None}
     if algorithm is not None:
         changes["algorithm"] = algorithm
+    if options is None and "stage_copies" not in changes:
+        # As many staging copies as the atom can address (kernels: 2, the copy engines: 1);
+        # lowerings other than direct-push have one whatever this says.
+        changes["stage_copies"] = record.stage_copies
     if trace and not record.generates_kernels:
         raise PurlinError(f"trace=True needs a kernel atom: the {record.name} atom runs no kernel to stamp")
     request = Request(source, int(world_size), _params_key(params), target.name, record.name, options,

@@ -154,9 +154,22 @@ def test_ce_rejects_reductions_with_a_reason():
 
 
 def test_ce_rejects_several_notifies_per_call():
-    compiled = prepare(EXAMPLES / "allgather.pln", 2, slices=2)
+    from purlinc import pipeline
+
+    compiled = pipeline.prepare(EXAMPLES / "allgather.pln", world_size=2, overrides={"slices": 2, "stage_copies": 1})
     with pytest.raises(CeError, match="per_call"):
         plan(compiled.schedule)
+
+
+def test_ce_rejects_two_staging_copies_and_gets_one_by_default():
+    from purlinc import pipeline
+
+    kernels = pipeline.prepare(EXAMPLES / "allgather.pln", world_size=2)
+    assert kernels.schedule.stage_copies == 2 and kernels.options.key().endswith("/x2")
+    with pytest.raises(CeError, match="2 staging copies"):
+        plan(kernels.schedule)
+    ce = prepare(EXAMPLES / "allgather.pln", 2, atom="ce")
+    assert ce.schedule.stage_copies == 1 and plan(ce.schedule) is not None
 
 
 def test_describe_cuda_array_interface_and_dlpack_without_a_gpu():

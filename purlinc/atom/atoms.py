@@ -127,6 +127,10 @@ class Atom:
     # run on it), ``init_image(plan, rank)`` (its signal pad's first contents) and
     # ``Runner(plan, rank, device, driver)`` (issues a call; the runtime passes its driver).
     host: str | None = None
+    # Staging copies it can address (LowerOptions.stage_copies): kernels pick the copy from
+    # the epoch on the device; a host-driven atom fixes its addresses when a call is issued
+    # (and a CUDA graph replays them), so it has one.
+    stage_copies: int = 2
 
     @property
     def generates_kernels(self) -> bool:
@@ -167,7 +171,7 @@ ATOMS: Registry[Atom] = Registry("atom", (
     Atom("tma", "bulk asynchronous copies (cp.async.bulk) through a shared-memory ring", 90, "atom_tma.cuh.j2",
          reduces=True, packed=True, uses_sms=True, unroll=4, shared_ring=True),
     Atom("ce", "the copy engines: stream-ordered copies and stream memory operations, no SMs", 80, None,
-         reduces=False, packed=False, uses_sms=False, host="purlinc.atom.ce"),
+         reduces=False, packed=False, uses_sms=False, host="purlinc.atom.ce", stage_copies=1),
 ))
 DEFAULT_ATOM = "ldst"
 

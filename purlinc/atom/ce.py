@@ -104,6 +104,12 @@ def plan(schedule: Schedule) -> CePlan:
             "separately from the copies",
             notes=(f"drop packed=True, or use one of the atoms {_atoms_that('packed')}",),
         )
+    if schedule.stage_copies != 1:
+        raise CeError(
+            f"the ce atom cannot run {name} with {schedule.stage_copies} staging copies: the copy engines' "
+            "addresses are fixed when a call is issued (a graph replays them), so they cannot follow the epoch",
+            notes=("use stage_copies=1 (the default for the ce atom)",),
+        )
     if schedule.operation is Operation.REDUCE:
         raise CeError(
             f"the ce atom cannot run {name}: it is a reduction, and the copy engines only move bytes",

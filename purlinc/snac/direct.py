@@ -48,9 +48,10 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
             f"packed (LL) stages write the consumer's staging buffer, but {spec.name} with a registered "
             "output pushes straight into it: drop --registered out or --packed"
         )
-    if packed:
+    if packed or options.stage_copies == 2:
         # Two staging copies by epoch parity: call e+1 lands beside call e, so a producer waits
-        # for its consumer's ACK two calls late (or not at all, below): see ir.py.
+        # for its consumer's ACK two calls late (or not at all, below): see ir.py.  LL always
+        # does: its point is the shortest critical path.
         b.stage_copies = 2
     if not registered_out:
         # By consumer, then slot (rank, position): the keys' own order.

@@ -147,6 +147,7 @@ def schedule_to_json(schedule: Schedule) -> dict:
             "slots": options.slots,
             "registered": sorted(options.registered),
             "packed": options.packed,
+            "stage_copies": options.stage_copies,
             "key": options.key(),
         },
         "slices": schedule.slices,
@@ -196,6 +197,7 @@ def schedule_from_json(data: dict) -> Schedule:
     options = LowerOptions(
         algorithm=Algorithm(o["algorithm"]), channels=o["channels"], slices=o["slices"],
         slots=o["slots"], registered=frozenset(o["registered"]), packed=o.get("packed", False),
+        stage_copies=o.get("stage_copies", 1),
     )
     return Schedule(
         collective=data["collective"],

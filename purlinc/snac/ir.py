@@ -231,12 +231,24 @@ class LowerOptions:
     # LL packing: data notifies ride inside the staged data (a flag in every 16-byte packet),
     # saving a system fence and a flag hop per call; for small messages (direct-push only).
     packed: bool = False
+    # STAGE copies by epoch parity (see "Staging copies" above), direct-push only: 2 takes the
+    # consumer's ACK off the producer's critical path.  Packed schedules always use 2.  The
+    # pipeline picks 2 for atoms that can (kernels compute the copy from the epoch) and 1 for
+    # host-driven ones (the copy engines' addresses are fixed when a call is issued).
+    stage_copies: int = 1
+
+    def __post_init__(self):
+        if self.stage_copies not in (1, 2):
+            from purlinc.errors import PurlinError
+
+            raise PurlinError(f"stage_copies={self.stage_copies}: staging has 1 or 2 copies")
 
     def key(self) -> str:
         reg = ",".join(sorted(self.registered)) or "-"
         slots = "all" if self.slots is None else str(self.slots)
         ll = "/ll" if self.packed else ""  # absent when off: keys (and caches) of plain schedules unchanged
-        return f"{self.algorithm.value}/c{self.channels}/s{self.slices}/slots{slots}/reg{reg}{ll}"
+        x2 = "/x2" if self.stage_copies == 2 and not self.packed else ""  # packed: always two
+        return f"{self.algorithm.value}/c{self.channels}/s{self.slices}/slots{slots}/reg{reg}{ll}{x2}"
 
 
 @dataclass(frozen=True, slots=True)

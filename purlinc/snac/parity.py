@@ -25,21 +25,34 @@ from dataclasses import replace
 from purlinc.snac.ir import Consume, Notify, Program, Region, Schedule, SignalDecl, Space, Stage, Wait
 
 
-def _moved(region: Region, units: int) -> Region:
-    if region.space is not Space.STAGE:
-        return region
-    return Region(region.space, region.rank, region.unit + units, region.slice)
+class _Mover:
+    """STAGE regions moved to the second copy, one object per region: the verifier numbers
+    regions by object identity first (a Region's hash is Python code), so equal regions must
+    stay one object, as the lowerings keep them."""
+
+    def __init__(self, units: int):
+        self.units = units
+        self.moved: dict[int, Region] = {}  # id(region) -> its second-copy region
+        self.keep: list[Region] = []  # keeps the keys' objects alive while ids are in use
+
+    def __call__(self, region: Region) -> Region:
+        if region.space is not Space.STAGE:
+            return region
+        hit = self.moved.get(id(region))
+        if hit is None:
+            hit = self.moved[id(region)] = Region(region.space, region.rank, region.unit + self.units, region.slice)
+            self.keep.append(region)
+        return hit
 
 
-def _odd(step, units: int, per_call: dict):
+def _odd(step, move: _Mover, per_call: dict):
     """``step`` as the odd call runs it: second STAGE copy, k one call on."""
     kind = type(step)
     if kind is Stage:
         k = step.k + per_call[step.signal] if step.signal is not None else step.k
-        return Stage(_moved(step.src, units), _moved(step.dst, units), step.note, step.signal, k)
+        return Stage(move(step.src), move(step.dst), step.note, step.signal, k)
     if kind is Consume:
-        return Consume(step.operation, tuple(_moved(r, units) for r in step.srcs), _moved(step.dst, units),
-                       step.note, step.line)
+        return Consume(step.operation, tuple(map(move, step.srcs)), move(step.dst), step.note, step.line)
     if kind is Notify or kind is Wait:
         return kind(step.signal, step.k + per_call[step.signal], step.note)
     raise AssertionError(f"not an IR step: {step!r}")
@@ -52,11 +65,11 @@ def unrolled(schedule: Schedule) -> Schedule:
         return schedule
     if schedule.stage_copies != 2:
         raise AssertionError(f"stage_copies = {schedule.stage_copies}: only 1 or 2 are defined")
-    units = schedule.stage_units
+    move = _Mover(schedule.stage_units)
     per_call = schedule.per_call()
     programs = tuple(
-        Program(p.rank, p.channel, p.steps + tuple(_odd(step, units, per_call) for step in p.steps))
+        Program(p.rank, p.channel, p.steps + tuple(_odd(step, move, per_call) for step in p.steps))
         for p in schedule.programs
     )
     signals = tuple(SignalDecl(d.signal, 2 * d.per_call, d.role, d.note) for d in schedule.signals)
-    return replace(schedule, programs=programs, signals=signals, stage_units=2 * units, stage_copies=1)
+    return replace(schedule, programs=programs, signals=signals, stage_units=2 * schedule.stage_units, stage_copies=1)
