@@ -38,6 +38,7 @@ class AlgorithmInfo:
     applies: Callable[[object], bool]  # spec -> bool: whether ``purlinc check`` (and tuning) consider it
     packed: bool  # supports packed (LL) stages
     uses_slots: bool  # honours LowerOptions.slots (forwards through staging); the others give every message a unit
+    stage_copies: int = 1  # most staging copies by epoch parity it lowers to (LowerOptions.stage_copies)
 
     @property
     def name(self) -> str:
@@ -52,7 +53,7 @@ class AlgorithmInfo:
 
 ALGORITHMS: Registry[AlgorithmInfo] = Registry("algorithm", (
     AlgorithmInfo(Algorithm.DIRECT_PUSH, "one-shot: producers write into consumers' memory (or staging)",
-                  "purlinc.snac.direct:_direct_push", _always, packed=True, uses_slots=False),
+                  "purlinc.snac.direct:_direct_push", _always, packed=True, uses_slots=False, stage_copies=2),
     AlgorithmInfo(Algorithm.DIRECT_PULL, "one-shot: consumers read producers' memory",
                   "purlinc.snac.direct:_direct_pull", _always, packed=False, uses_slots=False),
     AlgorithmInfo(Algorithm.TWO_SHOT, "reduce-scatter to an owner, then all-gather from it",

@@ -70,8 +70,18 @@ def _check_options(spec: Spec, options: LowerOptions) -> None:
 
 
 def lower(spec: Spec, options: LowerOptions) -> Schedule:
-    """The SNAC schedule of ``spec`` under ``options``; PurlinError when the algorithm does not apply."""
+    """The SNAC schedule of ``spec`` under ``options``; PurlinError when the algorithm does not apply.
+
+    ``stage_copies`` beyond what the algorithm lowers to is capped (a request for what the
+    atom can address, not a demand), so the schedule's options say what it does."""
+    from dataclasses import replace
+
+    from purlinc.snac.algorithms import get_algorithm
+
     _check_options(spec, options)
+    most = get_algorithm(options.algorithm).stage_copies
+    if options.stage_copies > most:
+        options = replace(options, stage_copies=most)
     try:
         with gc_paused():
             return _LOWERINGS[options.algorithm](spec, options)
