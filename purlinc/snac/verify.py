@@ -36,6 +36,10 @@ How the proof works
    value v only if the signal's notifies are totally ordered by happens-before in increasing
    value (within a call and across the call boundary); otherwise the value could go
    backwards and a waiter miss it.  That is checked too.
+   With two staging copies (``Schedule.stage_copies``; call ``e`` stages in copy ``e % 2``)
+   a copy is reused two calls later and a producer's ACK wait reaches back two calls: the
+   proof then runs on ``purlinc.snac.parity.unrolled``, whose call is two original calls
+   (the odd one in the second copy), so its two calls cover four and every reuse.
 3. *Races*: per region (one slice of one unit), accesses sorted in the topological order;
    each access must be ordered after the previous write, and each write after the reads
    since the previous write.  That makes every conflicting pair ordered (by transitivity),
@@ -145,7 +149,7 @@ class _Failure:
         self.origins = origins
         self.unroll = unroll  # original calls per proof call: steps past n are the next call's
 
-    def _split(self, rank: int, channel: int, index: int, call: int) -> tuple[int, int]:
+    def split(self, rank: int, channel: int, index: int, call: int) -> tuple[int, int]:
         """(normalized step index, original call) of step ``index`` of proof call ``call``."""
         if self.unroll == 1:
             return index, call
@@ -156,13 +160,13 @@ class _Failure:
         """The step index as written, of normalized (proof) step ``index``."""
         if index is None:
             return index
-        index = self._split(rank, channel, index, 0)[0]
+        index = self.split(rank, channel, index, 0)[0]
         if self.origins is None:
             return index
         return self.origins[rank, channel][index]
 
     def at(self, rank: int, channel: int, index: int, message: str, call: int = 0) -> VerificationError:
-        normal, call = self._split(rank, channel, index, call)
+        normal, call = self.split(rank, channel, index, call)
         step = self.schedule.program(rank, channel).steps[normal]
         when = f" in call {call}" if call else ""
         written = self.index(rank, channel, index)
@@ -170,7 +174,7 @@ class _Failure:
         return VerificationError(text, rank=rank, channel=channel, step=written, call=call)
 
     def short(self, rank: int, channel: int, index: int, call: int = 0) -> str:
-        call = self._split(rank, channel, index, call)[1]
+        call = self.split(rank, channel, index, call)[1]
         when = f" in call {call}" if call else ""
         return f"rank {rank} channel {channel} step {self.index(rank, channel, index)}{when}"
 
@@ -869,7 +873,7 @@ def _check_races_and_result(schedule: Schedule, spec: Spec, order: _Order) -> No
                 if last is not None:
                     text += f" (last written by {order.short(last)}: {describe(order.step(last))})"
                 _, channel, index, _ = order.where(last) if last is not None else (rank, s // per_channel, None, 0)
-                call = 0 if index is None else order.fail._split(rank, channel, index, 0)[1]
+                call = 0 if index is None else order.fail.split(rank, channel, index, 0)[1]
                 raise VerificationError(text, rank=rank, channel=channel, step=order.fail.index(rank, channel, index), call=call)
 
 
