@@ -296,7 +296,12 @@ def _cmd_check(args) -> int:
             verified, hier_text = hiercli.check(args, definition, sizes, params,
                                                 lambda spec: _options(args, spec) if _overrides(args) else None)
         else:
-            verified, hier_text = _verify_schedules(args, definition, sizes, params, progress), None
+            from purlinc.snac.gcpause import gc_paused
+
+            # No cycle collection in the loop: each schedule is dropped (freed by reference
+            # counting) before the next, and a collection would only walk one about to die.
+            with gc_paused():
+                verified, hier_text = _verify_schedules(args, definition, sizes, params, progress), None
     finally:
         progress.done()
     sizes_text = f"R={sizes[0]}" if len(sizes) == 1 else f"R={sizes[0]}..{sizes[-1]} ({len(sizes)} sizes)"
