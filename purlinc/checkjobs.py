@@ -48,6 +48,13 @@ def _spec(world_size: int):
     return cached[1]
 
 
+def _ignore_interrupts() -> None:
+    """Ctrl-C is the parent's to handle (it stops the pool); workers would each print a traceback."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _job(unit: tuple[int, str]):
     """Lower and verify one schedule; None, or the PurlinError the one-process loop would raise."""
     from purlinc import pipeline
@@ -75,7 +82,7 @@ def verify_parallel(definition, params, units: Sequence[tuple[int, str]], option
     sizes_done = 0
     try:
         context = multiprocessing.get_context("fork")
-        with context.Pool(min(jobs, len(units))) as pool:
+        with context.Pool(min(jobs, len(units)), initializer=_ignore_interrupts) as pool:
             for i, ((world_size, algorithm), error) in enumerate(zip(units, pool.imap(_job, units))):
                 if error is not None:
                     raise error.with_note(f"while verifying {algorithm} for R={world_size}") from None
