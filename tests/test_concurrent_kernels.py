@@ -85,3 +85,31 @@ def test_first_error_in_order_after_all_finished(cache_dir, monkeypatch):
     with pytest.raises(PurlinError, match="second bucket"):
         compile_kernels(compileds, DType.BFLOAT16, ReduceOp.SUM, workers=2)
     assert sorted(finished) == sorted([compileds[0].key, compileds[2].key])  # the others still ran to the end
+
+
+def test_tuned_warm_compiles_every_bucket_first(monkeypatch):
+    """``Tuned.warm`` hands every kernel-atom bucket to compile_kernels before loading any;
+    a host-driven (ce) bucket has no kernel and is left out."""
+    import purlinc.concurrent
+    from purlinc.runtime.tuned import Tuned
+
+    events = []
+
+    class Variant:
+        def __init__(self, name, ce=None):
+            self.name, self.comm, self.rank, self._ce = name, None, 0, ce
+            self.compiled = f"compiled {name}"
+
+        def warm(self, dtype, op):
+            events.append(("warm", self.name, dtype, op))
+
+    def compile_kernels(compileds, dtype, op=None, **kwargs):
+        events.append(("compile", list(compileds), dtype, op))
+
+    monkeypatch.setattr(purlinc.concurrent, "compile_kernels", compile_kernels)
+    small, big, ce = Variant("small"), Variant("big"), Variant("ce", ce=object())
+    Tuned(("b0", "b1", "b2", "b3"), [small, small, big, ce], units=1).warm("bfloat16", "sum")
+    assert events == [
+        ("compile", ["compiled small", "compiled big"], "bfloat16", "sum"),
+        ("warm", "small", "bfloat16", "sum"), ("warm", "big", "bfloat16", "sum"), ("warm", "ce", "bfloat16", "sum"),
+    ]
