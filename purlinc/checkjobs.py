@@ -19,9 +19,9 @@ import multiprocessing
 import os
 from collections.abc import Callable, Sequence
 
-# Below this much work (the sum of R^3 over the jobs; about 0.3 s of CPU) forking workers
-# costs more than it saves.
-MIN_WORK = 32**3
+# Below this much work (the sum of R^3 over the jobs; a second or so of CPU: an all-to-all's
+# three schedules at R=24, or R=1..16) forking workers saves too little to be worth a pool.
+MIN_WORK = 48**3
 
 _STATE: dict = {}  # what forked workers read: set by verify_parallel before the pool forks
 

@@ -23,7 +23,7 @@ def _run(capsys, *argv):
 
 
 def test_worth_it():
-    big = [(32, "ring"), (33, "ring")]
+    big = [(48, "ring"), (49, "ring")]
     assert checkjobs.worth_it(2, big) == ("fork" in multiprocessing.get_all_start_methods())
     assert not checkjobs.worth_it(1, big)  # one worker
     assert not checkjobs.worth_it(2, big[:1])  # one job
