@@ -325,8 +325,9 @@ def _verify_schedules(args, definition, sizes, params, progress) -> int:
     from purlinc.snac.lower import applicable_algorithms
 
     units = []  # (world size, algorithm), in the order they are verified and reported
+    specs = {}
     for world_size in sizes:
-        spec = pipeline.spec_stage(definition, world_size, params)
+        spec = specs[world_size] = pipeline.spec_stage(definition, world_size, params)
         for algorithm in applicable_algorithms(spec):
             if args.algorithm and algorithm.value != args.algorithm:
                 continue
@@ -338,11 +339,12 @@ def _verify_schedules(args, definition, sizes, params, progress) -> int:
         return checkjobs.verify_parallel(
             definition, params, [(r, a.value) for r, a in units], lambda spec, a: _options(args, spec, algorithm=a),
             jobs, lambda r, done: progress(f"schedules verified up to R={r} ({done}/{len(sizes)} sizes)"))
-    spec = None
+    shown = None
     for world_size, algorithm in units:
-        if spec is None or spec.world_size != world_size:
+        if shown != world_size:
             progress(f"schedules for R={world_size} ({sizes.index(world_size) + 1}/{len(sizes)} sizes)")
-            spec = pipeline.spec_stage(definition, world_size, params)
+            shown = world_size
+        spec = specs[world_size]
         options = _options(args, spec, algorithm=algorithm)
         try:
             pipeline.snac_stage(spec, options)
