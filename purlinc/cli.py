@@ -149,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     check_parser.add_argument(
         "--spec-only", action="store_true", help="check the spec only (parse and resolve), not the schedules"
     )
+    check_parser.add_argument(
+        "--jobs", "-j", type=_positive, default=None, metavar="N",
+        help="verify schedules in N processes (default: one per core; big world sizes only)",
+    )
     _add_lowering(check_parser)
     _add_hierarchy(check_parser)
     _add_draw(commands)
@@ -308,7 +312,12 @@ def _cmd_check(args) -> int:
             verified, hier_text = hiercli.check(args, definition, sizes, params,
                                                 lambda spec: _options(args, spec) if _overrides(args) else None)
         else:
-            verified, hier_text = _verify_schedules(args, definition, sizes, params, progress), None
+            from purlinc.snac.gcpause import gc_paused
+
+            # No cycle collection in the loop: each schedule is dropped (freed by reference
+            # counting) before the next, and a collection would only walk one about to die.
+            with gc_paused():
+                verified, hier_text = _verify_schedules(args, definition, sizes, params, progress), None
     finally:
         progress.done()
     sizes_text = f"R={sizes[0]}" if len(sizes) == 1 else f"R={sizes[0]}..{sizes[-1]} ({len(sizes)} sizes)"
@@ -320,28 +329,40 @@ def _cmd_check(args) -> int:
 
 
 def _verify_schedules(args, definition, sizes, params, progress) -> int:
-    from purlinc import pipeline
+    from purlinc import checkjobs, pipeline
 
-    verified = 0
-    if not args.spec_only:
-        from purlinc.snac.ir import Algorithm
-        from purlinc.snac.lower import applicable_algorithms
+    if args.spec_only:
+        return 0
+    from purlinc.snac.ir import Algorithm
+    from purlinc.snac.lower import applicable_algorithms
 
-        for done, world_size in enumerate(sizes):
-            progress(f"schedules for R={world_size} ({done + 1}/{len(sizes)} sizes)")
-            spec = pipeline.spec_stage(definition, world_size, params)
-            for algorithm in applicable_algorithms(spec):
-                if args.algorithm and algorithm.value != args.algorithm:
-                    continue
-                if args.packed and not args.algorithm and algorithm is not Algorithm.DIRECT_PUSH:
-                    continue  # packing applies to direct-push only
-                options = _options(args, spec, algorithm=algorithm)
-                try:
-                    pipeline.snac_stage(spec, options)
-                except PurlinError as error:
-                    raise error.with_note(f"while verifying {algorithm.value} for R={world_size}") from None
-                verified += 1
-    return verified
+    units = []  # (world size, algorithm), in the order they are verified and reported
+    specs = {}
+    for world_size in sizes:
+        spec = specs[world_size] = pipeline.spec_stage(definition, world_size, params)
+        for algorithm in applicable_algorithms(spec):
+            if args.algorithm and algorithm.value != args.algorithm:
+                continue
+            if args.packed and not args.algorithm and algorithm is not Algorithm.DIRECT_PUSH:
+                continue  # packing applies to direct-push only
+            units.append((world_size, algorithm))
+    jobs = args.jobs or checkjobs.cores()
+    if checkjobs.worth_it(jobs, units) and not settings.debug():  # PURLIN_DEBUG: tracebacks from one process
+        return checkjobs.verify_parallel(
+            definition, params, [(r, a.value) for r, a in units], lambda spec, a: _options(args, spec, algorithm=a),
+            jobs, lambda r, done: progress(f"schedules verified up to R={r} ({done}/{len(sizes)} sizes)"))
+    shown = None
+    for world_size, algorithm in units:
+        if shown != world_size:
+            progress(f"schedules for R={world_size} ({sizes.index(world_size) + 1}/{len(sizes)} sizes)")
+            shown = world_size
+        spec = specs[world_size]
+        options = _options(args, spec, algorithm=algorithm)
+        try:
+            pipeline.snac_stage(spec, options)
+        except PurlinError as error:
+            raise error.with_note(f"while verifying {algorithm.value} for R={world_size}") from None
+    return len(units)
 
 
 def _cmd_compile(args) -> int:

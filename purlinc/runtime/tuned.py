@@ -80,6 +80,17 @@ def prepare_tuned(path_or_source, world_size: int, *, params: Mapping[str, int] 
     return prepared, units
 
 
+def compile_tuned_kernels(prepared: tuple[PreparedBucket, ...], dtype, op="sum") -> int:
+    """Every bucket's kernel of (dtype, op) (host-driven atoms have none), compiled
+    concurrently (``purlinc.concurrent``): what the buckets' first calls would compile one
+    after another.  Returns how many distinct kernels that is."""
+    from purlinc.concurrent import compile_kernels
+
+    compileds = [c for c in {p.compiled.key: p.compiled for p in prepared}.values() if c.plan is None]
+    compile_kernels(compileds, dtype, op)
+    return len(compileds)
+
+
 def load_tuned(path_or_source: str | Path, comm, comms: list, *, params: Mapping[str, int] | None, arch: str):
     from purlinc.runtime.communicator import LocalGroup
 
@@ -153,6 +164,7 @@ class Tuned:
         return result
 
     def warm(self, dtype, op="sum") -> None:
+        _compile_all(self._distinct, dtype, op)  # every bucket's kernel at once, then load each
         for variant in self._distinct:
             variant.warm(dtype, op)
 
@@ -191,6 +203,7 @@ class TunedGroup:
         return [out for _, _, out in prepared]
 
     def warm(self, dtype, op="sum") -> None:
+        _compile_all([v for tuned in self.ranks for v in tuned._distinct], dtype, op)
         for tuned in self.ranks:
             tuned.warm(dtype, op)
 
@@ -201,3 +214,11 @@ class TunedGroup:
     def close(self) -> None:
         for group in self._distinct:
             group.close()
+
+
+def _compile_all(variants, dtype, op) -> None:
+    """The kernels the variants' ``warm`` would compile one by one, compiled concurrently
+    first (the kernel atoms' only: a host-driven atom's variant has ``_ce`` set)."""
+    from purlinc.concurrent import compile_kernels
+
+    compile_kernels([v.compiled for v in variants if getattr(v, "_ce", None) is None], dtype, op)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from operator import attrgetter
 
 from purlinc.errors import PurlinError
 from purlinc.frontend.ast import Operation
 from purlinc.frontend.spec import Chunk, Spec
-from purlinc.snac.builder import IN, OUT, STAGE, _ack, _Builder, _consume_into, _data, _from, _names, _reg, _text
-from purlinc.snac.ir import Consume, LowerOptions, Region, Schedule
+from purlinc.snac.builder import IN, OUT, STAGE, _ack, _Builder, _consume_into, _data, _names, _Ref, _reg, _text, _TNotify, _TWait
+from purlinc.snac.ir import Consume, LowerOptions, Schedule, Stage
 from purlinc.snac.needs import _copy_source, _Need, _needs, _owners
 
 
@@ -17,7 +18,7 @@ from purlinc.snac.needs import _copy_source, _Need, _needs, _owners
 # Ring
 
 
-@dataclass
+@dataclass(slots=True)  # slots: 10^5 hops at R=64, built and read in the lowering's inner loops
 class _Hop:
     """One chunk (all slices) moved from ``sender`` to the next rank, at ring step ``step``."""
 
@@ -120,7 +121,7 @@ def _assign_slots(spec: Spec, options: LowerOptions, hops: list[_Hop]) -> dict[t
     reusing a unit within a call can never deadlock (its last read is an earlier wavefront)."""
     S = options.slices
     edges: dict[tuple[int, int], list[_Hop]] = defaultdict(list)
-    for hop in sorted(hops, key=lambda h: (h.step, h.id)):
+    for hop in sorted(hops, key=attrgetter("step")):  # stable: by (step, id), hops being in id order
         if hop.to_out is None:
             edges[hop.sender, hop.receiver].append(hop)
 
@@ -149,31 +150,32 @@ def _ring(spec: Spec, options: LowerOptions) -> Schedule:
     for msgs in edges.values():
         receiver = msgs[0].receiver
         b.units[receiver] = max(b.units[receiver], max(h.unit for h in msgs) + 1)
-    position_in_edge = {h.id: j for msgs in edges.values() for j, h in enumerate(msgs)}
-    by_id = {h.id: h for h in hops}
+    by_id = hops  # hop ids are their positions in ``hops``
 
-    def region(rank: int, where, s: int) -> Region:
-        if where[0] == "hop":
-            return _reg(STAGE, rank, by_id[where[1]].unit, s)
-        return _reg(where[0], rank, where[1], s)
+    # Keys of the builder's notifies: a hop's ack under its id (an int: hashed in C), the
+    # data notify of a sender at wavefront w under -1 - (w * R + sender); "ready" as tuples.
+    counts, recorded, steps_of = b.counts, b.recorded, b.steps
+    ack_sig = {}  # (sender, receiver) -> its ACK signal (one tuple per edge, not per hop)
 
-    def dst_of(hop: _Hop, s: int) -> Region:
-        if hop.to_out is not None:
-            return _reg(OUT, hop.receiver, hop.to_out, s)
-        return _reg(STAGE, hop.receiver, hop.unit, s)
+    def ack(hop: _Hop) -> None:  # b.notify, inlined: one per hop landing in STAGE
+        sig = ack_sig.get((hop.sender, hop.receiver))
+        if sig is None:
+            sig = ack_sig[hop.sender, hop.receiver] = _ack(hop.sender, hop.receiver)
+        k = counts[sig] = counts[sig] + 1
+        steps_of[hop.receiver].append(
+            _TNotify(sig, k, f"done with {_text(hop.chunk)} (r{hop.receiver}.stage[{hop.unit}])"))
+        recorded[hop.id] = (sig, k)
 
-    def ack(hop: _Hop) -> None:
-        b.notify(hop.receiver, _ack(hop.sender, hop.receiver), f"done with {_text(hop.chunk)} (r{hop.receiver}.stage[{hop.unit}])",
-                 keys=(("ack", hop.id),))
-
-    def slot_wait(hop: _Hop) -> None:
-        msgs = edges[hop.sender, hop.receiver]
-        j, n = position_in_edge[hop.id], options.slots
-        if n is not None and j >= n:
-            b.wait(hop.sender, ("ack", msgs[j - n].id), f"r{hop.receiver}.stage[{hop.unit}] free again")
-            return
-        last = j if n is None else j + (len(msgs) - 1 - j) // n * n  # the last message on this unit
-        b.wait(hop.sender, ("ack", msgs[last].id), f"r{hop.receiver}.stage[{hop.unit}] free (read last call)", previous=True)
+    slots = options.slots
+    slot_ref: list = [None] * len(hops)  # hop id -> (wait ref, note) of its slot wait
+    for msgs in edges.values():
+        count = len(msgs)
+        for j, hop in enumerate(msgs):
+            if slots is not None and j >= slots:
+                slot_ref[hop.id] = (_Ref(msgs[j - slots].id, False), f"r{hop.receiver}.stage[{hop.unit}] free again")
+                continue
+            last = j if slots is None else j + (count - 1 - j) // slots * slots  # the last message on this unit
+            slot_ref[hop.id] = (_Ref(msgs[last].id, True), f"r{hop.receiver}.stage[{hop.unit}] free (read last call)")
 
     # A receiver whose OUT peers write into says so first.
     out_edges = sorted({(h.sender, h.receiver) for h in hops if h.to_out is not None})
@@ -184,47 +186,72 @@ def _ring(spec: Spec, options: LowerOptions) -> Schedule:
         for s in range(S):
             _consume_into(b, rank, need, positions, srcs, s)
 
+    # Per hop, once: its sources and destination as (space, rank, unit), its stage's note.
+    where_of = [tuple((STAGE, h.sender, by_id[w[1]].unit) if w[0] == "hop" else (w[0], h.sender, w[1]) for w in h.srcs)
+                for h in hops]
+    dst_of = [(OUT, h.receiver, h.to_out) if h.to_out is not None else (STAGE, h.receiver, h.unit) for h in hops]
+    lines: dict = {}  # (rank, OUT position) -> its .pln line
+    output_line = spec.output_line
+
     steps = max((h.step for h in hops), default=-1) + 1
     at_step: dict[int, list[_Hop]] = defaultdict(list)
     for hop in hops:
         at_step[hop.step].append(hop)
     for w in range(steps + S - 1):
         # The hops in flight at wavefront w (slice w - step of each), in hop order.
-        batch = sorted(((h, w - t) for t in range(max(0, w - S + 1), w + 1) for h in at_step.get(t, ())),
-                       key=lambda hs: hs[0].id)
+        if S == 1:
+            batch = [(h, 0) for h in at_step.get(w, ())]  # at_step lists are in hop order already
+        else:
+            batch = sorted(((h, w - t) for t in range(max(0, w - S + 1), w + 1) for h in at_step.get(t, ())),
+                           key=lambda hs: hs[0].id)
         sending: dict[int, list] = defaultdict(list)
-        receiving: dict[int, list] = defaultdict(list)
-        for h, s in batch:
-            sending[h.sender].append((h, s))
-            receiving[h.receiver].append((h, s))
+        for hs in batch:
+            sending[hs[0].sender].append(hs)
+        # Every hop goes to the sender's next rank: what rank q receives at w is exactly what
+        # rank q - 1 sends, in the same order, so one note serves the notify and the wait.
+        names: dict[int, tuple] = {}  # receiver -> (sender, chunk names, what it got)
         for rank in sorted(sending):
             sent = sending[rank]
+            steps_r = steps_of[rank]
+            append = steps_r.append
             for hop, s in sent:
-                if s == 0 and hop.to_out is None:
-                    slot_wait(hop)
-                if hop.to_out is not None and (rank, hop.receiver) not in ready_waited:
+                if hop.to_out is None:
+                    if s == 0:
+                        ref, note = slot_ref[hop.id]
+                        append(_TWait(ref, note))
+                elif (rank, hop.receiver) not in ready_waited:
                     ready_waited.add((rank, hop.receiver))
                     b.wait(rank, ("ready", rank, hop.receiver), f"r{hop.receiver}.out ready")
-                srcs = tuple(region(rank, where, s) for where in hop.srcs)
-                dst = dst_of(hop, s)
-                if len(srcs) == 1:
-                    b.stage(rank, srcs[0], dst, f"{_text(hop.chunk)} for r{hop.receiver}")
+                dst = dst_of[hop.id]
+                dst = _reg(dst[0], dst[1], dst[2], s)
+                wheres = where_of[hop.id]
+                if len(wheres) == 1:
+                    src = wheres[0]
+                    append(Stage(_reg(src[0], src[1], src[2], s), dst, f"{_text(hop.chunk)} for r{hop.receiver}"))
                 else:
-                    b.steps[rank].append(Consume(Operation.REDUCE, srcs, dst, f"partial {_text(hop.chunk)} for r{hop.receiver}"))
+                    srcs = tuple([_reg(space, r, unit, s) for space, r, unit in wheres])
+                    append(Consume(Operation.REDUCE, srcs, dst, f"partial {_text(hop.chunk)} for r{hop.receiver}"))
                 if s == S - 1:
                     for where in hop.srcs:
                         if where[0] == "hop":
                             ack(by_id[where[1]])
             receiver = sent[0][0].receiver
-            b.notify(rank, _data(rank, receiver), f"{_names(h.chunk for h, _ in sent)} for r{receiver}",
-                     keys=tuple(("data", h.id, s) for h, s in sent))
-        for rank in sorted(receiving):
-            got = receiving[rank]
-            b.wait_all(rank, [("data", h.id, s) for h, s in got], lambda sig: f"({_names(h.chunk for h, _ in got)} {_from(sig)})")
+            text = _names([h.chunk for h, _ in sent])
+            names[receiver] = (rank, text, sent)
+            b.notify(rank, _data(rank, receiver), f"{text} for r{receiver}", keys=(-1 - (w * R + rank),))
+        for rank in sorted(names):
+            sender, text, got = names[rank]
+            # b.wait_all of the data keys of every hop received: they all name this notify.
+            steps_of[rank].append(_TWait(_Ref(-1 - (w * R + sender), False), f"({text} from r{sender})"))
             for hop, s in got:
                 for srcs, position in hop.receipt:
-                    regions = tuple(region(rank, where, s) for where in srcs)
-                    b.consume(rank, regions, _reg(OUT, rank, position, s), hop.chunk, position)
+                    regions = tuple([_reg(STAGE, rank, by_id[where[1]].unit, s) if where[0] == "hop"
+                                     else _reg(where[0], rank, where[1], s) for where in srcs])
+                    line = lines.get((rank, position), lines)
+                    if line is lines:
+                        line = lines[rank, position] = output_line(rank, position)
+                    operation = Operation.REDUCE if len(regions) > 1 else Operation.COPY
+                    steps_of[rank].append(Consume(operation, regions, _reg(OUT, rank, position, s), _text(hop.chunk), line))
                 if s == S - 1 and hop.to_out is None and not hop.read_later:
                     ack(hop)
     return b.build()

@@ -163,6 +163,27 @@ def test_tuned_default_across_size_buckets(group, name):
         coll.close()
 
 
+def test_tuned_warm_compiles_every_bucket(group):
+    """``warm`` on a plain load compiles every bucket's kernel at once (purlinc.concurrent,
+    NVRTC in threads) and loads it on every rank; then every bucket computes the right thing."""
+    import purlinc
+    from purlinc.dtypes import ReduceOp
+
+    coll = purlinc.load(EXAMPLES / "allreduce.pln", group)
+    spec = coll[0].spec
+    rng = np.random.default_rng(5)
+    try:
+        coll.warm("float32", "sum")
+        for tuned in coll.ranks:
+            for variant in tuned._distinct:
+                assert variant._ce is not None or (DType.FLOAT32, ReduceOp.SUM) in variant._variants, \
+                    variant.compiled.options.key()
+        for count in (1, 301, 4097, 70_000, 1_100_000):
+            run_once(coll, spec, count, DType.FLOAT32, "sum", rng, f"allreduce/warm/n={count}")
+    finally:
+        coll.close()
+
+
 @pytest.mark.parametrize("name,algorithm,atom,dtype,op", dtype_matrix())
 def test_dtypes_and_ops(group, name, algorithm, atom, dtype, op):
     import purlinc

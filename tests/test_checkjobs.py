@@ -1,0 +1,71 @@
+"""``purlinc check`` on several processes (purlinc/checkjobs.py): the same verdicts, counts and
+first error as the one-process loop, every (world size, algorithm) verified once."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import pytest
+
+from purlinc import checkjobs, pipeline
+from purlinc.cli import main
+from purlinc.errors import PurlinError
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+needs_fork = pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork here")
+
+
+def _run(capsys, *argv):
+    code = main(["check", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_worth_it():
+    big = [(48, "ring"), (49, "ring")]
+    assert checkjobs.worth_it(2, big) == ("fork" in multiprocessing.get_all_start_methods())
+    assert not checkjobs.worth_it(1, big)  # one worker
+    assert not checkjobs.worth_it(2, big[:1])  # one job
+    assert not checkjobs.worth_it(2, [(r, "ring") for r in range(1, 17)])  # too little work to fork for
+
+
+@needs_fork
+def test_same_result_as_one_process(capsys, monkeypatch):
+    calls = []
+    parallel = checkjobs.verify_parallel
+
+    def recording(definition, params, units, options, jobs, progress):
+        calls.append((list(units), jobs))
+        return parallel(definition, params, units, options, jobs, progress)
+
+    monkeypatch.setattr(checkjobs, "verify_parallel", recording)
+    args = (EXAMPLES / "alltoall.pln", "-R", "30..33")
+    one = _run(capsys, *args, "-j", "1")
+    assert not calls
+    two = _run(capsys, *args, "-j", "2")
+    assert one == two == (0, "alltoall: ok for R=30..33 (4 sizes): spec and 12 schedules verified\n", "")
+    assert calls == [([(r, a) for r in range(30, 34) for a in ("direct-push", "direct-pull", "ring")], 2)]
+
+
+@needs_fork
+def test_first_error_in_order(capsys, monkeypatch):
+    """Two schedules fail: both runs report the one the loop meets first (R=31, direct-pull),
+    even though a worker may finish R=33 first; workers inherit the patched stage (fork)."""
+    stage = pipeline.snac_stage
+    failing = {(31, "direct-pull"): "first", (33, "direct-push"): "second"}
+
+    def snac_stage(spec, options, **kwargs):
+        why = failing.get((spec.world_size, options.algorithm.value))
+        if why is not None:
+            raise PurlinError(f"the {why} failure", notes=("a note",))
+        return stage(spec, options, **kwargs)
+
+    monkeypatch.setattr(pipeline, "snac_stage", snac_stage)
+    args = (EXAMPLES / "alltoall.pln", "-R", "30..33")
+    one = _run(capsys, *args, "-j", "1")
+    two = _run(capsys, *args, "-j", "2")
+    assert one == two
+    code, out, err = two
+    assert code == 2 and out == ""
+    assert err == "error: the first failure\nnote: a note\nnote: while verifying direct-pull for R=31\n"
