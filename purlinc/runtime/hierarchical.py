@@ -21,7 +21,8 @@ graph, as for flat collectives.  That first call also makes the ranks of the who
 one node, and ranks of different nodes passing different counts would otherwise reach NCCL with
 different sizes (a hang, or wrong data) instead of a ``MismatchError``.
 
-Untested on GPUs in this branch's session (no GPU there): tests/gpu/hier_check.py is the check.
+On GPUs: tests/gpu/hier_check.py (every standard collective, 2 nodes x 1 GPU and 1 node x 2
+GPUs, eager and CUDA graphs, against NCCL) passed on 2 x H200 (tests/gpu/results/).
 """
 
 from __future__ import annotations
