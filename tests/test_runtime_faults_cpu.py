@@ -333,3 +333,29 @@ def test_error_record_written_like_a_kernel_would():
     write_error_record(ctypes.addressof(record), rank=1, channel=2, step=3, owner=0, index=4, expected=5, observed=0)
     assert decode_error(tuple(record)) == {"flag": 1, "rank": 1, "channel": 2, "step": 3, "signal_owner": 0,
                                            "signal_index": 4, "expected": 5, "observed": 0}
+
+
+def test_a_tuned_call_passes_count_and_dtype_of_a_rank_without_chunks():
+    """``load()``'s default (a Tuned) takes the same count= / dtype= as one Collective."""
+    from types import SimpleNamespace
+
+    from purlinc.runtime.tuned import Tuned
+    from purlinc.runtime.tuning import Bucket
+
+    seen = []
+
+    class Variant(SimpleNamespace):
+        def prepare_call(self, x, out, op, stream, count, dtype=None):
+            seen.append((count, dtype))
+            return CallShape(DType.BFLOAT16, None, count, 0, 0), 0, None
+
+        def launch(self, shape, handle):
+            seen.append("launch")
+
+        def target(self, shape):
+            return None
+
+    variant = Variant(name="h", comm=None, rank=1, _flag=SimpleNamespace(value=0), out_units=0)
+    tuned = Tuned([Bucket(None)], [variant], 1)
+    tuned(None, None, count=1000, dtype="bfloat16")
+    assert seen == [(1000, "bfloat16"), "launch"]

@@ -146,17 +146,18 @@ class Tuned:
         variant = self.variant_for(count, itemsize)
         return variant.compiled.options.channels if lookup_atom(variant.compiled.atom).uses_sms else 0
 
-    def __call__(self, x=None, out=None, op="sum", stream=None, *, count: int | None = None):
+    def __call__(self, x=None, out=None, op="sum", stream=None, *, count: int | None = None, dtype=None):
+        """As ``Collective.__call__`` (a rank without chunks passes ``count=`` and ``dtype=``)."""
         for variant in self._distinct:
             if variant._flag.value:
                 variant._raise_timeout()
         fast = self._fast
-        if fast is not None and stream is None and fast.matches(x, out, op, count):
+        if fast is not None and stream is None and dtype is None and fast.matches(x, out, op, count):
             fast.launch(self.variants[0])
             return out
         # Buffers are validated once (every variant has the same layouts), then launched by
         # the bucket's variant.
-        shape, handle, result = self.variants[0].prepare_call(x, out, op, stream, count)
+        shape, handle, result = self.variants[0].prepare_call(x, out, op, stream, count, dtype)
         variant = self.variant_for(shape.count, shape.dtype.itemsize)
         variant.launch(shape, handle)
         if stream is None:
