@@ -250,7 +250,8 @@ def build(schedule: Schedule, *, collapse: bool = True, channels: tuple[int, ...
     pairs, unmatched = match_pairs(lanes)
     o = schedule.options
     subtitle = (f"R={world}, {schedule.operation.value}, {o.algorithm.value}, channels {nchan}, "
-                f"slices {o.slices} per channel" + (", packed (LL)" if o.packed else ""))
+                f"slices {o.slices} per channel" + (", packed (LL)" if o.packed else "")
+                + (", 2 staging copies by call parity" if schedule.stage_copies == 2 else ""))
     notes = []
     if collapsed:
         notes.append(f"channels 0..{nchan - 1} identical up to slice offset: channel 0 drawn for all {nchan}")

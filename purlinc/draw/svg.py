@@ -213,7 +213,10 @@ def render(panels: list[Panel], *, width: int | None = None) -> str:
     legend.append(f'<text x="{_fmt(x + 10)}" y="{_fmt(legend_y + 11)}" font-size="10" fill="#1f4fbf">'
                   f'arrow: notify -&gt; the wait it releases; dashed: wait; red mark: waits for the previous call</text>')
     legend.append("</g>")
-    width_px = max(LABEL_W + max(p.times.total for p in panels) * px + 30, x + 560)
+    # Wide enough for the lanes, the legend and every panel's subtitle line (11 px monospace,
+    # about 6.7 px a character: a long option list must not be clipped by the canvas).
+    subtitle_px = max(10 + 6.7 * (len(p.drawing.subtitle) + 40) for p in panels)
+    width_px = max(LABEL_W + max(p.times.total for p in panels) * px + 30, x + 560, subtitle_px)
     height_px = legend_y + 24
     head = (
         f'<svg xmlns="http://www.w3.org/2000/svg" class="purlin-schedule" width="{_fmt(width_px)}" '

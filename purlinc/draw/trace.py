@@ -80,7 +80,7 @@ def from_stamps(schedule, params: dict, atom: str, parts: list[dict], clock: dic
         "format": FORMAT, "version": VERSION,
         "collective": schedule.collective, "world_size": schedule.world_size, "params": dict(params),
         "options": {"algorithm": o.algorithm.value, "channels": o.channels, "slices": o.slices,
-                    "packed": bool(o.packed), "key": o.key()},
+                    "packed": bool(o.packed), "stage_copies": o.stage_copies, "key": o.key()},
         "atom": atom, "dtype": first.get("dtype"), "op": first.get("op"), "device": first.get("device", ""),
         "kernel": first.get("kernel", ""),
         "calls": [int(p["channels"][0]["epoch"]) if p["channels"] else None for p in sorted(parts, key=lambda p: p["rank"])],
@@ -129,8 +129,9 @@ def options_of(data: dict) -> dict:
 
     o = data["options"]
     try:
+        # A trace from before staging copies existed ran one copy (its key has no /x2).
         return {"algorithm": Algorithm(o["algorithm"]), "channels": int(o["channels"]), "slices": int(o["slices"]),
-                "packed": bool(o.get("packed", False))}
+                "packed": bool(o.get("packed", False)), "stage_copies": int(o.get("stage_copies", 1))}
     except (KeyError, ValueError, TypeError) as error:
         raise PurlinError(f"trace options {o!r} are not a schedule's options: {error}") from None
 
