@@ -279,7 +279,7 @@ def _cmd_dump(args) -> int:
     if args.gpus_per_node is not None:  # hierarchical: SNAC inside nodes, NCCL between them
         from purlinc.snac import hiercli
 
-        return hiercli.dump(args, spec, _options(args, spec) if _overrides(args) else None)
+        return hiercli.dump(args, spec, _options(args, spec))
     schedule = pipeline.snac_stage(spec, _options(args, spec))
     if args.stage == "snac":
         from purlinc.snac.format import format_schedule, schedule_to_json
@@ -310,7 +310,7 @@ def _cmd_check(args) -> int:
             from purlinc.snac import hiercli
 
             verified, hier_text = hiercli.check(args, definition, sizes, params,
-                                                lambda spec: _options(args, spec) if _overrides(args) else None)
+                                                lambda spec: _options(args, spec))
         else:
             from purlinc.snac.gcpause import gc_paused
 

@@ -83,9 +83,9 @@ def draw(args, fmt: str, source, options_of) -> int:
     if args.timeline or args.compare or args.trace:
         raise PurlinError("--gpus-per-node draws the plan's phases: --timeline, --compare and --trace do not apply")
     spec = pipeline.spec_stage(pipeline.parse_stage(source), args.ranks, dict(args.param))
-    from purlinc.cli import _overrides, write_drawing
+    from purlinc.cli import write_drawing
 
-    plan = _plan(spec, options_of(args, spec) if _overrides(args) else None, args.gpus_per_node)
+    plan = _plan(spec, options_of(args, spec), args.gpus_per_node)
     text = plan_svg(plan)
     if fmt == "html":
         title = escape(f"{spec.name}: {plan.topology.nodes} nodes x {plan.topology.gpus_per_node} GPUs")
