@@ -188,11 +188,9 @@ def _overrides(args) -> dict:
 def _options(args, spec, **more):
     """The options of a dump or check: those ``compile`` would use (the atom's staging copies
     included, as pipeline.prepare picks them)."""
-    from purlinc.atom.atoms import DEFAULT_ATOM, lookup_atom
-    from purlinc.pipeline import resolve_options
+    from purlinc.pipeline import resolve_options, with_atom_defaults
 
-    changes = {**_overrides(args), **more}
-    changes.setdefault("stage_copies", lookup_atom(getattr(args, "atom", None) or DEFAULT_ATOM).stage_copies)
+    changes = with_atom_defaults({**_overrides(args), **more}, getattr(args, "atom", None))
     return resolve_options(spec, overrides=changes)
 
 

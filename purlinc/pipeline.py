@@ -111,6 +111,15 @@ def snac_stage(spec: Spec, options: LowerOptions, *, verify: bool = True) -> Sch
     return schedule
 
 
+def with_atom_defaults(changes: Mapping[str, object], atom: str | None = None) -> dict[str, object]:
+    """``changes`` (LowerOptions overrides) plus what the atom decides where they say nothing:
+    as many staging copies as it can address (kernels: 2; the copy engines: 1, see
+    ``Atom.stage_copies``).  The one place compile, the runtime, dump, check and draw get it."""
+    from purlinc.atom.atoms import DEFAULT_ATOM, lookup_atom
+
+    return {"stage_copies": lookup_atom(atom or DEFAULT_ATOM).stage_copies, **changes}
+
+
 def default_options(spec: Spec) -> LowerOptions:
     """The options a plain call uses when none are given (the runtime may tune per size)."""
     from purlinc.snac.lower import default_options as choose
@@ -630,10 +639,8 @@ def prepare(
     changes = {k: v for k, v in dict(overrides or {}).items() if v is not None}
     if algorithm is not None:
         changes["algorithm"] = algorithm
-    if options is None and "stage_copies" not in changes:
-        # As many staging copies as the atom can address (kernels: 2, the copy engines: 1);
-        # lowerings other than direct-push have one whatever this says.
-        changes["stage_copies"] = record.stage_copies
+    if options is None:  # lowerings other than direct-push have one copy whatever this says
+        changes = with_atom_defaults(changes, record.name)
     if trace and not record.generates_kernels:
         raise PurlinError(f"trace=True needs a kernel atom: the {record.name} atom runs no kernel to stamp")
     request = Request(source, int(world_size), _params_key(params), target.name, record.name, options,

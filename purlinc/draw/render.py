@@ -52,11 +52,8 @@ def schedule_for(file: str, world_size: int, params, overrides: dict):
 
     source = pipeline.load_source(file)
     spec = pipeline.spec_stage(pipeline.parse_stage(source), world_size, dict(params))
-    # What `purlinc compile` would build: the default atom's staging copies unless overridden.
-    from purlinc.atom.atoms import DEFAULT_ATOM, lookup_atom
-
-    overrides = {"stage_copies": lookup_atom(DEFAULT_ATOM).stage_copies, **overrides}
-    options = replace(pipeline.default_options(spec), **overrides)
+    # What `purlinc compile` would build with the default atom (its staging copies).
+    options = replace(pipeline.default_options(spec), **pipeline.with_atom_defaults(overrides))
     return spec, pipeline.snac_stage(spec, options)
 
 
