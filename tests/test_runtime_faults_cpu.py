@@ -84,6 +84,12 @@ def test_a_rank_without_chunks_that_gives_count_and_dtype_agrees_on_them():
         validate_call(None, None, count=1000, dtype_hint="complex128", **common)
     # no count: the call is a no-op on this rank, as before
     assert validate_call(None, None, **common).count == 0
+    # a rank that receives chunks needs its output even when it says count and dtype
+    receives = {**common, "out_units": 1}
+    with pytest.raises(ArgumentError, match="out is required"):
+        validate_call(None, None, count=1000, dtype_hint="bfloat16", **receives)
+    with pytest.raises(ArgumentError, match="cannot be reduced"):
+        validate_call(None, None, count=8, dtype_hint="float8_e4m3", **{**common, "is_reduce": True})
 
 
 # --- group calls: checked before any launch ---------------------------------------------

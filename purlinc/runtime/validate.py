@@ -120,9 +120,7 @@ def validate_call(
             raise _err(f"{where}: dtype={dtype_hint!r} is not a dtype Purlin knows") from None
         if count < 0:
             raise _err(f"{where}: count={count} is negative")
-        if reduce_op is not None and not dtype.reducible:
-            raise _err(f"{where}: {dtype.value} cannot be reduced (fp8 is supported for copies only)")
-        return CallShape(dtype, reduce_op, int(count), 0, 0)
+        # On through the checks below: a rank that receives chunks still needs its `out`.
     if reduce_op is not None and not dtype.reducible:
         raise _err(f"{where}: {dtype.value} cannot be reduced (fp8 is supported for copies only)")
 
