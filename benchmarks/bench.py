@@ -444,20 +444,28 @@ def symm_cases(ctx: Ctx, lay: report.Layout, Y) -> list[Case]:
     return cases
 
 
-def purlin_case(ctx: Ctx, coll: str, variant: purlin_api.Variant, X, Y) -> Case:
-    loaded = ctx.colls[(coll, variant.name)]
-    reduce = coll in report.REDUCE_COLLECTIVES
-    rank = ctx.rank
+def _purlin_io(coll: str, rank: int, X, Y):
+    """(load, output) of a Purlin case, flat or hierarchical: fresh input into X, Y poisoned;
+    the output is Y except on the non-roots of the rooted gathers."""
 
     def load(x):
         poison(Y)
         X.copy_(x)
 
-    def call():
-        purlin_api.call(loaded, coll, X, Y, rank=rank, root=0, reduce=reduce)
-
     def output():
         return None if coll in ("reduce", "gather") and rank != 0 else Y
+
+    return load, output
+
+
+def purlin_case(ctx: Ctx, coll: str, variant: purlin_api.Variant, X, Y) -> Case:
+    loaded = ctx.colls[(coll, variant.name)]
+    reduce = coll in report.REDUCE_COLLECTIVES
+    rank = ctx.rank
+    load, output = _purlin_io(coll, rank, X, Y)
+
+    def call():
+        purlin_api.call(loaded, coll, X, Y, rank=rank, root=0, reduce=reduce)
 
     sms, note = purlin_api.grid_sms(loaded, variant.options, X, Y)
     return Case("purlin", variant.name, load, call, output, True, sms, note, dict(variant.options),
@@ -475,16 +483,10 @@ def hier_case(ctx: Ctx, coll: str, g: int, lay: report.Layout, X, Y) -> Case:
     loaded = ctx.hcolls[(coll, g)]
     reduce = coll in report.REDUCE_COLLECTIVES
     rank = ctx.rank
-
-    def load(x):
-        poison(Y)
-        X.copy_(x)
+    load, output = _purlin_io(coll, rank, X, Y)
 
     def call():
         purlin_api.call(loaded, coll, X, Y, rank=rank, root=0, reduce=reduce, count=lay.count)
-
-    def output():
-        return None if coll in ("reduce", "gather") and rank != 0 else Y
 
     options = {"gpus_per_node": g, "nodes": ctx.world // g}
     note = "Purlin kernels per intra phase + NCCL per inter phase; not summed"

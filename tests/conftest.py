@@ -77,3 +77,17 @@ class Golden:
 def golden(request) -> Golden:
     update = request.config.getoption("--update-golden") or os.environ.get("PURLIN_UPDATE_GOLDEN", "") not in ("", "0")
     return Golden(update)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """An empty compile cache for one test, and no in-process memo either side of it
+    (test modules with a session-wide cache define their own ``cache_dir``)."""
+    from purlinc import pipeline
+
+    path = tmp_path / "cache"
+    monkeypatch.setenv("PURLIN_CACHE_DIR", str(path))
+    monkeypatch.delenv("PURLIN_NO_CACHE", raising=False)
+    pipeline.forget()
+    yield path
+    pipeline.forget()

@@ -6,7 +6,6 @@ assembled in one place (``pipeline.resolve_options``).  Counters, not times."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import pytest
@@ -16,16 +15,6 @@ from purlinc.dtypes import DType, ReduceOp
 from purlinc.snac.ir import Algorithm, LowerOptions
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    path = tmp_path / "cache"
-    monkeypatch.setenv("PURLIN_CACHE_DIR", str(path))
-    monkeypatch.delenv("PURLIN_NO_CACHE", raising=False)
-    pipeline.forget()
-    yield path
-    pipeline.forget()
 
 
 def _stats() -> dict:

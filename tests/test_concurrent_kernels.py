@@ -18,16 +18,6 @@ from purlinc.errors import PurlinError
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    path = tmp_path / "cache"
-    monkeypatch.setenv("PURLIN_CACHE_DIR", str(path))
-    monkeypatch.delenv("PURLIN_NO_CACHE", raising=False)
-    pipeline.forget()
-    yield path
-    pipeline.forget()
-
-
 def _compileds():
     """Two reduce schedules and one copy schedule, R=2 (small modules), distinct keys."""
     allreduce = EXAMPLES / "allreduce.pln"

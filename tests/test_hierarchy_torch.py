@@ -81,18 +81,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_inter_phases_under_gloo(repo_dir):
+def _spawn(target, world: int, repo_dir, *extra, timeout: int = 240, join: int = 30):
+    """Run ``target(rank, *extra, port, repo, queue)`` in ``world`` spawned processes; returns
+    ({rank: what it put on the queue}, the processes, joined)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, str(repo_dir), queue)) for r in range(WORLD)]
+    procs = [ctx.Process(target=target, args=(r, *extra, port, str(repo_dir), queue)) for r in range(world)]
     for p in procs:
         p.start()
-    results = dict(queue.get(timeout=240) for _ in range(WORLD))
+    results = dict(queue.get(timeout=timeout) for _ in range(world))
     for p in procs:
-        p.join(timeout=60)
+        p.join(timeout=join)
+    return results, procs
+
+
+def test_inter_phases_under_gloo(repo_dir):
+    results, procs = _spawn(_worker, WORLD, repo_dir, join=60)
     problems = [p for r in range(WORLD) for p in results[r]]
     assert not problems, "\n".join(problems[:20])
     assert all(p.exitcode == 0 for p in procs)
@@ -134,17 +141,7 @@ def _topology_worker(rank: int, port: int, repo: str, queue) -> None:
 
 
 def test_load_topology_errors(repo_dir):
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_topology_worker, args=(r, port, str(repo_dir), queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = dict(queue.get(timeout=120) for _ in range(2))
-    for p in procs:
-        p.join(timeout=30)
+    results, _ = _spawn(_topology_worker, 2, repo_dir, timeout=120)
     for rank in range(2):
         first, unequal, hosts = results[rank]
         assert first.startswith("TopologyError: world size R=2 is not a multiple of gpus_per_node=3"), first
@@ -208,17 +205,7 @@ def _agreement_worker(rank: int, port: int, repo: str, queue) -> None:
 
 
 def test_world_agreement_and_node_check(repo_dir):
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_agreement_worker, args=(r, port, str(repo_dir), queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = dict(queue.get(timeout=120) for _ in range(2))
-    for p in procs:
-        p.join(timeout=30)
+    results, procs = _spawn(_agreement_worker, 2, repo_dir, timeout=120)
     for rank in range(2):
         assert len(results[rank]) == 6, results[rank]
         rounds, count, dtype, scratch, again, load = results[rank]
@@ -331,17 +318,7 @@ def _call_worker(rank: int, world: int, G: int, port: int, repo: str, queue) -> 
 
 @pytest.mark.parametrize("world,G", [(2, 1), (4, 2)])
 def test_calls_as_the_benchmark_makes_them(repo_dir, world, G):
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_call_worker, args=(r, world, G, port, str(repo_dir), queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = dict(queue.get(timeout=240) for _ in range(world))
-    for p in procs:
-        p.join(timeout=30)
+    results, procs = _spawn(_call_worker, world, repo_dir, world, G)
     problems = [p for r in range(world) for p in results[r]]
     assert not problems, "\n".join(problems[:10])
     assert all(p.exitcode == 0 for p in procs)
