@@ -230,19 +230,55 @@ def test_generated_ll_structure():
     # Two staging copies by epoch parity: the runtime allocates both.
     assert schedule.stage_copies == 2 and "PURLIN_STAGE_COPIES = 2" in source
     assert kernel.abi.stage_bytes(3) == 2 * schedule.stage_units * 16  # 3 bf16 = 6 bytes -> 16
-    assert source.count("purlin_ll_send(purlin_stage_ll(") == 4  # 2 ranks x 2 chunks
     body = source.split("// ==== rank 0")[1].split("// ==== rank 1")[0]
-    assert "purlin_ll_reduce<2>(" in body and "purlin_ll_recv(" not in body
+    # The two packed stages of a rank are one loop: both chunks' loads, then both stores.
+    assert body.count("purlin_ll_put(") == 2 and body.count("purlin_ll_take(") == 2
+    assert body.count("for (purlin_u64 i0 = threadIdx.x;") == 1
+    assert body.index("purlin_ll_take(src1") < body.index("purlin_ll_put(dst0")
+    # The two reduces are one receive loop over both chunks (one instantiation, out of line).
+    assert body.count("purlin_ll_consume<2, 2, true>(batch, site)") == 1
+    assert "__device__ __noinline__ int purlin_ll_consume(" in source
     # No DATA notify, no separate packed wait, and no ACK: each rank's next call waits for the
     # other's data, sent only after that rank finished reading this call's copy.
     assert body.count("purlin_wait(") == 0 and body.count("purlin_notify_relaxed(") == 0
     assert "purlin_notify(" not in body and kernel.abi.threads == 256
-    # The send stays out of line: inlined, the 56 packed stages of a rank of an 8-GPU
-    # all-reduce took NVRTC minutes instead of seconds (measured 2026-11-30).
-    assert "__device__ __noinline__ void purlin_ll_send(" in source
     assert "st.volatile.global.v4.u32" in source and "ld.volatile.global.v4.u32" in source
     _, copy = _kernel("allgather", 2)
-    assert "purlin_ll_recv(" in copy.source and "purlin_ll_reduce" not in copy.source
+    assert "purlin_ll_consume<1, 1, false>(batch, site)" in copy.source
+    assert "purlin_ll_consume<1, 1, true>" not in copy.source
+
+
+def test_ll_receive_loops_split_by_shape_size_and_hazard():
+    # R=8 all-reduce: 8 reduces of 8 sources each, at most 8 sources per loop -> 8 loops of one.
+    _, kernel = _kernel("allreduce", 8)
+    body = kernel.source.split("// ==== rank 0")[1].split("// ==== rank 1")[0]
+    assert body.count("purlin_ll_consume<1, 8, true>(batch, site)") == 8
+    # ... and its 56 packed stages are one send loop over its 8 inputs (each loaded once).
+    assert body.count("purlin_ll_put(") == 56 and body.count("purlin_ll_take(") == 8
+    # R=4 all-gather: 3 copies of one source -> one loop.
+    _, gather = _kernel("allgather", 4)
+    body = gather.source.split("// ==== rank 0")[1].split("// ==== rank 1")[0]
+    assert body.count("purlin_ll_consume<3, 1, false>(batch, site)") == 1
+
+
+def test_ll_batches_never_fuse_a_read_after_a_write():
+    from purlinc.atom.codegen import _ll_batches
+    from purlinc.snac.ir import Region, Space
+
+    def region(unit, space=Space.OUT):
+        return Region(space, 0, unit, 0)
+
+    def consume(dst, *srcs):
+        return {"kind": "reduce", "dst_region": dst,
+                "srcs": [{"region": r, "packed": i == 0} for i, r in enumerate(srcs)]}
+
+    a = consume(region(0), region(5, Space.STAGE), region(1))
+    b = consume(region(2), region(6, Space.STAGE), region(0))  # reads what a writes
+    c = consume(region(3), region(7, Space.STAGE), region(4))
+    d = consume(region(4), region(8, Space.STAGE), region(9))  # writes what c reads
+    batches = _ll_batches([a, b, c, d])
+    assert [[x is y for x, y in zip(batch["consumes"], group)] for batch, group in
+            zip(batches, ([a], [b, c], [d]))] == [[True], [True, True], [True]]
 
 
 def test_plain_kernels_use_relaxed_ack_and_release_data():

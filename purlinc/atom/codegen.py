@@ -286,7 +286,8 @@ def _signal_block(kind: str, group: list[tuple[int, Notify | Wait]], per_call: d
 
 
 def _ll_block(program: Program, group, packed: dict, per_call: dict) -> dict:
-    """A consume group: its packed waits vanish into the packet polls of its consumes."""
+    """A consume group: its packed waits vanish into the packet polls of its consumes, which
+    run as fused loops (``_ll_batches``)."""
     steps, rank = program.steps, program.rank
     wait_of = {steps[w].signal: w for w in group.waits}
     comments = []
@@ -299,15 +300,17 @@ def _ll_block(program: Program, group, packed: dict, per_call: dict) -> dict:
         step = steps[c]
         kind = "reduce" if step.operation is Operation.REDUCE else "copy"
         srcs = []
-        for region in (step.srcs if kind == "reduce" else step.srcs[:1]):
+        for position, region in enumerate(step.srcs if kind == "reduce" else step.srcs[:1]):
             stage = packed.get(region)
             if stage is None:
-                srcs.append({"expr": _region_expr(region, rank), "packed": False, "per_call": 0, "k": 0, "step": 0, "index": "0"})
+                srcs.append({"expr": _region_expr(region, rank), "packed": False, "position": position, "region": region,
+                             "step": 0, "index": "0"})
                 continue
             if region.rank != rank or stage.signal not in wait_of:
                 raise InternalError(f"rank {rank} step {c} reads packed {region.format()} outside its consume group")
             srcs.append({
-                "expr": _packets_expr(region), "packed": True, "per_call": per_call[stage.signal], "k": stage.k,
+                "expr": _packets_expr(region), "packed": True, "position": position, "region": region,
+                "per_call": per_call[stage.signal], "k": stage.k,
                 "step": wait_of[stage.signal], "index": _signal_expr(stage.signal.index),
             })
         if kind == "copy" and not srcs[0]["packed"]:
@@ -315,8 +318,88 @@ def _ll_block(program: Program, group, packed: dict, per_call: dict) -> dict:
         note = f" ({_one_line(step.note)})" if step.note else ""
         what = ", ".join(r.format() for r in step.srcs)
         comments.append(f"step {c}: consume {step.operation.value} {what} -> {step.dst.format()} from the packets{note}")
-        consumes.append({"kind": kind, "dst": _region_expr(step.dst, rank), "slice": _slice_expr(step.dst.slice), "srcs": srcs})
-    return {"kind": "ll_recv", "comments": comments, "consumes": consumes}
+        consumes.append({"kind": kind, "step": c, "dst": _region_expr(step.dst, rank), "dst_region": step.dst,
+                         "slice": _slice_expr(step.dst.slice), "srcs": srcs})
+    batches = _ll_batches(consumes)
+    if len(batches) > 1:
+        comments.append(f"consumes in {len(batches)} loops, one after the other (a loop takes consumes of one "
+                        f"shape, at most {LL_BATCH_SOURCES} sources, none reading what an earlier one of the loop writes)")
+    return {"kind": "ll_recv", "comments": comments, "batches": batches}
+
+
+LL_BATCH_SOURCES = 8  # sources per receive loop (C consumes x N sources): 4 registers each per packet in flight
+LL_SEND_SOURCES = 8  # distinct sources per fused send loop: 2 registers each per packet in flight
+LL_IN_FLIGHT = 4  # packets per thread a fused send keeps in flight (its unroll: this / sources)
+
+
+def _ll_unroll(sources: int) -> int:
+    return max(1, LL_IN_FLIGHT // max(1, sources))
+
+
+def _ll_batches(consumes: list[dict]) -> list[dict]:
+    """The consumes of one group as receive loops (``purlin_ll_consume<C, N, REDUCE>``).  A
+    loop issues every load of a packet index before it writes anything, so a consume that
+    reads (or writes) what an earlier consume of the same loop writes starts a new loop; so
+    does one of another kind or source count (one instantiation serves every loop of that
+    shape), or one that would take the loop past ``LL_BATCH_SOURCES`` sources."""
+    batches: list[dict] = []
+    written: set[Region] = set()
+    read: set[Region] = set()
+    for consume in consumes:
+        regions = {s["region"] for s in consume["srcs"]}
+        shape = (consume["kind"] == "reduce", len(consume["srcs"]))
+        last = batches[-1] if batches else None
+        if (last is None or (last["reduce"], last["sources"]) != shape
+                or (regions | {consume["dst_region"]}) & written or consume["dst_region"] in read
+                or (len(last["consumes"]) + 1) * shape[1] > LL_BATCH_SOURCES):
+            last = {"reduce": shape[0], "sources": shape[1], "consumes": []}
+            batches.append(last)
+            written, read = set(), set()
+        last["consumes"].append(consume)
+        written.add(consume["dst_region"])
+        read |= regions
+    return batches
+
+
+def _fuse_sends(blocks: list[dict]) -> list[dict]:
+    """Adjacent packed stages (no barrier between them) as one loop: every thread loads the
+    data of all its packets -- each distinct source once -- before it stores any, so no
+    message's load waits behind another's store.  A stage that reads what the loop writes,
+    or would take it past ``LL_SEND_SOURCES`` sources, starts a new loop."""
+    out: list[dict] = []
+    for block in blocks:
+        if block["kind"] != "ll_send":
+            out.append(block)
+            continue
+        last = out[-1] if out and out[-1]["kind"] == "ll_sends" else None
+        (src,), (dst,) = block["reads"], block["writes"]
+        if last is not None:
+            known = src in last["source_of"]
+            if (src in last["writes"] or dst in last["reads"] or dst in last["writes"]
+                    or (not known and len(last["sources"]) == LL_SEND_SOURCES)):
+                last = None
+        if last is None:
+            last = {"kind": "ll_sends", "comments": [], "sources": [], "messages": [], "source_of": {},
+                    "reads": set(), "writes": set()}
+            out.append(last)
+        if src not in last["source_of"]:
+            last["source_of"][src] = len(last["sources"])
+            last["sources"].append({"expr": block["srcs"][0], "slice": block["slice"]})
+        last["messages"].append({"dst": block["dst"], "source": last["source_of"][src],
+                                 "per_call": block["per_call"], "k": block["k"]})
+        last["comments"] += block["comments"]
+        last["reads"].add(src)
+        last["writes"].add(dst)
+    for block in out:
+        if block["kind"] == "ll_sends":
+            block["kind"] = "ll_send"
+            block["unroll"] = _ll_unroll(len(block["sources"]))
+            block["reads"], block["writes"] = frozenset(block["reads"]), frozenset(block["writes"])
+            del block["source_of"]
+            if len(block["messages"]) > 1:
+                block["comments"].append(f"steps above: one loop, {len(block['messages'])} messages from "
+                                         f"{len(block['sources'])} source(s), every load before the first store")
+    return out
 
 
 def _program_blocks(program: Program, per_call: dict, roles: dict | None = None, packed: dict | None = None) -> list[dict]:
@@ -390,7 +473,7 @@ def _program_blocks(program: Program, per_call: dict, roles: dict | None = None,
     if reads or writes:
         # The next round reuses staging units and the counter update follows.
         blocks.append({"kind": "barrier", "comments": ["barrier: end of the round"]})
-    return _runs(blocks, program.rank)
+    return _runs(_fuse_sends(blocks), program.rank)
 
 
 MIN_RUN = 3  # shorter runs of like steps stay straight-line code
