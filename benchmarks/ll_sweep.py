@@ -76,6 +76,8 @@ def main() -> int:
     ap.add_argument("--bytes", default="1024,16384,65536")
     ap.add_argument("--threads", default="64,128,256,512")
     ap.add_argument("--channels", default="1", help="comma-separated channel counts")
+    ap.add_argument("--inline-loops", default=str(codegen.LL_INLINE_LOOPS),
+                    help="comma-separated values of codegen.LL_INLINE_LOOPS (0: receive loops out of line)")
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--reps", type=int, default=7)
     args = ap.parse_args()
@@ -85,9 +87,11 @@ def main() -> int:
     dtype = DType.BFLOAT16
     rows = []
     for name in args.collectives.split(","):
-        for threads, channels in ((t, c) for t in map(int, args.threads.split(","))
-                                  for c in map(int, args.channels.split(","))):
+        for threads, channels, inline in ((t, c, i) for t in map(int, args.threads.split(","))
+                                          for c in map(int, args.channels.split(","))
+                                          for i in map(int, args.inline_loops.split(","))):
             codegen.THREADS_PACKED = threads
+            codegen.LL_INLINE_LOOPS = inline
             coll = purlinc.load(EXAMPLES / f"{name}.pln", group, algorithm="direct-push", packed=True,
                                 channels=channels)
             spec = coll[0].compiled.spec
@@ -109,7 +113,7 @@ def main() -> int:
                     ok = all(o is None or np.array_equal(to_numpy(o, dtype).view(np.uint16), w.view(np.uint16))
                              for o, w in zip(outs, want))
                     times = per_call_us(coll, xs, outs, devices, args.calls, args.reps)
-                    row = {"collective": name, "bytes": nbytes, "threads": threads, "channels": channels,
+                    row = {"collective": name, "bytes": nbytes, "threads": threads, "channels": channels, "inline_loops": inline,
                            "median_us": round(statistics.median(times), 3), "min_us": round(min(times), 3),
                            "max_us": round(max(times), 3), "checked": ok}
                     rows.append(row)
@@ -121,9 +125,9 @@ def main() -> int:
     meta = {"gpus": [torch.cuda.get_device_name(r) for r in devices], "calls_per_graph": args.calls,
             "reps": args.reps, "dtype": dtype.value}
     (out / "ll_sweep.json").write_text(json.dumps({"meta": meta, "rows": rows}))
-    lines = ["| collective | bytes | threads | channels | median us | range us | checked |",
-             "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['collective']} | {r['bytes']} | {r['threads']} | {r['channels']} | {r['median_us']} | "
+    lines = ["| collective | bytes | threads | channels | inline loops | median us | range us | checked |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['collective']} | {r['bytes']} | {r['threads']} | {r['channels']} | {r['inline_loops']} | {r['median_us']} | "
               f"{r['min_us']}-{r['max_us']} | {r['checked']} |" for r in rows]
     (out / "ll_sweep.md").write_text("\n".join(lines) + "\n")
     return 0 if all(r["checked"] for r in rows) else 1
