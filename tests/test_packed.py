@@ -236,7 +236,7 @@ def test_generated_ll_structure():
     assert body.count("for (purlin_u64 i0 = threadIdx.x;") == 1
     assert body.index("purlin_ll_take(src1") < body.index("purlin_ll_put(dst0")
     # The two reduces are one receive loop over both chunks (one instantiation, out of line).
-    assert body.count("purlin_ll_consume<2, 2, true>(batch, site)") == 1
+    assert body.count("purlin_ll_consume<2, 2, true, 2u>(batch, site)") == 1
     assert "__device__ __forceinline__ int purlin_ll_consume(" in source  # a small module: inlined
     # No DATA notify, no separate packed wait, and no ACK: each rank's next call waits for the
     # other's data, sent only after that rank finished reading this call's copy.
@@ -244,15 +244,15 @@ def test_generated_ll_structure():
     assert "purlin_notify(" not in body and kernel.abi.threads == 256
     assert "st.volatile.global.v4.u32" in source and "ld.volatile.global.v4.u32" in source
     _, copy = _kernel("allgather", 2)
-    assert "purlin_ll_consume<1, 1, false>(batch, site)" in copy.source
-    assert "purlin_ll_consume<1, 1, true>" not in copy.source
+    assert "purlin_ll_consume<1, 1, false, 1u>(batch, site)" in copy.source
+    assert "purlin_ll_consume<1, 1, true" not in copy.source
 
 
 def test_ll_receive_loops_split_by_shape_size_and_hazard():
     # R=8 all-reduce: 8 reduces of 8 sources each, at most 8 sources per loop -> 8 loops of one.
     _, kernel = _kernel("allreduce", 8)
     body = kernel.source.split("// ==== rank 0")[1].split("// ==== rank 1")[0]
-    assert body.count("purlin_ll_consume<1, 8, true>(batch, site)") == 8
+    assert body.count("purlin_ll_consume<1, 8, true, 254u>(batch, site)") == 8
     # 64 loops in the module: one out-of-line body per shape (inlined, NVRTC took 3x as long).
     assert "__device__ __noinline__ int purlin_ll_consume(" in kernel.source
     # ... and its 56 packed stages are one send loop over its 8 inputs (each loaded once).
@@ -260,7 +260,7 @@ def test_ll_receive_loops_split_by_shape_size_and_hazard():
     # R=4 all-gather: 3 copies of one source -> one loop.
     _, gather = _kernel("allgather", 4)
     body = gather.source.split("// ==== rank 0")[1].split("// ==== rank 1")[0]
-    assert body.count("purlin_ll_consume<3, 1, false>(batch, site)") == 1
+    assert body.count("purlin_ll_consume<3, 1, false, 1u>(batch, site)") == 1
 
 
 def test_ll_batches_never_fuse_a_read_after_a_write():

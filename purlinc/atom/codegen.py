@@ -345,19 +345,21 @@ def _ll_batches(consumes: list[dict]) -> list[dict]:
     """The consumes of one group as receive loops (``purlin_ll_consume<C, N, REDUCE>``).  A
     loop issues every load of a packet index before it writes anything, so a consume that
     reads (or writes) what an earlier consume of the same loop writes starts a new loop; so
-    does one of another kind or source count (one instantiation serves every loop of that
-    shape), or one that would take the loop past ``LL_BATCH_SOURCES`` sources."""
+    does one of another shape -- kind, source count, which sources are packets (a template
+    argument: one instantiation serves every loop of that shape) -- or one that would take
+    the loop past ``LL_BATCH_SOURCES`` sources."""
     batches: list[dict] = []
     written: set[Region] = set()
     read: set[Region] = set()
     for consume in consumes:
         regions = {s["region"] for s in consume["srcs"]}
-        shape = (consume["kind"] == "reduce", len(consume["srcs"]))
+        packed = sum(1 << j for j, s in enumerate(consume["srcs"]) if s["packed"])
+        shape = (consume["kind"] == "reduce", len(consume["srcs"]), packed)
         last = batches[-1] if batches else None
-        if (last is None or (last["reduce"], last["sources"]) != shape
+        if (last is None or (last["reduce"], last["sources"], last["packed"]) != shape
                 or (regions | {consume["dst_region"]}) & written or consume["dst_region"] in read
                 or (len(last["consumes"]) + 1) * shape[1] > LL_BATCH_SOURCES):
-            last = {"reduce": shape[0], "sources": shape[1], "consumes": []}
+            last = {"reduce": shape[0], "sources": shape[1], "packed": packed, "consumes": []}
             batches.append(last)
             written, read = set(), set()
         last["consumes"].append(consume)
