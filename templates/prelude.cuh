@@ -38,20 +38,10 @@ __device__ __forceinline__ purlin_u64 purlin_rounds(purlin_u64 count, purlin_u64
     return count <= piece ? (count != 0) : (count + piece - 1) / piece;
 }
 
-// The call counter of this channel, as a program that starts with a send reads it: after the
-// send's data loads, all volatile so they stay in that order (block_ll_send.cu.j2), so the
-// two latencies overlap instead of adding up.  (Other programs read it first, in rank.cu.j2.)
-__device__ __forceinline__ purlin_u64 purlin_read_counter(const purlin_u64* counter)
-{
-    purlin_u64 value;
-    asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(value) : "l"(counter) : "memory");
-    return value;
-}
-
-// The geometry of round `round` (everything but its epoch: purlin_round_epoch).
-__device__ __forceinline__ purlin_round purlin_begin_round(const purlin_args& args, purlin_u64 round)
+__device__ __forceinline__ purlin_round purlin_begin_round(const purlin_args& args, purlin_u64 epoch0, purlin_u64 round)
 {
     purlin_round rd;
+    rd.epoch = epoch0 + round;
     const purlin_u64 first = round * args.piece;
     const purlin_u64 left = args.count - first;
     rd.io_offset = first * PURLIN_ITEMSIZE;
@@ -64,18 +54,10 @@ __device__ __forceinline__ purlin_round purlin_begin_round(const purlin_args& ar
     // round cannot overlap another channel's slice of the previous round
     // (purlinc.snac.simulate.round_slice_bounds).
     rd.step = ((args.piece * PURLIN_ITEMSIZE + PURLIN_SLICES - 1) / PURLIN_SLICES + 15) & ~15ull;
-    rd.epoch = 0;
-    rd.stage_copy = 0;
-    return rd;
-}
-
-// The round's epoch (counters[channel] + round) and with it its staging copy.
-__device__ __forceinline__ void purlin_round_epoch(purlin_round& rd, purlin_u64 epoch)
-{
-    rd.epoch = epoch;
     // Two staging copies: round e writes and reads copy e % 2, so a producer may fill the next
     // round's copy while its consumer still reads this one (purlinc.snac.ir, "Staging copies").
-    rd.stage_copy = PURLIN_STAGE_COPIES > 1 ? (epoch % PURLIN_STAGE_COPIES) * PURLIN_STAGE_UNITS * rd.stage_unit : 0;
+    rd.stage_copy = PURLIN_STAGE_COPIES > 1 ? (rd.epoch % PURLIN_STAGE_COPIES) * PURLIN_STAGE_UNITS * rd.stage_unit : 0;
+    return rd;
 }
 
 // Slice s of a unit: bytes [lo, hi) with lo = min(bytes, s * step), hi = min(bytes, lo + step)

@@ -406,7 +406,6 @@ def _fuse_sends(blocks: list[dict]) -> list[dict]:
         if block["kind"] == "ll_sends":
             block["kind"] = "ll_send"
             block["unroll"] = _ll_unroll(len(block["sources"]))
-            block["reads_counter"] = False  # generate() sets it on a program's first block
             block["reads"], block["writes"] = frozenset(block["reads"]), frozenset(block["writes"])
             del block["source_of"]
             if len(block["messages"]) > 1:
@@ -624,15 +623,7 @@ def generate(
             raise InternalError(f"schedule.programs[{rank}] is rank {program.rank} channel {program.channel}, "
                                 f"expected rank {rank}'s channel-relative program")
         blocks = _program_blocks(program, per_call, roles, packed)
-        # A program that starts by sending packets reads its call counter inside that send,
-        # after issuing the data loads (block_ll_send.cu.j2): the two memory latencies overlap
-        # instead of adding up on every small call's critical path.  (A traced kernel stamps
-        # the epoch when a round starts, so it reads the counter first.)
-        defer = not trace and bool(blocks) and blocks[0]["kind"] == "ll_send"
-        if defer:
-            blocks[0] = {**blocks[0], "reads_counter": True}
-        kernels.append({"rank": rank, "entry": f"{base}_r{rank}", "steps": len(program.steps), "blocks": blocks,
-                        "defer_counter": defer})
+        kernels.append({"rank": rank, "entry": f"{base}_r{rank}", "steps": len(program.steps), "blocks": blocks})
     trace_values = trace_template_values(kernels, schedule.channels) if trace else None
 
     params_text = "".join(f", {k}={v}" for k, v in getattr(spec, "params", ()))
