@@ -342,7 +342,7 @@ def _ll_unroll(sources: int) -> int:
 
 
 def _ll_batches(consumes: list[dict]) -> list[dict]:
-    """The consumes of one group as receive loops (``purlin_ll_consume<C, N, REDUCE>``).  A
+    """The consumes of one group as receive loops (``purlin_ll_consume<C, N, REDUCE, PACKED>``).  A
     loop issues every load of a packet index before it writes anything, so a consume that
     reads (or writes) what an earlier consume of the same loop writes starts a new loop; so
     does one of another shape -- kind, source count, which sources are packets (a template
