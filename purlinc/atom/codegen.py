@@ -329,7 +329,7 @@ def _ll_block(program: Program, group, packed: dict, per_call: dict) -> dict:
 
 LL_BATCH_SOURCES = 8  # sources per receive loop (C consumes x N sources): 4 registers each per packet in flight
 LL_SEND_SOURCES = 8  # distinct sources per fused send loop: 2 registers each per packet in flight
-LL_IN_FLIGHT = 4  # packets per thread a fused send keeps in flight (its unroll: this / sources)
+LL_IN_FLIGHT = 4  # packets per thread a send or receive loop keeps in flight (its unroll: this / sources)
 # A module with at most this many receive loops (all ranks) inlines purlin_ll_consume: the
 # loop's arguments then stay in registers instead of going through the stack.  Beyond it the
 # loops share one out-of-line body per shape, which keeps NVRTC time flat (an 8-GPU
@@ -649,7 +649,7 @@ def generate(
         threads=threads,
         itemsize=dtype.itemsize,
         stage_align=16 if packed else 1,
-        ll_source=_render("ll.cuh.j2", reduce=reduce, consume_inline=_ll_loops(kernels) <= LL_INLINE_LOOPS
+        ll_source=_render("ll.cuh.j2", reduce=reduce, in_flight=LL_IN_FLIGHT, consume_inline=_ll_loops(kernels) <= LL_INLINE_LOOPS
                           ).rstrip("\n") if packed else "",
         prelude=_load_template("prelude.cuh").rstrip("\n"),
         elem_source=_load_template("elem.cuh").rstrip("\n"),
