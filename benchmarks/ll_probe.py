@@ -5,19 +5,20 @@
 A diagnostic, not a benchmark of record.  For each collective, size and channel count it
 loads the packed direct-push schedule once per probe; a probe is an edit of the generated
 CUDA source applied just before NVRTC compiles it (so the runtime, the ABI and the
-buffers are the shipped ones).  Every probe but ``floor`` is checked against the reference
-on fresh random data (poisoned outputs, every rank) before it is timed.  All probes of a
+buffers are the shipped ones).  Every probe but ``floor`` and ``empty`` is checked against
+the reference on fresh random data (poisoned outputs, every rank) before it is timed.  All probes of a
 case are captured in CUDA graphs of ``--calls`` calls and replayed in turn, ``--reps``
 rounds, so drift of the machine hits them alike; the slowest device's median per call is
 reported with the range.
 
 Probes:
   base      the generated kernel as shipped
-  geom      the call's count and piece as compile-time constants: the upper bound of what
-            round geometry precomputed on the host can save (no 64-bit arithmetic left)
+  geom      the call's round geometry (purlin_args' header) as compile-time constants: what
+            specializing a kernel for one call shape could still save
   prefetch  base, plus an L1 prefetch of this thread's first input words at kernel entry, ahead
             of the call counter's load
   floor     the kernel body replaced by the counter update alone: launch cost in a graph
+  empty     the kernel body removed: launch cost without the counter
 Threads per block: ``--threads`` (the code generator's THREADS_PACKED).
 """
 
@@ -55,8 +56,9 @@ def probe_base(source: str, call: dict) -> str:
 
 
 def probe_geom(source: str, call: dict) -> str:
-    source = re.sub(r"\bargs\.count\b", f"((purlin_u64){call['count']}ull)", source)
-    return re.sub(r"\bargs\.piece\b", f"((purlin_u64){call['piece']}ull)", source)
+    for name, value in zip(abi_module.HEADER_FIELDS, call["geometry"]):
+        source = re.sub(rf"\bargs\.{name}\b", f"((purlin_u64){value}ull)", source)
+    return source
 
 
 def probe_prefetch(source: str, call: dict) -> str:
@@ -69,7 +71,12 @@ def probe_floor(source: str, call: dict) -> str:
     return BODY.sub(lambda m: m.group(1) + body + m.group(3), source)
 
 
-PROBES = {"base": probe_base, "geom": probe_geom, "prefetch": probe_prefetch, "floor": probe_floor}
+def probe_empty(source: str, call: dict) -> str:
+    return BODY.sub(lambda m: m.group(1) + m.group(3), source)
+
+
+PROBES = {"base": probe_base, "geom": probe_geom, "prefetch": probe_prefetch, "floor": probe_floor,
+          "empty": probe_empty}
 _active: dict = {"edit": None, "call": None}
 _compile = nvrtc.compile_cubin
 
@@ -86,7 +93,7 @@ _seen: dict = {}
 
 
 def _recording_pack(self, **kw):
-    _seen["count"], _seen["piece"] = kw["count"], kw["piece"]
+    _seen["geometry"] = self.geometry(kw["count"], kw["piece"])
     return _pack(self, **kw)
 
 
@@ -148,10 +155,10 @@ def main() -> int:
                     for threads in map(int, args.threads.split(",")):
                         for probe in args.probes.split(","):
                             codegen.THREADS_PACKED = threads
-                            # The call's count and piece, as the runtime packs them, for probes
-                            # that bake them in: from a first call of the shipped kernel.
-                            if probe != "base" and "count" not in _seen:
-                                raise SystemExit("list 'base' first: other probes need its call's count and piece")
+                            # The call's geometry, as the runtime packs it, for probes that bake
+                            # it in: from a first call of the shipped kernel.
+                            if probe != "base" and "geometry" not in _seen:
+                                raise SystemExit("list 'base' first: other probes need its call's geometry")
                             _active["edit"], _active["call"] = PROBES[probe], dict(_seen)
                             coll = purlinc.load(EXAMPLES / f"{name}.pln", group, algorithm="direct-push",
                                                 packed=True, channels=channels)
@@ -170,7 +177,7 @@ def main() -> int:
                             for r in devices:
                                 torch.cuda.synchronize(r)
                             want = expected(spec, inputs, count, dtype, "sum" if spec.is_reduce else None)
-                            ok = None if probe == "floor" else all(
+                            ok = None if probe in ("floor", "empty") else all(
                                 o is None or np.array_equal(to_numpy(o, dtype).view(np.uint16), w.view(np.uint16))
                                 for o, w in zip(outs, want))
                             graphs = capture(coll, xs, outs, devices, args.calls)

@@ -1,14 +1,20 @@
 // ---- prelude: launch arguments, rounds and slices, signals (shared by every atom) ----
-// Needs PURLIN_WORLD, PURLIN_ITEMSIZE, PURLIN_SLICES, PURLIN_THREADS, PURLIN_STAGE_ALIGN,
-// PURLIN_STAGE_UNITS and PURLIN_STAGE_COPIES defined before it.
+// Needs PURLIN_WORLD and PURLIN_STAGE_COPIES defined before it.
 
 typedef unsigned long long purlin_u64;
 typedef long long purlin_i64;
 
-// The kernel argument, passed by value; layout fixed by purlinc/atom/abi.py.
+// The kernel argument, passed by value; layout fixed by purlinc/atom/abi.py.  The host
+// derives the round geometry from the call's count and piece (abi.KernelABI.geometry), so
+// the kernel's first instructions are its loads, not 64-bit divisions and products.
 struct purlin_args {
-    purlin_u64 count;        // elements per chunk in the caller's IN/OUT buffers
-    purlin_u64 piece;        // elements per chunk moved per round (staging capacity)
+    purlin_u64 rounds;       // ceil(count / piece): rounds of this call (0 when count == 0)
+    purlin_u64 io_unit;      // bytes between IN/OUT units: count * itemsize
+    purlin_u64 piece_bytes;  // bytes of a unit moved per full round: piece * itemsize
+    purlin_u64 last_bytes;   // bytes of a unit moved by the last round
+    purlin_u64 stage_unit;   // bytes between staging units: piece bytes rounded up to the stage alignment
+    purlin_u64 step;         // slice stride in bytes: round_up(ceil(piece bytes / SLICES), 16)
+    purlin_u64 copy_bytes;   // bytes between the two staging copies (0 with one copy)
     purlin_u64 timeout_ns;   // bound on every wait
     char* in;                // this rank's input
     char* out;               // this rank's output
@@ -23,41 +29,41 @@ struct purlin_args {
 // What one round needs: its epoch, where it starts in an IN/OUT unit and its slicing.
 struct purlin_round {
     purlin_u64 epoch;      // counters[channel] + round
-    purlin_u64 io_offset;  // byte offset of this round inside an IN/OUT unit: round * piece * itemsize
-    purlin_u64 io_unit;    // bytes between IN/OUT units: count * itemsize
-    purlin_u64 stage_unit; // bytes between staging units: piece * itemsize, rounded up to PURLIN_STAGE_ALIGN
-    purlin_u64 bytes;      // bytes of one unit moved this round: n * itemsize
-    purlin_u64 step;       // slice stride in bytes: round_up(ceil(piece bytes / SLICES), 16)
+    purlin_u64 io_offset;  // byte offset of this round inside an IN/OUT unit: round * piece bytes
+    purlin_u64 io_unit;    // bytes between IN/OUT units
+    purlin_u64 stage_unit; // bytes between staging units
+    purlin_u64 bytes;      // bytes of one unit moved this round
+    purlin_u64 step;       // slice stride in bytes
     purlin_u64 stage_copy; // byte offset of this round's staging copy (epoch parity; 0 with one copy)
 };
 
-__device__ __forceinline__ purlin_u64 purlin_rounds(purlin_u64 count, purlin_u64 piece)
-{
-    // One round is the common case (small calls): skip the 64-bit division, a software
-    // routine on the GPU that would sit on every small call's critical path.
-    return count <= piece ? (count != 0) : (count + piece - 1) / piece;
-}
-
-__device__ __forceinline__ purlin_round purlin_begin_round(const purlin_args& args, purlin_u64 epoch0, purlin_u64 round)
+// Round `round`'s geometry: everything but its epoch, which purlin_round_epoch adds once the
+// call counter is needed.  The stride is that of a full round, not of this round's bytes: a
+// slice then covers the same staging bytes in every round, so a channel that runs ahead into
+// a shorter last round cannot overlap another channel's slice of the previous round
+// (purlinc.snac.simulate.round_slice_bounds).
+__device__ __forceinline__ purlin_round purlin_round_geometry(const purlin_args& args, purlin_u64 round)
 {
     purlin_round rd;
-    rd.epoch = epoch0 + round;
-    const purlin_u64 first = round * args.piece;
-    const purlin_u64 left = args.count - first;
-    rd.io_offset = first * PURLIN_ITEMSIZE;
-    rd.io_unit = args.count * PURLIN_ITEMSIZE;
-    // Packed (LL) modules round units up to 16 bytes, so every packet is 16-byte aligned.
-    rd.stage_unit = (args.piece * PURLIN_ITEMSIZE + PURLIN_STAGE_ALIGN - 1) / PURLIN_STAGE_ALIGN * PURLIN_STAGE_ALIGN;
-    rd.bytes = (left < args.piece ? left : args.piece) * PURLIN_ITEMSIZE;
-    // The stride comes from a full round (piece), not this round's bytes: a slice then covers
-    // the same staging bytes in every round, so a channel that runs ahead into a shorter last
-    // round cannot overlap another channel's slice of the previous round
-    // (purlinc.snac.simulate.round_slice_bounds).
-    rd.step = ((args.piece * PURLIN_ITEMSIZE + PURLIN_SLICES - 1) / PURLIN_SLICES + 15) & ~15ull;
-    // Two staging copies: round e writes and reads copy e % 2, so a producer may fill the next
-    // round's copy while its consumer still reads this one (purlinc.snac.ir, "Staging copies").
-    rd.stage_copy = PURLIN_STAGE_COPIES > 1 ? (rd.epoch % PURLIN_STAGE_COPIES) * PURLIN_STAGE_UNITS * rd.stage_unit : 0;
+    rd.epoch = 0;
+    rd.io_offset = round * args.piece_bytes;
+    rd.io_unit = args.io_unit;
+    rd.stage_unit = args.stage_unit;
+    rd.bytes = round + 1 == args.rounds ? args.last_bytes : args.piece_bytes;
+    rd.step = args.step;
+    rd.stage_copy = 0;
     return rd;
+}
+
+// The round's epoch (counters[channel] + round) and with it its staging copy: round e writes
+// and reads copy e % 2, so a producer may fill the next round's copy while its consumer still
+// reads this one (purlinc.snac.ir, "Staging copies").  Set where the program first needs it:
+// a program that starts with a packet send sets it after issuing the send's loads, so the
+// counter's load and the data loads are in flight together (block_ll_send.cu.j2).
+__device__ __forceinline__ void purlin_round_epoch(purlin_round& rd, const purlin_args& args, purlin_u64 epoch)
+{
+    rd.epoch = epoch;
+    rd.stage_copy = PURLIN_STAGE_COPIES > 1 ? (epoch & 1) * args.copy_bytes : 0;
 }
 
 // Slice s of a unit: bytes [lo, hi) with lo = min(bytes, s * step), hi = min(bytes, lo + step)

@@ -12,7 +12,7 @@ import pytest
 
 from purlinc import pipeline
 from purlinc.atom import codegen
-from purlinc.atom.abi import HEADER_FIELDS
+from purlinc.atom.abi import HEADER_FIELDS, KernelABI
 from purlinc.atom.atoms import applicable_atoms, get_atom, parse_arch
 from purlinc.atom.codegen import generate
 from purlinc.dtypes import DType, ReduceOp
@@ -181,6 +181,53 @@ def test_args_struct_matches_abi():
     names = re.findall(r"^\s+[\w\s\*]+?\*?\s*(\w+)(?:\[PURLIN_WORLD\])?;", body, re.M)
     assert names == [*HEADER_FIELDS, "stage", "signals", "in_peer", "out_peer"]
     assert "constexpr int PURLIN_WORLD = 8;" in kernel.source
+
+
+def _abi(itemsize: int, stage_units: int, slices: int, copies: int, align: int) -> KernelABI:
+    return KernelABI(kernel_base="k", world_size=2, channels=1, threads=256, shared_bytes=0, itemsize=itemsize,
+                     stage_units=stage_units * copies, slices=slices, stage_copies=copies, signal_pad=1,
+                     in_units=(1, 1), out_units=(1, 1), needs_in_peers=False, needs_out_peers=False,
+                     stage_align=align)
+
+
+@pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
+@pytest.mark.parametrize("slices", [1, 3, 8])
+@pytest.mark.parametrize("copies,align", [(1, 1), (2, 16)])
+def test_header_geometry_is_the_simulators(itemsize, slices, copies, align):
+    """What the kernel computes from the host's header (prelude.cuh: purlin_round_geometry,
+    purlin_slice_lo / _len, purlin_io, purlin_stage) gives the simulator's slice bounds in
+    every round, and the staging offsets the runtime allocated."""
+    from purlinc.runtime.validate import rounds as runtime_rounds
+    from purlinc.snac.simulate import round_slice_bounds
+
+    abi = _abi(itemsize, 3, slices, copies, align)
+    for count in (0, 1, 5, 7, 64, 100, 1000, 4099):
+        for piece in (1, 3, 16, 64, 1000, 5000):
+            rounds, io_unit, piece_bytes, last_bytes, unit, step, copy_bytes = abi.geometry(count, piece)
+            assert rounds == runtime_rounds(count, piece) and io_unit == count * itemsize
+            assert unit == abi.stage_unit_bytes(piece) and copy_bytes == (3 * unit if copies == 2 else 0)
+            for r in range(rounds):
+                nbytes = last_bytes if r + 1 == rounds else piece_bytes  # rd.bytes
+                n_round = min(piece, count - r * piece)
+                assert nbytes == n_round * itemsize and r * piece_bytes == r * piece * itemsize  # rd.io_offset
+                for s in range(slices):
+                    lo = min(s * step, nbytes)
+                    hi = min(lo + step, nbytes)
+                    want = round_slice_bounds(piece, n_round, itemsize, slices, s)
+                    assert (lo, hi) == (want[0] * itemsize, want[1] * itemsize), (count, piece, r, s)
+    with pytest.raises(ValueError, match="piece=0"):
+        abi.geometry(10, 0)
+
+
+def test_epoch_is_set_where_first_needed():
+    # A plain program sets its round's epoch before its first block; a packed one after its
+    # first send's loads (tests/test_packed.py: test_generated_ll_structure).
+    spec, schedule = schedule_of("allreduce", 2)
+    kernel = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.BFLOAT16, op=ReduceOp.SUM)
+    for rank in range(2):
+        body = kernel.source.split(f"// ==== rank {rank}")[1].split("// ==== rank")[0]
+        assert body.count("purlin_round_epoch(rd, args, epoch0 + round);") == 1
+        assert body.index("purlin_round_geometry(") < body.index("purlin_round_epoch(") < body.index("// step 0")
 
 
 def test_registered_buffers_need_peers():

@@ -44,8 +44,9 @@ def test_compile_allgather_default_ranks(tmp_path, capsys):
     assert manifest["entries"] == [f"{base}_r{r}" for r in range(8)]
     assert manifest["launch"]["grid"] == [1, 1, 1] and manifest["launch"]["block"][0] > 0
     assert manifest["abi"]["args_bytes"] == KernelABI(
-        base, 8, 1, 1, 0, 2, 0, 0, (), (), False, False,
+        base, 8, 1, 1, 0, 2, 0, 1, 1, 0, (), (), False, False,
     ).args_bytes
+    assert (manifest["abi"]["slices"], manifest["abi"]["stage_copies"]) == (1, 2)
     assert manifest["buffers"]["out_units"] == [8] * 8 and manifest["buffers"]["in_units"] == [1] * 8
     assert set(manifest["versions"]) == {"purlinc", "nvrtc", "cuda-bindings"}
     assert all(manifest["versions"].values())

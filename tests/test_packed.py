@@ -231,10 +231,16 @@ def test_generated_ll_structure():
     assert schedule.stage_copies == 2 and "PURLIN_STAGE_COPIES = 2" in source
     assert kernel.abi.stage_bytes(3) == 2 * schedule.stage_units * 16  # 3 bf16 = 6 bytes -> 16
     body = source.split("// ==== rank 0")[1].split("// ==== rank 1")[0]
-    # The two packed stages of a rank are one loop: both chunks' loads, then both stores.
-    assert body.count("purlin_ll_put(") == 2 and body.count("purlin_ll_take(") == 2
-    assert body.count("for (purlin_u64 i0 = threadIdx.x;") == 1
+    # The two packed stages of a rank are one loop: both chunks' loads, then both stores (the
+    # first packets' loads peeled ahead of the loop, the rest at the end of each trip).
+    assert body.count("purlin_ll_put(") == 2 and body.count("purlin_ll_take(") == 2 * 2
+    assert body.count("while (8 * i0 < most)") == 1
     assert body.index("purlin_ll_take(src1") < body.index("purlin_ll_put(dst0")
+    # The round's epoch (it needs the call counter's load) is set after the first loads are
+    # issued and before anything uses it: the two loads overlap.
+    assert body.count("purlin_round_epoch(") == 1
+    assert body.index("purlin_ll_take(src1") < body.index("purlin_round_epoch(") < body.index("flag0 =")
+    assert body.index("purlin_round_epoch(") < body.index("purlin_ll_consume<")
     # The two reduces are one receive loop over both chunks (one instantiation, out of line).
     assert body.count("purlin_ll_consume<2, 2, true, 2u>(batch, site)") == 1
     assert "__device__ __forceinline__ int purlin_ll_consume(" in source  # a small module: inlined
@@ -256,7 +262,7 @@ def test_ll_receive_loops_split_by_shape_size_and_hazard():
     # 64 loops in the module: one out-of-line body per shape (inlined, NVRTC took 3x as long).
     assert "__device__ __noinline__ int purlin_ll_consume(" in kernel.source
     # ... and its 56 packed stages are one send loop over its 8 inputs (each loaded once).
-    assert body.count("purlin_ll_put(") == 56 and body.count("purlin_ll_take(") == 8
+    assert body.count("purlin_ll_put(") == 56 and body.count("purlin_ll_take(") == 8 * 2
     # R=4 all-gather: 3 copies of one source -> one loop.
     _, gather = _kernel("allgather", 4)
     body = gather.source.split("// ==== rank 0")[1].split("// ==== rank 1")[0]

@@ -4,18 +4,27 @@ Every generated module has one entry point per rank, ``<kernel_base>_r<rank>``, 
 argument: a ``purlin_args`` struct by value.  Its layout (all fields 8 bytes, no padding):
 
     offset  field
-    0       u64   count        elements per chunk in the caller's IN/OUT buffers
-    8       u64   piece        elements per chunk moved per round (staging capacity); rounds =
-                               ceil(count / piece), 0 when count == 0
-    16      u64   timeout_ns   bound on every device-side wait (%globaltimer nanoseconds)
-    24      ptr   in           this rank's input
-    32      ptr   out          this rank's output
-    40      ptr   counters     this rank's call counters: u64[channels], device memory, start at 0
-    48      ptr   error        this rank's error record (``ERROR_RECORD``), host-mapped
-    56      ptr   stage[R]     stage[p]: rank p's staging buffer as mapped on this rank
+    0       u64   rounds       rounds of this call: ceil(count / piece), 0 when count == 0
+    8       u64   io_unit      bytes between IN/OUT units: count * itemsize
+    16      u64   piece_bytes  bytes of a unit moved per full round: piece * itemsize
+    24      u64   last_bytes   bytes of a unit moved by the last round
+    32      u64   stage_unit   bytes between staging units (``KernelABI.stage_unit_bytes``)
+    40      u64   step         slice stride in bytes (below)
+    48      u64   copy_bytes   bytes between the two staging copies (0 with one copy)
+    56      u64   timeout_ns   bound on every device-side wait (%globaltimer nanoseconds)
+    64      ptr   in           this rank's input
+    72      ptr   out          this rank's output
+    80      ptr   counters     this rank's call counters: u64[channels], device memory, start at 0
+    88      ptr   error        this rank's error record (``ERROR_RECORD``), host-mapped
+    96      ptr   stage[R]     stage[p]: rank p's staging buffer as mapped on this rank
     ..      ptr   signals[R]   signals[p]: rank p's signal pad (u64[signal_pad]) as mapped here
     ..      ptr   in_peer[R]   registered inputs of every rank (null when not registered)
     ..      ptr   out_peer[R]  registered outputs of every rank (null when not registered)
+
+``count`` is the call's elements per chunk (unit) of the caller's IN/OUT buffers and
+``piece`` the elements per chunk one round moves (the staging capacity).  The host derives
+the round geometry from them once per call shape (``KernelABI.pack_args``), so no kernel
+spends its first instructions on 64-bit divisions and products before its first load.
 
 Launch: grid = (channels, 1, 1), block = (threads, 1, 1), no dynamic shared memory
 unless ``KernelABI.shared_bytes`` says otherwise.
@@ -29,7 +38,9 @@ whose packets must be 16-byte aligned; a packed message takes two consecutive un
 before the first call (a packet whose flag words hold a stale value equal to an expected
 flag would be taken as arrived; zero never is), and its staging buffer, signal pad and call
 counters must not be shared with a schedule that has a different ``per_call`` (flags are
-``epoch * per_call + k`` in 32 bits, unique only within one schedule's epochs).
+``epoch * per_call + k`` in 32 bits, unique only within one schedule's epochs).  With two
+staging copies (``stage_copies``), round epoch ``e`` uses the units ``copy_bytes * (e % 2)``
+bytes into the buffer: ``copy_bytes`` spans one copy's ``stage_units / 2`` units.
 
 Slices: with ``S`` slices per unit, slice ``s`` of a round moving ``n`` elements covers the
 bytes ``[min(nb, s*step), min(nb, s*step + step))`` of the unit, ``nb = n * itemsize`` and
@@ -55,7 +66,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-HEADER_FIELDS = ("count", "piece", "timeout_ns", "in", "out", "counters", "error")
+HEADER_FIELDS = ("rounds", "io_unit", "piece_bytes", "last_bytes", "stage_unit", "step", "copy_bytes",
+                 "timeout_ns", "in", "out", "counters", "error")
 ERROR_RECORD = ("flag", "rank", "channel", "step", "signal_owner", "signal_index", "expected", "observed")
 ERROR_RECORD_BYTES = 8 * len(ERROR_RECORD)
 
@@ -68,7 +80,9 @@ class KernelABI:
     threads: int  # block size
     shared_bytes: int  # dynamic shared memory per block
     itemsize: int
-    stage_units: int  # staging units per rank (each ``piece * itemsize`` bytes)
+    stage_units: int  # staging units per rank, every copy (each ``piece * itemsize`` bytes)
+    slices: int  # slices per unit, all channels (the ``step`` of pack_args)
+    stage_copies: int  # staging copies by epoch parity (1 or 2): stage_units / stage_copies per copy
     signal_pad: int  # u64 signals per rank
     in_units: tuple[int, ...]  # chunks in each rank's input
     out_units: tuple[int, ...]  # chunks in each rank's output
@@ -84,6 +98,22 @@ class KernelABI:
     def stage_bytes(self, piece: int) -> int:
         """Staging bytes per rank a call with this ``piece`` needs."""
         return self.stage_units * self.stage_unit_bytes(piece)
+
+    def geometry(self, count: int, piece: int) -> tuple[int, int, int, int, int, int, int]:
+        """The header's round geometry for a call of ``count`` elements per chunk moving
+        ``piece`` per round: (rounds, io_unit, piece_bytes, last_bytes, stage_unit, step,
+        copy_bytes), as the kernel reads them (the same bounds as
+        ``purlinc.snac.simulate.round_slice_bounds``)."""
+        if count < 0 or piece < 1:
+            raise ValueError(f"count={count}, piece={piece}: expected count >= 0 and piece >= 1")
+        itemsize = self.itemsize
+        rounds = -(-count // piece) if count else 0
+        piece_bytes = piece * itemsize
+        last_bytes = (count - (rounds - 1) * piece) * itemsize if rounds else 0
+        unit = self.stage_unit_bytes(piece)
+        step = -(-(-(-piece_bytes // self.slices)) // 16) * 16
+        copy_bytes = self.stage_units // self.stage_copies * unit if self.stage_copies > 1 else 0
+        return rounds, count * itemsize, piece_bytes, last_bytes, unit, step, copy_bytes
 
     def entry(self, rank: int) -> str:
         return f"{self.kernel_base}_r{rank}"
@@ -116,7 +146,7 @@ class KernelABI:
                 raise ValueError(f"{name}: expected {world} pointers (one per rank), got {len(values)}")
         return struct.pack(
             f"<{len(HEADER_FIELDS) + 4 * world}Q",
-            count, piece, timeout_ns, in_ptr, out_ptr, counters_ptr, error_ptr,
+            *self.geometry(count, piece), timeout_ns, in_ptr, out_ptr, counters_ptr, error_ptr,
             *stage, *signals, *in_peer, *out_peer,
         )
 
@@ -130,6 +160,8 @@ class KernelABI:
             "shared_bytes": self.shared_bytes,
             "itemsize": self.itemsize,
             "stage_units": self.stage_units,
+            "slices": self.slices,
+            "stage_copies": self.stage_copies,
             "signal_pad": self.signal_pad,
             "stage_align": self.stage_align,
             "in_units": list(self.in_units),

@@ -406,6 +406,7 @@ def _fuse_sends(blocks: list[dict]) -> list[dict]:
         if block["kind"] == "ll_sends":
             block["kind"] = "ll_send"
             block["unroll"] = _ll_unroll(len(block["sources"]))
+            block["sets_epoch"] = False  # generate() sets it on a program's first block
             block["reads"], block["writes"] = frozenset(block["reads"]), frozenset(block["writes"])
             del block["source_of"]
             if len(block["messages"]) > 1:
@@ -623,7 +624,14 @@ def generate(
             raise InternalError(f"schedule.programs[{rank}] is rank {program.rank} channel {program.channel}, "
                                 f"expected rank {rank}'s channel-relative program")
         blocks = _program_blocks(program, per_call, roles, packed)
-        kernels.append({"rank": rank, "entry": f"{base}_r{rank}", "steps": len(program.steps), "blocks": blocks})
+        # A program that starts by sending packets sets its round's epoch inside that send,
+        # after issuing the data loads (block_ll_send.cu.j2): the call counter's load and the
+        # data loads then overlap instead of adding up on every small call's critical path.
+        epoch_in_send = bool(blocks) and blocks[0]["kind"] == "ll_send"
+        if epoch_in_send:
+            blocks[0] = {**blocks[0], "sets_epoch": True}
+        kernels.append({"rank": rank, "entry": f"{base}_r{rank}", "steps": len(program.steps), "blocks": blocks,
+                        "epoch_in_send": epoch_in_send})
     trace_values = trace_template_values(kernels, schedule.channels) if trace else None
 
     params_text = "".join(f", {k}={v}" for k, v in getattr(spec, "params", ()))
@@ -670,6 +678,8 @@ def generate(
         shared_bytes=atom_def.shared_bytes(target),  # the tma atom's ring (dynamic shared memory)
         itemsize=dtype.itemsize,
         stage_units=schedule.staging_units,  # what the runtime allocates: every copy
+        slices=schedule.slices,
+        stage_copies=schedule.stage_copies,
         signal_pad=schedule.signal_pad_size(),
         stage_align=16 if packed else 1,
         in_units=tuple(schedule.in_units),
