@@ -46,6 +46,27 @@ def per_iter_ns(fn, iters: int, reps: int) -> list[float]:
     return out
 
 
+def gpu_per_call_us(fn, iters: int, reps: int) -> list[float]:
+    """Device time per call of ``iters`` calls issued back to back (events on the current
+    stream, as benchmarks/bench.py times eager calls), the ranks lined up before each loop."""
+    out = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        dist.barrier()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) * 1e3 / iters)
+    return out
+
+
+EMPTY_KERNEL = 'extern "C" __global__ void purlin_empty(const unsigned long long* args) {}'
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -90,11 +111,26 @@ def main() -> int:
         "default (tuned): coll(x, out=y)": lambda: default(x, out=y, op="sum"),
         "NCCL all_reduce (in place)": lambda: dist.all_reduce(y),
     }
+    from purlinc.atom.nvrtc import compile_cubin
+
+    major, minor = torch.cuda.get_device_capability()
+    module = driver.module_load(compile_cubin(EMPTY_KERNEL, "purlin_empty.cu", f"sm_{major}{minor}"))
+    empty = driver.get_function(module, "purlin_empty")
+    pieces["empty kernel: driver.launch"] = lambda: driver.launch(empty, 1, 32, 0, stream, packed)
     rows = []
     for name, fn in pieces.items():
         times = per_iter_ns(fn, args.iters, args.reps)
         rows.append({"piece": name, "median_ns": round(statistics.median(times)), "min_ns": round(min(times)),
                      "max_ns": round(max(times))})
+    # The same calls timed on the device, as bench.py times eager calls: is the eager time the
+    # host's issue rate, or the device's?
+    for name in ("empty kernel: driver.launch", "fixed schedule: coll(x, out=y)",
+                 "default (tuned): coll(x, out=y)", "NCCL all_reduce (in place)"):
+        for iters in (50, 1000):
+            times = [1e3 * t for t in gpu_per_call_us(pieces[name], iters, args.reps)]
+            rows.append({"piece": f"device time per call, {iters} back to back: {name}",
+                         "median_ns": round(statistics.median(times)), "min_ns": round(min(times)),
+                         "max_ns": round(max(times))})
     for coll in (default, fixed):
         coll.close()
     dist.barrier()
