@@ -618,12 +618,19 @@ def probe_us(case: Case) -> float:
     return start.elapsed_time(end) * 1e3
 
 
-def time_eager(case: Case, iters: int, reps: int) -> list[float]:
+def time_eager(case: Case, iters: int, reps: int, line_up: Callable[[], None]) -> list[float]:
+    """Device time per call of ``iters`` calls issued back to back.  The ranks line up
+    (``line_up``: a barrier, then a device sync) before each timed loop, for every system
+    alike: a rank that enters its loop late would otherwise put its lag -- Python's, not the
+    library's -- into the other rank's first call (measured 2026-11-30 with
+    benchmarks/host_path.py: lined up, a Purlin 1 KiB all-reduce issues at 5.3-5.6 us per
+    call, its host time)."""
     for _ in range(3):
         case.call()
     sync()
     out = []
     for _ in range(reps):
+        line_up()
         start, end = _events()
         start.record()
         for _ in range(iters):
@@ -704,7 +711,7 @@ def run_case(ctx: Ctx, lay: report.Layout, case: Case, x_time, salt: int) -> lis
     for mode, calls in views:
         barrier(ctx)
         if mode == "eager":
-            ran, value, err = guarded(ctx, lambda: time_eager(case, iters, args.reps))
+            ran, value, err = guarded(ctx, lambda: time_eager(case, iters, args.reps, lambda: barrier(ctx)))
         else:
             ran, value, err = guarded(ctx, lambda: time_graph(case, calls, args.reps))
             if ran:
