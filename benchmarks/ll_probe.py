@@ -19,6 +19,12 @@ Probes:
             of the call counter's load
   floor     the kernel body replaced by the counter update alone: launch cost in a graph
   empty     the kernel body removed: launch cost without the counter
+  minimal   (all-reduce and all-gather, 2 ranks, 1 channel, one round) the body replaced by a
+            hand-written LL exchange: every thread loads its 8 bytes, stores one packet to the
+            peer, spins on its own packet, reduces or copies, one barrier, the counter; the
+            same packets, flags and staging copies as the generated kernel, no timeout path
+  minimal_poll   minimal, waiting through the shipped first look and bounded poll
+                 (purlin_ll_arrive: the clock, the error record) instead of a bare spin
 Threads per block: ``--threads`` (the code generator's THREADS_PACKED).
 """
 
@@ -75,8 +81,86 @@ def probe_empty(source: str, call: dict) -> str:
     return BODY.sub(lambda m: m.group(1) + m.group(3), source)
 
 
+_MINIMAL = """
+    // probe: a hand-written LL {kind} for 2 ranks, one channel, one round
+    const unsigned t = threadIdx.x;
+    const unsigned nbytes = (unsigned)({in_units} * args.io_unit);  // this rank's input, every chunk
+    const purlin_u64 epoch = args.counters[0];
+    uint2 d[2];
+    for (unsigned u = 0; u < 2; ++u) {{
+        const unsigned i = t + u * PURLIN_THREADS;
+        d[u] = 8 * i < nbytes ? *(const uint2*)(args.in + 8 * i) : make_uint2(0u, 0u);
+    }}
+    const unsigned flag = (unsigned)(epoch * 2 + 2);
+    char* const peer = args.stage[{peer}] + (epoch & 1) * args.copy_bytes;
+    const char* const mine = args.stage[{rank}] + (epoch & 1) * args.copy_bytes;
+    for (unsigned u = 0; u < 2; ++u) {{
+        const unsigned i = t + u * PURLIN_THREADS;
+        if (8 * i < nbytes) purlin_ll_store(peer + 16 * i, d[u], flag);
+    }}
+    int failed = 0;
+    for (unsigned u = 0; u < 2 && !failed; ++u) {{
+        const unsigned i = t + u * PURLIN_THREADS;
+        if (8 * i >= nbytes) break;
+        uint2 theirs;
+{wait}
+{finish}
+    }}
+    if (__syncthreads_or(failed)) return;
+    if (t == 0) args.counters[0] = epoch + 1;"""
+_SPIN = """        uint4 v;
+        unsigned spins = 0;
+        do {{ v = purlin_ll_load(mine + 16 * i); }} while (!purlin_ll_ready(v, flag) && ++spins < (1u << 24));
+        failed = !purlin_ll_ready(v, flag);
+        theirs = make_uint2(v.x, v.z);"""
+_ARRIVE = """        const purlin_ll_site site = {{args.timeout_ns, args.error, {rank}}};
+        const uint4 q = purlin_ll_load(mine + 16 * i);
+        failed = purlin_ll_arrive(q, mine, i, (purlin_i64)epoch * 2 + 2, theirs, site, 0, 0);"""
+_REDUCE = """        purlin_ll_word a, b, r;
+        a.raw = {first};
+        b.raw = {second};
+        for (unsigned e = 0; e < 8 / sizeof(purlin_elem); ++e)
+            r.e[e] = purlin_from_acc(purlin_combine(purlin_to_acc(a.e[e]), purlin_to_acc(b.e[e])));
+        *(uint2*)(args.out + 8 * i) = r.raw;"""
+_GATHER = """        *(uint2*)(args.out + {rank} * args.io_unit + 8 * i) = d[u];
+        *(uint2*)(args.out + {peer} * args.io_unit + 8 * i) = theirs;"""
+
+
+def _minimal(source: str, call: dict, wait: str):
+    """The minimal exchange for the collective ``call`` names, or None where it has none."""
+    kind = call.get("collective")
+    if kind not in ("allreduce", "allgather") or call.get("world") != 2 or call.get("channels") != 1 \
+            or call["geometry"][0] != 1 or call["geometry"][1] % 8:
+        return None
+    in_units = 2 if kind == "allreduce" else 1
+    if in_units * call["geometry"][1] > 2 * 8 * codegen.THREADS_PACKED:  # two packets per thread
+        return None
+
+    def body(m):
+        rank = int(re.search(r"_r(\d+)\(", m.group(1)).group(1))
+        peer = 1 - rank
+        if kind == "allreduce":  # rank 0's data first, as the spec sums (bitwise the reference)
+            first, second = ("d[u]", "theirs") if rank == 0 else ("theirs", "d[u]")
+            finish = _REDUCE.format(first=first, second=second)
+        else:
+            finish = _GATHER.format(rank=rank, peer=peer)
+        text = _MINIMAL.format(kind=kind, in_units=in_units, rank=rank, peer=peer,
+                               wait=wait.format(rank=rank), finish=finish)
+        return m.group(1) + text + m.group(3)
+
+    return BODY.sub(body, source)
+
+
+def probe_minimal(source: str, call: dict):
+    return _minimal(source, call, _SPIN)
+
+
+def probe_minimal_poll(source: str, call: dict):
+    return _minimal(source, call, _ARRIVE)
+
+
 PROBES = {"base": probe_base, "geom": probe_geom, "prefetch": probe_prefetch, "floor": probe_floor,
-          "empty": probe_empty}
+          "empty": probe_empty, "minimal": probe_minimal, "minimal_poll": probe_minimal_poll}
 _active: dict = {"edit": None, "call": None}
 _compile = nvrtc.compile_cubin
 
@@ -159,7 +243,10 @@ def main() -> int:
                             # it in: from a first call of the shipped kernel.
                             if probe != "base" and "geometry" not in _seen:
                                 raise SystemExit("list 'base' first: other probes need its call's geometry")
-                            _active["edit"], _active["call"] = PROBES[probe], dict(_seen)
+                            call = {**_seen, "collective": name, "world": len(devices), "channels": channels}
+                            if PROBES[probe]("", call) is None:
+                                continue  # this probe has no form for this collective or size
+                            _active["edit"], _active["call"] = PROBES[probe], call
                             coll = purlinc.load(EXAMPLES / f"{name}.pln", group, algorithm="direct-push",
                                                 packed=True, channels=channels)
                             opened.append(coll)
