@@ -23,6 +23,9 @@ Probes:
             hand-written LL exchange: every thread loads its 8 bytes, stores one packet to the
             peer, spins on its own packet, reduces or copies, one barrier, the counter; the
             same packets, flags and staging copies as the generated kernel, no timeout path
+  fast      the shipped kernel with the packet gather/scatter cut to their aligned 8-byte case
+            (only valid for aligned buffers of whole packets, which the probe's sizes are):
+            what the byte-wise fallback's branches and code cost on the hot path
   minimal_poll   minimal, waiting through the shipped first look and bounded poll
                  (purlin_ll_arrive: the clock, the error record) instead of a bare spin
 Threads per block: ``--threads`` (the code generator's THREADS_PACKED).
@@ -75,6 +78,17 @@ def probe_prefetch(source: str, call: dict) -> str:
 def probe_floor(source: str, call: dict) -> str:
     body = "    if (threadIdx.x == 0) args.counters[blockIdx.x] += 1;"
     return BODY.sub(lambda m: m.group(1) + body + m.group(3), source)
+
+
+_GATHER_FN = re.compile(r"(__device__ __forceinline__ uint2 purlin_ll_gather\(const char\* src, unsigned n\)\n\{\n)(.*?)(\n\}\n)", re.S)
+_SCATTER_FN = re.compile(r"(__device__ __forceinline__ void purlin_ll_scatter\(char\* dst, const uint2 d, unsigned n\)\n\{\n)(.*?)(\n\}\n)", re.S)
+
+
+def probe_fast(source: str, call: dict) -> str:
+    if call.get("geometry") and call["geometry"][1] % 8:
+        return None
+    source = _GATHER_FN.sub(lambda m: m.group(1) + "    return *(const uint2*)src;" + m.group(3), source)
+    return _SCATTER_FN.sub(lambda m: m.group(1) + "    *(uint2*)dst = d;" + m.group(3), source)
 
 
 def probe_empty(source: str, call: dict) -> str:
@@ -160,7 +174,7 @@ def probe_minimal_poll(source: str, call: dict):
 
 
 PROBES = {"base": probe_base, "geom": probe_geom, "prefetch": probe_prefetch, "floor": probe_floor,
-          "empty": probe_empty, "minimal": probe_minimal, "minimal_poll": probe_minimal_poll}
+          "empty": probe_empty, "fast": probe_fast, "minimal": probe_minimal, "minimal_poll": probe_minimal_poll}
 _active: dict = {"edit": None, "call": None}
 _compile = nvrtc.compile_cubin
 

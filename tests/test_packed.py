@@ -289,6 +289,42 @@ def test_ll_batches_never_fuse_a_read_after_a_write():
             zip(batches, ([a], [b, c], [d]))] == [[True], [True, True], [True]]
 
 
+def test_local_copy_of_a_sent_source_is_written_by_the_send_loop():
+    # R=2 all-gather: a rank sends its chunk and copies it to its own output; the copy is
+    # written from the registers the send loop loaded (no second load, no copy step).
+    _, kernel = _kernel("allgather", 2)
+    body = kernel.source.split("// ==== rank 0")[1].split("// ==== rank 1")[0]
+    assert body.count("purlin_ll_copy_out(out0, len0,") == 1 and "purlin_copy(" not in body
+    assert "1 message and 1 local copy from 1 source(s)" in body
+    # The receive loop waits for all of a thread's missing packets at once.
+    assert "purlin_ll_wait<U, C, N>(q, b, i0, pending, site)" in kernel.source
+
+
+def test_fused_copy_rules():
+    from purlinc.atom.codegen import _fuse_sends
+    from purlinc.snac.ir import Region, Space
+
+    a, b = Region(Space.IN, 0, 0, 0), Region(Space.IN, 0, 1, 0)
+    staged, out = Region(Space.STAGE, 1, 0, 0), Region(Space.OUT, 0, 0, 0)
+
+    def send(src, dst):
+        return {"kind": "ll_send", "comments": [], "dst": "d", "srcs": [f"s{src.unit}"], "slice": "0",
+                "per_call": 1, "k": 1, "reads": frozenset({src}), "writes": frozenset({dst})}
+
+    def copy(src, dst, loop=0):
+        return {"kind": "copy", "comments": [], "dst": "o", "srcs": ["s"], "slice": "0", "loop": loop,
+                "regions": (dst, src), "reads": frozenset({src}), "writes": frozenset({dst})}
+
+    fused = _fuse_sends([send(a, staged), copy(a, out)])
+    assert [blk["kind"] for blk in fused] == ["ll_send"] and fused[0]["copies"] == [{"dst": "o", "source": 0}]
+    # Not a source of the loop, a run of copies, or a destination the loop reads: left alone.
+    for other in (copy(b, out), copy(a, out, loop=2), copy(a, a)):
+        assert [blk["kind"] for blk in _fuse_sends([send(a, staged), other])] == ["ll_send", "copy"]
+    # A send after a fused copy that reads its destination starts a new loop.
+    fused = _fuse_sends([send(a, staged), copy(a, out), send(out, Region(Space.STAGE, 1, 2, 0))])
+    assert [blk["kind"] for blk in fused] == ["ll_send", "ll_send"]
+
+
 def test_plain_kernels_use_relaxed_ack_and_release_data():
     _, kernel = _kernel("allgather", 4, packed=False)
     body = kernel.source.split("// ==== rank 0")[1].split("// ==== rank 1")[0]

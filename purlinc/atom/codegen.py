@@ -380,10 +380,19 @@ def _fuse_sends(blocks: list[dict]) -> list[dict]:
     or would take it past ``LL_SEND_SOURCES`` sources, starts a new loop."""
     out: list[dict] = []
     for block in blocks:
+        last = out[-1] if out and out[-1]["kind"] == "ll_sends" else None
+        if block["kind"] == "copy" and last is not None and _joins_send(block, last):
+            # A local copy of a source the loop already holds in registers (an all-gather's own
+            # chunk): written from those registers in the same loop, instead of loading the
+            # source again in a copy of its own after it.
+            (src,), (dst,) = block["reads"], block["writes"]
+            last["copies"].append({"dst": block["dst"], "source": last["source_of"][src]})
+            last["comments"] += block["comments"]
+            last["writes"].add(dst)
+            continue
         if block["kind"] != "ll_send":
             out.append(block)
             continue
-        last = out[-1] if out and out[-1]["kind"] == "ll_sends" else None
         (src,), (dst,) = block["reads"], block["writes"]
         if last is not None:
             known = src in last["source_of"]
@@ -391,8 +400,8 @@ def _fuse_sends(blocks: list[dict]) -> list[dict]:
                     or (not known and len(last["sources"]) == LL_SEND_SOURCES)):
                 last = None
         if last is None:
-            last = {"kind": "ll_sends", "comments": [], "sources": [], "messages": [], "source_of": {},
-                    "reads": set(), "writes": set()}
+            last = {"kind": "ll_sends", "comments": [], "sources": [], "messages": [], "copies": [],
+                    "source_of": {}, "reads": set(), "writes": set()}
             out.append(last)
         if src not in last["source_of"]:
             last["source_of"][src] = len(last["sources"])
@@ -409,10 +418,23 @@ def _fuse_sends(blocks: list[dict]) -> list[dict]:
             block["sets_epoch"] = False  # generate() sets it on a program's first block
             block["reads"], block["writes"] = frozenset(block["reads"]), frozenset(block["writes"])
             del block["source_of"]
-            if len(block["messages"]) > 1:
-                block["comments"].append(f"steps above: one loop, {len(block['messages'])} messages from "
+            if len(block["messages"]) + len(block["copies"]) > 1:
+                copies = f" and {len(block['copies'])} local cop{'y' if len(block['copies']) == 1 else 'ies'}" \
+                    if block["copies"] else ""
+                messages = len(block["messages"])
+                block["comments"].append(f"steps above: one loop, {messages} message{'s' if messages != 1 else ''}{copies} from "
                                          f"{len(block['sources'])} source(s), every load before the first store")
     return out
+
+
+def _joins_send(block: dict, group: dict) -> bool:
+    """Whether a copy block (straight after a send loop, no barrier between) can be written by
+    that loop: one step (not a run), reading a source the loop loads, writing nothing the loop
+    reads or writes."""
+    if block.get("loop") or len(block["reads"]) != 1 or len(block["writes"]) != 1:
+        return False
+    (src,), (dst,) = block["reads"], block["writes"]
+    return src in group["source_of"] and dst not in group["reads"] and dst not in group["writes"]
 
 
 def _program_blocks(program: Program, per_call: dict, roles: dict | None = None, packed: dict | None = None) -> list[dict]:
