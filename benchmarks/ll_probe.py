@@ -45,6 +45,7 @@ os.environ["PURLIN_NO_CACHE"] = "1"  # each probe is its own source: nothing may
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -53,7 +54,7 @@ import purlinc  # noqa: E402
 from purlinc.atom import abi as abi_module  # noqa: E402
 from purlinc.atom import codegen, nvrtc  # noqa: E402
 from purlinc.dtypes import DType  # noqa: E402
-from _common import expected, inputs_for, poison, to_numpy, to_torch  # noqa: E402
+from _graph_timing import capture, checked_call, replay_us  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
 ENTRY = re.compile(r"(purlin_\w+_r\d+\(const purlin_args args\)\n\{\n)")
@@ -198,37 +199,6 @@ def _recording_pack(self, **kw):
 abi_module.KernelABI.pack_args = _recording_pack
 
 
-def capture(coll, xs, outs, devices, calls):
-    graphs = []
-    for r in devices:
-        with torch.cuda.device(r):
-            stream = torch.cuda.Stream(device=r)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=stream):
-                for _ in range(calls):
-                    coll[r](xs[r], outs[r])
-            graphs.append(graph)
-    for g in graphs:
-        g.replay()
-    for r in devices:
-        torch.cuda.synchronize(r)
-    return graphs
-
-
-def replay_us(graphs, devices, calls) -> float:
-    events = []
-    for r, graph in zip(devices, graphs):
-        with torch.cuda.device(r):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            events.append((start, end))
-    for r in devices:
-        torch.cuda.synchronize(r)
-    return max(s.elapsed_time(e) for s, e in events) * 1e3 / calls
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -264,23 +234,9 @@ def main() -> int:
                             coll = purlinc.load(EXAMPLES / f"{name}.pln", group, algorithm="direct-push",
                                                 packed=True, channels=channels)
                             opened.append(coll)
-                            spec = coll[0].compiled.spec
-                            units = max(max(len(spec.inputs[r]), len(spec.outputs[r])) for r in range(spec.world_size))
-                            count = max(1, nbytes // (units * dtype.itemsize))
-                            inputs = inputs_for(spec, count, dtype, rng)
-                            xs = [to_torch(inputs[r], dtype, r) if len(spec.inputs[r]) else None for r in devices]
-                            outs = [torch.empty(len(spec.outputs[r]) * count, dtype=torch.bfloat16, device=f"cuda:{r}")
-                                    if len(spec.outputs[r]) else None for r in devices]
-                            for o in outs:
-                                if o is not None:
-                                    poison(o)
-                            coll(xs, outs)
-                            for r in devices:
-                                torch.cuda.synchronize(r)
-                            want = expected(spec, inputs, count, dtype, "sum" if spec.is_reduce else None)
-                            ok = None if probe in ("floor", "empty") else all(
-                                o is None or np.array_equal(to_numpy(o, dtype).view(np.uint16), w.view(np.uint16))
-                                for o, w in zip(outs, want))
+                            xs, outs, ok = checked_call(coll, nbytes, dtype, rng, devices)
+                            if probe in ("floor", "empty"):
+                                ok = None  # no exchange left to check
                             graphs = capture(coll, xs, outs, devices, args.calls)
                             variants.append((probe, threads, ok, graphs, []))
                     _active["edit"] = None

@@ -26,6 +26,7 @@ os.environ["PURLIN_NO_CACHE"] = "1"
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -33,40 +34,14 @@ import torch  # noqa: E402
 import purlinc  # noqa: E402
 from purlinc.atom import codegen  # noqa: E402
 from purlinc.dtypes import DType  # noqa: E402
-from _common import expected, inputs_for, poison, to_numpy, to_torch  # noqa: E402
+from _graph_timing import capture, checked_call, replay_us  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
 
 
 def per_call_us(coll, xs, outs, devices, calls: int, reps: int) -> list[float]:
-    graphs, streams = [], []
-    for r in devices:
-        with torch.cuda.device(r):
-            stream = torch.cuda.Stream(device=r)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=stream):
-                for _ in range(calls):
-                    coll[r](xs[r], outs[r])
-            graphs.append(graph)
-            streams.append(stream)
-    for graph in graphs:  # once untimed
-        graph.replay()
-    for r in devices:
-        torch.cuda.synchronize(r)
-    times = []
-    for _ in range(reps):
-        events = []
-        for r, graph in zip(devices, graphs):
-            with torch.cuda.device(r):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                graph.replay()
-                end.record()
-                events.append((start, end))
-        for r in devices:
-            torch.cuda.synchronize(r)
-        times.append(max(s.elapsed_time(e) for s, e in events) * 1e3 / calls)
-    return times
+    graphs = capture(coll, xs, outs, devices, calls)
+    return [replay_us(graphs, devices, calls) for _ in range(reps)]
 
 
 def main() -> int:
@@ -94,24 +69,9 @@ def main() -> int:
             codegen.LL_INLINE_LOOPS = inline
             coll = purlinc.load(EXAMPLES / f"{name}.pln", group, algorithm="direct-push", packed=True,
                                 channels=channels)
-            spec = coll[0].compiled.spec
             try:
                 for nbytes in map(int, args.bytes.split(",")):
-                    units = max(max(len(spec.inputs[r]), len(spec.outputs[r])) for r in range(spec.world_size))
-                    count = max(1, nbytes // (units * dtype.itemsize))
-                    inputs = inputs_for(spec, count, dtype, rng)
-                    xs = [to_torch(inputs[r], dtype, r) if len(spec.inputs[r]) else None for r in devices]
-                    outs = [torch.empty(len(spec.outputs[r]) * count, dtype=torch.bfloat16, device=f"cuda:{r}")
-                            if len(spec.outputs[r]) else None for r in devices]
-                    for o in outs:
-                        if o is not None:
-                            poison(o)
-                    coll(xs, outs)
-                    for r in devices:
-                        torch.cuda.synchronize(r)
-                    want = expected(spec, inputs, count, dtype, "sum" if spec.is_reduce else None)
-                    ok = all(o is None or np.array_equal(to_numpy(o, dtype).view(np.uint16), w.view(np.uint16))
-                             for o, w in zip(outs, want))
+                    xs, outs, ok = checked_call(coll, nbytes, dtype, rng, devices)
                     times = per_call_us(coll, xs, outs, devices, args.calls, args.reps)
                     row = {"collective": name, "bytes": nbytes, "threads": threads, "channels": channels, "inline_loops": inline,
                            "median_us": round(statistics.median(times), 3), "min_us": round(min(times), 3),
