@@ -26,9 +26,10 @@ Probes:
   fast      the shipped kernel with the packet gather/scatter cut to their aligned 8-byte case
             (only valid for aligned buffers of whole packets, which the probe's sizes are):
             what the byte-wise fallback's branches and code cost on the hot path
-  minimal_poll   minimal, waiting through the shipped first look and bounded poll
-                 (purlin_ll_arrive: the clock, the error record) instead of a bare spin
-Threads per block: ``--threads`` (the code generator's THREADS_PACKED).
+  minimal_poll   minimal, waiting through the shipped bounded wait (purlin_ll_wait: the
+                 clock, the error record) instead of a bare spin
+Threads per block: ``--threads`` (the code generator's THREADS_PACKED).  The edits live in
+benchmarks/ll_edits.py (checked against the current generated source by tests/test_ll_edits.py).
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -55,127 +55,9 @@ from purlinc.atom import abi as abi_module  # noqa: E402
 from purlinc.atom import codegen, nvrtc  # noqa: E402
 from purlinc.dtypes import DType  # noqa: E402
 from _graph_timing import capture, checked_call, replay_us  # noqa: E402
+from ll_edits import PROBES  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
-ENTRY = re.compile(r"(purlin_\w+_r\d+\(const purlin_args args\)\n\{\n)")
-BODY = re.compile(r"(purlin_\w+_r\d+\(const purlin_args args\)\n\{\n)(.*?)(\n\}\n)", re.S)
-
-
-def probe_base(source: str, call: dict) -> str:
-    return source
-
-
-def probe_geom(source: str, call: dict) -> str:
-    for name, value in zip(abi_module.HEADER_FIELDS, call["geometry"]):
-        source = re.sub(rf"\bargs\.{name}\b", f"((purlin_u64){value}ull)", source)
-    return source
-
-
-def probe_prefetch(source: str, call: dict) -> str:
-    line = ('    asm volatile("prefetch.global.L1 [%0];" :: "l"(args.in + 8 * threadIdx.x));\n')
-    return ENTRY.sub(lambda m: m.group(1) + line, source)
-
-
-def probe_floor(source: str, call: dict) -> str:
-    body = "    if (threadIdx.x == 0) args.counters[blockIdx.x] += 1;"
-    return BODY.sub(lambda m: m.group(1) + body + m.group(3), source)
-
-
-_GATHER_FN = re.compile(r"(__device__ __forceinline__ uint2 purlin_ll_gather\(const char\* src, unsigned n\)\n\{\n)(.*?)(\n\}\n)", re.S)
-_SCATTER_FN = re.compile(r"(__device__ __forceinline__ void purlin_ll_scatter\(char\* dst, const uint2 d, unsigned n\)\n\{\n)(.*?)(\n\}\n)", re.S)
-
-
-def probe_fast(source: str, call: dict) -> str:
-    if call.get("geometry") and call["geometry"][1] % 8:
-        return None
-    source = _GATHER_FN.sub(lambda m: m.group(1) + "    return *(const uint2*)src;" + m.group(3), source)
-    return _SCATTER_FN.sub(lambda m: m.group(1) + "    *(uint2*)dst = d;" + m.group(3), source)
-
-
-def probe_empty(source: str, call: dict) -> str:
-    return BODY.sub(lambda m: m.group(1) + m.group(3), source)
-
-
-_MINIMAL = """
-    // probe: a hand-written LL {kind} for 2 ranks, one channel, one round
-    const unsigned t = threadIdx.x;
-    const unsigned nbytes = (unsigned)({in_units} * args.io_unit);  // this rank's input, every chunk
-    const purlin_u64 epoch = args.counters[0];
-    uint2 d[2];
-    for (unsigned u = 0; u < 2; ++u) {{
-        const unsigned i = t + u * PURLIN_THREADS;
-        d[u] = 8 * i < nbytes ? *(const uint2*)(args.in + 8 * i) : make_uint2(0u, 0u);
-    }}
-    const unsigned flag = (unsigned)(epoch * 2 + 2);
-    char* const peer = args.stage[{peer}] + (epoch & 1) * args.copy_bytes;
-    const char* const mine = args.stage[{rank}] + (epoch & 1) * args.copy_bytes;
-    for (unsigned u = 0; u < 2; ++u) {{
-        const unsigned i = t + u * PURLIN_THREADS;
-        if (8 * i < nbytes) purlin_ll_store(peer + 16 * i, d[u], flag);
-    }}
-    int failed = 0;
-    for (unsigned u = 0; u < 2 && !failed; ++u) {{
-        const unsigned i = t + u * PURLIN_THREADS;
-        if (8 * i >= nbytes) break;
-        uint2 theirs;
-{wait}
-{finish}
-    }}
-    if (__syncthreads_or(failed)) return;
-    if (t == 0) args.counters[0] = epoch + 1;"""
-_SPIN = """        uint4 v;
-        unsigned spins = 0;
-        do {{ v = purlin_ll_load(mine + 16 * i); }} while (!purlin_ll_ready(v, flag) && ++spins < (1u << 24));
-        failed = !purlin_ll_ready(v, flag);
-        theirs = make_uint2(v.x, v.z);"""
-_ARRIVE = """        const purlin_ll_site site = {{args.timeout_ns, args.error, {rank}}};
-        const uint4 q = purlin_ll_load(mine + 16 * i);
-        failed = purlin_ll_arrive(q, mine, i, (purlin_i64)epoch * 2 + 2, theirs, site, 0, 0);"""
-_REDUCE = """        purlin_ll_word a, b, r;
-        a.raw = {first};
-        b.raw = {second};
-        for (unsigned e = 0; e < 8 / sizeof(purlin_elem); ++e)
-            r.e[e] = purlin_from_acc(purlin_combine(purlin_to_acc(a.e[e]), purlin_to_acc(b.e[e])));
-        *(uint2*)(args.out + 8 * i) = r.raw;"""
-_GATHER = """        *(uint2*)(args.out + {rank} * args.io_unit + 8 * i) = d[u];
-        *(uint2*)(args.out + {peer} * args.io_unit + 8 * i) = theirs;"""
-
-
-def _minimal(source: str, call: dict, wait: str):
-    """The minimal exchange for the collective ``call`` names, or None where it has none."""
-    kind = call.get("collective")
-    if kind not in ("allreduce", "allgather") or call.get("world") != 2 or call.get("channels") != 1 \
-            or call["geometry"][0] != 1 or call["geometry"][1] % 8:
-        return None
-    in_units = 2 if kind == "allreduce" else 1
-    if in_units * call["geometry"][1] > 2 * 8 * codegen.THREADS_PACKED:  # two packets per thread
-        return None
-
-    def body(m):
-        rank = int(re.search(r"_r(\d+)\(", m.group(1)).group(1))
-        peer = 1 - rank
-        if kind == "allreduce":  # rank 0's data first, as the spec sums (bitwise the reference)
-            first, second = ("d[u]", "theirs") if rank == 0 else ("theirs", "d[u]")
-            finish = _REDUCE.format(first=first, second=second)
-        else:
-            finish = _GATHER.format(rank=rank, peer=peer)
-        text = _MINIMAL.format(kind=kind, in_units=in_units, rank=rank, peer=peer,
-                               wait=wait.format(rank=rank), finish=finish)
-        return m.group(1) + text + m.group(3)
-
-    return BODY.sub(body, source)
-
-
-def probe_minimal(source: str, call: dict):
-    return _minimal(source, call, _SPIN)
-
-
-def probe_minimal_poll(source: str, call: dict):
-    return _minimal(source, call, _ARRIVE)
-
-
-PROBES = {"base": probe_base, "geom": probe_geom, "prefetch": probe_prefetch, "floor": probe_floor,
-          "empty": probe_empty, "fast": probe_fast, "minimal": probe_minimal, "minimal_poll": probe_minimal_poll}
 _active: dict = {"edit": None, "call": None}
 _compile = nvrtc.compile_cubin
 
