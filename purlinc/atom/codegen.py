@@ -649,11 +649,9 @@ def generate(
         # A program that starts by sending packets sets its round's epoch inside that send,
         # after issuing the data loads (block_ll_send.cu.j2): the call counter's load and the
         # data loads then overlap instead of adding up on every small call's critical path.
-        epoch_in_send = bool(blocks) and blocks[0]["kind"] == "ll_send"
-        if epoch_in_send:
+        if blocks and blocks[0]["kind"] == "ll_send":
             blocks[0] = {**blocks[0], "sets_epoch": True}
-        kernels.append({"rank": rank, "entry": f"{base}_r{rank}", "steps": len(program.steps), "blocks": blocks,
-                        "epoch_in_send": epoch_in_send})
+        kernels.append({"rank": rank, "entry": f"{base}_r{rank}", "steps": len(program.steps), "blocks": blocks})
     trace_values = trace_template_values(kernels, schedule.channels) if trace else None
 
     params_text = "".join(f", {k}={v}" for k, v in getattr(spec, "params", ()))
