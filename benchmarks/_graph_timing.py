@@ -7,6 +7,10 @@ and the data helpers are the GPU tests' (tests/gpu/_common.py, on sys.path).
 
 from __future__ import annotations
 
+import json
+import statistics
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -66,3 +70,24 @@ def replay_us(graphs, devices, calls: int) -> float:
     for r in devices:
         torch.cuda.synchronize(r)
     return max(s.elapsed_time(e) for s, e in events) * 1e3 / calls
+
+
+def spread(times: list[float]) -> dict:
+    """A row's timing fields: the median and the range of the per-call times, in us."""
+    return {"median_us": round(statistics.median(times), 3), "min_us": round(min(times), 3),
+            "max_us": round(max(times), 3)}
+
+
+def write_results(out: str | Path, stem: str, meta: dict, rows: list[dict], columns: list[tuple[str, str]]) -> None:
+    """``<stem>.json`` (meta and rows) and ``<stem>.md`` (one table row per row) into ``out``.
+    ``columns``: (header, row key) in table order; the key ``range`` stands for min-max."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}))
+
+    def cell(row, key):
+        return f"{row['min_us']}-{row['max_us']}" if key == "range" else f"{row[key]}"
+
+    lines = ["| " + " | ".join(header for header, _ in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(row, key) for _, key in columns) + " |" for row in rows]
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -54,7 +53,7 @@ import purlinc  # noqa: E402
 from purlinc.atom import abi as abi_module  # noqa: E402
 from purlinc.atom import codegen, nvrtc  # noqa: E402
 from purlinc.dtypes import DType  # noqa: E402
-from _graph_timing import capture, checked_call, replay_us  # noqa: E402
+from _graph_timing import capture, checked_call, replay_us, spread, write_results  # noqa: E402
 from ll_edits import PROBES  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
@@ -132,20 +131,14 @@ def main() -> int:
                         coll.close()
                 for probe, threads, ok, graphs, times in variants:
                     row = {"collective": name, "bytes": nbytes, "channels": channels, "threads": threads,
-                           "probe": probe, "median_us": round(statistics.median(times), 3),
-                           "min_us": round(min(times), 3), "max_us": round(max(times), 3), "checked": ok}
+                           "probe": probe, **spread(times), "checked": ok}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     meta = {"gpus": [torch.cuda.get_device_name(r) for r in devices], "calls_per_graph": args.calls,
             "reps": args.reps, "dtype": dtype.value}
-    (out / "ll_probe.json").write_text(json.dumps({"meta": meta, "rows": rows}))
-    lines = ["| collective | bytes | channels | threads | probe | median us | range us | checked |",
-             "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['collective']} | {r['bytes']} | {r['channels']} | {r['threads']} | {r['probe']} | "
-              f"{r['median_us']} | {r['min_us']}-{r['max_us']} | {r['checked']} |" for r in rows]
-    (out / "ll_probe.md").write_text("\n".join(lines) + "\n")
+    write_results(args.out, "ll_probe", meta, rows, [
+        ("collective", "collective"), ("bytes", "bytes"), ("channels", "channels"), ("threads", "threads"),
+        ("probe", "probe"), ("median us", "median_us"), ("range us", "range"), ("checked", "checked")])
     return 0 if all(r["checked"] is not False for r in rows) else 1
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -34,7 +33,7 @@ import torch  # noqa: E402
 import purlinc  # noqa: E402
 from purlinc.atom import codegen  # noqa: E402
 from purlinc.dtypes import DType  # noqa: E402
-from _graph_timing import capture, checked_call, replay_us  # noqa: E402
+from _graph_timing import capture, checked_call, replay_us, spread, write_results  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
 
@@ -73,23 +72,17 @@ def main() -> int:
                 for nbytes in map(int, args.bytes.split(",")):
                     xs, outs, ok = checked_call(coll, nbytes, dtype, rng, devices)
                     times = per_call_us(coll, xs, outs, devices, args.calls, args.reps)
-                    row = {"collective": name, "bytes": nbytes, "threads": threads, "channels": channels, "inline_loops": inline,
-                           "median_us": round(statistics.median(times), 3), "min_us": round(min(times), 3),
-                           "max_us": round(max(times), 3), "checked": ok}
+                    row = {"collective": name, "bytes": nbytes, "threads": threads, "channels": channels,
+                           "inline_loops": inline, **spread(times), "checked": ok}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
             finally:
                 coll.close()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     meta = {"gpus": [torch.cuda.get_device_name(r) for r in devices], "calls_per_graph": args.calls,
             "reps": args.reps, "dtype": dtype.value}
-    (out / "ll_sweep.json").write_text(json.dumps({"meta": meta, "rows": rows}))
-    lines = ["| collective | bytes | threads | channels | inline loops | median us | range us | checked |",
-             "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['collective']} | {r['bytes']} | {r['threads']} | {r['channels']} | {r['inline_loops']} | {r['median_us']} | "
-              f"{r['min_us']}-{r['max_us']} | {r['checked']} |" for r in rows]
-    (out / "ll_sweep.md").write_text("\n".join(lines) + "\n")
+    write_results(args.out, "ll_sweep", meta, rows, [
+        ("collective", "collective"), ("bytes", "bytes"), ("threads", "threads"), ("channels", "channels"),
+        ("inline loops", "inline_loops"), ("median us", "median_us"), ("range us", "range"), ("checked", "checked")])
     return 0 if all(r["checked"] for r in rows) else 1
 
 
