@@ -15,8 +15,10 @@ import re
 from purlinc.atom import abi as abi_module
 from purlinc.atom import codegen
 
-ENTRY = re.compile(r"(purlin_\w+_r\d+\(const purlin_args args\)\n\{\n)")
-BODY = re.compile(r"(purlin_\w+_r\d+\(const purlin_args args\)\n\{\n)(.*?)(\n\}\n)", re.S)
+# A rank's program is one template function, instantiated by its wide and lean entries
+# (rank.cu.j2): an edit of that body applies to both.
+ENTRY = re.compile(r"(purlin_\w+_r\d+_body\(const purlin_args& args\)\n\{\n)")
+BODY = re.compile(r"(purlin_\w+_r\d+_body\(const purlin_args& args\)\n\{\n)(.*?)(\n\}\n)", re.S)
 
 
 def probe_base(source: str, call: dict) -> str:
@@ -87,10 +89,10 @@ _SPIN = """        uint4 v;
         failed = !purlin_ll_ready(v, flag);
         theirs = make_uint2(v.x, v.z);"""
 _ARRIVE = """        const purlin_ll_site site = {{args.timeout_ns, args.error, {rank}}};
-        const purlin_ll_batch<1, 1> batch = {{ {{nullptr}}, {{nbytes}}, {{ {{mine}} }}, {{ {{(purlin_i64)epoch * 2 + 2}} }}, {{ {{0u}} }}, {{ {{0u}} }} }};
+        const purlin_ll_batch<Geo, 1, 1> batch = {{ {{nullptr}}, {{nbytes}}, {{ {{mine}} }}, {{ {{(purlin_i64)epoch * 2 + 2}} }}, {{ {{0u}} }}, {{ {{0u}} }} }};
         uint4 q[1][1][1];
         q[0][0][0] = purlin_ll_load(mine + 16 * i);
-        failed = !purlin_ll_ready(q[0][0][0], flag) && purlin_ll_wait<1, 1, 1>(q, batch, i, 1u, site);
+        failed = !purlin_ll_ready(q[0][0][0], flag) && purlin_ll_wait<Geo, 1, 1, 1>(q, batch, i, 1u, site);
         theirs = make_uint2(q[0][0][0].x, q[0][0][0].z);"""
 _REDUCE = """        purlin_ll_word a, b, r;
         a.raw = {first};
@@ -113,7 +115,7 @@ def _minimal(source: str, call: dict, wait: str):
         return None
 
     def body(m):
-        rank = int(re.search(r"_r(\d+)\(", m.group(1)).group(1))
+        rank = int(re.search(r"_r(\d+)_body\(", m.group(1)).group(1))
         peer = 1 - rank
         if kind == "allreduce":  # rank 0's data first, as the spec sums (bitwise the reference)
             first, second = ("d[u]", "theirs") if rank == 0 else ("theirs", "d[u]")

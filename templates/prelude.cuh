@@ -26,15 +26,33 @@ struct purlin_args {
     char* out_peer[PURLIN_WORLD];       // registered outputs (null when not registered)
 };
 
+// Two forms of every rank's program (rank.cu.j2), which differ only in how they compute
+// addresses.  purlin_wide runs any call.  purlin_lean runs the calls abi.KernelABI.lean_fits
+// admits: one round, every byte offset below 2^32, caller buffers and chunks 8-byte aligned.
+// There offsets are 32-bit and every packet's 8 data bytes are one aligned word, so a small
+// call's first load and first store come a few instructions into the kernel instead of
+// after 64-bit slice arithmetic and the byte-wise branches of the general case (measured
+// 2026-11-30: ~90 instructions before the first load, ~270 before the first packet store).
+struct purlin_wide {
+    typedef purlin_u64 off;
+    static constexpr bool lean = false;
+};
+struct purlin_lean {
+    typedef unsigned off;
+    static constexpr bool lean = true;
+};
+
 // What one round needs: its epoch, where it starts in an IN/OUT unit and its slicing.
+template <typename Geo>
 struct purlin_round {
-    purlin_u64 epoch;      // counters[channel] + round
-    purlin_u64 io_offset;  // byte offset of this round inside an IN/OUT unit: round * piece bytes
-    purlin_u64 io_unit;    // bytes between IN/OUT units
-    purlin_u64 stage_unit; // bytes between staging units
-    purlin_u64 bytes;      // bytes of one unit moved this round
-    purlin_u64 step;       // slice stride in bytes
-    purlin_u64 stage_copy; // byte offset of this round's staging copy (epoch parity; 0 with one copy)
+    typedef typename Geo::off off;
+    purlin_u64 epoch;  // counters[channel] + round
+    off io_offset;     // byte offset of this round inside an IN/OUT unit: round * piece bytes
+    off io_unit;       // bytes between IN/OUT units
+    off stage_unit;    // bytes between staging units
+    off bytes;         // bytes of one unit moved this round
+    off step;          // slice stride in bytes
+    off stage_copy;    // byte offset of this round's staging copy (epoch parity; 0 with one copy)
 };
 
 // Round `round`'s geometry: everything but its epoch, which purlin_round_epoch adds once the
@@ -42,15 +60,17 @@ struct purlin_round {
 // slice then covers the same staging bytes in every round, so a channel that runs ahead into
 // a shorter last round cannot overlap another channel's slice of the previous round
 // (purlinc.snac.simulate.round_slice_bounds).
-__device__ __forceinline__ purlin_round purlin_round_geometry(const purlin_args& args, purlin_u64 round)
+template <typename Geo>
+__device__ __forceinline__ purlin_round<Geo> purlin_round_geometry(const purlin_args& args, purlin_u64 round)
 {
-    purlin_round rd;
+    typedef typename Geo::off off;
+    purlin_round<Geo> rd;
     rd.epoch = 0;
-    rd.io_offset = round * args.piece_bytes;
-    rd.io_unit = args.io_unit;
-    rd.stage_unit = args.stage_unit;
-    rd.bytes = round + 1 == args.rounds ? args.last_bytes : args.piece_bytes;
-    rd.step = args.step;
+    rd.io_offset = Geo::lean ? 0 : (off)(round * args.piece_bytes);  // lean: round 0 of 1
+    rd.io_unit = (off)args.io_unit;
+    rd.stage_unit = (off)args.stage_unit;
+    rd.bytes = (off)(Geo::lean || round + 1 == args.rounds ? args.last_bytes : args.piece_bytes);
+    rd.step = (off)args.step;
     rd.stage_copy = 0;
     return rd;
 }
@@ -60,44 +80,51 @@ __device__ __forceinline__ purlin_round purlin_round_geometry(const purlin_args&
 // reads this one (purlinc.snac.ir, "Staging copies").  Set where the program first needs it:
 // a program that starts with a packet send sets it after issuing the send's loads, so the
 // counter's load and the data loads are in flight together (block_ll_send.cu.j2).
-__device__ __forceinline__ void purlin_round_epoch(purlin_round& rd, const purlin_args& args, purlin_u64 epoch)
+template <typename Geo>
+__device__ __forceinline__ void purlin_round_epoch(purlin_round<Geo>& rd, const purlin_args& args, purlin_u64 epoch)
 {
+    typedef typename Geo::off off;
     rd.epoch = epoch;
-    rd.stage_copy = PURLIN_STAGE_COPIES > 1 ? (epoch & 1) * args.copy_bytes : 0;
+    rd.stage_copy = PURLIN_STAGE_COPIES > 1 ? (off)(epoch & 1) * (off)args.copy_bytes : 0;
 }
 
 // Slice s of a unit: bytes [lo, hi) with lo = min(bytes, s * step), hi = min(bytes, lo + step)
 // (the same function as purlinc.snac.simulate.slice_bounds).
-__device__ __forceinline__ purlin_u64 purlin_slice_lo(const purlin_round& rd, unsigned s)
+template <typename Geo>
+__device__ __forceinline__ typename Geo::off purlin_slice_lo(const purlin_round<Geo>& rd, unsigned s)
 {
-    const purlin_u64 lo = s * rd.step;
+    const typename Geo::off lo = s * rd.step;
     return lo < rd.bytes ? lo : rd.bytes;
 }
 
-__device__ __forceinline__ purlin_u64 purlin_slice_len(const purlin_round& rd, unsigned s)
+template <typename Geo>
+__device__ __forceinline__ typename Geo::off purlin_slice_len(const purlin_round<Geo>& rd, unsigned s)
 {
-    const purlin_u64 lo = purlin_slice_lo(rd, s);
-    const purlin_u64 hi = lo + rd.step;
+    const typename Geo::off lo = purlin_slice_lo(rd, s);
+    const typename Geo::off hi = lo + rd.step;
     return (hi < rd.bytes ? hi : rd.bytes) - lo;
 }
 
 // Slice s of unit u of a caller buffer (IN/OUT): units are `count` elements apart.
-__device__ __forceinline__ char* purlin_io(char* base, purlin_u64 unit, unsigned s, const purlin_round& rd)
+template <typename Geo>
+__device__ __forceinline__ char* purlin_io(char* base, unsigned unit, unsigned s, const purlin_round<Geo>& rd)
 {
-    return base + unit * rd.io_unit + rd.io_offset + purlin_slice_lo(rd, s);
+    return base + (unit * rd.io_unit + rd.io_offset + purlin_slice_lo(rd, s));
 }
 
 // Slice s of unit u of a staging buffer: units are `piece` elements apart.
-__device__ __forceinline__ char* purlin_stage(char* base, purlin_u64 unit, unsigned s, const purlin_round& rd)
+template <typename Geo>
+__device__ __forceinline__ char* purlin_stage(char* base, unsigned unit, unsigned s, const purlin_round<Geo>& rd)
 {
-    return base + rd.stage_copy + unit * rd.stage_unit + purlin_slice_lo(rd, s);
+    return base + (rd.stage_copy + unit * rd.stage_unit + purlin_slice_lo(rd, s));
 }
 
 // Packets of slice s of a packed message in unit u (and u + 1): data byte o of the slice is in
 // the packet at byte 2 * o from the start of unit u plus twice the slice's start (16-byte aligned).
-__device__ __forceinline__ char* purlin_stage_ll(char* base, purlin_u64 unit, unsigned s, const purlin_round& rd)
+template <typename Geo>
+__device__ __forceinline__ char* purlin_stage_ll(char* base, unsigned unit, unsigned s, const purlin_round<Geo>& rd)
 {
-    return base + rd.stage_copy + unit * rd.stage_unit + 2 * purlin_slice_lo(rd, s);
+    return base + (rd.stage_copy + unit * rd.stage_unit + 2 * purlin_slice_lo(rd, s));
 }
 
 // ---- signals ----

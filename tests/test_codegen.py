@@ -227,7 +227,7 @@ def test_epoch_is_set_where_first_needed():
     for rank in range(2):
         body = kernel.source.split(f"// ==== rank {rank}")[1].split("// ==== rank")[0]
         assert body.count("purlin_round_epoch(rd, args, epoch0 + round);") == 1
-        assert body.index("purlin_round_geometry(") < body.index("purlin_round_epoch(") < body.index("// step 0")
+        assert body.index("purlin_round_geometry<Geo>(") < body.index("purlin_round_epoch(") < body.index("// step 0")
 
 
 def test_registered_buffers_need_peers():

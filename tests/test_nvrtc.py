@@ -114,6 +114,8 @@ def _compile_case(case) -> tuple:
         kernel = generate(schedule, spec, atom=atom, arch=arch, dtype=DType(dtype), op=op and ReduceOp(op))
         cubin = nvrtc.compile_cubin(kernel.source, kernel.filename, arch)
         entries = [kernel.abi.entry(rank) for rank in range(world_size)]
+        if kernel.abi.lean:  # packed modules: each rank's lean entry too (abi.KernelABI.lean_entry)
+            entries += [kernel.abi.lean_entry(rank) for rank in range(world_size)]
         return case, None, entries, cubin
     except Exception as error:  # noqa: BLE001 - reported by the test of this case
         return case, f"{type(error).__name__}: {error}", [], b""

@@ -233,16 +233,16 @@ def test_generated_ll_structure():
     body = source.split("// ==== rank 0")[1].split("// ==== rank 1")[0]
     # The two packed stages of a rank are one loop: both chunks' loads, then both stores (the
     # first packets' loads peeled ahead of the loop, the rest at the end of each trip).
-    assert body.count("purlin_ll_put(") == 2 and body.count("purlin_ll_take(") == 2 * 2
+    assert body.count("purlin_ll_put<Geo>(") == 2 and body.count("purlin_ll_take<Geo>(") == 2 * 2
     assert body.count("while (8 * i0 < most)") == 1
-    assert body.index("purlin_ll_take(src1") < body.index("purlin_ll_put(dst0")
+    assert body.index("purlin_ll_take<Geo>(src1") < body.index("purlin_ll_put<Geo>(dst0")
     # The round's epoch (it needs the call counter's load) is set after the first loads are
     # issued and before anything uses it: the two loads overlap.
     assert body.count("purlin_round_epoch(") == 1
-    assert body.index("purlin_ll_take(src1") < body.index("purlin_round_epoch(") < body.index("flag0 =")
+    assert body.index("purlin_ll_take<Geo>(src1") < body.index("purlin_round_epoch(") < body.index("flag0 =")
     assert body.index("purlin_round_epoch(") < body.index("purlin_ll_consume<")
     # The two reduces are one receive loop over both chunks (one instantiation, out of line).
-    assert body.count("purlin_ll_consume<2, 2, true, 2u>(batch, site)") == 1
+    assert body.count("purlin_ll_consume<Geo, 2, 2, true, 2u>(batch, site)") == 1
     assert "__device__ __forceinline__ int purlin_ll_consume(" in source  # a small module: inlined
     # No DATA notify, no separate packed wait, and no ACK: each rank's next call waits for the
     # other's data, sent only after that rank finished reading this call's copy.
@@ -250,23 +250,23 @@ def test_generated_ll_structure():
     assert "purlin_notify(" not in body and kernel.abi.threads == 256
     assert "st.volatile.global.v4.u32" in source and "ld.volatile.global.v4.u32" in source
     _, copy = _kernel("allgather", 2)
-    assert "purlin_ll_consume<1, 1, false, 1u>(batch, site)" in copy.source
-    assert "purlin_ll_consume<1, 1, true" not in copy.source
+    assert "purlin_ll_consume<Geo, 1, 1, false, 1u>(batch, site)" in copy.source
+    assert "purlin_ll_consume<Geo, 1, 1, true" not in copy.source
 
 
 def test_ll_receive_loops_split_by_shape_size_and_hazard():
     # R=8 all-reduce: 8 reduces of 8 sources each, at most 8 sources per loop -> 8 loops of one.
     _, kernel = _kernel("allreduce", 8)
     body = kernel.source.split("// ==== rank 0")[1].split("// ==== rank 1")[0]
-    assert body.count("purlin_ll_consume<1, 8, true, 254u>(batch, site)") == 8
+    assert body.count("purlin_ll_consume<Geo, 1, 8, true, 254u>(batch, site)") == 8
     # 64 loops in the module: one out-of-line body per shape (inlined, NVRTC took 3x as long).
     assert "__device__ __noinline__ int purlin_ll_consume(" in kernel.source
     # ... and its 56 packed stages are one send loop over its 8 inputs (each loaded once).
-    assert body.count("purlin_ll_put(") == 56 and body.count("purlin_ll_take(") == 8 * 2
+    assert body.count("purlin_ll_put<Geo>(") == 56 and body.count("purlin_ll_take<Geo>(") == 8 * 2
     # R=4 all-gather: 3 copies of one source -> one loop.
     _, gather = _kernel("allgather", 4)
     body = gather.source.split("// ==== rank 0")[1].split("// ==== rank 1")[0]
-    assert body.count("purlin_ll_consume<3, 1, false, 1u>(batch, site)") == 1
+    assert body.count("purlin_ll_consume<Geo, 3, 1, false, 1u>(batch, site)") == 1
 
 
 def test_ll_batches_never_fuse_a_read_after_a_write():
@@ -294,10 +294,10 @@ def test_local_copy_of_a_sent_source_is_written_by_the_send_loop():
     # written from the registers the send loop loaded (no second load, no copy step).
     _, kernel = _kernel("allgather", 2)
     body = kernel.source.split("// ==== rank 0")[1].split("// ==== rank 1")[0]
-    assert body.count("purlin_ll_copy_out(out0, len0,") == 1 and "purlin_copy(" not in body
+    assert body.count("purlin_ll_copy_out<Geo>(out0, len0,") == 1 and "purlin_copy(" not in body
     assert "1 message and 1 local copy from 1 source(s)" in body
     # The receive loop waits for all of a thread's missing packets at once.
-    assert "purlin_ll_wait<U, C, N>(q, b, i0, pending, site)" in kernel.source
+    assert "purlin_ll_wait<Geo, U, C, N>(q, b, i0, pending, site)" in kernel.source
 
 
 def test_fused_copy_rules():

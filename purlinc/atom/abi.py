@@ -26,6 +26,13 @@ argument: a ``purlin_args`` struct by value.  Its layout (all fields 8 bytes, no
 the round geometry from them once per call shape (``KernelABI.pack_args``), so no kernel
 spends its first instructions on 64-bit divisions and products before its first load.
 
+Lean entries: a module with packed (LL) stages also has ``<kernel_base>_r<rank>_lean``
+(``KernelABI.lean_entry``), the same program compiled for the calls ``KernelABI.lean_fits``
+admits: one round, every byte offset the kernel forms below ``LEAN_LIMIT``, and every packet's
+8 data bytes one aligned word (caller buffers 8-byte aligned, chunks a multiple of 8 bytes).
+It takes the same arguments and computes its addresses in 32 bits, with no byte-wise path;
+the runtime picks it per call (a small call's critical path is mostly those instructions).
+
 Launch: grid = (channels, 1, 1), block = (threads, 1, 1), no dynamic shared memory
 unless ``KernelABI.shared_bytes`` says otherwise.
 
@@ -70,6 +77,7 @@ HEADER_FIELDS = ("rounds", "io_unit", "piece_bytes", "last_bytes", "stage_unit",
                  "timeout_ns", "in", "out", "counters", "error")
 ERROR_RECORD = ("flag", "rank", "channel", "step", "signal_owner", "signal_index", "expected", "observed")
 ERROR_RECORD_BYTES = 8 * len(ERROR_RECORD)
+LEAN_LIMIT = 1 << 31  # bytes: every offset a lean entry forms (packet offsets are twice a slice's) stays 32-bit
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +97,7 @@ class KernelABI:
     needs_in_peers: bool  # the schedule reads or writes other ranks' IN (registered inputs)
     needs_out_peers: bool  # ... other ranks' OUT (registered outputs)
     stage_align: int = 1  # staging units are rounded up to this many bytes (16 with packed stages)
+    lean: bool = False  # the module also has lean entries (``lean_entry``, ``lean_fits``)
 
     def stage_unit_bytes(self, piece: int) -> int:
         """Bytes between staging units for a call moving ``piece`` elements per round."""
@@ -117,6 +126,24 @@ class KernelABI:
 
     def entry(self, rank: int) -> str:
         return f"{self.kernel_base}_r{rank}"
+
+    def lean_entry(self, rank: int) -> str:
+        if not self.lean:
+            raise ValueError(f"{self.kernel_base} has no lean entries (only modules with packed stages have them)")
+        return f"{self.kernel_base}_r{rank}_lean"
+
+    def lean_fits(self, count: int, piece: int, pointers: tuple[int, ...]) -> bool:
+        """Whether a call may take the lean entries: this module has them; the call is one
+        round; every IN/OUT extent and the staging it addresses stay below ``LEAN_LIMIT``
+        bytes; every chunk is a whole number of packets' data (8 bytes); and every caller
+        buffer the kernel addresses (``pointers``: in, out and the registered peers; 0 = none)
+        is 8-byte aligned."""
+        if not self.lean or count < 1:
+            return False
+        rounds, io_unit, _, _, stage_unit, _, _ = self.geometry(count, piece)
+        units = max((*self.in_units, *self.out_units, 1))
+        return (rounds == 1 and io_unit % 8 == 0 and units * io_unit < LEAN_LIMIT
+                and self.stage_units * stage_unit < LEAN_LIMIT and all(p % 8 == 0 for p in pointers))
 
     @property
     def args_bytes(self) -> int:
@@ -154,6 +181,7 @@ class KernelABI:
         return {
             "kernel_base": self.kernel_base,
             "entries": [self.entry(r) for r in range(self.world_size)],
+            "lean_entries": [self.lean_entry(r) for r in range(self.world_size)] if self.lean else [],
             "world_size": self.world_size,
             "grid": [self.channels, 1, 1],
             "block": [self.threads, 1, 1],

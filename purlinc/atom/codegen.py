@@ -679,6 +679,7 @@ def generate(
         stage_align=16 if packed else 1,
         ll_source=_render("ll.cuh.j2", reduce=reduce, in_flight=LL_IN_FLIGHT, consume_inline=_ll_loops(kernels) <= LL_INLINE_LOOPS
                           ).rstrip("\n") if packed else "",
+        lean=bool(packed),
         prelude=_load_template("prelude.cuh").rstrip("\n"),
         elem_source=_load_template("elem.cuh").rstrip("\n"),
         elem=_elem_values(dtype, op),
@@ -702,6 +703,7 @@ def generate(
         stage_copies=schedule.stage_copies,
         signal_pad=schedule.signal_pad_size(),
         stage_align=16 if packed else 1,
+        lean=bool(packed),
         in_units=tuple(schedule.in_units),
         out_units=tuple(schedule.out_units),
         needs_in_peers=_needs_peers(schedule, Space.IN),

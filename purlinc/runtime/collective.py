@@ -100,12 +100,13 @@ def layout_sizes(compiled: Compiled, stage_bytes: int | None = None) -> tuple[in
 
 
 class _Variant:
-    """A kernel for one (dtype, op) loaded on one device: its entry point and launch shape."""
+    """A kernel for one (dtype, op) loaded on one device: its entry points and launch shape
+    (``lean``: the rank's lean entry, for the calls ``abi.lean_fits`` admits; None without)."""
 
-    __slots__ = ("function", "module", "grid", "block", "shared", "abi", "key")
+    __slots__ = ("function", "lean", "module", "grid", "block", "shared", "abi", "key")
 
-    def __init__(self, function, module, abi, key):
-        self.function, self.module, self.abi, self.key = function, module, abi, key
+    def __init__(self, function, module, abi, key, lean=None):
+        self.function, self.module, self.abi, self.key, self.lean = function, module, abi, key, lean
         self.grid, self.block, self.shared = abi.channels, abi.threads, abi.shared_bytes
 
 
@@ -296,19 +297,23 @@ class Collective:
         driver.set_current(self.device)
         module = driver.module_load(cubin)
         function = driver.get_function(module, abi.entry(self.rank))
+        lean = driver.get_function(module, abi.lean_entry(self.rank)) if abi.lean else None
         if abi.shared_bytes > 48 * 1024:
-            driver.set_max_dynamic_shared(function, abi.shared_bytes)
-        hit = _Variant(function, module, abi, key)
+            for f in (function, lean):
+                if f is not None:
+                    driver.set_max_dynamic_shared(f, abi.shared_bytes)
+        hit = _Variant(function, module, abi, key, lean)
         self._variants[key] = hit
         return hit
 
     def _packed(self, variant: _Variant, shape: CallShape, piece: int):
+        """(entry function, packed arguments) of a call: the lean entry where the call fits it."""
         from purlinc.runtime.driver import PackedArgs
 
         peers = zerocopy.peer_args(self, shape) if self.registered else {}
         key = (variant.key, shape.in_ptr, shape.out_ptr, shape.count, *map(tuple, peers.values()))
-        packed = self._args.get(key)
-        if packed is None:
+        hit = self._args.get(key)
+        if hit is None:
             if len(self._args) >= _ARGS_CACHE_LIMIT:
                 self._args.clear()  # launches copy their arguments: dropping old ones is safe
             data = variant.abi.pack_args(**peers,
@@ -316,8 +321,10 @@ class Collective:
                 out_ptr=shape.out_ptr, counters_ptr=self.counters_ptr, error_ptr=self.error_dev,
                 stage=self.stage_ptrs, signals=self.pad_ptrs,
             )
-            packed = self._args[key] = PackedArgs(data)
-        return packed
+            pointers = (shape.in_ptr, shape.out_ptr, *(p for ptrs in peers.values() for p in ptrs))
+            lean = variant.lean is not None and variant.abi.lean_fits(shape.count, piece, pointers)
+            hit = self._args[key] = (variant.lean if lean else variant.function, PackedArgs(data))
+        return hit
 
     # -------------------------------------------------------------------------------- calls
     def prepare_call(self, x, out, op, stream, count, dtype=None):
@@ -383,7 +390,8 @@ class Collective:
             return None  # zero-copy calls take the full path: it checks the heap blocks are still live
         piece = choose_piece(shape.count, self.stage_units, shape.dtype.itemsize, self.layout.stage_bytes)
         variant = self.variant(shape.dtype, shape.op)
-        return (variant.function, variant.grid, variant.block, variant.shared, self._packed(variant, shape, piece))
+        function, packed = self._packed(variant, shape, piece)
+        return (function, variant.grid, variant.block, variant.shared, packed)
 
     def launch(self, shape: CallShape, stream: int) -> None:
         if shape.count == 0:
