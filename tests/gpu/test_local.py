@@ -98,7 +98,9 @@ def test_collective(group, name, algorithm, atom):
 def test_packed_ll(group, name):
     """The LL protocol (notify inside every 16-byte packet): every example that direct-push
     lowers, odd counts, copies bitwise, reductions bitwise against the evaluator's order,
-    two channels, and CUDA-graph replays (flags are epoch-stamped: replays need no reset)."""
+    two channels, and CUDA-graph replays (flags are epoch-stamped: replays need no reset).
+    Whole packets in 8-byte aligned buffers take the lean entries (abi.KernelABI.lean_fits),
+    odd counts and shifted buffers the wide ones."""
     import purlinc
     from purlinc.errors import PurlinError
 
@@ -109,38 +111,74 @@ def test_packed_ll(group, name):
         except PurlinError as error:
             pytest.skip(str(error).splitlines()[0])
         spec = coll[0].compiled.spec
+        label = f"{name}/ll/c{channels}"
         try:
             for count in (1, 7, 1000, 4097, 20_000):
                 for dtype in (DType.FLOAT32, DType.BFLOAT16):
-                    run_once(coll, spec, count, dtype, "sum", rng, f"{name}/ll/c{channels}/{dtype.value}/n={count}")
-            # graph replay, several calls per replay
-            count, dtype = 4097, DType.BFLOAT16
-            xs, outs = _buffers(spec, count, dtype, inputs_for(spec, count, dtype, rng))
-            coll(xs, outs)
-            _sync()
-            graphs = []
-            for r in DEVICES:
-                with torch.cuda.device(r):
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g, stream=torch.cuda.Stream(device=r)):
-                        for _ in range(3):
-                            coll[r](xs[r], outs[r])
-                    graphs.append(g)
-            for it in range(3):
-                inputs = inputs_for(spec, count, dtype, rng)
-                for r in DEVICES:
-                    if xs[r] is not None:
-                        xs[r].copy_(to_torch(inputs[r], dtype, r))
-                    if outs[r] is not None:
-                        poison(outs[r])
-                _sync()
-                for g in graphs:
-                    g.replay()
-                _sync()
-                coll.check()
-                _compare(spec, outs, expected(spec, inputs, count, dtype, "sum"), dtype, f"{name}/ll graph {it}")
+                    run_once(coll, spec, count, dtype, "sum", rng, f"{label}/{dtype.value}/n={count}")
+            for shift in (1, 4):  # buffers 2 bytes (wide) and 8 bytes (lean) into their allocation
+                run_shifted(coll, spec, 1000, DType.BFLOAT16, shift, rng, f"{label}/shift={shift}")
+            for count in (4096, 4097):
+                graph_replays(coll, spec, count, DType.BFLOAT16, rng, label)
         finally:
             coll.close()
+
+
+def run_shifted(coll, spec, count, dtype, shift, rng, label):
+    """run_once on views ``shift`` elements into larger buffers, whose other elements must
+    keep their poison: nothing is written outside the call's output."""
+    inputs = inputs_for(spec, count, dtype, rng)
+    whole, xs, outs = [], [], []
+    for r in range(spec.world_size):
+        x = None
+        if len(spec.inputs[r]):
+            x = torch.empty(inputs[r].size + shift + 3, dtype=torch_dtype(dtype), device=f"cuda:{r}")
+            x = x[shift:shift + inputs[r].size]
+            x.copy_(to_torch(inputs[r], dtype, r))
+        n = len(spec.outputs[r]) * count
+        out = torch.empty(n + shift + 3, dtype=torch_dtype(dtype), device=f"cuda:{r}") if n else None
+        if out is not None:
+            poison(out)
+        whole.append(out)
+        xs.append(x)
+        outs.append(out[shift:shift + n] if out is not None else None)
+    coll(xs, outs, op="sum")
+    _sync()
+    coll.check()
+    _compare(spec, outs, expected(spec, inputs, count, dtype, "sum"), dtype, label)
+    for r, out in enumerate(whole):
+        if out is not None:
+            edges = torch.cat([out[:shift], out[shift + outs[r].numel():]]).view(torch.uint8)
+            assert bool((edges == 0xFF).all()), f"{label}: rank {r} wrote outside its output"
+
+
+def graph_replays(coll, spec, count, dtype, rng, label):
+    """Three calls per CUDA-graph replay, three replays, fresh inputs and poisoned outputs
+    before each."""
+    xs, outs = _buffers(spec, count, dtype, inputs_for(spec, count, dtype, rng))
+    coll(xs, outs)
+    _sync()
+    graphs = []
+    for r in DEVICES:
+        with torch.cuda.device(r):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=torch.cuda.Stream(device=r)):
+                for _ in range(3):
+                    coll[r](xs[r], outs[r])
+            graphs.append(g)
+    for it in range(3):
+        inputs = inputs_for(spec, count, dtype, rng)
+        for r in DEVICES:
+            if xs[r] is not None:
+                xs[r].copy_(to_torch(inputs[r], dtype, r))
+            if outs[r] is not None:
+                poison(outs[r])
+        _sync()
+        for g in graphs:
+            g.replay()
+        _sync()
+        coll.check()
+        _compare(spec, outs, expected(spec, inputs, count, dtype, "sum"), dtype, f"{label} graph n={count} {it}")
 
 
 @pytest.mark.parametrize("name", ["allreduce.pln", "allgather.pln", "reduce_scatter.pln", "alltoall.pln",
