@@ -52,7 +52,14 @@ TRACE = Setting(
     "Not a codegen key: a traced kernel is asked for explicitly by generate(trace=True)",
 )
 
-ALL = (DEBUG, CACHE_DIR, NO_CACHE, WAIT_TIMEOUT_S, HEAP_MB, HEAP_MAX_MB, STAGE_MB, TRACE)
+PDL = Setting(
+    "PURLIN_PDL", "1", False,
+    "1: on sm_90 and newer, launch kernels with programmatic dependent launch (a kernel is scheduled "
+    "while the one before it in the stream finishes, and waits for it on the device); 0: plain launches. "
+    "Not a codegen key: every kernel waits either way",
+)
+
+ALL = (DEBUG, CACHE_DIR, NO_CACHE, WAIT_TIMEOUT_S, HEAP_MB, HEAP_MAX_MB, STAGE_MB, TRACE, PDL)
 
 
 def debug() -> bool:
@@ -81,6 +88,10 @@ def heap_bytes() -> int:
 
 def trace() -> bool:
     return TRACE.raw() not in ("", "0")
+
+
+def pdl() -> bool:
+    return PDL.raw() not in ("", "0")
 
 
 def heap_max_bytes() -> int:

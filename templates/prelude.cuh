@@ -127,6 +127,22 @@ __device__ __forceinline__ char* purlin_stage_ll(char* base, unsigned unit, unsi
     return base + (rd.stage_copy + unit * rd.stage_unit + 2 * purlin_slice_lo(rd, s));
 }
 
+// ---- launch order ----
+
+// The runtime launches kernels on sm_90+ as programmatic dependent launches
+// (runtime/driver.py: DependentLaunch): this grid may be scheduled while the kernel ahead of
+// it in the stream is still running.  So before anything else every block waits for that
+// kernel to finish and its memory to be visible (a no-op for a plain launch), then lets the
+// kernel after it be scheduled (which waits the same way, for all of this grid): a call's
+// launch latency overlaps the previous kernel's execution instead of following it.
+__device__ __forceinline__ void purlin_launch_order()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // ---- signals ----
 
 // Release store at system scope: every write this block made before the preceding

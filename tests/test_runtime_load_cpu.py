@@ -196,3 +196,26 @@ def test_lean_fits_names_every_condition():
     assert not plain.lean_fits(512, 512, (0x1000, 0x2000))
     with pytest.raises(ValueError, match="no lean entries"):
         plain.lean_entry(0)
+
+
+@pytest.mark.parametrize("arch, setting, dependent", [("sm_90", "1", True), ("sm_100", "1", True),
+                                                      ("sm_80", "1", False), ("sm_90", "0", False)])
+def test_dependent_launch_where_the_device_has_it(fake, monkeypatch, arch, setting, dependent):
+    """sm_90+ launches are programmatic dependent launches (unless PURLIN_PDL=0), with the
+    variant's own grid, block and shared bytes; the kernels wait for their predecessor either way."""
+    from purlinc.runtime.validate import CallShape
+
+    monkeypatch.setattr(driver, "arch_of", lambda device: arch)
+    monkeypatch.setenv("PURLIN_PDL", setting)
+    coll = load(EXAMPLES / "allreduce.pln", FakeComm(), channels=2, packed=True)
+    variant = coll.variant(DType.BFLOAT16, ReduceOp.SUM)
+    _, grid, block, shared, packed = coll.target(CallShape(DType.BFLOAT16, ReduceOp.SUM, 512, 1 << 32, 1 << 33))
+    assert (packed.config is not None) == dependent
+    if dependent:
+        config = packed.config.config
+        assert (config.gridDimX, config.blockDimX, config.sharedMemBytes) == (grid, block, shared) == (2, 256, 0)
+        assert config.numAttrs == 1 and config.attrs[0].value.programmaticStreamSerializationAllowed == 1
+    source = coll.compiled.kernel(DType.BFLOAT16, ReduceOp.SUM).cuda.source
+    for rank in range(2):
+        body = source.split(f"{variant.abi.entry(rank)}_body(const purlin_args& args)\n{{\n")[1]
+        assert body.lstrip().startswith("purlin_launch_order();")

@@ -184,6 +184,10 @@ class Collective:
         driver.set_current(self.device)
         self.error_host, self.error_dev = driver.host_alloc_mapped(ERROR_RECORD_BYTES)
         self._flag = ctypes.c_uint64.from_address(self.error_host)
+        # Programmatic dependent launch where the device has it (sm_90+) and it is not turned
+        # off: every kernel waits for its predecessor on the device (prelude.cuh), so only
+        # the launch changes (driver.DependentLaunch).
+        self._pdl = settings.pdl() and driver.has_dependent_launch(self.device)
         self._variants: dict = {}
         self._args: dict = {}
         self._fast: FastPath | None = None
@@ -308,7 +312,7 @@ class Collective:
 
     def _packed(self, variant: _Variant, shape: CallShape, piece: int):
         """(entry function, packed arguments) of a call: the lean entry where the call fits it."""
-        from purlinc.runtime.driver import PackedArgs
+        from purlinc.runtime.driver import DependentLaunch, PackedArgs
 
         peers = zerocopy.peer_args(self, shape) if self.registered else {}
         key = (variant.key, shape.in_ptr, shape.out_ptr, shape.count, *map(tuple, peers.values()))
@@ -323,7 +327,8 @@ class Collective:
             )
             pointers = (shape.in_ptr, shape.out_ptr, *(p for ptrs in peers.values() for p in ptrs))
             lean = variant.lean is not None and variant.abi.lean_fits(shape.count, piece, pointers)
-            hit = self._args[key] = (variant.lean if lean else variant.function, PackedArgs(data))
+            config = DependentLaunch(variant.grid, variant.block, variant.shared) if self._pdl else None
+            hit = self._args[key] = (variant.lean if lean else variant.function, PackedArgs(data, config))
         return hit
 
     # -------------------------------------------------------------------------------- calls

@@ -98,6 +98,11 @@ def arch_of(device: int) -> str:
     return f"sm_{major}{minor}"
 
 
+def has_dependent_launch(device: int) -> bool:
+    """Programmatic dependent launch (``griddepcontrol``): compute capability 9.0 and newer."""
+    return int(arch_of(device).removeprefix("sm_")) >= 90
+
+
 def device_name(device: int) -> str:
     init()
     dev = call(cu.cuDeviceGet, device)
@@ -237,28 +242,62 @@ class PackedArgs:
     """One kernel argument (a struct by value) kept alive with its ``void*[1]`` array.
 
     ``kernel_params`` is the address cuLaunchKernel wants: an array of one pointer to
-    the struct bytes.  Both ctypes buffers live as long as this object.
+    the struct bytes.  Both ctypes buffers live as long as this object.  ``config``: a
+    :class:`DependentLaunch` when the launch is to be a programmatic dependent one, else None.
     """
 
-    __slots__ = ("buffer", "pointers", "kernel_params")
+    __slots__ = ("buffer", "pointers", "kernel_params", "config")
 
-    def __init__(self, data: bytes):
+    def __init__(self, data: bytes, config: "DependentLaunch | None" = None):
         self.buffer = ctypes.create_string_buffer(data, len(data))
         self.pointers = (ctypes.c_void_p * 1)(ctypes.addressof(self.buffer))
         self.kernel_params = ctypes.addressof(self.pointers)
+        self.config = config
+
+
+class DependentLaunch:
+    """A launch configuration with programmatic dependent launch (sm_90+): the kernel may be
+    scheduled before the kernel ahead of it in the stream has finished, and must wait for it
+    on the device (``griddepcontrol.wait``, templates/prelude.cuh: purlin_launch_order) before
+    it touches memory; so its launch latency overlaps the previous kernel instead of following
+    it.  Stream capture records the dependency as a programmatic graph edge."""
+
+    __slots__ = ("config",)
+
+    def __init__(self, grid: int, block: int, shared: int):
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        config = cu.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid, 1, 1
+        config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
+        config.sharedMemBytes = shared
+        config.attrs = [attr]
+        config.numAttrs = 1
+        self.config = config
 
 
 _launch = cu.cuLaunchKernel
+_launch_ex = cu.cuLaunchKernelEx
 
 
 def launch(function, grid: int, block: int, shared: int, stream, args: PackedArgs) -> None:
-    """cuLaunchKernel with one by-value struct argument (hot path: no allocation).
+    """cuLaunchKernel with one by-value struct argument (hot path: no allocation), or
+    cuLaunchKernelEx with ``args.config`` (the same grid, block and shared bytes) when set.
 
     (Calling libcuda through ctypes instead was measured on the H200 host, 2026-11-29: 23.3 us
     of host time per eager call against 20.4 us through the binding, so the binding stays.)
     """
     if isinstance(function, int):
         function = cu.CUfunction(function)
+    dependent = args.config
+    if dependent is not None:
+        config = dependent.config
+        config.hStream = stream
+        result, = _launch_ex(config, function, args.kernel_params, 0)
+        if result != _SUCCESS:
+            raise CudaError(f"cuLaunchKernelEx failed: {describe(result)}", result=result)
+        return
     result, = _launch(function, grid, 1, 1, block, 1, 1, shared, stream, args.kernel_params, 0)
     if result != _SUCCESS:
         raise CudaError(f"cuLaunchKernel failed: {describe(result)}", result=result)
