@@ -152,21 +152,23 @@ def run_shifted(coll, spec, count, dtype, shift, rng, label):
             assert bool((edges == 0xFF).all()), f"{label}: rank {r} wrote outside its output"
 
 
-def graph_replays(coll, spec, count, dtype, rng, label):
-    """Three calls per CUDA-graph replay, three replays, fresh inputs and poisoned outputs
-    before each."""
+def graph_replays(coll, spec, count, dtype, rng, label, replays=3):
+    """Three calls per CUDA graph per device (epochs must advance inside a graph), ``replays``
+    replays, fresh inputs and poisoned outputs before each."""
     xs, outs = _buffers(spec, count, dtype, inputs_for(spec, count, dtype, rng))
-    coll(xs, outs)
+    coll(xs, outs)  # warm: compile and cache outside the capture
     _sync()
     graphs = []
     for r in DEVICES:
         with torch.cuda.device(r):
             g = torch.cuda.CUDAGraph()
+            # torch's default capture stream is made once, on the first device used: give
+            # each device its own.
             with torch.cuda.graph(g, stream=torch.cuda.Stream(device=r)):
                 for _ in range(3):
                     coll[r](xs[r], outs[r])
             graphs.append(g)
-    for it in range(3):
+    for it in range(replays):
         inputs = inputs_for(spec, count, dtype, rng)
         for r in DEVICES:
             if xs[r] is not None:
@@ -179,6 +181,7 @@ def graph_replays(coll, spec, count, dtype, rng, label):
         _sync()
         coll.check()
         _compare(spec, outs, expected(spec, inputs, count, dtype, "sum"), dtype, f"{label} graph n={count} {it}")
+    return xs, outs
 
 
 @pytest.mark.parametrize("name", ["allreduce.pln", "allgather.pln", "reduce_scatter.pln", "alltoall.pln",
@@ -256,36 +259,10 @@ def test_graph_replay(group, name, algorithm, atom, channels):
     prepared = applicable(name, algorithm, atom)
     if isinstance(prepared, str):
         pytest.skip(prepared)
-    spec, count, dtype = prepared.spec, 4097, DType.FLOAT32
     coll = purlinc.load(EXAMPLES / name, group, algorithm=algorithm, atom=atom, channels=channels)
     rng = np.random.default_rng(11)
     try:
-        xs, outs = _buffers(spec, count, dtype, inputs_for(spec, count, dtype, rng))
-        coll(xs, outs)  # warm: compile and cache outside the capture
-        _sync()
-        graphs = []
-        for r in DEVICES:
-            with torch.cuda.device(r):
-                g = torch.cuda.CUDAGraph()
-                # torch's default capture stream is made once, on the first device used:
-                # give each device its own.
-                with torch.cuda.graph(g, stream=torch.cuda.Stream(device=r)):
-                    for _ in range(3):  # several calls per replay: epochs must advance inside a graph
-                        coll[r](xs[r], outs[r])
-                graphs.append(g)
-        for it in range(5):
-            inputs = inputs_for(spec, count, dtype, rng)
-            for r in DEVICES:
-                if xs[r] is not None:
-                    xs[r].copy_(to_torch(inputs[r], dtype, r))
-                if outs[r] is not None:
-                    poison(outs[r])
-            _sync()
-            for g in graphs:
-                g.replay()
-            _sync()
-            coll.check()
-            _compare(spec, outs, expected(spec, inputs, count, dtype, "sum"), dtype, f"{name} graph replay {it}")
+        xs, outs = graph_replays(coll, prepared.spec, 4097, DType.FLOAT32, rng, name, replays=5)
         coll(xs, outs)  # eager after replays still in step
         _sync()
         coll.check()
