@@ -37,7 +37,9 @@ def probe_prefetch(source: str, call: dict) -> str:
 
 
 def probe_floor(source: str, call: dict) -> str:
-    body = "    if (threadIdx.x == 0) args.counters[blockIdx.x] += 1;"
+    # The launch-order wait stays (prelude.cuh): under PDL the counter's read-modify-write must
+    # not overlap the previous call's.
+    body = "    purlin_launch_order();\n    if (threadIdx.x == 0) args.counters[blockIdx.x] += 1;"
     return BODY.sub(lambda m: m.group(1) + body + m.group(3), source)
 
 
@@ -58,6 +60,7 @@ def probe_empty(source: str, call: dict) -> str:
 
 _MINIMAL = """
     // probe: a hand-written LL {kind} for 2 ranks, one channel, one round
+    purlin_launch_order();  // as every generated body (PDL: wait for the previous call)
     const unsigned t = threadIdx.x;
     const unsigned nbytes = (unsigned)({in_units} * args.io_unit);  // this rank's input, every chunk
     const purlin_u64 epoch = args.counters[0];

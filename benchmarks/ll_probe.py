@@ -17,7 +17,8 @@ Probes:
             specializing a kernel for one call shape could still save
   prefetch  base, plus an L1 prefetch of this thread's first input words at kernel entry, ahead
             of the call counter's load
-  floor     the kernel body replaced by the counter update alone: launch cost in a graph
+  floor     the kernel body replaced by the launch-order wait and the counter update alone:
+            launch cost in a graph
   empty     the kernel body removed: launch cost without the counter
   minimal   (all-reduce and all-gather, 2 ranks, 1 channel, one round) the body replaced by a
             hand-written LL exchange: every thread loads its 8 bytes, stores one packet to the

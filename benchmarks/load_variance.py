@@ -71,8 +71,7 @@ def main() -> int:
                            **spread(times[i]), "checked": ok,
                            "stage_offset_mib": round(layout.stage / (1 << 20), 1),
                            "counters_offset_mib": round(layout.counters / (1 << 20), 3),
-                           "segment": heap.segments.index(heap.segment_of(layout.stage))
-                           if hasattr(heap, "segments") else None}
+                           "segment": heap.segments.index(heap.segment_of(layout.stage))}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
         finally:

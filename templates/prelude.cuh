@@ -28,8 +28,8 @@ struct purlin_args {
 
 // Two forms of every rank's program (rank.cu.j2), which differ only in how they compute
 // addresses.  purlin_wide runs any call.  purlin_lean runs the calls abi.KernelABI.lean_fits
-// admits: one round, every byte offset below 2^32, caller buffers and chunks 8-byte aligned.
-// There offsets are 32-bit and every packet's 8 data bytes are one aligned word, so a small
+// admits: one round, every byte offset below 2^31 (abi.LEAN_LIMIT), caller buffers and chunks
+// 8-byte aligned.  There offsets are 32-bit and every packet's 8 data bytes are one aligned word, so a small
 // call's first load and first store come a few instructions into the kernel instead of
 // after 64-bit slice arithmetic and the byte-wise branches of the general case (measured
 // 2026-11-30: ~90 instructions before the first load, ~270 before the first packet store).
