@@ -1,11 +1,11 @@
-"""Small-message (packed, LL) kernels: CUDA-graph time per call against the block size.
+"""Direct-push kernels: CUDA-graph time per call against block size, channels and slices.
 
     python3 benchmarks/ll_sweep.py --out DIR        (one process, every visible GPU a rank)
 
-For each collective and size, and each block size of the packed kernels (the code
-generator's ``THREADS_PACKED``, set here before each load), loads the packed direct-push
-schedule on one channel, checks one call against the reference on fresh random data
-(poisoned outputs, every rank), captures ``--calls`` calls per device in one CUDA graph,
+For each collective and size, and each block size (the code generator's ``THREADS_PACKED``
+for packed LL kernels, ``THREADS`` for plain ldst ones, set here before each load), channel
+count and slice count, loads the direct-push schedule (packed by default), checks one call
+against the reference on fresh random data (poisoned outputs, every rank), captures ``--calls`` calls per device in one CUDA graph,
 replays them ``--reps`` times and reports the slowest device's median per call, with the
 range over repeats.  Writes ll_sweep.json and ll_sweep.md into --out.  The measurement
 behind the choice of ``THREADS_PACKED`` (see purlinc/atom/codegen.py).
@@ -50,6 +50,10 @@ def main() -> int:
     ap.add_argument("--bytes", default="1024,16384,65536")
     ap.add_argument("--threads", default="64,128,256,512")
     ap.add_argument("--channels", default="1", help="comma-separated channel counts")
+    ap.add_argument("--packed", default="1",
+                    help="comma-separated 1 (LL packets; --threads sets THREADS_PACKED) and/or 0 (plain "
+                         "ldst staging; --threads sets THREADS)")
+    ap.add_argument("--slices", default="1", help="comma-separated slices per channel")
     ap.add_argument("--inline-loops", default=str(codegen.LL_INLINE_LOOPS),
                     help="comma-separated values of codegen.LL_INLINE_LOOPS (0: receive loops out of line)")
     ap.add_argument("--calls", type=int, default=100)
@@ -61,19 +65,24 @@ def main() -> int:
     dtype = DType.BFLOAT16
     rows = []
     for name in args.collectives.split(","):
-        for threads, channels, inline in ((t, c, i) for t in map(int, args.threads.split(","))
-                                          for c in map(int, args.channels.split(","))
-                                          for i in map(int, args.inline_loops.split(","))):
-            codegen.THREADS_PACKED = threads
+        for packed, threads, channels, slices, inline in (
+                (bool(p), t, c, s, i) for p in map(int, args.packed.split(","))
+                for t in map(int, args.threads.split(",")) for c in map(int, args.channels.split(","))
+                for s in map(int, args.slices.split(",")) for i in map(int, args.inline_loops.split(","))):
+            if packed:
+                codegen.THREADS_PACKED = threads
+            else:
+                codegen.THREADS = threads
             codegen.LL_INLINE_LOOPS = inline
-            coll = purlinc.load(EXAMPLES / f"{name}.pln", group, algorithm="direct-push", packed=True,
-                                channels=channels)
+            coll = purlinc.load(EXAMPLES / f"{name}.pln", group, algorithm="direct-push", packed=packed,
+                                channels=channels, slices=slices)
             try:
                 for nbytes in map(int, args.bytes.split(",")):
                     xs, outs, ok = checked_call(coll, nbytes, dtype, rng, devices)
                     times = per_call_us(coll, xs, outs, devices, args.calls, args.reps)
-                    row = {"collective": name, "bytes": nbytes, "threads": threads, "channels": channels,
-                           "inline_loops": inline, **spread(times), "checked": ok}
+                    row = {"collective": name, "bytes": nbytes, "packed": packed, "threads": threads,
+                           "channels": channels, "slices": slices, "inline_loops": inline, **spread(times),
+                           "checked": ok}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
             finally:
@@ -81,7 +90,8 @@ def main() -> int:
     meta = {"gpus": [torch.cuda.get_device_name(r) for r in devices], "calls_per_graph": args.calls,
             "reps": args.reps, "dtype": dtype.value}
     write_results(args.out, "ll_sweep", meta, rows, [
-        ("collective", "collective"), ("bytes", "bytes"), ("threads", "threads"), ("channels", "channels"),
+        ("collective", "collective"), ("bytes", "bytes"), ("packed", "packed"), ("threads", "threads"),
+        ("channels", "channels"), ("slices", "slices"),
         ("inline loops", "inline_loops"), ("median us", "median_us"), ("range us", "range"), ("checked", "checked")])
     return 0 if all(r["checked"] for r in rows) else 1
 
