@@ -15,6 +15,7 @@ from purlinc.atom import codegen
 from purlinc.atom.abi import HEADER_FIELDS, KernelABI
 from purlinc.atom.atoms import applicable_atoms, get_atom, parse_arch
 from purlinc.atom.codegen import generate
+from purlinc.atom.nvrtc import compile_cubin
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.errors import PurlinError
 from purlinc.frontend.ast import Operation
@@ -98,8 +99,13 @@ def test_hand_schedule_structure():
     # merged wait: two lanes poll, one barrier tells everyone
     assert "if (threadIdx.x < 2) {  // lane i polls the i-th signal" in r1
     assert r1.count("__syncthreads_or") == 1
+    # steps 1, 2 and 5 copy in[0]: one copy to three destinations, step 5 moved above the
+    # notifies (remote destinations first, in step order)
+    assert re.search(r"// step 1:.*\n\s*// step 2:.*\n\s*// step 5:.*\n\s*// steps above: one copy to 3 destinations", r0)
+    assert "purlin_copy_multi<3>(dsts, purlin_io(args.in, 0, slice0 + 0, rd)" in r0
+    assert r0.index("dsts.p[2] = purlin_io(args.out, 0, slice0 + 0, rd)") < r0.index("// step 3: notify")
     # step 6 reads what step 5 wrote: a barrier in between
-    assert re.search(r"// step 5:.*\n.*\n\s*// barrier: step 6 .*\n\s*__syncthreads\(\);\n\s*// step 6:", r0)
+    assert re.search(r"// barrier: step 6 .*\n\s*__syncthreads\(\);\n\s*// step 6:", r0)
     # a cross-call wait: epoch * 1 + (0)
     assert "(purlin_i64)rd.epoch * 1 + (0)" in r0
     # every step is named in a comment, with its note or line
@@ -158,6 +164,47 @@ def test_runs_of_like_steps_become_loops():
     ], 0)
     assert [b.get("loop") for b in blocks] == [0, 0, None, 4]
 
+
+def _copy_block(src: Region, dst: Region, loop: int = 0) -> dict:
+    return {"kind": "copy", "comments": [f"step {dst.unit}: copy"], "dst": dst.format(), "srcs": [src.format()],
+            "slice": "s", "loop": loop, "regions": (dst, src), "reads": frozenset({src}), "writes": frozenset({dst})}
+
+
+def test_copies_of_one_source_fuse():
+    """Copies of one region fuse into one multi-destination copy, moving above notifies only;
+    a wait, a barrier, another source, a run or a hazard keeps them apart."""
+    x, y = _r(Space.IN, 0, 0), _r(Space.IN, 0, 1)
+    peer, peer2, own = _r(Space.STAGE, 1, 0), _r(Space.STAGE, 1, 1), _r(Space.OUT, 0, 0)
+    notify = {"kind": "notify_one", "comments": ["step 9: notify"]}
+    fused = codegen._fuse_copies([_copy_block(x, peer), _copy_block(x, peer2), notify, _copy_block(x, own)])
+    assert [b["kind"] for b in fused] == ["copy_multi", "notify_one"]
+    assert fused[0]["dsts"] == [peer.format(), peer2.format(), own.format()]
+    assert fused[0]["writes"] == {peer, peer2, own} and fused[0]["reads"] == {x}
+    assert "moved above the 1 notify block(s)" in fused[0]["comments"][-1]
+    for between in ({"kind": "wait_one", "comments": []}, {"kind": "barrier", "comments": []}):
+        kept = codegen._fuse_copies([_copy_block(x, peer), between, _copy_block(x, own)])
+        assert [b["kind"] for b in kept] == ["copy", between["kind"], "copy"]
+    assert [b["kind"] for b in codegen._fuse_copies([_copy_block(x, peer), _copy_block(y, own)])] == ["copy", "copy"]
+    assert [b["kind"] for b in codegen._fuse_copies([_copy_block(x, peer, loop=4), _copy_block(x, own)])] == ["copy", "copy"]
+    # a copy writing the fused copy's source (or a destination) stays separate
+    assert [b["kind"] for b in codegen._fuse_copies([_copy_block(x, peer), _copy_block(x, peer)])] == ["copy", "copy"]
+    many = codegen._fuse_copies([_copy_block(x, _r(Space.STAGE, 1, u)) for u in range(codegen.MAX_COPY_DSTS + 2)])
+    assert [len(b.get("dsts", [0])) for b in many] == [codegen.MAX_COPY_DSTS, 2]  # the ninth starts another
+
+
+@pytest.mark.parametrize("name", ["allgather", "broadcast"])
+def test_multi_destination_copy_compiles(name):
+    """all-gather R=4 reads its input once for three peers and its own output; both kernel
+    atoms implement the copy (their orchestration is the same text)."""
+    spec, schedule = schedule_of(name, 4)
+    texts = {}
+    for atom in ("ldst", "tma"):
+        kernel = generate(schedule, spec, atom=atom, arch="sm_90", dtype=DType.BFLOAT16, op=None)
+        texts[atom] = kernel.orchestration_source
+        compile_cubin(kernel.source, kernel.filename, "sm_90")
+    root = rank_text(texts["ldst"], 0)
+    assert "purlin_copy_multi<4>(dsts, purlin_io(args.in, 0, slice0 + 0, rd)" in root
+    assert texts["ldst"] == texts["tma"]
 
 def test_entry_points_and_abi():
     spec, schedule = schedule_of("allgather", 4)

@@ -427,6 +427,52 @@ def _fuse_sends(blocks: list[dict]) -> list[dict]:
     return out
 
 
+MAX_COPY_DSTS = 8  # destinations of one multi-destination copy (a pointer each, by value)
+
+
+def _fuse_copies(blocks: list[dict]) -> list[dict]:
+    """Plain copies of one source region as one copy to several destinations
+    (``purlin_copy_multi<N>``): every vector is loaded once and stored N times.  An
+    all-gather or broadcast stages its input to every peer and then copies it to its own
+    output; fused, the input is read once, and the local stores ride along with the remote
+    ones (which bound the loop) instead of taking a pass of their own after them.
+
+    A copy joins the last copy before it when only notifies lie between them (it moves
+    above those notifies) and it reads the same region, is one step (not a run), and writes
+    nothing that copy reads or writes.  Moving a data step above a notify is always sound:
+    a notify waits for nothing, so the step still follows every wait it followed, and its
+    writes now also happen before the notify's release, which only adds order.  The cost is
+    that the notify goes out after the moved stores too; they are local and issued in the same
+    loop as the remote ones, so the loop's time is that of the remote stores either way."""
+    out: list[dict] = []
+    for block in blocks:
+        if block["kind"] == "copy" and not block.get("loop") and len(block["reads"]) == 1:
+            at = len(out) - 1
+            while at >= 0 and out[at]["kind"] in ("notify", "notify_one"):
+                at -= 1
+            host = out[at] if at >= 0 else None
+            if (host is not None and host["kind"] in ("copy", "copy_multi") and not host.get("loop")
+                    and host["reads"] == block["reads"] and not (block["writes"] & (host["reads"] | host["writes"]))
+                    and len(host.get("dsts", (host["dst"],))) < MAX_COPY_DSTS):
+                if host["kind"] == "copy":
+                    host = out[at] = {**host, "kind": "copy_multi", "dsts": [host["dst"]], "moved": 0}
+                moved = len(out) - 1 - at
+                host["dsts"].append(block["dst"])
+                host["comments"] = host["comments"] + block["comments"]
+                host["writes"] = host["writes"] | block["writes"]
+                host["moved"] += moved
+                continue
+        out.append(block)
+    for block in out:
+        if block["kind"] == "copy_multi":
+            moved = block.pop("moved")
+            hoisted = f"; later ones moved above the {moved} notify block(s) between them" if moved else ""
+            block["comments"] = block["comments"] + [
+                f"steps above: one copy to {len(block['dsts'])} destinations, the source read once{hoisted}"]
+            del block["dst"], block["regions"]
+    return out
+
+
 def _joins_send(block: dict, group: dict) -> bool:
     """Whether a copy block (straight after a send loop, no barrier between) can be written by
     that loop: one step (not a run), reading a source the loop loads, writing nothing the loop
@@ -508,7 +554,7 @@ def _program_blocks(program: Program, per_call: dict, roles: dict | None = None,
     if reads or writes:
         # The next round reuses staging units and the counter update follows.
         blocks.append({"kind": "barrier", "comments": ["barrier: end of the round"]})
-    return _runs(_fuse_sends(blocks), program.rank)
+    return _runs(_fuse_sends(_fuse_copies(blocks)), program.rank)
 
 
 MIN_RUN = 3  # shorter runs of like steps stay straight-line code
