@@ -659,7 +659,20 @@ def capture(case: Case, iters: int):
     return graph
 
 
-def time_graph(case: Case, iters: int, reps: int):
+def graph_replays(calls: int, t1_us: float, target_rep_us: float) -> int:
+    """Replays of one ``calls``-call graph per timed repeat: enough that a repeat lasts about
+    ``target_rep_us`` by the probe's one-call time ``t1_us`` (1 to 50).
+
+    The ranks' host loops are not lined up between repeats, so a rank's first call waits for
+    the other rank to reach its replay: that lag lands in the repeat's time.  One replay of 20
+    small calls lasts about 40 us, and a few microseconds of host lag then moved the per-call
+    figure by 0.3-1.3 us from one row to the next (run 15: the same kernel as the default and as
+    an explicit variant).  Replaying the graph back to back spreads the lag over every replay;
+    each replay is still the same graph of ``calls`` calls, for every system alike."""
+    return max(1, min(50, int(target_rep_us / max(calls * t1_us, 1.0))))
+
+
+def time_graph(case: Case, iters: int, reps: int, replays: int = 1):
     graph = capture(case, iters)
     graph.replay()
     sync()
@@ -667,10 +680,11 @@ def time_graph(case: Case, iters: int, reps: int):
     for _ in range(reps):
         start, end = _events()
         start.record()
-        graph.replay()
+        for _ in range(replays):
+            graph.replay()
         end.record()
         end.synchronize()
-        out.append(start.elapsed_time(end) * 1e3 / iters)
+        out.append(start.elapsed_time(end) * 1e3 / (iters * replays))
     if case.after:
         case.after()
     return out, graph
@@ -713,7 +727,8 @@ def run_case(ctx: Ctx, lay: report.Layout, case: Case, x_time, salt: int) -> lis
         if mode == "eager":
             ran, value, err = guarded(ctx, lambda: time_eager(case, iters, args.reps, lambda: barrier(ctx)))
         else:
-            ran, value, err = guarded(ctx, lambda: time_graph(case, calls, args.reps))
+            ran, value, err = guarded(ctx, lambda: time_graph(case, calls, args.reps,
+                                                              graph_replays(calls, t1, args.target_rep_us)))
             if ran:
                 value, g = value
                 graph = graph if graph is not None else g  # the first (primary) graph is checked
@@ -747,6 +762,7 @@ def run_case(ctx: Ctx, lay: report.Layout, case: Case, x_time, salt: int) -> lis
             note = f"{note} (checked on the {ctx.plan.calls[0]}-call graph)"
         row = {**view_base(mode, calls), "time_us": med, "time_us_min": lo, "time_us_max": hi,
                "iters": iters if mode == "eager" else calls, "reps": args.reps,
+               "replays": None if mode == "eager" else graph_replays(calls, t1, args.target_rep_us),
                "algbw_gbps": report.algbw_gbps(lay.bytes, med),
                "busbw_gbps": report.busbw_gbps(lay.collective, ctx.world, lay.bytes, med),
                "pct_of_limit": report.pct_of_limit(lay.collective, ctx.world, lay.bytes, med),

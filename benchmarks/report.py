@@ -10,7 +10,8 @@ Row fields (one row per system, variant, collective, size, mode and calls per gr
     system, variant, collective, dtype, bytes, count, world_size, mode ("eager" | "graph"),
     calls_per_graph (graph rows: calls captured in one graph, the same for every system;
     eager rows: None), time_us (max over ranks of each rank's median), time_us_min /
-    time_us_max (spread of the repeats on the slowest rank), iters, reps, algbw_gbps,
+    time_us_max (spread of the repeats on the slowest rank), iters, reps, replays (graph rows:
+    back-to-back replays of the graph per timed repeat, bench.graph_replays), algbw_gbps,
     busbw_gbps, limit_us and pct_of_limit (the wire model below), sms, sms_note,
     checked (True | False | None = not checkable), check_note, error (None or text),
     options (Purlin variant options), repeat_safe, nccl_env (NCCL rows: the settings used).
@@ -795,7 +796,8 @@ def markdown(doc: dict) -> str:
             "'vs best NCCL' > 1 means faster than the fastest NCCL row of that size (default, nomix =",
             "NCCL_GRAPH_MIXING_SUPPORT=0, symm = mixing off + NCCL symmetric buffers), which 'best NCCL' names.",
             "'best' is the fastest correct explicit Purlin variant; 'zero-copy' is the default call on",
-            "buffers from comm.empty. Graph rows: the same calls per graph for every system. 'limit' is",
+            "buffers from comm.empty. Graph rows: the same calls per graph for every system; each timed",
+            "repeat replays the graph several times back to back ('replays' in the JSON). 'limit' is",
             f"the wire model: {LAUNCH_US} us launch + {SIGNAL_US} us signal + bus bytes at {TWO_WAY_GBPS:.0f} GB/s",
             f"(both directions busy) or {ONE_WAY_GBPS:.0f} GB/s (one direction); '% of limit' = limit / time.",
             "Latency claims use graph mode (CUDA-graph replays); eager includes the Python launch.", ""]

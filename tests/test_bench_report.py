@@ -544,3 +544,16 @@ def test_hierarchical_precompile_jobs(tmp_path, monkeypatch):
     api.precompile_one(jobs[0], "sm_90")
     api.precompile_one(jobs[3], "sm_90")
     assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == cached
+
+
+def test_graph_replays_amortise_host_lag():
+    """A timed graph repeat replays a short graph several times back to back (so the ranks'
+    host lag between repeats is spread over every replay), a long one once; the count depends
+    only on values every rank agrees on (calls, the ranks' max probe time, the target)."""
+    pytest.importorskip("torch")
+    bench = _load("bench")
+    assert bench.graph_replays(20, 8.0, 3000.0) == 18  # 20 calls of 8 us: 160 us per replay
+    assert bench.graph_replays(100, 2.0, 3000.0) == 15
+    assert bench.graph_replays(20, 0.5, 3000.0) == 50  # capped
+    assert bench.graph_replays(20, 900.0, 3000.0) == 1  # a 256 MiB graph is long enough alone
+    assert bench.graph_replays(20, 0.0, 3000.0) == 50  # a zero probe cannot divide by zero
