@@ -239,6 +239,59 @@ def test_fast_path_replays_only_identical_buffers(monkeypatch):
     assert FastPath.make(x, out, out, "sum", None, None, out_units=2) is None
 
 
+def test_fast_path_of_a_zero_copy_collective_lasts_while_the_heap_is_unchanged(monkeypatch):
+    """A fast path made with the heap (a collective with a zero-copy twin) replays only while no
+    heap block has been allocated or freed since: a freed block must reach the full path,
+    which refuses it (FreedBufferError), and a buffer newly in the heap must be checked."""
+    import sys
+    import types
+
+    from purlinc.runtime.collective import FastPath
+
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(Tensor=_FakeTensor))
+    heap = types.SimpleNamespace(generation=7)
+    x, out = _FakeTensor(0x1000, (512,)), _FakeTensor(0x2000, (1024,))
+    fast = FastPath.make(x, out, out, "sum", None, ("f", 1, 512, 0, "args"), 2, heap)
+    assert fast.matches(x, out, "sum", None)
+    heap.generation += 1  # any alloc or free
+    assert not fast.matches(x, out, "sum", None)
+    plain = FastPath.make(x, out, out, "sum", None, ("f", 1, 512, 0, "args"), 2)
+    assert plain.matches(x, out, "sum", None)  # no twin: the heap does not matter
+
+
+def test_replay_target_of_zero_copy_calls():
+    """replay_target: staged calls replay their own launch, zero-copy calls their twin's once
+    the ranks agreed (before that: nothing, so the full path agrees first); with a twin the
+    heap rides along as the guard."""
+    from types import SimpleNamespace
+
+    from purlinc.runtime.collective import Collective
+    from purlinc.runtime.validate import CallShape
+    from purlinc.dtypes import DType
+
+    shape = CallShape(count=256, dtype=DType.BFLOAT16, op=None, in_ptr=0x1000, out_ptr=0x2000)
+    heap = SimpleNamespace(generation=0)
+    twin = SimpleNamespace(target=lambda s: ("twin", s.count))
+
+    class _ZC:
+        offsets: dict = {}
+
+        def __init__(self, choice):
+            self.choice, self.twin = choice, twin
+
+        def pick(self, s, *, record=True):
+            assert record is False  # looking only: no exchange with the peers here
+            return self.twin if self.choice else None
+
+    staged = SimpleNamespace(_zc=None, comm=SimpleNamespace(heap=heap), target=lambda s: ("staged", s.count))
+    assert Collective.replay_target(staged, shape) == (("staged", 256), None)
+    staged._zc = _ZC(choice=False)
+    assert Collective.replay_target(staged, shape) == (("staged", 256), heap)
+    staged._zc = _ZC(choice=True)
+    assert Collective.replay_target(staged, shape) == (None, None)  # not agreed yet
+    _ZC.offsets[(0x1000, 0x2000, 256, DType.BFLOAT16, None)] = (0, 4096)
+    assert Collective.replay_target(staged, shape) == (("twin", 256), heap)
+
 def test_ce_plan_runs_every_channel_on_its_own_slices_and_signals():
     """The ce atom walks the concrete (rank, channel) programs of a channel-relative schedule:
     channel c copies only slice c and touches only the signals c*W..(c+1)*W-1 of each pad."""

@@ -358,10 +358,13 @@ def test_a_tuned_call_passes_count_and_dtype_of_a_rank_without_chunks():
         def launch(self, shape, handle):
             seen.append("launch")
 
-        def target(self, shape):
-            return None
+        def replay_target(self, shape):
+            return None, None
 
-    variant = Variant(name="h", comm=None, rank=1, _flag=SimpleNamespace(value=0), out_units=0)
+        def timed_out(self):
+            return False
+
+    variant = Variant(name="h", comm=None, rank=1, out_units=0)
     tuned = Tuned([Bucket(None)], [variant], 1)
     tuned(None, None, count=1000, dtype="bfloat16")
     assert seen == [(1000, "bfloat16"), "launch"]

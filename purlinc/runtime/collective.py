@@ -117,9 +117,15 @@ class FastPath:
     whose buffers are unchanged (the same pointers, shapes, dtypes and contiguity, read off
     the tensors, which covers a tensor freed and replaced by an identical one) only needs the
     current stream and the launch.  Anything else takes the full path, which validates.
+
+    A collective with a zero-copy twin also keys on its heap's ``generation`` (bumped by every
+    user allocation and free): a replayed zero-copy launch is valid only while every heap
+    block it was checked against is still live, and a staged one only while its buffers are
+    still outside the heap, so any allocation or free sends the next call through the full
+    path (which raises FreedBufferError for a freed block).
     """
 
-    __slots__ = ("tensor_type", "x_key", "out_key", "op", "count", "target")
+    __slots__ = ("tensor_type", "x_key", "out_key", "op", "count", "target", "heap", "generation")
 
     @staticmethod
     def key(t, tensor_type):
@@ -130,7 +136,7 @@ class FastPath:
         return (t.data_ptr(), t.shape, t.dtype, t.is_contiguous())
 
     @classmethod
-    def make(cls, x, out, result, op, count, target, out_units):
+    def make(cls, x, out, result, op, count, target, out_units, heap=None):
         torch = interop.torch_module()
         if torch is None or target is None or (out is None and out_units):
             return None  # nothing to replay, or an output allocated per call
@@ -140,11 +146,13 @@ class FastPath:
         if fast.x_key is False or fast.out_key is False or (x is None and out is None):
             return None
         fast.op, fast.count, fast.target = op, count, target
+        fast.heap, fast.generation = heap, heap.generation if heap is not None else None
         return fast
 
     def matches(self, x, out, op, count) -> bool:
         return (op == self.op and count == self.count and self.key(x, self.tensor_type) == self.x_key
-                and self.key(out, self.tensor_type) == self.out_key)
+                and self.key(out, self.tensor_type) == self.out_key
+                and (self.heap is None or self.heap.generation == self.generation))
 
     def launch(self, collective) -> None:
         if getattr(collective.comm, "failed", None) is not None:
@@ -398,6 +406,24 @@ class Collective:
         function, packed = self._packed(variant, shape, piece)
         return (function, variant.grid, variant.block, variant.shared, packed)
 
+    def replay_target(self, shape: CallShape):
+        """What the fast path may replay for ``shape`` (a call that just ran the full path):
+        (target, heap).  A zero-copy call replays its twin's launch once the ranks have agreed
+        on it; ``heap`` (set whenever this collective has a twin) makes the replay valid only
+        while the heap's blocks are unchanged (``FastPath``).  (None, None): nothing to replay."""
+        if self._zc is None:
+            return self.target(shape), None
+        twin = self._zc.pick(shape, record=False) if shape.count else None
+        if twin is None:
+            return self.target(shape), self.comm.heap
+        if zerocopy.call_key(shape) not in self._zc.offsets:
+            return None, None  # not agreed with the peers yet: the full path does that
+        return twin.target(shape), self.comm.heap
+
+    def timed_out(self) -> bool:
+        """Whether a wait of this collective (or of its zero-copy twin) has timed out."""
+        return bool(self._flag.value or (self._zc is not None and self._zc.twin._flag.value))
+
     def launch(self, shape: CallShape, stream: int) -> None:
         if shape.count == 0:
             return  # every rank sees count 0 and skips alike
@@ -426,13 +452,14 @@ class Collective:
         agreement on each new count (otherwise they wait for it, up to the exchange's bound)."""
         fast = self._fast
         if fast is not None and stream is None and dtype is None and fast.matches(x, out, op, count) \
-                and not self._flag.value:
+                and not self.timed_out():
             fast.launch(self)
             return out
         shape, handle, result = self.prepare_call(x, out, op, stream, count, dtype)
         self.launch(shape, handle)
         if stream is None:
-            self._fast = FastPath.make(x, out, result, op, count, self.target(shape), self.out_units)
+            target, heap = self.replay_target(shape)
+            self._fast = FastPath.make(x, out, result, op, count, target, self.out_units, heap)
         return result
 
     def warm(self, dtype: DType | str, op: ReduceOp | str | None = "sum", *, zero_copy: bool = False) -> None:

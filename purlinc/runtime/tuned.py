@@ -149,8 +149,8 @@ class Tuned:
     def __call__(self, x=None, out=None, op="sum", stream=None, *, count: int | None = None, dtype=None):
         """As ``Collective.__call__`` (a rank without chunks passes ``count=`` and ``dtype=``)."""
         for variant in self._distinct:
-            if variant._flag.value:
-                variant._raise_timeout()
+            if variant.timed_out():
+                variant.check()  # raises the timeout (the bucket's or its zero-copy twin's)
         fast = self._fast
         if fast is not None and stream is None and dtype is None and fast.matches(x, out, op, count):
             fast.launch(self.variants[0])
@@ -161,7 +161,8 @@ class Tuned:
         variant = self.variant_for(shape.count, shape.dtype.itemsize)
         variant.launch(shape, handle)
         if stream is None:
-            self._fast = FastPath.make(x, out, result, op, count, variant.target(shape), variant.out_units)
+            target, heap = variant.replay_target(shape)
+            self._fast = FastPath.make(x, out, result, op, count, target, variant.out_units, heap)
         return result
 
     def warm(self, dtype, op="sum") -> None:

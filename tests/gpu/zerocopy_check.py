@@ -131,9 +131,15 @@ def check_growth_and_errors(comm):
 
         block = comm.alloc(count * 2)
         stale = symmetric.tensor_of(block, (count,), torch.bfloat16)
+        stale.copy_(x)
+        poison(out)
+        coll(stale, out)
+        coll(stale, out)  # the same tensors again: the eager fast path replays the zero-copy launch
+        torch.cuda.synchronize()
+        note(torch.equal(out.view(torch.int16), want.view(torch.int16)), "a repeated zero-copy call (fast path)")
         block.free()
         try:
-            coll(stale, out)
+            coll(stale, out)  # the very tensor the fast path was made for: the free must still be seen
             note(False, "a freed block is refused", "the call went through")
         except FreedBufferError as error:
             note("not in a live block" in str(error), "a freed block is refused", str(error))
