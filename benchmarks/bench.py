@@ -464,9 +464,7 @@ def purlin_case(ctx: Ctx, coll: str, variant: purlin_api.Variant, X, Y) -> Case:
     rank = ctx.rank
     load, output = _purlin_io(coll, rank, X, Y)
 
-    def call():
-        purlin_api.call(loaded, coll, X, Y, rank=rank, root=0, reduce=reduce)
-
+    call = purlin_api.bind_call(loaded, coll, X, Y, rank=rank, root=0, reduce=reduce)
     sms, note = purlin_api.grid_sms(loaded, variant.options, X, Y)
     return Case("purlin", variant.name, load, call, output, True, sms, note, dict(variant.options),
                 after=lambda: purlin_api.check_errors(ctx.comm, loaded))
@@ -485,9 +483,7 @@ def hier_case(ctx: Ctx, coll: str, g: int, lay: report.Layout, X, Y) -> Case:
     rank = ctx.rank
     load, output = _purlin_io(coll, rank, X, Y)
 
-    def call():
-        purlin_api.call(loaded, coll, X, Y, rank=rank, root=0, reduce=reduce, count=lay.count)
-
+    call = purlin_api.bind_call(loaded, coll, X, Y, rank=rank, root=0, reduce=reduce, count=lay.count)
     options = {"gpus_per_node": g, "nodes": ctx.world // g}
     note = "Purlin kernels per intra phase + NCCL per inter phase; not summed"
     return Case(HIER, hier_variant(g), load, call, output, True, None, note, options,

@@ -19,6 +19,8 @@ in=R*count, others x=None, all out=count.
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,9 +167,11 @@ def load(comm, collective: str, options: dict):
     return coll
 
 
-def call(coll, collective: str, x, y, *, rank: int, root: int = 0, reduce: bool, count: int | None = None) -> None:
-    """One call with the buffer conventions above; ``x``/``y`` are this rank's full buffers.
-    ``count`` (elements per chunk) is passed only when given (hierarchical calls need it)."""
+def bind_call(coll, collective: str, x, y, *, rank: int, root: int = 0, reduce: bool, count: int | None = None):
+    """A no-argument callable making one call with the buffer conventions above (``x``/``y``:
+    this rank's full buffers; ``count``, elements per chunk, passed only when given, as
+    hierarchical calls need it).  The conventions are resolved once, so a timed loop pays only
+    the collective's own call, as the NCCL cases' bound calls do."""
     is_root = rank == root
     if collective == "broadcast" or collective == "scatter":
         x = x if is_root else None
@@ -175,9 +179,13 @@ def call(coll, collective: str, x, y, *, rank: int, root: int = 0, reduce: bool,
         y = y if is_root else None
     kwargs = {} if count is None else {"count": count}
     if reduce:
-        coll(x, out=y, op="sum", **kwargs)
-    else:
-        coll(x, out=y, **kwargs)
+        kwargs["op"] = "sum"
+    return functools.partial(coll, x, out=y, **kwargs)
+
+
+def call(coll, collective: str, x, y, *, rank: int, root: int = 0, reduce: bool, count: int | None = None) -> None:
+    """One call with the buffer conventions above (``bind_call``)."""
+    bind_call(coll, collective, x, y, rank=rank, root=root, reduce=reduce, count=count)()
 
 
 def load_hierarchical(collective: str, gpus_per_node: int):

@@ -368,3 +368,39 @@ def test_a_tuned_call_passes_count_and_dtype_of_a_rank_without_chunks():
     tuned = Tuned([Bucket(None)], [variant], 1)
     tuned(None, None, count=1000, dtype="bfloat16")
     assert seen == [(1000, "bfloat16"), "launch"]
+
+
+def test_a_tuned_call_sees_a_timeout_of_any_bucket_or_zero_copy_twin():
+    """Before replaying anything, a Tuned call reads every bucket's error flag and every
+    zero-copy twin's, and raises through ``check`` when one is set."""
+    import ctypes
+    from types import SimpleNamespace
+
+    from purlinc.runtime.tuned import Tuned
+    from purlinc.runtime.tuning import Bucket
+
+    class Timeout(Exception):
+        pass
+
+    class Variant(SimpleNamespace):
+        def check(self):
+            for collective in (self, getattr(self._zc, "twin", None)):
+                if collective is not None and collective._flag.value:
+                    raise Timeout(collective.name)
+
+        def prepare_call(self, *args, **kwargs):
+            raise AssertionError("a timed-out collective must not get as far as a call")
+
+    twin = SimpleNamespace(name="twin", _flag=ctypes.c_uint64(0))
+    staged = Variant(name="staged", comm=None, rank=0, out_units=1, _flag=ctypes.c_uint64(0),
+                     _zc=SimpleNamespace(twin=twin))
+    packed = Variant(name="packed", comm=None, rank=0, out_units=1, _flag=ctypes.c_uint64(0), _zc=None)
+    tuned = Tuned([Bucket(1024), Bucket(None)], [packed, staged], 1)
+    assert len(tuned._flags) == 3
+    twin._flag.value = 1
+    with pytest.raises(Timeout, match="twin"):
+        tuned(None, None, count=8, dtype="bfloat16")
+    twin._flag.value = 0
+    packed._flag.value = 1
+    with pytest.raises(Timeout, match="packed"):
+        tuned(None, None, count=8, dtype="bfloat16")

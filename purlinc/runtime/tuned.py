@@ -118,6 +118,7 @@ class Tuned:
         self.comm = variants[0].comm
         self.rank = variants[0].rank
         self._distinct = list({id(v): v for v in variants}.values())
+        self._flags = _timeout_flags(self._distinct)
         self._chosen: dict = {}
         self._fast: FastPath | None = None
 
@@ -148,9 +149,9 @@ class Tuned:
 
     def __call__(self, x=None, out=None, op="sum", stream=None, *, count: int | None = None, dtype=None):
         """As ``Collective.__call__`` (a rank without chunks passes ``count=`` and ``dtype=``)."""
-        for variant in self._distinct:
-            if variant.timed_out():
-                variant.check()  # raises the timeout (the bucket's or its zero-copy twin's)
+        for flag in self._flags:  # the host-mapped error flags: a word read each, no call
+            if flag.value:
+                self.check()  # raises the timeout (a bucket's or its zero-copy twin's)
         fast = self._fast
         if fast is not None and stream is None and dtype is None and fast.matches(x, out, op, count):
             fast.launch(self.variants[0])
@@ -178,6 +179,18 @@ class Tuned:
         self._fast = None
         for variant in self._distinct:
             variant.close()
+
+
+def _timeout_flags(variants) -> tuple:
+    """The error flags (``ctypes.c_uint64`` over each host-mapped error record) of the variants
+    and of their zero-copy twins: what an eager call reads before replaying a launch."""
+    flags = []
+    for variant in variants:
+        for collective in (variant, getattr(getattr(variant, "_zc", None), "twin", None)):
+            flag = getattr(collective, "_flag", None)
+            if flag is not None:
+                flags.append(flag)
+    return tuple(flags)
 
 
 class TunedGroup:
