@@ -26,6 +26,11 @@ ranks check that they agree:
 The agreed offsets also give every rank its peers' pointers: a rank without input (a
 broadcast's non-root) reaches the root's input at the offset the root reported.
 
+An eager call that passes the same heap tensors as the one before replays that call's twin
+launch without the checks above (``Collective.replay_target``), for as long as no heap block
+has been allocated or freed since (``FastPath`` keys on the heap's generation): a freed block
+still takes the full path, which refuses it.
+
 The twin's kernel is compiled and loaded at its first zero-copy call (or by
 ``coll.warm(dtype, op, zero_copy=True)``): make one eager call on the heap buffers before
 capturing a CUDA graph, as for any new (dtype, op).
