@@ -717,14 +717,14 @@ def run_case(ctx: Ctx, lay: report.Layout, case: Case, x_time, salt: int) -> lis
         return error_rows(f"probe: one call took {t1 / 1e3:.0f} ms (a device-side wait timing out?)")
     iters = max(2, min(100, int(args.target_rep_us / max(t1, 1.0))))  # eager calls per repeat
 
+    replays = {calls: graph_replays(calls, t1, args.target_rep_us) for mode, calls in views if mode == "graph"}
     measured, graph, errors = {}, None, {}
     for mode, calls in views:
         barrier(ctx)
         if mode == "eager":
             ran, value, err = guarded(ctx, lambda: time_eager(case, iters, args.reps, lambda: barrier(ctx)))
         else:
-            ran, value, err = guarded(ctx, lambda: time_graph(case, calls, args.reps,
-                                                              graph_replays(calls, t1, args.target_rep_us)))
+            ran, value, err = guarded(ctx, lambda: time_graph(case, calls, args.reps, replays[calls]))
             if ran:
                 value, g = value
                 graph = graph if graph is not None else g  # the first (primary) graph is checked
@@ -758,7 +758,7 @@ def run_case(ctx: Ctx, lay: report.Layout, case: Case, x_time, salt: int) -> lis
             note = f"{note} (checked on the {ctx.plan.calls[0]}-call graph)"
         row = {**view_base(mode, calls), "time_us": med, "time_us_min": lo, "time_us_max": hi,
                "iters": iters if mode == "eager" else calls, "reps": args.reps,
-               "replays": None if mode == "eager" else graph_replays(calls, t1, args.target_rep_us),
+               "replays": replays.get(calls) if mode == "graph" else None,
                "algbw_gbps": report.algbw_gbps(lay.bytes, med),
                "busbw_gbps": report.busbw_gbps(lay.collective, ctx.world, lay.bytes, med),
                "pct_of_limit": report.pct_of_limit(lay.collective, ctx.world, lay.bytes, med),

@@ -5,9 +5,9 @@
 For each collective and size, and each block size (the code generator's ``THREADS_PACKED``
 for packed LL kernels, ``THREADS`` for plain ldst ones, set here before each load), channel
 count and slice count, loads the direct-push schedule (packed by default), checks one call
-against the reference on fresh random data (poisoned outputs, every rank), captures ``--calls`` calls per device in one CUDA graph,
-replays them ``--reps`` times and reports the slowest device's median per call, with the
-range over repeats.  Writes ll_sweep.json and ll_sweep.md into --out.  The measurement
+against the reference on fresh random data (poisoned outputs, every rank), captures
+``--calls`` calls per device in one CUDA graph, replays them ``--reps`` times and reports the
+slowest device's median per call, with the range over repeats.  Writes ll_sweep.json and ll_sweep.md into --out.  The measurement
 behind the choice of ``THREADS_PACKED`` (see purlinc/atom/codegen.py).
 """
 
