@@ -655,23 +655,38 @@ def capture(case: Case, iters: int):
     return graph
 
 
-def graph_replays(calls: int, t1_us: float, target_rep_us: float) -> int:
-    """Replays of one ``calls``-call graph per timed repeat: enough that a repeat lasts about
-    ``target_rep_us`` by the probe's one-call time ``t1_us`` (1 to 50).
+def graph_replays(replay_us: float, target_rep_us: float) -> int:
+    """Replays of one graph per timed repeat: enough that a repeat lasts about
+    ``target_rep_us`` by ``replay_us``, one replay's time (the slowest rank's: every rank must
+    replay the same number of times, or one would wait for a peer that has stopped), 1 to 100.
 
     The ranks' host loops are not lined up between repeats, so a rank's first call waits for
     the other rank to reach its replay: that lag lands in the repeat's time.  One replay of 20
     small calls lasts about 40 us, and a few microseconds of host lag then moved the per-call
     figure by 0.3-1.3 us from one row to the next (run 15: the same kernel as the default and as
     an explicit variant).  Replaying the graph back to back spreads the lag over every replay;
-    each replay is still the same graph of ``calls`` calls, for every system alike."""
-    return max(1, min(50, int(target_rep_us / max(calls * t1_us, 1.0))))
+    each replay is still the same graph of ``calls`` calls, for every system alike.  (Runs 16-17
+    sized this from the eager probe's one-call time, which the host's launch and the events
+    dominate: 1-7 replays where 50 were meant, and the same kernel still differed by up to
+    0.9 us between rows.)"""
+    return max(1, min(100, int(target_rep_us / max(replay_us, 1.0))))
 
 
-def time_graph(case: Case, iters: int, reps: int, replays: int = 1):
+def capture_graph(case: Case, iters: int) -> tuple[object, float]:
+    """The captured graph, replayed once untimed, and one more replay's time in us."""
     graph = capture(case, iters)
     graph.replay()
     sync()
+    start, end = _events()
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return graph, start.elapsed_time(end) * 1e3
+
+
+def time_graph(case: Case, graph, iters: int, reps: int, replays: int) -> list[float]:
+    """Per-call time of ``reps`` repeats, each ``replays`` replays of ``graph`` back to back."""
     out = []
     for _ in range(reps):
         start, end = _events()
@@ -683,7 +698,7 @@ def time_graph(case: Case, iters: int, reps: int, replays: int = 1):
         out.append(start.elapsed_time(end) * 1e3 / (iters * replays))
     if case.after:
         case.after()
-    return out, graph
+    return out
 
 
 def run_case(ctx: Ctx, lay: report.Layout, case: Case, x_time, salt: int) -> list[dict]:
@@ -717,17 +732,22 @@ def run_case(ctx: Ctx, lay: report.Layout, case: Case, x_time, salt: int) -> lis
         return error_rows(f"probe: one call took {t1 / 1e3:.0f} ms (a device-side wait timing out?)")
     iters = max(2, min(100, int(args.target_rep_us / max(t1, 1.0))))  # eager calls per repeat
 
-    replays = {calls: graph_replays(calls, t1, args.target_rep_us) for mode, calls in views if mode == "graph"}
+    replays: dict = {}
     measured, graph, errors = {}, None, {}
     for mode, calls in views:
         barrier(ctx)
         if mode == "eager":
             ran, value, err = guarded(ctx, lambda: time_eager(case, iters, args.reps, lambda: barrier(ctx)))
         else:
-            ran, value, err = guarded(ctx, lambda: time_graph(case, calls, args.reps, replays[calls]))
+            ran, value, err = guarded(ctx, lambda: capture_graph(case, calls))
             if ran:
-                value, g = value
+                g, one_us = value
                 graph = graph if graph is not None else g  # the first (primary) graph is checked
+                # Every rank replays as often as the slowest rank's replay time says.
+                replays[calls] = graph_replays(allreduce_max(ctx, [one_us])[0], args.target_rep_us)
+                barrier(ctx)
+                ran, value, err = guarded(ctx, lambda: time_graph(case, g, calls, args.reps, replays[calls]))
+                del g
         if ran:
             measured[(mode, calls)] = value
         else:

@@ -1,10 +1,11 @@
-"""Direct-push kernels: CUDA-graph time per call against block size, channels and slices.
+"""One-shot kernels: CUDA-graph time per call against algorithm, block size, channels and slices.
 
     python3 benchmarks/ll_sweep.py --out DIR        (one process, every visible GPU a rank)
 
-For each collective and size, and each block size (the code generator's ``THREADS_PACKED``
+For each collective and size, each algorithm (``--algorithms``: direct-push by default, or
+direct-pull), each block size (the code generator's ``THREADS_PACKED``
 for packed LL kernels, ``THREADS`` for plain ldst ones, set here before each load), channel
-count and slice count, loads the direct-push schedule (packed by default), checks one call
+count and slice count, loads the schedule (packed by default), checks one call
 against the reference on fresh random data (poisoned outputs, every rank), captures
 ``--calls`` calls per device in one CUDA graph, replays them ``--reps`` times and reports the
 slowest device's median per call, with the range over repeats.  Writes ll_sweep.json and ll_sweep.md into --out.  The measurement
@@ -48,6 +49,8 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--collectives", default="allreduce,allgather,reduce_scatter")
     ap.add_argument("--bytes", default="1024,16384,65536")
+    ap.add_argument("--algorithms", default="direct-push", help="comma-separated: direct-push, direct-pull "
+                    "(pull stages are never packed: --packed 0)")
     ap.add_argument("--threads", default="64,128,256,512")
     ap.add_argument("--channels", default="1", help="comma-separated channel counts")
     ap.add_argument("--packed", default="1",
@@ -65,8 +68,8 @@ def main() -> int:
     dtype = DType.BFLOAT16
     rows = []
     for name in args.collectives.split(","):
-        for packed, threads, channels, slices, inline in (
-                (bool(p), t, c, s, i) for p in map(int, args.packed.split(","))
+        for algorithm, packed, threads, channels, slices, inline in (
+                (a, bool(p), t, c, s, i) for a in args.algorithms.split(",") for p in map(int, args.packed.split(","))
                 for t in map(int, args.threads.split(",")) for c in map(int, args.channels.split(","))
                 for s in map(int, args.slices.split(",")) for i in map(int, args.inline_loops.split(","))):
             if packed:
@@ -74,13 +77,14 @@ def main() -> int:
             else:
                 codegen.THREADS = threads
             codegen.LL_INLINE_LOOPS = inline
-            coll = purlinc.load(EXAMPLES / f"{name}.pln", group, algorithm="direct-push", packed=packed,
+            coll = purlinc.load(EXAMPLES / f"{name}.pln", group, algorithm=algorithm, packed=packed,
                                 channels=channels, slices=slices)
             try:
                 for nbytes in map(int, args.bytes.split(",")):
                     xs, outs, ok = checked_call(coll, nbytes, dtype, rng, devices)
                     times = per_call_us(coll, xs, outs, devices, args.calls, args.reps)
-                    row = {"collective": name, "bytes": nbytes, "packed": packed, "threads": threads,
+                    row = {"collective": name, "bytes": nbytes, "algorithm": algorithm, "packed": packed,
+                           "threads": threads,
                            "channels": channels, "slices": slices, "inline_loops": inline, **spread(times),
                            "checked": ok}
                     rows.append(row)
@@ -90,7 +94,7 @@ def main() -> int:
     meta = {"gpus": [torch.cuda.get_device_name(r) for r in devices], "calls_per_graph": args.calls,
             "reps": args.reps, "dtype": dtype.value}
     write_results(args.out, "ll_sweep", meta, rows, [
-        ("collective", "collective"), ("bytes", "bytes"), ("packed", "packed"), ("threads", "threads"),
+        ("collective", "collective"), ("bytes", "bytes"), ("algorithm", "algorithm"), ("packed", "packed"), ("threads", "threads"),
         ("channels", "channels"), ("slices", "slices"),
         ("inline loops", "inline_loops"), ("median us", "median_us"), ("range us", "range"), ("checked", "checked")])
     return 0 if all(r["checked"] for r in rows) else 1
