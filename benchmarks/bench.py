@@ -620,8 +620,13 @@ def time_eager(case: Case, iters: int, reps: int, line_up: Callable[[], None]) -
     alike: a rank that enters its loop late would otherwise put its lag -- Python's, not the
     library's -- into the other rank's first call (measured 2026-11-30 with
     benchmarks/host_path.py: lined up, a Purlin 1 KiB all-reduce issues at 5.3-5.6 us per
-    call, its host time)."""
-    for _ in range(3):
+    call, its host time).
+
+    One untimed loop of ``iters`` calls first, for every system alike: the first case timed
+    after another system's (a Purlin default right after NCCL's and symm_mem's rows) was 1-3 us
+    per call slower than the same kernel timed later in run 18, which three warm-up calls did
+    not absorb (the host settling after the previous system's calls)."""
+    for _ in range(iters):
         case.call()
     sync()
     out = []
