@@ -614,19 +614,42 @@ def probe_us(case: Case) -> float:
     return start.elapsed_time(end) * 1e3
 
 
+def eager_iters(call_us: float, target_rep_us: float) -> int:
+    """Eager calls per timed repeat: enough that a repeat lasts about ``target_rep_us`` by
+    ``call_us``, the slowest rank's measured time per back-to-back call (every rank must make the
+    same number of calls), 2 to 1,000.
+
+    Lining the ranks up before a repeat (a barrier, then a device sync) still releases them a
+    few tens of microseconds apart, and that lag lands in the repeat.  Sized from the one-call
+    probe (an event pair around a single call: 30-150 us where a call issues in 6), a repeat
+    held 19-100 calls of a 1 KiB collective, and the same kernel then measured 6.1-12.2 us per
+    call from one row to the next (run 19); a repeat of about ``target_rep_us`` spreads the lag
+    over enough calls."""
+    return max(2, min(1000, int(target_rep_us / max(call_us, 0.5))))
+
+
+def eager_call_us(case: Case, calls: int = 20) -> float:
+    """Time per call of ``calls`` eager calls back to back, after as many untimed ones."""
+    for _ in range(calls):
+        case.call()
+    sync()
+    start, end = _events()
+    start.record()
+    for _ in range(calls):
+        case.call()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
+
+
 def time_eager(case: Case, iters: int, reps: int, line_up: Callable[[], None]) -> list[float]:
     """Device time per call of ``iters`` calls issued back to back.  The ranks line up
     (``line_up``: a barrier, then a device sync) before each timed loop, for every system
     alike: a rank that enters its loop late would otherwise put its lag -- Python's, not the
     library's -- into the other rank's first call (measured 2026-11-30 with
     benchmarks/host_path.py: lined up, a Purlin 1 KiB all-reduce issues at 5.3-5.6 us per
-    call, its host time).
-
-    One untimed loop of ``iters`` calls first, for every system alike: the first case timed
-    after another system's (a Purlin default right after NCCL's and symm_mem's rows) was 1-3 us
-    per call slower than the same kernel timed later in run 18, which three warm-up calls did
-    not absorb (the host settling after the previous system's calls)."""
-    for _ in range(iters):
+    call, its host time).  ``eager_iters`` says how many calls make a repeat long enough."""
+    for _ in range(min(iters, 100)):
         case.call()
     sync()
     out = []
@@ -735,14 +758,17 @@ def run_case(ctx: Ctx, lay: report.Layout, case: Case, x_time, salt: int) -> lis
     if t1 > PROBE_LIMIT_US:
         ctx.hung[key] = f"a call took {t1 / 1e3:.0f} ms at {report.fmt_bytes(lay.bytes)}"
         return error_rows(f"probe: one call took {t1 / 1e3:.0f} ms (a device-side wait timing out?)")
-    iters = max(2, min(100, int(args.target_rep_us / max(t1, 1.0))))  # eager calls per repeat
-
+    iters = None  # eager calls per repeat (eager_iters), set when the eager view is timed
     replays: dict = {}
     measured, graph, errors = {}, None, {}
     for mode, calls in views:
         barrier(ctx)
         if mode == "eager":
-            ran, value, err = guarded(ctx, lambda: time_eager(case, iters, args.reps, lambda: barrier(ctx)))
+            ran, value, err = guarded(ctx, lambda: eager_call_us(case))
+            if ran:
+                iters = eager_iters(allreduce_max(ctx, [value])[0], args.target_rep_us)
+                barrier(ctx)
+                ran, value, err = guarded(ctx, lambda: time_eager(case, iters, args.reps, lambda: barrier(ctx)))
         else:
             ran, value, err = guarded(ctx, lambda: capture_graph(case, calls))
             if ran:

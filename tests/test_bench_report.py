@@ -557,3 +557,16 @@ def test_graph_replays_amortise_host_lag():
     assert bench.graph_replays(10.0, 3000.0) == 100  # capped
     assert bench.graph_replays(16000.0, 3000.0) == 1  # a 256 MiB graph is long enough alone
     assert bench.graph_replays(0.0, 3000.0) == 100  # a zero time cannot divide by zero
+
+
+def test_eager_iters_fill_a_repeat():
+    """An eager repeat holds about target_rep_us of back-to-back calls, by the slowest rank's
+    measured per-call time (so every rank makes the same number of calls), 2 to 1,000."""
+    pytest.importorskip("torch")
+    bench = _load("bench")
+    assert bench.eager_iters(6.0, 3000.0) == 500  # a 1 KiB call issuing in 6 us
+    assert bench.eager_iters(40.0, 3000.0) == 75  # an NCCL eager call
+    assert bench.eager_iters(1.0, 3000.0) == 1000  # capped
+    assert bench.eager_iters(800.0, 3000.0) == 3  # a 256 MiB call
+    assert bench.eager_iters(5000.0, 3000.0) == 2  # never fewer than two
+    assert bench.eager_iters(0.0, 3000.0) == 1000  # a zero time cannot divide by zero
