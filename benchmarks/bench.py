@@ -115,6 +115,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--merge", type=Path, action="append", default=[],
                     help="results JSON of an earlier (split) run to merge in; this run's rows win")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--cpu-affinity", choices=("none", "cores"), default="none",
+                    help="cores: each local rank's process (and the NCCL child processes it starts) runs on "
+                         "its own physical cores, every system alike (cpu_cores_for)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--git-commit", default=None, help="recorded when the tree has no .git (device copies)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the time estimate; no GPU")
@@ -1476,6 +1479,30 @@ def install_guards(ctx: Ctx) -> None:
     signal.signal(signal.SIGTERM, on_term)
 
 
+def _physical_cores(cpus: list[int]) -> list[tuple[int, ...]]:
+    """``cpus`` grouped by physical core (SMT siblings together, from sysfs), in order of each
+    core's first CPU; one group per CPU where the topology is not readable."""
+    groups: dict[tuple[int, ...], None] = {}
+    for cpu in cpus:
+        try:
+            text = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip()
+            siblings = set(report.parse_cpu_list(text))
+        except (OSError, ValueError):
+            siblings = {cpu}
+        groups[tuple(sorted(siblings & set(cpus)) or [cpu])] = None
+    return sorted(groups, key=lambda g: g[0])
+
+
+def cpu_cores_for(local_rank: int, local_world: int, cpus: list[int]) -> list[int]:
+    """The CPUs of ``local_rank``'s share of the physical cores: core i goes to rank
+    i % local_world, so no two ranks share a core (or its SMT sibling) and each gets an equal
+    share.  With fewer cores than ranks, every rank keeps them all."""
+    cores = _physical_cores(cpus)
+    if len(cores) < local_world:
+        return sorted(cpus)
+    return sorted(cpu for i, core in enumerate(cores) if i % local_world == local_rank for cpu in core)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     plan = make_plan(args)
@@ -1495,6 +1522,11 @@ def main(argv=None) -> int:
     # torch renames c10d functions now and then (all_gather_into_tensor -> ...); the old names work.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed.*")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cpus = None
+    if args.cpu_affinity == "cores" and hasattr(os, "sched_setaffinity"):
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+        cpus = cpu_cores_for(local_rank, local_world, sorted(os.sched_getaffinity(0)))
+        os.sched_setaffinity(0, cpus)  # before torch starts its threads, which inherit it
     torch.cuda.set_device(local_rank)
     device = torch.device("cuda", local_rank)
     dist.init_process_group("nccl", device_id=device, timeout=datetime.timedelta(seconds=args.pg_timeout_s))
@@ -1503,6 +1535,7 @@ def main(argv=None) -> int:
     meta = {"date": now.date().isoformat(), "run_id": now.strftime("%Y-%m-%dT%H:%M:%S") + f"-{os.getpid()}",
             "world_size": world, "quick": args.quick, "dtype": "bfloat16",
             "args": {k: str(v) for k, v in vars(args).items()},
+            "cpu_affinity": {"mode": args.cpu_affinity, "cpus": cpus},
             "plan": {"collectives": plan.collectives, "systems": plan.systems,
                      "variants": {v.name: v.options for v in plan.variants}, "sizes": plan.sizes,
                      "modes": plan.modes, "nccl_variants": list(plan.nccl), "calls_per_graph": list(plan.calls),

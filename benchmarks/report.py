@@ -91,6 +91,15 @@ def parse_bytes(text: str) -> int:
     return int(float(number) * scale)
 
 
+def parse_cpu_list(text: str) -> list[int]:
+    """A kernel CPU list ('0-3,8,10-11', as sysfs writes it) -> [0, 1, 2, 3, 8, 10, 11]."""
+    cpus: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        first, _, last = part.partition("-")
+        cpus.extend(range(int(first), int(last or first) + 1))
+    return cpus
+
+
 def fmt_bytes(n: int | None) -> str:
     if n is None:
         return "-"

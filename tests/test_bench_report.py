@@ -570,3 +570,34 @@ def test_eager_iters_fill_a_repeat():
     assert bench.eager_iters(800.0, 3000.0) == 3  # a 256 MiB call
     assert bench.eager_iters(5000.0, 3000.0) == 2  # never fewer than two
     assert bench.eager_iters(0.0, 3000.0) == 1000  # a zero time cannot divide by zero
+
+
+def test_cpu_list_parsing():
+    assert report.parse_cpu_list("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    assert report.parse_cpu_list("5") == [5]
+    assert report.parse_cpu_list("") == []
+
+
+def test_cpu_cores_split_physical_cores(monkeypatch):
+    """--cpu-affinity cores: no two local ranks share a physical core or its SMT sibling, and
+    each gets an equal share; without topology every CPU counts as a core."""
+    pytest.importorskip("torch")
+    bench = _load("bench")
+    siblings = {c: f"{c % 8},{c % 8 + 8}" for c in range(16)}  # 8 cores, siblings c and c+8
+
+    def fake_read(path):
+        cpu = int(str(path).split("/cpu/cpu")[1].split("/")[0])
+        return siblings[cpu]
+
+    monkeypatch.setattr(bench.Path, "read_text", lambda self: fake_read(self))
+    cpus = list(range(16))
+    r0, r1 = (bench.cpu_cores_for(r, 2, cpus) for r in (0, 1))
+    assert r0 == [0, 2, 4, 6, 8, 10, 12, 14] and r1 == [1, 3, 5, 7, 9, 11, 13, 15]
+    assert not set(r0) & set(r1)
+    assert bench.cpu_cores_for(0, 16, cpus) == cpus  # fewer cores than ranks: every rank keeps all
+
+    def unreadable(self):
+        raise OSError("no sysfs")
+
+    monkeypatch.setattr(bench.Path, "read_text", unreadable)
+    assert bench.cpu_cores_for(1, 2, [0, 1, 2, 3]) == [1, 3]
