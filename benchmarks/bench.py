@@ -603,18 +603,27 @@ def _events():
     return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
 
-def probe_us(case: Case) -> float:
-    for _ in range(2):
-        case.call()
-    sync()
+def calls_us(case: Case, calls: int, warm: int = 0) -> float:
+    """Device time per call of ``calls`` eager calls back to back, between CUDA events (after
+    ``warm`` untimed calls and a device sync, when asked)."""
+    if warm:
+        for _ in range(warm):
+            case.call()
+        sync()
     start, end = _events()
     start.record()
-    case.call()
+    for _ in range(calls):
+        case.call()
     end.record()
     end.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
+
+
+def probe_us(case: Case) -> float:
+    value = calls_us(case, 1, warm=2)
     if case.after:
         case.after()
-    return start.elapsed_time(end) * 1e3
+    return value
 
 
 def eager_iters(call_us: float, target_rep_us: float) -> int:
@@ -631,20 +640,6 @@ def eager_iters(call_us: float, target_rep_us: float) -> int:
     return max(2, min(1000, int(target_rep_us / max(call_us, 0.5))))
 
 
-def eager_call_us(case: Case, calls: int = 20) -> float:
-    """Time per call of ``calls`` eager calls back to back, after as many untimed ones."""
-    for _ in range(calls):
-        case.call()
-    sync()
-    start, end = _events()
-    start.record()
-    for _ in range(calls):
-        case.call()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / calls
-
-
 def time_eager(case: Case, iters: int, reps: int, line_up: Callable[[], None]) -> list[float]:
     """Device time per call of ``iters`` calls issued back to back.  The ranks line up
     (``line_up``: a barrier, then a device sync) before each timed loop, for every system
@@ -658,13 +653,7 @@ def time_eager(case: Case, iters: int, reps: int, line_up: Callable[[], None]) -
     out = []
     for _ in range(reps):
         line_up()
-        start, end = _events()
-        start.record()
-        for _ in range(iters):
-            case.call()
-        end.record()
-        end.synchronize()
-        out.append(start.elapsed_time(end) * 1e3 / iters)
+        out.append(calls_us(case, iters))
     if case.after:
         case.after()
     return out
@@ -767,7 +756,7 @@ def run_case(ctx: Ctx, lay: report.Layout, case: Case, x_time, salt: int) -> lis
     for mode, calls in views:
         barrier(ctx)
         if mode == "eager":
-            ran, value, err = guarded(ctx, lambda: eager_call_us(case))
+            ran, value, err = guarded(ctx, lambda: calls_us(case, 20, warm=20))
             if ran:
                 iters = eager_iters(allreduce_max(ctx, [value])[0], args.target_rep_us)
                 barrier(ctx)

@@ -601,3 +601,29 @@ def test_cpu_cores_split_physical_cores(monkeypatch):
 
     monkeypatch.setattr(bench.Path, "read_text", unreadable)
     assert bench.cpu_cores_for(1, 2, [0, 1, 2, 3]) == [1, 3]
+
+
+def test_calls_us_times_back_to_back_calls(monkeypatch):
+    """calls_us: ``warm`` untimed calls and a sync, then ``calls`` calls between one event
+    pair, per call in us (CUDA events replaced by a clock that advances 7 ms per timed call)."""
+    pytest.importorskip("torch")
+    bench = _load("bench")
+    log = []
+
+    class Event:
+        def record(self):
+            log.append(("record", len([e for e in log if e == "call"])))
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):  # ms between the two records: 7 ms per call in between
+            starts = [n for kind, n in (e for e in log if e != "call" and e != "sync")]
+            return 7.0 * (starts[-1] - starts[-2])
+
+    monkeypatch.setattr(bench, "_events", lambda: (Event(), Event()))
+    monkeypatch.setattr(bench, "sync", lambda: log.append("sync"))
+    case = type("Case", (), {"call": lambda self: log.append("call"), "after": None})()
+    assert bench.calls_us(case, 4, warm=3) == pytest.approx(7000.0)
+    assert log[:4] == ["call"] * 3 + ["sync"]
+    assert log.count("call") == 7
