@@ -181,8 +181,10 @@ def estimate_case_s(nbytes: int, *, reps: int, target_rep_us: float, modes: int 
     """A rough wall-clock cost of one (system, variant, size) case: both modes + the check.
 
     Model: a call costs 15 us + bytes / 150 GB/s; iterations per repeat are chosen to fill
-    ``target_rep_us`` (2..100); fixed overheads (barriers, graph capture, the check's
-    reference) about 40 ms per case.
+    ``target_rep_us`` (2..100 here; the bench's eager loops and graph replays fill it by measured
+    times, bench.eager_iters and bench.graph_replays); fixed overheads (barriers, graph capture,
+    the check's reference) about 40 ms per case.  Runs 18-21 (--quick) took 155-185 s against
+    this model's 264 s.
     """
     call_us = 15.0 + nbytes / 150e3
     iters = min(100, max(2, int(target_rep_us / call_us)))
