@@ -634,9 +634,9 @@ def eager_iters(call_us: float, target_rep_us: float) -> int:
     Lining the ranks up before a repeat (a barrier, then a device sync) still releases them a
     few tens of microseconds apart, and that lag lands in the repeat.  Sized from the one-call
     probe (an event pair around a single call: 30-150 us where a call issues in 6), a repeat
-    held 19-100 calls of a 1 KiB collective, and the same kernel then measured 6.1-12.2 us per
-    call from one row to the next (run 19); a repeat of about ``target_rep_us`` spreads the lag
-    over enough calls."""
+    held only 19-100 calls of a 1 KiB collective (run 19); sized from a measured loop it holds
+    about 300-500 (runs 20-21), over which that lag spreads thin.  What remains between rows is
+    the host's own drift (benchmarks/results/2026-12-01-h200x2-affinity-ab.md)."""
     return max(2, min(1000, int(target_rep_us / max(call_us, 0.5))))
 
 
@@ -765,11 +765,12 @@ def run_case(ctx: Ctx, lay: report.Layout, case: Case, x_time, salt: int) -> lis
             ran, value, err = guarded(ctx, lambda: capture_graph(case, calls))
             if ran:
                 g, one_us = value
-                graph = graph if graph is not None else g  # the first (primary) graph is checked
                 # Every rank replays as often as the slowest rank's replay time says.
                 replays[calls] = graph_replays(allreduce_max(ctx, [one_us])[0], args.target_rep_us)
                 barrier(ctx)
                 ran, value, err = guarded(ctx, lambda: time_graph(case, g, calls, args.reps, replays[calls]))
+                if ran and graph is None:
+                    graph = g  # the first (primary) graph that timed cleanly is checked
                 del g
         if ran:
             measured[(mode, calls)] = value
