@@ -84,9 +84,8 @@ def main() -> int:
                     xs, outs, ok = checked_call(coll, nbytes, dtype, rng, devices)
                     times = per_call_us(coll, xs, outs, devices, args.calls, args.reps)
                     row = {"collective": name, "bytes": nbytes, "algorithm": algorithm, "packed": packed,
-                           "threads": threads,
-                           "channels": channels, "slices": slices, "inline_loops": inline, **spread(times),
-                           "checked": ok}
+                           "threads": threads, "channels": channels, "slices": slices, "inline_loops": inline,
+                           **spread(times), "checked": ok}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
             finally:
@@ -94,8 +93,8 @@ def main() -> int:
     meta = {"gpus": [torch.cuda.get_device_name(r) for r in devices], "calls_per_graph": args.calls,
             "reps": args.reps, "dtype": dtype.value}
     write_results(args.out, "ll_sweep", meta, rows, [
-        ("collective", "collective"), ("bytes", "bytes"), ("algorithm", "algorithm"), ("packed", "packed"), ("threads", "threads"),
-        ("channels", "channels"), ("slices", "slices"),
+        ("collective", "collective"), ("bytes", "bytes"), ("algorithm", "algorithm"), ("packed", "packed"),
+        ("threads", "threads"), ("channels", "channels"), ("slices", "slices"),
         ("inline loops", "inline_loops"), ("median us", "median_us"), ("range us", "range"), ("checked", "checked")])
     return 0 if all(r["checked"] for r in rows) else 1
 
