@@ -40,7 +40,7 @@ import argparse
 import json
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 KiB = 1024
@@ -406,6 +406,10 @@ class Target:
     name: str
     status: str  # "met" | "missed" | "no data" | "report"
     lines: list[str]
+    # One per checked point, beside its line: (point, met, {measure: value}), e.g.
+    # ("allreduce 1 KiB", True, {"us": 1.7, "x best NCCL": 1.6}); what scripts/target_ranges.py
+    # gathers over several runs.
+    points: list[tuple[str, bool, dict]] = field(default_factory=list)
 
 
 def _fmt_ratio(x: float | None) -> str:
@@ -438,12 +442,14 @@ def _default(rows: list[dict], coll: str, nbytes: int, mode: str) -> dict | None
     return one(rows, system="purlin", variant="default", collective=coll, bytes=nbytes, mode=mode)
 
 
-def _judge(name: str, checks: list[tuple[bool, str]]) -> Target:
+def _judge(name: str, checks: list[tuple[bool, str, str, dict]]) -> Target:
+    """``checks``: (met, line, point, values) per checked point."""
     if not checks:
         return Target(name, "no data", [])
-    missed = [line for good, line in checks if not good]
-    lines = [("met: " if good else "MISSED: ") + line for good, line in checks]
-    return Target(name, "missed" if missed else "met", lines)
+    missed = [line for good, line, _, _ in checks if not good]
+    lines = [("met: " if good else "MISSED: ") + line for good, line, _, _ in checks]
+    points = [(point, good, values) for good, _, point, values in checks]
+    return Target(name, "missed" if missed else "met", lines, points)
 
 
 def _latency_target(rows, colls, lo, hi, limit: dict[str, float], speedup: float | None, name: str) -> Target:
@@ -466,7 +472,7 @@ def _latency_target(rows, colls, lo, hi, limit: dict[str, float], speedup: float
                     + (f", {_fmt_ratio(r)} best NCCL ({_name(n)} {_num(n['time_us'])} us)" if n else ", no NCCL row"))
             if not ok(d):
                 line += f" (Purlin row failed: {_why(d)})"
-            checks.append((good, line))
+            checks.append((good, line, f"{coll} {fmt_bytes(nbytes)}", {"us": t, "x best NCCL": r}))
     return _judge(name, checks)
 
 
@@ -484,7 +490,8 @@ def _speedup_target(rows, colls, lo, hi, need: float, name: str, only=None) -> T
             r = ratio(n["time_us"], d["time_us"]) if ok(d) else None
             checks.append((r is not None and r >= need,
                            f"{coll} {fmt_bytes(nbytes)}: {_fmt_ratio(r)} best NCCL ({_name(n)} {_num(n['time_us'])} us, "
-                           f"Purlin {_num(d.get('time_us'))} us)" + ("" if ok(d) else f" (Purlin: {_why(d)})")))
+                           f"Purlin {_num(d.get('time_us'))} us)" + ("" if ok(d) else f" (Purlin: {_why(d)})"),
+                           f"{coll} {fmt_bytes(nbytes)}", {"x best NCCL": r, "us": d["time_us"] if ok(d) else None}))
     return _judge(name, checks)
 
 
@@ -497,7 +504,8 @@ def _wire_target(rows, colls, nbytes_at: int, within: float, name: str) -> Targe
         pct = d.get("pct_of_limit") if ok(d) else None
         checks.append((pct is not None and pct >= 100.0 * (1 - within),
                        f"{coll} {fmt_bytes(nbytes_at)}: {_num(pct)}% of the wire limit "
-                       f"({_num(d.get('limit_us'))} us; Purlin {_num(d.get('time_us'))} us)"))
+                       f"({_num(d.get('limit_us'))} us; Purlin {_num(d.get('time_us'))} us)",
+                       f"{coll} {fmt_bytes(nbytes_at)}", {"% of limit": pct, "us": d["time_us"] if ok(d) else None}))
     return _judge(name, checks)
 
 
@@ -511,7 +519,8 @@ def _busbw_target(rows, colls, need_gbps: float, name: str) -> Target:
             if d is None:
                 continue
             bus = d.get("busbw_gbps") if ok(d) else None
-            checks.append((bus is not None and bus >= need_gbps, f"{coll} {fmt_bytes(nbytes)}: {_num(bus)} GB/s busbw"))
+            checks.append((bus is not None and bus >= need_gbps, f"{coll} {fmt_bytes(nbytes)}: {_num(bus)} GB/s busbw",
+                           f"{coll} {fmt_bytes(nbytes)}", {"busbw GB/s": bus}))
     return _judge(name, checks)
 
 
@@ -522,7 +531,7 @@ def _eager_target(rows, colls, bound: float, name: str) -> Target:
         if d is None:
             continue
         t = d["time_us"] if ok(d) else None
-        checks.append((t is not None and t <= bound, f"{coll} 1 KiB eager: {_num(t)} us"))
+        checks.append((t is not None and t <= bound, f"{coll} 1 KiB eager: {_num(t)} us", f"{coll} 1 KiB", {"us": t}))
     return _judge(name, checks)
 
 

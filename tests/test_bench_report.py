@@ -12,8 +12,8 @@ import pytest
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+def _load(name: str, folder: Path = BENCH):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -627,3 +627,19 @@ def test_calls_us_times_back_to_back_calls(monkeypatch):
     assert bench.calls_us(case, 4, warm=3) == pytest.approx(7000.0)
     assert log[:4] == ["call"] * 3 + ["sync"]
     assert log.count("call") == 7
+
+
+def test_target_ranges_over_runs():
+    """scripts/target_ranges.py: each target's runs met, and every point's range over runs, from
+    the same checks as the per-run report (Target.points beside Target.lines)."""
+    ranges = _load("target_ranges", BENCH.parent / "scripts")
+    fast, slow = good_doc(2.0, 2.9), good_doc(2.4, 2.9)  # 2.4 us misses the 2.3 us bound
+    small = _target(fast, "graph, 1 KiB and 16 KiB")
+    assert [p[0] for p in small.points][:2] == ["allreduce 1 KiB", "allreduce 16 KiB"]
+    assert small.points[0][1] is True and small.points[0][2]["us"] == pytest.approx(2.0 + KiB / 380e3)
+    text = ranges.ranges([fast, slow])
+    section = text.split("## graph, 1 KiB and 16 KiB")[1].split("## ")[0]
+    assert "Met in 1 of 2 runs." in section
+    line = next(x for x in section.splitlines() if x.startswith("| allreduce 1 KiB |"))
+    assert line.startswith("| allreduce 1 KiB | 1 of 2 | 2.00-2.40 |"), line
+    assert "## graph, 64 KiB" in text and "footprint" not in text  # reports are not targets
