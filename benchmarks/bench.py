@@ -603,24 +603,24 @@ def _events():
     return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
 
-def calls_us(case: Case, calls: int, warm: int = 0) -> float:
-    """Device time per call of ``calls`` eager calls back to back, between CUDA events (after
-    ``warm`` untimed calls and a device sync, when asked)."""
+def calls_us(call: Callable[[], object], calls: int, warm: int = 0) -> float:
+    """Device time per call of ``calls`` calls of ``call`` back to back, between CUDA events
+    (after ``warm`` untimed calls and a device sync, when asked)."""
     if warm:
         for _ in range(warm):
-            case.call()
+            call()
         sync()
     start, end = _events()
     start.record()
     for _ in range(calls):
-        case.call()
+        call()
     end.record()
     end.synchronize()
     return start.elapsed_time(end) * 1e3 / calls
 
 
 def probe_us(case: Case) -> float:
-    value = calls_us(case, 1, warm=2)
+    value = calls_us(case.call, 1, warm=2)
     if case.after:
         case.after()
     return value
@@ -653,7 +653,7 @@ def time_eager(case: Case, iters: int, reps: int, line_up: Callable[[], None]) -
     out = []
     for _ in range(reps):
         line_up()
-        out.append(calls_us(case, iters))
+        out.append(calls_us(case.call, iters))
     if case.after:
         case.after()
     return out
@@ -756,7 +756,7 @@ def run_case(ctx: Ctx, lay: report.Layout, case: Case, x_time, salt: int) -> lis
     for mode, calls in views:
         barrier(ctx)
         if mode == "eager":
-            ran, value, err = guarded(ctx, lambda: calls_us(case, 20, warm=20))
+            ran, value, err = guarded(ctx, lambda: calls_us(case.call, 20, warm=20))
             if ran:
                 iters = eager_iters(allreduce_max(ctx, [value])[0], args.target_rep_us)
                 barrier(ctx)
@@ -864,18 +864,7 @@ def _peak(ctx: Ctx, sizes, remote, kind: str, how: str) -> dict:
                 d16, s16 = dst.view(torch.bfloat16), src.view(torch.bfloat16)
                 op = lambda: torch.mul(s16, 1, out=d16)  # noqa: E731
             iters = max(3, min(50, int(20 * report.MiB * 50 / n) or 3))
-            for _ in range(3):
-                op()
-            sync()
-            times = []
-            for _ in range(5):
-                start, end = _events()
-                start.record()
-                for _ in range(iters):
-                    op()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) * 1e3 / iters)
+            times = [calls_us(op, iters, warm=3 if i == 0 else 0) for i in range(5)]
             return statistics.median(times)
 
         barrier(ctx)

@@ -624,7 +624,7 @@ def test_calls_us_times_back_to_back_calls(monkeypatch):
     monkeypatch.setattr(bench, "_events", lambda: (Event(), Event()))
     monkeypatch.setattr(bench, "sync", lambda: log.append("sync"))
     case = type("Case", (), {"call": lambda self: log.append("call"), "after": None})()
-    assert bench.calls_us(case, 4, warm=3) == pytest.approx(7000.0)
+    assert bench.calls_us(case.call, 4, warm=3) == pytest.approx(7000.0)
     assert log[:4] == ["call"] * 3 + ["sync"]
     assert log.count("call") == 7
 
