@@ -97,6 +97,7 @@ def test_a_rank_without_chunks_that_gives_count_and_dtype_agrees_on_them():
 class _FakeRank:
     def __init__(self, rank, dtype, count, units=1):
         self.rank, self.in_units, self.out_units = rank, units, units
+        self.device = rank  # a GPU each
         self.shape = CallShape(dtype, None, count, 0x1000 * (rank + 1), 0x9000 * (rank + 1))
         self.launched = False
 
@@ -125,6 +126,47 @@ def test_group_call_with_different_counts():
 def test_group_call_rank_without_chunks_is_not_a_disagreement():
     ranks = [_FakeRank(0, DType.BFLOAT16, 8), _FakeRank(1, DType.FLOAT32, 0, units=0)]
     assert len(prepare_group("odd", ranks, [1, None], None, "sum", None, None)) == 2
+
+
+class _StreamRank(_FakeRank):
+    """A rank on ``device`` whose call resolves to ``stream``."""
+
+    name = "allgather"
+
+    def __init__(self, rank, device, stream):
+        super().__init__(rank, DType.BFLOAT16, 8)
+        self.device, self.stream = device, stream
+
+    def prepare_call(self, x, out, op, stream, count):
+        return self.shape, self.stream, out
+
+
+def test_loopback_group_call_needs_one_stream_per_rank():
+    """Ranks sharing a GPU wait for each other's kernels: one stream for both would hang
+    until the device-side timeout, so the call is refused before anything is launched."""
+    from purlinc.runtime.collective import GroupCollective
+
+    ranks = [_StreamRank(0, 0, 0x70), _StreamRank(1, 0, 0x70)]
+    with pytest.raises(ArgumentError) as caught:
+        GroupCollective(ranks)([1, 2])
+    assert caught.value.message == ("allgather: ranks 0 and 1 share cuda:0 and would run on one stream (0x70), "
+                                    "so each would wait for the other forever: pass streams= with one stream per rank")
+    assert not any(r.launched for r in ranks)
+    ranks = [_StreamRank(0, 0, 0x70), _StreamRank(1, 0, 0x80)]  # one stream each
+    GroupCollective(ranks)([1, 2])
+    assert all(r.launched for r in ranks)
+    ranks = [_StreamRank(0, 0, 0), _StreamRank(1, 1, 0)]  # two GPUs' default streams are two streams
+    GroupCollective(ranks)([1, 2])
+    assert all(r.launched for r in ranks)
+
+
+def test_local_group_refuses_a_repeated_device_unless_shared():
+    from purlinc.runtime.communicator import LocalGroup
+
+    with pytest.raises(ValueError, match=r"distinct devices, got \[0, 0\] \(share_devices=True runs several ranks"):
+        LocalGroup([0, 0])
+    with pytest.raises(ValueError, match="at least one device"):
+        LocalGroup([])
 
 
 # --- torchrun: one exchange per new signature -------------------------------------------

@@ -526,8 +526,24 @@ def prepare_group(name: str, ranks: Sequence[Collective], xs, outs, op, streams,
                                   for c, p in zip(ranks, prepared)])
     if problem is not None:
         raise problem
+    _check_streams(name, ranks, prepared)
     zerocopy.agree_group(ranks, prepared)  # heap buffers: every rank takes the same path
     return prepared
+
+
+def _check_streams(name: str, ranks, prepared) -> None:
+    """Ranks that share a GPU (a loopback group) wait for each other's kernels: on one
+    stream the second would only start once the first gave up waiting."""
+    seen: dict[tuple[int, int], int] = {}
+    for collective, (shape, handle, _) in zip(ranks, prepared):
+        if shape.count == 0:  # nothing is launched
+            continue
+        other = seen.setdefault((collective.device, handle), collective.rank)
+        if other != collective.rank:
+            raise ArgumentError(
+                f"{name}: ranks {other} and {collective.rank} share cuda:{collective.device} and would run "
+                f"on one stream ({handle:#x}), so each would wait for the other forever: pass streams= with "
+                "one stream per rank")
 
 
 class GroupCollective:

@@ -289,16 +289,29 @@ class Communicator:
 
 
 class LocalGroup:
-    """One process, several GPUs with peer access: ``group[r]`` is rank r's Communicator."""
+    """One process, several GPUs with peer access: ``group[r]`` is rank r's Communicator.
 
-    def __init__(self, devices: Sequence[int] | None = None, *, heap_bytes: int | None = None):
+    ``share_devices=True`` admits a device named more than once: a *loopback* group, whose
+    ranks share a GPU (``LocalGroup([0, 0], share_devices=True)``), for running and checking
+    multi-rank schedules on a machine with one GPU.  Its "remote" stores stay in that GPU's
+    memory, so it says nothing about link speed.  The ranks' kernels wait for each other, so
+    they must run at the same time: every group call needs one stream per rank (``streams=``,
+    checked), and the ranks' grids must fit on the GPU together (a kernel that cannot start
+    makes the others time out, with PurlinTimeoutError).
+    """
+
+    def __init__(self, devices: Sequence[int] | None = None, *, heap_bytes: int | None = None,
+                 share_devices: bool = False):
         from purlinc.runtime import driver
 
         if devices is None:
             devices = range(driver.device_count())
         devices = list(devices)
-        if len(set(devices)) != len(devices) or not devices:
-            raise ValueError(f"LocalGroup needs distinct devices, got {devices}")
+        if not devices:
+            raise ValueError("LocalGroup needs at least one device")
+        if len(set(devices)) != len(devices) and not share_devices:
+            raise ValueError(f"LocalGroup needs distinct devices, got {devices} "
+                             "(share_devices=True runs several ranks on one GPU: a loopback group for tests)")
         count = driver.device_count()
         for d in devices:
             if not 0 <= d < count:

@@ -124,7 +124,26 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
                 b.wait(producer, ("ack", producer, consumer), f"r{consumer} done with {last} data", previous=True)
             if (producer, consumer) in out_edges:
                 b.wait(producer, ("ready", producer, consumer), f"r{consumer}.out ready")
-    # 3. Stage everything, then one notify per edge and slice.
+
+    def local(rank: int, s: int) -> None:
+        """Slice s of the outputs made only of local inputs: no need to wait for anyone."""
+        for need, positions, srcs in local_work[rank]:
+            _consume_into(b, rank, need, positions, srcs, s)
+
+    def receive(consumer: int, s: int) -> None:
+        """Wait for slice s from every peer, then consume it."""
+        for producer in producers_of[consumer]:  # one signal per producer: one wait each
+            sig = _data(producer, consumer)
+            b.wait(consumer, ("data", producer, consumer, s), f"({_names(chunks_on[producer, consumer], texts)} {_from(sig)})")
+        for need, positions, srcs in remote_work[consumer]:
+            if srcs is not None:
+                _consume_into(b, consumer, need, positions, srcs, s)
+
+    # With several slices (and plain stages), each rank's program pipelines them: see 3.
+    interleave = S > 1 and not packed
+
+    # 3. Stage everything, then one notify per edge and slice (interleaved: per slice, with
+    #    this slice's local copies and the previous slice's consumes before the notify).
     note_of: dict[int, str] = {}  # id(chunk) * R + consumer -> the stage's note
     for producer in range(R):
         # Start with the next rank, so that not every producer hits rank 0 first.
@@ -152,6 +171,24 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
                 note = note_of[key] = f"{texts[id(m.chunk)]} for r{consumer}"
             rows.append((m.src[0], m.src[1], m.dst[0], consumer, m.dst[1], note))
         append = b.steps[producer].append
+        if interleave:
+            # Slice s's stores are under way while the rank copies its own inputs of slice s
+            # (right after the stages, so the datapath reads each input once for both) and
+            # consumes slice s-1; the notify's release, which waits for the stores to land,
+            # comes last.  The last slice's local copies follow its notify instead, so that
+            # they cover the signal's flight to the consumer.
+            for s in range(S):
+                for src_space, src_unit, dst_space, consumer, dst_unit, note in rows:
+                    append(Stage(_reg(src_space, producer, src_unit, s), _reg(dst_space, consumer, dst_unit, s), note))
+                if s < S - 1:
+                    local(producer, s)
+                if s:
+                    receive(producer, s - 1)
+                for consumer in rotated:
+                    b.notify(producer, _data(producer, consumer), notes[consumer], keys=(("data", producer, consumer, s),))
+            local(producer, S - 1)
+            receive(producer, S - 1)
+            continue
         for s in range(S):
             if packed:  # the notify rides in the packets: one k per message slice
                 for src_space, src_unit, dst_space, consumer, dst_unit, note in rows:
@@ -162,20 +199,15 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
                 append(Stage(_reg(src_space, producer, src_unit, s), _reg(dst_space, consumer, dst_unit, s), note))
             for consumer in rotated:
                 b.notify(producer, _data(producer, consumer), notes[consumer], keys=(("data", producer, consumer, s),))
-    # 4. Outputs made only of local inputs: no need to wait for anyone.
-    for rank in range(R):
-        for s in range(S):
-            for need, positions, srcs in local_work[rank]:
-                _consume_into(b, rank, need, positions, srcs, s)
-    # 5. Wait for each slice from every peer, then consume it.
-    for consumer in range(R):
-        producers = producers_of[consumer]
-        for s in range(S):
-            b.wait_all(consumer, [("data", p, consumer, s) for p in producers],
-                       lambda sig: f"({_names(chunks_on[sig.peer, consumer], texts)} {_from(sig)})")
-            for need, positions, srcs in remote_work[consumer]:
-                if srcs is not None:
-                    _consume_into(b, consumer, need, positions, srcs, s)
+    if not interleave:
+        # 4. Outputs made only of local inputs: no need to wait for anyone.
+        for rank in range(R):
+            for s in range(S):
+                local(rank, s)
+        # 5. Wait for each slice from every peer, then consume it.
+        for consumer in range(R):
+            for s in range(S):
+                receive(consumer, s)
     # 6. Tell producers their staging units are free again.
     for consumer in range(R):
         for producer in producers_of[consumer]:

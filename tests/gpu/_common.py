@@ -81,12 +81,49 @@ def kernel_jobs():
     return sorted(set(jobs))
 
 
+# tests/gpu/test_loopback.py: ranks sharing one GPU, R=2 and R=4, two channels.
+LOOPBACK_WORLDS = (2, 4)
+LOOPBACK_SLICES = (1, 2, 3, 4)  # direct-push, every example
+LOOPBACK_OTHER = (("direct-push", "tma"), ("direct-pull", "ldst"), ("two-shot", "ldst"), ("ring", "ldst"))
+LOOPBACK_OTHER_NAMES = ("allreduce.pln", "allgather.pln", "reduce_scatter.pln", "alltoall.pln")
+LOOPBACK_ZC_SLICES = (1, 3)
+LOOPBACK_ZC_NAMES = ("allgather.pln", "alltoall.pln", "allreduce.pln", "broadcast.pln")
+
+
+def loopback_jobs():
+    """The loopback tests' kernels: (name, algorithm, atom, dtype, op, world, channels, slices)."""
+    jobs = []
+    for world in LOOPBACK_WORLDS:
+        for name in examples():
+            for slices in LOOPBACK_SLICES:
+                for dtype, op in (("float32", "sum"), ("bfloat16", "sum"), ("float32", "max")):
+                    jobs.append((name, "direct-push", "ldst", dtype, op, world, 2, slices))
+        for name in LOOPBACK_OTHER_NAMES:
+            for algorithm, atom in LOOPBACK_OTHER:
+                jobs.append((name, algorithm, atom, "bfloat16", "sum", world, 2, 2))
+        for name in LOOPBACK_ZC_NAMES:
+            for slices in LOOPBACK_ZC_SLICES:
+                jobs.append((name, "direct-push", "ldst+zerocopy", "bfloat16", "sum", world, 2, slices))
+    return sorted(set(jobs))
+
+
 def _compile_job(job):
     import time
 
-    name, algorithm, atom, dtype, op = job
+    from purlinc.errors import PurlinError
+    from purlinc.runtime.collective import prepare
+
+    name, algorithm, atom, dtype, op = job[:5]
     start = time.time()
-    c = applicable(name, algorithm, atom.split("+")[0])
+    if len(job) == 8:  # a loopback job: its own world size, channels and slices
+        world, channels, slices = job[5:]
+        try:
+            c = prepare(EXAMPLES / name, world, algorithm=algorithm, atom=atom.split("+")[0], channels=channels,
+                        slices=slices, arch="sm_90")
+        except PurlinError:
+            return job, "n/a", 0.0
+    else:
+        c = applicable(name, algorithm, atom.split("+")[0])
     if isinstance(c, str):
         return job, "n/a", 0.0
     if atom.endswith("+zerocopy"):
@@ -102,14 +139,14 @@ def _compile_job(job):
     return job, "ok", time.time() - start
 
 
-def precompile(processes: int = 24) -> None:
-    """Fill the disk cache with every kernel the suite launches, in parallel."""
+def precompile(processes: int = 24, jobs=None) -> None:
+    """Fill the disk cache with every kernel the suite launches (or ``jobs``), in parallel."""
     import json
     import multiprocessing as mp
     import time
 
     start = time.time()
-    jobs = kernel_jobs()
+    jobs = kernel_jobs() if jobs is None else jobs
     with mp.get_context("fork").Pool(processes) as pool:
         results = pool.map(_compile_job, jobs, chunksize=1)
     summary = {"kernels": len(jobs), "ok": sum(r[1] == "ok" for r in results),
@@ -165,5 +202,6 @@ def expected(spec, inputs, count, dtype, op):
     return evaluate(spec, inputs, count, dtype, op if spec.is_reduce else None)
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["precompile"]:
-    precompile()
+if __name__ == "__main__" and sys.argv[1:2] == ["precompile"]:
+    # precompile: the suite's kernels; precompile loopback: test_loopback.py's
+    precompile(jobs=loopback_jobs() if sys.argv[2:] == ["loopback"] else None)

@@ -1,0 +1,192 @@
+"""Multi-rank schedules on ONE GPU: a loopback LocalGroup (``share_devices=True``), every rank
+on cuda:0 with a stream of its own, against the reference evaluator, outputs poisoned first.
+``python3 tests/gpu/_common.py precompile loopback`` compiles the kernels first, in parallel.
+
+This runs the generated kernels, their signals and their slice pipelining on any machine
+with one GPU (their "remote" stores stay in that GPU's memory, so nothing here says anything
+about link speed).  The two-GPU suite (test_local.py) runs the same paths over NVLink."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from _common import (  # noqa: E402
+    EXAMPLES, LOOPBACK_OTHER, LOOPBACK_OTHER_NAMES, LOOPBACK_SLICES, LOOPBACK_WORLDS, LOOPBACK_ZC_NAMES,
+    LOOPBACK_ZC_SLICES, examples, expected, inputs_for, poison, to_numpy, to_torch, torch_dtype,
+)
+from purlinc.dtypes import DType  # noqa: E402
+
+pytestmark = [pytest.mark.gpu]
+DEVICE = 0
+
+
+@pytest.fixture(scope="module", params=LOOPBACK_WORLDS, ids=[f"R{w}" for w in LOOPBACK_WORLDS])
+def group(request):
+    import purlinc
+
+    g = purlinc.LocalGroup([DEVICE] * request.param, share_devices=True)
+    g.streams = [torch.cuda.Stream(device=DEVICE) for _ in range(request.param)]
+    yield g
+    g.close()
+
+
+def _load(group, name, **options):
+    import purlinc
+    from purlinc.errors import PurlinError
+
+    try:
+        return purlinc.load(EXAMPLES / name, group, **options)
+    except PurlinError as error:
+        pytest.skip(str(error).splitlines()[0])
+
+
+def _call(coll, group, xs, outs, op="sum"):
+    """One group call, each rank on its own stream, ordered after (and before) the current one."""
+    current = torch.cuda.current_stream(DEVICE)
+    for s in group.streams:
+        s.wait_stream(current)
+    coll(xs, outs, op=op, streams=group.streams)
+    for s in group.streams:
+        current.wait_stream(s)
+    torch.cuda.synchronize(DEVICE)
+    coll.check()
+
+
+def _buffers(spec, count, dtype, inputs, empty=None):
+    """Inputs and poisoned outputs on cuda:0 (``empty(n, dtype)`` places them, e.g. in the heap)."""
+    empty = empty or (lambda n, dt: [torch.empty(n, dtype=dt, device=f"cuda:{DEVICE}") for _ in range(spec.world_size)])
+    xs, outs = [None] * spec.world_size, [None] * spec.world_size
+    n_in = {len(layout) * count for layout in spec.inputs if len(layout)}
+    n_out = {len(layout) * count for layout in spec.outputs if len(layout)}
+    ins = {n: empty(n, torch_dtype(dtype)) for n in n_in}
+    outs_by = {n: empty(n, torch_dtype(dtype)) for n in n_out}
+    for r in range(spec.world_size):
+        if len(spec.inputs[r]):
+            xs[r] = ins[len(spec.inputs[r]) * count][r]
+            xs[r].copy_(to_torch(inputs[r], dtype, DEVICE))
+        if len(spec.outputs[r]):
+            outs[r] = outs_by[len(spec.outputs[r]) * count][r]
+            poison(outs[r])
+    return xs, outs
+
+
+def _check(spec, outs, want, dtype, label):
+    for r, out in enumerate(outs):
+        if out is None:
+            continue
+        got = to_numpy(out, dtype)
+        if not np.array_equal(got.view(np.uint8), want[r].view(np.uint8)):
+            bad = np.flatnonzero(got.view(dtype.storage) != want[r])
+            raise AssertionError(f"{label}: rank {r} differs at {bad.size} of {got.size} elements, first at "
+                                 f"{bad[:5].tolist()}: got {got[bad[:5]].tolist()}, want {want[r][bad[:5]].tolist()}")
+
+
+def _run(coll, group, count, dtype, rng, label, empty=None, op="sum"):
+    spec = coll[0].compiled.spec
+    inputs = inputs_for(spec, count, dtype, rng)
+    xs, outs = _buffers(spec, count, dtype, inputs, empty)
+    _call(coll, group, xs, outs, op)
+    _check(spec, outs, expected(spec, inputs, count, dtype, op), dtype, label)
+
+
+COUNTS = (1, 7, 1000, 4097, 100_003)
+
+
+@pytest.mark.parametrize("slices", LOOPBACK_SLICES)
+@pytest.mark.parametrize("name", examples())
+def test_direct_push_slices(group, name, slices):
+    """direct-push with 1-4 slices per channel: with two or more, each rank's program pipelines
+    them (slice s's stores, slice s's local copies, slice s-1's consumes, then s's notify)."""
+    coll = _load(group, name, algorithm="direct-push", atom="ldst", channels=2, slices=slices)
+    rng = np.random.default_rng(slices)
+    try:
+        for count in COUNTS:
+            for dtype in (DType.FLOAT32, DType.BFLOAT16):
+                _run(coll, group, count, dtype, rng, f"{name}/R{len(group)}/s{slices}/{dtype.value}/n={count}")
+        if coll[0].compiled.spec.is_reduce:
+            _run(coll, group, 1000, DType.FLOAT32, rng, f"{name}/s{slices}/max", op="max")
+    finally:
+        coll.close()
+
+
+@pytest.mark.parametrize("algorithm,atom", LOOPBACK_OTHER)
+@pytest.mark.parametrize("name", LOOPBACK_OTHER_NAMES)
+def test_other_paths_with_slices(group, name, algorithm, atom):
+    coll = _load(group, name, algorithm=algorithm, atom=atom, channels=2, slices=2)
+    rng = np.random.default_rng(3)
+    try:
+        for count in (7, 4097, 100_003):
+            _run(coll, group, count, DType.BFLOAT16, rng, f"{name}/{algorithm}/{atom}/R{len(group)}/n={count}")
+    finally:
+        coll.close()
+
+
+@pytest.mark.parametrize("slices", LOOPBACK_ZC_SLICES)
+@pytest.mark.parametrize("name", LOOPBACK_ZC_NAMES)
+def test_zero_copy_slices(group, name, slices):
+    """Buffers in the heap (group.empty) take the zero-copy schedules: producers store into
+    the consumer's output (copies) or read its registered input, pipelined by slice."""
+    coll = _load(group, name, algorithm="direct-push", atom="ldst", channels=2, slices=slices)
+    rng = np.random.default_rng(9)
+    made = []
+
+    def heap_empty(n, dt):
+        tensors = group.empty((n,), dt)
+        made.extend(tensors)
+        return tensors
+
+    try:
+        for count in (7, 4097, 100_003):
+            _run(coll, group, count, DType.BFLOAT16, rng, f"{name}/zc/s{slices}/n={count}", empty=heap_empty)
+        assert any(c._zc is not None and c._zc.offsets for c in coll.ranks), "no call took the zero-copy path"
+    finally:
+        coll.close()
+        del made[:]
+
+
+def test_graph_replay_one_stream_per_rank(group):
+    """Per-rank CUDA graphs (three calls each) replayed on the ranks' own streams."""
+    coll = _load(group, "allreduce.pln", algorithm="direct-push", atom="ldst", channels=2, slices=2)
+    spec = coll[0].compiled.spec
+    rng = np.random.default_rng(4)
+    count, dtype = 4097, DType.FLOAT32
+    try:
+        xs, outs = _buffers(spec, count, dtype, inputs_for(spec, count, dtype, rng))
+        _call(coll, group, xs, outs)  # compile and load outside the capture
+        graphs = []
+        for r, s in enumerate(group.streams):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=s):
+                for _ in range(3):
+                    coll[r](xs[r], outs[r])
+            graphs.append(g)
+        for it in range(3):
+            inputs = inputs_for(spec, count, dtype, rng)
+            for r in range(spec.world_size):
+                xs[r].copy_(to_torch(inputs[r], dtype, DEVICE))
+                poison(outs[r])
+            torch.cuda.synchronize(DEVICE)
+            for g, s in zip(graphs, group.streams):
+                with torch.cuda.stream(s):
+                    g.replay()
+            torch.cuda.synchronize(DEVICE)
+            coll.check()
+            _check(spec, outs, expected(spec, inputs, count, dtype, "sum"), dtype, f"loopback graph {it}")
+    finally:
+        coll.close()
+
+
+def test_one_stream_for_ranks_that_share_a_gpu_is_refused(group):
+    from purlinc.runtime.errors import ArgumentError
+
+    coll = _load(group, "allgather.pln")
+    spec = coll[0].compiled.spec
+    try:
+        xs, outs = _buffers(spec, 8, DType.FLOAT32, inputs_for(spec, 8, DType.FLOAT32, np.random.default_rng(0)))
+        with pytest.raises(ArgumentError, match="share cuda:0 and would run on one stream"):
+            coll(xs, outs)
+    finally:
+        coll.close()
