@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The GPU suite, on the two-GPU machine.  Every step runs under `timeout`; logs, JUnit files
+# The GPU suite, on the two-GPU machine (the loopback step needs only one).  Every step runs
+# under `timeout`; logs, JUnit files
 # and a JSON + Markdown summary land in $OUT.
 #
 # Steps (PURLIN_STEPS picks some, in this order; default: all but `slow`):
 #   precompile        every kernel the tests use, parallel NVRTC
+#   loopback          ranks sharing one GPU (R=2 and R=4 on cuda:0): slices, zero-copy, graphs;
+#                     the one step a one-GPU machine runs (PURLIN_STEPS=loopback)
 #   local             LocalGroup tests, ldst and tma atoms
 #   local_ce          LocalGroup tests, ce atom
 #   trace             traced kernels: monotone stamps, waits after their notifies
@@ -22,7 +25,7 @@ mkdir -p "$OUT"
 export OUT PURLIN_RESULTS="$OUT" PURLIN_CACHE_DIR=${PURLIN_CACHE_DIR:-/tmp/purlin_cache}
 export PURLIN_WAIT_TIMEOUT_S=${PURLIN_WAIT_TIMEOUT_S:-5} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
-STEPS=${PURLIN_STEPS:-"precompile local local_ce trace torchrun zerocopy zerocopy_torchrun faults torch hier"}
+STEPS=${PURLIN_STEPS:-"precompile loopback local local_ce trace torchrun zerocopy zerocopy_torchrun faults torch hier"}
 T0=$(date +%s)
 # Run from the source tree: grammar/ and templates/ ship as purlinc.grammar / purlinc.templates
 # in a wheel (pyproject's package-dir); link them in for the run, and remove the links after.
@@ -52,6 +55,11 @@ pytest_step() {  # pytest_step NAME SECONDS pytest-args...
 }
 
 step precompile 120 python3 tests/gpu/_common.py precompile
+if wanted loopback; then
+  step loopback_precompile 90 python3 tests/gpu/_common.py precompile loopback
+  STEPS="$STEPS loopback_precompile"
+fi
+pytest_step loopback 300 tests/gpu/test_loopback.py
 PURLIN_TEST_ATOMS=ldst,tma pytest_step local 170 tests/gpu/test_local.py
 PURLIN_TEST_ATOMS=ce pytest_step local_ce 70 tests/gpu/test_local.py \
   -k "test_collective or test_dtypes or test_graph or test_large"
