@@ -55,10 +55,8 @@ pytest_step() {  # pytest_step NAME SECONDS pytest-args...
 }
 
 step precompile 120 python3 tests/gpu/_common.py precompile
-if wanted loopback; then
-  step loopback_precompile 90 python3 tests/gpu/_common.py precompile loopback
-  STEPS="$STEPS loopback_precompile"
-fi
+wanted loopback && STEPS="$STEPS loopback_precompile"  # the loopback step's kernels, first
+step loopback_precompile 90 python3 tests/gpu/_common.py precompile loopback
 pytest_step loopback 300 tests/gpu/test_loopback.py
 PURLIN_TEST_ATOMS=ldst,tma pytest_step local 170 tests/gpu/test_local.py
 PURLIN_TEST_ATOMS=ce pytest_step local_ce 70 tests/gpu/test_local.py \

@@ -98,14 +98,19 @@ class _FakeRank:
     def __init__(self, rank, dtype, count, units=1):
         self.rank, self.in_units, self.out_units = rank, units, units
         self.device = rank  # a GPU each
+        self.events = []  # ("prime" | "launch", rank), shared by a group's ranks in the tests that look
         self.shape = CallShape(dtype, None, count, 0x1000 * (rank + 1), 0x9000 * (rank + 1))
         self.launched = False
 
     def prepare_call(self, x, out, op, stream, count):
         return self.shape, 0, out
 
+    def prime(self, shape):
+        self.events.append(("prime", self.rank))
+
     def launch(self, shape, stream):
         self.launched = True
+        self.events.append(("launch", self.rank))
 
 
 def test_group_call_with_different_dtypes_is_refused_before_launch():
@@ -153,8 +158,11 @@ def test_loopback_group_call_needs_one_stream_per_rank():
                                     "so each would wait for the other forever: pass streams= with one stream per rank")
     assert not any(r.launched for r in ranks)
     ranks = [_StreamRank(0, 0, 0x70), _StreamRank(1, 0, 0x80)]  # one stream each
+    ranks[1].events = ranks[0].events
     GroupCollective(ranks)([1, 2])
-    assert all(r.launched for r in ranks)
+    # Every kernel is loaded before the first launch: a module load may wait for the running
+    # kernels, and a launched rank on a shared GPU runs until the others come.
+    assert ranks[0].events == [("prime", 0), ("prime", 1), ("launch", 0), ("launch", 1)]
     ranks = [_StreamRank(0, 0, 0), _StreamRank(1, 1, 0)]  # two GPUs' default streams are two streams
     GroupCollective(ranks)([1, 2])
     assert all(r.launched for r in ranks)

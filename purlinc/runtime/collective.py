@@ -424,6 +424,17 @@ class Collective:
         """Whether a wait of this collective (or of its zero-copy twin) has timed out."""
         return bool(self._flag.value or (self._zc is not None and self._zc.twin._flag.value))
 
+    def prime(self, shape: CallShape) -> None:
+        """Load the kernel ``launch(shape)`` will run (this rank's or its zero-copy twin's),
+        launching nothing.  A group call primes every rank before it launches any: loading a
+        module may wait for the kernels running on the device, and where ranks share a GPU (a
+        loopback group) a launched rank waits for the others, so a load after its launch would
+        last until that rank's wait timed out."""
+        if shape.count == 0 or self._ce is not None:
+            return
+        twin = self._zc.pick(shape, record=False) if self._zc is not None else None
+        (twin or self).variant(shape.dtype, shape.op)
+
     def launch(self, shape: CallShape, stream: int) -> None:
         if shape.count == 0:
             return  # every rank sees count 0 and skips alike
@@ -562,6 +573,8 @@ class GroupCollective:
 
     def __call__(self, xs, outs=None, op="sum", streams=None, *, count: int | None = None):
         prepared = prepare_group(self.name, self.ranks, xs, outs, op, streams, count)
+        for collective, (shape, _, _) in zip(self.ranks, prepared):
+            collective.prime(shape)  # every rank's kernel loaded before any rank runs
         for collective, (shape, handle, _) in zip(self.ranks, prepared):
             collective.launch(shape, handle)
         return [out for _, _, out in prepared]

@@ -213,8 +213,11 @@ class TunedGroup:
         for tuned in self.ranks:  # a timeout in any bucket's schedule is reported now
             tuned.check()
         prepared = prepare_group(self.name, [t.variants[0] for t in self.ranks], xs, outs, op, streams, count)
-        for tuned, (shape, handle, _) in zip(self.ranks, prepared):
-            tuned.variant_for(shape.count, shape.dtype.itemsize).launch(shape, handle)
+        chosen = [tuned.variant_for(shape.count, shape.dtype.itemsize) for tuned, (shape, _, _) in zip(self.ranks, prepared)]
+        for variant, (shape, _, _) in zip(chosen, prepared):
+            variant.prime(shape)  # every rank's kernel loaded before any rank runs (Collective.prime)
+        for variant, (shape, handle, _) in zip(chosen, prepared):
+            variant.launch(shape, handle)
         return [out for _, _, out in prepared]
 
     def warm(self, dtype, op="sum") -> None:

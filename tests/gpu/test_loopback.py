@@ -34,13 +34,18 @@ def group(request):
 
 
 def _load(group, name, **options):
+    """The collective, or a skip where the options do not apply to it (checked on the CPU
+    first, so that a failure of the load itself fails the test)."""
     import purlinc
     from purlinc.errors import PurlinError
+    from purlinc.runtime.collective import prepare
 
-    try:
-        return purlinc.load(EXAMPLES / name, group, **options)
-    except PurlinError as error:
-        pytest.skip(str(error).splitlines()[0])
+    if options:
+        try:
+            prepare(EXAMPLES / name, len(group), **options)
+        except PurlinError as error:
+            pytest.skip(str(error).splitlines()[0])
+    return purlinc.load(EXAMPLES / name, group, **options)
 
 
 def _call(coll, group, xs, outs, op="sum"):
