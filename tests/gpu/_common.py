@@ -194,6 +194,19 @@ def poison(tensor) -> None:
     tensor.view(torch.uint8).fill_(0xFF)
 
 
+def compare_outputs(spec, outs, want, dtype: DType, label: str) -> None:
+    """Every rank's output (a torch tensor, None where the rank has none) equals ``want[r]``
+    bit for bit; the error names the rank, how many elements differ and the first ones."""
+    for r, out in enumerate(outs):
+        if out is None:
+            continue
+        got = to_numpy(out, dtype)
+        if not np.array_equal(got.view(np.uint8), want[r].view(np.uint8)):
+            bad = np.flatnonzero(got.view(dtype.storage) != want[r])
+            raise AssertionError(f"{label}: rank {r} differs at {bad.size} of {got.size} elements, first at "
+                                 f"{bad[:5].tolist()}: got {got[bad[:5]].tolist()}, want {want[r][bad[:5]].tolist()}")
+
+
 def inputs_for(spec, count: int, dtype: DType, rng) -> list[np.ndarray]:
     return [random_values(rng, len(spec.inputs[r]) * count, dtype) for r in range(spec.world_size)]
 

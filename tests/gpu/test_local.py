@@ -13,8 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from _common import (  # noqa: E402
-    ALGORITHMS, COUNTS, EXAMPLES, applicable, dtype_matrix, examples, expected, inputs_for, poison,
-    to_numpy, to_torch, torch_dtype,
+    ALGORITHMS, COUNTS, EXAMPLES, applicable, compare_outputs, dtype_matrix, examples, expected, inputs_for,
+    poison, to_torch, torch_dtype,
 )
 from purlinc.dtypes import DType  # noqa: E402
 
@@ -48,17 +48,6 @@ def _buffers(spec, count, dtype, inputs):
     return xs, outs
 
 
-def _compare(spec, outs, want, dtype, label):
-    for r, out in enumerate(outs):
-        if out is None:
-            continue
-        got = to_numpy(out, dtype)
-        if not np.array_equal(got.view(np.uint8), want[r].view(np.uint8)):
-            bad = np.flatnonzero(got.view(dtype.storage) != want[r])
-            raise AssertionError(f"{label}: rank {r} differs at {bad.size} of {got.size} elements, first at "
-                                 f"{bad[:5].tolist()}: got {got[bad[:5]].tolist()}, want {want[r][bad[:5]].tolist()}")
-
-
 def run_once(coll, spec, count, dtype, op, rng, label):
     inputs = inputs_for(spec, count, dtype, rng)
     xs, outs = _buffers(spec, count, dtype, inputs)
@@ -69,7 +58,7 @@ def run_once(coll, spec, count, dtype, op, rng, label):
     _sync()
     coll.check()
     assert all(a is b for a, b in zip(result, outs))
-    _compare(spec, outs, expected(spec, inputs, count, dtype, op), dtype, label)
+    compare_outputs(spec, outs, expected(spec, inputs, count, dtype, op), dtype, label)
     return outs
 
 
@@ -145,7 +134,7 @@ def run_shifted(coll, spec, count, dtype, shift, rng, label):
     coll(xs, outs, op="sum")
     _sync()
     coll.check()
-    _compare(spec, outs, expected(spec, inputs, count, dtype, "sum"), dtype, label)
+    compare_outputs(spec, outs, expected(spec, inputs, count, dtype, "sum"), dtype, label)
     for r, out in enumerate(whole):
         if out is not None:
             edges = torch.cat([out[:shift], out[shift + outs[r].numel():]]).view(torch.uint8)
@@ -180,7 +169,7 @@ def graph_replays(coll, spec, count, dtype, rng, label, replays=3):
             g.replay()
         _sync()
         coll.check()
-        _compare(spec, outs, expected(spec, inputs, count, dtype, "sum"), dtype, f"{label} graph n={count} {it}")
+        compare_outputs(spec, outs, expected(spec, inputs, count, dtype, "sum"), dtype, f"{label} graph n={count} {it}")
     return xs, outs
 
 
@@ -292,9 +281,9 @@ def test_two_collectives_on_two_streams(group):
             ar(xa, oa, streams=sa)
             ag(xb, ob, streams=sb)
             _sync()
-            _compare(ar.ranks[0].compiled.spec, oa, expected(ar.ranks[0].compiled.spec, ia, count, dtype, "sum"),
+            compare_outputs(ar.ranks[0].compiled.spec, oa, expected(ar.ranks[0].compiled.spec, ia, count, dtype, "sum"),
                      dtype, "allreduce beside allgather")
-            _compare(ag.ranks[0].compiled.spec, ob, expected(ag.ranks[0].compiled.spec, ib, count, dtype, None),
+            compare_outputs(ag.ranks[0].compiled.spec, ob, expected(ag.ranks[0].compiled.spec, ib, count, dtype, None),
                      dtype, "allgather beside allreduce")
     finally:
         ar.close()

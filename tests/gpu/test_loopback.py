@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 from _common import (  # noqa: E402
     EXAMPLES, LOOPBACK_OTHER, LOOPBACK_OTHER_NAMES, LOOPBACK_SLICES, LOOPBACK_WORLDS, LOOPBACK_ZC_NAMES,
-    LOOPBACK_ZC_SLICES, examples, expected, inputs_for, poison, to_numpy, to_torch, torch_dtype,
+    LOOPBACK_ZC_SLICES, compare_outputs, examples, expected, inputs_for, poison, to_torch, torch_dtype,
 )
 from purlinc.dtypes import DType  # noqa: E402
 
@@ -78,17 +78,6 @@ def _buffers(spec, count, dtype, inputs, empty=None):
     return xs, outs
 
 
-def _check(spec, outs, want, dtype, label):
-    for r, out in enumerate(outs):
-        if out is None:
-            continue
-        got = to_numpy(out, dtype)
-        if not np.array_equal(got.view(np.uint8), want[r].view(np.uint8)):
-            bad = np.flatnonzero(got.view(dtype.storage) != want[r])
-            raise AssertionError(f"{label}: rank {r} differs at {bad.size} of {got.size} elements, first at "
-                                 f"{bad[:5].tolist()}: got {got[bad[:5]].tolist()}, want {want[r][bad[:5]].tolist()}")
-
-
 def _want(schedule, spec, inputs, count, dtype, op):
     """What the outputs must hold, bit for bit.  A reduction's bits depend on the order the
     schedule combines the ranks' data in (a ring's partial sums are rounded to the dtype at
@@ -107,7 +96,7 @@ def _run(coll, group, count, dtype, rng, label, empty=None, op="sum", zero_copy=
     inputs = inputs_for(spec, count, dtype, rng)
     xs, outs = _buffers(spec, count, dtype, inputs, empty)
     _call(coll, group, xs, outs, op)
-    _check(spec, outs, _want(first.compiled.schedule, spec, inputs, count, dtype, op), dtype, label)
+    compare_outputs(spec, outs, _want(first.compiled.schedule, spec, inputs, count, dtype, op), dtype, label)
 
 
 COUNTS = (1, 7, 1000, 4097, 100_003)
@@ -193,7 +182,7 @@ def test_graph_replay_one_stream_per_rank(group):
                     g.replay()
             torch.cuda.synchronize(DEVICE)
             coll.check()
-            _check(spec, outs, _want(coll[0].compiled.schedule, spec, inputs, count, dtype, "sum"), dtype,
+            compare_outputs(spec, outs, _want(coll[0].compiled.schedule, spec, inputs, count, dtype, "sum"), dtype,
                    f"loopback graph {it}")
     finally:
         coll.close()

@@ -9,7 +9,6 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")

@@ -10,7 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from _common import EXAMPLES, examples, expected, inputs_for, poison, to_numpy, to_torch, torch_dtype  # noqa: E402
+from _common import (  # noqa: E402
+    EXAMPLES, compare_outputs, examples, expected, inputs_for, poison, to_torch, torch_dtype,
+)
 from purlinc.dtypes import DType  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
@@ -64,17 +66,6 @@ def _fill(spec, xs, outs, count, dtype, rng):
     return inputs
 
 
-def _compare(spec, outs, want, dtype, label):
-    for r, out in enumerate(outs):
-        if out is None:
-            continue
-        got = to_numpy(out, dtype)
-        if not np.array_equal(got.view(np.uint8), want[r].view(np.uint8)):
-            bad = np.flatnonzero(got.view(dtype.storage) != want[r])
-            raise AssertionError(f"{label}: rank {r} differs at {bad.size} of {got.size} elements, first at "
-                                 f"{bad[:5].tolist()}: got {got[bad[:5]].tolist()}, want {want[r][bad[:5]].tolist()}")
-
-
 def _zero_copy_ran(coll, count, itemsize) -> bool:
     """Every rank's call went through its registered twin (whose kernel is then loaded)."""
     used = []
@@ -107,7 +98,7 @@ def test_zero_copy_every_example(group, name, algorithm):
                 coll(xs, outs, op="sum")
                 _sync()
                 coll.check()
-                _compare(spec, outs, expected(spec, inputs, count, dtype, "sum"), dtype, f"{label} eager {it}")
+                compare_outputs(spec, outs, expected(spec, inputs, count, dtype, "sum"), dtype, f"{label} eager {it}")
             staged = _rank_collective(coll, 0, count, dtype.itemsize)
             if staged._zc is not None and not staged._zc.prefer_staged:  # packed (LL) buckets stage
                 assert _zero_copy_ran(coll, count, dtype.itemsize), f"{label}: the staged path ran on heap buffers"
@@ -127,7 +118,7 @@ def test_zero_copy_every_example(group, name, algorithm):
                     g.replay()
                 _sync()
                 coll.check()
-                _compare(spec, outs, expected(spec, inputs, count, dtype, "sum"), dtype, f"{label} graph {it}")
+                compare_outputs(spec, outs, expected(spec, inputs, count, dtype, "sum"), dtype, f"{label} graph {it}")
             del graphs, xs, outs
     finally:
         coll.close()
@@ -150,7 +141,7 @@ def test_heap_grows_on_demand(group):
         inputs = _fill(spec, xs, outs, count, dtype, np.random.default_rng(3))
         coll(xs, outs)
         _sync()
-        _compare(spec, outs, expected(spec, inputs, count, dtype, None), dtype, "allgather in a grown segment")
+        compare_outputs(spec, outs, expected(spec, inputs, count, dtype, None), dtype, "allgather in a grown segment")
         assert _zero_copy_ran(coll, count, 2)
     finally:
         coll.close()
@@ -195,7 +186,7 @@ def test_freed_buffer_is_refused_before_launch(group):
         coll(xs, outs)
         _sync()
         coll.check()
-        _compare(spec, outs, expected(spec, inputs, count, DType.FLOAT32, None), DType.FLOAT32, "after refusal")
+        compare_outputs(spec, outs, expected(spec, inputs, count, DType.FLOAT32, None), DType.FLOAT32, "after refusal")
     finally:
         coll.close()
 
@@ -222,7 +213,7 @@ def test_mem_pool_places_torch_allocations_in_the_heap(group):
             inputs = _fill(spec, xs, outs, count, dtype, np.random.default_rng(it))
             coll(xs, outs)
             _sync()
-            _compare(spec, outs, expected(spec, inputs, count, dtype, "sum"), dtype, f"mem_pool allreduce {it}")
+            compare_outputs(spec, outs, expected(spec, inputs, count, dtype, "sum"), dtype, f"mem_pool allreduce {it}")
         assert _zero_copy_ran(coll, count, 2)
     finally:
         coll.close()
@@ -246,7 +237,7 @@ def test_ranks_disagreeing_on_zero_copy_is_refused_before_launch(group):
         coll(xs, outs)
         _sync()
         coll.check()
-        _compare(spec, outs, expected(spec, inputs, count, DType.FLOAT32, None), DType.FLOAT32, "after a mismatch")
+        compare_outputs(spec, outs, expected(spec, inputs, count, DType.FLOAT32, None), DType.FLOAT32, "after a mismatch")
         # a per-rank call on heap buffers no group call has agreed on is refused too
         x2, out2 = _heap_buffers(group, spec, count, DType.FLOAT32)
         with pytest.raises(ArgumentError, match="no group call has agreed on yet"):
