@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # The GPU suite, on the two-GPU machine (the loopback step needs only one).  Every step runs
-# under `timeout`; logs, JUnit files
-# and a JSON + Markdown summary land in $OUT.
+# under `timeout`; logs, JUnit files and a JSON + Markdown summary land in $OUT.
 #
 # Steps (PURLIN_STEPS picks some, in this order; default: all but `slow`):
 #   precompile        every kernel the tests use, parallel NVRTC

@@ -304,7 +304,8 @@ def test_direct_push_pipelines_slices(name, world):
     overlapped = 0
     for rank in range(world):
         program = schedule.program(rank, 0).steps
-        stages = {s: [i for i, st in enumerate(program) if isinstance(st, Stage) and st.src.slice == s] for s in range(S)}
+        stages = {s: [i for i, st in enumerate(program) if isinstance(st, Stage) and st.src.slice == s]
+                  for s in range(S)}
         consumes = {s: [i for i, st in enumerate(program) if isinstance(st, Consume) and st.dst.slice == s
                         and any(r.space is Space.STAGE for r in st.srcs)] for s in range(S)}
         notifies = [i for i, st in enumerate(program) if isinstance(st, Notify)]

@@ -213,7 +213,8 @@ class TunedGroup:
         for tuned in self.ranks:  # a timeout in any bucket's schedule is reported now
             tuned.check()
         prepared = prepare_group(self.name, [t.variants[0] for t in self.ranks], xs, outs, op, streams, count)
-        chosen = [tuned.variant_for(shape.count, shape.dtype.itemsize) for tuned, (shape, _, _) in zip(self.ranks, prepared)]
+        chosen = [tuned.variant_for(shape.count, shape.dtype.itemsize)
+                  for tuned, (shape, _, _) in zip(self.ranks, prepared)]
         for variant, (shape, _, _) in zip(chosen, prepared):
             variant.prime(shape)  # every rank's kernel loaded before any rank runs (Collective.prime)
         for variant, (shape, handle, _) in zip(chosen, prepared):

@@ -134,7 +134,8 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
         """Wait for slice s from every peer, then consume it."""
         for producer in producers_of[consumer]:  # one signal per producer: one wait each
             sig = _data(producer, consumer)
-            b.wait(consumer, ("data", producer, consumer, s), f"({_names(chunks_on[producer, consumer], texts)} {_from(sig)})")
+            note = f"({_names(chunks_on[producer, consumer], texts)} {_from(sig)})"
+            b.wait(consumer, ("data", producer, consumer, s), note)
         for need, positions, srcs in remote_work[consumer]:
             if srcs is not None:
                 _consume_into(b, consumer, need, positions, srcs, s)
@@ -179,7 +180,8 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
             # they cover the signal's flight to the consumer.
             for s in range(S):
                 for src_space, src_unit, dst_space, consumer, dst_unit, note in rows:
-                    append(Stage(_reg(src_space, producer, src_unit, s), _reg(dst_space, consumer, dst_unit, s), note))
+                    append(Stage(_reg(src_space, producer, src_unit, s), _reg(dst_space, consumer, dst_unit, s),
+                                 note))
                 if s < S - 1:
                     local(producer, s)
                 if s:
