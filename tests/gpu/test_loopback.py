@@ -1,5 +1,6 @@
 """Multi-rank schedules on ONE GPU: a loopback LocalGroup (``share_devices=True``), every rank
-on cuda:0 with a stream of its own, against the reference evaluator, outputs poisoned first.
+on cuda:0 with a stream of its own, bit for bit against the spec's evaluator (copies) or the
+SNAC simulator of the schedule that runs (reductions), outputs poisoned first.
 ``python3 tests/gpu/_common.py precompile loopback`` compiles the kernels first, in parallel.
 
 This runs the generated kernels, their signals and their slice pipelining on any machine
