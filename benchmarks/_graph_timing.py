@@ -1,8 +1,10 @@
-"""What benchmarks/ll_sweep.py and benchmarks/ll_probe.py share: one checked call of a
-LocalGroup collective on fresh data, and its per-call time in CUDA-graph replays.
+"""What the one-process benchmarks share (ll_sweep.py, ll_probe.py, load_variance.py,
+loopback_slices.py): one checked call of a LocalGroup collective on fresh data, and its
+per-call time in CUDA-graph replays.
 
-Both run in one process that drives every visible GPU (``purlinc.LocalGroup``); the reference
-and the data helpers are the GPU tests' (tests/gpu/_common.py, on sys.path).
+They run in one process that drives every rank (``purlinc.LocalGroup``): one GPU each, or all
+on one GPU (a loopback group, with a stream per rank); the reference and the data helpers are
+the GPU tests' (tests/gpu/_common.py, on sys.path).
 """
 
 from __future__ import annotations
@@ -17,59 +19,79 @@ import torch
 from _common import expected, inputs_for, poison, to_numpy, to_torch
 
 
-def checked_call(coll, nbytes: int, dtype, rng, devices) -> tuple[list, list, bool]:
+def _issue(work, devices, streams) -> None:
+    """``work()``, then every device synchronized.  With ``streams`` (one per rank: ranks that
+    share a GPU must run at once), each rank's stream first waits for its device's current
+    stream, and the current streams wait for them after."""
+    if streams is not None:
+        for d, s in zip(devices, streams):
+            s.wait_stream(torch.cuda.current_stream(d))
+    work()
+    if streams is not None:
+        for d, s in zip(devices, streams):
+            torch.cuda.current_stream(d).wait_stream(s)
+    for d in set(devices):
+        torch.cuda.synchronize(d)
+
+
+def checked_call(coll, nbytes: int, dtype, rng, devices, streams=None) -> tuple[list, list, bool]:
     """(inputs, outputs, whether every rank's output is bitwise the reference) of one call
-    moving about ``nbytes`` per rank (the larger of input and output), outputs poisoned first."""
+    moving about ``nbytes`` per rank (the larger of input and output), outputs poisoned first.
+    ``devices[r]``: rank r's GPU (a loopback group names one GPU for every rank, and then
+    passes ``streams``, one per rank)."""
     spec = coll[0].compiled.spec
     units = max(max(len(spec.inputs[r]), len(spec.outputs[r])) for r in range(spec.world_size))
     count = max(1, nbytes // (units * dtype.itemsize))
     inputs = inputs_for(spec, count, dtype, rng)
-    xs = [to_torch(inputs[r], dtype, r) if len(spec.inputs[r]) else None for r in devices]
-    outs = [torch.empty(len(spec.outputs[r]) * count, dtype=torch.bfloat16, device=f"cuda:{r}")
-            if len(spec.outputs[r]) else None for r in devices]
+    xs = [to_torch(inputs[r], dtype, d) if len(spec.inputs[r]) else None for r, d in enumerate(devices)]
+    outs = [torch.empty(len(spec.outputs[r]) * count, dtype=torch.bfloat16, device=f"cuda:{d}")
+            if len(spec.outputs[r]) else None for r, d in enumerate(devices)]
     for o in outs:
         if o is not None:
             poison(o)
-    coll(xs, outs)
-    for r in devices:
-        torch.cuda.synchronize(r)
+    _issue(lambda: coll(xs, outs, streams=streams), devices, streams)
     want = expected(spec, inputs, count, dtype, "sum" if spec.is_reduce else None)
     ok = all(o is None or np.array_equal(to_numpy(o, dtype).view(np.uint16), w.view(np.uint16))
              for o, w in zip(outs, want))
     return xs, outs, ok
 
 
-def capture(coll, xs, outs, devices, calls: int) -> list:
-    """One CUDA graph per device of ``calls`` calls, replayed once untimed."""
+def capture(coll, xs, outs, devices, calls: int, streams=None) -> list:
+    """One CUDA graph per rank of ``calls`` calls (captured on the rank's stream, or a fresh
+    one), replayed once untimed."""
     graphs = []
-    for r in devices:
-        with torch.cuda.device(r):
-            stream = torch.cuda.Stream(device=r)
+    for r, d in enumerate(devices):
+        with torch.cuda.device(d):
+            stream = streams[r] if streams is not None else torch.cuda.Stream(device=d)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=stream):
                 for _ in range(calls):
                     coll[r](xs[r], outs[r])
             graphs.append(graph)
-    for graph in graphs:
-        graph.replay()
-    for r in devices:
-        torch.cuda.synchronize(r)
+    _issue(lambda: _replay(graphs, devices, streams), devices, streams)
     return graphs
 
 
-def replay_us(graphs, devices, calls: int) -> float:
-    """One replay of every device's graph: the slowest device's time per call, in us."""
-    events = []
-    for r, graph in zip(devices, graphs):
-        with torch.cuda.device(r):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            events.append((start, end))
-    for r in devices:
-        torch.cuda.synchronize(r)
-    return max(s.elapsed_time(e) for s, e in events) * 1e3 / calls
+def _replay(graphs, devices, streams, events=None, replays: int = 1) -> None:
+    """Every rank's graph ``replays`` times on its device (on its stream, with ``streams``),
+    between the rank's (start, end) events when given."""
+    for r, (d, graph) in enumerate(zip(devices, graphs)):
+        stream = streams[r] if streams is not None else torch.cuda.current_stream(d)
+        with torch.cuda.device(d), torch.cuda.stream(stream):
+            if events is not None:
+                events[r][0].record()
+            for _ in range(replays):
+                graph.replay()
+            if events is not None:
+                events[r][1].record()
+
+
+def replay_us(graphs, devices, calls: int, streams=None, replays: int = 1) -> float:
+    """``replays`` replays of every rank's graph back to back: the slowest rank's time per
+    call, in us."""
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in devices]
+    _issue(lambda: _replay(graphs, devices, streams, events, replays), devices, streams)
+    return max(s.elapsed_time(e) for s, e in events) * 1e3 / (calls * replays)
 
 
 def spread(times: list[float]) -> dict:

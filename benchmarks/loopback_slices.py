@@ -7,102 +7,44 @@ each) replays per-rank CUDA graphs of one direct-push schedule for each slice co
 Both ranks share the GPU's SMs and memory and their "remote" stores never leave it, so the
 numbers say how a schedule's order uses one GPU (e.g. whether a slice's copy-out overlaps
 the next slice's stores), not what it does over NVLink.  Each point: every rank checked bit
-for bit on fresh data first; then ``--reps`` timed repeats of ``--replays`` replays of both
-ranks' graphs (``--calls`` calls each), device time by events; median, min and max per call.
-Writes DIR/loopback_slices_<label>.json and prints a Markdown table.
+for bit on fresh data before and after the timing; then ``--reps`` timed repeats of
+``--replays`` replays of both ranks' graphs (``--calls`` calls each), device time by events
+(the slower rank's); median, min and max per call.  Writes DIR/loopback_slices_<label>.json
+and .md (benchmarks/_graph_timing.py; points that failed are listed under meta.errors).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))  # _common: the GPU tests' reference and data helpers
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import purlinc  # noqa: E402
 from purlinc.dtypes import DType  # noqa: E402
-from purlinc.frontend.evaluate import evaluate  # noqa: E402
+from _graph_timing import capture, checked_call, replay_us, spread, write_results  # noqa: E402
 
-DEVICE = 0
-
-
-def _buffers(spec, count):
-    xs = [torch.randn(len(spec.inputs[r]) * count, device=f"cuda:{DEVICE}").to(torch.bfloat16)
-          for r in range(spec.world_size)]
-    outs = [torch.empty(len(spec.outputs[r]) * count, dtype=torch.bfloat16, device=f"cuda:{DEVICE}")
-            for r in range(spec.world_size)]
-    return xs, outs
+DEVICES = [0, 0]  # rank r's GPU: both on cuda:0
 
 
-def _on_streams(streams, work):
-    """``work()`` issued after the current stream's work, and the current stream after it."""
-    current = torch.cuda.current_stream(DEVICE)
-    for s in streams:
-        s.wait_stream(current)
-    work()
-    for s in streams:
-        current.wait_stream(s)
-
-
-def _check(coll, spec, xs, outs, streams, label):
-    for o in outs:
-        o.view(torch.uint8).fill_(0xFF)
-    _on_streams(streams, lambda: coll(xs, outs, streams=streams))
-    torch.cuda.synchronize(DEVICE)
-    coll.check()
-    ins = [x.view(torch.int16).cpu().numpy().view(np.uint16) for x in xs]  # bf16 storage
-    count = xs[0].numel() // max(len(spec.inputs[0]), 1)
-    want = evaluate(spec, ins, count, DType.BFLOAT16, "sum" if spec.is_reduce else None)
-    for r, o in enumerate(outs):
-        if not np.array_equal(o.view(torch.int16).cpu().numpy().view(np.uint16), want[r]):
-            raise AssertionError(f"{label}: rank {r} differs from the reference")
-
-
-def time_point(group, streams, name, channels, slices, nbytes, args):
+def time_point(group, streams, name, channels, slices, nbytes, args, rng):
     coll = purlinc.load(ROOT / "examples" / f"{name}.pln", group, algorithm="direct-push", atom="ldst",
                         channels=channels, slices=slices)
     try:
-        spec = coll[0].compiled.spec
-        count = max(1, nbytes // (2 * max(len(spec.outputs[0]), 1)))  # bytes of each rank's output
-        xs, outs = _buffers(spec, count)
-        label = f"{name}/c{channels}/s{slices}"
-        _check(coll, spec, xs, outs, streams, label)
-        graphs = []
-        for r, s in enumerate(streams):
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=s):
-                for _ in range(args.calls):
-                    coll[r](xs[r], outs[r])
-            graphs.append(g)
-
-        def replay():
-            for g, s in zip(graphs, streams):
-                with torch.cuda.stream(s):
-                    g.replay()
-
-        _on_streams(streams, replay)  # warm
-        torch.cuda.synchronize(DEVICE)
-        per_call = []
-        for _ in range(args.reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(args.replays):
-                _on_streams(streams, replay)
-            end.record()
-            torch.cuda.synchronize(DEVICE)
-            per_call.append(start.elapsed_time(end) * 1e3 / (args.replays * args.calls))
+        xs, outs, ok = checked_call(coll, nbytes, DType.BFLOAT16, rng, DEVICES, streams)
+        graphs = capture(coll, xs, outs, DEVICES, args.calls, streams)
+        times = [replay_us(graphs, DEVICES, args.calls, streams, args.replays) for _ in range(args.reps)]
         coll.check()
-        _check(coll, spec, xs, outs, streams, label + " after the replays")
-        return {"collective": name, "channels": channels, "slices": slices, "bytes": nbytes, "count": count,
-                "us": round(statistics.median(per_call), 2), "min_us": round(min(per_call), 2),
-                "max_us": round(max(per_call), 2), "checked": True}
+        _, _, still_ok = checked_call(coll, nbytes, DType.BFLOAT16, rng, DEVICES, streams)
+        return {"collective": name, "channels": channels, "slices": slices, "bytes": nbytes, **spread(times),
+                "checked": ok and still_ok}
     finally:
         coll.close()
 
@@ -119,14 +61,15 @@ def main() -> int:
     parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
-    group = purlinc.LocalGroup([DEVICE, DEVICE], share_devices=True)
-    streams = [torch.cuda.Stream(device=DEVICE) for _ in range(2)]
+    group = purlinc.LocalGroup(DEVICES, share_devices=True)
+    streams = [torch.cuda.Stream(device=d) for d in DEVICES]
+    rng = np.random.default_rng(17)
     rows = []
     try:
         for name in args.collectives.split(","):
             for slices in map(int, args.slices.split(",")):
                 try:
-                    rows.append(time_point(group, streams, name, args.channels, slices, args.bytes, args))
+                    rows.append(time_point(group, streams, name, args.channels, slices, args.bytes, args, rng))
                 except Exception as error:  # one point's failure is recorded, the others still run
                     rows.append({"collective": name, "channels": args.channels, "slices": slices,
                                  "error": f"{type(error).__name__}: {str(error)[:300]}"})
@@ -135,13 +78,13 @@ def main() -> int:
                 print(json.dumps(rows[-1]), flush=True)
     finally:
         group.close()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"loopback_slices_{args.label}.json").write_text(json.dumps({"label": args.label, "rows": rows}) + "\n")
-    print("\n| collective | slices | us per call (median, min-max) |\n|---|---|---|")
-    for row in rows:
-        cell = f"{row['us']} ({row['min_us']}-{row['max_us']})" if "us" in row else row["error"]
-        print(f"| {row['collective']} | {row['slices']} | {cell} |")
+    done = [row for row in rows if "error" not in row]
+    meta = {"label": args.label, "devices": DEVICES, "calls": args.calls, "replays": args.replays, "reps": args.reps,
+            "errors": [row for row in rows if "error" in row]}
+    write_results(args.out, f"loopback_slices_{args.label}", meta, done, [
+        ("collective", "collective"), ("slices", "slices"), ("us per call", "median_us"), ("min-max", "range"),
+        ("checked", "checked")])
+    print((Path(args.out) / f"loopback_slices_{args.label}.md").read_text())
     return 0
 
 
