@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import purlinc
-from purlinc import cli as cli_module
+from purlinc.cli import check as check_command
 from purlinc.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -189,7 +189,7 @@ def test_progress_only_on_a_terminal(monkeypatch, capsys):
     assert (code, err) == (0, "")  # not a terminal: silent
     terminal = _Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
-    monkeypatch.setattr(cli_module.time, "monotonic", iter(range(0, 10_000)).__next__)  # every update shows
+    monkeypatch.setattr(check_command.time, "monotonic", iter(range(0, 10_000)).__next__)  # every update shows
     code = main(["check", str(EXAMPLES / "allgather.pln"), "--ranks", "1..4"])
     assert code == 0
     shown = terminal.getvalue()

@@ -1,21 +1,12 @@
-"""The command line's view of hierarchical plans: ``--gpus-per-node G`` on ``dump --stage snac``
-and ``check`` (kept here so that cli.py only routes to it)."""
+"""The command line's view of hierarchical plans: ``--gpus-per-node G`` on ``dump --stage snac``,
+``check`` and ``draw`` (the subcommands route here when it is given)."""
 
 from __future__ import annotations
 
 import json
 
+from purlinc.cli import common
 from purlinc.errors import PurlinError
-
-
-def add_argument(parser) -> None:
-    from purlinc.cli import _positive
-
-    parser.add_argument(
-        "--gpus-per-node", type=_positive, default=None, metavar="G",
-        help="plan hierarchically: nodes of G ranks (SNAC inside a node, NCCL between nodes); "
-        "R must be a multiple of G",
-    )
 
 
 def _plan(spec, options, gpus_per_node: int):
@@ -56,7 +47,7 @@ def dump(args, spec, options) -> int:
     return 0
 
 
-def check(args, definition, sizes, params, options_of) -> tuple[int, str]:
+def check(args, definition, sizes, params) -> tuple[int, str]:
     """Plan and prove every size in ``sizes`` that G divides; (plans verified, text for the summary)."""
     from purlinc import pipeline
 
@@ -67,13 +58,13 @@ def check(args, definition, sizes, params, options_of) -> tuple[int, str]:
     for R in usable:
         spec = pipeline.spec_stage(definition, R, params)
         try:
-            _plan(spec, options_of(spec), G)
+            _plan(spec, common.options(args, spec), G)
         except PurlinError as error:
             raise error.with_note(f"while verifying the hierarchical plan for R={R} ({R // G} nodes x {G} GPUs)") from None
     return len(usable), f"{len(usable)} hierarchical plans ({G} GPUs per node) verified"
 
 
-def draw(args, fmt: str, source, options_of) -> int:
+def draw(args, fmt: str, source) -> int:
     """``purlinc draw --gpus-per-node G``: the plan as SVG (or the SVG in a page for html)."""
     from xml.sax.saxutils import escape
 
@@ -83,12 +74,10 @@ def draw(args, fmt: str, source, options_of) -> int:
     if args.timeline or args.compare or args.trace:
         raise PurlinError("--gpus-per-node draws the plan's phases: --timeline, --compare and --trace do not apply")
     spec = pipeline.spec_stage(pipeline.parse_stage(source), args.ranks, dict(args.param))
-    from purlinc.cli import write_drawing
-
-    plan = _plan(spec, options_of(args, spec), args.gpus_per_node)
+    plan = _plan(spec, common.options(args, spec), args.gpus_per_node)
     text = plan_svg(plan)
     if fmt == "html":
         title = escape(f"{spec.name}: {plan.topology.nodes} nodes x {plan.topology.gpus_per_node} GPUs")
         text = (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\"><title>{title}</title></head>\n"
                 f"<body>\n{text}</body>\n</html>\n")
-    return write_drawing(text, args.output)
+    return common.write_drawing(text, args.output)

@@ -1,0 +1,85 @@
+"""``purlinc``: compile | dump | check | draw, one module per subcommand.  User errors go to
+stderr with exit status 2, never a traceback (``PURLIN_DEBUG=1`` re-raises); internal bugs say
+so and how to reproduce them."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+from purlinc import __version__, settings
+from purlinc.cli import check, common, compile, draw, dump
+from purlinc.errors import PurlinError
+
+# Subcommands in the order ``purlinc --help`` lists them: each module adds its parser and runs it.
+SUBCOMMANDS = {"compile": compile, "dump": dump, "check": check, "draw": draw}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="purlinc",
+        description="Purlin: compile collective specs (.pln) into verified SNAC schedules and CUDA kernels.",
+        epilog="Examples:\n  purlinc compile examples/allgather.pln --arch sm_90\n"
+        "  purlinc dump examples/allreduce.pln --ranks 8 --stage snac\n"
+        "  purlinc check examples/alltoall.pln --ranks 1..64\n\n"
+        "The .pln language is described in docs/LANGUAGE.md. Errors in the input exit with status 2.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"purlinc {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+    for module in SUBCOMMANDS.values():
+        module.add_parser(commands)
+    return parser
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _user_error(error: Exception, text: str) -> int:
+    """An error in the input or the environment: one line (or a rendered error) on stderr;
+    with PURLIN_DEBUG the exception itself, for its traceback."""
+    if settings.debug():
+        raise error
+    print(text, file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        status = SUBCOMMANDS[args.command].run(args)
+        sys.stdout.flush()  # inside the try: a closed pipe shows up here
+        return status
+    except BrokenPipeError:
+        # `purlinc dump ... | head`: the reader has gone; stop quietly, as cat and grep do.
+        _silence_stdout()
+        return 141  # 128 + SIGPIPE, what a shell reports for a process the signal ended
+    except PurlinError as error:
+        return _user_error(error, error.render())
+    except ValueError as error:  # bad dtype / op names and similar option mistakes
+        return _user_error(error, f"error: {error}")
+    except OSError as error:  # an unreadable cache, a full disk: the environment, not a bug
+        where = f"{error.filename}: " if error.filename else ""
+        return _user_error(error, f"error: {where}{error.strerror or error}")
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:  # noqa: BLE001 - the last line of defence: name it a bug
+        if settings.debug():
+            raise
+        argv_text = " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+        print(
+            f"internal error (a bug in purlinc, not in your input): {type(error).__name__}: {error}\n"
+            f"reproduce with: PURLIN_DEBUG=1 purlinc {argv_text}",
+            file=sys.stderr,
+        )
+        return 3

@@ -1,0 +1,134 @@
+"""``purlinc check``: check the spec, and verify the schedules, for a range of world sizes."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from purlinc import settings
+from purlinc.cli import common
+from purlinc.errors import PurlinError
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser(
+        "check", help="check the spec (and verify the schedules) for a range of world sizes",
+        description="Check the spec for every world size in --ranks (default 1..64) and verify the SNAC "
+        "schedule of every applicable algorithm; the first problem is reported with its world size.",
+    )
+    parser.add_argument("file", help=common.FILE_HELP)
+    parser.add_argument(
+        "--ranks", "-R", type=common.world_sizes, default=range(1, 65), metavar="N|LO..HI",
+        help="world sizes to check: N, or LO..HI with both ends included (default 1..64); "
+        "sizes a 'where' clause excludes are skipped",
+    )
+    common.add_params(parser)
+    parser.add_argument(
+        "--spec-only", action="store_true", help="check the spec only (parse and resolve), not the schedules"
+    )
+    parser.add_argument(
+        "--jobs", "-j", type=common.positive, default=None, metavar="N",
+        help="verify schedules in N processes (default: one per core; big world sizes only)",
+    )
+    common.add_lowering(parser)
+    common.add_hierarchy(parser)
+
+
+class Progress:
+    """'checking R=17 (17/64)' on one line of a terminal; nothing when stderr is not one."""
+
+    def __init__(self, name: str, total: int):
+        self.name = name
+        self.total = total
+        self.shown = False
+        self.last = 0.0
+        self.enabled = common.isatty(sys.stderr)
+
+    def __call__(self, text: str) -> None:
+        now = time.monotonic()
+        if not self.enabled or now - self.last < 0.1:
+            return
+        self.last = now
+        sys.stderr.write(f"\r\x1b[Kchecking {self.name}: {text}")
+        sys.stderr.flush()
+        self.shown = True
+
+    def done(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+            self.shown = False
+
+
+def run(args) -> int:
+    from purlinc import pipeline
+    from purlinc.frontend.check import check_all
+
+    definition = pipeline.parse_stage(common.source(args))
+    params = dict(args.param)
+    progress = Progress(definition.name, len(args.ranks))
+    try:
+        sizes = check_all(definition, args.ranks, params,
+                          progress=lambda R: progress(f"spec for R={R} (up to R={args.ranks[-1]})"))
+        if args.gpus_per_node is not None and not args.spec_only:
+            from purlinc.cli import hier
+
+            verified, hier_text = hier.check(args, definition, sizes, params)
+        else:
+            from purlinc.snac.gcpause import gc_paused
+
+            # No cycle collection in the loop: each schedule is dropped (freed by reference
+            # counting) before the next, and a collection would only walk one about to die.
+            with gc_paused():
+                verified, hier_text = _verify_schedules(args, definition, sizes, params, progress), None
+    finally:
+        progress.done()
+    sizes_text = f"R={sizes[0]}" if len(sizes) == 1 else f"R={sizes[0]}..{sizes[-1]} ({len(sizes)} sizes)"
+    if definition.constraints and len(sizes) > 1:  # the sizes may have gaps: say which were skipped
+        sizes_text += " where " + ", ".join(c.format() for c in definition.constraints)
+    what = "spec" if args.spec_only else hier_text or f"spec and {verified} schedules verified"
+    print(f"{definition.name}: ok for {sizes_text}: {what}")
+    return 0
+
+
+def _units(args, sizes, specs) -> list:
+    """(world size, algorithm) to verify, in the order they are verified and reported: every
+    applicable algorithm (or the one asked for); with --packed, those that lower packed."""
+    from purlinc.snac.algorithms import get_algorithm
+    from purlinc.snac.lower import applicable_algorithms
+
+    units = []
+    for world_size in sizes:
+        for algorithm in applicable_algorithms(specs[world_size]):
+            if args.algorithm and algorithm.value != args.algorithm:
+                continue
+            if args.packed and not args.algorithm and not get_algorithm(algorithm).packed:
+                continue
+            units.append((world_size, algorithm))
+    return units
+
+
+def _verify_schedules(args, definition, sizes, params, progress) -> int:
+    from purlinc import checkjobs, pipeline
+
+    if args.spec_only:
+        return 0
+    specs = {world_size: pipeline.spec_stage(definition, world_size, params) for world_size in sizes}
+    units = _units(args, sizes, specs)
+    jobs = args.jobs or checkjobs.cores()
+    if checkjobs.worth_it(jobs, units) and not settings.debug():  # PURLIN_DEBUG: tracebacks from one process
+        return checkjobs.verify_parallel(
+            definition, params, [(r, a.value) for r, a in units],
+            lambda spec, a: common.options(args, spec, algorithm=a),
+            jobs, lambda r, done: progress(f"schedules verified up to R={r} ({done}/{len(sizes)} sizes)"))
+    shown = None
+    for world_size, algorithm in units:
+        if shown != world_size:
+            progress(f"schedules for R={world_size} ({sizes.index(world_size) + 1}/{len(sizes)} sizes)")
+            shown = world_size
+        options = common.options(args, specs[world_size], algorithm=algorithm)
+        try:
+            pipeline.snac_stage(specs[world_size], options)
+        except PurlinError as error:
+            raise error.with_note(f"while verifying {algorithm.value} for R={world_size}") from None
+    return len(units)

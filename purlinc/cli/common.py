@@ -1,0 +1,168 @@
+"""What every subcommand shares: argument types, the option groups, and turning parsed
+arguments into a source and LowerOptions (the same ones ``compile`` would use)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from purlinc.atom.atoms import DEFAULT_ATOM, kernel_atoms
+from purlinc.dtypes import DTYPES
+from purlinc.snac.algorithms import ALGORITHMS as ALGORITHM_REGISTRY
+
+ATOMS = kernel_atoms()  # the atom registry's atoms with kernels (compile and dump write CUDA)
+ALGORITHMS = ALGORITHM_REGISTRY.names()
+FILE_HELP = "the .pln collective (see docs/LANGUAGE.md), or - for standard input"
+
+
+def param(text: str) -> tuple[str, int]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected NAME=INTEGER, got {text!r}")
+    try:
+        return name, int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"parameter {name}: {value!r} is not an integer") from None
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def world_sizes(text: str) -> range:
+    lo, sep, hi = text.partition("..")
+    try:
+        sizes = range(int(lo), int(hi) + 1) if sep else range(int(text), int(text) + 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or LO..HI (inclusive), got {text!r}") from None
+    if not sizes or sizes[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected world sizes of at least 1 with LO <= HI, got {text!r}")
+    return sizes
+
+
+def byte_size(text: str) -> int:
+    units = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
+    number = text.rstrip("kKmMgGiIbB")
+    try:
+        value = int(number) * units[text[len(number):].lower()]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"expected a size like 4096, 64KiB or 1MiB, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a size of at least 0, got {text!r}")
+    return value
+
+
+def add_common(parser: argparse.ArgumentParser, ranks_default: int | None) -> None:
+    parser.add_argument("file", help=FILE_HELP)
+    parser.add_argument(
+        "--ranks", "-R", type=positive, default=ranks_default, metavar="N",
+        help=f"world size (number of ranks){'' if ranks_default is None else f'; default {ranks_default}'}",
+    )
+    add_params(parser)
+
+
+def add_params(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--param", "-p", type=param, action="append", default=[], metavar="NAME=N",
+        help="bind a collective parameter, e.g. --param root=1 (repeatable)",
+    )
+
+
+def add_lowering(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--algorithm", "-a", choices=ALGORITHMS, help="orchestration algorithm (default: chosen per spec)")
+    parser.add_argument("--channels", type=positive, help="independent channels (thread blocks) per rank")
+    parser.add_argument("--slices", type=positive, help="pipeline slices per chunk and channel")
+    parser.add_argument("--slots", type=positive, help="staging slots per edge (flow control); default: one per message")
+    parser.add_argument(
+        "--registered", choices=("none", "in", "out", "both"), default="none",
+        help="which caller buffers are peer-registered (symmetric): lets stages skip the staging buffer",
+    )
+    parser.add_argument(
+        "--packed", action="store_true",
+        help="LL packing (direct-push): data notifies ride in the staged data, a flag in every 16-byte packet",
+    )
+    parser.add_argument(
+        "--stage-copies", type=int, choices=(1, 2), default=None,
+        help="staging copies by call parity (direct-push): 2 takes the consumers' acknowledgements off the "
+             "critical path; default: what the atom can address (2 for kernels, 1 for ce)",
+    )
+
+
+def add_codegen(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--arch", default="sm_90", help="target: sm_80, sm_90, sm_100 (or sm_90a, sm_100a); default sm_90")
+    parser.add_argument("--atom", choices=ATOMS, default=DEFAULT_ATOM, help=f"datapath mechanism (default {DEFAULT_ATOM})")
+    parser.add_argument("--dtype", default="bfloat16", help=f"element type: {', '.join(DTYPES)}")
+    parser.add_argument("--op", default="sum", help="reduction operator for reduce collectives: sum, prod, max, min")
+
+
+def add_hierarchy(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--gpus-per-node", type=positive, default=None, metavar="G",
+        help="plan hierarchically: nodes of G ranks (SNAC inside a node, NCCL between nodes); "
+        "R must be a multiple of G",
+    )
+
+
+def overrides(args) -> dict:
+    """The LowerOptions fields the command line sets (applied over the spec's defaults)."""
+    from purlinc.snac.ir import Algorithm
+
+    changes = {}
+    if getattr(args, "algorithm", None):
+        changes["algorithm"] = Algorithm(args.algorithm)
+    for name in ("channels", "slices", "slots"):
+        if getattr(args, name, None) is not None:
+            changes[name] = getattr(args, name)
+    registered = getattr(args, "registered", "none")
+    if registered != "none":
+        changes["registered"] = frozenset({"in", "out"} if registered == "both" else {registered})
+    if getattr(args, "packed", False):
+        changes["packed"] = True
+    if getattr(args, "stage_copies", None) is not None:
+        changes["stage_copies"] = args.stage_copies
+    return changes
+
+
+def options(args, spec, **more):
+    """The options of a dump or check: those ``compile`` would use (the atom's staging copies
+    included, as pipeline.prepare picks them)."""
+    from purlinc.pipeline import resolve_options, with_atom_defaults
+
+    changes = with_atom_defaults({**overrides(args), **more}, getattr(args, "atom", None))
+    return resolve_options(spec, overrides=changes)
+
+
+def source(args):
+    """The input named on the command line: a path (never read as .pln text, whatever it
+    contains), or standard input for ``-``."""
+    from purlinc import pipeline
+
+    if args.file == "-":
+        from purlinc.frontend.source import read_bounded
+
+        return pipeline.SourceText(read_bounded(sys.stdin.buffer, "<stdin>"), "<stdin>")
+    return pipeline.load_source(Path(args.file))
+
+
+def write_drawing(text: str, output: str | None) -> int:
+    """A drawing to ``output`` (its path is printed), or to standard output."""
+    if output:
+        Path(output).write_text(text, encoding="utf-8")
+        print(output)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False

@@ -1,0 +1,78 @@
+"""``purlinc compile``: write CUDA source, CUBIN, schedule and manifest (no GPU needed)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from purlinc.cli import common
+from purlinc.errors import PurlinError
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser(
+        "compile", help="write CUDA source, CUBIN, schedule and manifest",
+        description="Compile a collective for one world size and target: writes <name>.cu, <name>.cubin, "
+        "<name>.schedule.json and <name>.manifest.json into the output directory. Needs no GPU.",
+    )
+    common.add_common(parser, None)
+    common.add_lowering(parser)
+    common.add_codegen(parser)
+    parser.add_argument("-o", "--output-dir", default=None, help="output directory (default ./purlin-out/<name>)")
+
+
+def output_dir_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be (or be created as) a directory to write into, or None.
+    Checked before compiling: a bad -o should not cost a whole compile."""
+    existing = path
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        if existing == path:
+            return f"{path} is a file, not a directory"
+        return f"{existing} is a file, so {path} cannot be created under it"
+    if not existing.exists():  # a dangling symbolic link
+        return f"{existing} is a broken symbolic link"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable" if existing == path else f"cannot create {path}: {existing} is not writable"
+    try:  # access() says yes to root even where the kernel will say no (/proc, read-only mounts)
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        return f"cannot create {path}: {error.strerror or error}"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{path} is not writable"
+    return None
+
+
+def run(args) -> int:
+    from purlinc import pipeline
+    from purlinc.atom.emit import write_artifacts
+
+    # Options go in as overrides, not as options computed from a checked spec: on a compile
+    # cache hit nothing is parsed, lowered or generated (see pipeline.compile).
+    ranks_defaulted = args.ranks is None
+    world_size = pipeline.DEFAULT_WORLD_SIZE if ranks_defaulted else args.ranks
+    # The output place is checked before any compile work (the default's parent here, the
+    # collective's own folder under it once the name is known).
+    chosen = Path(args.output_dir) if args.output_dir else Path("purlin-out")
+    problem = output_dir_problem(chosen)
+    if problem is not None:
+        flag = f"-o {args.output_dir}" if args.output_dir else "the default output directory purlin-out"
+        raise PurlinError(f"{flag}: {problem}", None, ("choose another place with -o DIR",))
+    source = common.source(args)
+    if ranks_defaulted:
+        print(f"note: --ranks not given: compiling for R={world_size} ranks (the default)", file=sys.stderr)
+    artifact = pipeline.compile(
+        source, world_size=world_size, params=dict(args.param), arch=args.arch,
+        overrides=common.overrides(args), atom=args.atom, dtype=args.dtype, op=args.op,
+    )
+    out_dir = Path(args.output_dir) if args.output_dir else Path("purlin-out") / artifact.collective
+    try:
+        written = write_artifacts(artifact, out_dir, ranks_defaulted=ranks_defaulted)
+    except OSError as error:
+        where = error.filename or out_dir
+        raise PurlinError(f"cannot write the artifacts into {out_dir}: {where}: {error.strerror or error}") from None
+    for path in written:
+        print(path)
+    return 0

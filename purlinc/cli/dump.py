@@ -1,0 +1,61 @@
+"""``purlinc dump``: print one stage of the pipeline (ast, spec, snac, cuda)."""
+
+from __future__ import annotations
+
+import json
+
+from purlinc.cli import common
+
+STAGES = ("ast", "spec", "snac", "cuda")
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser(
+        "dump", help="print one stage's IR",
+        description="Print a stage of the pipeline: ast (the parsed file), spec (resolved layouts and where "
+        "each output chunk comes from), snac (the per-rank schedule) or cuda (the generated source).",
+    )
+    common.add_common(parser, 8)
+    parser.add_argument("--stage", "-s", choices=STAGES, default="spec", help="which stage to print (default spec)")
+    parser.add_argument("--json", action="store_true", help="JSON instead of text (spec and snac stages)")
+    common.add_lowering(parser)
+    common.add_hierarchy(parser)
+    common.add_codegen(parser)
+
+
+def _print(args, text, to_json) -> None:
+    """One stage's dump: its text, or with ``--json`` its JSON (both made only when asked for)."""
+    if args.json:
+        print(json.dumps(to_json(), indent=2))
+    else:
+        print(text(), end="")
+
+
+def run(args) -> int:
+    from purlinc import pipeline
+
+    definition = pipeline.parse_stage(common.source(args))
+    if args.stage == "ast":
+        print(definition.format(), end="")
+        return 0
+    spec = pipeline.spec_stage(definition, args.ranks, dict(args.param))
+    if args.stage == "spec":
+        _print(args, spec.format, spec.to_json)
+        return 0
+    if args.gpus_per_node is not None:  # hierarchical: SNAC inside nodes, NCCL between them
+        from purlinc.cli import hier
+
+        return hier.dump(args, spec, common.options(args, spec))
+    schedule = pipeline.snac_stage(spec, common.options(args, spec))
+    if args.stage == "snac":
+        from purlinc.snac.format import format_schedule, schedule_to_json
+
+        _print(args, lambda: format_schedule(schedule), lambda: schedule_to_json(schedule))
+        return 0
+    from purlinc.atom.codegen import generate
+    from purlinc.dtypes import DType, ReduceOp
+
+    kernel = generate(schedule, spec, atom=args.atom, arch=args.arch, dtype=DType.parse(args.dtype),
+                      op=ReduceOp.parse(args.op) if spec.is_reduce else None)
+    print(kernel.source, end="")
+    return 0
