@@ -5,8 +5,7 @@ Pipeline: ``.pln -> ast -> spec -> snac -> cu -> cubin``.  The public entry poin
 """
 
 from purlinc.errors import PurlinError
-
-__version__ = "0.1.0"
+from purlinc.version import __version__
 
 __all__ = ["PurlinError", "__version__", "load", "Communicator", "LocalGroup", "PurlinTimeoutError", "MismatchError"]
 

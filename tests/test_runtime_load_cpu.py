@@ -13,7 +13,8 @@ import pytest
 from purlinc import pipeline
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.runtime import collective, driver
-from purlinc.runtime.collective import Collective, load
+from purlinc.runtime.collective import Collective
+from purlinc.runtime.loader import load
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

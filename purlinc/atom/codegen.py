@@ -31,7 +31,6 @@ from functools import lru_cache
 
 import jinja2
 
-import purlinc
 from purlinc.atom.abi import KernelABI
 from purlinc.atom.atoms import get_atom, parse_arch, templates_root
 from purlinc.dtypes import DType, ReduceOp
@@ -40,6 +39,7 @@ from purlinc.frontend.ast import Operation
 from purlinc.snac.ir import Consume, Notify, Program, Region, Role, Schedule, Space, Stage, Wait
 from purlinc.snac.packing import ll_groups, packed_stages
 from purlinc.atom.trace import trace_template_values
+from purlinc.version import __version__
 
 THREADS = 512  # block size of every channel
 # Packed (LL) schedules serve small messages, where a call is a few hundred packets per
@@ -708,7 +708,7 @@ def generate(
         collective=schedule.collective,
         world_size=schedule.world_size,
         params_text=params_text,
-        version=purlinc.__version__,
+        version=__version__,
         options_key=schedule.options.key(),
         slices=schedule.slices,
         channels=schedule.channels,

@@ -12,8 +12,8 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-import purlinc
 from purlinc.atom.nvrtc import nvrtc_version
+from purlinc.version import __version__
 
 MANIFEST_SCHEMA = 1
 
@@ -69,7 +69,7 @@ def manifest(artifact, *, ranks_defaulted: bool) -> dict:
             "schedule": f"{kernel.kernel_base}.schedule.json",
         },
         "versions": {
-            "purlinc": purlinc.__version__,
+            "purlinc": __version__,
             "nvrtc": nvrtc_version(),
             "cuda-bindings": _package_version("cuda-bindings"),
         },

@@ -10,7 +10,7 @@ import shlex
 import sys
 
 from purlinc import __version__, settings
-from purlinc.cli import check, common, compile, draw, dump
+from purlinc.cli import check, compile, draw, dump
 from purlinc.errors import PurlinError
 
 # Subcommands in the order ``purlinc --help`` lists them: each module adds its parser and runs it.

@@ -1,7 +1,9 @@
-"""A communicator from any host-side all-gather: the heap exported through CUDA IPC, every
-peer's heap opened.  ``Communicator.from_store`` / ``from_env`` come here with an
-:class:`~purlinc.runtime.rendezvous.Exchange`, so no torch is involved at all (CuPy or plain
-driver processes); ``from_torch`` does the same through a gloo group.
+"""The one heap bootstrap: a communicator from any host-side all-gather, the heap exported
+through CUDA IPC, every peer's heap opened.  ``Communicator.from_store`` / ``from_env`` come
+here with an :class:`~purlinc.runtime.rendezvous.Exchange`, so no torch is involved at all
+(CuPy or plain driver processes); ``from_torch`` with a gloo group's all-gather, and a
+hierarchical load with a node's exchange.  Nothing here imports the communicator: the class
+to build is passed in.
 """
 
 from __future__ import annotations
@@ -12,16 +14,15 @@ from collections.abc import Callable
 
 from purlinc import settings
 from purlinc.runtime.errors import MismatchError
+from purlinc.runtime.heap import SymmetricHeap
 
 
 def open_heap(cls, rank: int, world: int, device: int, exchange: Callable[[object], list],
               heap_bytes: int | None = None):
-    """Check the ranks can share memory, then allocate, export and open heap segment 0 exactly as
-    ``from_torch`` does (``communicator._ipc_segment``; later segments grow through the same
-    exchange) and return ``cls(...)`` (a Communicator).  A collective: every rank calls it."""
+    """Check the ranks can share memory, then allocate, export and open heap segment 0
+    (``ipc_segment``; later segments grow through the same exchange) and return ``cls(...)``
+    (a Communicator).  A collective: every rank calls it."""
     from purlinc.runtime import driver
-    from purlinc.runtime.communicator import _ipc_segment
-    from purlinc.runtime.heap import SymmetricHeap
 
     count = driver.device_count()
     if not 0 <= device < count:
@@ -42,10 +43,46 @@ def open_heap(cls, rank: int, world: int, device: int, exchange: Callable[[objec
     owned: list[int] = []
 
     def grow(index: int, nbytes: int) -> list[int]:
-        return _ipc_segment(exchange, rank, device, index, nbytes, opened, owned)
+        return ipc_segment(exchange, rank, device, index, nbytes, opened, owned)
 
     bases = grow(0, size)
     comm = cls(rank, world, device, None, exchange, opened=opened, owned=owned)
     comm.heap = SymmetricHeap(rank, size, bases, grow=grow, segment_bytes=size, limit_bytes=settings.heap_max_bytes())
     comm._opened, comm._owned = opened, owned  # the same lists grow() appends to
     return comm
+
+
+def ipc_segment(exchange, rank: int, device: int, index: int, size: int, opened: list, owned: list) -> list[int]:
+    """Allocate heap segment ``index`` (``size`` bytes, zeroed) here, export it through CUDA IPC,
+    open every peer's, and return the segment's base on every rank (a collective)."""
+    from purlinc.runtime import driver
+
+    driver.set_current(device)
+    base = driver.mem_alloc(size)
+    try:
+        driver.memset_d8(base, 0, size)
+        driver.synchronize(device)
+        handle, offset = driver.ipc_handle(base)
+    except Exception:
+        driver.mem_free(base)
+        raise
+    owned.append(base)
+    info = exchange({"segment": index, "size": size, "handle": handle, "offset": offset})
+    shapes = {(i["segment"], i["size"]) for i in info}
+    if len(shapes) != 1:
+        raise MismatchError(
+            f"ranks disagree on heap segment {index}: " + ", ".join(
+                f"rank {r}: segment {i['segment']} of {i['size']} bytes" for r, i in enumerate(info)),
+            notes=(f"set {settings.HEAP_MB.name} alike, and allocate (load, comm.empty) in the same order "
+                   "on every rank",),
+        )
+    bases = []
+    for peer, i in enumerate(info):
+        if peer == rank:
+            bases.append(base)
+        else:
+            ptr = driver.ipc_open(i["handle"], i["offset"])
+            opened.append(ptr - i["offset"])
+            bases.append(ptr)
+    exchange(("heap-open", index))  # every rank has mapped every segment before anyone writes into one
+    return bases

@@ -1,10 +1,7 @@
-"""Loaded collectives: ``purlinc.load(path_or_source, comm, ...)`` and the callables it returns.
+"""Loaded collectives: the callables ``purlinc.load`` returns (``loader.py`` loads them;
+``placement.py`` lays them out in the heap).
 
-Load (a collective over the ranks, like creating a NCCL communicator):
-  parse -> check -> lower once (the schedule fixes the heap layout), take staging space,
-  signal pads and call counters from the symmetric heap (same offsets on every rank),
-  zero them, then exchange a hash of (source, world size, params, options, atom, arch,
-  heap offsets) and refuse to go on if any rank disagrees.
+Prepare: parse -> check -> lower once (the schedule fixes the heap layout); no GPU.
 
 Call (``coll(x, out=None, op="sum", stream=None)``):
   check the error record (a timeout of an earlier call is raised now), describe and
@@ -28,9 +25,10 @@ from pathlib import Path
 from purlinc import settings
 from purlinc.atom.abi import ERROR_RECORD, ERROR_RECORD_BYTES, decode_error
 from purlinc.dtypes import DType, ReduceOp
-from purlinc.errors import InternalError, PurlinError
+from purlinc.errors import InternalError
 from purlinc.runtime import interop, zerocopy
-from purlinc.runtime.errors import ArgumentError, MismatchError, PurlinTimeoutError
+from purlinc.runtime.options import LoadOptions
+from purlinc.runtime.errors import ArgumentError, PurlinTimeoutError
 from purlinc.runtime.validate import (
     CallShape, CallSignature, call_signature, choose_piece, disagreement, validate_call,
 )
@@ -59,16 +57,22 @@ def prepare(
     trace: bool = False,
 ) -> Compiled:
     """Parse, check and lower (no GPU needed): everything a load decides before touching memory.
+    ``prepare_options`` with these keywords as a LoadOptions."""
+    return prepare_options(path_or_source, world_size, LoadOptions.of(
+        params=params, algorithm=algorithm, atom=atom, channels=channels, slices=slices, packed=packed,
+        arch=arch, trace=trace))
 
-    The same path, and for the same inputs the same Compiled, as ``purlinc compile``
-    (``pipeline.prepare``).  The caller's buffers are never registered (no per-call pointers
-    are exchanged), which the default options already say.  Raises the PurlinError of an option, atom or algorithm that does not apply.
-    """
+
+def prepare_options(path_or_source: str | Path, world_size: int, options: LoadOptions) -> Compiled:
+    """The Compiled a load of ``options`` runs: the same path, and for the same inputs the same
+    Compiled, as ``purlinc compile`` (``pipeline.prepare``).  The caller's buffers are never
+    registered (no per-call pointers are exchanged), which the default options already say.
+    Raises the PurlinError of an option, atom or algorithm that does not apply."""
     from purlinc import pipeline
 
-    overrides = {"algorithm": algorithm, "channels": channels, "slices": slices, "packed": packed}
-    compiled = pipeline.prepare(path_or_source, world_size=world_size, params=params, arch=arch,
-                                atom=atom or DEFAULT_ATOM, overrides=overrides, trace=trace).prepared()
+    compiled = pipeline.prepare(path_or_source, world_size=world_size, params=options.param_map,
+                                arch=options.arch or "sm_90", atom=options.atom or DEFAULT_ATOM,
+                                overrides=options.overrides(), trace=bool(options.trace)).prepared()
     if compiled.options.registered:  # the defaults register nothing, and no override here does
         raise InternalError(f"{compiled.name}: a runtime schedule asks for registered buffers")
     return compiled
@@ -592,149 +596,3 @@ class GroupCollective:
     def close(self) -> None:
         for collective in self.ranks:
             collective.close()
-
-
-# ---------------------------------------------------------------------------------------------
-# load
-
-
-def _allocate(comm, compiled: Compiled, stage_bytes: int | None) -> Layout:
-    stage, pad, counters = layout_sizes(compiled, stage_bytes)
-    heap = comm.heap
-    stage_off = heap.alloc(stage, f"{compiled.name} staging") if stage else 0
-    pad_off = heap.alloc(pad, f"{compiled.name} signal pad")
-    counters_off = heap.alloc(counters, f"{compiled.name} call counters")
-    return Layout(stage_off, stage, pad_off, pad, counters_off, counters)
-
-
-def _zero(comm, compiled: Compiled, layout: Layout) -> None:
-    from purlinc.runtime import driver
-
-    driver.set_current(comm.device)
-    own = comm.heap.ptr  # heap offsets -> this rank's pointers (segment by segment)
-    # Staging is zeroed too: a packed (LL) schedule takes a packet whose flag word matches as
-    # arrived data, and heap space can be reused from an earlier collective.
-    if layout.stage_bytes:
-        driver.memset_d8(own(comm.rank, layout.stage), 0, layout.stage_bytes)
-    driver.memset_d8(own(comm.rank, layout.pad), 0, layout.pad_bytes)
-    driver.memset_d8(own(comm.rank, layout.counters), 0, layout.counters_bytes)
-    if compiled.plan is not None:
-        host = lookup_atom(compiled.atom).host_module()
-        driver.copy_htod(own(comm.rank, layout.pad), host.init_image(compiled.plan, comm.rank))
-
-
-def _fingerprint(compiled: Compiled, layout: Layout) -> str:
-    body = {**compiled.identity(), "layout": [layout.stage, layout.stage_bytes, layout.pad, layout.pad_bytes,
-                                              layout.counters]}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _disagreement(name: str, prints: list, identities: list) -> MismatchError:
-    groups: dict[str, list[int]] = {}
-    for rank, fp in enumerate(prints):
-        groups.setdefault(fp, []).append(rank)
-    lines = [f"ranks {ranks}: {identities[ranks[0]]}" for ranks in groups.values()]
-    return MismatchError(
-        f"ranks disagree on what {name} is (source, world size, params, options, atom, arch or heap layout)",
-        notes=tuple(lines) + ("every rank must load the same collective, in the same order",),
-    )
-
-
-def _load_compiled(compiled: Compiled, comm, comms: list, stage_bytes: int | None = None):
-    """Take heap space for ``compiled`` on every rank of ``comms`` and check the ranks agree."""
-    from purlinc.runtime import driver
-    from purlinc.runtime.communicator import LocalGroup
-
-    first = comms[0]
-    for c in comms:
-        if getattr(c, "failed", None) is not None:
-            c.refuse(f"loading {compiled.name}")
-    if compiled.plan is not None and not driver.supports_stream_mem_ops(first.device):
-        raise PurlinError(f"the {compiled.atom} atom needs 64-bit stream memory operations, "
-                          f"which cuda:{first.device} lacks")
-    layouts = [_allocate(c, compiled, stage_bytes) for c in comms]
-
-    def zero_all() -> None:
-        for c, layout in zip(comms, layouts):
-            _zero(c, compiled, layout)
-        for c in comms:
-            driver.synchronize(c.device)
-
-    if isinstance(comm, LocalGroup):
-        if len({(l.stage, l.pad, l.counters) for l in layouts}) != 1:
-            raise MismatchError(f"{compiled.name}: the LocalGroup's heaps are out of step: {layouts}")
-        zero_all()  # one process: every device was synchronized when the last collective closed
-        group = GroupCollective([Collective(compiled, c, l, agree=False) for c, l in zip(comms, layouts)])
-        return zerocopy.attach(group, compiled, comm, comms)
-
-    layout = layouts[0]
-    fp = _fingerprint(compiled, layout)
-    everyone = comm.allgather((fp, {**compiled.identity(), "layout": (layout.stage, layout.pad, layout.counters)}))
-    if len({e[0] for e in everyone}) != 1:
-        raise _disagreement(compiled.name, [e[0] for e in everyone], [e[1] for e in everyone])
-    # Zero only after the exchange: the space may have belonged to a collective closed just
-    # before, and a peer's last call of it can still write into it (its final notify lands in
-    # our pad) until that peer has closed it too -- which it has, once it reached this
-    # exchange (close() synchronizes the device).  Zeroing first let such a late write survive
-    # into the new collective's signals (seen on 2 x H200: an intermittent wrong first call).
-    zero_all()
-    # ...and no rank may call the new collective before every rank has zeroed: our first call
-    # writes into the peers' staging and pads, and a peer still zeroing would wipe that notify
-    # (its wait would then time out).  The second exchange is that barrier.
-    comm.allgather(("zeroed", fp))
-    return zerocopy.attach(Collective(compiled, comm, layout, agree=True), compiled, comm, comms)
-
-
-def load(
-    path_or_source: str | Path,
-    comm,
-    *,
-    params: Mapping[str, int] | None = None,
-    algorithm: Algorithm | str | None = None,
-    atom: str | None = None,
-    channels: int | None = None,
-    slices: int | None = None,
-    packed: bool | None = None,
-    arch: str | None = None,
-    trace: bool | None = None,
-    gpus_per_node: int | None = None,
-):
-    """Load a collective on ``comm`` (a Communicator, or a LocalGroup for a group callable).
-
-    ``gpus_per_node=G`` (comm None, under torchrun): a hierarchical collective over the whole
-    torch.distributed world, Purlin inside nodes of G ranks and NCCL between them
-    (``purlinc.runtime.hierarchical``, docs/HIERARCHY.md).
-
-    ``trace`` (default: the PURLIN_TRACE setting): build kernels that stamp every block, read by
-    ``coll.trace()``; a traced load pins one schedule (the default options unless given).
-
-    With no orchestration option (algorithm, atom, channels, slices, packed), the result
-    picks a schedule per call by message size (``purlinc.runtime.tuning``); with any of
-    them, exactly that schedule runs for every size.
-    """
-    from purlinc.runtime import driver
-    from purlinc.runtime.communicator import Communicator, LocalGroup
-
-    if gpus_per_node is not None:
-        if comm is not None or algorithm or atom or channels or slices or packed or trace:
-            raise PurlinError("load(..., gpus_per_node=G) takes comm=None (it builds a communicator per node) "
-                              "and no orchestration options")
-        from purlinc.runtime.hierarchical import load_hierarchical
-
-        return load_hierarchical(path_or_source, gpus_per_node, params=params, arch=arch)
-    if isinstance(comm, LocalGroup):
-        comms = list(comm.comms)
-    elif isinstance(comm, Communicator):
-        comms = [comm]
-    else:
-        raise TypeError(f"load: comm must be a Communicator or a LocalGroup, got {type(comm).__name__}")
-    first = comms[0]
-    arch = arch or driver.arch_of(first.device)
-    trace = settings.trace() if trace is None else bool(trace)
-    if not trace and algorithm is None and atom is None and channels is None and slices is None and packed is None:
-        from purlinc.runtime.tuned import load_tuned
-
-        return load_tuned(path_or_source, comm, comms, params=params, arch=arch)
-    compiled = prepare(path_or_source, first.world_size, params=params, algorithm=algorithm, atom=atom,
-                       channels=channels, slices=slices, packed=packed, arch=arch, trace=trace)
-    return _load_compiled(compiled, comm, comms)

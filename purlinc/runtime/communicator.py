@@ -26,12 +26,11 @@ growth happens inside allocations every rank makes at the same point), up to
 from __future__ import annotations
 
 import datetime
-import os
-import socket
 import threading
 from collections.abc import Callable, Sequence
 
 from purlinc import settings
+from purlinc.runtime.bootstrap import open_heap
 from purlinc.runtime.errors import MismatchError, PurlinTimeoutError
 from purlinc.runtime.heap import SymmetricHeap
 
@@ -40,42 +39,6 @@ EXCHANGE_TIMEOUT_S = 300.0  # host-side exchanges (loads, first use of a call si
 # How long a zero-copy agreement check waits for the other ranks (they are all in the same
 # call, so anything longer means a peer passed buffers outside the heap and took another path).
 _CHECK_TIMEOUT_S = 60
-
-
-def _ipc_segment(exchange, rank: int, device: int, index: int, size: int, opened: list, owned: list) -> list[int]:
-    """Allocate heap segment ``index`` (``size`` bytes, zeroed) here, export it through CUDA IPC,
-    open every peer's, and return the segment's base on every rank (a collective)."""
-    from purlinc.runtime import driver
-
-    driver.set_current(device)
-    base = driver.mem_alloc(size)
-    try:
-        driver.memset_d8(base, 0, size)
-        driver.synchronize(device)
-        handle, offset = driver.ipc_handle(base)
-    except Exception:
-        driver.mem_free(base)
-        raise
-    owned.append(base)
-    info = exchange({"segment": index, "size": size, "handle": handle, "offset": offset})
-    shapes = {(i["segment"], i["size"]) for i in info}
-    if len(shapes) != 1:
-        raise MismatchError(
-            f"ranks disagree on heap segment {index}: " + ", ".join(
-                f"rank {r}: segment {i['segment']} of {i['size']} bytes" for r, i in enumerate(info)),
-            notes=(f"set {settings.HEAP_MB.name} alike, and allocate (load, comm.empty) in the same order "
-                   "on every rank",),
-        )
-    bases = []
-    for peer, i in enumerate(info):
-        if peer == rank:
-            bases.append(base)
-        else:
-            ptr = driver.ipc_open(i["handle"], i["offset"])
-            opened.append(ptr - i["offset"])
-            bases.append(ptr)
-    exchange(("heap-open", index))  # every rank has mapped every segment before anyone writes into one
-    return bases
 
 
 class Communicator:
@@ -131,8 +94,6 @@ class Communicator:
         import torch
         import torch.distributed as dist
 
-        from purlinc.runtime import driver
-
         if not dist.is_initialized():
             raise RuntimeError("Communicator.from_torch: call torch.distributed.init_process_group first")
         rank, world = dist.get_rank(group), dist.get_world_size(group)
@@ -166,27 +127,8 @@ class Communicator:
 
         device = torch.cuda.current_device()
         torch.cuda.init()
-        driver.set_current(device)
-        info = exchange({"host": socket.gethostname(), "pid": os.getpid(), "device": device})
-        hosts = {i["host"] for i in info}
-        if len(hosts) != 1:
-            raise MismatchError(f"Purlin needs every rank on one host (one NVLink domain); got hosts {sorted(hosts)}")
-        for peer, i in enumerate(info):
-            if peer != rank and i["device"] != device and not driver.can_access_peer(device, i["device"]):
-                raise MismatchError(f"cuda:{device} (rank {rank}) cannot access cuda:{i['device']} (rank {peer}) as a peer")
-        size = heap_bytes or settings.heap_bytes()
-        opened: list[int] = []
-        owned: list[int] = []
-
-        def grow(index: int, nbytes: int) -> list[int]:
-            return _ipc_segment(exchange, rank, device, index, nbytes, opened, owned)
-
-        bases = grow(0, size)
-        comm = cls(rank, world, device, None, exchange, opened=opened, owned=owned)
-        holder.append(comm)
-        comm.heap = SymmetricHeap(rank, size, bases, grow=grow, segment_bytes=size,
-                                  limit_bytes=settings.heap_max_bytes())
-        comm._opened, comm._owned = opened, owned  # the same lists grow() appends to
+        comm = open_heap(cls, rank, world, device, exchange, heap_bytes)
+        holder.append(comm)  # a failed exchange from now on stops this communicator
         check = dist.new_group(ranks=ranks, backend="gloo", timeout=datetime.timedelta(seconds=_CHECK_TIMEOUT_S))
 
         def check_exchange(obj):
@@ -232,7 +174,6 @@ class Communicator:
 
         ``device`` defaults to ``rank``; every rank of the world calls it (it is a collective).
         """
-        from purlinc.runtime.bootstrap import open_heap
         from purlinc.runtime.rendezvous import Exchange
 
         exchange = Exchange(store, rank, world_size, timeout=timeout)

@@ -35,6 +35,11 @@ from dataclasses import dataclass
 from purlinc.dtypes import ReduceOp
 from purlinc.errors import PurlinError
 from purlinc.frontend.ast import Operation
+from purlinc.runtime.bootstrap import open_heap
+from purlinc.runtime.collective import prepare_options
+from purlinc.runtime.communicator import Communicator
+from purlinc.runtime.options import LoadOptions
+from purlinc.runtime.placement import load_compiled
 from purlinc.snac.hierarchy import IN, OUT, HierPlan, InterPhase, IntraPhase, TopologyError
 
 _LOADS = itertools.count()  # every rank loads in the same order: the same serial everywhere
@@ -371,16 +376,14 @@ def intra_sources(plan: HierPlan, node: int) -> dict[int, str]:
     return out
 
 
-def load_hierarchical(path_or_source, gpus_per_node: int | None = None, *, params=None, arch: str | None = None,
+def load_hierarchical(path_or_source, gpus_per_node: int | None = None, options: LoadOptions = LoadOptions(), *,
                       heap_bytes: int | None = None, algorithm: str = "direct-push") -> HierarchicalCollective:
-    """This rank's hierarchical collective over the torch.distributed world (a collective call)."""
+    """This rank's hierarchical collective over the torch.distributed world (a collective call).
+    ``options`` gives the params and target; each intra-node phase runs ``algorithm``."""
     import torch
     import torch.distributed as dist
 
-    from purlinc.runtime import collective as flat
     from purlinc.runtime import driver
-    from purlinc.runtime.bootstrap import open_heap
-    from purlinc.runtime.communicator import Communicator
     from purlinc.runtime.rendezvous import DEFAULT_TIMEOUT_S, Exchange
 
     if not dist.is_initialized():
@@ -390,7 +393,7 @@ def load_hierarchical(path_or_source, gpus_per_node: int | None = None, *, param
         if "LOCAL_WORLD_SIZE" not in os.environ:
             raise PurlinError("gpus_per_node: not given and LOCAL_WORLD_SIZE (torchrun) is not set")
         gpus_per_node = int(os.environ["LOCAL_WORLD_SIZE"])
-    plan = plan_for(path_or_source, R, gpus_per_node, params)
+    plan = plan_for(path_or_source, R, gpus_per_node, options.param_map)
     t = plan.topology
     spec = plan.spec
     # Every rank checks, whatever its environment says: a check only some ranks made (one
@@ -414,6 +417,9 @@ def load_hierarchical(path_or_source, gpus_per_node: int | None = None, *, param
     world_exchange = Exchange(store, rank, R, prefix=f"purlin-hier/{serial}/world")
     driver.set_current(device)
     node_comm = open_heap(Communicator, local, t.gpus_per_node, device, exchange, heap_bytes)
+    # One pinned schedule per phase (not the per-size tuned set): each phase then compiles one
+    # kernel per (dtype, op), and the plan's phases stay the proved ones.
+    phase_options = LoadOptions(algorithm=algorithm, arch=options.arch).on_device(device)
 
     intra, inter = {}, {}
     sources = intra_sources(plan, node)
@@ -422,9 +428,8 @@ def load_hierarchical(path_or_source, gpus_per_node: int | None = None, *, param
             if isinstance(phase, IntraPhase):
                 if index in sources:
                     shape = plan.canonical[phase.schedules[node]]
-                    # One pinned schedule per phase (not the per-size tuned set): each phase then
-                    # compiles one kernel per (dtype, op), and the plan's phases stay the proved ones.
-                    coll = flat.load(sources[index], node_comm, arch=arch, algorithm=algorithm)
+                    coll = load_compiled(prepare_options(sources[index], t.gpus_per_node, phase_options),
+                                         node_comm, [node_comm])
                     intra[index] = coll
                     loaded = coll.compiled.spec if hasattr(coll, "compiled") else None
                     if loaded is not None and (loaded.inputs, loaded.outputs, loaded.sources) != (shape.inputs, shape.outputs, shape.sources):

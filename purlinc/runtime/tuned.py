@@ -18,10 +18,12 @@ from purlinc import settings
 from purlinc.atom.atoms import DEFAULT_ATOM, lookup_atom
 from purlinc.errors import PurlinError
 from purlinc.pipeline import Compiled
-from purlinc.runtime import tuning
+from purlinc.runtime import communicator, tuning
 from purlinc.runtime.collective import (
-    Collective, FastPath, GroupCollective, _load_compiled, prepare, prepare_group,
+    Collective, FastPath, GroupCollective, prepare, prepare_group,
 )
+from purlinc.runtime.options import LoadOptions
+from purlinc.runtime.placement import load_compiled
 from purlinc.snac.algorithms import DEFAULT_ALGORITHM
 from purlinc.snac.ir import LowerOptions
 
@@ -91,18 +93,19 @@ def compile_tuned_kernels(prepared: tuple[PreparedBucket, ...], dtype, op="sum")
     return len(compileds)
 
 
-def load_tuned(path_or_source: str | Path, comm, comms: list, *, params: Mapping[str, int] | None, arch: str):
-    from purlinc.runtime.communicator import LocalGroup
-
-    prepared, units = prepare_tuned(path_or_source, comms[0].world_size, params=params, arch=arch)
+def load_tuned(path_or_source: str | Path, comm, comms: list, options: LoadOptions):
+    """Every size bucket's schedule placed on the ranks (buckets that lower alike share one):
+    a Tuned (a TunedGroup for a LocalGroup) that picks one per call by message size."""
+    prepared, units = prepare_tuned(path_or_source, comms[0].world_size, params=options.param_map,
+                                    arch=options.arch)
     buckets = tuple(p.bucket for p in prepared)
     loaded: dict[tuple, object] = {}
     per_bucket = []
     for p in prepared:
         if p.load_key not in loaded:  # buckets that lower to the same schedule share one load
-            loaded[p.load_key] = _load_compiled(p.compiled, comm, comms, p.stage_bytes)
+            loaded[p.load_key] = load_compiled(p.compiled, comm, comms, p.stage_bytes)
         per_bucket.append(loaded[p.load_key])
-    if isinstance(comm, LocalGroup):
+    if isinstance(comm, communicator.LocalGroup):
         return TunedGroup(buckets, per_bucket, units)
     return Tuned(buckets, per_bucket, units)
 

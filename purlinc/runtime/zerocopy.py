@@ -116,22 +116,6 @@ def twin_compiled(compiled):
     return None
 
 
-def attach(loaded, compiled, comm, comms):
-    """Give ``loaded`` (a Collective or GroupCollective) its zero-copy twin, if there is one."""
-    from purlinc.runtime.collective import GroupCollective, _load_compiled
-
-    twin_c = twin_compiled(compiled)
-    if twin_c is None:
-        return loaded
-    twin = _load_compiled(twin_c, comm, comms)
-    if isinstance(loaded, GroupCollective):
-        for staged, registered in zip(loaded.ranks, twin.ranks):
-            staged._zc = ZeroCopy(staged, registered)
-    else:
-        loaded._zc = ZeroCopy(loaded, twin)
-    return loaded
-
-
 def call_key(shape) -> tuple:
     return (shape.in_ptr, shape.out_ptr, shape.count, shape.dtype, shape.op)
 

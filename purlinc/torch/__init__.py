@@ -23,7 +23,7 @@ import torch
 
 from purlinc.runtime.errors import ArgumentError
 from purlinc.torch import functional, ops
-from purlinc.torch.distributed import Group, Work
+from purlinc.torch.distributed import Group, Work, default_group, init
 from purlinc.torch.ops import define
 from purlinc.torch.registry import Entry, entry
 
@@ -32,22 +32,6 @@ __all__ = [
     "broadcast", "default_group", "define", "entry", "functional", "gather", "init", "op", "ops", "reduce",
     "reduce_scatter_tensor", "scatter",
 ]
-
-_DEFAULT: list[Group] = []
-
-
-def init(comm, **load_options) -> Group:
-    """Make ``Group(comm, **load_options)`` the default of the module-level calls, and return it."""
-    group = comm if isinstance(comm, Group) else Group(comm, **load_options)
-    _DEFAULT[:] = [group]
-    return group
-
-
-def default_group() -> Group:
-    if not _DEFAULT:
-        raise ArgumentError("no default Purlin group: call purlinc.torch.init(comm) first, or pass group=")
-    return _DEFAULT[0]
-
 
 def _group(group) -> Group:
     return group if group is not None else default_group()

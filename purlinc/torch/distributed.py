@@ -321,3 +321,21 @@ class Group:
                     f"{where}: {label}[{i}] is {str(t.dtype).removeprefix('torch.')} x {t.numel()} on {t.device}, "
                     f"expected {str(tensor.dtype).removeprefix('torch.')} x {tensor.numel()} on {tensor.device} "
                     f"(like tensor)")
+
+
+# The default group of the module-level calls (purlinc.torch.all_reduce, purlinc.torch.functional):
+# kept beside Group so that the functional forms need not import the package.
+_DEFAULT: list[Group] = []
+
+
+def init(comm, **load_options) -> Group:
+    """Make ``Group(comm, **load_options)`` the default of the module-level calls, and return it."""
+    group = comm if isinstance(comm, Group) else Group(comm, **load_options)
+    _DEFAULT[:] = [group]
+    return group
+
+
+def default_group() -> Group:
+    if not _DEFAULT:
+        raise ArgumentError("no default Purlin group: call purlinc.torch.init(comm) first, or pass group=")
+    return _DEFAULT[0]

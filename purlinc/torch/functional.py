@@ -7,11 +7,10 @@ import torch
 
 from purlinc.runtime.errors import ArgumentError
 from purlinc.torch import ops as _ops
+from purlinc.torch.distributed import default_group
 
 
 def _group(group):
-    from purlinc.torch import default_group
-
     return group if group is not None else default_group()
 
 

@@ -1,0 +1,101 @@
+"""The runtime's front door: ``purlinc.load`` and the three things it can build, each with its
+own entry point taking a frozen :class:`~purlinc.runtime.options.LoadOptions`:
+
+- ``load_flat``: one pinned schedule for every call (``collective.py`` runs it);
+- ``load_tuned``: one schedule per message-size bucket, chosen per call (``tuned.py``,
+  ``tuning.py``);
+- ``load_hierarchical``: a plan of Purlin phases inside nodes and NCCL between them
+  (``hierarchical.py``, docs/HIERARCHY.md).
+
+``load`` names which one from its arguments: ``gpus_per_node`` asks for a plan; any
+orchestration option (or tracing) pins a schedule; otherwise the tuned buckets.  Everything
+below this module (placement, collective, tuned, hierarchical, zerocopy) imports nothing from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from purlinc.errors import PurlinError
+from purlinc.runtime import communicator, hierarchical, tuned
+from purlinc.runtime.collective import prepare_options
+from purlinc.runtime.options import LoadOptions
+from purlinc.runtime.placement import load_compiled
+from purlinc.snac.ir import Algorithm
+
+
+def _members(comm) -> list:
+    """The Communicators a load places the collective on (one, or a LocalGroup's)."""
+    if isinstance(comm, communicator.LocalGroup):
+        return list(comm.comms)
+    if isinstance(comm, communicator.Communicator):
+        return [comm]
+    raise TypeError(f"load: comm must be a Communicator or a LocalGroup, got {type(comm).__name__}")
+
+
+def load_flat(path_or_source: str | Path, comm, options: LoadOptions = LoadOptions()):
+    """One schedule, the one ``options`` pins (the spec's defaults where it pins nothing), for
+    every call: a Collective (a GroupCollective for a LocalGroup)."""
+    comms = _members(comm)
+    options = options.on_device(comms[0].device)
+    return load_compiled(prepare_options(path_or_source, comms[0].world_size, options), comm, comms)
+
+
+def load_tuned(path_or_source: str | Path, comm, options: LoadOptions = LoadOptions()):
+    """A schedule per message-size bucket (``purlinc.runtime.tuning``), chosen per call: a
+    Tuned (a TunedGroup for a LocalGroup).  ``options`` gives the params and target only."""
+    comms = _members(comm)
+    return tuned.load_tuned(path_or_source, comm, comms, options.on_device(comms[0].device))
+
+
+def load_hierarchical(path_or_source: str | Path, gpus_per_node: int | None = None,
+                      options: LoadOptions = LoadOptions()):
+    """Under torchrun: Purlin inside nodes of ``gpus_per_node`` ranks (default LOCAL_WORLD_SIZE),
+    NCCL between them, over the whole torch.distributed world.  ``options`` gives the params
+    and target; the plan fixes the schedules, so it pins none."""
+    pinned = options.orchestration()
+    if pinned:
+        raise PurlinError(f"a hierarchical load takes no orchestration options, got {', '.join(pinned)}")
+    return hierarchical.load_hierarchical(path_or_source, gpus_per_node, options)
+
+
+def load(
+    path_or_source: str | Path,
+    comm,
+    *,
+    params: Mapping[str, int] | None = None,
+    algorithm: Algorithm | str | None = None,
+    atom: str | None = None,
+    channels: int | None = None,
+    slices: int | None = None,
+    packed: bool | None = None,
+    arch: str | None = None,
+    trace: bool | None = None,
+    gpus_per_node: int | None = None,
+):
+    """Load a collective on ``comm`` (a Communicator, or a LocalGroup for a group callable).
+
+    ``gpus_per_node=G`` (comm None, under torchrun): a hierarchical collective over the whole
+    torch.distributed world, Purlin inside nodes of G ranks and NCCL between them
+    (``load_hierarchical``, docs/HIERARCHY.md).
+
+    ``trace`` (default: the PURLIN_TRACE setting): build kernels that stamp every block, read by
+    ``coll.trace()``; a traced load pins one schedule (the default options unless given).
+
+    With no orchestration option (algorithm, atom, channels, slices, packed), the result
+    picks a schedule per call by message size (``load_tuned``); with any of them, exactly
+    that schedule runs for every size (``load_flat``).
+    """
+    options = LoadOptions.of(params=params, algorithm=algorithm, atom=atom, channels=channels, slices=slices,
+                             packed=packed, arch=arch, trace=trace)
+    if gpus_per_node is not None:
+        if comm is not None or options.orchestration():
+            raise PurlinError("load(..., gpus_per_node=G) takes comm=None (it builds a communicator per node) "
+                              "and no orchestration options")
+        return load_hierarchical(path_or_source, gpus_per_node, options)
+    comms = _members(comm)
+    options = options.on_device(comms[0].device)
+    if options.pinned:
+        return load_flat(path_or_source, comm, options)
+    return load_tuned(path_or_source, comm, options)

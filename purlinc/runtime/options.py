@@ -1,0 +1,64 @@
+"""What a load may pin: one frozen record, built once from ``load()``'s keywords and passed
+to the entry points (flat, tuned, hierarchical) instead of their keyword lists."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from typing import TYPE_CHECKING
+
+from purlinc import settings
+
+if TYPE_CHECKING:
+    from purlinc.snac.ir import Algorithm
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOptions:
+    """``params`` binds the collective's parameters; ``algorithm``, ``atom``, ``channels``,
+    ``slices`` and ``packed`` pin the schedule (None: not pinned); ``arch`` is the target (None:
+    the device's, once known); ``trace`` builds kernels that stamp every block (None: the
+    PURLIN_TRACE setting)."""
+
+    params: tuple[tuple[str, int], ...] = ()
+    algorithm: Algorithm | str | None = None
+    atom: str | None = None
+    channels: int | None = None
+    slices: int | None = None
+    packed: bool | None = None
+    arch: str | None = None
+    trace: bool | None = None
+
+    @classmethod
+    def of(cls, *, params: Mapping[str, int] | None = None, **pins) -> "LoadOptions":
+        """From ``load()``'s keywords."""
+        return cls(params=tuple(sorted((params or {}).items())), **pins)
+
+    @property
+    def param_map(self) -> dict[str, int] | None:
+        return dict(self.params) if self.params else None
+
+    @property
+    def pinned(self) -> bool:
+        """Whether one schedule runs for every size (a traced load pins one too); otherwise the
+        tuning table picks a schedule per call by message size."""
+        pins = (self.algorithm, self.atom, self.channels, self.slices, self.packed)
+        return bool(self.trace) or any(value is not None for value in pins)
+
+    def orchestration(self) -> tuple[str, ...]:
+        """The schedule options set to something (a hierarchical load takes none of them)."""
+        values = {"algorithm": self.algorithm, "atom": self.atom, "channels": self.channels,
+                  "slices": self.slices, "packed": self.packed, "trace": self.trace}
+        return tuple(name for name, value in values.items() if value)
+
+    def overrides(self) -> dict:
+        """The LowerOptions overrides (None: the spec's default) the pipeline takes."""
+        return {"algorithm": self.algorithm, "channels": self.channels, "slices": self.slices, "packed": self.packed}
+
+    def on_device(self, device: int) -> "LoadOptions":
+        """``arch`` and ``trace`` settled: the device's target, the PURLIN_TRACE setting."""
+        from purlinc.runtime import driver
+
+        return replace(self, arch=self.arch or driver.arch_of(device),
+                       trace=settings.trace() if self.trace is None else bool(self.trace))
