@@ -1,9 +1,9 @@
 """The one heap bootstrap: a communicator from any host-side all-gather, the heap exported
 through CUDA IPC, every peer's heap opened.  ``Communicator.from_store`` / ``from_env`` come
 here with an :class:`~purlinc.runtime.rendezvous.Exchange`, so no torch is involved at all
-(CuPy or plain driver processes); ``from_torch`` with a gloo group's all-gather, and a
-hierarchical load with a node's exchange.  Nothing here imports the communicator: the class
-to build is passed in.
+(CuPy or plain driver processes); ``from_torch`` does the same through the process group's own
+store, and a hierarchical load through a node's exchange.  Nothing here imports the
+communicator: the class to build is passed in.
 """
 
 from __future__ import annotations

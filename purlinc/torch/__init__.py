@@ -23,18 +23,18 @@ import torch
 
 from purlinc.runtime.errors import ArgumentError
 from purlinc.torch import functional, ops
-from purlinc.torch.distributed import Group, Work, default_group, init
+from purlinc.torch.distributed import Group, Work
+from purlinc.torch.groups import default_group, group_of, init
 from purlinc.torch.ops import define
 from purlinc.torch.registry import Entry, entry
 
 __all__ = [
-    "Group", "TorchCollective", "Work", "all_gather_into_tensor", "all_reduce", "all_to_all_single",
-    "broadcast", "default_group", "define", "entry", "functional", "gather", "init", "op", "ops", "reduce",
-    "reduce_scatter_tensor", "scatter",
+    "Group", "TorchCollective", "Work", "all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all",
+    "all_to_all_single", "barrier", "broadcast", "default_group", "define", "entry", "functional", "gather",
+    "group_of", "init", "op", "ops", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
 ]
 
-def _group(group) -> Group:
-    return group if group is not None else default_group()
+_group = group_of
 
 
 def all_reduce(tensor, op="sum", group=None, async_op=False):
@@ -45,28 +45,44 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     return _group(group).all_gather_into_tensor(output_tensor, input_tensor, async_op=async_op)
 
 
+def all_gather(tensor_list, tensor, group=None, async_op=False):
+    return _group(group).all_gather(tensor_list, tensor, async_op=async_op)
+
+
 def reduce_scatter_tensor(output, input, op="sum", group=None, async_op=False):
     return _group(group).reduce_scatter_tensor(output, input, op=op, async_op=async_op)
+
+
+def reduce_scatter(output, input_list, op="sum", group=None, async_op=False):
+    return _group(group).reduce_scatter(output, input_list, op=op, async_op=async_op)
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):
     return _group(group).all_to_all_single(output, input, output_split_sizes, input_split_sizes, async_op=async_op)
 
 
-def broadcast(tensor, src=0, group=None, async_op=False):
-    return _group(group).broadcast(tensor, src=src, async_op=async_op)
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
+    return _group(group).all_to_all(output_tensor_list, input_tensor_list, async_op=async_op)
 
 
-def reduce(tensor, dst=0, op="sum", group=None, async_op=False):
-    return _group(group).reduce(tensor, dst=dst, op=op, async_op=async_op)
+def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
+    return _group(group).broadcast(tensor, src=src, async_op=async_op, group_src=group_src)
 
 
-def gather(tensor, gather_list=None, dst=0, group=None, async_op=False):
-    return _group(group).gather(tensor, gather_list, dst=dst, async_op=async_op)
+def reduce(tensor, dst=None, op="sum", group=None, async_op=False, group_dst=None):
+    return _group(group).reduce(tensor, dst=dst, op=op, async_op=async_op, group_dst=group_dst)
 
 
-def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False):
-    return _group(group).scatter(tensor, scatter_list, src=src, async_op=async_op)
+def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None):
+    return _group(group).gather(tensor, gather_list, dst=dst, async_op=async_op, group_dst=group_dst)
+
+
+def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None):
+    return _group(group).scatter(tensor, scatter_list, src=src, async_op=async_op, group_src=group_src)
+
+
+def barrier(group=None, async_op=False):
+    return _group(group).barrier(async_op=async_op)
 
 
 class TorchCollective:
