@@ -25,9 +25,9 @@ def _replicated_reduction(spec) -> bool:
     reduction whose outputs hold some chunk on more than one rank."""
     if not spec.is_reduce:
         return False
-    from purlinc.snac.needs import _needs
+    from purlinc.snac.kit import needs_of
 
-    return any(len(need.ranks) > 1 for need in _needs(spec))
+    return any(len(need.ranks) > 1 for need in needs_of(spec))
 
 
 @dataclass(frozen=True, slots=True)

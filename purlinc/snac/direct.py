@@ -6,9 +6,11 @@ from collections import defaultdict
 
 from purlinc.errors import PurlinError
 from purlinc.frontend.spec import Slot, Spec
-from purlinc.snac.builder import IN, OUT, STAGE, _ack, _Builder, _consume_into, _data, _from, _Msg, _names, _reg, _text
 from purlinc.snac.ir import LowerOptions, Schedule, Space, Stage
-from purlinc.snac.needs import _copy_source, _needs
+from purlinc.snac.kit import (
+    IN, OUT, STAGE, ack_signal, Builder, chunk_names, chunk_text, consume_into, copy_source, data_signal,
+    from_peer, Msg, needs_of, region,
+)
 
 
 # --------------------------------------------------------------------------------------
@@ -16,10 +18,10 @@ from purlinc.snac.needs import _copy_source, _needs
 
 
 def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
-    b = _Builder(spec, options)
+    b = Builder(spec, options)
     S, R = b.slices, b.world
     registered_out = "out" in options.registered and not spec.is_reduce
-    msgs: list[_Msg] = []
+    msgs: list[Msg] = []
     # (consumer, slot rank, slot position) as one int, (consumer * R + rank) * P + position:
     # ints sort and hash much faster than tuples, and R^2 (R-1) of them at R=72 for an
     # all-reduce; their order is the tuples' order.
@@ -28,7 +30,7 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
     local_work: list[list] = [[] for _ in range(R)]  # per rank: (srcs-fn, dst-fn)
     remote_work: list[list] = [[] for _ in range(R)]
 
-    needs = _needs(spec)
+    needs = needs_of(spec)
     # Units on each consumer in (producer, input position) order: what one producer sends
     # one consumer is contiguous there, so the datapath may move it as one block.
     wanted: set[int] = set()  # slot + consumer keys (above)
@@ -39,7 +41,7 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
                 wanted.update([(consumer * R + rank) * P + position for rank, position in sources if rank != consumer])
             continue
         for consumer, _ in need.positions:
-            slot = _copy_source(need, consumer)
+            slot = copy_source(need, consumer)
             if slot.rank != consumer:
                 wanted.add((consumer * R + slot.rank) * P + slot.position)
     packed = options.packed
@@ -63,14 +65,14 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
     texts: dict[int, str] = {}  # id(chunk) -> its text (a Chunk's hash is Python code)
     for need in needs:
         chunk = need.chunk
-        texts[id(chunk)] = _text(chunk)
+        texts[id(chunk)] = chunk_text(chunk)
         # (rank, position, where it is read on its own rank) of each source slot: plain
         # tuples, made once per need rather than once per consumer (R^3 of them at R=72).
         if spec.is_reduce:
             sources = [(slot.rank, slot.position, (IN, slot.position)) for slot in need.sources]
         for consumer, positions in need.positions:
             if not spec.is_reduce:
-                slot = _copy_source(need, consumer)
+                slot = copy_source(need, consumer)
                 sources = [(slot.rank, slot.position, (IN, slot.position))]
             srcs = []
             for rank, position, own in sources:
@@ -79,14 +81,14 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
                     continue
                 if registered_out:
                     for out in positions:
-                        msgs.append(_Msg(chunk, rank, consumer, own, (OUT, out)))
+                        msgs.append(Msg(chunk, rank, consumer, own, (OUT, out)))
                     srcs = None
                     continue
                 key = (consumer * R + rank) * P + position
                 landing = (STAGE, landed[key])
                 if key not in staged:
                     staged.add(key)
-                    msgs.append(_Msg(chunk, rank, consumer, own, landing))
+                    msgs.append(Msg(chunk, rank, consumer, own, landing))
                 srcs.append(landing)
             if srcs is None:  # landed straight in OUT
                 remote_work[consumer].append((need, positions, None))
@@ -102,7 +104,7 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
     # previous call (the reads of this copy included) has finished: the ACK is implied.
     acked = stage_edges if b.stage_copies == 1 else {e for e in stage_edges if (e[1], e[0]) not in stage_edges}
     # Indexed once, so that every loop below is linear in the schedule it writes.
-    sent_by: list[list[_Msg]] = [[] for _ in range(R)]  # producer -> its messages
+    sent_by: list[list[Msg]] = [[] for _ in range(R)]  # producer -> its messages
     chunks_on: dict[tuple[int, int], list] = defaultdict(list)  # edge -> chunks, in message order
     for m in msgs:
         sent_by[m.producer].append(m)
@@ -115,7 +117,7 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
 
     # 1. "ready": a consumer whose OUT is written by peers says so first thing.
     for producer, consumer in sorted(out_edges, key=lambda e: (e[1], e[0])):
-        b.notify(consumer, _ack(producer, consumer), f"r{consumer}.out ready for r{producer}", keys=(("ready", producer, consumer),))
+        b.notify(consumer, ack_signal(producer, consumer), f"r{consumer}.out ready for r{producer}", keys=(("ready", producer, consumer),))
     # 2. Producers make sure their targets are free: previous call consumed / this call started.
     for producer in range(R):
         for consumer in consumers_of[producer]:
@@ -128,17 +130,17 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
     def local(rank: int, s: int) -> None:
         """Slice s of the outputs made only of local inputs: no need to wait for anyone."""
         for need, positions, srcs in local_work[rank]:
-            _consume_into(b, rank, need, positions, srcs, s)
+            consume_into(b, rank, need, positions, srcs, s)
 
     def receive(consumer: int, s: int) -> None:
         """Wait for slice s from every peer, then consume it."""
         for producer in producers_of[consumer]:  # one signal per producer: one wait each
-            sig = _data(producer, consumer)
-            note = f"({_names(chunks_on[producer, consumer], texts)} {_from(sig)})"
+            sig = data_signal(producer, consumer)
+            note = f"({chunk_names(chunks_on[producer, consumer], texts)} {from_peer(sig)})"
             b.wait(consumer, ("data", producer, consumer, s), note)
         for need, positions, srcs in remote_work[consumer]:
             if srcs is not None:
-                _consume_into(b, consumer, need, positions, srcs, s)
+                consume_into(b, consumer, need, positions, srcs, s)
 
     # With several slices (and plain stages), each rank's program pipelines them: see 3.
     interleave = S > 1 and not packed
@@ -161,7 +163,7 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
         sent_to: dict[int, list] = defaultdict(list)
         for m in mine:
             sent_to[m.consumer].append(m.chunk)
-        notes = {c: f"{_names(sent_to[c], texts)} for r{c}" for c in rotated}
+        notes = {c: f"{chunk_names(sent_to[c], texts)} for r{c}" for c in rotated}
         # Per message, what every slice's stage needs (hoisted: hundreds of thousands of stages).
         rows = []
         for m in mine:
@@ -180,27 +182,27 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
             # they cover the signal's flight to the consumer.
             for s in range(S):
                 for src_space, src_unit, dst_space, consumer, dst_unit, note in rows:
-                    append(Stage(_reg(src_space, producer, src_unit, s), _reg(dst_space, consumer, dst_unit, s),
+                    append(Stage(region(src_space, producer, src_unit, s), region(dst_space, consumer, dst_unit, s),
                                  note))
                 if s < S - 1:
                     local(producer, s)
                 if s:
                     receive(producer, s - 1)
                 for consumer in rotated:
-                    b.notify(producer, _data(producer, consumer), notes[consumer], keys=(("data", producer, consumer, s),))
+                    b.notify(producer, data_signal(producer, consumer), notes[consumer], keys=(("data", producer, consumer, s),))
             local(producer, S - 1)
             receive(producer, S - 1)
             continue
         for s in range(S):
             if packed:  # the notify rides in the packets: one k per message slice
                 for src_space, src_unit, dst_space, consumer, dst_unit, note in rows:
-                    b.stage_packed(producer, _reg(src_space, producer, src_unit, s), _reg(dst_space, consumer, dst_unit, s),
-                                   _data(producer, consumer), note, keys=(("data", producer, consumer, s),))
+                    b.stage_packed(producer, region(src_space, producer, src_unit, s), region(dst_space, consumer, dst_unit, s),
+                                   data_signal(producer, consumer), note, keys=(("data", producer, consumer, s),))
                 continue
             for src_space, src_unit, dst_space, consumer, dst_unit, note in rows:  # b.stage, inlined
-                append(Stage(_reg(src_space, producer, src_unit, s), _reg(dst_space, consumer, dst_unit, s), note))
+                append(Stage(region(src_space, producer, src_unit, s), region(dst_space, consumer, dst_unit, s), note))
             for consumer in rotated:
-                b.notify(producer, _data(producer, consumer), notes[consumer], keys=(("data", producer, consumer, s),))
+                b.notify(producer, data_signal(producer, consumer), notes[consumer], keys=(("data", producer, consumer, s),))
     if not interleave:
         # 4. Outputs made only of local inputs: no need to wait for anyone.
         for rank in range(R):
@@ -214,21 +216,21 @@ def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
     for consumer in range(R):
         for producer in producers_of[consumer]:
             if (producer, consumer) in acked:
-                b.notify(consumer, _ack(producer, consumer), f"consumed r{producer}'s data", keys=(("ack", producer, consumer),))
+                b.notify(consumer, ack_signal(producer, consumer), f"consumed r{producer}'s data", keys=(("ack", producer, consumer),))
     return b.build()
 
 
 def _direct_pull(spec: Spec, options: LowerOptions) -> Schedule:
-    b = _Builder(spec, options)
+    b = Builder(spec, options)
     S, R = b.slices, b.world
     registered_in = "in" in options.registered
     exposed: dict[Slot, tuple[Space, int]] = {}  # slot -> where its producer exposes it
     readers: dict[Slot, dict[int, None]] = defaultdict(dict)  # slot -> its reading consumers (ordered set)
     work: list[list] = [[] for _ in range(R)]  # (need, positions, srcs: ((space, rank, unit), ...))
 
-    for need in _needs(spec):
+    for need in needs_of(spec):
         for consumer, positions in need.positions:
-            slots = need.sources if spec.is_reduce else (_copy_source(need, consumer),)
+            slots = need.sources if spec.is_reduce else (copy_source(need, consumer),)
             srcs = []
             for slot in slots:
                 if slot.rank == consumer:
@@ -263,33 +265,33 @@ def _direct_pull(spec: Spec, options: LowerOptions) -> Schedule:
     # 2. Expose (local copy into STAGE unless IN is registered), then tell every reader.
     for producer in range(R):
         consumers = consumers_of[producer]
-        notes = {c: f"{_names(readable[producer, c])} readable by r{c}" for c in consumers}
+        notes = {c: f"{chunk_names(readable[producer, c])} readable by r{c}" for c in consumers}
         for s in range(S if not registered_in else 1):
             if not registered_in:
                 for slot in exposed_by[producer]:
                     unit = exposed[slot][1]
-                    b.stage(producer, _reg(IN, producer, slot.position, s), _reg(STAGE, producer, unit, s), f"{_text(chunk_of[slot])} for readers")
+                    b.stage(producer, region(IN, producer, slot.position, s), region(STAGE, producer, unit, s), f"{chunk_text(chunk_of[slot])} for readers")
             for consumer in consumers:
                 slices = range(S) if registered_in else (s,)
-                b.notify(producer, _data(producer, consumer), notes[consumer],
+                b.notify(producer, data_signal(producer, consumer), notes[consumer],
                          keys=tuple(("data", producer, consumer, t) for t in slices))
     # 3. Outputs made only of local inputs.
     for rank in range(R):
         for s in range(S):
             for need, positions, srcs in work[rank]:
                 if all(r == rank for _, r, _ in srcs):
-                    _consume_into(b, rank, need, positions, [(sp, u) for sp, _, u in srcs], s)
+                    consume_into(b, rank, need, positions, [(sp, u) for sp, _, u in srcs], s)
     # 4. Wait for each producer, read its slice remotely.
     for consumer in range(R):
         producers = producers_of[consumer]
         for s in range(S):
-            b.wait_all(consumer, [("data", p, consumer, s) for p in producers], lambda sig: f"({_from(sig)})")
+            b.wait_all(consumer, [("data", p, consumer, s) for p in producers], lambda sig: f"({from_peer(sig)})")
             for need, positions, srcs in work[consumer]:
                 if any(r != consumer for _, r, _ in srcs):
-                    _consume_into(b, consumer, need, positions, [(sp, u) for sp, _, u in srcs], s,
+                    consume_into(b, consumer, need, positions, [(sp, u) for sp, _, u in srcs], s,
                                   src_rank=[r for _, r, _ in srcs])
         for producer in producers:
-            b.notify(consumer, _ack(producer, consumer), f"done reading r{producer}", keys=(("ack", producer, consumer),))
+            b.notify(consumer, ack_signal(producer, consumer), f"done reading r{producer}", keys=(("ack", producer, consumer),))
     # 5. With registered inputs the caller may rewrite IN once we return: wait for every reader.
     if registered_in:
         for producer, consumer in edges:

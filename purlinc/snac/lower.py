@@ -41,7 +41,7 @@ from purlinc.frontend.spec import Spec
 from purlinc.snac.direct import _direct_pull, _direct_push
 from purlinc.snac.gcpause import gc_paused
 from purlinc.snac.ir import Algorithm, LowerOptions, Schedule
-from purlinc.snac.needs import _needs
+from purlinc.snac.kit import needs_of
 from purlinc.snac.ring import _ring
 from purlinc.snac.two_shot import _two_shot
 
@@ -91,7 +91,7 @@ def lower(spec: Spec, options: LowerOptions) -> Schedule:
 
 def applicable_algorithms(spec: Spec) -> tuple[Algorithm, ...]:
     algorithms = [Algorithm.DIRECT_PUSH, Algorithm.DIRECT_PULL]
-    if spec.is_reduce and any(len(need.ranks) > 1 for need in _needs(spec)):
+    if spec.is_reduce and any(len(need.ranks) > 1 for need in needs_of(spec)):
         algorithms.append(Algorithm.TWO_SHOT)
     algorithms.append(Algorithm.RING)
     return tuple(algorithms)

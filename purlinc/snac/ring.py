@@ -9,9 +9,11 @@ from operator import attrgetter
 from purlinc.errors import PurlinError
 from purlinc.frontend.ast import Operation
 from purlinc.frontend.spec import Chunk, Spec
-from purlinc.snac.builder import IN, OUT, STAGE, _ack, _Builder, _consume_into, _data, _names, _Ref, _reg, _text, _TNotify, _TWait
 from purlinc.snac.ir import Consume, LowerOptions, Schedule, Stage
-from purlinc.snac.needs import _copy_source, _Need, _needs, _owners
+from purlinc.snac.kit import (
+    IN, OUT, STAGE, ack_signal, Builder, chunk_names, chunk_text, consume_into, copy_source, data_signal, Need,
+    needs_of, Ref, region, round_robin_owners, TNotify, TWait,
+)
 
 
 # --------------------------------------------------------------------------------------
@@ -39,11 +41,11 @@ def _ring_hops(spec: Spec, options: LowerOptions):
     R = spec.world_size
     registered_out = "out" in options.registered
     hops: list[_Hop] = []
-    local: list[tuple[int, _Need, tuple, tuple[int, ...]]] = []
-    needs = _needs(spec)
-    owners = _owners(needs)
+    local: list[tuple[int, Need, tuple, tuple[int, ...]]] = []
+    needs = needs_of(spec)
+    owners = round_robin_owners(needs)
 
-    def travel(need: _Need, start: int, first_step: int, where, consumers: set[int]) -> None:
+    def travel(need: Need, start: int, first_step: int, where, consumers: set[int]) -> None:
         """Carry ``where`` (on ``start``) forward until every rank in ``consumers`` has it."""
         if not consumers:
             return
@@ -68,7 +70,7 @@ def _ring_hops(spec: Spec, options: LowerOptions):
         if not spec.is_reduce:
             remote = set()
             for rank, positions in need.positions:
-                slot = _copy_source(need, rank)
+                slot = copy_source(need, rank)
                 if slot.rank == rank:
                     local.append((rank, need, ((IN, slot.position),), positions))
                 else:
@@ -143,7 +145,7 @@ def _assign_slots(spec: Spec, options: LowerOptions, hops: list[_Hop]) -> dict[t
 
 
 def _ring(spec: Spec, options: LowerOptions) -> Schedule:
-    b = _Builder(spec, options)
+    b = Builder(spec, options)
     S, R = b.slices, b.world
     hops, local = _ring_hops(spec, options)
     edges = _assign_slots(spec, options, hops)
@@ -160,10 +162,10 @@ def _ring(spec: Spec, options: LowerOptions) -> Schedule:
     def ack(hop: _Hop) -> None:  # b.notify, inlined: one per hop landing in STAGE
         sig = ack_sig.get((hop.sender, hop.receiver))
         if sig is None:
-            sig = ack_sig[hop.sender, hop.receiver] = _ack(hop.sender, hop.receiver)
+            sig = ack_sig[hop.sender, hop.receiver] = ack_signal(hop.sender, hop.receiver)
         k = counts[sig] = counts[sig] + 1
         steps_of[hop.receiver].append(
-            _TNotify(sig, k, f"done with {_text(hop.chunk)} (r{hop.receiver}.stage[{hop.unit}])"))
+            TNotify(sig, k, f"done with {chunk_text(hop.chunk)} (r{hop.receiver}.stage[{hop.unit}])"))
         recorded[hop.id] = (sig, k)
 
     slots = options.slots
@@ -172,19 +174,19 @@ def _ring(spec: Spec, options: LowerOptions) -> Schedule:
         count = len(msgs)
         for j, hop in enumerate(msgs):
             if slots is not None and j >= slots:
-                slot_ref[hop.id] = (_Ref(msgs[j - slots].id, False), f"r{hop.receiver}.stage[{hop.unit}] free again")
+                slot_ref[hop.id] = (Ref(msgs[j - slots].id, False), f"r{hop.receiver}.stage[{hop.unit}] free again")
                 continue
             last = j if slots is None else j + (count - 1 - j) // slots * slots  # the last message on this unit
-            slot_ref[hop.id] = (_Ref(msgs[last].id, True), f"r{hop.receiver}.stage[{hop.unit}] free (read last call)")
+            slot_ref[hop.id] = (Ref(msgs[last].id, True), f"r{hop.receiver}.stage[{hop.unit}] free (read last call)")
 
     # A receiver whose OUT peers write into says so first.
     out_edges = sorted({(h.sender, h.receiver) for h in hops if h.to_out is not None})
     for sender, receiver in out_edges:
-        b.notify(receiver, _ack(sender, receiver), f"r{receiver}.out ready for r{sender}", keys=(("ready", sender, receiver),))
+        b.notify(receiver, ack_signal(sender, receiver), f"r{receiver}.out ready for r{sender}", keys=(("ready", sender, receiver),))
     ready_waited: set[tuple[int, int]] = set()
     for rank, need, srcs, positions in local:
         for s in range(S):
-            _consume_into(b, rank, need, positions, srcs, s)
+            consume_into(b, rank, need, positions, srcs, s)
 
     # Per hop, once: its sources and destination as (space, rank, unit), its stage's note.
     where_of = [tuple((STAGE, h.sender, by_id[w[1]].unit) if w[0] == "hop" else (w[0], h.sender, w[1]) for w in h.srcs)
@@ -218,40 +220,40 @@ def _ring(spec: Spec, options: LowerOptions) -> Schedule:
                 if hop.to_out is None:
                     if s == 0:
                         ref, note = slot_ref[hop.id]
-                        append(_TWait(ref, note))
+                        append(TWait(ref, note))
                 elif (rank, hop.receiver) not in ready_waited:
                     ready_waited.add((rank, hop.receiver))
                     b.wait(rank, ("ready", rank, hop.receiver), f"r{hop.receiver}.out ready")
                 dst = dst_of[hop.id]
-                dst = _reg(dst[0], dst[1], dst[2], s)
+                dst = region(dst[0], dst[1], dst[2], s)
                 wheres = where_of[hop.id]
                 if len(wheres) == 1:
                     src = wheres[0]
-                    append(Stage(_reg(src[0], src[1], src[2], s), dst, f"{_text(hop.chunk)} for r{hop.receiver}"))
+                    append(Stage(region(src[0], src[1], src[2], s), dst, f"{chunk_text(hop.chunk)} for r{hop.receiver}"))
                 else:
-                    srcs = tuple([_reg(space, r, unit, s) for space, r, unit in wheres])
-                    append(Consume(Operation.REDUCE, srcs, dst, f"partial {_text(hop.chunk)} for r{hop.receiver}"))
+                    srcs = tuple([region(space, r, unit, s) for space, r, unit in wheres])
+                    append(Consume(Operation.REDUCE, srcs, dst, f"partial {chunk_text(hop.chunk)} for r{hop.receiver}"))
                 if s == S - 1:
                     for where in hop.srcs:
                         if where[0] == "hop":
                             ack(by_id[where[1]])
             receiver = sent[0][0].receiver
-            text = _names([h.chunk for h, _ in sent])
+            text = chunk_names([h.chunk for h, _ in sent])
             names[receiver] = (rank, text, sent)
-            b.notify(rank, _data(rank, receiver), f"{text} for r{receiver}", keys=(-1 - (w * R + rank),))
+            b.notify(rank, data_signal(rank, receiver), f"{text} for r{receiver}", keys=(-1 - (w * R + rank),))
         for rank in sorted(names):
             sender, text, got = names[rank]
             # b.wait_all of the data keys of every hop received: they all name this notify.
-            steps_of[rank].append(_TWait(_Ref(-1 - (w * R + sender), False), f"({text} from r{sender})"))
+            steps_of[rank].append(TWait(Ref(-1 - (w * R + sender), False), f"({text} from r{sender})"))
             for hop, s in got:
                 for srcs, position in hop.receipt:
-                    regions = tuple([_reg(STAGE, rank, by_id[where[1]].unit, s) if where[0] == "hop"
-                                     else _reg(where[0], rank, where[1], s) for where in srcs])
+                    regions = tuple([region(STAGE, rank, by_id[where[1]].unit, s) if where[0] == "hop"
+                                     else region(where[0], rank, where[1], s) for where in srcs])
                     line = lines.get((rank, position), lines)
                     if line is lines:
                         line = lines[rank, position] = output_line(rank, position)
                     operation = Operation.REDUCE if len(regions) > 1 else Operation.COPY
-                    steps_of[rank].append(Consume(operation, regions, _reg(OUT, rank, position, s), _text(hop.chunk), line))
+                    steps_of[rank].append(Consume(operation, regions, region(OUT, rank, position, s), chunk_text(hop.chunk), line))
                 if s == S - 1 and hop.to_out is None and not hop.read_later:
                     ack(hop)
     return b.build()

@@ -6,13 +6,15 @@ from collections import defaultdict
 
 from purlinc.errors import PurlinError
 from purlinc.frontend.spec import Chunk, Spec
-from purlinc.snac.builder import IN, OUT, STAGE, _ack, _Builder, _consume_into, _data, _from, _Msg, _names, _reg, _text
 from purlinc.snac.ir import LowerOptions, Schedule
-from purlinc.snac.needs import _needs, _owners
+from purlinc.snac.kit import (
+    IN, OUT, STAGE, ack_signal, Builder, chunk_names, chunk_text, consume_into, data_signal, from_peer, Msg,
+    needs_of, region, round_robin_owners,
+)
 
 
 def _two_shot(spec: Spec, options: LowerOptions) -> Schedule:
-    needs = _needs(spec)
+    needs = needs_of(spec)
     if not spec.is_reduce:
         raise PurlinError(f"two-shot applies to reductions only; {spec.name} is a copy collective (use direct-push, direct-pull or ring)")
     if not any(len(need.ranks) > 1 for need in needs):
@@ -20,12 +22,12 @@ def _two_shot(spec: Spec, options: LowerOptions) -> Schedule:
             f"two-shot needs an output chunk that several ranks receive (as in allreduce); in {spec.name} "
             f"for R={spec.world_size} every chunk goes to one rank, so two-shot would be exactly direct-push: use that"
         )
-    b = _Builder(spec, options)
+    b = Builder(spec, options)
     S, R = b.slices, b.world
     registered_out = "out" in options.registered
-    owners = _owners(needs)
-    phase1: list[_Msg] = []  # contributions -> owner's STAGE
-    phase2: list[_Msg] = []  # owner's OUT -> other ranks
+    owners = round_robin_owners(needs)
+    phase1: list[Msg] = []  # contributions -> owner's STAGE
+    phase2: list[Msg] = []  # owner's OUT -> other ranks
     reduce_at: dict[Chunk, tuple] = {}  # chunk -> srcs on the owner
     copies: list[list] = [[] for _ in range(R)]  # (need, positions, unit or None)
     for need in needs:
@@ -36,7 +38,7 @@ def _two_shot(spec: Spec, options: LowerOptions) -> Schedule:
                 srcs.append((IN, slot.position))
             else:
                 unit = b.unit(owner)
-                phase1.append(_Msg(need.chunk, slot.rank, owner, (IN, slot.position), (STAGE, unit)))
+                phase1.append(Msg(need.chunk, slot.rank, owner, (IN, slot.position), (STAGE, unit)))
                 srcs.append((STAGE, unit))
         reduce_at[need.chunk] = tuple(srcs)
         first = need.at(owner)[0]
@@ -44,11 +46,11 @@ def _two_shot(spec: Spec, options: LowerOptions) -> Schedule:
             if consumer == owner:
                 continue
             if registered_out:
-                phase2.append(_Msg(need.chunk, owner, consumer, (OUT, first), (OUT, positions[0])))
+                phase2.append(Msg(need.chunk, owner, consumer, (OUT, first), (OUT, positions[0])))
                 copies[consumer].append((need, positions, None))
             else:
                 unit = b.unit(consumer)
-                phase2.append(_Msg(need.chunk, owner, consumer, (OUT, first), (STAGE, unit)))
+                phase2.append(Msg(need.chunk, owner, consumer, (OUT, first), (STAGE, unit)))
                 copies[consumer].append((need, positions, unit))
 
     def edges_of(msgs):
@@ -85,7 +87,7 @@ def _two_shot(spec: Spec, options: LowerOptions) -> Schedule:
     chunks1, chunks2 = chunks_by_edge(phase1), chunks_by_edge(phase2)
     if registered_out:
         for producer, consumer in e2:
-            b.notify(consumer, _ack(producer, consumer), f"r{consumer}.out ready for r{producer}", keys=(("ready", producer, consumer),))
+            b.notify(consumer, ack_signal(producer, consumer), f"r{consumer}.out ready for r{producer}", keys=(("ready", producer, consumer),))
     for rank in range(R):
         for consumer in to1[rank]:
             b.wait(rank, ("ack1", rank, consumer), f"r{consumer} done with last call's contributions", previous=True)
@@ -98,17 +100,17 @@ def _two_shot(spec: Spec, options: LowerOptions) -> Schedule:
     def push(msgs, targets, chunks, phase):
         what = "contribution to" if phase == 1 else "result for"
         for producer, mine in enumerate(sent_by(msgs)):
-            notes = {c: f"{_names(chunks[producer, c])} for r{c}" for c in targets[producer]}
+            notes = {c: f"{chunk_names(chunks[producer, c])} for r{c}" for c in targets[producer]}
             for s in range(S):
                 for m in mine:
-                    b.stage(producer, _reg(m.src[0], producer, m.src[1], s), _reg(m.dst[0], m.consumer, m.dst[1], s),
-                            f"{_text(m.chunk)} {what} r{m.consumer}")
+                    b.stage(producer, region(m.src[0], producer, m.src[1], s), region(m.dst[0], m.consumer, m.dst[1], s),
+                            f"{chunk_text(m.chunk)} {what} r{m.consumer}")
                 for consumer in targets[producer]:
-                    b.notify(producer, _data(producer, consumer), notes[consumer], keys=((f"data{phase}", producer, consumer, s),))
+                    b.notify(producer, data_signal(producer, consumer), notes[consumer], keys=((f"data{phase}", producer, consumer, s),))
 
     def waits(rank, sources, chunks, phase, s):
         b.wait_all(rank, [(f"data{phase}", p, rank, s) for p in sources[rank]],
-                   lambda sig: f"({_names(chunks[sig.peer, rank])} {_from(sig)})")
+                   lambda sig: f"({chunk_names(chunks[sig.peer, rank])} {from_peer(sig)})")
 
     # Phase 1: reduce-scatter to the owners.
     push(phase1, to1, chunks1, 1)
@@ -120,9 +122,9 @@ def _two_shot(spec: Spec, options: LowerOptions) -> Schedule:
         for s in range(S):
             waits(rank, from1, chunks1, 1, s)
             for need in mine:
-                _consume_into(b, rank, need, need.at(rank), reduce_at[need.chunk], s)
+                consume_into(b, rank, need, need.at(rank), reduce_at[need.chunk], s)
         for producer in from1[rank]:
-            b.notify(rank, _ack(producer, rank), f"reduced r{producer}'s contributions", keys=(("ack1", producer, rank),))
+            b.notify(rank, ack_signal(producer, rank), f"reduced r{producer}'s contributions", keys=(("ack1", producer, rank),))
     # Phase 2: all-gather from the owners.
     push(phase2, to2, chunks2, 2)
     for rank in range(R):
@@ -131,9 +133,9 @@ def _two_shot(spec: Spec, options: LowerOptions) -> Schedule:
             for need, positions, unit in copies[rank]:
                 if unit is None:
                     for position in positions[1:]:
-                        b.consume(rank, (_reg(OUT, rank, positions[0], s),), _reg(OUT, rank, position, s), need.chunk, position)
+                        b.consume(rank, (region(OUT, rank, positions[0], s),), region(OUT, rank, position, s), need.chunk, position)
                 else:
-                    _consume_into(b, rank, need, positions, ((STAGE, unit),), s)
+                    consume_into(b, rank, need, positions, ((STAGE, unit),), s)
         for producer in from_stage2[rank]:
-            b.notify(rank, _ack(producer, rank), f"copied r{producer}'s results", keys=(("ack2", producer, rank),))
+            b.notify(rank, ack_signal(producer, rank), f"copied r{producer}'s results", keys=(("ack2", producer, rank),))
     return b.build()

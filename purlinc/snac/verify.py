@@ -698,7 +698,7 @@ def _access_table(programs) -> tuple[list, list, dict]:
     below indexes lists instead of hashing a Region per access and call."""
     ids: dict[Region, int] = {}
     regions: list[Region] = []
-    # Lowerings share one Region object per place (``builder._reg``): look objects up by
+    # Lowerings share one Region object per place (``kit.region``): look objects up by
     # identity first (an int hashed in C; a Region's hash is Python code), by value on a miss,
     # so equal regions that are distinct objects still get one number.  The schedule keeps
     # every object alive, so no id is reused while this table lives.
