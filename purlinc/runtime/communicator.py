@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from purlinc import settings
-from purlinc.runtime.bootstrap import open_heap
+from purlinc.runtime import bootstrap
 from purlinc.runtime.errors import MismatchError, PurlinTimeoutError
 from purlinc.runtime.heap import SymmetricHeap
 
@@ -133,7 +133,7 @@ class Communicator:
         holder: list = []
         exchange = _reporting(Exchange(store_for(pg, timeout=bound), rank, world), rank, bound, holder)
         torch.cuda.init()
-        comm = open_heap(cls, rank, world, torch.cuda.current_device(), exchange, heap_bytes)
+        comm = bootstrap.open_heap(cls, rank, world, torch.cuda.current_device(), exchange, heap_bytes)
         holder.append(comm)
         # zero-copy agreement checks: the ranks are all in the same call, so a short bound
         comm._check_exchange = Exchange(store_for(pg, timeout=_CHECK_TIMEOUT_S), rank, world)
@@ -177,7 +177,7 @@ class Communicator:
         from purlinc.runtime.rendezvous import Exchange
 
         exchange = Exchange(store, rank, world_size, timeout=timeout)
-        return open_heap(cls, rank, world_size, rank if device is None else device, exchange, heap_bytes)
+        return bootstrap.open_heap(cls, rank, world_size, rank if device is None else device, exchange, heap_bytes)
 
     @classmethod
     def from_env(cls, *, device: int | None = None, heap_bytes: int | None = None,

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from purlinc.dtypes import ReduceOp
 from purlinc.errors import PurlinError
 from purlinc.frontend.ast import Operation
-from purlinc.runtime.bootstrap import open_heap
+from purlinc.runtime import bootstrap
 from purlinc.runtime.collective import prepare_options
 from purlinc.runtime.communicator import Communicator
 from purlinc.runtime.options import LoadOptions
@@ -416,7 +416,7 @@ def load_hierarchical(path_or_source, gpus_per_node: int | None = None, options:
     exchange = Exchange(store, local, t.gpus_per_node, prefix=f"purlin-hier/{serial}/node{node}")
     world_exchange = Exchange(store, rank, R, prefix=f"purlin-hier/{serial}/world")
     driver.set_current(device)
-    node_comm = open_heap(Communicator, local, t.gpus_per_node, device, exchange, heap_bytes)
+    node_comm = bootstrap.open_heap(Communicator, local, t.gpus_per_node, device, exchange, heap_bytes)
     # One pinned schedule per phase (not the per-size tuned set): each phase then compiles one
     # kernel per (dtype, op), and the plan's phases stay the proved ones.
     phase_options = LoadOptions(algorithm=algorithm, arch=options.arch).on_device(device)

@@ -145,62 +145,82 @@ def _assign_slots(spec: Spec, options: LowerOptions, hops: list[_Hop]) -> dict[t
 
 
 def _ring(spec: Spec, options: LowerOptions) -> Schedule:
+    """Every chunk hops rank to rank through staging, pipelined by slice.  Steps: list the
+    hops, allocate the staging units per edge (slots), derive each hop's slot wait, then emit
+    the programs wavefront by wavefront."""
     b = Builder(spec, options)
-    S, R = b.slices, b.world
     hops, local = _ring_hops(spec, options)
     edges = _assign_slots(spec, options, hops)
     for msgs in edges.values():
         receiver = msgs[0].receiver
         b.units[receiver] = max(b.units[receiver], max(h.unit for h in msgs) + 1)
-    by_id = hops  # hop ids are their positions in ``hops``
-
-    # Keys of the builder's notifies: a hop's ack under its id (an int: hashed in C), the
-    # data notify of a sender at wavefront w under -1 - (w * R + sender); "ready" as tuples.
-    counts, recorded, steps_of = b.counts, b.recorded, b.steps
-    ack_sig = {}  # (sender, receiver) -> its ACK signal (one tuple per edge, not per hop)
-
-    def ack(hop: _Hop) -> None:  # b.notify, inlined: one per hop landing in STAGE
-        sig = ack_sig.get((hop.sender, hop.receiver))
-        if sig is None:
-            sig = ack_sig[hop.sender, hop.receiver] = ack_signal(hop.sender, hop.receiver)
-        k = counts[sig] = counts[sig] + 1
-        steps_of[hop.receiver].append(
-            TNotify(sig, k, f"done with {chunk_text(hop.chunk)} (r{hop.receiver}.stage[{hop.unit}])"))
-        recorded[hop.id] = (sig, k)
-
-    slots = options.slots
-    slot_ref: list = [None] * len(hops)  # hop id -> (wait ref, note) of its slot wait
-    for msgs in edges.values():
-        count = len(msgs)
-        for j, hop in enumerate(msgs):
-            if slots is not None and j >= slots:
-                slot_ref[hop.id] = (Ref(msgs[j - slots].id, False), f"r{hop.receiver}.stage[{hop.unit}] free again")
-                continue
-            last = j if slots is None else j + (count - 1 - j) // slots * slots  # the last message on this unit
-            slot_ref[hop.id] = (Ref(msgs[last].id, True), f"r{hop.receiver}.stage[{hop.unit}] free (read last call)")
-
-    # A receiver whose OUT peers write into says so first.
-    out_edges = sorted({(h.sender, h.receiver) for h in hops if h.to_out is not None})
-    for sender, receiver in out_edges:
-        b.notify(receiver, ack_signal(sender, receiver), f"r{receiver}.out ready for r{sender}", keys=(("ready", sender, receiver),))
-    ready_waited: set[tuple[int, int]] = set()
-    for rank, need, srcs, positions in local:
-        for s in range(S):
-            consume_into(b, rank, need, positions, srcs, s)
-
-    # Per hop, once: its sources and destination as (space, rank, unit), its stage's note.
-    where_of = [tuple((STAGE, h.sender, by_id[w[1]].unit) if w[0] == "hop" else (w[0], h.sender, w[1]) for w in h.srcs)
-                for h in hops]
-    dst_of = [(OUT, h.receiver, h.to_out) if h.to_out is not None else (STAGE, h.receiver, h.unit) for h in hops]
-    lines: dict = {}  # (rank, OUT position) -> its .pln line
-    output_line = spec.output_line
-
+    emit = _RingEmit(b, hops, _slot_waits(edges, options.slots, len(hops)))
+    emit.prologue(local)
     steps = max((h.step for h in hops), default=-1) + 1
     at_step: dict[int, list[_Hop]] = defaultdict(list)
     for hop in hops:
         at_step[hop.step].append(hop)
-    for w in range(steps + S - 1):
-        # The hops in flight at wavefront w (slice w - step of each), in hop order.
+    for w in range(steps + b.slices - 1):
+        emit.wavefront(w, at_step)
+    return b.build()
+
+
+def _slot_waits(edges: dict, slots: int | None, count: int) -> list:
+    """Hop id -> (wait ref, note) of its slot wait: the unit freed by the message that used it
+    before (this call), or by its last user of the previous call."""
+    slot_ref: list = [None] * count
+    for msgs in edges.values():
+        n = len(msgs)
+        for j, hop in enumerate(msgs):
+            if slots is not None and j >= slots:
+                slot_ref[hop.id] = (Ref(msgs[j - slots].id, False), f"r{hop.receiver}.stage[{hop.unit}] free again")
+                continue
+            last = j if slots is None else j + (n - 1 - j) // slots * slots  # the last message on this unit
+            slot_ref[hop.id] = (Ref(msgs[last].id, True), f"r{hop.receiver}.stage[{hop.unit}] free (read last call)")
+    return slot_ref
+
+
+class _RingEmit:
+    """Writes the ring's programs into the builder.  Keys of its notifies: a hop's ack under
+    its id (an int: hashed in C), the data notify of a sender at wavefront w under
+    -1 - (w * R + sender); "ready" as tuples."""
+
+    def __init__(self, b: Builder, hops: list[_Hop], slot_ref: list):
+        self.b, self.hops, self.slot_ref = b, hops, slot_ref  # hop ids are their positions in ``hops``
+        self.ack_sig: dict = {}  # (sender, receiver) -> its ACK signal (one tuple per edge, not per hop)
+        self.ready_waited: set[tuple[int, int]] = set()
+        self.lines: dict = {}  # (rank, OUT position) -> its .pln line
+        # Per hop, once: its sources and destination as (space, rank, unit).
+        self.where_of = [tuple((STAGE, h.sender, hops[w[1]].unit) if w[0] == "hop" else (w[0], h.sender, w[1])
+                               for w in h.srcs) for h in hops]
+        self.dst_of = [(OUT, h.receiver, h.to_out) if h.to_out is not None else (STAGE, h.receiver, h.unit)
+                       for h in hops]
+
+    def prologue(self, local) -> None:
+        """A receiver whose OUT peers write into says so first; then the purely local consumes."""
+        b = self.b
+        for sender, receiver in sorted({(h.sender, h.receiver) for h in self.hops if h.to_out is not None}):
+            b.notify(receiver, ack_signal(sender, receiver), f"r{receiver}.out ready for r{sender}",
+                     keys=(("ready", sender, receiver),))
+        for rank, need, srcs, positions in local:
+            for s in range(b.slices):
+                consume_into(b, rank, need, positions, srcs, s)
+
+    def ack(self, hop: _Hop) -> None:
+        """b.notify, inlined: one per hop landing in STAGE."""
+        b = self.b
+        sig = self.ack_sig.get((hop.sender, hop.receiver))
+        if sig is None:
+            sig = self.ack_sig[hop.sender, hop.receiver] = ack_signal(hop.sender, hop.receiver)
+        k = b.counts[sig] = b.counts[sig] + 1
+        b.steps[hop.receiver].append(
+            TNotify(sig, k, f"done with {chunk_text(hop.chunk)} (r{hop.receiver}.stage[{hop.unit}])"))
+        b.recorded[hop.id] = (sig, k)
+
+    def wavefront(self, w: int, at_step: dict) -> None:
+        """The hops in flight at wavefront w (slice w - step of each), in hop order: each sender
+        sends and notifies, then each receiver waits and consumes."""
+        S = self.b.slices
         if S == 1:
             batch = [(h, 0) for h in at_step.get(w, ())]  # at_step lists are in hop order already
         else:
@@ -214,46 +234,56 @@ def _ring(spec: Spec, options: LowerOptions) -> Schedule:
         names: dict[int, tuple] = {}  # receiver -> (sender, chunk names, what it got)
         for rank in sorted(sending):
             sent = sending[rank]
-            steps_r = steps_of[rank]
-            append = steps_r.append
-            for hop, s in sent:
-                if hop.to_out is None:
-                    if s == 0:
-                        ref, note = slot_ref[hop.id]
-                        append(TWait(ref, note))
-                elif (rank, hop.receiver) not in ready_waited:
-                    ready_waited.add((rank, hop.receiver))
-                    b.wait(rank, ("ready", rank, hop.receiver), f"r{hop.receiver}.out ready")
-                dst = dst_of[hop.id]
-                dst = region(dst[0], dst[1], dst[2], s)
-                wheres = where_of[hop.id]
-                if len(wheres) == 1:
-                    src = wheres[0]
-                    append(Stage(region(src[0], src[1], src[2], s), dst, f"{chunk_text(hop.chunk)} for r{hop.receiver}"))
-                else:
-                    srcs = tuple([region(space, r, unit, s) for space, r, unit in wheres])
-                    append(Consume(Operation.REDUCE, srcs, dst, f"partial {chunk_text(hop.chunk)} for r{hop.receiver}"))
-                if s == S - 1:
-                    for where in hop.srcs:
-                        if where[0] == "hop":
-                            ack(by_id[where[1]])
             receiver = sent[0][0].receiver
-            text = chunk_names([h.chunk for h, _ in sent])
+            text = self.send(rank, sent, w)
             names[receiver] = (rank, text, sent)
-            b.notify(rank, data_signal(rank, receiver), f"{text} for r{receiver}", keys=(-1 - (w * R + rank),))
         for rank in sorted(names):
-            sender, text, got = names[rank]
-            # b.wait_all of the data keys of every hop received: they all name this notify.
-            steps_of[rank].append(TWait(Ref(-1 - (w * R + sender), False), f"({text} from r{sender})"))
-            for hop, s in got:
-                for srcs, position in hop.receipt:
-                    regions = tuple([region(STAGE, rank, by_id[where[1]].unit, s) if where[0] == "hop"
-                                     else region(where[0], rank, where[1], s) for where in srcs])
-                    line = lines.get((rank, position), lines)
-                    if line is lines:
-                        line = lines[rank, position] = output_line(rank, position)
-                    operation = Operation.REDUCE if len(regions) > 1 else Operation.COPY
-                    steps_of[rank].append(Consume(operation, regions, region(OUT, rank, position, s), chunk_text(hop.chunk), line))
-                if s == S - 1 and hop.to_out is None and not hop.read_later:
-                    ack(hop)
-    return b.build()
+            self.receive(rank, *names[rank], w)
+
+    def send(self, rank: int, sent: list, w: int) -> str:
+        """Rank's stages (or partial reductions) of wavefront w, then its data notify."""
+        b, S = self.b, self.b.slices
+        append = b.steps[rank].append
+        for hop, s in sent:
+            if hop.to_out is None:
+                if s == 0:
+                    ref, note = self.slot_ref[hop.id]
+                    append(TWait(ref, note))
+            elif (rank, hop.receiver) not in self.ready_waited:
+                self.ready_waited.add((rank, hop.receiver))
+                b.wait(rank, ("ready", rank, hop.receiver), f"r{hop.receiver}.out ready")
+            dst = self.dst_of[hop.id]
+            dst = region(dst[0], dst[1], dst[2], s)
+            wheres = self.where_of[hop.id]
+            if len(wheres) == 1:
+                src = wheres[0]
+                append(Stage(region(src[0], src[1], src[2], s), dst, f"{chunk_text(hop.chunk)} for r{hop.receiver}"))
+            else:
+                srcs = tuple([region(space, r, unit, s) for space, r, unit in wheres])
+                append(Consume(Operation.REDUCE, srcs, dst, f"partial {chunk_text(hop.chunk)} for r{hop.receiver}"))
+            if s == S - 1:
+                for where in hop.srcs:
+                    if where[0] == "hop":
+                        self.ack(self.hops[where[1]])
+        receiver = sent[0][0].receiver
+        text = chunk_names([h.chunk for h, _ in sent])
+        b.notify(rank, data_signal(rank, receiver), f"{text} for r{receiver}", keys=(-1 - (w * b.world + rank),))
+        return text
+
+    def receive(self, rank: int, sender: int, text: str, got: list, w: int) -> None:
+        """b.wait_all of the data keys of every hop received (they all name one notify), then
+        the consumes into OUT, and the ACK of each unit no later hop reads."""
+        b, S, hops, lines = self.b, self.b.slices, self.hops, self.lines
+        steps = b.steps[rank]
+        steps.append(TWait(Ref(-1 - (w * b.world + sender), False), f"({text} from r{sender})"))
+        for hop, s in got:
+            for srcs, position in hop.receipt:
+                regions = tuple([region(STAGE, rank, hops[where[1]].unit, s) if where[0] == "hop"
+                                 else region(where[0], rank, where[1], s) for where in srcs])
+                line = lines.get((rank, position), lines)
+                if line is lines:
+                    line = lines[rank, position] = b.spec.output_line(rank, position)
+                operation = Operation.REDUCE if len(regions) > 1 else Operation.COPY
+                steps.append(Consume(operation, regions, region(OUT, rank, position, s), chunk_text(hop.chunk), line))
+            if s == S - 1 and hop.to_out is None and not hop.read_later:
+                self.ack(hop)
