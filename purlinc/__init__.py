@@ -1,7 +1,8 @@
 """Purlin: GPU collectives compiled from a small spec language.
 
 Pipeline: ``.pln -> ast -> spec -> snac -> cu -> cubin``.  The public entry points are
-:func:`purlinc.compile` (no GPU needed) and :func:`purlinc.load` (runtime, needs GPUs).
+:func:`purlinc.pipeline.compile` (no GPU needed) and :func:`purlinc.load` (runtime, needs GPUs);
+docs/API.md lists the rest.
 """
 
 from purlinc.errors import PurlinError

@@ -131,6 +131,9 @@ class Atom:
     # the epoch on the device; a host-driven atom fixes its addresses when a call is issued
     # (and a CUDA graph replays them), so it has one.
     stage_copies: int = 2
+    # Runs zero-copy (registered) schedules, whose steps read and write peers' caller buffers:
+    # the runtime then loads a registered twin beside the staged schedule (runtime/zerocopy.py).
+    registered: bool = True
 
     @property
     def generates_kernels(self) -> bool:
@@ -171,7 +174,8 @@ ATOMS: Registry[Atom] = Registry("atom", (
     Atom("tma", "bulk asynchronous copies (cp.async.bulk) through a shared-memory ring", 90, "atom_tma.cuh.j2",
          reduces=True, packed=True, uses_sms=True, unroll=4, shared_ring=True),
     Atom("ce", "the copy engines: stream-ordered copies and stream memory operations, no SMs", 80, None,
-         reduces=False, packed=False, uses_sms=False, host="purlinc.atom.ce", stage_copies=1),
+         reduces=False, packed=False, uses_sms=False, host="purlinc.atom.ce", stage_copies=1,
+         registered=False),
 ))
 DEFAULT_ATOM = "ldst"
 

@@ -97,6 +97,29 @@ def gate_word(signals: int, signal: Signal) -> int:
 
 def plan(schedule: Schedule) -> CePlan:
     """Translate a copy schedule into copy-engine operations, or raise CeError saying why not."""
+    _check_options(schedule)
+    n = schedule.signal_pad_size()
+    R = schedule.world_size
+    concrete = schedule.concrete_programs()  # channel-relative programs, shifted per channel
+    notifier, waiter = _signal_sites(schedule.collective, concrete)
+    programs: list[list[tuple[Op, ...]]] = [[() for _ in range(schedule.channels)] for _ in range(R)]
+    for program in concrete:
+        programs[program.rank][program.channel] = _ops(program, n, notifier)
+    init: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for signal, (p_rank, _) in notifier.items():
+        previous_call = waiter.get(signal, (0, 0, 1))[2] == 0
+        init[signal.owner].append((signal.index, 1 if previous_call else 0))
+        init[p_rank].append((gate_word(n, signal), 0 if previous_call else 1))
+    return CePlan(
+        R, schedule.channels, schedule.slices, n, n * (1 + R),
+        tuple(tuple(p) for p in programs),
+        tuple(tuple(sorted(init[r])) for r in range(R)),
+    )
+
+
+def _check_options(schedule: Schedule) -> None:
+    """What the copy engines cannot do whatever the steps: packets, epoch-dependent addresses,
+    reductions, signals counted above one per call."""
     name = schedule.collective
     if schedule.options.packed:
         raise CeError(
@@ -122,11 +145,13 @@ def plan(schedule: Schedule) -> CePlan:
             f"more than once per call (per_call > 1), which constant-valued stream writes cannot count",
             notes=("use slices=1 per channel with this atom (more channels are fine)",),
         )
-    n = schedule.signal_pad_size()
-    R = schedule.world_size
+
+
+def _signal_sites(name: str, concrete) -> tuple[dict, dict]:
+    """Each signal's one notifier (rank, channel) and one waiter (rank, channel, k); a CeError
+    for a step the copy engines cannot run."""
     notifier: dict[Signal, tuple[int, int]] = {}
     waiter: dict[Signal, tuple[int, int, int]] = {}
-    concrete = schedule.concrete_programs()  # channel-relative programs, shifted per channel
     for program in concrete:
         where = (program.rank, program.channel)
         for step in program.steps:
@@ -156,36 +181,29 @@ def plan(schedule: Schedule) -> CePlan:
     for signal in waiter:
         if signal not in notifier:
             raise CeError(f"the ce atom cannot run {name}: {signal.format()} is waited on but never notified")
+    return notifier, waiter
 
-    programs: list[list[tuple[Op, ...]]] = [[() for _ in range(schedule.channels)] for _ in range(R)]
-    for program in concrete:
-        ops: list[Op] = []
-        for step in program.steps:
-            if isinstance(step, Stage):
-                ops.append(("copy", step.dst, step.src))
-            elif isinstance(step, Consume):
-                if step.srcs[0] != step.dst:
-                    ops.append(("copy", step.dst, step.srcs[0]))
-            elif isinstance(step, Notify):
-                s, gate = step.signal, gate_word(n, step.signal)
-                ops += [("wait", program.rank, gate, 1), ("write", program.rank, gate, 0), ("write", s.owner, s.index, 1)]
-            elif isinstance(step, Wait):
-                s = step.signal
-                p_rank, _ = notifier[s]
-                ops += [("wait", s.owner, s.index, 1), ("write", s.owner, s.index, 0),
-                        ("write", p_rank, gate_word(n, s), 1)]
-        programs[program.rank][program.channel] = tuple(ops)
 
-    init: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    for signal, (p_rank, _) in notifier.items():
-        previous_call = waiter.get(signal, (0, 0, 1))[2] == 0
-        init[signal.owner].append((signal.index, 1 if previous_call else 0))
-        init[p_rank].append((gate_word(n, signal), 0 if previous_call else 1))
-    return CePlan(
-        R, schedule.channels, schedule.slices, n, n * (1 + R),
-        tuple(tuple(p) for p in programs),
-        tuple(tuple(sorted(init[r])) for r in range(R)),
-    )
+def _ops(program, n: int, notifier: dict) -> tuple[Op, ...]:
+    """One program's round as copy-engine operations: copies, and each signal as a gate
+    (the notifier waits for its gate, clears it, sets the signal; the waiter waits for the
+    signal, clears it, sets the gate)."""
+    ops: list[Op] = []
+    for step in program.steps:
+        if isinstance(step, Stage):
+            ops.append(("copy", step.dst, step.src))
+        elif isinstance(step, Consume):
+            if step.srcs[0] != step.dst:
+                ops.append(("copy", step.dst, step.srcs[0]))
+        elif isinstance(step, Notify):
+            s, gate = step.signal, gate_word(n, step.signal)
+            ops += [("wait", program.rank, gate, 1), ("write", program.rank, gate, 0), ("write", s.owner, s.index, 1)]
+        elif isinstance(step, Wait):
+            s = step.signal
+            p_rank, _ = notifier[s]
+            ops += [("wait", s.owner, s.index, 1), ("write", s.owner, s.index, 0),
+                    ("write", p_rank, gate_word(n, s), 1)]
+    return tuple(ops)
 
 
 def init_image(plan_: CePlan, rank: int) -> bytes:

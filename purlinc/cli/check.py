@@ -94,12 +94,11 @@ def run(args) -> int:
 def _units(args, sizes, specs) -> list:
     """(world size, algorithm) to verify, in the order they are verified and reported: every
     applicable algorithm (or the one asked for); with --packed, those that lower packed."""
-    from purlinc.snac.algorithms import get_algorithm
-    from purlinc.snac.lower import applicable_algorithms
+    from purlinc.snac.algorithms import applicable, get_algorithm
 
     units = []
     for world_size in sizes:
-        for algorithm in applicable_algorithms(specs[world_size]):
+        for algorithm in applicable(specs[world_size]):
             if args.algorithm and algorithm.value != args.algorithm:
                 continue
             if args.packed and not args.algorithm and not get_algorithm(algorithm).packed:

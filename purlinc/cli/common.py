@@ -13,6 +13,8 @@ from purlinc.snac.algorithms import ALGORITHMS as ALGORITHM_REGISTRY
 
 ATOMS = kernel_atoms()  # the atom registry's atoms with kernels (compile and dump write CUDA)
 ALGORITHMS = ALGORITHM_REGISTRY.names()
+PACKING = ", ".join(r.name for r in ALGORITHM_REGISTRY.records() if r.packed)  # algorithms that lower packed
+TWO_COPIES = ", ".join(r.name for r in ALGORITHM_REGISTRY.records() if r.stage_copies > 1)
 FILE_HELP = "the .pln collective (see docs/LANGUAGE.md), or - for standard input"
 
 
@@ -86,11 +88,11 @@ def add_lowering(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--packed", action="store_true",
-        help="LL packing (direct-push): data notifies ride in the staged data, a flag in every 16-byte packet",
+        help=f"LL packing ({PACKING}): data notifies ride in the staged data, a flag in every 16-byte packet",
     )
     parser.add_argument(
         "--stage-copies", type=int, choices=(1, 2), default=None,
-        help="staging copies by call parity (direct-push): 2 takes the consumers' acknowledgements off the "
+        help=f"staging copies by call parity ({TWO_COPIES}): 2 takes the consumers' acknowledgements off the "
              "critical path; default: what the atom can address (2 for kernels, 1 for ce)",
     )
 

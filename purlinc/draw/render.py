@@ -59,6 +59,7 @@ def schedule_for(file: str, world_size: int, params, overrides: dict):
 
 def panels_for(request: Request) -> list[svg.Panel]:
     from purlinc.dtypes import DType
+    from purlinc.snac.algorithms import get_algorithm
     from purlinc.snac.ir import Algorithm
 
     overrides = dict(request.overrides)
@@ -88,7 +89,7 @@ def panels_for(request: Request) -> list[svg.Panel]:
             except ValueError:
                 names = ", ".join(a.value for a in Algorithm)
                 raise PurlinError(f"unknown algorithm {algorithm!r} in --compare: expected {names}") from None
-            if algorithm != Algorithm.DIRECT_PUSH.value:
+            if not get_algorithm(algorithm).packed:  # packing applies where the record says
                 changes.pop("packed", None)
         spec, schedule = schedule_for(request.file, request.world_size, request.params, changes)
         drawing = build(schedule, collapse=request.collapse)

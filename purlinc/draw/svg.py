@@ -96,20 +96,7 @@ def _render_panel(panel: Panel, y0: float, px: float, colours: dict, parts: list
     total = f"{t.total:.2f} us" if t.unit == "us" else f"{int(t.total)} steps on the longest lane"
     parts.append(f'<text x="10" y="38" font-size="11" fill="#333">{escape(d.subtitle)}; {escape(total)}</text>')
     y = HEAD_H
-    # Axis: ticks every nice step of x units.
-    right = LABEL_W + t.total * px
-    parts.append(f'<g class="axis"><line x1="{LABEL_W}" y1="{y + 16}" x2="{_fmt(right)}" y2="{y + 16}" stroke="#999"/>')
-    tick = _nice(t.total / 10 if t.total else 1)
-    if t.unit == "step":
-        tick = max(tick, 1.0)
-    value = 0.0
-    while value <= t.total + 1e-9:
-        x = LABEL_W + value * px
-        label = f"{_fmt(value)} us" if t.unit == "us" else f"{int(value)}"
-        parts.append(f'<line x1="{_fmt(x)}" y1="{y + 12}" x2="{_fmt(x)}" y2="{y + 20}" stroke="#999"/>'
-                     f'<text x="{_fmt(x + 2)}" y="{y + 10}" font-size="9" fill="#666">{escape(label)}</text>')
-        value += tick
-    parts.append("</g>")
+    right = _axis(parts, t, px, y)
     y += AXIS_H
     anchors: dict = {}
     by_rank: dict[int, list] = {}
@@ -123,37 +110,72 @@ def _render_panel(panel: Panel, y0: float, px: float, colours: dict, parts: list
             parts.append(f'<rect x="0" y="{_fmt(y)}" width="{_fmt(right + 20)}" height="{LANE_H}" fill="{shade}"/>')
             parts.append(f'<text x="8" y="{_fmt(y + LANE_H / 2 + 4)}" font-size="12">{escape(lane.label)}</text>')
             for box in lane.steps:
-                start, end = t.spans[box.key]
-                x, w = LABEL_W + start * px, max((end - start) * px - (3 if t.unit == "step" else 0), 1.5)
-                by = y + (LANE_H - BOX_H) / 2
-                fill = colours.get(box.chunk, "#e6e6e6")
-                stroke = _STROKE[box.verb]
-                dash = ' stroke-dasharray="3,2"' if box.verb == "wait" else ""
-                detail = box.detail()
-                if panel.measured and box.key in panel.measured:
-                    detail += "\n" + panel.measured[box.key]
-                elif t.unit == "us":
-                    detail += f"\nmodel: {start:.3f} .. {end:.3f} us"
-                parts.append(
-                    f'<g class="step" data-rank="{box.rank}" data-channel="{box.channel}" data-index="{box.index}" '
-                    f'data-verb="{box.verb}" data-chunk={quoteattr(box.chunk)} data-line="{box.line or ""}" '
-                    f'data-detail={quoteattr(detail)}><title>{escape(detail)}</title>'
-                    f'<rect x="{_fmt(x)}" y="{_fmt(by)}" width="{_fmt(w)}" height="{BOX_H}" rx="3" '
-                    f'fill="{fill}" stroke="{stroke}"{dash}/>'
-                )
-                for row, text in enumerate(_box_label(box, w)):
-                    weight = ' font-weight="bold"' if row == 0 else ""
-                    parts.append(f'<text x="{_fmt(x + 3)}" y="{_fmt(by + 11 + 11 * row)}" font-size="9.5"{weight}>'
-                                 f'{escape(text)}</text>')
-                if box.previous_call:
-                    parts.append(f'<g class="prev-call"><path d="M{_fmt(x - 1)},{_fmt(by + 4)} l-5,-3 v6 z" '
-                                 f'fill="#b8401a"/></g>')
-                parts.append("</g>")
-                anchors[box.key] = (x, x + w, by + BOX_H / 2)
+                anchors[box.key] = _step_box(parts, panel, box, y, px, colours)
             parts.append("</g>")
             y += LANE_H
         parts.append("</g>")
         y += RANK_GAP
+    _arrows(parts, d, t, anchors)
+    for note in d.notes + t.notes:
+        parts.append(f'<text class="note" x="10" y="{_fmt(y + 12)}" font-size="11" fill="#333">{escape(note)}</text>')
+        y += 14
+    parts.append("</g>")
+    return y0 + _panel_height(panel), anchors
+
+
+def _axis(parts: list[str], t, px: float, y: float) -> float:
+    """The time (or step) axis, ticks every nice step of x units; its right end."""
+    right = LABEL_W + t.total * px
+    parts.append(f'<g class="axis"><line x1="{LABEL_W}" y1="{y + 16}" x2="{_fmt(right)}" y2="{y + 16}" stroke="#999"/>')
+    tick = _nice(t.total / 10 if t.total else 1)
+    if t.unit == "step":
+        tick = max(tick, 1.0)
+    value = 0.0
+    while value <= t.total + 1e-9:
+        x = LABEL_W + value * px
+        label = f"{_fmt(value)} us" if t.unit == "us" else f"{int(value)}"
+        parts.append(f'<line x1="{_fmt(x)}" y1="{y + 12}" x2="{_fmt(x)}" y2="{y + 20}" stroke="#999"/>'
+                     f'<text x="{_fmt(x + 2)}" y="{y + 10}" font-size="9" fill="#666">{escape(label)}</text>')
+        value += tick
+    parts.append("</g>")
+    return right
+
+
+def _step_box(parts: list[str], panel: Panel, box, y: float, px: float, colours: dict) -> tuple[float, float, float]:
+    """One step's box (with its hover detail and label) on the lane at ``y``; its anchor
+    (left, right, middle height) for the arrows."""
+    t = panel.times
+    start, end = t.spans[box.key]
+    x, w = LABEL_W + start * px, max((end - start) * px - (3 if t.unit == "step" else 0), 1.5)
+    by = y + (LANE_H - BOX_H) / 2
+    fill = colours.get(box.chunk, "#e6e6e6")
+    stroke = _STROKE[box.verb]
+    dash = ' stroke-dasharray="3,2"' if box.verb == "wait" else ""
+    detail = box.detail()
+    if panel.measured and box.key in panel.measured:
+        detail += "\n" + panel.measured[box.key]
+    elif t.unit == "us":
+        detail += f"\nmodel: {start:.3f} .. {end:.3f} us"
+    parts.append(
+        f'<g class="step" data-rank="{box.rank}" data-channel="{box.channel}" data-index="{box.index}" '
+        f'data-verb="{box.verb}" data-chunk={quoteattr(box.chunk)} data-line="{box.line or ""}" '
+        f'data-detail={quoteattr(detail)}><title>{escape(detail)}</title>'
+        f'<rect x="{_fmt(x)}" y="{_fmt(by)}" width="{_fmt(w)}" height="{BOX_H}" rx="3" '
+        f'fill="{fill}" stroke="{stroke}"{dash}/>'
+    )
+    for row, text in enumerate(_box_label(box, w)):
+        weight = ' font-weight="bold"' if row == 0 else ""
+        parts.append(f'<text x="{_fmt(x + 3)}" y="{_fmt(by + 11 + 11 * row)}" font-size="9.5"{weight}>'
+                     f'{escape(text)}</text>')
+    if box.previous_call:
+        parts.append(f'<g class="prev-call"><path d="M{_fmt(x - 1)},{_fmt(by + 4)} l-5,-3 v6 z" '
+                     f'fill="#b8401a"/></g>')
+    parts.append("</g>")
+    return (x, x + w, by + BOX_H / 2)
+
+
+def _arrows(parts: list[str], d, t, anchors: dict) -> None:
+    """An arrow from each notify to the wait it releases (both drawn)."""
     for pair in d.pairs:
         if pair.notify not in anchors or pair.wait not in anchors:
             continue
@@ -170,11 +192,6 @@ def _render_panel(panel: Panel, y0: float, px: float, colours: dict, parts: list
             f'{_fmt(ex)},{_fmt(wy)}" fill="none" stroke="#1f4fbf" stroke-opacity="0.55" stroke-width="1.2" '
             f'marker-end="url(#head)"/>'
         )
-    for note in d.notes + t.notes:
-        parts.append(f'<text class="note" x="10" y="{_fmt(y + 12)}" font-size="11" fill="#333">{escape(note)}</text>')
-        y += 14
-    parts.append("</g>")
-    return y0 + _panel_height(panel), anchors
 
 
 def _nice(raw: float) -> float:

@@ -40,6 +40,7 @@ from purlinc.runtime.collective import prepare_options
 from purlinc.runtime.communicator import Communicator
 from purlinc.runtime.options import LoadOptions
 from purlinc.runtime.placement import load_compiled
+from purlinc.snac.algorithms import DEFAULT_ALGORITHM
 from purlinc.snac.hierarchy import IN, OUT, HierPlan, InterPhase, IntraPhase, TopologyError
 
 _LOADS = itertools.count()  # every rank loads in the same order: the same serial everywhere
@@ -377,7 +378,7 @@ def intra_sources(plan: HierPlan, node: int) -> dict[int, str]:
 
 
 def load_hierarchical(path_or_source, gpus_per_node: int | None = None, options: LoadOptions = LoadOptions(), *,
-                      heap_bytes: int | None = None, algorithm: str = "direct-push") -> HierarchicalCollective:
+                      heap_bytes: int | None = None, algorithm: str = DEFAULT_ALGORITHM.value) -> HierarchicalCollective:
     """This rank's hierarchical collective over the torch.distributed world (a collective call).
     ``options`` gives the params and target; each intra-node phase runs ``algorithm``."""
     import torch

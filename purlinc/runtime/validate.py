@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from purlinc.dtypes import DType, ReduceOp
+from purlinc.dtypes import DTYPES, DType, ReduceOp
 from purlinc.runtime.errors import ArgumentError, MismatchError
 from purlinc.runtime.interop import ArrayInfo
 
@@ -71,7 +71,37 @@ def validate_call(
     give ``count`` too and take part in the schedule (and the ranks' agreement) with the others."""
     where = f"{name} on rank {rank}"
     reduce_op = parse_op(op, is_reduce)
+    x = _check_presence(where, x, out, in_units, out_units)
+    dtype = _buffers_dtype(where, x, out, device)
+    if dtype is None:
+        if count in (None, 0):
+            return CallShape(DType.FLOAT32, reduce_op, 0, 0, out.ptr if out else 0)
+        dtype = _hinted_dtype(where, count, dtype_hint)
+        # On through the checks below: a rank that receives chunks still needs its `out`.
+    if reduce_op is not None and not dtype.reducible:
+        raise _err(f"{where}: {dtype.value} cannot be reduced (fp8 is supported for copies only)")
+    count = _chunk_count(where, x, out, in_units, out_units, count)
+    if out_units:
+        expected = out_units * count
+        if out is None:
+            raise _err(f"{where}: out is required: {expected} elements ({out_units} chunks x {count})")
+        if out.numel != expected:
+            raise _err(f"{where}: out has {out.numel} elements, expected {expected} ({out_units} chunks x {count})")
+    in_ptr = x.ptr if x is not None else 0
+    out_ptr = out.ptr if out is not None and out_units else 0
+    if x is not None and out_ptr and count:
+        itemsize = dtype.itemsize
+        a0, a1 = in_ptr, in_ptr + x.numel * itemsize
+        b0, b1 = out_ptr, out_ptr + out.numel * itemsize
+        if a0 < b1 and b0 < a1:
+            raise _err(f"{where}: x and out overlap ([{a0:#x}, {a1:#x}) and [{b0:#x}, {b1:#x}))",
+                       "in-place calls are not supported: give a separate out")
+    return CallShape(dtype, reduce_op, count, in_ptr, out_ptr)
 
+
+def _check_presence(where: str, x, out, in_units: int, out_units: int):
+    """x and out given exactly where this rank gives and receives chunks; x (None for an empty
+    input on a rank that gives nothing)."""
     if x is not None and x.numel == 0 and in_units == 0:
         x = None  # an empty input on a rank that gives nothing: same as None
     if x is None and in_units > 0:
@@ -81,20 +111,27 @@ def validate_call(
             f"{where}: this rank gives no input, but x has {x.numel} elements",
             "pass x=None (and out=...) on ranks without input",
         )
-    if out is None and out_units == 0:
-        pass
-    elif out is not None and out_units == 0 and out.numel != 0:
+    if out is not None and out_units == 0 and out.numel != 0:
         raise _err(f"{where}: this rank receives no output, but out has {out.numel} elements",
                    "pass out=None on ranks without output")
+    return x
 
-    arrays = [(label, info) for label, info in (("x", x), ("out", out)) if info is not None and info.numel]
+
+def supported_dtypes_text() -> str:
+    """The element types a call takes, by their torch names (from the dtype registry)."""
+    records = DTYPES.records()
+    copies = "/".join(r.torch_name for r in records if not r.reducible)
+    return ", ".join([r.torch_name for r in records if r.reducible] + ([f"{copies} (copies only)"] if copies else []))
+
+
+def _buffers_dtype(where: str, x, out, device: int) -> DType | None:
+    """The dtype of the non-empty buffers (None: there are none), each checked: a supported
+    dtype, the same for both, on this rank's device, contiguous, aligned to its element."""
     dtype: DType | None = None
-    for label, info in arrays:
+    for label, info in ((label, info) for label, info in (("x", x), ("out", out)) if info is not None and info.numel):
         if info.dtype is None:
-            raise _err(
-                f"{where}: {label} has dtype {info.dtype_name}, which Purlin does not support",
-                "supported: float32, float16, bfloat16, int32, float8_e4m3fn/float8_e5m2 (copies only)",
-            )
+            raise _err(f"{where}: {label} has dtype {info.dtype_name}, which Purlin does not support",
+                       f"supported: {supported_dtypes_text()}")
         if dtype is None:
             dtype = info.dtype
         elif info.dtype is not dtype:
@@ -108,22 +145,24 @@ def validate_call(
             raise _err(
                 f"{where}: {label} at {info.ptr:#x} is not aligned to its element size ({info.dtype.itemsize} bytes)"
             )
-    if dtype is None:
-        if count in (None, 0):
-            return CallShape(DType.FLOAT32, reduce_op, 0, 0, out.ptr if out else 0)
-        if dtype_hint is None:
-            raise _err(f"{where}: count={count} but no buffer on this rank says what dtype it has",
-                       "pass dtype= too")
-        try:
-            dtype = DType.parse(dtype_hint if isinstance(dtype_hint, DType) else str(dtype_hint))
-        except ValueError:
-            raise _err(f"{where}: dtype={dtype_hint!r} is not a dtype Purlin knows") from None
-        if count < 0:
-            raise _err(f"{where}: count={count} is negative")
-        # On through the checks below: a rank that receives chunks still needs its `out`.
-    if reduce_op is not None and not dtype.reducible:
-        raise _err(f"{where}: {dtype.value} cannot be reduced (fp8 is supported for copies only)")
+    return dtype
 
+
+def _hinted_dtype(where: str, count: int, dtype_hint) -> DType:
+    """The dtype of a rank that passes no buffer but a count: its ``dtype=``."""
+    if dtype_hint is None:
+        raise _err(f"{where}: count={count} but no buffer on this rank says what dtype it has", "pass dtype= too")
+    try:
+        dtype = DType.parse(dtype_hint if isinstance(dtype_hint, DType) else str(dtype_hint))
+    except ValueError:
+        raise _err(f"{where}: dtype={dtype_hint!r} is not a dtype Purlin knows") from None
+    if count < 0:
+        raise _err(f"{where}: count={count} is negative")
+    return dtype
+
+
+def _chunk_count(where: str, x, out, in_units: int, out_units: int, count: int | None) -> int:
+    """Elements per chunk: what the buffers say (x first), checked against ``count`` if given."""
     derived: int | None = None
     if x is not None:
         if x.numel % in_units:
@@ -139,25 +178,7 @@ def validate_call(
         derived = out.numel // out_units
     if count is not None and derived is not None and count != derived:
         raise _err(f"{where}: count={count}, but the buffers say {derived} elements per chunk")
-    count = derived if derived is not None else int(count or 0)
-
-    if out_units:
-        expected = out_units * count
-        if out is None:
-            raise _err(f"{where}: out is required: {expected} elements ({out_units} chunks x {count})")
-        if out.numel != expected:
-            raise _err(f"{where}: out has {out.numel} elements, expected {expected} ({out_units} chunks x {count})")
-
-    in_ptr = x.ptr if x is not None else 0
-    out_ptr = out.ptr if out is not None and out_units else 0
-    if x is not None and out_ptr and count:
-        itemsize = dtype.itemsize
-        a0, a1 = in_ptr, in_ptr + x.numel * itemsize
-        b0, b1 = out_ptr, out_ptr + out.numel * itemsize
-        if a0 < b1 and b0 < a1:
-            raise _err(f"{where}: x and out overlap ([{a0:#x}, {a1:#x}) and [{b0:#x}, {b1:#x}))",
-                       "in-place calls are not supported: give a separate out")
-    return CallShape(dtype, reduce_op, count, in_ptr, out_ptr)
+    return derived if derived is not None else int(count or 0)
 
 
 def fast_path(shape: CallShape) -> bool:

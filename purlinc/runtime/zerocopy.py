@@ -92,10 +92,11 @@ def _candidates(options):
 
 def twin_compiled(compiled):
     """``compiled`` lowered for registered buffers, or None when no registered form reaches a
-    peer's buffer (nothing to gain) or the atom cannot run one (``ce``)."""
+    peer's buffer (nothing to gain) or the atom cannot run one (its record's ``registered``)."""
     from purlinc import pipeline
+    from purlinc.atom.atoms import lookup_atom
 
-    if compiled.atom == "ce" or compiled.options.registered:
+    if not lookup_atom(compiled.atom).registered or compiled.options.registered:
         return None
     for options in _candidates(compiled.options):
         try:

@@ -53,13 +53,13 @@ class AlgorithmInfo:
 
 ALGORITHMS: Registry[AlgorithmInfo] = Registry("algorithm", (
     AlgorithmInfo(Algorithm.DIRECT_PUSH, "one-shot: producers write into consumers' memory (or staging)",
-                  "purlinc.snac.direct:_direct_push", _always, packed=True, uses_slots=False, stage_copies=2),
+                  "purlinc.snac.direct:direct_push", _always, packed=True, uses_slots=False, stage_copies=2),
     AlgorithmInfo(Algorithm.DIRECT_PULL, "one-shot: consumers read producers' memory",
-                  "purlinc.snac.direct:_direct_pull", _always, packed=False, uses_slots=False),
+                  "purlinc.snac.direct:direct_pull", _always, packed=False, uses_slots=False),
     AlgorithmInfo(Algorithm.TWO_SHOT, "reduce-scatter to an owner, then all-gather from it",
-                  "purlinc.snac.two_shot:_two_shot", _replicated_reduction, packed=False, uses_slots=False),
+                  "purlinc.snac.two_shot:two_shot", _replicated_reduction, packed=False, uses_slots=False),
     AlgorithmInfo(Algorithm.RING, "neighbour to neighbour, around the ranks",
-                  "purlinc.snac.ring:_ring", _always, packed=False, uses_slots=True),
+                  "purlinc.snac.ring:ring", _always, packed=False, uses_slots=True),
 ))
 DEFAULT_ALGORITHM = Algorithm.DIRECT_PUSH
 

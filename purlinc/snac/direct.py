@@ -46,7 +46,7 @@ class _Edges:
     producers_of: list[list[int]]  # consumer -> producers, by producer
 
 
-def _direct_push(spec: Spec, options: LowerOptions) -> Schedule:
+def direct_push(spec: Spec, options: LowerOptions) -> Schedule:
     """Producers write into consumers' staging (or registered OUT), one notify per edge and
     slice; consumers wait, consume, and acknowledge.  Steps: allocate the landing units,
     list the messages, derive the edges, then emit (ready/ack waits, stages, consumes, ACKs)."""
@@ -291,7 +291,7 @@ def _push_acks(b: Builder, edges: _Edges) -> None:
                          keys=(("ack", producer, consumer),))
 
 
-def _direct_pull(spec: Spec, options: LowerOptions) -> Schedule:
+def direct_pull(spec: Spec, options: LowerOptions) -> Schedule:
     b = Builder(spec, options)
     S, R = b.slices, b.world
     registered_in = "in" in options.registered

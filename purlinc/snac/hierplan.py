@@ -30,8 +30,9 @@ from __future__ import annotations
 from purlinc.errors import PurlinError
 from purlinc.frontend.ast import Operation
 from purlinc.frontend.spec import Chunk, Slot, Spec
+from purlinc.snac.algorithms import DEFAULT_ALGORITHM
 from purlinc.snac.hierarchy import IN, OUT, HierPlan, InterPhase, IntraPhase, Layout, Move, Topology, Unit
-from purlinc.snac.ir import Algorithm, LowerOptions, Schedule
+from purlinc.snac.ir import LowerOptions, Schedule
 from purlinc.snac.lower import applicable_algorithms, default_options, lower
 from purlinc.snac.verify import verify
 
@@ -73,7 +74,7 @@ class _Builder:
             return self.options
         # e.g. two-shot asked for, but this phase is a copy: the node's phase runs direct-push
         # with the same channels and slices (documented in docs/HIERARCHY.md).
-        return LowerOptions(Algorithm.DIRECT_PUSH, self.options.channels, self.options.slices, None,
+        return LowerOptions(DEFAULT_ALGORITHM, self.options.channels, self.options.slices, None,
                             self.options.registered, False)
 
     def intra(self, src: str, dst: str, operation: Operation, node_specs: list[Spec], what: str) -> None:

@@ -36,22 +36,13 @@ signal indices by ``c * (signals per channel of that rank)``: channels are indep
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from purlinc.errors import PurlinError
 from purlinc.frontend.spec import Spec
-from purlinc.snac.direct import _direct_pull, _direct_push
+from purlinc.snac.algorithms import ALGORITHMS, DEFAULT_ALGORITHM, applicable, get_algorithm
 from purlinc.snac.gcpause import gc_paused
 from purlinc.snac.ir import Algorithm, LowerOptions, Schedule
-from purlinc.snac.kit import needs_of
-from purlinc.snac.ring import _ring
-from purlinc.snac.two_shot import _two_shot
-
-
-_LOWERINGS = {
-    Algorithm.DIRECT_PUSH: _direct_push,
-    Algorithm.DIRECT_PULL: _direct_pull,
-    Algorithm.TWO_SHOT: _two_shot,
-    Algorithm.RING: _ring,
-}
 
 
 def _check_options(spec: Spec, options: LowerOptions) -> None:
@@ -59,10 +50,11 @@ def _check_options(spec: Spec, options: LowerOptions) -> None:
         raise PurlinError(f"channels and slices must be >= 1 (got channels={options.channels}, slices={options.slices})")
     if options.slots is not None and options.slots < 1:
         raise PurlinError(f"slots must be >= 1 (got {options.slots})")
-    if options.packed and options.algorithm is not Algorithm.DIRECT_PUSH:
+    if options.packed and not get_algorithm(options.algorithm).packed:
+        packing = " or ".join(r.name for r in ALGORITHMS.records() if r.packed)
         raise PurlinError(
-            f"packed (LL) stages are supported for direct-push only, not {options.algorithm.value}",
-            notes=("LL packing is for small messages, where one-shot direct-push is the algorithm to use",),
+            f"packed (LL) stages are supported for {packing} only, not {options.algorithm.value}",
+            notes=(f"LL packing is for small messages, where one-shot {packing} is the algorithm to use",),
         )
     unknown = set(options.registered) - {"in", "out"}
     if unknown:
@@ -71,32 +63,26 @@ def _check_options(spec: Spec, options: LowerOptions) -> None:
 
 def lower(spec: Spec, options: LowerOptions) -> Schedule:
     """The SNAC schedule of ``spec`` under ``options``; PurlinError when the algorithm does not apply.
+    The algorithm's record (``purlinc.snac.algorithms``) names its lowering function.
 
     ``stage_copies`` beyond what the algorithm lowers to is capped (a request for what the
     atom can address, not a demand), so the schedule's options say what it does."""
-    from dataclasses import replace
-
-    from purlinc.snac.algorithms import get_algorithm
-
     _check_options(spec, options)
-    most = get_algorithm(options.algorithm).stage_copies
-    if options.stage_copies > most:
-        options = replace(options, stage_copies=most)
+    record = get_algorithm(options.algorithm)
+    if options.stage_copies > record.stage_copies:
+        options = replace(options, stage_copies=record.stage_copies)
     try:
         with gc_paused():
-            return _LOWERINGS[options.algorithm](spec, options)
+            return record.lower_function()(spec, options)
     except PurlinError as error:
         raise error.with_note(f"while lowering {spec.name} for R={spec.world_size} with {options.key()}") from None
 
 
 def applicable_algorithms(spec: Spec) -> tuple[Algorithm, ...]:
-    algorithms = [Algorithm.DIRECT_PUSH, Algorithm.DIRECT_PULL]
-    if spec.is_reduce and any(len(need.ranks) > 1 for need in needs_of(spec)):
-        algorithms.append(Algorithm.TWO_SHOT)
-    algorithms.append(Algorithm.RING)
-    return tuple(algorithms)
+    """The algorithms that apply to ``spec``, in registry order (each record says when)."""
+    return applicable(spec)
 
 
 def default_options(spec: Spec) -> LowerOptions:
     """Small and medium messages: one-shot push, one channel, one slice (the runtime tunes later)."""
-    return LowerOptions(algorithm=Algorithm.DIRECT_PUSH, channels=1, slices=1)
+    return LowerOptions(algorithm=DEFAULT_ALGORITHM, channels=1, slices=1)

@@ -144,7 +144,7 @@ def _assign_slots(spec: Spec, options: LowerOptions, hops: list[_Hop]) -> dict[t
     return edges
 
 
-def _ring(spec: Spec, options: LowerOptions) -> Schedule:
+def ring(spec: Spec, options: LowerOptions) -> Schedule:
     """Every chunk hops rank to rank through staging, pipelined by slice.  Steps: list the
     hops, allocate the staging units per edge (slots), derive each hop's slot wait, then emit
     the programs wavefront by wavefront."""

@@ -179,6 +179,16 @@ def simulate_calls(
 ) -> list[list[np.ndarray]]:
     """Like ``simulate`` but returns every call's outputs: ``result[call][rank]``, each read
     by that rank's caller right after its call ended."""
+    dtype, reduce_op = _checked_args(schedule, spec, count, dtype, op, calls)
+    # A packed stage is its Stage followed by its Notify (purlinc.snac.packing).
+    schedule, _ = normalized(schedule)
+    per_call_inputs = _per_call_inputs(spec, inputs, calls, count, dtype)
+    machine = _Machine(schedule, count, dtype, reduce_op, piece)
+    return _Run(schedule, machine, per_call_inputs, calls, seed).run()
+
+
+def _checked_args(schedule: Schedule, spec: Spec, count: int, dtype, op, calls: int):
+    """(dtype, reduce op or None) of a simulation; ValueError for arguments that cannot be run."""
     dtype = DType.parse(dtype.value if isinstance(dtype, DType) else dtype)
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
@@ -191,79 +201,82 @@ def simulate_calls(
         reduce_op = ReduceOp.parse(op)
         if not dtype.reducible:
             raise ValueError(f"{dtype.value} cannot be reduced (fp8 is supported for copies only)")
-    # A packed stage is its Stage followed by its Notify (purlinc.snac.packing).
-    schedule, _ = normalized(schedule)
-    per_call_inputs = _per_call_inputs(spec, inputs, calls, count, dtype)
-    machine = _Machine(schedule, count, dtype, reduce_op, piece)
-    rng = random.Random(seed)
+    return dtype, reduce_op
 
-    world, channels = schedule.world_size, schedule.channels
-    programs = schedule.concrete_programs()  # ordered by (rank, channel)
-    steps_per_call = [len(p.steps) * machine.rounds for p in programs]
-    position = [0] * len(programs)  # flattened over calls, rounds, steps
-    finished_call = [[0] * world for _ in range(calls)]  # channels of each rank done with call c
-    started = [0] * world  # calls each rank has started (the caller set its inputs up)
-    results: list[list[np.ndarray | None]] = [[None] * world for _ in range(calls)]
 
-    for rank in range(world):
-        machine.start_call(rank, per_call_inputs[0][rank])
-        started[rank] = 1
+class _Run:
+    """The concrete programs run in a random (seeded) order: a program blocked on a wait or on
+    its rank's next call leaves the runnable set until the notify or the call comes."""
 
-    runnable = list(range(len(programs)))
-    waiting_signal: dict = defaultdict(list)  # (owner, index) -> blocked programs
-    waiting_rank: dict = defaultdict(list)  # rank -> programs waiting for its next call to start
+    def __init__(self, schedule: Schedule, machine: _Machine, per_call_inputs, calls: int, seed: int):
+        self.machine, self.per_call_inputs, self.calls = machine, per_call_inputs, calls
+        self.rng = random.Random(seed)
+        self.world, self.channels = schedule.world_size, schedule.channels
+        self.programs = schedule.concrete_programs()  # ordered by (rank, channel)
+        self.steps_per_call = [len(p.steps) * machine.rounds for p in self.programs]
+        self.position = [0] * len(self.programs)  # flattened over calls, rounds, steps
+        self.finished_call = [[0] * self.world for _ in range(calls)]  # channels of each rank done with call c
+        self.started = [0] * self.world  # calls each rank has started (the caller set its inputs up)
+        self.results: list[list[np.ndarray | None]] = [[None] * self.world for _ in range(calls)]
+        self.runnable = list(range(len(self.programs)))
+        self.waiting_signal: dict = defaultdict(list)  # (owner, index) -> blocked programs
+        self.waiting_rank: dict = defaultdict(list)  # rank -> programs waiting for its next call to start
 
-    def end_of_call(p: int, call: int) -> None:
-        rank = p // channels
-        finished_call[call][rank] += 1
-        if finished_call[call][rank] < channels:
+    def end_of_call(self, p: int, call: int) -> None:
+        rank = p // self.channels
+        self.finished_call[call][rank] += 1
+        if self.finished_call[call][rank] < self.channels:
             return
-        results[call][rank] = machine.outs[rank].copy()
-        if call + 1 < calls:
-            machine.start_call(rank, per_call_inputs[call + 1][rank])
-            started[rank] = call + 2
-            runnable.extend(waiting_rank.pop(rank, []))
+        self.results[call][rank] = self.machine.outs[rank].copy()
+        if call + 1 < self.calls:
+            self.machine.start_call(rank, self.per_call_inputs[call + 1][rank])
+            self.started[rank] = call + 2
+            self.runnable.extend(self.waiting_rank.pop(rank, []))
 
-    # Programs with no work at all still take part in the call boundaries.
-    for p, per_call in enumerate(steps_per_call):
-        if per_call == 0:
-            for call in range(calls):
-                end_of_call(p, call)
-    runnable = [p for p in runnable if steps_per_call[p] > 0]
-
-    while runnable:
-        slot = rng.randrange(len(runnable))
-        p = runnable[slot]
-        per_call = steps_per_call[p]
-        call, within = divmod(position[p], per_call)
-        rank = p // channels
-        if started[rank] <= call:
-            runnable[slot] = runnable[-1]
-            runnable.pop()
-            waiting_rank[rank].append(p)
-            continue
-        round_, index = divmod(within, len(programs[p].steps))
-        step = programs[p].steps[index]
-        epoch = call * machine.rounds + round_
-        if isinstance(step, Wait) and not machine.ready(step, epoch):
-            runnable[slot] = runnable[-1]
-            runnable.pop()
-            waiting_signal[(step.signal.owner, step.signal.index)].append(p)
-            continue
-        machine.execute(step, epoch, round_)
-        if isinstance(step, Notify):
-            runnable.extend(waiting_signal.pop((step.signal.owner, step.signal.index), []))
-        position[p] += 1
-        if position[p] % per_call == 0:
-            end_of_call(p, call)
-            if position[p] == calls * per_call:
+    def run(self) -> list[list[np.ndarray]]:
+        machine, programs, calls, channels = self.machine, self.programs, self.calls, self.channels
+        steps_per_call, position, started = self.steps_per_call, self.position, self.started
+        for rank in range(self.world):
+            machine.start_call(rank, self.per_call_inputs[0][rank])
+            started[rank] = 1
+        # Programs with no work at all still take part in the call boundaries.
+        for p, per_call in enumerate(steps_per_call):
+            if per_call == 0:
+                for call in range(calls):
+                    self.end_of_call(p, call)
+        runnable = self.runnable = [p for p in self.runnable if steps_per_call[p] > 0]
+        while runnable:
+            slot = self.rng.randrange(len(runnable))
+            p = runnable[slot]
+            per_call = steps_per_call[p]
+            call, within = divmod(position[p], per_call)
+            rank = p // channels
+            if started[rank] <= call:
                 runnable[slot] = runnable[-1]
                 runnable.pop()
-
-    stuck = [p for p in range(len(programs)) if position[p] < calls * steps_per_call[p]]
-    if stuck:
-        raise SimulationError(_deadlock_report(machine, programs, steps_per_call, position, stuck, channels))
-    return [list(outputs) for outputs in results]
+                self.waiting_rank[rank].append(p)
+                continue
+            round_, index = divmod(within, len(programs[p].steps))
+            step = programs[p].steps[index]
+            epoch = call * machine.rounds + round_
+            if isinstance(step, Wait) and not machine.ready(step, epoch):
+                runnable[slot] = runnable[-1]
+                runnable.pop()
+                self.waiting_signal[(step.signal.owner, step.signal.index)].append(p)
+                continue
+            machine.execute(step, epoch, round_)
+            if isinstance(step, Notify):
+                runnable.extend(self.waiting_signal.pop((step.signal.owner, step.signal.index), []))
+            position[p] += 1
+            if position[p] % per_call == 0:
+                self.end_of_call(p, call)
+                if position[p] == calls * per_call:
+                    runnable[slot] = runnable[-1]
+                    runnable.pop()
+        stuck = [p for p in range(len(programs)) if position[p] < calls * steps_per_call[p]]
+        if stuck:
+            raise SimulationError(_deadlock_report(machine, programs, steps_per_call, position, stuck, channels))
+        return [list(outputs) for outputs in self.results]
 
 
 def _deadlock_report(machine: _Machine, programs, steps_per_call, position, stuck, channels) -> str:

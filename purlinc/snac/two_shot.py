@@ -36,7 +36,7 @@ class _PhaseEdges:
     sent_by: list[list[Msg]]  # producer -> its messages
 
 
-def _two_shot(spec: Spec, options: LowerOptions) -> Schedule:
+def two_shot(spec: Spec, options: LowerOptions) -> Schedule:
     """Reduce-scatter to each chunk's owner, then all-gather from it.  Steps: allocate the
     units both phases land in, derive each phase's edges, emit the ready/ACK waits, then
     phase 1 (contributions, reductions) and phase 2 (results, copies)."""

@@ -145,11 +145,8 @@ def generate(
     packed = packed_stages(schedule)
     reduce = op is not None
 
-    # The tma atom moves bulk data through its shared-memory ring (atoms.TmaRing); its ldst
-    # fallback only carries heads, tails and small copies, and keeps the lighter unroll so the
-    # inlined copy stays free of spills on every target.
-    unroll = limits.LDST_UNROLL if atom == "ldst" else limits.LDST_UNROLL_FALLBACK
-    atom_values = {"reduce": reduce, "unroll": unroll, **atom_def.template_values(target)}
+    # The ldst loop's unroll is the atom's (its record says why each has its value).
+    atom_values = {"reduce": reduce, "unroll": atom_def.unroll, **atom_def.template_values(target)}
     atom_text = render(atom_def.template, **atom_values).rstrip("\n")
     kernels = _kernels(schedule, base, packed)
     trace_values = trace_template_values(kernels, schedule.channels) if trace else None

@@ -6,8 +6,6 @@ THREADS = 512  # block size of every channel
 # channel: fewer threads make every block barrier and the launch cheaper, and still give
 # each thread only a few packets up to the sizes the tuner picks LL for.
 THREADS_PACKED = 256
-LDST_UNROLL_FALLBACK = 4  # the same loop inside other atoms (small pieces only)
-LDST_UNROLL = 8  # 16-byte vectors in flight per thread in an ldst copy (64 KiB per 512-thread block: ~46 GB/s per block over NVLink was load-latency bound at 4)
 MAX_GROUP = 32  # merged Notify / Wait groups use the lanes of warp 0
 MAX_COPY_DSTS = 8  # destinations of one multi-destination copy (a pointer each, by value)
 MIN_RUN = 3  # shorter runs of like steps stay straight-line code

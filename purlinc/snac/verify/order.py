@@ -118,100 +118,11 @@ class Order:
     # ---- construction
 
     def _run(self, width: int) -> None:
-        np_, n, channels = self.np, self.n, self.channels
-        clock = [np.full(width, -1, dtype=np.int64) for _ in range(np_)]
-        pos = [0] * np_
-        arrived = [False] * np_
-        passed = [False] * np_
-        arrivals = [0] * self.world
-        caller_clock: list = [None] * self.world
-        notified: dict = {}
-        blocked: dict = defaultdict(list)  # (signal, value) -> programs waiting for it
-        at_boundary: dict = defaultdict(list)  # rank -> programs waiting for its caller
-        ready = deque(range(np_))
-        append = self.sequence.append
-
-        def record(node: Node, vc) -> None:
-            self.snap[node[0]][node[1]] = vc
-            self.sequence.append(node)
-
-        def arrive(p: int) -> None:
-            arrived[p] = True
-            rank = p // channels
-            arrivals[rank] += 1
-            if arrivals[rank] < channels:
-                return
-            vc = np.full(width, -1, dtype=np.int64)
-            for q in range(rank * channels, (rank + 1) * channels):
-                vc = np.maximum(vc, clock[q])
-                vc[q] = max(int(vc[q]), n[q] - 1)
-            record(Node(np_ + rank, 0), vc)
-            vc = vc.copy()
-            vc[np_ + rank] = 0
-            caller_clock[rank] = vc
-            second_call.extend(at_boundary.pop(rank, []))
-
-        # Call 0 first, entirely (it never waits on call 1), then call 1: reports then read
-        # "x is not ordered before y" with x and y in the same call wherever possible.
-        second_call: list[int] = []
-        while ready or second_call:
-            if not ready:
-                ready.extend(sorted(second_call))
-                second_call.clear()
-            p = ready.popleft()
-            rank = p // channels
-            # Program p's position and clock live in locals while it runs (written back below).
-            events, count, snap_p = self.events[p], n[p], self.snap[p]
-            end = CALLS * count
-            position, vc = pos[p], clock[p]
-            while True:
-                if position == count and not passed[p]:
-                    clock[p] = vc  # arrive() reads it
-                    if not arrived[p]:
-                        arrive(p)
-                        if caller_clock[rank] is not None:
-                            second_call.append(p)
-                            break
-                    if caller_clock[rank] is None:
-                        at_boundary[rank].append(p)
-                        break
-                    vc = np.maximum(vc, caller_clock[rank])
-                    passed[p] = True
-                if position == end:
-                    break
-                event = events[position - count if position >= count else position]
-                if event is None:  # a stage or consume: ordered by program order alone
-                    snap_p[position] = vc
-                    append((p, position))
-                    position += 1
-                    continue
-                wait, signal, per_call, k = event
-                value = (position // count) * per_call + k
-                if wait:
-                    if value > 0:
-                        source = notified.get((signal, value))
-                        if source is None:
-                            blocked[(signal, value)].append(p)
-                            break
-                        # A notify's clock is (its program's clock, its program, its position).
-                        vc = np.maximum(vc, source[0])
-                        if vc[source[1]] < source[2]:
-                            vc[source[1]] = source[2]  # vc is fresh from np.maximum: no snap shares it
-                    snap_p[position] = vc
-                    append((p, position))
-                else:
-                    snap_p[position] = vc
-                    append((p, position))
-                    notified[(signal, value)] = (vc, p, position)  # no copy: vc is never changed in place
-                    waiting = blocked.pop((signal, value), None)
-                    if waiting:
-                        ready.extend(waiting)
-                position += 1
-            pos[p], clock[p] = position, vc
-
-        stuck = [p for p in range(np_) if pos[p] < CALLS * n[p] or not passed[p]]
+        kahn = _Kahn(self, width)
+        kahn.run()
+        stuck = [p for p in range(self.np) if kahn.pos[p] < CALLS * self.n[p] or not kahn.passed[p]]
         if stuck:
-            raise self._deadlock(stuck, pos, arrived)
+            raise self._deadlock(stuck, kahn.pos, kahn.arrived)
 
     def _deadlock(self, stuck: list[int], pos: list[int], arrived: list[bool]) -> VerificationError:
         """Follow 'waits for' from a stuck program until a program repeats: that is the cycle."""
@@ -275,3 +186,109 @@ def check_monotone(schedule: Schedule, order: Order) -> None:
                     f"which stores the value before it ({value}); {decl.signal.format()} could go "
                     "backwards and a waiter miss its value",
                 )
+
+
+class _Kahn:
+    """Kahn's algorithm over the programs of an Order: each program runs until it waits for a
+    notify not yet made (it resumes when that notify comes) or reaches the call boundary (it
+    resumes once every channel of its rank has, through the caller node).  Fills the Order's
+    ``snap`` (vector clocks) and ``sequence`` (the topological order)."""
+
+    def __init__(self, order: Order, width: int):
+        self.order, self.width = order, width
+        np_, world = order.np, order.world
+        self.clock = [np.full(width, -1, dtype=np.int64) for _ in range(np_)]
+        self.pos = [0] * np_
+        self.arrived = [False] * np_
+        self.passed = [False] * np_
+        self.arrivals = [0] * world
+        self.caller_clock: list = [None] * world
+        self.notified: dict = {}
+        self.blocked: dict = defaultdict(list)  # (signal, value) -> programs waiting for it
+        self.at_boundary: dict = defaultdict(list)  # rank -> programs waiting for its caller
+        self.ready = deque(range(np_))
+        self.second_call: list[int] = []
+
+    def run(self) -> None:
+        # Call 0 first, entirely (it never waits on call 1), then call 1: reports then read
+        # "x is not ordered before y" with x and y in the same call wherever possible.
+        ready, second_call = self.ready, self.second_call
+        while ready or second_call:
+            if not ready:
+                ready.extend(sorted(second_call))
+                second_call.clear()
+            self.advance(ready.popleft())
+
+    def arrive(self, p: int) -> None:
+        """Program p finished call 0; the last channel of its rank to do so makes the caller node."""
+        order, channels, width = self.order, self.order.channels, self.width
+        self.arrived[p] = True
+        rank = p // channels
+        self.arrivals[rank] += 1
+        if self.arrivals[rank] < channels:
+            return
+        vc = np.full(width, -1, dtype=np.int64)
+        for q in range(rank * channels, (rank + 1) * channels):
+            vc = np.maximum(vc, self.clock[q])
+            vc[q] = max(int(vc[q]), order.n[q] - 1)
+        order.snap[order.np + rank][0] = vc
+        order.sequence.append(Node(order.np + rank, 0))
+        vc = vc.copy()
+        vc[order.np + rank] = 0
+        self.caller_clock[rank] = vc
+        self.second_call.extend(self.at_boundary.pop(rank, []))
+
+    def advance(self, p: int) -> None:
+        """Run program p as far as it can go now."""
+        order = self.order
+        rank = p // order.channels
+        passed, caller_clock, notified, blocked = self.passed, self.caller_clock, self.notified, self.blocked
+        append = order.sequence.append
+        # Program p's position and clock live in locals while it runs (written back below).
+        events, count, snap_p = order.events[p], order.n[p], order.snap[p]
+        end = CALLS * count
+        position, vc = self.pos[p], self.clock[p]
+        while True:
+            if position == count and not passed[p]:
+                self.clock[p] = vc  # arrive() reads it
+                if not self.arrived[p]:
+                    self.arrive(p)
+                    if caller_clock[rank] is not None:
+                        self.second_call.append(p)
+                        break
+                if caller_clock[rank] is None:
+                    self.at_boundary[rank].append(p)
+                    break
+                vc = np.maximum(vc, caller_clock[rank])
+                passed[p] = True
+            if position == end:
+                break
+            event = events[position - count if position >= count else position]
+            if event is None:  # a stage or consume: ordered by program order alone
+                snap_p[position] = vc
+                append((p, position))
+                position += 1
+                continue
+            wait, signal, per_call, k = event
+            value = (position // count) * per_call + k
+            if wait:
+                if value > 0:
+                    source = notified.get((signal, value))
+                    if source is None:
+                        blocked[(signal, value)].append(p)
+                        break
+                    # A notify's clock is (its program's clock, its program, its position).
+                    vc = np.maximum(vc, source[0])
+                    if vc[source[1]] < source[2]:
+                        vc[source[1]] = source[2]  # vc is fresh from np.maximum: no snap shares it
+                snap_p[position] = vc
+                append((p, position))
+            else:
+                snap_p[position] = vc
+                append((p, position))
+                notified[(signal, value)] = (vc, p, position)  # no copy: vc is never changed in place
+                waiting = blocked.pop((signal, value), None)
+                if waiting:
+                    self.ready.extend(waiting)
+            position += 1
+        self.pos[p], self.clock[p] = position, vc

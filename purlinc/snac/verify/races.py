@@ -121,27 +121,36 @@ def check_races_and_result(schedule: Schedule, spec: Spec, order: Order) -> None
     caller of each rank, between its calls, writes every IN and OUT region of its rank that
     some program touches.  Result: the same walk, over call 0's program steps, runs the
     symbolic execution; its errors are raised only if there is no race (races first)."""
-    programs = order.programs
-    table, regions, ids = _access_table(programs)
-    nreg = len(regions)
-    np_, n, snap = order.np, order.n, order.snap
-    world = order.world
-    last_write: list = [None] * nreg
-    reads_since: list = [None] * nreg  # None: no read since the last write
-    # Regions in a caller's care, per rank: its IN and OUT regions that some program touches
-    # (the table numbers every region any step touches, in either call).
+    table, regions, ids = _access_table(order.programs)
+    found, failure, values, writer = _walk(order, table, regions)
+    if found:
+        raise min(found, key=lambda item: (item[0], item[1].message))[1]
+    if failure is not None:
+        raise failure
+    _check_outputs(schedule, spec, order, ids, values, writer)
+
+
+def _callers_regions(regions: list[Region], world: int) -> list[list[int]]:
+    """Regions in a caller's care, per rank: its IN and OUT regions that some program touches
+    (the table numbers every region any step touches, in either call)."""
     mine = [[] for _ in range(world)]
     for i, region in enumerate(regions):
         if region.space is not Space.STAGE:
             mine[region.rank].append(i)
-    found = []
+    return mine
 
+
+def _walk(order: Order, table, regions: list[Region]):
+    """The walk: (races found, the first result failure, call 0's values, their writers)."""
+    nreg = len(regions)
+    np_, n, snap = order.np, order.n, order.snap
+    last_write: list = [None] * nreg
+    reads_since: list = [None] * nreg  # None: no read since the last write
+    mine = _callers_regions(regions, order.world)
+    found = []
     # Result state (call 0): region id -> multiset of slots (a sorted tuple) or None (garbage).
-    values: list = [None] * nreg
+    values: list = [(Slot(r.rank, r.unit),) if r.space is Space.IN else None for r in regions]
     writer: list = [None] * nreg  # last call-0 writer
-    for i, region in enumerate(regions):
-        if region.space is Space.IN:
-            values[i] = (Slot(region.rank, region.unit),)
     failure = None
 
     def race(i, later, earlier, later_writes, earlier_writes):
@@ -169,8 +178,7 @@ def check_races_and_result(schedule: Schedule, spec: Spec, order: Order) -> None
                 written(i, node)
             continue
         count = n[p]
-        index = pos - count if pos >= count else pos
-        reads, w, sources = table[p][index]
+        reads, w, sources = table[p][pos - count if pos >= count else pos]
         if w < 0:
             continue
         # Races, inlined: this runs for every access of every step in both calls.
@@ -194,31 +202,34 @@ def check_races_and_result(schedule: Schedule, spec: Spec, order: Order) -> None
                     race(w, node, read, True, False)
             reads_since[w] = None
         last_write[w] = node
-        if pos >= count or failure is not None:
-            continue
-        # Result: call 0, symbolically.
-        if len(sources) == 1:
-            src = sources[0]
-            result = values[src]
-            if result is None:
-                failure = _garbage_read(order, node, regions[src], writer[src])
-                continue
-        else:
-            got = [values[i] for i in sources]
-            bad = next((k for k, value in enumerate(got) if value is None), None)
-            if bad is not None:
-                failure = _garbage_read(order, node, regions[sources[bad]], writer[sources[bad]])
-                continue
-            # Several sources: a reduce (step 1 rejects a copy of more than one).  A single
-            # source is a copy, or a reduce of one value, which is already sorted.
-            result = tuple(sorted((slot for value in got for slot in value), key=_slot_key))
-        values[w] = result
-        writer[w] = node
-    if found:
-        raise min(found, key=lambda item: (item[0], item[1].message))[1]
-    if failure is not None:
-        raise failure
+        if pos < count and failure is None:  # the result: call 0, symbolically
+            failure = _execute(order, node, sources, w, values, writer, regions)
+    return found, failure, values, writer
 
+
+def _execute(order: Order, node, sources, w: int, values: list, writer: list, regions) -> VerificationError | None:
+    """One call-0 step of the symbolic execution: region ``w`` gets the copy or the reduction
+    of ``sources``; the error of a read of garbage, else None."""
+    if len(sources) == 1:
+        src = sources[0]
+        result = values[src]
+        if result is None:
+            return _garbage_read(order, node, regions[src], writer[src])
+    else:
+        got = [values[i] for i in sources]
+        bad = next((k for k, value in enumerate(got) if value is None), None)
+        if bad is not None:
+            return _garbage_read(order, node, regions[sources[bad]], writer[sources[bad]])
+        # Several sources: a reduce (step 1 rejects a copy of more than one).  A single
+        # source is a copy, or a reduce of one value, which is already sorted.
+        result = tuple(sorted((slot for value in got for slot in value), key=_slot_key))
+    values[w] = result
+    writer[w] = node
+    return None
+
+
+def _check_outputs(schedule: Schedule, spec: Spec, order: Order, ids: dict, values: list, writer: list) -> None:
+    """Every output slice holds exactly what the spec names (after call 0)."""
     per_channel = schedule.options.slices
     for rank in range(spec.world_size):
         for unit, sources in enumerate(spec.sources[rank]):

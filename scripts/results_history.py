@@ -1,0 +1,90 @@
+"""The compact measurement history of benchmarks/bench.py's runs, merged from their JSON into
+benchmarks/results/runs.csv (one row per run: date, commit, machine, versions) and
+benchmarks/results/history.csv (one row per run, collective, size, mode, system and variant).
+
+    python3 scripts/results_history.py benchmarks/results/<stem>.json [...]
+
+The history keeps the rows a comparison needs: Purlin's default call and its zero-copy form,
+every NCCL setting and torch symmetric memory (the explicit Purlin variants and the
+hierarchical rows stay in each run's JSON).  Rows already there (same run and key) are
+replaced, so adding the newest run is one command; older runs' full JSON and reports stay in
+git's history.  Times are the slowest rank's median in us, bus bandwidth in GB/s.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+HISTORY, RUNS = RESULTS / "history.csv", RESULTS / "runs.csv"
+COLUMNS = ("run", "collective", "bytes", "mode", "calls_per_graph", "system", "variant", "time_us", "busbw_gbps")
+RUN_COLUMNS = ("run", "date", "commit", "machine", "world_size", "torch", "nccl")
+KEY = ("run", "collective", "bytes", "mode", "calls_per_graph", "system", "variant")
+
+
+def kept(row: dict) -> bool:
+    return row["system"] in ("nccl", "symm_mem") or (row["system"] == "purlin" and row["variant"] in ("default", "zerocopy"))
+
+
+def _number(value) -> str:
+    return "" if value is None else f"{value:.4g}"
+
+
+def rows_of(path: Path) -> tuple[dict, list[dict]]:
+    """One run's description and its kept, measured rows (no error, a time)."""
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    meta = doc.get("meta", {})
+    run = {"run": path.stem, "date": meta.get("date", ""), "commit": meta.get("git_commit", ""),
+           "machine": meta.get("machine", ""), "world_size": meta.get("world_size", ""),
+           "torch": meta.get("torch", ""), "nccl": meta.get("nccl", "")}
+    out = []
+    for row in doc.get("rows", []):
+        if row.get("error") or not row.get("time_us") or not kept(row):
+            continue
+        out.append({"run": path.stem, "collective": row["collective"], "bytes": row["bytes"], "mode": row["mode"],
+                    "calls_per_graph": row.get("calls_per_graph") or "", "system": row["system"],
+                    "variant": row["variant"], "time_us": _number(row["time_us"]),
+                    "busbw_gbps": _number(row.get("busbw_gbps"))})
+    return run, out
+
+
+def merge(existing: list[dict], new: list[dict], key: tuple[str, ...]) -> list[dict]:
+    merged = {tuple(str(r[k]) for k in key): r for r in existing}
+    merged.update({tuple(str(r[k]) for k in key): r for r in new})
+    return list(merged.values())
+
+
+def _read(path: Path) -> list[dict]:
+    return list(csv.DictReader(path.open(encoding="utf-8"))) if path.exists() else []
+
+
+def _write(path: Path, columns, rows) -> None:
+    with path.open("w", encoding="utf-8", newline="") as out:
+        writer = csv.DictWriter(out, columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    loaded = [rows_of(Path(name)) for name in argv]
+    runs = merge(_read(RUNS), [run for run, _ in loaded], ("run",))
+    runs.sort(key=lambda r: (r["date"], [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", r["run"])]))
+    order = {r["run"]: i for i, r in enumerate(runs)}
+    rows = merge(_read(HISTORY), [row for _, rows in loaded for row in rows], KEY)
+    rows.sort(key=lambda r: (order[r["run"]], r["collective"], int(r["bytes"]), r["mode"], str(r["calls_per_graph"]),
+                             r["system"], r["variant"]))
+    _write(RUNS, RUN_COLUMNS, runs)
+    _write(HISTORY, COLUMNS, rows)
+    print(f"{HISTORY}: {len(rows)} rows; {RUNS}: {len(runs)} runs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

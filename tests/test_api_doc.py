@@ -1,0 +1,52 @@
+"""docs/API.md lists the public Python API: every name in its tables imports (the
+``purlinc.torch`` ones where torch is installed), so the page cannot drift from the code."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+API = Path(__file__).resolve().parent.parent / "docs" / "API.md"
+NAME = re.compile(r"^\| `((?:purlinc|purlin)(?:\.\w+)+)` \|", re.MULTILINE)
+
+
+def _names() -> list[str]:
+    return NAME.findall(API.read_text(encoding="utf-8"))
+
+
+def _resolve(dotted: str):
+    """The object ``dotted`` names: the longest importable module prefix, then attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        module_name = ".".join(parts[:cut])
+        try:
+            obj = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name and module_name.startswith(error.name):  # not a module: try a shorter prefix
+                continue
+            raise
+        for attribute in parts[cut:]:
+            obj = getattr(obj, attribute)
+        return obj
+    raise ImportError(dotted)
+
+
+def test_the_page_lists_names():
+    names = _names()
+    assert len(names) > 40 and len(set(names)) == len(names), "a table row lost its name, or one is listed twice"
+
+
+@pytest.mark.parametrize("dotted", _names())
+def test_every_listed_name_imports(dotted):
+    if dotted.split(".")[:2] == ["purlinc", "torch"] and importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed (the torch CPU tests import these)")
+    assert _resolve(dotted) is not None
+
+
+def test_the_resolver_fails_on_a_missing_name():
+    with pytest.raises(AttributeError):
+        _resolve("purlinc.runtime.no_such_thing")
