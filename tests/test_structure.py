@@ -1,5 +1,5 @@
-"""The package's shape, read from its source with ``ast`` (nothing imported): no import cycle
-and no import upward across the layers docs/ARCHITECTURE.md names."""
+"""The package's shape, read from its source with ``ast`` (nothing imported): no import cycle,
+no import upward across the layers docs/ARCHITECTURE.md names, and no function over 80 lines."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "purlinc"
 # decides a module's layer (``purlinc`` itself is the public front, forwarding to the runtime).
 LAYERS = (
     ("base", ("purlinc.errors", "purlinc.registry", "purlinc.settings", "purlinc.dtypes", "purlinc.resources",
-              "purlinc.version")),
+              "purlinc.version", "purlinc.log")),
     ("frontend", ("purlinc.frontend",)),
     ("snac", ("purlinc.snac",)),
     ("atom", ("purlinc.atom",)),
@@ -21,6 +21,7 @@ LAYERS = (
     ("runtime", ("purlinc.runtime",)),
     ("front", ("purlinc", "purlinc.__main__", "purlinc.cli", "purlinc.torch")),
 )
+MAX_FUNCTION_LINES = 80
 
 
 def _modules() -> dict[str, Path]:
@@ -136,3 +137,29 @@ def test_layers_read_the_way_the_architecture_guide_says():
     assert _layer("purlinc.frontend.check") < _layer("purlinc.snac.ir")
     assert _layer("purlinc.cli.dump") == _layer("purlinc.torch.ops") > _layer("purlinc.runtime.collective")
     assert _layer("purlinc.errors") == 0
+
+
+def _long_functions(tree: ast.AST) -> list[tuple[int, str, int]]:
+    """(line, name, length) of every function (nested ones too) longer than the limit; a
+    function's length runs from its first decorator to its last line."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            length = node.end_lineno - start + 1
+            if length > MAX_FUNCTION_LINES:
+                found.append((node.lineno, node.name, length))
+    return found
+
+
+def test_no_function_over_80_lines():
+    long = [f"{path.relative_to(PACKAGE.parent)}:{line} {name} ({length} lines)"
+            for path in sorted(PACKAGE.rglob("*.py"))
+            for line, name, length in _long_functions(ast.parse(path.read_text(encoding="utf-8")))]
+    assert long == []
+
+
+def test_the_length_check_counts_lines():
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    assert _long_functions(ast.parse(f"def f():\n{body}\n")) == [(1, "f", MAX_FUNCTION_LINES + 1)]
+    assert _long_functions(ast.parse("def g():\n    return 1\n")) == []

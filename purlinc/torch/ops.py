@@ -262,6 +262,27 @@ def define(name: str) -> Ops:
         return hit
     if not _NAME.fullmatch(name):
         raise ArgumentError(f"op name {name!r} is not an identifier (letters, digits, _; a letter first)")
+    impl = _implementations(name)
+    lib = f"{NAMESPACE}::{name}"
+    ops: list = []
+    for suffix, fn, fake, schema, mutates in (
+        ("", impl["functional"], impl["functional_fake"], "(Tensor x, int handle, str op, SymInt count) -> Tensor", ()),
+        ("_out", impl["out_form"], impl["out_fake"], "(Tensor x, Tensor(a!) out, int handle, str op) -> ()", ("out",)),
+        ("_inplace", impl["inplace"], impl["inplace_fake"], "(Tensor(a!) t, int handle, str op) -> ()", ("t",)),
+        ("_seq", impl["sequenced"], impl["sequenced_fake"],
+         "(Tensor x, Tensor(a!) seq, int handle, str op, SymInt count) -> Tensor", ("seq",)),
+    ):
+        custom = torch.library.custom_op(lib + suffix, fn, mutates_args=mutates, schema=schema)
+        custom.register_fake(fake)
+        overload = getattr(getattr(torch.ops, NAMESPACE), name + suffix).default
+        _keep_in_order(overload, mutable=bool(mutates))
+        ops.append(overload)
+    _DEFINED[name] = hit = Ops(*ops, impl["functional"], impl["out_form"], impl["inplace"])
+    return hit
+
+
+def _implementations(name: str) -> dict:
+    """The real and fake implementations of ``name``'s ops, by role."""
 
     def functional(x, handle, op, count):
         e = entry(handle)
@@ -323,22 +344,8 @@ def define(name: str) -> Ops:
     def sequenced_fake(x, seq, handle, op, count):
         return functional_fake(x, handle, op, count)
 
-    lib = f"{NAMESPACE}::{name}"
-    ops: list = []
-    for suffix, fn, fake, schema, mutates in (
-        ("", functional, functional_fake, "(Tensor x, int handle, str op, SymInt count) -> Tensor", ()),
-        ("_out", out_form, out_fake, "(Tensor x, Tensor(a!) out, int handle, str op) -> ()", ("out",)),
-        ("_inplace", inplace, inplace_fake, "(Tensor(a!) t, int handle, str op) -> ()", ("t",)),
-        ("_seq", sequenced, sequenced_fake, "(Tensor x, Tensor(a!) seq, int handle, str op, SymInt count) -> Tensor",
-         ("seq",)),
-    ):
-        custom = torch.library.custom_op(lib + suffix, fn, mutates_args=mutates, schema=schema)
-        custom.register_fake(fake)
-        overload = getattr(getattr(torch.ops, NAMESPACE), name + suffix).default
-        _keep_in_order(overload, mutable=bool(mutates))
-        ops.append(overload)
-    _DEFINED[name] = hit = Ops(*ops, functional, out_form, inplace)
-    return hit
+    return {"functional": functional, "functional_fake": functional_fake, "out_form": out_form, "out_fake": out_fake,
+            "inplace": inplace, "inplace_fake": inplace_fake, "sequenced": sequenced, "sequenced_fake": sequenced_fake}
 
 
 def _keep_in_order(op, *, mutable: bool) -> None:
