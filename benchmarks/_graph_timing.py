@@ -1,6 +1,5 @@
-"""What the one-process benchmarks share (ll_sweep.py, ll_probe.py, load_variance.py,
-loopback_slices.py): one checked call of a LocalGroup collective on fresh data, and its
-per-call time in CUDA-graph replays.
+"""What the one-process benchmarks share (ll_sweep.py, loopback_slices.py): one checked call
+of a LocalGroup collective on fresh data, and its per-call time in CUDA-graph replays.
 
 They run in one process that drives every rank (``purlinc.LocalGroup``): one GPU each, or all
 on one GPU (a loopback group, with a stream per rank); the reference and the data helpers are

@@ -442,10 +442,6 @@ class Compiled:
         return self.request.source
 
     @property
-    def source_text(self) -> str:
-        return self.request.source.text
-
-    @property
     def filename(self) -> str:
         return self.request.source.filename
 

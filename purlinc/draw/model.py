@@ -90,12 +90,6 @@ class Drawing:
     chunks: tuple[str, ...]  # every chunk name, in a stable order (the colour key)
     notes: tuple[str, ...] = field(default=())
 
-    def lane_of(self, rank: int, channel: int) -> Lane | None:
-        for lane in self.lanes:
-            if (lane.rank, lane.channel) == (rank, channel):
-                return lane
-        return None
-
 
 # ---- steps ------------------------------------------------------------------------------
 
@@ -283,10 +277,3 @@ def match_pairs(lanes) -> tuple[tuple[Pair, ...], int]:
                 continue
             pairs.append(Pair(source, box.key, box.signal, box.k))
     return tuple(pairs), unmatched
-
-
-def all_pairs(schedule: Schedule) -> tuple[Pair, ...]:
-    """Every pair of the whole schedule (all channels): what ``build(..., collapse=False)`` draws."""
-    lanes = [Lane(r, c, "", tuple(_box(r, c, i, s, {}) for i, s in enumerate(schedule.program(r, c).steps)))
-             for r in range(schedule.world_size) for c in range(schedule.channels)]
-    return match_pairs(lanes)[0]

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from purlinc.draw.model import Drawing
-from purlinc.snac.ir import Consume, Notify, Schedule, Stage, Wait
+from purlinc.snac.ir import Consume, Notify, Schedule, Stage
 
 
 @dataclass(frozen=True, slots=True)

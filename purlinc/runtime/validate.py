@@ -181,11 +181,6 @@ def _chunk_count(where: str, x, out, in_units: int, out_units: int, count: int |
     return derived if derived is not None else int(count or 0)
 
 
-def fast_path(shape: CallShape) -> bool:
-    """Both buffers 16-byte aligned (the kernels then use 16-byte vectors throughout)."""
-    return shape.in_ptr % FAST_ALIGN == 0 and shape.out_ptr % FAST_ALIGN == 0
-
-
 def choose_piece(count: int, stage_units: int, itemsize: int, stage_bytes: int) -> int:
     """Elements per chunk per round: the whole chunk when it fits the staging space, else the
     largest 16-byte multiple that fits (``stage_units * piece * itemsize <= stage_bytes``)."""
