@@ -1,6 +1,8 @@
 """The README's results table from a benchmark JSON (benchmarks/bench.py's <stem>.json).
 
-    python3 scripts/readme_table.py benchmarks/results/<stem>.json
+    python3 scripts/readme_table.py [benchmarks/results/<stem>.json]
+
+Without an argument: the newest run in benchmarks/results/runs.csv whose JSON is there.
 
 Per collective: Purlin's default call beside the fastest NCCL setting of each size (named),
 graph mode with 100 calls per graph up to 1 MiB and 20 above (the largest count the run has
@@ -10,9 +12,13 @@ for that size), times in us up to 1 MiB and bus bandwidth above; every cell is
 
 from __future__ import annotations
 
+import csv
 import json
 import sys
 from collections import defaultdict
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 SIZES = (1024, 65536, 1 << 20, 16 << 20, 256 << 20)
 HEADERS = ("1 KiB graph, us", "64 KiB graph, us", "1 MiB graph, us", "16 MiB busbw GB/s", "256 MiB busbw GB/s")
@@ -56,8 +62,31 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def newest() -> Path:
+    """The newest run (runs.csv is in date and run order) whose JSON is committed."""
+    runs = list(csv.DictReader((RESULTS / "runs.csv").open(encoding="utf-8")))
+    for run in reversed(runs):
+        path = RESULTS / f"{run['run']}.json"
+        if path.exists():
+            return path
+    raise SystemExit(f"no run of {RESULTS / 'runs.csv'} has its JSON in {RESULTS}")
+
+
+def caption(path: Path, meta: dict) -> str:
+    """Which run the table is, and the baselines' settings."""
+    return (f"From `benchmarks/results/{path.stem}.md` (commit {meta.get('git_commit', '?')}, "
+            f"{meta.get('date', '?')}, {meta.get('machine', '?')}, {meta.get('world_size', '?')} ranks, "
+            f"{meta.get('dtype', '?')}): Purlin's default call / the fastest NCCL {meta.get('nccl', '?')} setting "
+            f"(torch {meta.get('torch', '?')}; `default`, `nomix` = NCCL_GRAPH_MIXING_SUPPORT=0, `symm` = "
+            "mixing off and NCCL symmetric buffers; NCCL_NVLS_ENABLE=0) and the speed-up. Graph replay, "
+            "100 calls per graph up to 1 MiB, 20 above; the slowest rank's median of 3 repeats; bus "
+            "bandwidth by nccl-tests' conventions.")
+
+
 def main() -> int:
-    doc = json.loads(open(sys.argv[1]).read())
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else newest()
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    print(caption(path, doc.get("meta", {})) + "\n")
     print(table(doc["rows"]))
     return 0
 

@@ -245,7 +245,7 @@ class ZeroCopy:
         twin._zc_offsets = self.offsets
         # A packed (LL) schedule serves small calls, where its packets' flags beat the twin's
         # separate signal round trip (registered pushes cannot carry LL packets): heap buffers
-        # then stage too.  Measured on 2 x H200 (benchmarks/results): 1 KiB all-reduce 3.2 us
+        # then stage too.  Measured on 2 x H200 (benchmarks/RESULTS.md): 1 KiB all-reduce 3.2 us
         # staged vs 6.0 us zero-copy, 64 KiB 4.9 vs 6.6; zero-copy wins from ~1 MiB, where the
         # size buckets use unpacked schedules.  The same on every rank: it is the schedule's.
         self.prefer_staged = staged.compiled.options.packed

@@ -1,0 +1,43 @@
+"""The README is a user's guide: short, its two set-up commands as written, and its results
+table exactly what scripts/readme_table.py makes from the newest committed run."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+BEGIN = "<!-- results table: made by scripts/readme_table.py from the newest run; tests/test_readme.py checks it -->"
+END = "<!-- end of results table -->"
+
+
+def test_readme_is_a_short_guide():
+    assert len(README.splitlines()) <= 150
+
+
+def test_readme_keeps_the_two_setup_commands():
+    assert ("python3 -m venv .venv && . .venv/bin/activate && pip install . && "
+            "purlinc compile examples/allgather.pln --arch sm_90") in README
+    assert "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[test]' && python -m pytest -q" in README
+
+
+def test_results_table_is_the_scripts_output_for_the_newest_run():
+    made = subprocess.run([sys.executable, str(ROOT / "scripts" / "readme_table.py")], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    shown = README.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+    assert shown == made
+    spec = importlib.util.spec_from_file_location("readme_table", ROOT / "scripts" / "readme_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.newest().stem in shown  # the caption names the run it was made from
+
+
+def test_linked_documents_exist():
+    for line in README.splitlines():
+        for part in line.split("](")[1:]:
+            target = part.split(")", 1)[0]
+            if not target.startswith("http"):
+                assert (ROOT / target).exists(), target
