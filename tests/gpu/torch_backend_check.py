@@ -95,6 +95,8 @@ def main() -> None:
     calls.DEVICE = device
     calls.purlin_calls(rank, R)
     torch.cuda.synchronize()
+    for what in ("communicator: rank", "load allreduce", "kernel for float32 sum loaded"):  # the INFO log
+        assert any(what in m for m in said), (what, said[:20])
     fallbacks(rank, R, device, said)
     other_backend(rank, R, device)
     autograd(rank, R, device)
