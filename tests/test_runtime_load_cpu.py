@@ -83,6 +83,9 @@ def fake(monkeypatch, tmp_path):
     monkeypatch.setattr(driver, "stream_create", record("stream_create", object))
     monkeypatch.setattr(driver, "event_create", record("event_create", object))
     monkeypatch.setattr(driver, "arch_of", lambda device: "sm_90")
+    monkeypatch.setattr(driver, "local_bytes", lambda function: 0, raising=False)
+    monkeypatch.setattr(driver, "stack_limit", lambda: 1024, raising=False)
+    monkeypatch.setattr(driver, "set_stack_limit", record("set_stack_limit"), raising=False)
     # the fake communicator passes load()'s type check
     monkeypatch.setattr(communicator, "Communicator", FakeComm)
     yield calls
@@ -219,3 +222,66 @@ def test_dependent_launch_where_the_device_has_it(fake, monkeypatch, arch, setti
     for rank in range(2):
         body = source.split(f"{variant.abi.entry(rank)}_body(const purlin_args& args)\n{{\n")[1]
         assert body.lstrip().startswith("purlin_launch_order();")
+
+
+class _SharedGPU:
+    """One device under CUDA's per-thread stack rule (cuCtxSetLimit): a launch whose kernel
+    needs more stack than the context has grows it, and growing it waits until every kernel
+    already running on the device has finished.  Kernels of a group call wait for each other,
+    so such a wait in the middle of one is a deadlock until the first rank's waits time out."""
+
+    def __init__(self, needs: dict[str, int]):
+        self.limit = 1024  # the driver's default
+        self.needs = needs
+        self.running: list[str] = []
+        self.stalls: list[tuple[str, list[str]]] = []
+
+    def stack_limit(self) -> int:
+        return self.limit
+
+    def set_stack_limit(self, nbytes: int) -> None:
+        assert not self.running, "the stack is grown while this call's kernels run"
+        self.limit = max(self.limit, nbytes)
+
+    def launch(self, function, grid, block, shared, stream, args) -> None:
+        need = self.needs[function]
+        if need > self.limit:
+            if self.running:
+                self.stalls.append((function, list(self.running)))
+            self.limit = need
+        self.running.append(function)
+
+
+def test_a_group_call_grows_the_stack_before_any_rank_launches(fake, monkeypatch):
+    """Issue 25's R=8 hang on one GPU: each rank's entry point needs its own stack (ptxas: 3536
+    bytes for rank 0 of the 16-unit packed all-reduce at R=8, 3552 for rank 1, ...).  Rank 0
+    launched first and grew the stack; rank 1's launch had to grow it again, which waits for
+    the running kernels, rank 0's among them, and rank 0 waited for rank 1's signal until it
+    timed out.  Every rank's kernel is loaded before any launches, and so must the stack be."""
+    from purlinc.runtime.validate import CallShape
+
+    coll = load(EXAMPLES / "allreduce.pln", FakeComm(), channels=1, packed=True)
+    abi = coll.variant(DType.FLOAT32, ReduceOp.SUM).abi
+    needs = {abi.entry(0): 3536, abi.entry(1): 3552, abi.lean_entry(0): 3336, abi.lean_entry(1): 3336}
+    gpu = _SharedGPU(needs)
+    monkeypatch.setattr(driver, "local_bytes", lambda function: needs[function], raising=False)
+    monkeypatch.setattr(driver, "stack_limit", gpu.stack_limit, raising=False)
+    monkeypatch.setattr(driver, "set_stack_limit", gpu.set_stack_limit, raising=False)
+    monkeypatch.setattr(driver, "launch", gpu.launch)
+
+    class RankComm(FakeComm):  # rank r of a loopback pair: both on cuda:0, one heap layout
+        def __init__(self, rank):
+            super().__init__()
+            self.rank, self.local_group = rank, object()
+
+    compiled = coll.compiled
+    ranks = []
+    for r in (0, 1):
+        comm = RankComm(r)
+        ranks.append(Collective(compiled, comm, collective._allocate(comm, compiled, None), agree=False))
+    shapes = [(CallShape(DType.FLOAT32, ReduceOp.SUM, 1, 1 << 32, 1 << 33), 100 + r, None) for r in (0, 1)]
+    monkeypatch.setattr(collective, "prepare_group", lambda *args: shapes)
+    collective.GroupCollective(ranks)(None)  # count 1 of float32: the wide entries
+    assert gpu.running == [abi.entry(0), abi.entry(1)]
+    assert gpu.stalls == [], f"a launch grew the stack while other ranks ran: {gpu.stalls}"
+    assert gpu.limit >= 3552

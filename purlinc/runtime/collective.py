@@ -314,6 +314,10 @@ class Collective:
             for f in (function, lean):
                 if f is not None:
                     driver.set_max_dynamic_shared(f, abi.shared_bytes)
+        # Now, not at the launch: a launch that has to grow the stack waits for the device's
+        # running kernels, among them the ranks of this call that share the GPU and wait for
+        # this one (driver.reserve_stack).  A group call loads every rank before launching any.
+        driver.reserve_stack(max(driver.local_bytes(f) for f in (function, lean) if f is not None))
         hit = _Variant(function, module, abi, key, lean)
         self._variants[key] = hit
         return hit

@@ -238,6 +238,33 @@ def set_max_dynamic_shared(function: cu.CUfunction, nbytes: int) -> None:
     call(cu.cuFuncSetAttribute, function, attr, nbytes)
 
 
+def local_bytes(function: cu.CUfunction) -> int:
+    """Local memory (stack) each thread of ``function`` needs, in bytes."""
+    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES
+    return int(call(cu.cuFuncGetAttribute, attr, function))
+
+
+def stack_limit() -> int:
+    """The current context's per-thread stack size, in bytes."""
+    return int(call(cu.cuCtxGetLimit, cu.CUlimit.CU_LIMIT_STACK_SIZE))
+
+
+def reserve_stack(nbytes: int) -> None:
+    """Grow the current context's per-thread stack to at least ``nbytes`` now.
+
+    A launch whose kernel needs more stack than the context has grows it itself, and growing
+    it waits until every kernel already running on the device has finished (cuCtxSetLimit).
+    Ranks that share a GPU (a loopback group) launch one after another and each waits for the
+    others' signals, so that wait would last until the first rank's waits timed out: the stack
+    a group call needs is reserved before any rank launches (``Collective.variant``)."""
+    if nbytes > stack_limit():
+        set_stack_limit(nbytes)
+
+
+def set_stack_limit(nbytes: int) -> None:
+    call(cu.cuCtxSetLimit, cu.CUlimit.CU_LIMIT_STACK_SIZE, int(nbytes))
+
+
 class PackedArgs:
     """One kernel argument (a struct by value) kept alive with its ``void*[1]`` array.
 
