@@ -86,6 +86,8 @@ def fake(monkeypatch, tmp_path):
     monkeypatch.setattr(driver, "local_bytes", lambda function: 0, raising=False)
     monkeypatch.setattr(driver, "stack_limit", lambda: 1024, raising=False)
     monkeypatch.setattr(driver, "set_stack_limit", record("set_stack_limit"), raising=False)
+    monkeypatch.setattr(driver, "blocks_per_sm", lambda function, threads, shared: 8, raising=False)
+    monkeypatch.setattr(driver, "sm_count", lambda device: 132, raising=False)
     # the fake communicator passes load()'s type check
     monkeypatch.setattr(communicator, "Communicator", FakeComm)
     yield calls
@@ -224,6 +226,28 @@ def test_dependent_launch_where_the_device_has_it(fake, monkeypatch, arch, setti
         assert body.lstrip().startswith("purlin_launch_order();")
 
 
+class _LoopbackComm(FakeComm):
+    """Rank ``rank`` of a loopback pair: both on cuda:0, one heap layout."""
+
+    def __init__(self, rank):
+        super().__init__()
+        self.rank, self.local_group = rank, object()
+
+
+def _loopback_pair(compiled, monkeypatch) -> list:
+    """Both ranks' Collectives of ``compiled``, whose group calls are one float32 call of count 1
+    (validation, which needs real buffers, is stood in for)."""
+    from purlinc.runtime.validate import CallShape
+
+    ranks = []
+    for r in (0, 1):
+        comm = _LoopbackComm(r)
+        ranks.append(Collective(compiled, comm, collective._allocate(comm, compiled, None), agree=False))
+    shapes = [(CallShape(DType.FLOAT32, ReduceOp.SUM, 1, 1 << 32, 1 << 33), 100 + r, None) for r in (0, 1)]
+    monkeypatch.setattr(collective, "prepare_group", lambda *args: shapes)
+    return ranks
+
+
 class _SharedGPU:
     """One device under CUDA's per-thread stack rule (cuCtxSetLimit): a launch whose kernel
     needs more stack than the context has grows it, and growing it waits until every kernel
@@ -258,8 +282,6 @@ def test_a_group_call_grows_the_stack_before_any_rank_launches(fake, monkeypatch
     launched first and grew the stack; rank 1's launch had to grow it again, which waits for
     the running kernels, rank 0's among them, and rank 0 waited for rank 1's signal until it
     timed out.  Every rank's kernel is loaded before any launches, and so must the stack be."""
-    from purlinc.runtime.validate import CallShape
-
     coll = load(EXAMPLES / "allreduce.pln", FakeComm(), channels=1, packed=True)
     abi = coll.variant(DType.FLOAT32, ReduceOp.SUM).abi
     needs = {abi.entry(0): 3536, abi.entry(1): 3552, abi.lean_entry(0): 3336, abi.lean_entry(1): 3336}
@@ -269,19 +291,27 @@ def test_a_group_call_grows_the_stack_before_any_rank_launches(fake, monkeypatch
     monkeypatch.setattr(driver, "set_stack_limit", gpu.set_stack_limit, raising=False)
     monkeypatch.setattr(driver, "launch", gpu.launch)
 
-    class RankComm(FakeComm):  # rank r of a loopback pair: both on cuda:0, one heap layout
-        def __init__(self, rank):
-            super().__init__()
-            self.rank, self.local_group = rank, object()
-
-    compiled = coll.compiled
-    ranks = []
-    for r in (0, 1):
-        comm = RankComm(r)
-        ranks.append(Collective(compiled, comm, collective._allocate(comm, compiled, None), agree=False))
-    shapes = [(CallShape(DType.FLOAT32, ReduceOp.SUM, 1, 1 << 32, 1 << 33), 100 + r, None) for r in (0, 1)]
-    monkeypatch.setattr(collective, "prepare_group", lambda *args: shapes)
+    ranks = _loopback_pair(coll.compiled, monkeypatch)
     collective.GroupCollective(ranks)(None)  # count 1 of float32: the wide entries
     assert gpu.running == [abi.entry(0), abi.entry(1)]
     assert gpu.stalls == [], f"a launch grew the stack while other ranks ran: {gpu.stalls}"
     assert gpu.limit >= 3552
+
+
+def test_a_group_call_that_cannot_be_resident_is_refused_before_any_launch(fake, monkeypatch):
+    """Two ranks sharing a GPU whose SMs hold three of their blocks at once: two channels each
+    would leave one block waiting to start while the others wait for it."""
+    from purlinc.runtime.errors import ResidencyError
+
+    monkeypatch.setattr(driver, "blocks_per_sm", lambda function, threads, shared: 1)
+    monkeypatch.setattr(driver, "sm_count", lambda device: 3)
+    launches = []
+    monkeypatch.setattr(driver, "launch", lambda *args: launches.append(args))
+    one = load(EXAMPLES / "allgather.pln", FakeComm(), channels=1)
+    collective.GroupCollective(_loopback_pair(one.compiled, monkeypatch))(None)  # 2 of 3: runs
+    assert len(launches) == 2
+    two = load(EXAMPLES / "allgather.pln", FakeComm(), channels=2)
+    group = collective.GroupCollective(_loopback_pair(two.compiled, monkeypatch))
+    with pytest.raises(ResidencyError, match=r"needs 4 blocks resident at once on cuda:0 .* at most 3 of them"):
+        group(None)
+    assert len(launches) == 2  # nothing more was launched

@@ -110,6 +110,13 @@ def device_name(device: int) -> str:
     return raw.split(b"\0", 1)[0].decode()
 
 
+def sm_count(device: int) -> int:
+    """Streaming multiprocessors of ``device``."""
+    init()
+    dev = call(cu.cuDeviceGet, device)
+    return int(call(cu.cuDeviceGetAttribute, cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev))
+
+
 def can_access_peer(device: int, peer: int) -> bool:
     init()
     dev, other = call(cu.cuDeviceGet, device), call(cu.cuDeviceGet, peer)
@@ -242,6 +249,12 @@ def local_bytes(function: cu.CUfunction) -> int:
     """Local memory (stack) each thread of ``function`` needs, in bytes."""
     attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES
     return int(call(cu.cuFuncGetAttribute, attr, function))
+
+
+def blocks_per_sm(function: cu.CUfunction, threads: int, shared: int) -> int:
+    """How many blocks of ``function`` (``threads`` each, ``shared`` dynamic shared bytes) one
+    SM holds at once, by its registers, shared memory and threads."""
+    return int(call(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor, function, threads, shared))
 
 
 def stack_limit() -> int:
