@@ -296,8 +296,8 @@ class LocalGroup:
     multi-rank schedules on a machine with one GPU.  Its "remote" stores stay in that GPU's
     memory, so it says nothing about link speed.  The ranks' kernels wait for each other, so
     they must run at the same time: every group call needs one stream per rank (``streams=``,
-    checked), and the ranks' grids must fit on the GPU together (a kernel that cannot start
-    makes the others time out, with PurlinTimeoutError).
+    checked), and the ranks' grids must fit on the GPU together (checked before any launch:
+    ``ResidencyError``; a plain ``load()`` caps its channels to fit, ``runtime/residency.py``).
     """
 
     def __init__(self, devices: Sequence[int] | None = None, *, heap_bytes: int | None = None,
