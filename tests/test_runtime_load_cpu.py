@@ -235,15 +235,17 @@ class _LoopbackComm(FakeComm):
 
 
 def _loopback_pair(compiled, monkeypatch) -> list:
-    """Both ranks' Collectives of ``compiled``, whose group calls are one float32 call of count 1
-    (validation, which needs real buffers, is stood in for)."""
+    """Every rank's Collective of ``compiled`` on one GPU, whose group calls are one float32
+    call of count 1 (validation, which needs real buffers, is stood in for)."""
     from purlinc.runtime.validate import CallShape
 
     ranks = []
-    for r in (0, 1):
+    world = compiled.world_size
+    for r in range(world):
         comm = _LoopbackComm(r)
+        comm.world_size, comm.heap = world, FakeHeap(world)
         ranks.append(Collective(compiled, comm, collective._allocate(comm, compiled, None), agree=False))
-    shapes = [(CallShape(DType.FLOAT32, ReduceOp.SUM, 1, 1 << 32, 1 << 33), 100 + r, None) for r in (0, 1)]
+    shapes = [(CallShape(DType.FLOAT32, ReduceOp.SUM, 1, 1 << 32, 1 << 33), 100 + r, None) for r in range(world)]
     monkeypatch.setattr(collective, "prepare_group", lambda *args: shapes)
     return ranks
 
@@ -315,3 +317,27 @@ def test_a_group_call_that_cannot_be_resident_is_refused_before_any_launch(fake,
     with pytest.raises(ResidencyError, match=r"needs 4 blocks resident at once on cuda:0 .* at most 3 of them"):
         group(None)
     assert len(launches) == 2  # nothing more was launched
+
+
+@pytest.mark.slow
+def test_the_hangs_kernel_needs_a_larger_stack_for_a_later_rank_and_gets_it_before_any_launch(fake, monkeypatch):
+    """Issue 25's kernel itself (the 16-unit packed all-reduce at R=8, count 1 in float32: the
+    wide entries), compiled by NVRTC: ptxas gives rank 1's entry more stack than rank 0's, so
+    on the old load path rank 1's launch grew the stack while rank 0 ran.  The same 8-rank group
+    call, on CUDA's stack rule with the CUBIN's own numbers, launches nothing that grows it.
+    (Slow: about a minute of NVRTC on two cores.)"""
+    from purlinc.atom.cubin import stack_bytes
+
+    source = "collective ar_2d { in[r] = x[0..2][0..R]  out[r] = x[0..2][0..R]  reduce }\n"
+    compiled = collective.prepare(source, 8, algorithm="direct-push", atom="ldst", channels=1, packed=True)
+    kernel = compiled.kernel(DType.FLOAT32, ReduceOp.SUM)
+    stacks = stack_bytes(kernel.cubin)
+    wide = [stacks[kernel.cuda.abi.entry(r)] for r in range(8)]
+    assert wide[0] > 1024 and any(need > max(wide[:r]) for r, need in enumerate(wide) if r), wide
+    gpu = _SharedGPU(stacks)
+    monkeypatch.setattr(driver, "stack_limit", gpu.stack_limit, raising=False)
+    monkeypatch.setattr(driver, "set_stack_limit", gpu.set_stack_limit, raising=False)
+    monkeypatch.setattr(driver, "launch", gpu.launch)
+    collective.GroupCollective(_loopback_pair(compiled, monkeypatch))(None)
+    assert len(gpu.running) == 8
+    assert gpu.stalls == [], f"a launch grew the stack while other ranks ran: {gpu.stalls}"

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from purlinc import settings
 from purlinc.atom.abi import ERROR_RECORD, ERROR_RECORD_BYTES, decode_error
+from purlinc.atom.cubin import stack_bytes
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.errors import InternalError, PurlinError
 from purlinc.runtime import interop, residency, zerocopy
@@ -319,9 +320,10 @@ class Collective:
         # Now, not at the launch: a launch that has to grow the stack waits for the device's
         # running kernels, among them the ranks of this call that share the GPU and wait for
         # this one (driver.reserve_stack).  A group call loads every rank before launching any.
-        entries = [f for f in (function, lean) if f is not None]
-        driver.reserve_stack(max(driver.local_bytes(f) for f in entries))
-        per_sm = min(driver.blocks_per_sm(f, abi.threads, abi.shared_bytes) for f in entries)
+        entries = [(abi.entry(self.rank), function)] + ([(abi.lean_entry(self.rank), lean)] if lean is not None else [])
+        stacks = stack_bytes(cubin)  # ptxas's record of each entry's stack (atom/cubin.py)
+        driver.reserve_stack(max(max(stacks.get(name, 0), driver.local_bytes(f)) for name, f in entries))
+        per_sm = min(driver.blocks_per_sm(f, abi.threads, abi.shared_bytes) for _, f in entries)
         hit = _Variant(function, module, abi, key, lean, per_sm)
         self._variants[key] = hit
         return hit
