@@ -302,12 +302,14 @@ def precompile(budget_s: float, processes: int, out: Path) -> dict:
                 errors[case_id] = note
     finally:
         pool.terminate()
+    lists = {"compiled": [i for i, n in left.items() if n == 0 and i not in errors],
+             "not_applicable": not_applicable,
+             "not_reached": [c.id for c in todo if c.id not in not_applicable and left.get(c.id, 1) > 0
+                             and c.id not in errors]}
     report = {"arch": arch, "sms": sms, "budget_s": budget_s, "seconds": round(time.time() - start, 1),
-              "cases": len(todo), "kernels": sum(sizes.values()),
-              "compiled": [i for i, n in left.items() if n == 0 and i not in errors],
-              "not_applicable": not_applicable, "errors": errors,
-              "not_reached": [c.id for c in todo if c.id not in not_applicable and (left.get(c.id, 1) > 0)
-                              and c.id not in errors]}
+              "cases": len(todo), "kernels_counted": sum(sizes.values()),
+              "counts": {k: len(v) for k, v in lists.items()} | {"errors": len(errors)}, "errors": errors,
+              "checks": lists}  # the per-case lists (gpu_summary.py leaves "checks" out of summary.json)
     out.mkdir(parents=True, exist_ok=True)
     (out / "loopback_scale_compiled.json").write_text(json.dumps(report, indent=1))
     return report
@@ -386,8 +388,7 @@ if __name__ == "__main__":
         out = Path(os.environ.get("OUT", "/tmp/purlin_gpu_suite"))
         report = precompile(float(os.environ.get("PURLIN_SCALE_COMPILE_S", "300")),
                             int(os.environ.get("PURLIN_SCALE_JOBS", str(os.cpu_count() or 4))), out)
-        print(json.dumps({k: (len(v) if isinstance(v, (dict, list)) else v) for k, v in report.items()}, indent=1))
-        print(json.dumps({"errors": report["errors"]}, indent=1))
+        print(json.dumps({k: v for k, v in report.items() if k != "checks"}, indent=1))
     elif command == ["first-call"]:
         opts = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
         print(json.dumps(first_call(sys.argv[2], int(sys.argv[3]), opts, tuple(sys.argv[5:]) or ("float32",))))
