@@ -341,3 +341,23 @@ def test_the_hangs_kernel_needs_a_larger_stack_for_a_later_rank_and_gets_it_befo
     collective.GroupCollective(_loopback_pair(compiled, monkeypatch))(None)
     assert len(gpu.running) == 8
     assert gpu.stalls == [], f"a launch grew the stack while other ranks ran: {gpu.stalls}"
+
+
+@pytest.mark.parametrize("devices,refused", [((0, 0), True), ((0, 1), False), ((), False)])
+def test_torchrun_ranks_on_one_gpu_that_cannot_be_resident_are_refused_at_first_use(fake, monkeypatch, devices,
+                                                                                  refused):
+    """Under torchrun the ranks' devices come from the bootstrap exchange (comm.peer_devices):
+    two ranks on cuda:0 with two channels each need 4 resident blocks where 3 fit, so the first
+    use of a (dtype, op) raises before anything is launched; ranks on their own GPUs never do."""
+    from purlinc.runtime.errors import ResidencyError
+
+    monkeypatch.setattr(driver, "blocks_per_sm", lambda function, threads, shared: 1)
+    monkeypatch.setattr(driver, "sm_count", lambda device: 3)
+    comm = FakeComm()
+    comm.peer_devices = devices
+    coll = load(EXAMPLES / "allgather.pln", comm, channels=2)
+    if refused:
+        with pytest.raises(ResidencyError, match=r"needs 4 blocks resident at once on cuda:0 .* ranks 0, 1 sharing"):
+            coll.variant(DType.FLOAT32, None)
+    else:
+        assert coll.variant(DType.FLOAT32, None).per_sm == 1

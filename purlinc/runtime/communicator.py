@@ -115,6 +115,9 @@ class Communicator:
         self._owned = [owned] if isinstance(owned, int) and owned else list(owned or ())  # our segments
         self._check_exchange = None  # from_torch: an exchange with a short timeout (zero-copy checks)
         self._collectives: list = []  # weak bookkeeping for check()
+        # Every rank's device ordinal (open_heap sets it under torchrun): ranks of one GPU wait
+        # for each other's blocks, so their kernels must fit on it together (residency.py).
+        self.peer_devices: tuple[int, ...] = ()
         self._lock = threading.Lock()
         self.closed = False
         self.failed: PurlinTimeoutError | None = None  # the timeout that stopped this communicator

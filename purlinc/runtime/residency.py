@@ -5,7 +5,9 @@ has a GPU of its own, a rank's channels never wait for each other, so a grid lar
 GPU holds still completes (docs/RELIABILITY.md).  Ranks that share a GPU (a loopback group)
 are different: their kernels wait for each other's blocks, so every block of every rank on
 that GPU must be resident at once.  Blocks that cannot start leave the started ones waiting
-until their waits time out, so such a call is refused before anything is launched.
+until their waits time out, so such a call is refused before anything is launched: a group
+call checks its ranks on every new set of launches (``collective.check_residency``), a torchrun
+rank the ranks placed on its own GPU when it loads a kernel (``Collective._check_shared_device``).
 
 What a GPU holds: ``cuOccupancyMaxActiveBlocksPerMultiprocessor`` (the kernel's registers,
 shared memory and threads) blocks per SM, times the SM count.  Ranks running different entry
