@@ -42,7 +42,8 @@ def test_every_option_dtype_and_op_is_pinned_somewhere_at_every_world():
         if c.kind == "pinned":
             o = dict(c.options)
             options[(c.world, c.spec)].add((o["algorithm"], o["atom"], o["packed"]))
-    want = {(a, t, p) for a in scale.ALGORITHMS for t in scale.ATOMS for p in (False, True) if not p or a == "direct-push"}
+    want = {(a, t, p) for a in scale.ALGORITHMS for t in (*scale.ATOMS, "ce") for p in (False, True)
+            if not p or a == "direct-push"}
     for world in scale.WORLDS:
         for spec in scale.spec_names():
             assert options[(world, spec)] == want
