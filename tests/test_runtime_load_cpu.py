@@ -12,7 +12,7 @@ import pytest
 
 from purlinc import pipeline
 from purlinc.dtypes import DType, ReduceOp
-from purlinc.runtime import collective, driver
+from purlinc.runtime import collective, driver, placement
 from purlinc.runtime.collective import Collective
 from purlinc.runtime.loader import load
 
@@ -245,7 +245,7 @@ def _loopback_pair(compiled, monkeypatch) -> list:
     for r in range(world):
         comm = _LoopbackComm(r)
         comm.world_size, comm.heap = world, FakeHeap(world)
-        ranks.append(Collective(compiled, comm, collective._allocate(comm, compiled, None), agree=False))
+        ranks.append(Collective(compiled, comm, placement._allocate(comm, compiled, None), agree=False))
     shapes = [(CallShape(DType.FLOAT32, ReduceOp.SUM, 1, 1 << 32, 1 << 33), 100 + r, None) for r in range(world)]
     monkeypatch.setattr(collective, "prepare_group", lambda *args: shapes)
     return ranks
