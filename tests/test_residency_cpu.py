@@ -89,6 +89,7 @@ def test_tuned_buckets_are_capped_where_ranks_share_a_gpu():
 def test_a_loopback_group_loads_capped_buckets(monkeypatch):
     """load() of a loopback group hands the cap to prepare_tuned; separate GPUs get none."""
     from purlinc.runtime import communicator, driver, tuned
+    from purlinc.runtime.options import LoadOptions
 
     seen = []
 
@@ -109,5 +110,5 @@ def test_a_loopback_group_loads_capped_buckets(monkeypatch):
     for devices in ([0] * 8, [0, 1]):
         group = Group(devices)
         with pytest.raises(Stop):
-            tuned.load_tuned(EXAMPLES / "allreduce.pln", group, group.comms, params=None, arch="sm_90")
+            tuned.load_tuned(EXAMPLES / "allreduce.pln", group, group.comms, LoadOptions(arch="sm_90"))
     assert seen == [16, None]
