@@ -8,7 +8,6 @@ THREADS = 512  # block size of every channel
 THREADS_PACKED = 256
 MAX_GROUP = 32  # merged Notify / Wait groups use the lanes of warp 0
 MAX_COPY_DSTS = 8  # destinations of one multi-destination copy (a pointer each, by value)
-MIN_RUN = 3  # shorter runs of like steps stay straight-line code
 
 LL_BATCH_SOURCES = 8  # sources per receive loop (C consumes x N sources): 4 registers each per packet in flight
 LL_SEND_SOURCES = 8  # distinct sources per fused send loop: 2 registers each per packet in flight
