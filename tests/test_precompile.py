@@ -12,7 +12,7 @@ from purlinc.atom import nvrtc
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.errors import PurlinError
 from purlinc.runtime import tuned as tuned_module
-from purlinc.runtime.collective import load
+from purlinc.runtime.loader import load
 from test_runtime_load_cpu import EXAMPLES, FakeComm, fake  # noqa: F401 - the fake driver fixture
 
 
