@@ -21,6 +21,11 @@ def _load(name: str, folder: Path = BENCH):
 
 
 report = _load("report")
+
+
+def _lib(name: str):
+    """A module of benchmarks/benchlib (``report`` put benchmarks/ on sys.path)."""
+    return importlib.import_module(f"benchlib.{name}")
 KiB, MiB, GiB = report.KiB, report.MiB, report.GiB
 
 
@@ -495,7 +500,7 @@ def test_hierarchical_case_buffer_conventions():
     torch = pytest.importorskip("torch")
     from types import SimpleNamespace
 
-    bench = _load("bench")
+    cases = _lib("cases")
     for coll in report.COLLECTIVES:
         lay = report.layout(coll, 2, 4 * KiB)
         for rank in (0, 1):
@@ -508,7 +513,7 @@ def test_hierarchical_case_buffer_conventions():
             fake.check = lambda: calls.append("check")
             ctx = SimpleNamespace(rank=rank, world=2, hcolls={(coll, 1): fake})
             X, Y = torch.ones(lay.in_elems), torch.zeros(lay.out_elems)
-            case = bench.hier_case(ctx, coll, 1, lay, X, Y)
+            case = cases.hier_case(ctx, coll, 1, lay, X, Y)
             assert (case.system, case.variant, case.options) == ("purlin/hierarchical", "g1",
                                                                  {"gpus_per_node": 1, "nodes": 2})
             assert case.repeat_safe
@@ -551,25 +556,25 @@ def test_graph_replays_amortise_host_lag():
     host lag between repeats is spread over every replay), a long one once; the count depends
     only on values every rank agrees on (the slowest rank's replay time, the target)."""
     pytest.importorskip("torch")
-    bench = _load("bench")
-    assert bench.graph_replays(40.0, 3000.0) == 75  # 20 calls of 2 us per replay
-    assert bench.graph_replays(180.0, 3000.0) == 16  # 100 calls of 1.8 us
-    assert bench.graph_replays(10.0, 3000.0) == 100  # capped
-    assert bench.graph_replays(16000.0, 3000.0) == 1  # a 256 MiB graph is long enough alone
-    assert bench.graph_replays(0.0, 3000.0) == 100  # a zero time cannot divide by zero
+    timing = _lib("timing")
+    assert timing.graph_replays(40.0, 3000.0) == 75  # 20 calls of 2 us per replay
+    assert timing.graph_replays(180.0, 3000.0) == 16  # 100 calls of 1.8 us
+    assert timing.graph_replays(10.0, 3000.0) == 100  # capped
+    assert timing.graph_replays(16000.0, 3000.0) == 1  # a 256 MiB graph is long enough alone
+    assert timing.graph_replays(0.0, 3000.0) == 100  # a zero time cannot divide by zero
 
 
 def test_eager_iters_fill_a_repeat():
     """An eager repeat holds about target_rep_us of back-to-back calls, by the slowest rank's
     measured per-call time (so every rank makes the same number of calls), 2 to 1,000."""
     pytest.importorskip("torch")
-    bench = _load("bench")
-    assert bench.eager_iters(6.0, 3000.0) == 500  # a 1 KiB call issuing in 6 us
-    assert bench.eager_iters(40.0, 3000.0) == 75  # an NCCL eager call
-    assert bench.eager_iters(1.0, 3000.0) == 1000  # capped
-    assert bench.eager_iters(800.0, 3000.0) == 3  # a 256 MiB call
-    assert bench.eager_iters(5000.0, 3000.0) == 2  # never fewer than two
-    assert bench.eager_iters(0.0, 3000.0) == 1000  # a zero time cannot divide by zero
+    timing = _lib("timing")
+    assert timing.eager_iters(6.0, 3000.0) == 500  # a 1 KiB call issuing in 6 us
+    assert timing.eager_iters(40.0, 3000.0) == 75  # an NCCL eager call
+    assert timing.eager_iters(1.0, 3000.0) == 1000  # capped
+    assert timing.eager_iters(800.0, 3000.0) == 3  # a 256 MiB call
+    assert timing.eager_iters(5000.0, 3000.0) == 2  # never fewer than two
+    assert timing.eager_iters(0.0, 3000.0) == 1000  # a zero time cannot divide by zero
 
 
 def test_cpu_list_parsing():
@@ -607,7 +612,7 @@ def test_calls_us_times_back_to_back_calls(monkeypatch):
     """calls_us: ``warm`` untimed calls and a sync, then ``calls`` calls between one event
     pair, per call in us (CUDA events replaced by a clock that advances 7 ms per timed call)."""
     pytest.importorskip("torch")
-    bench = _load("bench")
+    timing = _lib("timing")
     log = []
 
     class Event:
@@ -621,10 +626,10 @@ def test_calls_us_times_back_to_back_calls(monkeypatch):
             starts = [n for kind, n in (e for e in log if e != "call" and e != "sync")]
             return 7.0 * (starts[-1] - starts[-2])
 
-    monkeypatch.setattr(bench, "_events", lambda: (Event(), Event()))
-    monkeypatch.setattr(bench, "sync", lambda: log.append("sync"))
+    monkeypatch.setattr(timing, "_events", lambda: (Event(), Event()))
+    monkeypatch.setattr(timing, "sync", lambda: log.append("sync"))
     case = type("Case", (), {"call": lambda self: log.append("call"), "after": None})()
-    assert bench.calls_us(case.call, 4, warm=3) == pytest.approx(7000.0)
+    assert timing.calls_us(case.call, 4, warm=3) == pytest.approx(7000.0)
     assert log[:4] == ["call"] * 3 + ["sync"]
     assert log.count("call") == 7
 
