@@ -105,7 +105,7 @@ class _FakeRank:
     def prepare_call(self, x, out, op, stream, count):
         return self.shape, 0, out
 
-    def prime(self, shape):
+    def prime(self, shape, stream=None):
         self.events.append(("prime", self.rank))
 
     def launch(self, shape, stream):

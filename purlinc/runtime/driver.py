@@ -310,6 +310,20 @@ def stream_create() -> cu.CUstream:
     return call(cu.cuStreamCreate, cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
 
 
+def stream_capturing(stream) -> bool:
+    """Whether ``stream`` (a handle or raw int) is being captured into a CUDA graph."""
+    status = call(cu.cuStreamIsCapturing, stream)
+    return status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
+CAPTURE_MODE_RELAXED = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+
+
+def exchange_capture_mode(mode):
+    """Set this thread's stream-capture mode; returns the previous one (to restore it)."""
+    return call(cu.cuThreadExchangeStreamCaptureMode, mode)
+
+
 def stream_destroy(stream) -> None:
     call(cu.cuStreamDestroy, stream)
 
