@@ -69,7 +69,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--variants", default=None, help="comma-separated Purlin variant names (default: all, or the quick set)")
     ap.add_argument("--variant-spec", action="append", default=[],
                     help="extra Purlin variant 'name:algorithm=ring,atom=ldst,channels=8,slices=2' (repeatable)")
-    ap.add_argument("--modes", default="eager,graph")
+    ap.add_argument("--modes", default="eager,graph",
+                    help="eager, graph (calls back to back in a CUDA graph) and insitu (each call between a "
+                         "producer and a consumer kernel, plain launches: the time it adds; benchlib/insitu.py)")
     ap.add_argument("--calls-per-graph", default="20,100",
                     help="calls captured per CUDA graph, the same for every system (one graph row each)")
     ap.add_argument("--many-calls-max-bytes", type=report.parse_bytes, default=None,

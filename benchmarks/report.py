@@ -51,7 +51,7 @@ if _HERE not in sys.path:  # benchlib sits beside this file (run as a script or 
 
 from benchlib.sizes import (  # noqa: F401  (re-exported)
     algbw_gbps, ALIGN_BYTES, BANDWIDTH_BOUND, busbw_factor, busbw_gbps, COLLECTIVES, estimate_case_s,
-    estimate_run_s, fmt_bytes, full_sizes, GiB, HIER, KiB, LAUNCH_US, Layout, layout, limit_us, MiB, MODES,
+    estimate_run_s, fmt_bytes, full_sizes, GiB, HIER, INSITU, KiB, LAUNCH_US, Layout, layout, limit_us, MiB, MODES,
     ONE_WAY_GBPS, parse_bytes, parse_cpu_list, pct_of_limit, quick_sizes, REDUCE_COLLECTIVES, ROOTED,
     select_sizes, SIGNAL_US, SYSTEMS, TWO_WAY, TWO_WAY_GBPS, wire_bytes,
 )
@@ -64,7 +64,8 @@ from benchlib.targets import (  # noqa: F401  (re-exported)
     measured_peak_gbps, Target, targets, _fmt_ratio, _num,
 )
 from benchlib.tables import (  # noqa: F401  (re-exported)
-    collective_table, hier_load_errors, hier_variants, hierarchical_table, markdown, nccl_table, _cell_time,
+    collective_table, hier_load_errors, hier_variants, hierarchical_table, insitu_counts, insitu_table, markdown, nccl_table,
+    _cell_time,
 )
 from benchlib.plots import (  # noqa: F401  (re-exported)
     plot, _series,

@@ -28,6 +28,9 @@ class Case:
     sms_note: str = ""
     options: dict = field(default_factory=dict)
     after: Callable | None = None  # e.g. raise a device-side error the runtime recorded
+    # () -> the tensor the collective reads on this rank (what an in-situ producer writes), or None
+    input: Callable | None = None
+    capture_env: dict = field(default_factory=dict)  # environment while its graphs are captured
 
 
 def poison(t) -> None:
@@ -88,7 +91,14 @@ def nccl_case(ctx: Ctx, coll: str, lay: report.Layout, X, Y, variant: str = "def
     options = {"env": nccl_env()}
     if variant == "symm":
         options["symmetric_buffers"] = (ctx.meta.get("nccl_symm") or {}).get("method")
-    return Case("nccl", variant, load, call, out, safe, sms, note, options)
+    held = Y if coll in ("allreduce", "broadcast", "reduce") else X  # in place: Y is the input
+    return Case("nccl", variant, load, call, out, safe, sms, note, options,
+                input=lambda: held if _has_input(coll, rank) else None)
+
+
+def _has_input(coll: str, rank: int, root: int = 0) -> bool:
+    """Whether ``rank`` passes input to ``coll`` (a rooted one-to-all: only the root)."""
+    return coll not in ("broadcast", "scatter") or rank == root
 
 
 def nccl_symm_case(ctx: Ctx, coll: str, lay: report.Layout) -> Case:
@@ -118,17 +128,17 @@ def symm_cases(ctx: Ctx, lay: report.Layout, Y) -> list[Case]:
     cases = []
     if hasattr(ops, "one_shot_all_reduce_out"):
         cases.append(Case("symm_mem", "one-shot", load, lambda: ops.one_shot_all_reduce_out(Sv, "sum", g, Y),
-                          lambda: Y, True, None, note))
+                          lambda: Y, True, None, note, input=lambda: Sv))
     else:
         cases.append(Case("symm_mem", "one-shot", load, lambda: Y.copy_(ops.one_shot_all_reduce(Sv, "sum", g)),
-                          lambda: Y, True, None, note + "; one_shot_all_reduce + copy (no _out op)"))
+                          lambda: Y, True, None, note + "; one_shot_all_reduce + copy (no _out op)", input=lambda: Sv))
     # two-shot reduces in the symmetric input as well, so repeated calls grow the values.
     if hasattr(ops, "two_shot_all_reduce_out"):
         cases.append(Case("symm_mem", "two-shot", load, lambda: ops.two_shot_all_reduce_out(Sv, "sum", g, Y),
-                          lambda: Y, False, None, note))
+                          lambda: Y, False, None, note, input=lambda: Sv))
     else:
         cases.append(Case("symm_mem", "two-shot", load, lambda: ops.two_shot_all_reduce_(Sv, "sum", g),
-                          lambda: Sv, False, None, note + "; in place"))
+                          lambda: Sv, False, None, note + "; in place", input=lambda: Sv))
     return cases
 
 
@@ -154,8 +164,14 @@ def purlin_case(ctx: Ctx, coll: str, variant: purlin_api.Variant, X, Y) -> Case:
 
     call = purlin_api.bind_call(loaded, coll, X, Y, rank=rank, root=0, reduce=reduce)
     sms, note = purlin_api.grid_sms(loaded, variant.options, X, Y)
-    return Case("purlin", variant.name, load, call, output, True, sms, note, dict(variant.options),
-                after=lambda: purlin_api.check_errors(ctx.comm, loaded))
+    options = dict(variant.options)
+    env = {}
+    if variant.graph_buffers is not None:
+        options["graph_buffers"] = variant.graph_buffers
+        env["PURLIN_GRAPH_BUFFERS"] = variant.graph_buffers
+    return Case("purlin", variant.name, load, call, output, True, sms, note, options,
+                after=lambda: purlin_api.check_errors(ctx.comm, loaded),
+                input=lambda: X if _has_input(coll, rank) else None, capture_env=env)
 
 
 def hier_variant(g: int) -> str:
@@ -175,4 +191,5 @@ def hier_case(ctx: Ctx, coll: str, g: int, lay: report.Layout, X, Y) -> Case:
     options = {"gpus_per_node": g, "nodes": ctx.world // g}
     note = "Purlin kernels per intra phase + NCCL per inter phase; not summed"
     return Case(HIER, hier_variant(g), load, call, output, True, None, note, options,
-                after=lambda: purlin_api.check_errors(None, loaded))
+                after=lambda: purlin_api.check_errors(None, loaded),
+                input=lambda: X if _has_input(coll, rank) else None)

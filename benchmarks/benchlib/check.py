@@ -27,9 +27,15 @@ def _fsum(rows):
 def reference(ctx: Ctx, lay: report.Layout, x):
     """This rank's expected output, from every rank's input (gathered by NCCL) computed locally
     in float32: independent of every system under test, NCCL's collective included."""
-    R, rank, root, c = ctx.world, ctx.rank, 0, lay.count
-    allx = torch.empty(R * lay.in_elems, dtype=x.dtype, device=x.device)
+    allx = torch.empty(ctx.world * lay.in_elems, dtype=x.dtype, device=x.device)
     dist.all_gather_into_tensor(allx, x)
+    return expected_output(lay, allx, ctx.rank, ctx.world)
+
+
+def expected_output(lay: report.Layout, allx, rank: int, R: int, root: int = 0):
+    """``rank``'s output of ``lay.collective`` from every rank's input (``allx``: the R inputs
+    end to end), summed in float32 where it reduces; None where the rank has no output."""
+    c = lay.count
     ins = allx.view(R, lay.in_elems)
     coll = lay.collective
     if coll == "allreduce":

@@ -13,6 +13,7 @@ import report
 from benchlib.cases import Case, hier_case, hier_variant, nccl_case, nccl_symm_case, purlin_case, symm_cases
 from benchlib.check import check_case, fresh_input
 from benchlib.context import Ctx, PROBE_LIMIT_US, allreduce_max, barrier, guarded, sync
+from benchlib.insitu import INSITU, insitu_row
 from benchlib.meta import collect_meta
 from benchlib.nccl_child import run_nccl_child
 from benchlib.output import write_partial
@@ -28,14 +29,15 @@ def run_case(ctx: Ctx, lay: report.Layout, case: Case, x_time, salt: int) -> lis
             "bytes": lay.bytes, "count": lay.count, "world_size": ctx.world, "sms": case.sms,
             "sms_note": case.sms_note, "options": case.options or None, "repeat_safe": case.repeat_safe,
             "limit_us": round(report.limit_us(lay.collective, ctx.world, lay.bytes), 3)}
-    views = ctx.plan.views(lay.bytes)
+    every = ctx.plan.views(lay.bytes)
+    views = [v for v in every if v[0] != INSITU]  # back to back; the in-situ views come last
 
     def view_base(mode, calls):
         return {**base, "mode": mode, "calls_per_graph": calls}
 
     def error_rows(msg):
         return [{**view_base(m, c), "time_us": None, "algbw_gbps": None, "busbw_gbps": None, "pct_of_limit": None,
-                 "checked": None, "error": msg} for m, c in views]
+                 "checked": None, "error": msg} for m, c in every]
 
     key = (case.system, case.variant, lay.collective)
     if key in ctx.hung:
@@ -110,12 +112,22 @@ def run_case(ctx: Ctx, lay: report.Layout, case: Case, x_time, salt: int) -> lis
                "checked": checked, "check_note": note, "error": None}
         rows.append(row)
         if checked is False:
-            msg = (f"CHECK FAILED: {case.system}/{case.variant} {lay.collective} "
-                   f"{report.fmt_bytes(lay.bytes)} {mode}{'' if calls is None else f' x{calls}'}: {note}")
-            ctx.failures.append(msg)
-            if ctx.rank == 0:
-                print("!" * 8 + " " + msg, file=sys.stderr, flush=True)
+            _failed(ctx, case, lay, mode, calls, note)
+    for k, (_, calls) in enumerate(v for v in every if v[0] == INSITU):
+        barrier(ctx)
+        row = insitu_row(ctx, lay, case, calls, salt * 10 + k + 7, base)
+        rows.append(row)
+        if row.get("checked") is False:
+            _failed(ctx, case, lay, INSITU, calls, row.get("check_note"))
     return rows
+
+
+def _failed(ctx: Ctx, case: Case, lay: report.Layout, mode: str, calls, note) -> None:
+    msg = (f"CHECK FAILED: {case.system}/{case.variant} {lay.collective} "
+           f"{report.fmt_bytes(lay.bytes)} {mode}{'' if calls is None else f' x{calls}'}: {note}")
+    ctx.failures.append(msg)
+    if ctx.rank == 0:
+        print("!" * 8 + " " + msg, file=sys.stderr, flush=True)
 
 
 def run(ctx: Ctx) -> None:

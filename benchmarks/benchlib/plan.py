@@ -34,9 +34,11 @@ class Plan:
         """(mode, calls per graph) of the rows every case of size ``nbytes`` gets (the same
         for every system: the bound is on the size, never on a system's speed)."""
         out = [("eager", None)] if "eager" in self.modes else []
-        if "graph" in self.modes:
-            out += [("graph", c) for i, c in enumerate(self.calls)
-                    if i == 0 or nbytes is None or self.many_calls_max_bytes is None or nbytes <= self.many_calls_max_bytes]
+        counts = [c for i, c in enumerate(self.calls)
+                  if i == 0 or nbytes is None or self.many_calls_max_bytes is None or nbytes <= self.many_calls_max_bytes]
+        for mode in ("graph", report.INSITU):
+            if mode in self.modes:
+                out += [(mode, c) for c in counts]
         return out
 
     def cases(self, collective: str) -> int:
@@ -82,7 +84,7 @@ def make_plan(args) -> Plan:
     explicit = [report.parse_bytes(s) for s in args.sizes.split(",")] if args.sizes else None
     sizes = report.select_sizes(quick=args.quick, min_bytes=args.min_bytes, max_bytes=args.max_bytes,
                                 explicit=explicit)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip() in report.MODES]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip() in report.MODES + (report.INSITU,)]
     world = args.world_size or int(os.environ.get("WORLD_SIZE", "2"))
     return Plan(colls, systems, variants, sizes, modes, tuple(args.nccl_list), tuple(args.calls_list),
                 args.many_calls_max_bytes, hier_gpus_per_node(args.hier_gpus_per_node, world))

@@ -58,13 +58,14 @@ def select(rows: list[dict], mode: str, calls: int | None = None) -> list[dict]:
     return [r for r in rows if r.get("mode") == mode and (mode != "graph" or r.get("calls_per_graph") == calls)]
 
 
-NOT_SCHEDULES = ("default", "zerocopy")  # Purlin rows that are a choice, not one pinned schedule
+NOT_SCHEDULES = ("default", "zerocopy", "graph-staged")  # Purlin rows that are a choice, not one pinned schedule
 
 
 def best_purlin(rows: list[dict], collective: str, nbytes: int, mode: str) -> dict | None:
-    """The fastest correct explicit Purlin variant (``default``/``zerocopy`` excluded: choices)."""
+    """The fastest correct explicit Purlin variant (``default``/``zerocopy`` excluded: choices;
+    loopback rows too: one GPU says nothing about the link a schedule is tuned for)."""
     cands = [r for r in rows_for(rows, system="purlin", collective=collective, bytes=nbytes, mode=mode)
-             if r.get("variant") not in NOT_SCHEDULES and ok(r) and r.get("checked") is True]
+             if r.get("variant") not in NOT_SCHEDULES and not r.get("loopback") and ok(r) and r.get("checked") is True]
     return min(cands, key=lambda r: r["time_us"]) if cands else None
 
 

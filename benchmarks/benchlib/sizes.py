@@ -19,6 +19,9 @@ ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter"})
 # The collectives whose large-message target asks for >= 1.1x NCCL and >= 90 % of peak.
 BANDWIDTH_BOUND = ("allgather", "reduce_scatter", "alltoall")
 MODES = ("eager", "graph")
+# In-situ rows (benchlib/insitu.py): the time a call adds between a producer and a consumer
+# kernel in a graph; a view of their own, outside the back-to-back tables and targets.
+INSITU = "insitu"
 HIER = "purlin/hierarchical"  # Purlin inside nodes of G ranks, NCCL between them; variants g<G>
 SYSTEMS = ("nccl", "symm_mem", "purlin", HIER)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from benchlib.rows import best_nccl, best_of, best_purlin, collectives_of, ok, one, prepared, ratio, rows_for, select, sizes_of, views, world_size_of
-from benchlib.sizes import HIER, LAUNCH_US, ONE_WAY_GBPS, SIGNAL_US, TWO_WAY_GBPS, fmt_bytes, limit_us
+from benchlib.sizes import fmt_bytes, HIER, INSITU, LAUNCH_US, limit_us, ONE_WAY_GBPS, SIGNAL_US, TWO_WAY_GBPS
 from benchlib.targets import _default, _fmt_ratio, _num, targets
 
 
@@ -92,6 +92,35 @@ def nccl_table(rows: list[dict], mode: str) -> list[str]:
                 continue
             best = best_nccl(rows, coll, nbytes, mode)
             out.append(f"| {coll} | {fmt_bytes(nbytes)} | " + " | ".join(cells) + f" | {best['variant'] if best else '-'} |")
+    return out
+
+
+def insitu_counts(rows: list[dict]) -> list[int]:
+    return sorted({r["calls_per_graph"] for r in rows if r.get("mode") == INSITU and r.get("calls_per_graph")})
+
+
+def insitu_table(rows: list[dict], calls: int) -> list[str]:
+    """What each system adds per call between a producer and a consumer kernel (benchlib/insitu.py),
+    every system and variant side by side, with the step's time without the collective."""
+    sub = [r for r in rows if r.get("mode") == INSITU and r.get("calls_per_graph") == calls]
+    names = []
+    for r in sub:
+        name = f"{r['system']}/{r['variant']}"
+        if name not in names:
+            names.append(name)
+    if not names:
+        return []
+    out = ["| collective | size | without us | " + " | ".join(f"{n} adds us" for n in names) + " | checked |",
+           "|" + "---|" * (len(names) + 4)]
+    for coll in collectives_of(sub):
+        for nbytes in sizes_of(sub, coll):
+            here = [r for r in sub if r["collective"] == coll and r["bytes"] == nbytes]
+            cells = [_cell_time(next((r for r in here if f"{r['system']}/{r['variant']}" == n), None)) for n in names]
+            bare = [r["base_us"] for r in here if r.get("base_us") is not None]
+            checked = "FAIL" if any(r.get("checked") is False for r in here) else (
+                "yes" if here and all(r.get("checked") for r in here if not r.get("error")) else "-")
+            out.append(f"| {coll} | {fmt_bytes(nbytes)} | {_num(min(bare)) if bare else '-'} | "
+                       + " | ".join(cells) + f" | {checked} |")
     return out
 
 
@@ -236,6 +265,12 @@ def markdown(doc: dict) -> str:
             if not rows_for(sub, collective=coll):
                 continue
             out += [f"## {coll}, {_view_name(mode, calls)}", ""] + collective_table(sub, coll, mode) + [""]
+    for calls in insitu_counts(rows):
+        out += [f"## In situ: what a call adds between a producer and a consumer kernel ({calls} steps per graph)",
+                "", "Each step: an elementwise kernel writes the input, the collective, an elementwise kernel reads",
+                "the output, all plain launches in one CUDA graph; 'adds' = step with minus step without the",
+                "collective ('without': the latter). Loopback rows (one GPU) say nothing about link speed.", ""]
+        out += insitu_table(rows, calls) + [""]
     errors = [r for r in rows if r.get("error")]
     if errors:
         out += ["## Errors", ""]

@@ -3,6 +3,8 @@ number of calls replayed back to back."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 from typing import Callable
 
 import torch
@@ -72,18 +74,40 @@ def time_eager(case: Case, iters: int, reps: int, line_up: Callable[[], None]) -
 
 
 def capture(case: Case, iters: int):
+    return capture_steps(case.call, iters, case.capture_env)
+
+
+@contextlib.contextmanager
+def environment(env: dict):
+    """``env`` set in os.environ for the block (what a variant's captures read), then restored."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def capture_steps(step: Callable[[], object], iters: int, env: dict | None = None):
+    """A CUDA graph of ``iters`` calls of ``step`` (after two warm-up calls on a side stream, as
+    torch recommends before a capture), captured with ``env`` set."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up on a side stream, as torch recommends before capture
-        for _ in range(2):
-            case.call()
-    torch.cuda.current_stream().wait_stream(side)
-    sync()
-    graph = torch.cuda.CUDAGraph()
-    # thread_local: NCCL's watchdog thread keeps querying events while we capture.
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        for _ in range(iters):
-            case.call()
+    with environment(env or {}):
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        sync()
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: NCCL's watchdog thread keeps querying events while we capture.
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            for _ in range(iters):
+                step()
     return graph
 
 
