@@ -7,6 +7,7 @@
 #   loopback          ranks sharing one GPU (R=2 and R=4 on cuda:0): slices, zero-copy, graphs;
 #                     the one step a one-GPU machine runs (PURLIN_STEPS=loopback)
 #   graph_buffers     loopback too: captured calls on ordinary buffers run without staging
+#   insitu            loopback too: the in-situ benchmark and the e2e decode step run, checked
 #   local             LocalGroup tests, ldst and tma atoms
 #   local_ce          LocalGroup tests, ce atom
 #   trace             traced kernels: monotone stamps, waits after their notifies
@@ -25,7 +26,7 @@ mkdir -p "$OUT"
 export OUT PURLIN_RESULTS="$OUT" PURLIN_CACHE_DIR=${PURLIN_CACHE_DIR:-/tmp/purlin_cache}
 export PURLIN_WAIT_TIMEOUT_S=${PURLIN_WAIT_TIMEOUT_S:-5} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
-STEPS=${PURLIN_STEPS:-"precompile loopback graph_buffers local local_ce trace torchrun zerocopy zerocopy_torchrun faults torch hier"}
+STEPS=${PURLIN_STEPS:-"precompile loopback graph_buffers insitu local local_ce trace torchrun zerocopy zerocopy_torchrun faults torch hier"}
 T0=$(date +%s)
 # Run from the source tree: grammar/ and templates/ ship as purlinc.grammar / purlinc.templates
 # in a wheel (pyproject's package-dir); link them in for the run, and remove the links after.
@@ -59,6 +60,7 @@ wanted loopback && STEPS="$STEPS loopback_precompile"  # the loopback step's ker
 step loopback_precompile 90 python3 tests/gpu/_common.py precompile loopback
 pytest_step loopback 300 tests/gpu/test_loopback.py
 pytest_step graph_buffers 300 tests/gpu/test_graph_buffers.py
+pytest_step insitu 400 -s tests/gpu/test_insitu_loopback.py
 PURLIN_TEST_ATOMS=ldst,tma pytest_step local 170 tests/gpu/test_local.py
 PURLIN_TEST_ATOMS=ce pytest_step local_ce 70 tests/gpu/test_local.py \
   -k "test_collective or test_dtypes or test_graph or test_large"
