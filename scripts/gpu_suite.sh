@@ -14,6 +14,7 @@
 #   torchrun          one process per GPU: bootstrap, NCCL comparison, 1,000 calls, graphs
 #   zerocopy          heap buffers -> registered schedules, LocalGroup
 #   zerocopy_torchrun the same under torchrun
+#   graph_buffers_torchrun  captured calls on ordinary tensors under torchrun (CUDA IPC at capture)
 #   faults            mismatches before launch; a rank that dies mid-loop -> PurlinTimeoutError
 #   torch             purlinc.torch: custom ops, eager / torch.compile / CUDA graphs vs NCCL
 #   hier              hierarchical plans: 2 nodes x 1 GPU and 1 node x 2 GPUs, vs NCCL
@@ -26,7 +27,7 @@ mkdir -p "$OUT"
 export OUT PURLIN_RESULTS="$OUT" PURLIN_CACHE_DIR=${PURLIN_CACHE_DIR:-/tmp/purlin_cache}
 export PURLIN_WAIT_TIMEOUT_S=${PURLIN_WAIT_TIMEOUT_S:-5} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
-STEPS=${PURLIN_STEPS:-"precompile loopback graph_buffers insitu local local_ce trace torchrun zerocopy zerocopy_torchrun faults torch hier"}
+STEPS=${PURLIN_STEPS:-"precompile loopback graph_buffers insitu local local_ce trace torchrun zerocopy zerocopy_torchrun graph_buffers_torchrun faults torch hier"}
 T0=$(date +%s)
 # Run from the source tree: grammar/ and templates/ ship as purlinc.grammar / purlinc.templates
 # in a wheel (pyproject's package-dir); link them in for the run, and remove the links after.
@@ -68,6 +69,7 @@ pytest_step trace 90 -s tests/gpu/test_trace.py
 PURLIN_TORCHRUN_TIMEOUT=150 pytest_step torchrun 165 -s tests/gpu/test_torchrun.py
 pytest_step zerocopy 240 tests/gpu/test_zerocopy_local.py
 PURLIN_TORCHRUN_TIMEOUT=200 pytest_step zerocopy_torchrun 215 -s tests/gpu/test_zerocopy_torchrun.py
+PURLIN_TORCHRUN_TIMEOUT=200 pytest_step graph_buffers_torchrun 215 -s tests/gpu/test_graph_buffers_torchrun.py
 pytest_step faults 200 -s tests/gpu/test_faults.py
 PURLIN_HIER_TIMEOUT=${PURLIN_HIER_TIMEOUT:-380} pytest_step hier $(( ${PURLIN_HIER_TIMEOUT:-380} + 20 )) -s tests/gpu/test_hier.py
 # purlinc.torch under torchrun (writes torch_results.json) and CuPy ranks without torch (cupy_results.json)

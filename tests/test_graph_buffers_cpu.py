@@ -216,3 +216,19 @@ def test_relaxed_capture_restores_the_mode_on_errors():
             assert driver.mode == "relaxed"
             raise RuntimeError("boom")
     assert driver.mode == "global"
+
+
+def test_stream_capturing_reads_the_driver(monkeypatch):
+    from cuda.bindings import driver as cu
+
+    from purlinc.runtime import driver
+
+    status = cu.CUstreamCaptureStatus
+    answers = {1: (cu.CUresult.CUDA_SUCCESS, status.CU_STREAM_CAPTURE_STATUS_ACTIVE),
+               2: (cu.CUresult.CUDA_SUCCESS, status.CU_STREAM_CAPTURE_STATUS_NONE),
+               0: (cu.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, None),  # the legacy stream, mid-capture
+               3: (cu.CUresult.CUDA_ERROR_INVALID_HANDLE, None)}
+    monkeypatch.setattr(cu, "cuStreamIsCapturing", lambda stream: answers[stream])
+    assert driver.stream_capturing(1) and not driver.stream_capturing(2) and not driver.stream_capturing(0)
+    with pytest.raises(CudaError, match="cuStreamIsCapturing failed: CUDA_ERROR_INVALID_HANDLE"):
+        driver.stream_capturing(3)

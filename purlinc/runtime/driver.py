@@ -311,8 +311,14 @@ def stream_create() -> cu.CUstream:
 
 
 def stream_capturing(stream) -> bool:
-    """Whether ``stream`` (a handle or raw int) is being captured into a CUDA graph."""
-    status = call(cu.cuStreamIsCapturing, stream)
+    """Whether ``stream`` (a handle or raw int) is being captured into a CUDA graph.  The legacy
+    default stream, asked while another stream captures, is not (the driver refuses the query
+    with CUDA_ERROR_STREAM_CAPTURE_IMPLICIT; a launch there would be refused the same way)."""
+    result, status = cu.cuStreamIsCapturing(stream)
+    if result == cu.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
+        return False
+    if result != _SUCCESS:
+        raise CudaError(f"cuStreamIsCapturing failed: {describe(result)}", result=result)
     return status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
 
