@@ -96,8 +96,16 @@ class SymmMem(model.Comm):
     """torch symmetric memory: partial sums in a symmetric buffer, one-shot or two-shot."""
 
     def __init__(self, how: str, group_name: str):
+        import warnings
+
         import torch.distributed._symmetric_memory as symm_mem
 
+        try:
+            with warnings.catch_warnings():  # needed by older torch; deprecated (a no-op) in newer
+                warnings.simplefilter("ignore")
+                symm_mem.enable_symm_mem_for_group(group_name)
+        except Exception:  # noqa: BLE001
+            pass
         self.symm_mem, self.how, self.group = symm_mem, how, group_name
         self.outs: dict = {}
         op = getattr(torch.ops.symm_mem, f"{how}_all_reduce_out", None)
