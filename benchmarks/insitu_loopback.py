@@ -83,9 +83,11 @@ def main(argv=None) -> int:
                     point = Point(lay, variant, args.calls, args.reps, args.target_rep_us, args.seed)
                     rows += run_point(group, streams, loads, point)
                     for row in rows[-2:]:
+                        how = f" [{row['kernel']}{', registered' if row.get('registered') else ', staged'}]" \
+                            if row.get("kernel") else ""
                         print(f"{coll:>14} {report.fmt_bytes(size):>8} {row['variant']:>24} {row['mode']:>6}: "
-                              f"{report._num(row.get('time_us'))} us" + (f" (error: {row['error'][:120]})"
-                                                                         if row.get("error") else ""), flush=True)
+                              f"{report._num(row.get('time_us'))} us{how}" + (f" (error: {row['error'][:120]})"
+                                                                              if row.get("error") else ""), flush=True)
                     if getattr(group[0], "failed", None) is not None:
                         raise SystemExit("the group stopped after a timeout: see the error rows")
             for loaded in {id(v): v for v in loads.values()}.values():

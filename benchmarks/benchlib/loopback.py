@@ -160,13 +160,35 @@ def run_point(group, streams, loads: dict, point: Point) -> list[dict]:
         steps.step(True)  # eager: compiles, loads, records the buffers' pointers
         torch.cuda.synchronize(DEVICE)
         coll.check()
+        staged = _staged(coll, lay)
+        before = staged._zc.graph_registered if staged._zc is not None else 0
         graphs = {"back": _capture(lambda: steps.step(True, produce=False), point.calls, env),
                   "with": _capture(lambda: steps.step(True), point.calls, env),
                   "without": _capture(lambda: steps.step(False), point.calls, {})}
+        registered = staged._zc is not None and (staged._zc.graph_registered > before or (
+            variant.heap and not staged._zc.prefer_staged))  # heap buffers: the twin by heap choice
+        base.update(_kernel_of(staged, lay, registered))
         return _timed(steps, graphs, point, base)
     except Exception as error:  # one point's failure is a row; the group may still be usable
         msg = f"{type(error).__name__}: {str(error)[:400]}"
         return [{**base, "mode": m, "time_us": None, "checked": None, "error": msg} for m in ("graph", "insitu")]
+
+
+def _staged(coll, lay):
+    """Rank 0's staged Collective serving this size (a plain load's bucket, or the pinned one)."""
+    first = coll[0]
+    return first.variant_for(lay.count, 2) if hasattr(first, "variant_for") else first
+
+
+def _kernel_of(staged, lay, registered: bool) -> dict:
+    """Which kernel rank 0's captured calls run (the name Nsight Systems shows) and whether it
+    is the registered twin (no staging) or the staged schedule."""
+    from purlinc.dtypes import DType, ReduceOp
+
+    ran = staged._zc.twin if registered else staged
+    op = ReduceOp.SUM if lay.collective in report.REDUCE_COLLECTIVES else None
+    name = ran.variant(DType.BFLOAT16, op).abi.entry(0) if getattr(ran, "_ce", None) is None else "(copy engines)"
+    return {"kernel": name, "registered": registered}
 
 
 def _timed(steps: Steps, graphs: dict, point: Point, base: dict) -> list[dict]:

@@ -84,7 +84,7 @@ def run_case(ctx: Ctx, lay: report.Layout, case: Case, x_time, salt: int) -> lis
     for view in views:
         v = measured.get(view)
         flat += [statistics.median(v), min(v), max(v)] if v else [-1.0, -1.0, -1.0]
-    flat = allreduce_max(ctx, flat)
+    flat = allreduce_max(ctx, flat) if flat else []  # --modes insitu alone: no back-to-back view
 
     barrier(ctx)
     try:
