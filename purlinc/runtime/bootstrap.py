@@ -48,4 +48,5 @@ def open_heap(cls, rank: int, world: int, device: int, exchange: Callable[[objec
     comm = cls(rank, world, device, None, exchange, opened=opened, owned=owned)
     comm.heap = SymmetricHeap(rank, size, bases, grow=grow, segment_bytes=size, limit_bytes=settings.heap_max_bytes())
     comm._opened, comm._owned = opened, owned  # the same lists grow() appends to
+    comm.peer_devices = tuple(i["device"] for i in info)
     return comm

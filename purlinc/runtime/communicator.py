@@ -115,6 +115,9 @@ class Communicator:
         self._owned = [owned] if isinstance(owned, int) and owned else list(owned or ())  # our segments
         self._check_exchange = None  # from_torch: an exchange with a short timeout (zero-copy checks)
         self._collectives: list = []  # weak bookkeeping for check()
+        # Every rank's device ordinal (open_heap sets it under torchrun): ranks of one GPU wait
+        # for each other's blocks, so their kernels must fit on it together (residency.py).
+        self.peer_devices: tuple[int, ...] = ()
         self._lock = threading.Lock()
         self.closed = False
         self.failed: PurlinTimeoutError | None = None  # the timeout that stopped this communicator
@@ -274,8 +277,8 @@ class LocalGroup:
     multi-rank schedules on a machine with one GPU.  Its "remote" stores stay in that GPU's
     memory, so it says nothing about link speed.  The ranks' kernels wait for each other, so
     they must run at the same time: every group call needs one stream per rank (``streams=``,
-    checked), and the ranks' grids must fit on the GPU together (a kernel that cannot start
-    makes the others time out, with PurlinTimeoutError).
+    checked), and the ranks' grids must fit on the GPU together (checked before any launch:
+    ``ResidencyError``; a plain ``load()`` caps its channels to fit, ``runtime/residency.py``).
     """
 
     def __init__(self, devices: Sequence[int] | None = None, *, heap_bytes: int | None = None,
