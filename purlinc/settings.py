@@ -65,6 +65,13 @@ PDL = Setting(
     "Not a codegen key: every kernel waits either way",
 )
 
+PRECOMPILE = Setting(
+    "PURLIN_PRECOMPILE", "float32,bfloat16,float16", False,
+    "element types whose kernels a tuned load() compiles for every size bucket before it returns "
+    "(op sum for reductions; comma-separated dtype names), so a first call of one of them does not "
+    "wait for NVRTC; 0 or none: compile each kernel at its first call instead",
+)
+
 GRAPH_BUFFERS = Setting(
     "PURLIN_GRAPH_BUFFERS", "auto", False,
     "calls captured in a CUDA graph on ordinary (non-heap) buffers: auto = peers reach the caller's "
@@ -74,7 +81,8 @@ GRAPH_BUFFERS = Setting(
 )
 GRAPH_BUFFER_MODES = ("auto", "register", "stage")
 
-ALL = (DEBUG, CACHE_DIR, NO_CACHE, WAIT_TIMEOUT_S, HEAP_MB, HEAP_MAX_MB, STAGE_MB, TRACE, PDL, GRAPH_BUFFERS)
+ALL = (DEBUG, CACHE_DIR, NO_CACHE, WAIT_TIMEOUT_S, HEAP_MB, HEAP_MAX_MB, STAGE_MB, TRACE, PDL, PRECOMPILE,
+       GRAPH_BUFFERS)
 
 
 _LOG_LEVELS = {"1": "DEBUG", "INFO": "INFO", "DEBUG": "DEBUG", "TRACE": "TRACE", "WARN": "WARNING",
@@ -145,3 +153,11 @@ def stage_bytes() -> int:
 def codegen_settings() -> dict[str, str]:
     """The settings that change generated code: part of every cache key."""
     return {s.name: s.raw() for s in ALL if s.affects_codegen}
+
+
+def precompile_dtypes() -> tuple[str, ...]:
+    """The dtype names of PURLIN_PRECOMPILE, as written (the runtime checks them); () when off."""
+    raw = PRECOMPILE.raw().strip()
+    if raw.lower() in ("", "0", "none", "off"):
+        return ()
+    return tuple(dict.fromkeys(name.strip() for name in raw.split(",") if name.strip()))
