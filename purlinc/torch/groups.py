@@ -15,12 +15,14 @@ and nothing but the group's members takes part.
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
 from purlinc.runtime.errors import ArgumentError
 from purlinc.torch.distributed import Group
 
 _GROUPS: dict[int, tuple[object, object]] = {}  # id(process group) -> (the group, its Purlin Group)
+_BY_NAME: dict[str, object] = {}  # process group name -> its Purlin Group (what a compiled graph can look up)
 
 
 def member_ranks(pg) -> list[int]:
@@ -56,7 +58,23 @@ def for_process_group(pg):
         return hit[1]
     group = make_group(pg)
     _GROUPS[id(pg)] = (pg, group)  # the pg is kept alive with it, so its id is never reused meanwhile
+    try:
+        _BY_NAME[pg.group_name] = group
+    except RuntimeError:  # a group without a name: reachable in compiled code only as a purlinc.torch.Group
+        pass
     return group
+
+
+def made_for(pg):
+    """Inside ``torch.compile``: the Purlin Group already made for process group ``pg``, found by
+    the group's name (a trace reads that; it cannot make a communicator, which is a collective)."""
+    hit = _BY_NAME.get(pg.group_name)
+    if hit is None:
+        raise ArgumentError(f"group {pg.group_name!r} has no Purlin communicator yet, and a compiled region "
+                            f"cannot make one (that is a collective of its members)",
+                            notes=("call purlinc.torch.group_of(group) once outside the compiled region "
+                                   "(every member of the group), or make one eager call on it first",))
+    return hit
 
 
 def forget(pg) -> None:
@@ -99,6 +117,8 @@ def group_of(group=None) -> Group:
             raise ArgumentError("no default Purlin group: call purlinc.torch.init(comm) or "
                                 "torch.distributed.init_process_group first, or pass group=")
         group = dist.group.WORLD
+    if torch.compiler.is_compiling():  # a trace cannot make a communicator (a collective): find the one made
+        return made_for(group)
     purlin = getattr(group, "purlin_group", None)  # a process group of the purlin backend
     if purlin is not None:
         return purlin()
