@@ -1,0 +1,224 @@
+"""Run-time sizes (docs/LANGUAGE.md, "Run-time sizes"; docs/SNAC.md): the language, the
+checker's located errors, the lowering and its proof obligations, and the simulator against
+the evaluator on thousands of size vectors (zeros, everything to one rank, exactly at
+capacity, over it)."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from purlinc.errors import PurlinError
+from purlinc.frontend.evaluate import evaluate_sized, received_sizes, sent_sizes
+from purlinc.frontend.parse import parse
+from purlinc.pipeline import load_source, spec_of
+from purlinc.snac.format import schedule_from_json, schedule_to_json
+from purlinc.snac.ir import Consume, LowerOptions, Wait
+from purlinc.snac.lower import lower
+from purlinc.snac.simulate import SimulationError
+from purlinc.snac.simulate_sized import channel_bytes, simulate_sized
+from purlinc.snac.verify import VerificationError, verify
+
+SIZED = Path(__file__).resolve().parent.parent / "examples" / "sized"
+
+
+def _spec(name: str, R: int):
+    return spec_of(load_source(SIZED / f"{name}.pln"), R, None)
+
+
+def _render(error: PurlinError) -> str:
+    return error.render()
+
+
+def test_parse_round_trip_and_format():
+    definition = parse((SIZED / "alltoallv.pln").read_text(), "a.pln")
+    assert definition.sizes.format() == "sizes n[R][R] of x"
+    assert parse(definition.format()) == definition
+    spec = _spec("alltoallv", 3)
+    assert spec.sizes.extents == (3, 3) and spec.sizes.size_name(spec.inputs[1][2]) == "n[1][2]"
+    assert "sizes n[3][3] of x (run-time, packed)" in spec.format()
+    assert spec.to_json()["sizes"] == {"operand": "n", "chunk": "x", "extents": [3, 3]}
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("collective a with sizes n[R][R] of x { in[r] = x[r][0..R] out[r] = x[0..R][r] reduce }",
+     "s.pln:1:79: error: 'reduce' cannot have run-time sizes: a reduction adds chunks of equal length"),
+    ("collective a with sizes n[R][R] of x { in[r] = x[r][0..R] out[r] = x[0..R][r] copy replicated }",
+     "s.pln:1:79: error: 'copy replicated' cannot have run-time sizes"),
+    ("collective a with sizes n[R] of x { in[r] = x[r][0..R] out[r] = x[0..R][r] copy }",
+     "s.pln:1:19: error: 'n' has 1 extent(s) but chunk 'x' is used with 2 indices"),
+    ("collective a with sizes n[R][R - 1] of x { in[r] = x[r][0..R] out[r] = x[0..R][r] copy }",
+     "s.pln:1:52: error: chunk x[0][2] of in[0] lies outside the extents of 'n[3][2]'"),
+    ("collective a with sizes n[R][0] of x { in[r] = x[r][0..R] out[r] = x[0..R][r] copy }",
+     "s.pln:1:30: error: extent '0' of 'n' is 0; it must be at least 1"),
+    ("collective a with sizes x[R] of x { in[r] = x[r] out[r] = x[0..R] copy }",
+     "s.pln:1:19: error: operand 'x' has the name of a chunk"),
+    ("collective a(k = 1) with sizes k[R] of x { in[r] = x[r] out[r] = x[0..R] copy }",
+     "s.pln:1:26: error: operand 'k' has the name of a parameter"),
+    ("collective a with sizes n[R] of y { in[r] = x[r] out[r] = x[0..R] copy }",
+     "s.pln:1:19: error: 'sizes n ... of y': no layout names a chunk 'y'"),
+    ("collective a with sizes n[R] of x { in[r] = x[r], y[r] out[r] = x[0..R] copy }",
+     "s.pln:1:51: error: chunk 'y' has no size: in a collective with run-time sizes every chunk is sized by 'n' (of 'x')"),
+    ("collective a with sizes n[R] of x, sizes m[R] of x { in[r] = x[r] out[r] = x[0..R] copy }",
+     "s.pln:1:36: error: a collective has at most one 'sizes' operand"),
+])
+def test_checker_refuses_with_a_location(source, expected):
+    from purlinc.frontend.check import check
+
+    with pytest.raises(PurlinError) as caught:
+        check(parse(source, "s.pln"), 3)
+    assert _render(caught.value).splitlines()[0].startswith(expected)
+    assert "note: while checking a for R=3" in _render(caught.value)
+
+
+def test_sizes_is_a_keyword():
+    with pytest.raises(PurlinError, match="unexpected keyword 'sizes'"):
+        parse("collective a { in[r] = sizes[r] out[r] = sizes[0..R] copy }", "s.pln")
+
+
+@pytest.mark.parametrize("name", ["alltoallv", "allgatherv"])
+@pytest.mark.parametrize("R", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("channels", [1, 2, 3])
+def test_lowered_and_verified(name, R, channels):
+    spec = _spec(name, R)
+    schedule = lower(spec, LowerOptions(channels=channels))
+    assert schedule.sizes == spec.sizes and schedule.stage_copies == 2
+    verify(schedule, spec)
+    assert schedule_from_json(schedule_to_json(schedule)) == schedule
+
+
+@pytest.mark.parametrize("options, words", [
+    (LowerOptions(slices=2), "2 slices per channel"),
+    (LowerOptions(registered=frozenset({"out"})), "registered ['out']"),
+    (LowerOptions(packed=True), "packed (LL) stages"),
+])
+def test_options_refused(options, words):
+    with pytest.raises(PurlinError, match=r"cannot be lowered with .*" + words.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
+        lower(_spec("alltoallv", 3), options)
+
+
+def test_verifier_refuses_an_offset_used_before_its_wait():
+    """Undo the deferral: rank 1's own chunk goes to OUT unit 1, whose offset needs the size
+    of OUT unit 0, which rank 0 sends; copying it before the waits must be refused."""
+    spec = _spec("alltoallv", 3)
+    schedule = lower(spec, LowerOptions())
+    program = schedule.programs[1]
+    steps = list(program.steps)
+    local = next(i for i, s in enumerate(steps) if isinstance(s, Consume) and s.srcs[0].space.value == "in")
+    first_wait = next(i for i, s in enumerate(steps) if isinstance(s, Wait))
+    assert local > first_wait  # the lowering moved it after the waits
+    steps.insert(first_wait, steps.pop(local))
+    bad = replace(schedule, programs=(schedule.programs[0], replace(program, steps=tuple(steps)),
+                                      *schedule.programs[2:]))
+    with pytest.raises(VerificationError, match="needs the size of OUT unit 0 .* no Wait before this step"):
+        verify(bad, spec)
+
+
+def test_verifier_refuses_a_wrong_size_symbol():
+    spec = _spec("alltoallv", 2)
+    schedule = lower(spec, LowerOptions())
+    other = spec.__class__(**{f: getattr(spec, f) for f in spec.__slots__ if f != "sizes"}, sizes=None)
+    with pytest.raises(VerificationError, match="its sizes"):
+        verify(schedule, other)
+
+
+def test_evaluator_rules():
+    assert sent_sizes([2, -1, 9, 3, 4], capacity=8, in_length=9) == (
+        [0, 2, 2, 10, 13], [2, 0, 0, 0, 0],
+        [(1, "capacity", -1, 8), (2, "capacity", 9, 8), (3, "input", 3, -1), (4, "input", 4, -4)])
+    assert received_sizes([3, 4, 2], out_length=6) == ([0, 3, 3], [3, 0, 2], [(1, "output", 4, 3)])
+    assert channel_bytes(100, 3, 0) == (0, 48) and channel_bytes(100, 3, 2) == (96, 100)
+    assert channel_bytes(0, 4, 3) == (0, 0)
+
+
+def _vectors(rng, R, capacity, trial):
+    """Size vectors of every kind the issue names, by trial number."""
+    kind = trial % 6
+    if kind == 0:
+        return [[0] * R for _ in range(R)]  # all zero
+    if kind == 1:
+        target = int(rng.integers(R))  # every rank sends everything to one rank
+        return [[capacity if d == target else 0 for d in range(R)] for _ in range(R)]
+    if kind == 2:
+        return [[capacity] * R for _ in range(R)]  # exactly at capacity
+    if kind == 3:  # over capacity and negative, somewhere
+        sizes = [list(rng.integers(0, capacity + 1, R)) for _ in range(R)]
+        sizes[int(rng.integers(R))][int(rng.integers(R))] = capacity + 1 + int(rng.integers(3))
+        sizes[int(rng.integers(R))][int(rng.integers(R))] = -1
+        return sizes
+    return [list(rng.integers(0, capacity + 1, R)) for _ in range(R)]
+
+
+@pytest.mark.parametrize("R, channels", [(1, 1), (2, 1), (2, 2), (3, 3), (4, 2), (5, 1), (8, 2)])
+def test_simulator_equals_evaluator_on_many_size_vectors(R, channels):
+    spec = _spec("alltoallv", R)
+    schedule = lower(spec, LowerOptions(channels=channels))
+    rng = np.random.default_rng(R * 100 + channels)
+    capacity = 5
+    vectors = 0
+    for trial in range(60 if R < 8 else 24):
+        calls = []
+        for call in range(3):  # consecutive calls: both staging copies, changing sizes
+            sizes = _vectors(rng, R, capacity, trial + call)
+            ins = [rng.integers(1, 60000, R * capacity, dtype=np.uint16) for _ in range(R)]
+            short = int(rng.integers(0, capacity + 1)) if trial % 4 == 3 else 0  # output too short
+            outs = [np.zeros(R * capacity - short, dtype=np.uint16) for _ in range(R)]
+            calls.append((ins, sizes, outs))
+        got = simulate_sized(schedule, spec, calls, capacity, seed=trial)
+        for (ins, sizes, outs), (outputs, out_sizes) in zip(calls, got):
+            expected, expected_sizes, _ = evaluate_sized(spec, ins, sizes, capacity, outs)
+            assert out_sizes == expected_sizes
+            for a, b in zip(outputs, expected):
+                np.testing.assert_array_equal(a, b)
+            vectors += 1
+    assert vectors >= 72
+
+
+def test_allgatherv_simulated():
+    R, capacity = 4, 6
+    spec = _spec("allgatherv", R)
+    schedule = lower(spec, LowerOptions(channels=2))
+    rng = np.random.default_rng(7)
+    for trial in range(20):
+        calls = [([rng.integers(1, 99, capacity, dtype=np.int32) for _ in range(R)],
+                  [[int(rng.integers(0, capacity + 1))] for _ in range(R)],
+                  [np.zeros(R * capacity, dtype=np.int32) for _ in range(R)]) for _ in range(2)]
+        for (ins, sizes, outs), (outputs, out_sizes) in zip(calls, simulate_sized(schedule, spec, calls, capacity, seed=trial)):
+            expected, expected_sizes, _ = evaluate_sized(spec, ins, sizes, capacity, outs)
+            assert out_sizes == expected_sizes == [[s[0] for s in sizes]] * R
+            for a, b in zip(outputs, expected):
+                np.testing.assert_array_equal(a, b)
+
+
+def test_simulator_catches_a_shared_header():
+    """The header word is per channel; a schedule whose consumer reads sizes before its Wait
+    reads a header never written (or a stale one), and the simulator says so."""
+    spec = _spec("alltoallv", 2)
+    schedule = lower(spec, LowerOptions())
+    program = schedule.programs[1]
+    steps = [s for s in program.steps if not isinstance(s, Wait)]
+    bad = replace(schedule, programs=(schedule.programs[0], replace(program, steps=tuple(steps))))
+    calls = [([np.arange(8, dtype=np.uint16)] * 2, [[2, 3], [1, 1]], [np.zeros(8, dtype=np.uint16)] * 2)]
+    with pytest.raises(SimulationError, match="size header never written"):
+        for seed in range(20):  # some interleaving runs rank 1 first
+            simulate_sized(bad, spec, calls, 4, seed=seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("R", [2, 3, 4, 6, 8])
+def test_simulator_thousands_of_vectors(R):
+    spec = _spec("alltoallv", R)
+    for channels in (1, 2, 4):
+        schedule = lower(spec, LowerOptions(channels=channels))
+        rng = np.random.default_rng(R * 7 + channels)
+        for trial in range(400):
+            capacity = int(rng.integers(1, 9))
+            calls = [(_ins := [rng.integers(1, 60000, R * capacity, dtype=np.uint16) for _ in range(R)],
+                      _vectors(rng, R, capacity, trial + c), [np.zeros(R * capacity, dtype=np.uint16)] * R)
+                     for c in range(2)]
+            for (ins, sizes, outs), (outputs, out_sizes) in zip(calls, simulate_sized(schedule, spec, calls, capacity, seed=trial)):
+                expected, expected_sizes, _ = evaluate_sized(spec, ins, sizes, capacity, outs)
+                assert out_sizes == expected_sizes
+                for a, b in zip(outputs, expected):
+                    np.testing.assert_array_equal(a, b)
