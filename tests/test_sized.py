@@ -222,3 +222,65 @@ def test_simulator_thousands_of_vectors(R):
                 assert out_sizes == expected_sizes
                 for a, b in zip(outputs, expected):
                     np.testing.assert_array_equal(a, b)
+
+
+# ---- kernels ---------------------------------------------------------------------------
+
+def _compiled(name: str, R: int, channels: int = 1, arch: str = "sm_90"):
+    from purlinc.pipeline import prepare
+
+    return prepare(SIZED / f"{name}.pln", world_size=R, arch=arch, overrides={"channels": channels})
+
+
+def test_kernel_source_reads_sizes_on_the_device():
+    kernel = _compiled("alltoallv", 3, channels=2).kernel("bfloat16", emit_cubin=False)
+    source = kernel.cuda.source
+    assert "purlin_sized_args" in source and source.count("extern \"C\" __global__") == 3
+    assert "run-time sizes (sizes n[3][3] of x)" in source
+    # every rank writes its out sizes and reads its input sizes from device memory
+    assert source.count("args.out_sizes[") == 9 and "a.sizes[k]" in source  # one per output chunk
+    assert kernel.abi.stage_units == 2 * 2 and kernel.abi.channels == 2
+
+
+def test_sized_args_layout():
+    from purlinc.atom.sized import SIZED_FIELDS, pack_sized_args, slot_bytes, stage_bytes
+
+    abi = _compiled("alltoallv", 2, channels=3).kernel("float32", emit_cubin=False).abi
+    assert slot_bytes(3, 5, 4) == 32 + 32 and stage_bytes(abi, 5) == abi.stage_units * 64
+    packed = pack_sized_args(abi, capacity=5, in_elems=10, out_elems=11, timeout_ns=7, in_ptr=1, out_ptr=2,
+                             sizes_ptr=3, out_sizes_ptr=4, counters_ptr=5, error_ptr=6, size_error_ptr=8,
+                             stage=[9, 10], signals=[11, 12])
+    import struct
+
+    words = struct.unpack(f"<{len(packed) // 8}Q", packed)
+    assert len(words) == len(SIZED_FIELDS) + 4
+    assert words[:6] == (5, 10, 11, 64, abi.stage_units // 2 * 64, 7) and words[-4:] == (9, 10, 11, 12)
+
+
+def test_size_error_sentence():
+    from purlinc.atom.sized import describe_size_error
+
+    spec = _spec("alltoallv", 4)
+    assert describe_size_error((1, 2, 0, 3, 9000, 8192, 5, 0), spec) == (
+        "rank 2, call 5: chunk x[2][3] from rank 2 to rank 3: size n[2][3] = 9000 outside 0..8192 "
+        "(the capacity fixed at load); it was moved as size 0")
+    assert describe_size_error((3, 1, 1, 2, 40, 12, 0, 0), spec) == (
+        "rank 1, call 0: chunk x[2][1] from rank 2 to rank 1: size 40 reaches past the end of rank 1's "
+        "output (12 element(s) left there); it was moved as size 0")
+    assert "size n[0][1] = -1 outside" in describe_size_error((1, 0, 0, 1, (1 << 64) - 1, 8, 0, 0), spec)
+
+
+def test_other_atoms_refused():
+    with pytest.raises(PurlinError, match="'ldst' atom only"):
+        from purlinc.pipeline import prepare
+
+        prepare(SIZED / "alltoallv.pln", world_size=2, arch="sm_90", atom="tma").kernel("float32", emit_cubin=False)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100"])
+def test_nvrtc_compiles_sized_kernels(arch):
+    """Every target, both examples, one and several channels, a 2-byte and a 1-byte dtype."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    for name, R, channels, dtype in (("alltoallv", 4, 2, "bfloat16"), ("allgatherv", 3, 1, "float8_e4m3")):
+        kernel = _compiled(name, R, channels, arch).kernel(dtype)
+        assert kernel.cubin and len(kernel.cubin) > 1000
