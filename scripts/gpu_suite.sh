@@ -6,6 +6,9 @@
 #   precompile        every kernel the tests use, parallel NVRTC
 #   loopback          ranks sharing one GPU (R=2 and R=4 on cuda:0): slices, zero-copy, graphs;
 #                     the one step a one-GPU machine runs (PURLIN_STEPS=loopback)
+#   sized             run-time sizes (alltoallv) in loopback on cuda:0, R=1..8, every dtype, graphs
+#                     replayed with new sizes, size errors; then R=1 under compute-sanitizer memcheck
+#                     (one GPU is enough: PURLIN_STEPS=sized)
 #   local             LocalGroup tests, ldst and tma atoms
 #   local_ce          LocalGroup tests, ce atom
 #   trace             traced kernels: monotone stamps, waits after their notifies
@@ -24,7 +27,7 @@ mkdir -p "$OUT"
 export OUT PURLIN_RESULTS="$OUT" PURLIN_CACHE_DIR=${PURLIN_CACHE_DIR:-/tmp/purlin_cache}
 export PURLIN_WAIT_TIMEOUT_S=${PURLIN_WAIT_TIMEOUT_S:-5} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
-STEPS=${PURLIN_STEPS:-"precompile loopback local local_ce trace torchrun zerocopy zerocopy_torchrun faults torch hier"}
+STEPS=${PURLIN_STEPS:-"precompile loopback sized local local_ce trace torchrun zerocopy zerocopy_torchrun faults torch hier"}
 T0=$(date +%s)
 # Run from the source tree: grammar/ and templates/ ship as purlinc.grammar / purlinc.templates
 # in a wheel (pyproject's package-dir); link them in for the run, and remove the links after.
@@ -57,6 +60,12 @@ step precompile 120 python3 tests/gpu/_common.py precompile
 wanted loopback && STEPS="$STEPS loopback_precompile"  # the loopback step's kernels, first
 step loopback_precompile 90 python3 tests/gpu/_common.py precompile loopback
 pytest_step loopback 300 tests/gpu/test_loopback.py
+pytest_step sized 420 tests/gpu/test_sized.py
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
+if wanted sized && [ -n "$SAN" ]; then
+  STEPS="$STEPS sized_memcheck"
+  PURLIN_WAIT_TIMEOUT_S=30 step sized_memcheck 300 "$SAN" --tool memcheck --error-exitcode 3 python3 tests/gpu/sized_sanitize.py
+fi
 PURLIN_TEST_ATOMS=ldst,tma pytest_step local 170 tests/gpu/test_local.py
 PURLIN_TEST_ATOMS=ce pytest_step local_ce 70 tests/gpu/test_local.py \
   -k "test_collective or test_dtypes or test_graph or test_large"

@@ -155,7 +155,7 @@ def test_simulator_equals_evaluator_on_many_size_vectors(R, channels):
     spec = _spec("alltoallv", R)
     schedule = lower(spec, LowerOptions(channels=channels))
     rng = np.random.default_rng(R * 100 + channels)
-    capacity = 5
+    capacity = 41  # 82 bytes: every channel's share of a chunk changes with its size
     vectors = 0
     for trial in range(60 if R < 8 else 24):
         calls = []
@@ -176,7 +176,7 @@ def test_simulator_equals_evaluator_on_many_size_vectors(R, channels):
 
 
 def test_allgatherv_simulated():
-    R, capacity = 4, 6
+    R, capacity = 4, 30
     spec = _spec("allgatherv", R)
     schedule = lower(spec, LowerOptions(channels=2))
     rng = np.random.default_rng(7)
@@ -188,6 +188,23 @@ def test_allgatherv_simulated():
             expected, expected_sizes, _ = evaluate_sized(spec, ins, sizes, capacity, outs)
             assert out_sizes == expected_sizes == [[s[0] for s in sizes]] * R
             for a, b in zip(outputs, expected):
+                np.testing.assert_array_equal(a, b)
+
+
+def test_channel_regions_hold_across_calls_of_other_sizes():
+    """Channel c's share of a chunk moves with the chunk's size; if it were stored at its
+    offset in the chunk, a producer's channel 0 two calls later (a larger chunk) would
+    overwrite what the consumer's channel 1, running a call behind, has yet to read.  Sizes
+    32, 8, 40 of uint16 make exactly that overlap; priority schedules (odd seeds) make
+    channel 1 lag."""
+    spec = _spec("alltoallv", 2)
+    schedule = lower(spec, LowerOptions(channels=2))
+    rng = np.random.default_rng(0)
+    calls = [([rng.integers(1, 60000, 80, dtype=np.uint16) for _ in range(2)], [[n, n], [n, n]],
+              [np.zeros(80, dtype=np.uint16) for _ in range(2)]) for n in (32, 8, 40)]
+    for seed in range(1, 40, 2):
+        for (ins, sizes, outs), (outputs, _) in zip(calls, simulate_sized(schedule, spec, calls, 40, seed=seed)):
+            for a, b in zip(outputs, evaluate_sized(spec, ins, sizes, 40, outs)[0]):
                 np.testing.assert_array_equal(a, b)
 
 
@@ -213,7 +230,7 @@ def test_simulator_thousands_of_vectors(R):
         schedule = lower(spec, LowerOptions(channels=channels))
         rng = np.random.default_rng(R * 7 + channels)
         for trial in range(400):
-            capacity = int(rng.integers(1, 9))
+            capacity = int(rng.integers(1, 80))
             calls = [(_ins := [rng.integers(1, 60000, R * capacity, dtype=np.uint16) for _ in range(R)],
                       _vectors(rng, R, capacity, trial + c), [np.zeros(R * capacity, dtype=np.uint16)] * R)
                      for c in range(2)]
@@ -246,15 +263,20 @@ def test_sized_args_layout():
     from purlinc.atom.sized import SIZED_FIELDS, pack_sized_args, slot_bytes, stage_bytes
 
     abi = _compiled("alltoallv", 2, channels=3).kernel("float32", emit_cubin=False).abi
-    assert slot_bytes(3, 5, 4) == 32 + 32 and stage_bytes(abi, 5) == abi.stage_units * 64
-    packed = pack_sized_args(abi, capacity=5, in_elems=10, out_elems=11, timeout_ns=7, in_ptr=1, out_ptr=2,
-                             sizes_ptr=3, out_sizes_ptr=4, counters_ptr=5, error_ptr=6, size_error_ptr=8,
-                             stage=[9, 10], signals=[11, 12])
+    # 3 channels: a 32-byte header (3 words, rounded to 16), then 3 regions of round_up(ceil(100 / 3), 16) = 48
+    assert slot_bytes(3, 100) == 32 + 3 * 48 and stage_bytes(abi, 100) == abi.stage_units * 176
+    packed = pack_sized_args(abi, capacity_bytes=100, capacity=5, unit_bytes=20, in_len=10, out_len=11, timeout_ns=7,
+                             in_ptr=1, out_ptr=2, sizes_ptr=3, out_sizes_ptr=4, counters_ptr=5, error_ptr=6,
+                             size_error_ptr=8, stage=[9, 10], signals=[11, 12])
     import struct
 
     words = struct.unpack(f"<{len(packed) // 8}Q", packed)
     assert len(words) == len(SIZED_FIELDS) + 4
-    assert words[:6] == (5, 10, 11, 64, abi.stage_units // 2 * 64, 7) and words[-4:] == (9, 10, 11, 12)
+    assert words[:8] == (5, 10, 11, 20, 176, 48, abi.stage_units // 2 * 176, 7) and words[-4:] == (9, 10, 11, 12)
+    with pytest.raises(ValueError, match="exceeds the staging"):
+        pack_sized_args(abi, capacity_bytes=100, capacity=6, unit_bytes=20, in_len=0, out_len=0, timeout_ns=0, in_ptr=0,
+                        out_ptr=0, sizes_ptr=0, out_sizes_ptr=0, counters_ptr=0, error_ptr=0, size_error_ptr=0,
+                        stage=[0, 0], signals=[0, 0])
 
 
 def test_size_error_sentence():

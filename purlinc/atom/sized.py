@@ -4,15 +4,18 @@ source through ``templates/sized.cu.j2``, and the contract with the runtime that
 Entry ``<kernel_base>_r<rank>`` takes one ``purlin_sized_args`` by value (all fields 8
 bytes, no padding), in this order:
 
-    capacity, in_elems, out_elems, slot_bytes, copy_bytes, timeout_ns,   (u64)
-    in, out, sizes, out_sizes, counters, error, size_error,              (pointers)
-    stage[R], signals[R]                                                 (pointers)
+    capacity, in_len, out_len, unit_bytes, slot_bytes, region_bytes, copy_bytes, timeout_ns,  (u64)
+    in, out, sizes, out_sizes, counters, error, size_error,                                 (pointers)
+    stage[R], signals[R]                                                                    (pointers)
 
-``sizes`` (int64, one per input chunk, device memory) is read every call and ``out_sizes``
-(int64, one per output chunk) written every call: a CUDA graph captured once replays with
-whatever sizes the device holds then.  Staging per rank: ``2 * stage_units`` slots of
-``slot_bytes`` (``slot_bytes(capacity)``), the second copy ``copy_bytes`` in; signal pads and
-counters as for every kernel (purlinc.atom.abi).  Grid = channels, block = ``THREADS``.
+Sizes, the capacity and the buffer lengths count *units* of ``unit_bytes`` (an element, or
+a row of elements: torch's split sizes count rows of dim 0).  ``sizes`` (int64, one per
+input chunk, device memory) is read every call and ``out_sizes`` (int64, one per output
+chunk) written every call: a CUDA graph captured once replays with whatever sizes the
+device holds then.  Staging per rank: ``stage_units`` slots (both copies) laid out by
+``purlinc.snac.sized.slot_layout`` for the load's capacity in bytes, the second copy
+``copy_bytes`` in; signal pads and counters as for every kernel (purlinc.atom.abi).
+Grid = channels, block = ``THREADS``.
 
 ``size_error`` is a host-mapped record of ``SIZE_ERROR_RECORD`` words, filled by the first
 bad size of the rank (kind 1: a size outside 0..capacity; 2: an input chunk past the input
@@ -31,37 +34,42 @@ from purlinc.dtypes import DType
 from purlinc.errors import PurlinError
 from purlinc.frontend.evaluate import SIZE_ERROR_KINDS
 from purlinc.snac.ir import Consume, Notify, Role, Schedule, Space, Stage, Wait
-from purlinc.snac.sized import header_bytes
+from purlinc.snac.sized import slot_layout
 
-SIZED_FIELDS = ("capacity", "in_elems", "out_elems", "slot_bytes", "copy_bytes", "timeout_ns",
-                "in", "out", "sizes", "out_sizes", "counters", "error", "size_error")
+SIZED_FIELDS = ("capacity", "in_len", "out_len", "unit_bytes", "slot_bytes", "region_bytes", "copy_bytes",
+                "timeout_ns", "in", "out", "sizes", "out_sizes", "counters", "error", "size_error")
 SIZE_ERROR_RECORD = ("kind", "rank", "buffer", "position", "size", "bound", "epoch", "unused")
 SIZE_ERROR_BYTES = 8 * len(SIZE_ERROR_RECORD)
 THREADS = 512
 
 
-def slot_bytes(channels: int, capacity: int, itemsize: int) -> int:
-    """Bytes of one STAGE slot: the per-channel size header, then ``capacity`` elements (16-aligned)."""
-    return header_bytes(channels) + -(-capacity * itemsize // 16) * 16
+def slot_bytes(channels: int, capacity_bytes: int) -> int:
+    """Bytes of one STAGE slot for chunks of up to ``capacity_bytes`` (``slot_layout``)."""
+    return slot_layout(channels, capacity_bytes)[2]
 
 
-def stage_bytes(abi: KernelABI, capacity: int) -> int:
+def stage_bytes(abi: KernelABI, capacity_bytes: int) -> int:
     """Staging bytes per rank: every slot of both copies (``abi.stage_units`` counts both)."""
-    return abi.stage_units * slot_bytes(abi.channels, capacity, abi.itemsize)
+    return abi.stage_units * slot_bytes(abi.channels, capacity_bytes)
 
 
-def pack_sized_args(abi: KernelABI, *, capacity: int, in_elems: int, out_elems: int, timeout_ns: int,
-                    in_ptr: int, out_ptr: int, sizes_ptr: int, out_sizes_ptr: int, counters_ptr: int,
-                    error_ptr: int, size_error_ptr: int, stage: list[int], signals: list[int]) -> bytes:
-    """The ``purlin_sized_args`` struct as bytes, ready to be passed by value."""
+def pack_sized_args(abi: KernelABI, *, capacity_bytes: int, capacity: int, unit_bytes: int, in_len: int,
+                    out_len: int, timeout_ns: int, in_ptr: int, out_ptr: int, sizes_ptr: int, out_sizes_ptr: int,
+                    counters_ptr: int, error_ptr: int, size_error_ptr: int, stage: list[int],
+                    signals: list[int]) -> bytes:
+    """The ``purlin_sized_args`` struct as bytes, ready to be passed by value.  The staging
+    layout comes from the load's ``capacity_bytes`` (fixed); ``capacity`` counts this call's
+    units (``capacity * unit_bytes <= capacity_bytes``)."""
     world = abi.world_size
     if len(stage) != world or len(signals) != world:
         raise ValueError(f"expected {world} staging and signal pointers, got {len(stage)} and {len(signals)}")
-    slot = slot_bytes(abi.channels, capacity, abi.itemsize)
+    if capacity * unit_bytes > capacity_bytes:
+        raise ValueError(f"capacity {capacity} x {unit_bytes} bytes exceeds the staging's {capacity_bytes} bytes")
+    _, region, slot = slot_layout(abi.channels, capacity_bytes)
     copy = abi.stage_units // 2 * slot
-    return struct.pack(f"<{len(SIZED_FIELDS) + 2 * world}Q", capacity, in_elems, out_elems, slot, copy, timeout_ns,
-                       in_ptr, out_ptr, sizes_ptr, out_sizes_ptr, counters_ptr, error_ptr, size_error_ptr,
-                       *stage, *signals)
+    return struct.pack(f"<{len(SIZED_FIELDS) + 2 * world}Q", capacity, in_len, out_len, unit_bytes, slot, region,
+                       copy, timeout_ns, in_ptr, out_ptr, sizes_ptr, out_sizes_ptr, counters_ptr, error_ptr,
+                       size_error_ptr, *stage, *signals)
 
 
 def describe_size_error(words, spec) -> str:
@@ -150,7 +158,7 @@ def generate(schedule: Schedule, spec, *, atom: str, arch: str, dtype: DType, op
         version=purlinc.__version__, options_key=schedule.options.key(), stage_units=schedule.stage_units,
         signal_pad=schedule.signal_pad_size(), atom=atom, dtype=dtype.value, channels=schedule.channels,
         threads=THREADS, channel_signals=schedule.channel_signals, itemsize=dtype.itemsize,
-        header_bytes=header_bytes(schedule.channels), prelude=_load_template("prelude.cuh").rstrip("\n"),
+        header_bytes=slot_layout(schedule.channels, 0)[0], prelude=_load_template("prelude.cuh").rstrip("\n"),
         elem=_elem_values(dtype, None), atom_begin=ATOM_BEGIN, atom_end=ATOM_END, atom_source=atom_text,
         kernels=kernels,
     )

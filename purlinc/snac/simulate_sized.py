@@ -5,8 +5,10 @@ vectors, exactly as the kernels address memory (docs/SNAC.md, "Run-time sizes"):
 - IN/OUT unit ``k`` at the prefix sum of the sizes before it (``evaluate.sent_sizes`` /
   ``received_sizes``: the same clamping rules as the device);
 - STAGE unit ``u`` of copy ``e % 2`` a slot of a header (the size, once per channel: channel
-  ``c`` writes and reads word ``c`` only) plus the capacity;
-- channel ``c`` of ``G`` moving bytes ``[min(b, c*t), min(b, c*t + t))``, ``t = round_up(ceil(b/G), 16)``.
+  ``c`` writes and reads word ``c`` only) and one fixed region per channel
+  (``purlinc.snac.sized.slot_layout``);
+- channel ``c`` of ``G`` moving bytes ``[min(b, c*t), min(b, c*t + t))`` of a ``b``-byte
+  chunk, ``t = round_up(ceil(b/G), 16)``, through its own region of the slot.
 
 A Consume reads the size headers of every STAGE unit its offset needs at the moment it runs,
 so a schedule that used a header before its Wait would read a stale or unwritten one
@@ -25,7 +27,7 @@ from purlinc.frontend.evaluate import received_sizes, sent_sizes
 from purlinc.frontend.spec import Spec
 from purlinc.snac.ir import Consume, Notify, Schedule, Space, Stage, Wait
 from purlinc.snac.simulate import SimulationError
-from purlinc.snac.sized import header_bytes
+from purlinc.snac.sized import slot_layout
 
 
 def channel_bytes(nbytes: int, channels: int, channel: int) -> tuple[int, int]:
@@ -53,9 +55,7 @@ class _SizedMachine:
         self.schedule = schedule
         self.itemsize = itemsize
         R = schedule.world_size
-        slot = -(-capacity * itemsize // 16) * 16
-        self.head = header_bytes(schedule.channels)
-        self.slot_bytes = self.head + slot
+        self.head, self.region, self.slot_bytes = slot_layout(schedule.channels, capacity * itemsize)
         units = schedule.stage_units * schedule.stage_copies
         self.staging = [np.full(units * self.slot_bytes, 0xAB, dtype=np.uint8) for _ in range(R)]
         self.header = [np.full((units, schedule.channels), -1, dtype=np.int64) for _ in range(R)]
@@ -72,8 +72,8 @@ class _SizedMachine:
         self.header[step.dst.rank][unit, channel] = sent[k]
         lo, hi = channel_bytes(sent[k] * self.itemsize, self.schedule.channels, channel)
         start = offsets[k] * self.itemsize
-        base = unit * self.slot_bytes + self.head
-        self.staging[step.dst.rank][base + lo:base + hi] = call.inputs[rank][start + lo:start + hi]
+        base = unit * self.slot_bytes + self.head + channel * self.region
+        self.staging[step.dst.rank][base:base + hi - lo] = call.inputs[rank][start + lo:start + hi]
 
     def consume(self, call: _Call, step: Consume, rank: int, channel: int, epoch: int, program) -> None:
         src, m = step.srcs[0], step.dst.unit
@@ -97,8 +97,8 @@ class _SizedMachine:
             start = call.sent[rank][0][src.unit] * self.itemsize
             data = call.inputs[rank][start + lo:start + hi]
         else:
-            base = self._unit(src.unit, epoch) * self.slot_bytes + self.head
-            data = self.staging[rank][base + lo:base + hi]
+            base = self._unit(src.unit, epoch) * self.slot_bytes + self.head + channel * self.region
+            data = self.staging[rank][base:base + hi - lo]
         call.out_bytes[rank][dst + lo:dst + hi] = data
 
 
@@ -118,12 +118,16 @@ def simulate_sized(schedule: Schedule, spec: Spec, calls: Sequence[tuple], capac
     out_sources = {r: {s.dst.unit: s.srcs[0] for s in schedule.programs[r].steps if isinstance(s, Consume)}
                    for r in range(schedule.world_size)}
     position = {key: (0, 0) for key in programs}  # (call, step)
+    # Odd seeds: a random priority order, always running the first runnable program in it, so
+    # some (rank, channel) lags as far behind the others as the signals allow (a uniform
+    # choice rarely lets one channel fall a whole call behind its peers).
+    priority = {key: rng.random() for key in programs} if seed % 2 else None
     while True:
         runnable = [key for key, (call, step) in position.items() if call < len(calls) and
                     _ready(machine, programs[key][step], call)]
         if not runnable:
             break
-        key = rng.choice(runnable)
+        key = min(runnable, key=priority.__getitem__) if priority else rng.choice(runnable)
         call, index = position[key]
         _run(machine, states[call], programs[key][index], key, call, out_sources[key[0]])
         index += 1

@@ -16,6 +16,19 @@ from purlinc.frontend.ast import Operation
 from purlinc.frontend.spec import Chunk, Spec
 from purlinc.snac.ir import Algorithm, Consume, LowerOptions, Notify, Program, Region, Schedule, Space, Stage, Wait
 
+def slot_layout(channels: int, capacity_bytes: int) -> tuple[int, int, int]:
+    """(header bytes, region bytes, slot bytes) of a STAGE slot for chunks of up to
+    ``capacity_bytes``: the size header, then one fixed region per channel.  Channel c moves
+    bytes [c*t, c*t + t) of a chunk (t = round_up(ceil(b / G), 16), which depends on the
+    chunk's size b) through region c, at the same offset whatever b is.  Placing them at
+    their offset in the chunk instead would move channel c's bytes into what channel c'
+    used in an earlier call of another size, while channel c' may still read that call
+    (channels run calls apart; the simulator found it)."""
+    region = -(-(-(-capacity_bytes // channels)) // 16) * 16
+    head = header_bytes(channels)
+    return head, region, head + channels * region
+
+
 def header_bytes(channels: int) -> int:
     """Bytes before a STAGE slot's data: the chunk's size (int64) once per channel, padded so
     the data stays 16-byte aligned.  Channel c writes and reads word c only: channels run
