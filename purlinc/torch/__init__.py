@@ -28,7 +28,7 @@ from purlinc.torch.ops import define
 from purlinc.torch.registry import Entry, entry
 
 __all__ = [
-    "Group", "TorchCollective", "Work", "all_gather_into_tensor", "all_reduce", "all_to_all_single",
+    "Group", "TorchCollective", "Work", "all_gather_into_tensor", "all_reduce", "all_to_all_single", "all_to_all_vdev",
     "broadcast", "default_group", "define", "entry", "functional", "gather", "init", "op", "ops", "reduce",
     "reduce_scatter_tensor", "scatter",
 ]
@@ -67,6 +67,11 @@ def reduce_scatter_tensor(output, input, op="sum", group=None, async_op=False):
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):
     return _group(group).all_to_all_single(output, input, output_split_sizes, input_split_sizes, async_op=async_op)
+
+
+def all_to_all_vdev(input, out, in_splits, out_splits, out_offsets=None, group=None, async_op=False):
+    """Uneven all-to-all with split sizes on the GPU (see purlinc.torch.sized)."""
+    return _group(group).all_to_all_vdev(input, out, in_splits, out_splits, out_offsets, async_op=async_op)
 
 
 def broadcast(tensor, src=0, group=None, async_op=False):

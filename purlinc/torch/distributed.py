@@ -44,6 +44,13 @@ def _compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
+def _has_splits(output_split_sizes, input_split_sizes) -> bool:
+    """Whether a call gives split lists.  Then it runs the all-to-all with run-time sizes,
+    even where this rank's lists happen to be equal: another rank's may not be, and every
+    rank must run the same collective (a rank cannot see the others' lists)."""
+    return any(splits is not None and len(splits) for splits in (output_split_sizes, input_split_sizes))
+
+
 class Work:
     """What ``async_op=True`` returns, as torch.distributed's Work: ``wait()`` makes the
     caller's current stream wait for the collective (the host does not block);
@@ -126,6 +133,11 @@ class Group:
         return root
 
     def close(self) -> None:
+        from purlinc.torch import sized
+
+        state = sized._BY_GROUP.pop(self, None)
+        if state is not None:
+            state.close()
         for e in self._entries.values():
             e.close()
         self._entries.clear()
@@ -209,15 +221,15 @@ class Group:
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False):
         where = "all_to_all_single"
-        for label, splits, t in (("output_split_sizes", output_split_sizes, output),
-                                 ("input_split_sizes", input_split_sizes, input)):
-            if splits is not None and len(splits) and (
-                    len(splits) != self.world_size or any(int(s) * self.world_size != t.shape[0] for s in splits)):
-                raise ArgumentError(
-                    f"{where}: {label}={list(splits)}, expected {self.world_size} equal splits of dim 0 "
-                    f"({t.shape[0] // self.world_size if t.dim() else 0} each)",
-                    notes=("uneven all-to-all is not a Purlin collective yet: write it as a .pln with explicit "
-                           "chunk sizes, or pad",))
+        if _has_splits(output_split_sizes, input_split_sizes):
+            # Split sizes: the all-to-all with run-time sizes (purlinc.torch.sized).
+            from purlinc.torch import sized
+
+            if _compiling():
+                raise ArgumentError(f"{where}: split size lists under torch.compile: expected all_to_all_vdev "
+                                    "(sizes on the GPU), got host lists")
+            return self._issue(lambda: sized.all_to_all_single(self, output, input, output_split_sizes,
+                                                               input_split_sizes), [input, output], async_op, [output])
         handle = self._handle("alltoall")
         if _compiling():
             output.copy_(torch.ops.purlin.alltoall_seq(input, self._seq, handle, "sum", -1).view(output.shape))
@@ -233,6 +245,22 @@ class Group:
                                 f"{self.world_size} (one equal slice per rank)")
         body = _ops.define("alltoall").eager_out
         return self._issue(lambda: body(input, output, handle, "sum"), [input, output], async_op, [output])
+
+    def all_to_all_vdev(self, input, out, in_splits, out_splits, out_offsets=None, async_op=False):
+        """All-to-all with split sizes on the GPU (rows of dim 0): ``in_splits`` read and
+        ``out_splits`` (and ``out_offsets``) written by the kernel, no host synchronisation;
+        like ``torch.distributed._symmetric_memory.all_to_all_vdev`` (purlinc.torch.sized)."""
+        from purlinc.torch import sized
+
+        if _compiling():
+            handle = sized.state_of(self).handle
+            sized.define()[1](input, in_splits, out, out_splits, handle)
+            if out_offsets is not None:
+                out_offsets.copy_(torch.cumsum(out_splits, 0) - out_splits)
+            return _DONE if async_op else None
+        tensors = [input, out, in_splits, out_splits] + ([out_offsets] if out_offsets is not None else [])
+        return self._issue(lambda: sized.all_to_all_vdev(self, input, out, in_splits, out_splits, out_offsets),
+                           tensors, async_op, [out])
 
     def broadcast(self, tensor, src=0, async_op=False):
         src = self._root("broadcast", "src", src)
