@@ -139,10 +139,12 @@ def test_all_to_all_single_with_host_lists(R):
 
 def test_split_lists_choose_the_sized_all_to_all():
     """On every rank alike: a rank whose lists happen to be equal cannot know the others' are."""
-    from purlinc.torch.distributed import _has_splits
-
-    assert _has_splits([2, 2], [2, 2]) and _has_splits([1, 3], None)
-    assert not _has_splits(None, None) and not _has_splits([], [])
+    g = pt.Group(Comm(0, 2), loader=lambda *a: pytest.fail("nothing should load"))
+    x = torch.zeros(4, 3)
+    assert g._splits("t", x, x, [2, 2], [2, 2]) == ([2, 2], [2, 2])
+    assert g._splits("t", x, x, None, [1, 3]) == ([2, 2], [1, 3])
+    assert g._splits("t", x, x, None, None) is None and g._splits("t", x, x, [], []) is None
+    g.close()
 
 
 def test_all_to_all_vdev_writes_splits_and_offsets():

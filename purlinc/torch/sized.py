@@ -56,8 +56,13 @@ class SizedState:
                 raise ArgumentError(f"purlin::alltoallv on rank {self.rank}: called inside a CUDA graph capture "
                                     "before its warm-up call: expected one call outside the capture first, got none",
                                     notes=("the first call loads the collective (every rank takes part)",))
-            loader = self._loader or _load
-            self._collective = loader(SOURCE, self.comm, self.capacity)
+            group = self.group_ref()
+            if self._loader is not None:
+                self._collective = self._loader(SOURCE, self.comm, self.capacity)
+            elif group is not None and getattr(group, "custom_loader", False):
+                self._collective = group._loader(SOURCE, None)  # the group's stand-in loads this one too
+            else:
+                self._collective = _load(SOURCE, self.comm, self.capacity)
         return self._collective
 
     def scratch(self, label: str, n: int, like):
