@@ -138,7 +138,11 @@ def _kernel_values(schedule: Schedule, base: str) -> list[dict]:
 
 def generate(schedule: Schedule, spec, *, atom: str, arch: str, dtype: DType, op=None, trace: bool = False):
     """The CUDA module of a sized schedule for one dtype (copies only): one entry per rank."""
-    from purlinc.atom.codegen import ATOM_BEGIN, ATOM_END, LDST_UNROLL, KernelSource, _elem_values, _load_template, _render, kernel_base
+    from purlinc.atom.codegen.elems import elem_values
+    from purlinc.atom.codegen.kernel import ATOM_BEGIN, ATOM_END, KernelSource
+    from purlinc.atom.codegen.limits import LDST_UNROLL
+    from purlinc.atom.codegen.names import kernel_base
+    from purlinc.atom.codegen.render import load_template, render
 
     if schedule.sizes is None:
         raise PurlinError(f"{schedule.collective} has no run-time sizes: use purlinc.atom.codegen.generate")
@@ -151,15 +155,15 @@ def generate(schedule: Schedule, spec, *, atom: str, arch: str, dtype: DType, op
     atom_def = get_atom(atom, target)
     base = kernel_base(schedule, atom, dtype, None)
     kernels = _kernel_values(schedule, base)
-    atom_text = _render(atom_def.template, reduce=False, unroll=LDST_UNROLL, **atom_def.template_values(target)).rstrip("\n")
-    source = _render(
+    atom_text = render(atom_def.template, reduce=False, unroll=LDST_UNROLL, **atom_def.template_values(target)).rstrip("\n")
+    source = render(
         "sized.cu.j2", kernel_base=base, collective=schedule.collective, world_size=schedule.world_size,
         params_text="".join(f", {k}={v}" for k, v in getattr(spec, "params", ())), sizes=schedule.sizes.format(),
         version=purlinc.__version__, options_key=schedule.options.key(), stage_units=schedule.stage_units,
         signal_pad=schedule.signal_pad_size(), atom=atom, dtype=dtype.value, channels=schedule.channels,
         threads=THREADS, channel_signals=schedule.channel_signals, itemsize=dtype.itemsize,
-        header_bytes=slot_layout(schedule.channels, 0)[0], prelude=_load_template("prelude.cuh").rstrip("\n"),
-        elem=_elem_values(dtype, None), atom_begin=ATOM_BEGIN, atom_end=ATOM_END, atom_source=atom_text,
+        header_bytes=slot_layout(schedule.channels, 0)[0], prelude=load_template("prelude.cuh").rstrip("\n"),
+        elem=elem_values(dtype, None), atom_begin=ATOM_BEGIN, atom_end=ATOM_END, atom_source=atom_text,
         kernels=kernels,
     )
     abi = KernelABI(
