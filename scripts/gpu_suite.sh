@@ -9,6 +9,8 @@
 #   sized             run-time sizes (alltoallv) in loopback on cuda:0, R=1..8, every dtype, graphs
 #                     replayed with new sizes, size errors; then R=1 under compute-sanitizer memcheck
 #                     (one GPU is enough: PURLIN_STEPS=sized)
+#   moe               purlinc.moe dispatch/combine in loopback on cuda:0 (R=2..8, graphs) against a
+#                     plain torch exchange; then benchmarks/moe_dispatch.py in loopback (writes $OUT)
 #   local             LocalGroup tests, ldst and tma atoms
 #   local_ce          LocalGroup tests, ce atom
 #   trace             traced kernels: monotone stamps, waits after their notifies
@@ -27,7 +29,7 @@ mkdir -p "$OUT"
 export OUT PURLIN_RESULTS="$OUT" PURLIN_CACHE_DIR=${PURLIN_CACHE_DIR:-/tmp/purlin_cache}
 export PURLIN_WAIT_TIMEOUT_S=${PURLIN_WAIT_TIMEOUT_S:-5} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
-STEPS=${PURLIN_STEPS:-"precompile loopback sized local local_ce trace torchrun zerocopy zerocopy_torchrun faults torch hier"}
+STEPS=${PURLIN_STEPS:-"precompile loopback sized moe local local_ce trace torchrun zerocopy zerocopy_torchrun faults torch hier"}
 T0=$(date +%s)
 # Run from the source tree: grammar/ and templates/ ship as purlinc.grammar / purlinc.templates
 # in a wheel (pyproject's package-dir); link them in for the run, and remove the links after.
@@ -66,6 +68,9 @@ if wanted sized && [ -n "$SAN" ]; then
   STEPS="$STEPS sized_memcheck"
   PURLIN_WAIT_TIMEOUT_S=30 step sized_memcheck 300 "$SAN" --tool memcheck --error-exitcode 3 python3 tests/gpu/sized_sanitize.py
 fi
+pytest_step moe 420 tests/gpu/test_moe.py
+wanted moe && STEPS="$STEPS moe_bench"
+step moe_bench 300 python3 benchmarks/moe_dispatch.py --out "$OUT" --devices 0,0 --channels 16 --reps 3
 PURLIN_TEST_ATOMS=ldst,tma pytest_step local 170 tests/gpu/test_local.py
 PURLIN_TEST_ATOMS=ce pytest_step local_ce 70 tests/gpu/test_local.py \
   -k "test_collective or test_dtypes or test_graph or test_large"

@@ -21,6 +21,7 @@ from purlinc.runtime.errors import ArgumentError  # noqa: E402
 from purlinc.torch import sized  # noqa: E402
 
 CAPACITY = 64  # elements per pair
+BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class Comm:
@@ -49,13 +50,14 @@ class StandIn:
 
     def __call__(self, x, sizes, out, out_sizes, row=1):
         w, r = self.world, self.rank
-        w.slots[r] = (x.reshape(-1).numpy().copy(), [int(v) * row for v in sizes.tolist()],
-                      out.reshape(-1).numpy().copy())  # what the kernel does not write stays
+        bits = BITS[x.element_size()]  # the bits of any dtype (bfloat16 has no NumPy type)
+        w.slots[r] = (x.reshape(-1).view(bits).numpy().copy(), [int(v) * row for v in sizes.tolist()],
+                      out.reshape(-1).view(bits).numpy().copy())  # what the kernel does not write stays
         w.barrier.wait()
         outs, out_sizes_all, _ = evaluate_sized(w.spec, [s[0] for s in w.slots], [s[1] for s in w.slots],
                                                 self.capacity // row * row, [s[2] for s in w.slots])
         w.barrier.wait()
-        out.reshape(-1).copy_(torch.from_numpy(outs[r]))
+        out.reshape(-1).view(bits).copy_(torch.from_numpy(outs[r]))
         out_sizes.copy_(torch.tensor([v // row for v in out_sizes_all[r]], dtype=torch.int64))
         return out, out_sizes
 
