@@ -9,6 +9,7 @@ against values computed from the global ranks.  Exits 0 when all held; prints wh
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -117,6 +118,7 @@ def from_torch_on_subgroups(rank, groups_by_name, layouts):
 
 
 def main(rank: int, world: int, init_file: str) -> None:
+    start = time.monotonic()
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     groups.factory = torch_standin.factory
     layouts = {"tp": [[0, 1], [2, 3]], "dp": [[0, 2], [1, 3]]}
@@ -141,8 +143,9 @@ def main(rank: int, world: int, init_file: str) -> None:
     stray = {ranks for _, ranks in torch_standin.CALLS} - allowed
     assert not stray, f"calls on groups {stray}"
     print(f"rank {rank}: {len(torch_standin.CALLS)} calls on groups "
-          f"{sorted({ranks for _, ranks in torch_standin.CALLS})}", flush=True)
+          f"{sorted({ranks for _, ranks in torch_standin.CALLS})} in {time.monotonic() - start:.1f} s", flush=True)
     dist.destroy_process_group()
+    print(f"rank {rank}: destroyed at {time.monotonic() - start:.1f} s", flush=True)
 
 
 if __name__ == "__main__":

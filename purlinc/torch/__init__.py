@@ -27,6 +27,11 @@ from purlinc.torch.distributed import Group, Work
 from purlinc.torch.ops import define
 from purlinc.torch.registry import Entry, entry
 
+if torch.distributed.is_available():  # the backend: dist.init_process_group("cuda:purlin,cpu:gloo")
+    from purlinc.torch import backend
+
+    backend.register()
+
 __all__ = [
     "Group", "TorchCollective", "Work", "all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all",
     "all_to_all_single", "all_to_all_vdev", "barrier", "broadcast", "default_group", "define", "entry", "functional", "gather",
