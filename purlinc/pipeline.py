@@ -563,14 +563,11 @@ class Compiled:
                     STATS.front_hits += 1
                     return kernel
             STATS.front_misses += 1
+        from purlinc.atom.codegen import generate  # run-time sizes go on to purlinc.atom.sized from there
         from purlinc.atom.nvrtc import compile_cubin
         from purlinc.frontend.ast import Operation
 
         schedule = self.schedule
-        if schedule.sizes is not None:  # run-time sizes: their own template (purlinc.atom.sized)
-            from purlinc.atom.sized import generate
-        else:
-            from purlinc.atom.codegen import generate
         reduce_op = _op(op) if schedule.operation is Operation.REDUCE else None
         STATS.generations += 1
         extra = {"trace": True} if self.trace else {}  # the untraced source stays byte-identical

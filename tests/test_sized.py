@@ -306,3 +306,12 @@ def test_nvrtc_compiles_sized_kernels(arch):
     for name, R, channels, dtype in (("alltoallv", 4, 2, "bfloat16"), ("allgatherv", 3, 1, "float8_e4m3")):
         kernel = _compiled(name, R, channels, arch).kernel(dtype)
         assert kernel.cubin and len(kernel.cubin) > 1000
+
+
+def test_dump_cuda_prints_the_sized_kernel(capsys):
+    """`purlinc dump --stage cuda` and the pipeline take the same door: the sized template."""
+    from purlinc.cli import main
+
+    assert main(["dump", str(SIZED / "alltoallv.pln"), "--ranks", "2", "--stage", "cuda"]) == 0
+    source = capsys.readouterr().out
+    assert "purlin_sized_args" in source and "purlin_args args" not in source
