@@ -103,3 +103,19 @@ def test_device_size_error_is_raised_once_by_check(fake):
         coll.check()
     assert caught.value.record["size"] == 65
     coll.check()  # cleared once raised: the collective stays usable
+
+
+def test_sizes_by_the_operands_name(fake, on_device_zero, monkeypatch):
+    from purlinc.runtime import driver
+
+    launches = []
+    monkeypatch.setattr(driver, "launch", lambda *args: launches.append(args))
+    coll = load(SIZED / "alltoallv.pln", FakeComm(), capacity=64)
+    x, out = Device(0x100000, (100,), "<f4"), Device(0x200000, (128,), "<f4")
+    sizes, out_sizes = Device(0x300000, (2,), "<i8"), Device(0x400000, (2,), "<i8")
+    coll(x, n=sizes, out=out, out_sizes=out_sizes, stream=3)
+    assert len(launches) == 1
+    with pytest.raises(ArgumentError, match="unknown operand.s. m; this collective takes 'n'"):
+        coll(x, m=sizes, out=out, out_sizes=out_sizes, stream=3)
+    with pytest.raises(ArgumentError, match="n .the sizes of this rank's input chunks. is required"):
+        coll(x, out=out, out_sizes=out_sizes, stream=3)

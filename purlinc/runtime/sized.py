@@ -174,7 +174,9 @@ class SizedCollective:
         self._driver.set_current(self.device)
         self._driver.launch(function, abi.channels, abi.threads, 0, stream, packed)
 
-    def __call__(self, x, sizes, out=None, out_sizes=None, stream=None, *, row: int = 1):
+    def __call__(self, x, sizes=None, out=None, out_sizes=None, stream=None, *, row: int = 1, **operands):
+        """``sizes`` positionally or by the operand's name (``n=`` for ``with sizes n[..] of x``)."""
+        sizes = _named_sizes(self, sizes, operands)
         dtype, shape, handle, out, out_sizes = self.prepare_call(x, sizes, out, out_sizes, stream, row)
         self.launch(dtype, shape, handle)
         return out, out_sizes
@@ -196,6 +198,22 @@ class SizedCollective:
             self.comm.heap.free(offset)
         self.closed = True
         self.comm.unregister(self)
+
+
+def _named_sizes(coll: SizedCollective, sizes, operands: dict):
+    name = coll.compiled.spec.sizes.operand
+    unknown = sorted(set(operands) - {name})
+    if unknown:
+        raise ArgumentError(f"{coll.name}: unknown operand(s) {', '.join(unknown)}; this collective takes '{name}' "
+                            "(its sizes)")
+    if name in operands:
+        if sizes is not None:
+            raise ArgumentError(f"{coll.name}: sizes given twice (positionally and as {name}=)")
+        sizes = operands[name]
+    if sizes is None:
+        raise ArgumentError(f"{coll.name} on rank {coll.rank}: {name} (the sizes of this rank's input chunks) is "
+                            "required, got None")
+    return sizes
 
 
 def _check_data(coll: SizedCollective, label: str, info, dtype: DType | None, row: int) -> DType:
@@ -256,7 +274,8 @@ class GroupSized:
     def __len__(self) -> int:
         return len(self.ranks)
 
-    def __call__(self, xs, sizes, outs=None, out_sizes=None, streams=None, *, row: int = 1):
+    def __call__(self, xs, sizes=None, outs=None, out_sizes=None, streams=None, *, row: int = 1, **operands):
+        sizes = _named_sizes(self.ranks[0], sizes, operands)  # one per rank, positionally or by name
         world = len(self.ranks)
         outs = list(outs) if outs is not None else [None] * world
         out_sizes = list(out_sizes) if out_sizes is not None else [None] * world
