@@ -518,13 +518,6 @@ def _rows_carrier(where: str, label: str, t):
     return c.view(rows, c.numel() // rows if rows else (math.prod(t.shape[1:]) * t.element_size()) // c.element_size())
 
 
-# The collective whose call is each one's derivative (torch.distributed.nn.functional's pairs):
-# an all-reduce's gradient is all-reduced, all-gather and reduce-scatter are each other's, an
-# equal all-to-all is its own inverse.
-INVERSES = {"allreduce": "allreduce", "allgather": "reduce_scatter", "reduce_scatter": "allgather",
-            "alltoall": "alltoall"}
-
-
 def _link_inverses(group: Group) -> None:
-    for kind, inverse in INVERSES.items():
+    for kind, inverse in _ops.INVERSES.items():
         group.entry(kind).inverse = group._handle(inverse)
