@@ -479,6 +479,14 @@ class Group:
         return self._issue(lambda: sized.all_to_all_vdev(self, input, out, in_splits, out_splits, out_offsets),
                            tensors, async_op, [out])
 
+    def _split_table(self, in_splits) -> list[list[int]]:
+        """Every rank's input split sizes, by rank: an all-gather of R int32 per rank (what a
+        caller that does not know its output split sizes needs on the host to size its output)."""
+        mine = torch.tensor(in_splits, dtype=torch.int32, device=self.device)
+        table = mine.new_empty(self.world_size * self.world_size)
+        self.all_gather_into_tensor(table, mine)
+        return table.view(self.world_size, self.world_size).tolist()
+
     @staticmethod
     def _same_dtype(where, a, b, la, lb):
         if a.dtype != b.dtype:
