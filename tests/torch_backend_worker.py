@@ -136,7 +136,7 @@ def main(rank: int, world: int, init_file: str) -> None:
     assert isinstance(dist.group.WORLD, backend.PurlinProcessGroup), type(dist.group.WORLD)
     assert dist.get_backend() == "purlincpu", dist.get_backend()
     taken = purlin_calls(rank, world)
-    assert taken >= 16, taken
+    assert taken >= 15, taken  # the uneven all-to-all is one call (run-time sizes)
     fallback_calls(rank, world, records)
     sub = dist.new_group([0, 1], backend="purlincpu")
     if rank in (0, 1):
