@@ -256,6 +256,8 @@ def test_kernel_source_reads_sizes_on_the_device():
     assert "run-time sizes (sizes n[3][3] of x)" in source
     # every rank writes its out sizes and reads its input sizes from device memory
     assert source.count("args.out_sizes[") == 9 and "a.sizes[k]" in source  # one per output chunk
+    # a chunk a rank copies to itself is checked against the capacity as a staged one is
+    assert source.count("&src_off, reporter,") == 3
     assert kernel.abi.stage_units == 2 * 2 and kernel.abi.channels == 2
 
 
