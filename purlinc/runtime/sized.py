@@ -67,7 +67,9 @@ class SizedCollective:
         self.size_host, self.size_dev = driver.host_alloc_mapped(SIZE_ERROR_BYTES)
         ctypes.memset(self.error_host, 0, ERROR_RECORD_BYTES)
         ctypes.memset(self.size_host, 0, SIZE_ERROR_BYTES)
-        self._pdl = settings.pdl() and driver.has_dependent_launch(self.device)
+        from purlinc.runtime.collective import dependent_launch  # not where ranks share a GPU
+
+        self._pdl = dependent_launch(comm, driver.has_dependent_launch)
         self._variants: dict = {}
         self._args: dict = {}
         self.closed = False
