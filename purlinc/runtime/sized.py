@@ -10,7 +10,7 @@ call per dtype) and replayed with new sizes written into the same ``sizes`` tens
 
 Staging, signal pads and call counters come from the symmetric heap at load, sized by the
 capacity (elements per chunk) and the widest dtype the call may use (``dtype=`` at load, or
-4 bytes, the widest the copy path takes).  Sizes over the capacity, or chunks past a buffer,
+the widest dtype the copy path takes).  Sizes over the capacity, or chunks past a buffer,
 are moved as size 0 and recorded on the device; ``check()`` and the next call raise them as
 ``SizeError`` (the collective stays usable: no signal is out of step).
 """

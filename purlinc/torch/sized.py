@@ -30,7 +30,7 @@ import torch
 from purlinc.runtime.errors import ArgumentError
 
 SOURCE = "collective alltoallv with sizes n[R][R] of x { in[r] = x[r][0..R]  out[r] = x[0..R][r]  copy }"
-DEFAULT_CAPACITY = 1 << 20  # elements per (source, destination) pair: 4 MiB of staging per pair at 4 bytes
+DEFAULT_CAPACITY = 1 << 20  # elements per (source, destination) pair: 8 MiB of staging per pair (widest dtype)
 NAMESPACE = "purlin"
 
 
