@@ -26,16 +26,16 @@ pytestmark = [pytest.mark.gpu]
 DEVICE = 0
 SIZED = Path(__file__).resolve().parents[2] / "examples" / "sized"
 WORLDS = (1, 2, 3, 4, 5, 6, 7, 8)
-DTYPES = (DType.FLOAT32, DType.FLOAT16, DType.BFLOAT16, DType.INT32, DType.FLOAT8_E4M3, DType.FLOAT8_E5M2)
-BITS = {1: (np.uint8, torch.uint8), 2: (np.int16, torch.int16), 4: (np.int32, torch.int32)}
+DTYPES = tuple(DType)  # every dtype the copy path takes
+BITS = {1: (np.int8, torch.int8), 2: (np.int16, torch.int16), 4: (np.int32, torch.int32), 8: (np.int64, torch.int64)}
 CAPACITY = 37  # odd: chunks start at any element, so copies take the unaligned paths too
 GUARD = 64  # poisoned elements before and after every output
 
 
 def _torch_dtype(dtype: DType):
-    return {DType.FLOAT32: torch.float32, DType.FLOAT16: torch.float16, DType.BFLOAT16: torch.bfloat16,
-            DType.INT32: torch.int32, DType.FLOAT8_E4M3: torch.float8_e4m3fn,
-            DType.FLOAT8_E5M2: torch.float8_e5m2}[dtype]
+    from purlinc.runtime.interop import _torch_dtype_map
+
+    return {v: k for k, v in _torch_dtype_map().items()}[dtype]
 
 
 def vectors(rng, R: int, capacity: int, trial: int) -> list[list[int]]:
