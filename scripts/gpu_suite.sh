@@ -11,6 +11,8 @@
 #                     (one GPU is enough: PURLIN_STEPS=sized)
 #   moe               purlinc.moe dispatch/combine in loopback on cuda:0 (R=2..8, graphs) against a
 #                     plain torch exchange; then benchmarks/moe_dispatch.py in loopback (writes $OUT)
+#   graph_buffers     loopback too: captured calls on ordinary buffers run without staging
+#   insitu            loopback too: the in-situ benchmark and the e2e decode step run, checked
 #   loopback_scale    node scale on one GPU: every example and many-unit spec at R = 2, 3, 4, 5, 8
 #                     (16 for two), plain loads across buckets, pinned options, dtypes x ops, graphs,
 #                     hierarchical intra-node phases, the R=8 first call, the residency refusal; its
@@ -22,6 +24,7 @@
 #   torchrun          one process per GPU: bootstrap, NCCL comparison, 1,000 calls, graphs
 #   zerocopy          heap buffers -> registered schedules, LocalGroup
 #   zerocopy_torchrun the same under torchrun
+#   graph_buffers_torchrun  captured calls on ordinary tensors under torchrun (CUDA IPC at capture)
 #   faults            mismatches before launch; a rank that dies mid-loop -> PurlinTimeoutError
 #   torch             purlinc.torch: custom ops, eager / torch.compile / CUDA graphs vs NCCL
 #   torch_backend     the `purlin` torch.distributed backend, one process per GPU (one GPU is enough:
@@ -36,7 +39,7 @@ mkdir -p "$OUT"
 export OUT PURLIN_RESULTS="$OUT" PURLIN_CACHE_DIR=${PURLIN_CACHE_DIR:-/tmp/purlin_cache}
 export PURLIN_WAIT_TIMEOUT_S=${PURLIN_WAIT_TIMEOUT_S:-5} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
-STEPS=${PURLIN_STEPS:-"precompile loopback loopback_scale sized moe local local_ce trace torchrun zerocopy zerocopy_torchrun faults torch torch_backend hier"}
+STEPS=${PURLIN_STEPS:-"precompile loopback loopback_scale sized moe graph_buffers insitu local local_ce trace torchrun zerocopy zerocopy_torchrun graph_buffers_torchrun faults torch torch_backend hier"}
 T0=$(date +%s)
 # Run from the source tree: grammar/ and templates/ ship as purlinc.grammar / purlinc.templates
 # in a wheel (pyproject's package-dir); link them in for the run, and remove the links after.
@@ -82,6 +85,8 @@ fi
 pytest_step moe 420 tests/gpu/test_moe.py
 wanted moe && STEPS="$STEPS moe_bench"
 step moe_bench 300 python3 benchmarks/moe_dispatch.py --out "$OUT" --devices 0,0 --channels 16 --reps 3
+pytest_step graph_buffers 300 tests/gpu/test_graph_buffers.py
+pytest_step insitu 400 -s tests/gpu/test_insitu_loopback.py
 PURLIN_TEST_ATOMS=ldst,tma pytest_step local 170 tests/gpu/test_local.py
 PURLIN_TEST_ATOMS=ce pytest_step local_ce 70 tests/gpu/test_local.py \
   -k "test_collective or test_dtypes or test_graph or test_large"
@@ -89,6 +94,7 @@ pytest_step trace 90 -s tests/gpu/test_trace.py
 PURLIN_TORCHRUN_TIMEOUT=150 pytest_step torchrun 165 -s tests/gpu/test_torchrun.py
 pytest_step zerocopy 240 tests/gpu/test_zerocopy_local.py
 PURLIN_TORCHRUN_TIMEOUT=200 pytest_step zerocopy_torchrun 215 -s tests/gpu/test_zerocopy_torchrun.py
+PURLIN_TORCHRUN_TIMEOUT=200 pytest_step graph_buffers_torchrun 215 -s tests/gpu/test_graph_buffers_torchrun.py
 pytest_step faults 200 -s tests/gpu/test_faults.py
 PURLIN_HIER_TIMEOUT=${PURLIN_HIER_TIMEOUT:-380} pytest_step hier $(( ${PURLIN_HIER_TIMEOUT:-380} + 20 )) -s tests/gpu/test_hier.py
 # purlinc.torch under torchrun (writes torch_results.json) and CuPy ranks without torch (cupy_results.json)
