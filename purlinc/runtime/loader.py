@@ -5,20 +5,26 @@ own entry point taking a frozen :class:`~purlinc.runtime.options.LoadOptions`:
 - ``load_tuned``: one schedule per message-size bucket, chosen per call (``tuned.py``,
   ``tuning.py``);
 - ``load_hierarchical``: a plan of Purlin phases inside nodes and NCCL between them
-  (``hierarchical.py``, docs/HIERARCHY.md).
+  (``hierarchical.py``, docs/HIERARCHY.md);
+- ``load_sized``: a collective with run-time sizes (``with sizes ...``), staged for a capacity
+  (``sized.py``).
 
-``load`` names which one from its arguments: ``gpus_per_node`` asks for a plan; any
-orchestration option (or tracing) pins a schedule; otherwise the tuned buckets.  Everything
+``load`` names which one from its arguments: ``gpus_per_node`` asks for a plan; a spec with
+run-time sizes (or a capacity) the sized form; any orchestration option (or tracing) pins a
+schedule; otherwise the tuned buckets.  Everything
 below this module (placement, collective, tuned, hierarchical, zerocopy) imports nothing from it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from purlinc.errors import PurlinError
+from purlinc.pipeline import Compiled
 from purlinc.runtime import communicator, hierarchical, tuned
+from purlinc.runtime import sized as sized_runtime
 from purlinc.runtime.collective import prepare_options
 from purlinc.runtime.options import LoadOptions
 from purlinc.runtime.placement import load_compiled
@@ -60,6 +66,35 @@ def load_hierarchical(path_or_source: str | Path, gpus_per_node: int | None = No
     return hierarchical.load_hierarchical(path_or_source, gpus_per_node, options)
 
 
+def load_sized(path_or_source: str | Path, comm, options: LoadOptions = LoadOptions()):
+    """A collective with run-time sizes: its calls are ``coll(x, sizes, out, out_sizes)``,
+    staged for ``options.capacity`` elements per chunk (``dtype``: the widest the calls use)."""
+    comms = _members(comm)
+    options = options.with_arch(comms[0].device)
+    # Sized kernels are never traced (their generator refuses it): a trace setting is not theirs.
+    compiled = _prepare_sized(path_or_source, comms[0].world_size, replace(options, trace=None))
+    return sized_runtime.load_sized(compiled, comm, comms, capacity=options.capacity, dtype=options.dtype)
+
+
+def _has_sizes(path_or_source, world_size: int, params) -> bool:
+    from purlinc import pipeline
+
+    return pipeline.spec_of(pipeline.load_source(path_or_source), world_size, params).sizes is not None
+
+
+def _prepare_sized(path_or_source, world_size: int, options: LoadOptions) -> Compiled:
+    """The Compiled of a collective with run-time sizes; refuses a capacity without sizes and
+    sizes without a capacity, before anything is allocated."""
+    compiled = prepare_options(path_or_source, world_size, options)
+    if compiled.spec.sizes is None:
+        raise PurlinError(f"{compiled.name} has no run-time sizes: capacity= and dtype= are for collectives "
+                          "declared 'with sizes ...'")
+    if options.capacity is None:
+        raise PurlinError(f"{compiled.name} has run-time sizes ({compiled.spec.sizes.format()}): load it with "
+                          "capacity=C, the most elements any one chunk may have")
+    return compiled
+
+
 def load(
     path_or_source: str | Path,
     comm,
@@ -73,8 +108,14 @@ def load(
     arch: str | None = None,
     trace: bool | None = None,
     gpus_per_node: int | None = None,
+    capacity: int | None = None,
+    dtype=None,
 ):
     """Load a collective on ``comm`` (a Communicator, or a LocalGroup for a group callable).
+
+    ``capacity`` (elements per chunk) is required by, and only taken by, collectives with
+    run-time sizes (``with sizes ...``); their calls are ``coll(x, sizes, out, out_sizes)``
+    (``load_sized``; ``dtype``: the widest dtype the calls use, for staging).
 
     ``gpus_per_node=G`` (comm None, under torchrun): a hierarchical collective over the whole
     torch.distributed world, Purlin inside nodes of G ranks and NCCL between them
@@ -88,13 +129,16 @@ def load(
     that schedule runs for every size (``load_flat``).
     """
     options = LoadOptions.of(params=params, algorithm=algorithm, atom=atom, channels=channels, slices=slices,
-                             packed=packed, arch=arch, trace=trace)
+                             packed=packed, arch=arch, trace=trace, capacity=capacity, dtype=dtype)
     if gpus_per_node is not None:
         if comm is not None or options.orchestration():
             raise PurlinError("load(..., gpus_per_node=G) takes comm=None (it builds a communicator per node) "
                               "and no orchestration options")
         return load_hierarchical(path_or_source, gpus_per_node, options)
     comms = _members(comm)
+    options = options.with_arch(comms[0].device)
+    if capacity is not None or dtype is not None or _has_sizes(path_or_source, comms[0].world_size, options.param_map):
+        return load_sized(path_or_source, comm, options)
     options = options.on_device(comms[0].device)
     if options.pinned:
         return load_flat(path_or_source, comm, options)

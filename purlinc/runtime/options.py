@@ -19,7 +19,7 @@ class LoadOptions:
     """``params`` binds the collective's parameters; ``algorithm``, ``atom``, ``channels``,
     ``slices`` and ``packed`` pin the schedule (None: not pinned); ``arch`` is the target (None:
     the device's, once known); ``trace`` builds kernels that stamp every block (None: the
-    PURLIN_TRACE setting)."""
+    PURLIN_TRACE setting); ``capacity`` and ``dtype`` size a collective with run-time sizes."""
 
     params: tuple[tuple[str, int], ...] = ()
     algorithm: Algorithm | str | None = None
@@ -29,6 +29,8 @@ class LoadOptions:
     packed: bool | None = None
     arch: str | None = None
     trace: bool | None = None
+    capacity: int | None = None  # elements per chunk: collectives with run-time sizes only
+    dtype: object = None  # the widest dtype their calls use (sizes their staging)
 
     @classmethod
     def of(cls, *, params: Mapping[str, int] | None = None, **pins) -> "LoadOptions":
@@ -55,6 +57,12 @@ class LoadOptions:
     def overrides(self) -> dict:
         """The LowerOptions overrides (None: the spec's default) the pipeline takes."""
         return {"algorithm": self.algorithm, "channels": self.channels, "slices": self.slices, "packed": self.packed}
+
+    def with_arch(self, device: int) -> "LoadOptions":
+        """``arch`` settled: the device's target unless given."""
+        from purlinc.runtime import driver
+
+        return replace(self, arch=self.arch or driver.arch_of(device))
 
     def on_device(self, device: int) -> "LoadOptions":
         """``arch`` and ``trace`` settled: the device's target, the PURLIN_TRACE setting."""

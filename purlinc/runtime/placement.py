@@ -31,7 +31,7 @@ def _allocate(comm, compiled: Compiled, stage_bytes: int | None) -> Layout:
     return Layout(stage_off, stage, pad_off, pad, counters_off, counters)
 
 
-def _zero(comm, compiled: Compiled, layout: Layout) -> None:
+def zero_space(comm, compiled: Compiled, layout: Layout) -> None:
     from purlinc.runtime import driver
 
     driver.set_current(comm.device)
@@ -47,13 +47,13 @@ def _zero(comm, compiled: Compiled, layout: Layout) -> None:
         driver.copy_htod(own(comm.rank, layout.pad), host.init_image(compiled.plan, comm.rank))
 
 
-def _fingerprint(compiled: Compiled, layout: Layout) -> str:
+def fingerprint(compiled: Compiled, layout: Layout) -> str:
     body = {**compiled.identity(), "layout": [layout.stage, layout.stage_bytes, layout.pad, layout.pad_bytes,
                                               layout.counters]}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _disagreement(name: str, prints: list, identities: list) -> MismatchError:
+def load_mismatch(name: str, prints: list, identities: list) -> MismatchError:
     groups: dict[str, list[int]] = {}
     for rank, fp in enumerate(prints):
         groups.setdefault(fp, []).append(rank)
@@ -79,7 +79,7 @@ def load_compiled(compiled: Compiled, comm, comms: list, stage_bytes: int | None
 
     def zero_all() -> None:
         for c, layout in zip(comms, layouts):
-            _zero(c, compiled, layout)
+            zero_space(c, compiled, layout)
         for c in comms:
             driver.synchronize(c.device)
 
@@ -91,10 +91,10 @@ def load_compiled(compiled: Compiled, comm, comms: list, stage_bytes: int | None
         return attach_twin(group, compiled, comm, comms)
 
     layout = layouts[0]
-    fp = _fingerprint(compiled, layout)
+    fp = fingerprint(compiled, layout)
     everyone = comm.allgather((fp, {**compiled.identity(), "layout": (layout.stage, layout.pad, layout.counters)}))
     if len({e[0] for e in everyone}) != 1:
-        raise _disagreement(compiled.name, [e[0] for e in everyone], [e[1] for e in everyone])
+        raise load_mismatch(compiled.name, [e[0] for e in everyone], [e[1] for e in everyone])
     # Zero only after the exchange: the space may have belonged to a collective closed just
     # before, and a peer's last call of it can still write into it (its final notify lands in
     # our pad) until that peer has closed it too -- which it has, once it reached this

@@ -39,6 +39,7 @@ class AlgorithmInfo:
     packed: bool  # supports packed (LL) stages
     uses_slots: bool  # honours LowerOptions.slots (forwards through staging); the others give every message a unit
     stage_copies: int = 1  # most staging copies by epoch parity it lowers to (LowerOptions.stage_copies)
+    sized: bool = False  # lowers specs with run-time sizes (``with sizes``: purlinc.snac.sized)
 
     @property
     def name(self) -> str:
@@ -53,7 +54,8 @@ class AlgorithmInfo:
 
 ALGORITHMS: Registry[AlgorithmInfo] = Registry("algorithm", (
     AlgorithmInfo(Algorithm.DIRECT_PUSH, "one-shot: producers write into consumers' memory (or staging)",
-                  "purlinc.snac.direct:direct_push", _always, packed=True, uses_slots=False, stage_copies=2),
+                  "purlinc.snac.direct:direct_push", _always, packed=True, uses_slots=False, stage_copies=2,
+                  sized=True),
     AlgorithmInfo(Algorithm.DIRECT_PULL, "one-shot: consumers read producers' memory",
                   "purlinc.snac.direct:direct_pull", _always, packed=False, uses_slots=False),
     AlgorithmInfo(Algorithm.TWO_SHOT, "reduce-scatter to an owner, then all-gather from it",
@@ -70,5 +72,8 @@ def get_algorithm(name: str | Algorithm) -> AlgorithmInfo:
 
 
 def applicable(spec) -> tuple[Algorithm, ...]:
-    """The algorithms that apply to ``spec``, in registry order."""
-    return tuple(record.algorithm for record in ALGORITHMS.records() if record.applies(spec))
+    """The algorithms that apply to ``spec``, in registry order (a spec with run-time sizes:
+    those whose record lowers them)."""
+    sized = spec.sizes is not None
+    return tuple(record.algorithm for record in ALGORITHMS.records()
+                 if record.applies(spec) and (record.sized or not sized))

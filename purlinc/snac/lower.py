@@ -68,6 +68,14 @@ def lower(spec: Spec, options: LowerOptions) -> Schedule:
     ``stage_copies`` beyond what the algorithm lowers to is capped (a request for what the
     atom can address, not a demand), so the schedule's options say what it does."""
     _check_options(spec, options)
+    if spec.sizes is not None:  # run-time sizes: their own lowering, the same IR
+        from purlinc.snac.sized import lower_sized
+
+        try:
+            with gc_paused():
+                return lower_sized(spec, options)
+        except PurlinError as error:
+            raise error.with_note(f"while lowering {spec.name} for R={spec.world_size} with {options.key()}") from None
     record = get_algorithm(options.algorithm)
     if options.stage_copies > record.stage_copies:
         options = replace(options, stage_copies=record.stage_copies)
@@ -84,5 +92,8 @@ def applicable_algorithms(spec: Spec) -> tuple[Algorithm, ...]:
 
 
 def default_options(spec: Spec) -> LowerOptions:
-    """Small and medium messages: one-shot push, one channel, one slice (the runtime tunes later)."""
+    """Small and medium messages: one-shot push, one channel, one slice (the runtime tunes later).
+    Run-time sizes: direct-push with two staging copies (purlinc.snac.sized)."""
+    if spec.sizes is not None:
+        return LowerOptions(algorithm=DEFAULT_ALGORITHM, channels=1, slices=1, stage_copies=2)
     return LowerOptions(algorithm=DEFAULT_ALGORITHM, channels=1, slices=1)
