@@ -7,10 +7,10 @@ communicator is created.
 from purlinc.runtime.collective import Collective, GroupCollective
 from purlinc.runtime.communicator import Communicator, LocalGroup
 from purlinc.runtime.errors import ArgumentError, CudaError, MismatchError, PurlinTimeoutError
-from purlinc.runtime.loader import load, load_flat, load_hierarchical, load_tuned
+from purlinc.runtime.loader import load, load_flat, load_hierarchical, load_sized, load_tuned
 from purlinc.runtime.options import LoadOptions
 
 __all__ = [
     "ArgumentError", "Collective", "Communicator", "CudaError", "GroupCollective", "LoadOptions", "LocalGroup",
-    "MismatchError", "PurlinTimeoutError", "load", "load_flat", "load_hierarchical", "load_tuned",
+    "MismatchError", "PurlinTimeoutError", "load", "load_flat", "load_hierarchical", "load_sized", "load_tuned",
 ]
