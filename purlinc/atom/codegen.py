@@ -37,7 +37,8 @@ from purlinc.atom.atoms import get_atom, parse_arch, templates_root
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.errors import InternalError, PurlinError
 from purlinc.frontend.ast import Operation
-from purlinc.snac.ir import Consume, Notify, Program, Region, Role, Schedule, Space, Stage, Wait
+from purlinc.atom.epilogue import epilogue_block, module_values
+from purlinc.snac.ir import Consume, Epilogue, Notify, Program, Region, Role, Schedule, Space, Stage, Wait
 from purlinc.snac.packing import ll_groups, packed_stages
 from purlinc.atom.trace import trace_template_values
 
@@ -175,6 +176,8 @@ def kernel_base(schedule: Schedule, atom: str, dtype: DType, op: ReduceOp | None
         schedule.in_units, schedule.out_units, schedule.stage_units, schedule.signals, schedule.programs,
         schedule.channel_signals,
         atom, dtype.value, op.value if op else None,
+        # only with an epilogue, so that every other kernel keeps its name
+        *((schedule.epilogue.format(),) if schedule.epilogue is not None else ()),
     ))
     digest = hashlib.sha256(picture.encode()).hexdigest()[:8]
     return f"purlin_{schedule.collective}_{digest}"
@@ -214,7 +217,9 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def _data_block(index: int, step: Stage | Consume, rank: int, per_call: dict) -> dict:
+def _data_block(index: int, step: Stage | Consume | Epilogue, rank: int, per_call: dict) -> dict:
+    if isinstance(step, Epilogue):
+        return epilogue_block(index, step, _region_expr(step.region, rank), _slice_expr(step.region.slice))
     srcs = (step.src,) if isinstance(step, Stage) else step.srcs
     regions = (*srcs, step.dst)
     if len({r.slice for r in regions}) != 1:
@@ -679,6 +684,7 @@ def generate(
     roles = {decl.signal: decl.role for decl in schedule.signals}
     packed = packed_stages(schedule)
     reduce = op is not None
+    epilogue = module_values(schedule.epilogue, dtype)
 
     # The tma atom moves bulk data through its shared-memory ring (atoms.TmaRing); its ldst
     # fallback only carries heads, tails and small copies, and keeps the lighter unroll so the
@@ -734,6 +740,7 @@ def generate(
         atom_source=atom_text,
         kernels=kernels,
         trace=trace_values,
+        epilogue=epilogue,
     )
     start = source.index(ATOM_BEGIN)
     end = source.index(ATOM_END) + len(ATOM_END)
@@ -754,6 +761,8 @@ def generate(
         out_units=tuple(schedule.out_units),
         needs_in_peers=_needs_peers(schedule, Space.IN),
         needs_out_peers=_needs_peers(schedule, Space.OUT),
+        epilogue_slots=epilogue["slots"] if epilogue else 0,
+        row_bytes=epilogue["row_bytes"] if epilogue else 0,
     )
     return KernelSource(
         source=source, filename=f"{base}.cu", kernel_base=base, abi=abi, atom=atom, arch=target.name,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from purlinc.frontend.ast import Operation
 from purlinc.errors import Span
+from purlinc.frontend.epilogue import Epilogue
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -48,6 +49,8 @@ class Spec:
     # The .pln spans each layout entry came from (for diagnostics and generated comments).
     input_spans: tuple[tuple[Span | None, ...], ...] = field(default=(), compare=False, repr=False)
     output_spans: tuple[tuple[Span | None, ...], ...] = field(default=(), compare=False, repr=False)
+    # Work on each row of the reduced output (docs/LANGUAGE.md, "Epilogues"); None: none.
+    epilogue: Epilogue | None = None
 
     @property
     def is_reduce(self) -> bool:
@@ -73,6 +76,8 @@ class Spec:
                 slots = " ".join(map(str, self.sources[rank][position]))
                 how = f"{self.operation.value}({slots})" if self.is_reduce else slots
                 lines.append(f"  out[{position}] = {chunk} <- {how}")
+        if self.epilogue is not None:
+            lines.append(self.epilogue.format().rstrip("\n"))
         return "\n".join(lines) + "\n"
 
     def to_json(self) -> dict:
@@ -94,4 +99,5 @@ class Spec:
                 }
                 for rank in range(self.world_size)
             ],
+            **({"epilogue": self.epilogue.to_json()} if self.epilogue is not None else {}),
         }
