@@ -238,3 +238,98 @@ def test_simulator_equals_evaluator(world, rows, hidden, spec_text, option, piec
             assert np.array_equal(got[call][rank], expected[call][rank]), (call, rank)
     for rank in range(world):
         assert np.array_equal(operands[rank]["residual"], expected_operands[rank]["residual"]), rank
+
+
+# --- the example: dumps (golden), kernels for every target --------------------------------------
+
+import os  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from purlinc import pipeline  # noqa: E402
+from purlinc.atom import nvrtc  # noqa: E402
+from purlinc.atom.codegen import generate  # noqa: E402
+from purlinc.dtypes import ReduceOp  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "fused" / "allreduce_add_rmsnorm.pln"
+GOLDEN = Path(__file__).resolve().parent / "golden" / "epilogue"
+
+
+def _example(world):
+    return check(parse(EXAMPLE.read_text(), str(EXAMPLE)), world)
+
+
+@pytest.mark.parametrize("stage, options", [
+    ("spec", None), ("snac", LowerOptions(Algorithm.DIRECT_PUSH, packed=True, stage_copies=2)),
+    ("snac", LowerOptions(Algorithm.TWO_SHOT, channels=2, slices=2)),
+])
+def test_example_dump_golden(stage, options):
+    spec = _example(3)
+    text = spec.format() if stage == "spec" else format_schedule(lower(spec, options))
+    name = f"allreduce_add_rmsnorm.R3.{stage}" + (f".{options.key().replace('/', '_')}" if options else "") + ".txt"
+    path = GOLDEN / name
+    if os.environ.get("PURLIN_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), f"{path} differs (PURLIN_UPDATE_GOLDEN=1 rewrites it)"
+
+
+def test_schedule_json_round_trip():
+    spec = _example(4)
+    for options in OPTIONS:
+        schedule = lower(spec, options)
+        assert schedule_from_json(schedule_to_json(schedule)) == schedule
+
+
+@pytest.mark.parametrize("arch, atom, options, dtype", [
+    ("sm_80", "ldst", LowerOptions(Algorithm.DIRECT_PUSH, packed=True, stage_copies=2), DType.BFLOAT16),
+    ("sm_90", "ldst", LowerOptions(Algorithm.DIRECT_PUSH, channels=4, slices=2, stage_copies=2), DType.FLOAT16),
+    ("sm_100", "tma", LowerOptions(Algorithm.TWO_SHOT, channels=2), DType.FLOAT32),
+])
+def test_example_compiles_with_nvrtc(arch, atom, options, dtype):
+    spec = _example(2)
+    kernel = generate(lower(spec, options), spec, atom=atom, arch=arch, dtype=dtype, op=ReduceOp.SUM)
+    assert kernel.abi.epilogue_slots == 3 and kernel.abi.row_bytes == 4096 * dtype.itemsize
+    assert "purlin_epilogue(" in kernel.source and "PURLIN_EPILOGUE_SLOTS 3" in kernel.source
+    assert nvrtc.compile_cubin(kernel.source, kernel.filename, arch)
+
+
+def test_codegen_refusals_are_located():
+    with pytest.raises(PurlinError) as info:
+        spec = check(parse(FUSED.replace("hidden = 4096", "hidden = 4100"), "f.pln"), 2)
+        generate(lower(spec, LowerOptions()), spec, atom="ldst", arch="sm_90", dtype=BF16, op=ReduceOp.SUM)
+    assert info.value.render().splitlines()[:3] == [
+        "f.pln:5:19: error: a row of 4100 bfloat16 elements is 8200 bytes, not a multiple of 16 (the kernels "
+        "move 16-byte vectors)", "        epilogue rows(hidden) {", "                      ^^^^^^"]
+    with pytest.raises(PurlinError) as info:
+        spec = _example(2)
+        generate(lower(spec, LowerOptions()), spec, atom="ldst", arch="sm_90", dtype=DType.INT32, op=ReduceOp.SUM)
+    assert info.value.message == "an epilogue computes in float32; int32 outputs are not supported"
+    with pytest.raises(PurlinError, match="the ce atom moves data with the copy engines and cannot compute an epilogue"):
+        pipeline.prepare(EXAMPLE, world_size=2, arch="sm_90", atom="ce")
+    with pytest.raises(PurlinError, match="an epilogue needs staged outputs"):
+        lower(_example(2), LowerOptions(Algorithm.DIRECT_PUSH, registered=frozenset({"in", "out"})))
+
+
+def test_verifier_rejects_misplaced_epilogues():
+    spec = _example(2)
+    schedule = lower(spec, LowerOptions(Algorithm.DIRECT_PUSH))
+    program = schedule.programs[0]
+    steps = list(program.steps)
+    at = next(i for i, s in enumerate(steps) if isinstance(s, Epilogue))
+    epilogue = steps.pop(at)
+    # missing
+    broken = replace(schedule, programs=(Program(0, 0, tuple(steps)), *schedule.programs[1:]))
+    with pytest.raises(VerificationError, match=r"rank 0: r0.out\[0\].s0 never gets its epilogue"):
+        verify(broken, spec)
+    # before the consume that makes the slice's value
+    early = replace(schedule, programs=(Program(0, 0, (epilogue, *steps)), *schedule.programs[1:]))
+    with pytest.raises(VerificationError, match=r"touches r0.out\[0\].s0 after its epilogue"):
+        verify(early, spec)
+    # twice
+    twice = replace(schedule, programs=(Program(0, 0, (*program.steps, epilogue)), *schedule.programs[1:]))
+    with pytest.raises(VerificationError, match="applies the epilogue again"):
+        verify(twice, spec)
+    # a schedule without the spec's epilogue
+    with pytest.raises(VerificationError, match="the schedule's epilogue is not the spec's"):
+        verify(replace(schedule, epilogue=None), spec)
