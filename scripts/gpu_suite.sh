@@ -24,7 +24,7 @@ mkdir -p "$OUT"
 export OUT PURLIN_RESULTS="$OUT" PURLIN_CACHE_DIR=${PURLIN_CACHE_DIR:-/tmp/purlin_cache}
 export PURLIN_WAIT_TIMEOUT_S=${PURLIN_WAIT_TIMEOUT_S:-5} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
-STEPS=${PURLIN_STEPS:-"precompile loopback local local_ce trace torchrun zerocopy zerocopy_torchrun faults torch hier"}
+STEPS=${PURLIN_STEPS:-"precompile loopback epilogue local local_ce trace torchrun zerocopy zerocopy_torchrun faults torch hier"}
 T0=$(date +%s)
 # Run from the source tree: grammar/ and templates/ ship as purlinc.grammar / purlinc.templates
 # in a wheel (pyproject's package-dir); link them in for the run, and remove the links after.
@@ -57,6 +57,7 @@ step precompile 120 python3 tests/gpu/_common.py precompile
 wanted loopback && STEPS="$STEPS loopback_precompile"  # the loopback step's kernels, first
 step loopback_precompile 90 python3 tests/gpu/_common.py precompile loopback
 pytest_step loopback 300 tests/gpu/test_loopback.py
+pytest_step epilogue 560 tests/gpu/test_epilogue.py  # fused all-reduce + add + RMSNorm, loopback R=2..8
 PURLIN_TEST_ATOMS=ldst,tma pytest_step local 170 tests/gpu/test_local.py
 PURLIN_TEST_ATOMS=ce pytest_step local_ce 70 tests/gpu/test_local.py \
   -k "test_collective or test_dtypes or test_graph or test_large"
