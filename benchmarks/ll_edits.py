@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from purlinc.atom import abi as abi_module
-from purlinc.atom import codegen
+from purlinc.atom.codegen import limits
 
 # A rank's program is one template function, instantiated by its wide and lean entries
 # (rank.cu.j2): an edit of that body applies to both.
@@ -114,7 +114,7 @@ def _minimal(source: str, call: dict, wait: str):
             or call["geometry"][0] != 1 or call["geometry"][1] % 8:
         return None
     in_units = 2 if kind == "allreduce" else 1
-    if in_units * call["geometry"][1] > 2 * 8 * codegen.THREADS_PACKED:  # two packets per thread
+    if in_units * call["geometry"][1] > 2 * 8 * limits.THREADS_PACKED:  # two packets per thread
         return None
 
     def body(m):

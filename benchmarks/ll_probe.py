@@ -52,7 +52,8 @@ import torch  # noqa: E402
 
 import purlinc  # noqa: E402
 from purlinc.atom import abi as abi_module  # noqa: E402
-from purlinc.atom import codegen, nvrtc  # noqa: E402
+from purlinc.atom import nvrtc  # noqa: E402
+from purlinc.atom.codegen import limits  # noqa: E402
 from purlinc.dtypes import DType  # noqa: E402
 from _graph_timing import capture, checked_call, replay_us, spread, write_results  # noqa: E402
 from ll_edits import PROBES  # noqa: E402
@@ -87,7 +88,7 @@ def main() -> int:
     ap.add_argument("--collectives", default="allreduce,allgather,reduce_scatter")
     ap.add_argument("--bytes", default="1024,16384")
     ap.add_argument("--channels", default="1")
-    ap.add_argument("--threads", default=str(codegen.THREADS_PACKED))
+    ap.add_argument("--threads", default=str(limits.THREADS_PACKED))
     ap.add_argument("--probes", default="base,geom,prefetch,floor")
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--reps", type=int, default=7)
@@ -104,7 +105,7 @@ def main() -> int:
                 try:
                     for threads in map(int, args.threads.split(",")):
                         for probe in args.probes.split(","):
-                            codegen.THREADS_PACKED = threads
+                            limits.THREADS_PACKED = threads
                             # The call's geometry, as the runtime packs it, for probes that bake
                             # it in: from a first call of the shipped kernel.
                             if probe != "base" and "geometry" not in _seen:

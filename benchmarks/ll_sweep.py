@@ -9,7 +9,7 @@ count and slice count, loads the schedule (packed by default), checks one call
 against the reference on fresh random data (poisoned outputs, every rank), captures
 ``--calls`` calls per device in one CUDA graph, replays them ``--reps`` times and reports the
 slowest device's median per call, with the range over repeats.  Writes ll_sweep.json and ll_sweep.md into --out.  The measurement
-behind the choice of ``THREADS_PACKED`` (see purlinc/atom/codegen.py).
+behind the choice of ``THREADS_PACKED`` (see purlinc/atom/codegen/limits.py).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import purlinc  # noqa: E402
-from purlinc.atom import codegen  # noqa: E402
+from purlinc.atom.codegen import limits  # noqa: E402
 from purlinc.dtypes import DType  # noqa: E402
 from _graph_timing import capture, checked_call, replay_us, spread, write_results  # noqa: E402
 
@@ -57,8 +57,8 @@ def main() -> int:
                     help="comma-separated 1 (LL packets; --threads sets THREADS_PACKED) and/or 0 (plain "
                          "ldst staging; --threads sets THREADS)")
     ap.add_argument("--slices", default="1", help="comma-separated slices per channel")
-    ap.add_argument("--inline-loops", default=str(codegen.LL_INLINE_LOOPS),
-                    help="comma-separated values of codegen.LL_INLINE_LOOPS (0: receive loops out of line)")
+    ap.add_argument("--inline-loops", default=str(limits.LL_INLINE_LOOPS),
+                    help="comma-separated values of limits.LL_INLINE_LOOPS (0: receive loops out of line)")
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--reps", type=int, default=7)
     args = ap.parse_args()
@@ -73,10 +73,10 @@ def main() -> int:
                 for t in map(int, args.threads.split(",")) for c in map(int, args.channels.split(","))
                 for s in map(int, args.slices.split(",")) for i in map(int, args.inline_loops.split(","))):
             if packed:
-                codegen.THREADS_PACKED = threads
+                limits.THREADS_PACKED = threads
             else:
-                codegen.THREADS = threads
-            codegen.LL_INLINE_LOOPS = inline
+                limits.THREADS = threads
+            limits.LL_INLINE_LOOPS = inline
             coll = purlinc.load(EXAMPLES / f"{name}.pln", group, algorithm=algorithm, packed=packed,
                                 channels=channels, slices=slices)
             try:

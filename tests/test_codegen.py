@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from purlinc import pipeline
-from purlinc.atom import codegen
+from purlinc.atom.codegen import fuse, limits, render
 from purlinc.atom.abi import HEADER_FIELDS, KernelABI
 from purlinc.atom.atoms import applicable_atoms, get_atom, parse_arch
 from purlinc.atom.codegen import generate
@@ -153,7 +153,7 @@ def test_runs_of_like_steps_become_loops():
     assert "purlin_reduce<8>(purlin_io(args.out, 0 + i, slice0 + 0, rd), srcs" in body
     assert "purlin_stage(args.stage[0], 8 + i, slice0 + 0, rd)" in body
     # no loop across a barrier: two runs separated by a hazard stay apart
-    blocks = codegen._runs([
+    blocks = fuse.runs([
         {"kind": "copy", "comments": [], "regions": (Region(Space.STAGE, 1, u, 0), Region(Space.IN, 0, u, 0)),
          "dst": "", "srcs": [""], "slice": "", "loop": 0}
         for u in range(2)
@@ -176,20 +176,20 @@ def test_copies_of_one_source_fuse():
     x, y = _r(Space.IN, 0, 0), _r(Space.IN, 0, 1)
     peer, peer2, own = _r(Space.STAGE, 1, 0), _r(Space.STAGE, 1, 1), _r(Space.OUT, 0, 0)
     notify = {"kind": "notify_one", "comments": ["step 9: notify"]}
-    fused = codegen._fuse_copies([_copy_block(x, peer), _copy_block(x, peer2), notify, _copy_block(x, own)])
+    fused = fuse.fuse_copies([_copy_block(x, peer), _copy_block(x, peer2), notify, _copy_block(x, own)])
     assert [b["kind"] for b in fused] == ["copy_multi", "notify_one"]
     assert fused[0]["dsts"] == [peer.format(), peer2.format(), own.format()]
     assert fused[0]["writes"] == {peer, peer2, own} and fused[0]["reads"] == {x}
     assert "moved above the 1 notify block(s)" in fused[0]["comments"][-1]
     for between in ({"kind": "wait_one", "comments": []}, {"kind": "barrier", "comments": []}):
-        kept = codegen._fuse_copies([_copy_block(x, peer), between, _copy_block(x, own)])
+        kept = fuse.fuse_copies([_copy_block(x, peer), between, _copy_block(x, own)])
         assert [b["kind"] for b in kept] == ["copy", between["kind"], "copy"]
-    assert [b["kind"] for b in codegen._fuse_copies([_copy_block(x, peer), _copy_block(y, own)])] == ["copy", "copy"]
-    assert [b["kind"] for b in codegen._fuse_copies([_copy_block(x, peer, loop=4), _copy_block(x, own)])] == ["copy", "copy"]
+    assert [b["kind"] for b in fuse.fuse_copies([_copy_block(x, peer), _copy_block(y, own)])] == ["copy", "copy"]
+    assert [b["kind"] for b in fuse.fuse_copies([_copy_block(x, peer, loop=4), _copy_block(x, own)])] == ["copy", "copy"]
     # a copy writing the fused copy's source (or a destination) stays separate
-    assert [b["kind"] for b in codegen._fuse_copies([_copy_block(x, peer), _copy_block(x, peer)])] == ["copy", "copy"]
-    many = codegen._fuse_copies([_copy_block(x, _r(Space.STAGE, 1, u)) for u in range(codegen.MAX_COPY_DSTS + 2)])
-    assert [len(b.get("dsts", [0])) for b in many] == [codegen.MAX_COPY_DSTS, 2]  # the ninth starts another
+    assert [b["kind"] for b in fuse.fuse_copies([_copy_block(x, peer), _copy_block(x, peer)])] == ["copy", "copy"]
+    many = fuse.fuse_copies([_copy_block(x, _r(Space.STAGE, 1, u)) for u in range(limits.MAX_COPY_DSTS + 2)])
+    assert [len(b.get("dsts", [0])) for b in many] == [limits.MAX_COPY_DSTS, 2]  # the ninth starts another
 
 
 @pytest.mark.parametrize("name", ["allgather", "broadcast"])
@@ -212,10 +212,10 @@ def test_entry_points_and_abi():
     assert re.fullmatch(r"purlin_allgather_[0-9a-f]{8}", kernel.kernel_base)
     assert kernel.filename == f"{kernel.kernel_base}.cu"
     for rank in range(4):
-        assert f"extern \"C\" __global__ void __launch_bounds__({codegen.THREADS})\n{kernel.kernel_base}_r{rank}(const purlin_args args)" in kernel.source
+        assert f"extern \"C\" __global__ void __launch_bounds__({limits.THREADS})\n{kernel.kernel_base}_r{rank}(const purlin_args args)" in kernel.source
     assert kernel.source.count('extern "C" __global__') == 4
     abi = kernel.abi
-    assert (abi.world_size, abi.channels, abi.threads, abi.itemsize) == (4, schedule.channels, codegen.THREADS, 2)
+    assert (abi.world_size, abi.channels, abi.threads, abi.itemsize) == (4, schedule.channels, limits.THREADS, 2)
     assert abi.stage_units == schedule.stage_units and abi.signal_pad == schedule.signal_pad_size()
     assert abi.in_units == schedule.in_units and abi.out_units == schedule.out_units
     assert not abi.needs_in_peers and not abi.needs_out_peers
@@ -373,18 +373,18 @@ def test_atom_registry():
 
 def test_missing_template_value_is_an_error():
     with pytest.raises(PurlinError, match="has no attribute 'srcs'"):
-        codegen._render("block_copy.cu.j2", block={"dst": "d", "loop": 0})
+        render.render("block_copy.cu.j2", block={"dst": "d", "loop": 0})
 
 
 def test_broken_template_is_a_readable_error(monkeypatch):
-    real = codegen._load_template
+    real = render.load_template
 
     def broken(name):
         text = real(name)
         return text.replace("{% for kernel in kernels %}", "{% for kernel in kernels") if name == "kernel.cu.j2" else text
 
-    codegen._environment.cache_clear()
-    monkeypatch.setattr(codegen, "_load_template", broken)
+    render.environment.cache_clear()
+    monkeypatch.setattr(render, "load_template", broken)
     try:
         spec, schedule = schedule_of("allgather", 2)
         with pytest.raises(PurlinError) as error:
@@ -392,7 +392,7 @@ def test_broken_template_is_a_readable_error(monkeypatch):
         assert re.match(r"error: template kernel\.cu\.j2:\d+: ", error.value.render())
     finally:
         monkeypatch.undo()
-        codegen._environment.cache_clear()
+        render.environment.cache_clear()
 
 
 def test_dump_cuda_stage(capsys):

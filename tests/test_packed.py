@@ -270,7 +270,7 @@ def test_ll_receive_loops_split_by_shape_size_and_hazard():
 
 
 def test_ll_batches_never_fuse_a_read_after_a_write():
-    from purlinc.atom.codegen import _ll_batches
+    from purlinc.atom.codegen.ll import ll_batches as _ll_batches
     from purlinc.snac.ir import Region, Space
 
     def region(unit, space=Space.OUT):
@@ -301,7 +301,7 @@ def test_local_copy_of_a_sent_source_is_written_by_the_send_loop():
 
 
 def test_fused_copy_rules():
-    from purlinc.atom.codegen import _fuse_sends
+    from purlinc.atom.codegen.ll import fuse_sends as _fuse_sends
     from purlinc.snac.ir import Region, Space
 
     a, b = Region(Space.IN, 0, 0, 0), Region(Space.IN, 0, 1, 0)

@@ -151,9 +151,9 @@ def test_dtype_records():
 
 def test_codegen_element_types_agree_with_the_dtype_registry():
     """codegen keeps its own table until it reads the registry; they must not drift."""
-    from purlinc.atom import codegen
+    from purlinc.atom.codegen.elems import ELEMS
 
-    for dtype, elem in codegen._ELEMS.items():
+    for dtype, elem in ELEMS.items():
         info = dtype.info
         assert (elem.storage, elem.acc or None, elem.suffix, elem.ops) == (
             info.c_storage, info.c_acc, info.c_suffix, info.c_ops), dtype

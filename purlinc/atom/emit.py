@@ -22,9 +22,9 @@ def _schedule_json(schedule) -> dict:
     try:
         from purlinc.snac.format import schedule_to_json
     except ImportError:  # pragma: no cover - only before the SNAC dump existed
-        from purlinc.atom.codegen import _canonical
+        from purlinc.atom.codegen.names import canonical
 
-        return _canonical(schedule)
+        return canonical(schedule)
     return schedule_to_json(schedule)
 
 

@@ -162,10 +162,10 @@ def module_values(epilogue: Epilogue | None, dtype: DType) -> dict | None:
     function's source, its argument slots and the row's bytes (the slices' alignment)."""
     if epilogue is None:
         return None
-    from purlinc.atom.codegen import _render  # the one Jinja environment
+    from purlinc.atom.codegen.render import render  # the one Jinja environment
 
     values = template_values(epilogue, dtype)
-    return {"source": _render("epilogue.cuh.j2", e=values).rstrip("\n"), "slots": slots(epilogue),
+    return {"source": render("epilogue.cuh.j2", e=values).rstrip("\n"), "slots": slots(epilogue),
             "row_bytes": epilogue.row * dtype.itemsize, "call_args": values["call_args"]}
 
 

@@ -1,0 +1,192 @@
+"""A channel program as blocks: the plain values a ``block_<kind>.cu.j2`` template formats.
+
+Data steps become ``copy`` / ``reduce`` blocks (or ``ll_send`` for packed stages), runs of
+Notifies and Waits become merged signal groups (one lane of warp 0 per signal), a packed
+consume group becomes one ``ll_recv`` (``ll.ll_block``), and a ``barrier`` goes between data
+steps that touch the same region (threads split work differently from one step to the next).
+The blocks are then fused (``fuse``, ``ll.fuse_sends``) and runs of like steps become loops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import purlinc.atom.codegen.limits as limits
+from purlinc.atom.codegen.exprs import num, one_line, packets_expr, region_expr, signal_expr, slice_expr
+from purlinc.atom.codegen.fuse import fuse_copies, runs
+from purlinc.atom.codegen.ll import check_reorder, fuse_sends, ll_block
+from purlinc.errors import InternalError
+from purlinc.frontend.ast import Operation
+from purlinc.atom.epilogue import epilogue_block
+from purlinc.snac.ir import Consume, Epilogue, Notify, Program, Region, Role, Stage, Wait
+from purlinc.snac.packing import ll_groups
+
+
+def data_block(index: int, step: Stage | Consume | Epilogue, rank: int, per_call: dict) -> dict:
+    if isinstance(step, Epilogue):  # its own module (purlinc.atom.epilogue) and template
+        return epilogue_block(index, step, region_expr(step.region, rank), slice_expr(step.region.slice))
+    srcs = (step.src,) if isinstance(step, Stage) else step.srcs
+    regions = (*srcs, step.dst)
+    if len({r.slice for r in regions}) != 1:
+        raise InternalError(f"step {index} mixes slices: {', '.join(r.format() for r in regions)}")
+    if isinstance(step, Stage) and step.packed:
+        return _ll_send_block(index, step, rank, per_call)
+    if isinstance(step, Stage):
+        kind, what = "copy", f"stage {step.src.format()} -> {step.dst.format()}"
+    else:
+        kind = "reduce" if step.operation is Operation.REDUCE else "copy"
+        if kind == "copy":
+            srcs = srcs[:1]  # replicated producers hold identical data: any one serves
+        what = f"consume {step.operation.value} {', '.join(r.format() for r in step.srcs)} -> {step.dst.format()}"
+    extra = [t for t in (one_line(step.note), f"line {step.line}" if getattr(step, "line", None) else "") if t]
+    comment = f"step {index}: {what}" + (f" ({'; '.join(extra)})" if extra else "")
+    return {
+        "kind": kind,
+        "comments": [comment],
+        "dst": region_expr(step.dst, rank),
+        "srcs": [region_expr(r, rank) for r in srcs],
+        "slice": slice_expr(step.dst.slice),
+        "loop": 0,
+        "regions": (step.dst, *srcs),
+        "reads": frozenset(srcs),
+        "writes": frozenset({step.dst}),
+    }
+
+
+def _ll_send_block(index: int, step: Stage, rank: int, per_call: dict) -> dict:
+    note = f" ({one_line(step.note)})" if step.note else ""
+    return {
+        "kind": "ll_send",
+        "comments": [f"step {index}: stage+notify {step.src.format()} -> {step.dst.format()}, "
+                     f"{step.signal.format()} = epoch*{per_call[step.signal]} + {step.k} in every packet (LL){note}"],
+        "dst": packets_expr(step.dst),
+        "srcs": [region_expr(step.src, rank)],
+        "slice": slice_expr(step.dst.slice),
+        "per_call": num(per_call[step.signal]),
+        "k": num(step.k),
+        "reads": frozenset({step.src}),
+        "writes": frozenset({step.dst}),
+    }
+
+
+def _signal_entry(index: int, step: Notify | Wait, per_call: dict, position: int, last: bool) -> dict:
+    if step.signal not in per_call:
+        raise InternalError(f"step {index}: signal {step.signal.format()} is not declared")
+    return {
+        "label": "default" if last else f"case {position}",
+        "owner": num(step.signal.owner),
+        "index": signal_expr(step.signal.index),
+        "per_call": num(per_call[step.signal]),
+        "k": num(step.k),
+        "step": num(index),
+    }
+
+
+def signal_block(kind: str, group: list[tuple[int, Notify | Wait]], per_call: dict, relaxed: bool = False) -> dict:
+    comments = []
+    for index, step in group:
+        verb = "notify" if kind == "notify" else "wait"
+        rel = "=" if kind == "notify" else ">="
+        note = f" ({one_line(step.note)})" if step.note else ""
+        comments.append(f"step {index}: {verb} {step.signal.format()} {rel} epoch*{per_call.get(step.signal, '?')} + {step.k}{note}")
+    signals = [_signal_entry(i, s, per_call, n, n == len(group) - 1) for n, (i, s) in enumerate(group)]
+    if relaxed:
+        comments.append("ACK notifies: relaxed stores (the reads they announce have returned; see purlin_notify_relaxed)")
+    # One signal: thread 0 alone, no lane dispatch.
+    return {
+        "kind": kind if len(group) > 1 else f"{kind}_one", "comments": comments, "signals": signals,
+        "store": "purlin_notify_relaxed" if relaxed else "purlin_notify",
+    }
+
+
+@dataclass(slots=True)
+class _Blocks:
+    """The blocks of one program so far, and the regions touched since the last barrier."""
+
+    program: Program
+    per_call: dict
+    roles: dict
+    packed: dict
+    groups: dict  # first wait index -> its LL consume group
+    blocks: list = field(default_factory=list)
+    reads: set = field(default_factory=set)
+    writes: set = field(default_factory=set)
+
+    def barrier_passed(self) -> None:
+        self.reads.clear()
+        self.writes.clear()
+
+    def data(self, index: int) -> None:
+        block = data_block(index, self.program.steps[index], self.program.rank, self.per_call)
+        if block["reads"] & self.writes or block["writes"] & (self.reads | self.writes):
+            self.blocks.append({"kind": "barrier", "comments": [f"barrier: step {index} touches a region an earlier step just used"]})
+            self.barrier_passed()
+        self.reads.update(block["reads"])
+        self.writes.update(block["writes"])
+        self.blocks.append(block)
+
+    def waits(self, i: int) -> int:
+        """The run of Waits at ``i`` (and the LL consume group it opens, if any); the next index."""
+        steps, rank = self.program.steps, self.program.rank
+        end = i
+        while end < len(steps) and isinstance(steps[end], Wait):
+            end += 1
+        group = next((self.groups[w] for w in range(i, end) if w in self.groups), None)
+        plain = [(w, steps[w]) for w in range(i, end) if group is None or w not in group.waits]
+        for index, wait in plain:
+            if wait.signal.owner != rank:
+                raise InternalError(f"rank {rank} step {index} waits on {wait.signal.format()}, owned by another rank")
+        for start in range(0, len(plain), limits.MAX_GROUP):
+            self.blocks.append(signal_block("wait", plain[start:start + limits.MAX_GROUP], self.per_call))
+        self.barrier_passed()  # a wait ends with a barrier
+        if group is None:
+            return end
+        check_reorder(self.program, group)
+        self.blocks.append(ll_block(self.program, group, self.packed, self.per_call))  # ends with a barrier
+        self.barrier_passed()
+        for c in range(end, group.end):
+            if c not in group.consumes:
+                self.data(c)
+        return group.end
+
+    def notifies(self, i: int) -> int:
+        """The run of Notifies at ``i`` of one role (relaxed ACKs apart); the next index."""
+        steps = self.program.steps
+        relaxed = self.roles.get(steps[i].signal) is Role.ACK
+        group = []
+        while (i < len(steps) and isinstance(steps[i], Notify) and len(group) < limits.MAX_GROUP
+               and (self.roles.get(steps[i].signal) is Role.ACK) == relaxed):
+            group.append((i, steps[i]))
+            i += 1
+        self.blocks.append(signal_block("notify", group, self.per_call, relaxed))
+        self.barrier_passed()  # a notify starts with a barrier
+        return i
+
+
+def program_blocks(program: Program, per_call: dict, roles: dict | None = None, packed: dict | None = None) -> list[dict]:
+    """A channel program as blocks: data steps, merged signal groups, and the barriers
+    needed between data steps that touch the same region (threads split work differently
+    from one step to the next)."""
+    packed = packed or {}
+    groups = {}
+    if packed:
+        found, problems = ll_groups(program, packed)
+        if problems:
+            index, message = problems[0]
+            raise InternalError(f"rank {program.rank} channel {program.channel} step {index}: {message}")
+        groups = {g.waits[0]: g for g in found}
+    state = _Blocks(program, per_call, roles or {}, packed, groups)
+    i = 0
+    while i < len(program.steps):
+        step = program.steps[i]
+        if isinstance(step, Wait):
+            i = state.waits(i)
+        elif isinstance(step, Notify):
+            i = state.notifies(i)
+        else:
+            state.data(i)
+            i += 1
+    if state.reads or state.writes:
+        # The next round reuses staging units and the counter update follows.
+        state.blocks.append({"kind": "barrier", "comments": ["barrier: end of the round"]})
+    return runs(fuse_sends(fuse_copies(state.blocks)), program.rank)

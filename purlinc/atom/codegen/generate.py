@@ -1,0 +1,174 @@
+"""``generate``: one (schedule, atom, dtype, op) -> one CUDA module with an entry per rank."""
+
+from __future__ import annotations
+
+import purlinc
+from purlinc.atom.abi import KernelABI
+from purlinc.atom.atoms import get_atom, parse_arch
+import purlinc.atom.codegen.limits as limits
+from purlinc.atom.codegen.blocks import program_blocks
+from purlinc.atom.codegen.elems import elem_values
+from purlinc.atom.codegen.exprs import num, unmark
+from purlinc.atom.codegen.kernel import ATOM_BEGIN, ATOM_END, KernelSource
+from purlinc.atom.codegen.names import kernel_base
+from purlinc.atom.codegen.render import load_template, render
+from purlinc.atom.epilogue import module_values
+from purlinc.atom.trace import trace_template_values
+from purlinc.dtypes import DType, ReduceOp
+from purlinc.errors import InternalError, PurlinError
+from purlinc.frontend.ast import Operation
+from purlinc.snac.ir import Consume, Schedule, Space, Stage
+from purlinc.snac.packing import packed_stages
+
+
+def _needs_peers(schedule: Schedule, space: Space) -> bool:
+    for program in schedule.programs:
+        for step in program.steps:
+            if isinstance(step, Stage):
+                regions = (step.src, step.dst)
+            elif isinstance(step, Consume):
+                regions = (*step.srcs, step.dst)
+            else:
+                continue
+            if any(r.space is space and r.rank != program.rank for r in regions):
+                return True
+    return False
+
+
+def _check_types(schedule: Schedule, dtype: DType, op: ReduceOp | None) -> ReduceOp | None:
+    if schedule.operation is not Operation.REDUCE:
+        return None  # a copy collective ignores the operator
+    if op is None:
+        raise PurlinError(f"{schedule.collective} is a reduction: give an operator (sum, prod, max or min)")
+    if not dtype.reducible:
+        raise PurlinError(
+            f"{dtype.value} cannot be reduced: fp8 is supported for copies only",
+            notes=(f"while generating {schedule.collective}",),
+        )
+    return op
+
+
+def _kernels(schedule: Schedule, base: str, packed: dict) -> list[dict]:
+    """Every rank's entry: its name and its channel-relative program as blocks."""
+    per_call = schedule.per_call()
+    roles = {decl.signal: decl.role for decl in schedule.signals}
+    kernels = []
+    for rank, program in enumerate(schedule.programs):
+        if (program.rank, program.channel) != (rank, 0):
+            raise InternalError(f"schedule.programs[{rank}] is rank {program.rank} channel {program.channel}, "
+                                f"expected rank {rank}'s channel-relative program")
+        blocks = program_blocks(program, per_call, roles, packed)
+        # A program that starts by sending packets sets its round's epoch inside that send,
+        # after issuing the data loads (block_ll_send.cu.j2): the call counter's load and the
+        # data loads then overlap instead of adding up on every small call's critical path.
+        if blocks and blocks[0]["kind"] == "ll_send":
+            blocks[0] = {**blocks[0], "sets_epoch": True}
+        kernels.append({"rank": num(rank), "entry": f"{base}_r{rank}", "steps": len(program.steps), "blocks": blocks})
+    return kernels
+
+
+def _ll_loops(kernels: list[dict]) -> int:
+    """Receive loops (purlin_ll_consume calls) in a module, every rank's entry counted."""
+    return sum(len(block["batches"]) for kernel in kernels for block in kernel["blocks"] if block["kind"] == "ll_recv")
+
+
+def _abi(schedule: Schedule, base: str, threads: int, shared_bytes: int, dtype: DType, packed: bool,
+         epilogue: dict | None) -> KernelABI:
+    return KernelABI(
+        kernel_base=base,
+        world_size=schedule.world_size,
+        channels=schedule.channels,
+        threads=threads,
+        shared_bytes=shared_bytes,  # the tma atom's ring (dynamic shared memory)
+        itemsize=dtype.itemsize,
+        stage_units=schedule.staging_units,  # what the runtime allocates: every copy
+        slices=schedule.slices,
+        stage_copies=schedule.stage_copies,
+        signal_pad=schedule.signal_pad_size(),
+        stage_align=16 if packed else 1,
+        lean=packed,
+        in_units=tuple(schedule.in_units),
+        out_units=tuple(schedule.out_units),
+        needs_in_peers=_needs_peers(schedule, Space.IN),
+        needs_out_peers=_needs_peers(schedule, Space.OUT),
+        epilogue_slots=epilogue["slots"] if epilogue else 0,
+        row_bytes=epilogue["row_bytes"] if epilogue else 0,
+    )
+
+
+def _module_values(schedule: Schedule, spec, *, base: str, atom: str, dtype: DType, op: ReduceOp | None,
+                   packed: bool, threads: int) -> dict:
+    """The values of kernel.cu.j2 that describe the module, not its programs."""
+    return dict(
+        kernel_base=base,
+        collective=schedule.collective,
+        world_size=schedule.world_size,
+        params_text="".join(f", {k}={v}" for k, v in getattr(spec, "params", ())),
+        version=purlinc.__version__,
+        options_key=schedule.options.key(),
+        slices=schedule.slices,
+        channels=schedule.channels,
+        channel_slices=schedule.options.slices,
+        channel_signals=schedule.channel_signals,
+        stage_units=schedule.stage_units,
+        stage_copies=schedule.stage_copies,
+        signal_pad=schedule.signal_pad_size(),
+        atom=atom,
+        dtype=dtype.value,
+        op=op.value if op else "",
+        threads=threads,
+        itemsize=dtype.itemsize,
+        stage_align=16 if packed else 1,
+        lean=packed,
+        prelude=load_template("prelude.cuh").rstrip("\n"),
+        elem_source=load_template("elem.cuh").rstrip("\n"),
+        elem=elem_values(dtype, op),
+        atom_begin=ATOM_BEGIN,
+        atom_end=ATOM_END,
+    )
+
+
+def generate(
+    schedule: Schedule,
+    spec,
+    *,
+    atom: str,
+    arch: str,
+    dtype: DType,
+    op: ReduceOp | None,
+    trace: bool = False,
+) -> KernelSource:
+    """The CUDA module of one (schedule, atom, dtype, op): one entry per rank.
+
+    ``trace``: also record a %globaltimer / clock64 stamp after every block (purlinc.runtime.trace);
+    off, the source is exactly the untraced one."""
+    target = parse_arch(arch)
+    atom_def = get_atom(atom, target)
+    op = _check_types(schedule, dtype, op)
+    base = kernel_base(schedule, atom, dtype, op)
+    packed = packed_stages(schedule)
+    reduce = op is not None
+    epilogue = module_values(schedule.epilogue, dtype)  # None without one
+
+    # The tma atom moves bulk data through its shared-memory ring (atoms.TmaRing); its ldst
+    # fallback only carries heads, tails and small copies, and keeps the lighter unroll so the
+    # inlined copy stays free of spills on every target.
+    unroll = limits.LDST_UNROLL if atom == "ldst" else limits.LDST_UNROLL_FALLBACK
+    atom_values = {"reduce": reduce, "unroll": unroll, **atom_def.template_values(target)}
+    atom_text = render(atom_def.template, **atom_values).rstrip("\n")
+    kernels = _kernels(schedule, base, packed)
+    trace_values = trace_template_values(kernels, schedule.channels) if trace else None
+    threads = limits.THREADS_PACKED if packed else limits.THREADS
+    ll_source = render("ll.cuh.j2", reduce=reduce, in_flight=limits.LL_IN_FLIGHT,
+                       consume_inline=_ll_loops(kernels) <= limits.LL_INLINE_LOOPS).rstrip("\n") if packed else ""
+    values = _module_values(schedule, spec, base=base, atom=atom, dtype=dtype, op=op, packed=bool(packed), threads=threads)
+    source = unmark(render("kernel.cu.j2", **values, ll_source=ll_source, atom_source=atom_text,
+                           kernels=kernels, trace=trace_values, epilogue=epilogue))
+    start = source.index(ATOM_BEGIN)
+    end = source.index(ATOM_END) + len(ATOM_END)
+    abi = _abi(schedule, base, threads, atom_def.shared_bytes(target), dtype, bool(packed), epilogue)
+    return KernelSource(
+        source=source, filename=f"{base}.cu", kernel_base=base, abi=abi, atom=atom, arch=target.name,
+        dtype=dtype, op=op, atom_start=start, atom_end=end,
+        trace_blocks=trace_values["blocks"] if trace else (),
+    )

@@ -1,0 +1,22 @@
+"""The code generator's tunables, in one module so a benchmark can vary them (every reader
+looks them up here at generation time)."""
+
+THREADS = 512  # block size of every channel
+# Packed (LL) schedules serve small messages, where a call is a few hundred packets per
+# channel: fewer threads make every block barrier and the launch cheaper, and still give
+# each thread only a few packets up to the sizes the tuner picks LL for.
+THREADS_PACKED = 256
+LDST_UNROLL_FALLBACK = 4  # the same loop inside other atoms (small pieces only)
+LDST_UNROLL = 8  # 16-byte vectors in flight per thread in an ldst copy (64 KiB per 512-thread block: ~46 GB/s per block over NVLink was load-latency bound at 4)
+MAX_GROUP = 32  # merged Notify / Wait groups use the lanes of warp 0
+MAX_COPY_DSTS = 8  # destinations of one multi-destination copy (a pointer each, by value)
+MIN_RUN = 3  # shorter runs of like steps stay straight-line code
+
+LL_BATCH_SOURCES = 8  # sources per receive loop (C consumes x N sources): 4 registers each per packet in flight
+LL_SEND_SOURCES = 8  # distinct sources per fused send loop: 2 registers each per packet in flight
+LL_IN_FLIGHT = 4  # packets per thread a send or receive loop keeps in flight (its unroll: this / sources)
+# A module with at most this many receive loops (all ranks) inlines purlin_ll_consume: the
+# loop's arguments then stay in registers instead of going through the stack.  Beyond it the
+# loops share one out-of-line body per shape, which keeps NVRTC time flat (an 8-GPU
+# all-reduce has 64 loops: 12 s inlined, 4 s shared, measured 2026-11-30).
+LL_INLINE_LOOPS = 16

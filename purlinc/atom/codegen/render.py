@@ -1,0 +1,42 @@
+"""The Jinja environment over ``purlinc.templates``: strict (a missing value is an error) and
+formatting only; template errors become PurlinErrors that say they are bugs."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import jinja2
+
+from purlinc.atom.atoms import templates_root
+from purlinc.errors import PurlinError
+
+
+def load_template(name: str) -> str:
+    return (templates_root() / name).read_text(encoding="utf-8")
+
+
+@lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FunctionLoader(lambda name: load_template(name)),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def render(name: str, **values) -> str:
+    try:
+        return environment().get_template(name).render(**values)
+    except jinja2.TemplateSyntaxError as error:
+        raise PurlinError(
+            f"template {error.name or name}:{error.lineno}: {error.message}",
+            notes=("the code generator's templates are broken: a bug in purlinc",),
+        ) from None
+    except jinja2.UndefinedError as error:
+        raise PurlinError(
+            f"template {name}: {error.message}",
+            notes=("the code generator passed the template too little: a bug in purlinc",),
+        ) from None
