@@ -105,7 +105,7 @@ ERRORS = [
      ('fused.pln:5:19: error: a row must hold at least one element, not -8', '        epilogue rows(hidden - 8 * R) {', '                      ^^^^^^^^^^^^^^', 'note: while checking f for R=2')),
     ('dtype',
      'collective f with rows q: int32 {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(8) {\n        q = out\n    }\n}\n',
-     ('fused.pln:1:27: error: an epilogue cannot write or read int32: rows operands take bfloat16, float16, float32', '    collective f with rows q: int32 {', '                              ^^^^^', 'note: while checking f for R=2')),
+     ('fused.pln:1:27: error: an epilogue cannot write or read int32: rows operands take bfloat16, float16, float32, float8_e4m3', '    collective f with rows q: int32 {', '                              ^^^^^', 'note: while checking f for R=2')),
     ('dtype_row',
      'collective f with row w: float32 {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(8) {\n        out = out * w\n    }\n}\n',
      ("fused.pln:1:26: error: a row operand has the call's dtype (only rows operands declare one)", '    collective f with row w: float32 {', '                             ^^^^^^^', 'note: while checking f for R=2')),
@@ -333,3 +333,74 @@ def test_verifier_rejects_misplaced_epilogues():
     # a schedule without the spec's epilogue
     with pytest.raises(VerificationError, match="the schedule's epilogue is not the spec's"):
         verify(replace(schedule, epilogue=None), spec)
+
+
+def test_draw_shows_the_epilogue_steps(tmp_path):
+    from purlinc.cli import main
+
+    for algorithm in ("direct-push", "two-shot"):
+        out = tmp_path / f"{algorithm}.svg"
+        assert main(["draw", str(EXAMPLE), "--ranks", "3", "--algorithm", algorithm, "-o", str(out)]) == 0
+        assert out.read_text().count(">epilogue<") >= 3  # one box per rank at least
+
+
+def test_check_cli_verifies_every_algorithm(capsys):
+    from purlinc.cli import main
+
+    assert main(["check", str(EXAMPLE), "--ranks", "1..4"]) == 0
+    assert "allreduce_add_rmsnorm: ok for R=1..4" in capsys.readouterr().out
+
+
+# --- fp8: the quantized variant -----------------------------------------------------------------
+
+from purlinc.dtypes import e4m3_from_float32, e4m3_to_float32  # noqa: E402
+
+FP8 = ROOT / "examples" / "fused" / "allreduce_add_rmsnorm_fp8.pln"
+
+
+def test_e4m3_conversion_round_trips_and_saturates():
+    bits = np.arange(256, dtype=np.uint8)
+    values = e4m3_to_float32(bits)
+    finite = ~np.isnan(values)
+    assert np.array_equal(e4m3_from_float32(values[finite]), bits[finite])
+    assert e4m3_to_float32(np.uint8(0x7E)) == 448.0 and e4m3_to_float32(np.uint8(0x01)) == 2.0**-9
+    got = e4m3_from_float32(np.array([1e9, -1e9, 464.0, 0.5 * 2**-9, 1.5 * 2**-9, 1.0625, 1.1875, np.nan],
+                                     dtype=np.float32))
+    # saturate; saturate; beyond 448 saturates; ties to even: 0, 2 (x 2^-9), 1.0 (even), 1.25
+    assert got.tolist() == [0x7E, 0xFE, 0x7E, 0x00, 0x02, 0x38, 0x3A, 0x7F]
+
+
+@settings(max_examples=10, deadline=None)
+@given(world=st.integers(2, 6), rows=st.integers(1, 4), option=st.integers(0, len(OPTIONS) - 2),
+       seed=st.integers(0, 2**31))
+def test_fp8_variant(world, rows, option, seed):
+    """The fp8 output is the bf16 output's float value times the scale, saturated to e4m3;
+    the simulator equals the evaluator bit for bit (every algorithm but the ring)."""
+    spec = check(parse(FP8.read_text(), str(FP8)), world, {"hidden": 16})
+    rng = np.random.default_rng(seed)
+    n = rows * 16
+    xs = [_bf16(rng, n) for _ in range(world)]
+
+    def operands():
+        return [{"residual": _bf16(np.random.default_rng(seed + r), n), "weight": _bf16(np.random.default_rng(r), 16),
+                 "eps": 1e-5, "q": np.zeros(n, np.uint8), "inv_scale": 64.0} for r in range(world)]
+
+    want_ops, got_ops = operands(), operands()
+    want = evaluate(spec, xs, n, BF16, "sum", want_ops)
+    got = simulate_calls(lower(spec, OPTIONS[option]), spec, [xs], n, BF16, "sum", calls=1, seed=seed,
+                         operands=got_ops)[0]
+    for rank in range(world):
+        assert np.array_equal(got[rank], want[rank]) and np.array_equal(got_ops[rank]["q"], want_ops[rank]["q"])
+        scaled = to_float32(want[rank], BF16)  # out is y rounded to bf16; q is y (unrounded) * scale
+        q = e4m3_to_float32(want_ops[rank]["q"])
+        assert np.all(np.abs(q) <= 448)  # saturated (the conversion test covers the rounding at the top)
+        close = np.abs(scaled * 64) < 400
+        np.testing.assert_allclose(q[close], scaled[close] * 64, rtol=2**-3, atol=2**-9 * 64)
+
+
+def test_fp8_variant_compiles_with_nvrtc():
+    spec = check(parse(FP8.read_text(), str(FP8)), 2)
+    kernel = generate(lower(spec, LowerOptions(Algorithm.DIRECT_PUSH, packed=True, stage_copies=2)), spec,
+                      atom="ldst", arch="sm_90", dtype=BF16, op=ReduceOp.SUM)
+    assert "purlin_acc_to_e4m3" in kernel.source and kernel.abi.epilogue_slots == 5
+    assert nvrtc.compile_cubin(kernel.source, kernel.filename, "sm_90")

@@ -74,7 +74,8 @@ def _buffers(epilogue: Epilogue, dtype: DType) -> list[Buffer]:
         if operand.kind is OperandKind.SCALAR:
             continue
         own = operand.dtype or dtype
-        buffers.append(Buffer(operand.name, f"v_{operand.name}", own.info.c_suffix, own.info.c_storage,
+        suffix = own.info.c_suffix or own.info.short  # fp8 (no reduction helpers): this module's own, "e4m3"
+        buffers.append(Buffer(operand.name, f"v_{operand.name}", suffix, own.info.c_storage,
                               f"e_{operand.name}", operand.kind is OperandKind.ROW,
                               operand.name in reads, operand.written))
     return buffers
@@ -147,6 +148,7 @@ def template_values(epilogue: Epilogue, dtype: DType) -> dict:
             f"__uint_as_float((unsigned)args.epi[{slot}])" if o.kind is OperandKind.SCALAR
             else f"(char*)args.epi[{slot}]" for slot, o in enumerate(epilogue.operands))]),
         "stores": [{**vars_(b), "c_name": f"w_{b.name}"} for b in buffers if b.written],
+        "fp8": any(b.suffix == "e4m3" for b in buffers),
     }
     if norm is not None:
         values["norm"] = {

@@ -22,7 +22,7 @@ OUT = "out"  # the reduced output, in every epilogue
 # V * rsqrt(mean(V * V over the row) + EPS) * W, in float32.
 FUNCTIONS = {"rmsnorm": 3}
 # dtypes a ``rows`` operand may have (read, or written with rounding; fp8 saturates).
-ROWS_DTYPES = (DType.BFLOAT16, DType.FLOAT16, DType.FLOAT32)
+ROWS_DTYPES = (DType.BFLOAT16, DType.FLOAT16, DType.FLOAT32, DType.FLOAT8_E4M3)
 MAX_STATEMENTS = 64  # keeps generated code and checking small for any input
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from purlinc.dtypes import DType, ReduceOp, from_float32, to_float32
+from purlinc.dtypes import DType, ReduceOp, e4m3_from_float32, e4m3_to_float32, from_float32, to_float32
 from purlinc.frontend.ast import OperandKind
 from purlinc.frontend.epilogue import OUT, Epilogue, apply_rows
 from purlinc.frontend.spec import Spec
@@ -126,7 +126,7 @@ def run_epilogue(epilogue: Epilogue, out: np.ndarray, operands: dict, dtype: DTy
     for operand in epilogue.operands:
         value = operands[operand.name]
         if operand.kind is OperandKind.ROWS:
-            value = to_float32(value[lo:hi], operand.dtype or dtype).reshape(-1, row)
+            value = _widen(value[lo:hi], operand.dtype or dtype).reshape(-1, row)
         elif operand.kind is OperandKind.ROW:
             value = to_float32(value, dtype)
         values[operand.name] = value
@@ -135,7 +135,17 @@ def run_epilogue(epilogue: Epilogue, out: np.ndarray, operands: dict, dtype: DTy
         if name == OUT:
             out[lo:hi] = from_float32(result.reshape(-1), dtype)
             continue
-        operands[name][lo:hi] = from_float32(result.reshape(-1), epilogue.operand(name).dtype or dtype)
+        operands[name][lo:hi] = _narrow(result.reshape(-1), epilogue.operand(name).dtype or dtype)
+
+
+def _widen(bits: np.ndarray, dtype: DType) -> np.ndarray:
+    """Stored values -> float32 (fp8 too: an epilogue may read and write it)."""
+    return e4m3_to_float32(bits) if dtype is DType.FLOAT8_E4M3 else to_float32(bits, dtype)
+
+
+def _narrow(values: np.ndarray, dtype: DType) -> np.ndarray:
+    """float32 -> stored values, round to nearest even (fp8 saturates)."""
+    return e4m3_from_float32(values) if dtype is DType.FLOAT8_E4M3 else from_float32(values, dtype)
 
 
 def check_operands(epilogue: Epilogue, operands: dict, numel: int, dtype: DType) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import numbers
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -573,7 +574,7 @@ def group_operand_words(name: str, ranks: Sequence[Collective], prepared, operan
                 raise ArgumentError(f"{name}: operand {key!r} has {len(value)} entries, expected {world} (one per rank)")
             for rank, v in enumerate(value):
                 per_rank[rank][key] = v
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
             for rank in range(world):
                 per_rank[rank][key] = value  # one number for every rank
         else:

@@ -8,6 +8,7 @@ or a float32's bits (scalars).  Pure functions over ``ArrayInfo``: testable with
 
 from __future__ import annotations
 
+import numbers
 import struct
 from collections.abc import Mapping
 
@@ -49,7 +50,7 @@ def operand_words(name: str, epilogue: Epilogue, operands: Mapping[str, object],
             raise _err(f"{name}: missing operand {operand.name!r} ({operand.format()})")
         value = operands[operand.name]
         if operand.kind is OperandKind.SCALAR:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise _err(f"{name}: operand {operand.name!r}: expected a number (float32), "
                            f"got {type(value).__name__}")
             words.append(struct.unpack("<I", struct.pack("<f", float(value)))[0])

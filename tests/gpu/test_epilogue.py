@@ -82,3 +82,45 @@ def test_operand_errors_name_the_operand():
             coll(x, residual=res, weight=bad, eps=1e-6)
     finally:
         group.close()
+
+
+FP8 = EXAMPLES / "fused" / "allreduce_add_rmsnorm_fp8.pln"
+
+
+@pytest.mark.parametrize("world", (2, 4, 8), ids=["R2", "R4", "R8"])
+@pytest.mark.parametrize("schedule", SCHEDULES[:2] + SCHEDULES[3:4], ids=["dp-ll", "dp", "two-shot"])
+def test_fp8_variant(world, schedule):
+    """q = rmsnorm(h) * weight * inv_scale in e4m3 (saturating): against torch's reference
+    clamped to +-448 and cast with float8_e4m3fn, within one e4m3 rounding of bf16-level inputs."""
+    import purlinc
+
+    algorithm, packed, channels, slices = schedule
+    group = purlinc.LocalGroup([DEVICE] * world, share_devices=True)
+    try:
+        coll = purlinc.load(FP8, group, algorithm=algorithm, packed=packed, channels=channels, slices=slices)
+        streams = [torch.cuda.Stream(device=DEVICE) for _ in range(world)]
+        gen = torch.Generator(device=f"cuda:{DEVICE}").manual_seed(world)
+        n = 16 * HIDDEN
+        dev = f"cuda:{DEVICE}"
+        xs = [torch.randn(n, device=dev, generator=gen).to(torch.bfloat16) for _ in range(world)]
+        res = [torch.randn(n, device=dev, generator=gen).to(torch.bfloat16) for _ in range(world)]
+        weight = [torch.ones(HIDDEN, device=dev, dtype=torch.bfloat16) for _ in range(world)]
+        q = [torch.zeros(n, device=dev, dtype=torch.float8_e4m3fn) for _ in range(world)]
+        before = [r.clone() for r in res]
+        outs = [torch.empty(n, device=dev, dtype=torch.bfloat16) for _ in range(world)]
+        current = torch.cuda.current_stream(DEVICE)
+        for s in streams:
+            s.wait_stream(current)
+        coll(xs, outs, streams=streams, residual=res, weight=weight, eps=1e-6, q=q, inv_scale=100.0)
+        for s in streams:
+            current.wait_stream(s)
+        torch.cuda.synchronize(DEVICE)
+        coll.check()
+        for rank in range(world):
+            y, _ = _reference(xs, before[rank], weight[rank], 1e-6)
+            want = (y.float() * 100.0).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+            got = q[rank].float()
+            assert got.abs().max() <= 448 and (got.abs() == 448).any()  # |y| > 4.48 somewhere in 64k values
+            torch.testing.assert_close(got, want, rtol=2**-3, atol=2**-9 * 100, msg=f"R={world} {schedule} rank {rank}")
+    finally:
+        group.close()
