@@ -111,16 +111,16 @@ def test_fp8_variant(world, schedule):
         current = torch.cuda.current_stream(DEVICE)
         for s in streams:
             s.wait_stream(current)
-        coll(xs, outs, streams=streams, residual=res, weight=weight, eps=1e-6, q=q, inv_scale=100.0)
+        coll(xs, outs, streams=streams, residual=res, weight=weight, eps=1e-6, q=q, inv_scale=200.0)
         for s in streams:
             current.wait_stream(s)
         torch.cuda.synchronize(DEVICE)
         coll.check()
         for rank in range(world):
             y, _ = _reference(xs, before[rank], weight[rank], 1e-6)
-            want = (y.float() * 100.0).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+            want = (y.float() * 200.0).clamp(-448, 448).to(torch.float8_e4m3fn).float()
             got = q[rank].float()
-            assert got.abs().max() <= 448 and (got.abs() == 448).any()  # |y| > 4.48 somewhere in 64k values
-            torch.testing.assert_close(got, want, rtol=2**-3, atol=2**-9 * 100, msg=f"R={world} {schedule} rank {rank}")
+            assert got.abs().max() <= 448 and (got.abs() == 448).any()  # |y| > 2.24: about 2.5 % of 64k values
+            torch.testing.assert_close(got, want, rtol=2**-3, atol=2**-9 * 200, msg=f"R={world} {schedule} rank {rank}")
     finally:
         group.close()
