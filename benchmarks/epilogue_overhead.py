@@ -1,13 +1,17 @@
-"""How much the fused epilogue (residual add + RMSNorm) adds over the plain all-reduce, on one
-GPU in loopback: R ranks on cuda:0 (``LocalGroup([0] * R, share_devices=True)``), [rows x 4096]
-bf16, both collectives with the same schedule (algorithm, LL, channels), calls captured per
-rank in CUDA graphs and replayed; every point's output checked against torch first.  The
-loopback number is local work only (the "remote" stores stay in one GPU's memory): it says
-what the epilogue costs in the kernel, not what NVLink does.
+"""What the fused epilogue (residual add + RMSNorm) adds over the plain all-reduce, on ONE GPU:
+a loopback group (R ranks on cuda:0, one stream each) replays per-rank CUDA graphs of the
+fused collective (examples/fused/allreduce_add_rmsnorm.pln) and of the same all-reduce
+without an epilogue, with the same schedule (algorithm, LL, channels), at [rows x 4096] bf16.
 
-    python3 benchmarks/epilogue_overhead.py --ranks 2 --rows 16 [--out DIR]
+    python3 benchmarks/epilogue_overhead.py [--out DIR] [--ranks 2 4 8] [--rows 16] [--label run]
 
-Writes epilogue_overhead.json and .md to DIR (default $OUT, else the current directory).
+The ranks share the GPU and their "remote" stores never leave it, so the numbers are local
+work only: what the epilogue costs inside the kernel, not what NVLink does.  Each point: the
+fused output checked against torch (all-reduce in float32 rounded to bf16, then the add and
+RMSNorm in float32, rounded) before the timing; then ``--reps`` timed repeats of ``--replays``
+replays of every rank's graph of ``--calls`` calls (device time by events, the slower rank's),
+median, min and max per call.  Writes DIR/epilogue_overhead_<label>.json and .md (DIR: --out,
+else $OUT, else the current directory); ``added_us`` is fused minus plain, medians.
 """
 
 from __future__ import annotations
@@ -15,138 +19,117 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))  # _common: the GPU tests' helpers (via _graph_timing)
+
+import torch  # noqa: E402
+
+import purlinc  # noqa: E402
+from _graph_timing import capture, replay_us, spread, write_results  # noqa: E402
+
 FUSED = ROOT / "examples" / "fused" / "allreduce_add_rmsnorm.pln"
-PLAIN = "collective allreduce_one_chunk { in[r] = x  out[r] = x  reduce }"
+PLAIN = "collective allreduce_one_chunk { in[r] = x  out[r] = x  reduce }"  # the same, without the epilogue
 HIDDEN = 4096
+SCHEDULES = (("direct-push", True, 1), ("direct-push", False, 8), ("two-shot", False, 8))
 
 
-def _eager_us(torch, call, world, calls=200) -> float:
-    streams = [torch.cuda.Stream(device=0) for _ in range(world)]
-    for _ in range(5):
-        call(streams)
-    torch.cuda.synchronize(0)
-    t = time.perf_counter()
-    for _ in range(calls):
-        call(streams)
-    torch.cuda.synchronize(0)
-    return (time.perf_counter() - t) * 1e6 / calls
+class _Bound:
+    """A group collective with its operands bound, as _graph_timing calls one: ``b(xs, outs,
+    streams=...)`` and ``b[r](x, out)``."""
+
+    def __init__(self, coll, operands: dict):
+        self.coll, self.operands = coll, operands
+
+    def __call__(self, xs, outs, streams=None):
+        return self.coll(xs, outs, streams=streams, **self.operands)
+
+    def __getitem__(self, rank: int):
+        mine = {k: (v[rank] if isinstance(v, list) else v) for k, v in self.operands.items()}
+        return lambda x, out: self.coll[rank](x, out, **mine)
 
 
-def measure(world: int, rows: int, algorithm: str, packed: bool, channels: int) -> dict:
-    import torch
+def _reference(xs, residual, weight, eps=1e-6):
+    h = (torch.stack([x.float() for x in xs]).sum(0).to(torch.bfloat16).float() + residual.float()).view(-1, HIDDEN)
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(torch.bfloat16).view(-1)
 
-    import purlinc
 
-    group = purlinc.LocalGroup([0] * world, share_devices=True)
+def _time(bound, xs, outs, devices, streams, args) -> dict:
+    graphs = capture(bound, xs, outs, devices, args.calls, streams)
+    return spread([replay_us(graphs, devices, args.calls, streams, args.replays) for _ in range(args.reps)])
+
+
+def point(world: int, rows: int, schedule: tuple, args) -> dict:
+    algorithm, packed, channels = schedule
+    devices = [0] * world
+    group = purlinc.LocalGroup(devices, share_devices=True)
+    streams = [torch.cuda.Stream(device=0) for _ in devices]
     try:
         opts = dict(algorithm=algorithm, packed=packed, channels=channels, slices=1)
-        fused = purlinc.load(FUSED, group, **opts)
-        plain = purlinc.load(PLAIN, group, **opts)
         n = rows * HIDDEN
-        xs = [torch.randn(n, device="cuda:0").to(torch.bfloat16) for _ in range(world)]
-        outs = [torch.empty(n, device="cuda:0", dtype=torch.bfloat16) for _ in range(world)]
-        res = [torch.randn(n, device="cuda:0").to(torch.bfloat16) for _ in range(world)]
-        weight = [torch.ones(HIDDEN, device="cuda:0", dtype=torch.bfloat16) for _ in range(world)]
-
-        def run(coll, streams, **operands):
-            current = torch.cuda.current_stream(0)
-            for s in streams:
-                s.wait_stream(current)
-            coll(xs, outs, streams=streams, **operands)
-            for s in streams:
-                current.wait_stream(s)
-
-        # correctness first: one fused call against torch
-        before = res[0].clone()
-        run(fused, [torch.cuda.Stream(device=0) for _ in range(world)], residual=res, weight=weight, eps=1e-6)
+        xs = [torch.randn(n, device="cuda:0").to(torch.bfloat16) for _ in devices]
+        outs = [torch.empty(n, device="cuda:0", dtype=torch.bfloat16) for _ in devices]
+        res = [torch.randn(n, device="cuda:0").to(torch.bfloat16) for _ in devices]
+        weight = [(1 + 0.1 * torch.randn(HIDDEN, device="cuda:0")).to(torch.bfloat16) for _ in devices]
+        fused = _Bound(purlinc.load(FUSED, group, **opts), {"residual": res, "weight": weight, "eps": 1e-6})
+        plain = _Bound(purlinc.load(PLAIN, group, **opts), {})
+        before = [r.clone() for r in res]
+        current = torch.cuda.current_stream(0)
+        for s in streams:
+            s.wait_stream(current)
+        fused(xs, outs, streams=streams)
+        for s in streams:
+            current.wait_stream(s)
         torch.cuda.synchronize(0)
-        h = (torch.stack([x.float() for x in xs]).sum(0).to(torch.bfloat16).float() + before.float()).view(-1, HIDDEN)
-        y = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16).view(-1)
-        torch.testing.assert_close(outs[0].float(), y.float(), rtol=2**-6, atol=2**-5)
-        # timing: the residual keeps changing from call to call; nothing reads it here
-        fused_call = lambda streams: run(fused, streams, residual=res, weight=weight, eps=1e-6)  # noqa: E731
-        plain_call = lambda streams: run(plain, streams)  # noqa: E731
+        for r in range(world):  # checked before it is timed
+            torch.testing.assert_close(outs[r].float(), _reference(xs, before[r], weight[r]).float(),
+                                       rtol=2**-6, atol=2**-5)
         row = {"ranks": world, "rows": rows, "hidden": HIDDEN, "dtype": "bfloat16", "algorithm": algorithm,
-               "packed": packed, "channels": channels}
-        row["eager_plain_us"] = _eager_us(torch, plain_call, world)
-        row["eager_fused_us"] = _eager_us(torch, fused_call, world)
-        row["plain_us"] = _graph_per_rank(torch, group, plain, world, xs, outs, {})
-        row["fused_us"] = _graph_per_rank(torch, group, fused, world, xs, outs,
-                                          {"residual": res, "weight": weight, "eps": 1e-6})
-        row["added_us"] = row["fused_us"] - row["plain_us"]
+               "packed": packed, "channels": channels, "checked": True}
+        # the residual grows by one all-reduce per call while timed: nothing reads it afterwards
+        row["plain"] = _time(plain, xs, outs, devices, streams, args)
+        row["fused"] = _time(fused, xs, outs, devices, streams, args)
+        row["plain_us"], row["fused_us"] = row["plain"]["median_us"], row["fused"]["median_us"]
+        row["added_us"] = round(row["fused_us"] - row["plain_us"], 3)
+        fused.coll.check()
         return row
     finally:
         group.close()
 
 
-def _graph_per_rank(torch, group, coll, world, xs, outs, operands, calls=50, repeats=7) -> float:
-    """Per-rank graphs (each rank's calls captured on its own stream), replayed concurrently:
-    the loopback group's ranks must run at once, as they wait for each other."""
-    streams = [torch.cuda.Stream(device=0) for _ in range(world)]
-    for _ in range(3):
-        coll(xs, outs, streams=streams, **operands)
-    torch.cuda.synchronize(0)
-    graphs = []
-    for rank in range(world):
-        graph = torch.cuda.CUDAGraph()
-        per_rank = {k: (v[rank] if isinstance(v, list) else v) for k, v in operands.items()}
-        with torch.cuda.graph(graph, stream=streams[rank]):
-            for _ in range(calls):
-                coll[rank](xs[rank], outs[rank], **per_rank)
-        graphs.append(graph)
-    torch.cuda.synchronize(0)
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        current = torch.cuda.current_stream(0)
-        for s in streams:
-            s.wait_stream(current)
-        for rank in range(world):
-            with torch.cuda.stream(streams[rank]):
-                graphs[rank].replay()
-        for s in streams:
-            current.wait_stream(s)
-        end.record()
-        torch.cuda.synchronize(0)
-        times.append(start.elapsed_time(end) * 1000 / calls)
-    return statistics.median(times)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, nargs="+", default=[2])
-    parser.add_argument("--rows", type=int, nargs="+", default=[16])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--label", default="run")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--rows", type=int, nargs="+", default=[16])
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--replays", type=int, default=10)
+    parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args(argv)
-    rows = []
+    rows, errors = [], []
     for world in args.ranks:
         for n in args.rows:
-            for algorithm, packed, channels in (("direct-push", True, 1), ("direct-push", False, 8),
-                                                ("two-shot", False, 8)):
-                row = measure(world, n, algorithm, packed, channels)
-                print(json.dumps(row), flush=True)
-                rows.append(row)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "mode": "loopback, one GPU"}
-    (out / "epilogue_overhead.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    lines = [f"# Epilogue overhead ({meta['mode']}, {meta['date']})", "",
-             "| R | rows | algorithm | LL | channels | plain us | fused us | added us | eager plain | eager fused |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['ranks']} | {r['rows']} | {r['algorithm']} | {r['packed']} | {r['channels']} | "
-              f"{r['plain_us']:.2f} | {r['fused_us']:.2f} | {r['added_us']:+.2f} | {r['eager_plain_us']:.1f} | "
-              f"{r['eager_fused_us']:.1f} |" for r in rows]
-    (out / "epilogue_overhead.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+            for schedule in SCHEDULES:
+                try:
+                    rows.append(point(world, n, schedule, args))
+                    print(json.dumps(rows[-1]), flush=True)
+                except Exception as error:  # one point's failure is recorded, the others still run
+                    errors.append({"ranks": world, "rows": n, "schedule": schedule,
+                                   "error": f"{type(error).__name__}: {str(error)[:300]}"})
+                    print(json.dumps(errors[-1]), flush=True)
+    meta = {"label": args.label, "mode": "loopback, one GPU (local work only)", "calls": args.calls,
+            "replays": args.replays, "reps": args.reps, "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(0), "errors": errors}
+    stem = f"epilogue_overhead_{args.label}"
+    write_results(args.out, stem, meta, rows, [
+        ("R", "ranks"), ("rows", "rows"), ("algorithm", "algorithm"), ("LL", "packed"), ("channels", "channels"),
+        ("plain us", "plain_us"), ("fused us", "fused_us"), ("added us", "added_us"), ("checked", "checked")])
+    print((Path(args.out) / f"{stem}.md").read_text())
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":
