@@ -4,8 +4,9 @@
 Every decision is made here and passed to ``templates/epilogue.cuh.j2`` as plain text: the
 statements become float32 C expressions with round-to-nearest intrinsics (no contraction
 into FMAs, so each operation rounds as the NumPy meaning does), buffers are read as 16-byte
-vectors of the output's elements, and a row with an ``rmsnorm`` takes two passes over it
-(sum of squares, then the values), one warp per row.  Only the sum of squares' order and
+vectors of the output's elements, all loaded at once into registers (about four vectors per
+thread, whole warps per row, several rows per block), and a row with an ``rmsnorm`` sums its
+squares over its threads (shuffles, then one barrier) before the values are stored.  Only the sum of squares' order and
 ``rsqrtf`` differ from the NumPy oracle.
 """
 
@@ -20,7 +21,8 @@ from purlinc.frontend.ast import OperandKind
 from purlinc.frontend.epilogue import OUT, Epilogue, _calls, _names
 
 VECTOR_BYTES = 16
-MAX_ROW_VECTORS_PER_LANE = 64  # rows up to 32 lanes x 64 vectors (16,384 bf16 elements)
+MAX_ROW_VECTORS = 2048  # rows up to 32 KiB (16,384 bf16 elements): at most 8 vectors per thread of 256
+VECTORS_PER_THREAD = 4  # a row's 16-byte vectors per thread (loads in flight per buffer)
 _OPS = {ast.FloatOp.ADD: "__fadd_rn", ast.FloatOp.SUB: "__fsub_rn", ast.FloatOp.MUL: "__fmul_rn",
         ast.FloatOp.DIV: "__fdiv_rn"}
 
@@ -54,9 +56,9 @@ def check_rows(epilogue: Epilogue, dtype: DType) -> None:
     if row_bytes % VECTOR_BYTES:
         raise PurlinError(f"a row of {epilogue.row} {dtype.value} elements is {row_bytes} bytes, not a multiple "
                           f"of {VECTOR_BYTES} (the kernels move 16-byte vectors)", epilogue.row_span)
-    if row_bytes // VECTOR_BYTES > 32 * MAX_ROW_VECTORS_PER_LANE:
+    if row_bytes // VECTOR_BYTES > MAX_ROW_VECTORS:
         raise PurlinError(f"a row of {epilogue.row} {dtype.value} elements is longer than the epilogue supports "
-                          f"({32 * MAX_ROW_VECTORS_PER_LANE * VECTOR_BYTES // dtype.itemsize} elements)",
+                          f"({MAX_ROW_VECTORS * VECTOR_BYTES // dtype.itemsize} elements)",
                           epilogue.row_span)
 
 
@@ -119,8 +121,17 @@ def _lines(epilogue: Epilogue, names: dict[str, str], locals_: set[str], first_p
     return lines
 
 
-def template_values(epilogue: Epilogue, dtype: DType) -> dict:
-    """Everything ``epilogue.cuh.j2`` renders, as plain values."""
+def row_layout(row_vectors: int, threads: int) -> dict:
+    """How a block spreads rows over its threads: about ``VECTORS_PER_THREAD`` vectors each (so
+    each thread has that many loads per buffer in flight), whole warps per row, and as many
+    rows at once as the block holds."""
+    tpr = -(-row_vectors // VECTORS_PER_THREAD)
+    tpr = min(threads, max(32, -(-tpr // 32) * 32))
+    return {"tpr": tpr, "per_thread": -(-row_vectors // tpr), "groups": threads // tpr}
+
+
+def template_values(epilogue: Epilogue, dtype: DType, threads: int) -> dict:
+    """Everything ``epilogue.cuh.j2`` renders, as plain values (``threads``: the block size)."""
     check_rows(epilogue, dtype)
     buffers = _buffers(epilogue, dtype)
     names = {b.name: b.c_name for b in buffers}
@@ -139,6 +150,7 @@ def template_values(epilogue: Epilogue, dtype: DType) -> dict:
         "row": epilogue.row,
         "vec": VECTOR_BYTES // dtype.itemsize,
         "row_vectors": epilogue.row * dtype.itemsize // VECTOR_BYTES,
+        **row_layout(epilogue.row * dtype.itemsize // VECTOR_BYTES, threads),
         "itemsize": dtype.itemsize,
         "buffers": [vars_(b) for b in buffers],
         "norm": None,
@@ -159,14 +171,14 @@ def template_values(epilogue: Epilogue, dtype: DType) -> dict:
     return values
 
 
-def module_values(epilogue: Epilogue | None, dtype: DType) -> dict | None:
+def module_values(epilogue: Epilogue | None, dtype: DType, threads: int) -> dict | None:
     """What kernel.cu.j2 needs for a module's epilogue (None without one): its device
     function's source, its argument slots and the row's bytes (the slices' alignment)."""
     if epilogue is None:
         return None
     from purlinc.atom.codegen.render import render  # the one Jinja environment
 
-    values = template_values(epilogue, dtype)
+    values = template_values(epilogue, dtype, threads)
     return {"source": render("epilogue.cuh.j2", e=values).rstrip("\n"), "slots": slots(epilogue),
             "row_bytes": epilogue.row * dtype.itemsize, "call_args": values["call_args"]}
 

@@ -148,7 +148,6 @@ def generate(
     base = kernel_base(schedule, atom, dtype, op)
     packed = packed_stages(schedule)
     reduce = op is not None
-    epilogue = module_values(schedule.epilogue, dtype)  # None without one
 
     # The tma atom moves bulk data through its shared-memory ring (atoms.TmaRing); its ldst
     # fallback only carries heads, tails and small copies, and keeps the lighter unroll so the
@@ -159,6 +158,7 @@ def generate(
     kernels = _kernels(schedule, base, packed)
     trace_values = trace_template_values(kernels, schedule.channels) if trace else None
     threads = limits.THREADS_PACKED if packed else limits.THREADS
+    epilogue = module_values(schedule.epilogue, dtype, threads)  # None without one
     ll_source = render("ll.cuh.j2", reduce=reduce, in_flight=limits.LL_IN_FLIGHT,
                        consume_inline=_ll_loops(kernels) <= limits.LL_INLINE_LOOPS).rstrip("\n") if packed else ""
     values = _module_values(schedule, spec, base=base, atom=atom, dtype=dtype, op=op, packed=bool(packed), threads=threads)
