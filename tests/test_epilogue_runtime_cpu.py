@@ -82,3 +82,14 @@ def test_pieces_are_whole_rows():
     assert choose_piece(4096, 2, 2, 1000, 64) == 192
     assert choose_piece(4096, 2, 2, 1000) == 248
     assert choose_piece(100, 2, 2, 1 << 20, 50) == 100
+
+
+def test_hierarchical_load_refuses_an_epilogue():
+    from pathlib import Path
+
+    from purlinc.errors import PurlinError
+    from purlinc.runtime.collective import load
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "fused" / "allreduce_add_rmsnorm.pln"
+    with pytest.raises(PurlinError, match="a hierarchical collective .gpus_per_node=. cannot apply an epilogue yet"):
+        load(example, None, gpus_per_node=2)

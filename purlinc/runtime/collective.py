@@ -763,7 +763,14 @@ def load(
         if comm is not None or algorithm or atom or channels or slices or packed or trace:
             raise PurlinError("load(..., gpus_per_node=G) takes comm=None (it builds a communicator per node) "
                               "and no orchestration options")
+        from purlinc import pipeline
         from purlinc.runtime.hierarchical import load_hierarchical
+
+        definition = pipeline.definition_of(pipeline.load_source(path_or_source))
+        if definition.epilogue is not None:
+            raise PurlinError(f"{definition.name}: a hierarchical collective (gpus_per_node=) cannot apply an "
+                              "epilogue yet", definition.epilogue.keyword_span,
+                              ("load it on one node's communicator (a flat collective) instead",))
 
         return load_hierarchical(path_or_source, gpus_per_node, params=params, arch=arch)
     if isinstance(comm, LocalGroup):
