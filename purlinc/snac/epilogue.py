@@ -3,9 +3,11 @@
 ``place_epilogues`` runs after any lowering: for every slice of every output chunk of a rank it
 inserts one ``Epilogue`` step after the last step of that rank's program touching the slice
 (its final consume, or the stage that forwards the reduced value, as a two-shot owner's
-all-gather send does), then past the consumes that directly follow, so a batch of consumes
-after one wait stays one batch (the LL datapath unpacks them together).  With pipelined
-slices a slice's epilogue then runs while later slices are in flight.
+all-gather send does), then past the consumes and notifies that directly follow: a batch of
+consumes after one wait stays one batch (the LL datapath unpacks them together), and a notify
+(a release, which waits for this block's earlier stores) is not held up by the epilogue's
+work, which no peer waits for.  With pipelined slices a slice's epilogue then runs while
+later slices are in flight.
 
 ``epilogue_problem`` is the verifier's part: every slice of every output chunk of every
 rank gets exactly one Epilogue step, in its own rank's program, and no step touches the
@@ -21,7 +23,7 @@ from dataclasses import replace
 
 from purlinc.errors import PurlinError
 from purlinc.frontend.spec import Spec
-from purlinc.snac.ir import Consume, Epilogue, Program, Region, Schedule, Space, Stage
+from purlinc.snac.ir import Consume, Epilogue, Notify, Program, Region, Schedule, Space, Stage
 
 
 def _touched(step) -> tuple[Region, ...]:
@@ -60,7 +62,7 @@ def place_epilogues(schedule: Schedule, spec: Spec) -> Schedule:
             if region not in last:
                 raise PurlinError(f"internal: no step of rank {program.rank} writes {region.format()}")
             index = last[region]
-            while index + 1 < len(program.steps) and isinstance(program.steps[index + 1], Consume):
+            while index + 1 < len(program.steps) and isinstance(program.steps[index + 1], (Consume, Notify)):
                 index += 1
             after.setdefault(index, []).append(region)
         steps = []
