@@ -50,3 +50,21 @@ def test_needs_the_add_rmsnorm_epilogue():
     with pytest.raises(ArgumentError, match="must have an epilogue taking rows residual .written., row weight and "
                                             "scalar eps; it has no epilogue"):
         fused_add_rmsnorm_op(_Loaded(plain), device="cpu")
+
+
+def test_traces_whole_with_fake_tensors():
+    """make_fx in fake mode runs only the fake implementation: the op stays one node, with its
+    in-place residual visible to functionalization."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    fused = fused_add_rmsnorm_op(_Loaded(check(parse_file(EXAMPLE), 2)), device="cpu")
+    try:
+        def step(x, residual, weight):
+            return fused(x, residual, weight, 1e-6) * 2
+
+        x = torch.empty(4, 4096, dtype=torch.bfloat16)
+        graph = make_fx(step, tracing_mode="fake")(x, torch.empty_like(x), torch.empty(4096, dtype=torch.bfloat16))
+        calls = [n for n in graph.graph.nodes if "fused_add_rmsnorm" in str(n.target)]
+        assert len(calls) == 1
+    finally:
+        fused.close()
