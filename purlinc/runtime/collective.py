@@ -488,8 +488,7 @@ class Collective:
             fast.launch(self)
             return out
         shape, handle, result = self.prepare_call(x, out, op, stream, count, dtype)
-        words = self.operand_words(shape, operands)
-        self.launch(shape, handle, words)
+        self.launch(shape, handle, self.operand_words(shape, operands))
         if stream is None and self.epilogue is None:  # operands change per call: the full path checks them
             target, heap = self.replay_target(shape)
             self._fast = FastPath.make(x, out, result, op, count, target, self.out_units, heap)
@@ -565,8 +564,11 @@ def prepare_group(name: str, ranks: Sequence[Collective], xs, outs, op, streams,
 
 
 def group_operand_words(name: str, ranks: Sequence[Collective], prepared, operands: dict) -> list[tuple[int, ...]]:
-    """Every rank's epilogue words, all checked before any launch."""
+    """Every rank's epilogue words, all checked before any launch (``()`` each where the
+    collective has no epilogue and no operands were given)."""
     world = len(ranks)
+    if not operands and all(getattr(c, "epilogue", None) is None for c in ranks):
+        return [()] * world
     per_rank: list[dict] = [{} for _ in range(world)]
     for key, value in operands.items():
         if isinstance(value, (list, tuple)):
@@ -620,7 +622,7 @@ class GroupCollective:
         for collective, (shape, _, _) in zip(self.ranks, prepared):
             collective.prime(shape)  # every rank's kernel loaded before any rank runs
         for collective, (shape, handle, _), w in zip(self.ranks, prepared, words):
-            collective.launch(shape, handle, w)
+            collective.launch(shape, handle, *((w,) if w else ()))
         return [out for _, _, out in prepared]
 
     def check(self) -> None:

@@ -162,8 +162,12 @@ class Tuned:
         # the bucket's variant.
         shape, handle, result = self.variants[0].prepare_call(x, out, op, stream, count, dtype)
         variant = self.variant_for(shape.count, shape.dtype.itemsize)
-        variant.launch(shape, handle, variant.operand_words(shape, operands))
-        if stream is None and variant.epilogue is None:  # operands change per call: the full path checks them
+        fused = operands or getattr(variant, "epilogue", None) is not None
+        if fused:
+            variant.launch(shape, handle, variant.operand_words(shape, operands))
+        else:
+            variant.launch(shape, handle)
+        if stream is None and not fused:  # operands change per call: the full path checks them
             target, heap = variant.replay_target(shape)
             self._fast = FastPath.make(x, out, result, op, count, target, variant.out_units, heap)
         return result
@@ -221,7 +225,7 @@ class TunedGroup:
         for variant, (shape, _, _) in zip(chosen, prepared):
             variant.prime(shape)  # every rank's kernel loaded before any rank runs (Collective.prime)
         for variant, (shape, handle, _), w in zip(chosen, prepared, words):
-            variant.launch(shape, handle, w)
+            variant.launch(shape, handle, *((w,) if w else ()))
         return [out for _, _, out in prepared]
 
     def warm(self, dtype, op="sum") -> None:
