@@ -22,7 +22,13 @@ class Setting:
         return os.environ.get(self.name, self.default)
 
 
-DEBUG = Setting("PURLIN_DEBUG", "0", False, "1: the CLI re-raises errors with a traceback")
+DEBUG = Setting(
+    "PURLIN_DEBUG", "0", False,
+    "run-time log on stderr through Python's logging (logger 'purlin'), like NCCL_DEBUG: INFO (communicator "
+    "set-up, each load's buckets, the schedule each new call signature picks, heap growth, timeouts, what a "
+    "torch backend hands to its fallback), DEBUG (finer), TRACE (finest); 1 means DEBUG and also makes the CLI "
+    "re-raise errors with a traceback (DEBUG and TRACE do too); 0 or unset: no log, no cost",
+)
 CACHE_DIR = Setting(
     "PURLIN_CACHE_DIR", "", False, "where compiled CUBINs are cached (default ~/.cache/purlin)"
 )
@@ -62,8 +68,24 @@ PDL = Setting(
 ALL = (DEBUG, CACHE_DIR, NO_CACHE, WAIT_TIMEOUT_S, HEAP_MB, HEAP_MAX_MB, STAGE_MB, TRACE, PDL)
 
 
+_LOG_LEVELS = {"1": "DEBUG", "INFO": "INFO", "DEBUG": "DEBUG", "TRACE": "TRACE", "WARN": "WARNING",
+               "WARNING": "WARNING"}
+
+
+def log_level() -> str | None:
+    """The level PURLIN_DEBUG asks for (``INFO``, ``DEBUG``, ``TRACE``, ``WARNING``), or None: no log."""
+    raw = DEBUG.raw().strip().upper()
+    if raw in ("", "0"):
+        return None
+    level = _LOG_LEVELS.get(raw)
+    if level is None:
+        raise ValueError(f"{DEBUG.name}={DEBUG.raw()!r}: expected 0, 1, INFO, DEBUG or TRACE")
+    return level
+
+
 def debug() -> bool:
-    return DEBUG.raw() not in ("", "0")
+    """Whether the CLI re-raises errors with a traceback (developers): PURLIN_DEBUG=1, DEBUG or TRACE."""
+    return DEBUG.raw().strip().upper() in ("1", "DEBUG", "TRACE")
 
 
 def cache_enabled() -> bool:

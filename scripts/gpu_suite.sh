@@ -16,6 +16,8 @@
 #   zerocopy_torchrun the same under torchrun
 #   faults            mismatches before launch; a rank that dies mid-loop -> PurlinTimeoutError
 #   torch             purlinc.torch: custom ops, eager / torch.compile / CUDA graphs vs NCCL
+#   torch_backend     the `purlin` torch.distributed backend, one process per GPU (one GPU is enough:
+#                     a world of one), and purlinc.torch on an NCCL group; autograd and compiled backward
 #   hier              hierarchical plans: 2 nodes x 1 GPU and 1 node x 2 GPUs, vs NCCL
 #   slow              the CPU sweeps the default test run deselects (many cores here)
 # Usage: OUT=/some/dir [PURLIN_STEPS="local torchrun"] scripts/gpu_suite.sh
@@ -26,7 +28,7 @@ mkdir -p "$OUT"
 export OUT PURLIN_RESULTS="$OUT" PURLIN_CACHE_DIR=${PURLIN_CACHE_DIR:-/tmp/purlin_cache}
 export PURLIN_WAIT_TIMEOUT_S=${PURLIN_WAIT_TIMEOUT_S:-5} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
-STEPS=${PURLIN_STEPS:-"precompile loopback epilogue local local_ce trace torchrun zerocopy zerocopy_torchrun faults torch hier"}
+STEPS=${PURLIN_STEPS:-"precompile loopback epilogue local local_ce trace torchrun zerocopy zerocopy_torchrun faults torch torch_backend hier"}
 T0=$(date +%s)
 # Run from the source tree: grammar/ and templates/ ship as purlinc.grammar / purlinc.templates
 # in a wheel (pyproject's package-dir); link them in for the run, and remove the links after.
@@ -71,6 +73,7 @@ pytest_step faults 200 -s tests/gpu/test_faults.py
 PURLIN_HIER_TIMEOUT=${PURLIN_HIER_TIMEOUT:-380} pytest_step hier $(( ${PURLIN_HIER_TIMEOUT:-380} + 20 )) -s tests/gpu/test_hier.py
 # purlinc.torch under torchrun (writes torch_results.json) and CuPy ranks without torch (cupy_results.json)
 PURLIN_TORCH_TIMEOUT=${PURLIN_TORCH_TIMEOUT:-480} pytest_step torch $(( ${PURLIN_TORCH_TIMEOUT:-480} + 120 )) -s tests/gpu/test_torch_api.py
+PURLIN_TORCH_TIMEOUT=300 pytest_step torch_backend 330 -s tests/gpu/test_torch_backend.py
 if python3 -c "import hypothesis" 2>/dev/null; then
   pytest_step slow 420 -m slow tests --ignore=tests/gpu
 fi

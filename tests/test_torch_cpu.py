@@ -418,22 +418,31 @@ def test_bad_input_errors():
         g.all_gather_into_tensor(torch.empty(6, 2), x)
     with pytest.raises(ArgumentError, match="output_tensor has dtype float16, expected float32"):
         g.all_gather_into_tensor(torch.empty(8, 2, dtype=torch.float16), x)
-    with pytest.raises(ArgumentError, match="all_reduce: tensor has dtype float64, which Purlin does not support"):
+    with pytest.raises(ArgumentError, match="all_reduce: tensor has dtype float64, which Purlin cannot reduce; "
+                                            "expected one of float32, float16, bfloat16, int32"):
         g.all_reduce(torch.randn(4, dtype=torch.float64))
+    with pytest.raises(ArgumentError, match=r"all_reduce: op=BXOR is not supported.*\n.*bitwise"):
+        g.all_reduce(torch.ones(4, dtype=torch.int32), op=torch.distributed.ReduceOp.BXOR)
     with pytest.raises(ArgumentError, match="op='avg' needs a floating dtype, tensor has int32"):
         g.all_reduce(torch.ones(4, dtype=torch.int32), op="avg")
-    with pytest.raises(ArgumentError, match="op='premul_sum' is not supported"):
+    with pytest.raises(ArgumentError, match=r"op=PREMUL_SUM is not supported.*\n.*t.mul_\(factor\)"):
         g.all_reduce(x, op="premul_sum")
     with pytest.raises(ArgumentError, match="input has 7 elements .*expected 6"):
         g.reduce_scatter_tensor(torch.empty(3), torch.empty(7))
     with pytest.raises(ArgumentError, match=r"tensor is not contiguous \(shape \(2, 4\)"):
         g.all_reduce(x.t())
-    with pytest.raises(ArgumentError, match=r"broadcast: src=5, expected a rank in \[0, 2\)"):
+    with pytest.raises(ArgumentError, match=r"broadcast: src=5 is not a rank of this group; expected one of its "
+                                            r"global ranks \[0, 1\]"):
         g.broadcast(x, src=5)
+    with pytest.raises(ArgumentError, match=r"broadcast: group_src=2, expected a rank in \[0, 2\)"):
+        g.broadcast(x, group_src=2)
+    with pytest.raises(ArgumentError, match=r"broadcast: src=1 and group_src=1; expected one of them"):
+        g.broadcast(x, src=1, group_src=1)
     with pytest.raises(ArgumentError, match="gather_list on the dst rank must hold 2 tensors"):
         g.gather(x, [x], dst=0)
-    with pytest.raises(ArgumentError, match=r"input_split_sizes=\[1, 3\], expected 2 equal splits"):
-        g.all_to_all_single(torch.empty(4, 2), x, input_split_sizes=[1, 3])
+    with pytest.raises(ArgumentError, match=r"input_split_sizes=\[1, 2\], expected 2 sizes >= 0 summing to the 4 "
+                                            r"rows \(dim 0\) of input"):
+        g.all_to_all_single(torch.empty(4, 2), x, input_split_sizes=[1, 2])
     with pytest.raises(ArgumentError, match="purlin::allgather on rank 0: x has dtype float64"):
         torch.ops.purlin.allgather(torch.randn(3, dtype=torch.float64), g.entry("allgather").handle, "sum", -1)
     with pytest.raises(ArgumentError, match="no Purlin collective has handle 999999"):

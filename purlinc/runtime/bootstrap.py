@@ -1,7 +1,7 @@
 """A communicator from any host-side all-gather: the heap exported through CUDA IPC, every
 peer's heap opened.  ``Communicator.from_store`` / ``from_env`` come here with an
 :class:`~purlinc.runtime.rendezvous.Exchange`, so no torch is involved at all (CuPy or plain
-driver processes); ``from_torch`` does the same through a gloo group.
+driver processes); ``from_torch`` does the same through the process group's own store.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from purlinc.runtime.errors import MismatchError
 
 def open_heap(cls, rank: int, world: int, device: int, exchange: Callable[[object], list],
               heap_bytes: int | None = None):
-    """Check the ranks can share memory, then allocate, export and open heap segment 0 exactly as
-    ``from_torch`` does (``communicator._ipc_segment``; later segments grow through the same
-    exchange) and return ``cls(...)`` (a Communicator).  A collective: every rank calls it."""
+    """Check the ranks can share memory, then allocate, export and open heap segment 0
+    (``communicator._ipc_segment``; later segments grow through the same exchange) and return
+    ``cls(...)`` (a Communicator).  A collective: every rank calls it."""
     from purlinc.runtime import driver
     from purlinc.runtime.communicator import _ipc_segment
     from purlinc.runtime.heap import SymmetricHeap

@@ -3,9 +3,9 @@
 Two ways in:
 
 - ``Communicator.from_torch(group=None)``: one process per GPU under ``torchrun``.  The
-  bootstrap goes through torch.distributed (a gloo group for host-side object exchange, so
-  it never touches a CUDA stream and is safe even while a graph is being captured).  The
-  symmetric heap is exported with CUDA IPC handles and opened by every peer.
+  bootstrap goes through the process group's own store (host-side object exchange that never
+  touches a CUDA stream, so it is safe even while a graph is being captured, and needs no new
+  group).  The symmetric heap is exported with CUDA IPC handles and opened by every peer.
 - ``LocalGroup(devices)``: one process driving several GPUs with peer access; it holds one
   Communicator per device.  Pointers need no translation (one address space).
 
@@ -25,9 +25,6 @@ growth happens inside allocations every rank makes at the same point), up to
 
 from __future__ import annotations
 
-import datetime
-import os
-import socket
 import threading
 from collections.abc import Callable, Sequence
 
@@ -78,6 +75,30 @@ def _ipc_segment(exchange, rank: int, device: int, index: int, size: int, opened
     return bases
 
 
+def _reporting(exchange, rank: int, bound: float, holder: list):
+    """``exchange`` that turns a failure (a timeout, a store gone) into PurlinTimeoutError and
+    stops the communicator in ``holder``: its peers' state is unknown from then on."""
+    from purlinc.runtime.rendezvous import RendezvousError
+
+    def call(obj):
+        comm = holder[0] if holder else None
+        if comm is not None and comm.failed is not None:
+            comm.refuse("exchange")
+        try:
+            return exchange(obj)
+        except (RendezvousError, RuntimeError) as error:
+            failure = PurlinTimeoutError(
+                f"rank {rank}: the host-side exchange with the other ranks failed (bound {bound:g} s): "
+                f"{str(error).splitlines()[0] if str(error) else type(error).__name__}",
+                notes=("a peer exited, or has not made the same call (load or first use of a new "
+                       "dtype, op or count)",),
+            )
+            if comm is not None:
+                comm.fail(failure)
+            raise failure from None
+    return call
+
+
 class Communicator:
     """One rank's view: ``rank``, ``world_size``, ``device`` and the symmetric heap."""
 
@@ -92,7 +113,7 @@ class Communicator:
         self.local_group = local_group
         self._opened = list(opened)  # peer bases opened through IPC (closed on close())
         self._owned = [owned] if isinstance(owned, int) and owned else list(owned or ())  # our segments
-        self._check_exchange = None  # torchrun: a gloo exchange with a short timeout (zero-copy checks)
+        self._check_exchange = None  # from_torch: an exchange with a short timeout (zero-copy checks)
         self._collectives: list = []  # weak bookkeeping for check()
         self._lock = threading.Lock()
         self.closed = False
@@ -126,75 +147,32 @@ class Communicator:
         """The communicator of this process's rank in ``group`` (default: the whole world).
 
         Call after ``torch.distributed.init_process_group`` and ``torch.cuda.set_device``;
-        every rank of the group must call it (it is a collective).
+        every rank of the group, and only those, must call it (it is a collective of the group).
+        The host exchanges run over the group's own store (:mod:`purlinc.runtime.torchstore`): no
+        CUDA stream is involved (safe during graph capture), and no group is created, so a
+        sub-group's members alone can make theirs.
         """
         import torch
         import torch.distributed as dist
 
-        from purlinc.runtime import driver
+        from purlinc.runtime.bootstrap import open_heap
+        from purlinc.runtime.rendezvous import Exchange
+        from purlinc.runtime.torchstore import store_for
 
         if not dist.is_initialized():
             raise RuntimeError("Communicator.from_torch: call torch.distributed.init_process_group first")
-        rank, world = dist.get_rank(group), dist.get_world_size(group)
-        ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
-        # Host-side exchanges use gloo: no CUDA stream involved, safe during graph capture.
-        # A bounded host-side exchange: a peer that died (or never arrives) is reported, not
-        # waited for through gloo's default of 30 minutes.  Generous, since a peer may be
-        # compiling a kernel (NVRTC) while this rank waits.
+        pg = group if group is not None else dist.group.WORLD
+        rank, world = dist.get_rank(pg), dist.get_world_size(pg)
+        # Bounded: a peer that died (or never arrives) is reported, not waited for.  Generous,
+        # since a peer may be compiling a kernel (NVRTC) while this rank waits.
         bound = max(settings.wait_timeout_ns() / 1e9, EXCHANGE_TIMEOUT_S)
-        gloo = dist.new_group(ranks=ranks, backend="gloo", timeout=datetime.timedelta(seconds=bound))
         holder: list = []
-
-        def exchange(obj):
-            comm = holder[0] if holder else None
-            if comm is not None and comm.failed is not None:
-                comm.refuse("exchange")
-            gathered = [None] * world
-            try:
-                dist.all_gather_object(gathered, obj, group=gloo)
-            except RuntimeError as error:  # gloo: a timeout, or a peer's connection closed
-                failure = PurlinTimeoutError(
-                    f"rank {rank}: the host-side exchange with the other ranks failed (bound {bound:g} s): "
-                    f"{str(error).splitlines()[0] if str(error) else type(error).__name__}",
-                    notes=("a peer exited, or has not made the same call (load or first use of a new "
-                           "dtype, op or count)",),
-                )
-                if comm is not None:
-                    comm.fail(failure)
-                raise failure from None
-            return gathered
-
-        device = torch.cuda.current_device()
+        exchange = _reporting(Exchange(store_for(pg, timeout=bound), rank, world), rank, bound, holder)
         torch.cuda.init()
-        driver.set_current(device)
-        info = exchange({"host": socket.gethostname(), "pid": os.getpid(), "device": device})
-        hosts = {i["host"] for i in info}
-        if len(hosts) != 1:
-            raise MismatchError(f"Purlin needs every rank on one host (one NVLink domain); got hosts {sorted(hosts)}")
-        for peer, i in enumerate(info):
-            if peer != rank and i["device"] != device and not driver.can_access_peer(device, i["device"]):
-                raise MismatchError(f"cuda:{device} (rank {rank}) cannot access cuda:{i['device']} (rank {peer}) as a peer")
-        size = heap_bytes or settings.heap_bytes()
-        opened: list[int] = []
-        owned: list[int] = []
-
-        def grow(index: int, nbytes: int) -> list[int]:
-            return _ipc_segment(exchange, rank, device, index, nbytes, opened, owned)
-
-        bases = grow(0, size)
-        comm = cls(rank, world, device, None, exchange, opened=opened, owned=owned)
+        comm = open_heap(cls, rank, world, torch.cuda.current_device(), exchange, heap_bytes)
         holder.append(comm)
-        comm.heap = SymmetricHeap(rank, size, bases, grow=grow, segment_bytes=size,
-                                  limit_bytes=settings.heap_max_bytes())
-        comm._opened, comm._owned = opened, owned  # the same lists grow() appends to
-        check = dist.new_group(ranks=ranks, backend="gloo", timeout=datetime.timedelta(seconds=_CHECK_TIMEOUT_S))
-
-        def check_exchange(obj):
-            gathered = [None] * world
-            dist.all_gather_object(gathered, obj, group=check)
-            return gathered
-
-        comm._check_exchange = check_exchange
+        # zero-copy agreement checks: the ranks are all in the same call, so a short bound
+        comm._check_exchange = Exchange(store_for(pg, timeout=_CHECK_TIMEOUT_S), rank, world)
         return comm
 
     # ----------------------------------------------------------------------------- allocation

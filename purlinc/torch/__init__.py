@@ -28,10 +28,15 @@ from purlinc.torch.epilogue import FusedAddRMSNorm, fused_add_rmsnorm_op  # noqa
 from purlinc.torch.ops import define
 from purlinc.torch.registry import Entry, entry
 
+if torch.distributed.is_available():  # the backend: dist.init_process_group("cuda:purlin,cpu:gloo")
+    from purlinc.torch import backend
+
+    backend.register()
+
 __all__ = [
-    "Group", "TorchCollective", "Work", "all_gather_into_tensor", "all_reduce", "all_to_all_single",
-    "broadcast", "default_group", "define", "entry", "functional", "gather", "init", "op", "ops", "reduce",
-    "reduce_scatter_tensor", "scatter",
+    "Group", "TorchCollective", "Work", "all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all",
+    "all_to_all_single", "barrier", "broadcast", "default_group", "define", "entry", "functional", "gather",
+    "group_of", "init", "op", "ops", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
 ]
 
 _DEFAULT: list[Group] = []
@@ -50,8 +55,35 @@ def default_group() -> Group:
     return _DEFAULT[0]
 
 
-def _group(group) -> Group:
-    return group if group is not None else default_group()
+def group_of(group=None) -> Group:
+    """The Purlin Group that ``group=`` names: a :class:`Group` itself; a torch ProcessGroup
+    (``WORLD``, ``new_group``'s, a DeviceMesh dimension's, the ``purlin`` backend's) through
+    :mod:`purlinc.torch.groups` (made on first use, collectively, and cached); ``None``: the
+    group of :func:`init`, else torch.distributed's default group."""
+    if isinstance(group, Group):
+        return group
+    if group is None:
+        if _DEFAULT:
+            return _DEFAULT[0]
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ArgumentError("no default Purlin group: call purlinc.torch.init(comm) or "
+                                "torch.distributed.init_process_group first, or pass group=")
+        group = dist.group.WORLD
+    purlin = getattr(group, "purlin_group", None)  # a process group of the purlin backend
+    if purlin is not None:
+        return purlin()
+    import torch.distributed as dist
+
+    if isinstance(group, dist.ProcessGroup):
+        from purlinc.torch import groups
+
+        return groups.for_process_group(group)
+    raise ArgumentError(f"group={group!r}: expected a purlinc.torch.Group or a torch.distributed ProcessGroup")
+
+
+_group = group_of
 
 
 def all_reduce(tensor, op="sum", group=None, async_op=False):
@@ -62,28 +94,44 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     return _group(group).all_gather_into_tensor(output_tensor, input_tensor, async_op=async_op)
 
 
+def all_gather(tensor_list, tensor, group=None, async_op=False):
+    return _group(group).all_gather(tensor_list, tensor, async_op=async_op)
+
+
 def reduce_scatter_tensor(output, input, op="sum", group=None, async_op=False):
     return _group(group).reduce_scatter_tensor(output, input, op=op, async_op=async_op)
+
+
+def reduce_scatter(output, input_list, op="sum", group=None, async_op=False):
+    return _group(group).reduce_scatter(output, input_list, op=op, async_op=async_op)
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):
     return _group(group).all_to_all_single(output, input, output_split_sizes, input_split_sizes, async_op=async_op)
 
 
-def broadcast(tensor, src=0, group=None, async_op=False):
-    return _group(group).broadcast(tensor, src=src, async_op=async_op)
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
+    return _group(group).all_to_all(output_tensor_list, input_tensor_list, async_op=async_op)
 
 
-def reduce(tensor, dst=0, op="sum", group=None, async_op=False):
-    return _group(group).reduce(tensor, dst=dst, op=op, async_op=async_op)
+def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
+    return _group(group).broadcast(tensor, src=src, async_op=async_op, group_src=group_src)
 
 
-def gather(tensor, gather_list=None, dst=0, group=None, async_op=False):
-    return _group(group).gather(tensor, gather_list, dst=dst, async_op=async_op)
+def reduce(tensor, dst=None, op="sum", group=None, async_op=False, group_dst=None):
+    return _group(group).reduce(tensor, dst=dst, op=op, async_op=async_op, group_dst=group_dst)
 
 
-def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False):
-    return _group(group).scatter(tensor, scatter_list, src=src, async_op=async_op)
+def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None):
+    return _group(group).gather(tensor, gather_list, dst=dst, async_op=async_op, group_dst=group_dst)
+
+
+def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None):
+    return _group(group).scatter(tensor, scatter_list, src=src, async_op=async_op, group_src=group_src)
+
+
+def barrier(group=None, async_op=False):
+    return _group(group).barrier(async_op=async_op)
 
 
 class TorchCollective:

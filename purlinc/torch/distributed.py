@@ -16,6 +16,8 @@ happens on the first real call.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from purlinc.runtime.errors import ArgumentError
@@ -44,12 +46,21 @@ def _compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
-class Work:
-    """What ``async_op=True`` returns, as torch.distributed's Work: ``wait()`` makes the
+try:  # torch.distributed's Work, so a Work of ours is one wherever torch expects one (a backend's returns)
+    from torch._C._distributed_c10d import Work as _C10dWork
+except ImportError:  # a torch built without distributed support
+    _C10dWork = object
+
+
+class Work(_C10dWork):
+    """What ``async_op=True`` returns, a ``torch.distributed.Work``: ``wait()`` makes the
     caller's current stream wait for the collective (the host does not block);
-    ``is_completed()`` asks without waiting; ``synchronize()`` blocks the host."""
+    ``is_completed()`` asks without waiting; ``synchronize()`` blocks the host;
+    ``get_future()`` is a ``torch.futures.Future`` of the output tensors, completed (CUDA-aware,
+    on the current stream) once the collective is."""
 
     def __init__(self, event=None, device=None, result=None):
+        super().__init__()
         self._event, self._device, self._result = event, device, result or []
 
     def wait(self, timeout=None) -> bool:
@@ -60,12 +71,24 @@ class Work:
     def is_completed(self) -> bool:
         return self._event is None or self._event.query()
 
+    def is_success(self) -> bool:
+        return self.is_completed()
+
     def synchronize(self) -> None:
         if self._event is not None:
             self._event.synchronize()
 
     def result(self) -> list:
         return list(self._result)
+
+    def get_future(self) -> torch.futures.Future:
+        if self._event is None:
+            future = torch.futures.Future()
+        else:  # a CUDA future: set_result records the current stream, which now waits for the collective
+            future = torch.futures.Future(devices=[self._device])
+            self.wait()
+        future.set_result(list(self._result))
+        return future
 
 
 # Inside a compiled graph a call is already ordered on the current stream: its Work is done.
@@ -75,13 +98,21 @@ _DONE = Work()
 class Group:
     """torch.distributed-shaped calls on one Purlin communicator (one rank's view).
 
-    ``load_options`` go to ``purlinc.load`` (``algorithm=``, ``atom=``, ...; none: the tuned
-    default).  ``loader(source, params)`` replaces ``purlinc.load`` (tests use a CPU stand-in).
+    ``ranks`` are the global ranks of the group's members in group-rank order (a process
+    group's, see :mod:`purlinc.torch.groups`; default: the communicator's ranks): ``src=`` and
+    ``dst=`` name global ranks, as in torch.distributed, and ``group_src=`` / ``group_dst=``
+    ranks of the group.  ``load_options`` go to ``purlinc.load`` (``algorithm=``, ``atom=``, ...;
+    none: the tuned default).  ``loader(source, params)`` replaces ``purlinc.load`` (tests use a
+    CPU stand-in).
     """
 
-    def __init__(self, comm, *, loader=None, device=None, **load_options):
+    def __init__(self, comm, *, ranks=None, loader=None, device=None, **load_options):
         self.comm = comm
         self.rank, self.world_size = comm.rank, comm.world_size
+        self.ranks = list(range(self.world_size)) if ranks is None else [int(r) for r in ranks]
+        if len(self.ranks) != self.world_size:
+            raise ArgumentError(f"Group: ranks={self.ranks} names {len(self.ranks)} ranks, expected "
+                                f"{self.world_size} (the communicator's world size)")
         self.device = _torch_device(comm.device if device is None else device)
         if loader is None:
             import purlinc
@@ -98,9 +129,10 @@ class Group:
         for kind in SOURCES:
             for root in (range(self.world_size) if kind in ROOTED else (0,)):
                 self._handles[(kind, root)] = self.entry(kind, root).handle
+        _link_inverses(self)
 
     def __repr__(self) -> str:
-        return f"purlinc.torch.Group(rank {self.rank} of {self.world_size}, {self.device})"
+        return f"purlinc.torch.Group(rank {self.rank} of {self.world_size}, {self.device}, global ranks {self.ranks})"
 
     # ------------------------------------------------------------------------------- entries
     def entry(self, kind: str, root: int = 0) -> Entry:
@@ -120,10 +152,21 @@ class Group:
     def _handle(self, kind: str, root: int = 0) -> int:
         return self._handles[(kind, root)]
 
-    def _root(self, where: str, label: str, root: int) -> int:
-        if not isinstance(root, int) or not 0 <= root < self.world_size:
-            raise ArgumentError(f"{where}: {label}={root!r}, expected a rank in [0, {self.world_size})")
-        return root
+    def _root(self, where: str, label: str, root, group_root=None) -> int:
+        """The group rank of a root given as a global rank (``src``/``dst``) or a group rank
+        (``group_src``/``group_dst``); group rank 0 when neither is given."""
+        if root is not None and group_root is not None:
+            raise ArgumentError(f"{where}: {label}={root!r} and group_{label}={group_root!r}; expected one of them")
+        if group_root is None:
+            if root is None:
+                return 0
+            if root not in self.ranks:
+                raise ArgumentError(f"{where}: {label}={root!r} is not a rank of this group; expected one of its "
+                                    f"global ranks {self.ranks}", notes=(f"group_{label}= takes a rank within the group",))
+            return self.ranks.index(root)
+        if not isinstance(group_root, int) or not 0 <= group_root < self.world_size:
+            raise ArgumentError(f"{where}: group_{label}={group_root!r}, expected a rank in [0, {self.world_size})")
+        return group_root
 
     def close(self) -> None:
         for e in self._entries.values():
@@ -160,35 +203,29 @@ class Group:
                 raise ArgumentError(f"{where}: {label} must be a torch.Tensor, got {type(t).__name__}")
             _ops.check_tensor(where, label, t, e, op)
 
-    # ------------------------------------------------------------------------------- calls
+    @staticmethod
+    def _bytes(where, named):
+        """Copy collectives: each tensor as itself, or as a view of its bytes (ops.carrier)."""
+        return [_ops.carrier(where, label, t, reduce=False) for label, t in named]
+
+    # ------------------------------------------------------------------------------- reductions
     def all_reduce(self, tensor, op="sum", async_op=False):
         op = _ops.normalize_op(op, "all_reduce")
         handle = self._handle("allreduce")
+        n = tensor.numel()
+        if n % self.world_size:  # the spec splits x into R chunks: pad to a multiple of R, as torch takes any size
+            padded = tensor.new_zeros(-(-n // self.world_size) * self.world_size)
+            padded[:n].copy_(tensor.reshape(-1))
+            return self._then(lambda: self.all_reduce(padded, op), lambda: tensor.copy_(padded[:n].view(tensor.shape)),
+                              [tensor, padded], async_op, [tensor])
         if _compiling():
             tensor.copy_(torch.ops.purlin.allreduce_seq(tensor, self._seq, handle, op, -1).view(tensor.shape))
             return _DONE if async_op else None
         e = entry(handle)
+        _ops.carrier("all_reduce", "tensor", tensor, reduce=True)
         self._check("all_reduce", e, [("tensor", tensor)], op)
         body = _ops.define("allreduce").eager_inplace
         return self._issue(lambda: body(tensor, handle, op), [tensor], async_op, [tensor])
-
-    def all_gather_into_tensor(self, output_tensor, input_tensor, async_op=False):
-        handle = self._handle("allgather")
-        if _compiling():
-            output_tensor.copy_(torch.ops.purlin.allgather_seq(input_tensor, self._seq, handle, "sum", -1).view(output_tensor.shape))
-            return _DONE if async_op else None
-        e = entry(handle)
-        where = "all_gather_into_tensor"
-        self._check(where, e, [("input_tensor", input_tensor), ("output_tensor", output_tensor)])
-        self._same_dtype(where, output_tensor, input_tensor, "output_tensor", "input_tensor")
-        if output_tensor.numel() != self.world_size * input_tensor.numel():
-            raise ArgumentError(
-                f"{where}: output_tensor has {output_tensor.numel()} elements (shape {tuple(output_tensor.shape)}), "
-                f"expected {self.world_size * input_tensor.numel()} ({self.world_size} ranks x the "
-                f"{input_tensor.numel()} of input_tensor)")
-        body = _ops.define("allgather").eager_out
-        return self._issue(lambda: body(input_tensor, output_tensor, handle, "sum"),
-                           [input_tensor, output_tensor], async_op, [output_tensor])
 
     def reduce_scatter_tensor(self, output, input, op="sum", async_op=False):
         op = _ops.normalize_op(op, "reduce_scatter_tensor")
@@ -198,6 +235,7 @@ class Group:
             return _DONE if async_op else None
         e = entry(handle)
         where = "reduce_scatter_tensor"
+        _ops.carrier(where, "input", input, reduce=True)
         self._check(where, e, [("input", input), ("output", output)], op)
         self._same_dtype(where, output, input, "output", "input")
         if input.numel() != self.world_size * output.numel():
@@ -207,23 +245,75 @@ class Group:
         body = _ops.define("reduce_scatter").eager_out
         return self._issue(lambda: body(input, output, handle, op), [input, output], async_op, [output])
 
-    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False):
-        where = "all_to_all_single"
-        for label, splits, t in (("output_split_sizes", output_split_sizes, output),
-                                 ("input_split_sizes", input_split_sizes, input)):
-            if splits is not None and len(splits) and (
-                    len(splits) != self.world_size or any(int(s) * self.world_size != t.shape[0] for s in splits)):
-                raise ArgumentError(
-                    f"{where}: {label}={list(splits)}, expected {self.world_size} equal splits of dim 0 "
-                    f"({t.shape[0] // self.world_size if t.dim() else 0} each)",
-                    notes=("uneven all-to-all is not a Purlin collective yet: write it as a .pln with explicit "
-                           "chunk sizes, or pad",))
-        handle = self._handle("alltoall")
+    def reduce(self, tensor, dst=None, op="sum", async_op=False, *, group_dst=None):
+        dst = self._root("reduce", "dst", dst, group_dst)
+        op = _ops.normalize_op(op, "reduce")
+        handle = self._handle("reduce", dst)
         if _compiling():
-            output.copy_(torch.ops.purlin.alltoall_seq(input, self._seq, handle, "sum", -1).view(output.shape))
+            y = torch.ops.purlin.reduce_seq(tensor, self._seq, handle, op, -1)
+            if self.rank == dst:  # elsewhere y is empty and tensor keeps its value
+                tensor.copy_(y.view(tensor.shape))
+            return _DONE if async_op else None
+        _ops.carrier("reduce", "tensor", tensor, reduce=True)
+        self._check("reduce", entry(handle), [("tensor", tensor)], op)
+        body = _ops.define("reduce").eager_inplace
+        return self._issue(lambda: body(tensor, handle, op), [tensor], async_op, [tensor])
+
+    def reduce_scatter(self, output, input_list, op="sum", async_op=False):
+        """``input_list[j]`` (one tensor per rank, each like ``output``) reduced over the ranks into rank j's ``output``."""
+        self._list_like("reduce_scatter", "input_list", input_list, output)
+        return self.reduce_scatter_tensor(output, torch.cat([t.reshape(-1) for t in input_list]).view(-1), op, async_op)
+
+    def barrier(self, async_op=False):
+        """Every rank has reached it: a tiny all-reduce; on a GPU the host then waits for it."""
+        token = torch.zeros(self.world_size, dtype=torch.int32, device=self.device)
+        work = self.all_reduce(token, async_op=async_op)
+        if work is None and self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        return work
+
+    # ------------------------------------------------------------------------------- copies
+    def all_gather_into_tensor(self, output_tensor, input_tensor, async_op=False):
+        where = "all_gather_into_tensor"
+        handle = self._handle("allgather")
+        output, input = self._bytes(where, [("output_tensor", output_tensor), ("input_tensor", input_tensor)])
+        if _compiling():
+            output.copy_(torch.ops.purlin.allgather_seq(input, self._seq, handle, "sum", -1).view(output.shape))
             return _DONE if async_op else None
         e = entry(handle)
-        self._check(where, e, [("input", input), ("output", output)])
+        self._check(where, e, [("input_tensor", input), ("output_tensor", output)])
+        self._same_dtype(where, output_tensor, input_tensor, "output_tensor", "input_tensor")
+        if output_tensor.numel() != self.world_size * input_tensor.numel():
+            raise ArgumentError(
+                f"{where}: output_tensor has {output_tensor.numel()} elements (shape {tuple(output_tensor.shape)}), "
+                f"expected {self.world_size * input_tensor.numel()} ({self.world_size} ranks x the "
+                f"{input_tensor.numel()} of input_tensor)")
+        body = _ops.define("allgather").eager_out
+        return self._issue(lambda: body(input, output, handle, "sum"),
+                           [input, output], async_op, [output_tensor])
+
+    def all_gather(self, tensor_list, tensor, async_op=False):
+        """Rank j's ``tensor`` into ``tensor_list[j]`` on every rank."""
+        where = "all_gather"
+        self._list_like(where, "tensor_list", tensor_list, tensor)
+        flat = tensor.new_empty(self.world_size * tensor.numel())
+        src = tensor.contiguous()
+        return self._then(lambda: self.all_gather_into_tensor(flat, src), lambda: self._split_into(where, flat, tensor_list),
+                          [flat, src, *tensor_list], async_op, tensor_list)
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False):
+        """Slice j (along dim 0) of ``input`` to rank j; ``output`` holds every rank's slice for this rank.
+        Split sizes (rows of dim 0 per rank) may differ; equal slices when they are not given."""
+        where = "all_to_all_single"
+        splits = self._splits(where, output, input, output_split_sizes, input_split_sizes)
+        if splits is not None:
+            return self._all_to_all_uneven(where, output, input, *splits, async_op)
+        handle = self._handle("alltoall")
+        out, inp = self._bytes(where, [("output", output), ("input", input)])
+        if _compiling():
+            out.copy_(torch.ops.purlin.alltoall_seq(inp, self._seq, handle, "sum", -1).view(out.shape))
+            return _DONE if async_op else None
+        self._check(where, entry(handle), [("input", inp), ("output", out)])
         self._same_dtype(where, output, input, "output", "input")
         if output.numel() != input.numel():
             raise ArgumentError(f"{where}: output has {output.numel()} elements, expected {input.numel()} "
@@ -232,78 +322,170 @@ class Group:
             raise ArgumentError(f"{where}: input has {input.shape[0]} rows (dim 0), expected a multiple of "
                                 f"{self.world_size} (one equal slice per rank)")
         body = _ops.define("alltoall").eager_out
-        return self._issue(lambda: body(input, output, handle, "sum"), [input, output], async_op, [output])
+        return self._issue(lambda: body(inp, out, handle, "sum"), [inp, out], async_op, [output])
 
-    def broadcast(self, tensor, src=0, async_op=False):
-        src = self._root("broadcast", "src", src)
+    def all_to_all(self, output_tensor_list, input_tensor_list, async_op=False):
+        """``input_tensor_list[j]`` to rank j, into its ``output_tensor_list[i]`` (i: this rank); sizes may differ."""
+        where = "all_to_all"
+        for label, tensors in (("output_tensor_list", output_tensor_list), ("input_tensor_list", input_tensor_list)):
+            if tensors is None or len(tensors) != self.world_size:
+                raise ArgumentError(f"{where}: {label} holds {0 if tensors is None else len(tensors)} tensors, "
+                                    f"expected {self.world_size} (one per rank)")
+        dtypes = {t.dtype for t in (*output_tensor_list, *input_tensor_list)}
+        if len(dtypes) != 1:
+            raise ArgumentError(f"{where}: the tensors have dtypes {sorted(str(d) for d in dtypes)}, expected one")
+        flat_in = torch.cat([t.reshape(-1) for t in input_tensor_list])
+        flat_out = flat_in.new_empty(sum(t.numel() for t in output_tensor_list))
+        sizes = [t.numel() for t in output_tensor_list], [t.numel() for t in input_tensor_list]
+        return self._then(lambda: self.all_to_all_single(flat_out, flat_in, *sizes),
+                          lambda: self._split_into(where, flat_out, output_tensor_list),
+                          [flat_in, flat_out, *output_tensor_list], async_op, output_tensor_list)
+
+    def broadcast(self, tensor, src=None, async_op=False, *, group_src=None):
+        src = self._root("broadcast", "src", src, group_src)
         handle = self._handle("broadcast", src)
+        (t,) = self._bytes("broadcast", [("tensor", tensor)])
         if _compiling():
-            x = tensor if self.rank == src else tensor.new_empty(0)
-            tensor.copy_(torch.ops.purlin.broadcast_seq(x, self._seq, handle, "sum", tensor.numel()).view(tensor.shape))
+            x = t if self.rank == src else t.new_empty(0)
+            t.copy_(torch.ops.purlin.broadcast_seq(x, self._seq, handle, "sum", t.numel()).view(t.shape))
             return _DONE if async_op else None
-        self._check("broadcast", entry(handle), [("tensor", tensor)])
+        self._check("broadcast", entry(handle), [("tensor", t)])
         body = _ops.define("broadcast").eager_inplace
-        return self._issue(lambda: body(tensor, handle, "sum"), [tensor], async_op, [tensor])
+        return self._issue(lambda: body(t, handle, "sum"), [t], async_op, [tensor])
 
-    def reduce(self, tensor, dst=0, op="sum", async_op=False):
-        dst = self._root("reduce", "dst", dst)
-        op = _ops.normalize_op(op, "reduce")
-        handle = self._handle("reduce", dst)
-        if _compiling():
-            y = torch.ops.purlin.reduce_seq(tensor, self._seq, handle, op, -1)
-            if self.rank == dst:  # elsewhere y is empty and tensor keeps its value
-                tensor.copy_(y.view(tensor.shape))
-            return _DONE if async_op else None
-        self._check("reduce", entry(handle), [("tensor", tensor)], op)
-        body = _ops.define("reduce").eager_inplace
-        return self._issue(lambda: body(tensor, handle, op), [tensor], async_op, [tensor])
-
-    def gather(self, tensor, gather_list=None, dst=0, async_op=False):
+    def gather(self, tensor, gather_list=None, dst=None, async_op=False, *, group_dst=None):
         where = "gather"
-        dst = self._root(where, "dst", dst)
+        dst = self._root(where, "dst", dst, group_dst)
         self._lists(where, "gather_list", gather_list, tensor, self.rank == dst, "dst")
         handle = self._handle("gather", dst)
+        (x,) = self._bytes(where, [("tensor", tensor)])
         if _compiling():
-            y = torch.ops.purlin.gather_seq(tensor, self._seq, handle, "sum", -1)
+            y = torch.ops.purlin.gather_seq(x, self._seq, handle, "sum", -1)
             if self.rank == dst:
-                for i, g in enumerate(gather_list):
-                    g.copy_(y[i * tensor.numel():(i + 1) * tensor.numel()].view(g.shape))
+                self._split_into(where, y, gather_list)
             return _DONE if async_op else None
-        self._check(where, entry(handle), [("tensor", tensor)])
+        self._check(where, entry(handle), [("tensor", x)])
         body = _ops.define("gather").eager_out
-        out = tensor.new_empty(self.world_size * tensor.numel() if self.rank == dst else 0)
+        out = x.new_empty(self.world_size * x.numel() if self.rank == dst else 0)
 
         def run():
-            body(tensor, out, handle, "sum")
+            body(x, out, handle, "sum")
             if self.rank == dst:
-                n = tensor.numel()
-                for i, g in enumerate(gather_list):
-                    g.copy_(out[i * n:(i + 1) * n].view(g.shape))
-        return self._issue(run, [tensor, out, *(gather_list or [])], async_op, gather_list or [])
+                self._split_into(where, out, gather_list)
+        return self._issue(run, [x, out, *(gather_list or [])], async_op, gather_list or [])
 
-    def scatter(self, tensor, scatter_list=None, src=0, async_op=False):
+    def scatter(self, tensor, scatter_list=None, src=None, async_op=False, *, group_src=None):
         where = "scatter"
-        src = self._root(where, "src", src)
+        src = self._root(where, "src", src, group_src)
         self._lists(where, "scatter_list", scatter_list, tensor, self.rank == src, "src")
         handle = self._handle("scatter", src)
-        if _compiling():
-            x = torch.cat([s.reshape(-1) for s in scatter_list]) if self.rank == src else tensor.new_empty(0)
-            tensor.copy_(torch.ops.purlin.scatter_seq(x, self._seq, handle, "sum", tensor.numel()).view(tensor.shape))
-            return _DONE if async_op else None
-        self._check(where, entry(handle), [("tensor", tensor)])
-        body = _ops.define("scatter").eager_out
+        (t,) = self._bytes(where, [("tensor", tensor)])
 
-        def run():  # under async_op the concatenation is made on the side stream too
-            x = torch.cat([s.reshape(-1) for s in scatter_list]) if self.rank == src else tensor.new_empty(0)
-            body(x, tensor, handle, "sum")
-        return self._issue(run, [tensor, *(scatter_list or [])], async_op, [tensor])
+        def source():
+            if self.rank != src:
+                return t.new_empty(0)
+            return torch.cat([_ops.carrier(where, "scatter_list", s.contiguous(), reduce=False).reshape(-1)
+                              for s in scatter_list])
+        if _compiling():
+            t.copy_(torch.ops.purlin.scatter_seq(source(), self._seq, handle, "sum", t.numel()).view(t.shape))
+            return _DONE if async_op else None
+        self._check(where, entry(handle), [("tensor", t)])
+        body = _ops.define("scatter").eager_out
+        # under async_op the concatenation is made on the side stream too
+        return self._issue(lambda: body(source(), t, handle, "sum"), [t, *(scatter_list or [])], async_op, [tensor])
 
     # ------------------------------------------------------------------------------- helpers
+    def _run(self, body, tensors, async_op: bool, result):
+        """A call made of several steps (list forms, uneven all-to-all): in a compiled graph it is
+        traced in place; otherwise issued like one collective."""
+        if _compiling():
+            body()
+            return _DONE if async_op else None
+        return self._issue(body, tensors, async_op, result)
+
+    def _then(self, first, then, tensors, async_op, result):
+        def body():
+            first()
+            then()
+        return self._run(body, tensors, async_op, result)
+
+    @staticmethod
+    def _split_into(where, flat, tensors) -> None:
+        """Consecutive pieces of the 1-D ``flat`` into ``tensors`` (same dtype, any shape)."""
+        if flat.dtype != tensors[0].dtype:
+            flat = flat.view(tensors[0].dtype)  # a byte carrier back to the caller's dtype
+        offset = 0
+        for t in tensors:
+            t.copy_(flat[offset:offset + t.numel()].view(t.shape))
+            offset += t.numel()
+
+    def _splits(self, where, output, input, output_split_sizes, input_split_sizes):
+        """``None`` for equal slices of dim 0 (no sizes, or the equal ones), else both lists as ints."""
+        R = self.world_size
+        given = []
+        for label, sizes, t in (("output_split_sizes", output_split_sizes, output),
+                                ("input_split_sizes", input_split_sizes, input)):
+            rows = t.shape[0] if t.dim() else t.numel()
+            if sizes is None or not len(sizes):
+                if rows % R:
+                    raise ArgumentError(f"{where}: {label.split('_')[0]} has {rows} rows (dim 0) and no {label}; "
+                                        f"expected a multiple of {R} (one equal slice per rank)")
+                given.append([rows // R] * R)
+                continue
+            sizes = [int(s) for s in sizes]
+            if len(sizes) != R or min(sizes) < 0 or sum(sizes) != rows:
+                raise ArgumentError(f"{where}: {label}={sizes}, expected {R} sizes >= 0 summing to the {rows} "
+                                    f"rows (dim 0) of {label.split('_')[0]}")
+            given.append(sizes)
+        if all(len(set(s)) == 1 for s in given) and given[0] == given[1]:
+            return None
+        return given[0], given[1]
+
+    def _all_to_all_uneven(self, where, output, input, out_splits, in_splits, async_op):
+        """Uneven splits: the ranks first all-gather their split sizes (a Purlin all-gather, then a host
+        read: buffers are sized on the host), check them against ``output_split_sizes``, pad every
+        slice to the largest, run the equal all-to-all, and unpad."""
+        if _compiling():
+            raise ArgumentError(f"{where}: uneven split sizes under torch.compile; expected equal splits there",
+                                notes=("the sizes are agreed on the host first (a synchronisation a graph cannot "
+                                       "hold): call it outside the compiled region",))
+        row = math.prod(input.shape[1:]) if input.dim() else 1
+        if (math.prod(output.shape[1:]) if output.dim() else 1) != row or not output.is_contiguous():
+            raise ArgumentError(f"{where}: output has shape {tuple(output.shape)}, expected a contiguous tensor "
+                                f"whose rows (dim 0) hold {row} elements like input's")
+
+        def body():
+            table = self._split_table(in_splits)
+            incoming = [table[j][self.rank] for j in range(self.world_size)]
+            if incoming != out_splits:
+                raise ArgumentError(f"{where}: output_split_sizes={out_splits} on rank {self.ranks[self.rank]}, "
+                                    f"expected {incoming} (what the other ranks send it)")
+            _padded_all_to_all(self, input, output, table, row)
+        return self._run(body, [input, output], async_op, [output])
+
+    def _split_table(self, in_splits) -> list[list[int]]:
+        """Every rank's input split sizes, by rank: an all-gather of R int32 per rank."""
+        mine = torch.tensor(in_splits, dtype=torch.int32, device=self.device)
+        table = mine.new_empty(self.world_size * self.world_size)
+        self.all_gather_into_tensor(table, mine)
+        return table.view(self.world_size, self.world_size).tolist()
+
     @staticmethod
     def _same_dtype(where, a, b, la, lb):
         if a.dtype != b.dtype:
             raise ArgumentError(f"{where}: {la} has dtype {str(a.dtype).removeprefix('torch.')}, expected "
                                 f"{str(b.dtype).removeprefix('torch.')} (the dtype of {lb})")
+
+    def _list_like(self, where, label, tensors, tensor):
+        if tensors is None or len(tensors) != self.world_size:
+            got = "None" if tensors is None else f"{len(tensors)} tensors"
+            raise ArgumentError(f"{where}: {label} must hold {self.world_size} tensors (one per rank), got {got}")
+        for i, t in enumerate(tensors):
+            if t.numel() != tensor.numel() or t.dtype != tensor.dtype or t.device != tensor.device:
+                raise ArgumentError(
+                    f"{where}: {label}[{i}] is {str(t.dtype).removeprefix('torch.')} x {t.numel()} on {t.device}, "
+                    f"expected {str(tensor.dtype).removeprefix('torch.')} x {tensor.numel()} on {tensor.device} "
+                    f"(like tensor)")
 
     def _lists(self, where, label, tensors, tensor, is_root, root_label):
         if not is_root:
@@ -315,9 +497,38 @@ class Group:
             got = "None" if tensors is None else f"{len(tensors)} tensors"
             raise ArgumentError(f"{where}: {label} on the {root_label} rank must hold {self.world_size} tensors "
                                 f"(one per rank), got {got}")
-        for i, t in enumerate(tensors):
-            if t.numel() != tensor.numel() or t.dtype != tensor.dtype or t.device != tensor.device:
-                raise ArgumentError(
-                    f"{where}: {label}[{i}] is {str(t.dtype).removeprefix('torch.')} x {t.numel()} on {t.device}, "
-                    f"expected {str(tensor.dtype).removeprefix('torch.')} x {tensor.numel()} on {tensor.device} "
-                    f"(like tensor)")
+        self._list_like(where, label, tensors, tensor)
+
+
+def _padded_all_to_all(group: Group, input, output, table, row: int) -> None:
+    """The uneven all-to-all as an equal one: slice j of every rank padded to the largest slice."""
+    R, r = group.world_size, group.rank
+    largest = max(max(sizes) for sizes in table)
+    if not largest:
+        return
+    padded = input.new_zeros(R, largest, row)
+    flat_in = input.reshape(-1, row) if input.numel() else input.new_empty(0, row)
+    offset = 0
+    for j, n in enumerate(table[r]):
+        padded[j, :n] = flat_in[offset:offset + n]
+        offset += n
+    received = torch.empty_like(padded)
+    group.all_to_all_single(received.view(R * largest, row), padded.view(R * largest, row))
+    rows = output.view(-1, row)
+    offset = 0
+    for j in range(R):
+        n = table[j][r]
+        rows[offset:offset + n] = received[j, :n]
+        offset += n
+
+
+# The collective whose call is each one's derivative (torch.distributed.nn.functional's pairs):
+# an all-reduce's gradient is all-reduced, all-gather and reduce-scatter are each other's, an
+# equal all-to-all is its own inverse.
+INVERSES = {"allreduce": "allreduce", "allgather": "reduce_scatter", "reduce_scatter": "allgather",
+            "alltoall": "alltoall"}
+
+
+def _link_inverses(group: Group) -> None:
+    for kind, inverse in INVERSES.items():
+        group.entry(kind).inverse = group._handle(inverse)

@@ -10,9 +10,9 @@ from purlinc.torch import ops as _ops
 
 
 def _group(group):
-    from purlinc.torch import default_group
+    from purlinc.torch import group_of
 
-    return group if group is not None else default_group()
+    return group_of(group)
 
 
 def _call(group, kind: str, x, op: str):
@@ -25,7 +25,12 @@ def _call(group, kind: str, x, op: str):
 def all_reduce(x, op="sum", group=None):
     """The reduction of every rank's ``x``, shaped like ``x``."""
     group = _group(group)
-    return _call(group, "allreduce", x, _ops.normalize_op(op, "all_reduce")).view(x.shape)
+    op = _ops.normalize_op(op, "all_reduce")
+    n, R = x.numel(), group.world_size
+    if n % R:  # the spec splits x into R chunks: pad to a multiple of R (torch takes any size)
+        padded = torch.cat([x.reshape(-1), x.new_zeros(R - n % R)])
+        return _call(group, "allreduce", padded, op)[:n].view(x.shape)
+    return _call(group, "allreduce", x, op).view(x.shape)
 
 
 def all_gather_tensor(x, gather_dim: int = 0, group=None):

@@ -62,13 +62,73 @@ def dtype_of(t) -> DType | None:
     return _torch_dtype_map().get(t.dtype)
 
 
+# torch.distributed.ReduceOp members Purlin does not take, and why (a clear refusal, not "unknown op")
+_REFUSED_OPS = {
+    "band": "bitwise reductions are not Purlin reductions", "bor": "bitwise reductions are not Purlin reductions",
+    "bxor": "bitwise reductions are not Purlin reductions",
+    "premul_sum": "scale the tensor first (t.mul_(factor)), then reduce with op='sum'",
+}
+
+
 def normalize_op(op, where: str) -> str:
-    """``op`` as a lower-case name: strings, torch.distributed.ReduceOp members, Purlin's ReduceOp."""
+    """``op`` as a lower-case name: strings, ``torch.distributed.ReduceOp`` members (``SUM``,
+    ``AVG``, ``PRODUCT``, ``MIN``, ``MAX``) and ReduceOp objects, Purlin's ReduceOp."""
+    inner = getattr(op, "op", None)  # a torch.distributed.ReduceOp object (what a backend's options carry)
+    if inner is not None and not isinstance(op, str):
+        op = inner
     name = getattr(op, "name", None) or getattr(op, "value", None) or op
-    name = str(name).lower().removeprefix("redoptype.")
+    name = str(name).lower().removeprefix("redoptype.").removeprefix("reduceop.")
+    name = "prod" if name == "product" else name
+    if name in _REFUSED_OPS:
+        raise ArgumentError(f"{where}: op={name.upper()} is not supported; expected one of "
+                            f"{', '.join(REDUCE_OPS)}", notes=(_REFUSED_OPS[name],))
     if name not in REDUCE_OPS:
         raise ArgumentError(f"{where}: op={op!r} is not supported; expected one of {', '.join(REDUCE_OPS)}")
     return name
+
+
+def _names(records) -> str:
+    return ", ".join(r.name for r in records)
+
+
+def supported_dtypes(*, reducible: bool = False) -> str:
+    """The dtype registry's names (those this torch has), for messages."""
+    from purlinc.dtypes import DTYPES
+
+    return _names(r for r in DTYPES.records() if (r.reducible or not reducible) and hasattr(torch, r.torch_name))
+
+
+def carrier(where: str, label: str, t, *, reduce: bool):
+    """``t`` itself when Purlin has its dtype; for a copy, a flat view of its bytes as the widest
+    registered dtype whose size divides its element size (int64 as int32 pairs, bool as bytes,
+    complex64 as int32 pairs): a copy moves bytes, so any fixed-size dtype travels.  Reductions
+    need the dtype itself."""
+    if dtype_of(t) is not None or not isinstance(t, torch.Tensor):
+        return t
+    name = str(t.dtype).removeprefix("torch.")
+    if reduce:
+        raise ArgumentError(f"{where}: {label} has dtype {name}, which Purlin cannot reduce; expected one of "
+                            f"{supported_dtypes(reducible=True)}",
+                            notes=("copy collectives (all_gather, all_to_all, broadcast, gather, scatter) take "
+                                   "every fixed-size dtype",))
+    if not t.is_contiguous():
+        raise ArgumentError(f"{where}: {label} is not contiguous (shape {tuple(t.shape)}, strides "
+                            f"{tuple(t.stride())})", notes=("pass .contiguous() (a copy)",))
+    width = _carrier_width(t.element_size())
+    if width is None:
+        raise ArgumentError(f"{where}: {label} has dtype {name} ({t.element_size()} bytes), which no Purlin dtype "
+                            f"divides; expected one of {supported_dtypes()}")
+    return t.reshape(-1).view(width)
+
+
+def _carrier_width(itemsize: int):
+    from purlinc.dtypes import DTYPES
+
+    fits = [r for r in DTYPES.records() if itemsize % r.itemsize == 0 and hasattr(torch, r.torch_name)]
+    if not fits:
+        return None
+    best = max(fits, key=lambda r: (r.itemsize, not r.is_float))  # integers first: no float semantics to doubt
+    return getattr(torch, best.torch_name)
 
 
 def check_tensor(where: str, label: str, t, e: Entry, op: str | None = None) -> None:
@@ -82,11 +142,12 @@ def check_tensor(where: str, label: str, t, e: Entry, op: str | None = None) -> 
     dtype = dtype_of(t)
     if dtype is None:
         raise ArgumentError(f"{where}: {label} has dtype {str(t.dtype).removeprefix('torch.')}, which Purlin does "
-                            f"not support; expected float32, float16, bfloat16, int32, or float8 (copies only)")
+                            f"not support; expected one of {supported_dtypes()} (the torch.distributed-shaped "
+                            f"calls carry other fixed-size dtypes' bytes in copies)")
     if e.is_reduce and t.numel():
         if not dtype.reducible:
             raise ArgumentError(f"{where}: {label} has dtype {dtype.value}, which cannot be reduced; expected "
-                                f"float32, float16, bfloat16 or int32")
+                                f"one of {supported_dtypes(reducible=True)}")
         if op == "avg" and not dtype.is_float:
             raise ArgumentError(f"{where}: op='avg' needs a floating dtype, {label} has {dtype.value}",
                                 notes=("use op='sum' and divide (integer averages would truncate)",))

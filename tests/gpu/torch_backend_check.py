@@ -1,0 +1,92 @@
+"""Run under ``torchrun --nproc_per_node=N`` (N = 1 on a one-GPU machine): the ``purlin``
+torch.distributed backend on real GPUs, and purlinc.torch on a process group of another backend.
+
+1. ``dist.init_process_group("cuda:purlin,cpu:gloo")``: the unmodified torch.distributed calls of
+   tests/torch_backend_worker.py (every collective, the list forms, async Work, get_future,
+   barrier) on CUDA tensors through Purlin's real communicator and kernels, each result checked
+   against values computed from the ranks; then what goes underneath: an int64 sum and a BXOR
+   to NCCL, a CPU tensor to gloo, each checked, each hand-over logged once.
+2. A ``cuda:nccl,cpu:gloo`` group made with ``new_group`` (every rank): ``pt.all_reduce``,
+   ``pt.all_gather_into_tensor`` and the functional all-reduce with ``group=`` that process group
+   (its Purlin communicator made over the group's own store), against NCCL's answer on the same data.
+Prints "torch backend check: passed" on every rank; exits non-zero otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: the CPU test's calls
+import torch_backend_worker as calls  # noqa: E402
+
+import purlinc.torch as pt  # noqa: E402
+from purlinc.torch import backend  # noqa: E402
+
+
+def fallbacks(rank, R, device, said):
+    t = torch.tensor([2**40 + rank], device=device)
+    dist.all_reduce(t)
+    calls.expect(t, torch.tensor([sum(2**40 + r for r in range(R))], device=device), "int64 sum (NCCL)")
+    t = torch.tensor([rank + 1], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.BXOR)
+    want = 0
+    for r in range(R):
+        want ^= r + 1
+    calls.expect(t, torch.tensor([want], dtype=torch.int32, device=device), "BXOR (NCCL)")
+    c = torch.full((4,), float(rank + 1))
+    dist.all_reduce(c)
+    calls.expect(c, torch.full((4,), float(R * (R + 1) // 2)), "CPU tensor (gloo)")
+    text = [m for m in said if "goes to" in m]
+    assert any("goes to nccl" in m for m in text) and any("goes to gloo" in m for m in text), text
+
+
+def other_backend(rank, R, device):
+    nccl = dist.new_group(list(range(R)), backend="cuda:nccl,cpu:gloo")
+    g = torch.Generator(device=device).manual_seed(1234 + rank)
+    x = torch.randn(4096, device=device, generator=g).to(torch.bfloat16)
+    mine, theirs = x.clone(), x.clone()
+    pt.all_reduce(mine, group=nccl)
+    dist.all_reduce(theirs, group=nccl)
+    torch.testing.assert_close(mine.float(), theirs.float(), rtol=1e-2, atol=1e-2)
+    out, ref = torch.empty(R * 4096, device=device, dtype=x.dtype), torch.empty(R * 4096, device=device, dtype=x.dtype)
+    pt.all_gather_into_tensor(out, x, group=nccl)
+    dist.all_gather_into_tensor(ref, x, group=nccl)
+    assert torch.equal(out, ref), "all_gather_into_tensor on an NCCL group"
+    y = pt.functional.all_reduce(x.float(), group=nccl)
+    ref = x.float().clone()
+    dist.all_reduce(ref, group=nccl)
+    torch.testing.assert_close(y, ref)
+    assert pt.group_of(nccl) is pt.group_of(nccl)
+
+
+def main() -> None:
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    logging.getLogger("purlin").addHandler(handler)
+    logging.getLogger("purlin").setLevel(logging.INFO)
+    dist.init_process_group("cuda:purlin,cpu:gloo")
+    assert isinstance(dist.group.WORLD, backend.PurlinProcessGroup), type(dist.group.WORLD)
+    rank, R = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", local)
+    calls.DEVICE = device
+    calls.purlin_calls(rank, R)
+    torch.cuda.synchronize()
+    fallbacks(rank, R, device, said)
+    other_backend(rank, R, device)
+    torch.cuda.synchronize()
+    dist.barrier()
+    print(f"rank {rank}: torch backend check: passed", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

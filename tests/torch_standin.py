@@ -1,0 +1,80 @@
+"""A CPU stand-in for a Purlin communicator and its kernels, across real processes.
+
+The stand-in keeps every part of the torch integration real except the GPU: the process group's
+store, the key space ``purlinc.runtime.torchstore`` picks for the group, and the host exchange
+(``rendezvous.Exchange``) a communicator would use.  A collective call sends this rank's input
+bytes through that exchange and computes its output with the spec's NumPy evaluator.  Every
+payload also carries the sender's global rank and the group it believes it is in, and every
+receiver checks that exactly its own group's members answered, in group-rank order: a call that
+ever met a rank of another group fails at once, naming both.
+
+Used by tests/test_torch_groups.py and tests/test_torch_backend.py (their worker processes import it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from purlinc.frontend.check import check
+from purlinc.frontend.evaluate import evaluate
+from purlinc.frontend.parse import parse
+from purlinc.runtime.interop import _torch_dtype_map
+from purlinc.runtime.rendezvous import Exchange
+from purlinc.runtime.torchstore import store_for
+
+CALLS: list[tuple] = []  # (collective name, global ranks) of every stand-in call this process made
+
+
+class FakeComm:
+    def __init__(self, rank, world_size, exchange, ranks, device="cpu"):
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.exchange, self.ranks = exchange, list(ranks)
+
+    def allgather(self, obj):
+        return self.exchange(obj)
+
+
+class ExchangeStandIn:
+    """One rank's collective: its bytes through the group's exchange, its output from the evaluator."""
+
+    def __init__(self, source, params, comm: FakeComm):
+        self.spec = check(parse(source), comm.world_size, params)
+        self.comm = comm
+        self.warmed = set()
+
+    def is_warm(self, dtype, op, count):
+        return True
+
+    def close(self):
+        pass
+
+    def __call__(self, x=None, out=None, op="sum"):
+        spec, comm, r = self.spec, self.comm, self.comm.rank
+        ins, outs = len(spec.inputs[r]), len(spec.outputs[r])
+        probe = x if x is not None else out
+        dtype = _torch_dtype_map()[probe.dtype]
+        count = x.numel() // ins if ins else out.numel() // outs
+        me = comm.ranks[r]
+        data = x.reshape(-1).view(torch.uint8).numpy().tobytes() if x is not None else b""
+        got = comm.exchange((me, tuple(comm.ranks), spec.name, count, data))
+        senders = [g[0] for g in got]
+        if senders != comm.ranks or any(g[1] != tuple(comm.ranks) for g in got):
+            raise AssertionError(f"rank {me} in group {comm.ranks} exchanged with {[(g[0], g[1]) for g in got]}")
+        if {(g[2], g[3]) for g in got} != {(spec.name, count)}:
+            raise AssertionError(f"rank {me}: the group's ranks call different collectives: {[g[2:4] for g in got]}")
+        CALLS.append((spec.name, tuple(comm.ranks)))
+        slots = [np.frombuffer(g[4], dtype.storage) for g in got]
+        result = evaluate(spec, slots, count, dtype, op if spec.is_reduce else None)[r]
+        if out is not None:
+            bits = torch.from_numpy(np.ascontiguousarray(result).view(np.uint8).copy())
+            out.copy_(bits.view(out.dtype).view(out.shape))
+        return out
+
+
+def factory(pg, ranks):
+    """``purlinc.torch.groups.factory``'s stand-in: a fake communicator over the group's own key space."""
+    rank = dist.get_rank(pg)
+    comm = FakeComm(rank, len(ranks), Exchange(store_for(pg, timeout=60), rank, len(ranks)), ranks)
+    return comm, lambda source, params: ExchangeStandIn(source, params, comm)
