@@ -78,8 +78,11 @@ def test_operand_errors_name_the_operand():
         x = [torch.randn(HIDDEN, device=f"cuda:{DEVICE}").to(torch.bfloat16) for _ in range(2)]
         res = [torch.zeros(HIDDEN, device=f"cuda:{DEVICE}", dtype=torch.bfloat16) for _ in range(2)]
         bad = [torch.ones(HIDDEN, device=f"cuda:{DEVICE}", dtype=torch.float32) for _ in range(2)]
+        streams = [torch.cuda.Stream(device=DEVICE) for _ in range(2)]
         with pytest.raises(ArgumentError, match="operand 'weight': expected dtype bfloat16, got float32"):
-            coll(x, residual=res, weight=bad, eps=1e-6)
+            coll(x, streams=streams, residual=res, weight=bad, eps=1e-6)
+        with pytest.raises(ArgumentError, match="missing operand 'eps'"):
+            coll(x, streams=streams, residual=res, weight=[w.to(torch.bfloat16) for w in bad])
     finally:
         group.close()
 
