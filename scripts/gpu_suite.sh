@@ -6,6 +6,11 @@
 #   precompile        every kernel the tests use, parallel NVRTC
 #   loopback          ranks sharing one GPU (R=2 and R=4 on cuda:0): slices, zero-copy, graphs;
 #                     the one step a one-GPU machine runs (PURLIN_STEPS=loopback)
+#   loopback_scale    node scale on one GPU: every example and many-unit spec at R = 2, 3, 4, 5, 8
+#                     (16 for two), plain loads across buckets, pinned options, dtypes x ops, graphs,
+#                     hierarchical intra-node phases, the R=8 first call, the residency refusal; its
+#                     kernels compiled in parallel first within PURLIN_SCALE_COMPILE_S (240), the cases
+#                     run within PURLIN_SCALE_RUN_S (300); summary in loopback_scale.{json,md}
 #   epilogue          fused all-reduce + add + RMSNorm (and its fp8 variant), loopback R=2..8,
 #                     against torch's unfused reference (one GPU)
 #   local             LocalGroup tests, ldst and tma atoms
@@ -28,7 +33,7 @@ mkdir -p "$OUT"
 export OUT PURLIN_RESULTS="$OUT" PURLIN_CACHE_DIR=${PURLIN_CACHE_DIR:-/tmp/purlin_cache}
 export PURLIN_WAIT_TIMEOUT_S=${PURLIN_WAIT_TIMEOUT_S:-5} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
-STEPS=${PURLIN_STEPS:-"precompile loopback epilogue local local_ce trace torchrun zerocopy zerocopy_torchrun faults torch torch_backend hier"}
+STEPS=${PURLIN_STEPS:-"precompile loopback loopback_scale epilogue local local_ce trace torchrun zerocopy zerocopy_torchrun faults torch torch_backend hier"}
 T0=$(date +%s)
 # Run from the source tree: grammar/ and templates/ ship as purlinc.grammar / purlinc.templates
 # in a wheel (pyproject's package-dir); link them in for the run, and remove the links after.
@@ -61,6 +66,10 @@ step precompile 120 python3 tests/gpu/_common.py precompile
 wanted loopback && STEPS="$STEPS loopback_precompile"  # the loopback step's kernels, first
 step loopback_precompile 90 python3 tests/gpu/_common.py precompile loopback
 pytest_step loopback 300 tests/gpu/test_loopback.py
+export PURLIN_SCALE_COMPILE_S=${PURLIN_SCALE_COMPILE_S:-240} PURLIN_SCALE_RUN_S=${PURLIN_SCALE_RUN_S:-300}
+wanted loopback_scale && STEPS="$STEPS loopback_scale_precompile"
+step loopback_scale_precompile $(( PURLIN_SCALE_COMPILE_S + 30 )) python3 tests/gpu/scale.py precompile
+pytest_step loopback_scale $(( PURLIN_SCALE_RUN_S + 150 )) tests/gpu/test_loopback_scale.py
 pytest_step epilogue 560 tests/gpu/test_epilogue.py  # fused all-reduce + add + RMSNorm, loopback R=2..8
 PURLIN_TEST_ATOMS=ldst,tma pytest_step local 170 tests/gpu/test_local.py
 PURLIN_TEST_ATOMS=ce pytest_step local_ce 70 tests/gpu/test_local.py \

@@ -108,6 +108,9 @@ class _FakeRank:
     def prime(self, shape):
         self.events.append(("prime", self.rank))
 
+    def blocks(self, shape):  # no kernel to place (residency is tested in test_residency_cpu.py)
+        return None
+
     def launch(self, shape, stream):
         self.launched = True
         self.events.append(("launch", self.rank))

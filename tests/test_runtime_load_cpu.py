@@ -83,6 +83,11 @@ def fake(monkeypatch, tmp_path):
     monkeypatch.setattr(driver, "stream_create", record("stream_create", object))
     monkeypatch.setattr(driver, "event_create", record("event_create", object))
     monkeypatch.setattr(driver, "arch_of", lambda device: "sm_90")
+    monkeypatch.setattr(driver, "local_bytes", lambda function: 0, raising=False)
+    monkeypatch.setattr(driver, "stack_limit", lambda: 1024, raising=False)
+    monkeypatch.setattr(driver, "set_stack_limit", record("set_stack_limit"), raising=False)
+    monkeypatch.setattr(driver, "blocks_per_sm", lambda function, threads, shared: 8, raising=False)
+    monkeypatch.setattr(driver, "sm_count", lambda device: 132, raising=False)
     # the fake communicator passes load()'s type check
     monkeypatch.setattr(communicator, "Communicator", FakeComm)
     yield calls
@@ -219,3 +224,140 @@ def test_dependent_launch_where_the_device_has_it(fake, monkeypatch, arch, setti
     for rank in range(2):
         body = source.split(f"{variant.abi.entry(rank)}_body(const purlin_args& args)\n{{\n")[1]
         assert body.lstrip().startswith("purlin_launch_order();")
+
+
+class _LoopbackComm(FakeComm):
+    """Rank ``rank`` of a loopback pair: both on cuda:0, one heap layout."""
+
+    def __init__(self, rank):
+        super().__init__()
+        self.rank, self.local_group = rank, object()
+
+
+def _loopback_pair(compiled, monkeypatch) -> list:
+    """Every rank's Collective of ``compiled`` on one GPU, whose group calls are one float32
+    call of count 1 (validation, which needs real buffers, is stood in for)."""
+    from purlinc.runtime.validate import CallShape
+
+    ranks = []
+    world = compiled.world_size
+    for r in range(world):
+        comm = _LoopbackComm(r)
+        comm.world_size, comm.heap = world, FakeHeap(world)
+        ranks.append(Collective(compiled, comm, collective._allocate(comm, compiled, None), agree=False))
+    shapes = [(CallShape(DType.FLOAT32, ReduceOp.SUM, 1, 1 << 32, 1 << 33), 100 + r, None) for r in range(world)]
+    monkeypatch.setattr(collective, "prepare_group", lambda *args: shapes)
+    return ranks
+
+
+class _SharedGPU:
+    """One device under CUDA's per-thread stack rule (cuCtxSetLimit): a launch whose kernel
+    needs more stack than the context has grows it, and growing it waits until every kernel
+    already running on the device has finished.  Kernels of a group call wait for each other,
+    so such a wait in the middle of one is a deadlock until the first rank's waits time out."""
+
+    def __init__(self, needs: dict[str, int]):
+        self.limit = 1024  # the driver's default
+        self.needs = needs
+        self.running: list[str] = []
+        self.stalls: list[tuple[str, list[str]]] = []
+
+    def stack_limit(self) -> int:
+        return self.limit
+
+    def set_stack_limit(self, nbytes: int) -> None:
+        assert not self.running, "the stack is grown while this call's kernels run"
+        self.limit = max(self.limit, nbytes)
+
+    def launch(self, function, grid, block, shared, stream, args) -> None:
+        need = self.needs[function]
+        if need > self.limit:
+            if self.running:
+                self.stalls.append((function, list(self.running)))
+            self.limit = need
+        self.running.append(function)
+
+
+def test_a_group_call_grows_the_stack_before_any_rank_launches(fake, monkeypatch):
+    """Issue 25's R=8 hang on one GPU: each rank's entry point needs its own stack (ptxas: 3536
+    bytes for rank 0 of the 16-unit packed all-reduce at R=8, 3552 for rank 1, ...).  Rank 0
+    launched first and grew the stack; rank 1's launch had to grow it again, which waits for
+    the running kernels, rank 0's among them, and rank 0 waited for rank 1's signal until it
+    timed out.  Every rank's kernel is loaded before any launches, and so must the stack be."""
+    coll = load(EXAMPLES / "allreduce.pln", FakeComm(), channels=1, packed=True)
+    abi = coll.variant(DType.FLOAT32, ReduceOp.SUM).abi
+    needs = {abi.entry(0): 3536, abi.entry(1): 3552, abi.lean_entry(0): 3336, abi.lean_entry(1): 3336}
+    gpu = _SharedGPU(needs)
+    monkeypatch.setattr(driver, "local_bytes", lambda function: needs[function], raising=False)
+    monkeypatch.setattr(driver, "stack_limit", gpu.stack_limit, raising=False)
+    monkeypatch.setattr(driver, "set_stack_limit", gpu.set_stack_limit, raising=False)
+    monkeypatch.setattr(driver, "launch", gpu.launch)
+
+    ranks = _loopback_pair(coll.compiled, monkeypatch)
+    collective.GroupCollective(ranks)(None)  # count 1 of float32: the wide entries
+    assert gpu.running == [abi.entry(0), abi.entry(1)]
+    assert gpu.stalls == [], f"a launch grew the stack while other ranks ran: {gpu.stalls}"
+    assert gpu.limit >= 3552
+
+
+def test_a_group_call_that_cannot_be_resident_is_refused_before_any_launch(fake, monkeypatch):
+    """Two ranks sharing a GPU whose SMs hold three of their blocks at once: two channels each
+    would leave one block waiting to start while the others wait for it."""
+    from purlinc.runtime.errors import ResidencyError
+
+    monkeypatch.setattr(driver, "blocks_per_sm", lambda function, threads, shared: 1)
+    monkeypatch.setattr(driver, "sm_count", lambda device: 3)
+    launches = []
+    monkeypatch.setattr(driver, "launch", lambda *args: launches.append(args))
+    one = load(EXAMPLES / "allgather.pln", FakeComm(), channels=1)
+    collective.GroupCollective(_loopback_pair(one.compiled, monkeypatch))(None)  # 2 of 3: runs
+    assert len(launches) == 2
+    two = load(EXAMPLES / "allgather.pln", FakeComm(), channels=2)
+    group = collective.GroupCollective(_loopback_pair(two.compiled, monkeypatch))
+    with pytest.raises(ResidencyError, match=r"needs 4 blocks resident at once on cuda:0 .* at most 3 of them"):
+        group(None)
+    assert len(launches) == 2  # nothing more was launched
+
+
+@pytest.mark.slow
+def test_the_hangs_kernel_needs_a_larger_stack_for_a_later_rank_and_gets_it_before_any_launch(fake, monkeypatch):
+    """Issue 25's kernel itself (the 16-unit packed all-reduce at R=8, count 1 in float32: the
+    wide entries), compiled by NVRTC: ptxas gives rank 1's entry more stack than rank 0's, so
+    on the old load path rank 1's launch grew the stack while rank 0 ran.  The same 8-rank group
+    call, on CUDA's stack rule with the CUBIN's own numbers, launches nothing that grows it.
+    (Slow: about a minute of NVRTC on two cores.)"""
+    from purlinc.atom.cubin import stack_bytes
+
+    source = "collective ar_2d { in[r] = x[0..2][0..R]  out[r] = x[0..2][0..R]  reduce }\n"
+    compiled = collective.prepare(source, 8, algorithm="direct-push", atom="ldst", channels=1, packed=True)
+    kernel = compiled.kernel(DType.FLOAT32, ReduceOp.SUM)
+    stacks = stack_bytes(kernel.cubin)
+    wide = [stacks[kernel.cuda.abi.entry(r)] for r in range(8)]
+    assert wide[0] > 1024 and any(need > max(wide[:r]) for r, need in enumerate(wide) if r), wide
+    gpu = _SharedGPU(stacks)
+    monkeypatch.setattr(driver, "stack_limit", gpu.stack_limit, raising=False)
+    monkeypatch.setattr(driver, "set_stack_limit", gpu.set_stack_limit, raising=False)
+    monkeypatch.setattr(driver, "launch", gpu.launch)
+    collective.GroupCollective(_loopback_pair(compiled, monkeypatch))(None)
+    assert len(gpu.running) == 8
+    assert gpu.stalls == [], f"a launch grew the stack while other ranks ran: {gpu.stalls}"
+
+
+@pytest.mark.parametrize("devices,refused", [((0, 0), True), ((0, 1), False), ((), False)])
+def test_torchrun_ranks_on_one_gpu_that_cannot_be_resident_are_refused_at_first_use(fake, monkeypatch, devices,
+                                                                                  refused):
+    """Under torchrun the ranks' devices come from the bootstrap exchange (comm.peer_devices):
+    two ranks on cuda:0 with two channels each need 4 resident blocks where 3 fit, so the first
+    use of a (dtype, op) raises before anything is launched; ranks on their own GPUs never do."""
+    from purlinc.runtime.errors import ResidencyError
+
+    monkeypatch.setattr(driver, "blocks_per_sm", lambda function, threads, shared: 1)
+    monkeypatch.setattr(driver, "sm_count", lambda device: 3)
+    comm = FakeComm()
+    comm.peer_devices = devices
+    coll = load(EXAMPLES / "allgather.pln", comm, channels=2)
+    if refused:
+        with pytest.raises(ResidencyError, match=r"needs 4 blocks resident at once on cuda:0 .* ranks 0, 1 sharing"):
+            coll.variant(DType.FLOAT32, None)
+    else:
+        assert coll.variant(DType.FLOAT32, None).per_sm == 1

@@ -545,3 +545,179 @@ def test_inductor_keeps_every_ranks_collectives_in_program_order():
     torch._dynamo.reset()
     torch.compile(tc.program(group(compiled_log), "sum", 1), fullgraph=True, backend="inductor")(x)
     assert compiled_log == eager_log and len(eager_log) == 12, (compiled_log, eager_log)
+
+
+# ---------------------------------------------------------------------------------------------
+# autograd: each rank's gradient against torch's own autograd of a single-process reference
+
+
+def _reference(kind, xs, R):
+    """What every rank gets, computed in one process with plain torch (differentiable)."""
+    if kind == "all_reduce":
+        total = sum(xs)
+        return [total for _ in range(R)]
+    if kind == "all_reduce_avg":
+        return [sum(xs) / R for _ in range(R)]
+    if kind == "all_gather":
+        return [torch.cat(xs) for _ in range(R)]
+    if kind == "reduce_scatter":
+        return list(sum(xs).chunk(R))
+    if kind == "all_to_all":
+        return [torch.cat([x.chunk(R)[r] for x in xs]) for r in range(R)]
+    raise AssertionError(kind)
+
+
+def _distributed(kind, x, g):
+    f = pt.functional
+    return {"all_reduce": lambda: f.all_reduce(x, group=g), "all_reduce_avg": lambda: f.all_reduce(x, "avg", group=g),
+            "all_gather": lambda: f.all_gather_tensor(x, group=g),
+            "reduce_scatter": lambda: f.reduce_scatter_tensor(x, group=g),
+            "all_to_all": lambda: f.all_to_all_single(x, group=g)}[kind]()
+
+
+@pytest.mark.parametrize("kind", ["all_reduce", "all_reduce_avg", "all_gather", "reduce_scatter", "all_to_all"])
+def test_functional_backward_matches_autograd_of_a_reference(kind):
+    R = 3
+    xs = [rand(r, 6, 2, seed=7) for r in range(R)]
+    outs = _reference(kind, [x.clone().requires_grad_() for x in xs], R)
+    ws = [rand(r, *outs[r].shape, seed=8) for r in range(R)]  # rank r's loss: (y_r * w_r).sum()
+    ref_xs = [x.clone().requires_grad_() for x in xs]
+    sum((y * w).sum() for y, w in zip(_reference(kind, ref_xs, R), ws)).backward()
+
+    def body(rank, g):
+        x = xs[rank].clone().requires_grad_()
+        y = _distributed(kind, x, g)
+        assert y.requires_grad and y.shape == outs[rank].shape
+        (y * ws[rank]).sum().backward()
+        return y.detach(), x.grad
+
+    for rank, (y, grad) in enumerate(on_ranks(StandInWorlds(R).groups(), body)):
+        torch.testing.assert_close(y, outs[rank].detach())
+        torch.testing.assert_close(grad, ref_xs[rank].grad)
+
+
+def test_functional_backward_under_torch_compile_matches_eager():
+    R = 2
+    xs = [rand(r, 4, 3, seed=9) for r in range(R)]
+
+    def program(g):
+        def f(x):
+            a = pt.functional.all_reduce(x * 2, group=g)
+            b = pt.functional.reduce_scatter_tensor(pt.functional.all_gather_tensor(a.sin(), group=g), group=g)
+            c = pt.functional.all_to_all_single(b * x, group=g)
+            return (c * c).sum()
+        return f
+
+    def run(rank, g, compiled):
+        x = xs[rank].clone().requires_grad_()
+        f = torch.compile(program(g), fullgraph=True, backend="aot_eager") if compiled else program(g)
+        f(x).backward()
+        return x.grad
+
+    want = on_ranks(StandInWorlds(R).groups(), lambda r, g: run(r, g, False))
+    torch._dynamo.reset()
+    got = on_ranks(StandInWorlds(R).groups(), lambda r, g: run(r, g, True))
+    for r in range(R):
+        torch.testing.assert_close(got[r], want[r])
+        assert got[r].abs().sum() > 0
+
+
+def test_custom_op_autograd_and_backward_graph_is_ordered():
+    # the functional op itself (register_autograd), and the compiled backward graph reaches the
+    # inverse collective through the ordered _seq op
+    from torch._dynamo.backends.debugging import aot_eager, boxed_nop
+
+    R = 2
+    xs = [rand(r, 4, seed=10) for r in range(R)]
+
+    def direct(rank, g):
+        x = xs[rank].clone().requires_grad_()
+        torch.ops.purlin.allgather(x, g.entry("allgather").handle, "sum", -1).sum().backward()
+        return x.grad
+    for grad in on_ranks(StandInWorlds(R).groups(), direct):
+        torch.testing.assert_close(grad, torch.full((4,), float(R)))  # d/dx of the sum over R ranks' copies
+    g = StandInWorlds(1).groups()[0]
+    seen = []
+
+    def backward_compiler(gm, example):
+        # functionalized mutating ops appear as auto_functionalized(op, ...)
+        seen.extend(str(n.args[0]) if "auto_functionalized" in str(n.target) else str(n.target)
+                    for n in gm.graph.nodes if n.op == "call_function")
+        return boxed_nop(gm, example)
+    torch._dynamo.reset()
+    torch.compile(lambda x: pt.functional.all_gather_tensor(x, group=g).sum(), fullgraph=True,
+                  backend=lambda gm, example: aot_eager(gm, example, bw_compiler=backward_compiler))(
+        torch.randn(4, requires_grad=True)).backward()
+    assert any("reduce_scatter_seq" in s for s in seen), seen
+
+
+def test_gradient_of_max_is_refused_and_rooted_ops_have_none():
+    g = StandInWorlds(1).groups()[0]
+    y = pt.functional.all_reduce(torch.randn(4, requires_grad=True), op="max", group=g)
+    with pytest.raises(ArgumentError, match=r"purlin::allreduce: the gradient of op='max' is not defined here"):
+        y.sum().backward()
+    x = torch.randn(4, requires_grad=True)
+    y = torch.ops.purlin.broadcast(x, g.entry("broadcast").handle, "sum", -1)
+    with pytest.raises(ArgumentError, match="purlin::broadcast: no gradient is defined for this collective"):
+        y.sum().backward()
+
+
+def test_uneven_all_to_all_forward_and_backward():
+    R = 3
+    sends = [[(i + j) % 3 for j in range(R)] for i in range(R)]  # rank i sends sends[i][j] rows to j
+    xs = [rand(i, sum(sends[i]), 2, seed=11) for i in range(R)]
+
+    def body(rank, g):
+        x = xs[rank].clone().requires_grad_()
+        y = pt.functional.all_to_all_single(x, None, sends[rank], group=g)  # output sizes learnt from the senders
+        (y * (rank + 1)).sum().backward()
+        return y.detach(), x.grad
+    results = on_ranks(StandInWorlds(R).groups(), body)
+    for r, (y, grad) in enumerate(results):
+        pieces = [xs[i][sum(sends[i][:r]):sum(sends[i][:r + 1])] for i in range(R)]
+        torch.testing.assert_close(y, torch.cat(pieces))
+        want = torch.cat([torch.full((sends[r][j], 2), float(j + 1)) for j in range(R)])
+        torch.testing.assert_close(grad, want)
+
+
+# ---------------------------------------------------------------------------------------------
+# the serving adapter (vLLM's custom all-reduce shape)
+
+
+def test_serving_adapter_takes_and_declines_like_a_custom_all_reduce(monkeypatch):
+    from purlinc.torch.serving import PurlinAllReduce
+
+    R = 2
+    groups = StandInWorlds(R).groups()
+    ars = [PurlinAllReduce(g, max_bytes=1024) for g in groups]
+    xs = [rand(r, 8, 4, seed=12) for r in range(R)]
+    ar = ars[0]
+    assert ar.should_custom_ar(xs[0])
+    assert not ar.should_custom_ar(torch.randn(3))  # 12 bytes: not a multiple of 16
+    assert not ar.should_custom_ar(torch.randn(512))  # 2 KiB: over max_bytes
+    assert not ar.should_custom_ar(torch.randn(8, 4).t())  # not contiguous
+    assert not ar.should_custom_ar(torch.randn(8, dtype=torch.float64))  # not a dtype Purlin reduces
+    assert ar.custom_all_reduce(torch.randn(3)) is None
+
+    def body(rank, g):
+        a = ars[rank]
+        eager = a.custom_all_reduce(xs[rank])
+        with a.capture():
+            assert a.capturing
+            warm = a.custom_all_reduce(xs[rank])  # a warm-up run inside capture(): the real call
+        assert not a.capturing
+        return eager, warm
+
+    for eager, warm in on_ranks(groups, body):
+        torch.testing.assert_close(eager, xs[0] + xs[1])
+        torch.testing.assert_close(warm, xs[0] + xs[1])
+    # inside a (stand-in) capture, the warmed call runs
+    monkeypatch.setattr(ops_module, "_capturing", lambda t: True)
+
+    def captured(rank, g):
+        with ars[rank].capture():
+            return ars[rank].custom_all_reduce(xs[rank])
+    for y in on_ranks(groups, captured):
+        torch.testing.assert_close(y, xs[0] + xs[1])
+    ars[0].close()
+    assert ars[0].disabled and not ars[0].should_custom_ar(xs[0])

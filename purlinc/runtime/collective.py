@@ -22,16 +22,20 @@ import ctypes
 import hashlib
 import numbers
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from purlinc import settings
+from purlinc.log import log
 from purlinc.atom.abi import ERROR_RECORD, ERROR_RECORD_BYTES, decode_error
+from purlinc.atom.cubin import stack_bytes
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.errors import InternalError, PurlinError
-from purlinc.runtime import interop, zerocopy
+from purlinc.runtime import interop, residency, zerocopy
 from purlinc.runtime.errors import ArgumentError, MismatchError, PurlinTimeoutError
+from purlinc.runtime.residency import Blocks
 from purlinc.runtime.validate import (
     CallShape, CallSignature, call_signature, choose_piece, disagreement, validate_call,
 )
@@ -104,11 +108,12 @@ class _Variant:
     """A kernel for one (dtype, op) loaded on one device: its entry points and launch shape
     (``lean``: the rank's lean entry, for the calls ``abi.lean_fits`` admits; None without)."""
 
-    __slots__ = ("function", "lean", "module", "grid", "block", "shared", "abi", "key")
+    __slots__ = ("function", "lean", "module", "grid", "block", "shared", "abi", "key", "per_sm")
 
-    def __init__(self, function, module, abi, key, lean=None):
+    def __init__(self, function, module, abi, key, lean=None, per_sm=1):
         self.function, self.module, self.abi, self.key, self.lean = function, module, abi, key, lean
         self.grid, self.block, self.shared = abi.channels, abi.threads, abi.shared_bytes
+        self.per_sm = per_sm  # blocks of this kernel one SM holds (the fewer of its two entries)
 
 
 class FastPath:
@@ -251,6 +256,7 @@ class Collective:
 
     def _raise_timeout(self):
         error = self._timeout_error()
+        log.error("%s", error.message.splitlines()[0])
         self.comm.fail(error)
         raise error
 
@@ -317,9 +323,33 @@ class Collective:
             for f in (function, lean):
                 if f is not None:
                     driver.set_max_dynamic_shared(f, abi.shared_bytes)
-        hit = _Variant(function, module, abi, key, lean)
+        # Now, not at the launch: a launch that has to grow the stack waits for the device's
+        # running kernels, among them the ranks of this call that share the GPU and wait for
+        # this one (driver.reserve_stack).  A group call loads every rank before launching any.
+        entries = [(abi.entry(self.rank), function)] + ([(abi.lean_entry(self.rank), lean)] if lean is not None else [])
+        stacks = stack_bytes(cubin)  # ptxas's record of each entry's stack (atom/cubin.py)
+        driver.reserve_stack(max(max(stacks.get(name, 0), driver.local_bytes(f)) for name, f in entries))
+        per_sm = min(driver.blocks_per_sm(f, abi.threads, abi.shared_bytes) for _, f in entries)
+        self._check_shared_device(abi, per_sm)
+        hit = _Variant(function, module, abi, key, lean, per_sm)
         self._variants[key] = hit
+        if log.isEnabledFor(logging.INFO):
+            log.info("%s rank %d: kernel for %s%s loaded: %s", self.name, self.rank, dtype.value,
+                     f" {op.value}" if op else "", self.compiled.options.key())
         return hit
+
+    def _check_shared_device(self, abi, per_sm: int) -> None:
+        """Under torchrun, ranks placed on this rank's GPU (``comm.peer_devices``) run their
+        kernels on its SMs together: refuse (ResidencyError) before the first launch when their
+        blocks cannot all be resident, counting each with this rank's kernel.  A group call
+        checks its ranks per call instead (``check_residency``)."""
+        from purlinc.runtime import driver
+
+        devices = getattr(self.comm, "peer_devices", ())
+        if self._multi_device or devices.count(self.device) < 2:
+            return
+        residency.check(self.name, [Blocks(r, d, abi.channels, abi.threads, per_sm) for r, d in enumerate(devices)
+                                    if d == self.device], driver.sm_count)
 
     def _packed(self, variant: _Variant, shape: CallShape, piece: int, epilogue: tuple[int, ...] = ()):
         """(entry function, packed arguments) of a call: the lean entry where the call fits it;
@@ -454,6 +484,18 @@ class Collective:
         twin = self._zc.pick(shape, record=False) if self._zc is not None else None
         (twin or self).variant(shape.dtype, shape.op)
 
+    def blocks(self, shape: CallShape) -> Blocks | None:
+        """The blocks ``launch(shape)`` runs, once ``prime(shape)`` has loaded its kernel
+        (None: no kernel is launched)."""
+        if shape.count == 0:
+            return None
+        twin = self._zc.pick(shape, record=False) if self._zc is not None else None
+        runs = twin or self
+        if runs._ce is not None:
+            return None
+        variant = runs.variant(shape.dtype, shape.op)
+        return Blocks(self.rank, self.device, variant.grid, variant.block, variant.per_sm)
+
     def launch(self, shape: CallShape, stream: int, epilogue: tuple[int, ...] = ()) -> None:
         if shape.count == 0:
             return  # every rank sees count 0 and skips alike
@@ -585,6 +627,19 @@ def group_operand_words(name: str, ranks: Sequence[Collective], prepared, operan
     return [c.operand_words(shape, ops) for c, (shape, _, _), ops in zip(ranks, prepared, per_rank)]
 
 
+def check_residency(name: str, ranks: Sequence[Collective], prepared, known: set) -> None:
+    """Refuse, before any launch, a group call whose ranks that share a GPU need more resident
+    blocks than it holds (``residency.check``); the ranks' kernels are loaded (``prime``).
+    ``known``: the launches already found to fit, so a repeated call costs a set lookup."""
+    from purlinc.runtime import driver
+
+    launches = tuple(b for b in (c.blocks(p[0]) for c, p in zip(ranks, prepared)) if b is not None)
+    if launches in known:
+        return
+    residency.check(name, launches, driver.sm_count)
+    known.add(launches)
+
+
 def _check_streams(name: str, ranks, prepared) -> None:
     """Ranks that share a GPU (a loopback group) wait for each other's kernels: on one
     stream the second would only start once the first gave up waiting."""
@@ -607,6 +662,7 @@ class GroupCollective:
     def __init__(self, ranks: Sequence[Collective]):
         self.ranks = list(ranks)
         self.name = ranks[0].name
+        self._fits: set = set()  # launches found to fit their GPUs (check_residency)
 
     def __getitem__(self, rank: int) -> Collective:
         return self.ranks[rank]
@@ -621,6 +677,7 @@ class GroupCollective:
         words = group_operand_words(self.name, self.ranks, prepared, operands)
         for collective, (shape, _, _) in zip(self.ranks, prepared):
             collective.prime(shape)  # every rank's kernel loaded before any rank runs
+        check_residency(self.name, self.ranks, prepared, self._fits)
         for collective, (shape, handle, _), w in zip(self.ranks, prepared, words):
             collective.launch(shape, handle, *((w,) if w else ()))
         return [out for _, _, out in prepared]

@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from purlinc import settings
+from purlinc.log import log
 from purlinc.runtime.errors import MismatchError, PurlinTimeoutError
 from purlinc.runtime.heap import SymmetricHeap
 
@@ -93,6 +94,7 @@ def _reporting(exchange, rank: int, bound: float, holder: list):
                 notes=("a peer exited, or has not made the same call (load or first use of a new "
                        "dtype, op or count)",),
             )
+            log.error("%s", failure.message)
             if comm is not None:
                 comm.fail(failure)
             raise failure from None
@@ -115,6 +117,9 @@ class Communicator:
         self._owned = [owned] if isinstance(owned, int) and owned else list(owned or ())  # our segments
         self._check_exchange = None  # from_torch: an exchange with a short timeout (zero-copy checks)
         self._collectives: list = []  # weak bookkeeping for check()
+        # Every rank's device ordinal (open_heap sets it under torchrun): ranks of one GPU wait
+        # for each other's blocks, so their kernels must fit on it together (residency.py).
+        self.peer_devices: tuple[int, ...] = ()
         self._lock = threading.Lock()
         self.closed = False
         self.failed: PurlinTimeoutError | None = None  # the timeout that stopped this communicator
@@ -274,8 +279,8 @@ class LocalGroup:
     multi-rank schedules on a machine with one GPU.  Its "remote" stores stay in that GPU's
     memory, so it says nothing about link speed.  The ranks' kernels wait for each other, so
     they must run at the same time: every group call needs one stream per rank (``streams=``,
-    checked), and the ranks' grids must fit on the GPU together (a kernel that cannot start
-    makes the others time out, with PurlinTimeoutError).
+    checked), and the ranks' grids must fit on the GPU together (checked before any launch:
+    ``ResidencyError``; a plain ``load()`` caps its channels to fit, ``runtime/residency.py``).
     """
 
     def __init__(self, devices: Sequence[int] | None = None, *, heap_bytes: int | None = None,
@@ -311,6 +316,7 @@ class LocalGroup:
             # segment on every device once (the first rank to need it) and hands out the same bases.
             comm.heap = SymmetricHeap(r, size, bases, grow=self._grow, segment_bytes=size,
                                       limit_bytes=settings.heap_max_bytes())
+        log.info("LocalGroup: %d ranks on devices %s, heap %d bytes each", len(devices), devices, size)
 
     def _grow(self, index: int, size: int) -> list[int]:
         from purlinc.runtime import driver

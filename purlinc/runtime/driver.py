@@ -110,6 +110,13 @@ def device_name(device: int) -> str:
     return raw.split(b"\0", 1)[0].decode()
 
 
+def sm_count(device: int) -> int:
+    """Streaming multiprocessors of ``device``."""
+    init()
+    dev = call(cu.cuDeviceGet, device)
+    return int(call(cu.cuDeviceGetAttribute, cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev))
+
+
 def can_access_peer(device: int, peer: int) -> bool:
     init()
     dev, other = call(cu.cuDeviceGet, device), call(cu.cuDeviceGet, peer)
@@ -236,6 +243,39 @@ def get_function(module: cu.CUmodule, name: str) -> cu.CUfunction:
 def set_max_dynamic_shared(function: cu.CUfunction, nbytes: int) -> None:
     attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     call(cu.cuFuncSetAttribute, function, attr, nbytes)
+
+
+def local_bytes(function: cu.CUfunction) -> int:
+    """Local memory (stack) each thread of ``function`` needs, in bytes."""
+    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES
+    return int(call(cu.cuFuncGetAttribute, attr, function))
+
+
+def blocks_per_sm(function: cu.CUfunction, threads: int, shared: int) -> int:
+    """How many blocks of ``function`` (``threads`` each, ``shared`` dynamic shared bytes) one
+    SM holds at once, by its registers, shared memory and threads."""
+    return int(call(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor, function, threads, shared))
+
+
+def stack_limit() -> int:
+    """The current context's per-thread stack size, in bytes."""
+    return int(call(cu.cuCtxGetLimit, cu.CUlimit.CU_LIMIT_STACK_SIZE))
+
+
+def reserve_stack(nbytes: int) -> None:
+    """Grow the current context's per-thread stack to at least ``nbytes`` now.
+
+    A launch whose kernel needs more stack than the context has grows it itself, and growing
+    it waits until every kernel already running on the device has finished (cuCtxSetLimit).
+    Ranks that share a GPU (a loopback group) launch one after another and each waits for the
+    others' signals, so that wait would last until the first rank's waits timed out: the stack
+    a group call needs is reserved before any rank launches (``Collective.variant``)."""
+    if nbytes > stack_limit():
+        set_stack_limit(nbytes)
+
+
+def set_stack_limit(nbytes: int) -> None:
+    call(cu.cuCtxSetLimit, cu.CUlimit.CU_LIMIT_STACK_SIZE, int(nbytes))
 
 
 class PackedArgs:

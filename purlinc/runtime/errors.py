@@ -41,3 +41,14 @@ class HeapExhaustedError(ArgumentError):
 
 class FreedBufferError(ArgumentError):
     """A call named heap memory that is no longer a live block (freed, or Purlin's own)."""
+
+
+class ResidencyError(ArgumentError):
+    """Ranks that share a GPU need more resident blocks than it holds (``needed`` vs ``limit``
+    on ``device``); nothing was launched."""
+
+    def __init__(self, message: str, span=None, notes=(), *, device: int = 0, needed: int = 0, limit: int = 0):
+        super().__init__(message, span, notes)
+        self.device = device
+        self.needed = needed
+        self.limit = limit

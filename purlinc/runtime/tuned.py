@@ -10,17 +10,20 @@ warm-up call per (dtype, op), as for any collective).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from purlinc import settings
+from purlinc.log import log
 from purlinc.atom.atoms import DEFAULT_ATOM, lookup_atom
 from purlinc.errors import PurlinError
 from purlinc.pipeline import Compiled
-from purlinc.runtime import tuning
+from purlinc.runtime import residency, tuning
 from purlinc.runtime.collective import (
-    Collective, FastPath, GroupCollective, _load_compiled, group_operand_words, prepare, prepare_group,
+    Collective, FastPath, GroupCollective, _load_compiled, check_residency, group_operand_words, prepare,
+    prepare_group,
 )
 from purlinc.snac.algorithms import DEFAULT_ALGORITHM
 from purlinc.snac.ir import LowerOptions
@@ -64,17 +67,20 @@ def _prepare_bucket(source, world_size, bucket: tuning.Bucket, params, arch) -> 
 
 
 def prepare_tuned(path_or_source, world_size: int, *, params: Mapping[str, int] | None = None,
-                  arch: str = "sm_90") -> tuple[tuple[PreparedBucket, ...], int]:
+                  arch: str = "sm_90", max_channels: int | None = None) -> tuple[tuple[PreparedBucket, ...], int]:
     """Everything a plain ``load()`` decides before touching a GPU: the size buckets, each
     lowered and verified (no GPU needed).  Returns the buckets and ``U``, the most chunks any
     rank's input or output holds.  The source is read once, and parsed and checked once for
-    every bucket (``pipeline.spec_of``)."""
+    every bucket (``pipeline.spec_of``).  ``max_channels`` caps every bucket's channels (ranks
+    that share a GPU: ``residency.max_channels``)."""
     from purlinc import pipeline
 
     source = pipeline.load_source(path_or_source)
     spec = pipeline.spec_of(source, world_size, params)
     packed_supported = "packed" in {f.name for f in fields(LowerOptions)}
     buckets = tuning.buckets_for(spec, packed_supported=packed_supported)
+    if max_channels is not None:
+        buckets = tuple(replace(b, channels=min(b.channels, max_channels)) for b in buckets)
     prepared = tuple(_prepare_bucket(source, world_size, bucket, params, arch) for bucket in buckets)
     units = max(max(len(ins), len(outs)) for ins, outs in zip(spec.inputs, spec.outputs))
     return prepared, units
@@ -92,9 +98,13 @@ def compile_tuned_kernels(prepared: tuple[PreparedBucket, ...], dtype, op="sum")
 
 
 def load_tuned(path_or_source: str | Path, comm, comms: list, *, params: Mapping[str, int] | None, arch: str):
+    from purlinc.runtime import driver
     from purlinc.runtime.communicator import LocalGroup
 
-    prepared, units = prepare_tuned(path_or_source, comms[0].world_size, params=params, arch=arch)
+    # Ranks that share a GPU (a loopback group) must have all their blocks resident at once:
+    # every bucket gets at most the channels that fit at one block per SM, so no size is refused.
+    cap = residency.max_channels([c.device for c in comms], driver.sm_count) if isinstance(comm, LocalGroup) else None
+    prepared, units = prepare_tuned(path_or_source, comms[0].world_size, params=params, arch=arch, max_channels=cap)
     buckets = tuple(p.bucket for p in prepared)
     loaded: dict[tuple, object] = {}
     per_bucket = []
@@ -102,9 +112,17 @@ def load_tuned(path_or_source: str | Path, comm, comms: list, *, params: Mapping
         if p.load_key not in loaded:  # buckets that lower to the same schedule share one load
             loaded[p.load_key] = _load_compiled(p.compiled, comm, comms, p.stage_bytes)
         per_bucket.append(loaded[p.load_key])
+    if log.isEnabledFor(logging.INFO):
+        log.info("load %s (R=%d): %d size buckets, %d schedules: %s", prepared[0].compiled.name,
+                 comms[0].world_size, len(buckets), len(loaded), "; ".join(_bucket_text(p) for p in prepared))
     if isinstance(comm, LocalGroup):
         return TunedGroup(buckets, per_bucket, units)
     return Tuned(buckets, per_bucket, units)
+
+
+def _bucket_text(p: PreparedBucket) -> str:
+    b = p.bucket
+    return (f"<= {b.max_bytes if b.max_bytes is not None else 'any'} B: {p.compiled.options.key()}")
 
 
 class Tuned:
@@ -141,6 +159,10 @@ class Tuned:
         index = self._chosen.get(key)
         if index is None:
             index = self._chosen[key] = tuning.choose(self.buckets, count * itemsize * self.units)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s rank %d: %d elements of %d bytes (%d bytes per call) take bucket %d: %s", self.name,
+                          self.rank, count, itemsize, count * itemsize * self.units, index,
+                          self.variants[index].compiled.options.key())
         return self.variants[index]
 
     def sms_for(self, count: int, itemsize: int) -> int:
@@ -208,6 +230,7 @@ class TunedGroup:
         self.name = variants[0].name
         self.ranks = [Tuned(buckets, [v[rank] for v in variants], units) for rank in range(len(variants[0]))]
         self._distinct = list({id(v): v for v in variants}.values())
+        self._fits: set = set()  # launches found to fit their GPUs (check_residency)
 
     def __getitem__(self, rank: int) -> Tuned:
         return self.ranks[rank]
@@ -224,6 +247,7 @@ class TunedGroup:
         words = group_operand_words(self.name, chosen, prepared, operands)
         for variant, (shape, _, _) in zip(chosen, prepared):
             variant.prime(shape)  # every rank's kernel loaded before any rank runs (Collective.prime)
+        check_residency(self.name, chosen, prepared, self._fits)
         for variant, (shape, handle, _), w in zip(chosen, prepared, words):
             variant.launch(shape, handle, *((w,) if w else ()))
         return [out for _, _, out in prepared]

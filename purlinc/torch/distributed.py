@@ -522,13 +522,6 @@ def _padded_all_to_all(group: Group, input, output, table, row: int) -> None:
         offset += n
 
 
-# The collective whose call is each one's derivative (torch.distributed.nn.functional's pairs):
-# an all-reduce's gradient is all-reduced, all-gather and reduce-scatter are each other's, an
-# equal all-to-all is its own inverse.
-INVERSES = {"allreduce": "allreduce", "allgather": "reduce_scatter", "reduce_scatter": "allgather",
-            "alltoall": "alltoall"}
-
-
 def _link_inverses(group: Group) -> None:
-    for kind, inverse in INVERSES.items():
+    for kind, inverse in _ops.INVERSES.items():
         group.entry(kind).inverse = group._handle(inverse)

@@ -1,5 +1,14 @@
 """Functional forms (a new tensor out, nothing mutated): what a compiled graph handles best,
-like torch.distributed's functional collectives.  Chunks are slices along dim 0."""
+like torch.distributed's functional collectives.  Chunks are slices along dim 0.
+
+They are differentiable, as ``torch.distributed.nn.functional`` defines it: the gradient of an
+all-reduce is the all-reduce (same op: sum or avg) of the output's gradient; all-gather and
+reduce-scatter are each other's backward; an all-to-all's backward is the all-to-all back (with
+the split sizes swapped).  Eagerly and under ``torch.compile`` (an ``autograd.Function`` whose
+forward and backward are the ordered custom ops, so compiled backward graphs keep every rank's
+collectives in program order too).  max, min and prod reductions have no gradient here: their
+backward raises, naming the op.
+"""
 
 from __future__ import annotations
 
@@ -15,11 +24,41 @@ def _group(group):
     return group_of(group)
 
 
+def _run(kind: str, x, seq, handle: int, op: str):
+    """One collective's functional op: the ordered one in a compiled graph (ops.sequence), the op body eagerly."""
+    if torch.compiler.is_compiling():
+        if seq is None:  # in a backward: the communicator's sequence tensor, found from the handle
+            e = _ops.entry(handle)
+            seq = _ops.sequence(e.comm, e.device)
+        return getattr(torch.ops.purlin, kind + "_seq")(x, seq, handle, op, -1)
+    return _ops.define(kind).eager_functional(x, handle, op, -1)
+
+
+class _Collective(torch.autograd.Function):
+    """y = collective ``kind`` of x; dx = its inverse collective of dy (ops.differentiate)."""
+
+    @staticmethod
+    def forward(ctx, x, kind, inverse_kind, handle, inverse, op, world_size):
+        # the sequence tensor is not an argument: the backward finds it from the handle (a tensor
+        # kept on ctx and mutated in the backward trips the compiled graph's partitioner)
+        ctx.args = kind, inverse_kind, inverse, op, world_size
+        ctx.shape = x.shape
+        return _run(kind, x, None, handle, op)
+
+    @staticmethod
+    def backward(ctx, grad):
+        kind, inverse_kind, inverse, op, world_size = ctx.args
+        dx = _ops.differentiate(kind, op, world_size, grad,
+                                lambda g, inverse_op: _run(inverse_kind, g.contiguous(), None, inverse, inverse_op))
+        return dx.reshape(ctx.shape), None, None, None, None, None, None
+
+
 def _call(group, kind: str, x, op: str):
     handle = group._handle(kind)
-    if torch.compiler.is_compiling():
-        return getattr(torch.ops.purlin, kind + "_seq")(x, group._seq, handle, op, -1)  # ordered: ops.sequence
-    return _ops.define(kind).eager_functional(x, handle, op, -1)
+    if torch.is_grad_enabled() and x.requires_grad:
+        inverse_kind = _ops.INVERSES[kind]
+        return _Collective.apply(x, kind, inverse_kind, handle, group._handle(inverse_kind), op, group.world_size)
+    return _run(kind, x, group._seq, handle, op)
 
 
 def all_reduce(x, op="sum", group=None):
@@ -54,10 +93,39 @@ def reduce_scatter_tensor(x, op="sum", scatter_dim: int = 0, group=None):
     return y.view(x.shape[0] // group.world_size, *x.shape[1:])
 
 
-def all_to_all_single(x, group=None):
-    """Slice j (of R along dim 0) of ``x`` goes to rank j; the result holds slice r of every rank."""
+def all_to_all_single(x, output_split_sizes=None, input_split_sizes=None, group=None):
+    """Slice j (along dim 0) of ``x`` goes to rank j; the result holds every rank's slice for this
+    rank, in rank order.  Without split sizes the slices are equal (R of them); with them (rows
+    per rank, as torch's), ``output_split_sizes`` may be left out: the ranks then tell each other."""
     group = _group(group)
-    if x.dim() == 0 or x.shape[0] % group.world_size:
-        raise ArgumentError(f"all_to_all_single: x has shape {tuple(x.shape)}, expected dim 0 a multiple of "
-                            f"{group.world_size} (the world size)")
-    return _call(group, "alltoall", x, "sum").view(x.shape)
+    if output_split_sizes is None and input_split_sizes is None:
+        if x.dim() == 0 or x.shape[0] % group.world_size:
+            raise ArgumentError(f"all_to_all_single: x has shape {tuple(x.shape)}, expected dim 0 a multiple of "
+                                f"{group.world_size} (the world size)")
+        return _call(group, "alltoall", x, "sum").view(x.shape)
+    return _Uneven.apply(x, group, output_split_sizes, input_split_sizes)
+
+
+class _Uneven(torch.autograd.Function):
+    """The all-to-all with split sizes (eager: the sizes are agreed on the host); backward sends
+    the gradient back with the sizes swapped."""
+
+    @staticmethod
+    def forward(ctx, x, group, output_split_sizes, input_split_sizes):
+        R = group.world_size
+        ins = [int(s) for s in input_split_sizes] if input_split_sizes is not None else [x.shape[0] // R] * R
+        outs = [int(s) for s in output_split_sizes] if output_split_sizes is not None else None
+        if outs is None:  # the receivers learn their sizes from the senders
+            table = group._split_table(ins)
+            outs = [table[j][group.rank] for j in range(group.world_size)]
+        y = x.new_empty(sum(outs), *x.shape[1:])
+        group.all_to_all_single(y, x.contiguous(), outs, ins)
+        ctx.group, ctx.sizes = group, (outs, ins)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        outs, ins = ctx.sizes
+        dx = grad.new_empty(sum(ins), *grad.shape[1:])
+        ctx.group.all_to_all_single(dx, grad.contiguous(), ins, outs)
+        return dx, None, None, None

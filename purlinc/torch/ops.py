@@ -35,6 +35,11 @@ from purlinc.torch.registry import Entry, entry
 NAMESPACE = "purlin"
 REDUCE_OPS = ("sum", "avg", "prod", "max", "min")
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+# The collective whose call is each one's derivative (torch.distributed.nn.functional's pairs): an
+# all-reduce's gradient is all-reduced, all-gather and reduce-scatter are each other's, an equal
+# all-to-all is its own inverse.  A Group links each entry to its inverse's handle (Entry.inverse).
+INVERSES = {"allreduce": "allreduce", "allgather": "reduce_scatter", "reduce_scatter": "allgather",
+            "alltoall": "alltoall"}
 _DEFINED: dict[str, "Ops"] = {}
 ORDERED = True  # False if this torch could not register the functional ops as ordered effects
 
@@ -334,11 +339,51 @@ def define(name: str) -> Ops:
     ):
         custom = torch.library.custom_op(lib + suffix, fn, mutates_args=mutates, schema=schema)
         custom.register_fake(fake)
+        if suffix == "":  # the one functional op (autograd formulas need one): see differentiate
+            custom.register_autograd(_backward, setup_context=_save)
         overload = getattr(getattr(torch.ops, NAMESPACE), name + suffix).default
         _keep_in_order(overload, mutable=bool(mutates))
         ops.append(overload)
     _DEFINED[name] = hit = Ops(*ops, functional, out_form, inplace)
     return hit
+
+
+# ---------------------------------------------------------------------------------------------
+# autograd
+
+
+def differentiate(kind: str, op: str, world_size: int, grad, inverse):
+    """dx from dy for collective ``kind`` reducing with ``op``, as torch.distributed.nn.functional
+    defines it; ``inverse(grad, op)`` runs the inverse collective (INVERSES) on the gradient."""
+    if kind not in INVERSES:
+        raise ArgumentError(f"purlin::{kind}: no gradient is defined for this collective; expected one of "
+                            f"{', '.join(INVERSES)} (all_reduce, all_gather, reduce_scatter, all_to_all)")
+    if kind in ("allreduce", "reduce_scatter") and op not in ("sum", "avg"):
+        raise ArgumentError(f"purlin::{kind}: the gradient of op={op!r} is not defined here; expected sum or avg",
+                            notes=("a max/min/prod reduction has no gradient that one collective of the "
+                                   "gradient gives",))
+    if kind == "allreduce":
+        return inverse(grad, op)  # sum: the sum of the gradients; avg: their average
+    dx = inverse(grad, "sum")
+    return dx / world_size if kind == "reduce_scatter" and op == "avg" else dx
+
+
+def _save(ctx, inputs, output) -> None:
+    x, handle, op, _count = inputs
+    ctx.handle, ctx.op, ctx.shape = handle, op, x.shape
+
+
+def _backward(ctx, grad):
+    e = entry(ctx.handle)
+    op = normalize_op(ctx.op, f"purlin::{e.name} backward")
+    if e.inverse is None and e.name in INVERSES:
+        raise ArgumentError(f"purlin::{e.name}: handle {ctx.handle} has no inverse collective (made outside a Group)")
+    kind = entry(e.inverse).name if e.inverse is not None else e.name
+
+    def inverse(g, inverse_op):
+        return getattr(torch.ops.purlin, kind)(g.contiguous(), e.inverse, inverse_op, -1)
+    dx = differentiate(e.name, op, e.world_size, grad, inverse)
+    return dx.view(ctx.shape), None, None, None
 
 
 def _keep_in_order(op, *, mutable: bool) -> None:
