@@ -180,7 +180,7 @@ def module_values(epilogue: Epilogue | None, dtype: DType, threads: int) -> dict
 
     values = template_values(epilogue, dtype, threads)
     return {"source": render("epilogue.cuh.j2", e=values).rstrip("\n"), "slots": slots(epilogue),
-            "row_bytes": epilogue.row * dtype.itemsize, "call_args": values["call_args"]}
+            "row_bytes": epilogue.row * dtype.itemsize}
 
 
 def epilogue_block(index: int, step, dst: str, slice_expr: str, call_args: str = "") -> dict:
