@@ -6,6 +6,11 @@
 #   precompile        every kernel the tests use, parallel NVRTC
 #   loopback          ranks sharing one GPU (R=2 and R=4 on cuda:0): slices, zero-copy, graphs;
 #                     the one step a one-GPU machine runs (PURLIN_STEPS=loopback)
+#   sized             run-time sizes (alltoallv) in loopback on cuda:0, R=1..8, every dtype, graphs
+#                     replayed with new sizes, size errors; then R=1 under compute-sanitizer memcheck
+#                     (one GPU is enough: PURLIN_STEPS=sized)
+#   moe               purlinc.moe dispatch/combine in loopback on cuda:0 (R=2..8, graphs) against a
+#                     plain torch exchange; then benchmarks/moe_dispatch.py in loopback (writes $OUT)
 #   graph_buffers     loopback too: captured calls on ordinary buffers run without staging
 #   insitu            loopback too: the in-situ benchmark and the e2e decode step run, checked
 #   loopback_scale    node scale on one GPU: every example and many-unit spec at R = 2, 3, 4, 5, 8
@@ -25,7 +30,8 @@
 #   faults            mismatches before launch; a rank that dies mid-loop -> PurlinTimeoutError
 #   torch             purlinc.torch: custom ops, eager / torch.compile / CUDA graphs vs NCCL
 #   torch_backend     the `purlin` torch.distributed backend, one process per GPU (one GPU is enough:
-#                     a world of one), and purlinc.torch on an NCCL group; autograd and compiled backward
+#                     a world of one) and two processes sharing cuda:0; purlinc.torch on an NCCL
+#                     group; autograd and compiled backward; the serving adapter in a CUDA graph
 #   hier              hierarchical plans: 2 nodes x 1 GPU and 1 node x 2 GPUs, vs NCCL
 #   slow              the CPU sweeps the default test run deselects (many cores here)
 # Usage: OUT=/some/dir [PURLIN_STEPS="local torchrun"] scripts/gpu_suite.sh
@@ -36,7 +42,7 @@ mkdir -p "$OUT"
 export OUT PURLIN_RESULTS="$OUT" PURLIN_CACHE_DIR=${PURLIN_CACHE_DIR:-/tmp/purlin_cache}
 export PURLIN_WAIT_TIMEOUT_S=${PURLIN_WAIT_TIMEOUT_S:-5} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
-STEPS=${PURLIN_STEPS:-"precompile loopback loopback_scale graph_buffers insitu epilogue local local_ce trace torchrun zerocopy zerocopy_torchrun graph_buffers_torchrun faults torch torch_backend hier"}
+STEPS=${PURLIN_STEPS:-"precompile loopback loopback_scale sized moe graph_buffers insitu epilogue local local_ce trace torchrun zerocopy zerocopy_torchrun graph_buffers_torchrun faults torch torch_backend hier"}
 T0=$(date +%s)
 # Run from the source tree: grammar/ and templates/ ship as purlinc.grammar / purlinc.templates
 # in a wheel (pyproject's package-dir); link them in for the run, and remove the links after.
@@ -73,6 +79,15 @@ export PURLIN_SCALE_COMPILE_S=${PURLIN_SCALE_COMPILE_S:-240} PURLIN_SCALE_RUN_S=
 wanted loopback_scale && STEPS="$STEPS loopback_scale_precompile"
 step loopback_scale_precompile $(( PURLIN_SCALE_COMPILE_S + 30 )) python3 tests/gpu/scale.py precompile
 pytest_step loopback_scale $(( PURLIN_SCALE_RUN_S + 150 )) tests/gpu/test_loopback_scale.py
+pytest_step sized 420 tests/gpu/test_sized.py
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
+if wanted sized && [ -n "$SAN" ]; then
+  STEPS="$STEPS sized_memcheck"
+  PURLIN_WAIT_TIMEOUT_S=30 step sized_memcheck 300 "$SAN" --tool memcheck --error-exitcode 3 python3 tests/gpu/sized_sanitize.py
+fi
+pytest_step moe 420 tests/gpu/test_moe.py
+wanted moe && STEPS="$STEPS moe_bench"
+step moe_bench 300 python3 benchmarks/moe_dispatch.py --out "$OUT" --devices 0,0 --channels 16 --reps 3
 pytest_step graph_buffers 300 tests/gpu/test_graph_buffers.py
 pytest_step insitu 400 -s tests/gpu/test_insitu_loopback.py
 pytest_step epilogue 560 tests/gpu/test_epilogue.py  # fused all-reduce + add + RMSNorm, loopback R=2..8
@@ -88,7 +103,7 @@ pytest_step faults 200 -s tests/gpu/test_faults.py
 PURLIN_HIER_TIMEOUT=${PURLIN_HIER_TIMEOUT:-380} pytest_step hier $(( ${PURLIN_HIER_TIMEOUT:-380} + 20 )) -s tests/gpu/test_hier.py
 # purlinc.torch under torchrun (writes torch_results.json) and CuPy ranks without torch (cupy_results.json)
 PURLIN_TORCH_TIMEOUT=${PURLIN_TORCH_TIMEOUT:-480} pytest_step torch $(( ${PURLIN_TORCH_TIMEOUT:-480} + 120 )) -s tests/gpu/test_torch_api.py
-PURLIN_TORCH_TIMEOUT=300 pytest_step torch_backend 330 -s tests/gpu/test_torch_backend.py
+PURLIN_TORCH_TIMEOUT=540 pytest_step torch_backend 1140 -s tests/gpu/test_torch_backend.py
 if python3 -c "import hypothesis" 2>/dev/null; then
   pytest_step slow 420 -m slow tests --ignore=tests/gpu
 fi

@@ -209,6 +209,23 @@ class Condition:
         return f"{self.left.format()} {self.compare.value} {self.right.format()}"
 
 
+@dataclass(frozen=True, slots=True)
+class SizesOperand:
+    """``sizes n[E1][E2] of x``: chunk ``x[i][j]`` has ``n[i][j]`` elements, given per call
+    on the device (docs/LANGUAGE.md, "Run-time sizes")."""
+
+    name: str
+    extents: tuple[Expr, ...]
+    chunk: str
+    span: Span | None = span_field()
+
+    def format(self) -> str:
+        extents = "".join(f"[{extent.format()}]" for extent in self.extents)
+        return f"sizes {self.name}{extents} of {self.chunk}"
+
+
+
+
 class Operation(Enum):
     COPY = "copy"
     REDUCE = "reduce"
@@ -344,6 +361,9 @@ class EpilogueDef:
                 *(f"        {statement.format()}" for statement in self.statements), "    }"]
 
 
+Operand = SizesOperand | OperandDecl  # what a `with` clause declares
+
+
 @dataclass(frozen=True, slots=True)
 class CollectiveDef:
     name: str
@@ -354,8 +374,14 @@ class CollectiveDef:
     replicated: bool
     span: Span | None = span_field()
     operation_span: Span | None = span_field()
-    operands: tuple[OperandDecl, ...] = ()  # the `with` clause
+    # Per-call operands (``with ...``), in the order written: run-time sizes and epilogue operands.
+    operands: tuple[Operand, ...] = ()
     epilogue: EpilogueDef | None = None
+
+    @property
+    def sizes(self) -> SizesOperand | None:
+        """The run-time sizes operand, if the collective has one."""
+        return next((o for o in self.operands if isinstance(o, SizesOperand)), None)
 
     def format(self) -> str:
         """The collective re-printed canonically: parsing this text gives an equal AST."""

@@ -282,9 +282,6 @@ class _ToAst(Transformer_NonRecursive):
         dtype_span = self._token_span(dtype) if dtype is not None else None
         return ast.OperandDecl(kind, str(name), None if dtype is None else str(dtype), self._span(meta), dtype_span)
 
-    def operands(self, children):
-        return ("operands", tuple(children))
-
     # header
     def collective_name(self, children):
         return str(children[0])
@@ -312,6 +309,17 @@ class _ToAst(Transformer_NonRecursive):
     def constraints(self, children):
         return ("constraints", tuple(children))
 
+    def extent(self, children):
+        return children[0]
+
+    @v_args(meta=True)
+    def sizes_operand(self, meta, children):
+        name, *extents, chunk = children
+        return ast.SizesOperand(str(name), tuple(extents), str(chunk), self._span(meta))
+
+    def operands(self, children):
+        return ("operands", tuple(children))
+
     @v_args(meta=True)
     def copy(self, meta, children):
         return ("operation", ast.Operation.COPY, bool(children and children[0]), self._span(meta))
@@ -325,9 +333,9 @@ class _ToAst(Transformer_NonRecursive):
         name, *rest = children
         params: tuple = ()
         constraints: tuple = ()
+        operands: tuple = ()
         statements = []
         operation = None
-        operands: tuple = ()
         epilogue = None
         for child in rest:
             if child is None:
