@@ -161,6 +161,9 @@ def check_epilogue(definition: ast.CollectiveDef, row: int, params: Mapping[str,
                           epilogue.keyword_span)
     if row < 1:
         raise PurlinError(f"a row must hold at least one element, not {row}", epilogue.row.span)
+    if definition.sizes is not None:
+        raise PurlinError("an epilogue needs chunks of the call's count: run-time sizes cannot carry one yet",
+                          epilogue.keyword_span)
     if len(epilogue.statements) > MAX_STATEMENTS:
         raise PurlinError(f"an epilogue has at most {MAX_STATEMENTS} statements", epilogue.keyword_span)
     written = _check_statements(epilogue, declared)
