@@ -60,9 +60,16 @@ def load_hierarchical(path_or_source: str | Path, gpus_per_node: int | None = No
     """Under torchrun: Purlin inside nodes of ``gpus_per_node`` ranks (default LOCAL_WORLD_SIZE),
     NCCL between them, over the whole torch.distributed world.  ``options`` gives the params
     and target; the plan fixes the schedules, so it pins none."""
+    from purlinc import pipeline
+
     pinned = options.orchestration()
     if pinned:
         raise PurlinError(f"a hierarchical load takes no orchestration options, got {', '.join(pinned)}")
+    definition = pipeline.definition_of(pipeline.load_source(path_or_source))
+    if definition.epilogue is not None:
+        raise PurlinError(f"{definition.name}: a hierarchical collective (gpus_per_node=) cannot apply an "
+                          "epilogue yet", definition.epilogue.keyword_span,
+                          ("load it on one node's communicator (a flat collective) instead",))
     return hierarchical.load_hierarchical(path_or_source, gpus_per_node, options)
 
 

@@ -181,15 +181,17 @@ def _chunk_count(where: str, x, out, in_units: int, out_units: int, count: int |
     return derived if derived is not None else int(count or 0)
 
 
-def choose_piece(count: int, stage_units: int, itemsize: int, stage_bytes: int) -> int:
+def choose_piece(count: int, stage_units: int, itemsize: int, stage_bytes: int, row: int = 1) -> int:
     """Elements per chunk per round: the whole chunk when it fits the staging space, else the
-    largest 16-byte multiple that fits (``stage_units * piece * itemsize <= stage_bytes``)."""
+    largest 16-byte multiple that fits (``stage_units * piece * itemsize <= stage_bytes``), and
+    a whole number of ``row`` elements (an epilogue's rows: rounds never split a row)."""
     if count <= 0:
         return 1
     if stage_units == 0:
         return count
     cap = stage_bytes // (stage_units * itemsize)
     cap -= cap % max(1, FAST_ALIGN // itemsize)
+    cap -= cap % row
     if cap < 1:
         raise _err(f"staging space of {stage_bytes} bytes cannot hold {stage_units} units of even 16 bytes",
                    "raise PURLIN_STAGE_MB")

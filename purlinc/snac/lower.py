@@ -41,6 +41,7 @@ from dataclasses import replace
 from purlinc.errors import PurlinError
 from purlinc.frontend.spec import Spec
 from purlinc.snac.algorithms import ALGORITHMS, DEFAULT_ALGORITHM, applicable, get_algorithm
+from purlinc.snac.epilogue import place_epilogues
 from purlinc.snac.gcpause import gc_paused
 from purlinc.snac.ir import Algorithm, LowerOptions, Schedule
 
@@ -81,7 +82,7 @@ def lower(spec: Spec, options: LowerOptions) -> Schedule:
         options = replace(options, stage_copies=record.stage_copies)
     try:
         with gc_paused():
-            return record.lower_function()(spec, options)
+            return place_epilogues(record.lower_function()(spec, options), spec)
     except PurlinError as error:
         raise error.with_note(f"while lowering {spec.name} for R={spec.world_size} with {options.key()}") from None
 

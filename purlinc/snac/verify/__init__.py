@@ -59,6 +59,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from purlinc.frontend.spec import Spec
+from purlinc.snac.epilogue import epilogue_problem
 from purlinc.snac.gcpause import gc_paused
 from purlinc.snac.ir import Schedule
 from purlinc.snac.packing import layout_problems, ll_groups, normalized, packed_stages
@@ -111,6 +112,12 @@ def verify(schedule: Schedule, spec: Spec) -> None:
 
 def _verify(schedule: Schedule, spec: Spec) -> None:
     check_shape(schedule, spec)
+    problem = epilogue_problem(schedule, spec)
+    if problem is not None:
+        rank, index, message = problem
+        if index is None:
+            raise VerificationError(f"rank {rank}: {message}", rank=rank)
+        raise Failure(schedule).at(rank, 0, index, message)
     check_signals_declared(schedule)
     schedule = _one_channel(schedule)
     check_steps(schedule, Failure(schedule))

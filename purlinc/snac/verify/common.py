@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from purlinc.errors import PurlinError
 from purlinc.frontend.ast import Operation
-from purlinc.snac.ir import Consume, Notify, Region, Schedule, Stage, Step, Wait
+from purlinc.snac.ir import Consume, Epilogue, Notify, Region, Schedule, Stage, Step, Wait
 
 
 CALLS = 2  # calls unrolled by the proof (see the module docstring for why two suffice)
@@ -49,6 +49,8 @@ def describe(step: Step) -> str:
         return f"notify {step.signal.format()} k={step.k}"
     if isinstance(step, Wait):
         return f"wait {step.signal.format()} k={step.k}"
+    if isinstance(step, Epilogue):
+        return f"epilogue {step.region.format()}"
     if step.operation is Operation.REDUCE:
         return f"reduce {' + '.join(r.format() for r in step.srcs)} -> {step.dst.format()}"
     return f"consume {' + '.join(r.format() for r in step.srcs)} -> {step.dst.format()}"
