@@ -88,7 +88,7 @@ def test_hierarchical_load_refuses_an_epilogue():
     from pathlib import Path
 
     from purlinc.errors import PurlinError
-    from purlinc.runtime.collective import load
+    from purlinc.runtime.loader import load
 
     example = Path(__file__).resolve().parent.parent / "examples" / "fused" / "allreduce_add_rmsnorm.pln"
     with pytest.raises(PurlinError, match="a hierarchical collective .gpus_per_node=. cannot apply an epilogue yet"):
