@@ -130,7 +130,7 @@ def cases() -> list[Case]:
                 for atom in (*ATOMS, "ce"):
                     for packed in ((False, True) if algorithm == "direct-push" else (False,)):
                         dtype, op = _rotate(n)
-                        slices = 1 if packed else 2
+                        slices = 1 if packed or atom == "ce" else 2  # ce: one notify per signal and call
                         counts = (1, 4097, 100_003) if n % 3 == 0 else (1, 4097)
                         options = (("algorithm", algorithm), ("atom", atom), ("packed", packed), ("channels", 2),
                                    ("slices", slices))
