@@ -9,7 +9,8 @@ all_gather_into_tensor, reduce_scatter_tensor (MAX), all_to_all_single, broadcas
 reduce, gather, scatter (bool), the list forms (uneven all_to_all), async Work with get_future,
 and barrier all reach Purlin (the stand-in counts them) with correct results; send/recv, BXOR,
 int64 sums and non-contiguous tensors go to gloo with correct results, none reaching Purlin, and
-each kind of hand-over is logged once.
+each kind of hand-over is logged once; torch's functional collectives (eager, compiled) and a
+DTensor on a DeviceMesh work on such a group.
 """
 
 from __future__ import annotations

@@ -678,3 +678,46 @@ def test_uneven_all_to_all_forward_and_backward():
         torch.testing.assert_close(y, torch.cat(pieces))
         want = torch.cat([torch.full((sends[r][j], 2), float(j + 1)) for j in range(R)])
         torch.testing.assert_close(grad, want)
+
+
+# ---------------------------------------------------------------------------------------------
+# the serving adapter (vLLM's custom all-reduce shape)
+
+
+def test_serving_adapter_takes_and_declines_like_a_custom_all_reduce(monkeypatch):
+    from purlinc.torch.serving import PurlinAllReduce
+
+    R = 2
+    groups = StandInWorlds(R).groups()
+    ars = [PurlinAllReduce(g, max_bytes=1024) for g in groups]
+    xs = [rand(r, 8, 4, seed=12) for r in range(R)]
+    ar = ars[0]
+    assert ar.should_custom_ar(xs[0])
+    assert not ar.should_custom_ar(torch.randn(3))  # 12 bytes: not a multiple of 16
+    assert not ar.should_custom_ar(torch.randn(512))  # 2 KiB: over max_bytes
+    assert not ar.should_custom_ar(torch.randn(8, 4).t())  # not contiguous
+    assert not ar.should_custom_ar(torch.randn(8, dtype=torch.float64))  # not a dtype Purlin reduces
+    assert ar.custom_all_reduce(torch.randn(3)) is None
+
+    def body(rank, g):
+        a = ars[rank]
+        eager = a.custom_all_reduce(xs[rank])
+        with a.capture():
+            assert a.capturing
+            warm = a.custom_all_reduce(xs[rank])  # a warm-up run inside capture(): the real call
+        assert not a.capturing
+        return eager, warm
+
+    for eager, warm in on_ranks(groups, body):
+        torch.testing.assert_close(eager, xs[0] + xs[1])
+        torch.testing.assert_close(warm, xs[0] + xs[1])
+    # inside a (stand-in) capture, the warmed call runs
+    monkeypatch.setattr(ops_module, "_capturing", lambda t: True)
+
+    def captured(rank, g):
+        with ars[rank].capture():
+            return ars[rank].custom_all_reduce(xs[rank])
+    for y in on_ranks(groups, captured):
+        torch.testing.assert_close(y, xs[0] + xs[1])
+    ars[0].close()
+    assert ars[0].disabled and not ars[0].should_custom_ar(xs[0])

@@ -124,6 +124,26 @@ def fallback_calls(rank, R, records):
     assert any("all_reduce" in m or "allreduce with op" in m for m in said), said
 
 
+def torch_layers(rank, R):
+    """What torch builds on process groups, on this one: functional collectives (eager and
+    compiled: traced ones reach the group's backends through torch's dispatcher, here gloo) and
+    a DTensor on a DeviceMesh of the world."""
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    total = sum(value(r) for r in range(R))
+    expect(funcol.all_reduce(value(rank), "sum", dist.group.WORLD).wait(), total, "funcol.all_reduce")
+    compiled = torch.compile(lambda t: funcol.all_gather_tensor(t * 2, 0, dist.group.WORLD) + 1, fullgraph=True,
+                             backend="aot_eager")
+    expect(compiled(value(rank)), torch.cat([value(r) * 2 + 1 for r in range(R)]), "compiled funcol.all_gather")
+    mesh = init_device_mesh("cpu", (R,))
+    full = torch.arange(4.0 * R).view(2 * R, 2)
+    shard = distribute_tensor(full, mesh, [Shard(0)])
+    expect(shard.to_local(), full[2 * rank:2 * rank + 2], "DTensor shard")
+    expect(shard.full_tensor(), full, "DTensor full_tensor")
+
+
 def main(rank: int, world: int, init_file: str) -> None:
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
@@ -138,6 +158,7 @@ def main(rank: int, world: int, init_file: str) -> None:
     taken = purlin_calls(rank, world)
     assert taken >= 16, taken
     fallback_calls(rank, world, records)
+    torch_layers(rank, world)
     sub = dist.new_group([0, 1], backend="purlincpu")
     if rank in (0, 1):
         assert isinstance(sub, backend.PurlinProcessGroup), type(sub)

@@ -6,11 +6,13 @@ driver processes); ``from_torch`` does the same through the process group's own 
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Callable
 
 from purlinc import settings
+from purlinc.log import log
 from purlinc.runtime.errors import MismatchError
 
 
@@ -49,4 +51,7 @@ def open_heap(cls, rank: int, world: int, device: int, exchange: Callable[[objec
     comm.heap = SymmetricHeap(rank, size, bases, grow=grow, segment_bytes=size, limit_bytes=settings.heap_max_bytes())
     comm._opened, comm._owned = opened, owned  # the same lists grow() appends to
     comm.peer_devices = tuple(i["device"] for i in info)
+    if log.isEnabledFor(logging.INFO):
+        log.info("communicator: rank %d of %d on cuda:%d (pid %d), peers on %s, heap %d bytes", rank, world, device,
+                 os.getpid(), ", ".join(f"cuda:{i['device']}" for i in info), size)
     return comm

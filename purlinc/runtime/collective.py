@@ -21,11 +21,13 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from purlinc import settings
+from purlinc.log import log
 from purlinc.atom.abi import ERROR_RECORD, ERROR_RECORD_BYTES, decode_error
 from purlinc.atom.cubin import stack_bytes
 from purlinc.dtypes import DType, ReduceOp
@@ -251,6 +253,7 @@ class Collective:
 
     def _raise_timeout(self):
         error = self._timeout_error()
+        log.error("%s", error.message.splitlines()[0])
         self.comm.fail(error)
         raise error
 
@@ -327,6 +330,9 @@ class Collective:
         self._check_shared_device(abi, per_sm)
         hit = _Variant(function, module, abi, key, lean, per_sm)
         self._variants[key] = hit
+        if log.isEnabledFor(logging.INFO):
+            log.info("%s rank %d: kernel for %s%s loaded: %s", self.name, self.rank, dtype.value,
+                     f" {op.value}" if op else "", self.compiled.options.key())
         return hit
 
     def _check_shared_device(self, abi, per_sm: int) -> None:

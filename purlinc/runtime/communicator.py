@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from purlinc import settings
+from purlinc.log import log
 from purlinc.runtime.errors import MismatchError, PurlinTimeoutError
 from purlinc.runtime.heap import SymmetricHeap
 
@@ -93,6 +94,7 @@ def _reporting(exchange, rank: int, bound: float, holder: list):
                 notes=("a peer exited, or has not made the same call (load or first use of a new "
                        "dtype, op or count)",),
             )
+            log.error("%s", failure.message)
             if comm is not None:
                 comm.fail(failure)
             raise failure from None
@@ -314,6 +316,7 @@ class LocalGroup:
             # segment on every device once (the first rank to need it) and hands out the same bases.
             comm.heap = SymmetricHeap(r, size, bases, grow=self._grow, segment_bytes=size,
                                       limit_bytes=settings.heap_max_bytes())
+        log.info("LocalGroup: %d ranks on devices %s, heap %d bytes each", len(devices), devices, size)
 
     def _grow(self, index: int, size: int) -> list[int]:
         from purlinc.runtime import driver

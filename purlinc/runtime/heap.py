@@ -22,8 +22,11 @@ freed heap space (an error), or outside the heap.
 from __future__ import annotations
 
 import bisect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from purlinc.log import log
 
 ALIGN = 256  # every region starts 256-byte aligned (16-byte vectors, TMA's 128-byte rule)
 SEGMENT_ALIGN = 2 << 20  # segments are whole 2 MiB pages (cuMemAlloc's granularity for IPC)
@@ -183,6 +186,9 @@ class SymmetricHeap:
         bases = self._grow(len(self.segments), size)
         segment = Segment(len(self.segments), self.size, size, list(bases))
         self.segments.append(segment)
+        if log.isEnabledFor(logging.INFO):
+            log.info("heap of rank %d grew by segment %d of %d bytes for %s (%d bytes in all)", self.rank,
+                     segment.index, size, what, self.size)
         return segment
 
     def _exhaustion_notes(self) -> tuple[str, ...]:

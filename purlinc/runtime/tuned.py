@@ -10,11 +10,13 @@ warm-up call per (dtype, op), as for any collective).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from purlinc import settings
+from purlinc.log import log
 from purlinc.atom.atoms import DEFAULT_ATOM, lookup_atom
 from purlinc.errors import PurlinError
 from purlinc.pipeline import Compiled
@@ -109,9 +111,17 @@ def load_tuned(path_or_source: str | Path, comm, comms: list, *, params: Mapping
         if p.load_key not in loaded:  # buckets that lower to the same schedule share one load
             loaded[p.load_key] = _load_compiled(p.compiled, comm, comms, p.stage_bytes)
         per_bucket.append(loaded[p.load_key])
+    if log.isEnabledFor(logging.INFO):
+        log.info("load %s (R=%d): %d size buckets, %d schedules: %s", prepared[0].compiled.name,
+                 comms[0].world_size, len(buckets), len(loaded), "; ".join(_bucket_text(p) for p in prepared))
     if isinstance(comm, LocalGroup):
         return TunedGroup(buckets, per_bucket, units)
     return Tuned(buckets, per_bucket, units)
+
+
+def _bucket_text(p: PreparedBucket) -> str:
+    b = p.bucket
+    return (f"<= {b.max_bytes if b.max_bytes is not None else 'any'} B: {p.compiled.options.key()}")
 
 
 class Tuned:
@@ -148,6 +158,10 @@ class Tuned:
         index = self._chosen.get(key)
         if index is None:
             index = self._chosen[key] = tuning.choose(self.buckets, count * itemsize * self.units)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s rank %d: %d elements of %d bytes (%d bytes per call) take bucket %d: %s", self.name,
+                          self.rank, count, itemsize, count * itemsize * self.units, index,
+                          self.variants[index].compiled.options.key())
         return self.variants[index]
 
     def sms_for(self, count: int, itemsize: int) -> int:

@@ -12,6 +12,11 @@ torch.distributed.  ``import purlinc.torch`` (or ``purlin.torch``) imports torch
     shift = pt.op(purlinc.load("ring_shift.pln", comm), name="ring_shift")
     y = shift(x); shift(x, out=y)                       # torch.ops.purlin.ring_shift / ring_shift_out
 
+``import purlinc.torch`` also registers the torch.distributed backend ``purlin``
+(``dist.init_process_group("cuda:purlin,cpu:gloo")``, :mod:`purlinc.torch.backend`); ``group=``
+takes any torch ProcessGroup (:mod:`purlinc.torch.groups`); the functional forms are
+differentiable; :mod:`purlinc.torch.serving` has a serving stack's custom all-reduce.
+
 Every call works eagerly, under ``torch.compile(fullgraph=True)`` (one custom op per call,
 no graph break) and in CUDA graphs (after one warm-up call per dtype and op, which
 ``mode="reduce-overhead"`` makes by itself).  See docs/TORCH.md.

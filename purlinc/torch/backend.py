@@ -16,9 +16,13 @@ What Purlin runs, and what it hands on:
   (send, recv) always.  Each kind of hand-over is said once in the log (``PURLIN_DEBUG=INFO``).
 
 torch creates a Python process group for the first device of the backend string and uses it for
-every device, so this group owns its fallbacks: each is made on first use over its own key space
-in the group's store (a collective of the group's members, like the call that needs it).  The
-Purlin communicator comes on the first call too (:mod:`purlinc.torch.groups`, over the group's
+every device, so this group owns its fallbacks: each is made with the group (a collective of its
+members, like the group itself) over its own key space in the group's store, and registered as
+the group's backend for its device.  So the group has a name (torch keeps it in the backends),
+and what torch builds on process groups works on it: ``_functional_collectives`` (eagerly they
+reach this class, and Purlin; traced by ``torch.compile`` they reach the registered backends
+through torch's dispatcher, so they run on the fallback), DeviceMesh, DTensor.  The Purlin
+communicator comes on the first call (:mod:`purlinc.torch.groups`, over the group's
 own store, cached per group).  Work objects are torch's (:class:`purlinc.torch.distributed.Work`).
 """
 
@@ -51,6 +55,11 @@ class PurlinProcessGroup(dist.ProcessGroup):
         self._fallback_names = dict(fallbacks or DEFAULT_FALLBACKS)
         self._fallbacks: dict[str, object] = {}
         self._told: set[tuple[str, str]] = set()
+        for device in self._fallback_names:  # made now: torch keeps a group's name in its backends
+            if device != "cuda" or torch.cuda.is_available():
+                backend = self._fallbacks[device] = self._make_fallback(device)
+                kind = getattr(dist.ProcessGroup.BackendType, self._fallback_names[device].upper())
+                self._register_backend(torch.device(device), kind, backend)
         if group_name:
             self._set_group_name(group_name)
 

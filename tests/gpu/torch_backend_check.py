@@ -6,7 +6,8 @@ torch.distributed backend on real GPUs, and purlinc.torch on a process group of 
    barrier) on CUDA tensors through Purlin's real communicator and kernels, each result checked
    against values computed from the ranks; then what goes underneath: an int64 sum and a BXOR
    to NCCL, a CPU tensor to gloo, each checked, each hand-over logged once.
-2. The functional collectives' gradients, eager and under torch.compile (inductor).
+2. The functional collectives' gradients, eager and under torch.compile (inductor); the serving
+   adapter (PurlinAllReduce) in a hand-captured CUDA graph, replayed on new data.
 3. A ``cuda:nccl,cpu:gloo`` group made with ``new_group`` (every rank): ``pt.all_reduce``,
    ``pt.all_gather_into_tensor`` and the functional all-reduce with ``group=`` that process group
    (its Purlin communicator made over the group's own store), against NCCL's answer on the same data.
@@ -80,6 +81,29 @@ def autograd(rank, R, device):
         torch.testing.assert_close(x.grad, 2 * R * w + R, rtol=1e-5, atol=1e-4)
 
 
+def serving(rank, R, device):
+    """The serving adapter in a hand-captured CUDA graph: warm-up inside capture(), then replays on new data."""
+    from purlinc.torch.serving import PurlinAllReduce
+
+    ar = PurlinAllReduce(dist.group.WORLD)
+    static = torch.empty(8, 1024, device=device)
+    base = torch.Generator(device=device).manual_seed(5)
+    with ar.capture():
+        static.normal_(generator=base)
+        assert ar.should_custom_ar(static)
+        ar.custom_all_reduce(static)  # the warm-up run: compiles and loads outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = ar.custom_all_reduce(static)
+    for step in range(3):
+        values = torch.randn(8, 1024, device=device, generator=base)  # the same on every rank
+        static.copy_(values * (rank + 1))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, values * (R * (R + 1) // 2), rtol=1e-5, atol=1e-5)
+
+
 def main() -> None:
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
@@ -95,9 +119,12 @@ def main() -> None:
     calls.DEVICE = device
     calls.purlin_calls(rank, R)
     torch.cuda.synchronize()
+    for what in ("communicator: rank", "load allreduce", "kernel for float32 sum loaded"):  # the INFO log
+        assert any(what in m for m in said), (what, said[:20])
     fallbacks(rank, R, device, said)
     other_backend(rank, R, device)
     autograd(rank, R, device)
+    serving(rank, R, device)
     torch.cuda.synchronize()
     dist.barrier()
     print(f"rank {rank}: torch backend check: passed", flush=True)
