@@ -16,9 +16,9 @@ from purlinc.atom import abi as abi_module
 from purlinc.atom.codegen import limits
 
 # A rank's program is one template function, instantiated by its wide and lean entries
-# (rank.cu.j2): an edit of that body applies to both.
-ENTRY = re.compile(r"(purlin_\w+_r\d+_body\(const purlin_args& args\)\n\{\n)")
-BODY = re.compile(r"(purlin_\w+_r\d+_body\(const purlin_args& args\)\n\{\n)(.*?)(\n\}\n)", re.S)
+# (body.cu.j2): an edit of that body applies to both.
+ENTRY = re.compile(r"(purlin_\w+_b\d+_body\(const purlin_args& args\)\n\{\n)")
+BODY = re.compile(r"(purlin_\w+_b\d+_body\(const purlin_args& args\)\n\{\n)(.*?)(\n\}\n)", re.S)
 
 
 def probe_base(source: str, call: dict) -> str:
@@ -61,6 +61,7 @@ def probe_empty(source: str, call: dict) -> str:
 _MINIMAL = """
     // probe: a hand-written LL {kind} for 2 ranks, one channel, one round
     purlin_launch_order();  // as every generated body (PDL: wait for the previous call)
+    const unsigned me = (unsigned)args.rank, other = 1 - me;  // one body serves both ranks
     const unsigned t = threadIdx.x;
     const unsigned nbytes = (unsigned)({in_units} * args.io_unit);  // this rank's input, every chunk
     const purlin_u64 epoch = args.counters[0];
@@ -118,11 +119,9 @@ def _minimal(source: str, call: dict, wait: str):
         return None
 
     def body(m):
-        rank = int(re.search(r"_r(\d+)_body\(", m.group(1)).group(1))
-        peer = 1 - rank
+        rank, peer = "me", "other"  # the body's own variables (_MINIMAL)
         if kind == "allreduce":  # rank 0's data first, as the spec sums (bitwise the reference)
-            first, second = ("d[u]", "theirs") if rank == 0 else ("theirs", "d[u]")
-            finish = _REDUCE.format(first=first, second=second)
+            finish = _REDUCE.format(first="(me == 0 ? d[u] : theirs)", second="(me == 0 ? theirs : d[u])")
         else:
             finish = _GATHER.format(rank=rank, peer=peer)
         text = _MINIMAL.format(kind=kind, in_units=in_units, rank=rank, peer=peer,

@@ -395,7 +395,7 @@ def _kernel_from_entry(header: dict, blobs: dict[str, bytes]) -> Kernel:
     from purlinc.atom.nvrtc import remember_version
 
     abi_fields = dict(header["abi"])
-    for name in ("in_units", "out_units"):
+    for name in ("in_units", "out_units", "bodies"):
         abi_fields[name] = tuple(abi_fields[name])
     if header.get("nvrtc"):
         remember_version(header["nvrtc"])

@@ -16,6 +16,7 @@ struct purlin_args {
     purlin_u64 step;         // slice stride in bytes: round_up(ceil(piece bytes / SLICES), 16)
     purlin_u64 copy_bytes;   // bytes between the two staging copies (0 with one copy)
     purlin_u64 timeout_ns;   // bound on every wait
+    purlin_u64 rank;         // the rank this launch runs: its row of the body's table
     char* in;                // this rank's input
     char* out;               // this rank's output
     purlin_u64* counters;    // call counters, one per channel
@@ -26,7 +27,7 @@ struct purlin_args {
     char* out_peer[PURLIN_WORLD];       // registered outputs (null when not registered)
 };
 
-// Two forms of every rank's program (rank.cu.j2), which differ only in how they compute
+// Two forms of every body (body.cu.j2), which differ only in how they compute
 // addresses.  purlin_wide runs any call.  purlin_lean runs the calls abi.KernelABI.lean_fits
 // admits: one round, every byte offset below 2^31 (abi.LEAN_LIMIT), caller buffers and chunks
 // 8-byte aligned.  There offsets are 32-bit and every packet's 8 data bytes are one aligned word, so a small
@@ -125,6 +126,24 @@ template <typename Geo>
 __device__ __forceinline__ char* purlin_stage_ll(char* base, unsigned unit, unsigned s, const purlin_round<Geo>& rd)
 {
     return base + (rd.stage_copy + unit * rd.stage_unit + 2 * purlin_slice_lo(rd, s));
+}
+
+// Slice s of unit `unit` of a region of kind `kind` (codegen/exprs.py numbers them: 0 this
+// rank's IN, 1 its OUT, 2 / 3 rank `rank`'s registered IN / OUT, 4 rank `rank`'s staging, 5 the
+// packets of a packed message there).  Every block names its regions this way, so the code of
+// ranks that differ only in these numbers is one; a literal kind folds to one case.
+template <typename Geo>
+__device__ __forceinline__ char* purlin_region(const purlin_args& args, const purlin_round<Geo>& rd, int kind, int rank,
+                                               unsigned unit, unsigned s)
+{
+    switch (kind) {
+    case 0: return purlin_io(args.in, unit, s, rd);
+    case 1: return purlin_io(args.out, unit, s, rd);
+    case 2: return purlin_io(args.in_peer[rank], unit, s, rd);
+    case 3: return purlin_io(args.out_peer[rank], unit, s, rd);
+    case 4: return purlin_stage(args.stage[rank], unit, s, rd);
+    default: return purlin_stage_ll(args.stage[rank], unit, s, rd);
+    }
 }
 
 // ---- launch order ----

@@ -47,9 +47,23 @@ def op_for(spec) -> ReduceOp | None:
 
 
 def rank_text(source: str, rank: int) -> str:
-    """The text of one rank's entry point (from its banner to the next one)."""
-    parts = re.split(r"(?m)^// ==== rank ", source)
-    return next(p for p in parts[1:] if p.startswith(f"{rank}:"))
+    """The text of the body ``rank`` runs (from its banner to the next one)."""
+    for part in re.split(r"(?m)^// ==== ", source)[1:]:
+        ranks = re.match(r"ranks? ([0-9, ]+):", part)
+        if ranks and rank in [int(r) for r in ranks.group(1).split(",")]:
+            return part
+    raise AssertionError(f"no body runs rank {rank}")
+
+
+def rank_code(schedule, rank: int) -> str:
+    """``rank``'s own blocks, every number written out: the shared code expanded with its row of
+    the table (what tests/test_codegen_tables.py proves equal to the rank's blocks)."""
+    import sys
+
+    _, module = sys.modules["purlinc.atom.codegen.generate"].bodies_of(schedule)
+    body = next(b for b in module if rank in b.ranks)
+    row = body.rows[body.ranks.index(rank)]
+    return "".join(text for item in body.items for text in item.expand(row))
 
 
 # ---- a hand-built schedule: merged groups, a hazard barrier, a cross-call wait ----------
@@ -102,8 +116,8 @@ def test_hand_schedule_structure():
     # steps 1, 2 and 5 copy in[0]: one copy to three destinations, step 5 moved above the
     # notifies (remote destinations first, in step order)
     assert re.search(r"// step 1:.*\n\s*// step 2:.*\n\s*// step 5:.*\n\s*// steps above: one copy to 3 destinations", r0)
-    assert "purlin_copy_multi<3>(dsts, purlin_io(args.in, 0, slice0 + 0, rd)" in r0
-    assert r0.index("dsts.p[2] = purlin_io(args.out, 0, slice0 + 0, rd)") < r0.index("// step 3: notify")
+    assert "purlin_copy_multi<3>(dsts, purlin_region(args, rd, 0, 0, 0, slice0 + 0)" in r0  # kind 0: own IN
+    assert r0.index("dsts.p[2] = purlin_region(args, rd, 1, 0, 0, slice0 + 0)") < r0.index("// step 3: notify")
     # step 6 reads what step 5 wrote: a barrier in between
     assert re.search(r"// barrier: step 6 .*\n\s*__syncthreads\(\);\n\s*// step 6:", r0)
     # a cross-call wait: epoch * 1 + (0)
@@ -126,7 +140,7 @@ def test_channels_are_indexed_not_enumerated(name):
         kernel = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.FLOAT32,
                           op=ReduceOp.SUM if spec.is_reduce else None)
         source = kernel.source
-        assert "switch (blockIdx.x)" not in source and source.count("__global__") == 4
+        assert "switch (blockIdx.x)" not in source and source.count("__global__") == 1  # one body, all ranks
         assert "const unsigned slice0 = blockIdx.x * PURLIN_CHANNEL_SLICES;" in source
         assert "const unsigned sig0 = blockIdx.x * PURLIN_CHANNEL_SIGNALS;" in source
         assert f"constexpr unsigned PURLIN_CHANNEL_SIGNALS = {schedule.channel_signals};" in source
@@ -134,45 +148,37 @@ def test_channels_are_indexed_not_enumerated(name):
         sources[channels] = source
     assert len(sources[128]) <= 1.01 * len(sources[1])
     body = rank_text(sources[128], 1)
-    assert re.search(r"purlin_stage\(args\.stage\[\d\], \d+( \+ i)?, slice0 \+ 1, rd\)", body)
-    assert re.search(r"args\.signals\[\d\] \+ sig0 \+ \d", body)
+    assert re.search(r"purlin_region\(args, rd, 4, [^,]+, [^,]+, slice0 \+ 1\)", body)  # 4: staging
+    assert re.search(r"args\.signals\[(tab\[\d+\]|\d)\] \+ sig0 \+ ", body)
 
 
 def test_runs_of_like_steps_become_loops():
-    """allreduce R=8, direct-push: each rank stages its 8 units to a peer as one loop; every
-    step keeps its comment, and the loop covers exactly those steps, in order."""
+    """allreduce R=8, direct-push: one body for every rank; each rank stages its 8 units to its
+    7 peers as one loop over a table (56 copies), and reduces its 8 units in another; every step
+    of rank 0 keeps its comment, and each rank's loop rows are exactly its own steps."""
     spec, schedule = schedule_of("allreduce", 8)
     kernel = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.FLOAT32, op=ReduceOp.SUM)
     body = rank_text(kernel.source, 0)
     for index in range(len(schedule.programs[0].steps)):
         assert f"// step {index}: " in body
-    loops = re.findall(r"for \(unsigned i = 0; i < (\d+); \+\+i\)", body)
-    assert loops and all(n == "8" for n in loops)
-    assert "purlin_copy(purlin_stage(args.stage[1], 0 + i, slice0 + 0, rd), purlin_io(args.in, 0 + i, slice0 + 0, rd)" in body
-    # the 8 reductions: srcs advance together (in[u], then the 7 peers' units u, 8 + u, ...)
-    assert "purlin_reduce<8>(purlin_io(args.out, 0 + i, slice0 + 0, rd), srcs" in body
-    assert "purlin_stage(args.stage[0], 8 + i, slice0 + 0, rd)" in body
-    # no loop across a barrier: two runs separated by a hazard stay apart
-    blocks = fuse.runs([
-        {"kind": "copy", "comments": [], "regions": (Region(Space.STAGE, 1, u, 0), Region(Space.IN, 0, u, 0)),
-         "dst": "", "srcs": [""], "slice": "", "loop": 0}
-        for u in range(2)
-    ] + [{"kind": "barrier", "comments": []}] + [
-        {"kind": "copy", "comments": [], "regions": (Region(Space.STAGE, 1, u, 0), Region(Space.IN, 0, u, 0)),
-         "dst": "", "srcs": [""], "slice": "", "loop": 0}
-        for u in range(2, 6)
-    ], 0)
-    assert [b.get("loop") for b in blocks] == [0, 0, None, 4]
+    assert re.findall(r"for \(unsigned t = 0; t < (\d+); \+\+t\)", body) == ["56", "8"]
+    assert "purlin_reduce<8>(purlin_region(args, rd, 1, tab[" in body  # OUT, unit t
+    code = rank_code(schedule, 0)
+    assert "purlin_copy(purlin_region(args, rd, 4, 1, 0, slice0 + 0), purlin_region(args, rd, 0, 0, 0, slice0 + 0)" in code
+    assert "purlin_copy(purlin_region(args, rd, 4, 7, 7, slice0 + 0), purlin_region(args, rd, 0, 0, 7, slice0 + 0)" in code
+    # the 8 reductions: in[u] (kind 0), then the 7 peers' staged units u, 8 + u, ... (kind 4)
+    assert "purlin_region(args, rd, 0, 0, 0, slice0 + 0),\n                purlin_region(args, rd, 4, 0, 0, slice0 + 0)," in code
+    assert "purlin_region(args, rd, 4, 0, 55, slice0 + 0)," in code
 
 
-def _copy_block(src: Region, dst: Region, loop: int = 0) -> dict:
+def _copy_block(src: Region, dst: Region) -> dict:
     return {"kind": "copy", "comments": [f"step {dst.unit}: copy"], "dst": dst.format(), "srcs": [src.format()],
-            "slice": "s", "loop": loop, "regions": (dst, src), "reads": frozenset({src}), "writes": frozenset({dst})}
+            "slice": "s", "regions": (dst, src), "reads": frozenset({src}), "writes": frozenset({dst})}
 
 
 def test_copies_of_one_source_fuse():
     """Copies of one region fuse into one multi-destination copy, moving above notifies only;
-    a wait, a barrier, another source, a run or a hazard keeps them apart."""
+    a wait, a barrier, another source or a hazard keeps them apart."""
     x, y = _r(Space.IN, 0, 0), _r(Space.IN, 0, 1)
     peer, peer2, own = _r(Space.STAGE, 1, 0), _r(Space.STAGE, 1, 1), _r(Space.OUT, 0, 0)
     notify = {"kind": "notify_one", "comments": ["step 9: notify"]}
@@ -185,7 +191,6 @@ def test_copies_of_one_source_fuse():
         kept = fuse.fuse_copies([_copy_block(x, peer), between, _copy_block(x, own)])
         assert [b["kind"] for b in kept] == ["copy", between["kind"], "copy"]
     assert [b["kind"] for b in fuse.fuse_copies([_copy_block(x, peer), _copy_block(y, own)])] == ["copy", "copy"]
-    assert [b["kind"] for b in fuse.fuse_copies([_copy_block(x, peer, loop=4), _copy_block(x, own)])] == ["copy", "copy"]
     # a copy writing the fused copy's source (or a destination) stays separate
     assert [b["kind"] for b in fuse.fuse_copies([_copy_block(x, peer), _copy_block(x, peer)])] == ["copy", "copy"]
     many = fuse.fuse_copies([_copy_block(x, _r(Space.STAGE, 1, u)) for u in range(limits.MAX_COPY_DSTS + 2)])
@@ -202,8 +207,7 @@ def test_multi_destination_copy_compiles(name):
         kernel = generate(schedule, spec, atom=atom, arch="sm_90", dtype=DType.BFLOAT16, op=None)
         texts[atom] = kernel.orchestration_source
         compile_cubin(kernel.source, kernel.filename, "sm_90")
-    root = rank_text(texts["ldst"], 0)
-    assert "purlin_copy_multi<4>(dsts, purlin_io(args.in, 0, slice0 + 0, rd)" in root
+    assert "purlin_copy_multi<4>(dsts, purlin_region(args, rd, 0, " in rank_code(schedule, 0)
     assert texts["ldst"] == texts["tma"]
 
 def test_entry_points_and_abi():
@@ -211,10 +215,12 @@ def test_entry_points_and_abi():
     kernel = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.BFLOAT16, op=None)
     assert re.fullmatch(r"purlin_allgather_[0-9a-f]{8}", kernel.kernel_base)
     assert kernel.filename == f"{kernel.kernel_base}.cu"
-    for rank in range(4):
-        assert f"extern \"C\" __global__ void __launch_bounds__({limits.THREADS})\n{kernel.kernel_base}_r{rank}(const purlin_args args)" in kernel.source
-    assert kernel.source.count('extern "C" __global__') == 4
     abi = kernel.abi
+    assert abi.bodies == (0, 0, 0, 0)  # every rank runs body 0
+    for rank in range(4):
+        assert abi.entry(rank) == f"{kernel.kernel_base}_b0"
+        assert f"extern \"C\" __global__ void __launch_bounds__({limits.THREADS})\n{abi.entry(rank)}(const purlin_args args)" in kernel.source
+    assert kernel.source.count('extern "C" __global__') == 1
     assert (abi.world_size, abi.channels, abi.threads, abi.itemsize) == (4, schedule.channels, limits.THREADS, 2)
     assert abi.stage_units == schedule.stage_units and abi.signal_pad == schedule.signal_pad_size()
     assert abi.in_units == schedule.in_units and abi.out_units == schedule.out_units
@@ -272,7 +278,7 @@ def test_epoch_is_set_where_first_needed():
     spec, schedule = schedule_of("allreduce", 2)
     kernel = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.BFLOAT16, op=ReduceOp.SUM)
     for rank in range(2):
-        body = kernel.source.split(f"// ==== rank {rank}")[1].split("// ==== rank")[0]
+        body = rank_text(kernel.source, rank)
         assert body.count("purlin_round_epoch(rd, args, epoch0 + round);") == 1
         assert body.index("purlin_round_geometry<Geo>(") < body.index("purlin_round_epoch(") < body.index("// step 0")
 
@@ -281,7 +287,7 @@ def test_registered_buffers_need_peers():
     spec, schedule = schedule_of("allgather", 4, Algorithm.DIRECT_PULL, registered=frozenset({"in"}))
     kernel = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.BFLOAT16, op=None)
     assert kernel.abi.needs_in_peers
-    assert "args.in_peer[" in kernel.source
+    assert "purlin_region(args, rd, 2, " in rank_code(schedule, 0)  # 2: a peer's registered IN
 
 
 def test_names_are_deterministic_and_distinct():
@@ -381,7 +387,7 @@ def test_broken_template_is_a_readable_error(monkeypatch):
 
     def broken(name):
         text = real(name)
-        return text.replace("{% for kernel in kernels %}", "{% for kernel in kernels") if name == "kernel.cu.j2" else text
+        return text.replace("{% for body in bodies %}", "{% for body in bodies") if name == "kernel.cu.j2" else text
 
     render.environment.cache_clear()
     monkeypatch.setattr(render, "load_template", broken)

@@ -7,6 +7,7 @@ except the NVRTC/SASS checks at the end (NVRTC runs on CPU)."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -215,6 +216,15 @@ def test_cli_flag_reaches_the_options(capsys):
 # ---------------------------------------------------------------- CUDA
 
 
+def _body(source: str, rank: int) -> str:
+    """The text of the body ``rank`` runs (from its banner to the next one)."""
+    for part in re.split(r"(?m)^// ==== ", source)[1:]:
+        ranks = re.match(r"ranks? ([0-9, ]+):", part)
+        if ranks and rank in [int(r) for r in ranks.group(1).split(",")]:
+            return part
+    raise AssertionError(f"no body runs rank {rank}")
+
+
 def _kernel(name, world=2, atom="ldst", arch="sm_90", channels=1, dtype=None, packed=True):
     spec = spec_for(name, world)
     schedule = pipeline.snac_stage(spec, LowerOptions(channels=channels, packed=packed))
@@ -230,7 +240,7 @@ def test_generated_ll_structure():
     # Two staging copies by epoch parity: the runtime allocates both.
     assert schedule.stage_copies == 2 and "PURLIN_STAGE_COPIES = 2" in source
     assert kernel.abi.stage_bytes(3) == 2 * schedule.stage_units * 16  # 3 bf16 = 6 bytes -> 16
-    body = source.split("// ==== rank 0")[1].split("// ==== rank 1")[0]
+    body = _body(source, 0)
     # The two packed stages of a rank are one loop: both chunks' loads, then both stores (the
     # first packets' loads peeled ahead of the loop, the rest at the end of each trip).
     assert body.count("purlin_ll_put<Geo>(") == 2 and body.count("purlin_ll_take<Geo>(") == 2 * 2
@@ -241,8 +251,9 @@ def test_generated_ll_structure():
     assert body.count("purlin_round_epoch(") == 1
     assert body.index("purlin_ll_take<Geo>(src1") < body.index("purlin_round_epoch(") < body.index("flag0 =")
     assert body.index("purlin_round_epoch(") < body.index("purlin_ll_consume<")
-    # The two reduces are one receive loop over both chunks (one instantiation, out of line).
-    assert body.count("purlin_ll_consume<Geo, 2, 2, true, 2u>(batch, site)") == 1
+    # The two reduces are one receive loop over both chunks; which source is packets (the
+    # peer's, after this rank's own input in rank order) is a number of the rank's row.
+    assert re.findall(r"purlin_ll_consume<Geo, 2, 2, true>\(batch, site, (tab\[\d+\])\)", body)
     assert "__device__ __forceinline__ int purlin_ll_consume(" in source  # a small module: inlined
     # No DATA notify, no separate packed wait, and no ACK: each rank's next call waits for the
     # other's data, sent only after that rank finished reading this call's copy.
@@ -250,23 +261,25 @@ def test_generated_ll_structure():
     assert "purlin_notify(" not in body and kernel.abi.threads == 256
     assert "st.volatile.global.v4.u32" in source and "ld.volatile.global.v4.u32" in source
     _, copy = _kernel("allgather", 2)
-    assert "purlin_ll_consume<Geo, 1, 1, false, 1u>(batch, site)" in copy.source
+    assert "purlin_ll_consume<Geo, 1, 1, false>(batch, site, 1)" in copy.source
     assert "purlin_ll_consume<Geo, 1, 1, true" not in copy.source
 
 
 def test_ll_receive_loops_split_by_shape_size_and_hazard():
-    # R=8 all-reduce: 8 reduces of 8 sources each, at most 8 sources per loop -> 8 loops of one.
+    # R=8 all-reduce: 8 reduces of 8 sources each, at most 8 sources per loop -> 8 loops of one,
+    # which have one shape: one call site, in a loop over the 8 rows of the ranks' table.
     _, kernel = _kernel("allreduce", 8)
-    body = kernel.source.split("// ==== rank 0")[1].split("// ==== rank 1")[0]
-    assert body.count("purlin_ll_consume<Geo, 1, 8, true, 254u>(batch, site)") == 8
-    # 64 loops in the module: one out-of-line body per shape (inlined, NVRTC took 3x as long).
-    assert "__device__ __noinline__ int purlin_ll_consume(" in kernel.source
+    body = _body(kernel.source, 0)
+    assert len(re.findall(r"purlin_ll_consume<Geo, 1, 8, true>\(batch, site, tab\[\d+\]\)", body)) == 1
+    assert "for (unsigned t = 0; t < 8; ++t)" in body
+    # One receive loop in the module (all ranks share the body): inlined.
+    assert "__device__ __forceinline__ int purlin_ll_consume(" in kernel.source
     # ... and its 56 packed stages are one send loop over its 8 inputs (each loaded once).
     assert body.count("purlin_ll_put<Geo>(") == 56 and body.count("purlin_ll_take<Geo>(") == 8 * 2
     # R=4 all-gather: 3 copies of one source -> one loop.
     _, gather = _kernel("allgather", 4)
-    body = gather.source.split("// ==== rank 0")[1].split("// ==== rank 1")[0]
-    assert body.count("purlin_ll_consume<Geo, 3, 1, false, 1u>(batch, site)") == 1
+    body = _body(gather.source, 0)
+    assert body.count("purlin_ll_consume<Geo, 3, 1, false>(batch, site, 1)") == 1
 
 
 def test_ll_batches_never_fuse_a_read_after_a_write():
@@ -293,7 +306,7 @@ def test_local_copy_of_a_sent_source_is_written_by_the_send_loop():
     # R=2 all-gather: a rank sends its chunk and copies it to its own output; the copy is
     # written from the registers the send loop loaded (no second load, no copy step).
     _, kernel = _kernel("allgather", 2)
-    body = kernel.source.split("// ==== rank 0")[1].split("// ==== rank 1")[0]
+    body = _body(kernel.source, 0)
     assert body.count("purlin_ll_copy_out<Geo>(out0, len0,") == 1 and "purlin_copy(" not in body
     assert "1 message and 1 local copy from 1 source(s)" in body
     # The receive loop waits for all of a thread's missing packets at once.
@@ -311,14 +324,14 @@ def test_fused_copy_rules():
         return {"kind": "ll_send", "comments": [], "dst": "d", "srcs": [f"s{src.unit}"], "slice": "0",
                 "per_call": 1, "k": 1, "reads": frozenset({src}), "writes": frozenset({dst})}
 
-    def copy(src, dst, loop=0):
-        return {"kind": "copy", "comments": [], "dst": "o", "srcs": ["s"], "slice": "0", "loop": loop,
+    def copy(src, dst):
+        return {"kind": "copy", "comments": [], "dst": "o", "srcs": ["s"], "slice": "0",
                 "regions": (dst, src), "reads": frozenset({src}), "writes": frozenset({dst})}
 
     fused = _fuse_sends([send(a, staged), copy(a, out)])
     assert [blk["kind"] for blk in fused] == ["ll_send"] and fused[0]["copies"] == [{"dst": "o", "source": 0}]
-    # Not a source of the loop, a run of copies, or a destination the loop reads: left alone.
-    for other in (copy(b, out), copy(a, out, loop=2), copy(a, a)):
+    # Not a source of the loop, or a destination the loop reads: left alone.
+    for other in (copy(b, out), copy(a, a)):
         assert [blk["kind"] for blk in _fuse_sends([send(a, staged), other])] == ["ll_send", "copy"]
     # A send after a fused copy that reads its destination starts a new loop.
     fused = _fuse_sends([send(a, staged), copy(a, out), send(out, Region(Space.STAGE, 1, 2, 0))])
@@ -327,7 +340,7 @@ def test_fused_copy_rules():
 
 def test_plain_kernels_use_relaxed_ack_and_release_data():
     _, kernel = _kernel("allgather", 4, packed=False)
-    body = kernel.source.split("// ==== rank 0")[1].split("// ==== rank 1")[0]
+    body = _body(kernel.source, 0)
     assert "purlin_notify_relaxed(" in body and "purlin_notify(" in body
     assert "purlin_ll_" not in kernel.source and "PURLIN_STAGE_ALIGN = 1;" in kernel.source
     assert kernel.abi.stage_align == 1

@@ -168,7 +168,7 @@ def test_small_aligned_calls_take_the_lean_entry(fake):
         function, *_, packed = coll.target(shape)
         piece = choose_piece(count, coll.stage_units, 2, coll.layout.stage_bytes)
         assert packed.buffer.raw == variant.abi.pack_args(  # the same arguments, whichever entry
-            count=count, piece=piece, timeout_ns=coll.timeout_ns, in_ptr=shape.in_ptr, out_ptr=shape.out_ptr,
+            count=count, piece=piece, timeout_ns=coll.timeout_ns, rank=coll.rank, in_ptr=shape.in_ptr, out_ptr=shape.out_ptr,
             counters_ptr=coll.counters_ptr, error_ptr=coll.error_dev, stage=coll.stage_ptrs, signals=coll.pad_ptrs)
         return function
 

@@ -405,7 +405,7 @@ def test_twin_kernels_compile_and_want_peer_pointers(name, algorithm, needs):
     x, out = symmetric.alloc(comm, 4096), symmetric.alloc(comm, 4096)
     coll = FakeCollective(comm=comm, compiled=SimpleNamespace(world_size=2))
     peers = zerocopy.peer_args(coll, shape(x.ptr, out.ptr))
-    packed = abi.pack_args(count=64, piece=64, timeout_ns=1, in_ptr=x.ptr, out_ptr=out.ptr, counters_ptr=0,
+    packed = abi.pack_args(count=64, piece=64, timeout_ns=1, rank=0, in_ptr=x.ptr, out_ptr=out.ptr, counters_ptr=0,
                            error_ptr=0, stage=[0, 0], signals=[0, 0], **peers)
     words = __import__("struct").unpack(f"<{len(packed) // 8}Q", packed)
     assert list(words[-4:]) == [x.peer_ptr(0), x.peer_ptr(1), out.peer_ptr(0), out.peer_ptr(1)]

@@ -1,7 +1,10 @@
 """The contract between generated kernels and the runtime that launches them.
 
-Every generated module has one entry point per rank, ``<kernel_base>_r<rank>``, taking one
-argument: a ``purlin_args`` struct by value.  Its layout (all fields 8 bytes, no padding):
+Every generated module has one entry point per body, ``<kernel_base>_b<index>``: ranks whose
+programs differ only in numbers (units, peers, signals) share a body, which reads those
+numbers from its table's row ``rank`` (``purlinc.atom.codegen.tables``); ``KernelABI.bodies``
+says which body each rank runs (``KernelABI.entry``).  An entry takes one argument: a
+``purlin_args`` struct by value.  Its layout (all fields 8 bytes, no padding):
 
     offset  field
     0       u64   rounds       rounds of this call: ceil(count / piece), 0 when count == 0
@@ -12,11 +15,12 @@ argument: a ``purlin_args`` struct by value.  Its layout (all fields 8 bytes, no
     40      u64   step         slice stride in bytes (below)
     48      u64   copy_bytes   bytes between the two staging copies (0 with one copy)
     56      u64   timeout_ns   bound on every device-side wait (%globaltimer nanoseconds)
-    64      ptr   in           this rank's input
-    72      ptr   out          this rank's output
-    80      ptr   counters     this rank's call counters: u64[channels], device memory, start at 0
-    88      ptr   error        this rank's error record (``ERROR_RECORD``), host-mapped
-    96      ptr   stage[R]     stage[p]: rank p's staging buffer as mapped on this rank
+    64      u64   rank         the rank this launch runs (its row of the body's table)
+    72      ptr   in           this rank's input
+    80      ptr   out          this rank's output
+    88      ptr   counters     this rank's call counters: u64[channels], device memory, start at 0
+    96      ptr   error        this rank's error record (``ERROR_RECORD``), host-mapped
+    104     ptr   stage[R]     stage[p]: rank p's staging buffer as mapped on this rank
     ..      ptr   signals[R]   signals[p]: rank p's signal pad (u64[signal_pad]) as mapped here
     ..      ptr   in_peer[R]   registered inputs of every rank (null when not registered)
     ..      ptr   out_peer[R]  registered outputs of every rank (null when not registered)
@@ -26,7 +30,7 @@ argument: a ``purlin_args`` struct by value.  Its layout (all fields 8 bytes, no
 the round geometry from them once per call shape (``KernelABI.pack_args``), so no kernel
 spends its first instructions on 64-bit divisions and products before its first load.
 
-Lean entries: a module with packed (LL) stages also has ``<kernel_base>_r<rank>_lean``
+Lean entries: a module with packed (LL) stages also has ``<kernel_base>_b<index>_lean``
 (``KernelABI.lean_entry``), the same program compiled for the calls ``KernelABI.lean_fits``
 admits: one round, every byte offset the kernel forms below ``LEAN_LIMIT``, and every packet's
 8 data bytes one aligned word (caller buffers 8-byte aligned, chunks a multiple of 8 bytes).
@@ -74,7 +78,7 @@ import struct
 from dataclasses import dataclass
 
 HEADER_FIELDS = ("rounds", "io_unit", "piece_bytes", "last_bytes", "stage_unit", "step", "copy_bytes",
-                 "timeout_ns", "in", "out", "counters", "error")
+                 "timeout_ns", "rank", "in", "out", "counters", "error")
 ERROR_RECORD = ("flag", "rank", "channel", "step", "signal_owner", "signal_index", "expected", "observed")
 ERROR_RECORD_BYTES = 8 * len(ERROR_RECORD)
 LEAN_LIMIT = 1 << 31  # bytes: every offset a lean entry forms (packet offsets are twice a slice's) stays 32-bit
@@ -82,7 +86,7 @@ LEAN_LIMIT = 1 << 31  # bytes: every offset a lean entry forms (packet offsets a
 
 @dataclass(frozen=True, slots=True)
 class KernelABI:
-    kernel_base: str  # entry points are f"{kernel_base}_r{rank}"
+    kernel_base: str  # entry points are f"{kernel_base}_b{body}" (``entry``)
     world_size: int
     channels: int  # grid size
     threads: int  # block size
@@ -98,6 +102,7 @@ class KernelABI:
     needs_out_peers: bool  # ... other ranks' OUT (registered outputs)
     stage_align: int = 1  # staging units are rounded up to this many bytes (16 with packed stages)
     lean: bool = False  # the module also has lean entries (``lean_entry``, ``lean_fits``)
+    bodies: tuple[int, ...] = ()  # per rank, the body (entry) it runs; () = body r for rank r
 
     def stage_unit_bytes(self, piece: int) -> int:
         """Bytes between staging units for a call moving ``piece`` elements per round."""
@@ -124,13 +129,18 @@ class KernelABI:
         copy_bytes = self.stage_units // self.stage_copies * unit if self.stage_copies > 1 else 0
         return rounds, count * itemsize, piece_bytes, last_bytes, unit, step, copy_bytes
 
+    def body(self, rank: int) -> int:
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"{self.kernel_base}: rank {rank} is not in 0..{self.world_size - 1}")
+        return self.bodies[rank] if self.bodies else rank
+
     def entry(self, rank: int) -> str:
-        return f"{self.kernel_base}_r{rank}"
+        return f"{self.kernel_base}_b{self.body(rank)}"
 
     def lean_entry(self, rank: int) -> str:
         if not self.lean:
             raise ValueError(f"{self.kernel_base} has no lean entries (only modules with packed stages have them)")
-        return f"{self.kernel_base}_r{rank}_lean"
+        return f"{self.entry(rank)}_lean"
 
     def lean_fits(self, count: int, piece: int, pointers: tuple[int, ...]) -> bool:
         """Whether a call may take the lean entries: this module has them; the call is one
@@ -155,6 +165,7 @@ class KernelABI:
         count: int,
         piece: int,
         timeout_ns: int,
+        rank: int,
         in_ptr: int,
         out_ptr: int,
         counters_ptr: int,
@@ -166,6 +177,7 @@ class KernelABI:
     ) -> bytes:
         """The ``purlin_args`` struct as bytes, ready to be passed by value."""
         world = self.world_size
+        self.body(rank)  # a rank of this module
         in_peer = in_peer or [0] * world
         out_peer = out_peer or [0] * world
         for name, values in (("stage", stage), ("signals", signals), ("in_peer", in_peer), ("out_peer", out_peer)):
@@ -173,7 +185,7 @@ class KernelABI:
                 raise ValueError(f"{name}: expected {world} pointers (one per rank), got {len(values)}")
         return struct.pack(
             f"<{len(HEADER_FIELDS) + 4 * world}Q",
-            *self.geometry(count, piece), timeout_ns, in_ptr, out_ptr, counters_ptr, error_ptr,
+            *self.geometry(count, piece), timeout_ns, rank, in_ptr, out_ptr, counters_ptr, error_ptr,
             *stage, *signals, *in_peer, *out_peer,
         )
 

@@ -359,7 +359,7 @@ class Collective:
             if len(self._args) >= _ARGS_CACHE_LIMIT:
                 self._args.clear()  # launches copy their arguments: dropping old ones is safe
             data = variant.abi.pack_args(**peers,
-                count=shape.count, piece=piece, timeout_ns=self.timeout_ns, in_ptr=shape.in_ptr,
+                count=shape.count, piece=piece, timeout_ns=self.timeout_ns, rank=self.rank, in_ptr=shape.in_ptr,
                 out_ptr=shape.out_ptr, counters_ptr=self.counters_ptr, error_ptr=self.error_dev,
                 stage=self.stage_ptrs, signals=self.pad_ptrs,
             )

@@ -2,9 +2,9 @@
 
 Data steps become ``copy`` / ``reduce`` blocks (or ``ll_send`` for packed stages), runs of
 Notifies and Waits become merged signal groups (one lane of warp 0 per signal), a packed
-consume group becomes one ``ll_recv`` (``ll.ll_block``), and a ``barrier`` goes between data
+consume group becomes receive loops and a barrier (``ll.ll_block``), and a ``barrier`` goes between data
 steps that touch the same region (threads split work differently from one step to the next).
-The blocks are then fused (``fuse``, ``ll.fuse_sends``) and runs of like steps become loops.
+The blocks are then fused (``fuse``, ``ll.fuse_sends``); ``tables`` makes runs of like blocks loops.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import purlinc.atom.codegen.limits as limits
 from purlinc.atom.codegen.exprs import num, one_line, packets_expr, region_expr, signal_expr, slice_expr
-from purlinc.atom.codegen.fuse import fuse_copies, runs
+from purlinc.atom.codegen.fuse import fuse_copies
 from purlinc.atom.codegen.ll import check_reorder, fuse_sends, ll_block
 from purlinc.errors import InternalError
 from purlinc.frontend.ast import Operation
@@ -43,7 +43,6 @@ def data_block(index: int, step: Stage | Consume, rank: int, per_call: dict) -> 
         "dst": region_expr(step.dst, rank),
         "srcs": [region_expr(r, rank) for r in srcs],
         "slice": slice_expr(step.dst.slice),
-        "loop": 0,
         "regions": (step.dst, *srcs),
         "reads": frozenset(srcs),
         "writes": frozenset({step.dst}),
@@ -139,7 +138,7 @@ class _Blocks:
         if group is None:
             return end
         check_reorder(self.program, group)
-        self.blocks.append(ll_block(self.program, group, self.packed, self.per_call))  # ends with a barrier
+        self.blocks.extend(ll_block(self.program, group, self.packed, self.per_call))  # ends with a barrier
         self.barrier_passed()
         for c in range(end, group.end):
             if c not in group.consumes:
@@ -186,4 +185,4 @@ def program_blocks(program: Program, per_call: dict, roles: dict | None = None, 
     if state.reads or state.writes:
         # The next round reuses staging units and the counter update follows.
         state.blocks.append({"kind": "barrier", "comments": ["barrier: end of the round"]})
-    return runs(fuse_sends(fuse_copies(state.blocks)), program.rank)
+    return fuse_sends(fuse_copies(state.blocks))

@@ -16,7 +16,7 @@ import re
 
 from purlinc.snac.ir import Region, Space
 
-SLICE0 = "slice0"  # this block's first slice: blockIdx.x * slices per channel (rank.cu.j2)
+SLICE0 = "slice0"  # this block's first slice: blockIdx.x * slices per channel (body.cu.j2)
 SIG0 = "sig0"  # this block's first signal in every pad: blockIdx.x * channel_signals
 
 _OPEN, _CLOSE = "\x02", "\x03"  # never in C source or in a comment (comments carry no marks)
@@ -42,19 +42,30 @@ def signal_expr(index: int) -> str:
     return f"{SIG0} + {num(index)}"
 
 
-def region_expr(region: Region, rank: int, unit: str | None = None) -> str:
-    """The address of ``region`` for ``rank``'s kernel; ``unit`` overrides its unit with an
-    expression (a loop over a run of steps, see ``fuse.runs``)."""
-    unit, s = num(region.unit) if unit is None else unit, slice_expr(region.slice)
+# Region kinds, numbered as purlin_region (prelude.cuh) takes them.  A kind is a number like
+# any other, so ranks whose step reads its own input where another reads a peer's staging
+# (a reduction's sources in rank order) still share code.
+IN, OUT, IN_PEER, OUT_PEER, STAGE, STAGE_LL = range(6)
+
+
+def region_expr(region: Region, rank: int) -> str:
+    """The address of ``region`` for ``rank``'s kernel."""
     if region.space is Space.STAGE:
-        return f"purlin_stage(args.stage[{num(region.rank)}], {unit}, {s}, rd)"
-    own, peers = ("args.in", "args.in_peer") if region.space is Space.IN else ("args.out", "args.out_peer")
-    base = own if region.rank == rank else f"{peers}[{num(region.rank)}]"
-    return f"purlin_io({base}, {unit}, {s}, rd)"
+        kind = STAGE
+    elif region.space is Space.IN:
+        kind = IN if region.rank == rank else IN_PEER
+    else:
+        kind = OUT if region.rank == rank else OUT_PEER
+    return _region(kind, region, num(region.unit))
 
 
 def packets_expr(region: Region) -> str:
-    return f"purlin_stage_ll(args.stage[{num(region.rank)}], {num(region.unit)}, {slice_expr(region.slice)}, rd)"
+    """The packets of a packed message staged in ``region``."""
+    return _region(STAGE_LL, region, num(region.unit))
+
+
+def _region(kind: int, region: Region, unit: str) -> str:
+    return f"purlin_region(args, rd, {num(kind)}, {num(region.rank)}, {unit}, {slice_expr(region.slice)})"
 
 
 def one_line(text: str) -> str:

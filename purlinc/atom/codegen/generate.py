@@ -8,10 +8,12 @@ from purlinc.atom.atoms import get_atom, parse_arch
 import purlinc.atom.codegen.limits as limits
 from purlinc.atom.codegen.blocks import program_blocks
 from purlinc.atom.codegen.elems import elem_values
-from purlinc.atom.codegen.exprs import num, unmark
+from purlinc.atom.codegen.exprs import num
 from purlinc.atom.codegen.kernel import ATOM_BEGIN, ATOM_END, KernelSource
 from purlinc.atom.codegen.names import kernel_base
 from purlinc.atom.codegen.render import load_template, render
+from purlinc.atom.codegen.tables import Body
+import purlinc.atom.codegen.tables as tables
 from purlinc.atom.trace import trace_template_values
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.errors import InternalError, PurlinError
@@ -62,16 +64,48 @@ def _kernels(schedule: Schedule, base: str, packed: dict) -> list[dict]:
         # data loads then overlap instead of adding up on every small call's critical path.
         if blocks and blocks[0]["kind"] == "ll_send":
             blocks[0] = {**blocks[0], "sets_epoch": True}
-        kernels.append({"rank": num(rank), "entry": f"{base}_r{rank}", "steps": len(program.steps), "blocks": blocks})
+        kernels.append({"rank": num(rank), "steps": len(program.steps), "blocks": blocks})
     return kernels
 
 
-def _ll_loops(kernels: list[dict]) -> int:
-    """Receive loops (purlin_ll_consume calls) in a module, every rank's entry counted."""
-    return sum(len(block["batches"]) for kernel in kernels for block in kernel["blocks"] if block["kind"] == "ll_recv")
+def _ll_loops(module: tuple[Body, ...]) -> int:
+    """Receive loops (purlin_ll_consume call sites) in a module, every body counted once."""
+    return sum(1 for body in module for item in body.items if item.first["kind"] == "ll_batch")
 
 
-def _abi(schedule: Schedule, base: str, threads: int, shared_bytes: int, dtype: DType, packed: bool) -> KernelABI:
+def block_texts(kernels: list[dict]) -> list[list[tuple[dict, str]]]:
+    """Every rank's blocks with their C text, numbers marked (``exprs.num``)."""
+    return [[(block, render("block.cu.j2", block=block, kernel=kernel)) for block in kernel["blocks"]]
+            for kernel in kernels]
+
+
+def _bodies(kernels: list[dict], trace: bool) -> tuple[Body, ...]:
+    """The module's bodies (tables.bodies).  A traced module shares bodies as an untraced one
+    does (the same entries), but keeps one item per block: its marks are numbered by block
+    (purlinc.atom.trace)."""
+    return tables.bodies(block_texts(kernels), [kernel["steps"] for kernel in kernels], share=True, roll=not trace)
+
+
+def bodies_of(schedule: Schedule, *, trace: bool = False) -> tuple[list[dict], tuple[Body, ...]]:
+    """Every rank's blocks and the module's bodies, as ``generate`` makes them (for tests and tools)."""
+    kernels = _kernels(schedule, "k", packed_stages(schedule))
+    return kernels, _bodies(kernels, trace)
+
+
+# Tables up to this size live in constant memory (64 KiB a module, less room for the compiler's
+# own), read through the constant cache; larger ones (many ranks x many numbers that follow no
+# stride) in global memory, read through L1.
+CONSTANT_TABLE_BYTES = 48 << 10
+
+
+def _table_space(schedule: Schedule, module: tuple[Body, ...]) -> str:
+    """Where the bodies' tables go: 4 bytes a number, a row per rank each."""
+    size = 4 * schedule.world_size * sum(body.width for body in module)
+    return "__constant__" if size <= CONSTANT_TABLE_BYTES else "__device__ const"
+
+
+def _abi(schedule: Schedule, base: str, threads: int, shared_bytes: int, dtype: DType, packed: bool,
+         module: tuple[Body, ...]) -> KernelABI:
     return KernelABI(
         kernel_base=base,
         world_size=schedule.world_size,
@@ -89,6 +123,7 @@ def _abi(schedule: Schedule, base: str, threads: int, shared_bytes: int, dtype: 
         out_units=tuple(schedule.out_units),
         needs_in_peers=_needs_peers(schedule, Space.IN),
         needs_out_peers=_needs_peers(schedule, Space.OUT),
+        bodies=tuple(body.index for rank in range(schedule.world_size) for body in module if rank in body.ranks),
     )
 
 
@@ -154,14 +189,15 @@ def generate(
     kernels = _kernels(schedule, base, packed)
     trace_values = trace_template_values(kernels, schedule.channels) if trace else None
     threads = limits.THREADS_PACKED if packed else limits.THREADS
+    module = _bodies(kernels, trace)
     ll_source = render("ll.cuh.j2", reduce=reduce, in_flight=limits.LL_IN_FLIGHT,
-                       consume_inline=_ll_loops(kernels) <= limits.LL_INLINE_LOOPS).rstrip("\n") if packed else ""
+                       consume_inline=_ll_loops(module) <= limits.LL_INLINE_LOOPS).rstrip("\n") if packed else ""
     values = _module_values(schedule, spec, base=base, atom=atom, dtype=dtype, op=op, packed=bool(packed), threads=threads)
-    source = unmark(render("kernel.cu.j2", **values, ll_source=ll_source, atom_source=atom_text,
-                           kernels=kernels, trace=trace_values))
+    source = render("kernel.cu.j2", **values, ll_source=ll_source, atom_source=atom_text, bodies=module, trace=trace_values,
+                    table_space=_table_space(schedule, module))
     start = source.index(ATOM_BEGIN)
     end = source.index(ATOM_END) + len(ATOM_END)
-    abi = _abi(schedule, base, threads, atom_def.shared_bytes(target), dtype, bool(packed))
+    abi = _abi(schedule, base, threads, atom_def.shared_bytes(target), dtype, bool(packed), module)
     return KernelSource(
         source=source, filename=f"{base}.cu", kernel_base=base, abi=abi, atom=atom, arch=target.name,
         dtype=dtype, op=op, atom_start=start, atom_end=end,

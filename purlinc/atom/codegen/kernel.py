@@ -15,7 +15,7 @@ ATOM_END = "// ======== atom end ========"
 class KernelSource:
     source: str
     filename: str  # e.g. purlin_allgather_1a2b3c4d.cu
-    kernel_base: str  # purlin_<collective>_<hash8>; entries are f"{kernel_base}_r{rank}"
+    kernel_base: str  # purlin_<collective>_<hash8>; entries are abi.entry(rank), f"{kernel_base}_b<body>"
     abi: KernelABI
     atom: str
     arch: str

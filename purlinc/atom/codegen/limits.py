@@ -10,7 +10,6 @@ LDST_UNROLL_FALLBACK = 4  # the same loop inside other atoms (small pieces only)
 LDST_UNROLL = 8  # 16-byte vectors in flight per thread in an ldst copy (64 KiB per 512-thread block: ~46 GB/s per block over NVLink was load-latency bound at 4)
 MAX_GROUP = 32  # merged Notify / Wait groups use the lanes of warp 0
 MAX_COPY_DSTS = 8  # destinations of one multi-destination copy (a pointer each, by value)
-MIN_RUN = 3  # shorter runs of like steps stay straight-line code
 
 LL_BATCH_SOURCES = 8  # sources per receive loop (C consumes x N sources): 4 registers each per packet in flight
 LL_SEND_SOURCES = 8  # distinct sources per fused send loop: 2 registers each per packet in flight

@@ -3,8 +3,9 @@
 LL is a signal mechanism, so it is shared by every atom (``ll.cuh.j2``): a packed Stage
 becomes ``purlin_ll_send`` (every thread writes 16-byte packets carrying the flag; no
 barrier, no fence), and a consume group -- the packed Waits plus the Consumes right after
-them that read packets -- becomes one ``ll_recv`` block in which every thread polls its own
-packets and writes (or reduces) their data straight to OUT, then one barrier.
+them that read packets -- becomes ``ll_batch`` blocks, receive loops in which every thread
+polls its own packets and writes (or reduces) their data straight to OUT, then one ``ll_done``
+barrier.  A batch that failed (a timeout) skips the batches after it, and ``ll_done`` returns.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ def _ll_sources(program: Program, c: int, kind: str, packed: dict, per_call: dic
     for position, region in enumerate(step.srcs if kind == "reduce" else step.srcs[:1]):
         stage = packed.get(region)
         if stage is None:
+            # Numbers where a packet source has them (a plain source's are unused), so a loop
+            # whose plain source sits elsewhere in another rank's consume has the same code.
             srcs.append({"expr": region_expr(region, rank), "packed": False, "position": position, "region": region,
-                         "step": 0, "index": "0"})
+                         "per_call": num(0), "k": num(0), "step": num(0), "index": signal_expr(0)})
             continue
         if region.rank != rank or stage.signal not in wait_of:
             raise InternalError(f"rank {rank} step {c} reads packed {region.format()} outside its consume group")
@@ -38,9 +41,9 @@ def _ll_sources(program: Program, c: int, kind: str, packed: dict, per_call: dic
     return srcs
 
 
-def ll_block(program: Program, group, packed: dict, per_call: dict) -> dict:
+def ll_block(program: Program, group, packed: dict, per_call: dict) -> list[dict]:
     """A consume group: its packed waits vanish into the packet polls of its consumes, which
-    run as fused loops (``ll_batches``)."""
+    run as fused loops (``ll_batches``), one ``ll_batch`` block each, then ``ll_done``."""
     steps, rank = program.steps, program.rank
     wait_of = {steps[w].signal: w for w in group.waits}
     comments = []
@@ -55,14 +58,18 @@ def ll_block(program: Program, group, packed: dict, per_call: dict) -> dict:
         srcs = _ll_sources(program, c, kind, packed, per_call, wait_of)
         note = f" ({one_line(step.note)})" if step.note else ""
         what = ", ".join(r.format() for r in step.srcs)
-        comments.append(f"step {c}: consume {step.operation.value} {what} -> {step.dst.format()} from the packets{note}")
         consumes.append({"kind": kind, "step": c, "dst": region_expr(step.dst, rank), "dst_region": step.dst,
-                         "slice": slice_expr(step.dst.slice), "srcs": srcs})
+                         "slice": slice_expr(step.dst.slice), "srcs": srcs,
+                         "comment": f"step {c}: consume {step.operation.value} {what} -> {step.dst.format()} from the packets{note}"})
     batches = ll_batches(consumes)
     if len(batches) > 1:
         comments.append(f"consumes in {len(batches)} loops, one after the other (a loop takes consumes of one "
                         f"shape, at most {limits.LL_BATCH_SOURCES} sources, none reading what an earlier one of the loop writes)")
-    return {"kind": "ll_recv", "comments": comments, "batches": batches}
+    blocks = []
+    for n, batch in enumerate(batches):
+        lines = [c["comment"] for c in batch["consumes"]]
+        blocks.append({"kind": "ll_batch", "comments": (comments if n == 0 else []) + lines, "batch": batch})
+    return blocks + [{"kind": "ll_done", "comments": []}]
 
 
 def ll_unroll(sources: int) -> int:
@@ -70,7 +77,7 @@ def ll_unroll(sources: int) -> int:
 
 
 def ll_batches(consumes: list[dict]) -> list[dict]:
-    """The consumes of one group as receive loops (``purlin_ll_consume<C, N, REDUCE, PACKED>``).  A
+    """The consumes of one group as receive loops (``purlin_ll_consume<C, N, REDUCE>``, the packed mask an argument).  A
     loop issues every load of a packet index before it writes anything, so a consume that
     reads (or writes) what an earlier consume of the same loop writes starts a new loop; so
     does one of another shape -- kind, source count, which sources are packets (a template
@@ -87,7 +94,7 @@ def ll_batches(consumes: list[dict]) -> list[dict]:
         if (last is None or (last["reduce"], last["sources"], last["packed"]) != shape
                 or (regions | {consume["dst_region"]}) & written or consume["dst_region"] in read
                 or (len(last["consumes"]) + 1) * shape[1] > limits.LL_BATCH_SOURCES):
-            last = {"reduce": shape[0], "sources": shape[1], "packed": packed, "consumes": []}
+            last = {"reduce": shape[0], "sources": shape[1], "packed": packed, "mask": num(packed), "consumes": []}
             batches.append(last)
             written, read = set(), set()
         last["consumes"].append(consume)
@@ -112,9 +119,9 @@ def check_reorder(program: Program, group) -> None:
 
 def _joins_send(block: dict, group: dict) -> bool:
     """Whether a copy block (straight after a send loop, no barrier between) can be written by
-    that loop: one step (not a run), reading a source the loop loads, writing nothing the loop
-    reads or writes."""
-    if block.get("loop") or len(block["reads"]) != 1 or len(block["writes"]) != 1:
+    that loop: one step, reading a source the loop loads, writing nothing the loop reads or
+    writes."""
+    if len(block["reads"]) != 1 or len(block["writes"]) != 1:
         return False
     (src,), (dst,) = block["reads"], block["writes"]
     return src in group["source_of"] and dst not in group["reads"] and dst not in group["writes"]
