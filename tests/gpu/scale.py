@@ -52,7 +52,8 @@ USER_SPECS = {
     "ar_2d": "collective ar_2d { in[r] = x[0..2][0..R]  out[r] = x[0..2][0..R]  reduce }",
     "ag_3": "collective ag_3 { in[r] = x[r][0..3]  out[r] = x[0..R][0..3]  copy }",
     "rs_4": "collective rs_4 { in[r] = x[0..R][0..4]  out[r] = x[r][0..4]  reduce }",
-    "ag_uneven": "collective ag_uneven { in[r] = x[r][0..r%2+1]  out[r] = x[i][j] for i in 0..R for j in 0..i%2+1  copy }",
+    "ag_uneven": ("collective ag_uneven { in[r] = x[r][0..r%2+1]  "
+                  "out[r] = x[i][j] for i in 0..R for j in 0..i%2+1  copy }"),
     "rs_uneven": "collective rs_uneven { in[r] = x[0..R][0..3]  out[r] = x[r][0..r%3+1]  reduce }",
 }
 ROOTED = {"broadcast.pln", "reduce.pln", "gather.pln", "scatter.pln"}
