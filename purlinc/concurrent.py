@@ -31,24 +31,37 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def compile_kernels(compileds: Iterable[Compiled], dtype: DType | str, op: ReduceOp | str | None = None, *,
-                    workers: int | None = None) -> list[Kernel]:
-    """``[c.kernel(dtype, op) for c in compileds]``, the distinct ones compiled concurrently
-    (``workers`` threads; default: one per core this process may run on, at most one per
-    kernel).  Host-driven atoms (``Compiled.plan`` not None) have no kernel: pass kernel
-    atoms only.  The first error, in ``compileds`` order, is raised after every compile ended."""
-    compileds = list(compileds)
-    distinct = list({id(c): c for c in compileds}.values())
+def compile_jobs(jobs: Iterable[tuple[Compiled, DType | str, ReduceOp | str | None]], *,
+                 workers: int | None = None) -> list[Kernel]:
+    """``[c.kernel(dtype, op) for c, dtype, op in jobs]``, the distinct ones compiled
+    concurrently (``workers`` threads; default: one per core this process may run on, at most
+    one per kernel).  Host-driven atoms (``Compiled.plan`` not None) have no kernel: pass kernel
+    atoms only.  A copy collective's op is ignored.  The first error, in ``jobs`` order, is
+    raised after every compile ended."""
+    jobs = [(c, dtype, op if c.schedule.operation.value == "reduce" else None) for c, dtype, op in jobs]
+
+    def key(job) -> tuple:
+        compiled, dtype, op = job
+        return (id(compiled), str(getattr(dtype, "value", dtype)), str(getattr(op, "value", op)))
+
+    distinct = list({key(job): job for job in jobs}.items())
     workers = min(len(distinct), workers or _cores())
 
-    def kernel(compiled: Compiled) -> Kernel:
+    def kernel(job) -> Kernel:
+        compiled, dtype, op = job
         # A copy collective's kernel is memoised under op None, as the runtime asks for it.
-        return compiled.kernel(dtype, op if compiled.schedule.operation.value == "reduce" else None)
+        return compiled.kernel(dtype, op)
 
     if workers <= 1:
-        done = {id(c): kernel(c) for c in distinct}
-        return [done[id(c)] for c in compileds]
+        done = {k: kernel(job) for k, job in distinct}
+        return [done[key(job)] for job in jobs]
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="purlin-nvrtc") as pool:
-        futures = {id(c): pool.submit(kernel, c) for c in distinct}
+        futures = {k: pool.submit(kernel, job) for k, job in distinct}
     # Leaving the ``with`` waited for every compile; result() raises a compile's error.
-    return [futures[id(c)].result() for c in compileds]
+    return [futures[key(job)].result() for job in jobs]
+
+
+def compile_kernels(compileds: Iterable[Compiled], dtype: DType | str, op: ReduceOp | str | None = None, *,
+                    workers: int | None = None) -> list[Kernel]:
+    """``[c.kernel(dtype, op) for c in compileds]``, concurrently (``compile_jobs``)."""
+    return compile_jobs([(c, dtype, op) for c in compileds], workers=workers)

@@ -65,7 +65,14 @@ PDL = Setting(
     "Not a codegen key: every kernel waits either way",
 )
 
-ALL = (DEBUG, CACHE_DIR, NO_CACHE, WAIT_TIMEOUT_S, HEAP_MB, HEAP_MAX_MB, STAGE_MB, TRACE, PDL)
+PRECOMPILE = Setting(
+    "PURLIN_PRECOMPILE", "float32,bfloat16,float16", False,
+    "element types whose kernels a tuned load() compiles for every size bucket before it returns "
+    "(op sum for reductions; comma-separated dtype names), so a first call of one of them does not "
+    "wait for NVRTC; 0 or none: compile each kernel at its first call instead",
+)
+
+ALL = (DEBUG, CACHE_DIR, NO_CACHE, WAIT_TIMEOUT_S, HEAP_MB, HEAP_MAX_MB, STAGE_MB, TRACE, PDL, PRECOMPILE)
 
 
 _LOG_LEVELS = {"1": "DEBUG", "INFO": "INFO", "DEBUG": "DEBUG", "TRACE": "TRACE", "WARN": "WARNING",
@@ -127,3 +134,11 @@ def stage_bytes() -> int:
 def codegen_settings() -> dict[str, str]:
     """The settings that change generated code: part of every cache key."""
     return {s.name: s.raw() for s in ALL if s.affects_codegen}
+
+
+def precompile_dtypes() -> tuple[str, ...]:
+    """The dtype names of PURLIN_PRECOMPILE, as written (the runtime checks them); () when off."""
+    raw = PRECOMPILE.raw().strip()
+    if raw.lower() in ("", "0", "none", "off"):
+        return ()
+    return tuple(dict.fromkeys(name.strip() for name in raw.split(",") if name.strip()))

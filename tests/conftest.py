@@ -91,3 +91,15 @@ def cache_dir(tmp_path, monkeypatch):
     pipeline.forget()
     yield path
     pipeline.forget()
+
+
+@pytest.fixture(autouse=True)
+def _precompile_off_on_the_cpu(request, monkeypatch):
+    """A tuned load compiles its buckets' kernels for PURLIN_PRECOMPILE's dtypes before it
+    returns.  CPU tests load on fake drivers many times, each with a fresh compile cache, and
+    mostly call one dtype: they keep the compile-at-first-call behaviour unless they set the
+    variable themselves (tests/test_precompile.py).  GPU tests keep the default."""
+    if "PURLIN_PRECOMPILE" in os.environ:
+        return
+    if not any(request.node.get_closest_marker(mark) for mark in ("gpu", "multigpu")):
+        monkeypatch.setenv("PURLIN_PRECOMPILE", "0")

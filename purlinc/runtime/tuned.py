@@ -96,6 +96,43 @@ def compile_tuned_kernels(prepared: tuple[PreparedBucket, ...], dtype, op="sum")
     return len(compileds)
 
 
+def _precompile_jobs(prepared: tuple[PreparedBucket, ...]) -> list[tuple]:
+    """(Compiled, dtype, "sum") for every distinct kernel-atom bucket and every PURLIN_PRECOMPILE
+    dtype it can run (a reduction skips dtypes that cannot be reduced)."""
+    from purlinc.dtypes import DType
+    from purlinc.frontend.ast import Operation
+
+    names = settings.precompile_dtypes()
+    try:
+        dtypes = [DType(name) for name in names]
+    except ValueError:
+        raise PurlinError(f"{settings.PRECOMPILE.name}={settings.PRECOMPILE.raw()!r}: not a list of element types",
+                          notes=(f"expected names among {', '.join(d.value for d in DType)}, or 0 to switch it off",)) from None
+    compileds = [c for c in {p.compiled.key: p.compiled for p in prepared}.values() if c.plan is None]
+    return [(c, dtype, "sum") for c in compileds for dtype in dtypes
+            if dtype.reducible or c.schedule.operation is not Operation.REDUCE]
+
+
+def precompile(prepared: tuple[PreparedBucket, ...], comm) -> int:
+    """Compile the buckets' kernels of the PURLIN_PRECOMPILE dtypes now, in threads (NVRTC
+    releases the GIL: ``purlinc.concurrent``), so no first call of those dtypes waits for NVRTC.
+    Ranks in processes of their own split the work: each compiles its share into the disk cache,
+    all meet (``comm.allgather``), then each takes the rest from the cache (compiling what a rank
+    on another machine's disk left out).  Returns how many kernels the load holds ready."""
+    from purlinc.concurrent import compile_jobs
+    from purlinc.runtime.communicator import LocalGroup
+
+    jobs = _precompile_jobs(prepared)
+    if not jobs:
+        return 0
+    world = getattr(comm, "world_size", 1)
+    if not isinstance(comm, LocalGroup) and world > 1 and settings.cache_enabled():
+        compile_jobs(jobs[comm.rank::world])
+        comm.allgather(("precompiled", len(jobs)))
+    compile_jobs(jobs)
+    return len(jobs)
+
+
 def load_tuned(path_or_source: str | Path, comm, comms: list, *, params: Mapping[str, int] | None, arch: str):
     from purlinc.runtime import driver
     from purlinc.runtime.communicator import LocalGroup
@@ -104,6 +141,7 @@ def load_tuned(path_or_source: str | Path, comm, comms: list, *, params: Mapping
     # every bucket gets at most the channels that fit at one block per SM, so no size is refused.
     cap = residency.max_channels([c.device for c in comms], driver.sm_count) if isinstance(comm, LocalGroup) else None
     prepared, units = prepare_tuned(path_or_source, comms[0].world_size, params=params, arch=arch, max_channels=cap)
+    precompile(prepared, comm)
     buckets = tuple(p.bucket for p in prepared)
     loaded: dict[tuple, object] = {}
     per_bucket = []
