@@ -67,7 +67,10 @@ pytest_step loopback 300 tests/gpu/test_loopback.py
 export PURLIN_SCALE_COMPILE_S=${PURLIN_SCALE_COMPILE_S:-240} PURLIN_SCALE_RUN_S=${PURLIN_SCALE_RUN_S:-300}
 wanted loopback_scale && STEPS="$STEPS loopback_scale_precompile"
 step loopback_scale_precompile $(( PURLIN_SCALE_COMPILE_S + 30 )) python3 tests/gpu/scale.py precompile
-pytest_step loopback_scale $(( PURLIN_SCALE_RUN_S + 150 )) tests/gpu/test_loopback_scale.py
+# Each case compiles what its calls run (the precompile step above did that); a plain load's own
+# precompile of every bucket for the common dtypes would add the rest to every case.
+PURLIN_PRECOMPILE=${PURLIN_SCALE_LOAD_PRECOMPILE:-0} \
+  pytest_step loopback_scale $(( PURLIN_SCALE_RUN_S + 150 )) tests/gpu/test_loopback_scale.py
 PURLIN_TEST_ATOMS=ldst,tma pytest_step local 170 tests/gpu/test_local.py
 PURLIN_TEST_ATOMS=ce pytest_step local_ce 70 tests/gpu/test_local.py \
   -k "test_collective or test_dtypes or test_graph or test_large"

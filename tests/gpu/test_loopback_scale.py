@@ -164,7 +164,8 @@ def _first_call_case(case):
     (_, dtype, _), = case.calls
     command = [sys.executable, str(Path(scale.__file__)), "first-call", case.spec, str(case.world), json.dumps(options),
                dtype]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    env = {k: v for k, v in os.environ.items() if k != "PURLIN_PRECOMPILE"}  # a user's plain load, defaults
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     name = f"loopback_first_call_{'pinned' if options else 'plain'}_{dtype}.json"
