@@ -2,7 +2,7 @@
 
 NumPy has no bfloat16 or fp8, so each type has a NumPy *storage* dtype holding its bits
 (uint16 for bf16, uint8 for fp8) and exact conversions to and from float32.  Reductions
-accumulate in float32 (int32 wraps in int32) and round once, which is also what the
+accumulate in float32 (int32 and int64 wrap in their own width) and round once, which is also what the
 generated kernels do, so the evaluator's answer is bit-exact for a fixed summation order.
 """
 
@@ -24,6 +24,7 @@ class DType(Enum):
     FLOAT16 = "float16"
     BFLOAT16 = "bfloat16"
     INT32 = "int32"
+    INT64 = "int64"
     FLOAT8_E4M3 = "float8_e4m3"
     FLOAT8_E5M2 = "float8_e5m2"
 
@@ -119,6 +120,8 @@ _RECORDS = (
     DTypeInfo(DType.BFLOAT16, 2, "bf16", "uint16", "unsigned short", "float", "bf16", "f", True, "bfloat16", None,
               (4, 16), ()),
     DTypeInfo(DType.INT32, 4, "i32", "int32", "int", "int", "i32", "i", False, "int32", "<i4", (0, 32), ("int",)),
+    DTypeInfo(DType.INT64, 8, "i64", "int64", "long long", "long long", "i64", "l", False, "int64", "<i8", (0, 64),
+              ("long",)),
     DTypeInfo(DType.FLOAT8_E4M3, 1, "e4m3", "uint8", "unsigned char", None, "", "", True, "float8_e4m3fn", None,
               (10, 8), ("float8_e4m3fn", "fp8_e4m3")),
     DTypeInfo(DType.FLOAT8_E5M2, 1, "e5m2", "uint8", "unsigned char", None, "", "", True, "float8_e5m2", None,
@@ -131,7 +134,7 @@ DTYPES: Registry[DTypeInfo] = Registry(
 
 
 def to_float32(bits: np.ndarray, dtype: DType) -> np.ndarray:
-    """Exact widening of stored values to float32 (int32 is returned as int64)."""
+    """Exact widening of stored values to float32 (int32 and int64 are returned as int64)."""
     import numpy as np
 
     if dtype is DType.FLOAT32:
@@ -140,7 +143,7 @@ def to_float32(bits: np.ndarray, dtype: DType) -> np.ndarray:
         return bits.astype(np.float32)
     if dtype is DType.BFLOAT16:
         return (bits.astype(np.uint32) << 16).view(np.float32)
-    if dtype is DType.INT32:
+    if dtype in (DType.INT32, DType.INT64):
         return bits.astype(np.int64)
     raise ValueError(f"{dtype.value} cannot be reduced (fp8 is supported for copies only)")
 
@@ -161,6 +164,8 @@ def from_float32(values: np.ndarray, dtype: DType) -> np.ndarray:
         return np.where(nan, np.uint16(0x7FC0), rounded).astype(np.uint16)
     if dtype is DType.INT32:
         return values.astype(np.int64).astype(np.int32)  # wraps, as int32 addition does on the GPU
+    if dtype is DType.INT64:
+        return values.astype(np.int64)
     raise ValueError(f"{dtype.value} cannot be reduced (fp8 is supported for copies only)")
 
 
@@ -174,6 +179,9 @@ def random_values(rng: np.random.Generator, size: int, dtype: DType, *, small: b
     if dtype is DType.INT32:
         high = 8 if small else 1 << 20
         return rng.integers(-high, high, size=size, dtype=np.int64).astype(np.int32)
+    if dtype is DType.INT64:  # beyond 32 bits, so a kernel that dropped the high word would show
+        high = 8 if small else 1 << 40
+        return rng.integers(-high, high, size=size, dtype=np.int64)
     if dtype in (DType.FLOAT8_E4M3, DType.FLOAT8_E5M2):
         bits = rng.integers(0, 256, size=size, dtype=np.uint16).astype(np.uint8)
         return bits

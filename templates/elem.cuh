@@ -1,4 +1,4 @@
-// ---- element arithmetic: conversions to the float32 (or int32) accumulator and the four ops ----
+// ---- element arithmetic: conversions to the float32 (or int32, int64) accumulator and the four ops ----
 // Reductions accumulate in float32 and round once per reduce (int32 wraps), in the order the
 // sources are given, so results are bitwise reproducible (purlinc/dtypes.py does the same).
 // No NVRTC include headers: fp16 through PTX cvt, bf16 by bit manipulation.
@@ -32,6 +32,8 @@ __device__ __forceinline__ unsigned short purlin_acc_to_bf16(float f)
 
 __device__ __forceinline__ int purlin_i32_to_acc(int x) { return x; }
 __device__ __forceinline__ int purlin_acc_to_i32(int x) { return x; }
+__device__ __forceinline__ long long purlin_i64_to_acc(long long x) { return x; }
+__device__ __forceinline__ long long purlin_acc_to_i64(long long x) { return x; }
 
 // float ops: explicit rounding (no contraction); max/min propagate NaN like numpy.
 __device__ __forceinline__ float purlin_sum_f(float a, float b) { return __fadd_rn(a, b); }
@@ -44,3 +46,15 @@ __device__ __forceinline__ int purlin_sum_i(int a, int b) { return (int)((unsign
 __device__ __forceinline__ int purlin_prod_i(int a, int b) { return (int)((unsigned)a * (unsigned)b); }
 __device__ __forceinline__ int purlin_max_i(int a, int b) { return a > b ? a : b; }
 __device__ __forceinline__ int purlin_min_i(int a, int b) { return a < b ? a : b; }
+
+// int64 ops: the same, in 64 bits.
+__device__ __forceinline__ long long purlin_sum_l(long long a, long long b)
+{
+    return (long long)((unsigned long long)a + (unsigned long long)b);
+}
+__device__ __forceinline__ long long purlin_prod_l(long long a, long long b)
+{
+    return (long long)((unsigned long long)a * (unsigned long long)b);
+}
+__device__ __forceinline__ long long purlin_max_l(long long a, long long b) { return a > b ? a : b; }
+__device__ __forceinline__ long long purlin_min_l(long long a, long long b) { return a < b ? a : b; }

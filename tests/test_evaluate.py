@@ -22,7 +22,7 @@ from purlinc.frontend.evaluate import evaluate
 from purlinc.frontend.parse import parse, parse_file
 REPO = Path(__file__).resolve().parent.parent
 
-REDUCIBLE = (DType.FLOAT32, DType.FLOAT16, DType.BFLOAT16, DType.INT32)
+REDUCIBLE = (DType.FLOAT32, DType.FLOAT16, DType.BFLOAT16, DType.INT32, DType.INT64)
 ALL_DTYPES = (*REDUCIBLE, DType.FLOAT8_E4M3, DType.FLOAT8_E5M2)
 
 world_sizes = st.integers(1, 8)
@@ -44,6 +44,8 @@ def random_storage(rng: np.random.Generator, size: int, dtype: DType) -> np.ndar
     """Values in dtype's storage; int32 over its whole range so sums and products wrap."""
     if dtype is DType.INT32:
         return rng.integers(-(2**31), 2**31, size=size, dtype=np.int64).astype(np.int32)
+    if dtype is DType.INT64:  # the whole range: sums and products wrap
+        return rng.integers(-(2**63), 2**63 - 1, size=size, dtype=np.int64)
     if dtype in (DType.FLOAT8_E4M3, DType.FLOAT8_E5M2):
         return rng.integers(0, 256, size=size).astype(np.uint8)  # every bit pattern, NaNs included
     return from_float32(rng.standard_normal(size).astype(np.float32), dtype)
@@ -62,11 +64,12 @@ def widen(stored: np.ndarray, dtype: DType) -> np.ndarray:
 
 def hand_reduce(arrays: list[np.ndarray], dtype: DType, op: ReduceOp) -> np.ndarray:
     """Element-wise reduction over ``arrays`` (one per contributing rank)."""
-    if dtype is DType.INT32:
-        stacked = np.stack(arrays).astype(np.int32)
+    if dtype in (DType.INT32, DType.INT64):
+        width = dtype.storage
+        stacked = np.stack(arrays).astype(width)
         accumulate = {
-            "sum": lambda s: s.sum(axis=0, dtype=np.int32),  # int32 arithmetic wraps
-            "prod": lambda s: s.prod(axis=0, dtype=np.int32),
+            "sum": lambda s: s.sum(axis=0, dtype=width),  # integer arithmetic wraps
+            "prod": lambda s: s.prod(axis=0, dtype=width),
             "max": lambda s: s.max(axis=0),
             "min": lambda s: s.min(axis=0),
         }[op.value]
@@ -270,6 +273,13 @@ def test_bfloat16_rounds_once():
     (out, *_) = evaluate(spec, inputs, 1, "bfloat16", "sum")
     # rounding after every step would stay at 1.0; once, at the end, gives 1 + 2**-7.
     assert widen(out, DType.BFLOAT16).tolist() == [1.0 + 2.0**-7]
+
+
+def test_int64_wraps_in_64_bits():
+    spec = check(parse("collective allreduce { in[r] = x[0..R]  out[r] = x[0..R]  reduce }"), 2, None)
+    big = np.array([2**63 - 1, -(2**63), 2**40, 5], np.int64)
+    out = evaluate(spec, [big, np.array([1, -1, 2**40, -7], np.int64)], 2, "int64", "sum")[0]
+    assert out.dtype == np.int64 and out.tolist() == [-(2**63), 2**63 - 1, 2**41, -2]
 
 
 def test_int32_wraps():

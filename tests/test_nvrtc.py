@@ -39,10 +39,11 @@ ARCHES = ("sm_80", "sm_90", "sm_100")
 WORLD_SIZES = (2, 4, 8)
 PACKED = "direct-push+ll"  # direct-push with packed (LL) stages
 # dtypes / ops rotate over the cases, so the matrix covers each without multiplying it.
-COPY_TYPES = (DType.BFLOAT16, DType.FLOAT32, DType.FLOAT8_E4M3, DType.FLOAT16, DType.INT32)
+COPY_TYPES = (DType.BFLOAT16, DType.FLOAT32, DType.FLOAT8_E4M3, DType.FLOAT16, DType.INT32, DType.INT64)
 REDUCE_TYPES = (
     (DType.BFLOAT16, ReduceOp.SUM), (DType.FLOAT32, ReduceOp.MAX), (DType.FLOAT16, ReduceOp.SUM),
     (DType.INT32, ReduceOp.PROD), (DType.BFLOAT16, ReduceOp.MIN), (DType.FLOAT32, ReduceOp.SUM),
+    (DType.INT64, ReduceOp.SUM),
 )
 
 
@@ -162,6 +163,16 @@ def test_compiles(case, matrix):
     assert cubin[:4] == b"\x7fELF"
     for entry in entries:
         assert entry.encode() in cubin
+
+
+@pytest.mark.parametrize("algorithm,arch,atom", [
+    ("direct-push", "sm_80", "ldst"), (PACKED, "sm_90", "ldst"), ("two-shot", "sm_90", "tma"), ("ring", "sm_100", "ldst"),
+])
+def test_int64_reductions_compile(cache_dir, algorithm, arch, atom):
+    # 8-byte elements: two per 16-byte vector, one per LL packet's data word; sums wrap in 64 bits
+    case, error, entries, cubin = _compile_case(("allreduce", 2, algorithm, arch, atom, "int64", "sum"))
+    assert error is None, error
+    assert cubin[:4] == b"\x7fELF" and all(entry.encode() in cubin for entry in entries)
 
 
 # ---- the cache -------------------------------------------------------------------------

@@ -163,4 +163,4 @@ def test_interop_tables_come_from_the_dtype_registry():
     from purlinc.runtime import interop
 
     assert interop._DL_DTYPES[(4, 16)] is DType.BFLOAT16 and len(interop._DL_DTYPES) == len(DTYPES)
-    assert interop._TYPESTR == {"<f4": DType.FLOAT32, "<f2": DType.FLOAT16, "<i4": DType.INT32}
+    assert interop._TYPESTR == {"<f4": DType.FLOAT32, "<f2": DType.FLOAT16, "<i4": DType.INT32, "<i8": DType.INT64}

@@ -4,11 +4,11 @@
 ``torch.distributed`` calls.  Here three gloo-connected processes register the same backend for
 CPU tensors (``backend.register("purlincpu", device_type="cpu")``) with the stand-in of
 torch_standin.py in place of the GPU, and check (tests/torch_backend_worker.py): the world and a
-``new_group(backend=...)`` are PurlinProcessGroups; all_reduce (SUM, AVG, PRODUCT),
+``new_group(backend=...)`` are PurlinProcessGroups; all_reduce (SUM, AVG, PRODUCT, int64 SUM),
 all_gather_into_tensor, reduce_scatter_tensor (MAX), all_to_all_single, broadcast (int64),
 reduce, gather, scatter (bool), the list forms (uneven all_to_all), async Work with get_future,
 and barrier all reach Purlin (the stand-in counts them) with correct results; send/recv, BXOR,
-int64 sums and non-contiguous tensors go to gloo with correct results, none reaching Purlin, and
+float64 sums and non-contiguous tensors go to gloo with correct results, none reaching Purlin, and
 each kind of hand-over is logged once; torch's functional collectives (eager, compiled) and a
 DTensor on a DeviceMesh work on such a group.
 """
@@ -58,4 +58,4 @@ def test_backend_world_of_three_processes(tmp_path):
     failed = [(r, p.returncode, out[-3000:]) for r, (p, out) in enumerate(zip(procs, outs)) if p.returncode]
     assert not failed, "\n".join(f"rank {r} exited {code}:\n{out}" for r, code, out in failed)
     for rank, out in enumerate(outs):
-        assert f"rank {rank}: 16 calls on Purlin, then the fallbacks" in out, out
+        assert f"rank {rank}: 17 calls on Purlin, then the fallbacks" in out, out

@@ -48,8 +48,9 @@ def reduce_chunks(chunks: Sequence[np.ndarray], dtype: DType, op: ReduceOp) -> n
         accumulator = reducer(accumulator, to_float32(chunk, dtype))
         if dtype is DType.INT32:
             accumulator = accumulator.astype(np.int32).astype(np.int64)  # wrap at each step, like int32 math
-        else:
+        elif dtype.is_float:
             accumulator = accumulator.astype(np.float32)
+        # int64: NumPy's int64 array arithmetic wraps as the kernels' does
     return from_float32(accumulator, dtype)
 
 

@@ -93,7 +93,7 @@ def validate_call(
         if info.dtype is None:
             raise _err(
                 f"{where}: {label} has dtype {info.dtype_name}, which Purlin does not support",
-                "supported: float32, float16, bfloat16, int32, float8_e4m3fn/float8_e5m2 (copies only)",
+                "supported: float32, float16, bfloat16, int32, int64, float8_e4m3fn/float8_e5m2 (copies only)",
             )
         if dtype is None:
             dtype = info.dtype

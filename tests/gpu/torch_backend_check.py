@@ -4,8 +4,8 @@ torch.distributed backend on real GPUs, and purlinc.torch on a process group of 
 1. ``dist.init_process_group("cuda:purlin,cpu:gloo")``: the unmodified torch.distributed calls of
    tests/torch_backend_worker.py (every collective, the list forms, async Work, get_future,
    barrier) on CUDA tensors through Purlin's real communicator and kernels, each result checked
-   against values computed from the ranks; then what goes underneath: an int64 sum and a BXOR
-   to NCCL, a CPU tensor to gloo, each checked, each hand-over logged once.
+   against values computed from the ranks (an int64 sum beyond 32 bits among them); then what goes
+   underneath: a float64 sum and a BXOR to NCCL, a CPU tensor to gloo, each checked, each hand-over logged once.
 2. The functional collectives' gradients, eager and under torch.compile (inductor); the serving
    adapter (PurlinAllReduce) in a hand-captured CUDA graph, replayed on new data.
 3. A ``cuda:nccl,cpu:gloo`` group made with ``new_group`` (every rank): ``pt.all_reduce``,
@@ -32,9 +32,10 @@ from purlinc.torch import backend  # noqa: E402
 
 
 def fallbacks(rank, R, device, said):
-    t = torch.tensor([2**40 + rank], device=device)
+    t = torch.tensor([0.5 + rank], dtype=torch.float64, device=device)
     dist.all_reduce(t)
-    calls.expect(t, torch.tensor([sum(2**40 + r for r in range(R))], device=device), "int64 sum (NCCL)")
+    calls.expect(t, torch.tensor([sum(0.5 + r for r in range(R))], dtype=torch.float64, device=device),
+                 "float64 sum (NCCL)")
     t = torch.tensor([rank + 1], dtype=torch.int32, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.BXOR)
     want = 0

@@ -20,6 +20,7 @@ ELEMS = {
     DType.FLOAT16: Elem("unsigned short", "float", "f16", "f"),
     DType.BFLOAT16: Elem("unsigned short", "float", "bf16", "f"),
     DType.INT32: Elem("int", "int", "i32", "i"),
+    DType.INT64: Elem("long long", "long long", "i64", "l"),
     DType.FLOAT8_E4M3: Elem("unsigned char", "", "", ""),
     DType.FLOAT8_E5M2: Elem("unsigned char", "", "", ""),
 }
