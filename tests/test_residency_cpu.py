@@ -111,3 +111,31 @@ def test_a_loopback_group_loads_capped_buckets(monkeypatch):
         with pytest.raises(Stop):
             tuned.load_tuned(EXAMPLES / "allreduce.pln", group, group.comms, params=None, arch="sm_90")
     assert seen == [16, None]
+
+
+def _comm(device, *, group_devices=None, peer_devices=()):
+    group = type("G", (), {"devices": list(group_devices)})() if group_devices is not None else None
+    return type("C", (), {"device": device, "local_group": group, "peer_devices": tuple(peer_devices)})()
+
+
+@pytest.mark.parametrize("comm, shared", [
+    (_comm(0, group_devices=[0] * 8), True),              # a loopback group
+    (_comm(1, group_devices=[0, 1]), False),              # one GPU per rank
+    (_comm(0, peer_devices=[0, 0, 1, 1]), True),          # torchrun ranks placed two per GPU
+    (_comm(2, peer_devices=[0, 1, 2, 3]), False),
+    (_comm(0), False),                                    # a world of one
+])
+def test_shares_gpu(comm, shared):
+    assert residency.shares_gpu(comm) is shared
+
+
+def test_no_dependent_launch_where_ranks_share_a_gpu(monkeypatch):
+    """A dependent launch lets the next call's blocks hold SMs while they wait for this call; on a
+    shared GPU those SMs may be the ones another rank's current call needs to start (R=8 loopback
+    graphs of back-to-back calls timed out).  The collective's launch config drops it there."""
+    from purlinc.runtime import collective
+
+    for comm, expected in ((_comm(0, group_devices=[0] * 8), False), (_comm(0, group_devices=[0, 1]), True)):
+        monkeypatch.setattr(collective.settings, "pdl", lambda: True)
+        decided = collective.dependent_launch(comm, has_pdl=lambda device: True)
+        assert decided is expected

@@ -231,7 +231,7 @@ class _LoopbackComm(FakeComm):
 
     def __init__(self, rank):
         super().__init__()
-        self.rank, self.local_group = rank, object()
+        self.rank, self.local_group = rank, type("LoopbackGroup", (), {"devices": [0, 0]})()
 
 
 def _loopback_pair(compiled, monkeypatch) -> list:

@@ -18,6 +18,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch_standin  # noqa: E402
 
+import purlinc.torch as pt  # noqa: E402
 from purlinc.torch import backend, groups  # noqa: E402
 from purlinc.torch.distributed import Work  # noqa: E402
 
@@ -129,8 +130,9 @@ def fallback_calls(rank, R, records):
 
 def torch_layers(rank, R):
     """What torch builds on process groups, on this one: functional collectives (eager and
-    compiled: traced ones reach the group's backends through torch's dispatcher, here gloo) and
-    a DTensor on a DeviceMesh of the world."""
+    compiled: traced ones reach the group's backends through torch's dispatcher, here gloo), a
+    DTensor on a DeviceMesh of the world; and purlinc.torch's differentiable functional forms
+    with no group= (the backend's world), eager and compiled."""
     import torch.distributed._functional_collectives as funcol
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
@@ -140,6 +142,17 @@ def torch_layers(rank, R):
     compiled = torch.compile(lambda t: funcol.all_gather_tensor(t * 2, 0, dist.group.WORLD) + 1, fullgraph=True,
                              backend="aot_eager")
     expect(compiled(value(rank)), torch.cat([value(r) * 2 + 1 for r in range(R)]), "compiled funcol.all_gather")
+    # purlinc.torch with no group= on this backend, eager then compiled (the trace finds the group by name)
+    w = torch.arange(4.0 * R).view(2 * R, 2)
+
+    def f(x):
+        y = pt.functional.all_reduce(x * 2)  # dx = 2 * R * w
+        z = pt.functional.reduce_scatter_tensor(pt.functional.all_gather_tensor(x))  # dx = R
+        return (y * w).sum() + z.sum()
+    for compiled in (False, True):
+        x = torch.ones(2 * R, 2, requires_grad=True)
+        (torch.compile(f, fullgraph=True, backend="aot_eager") if compiled else f)(x).backward()
+        expect(x.grad, 2 * R * w + R, f"gradients on the backend's group (compiled={compiled})")
     mesh = init_device_mesh("cpu", (R,))
     full = torch.arange(4.0 * R).view(2 * R, 2)
     shard = distribute_tensor(full, mesh, [Shard(0)])

@@ -199,8 +199,12 @@ class Collective:
         self._flag = ctypes.c_uint64.from_address(self.error_host)
         # Programmatic dependent launch where the device has it (sm_90+) and it is not turned
         # off: every kernel waits for its predecessor on the device (prelude.cuh), so only
-        # the launch changes (driver.DependentLaunch).
-        self._pdl = settings.pdl() and driver.has_dependent_launch(self.device)
+        # the launch changes (driver.DependentLaunch).  Not where ranks share the GPU: the next
+        # call's blocks take SMs as soon as this call's blocks have started, and wait there; on
+        # a shared GPU they can hold the SMs that another rank's current call still needs in
+        # order to start, while this rank's current call waits for that one (back-to-back calls
+        # at R=8 in loopback: a timeout in the second call).
+        self._pdl = dependent_launch(comm, driver.has_dependent_launch)
         self._variants: dict = {}
         self._args: dict = {}
         self._fast: FastPath | None = None
@@ -582,6 +586,11 @@ def prepare_group(name: str, ranks: Sequence[Collective], xs, outs, op, streams,
     _check_streams(name, ranks, prepared)
     zerocopy.agree_group(ranks, prepared)  # heap buffers: every rank takes the same path
     return prepared
+
+
+def dependent_launch(comm, has_pdl) -> bool:
+    """Whether ``comm``'s calls launch as programmatic dependents (see Collective.__init__)."""
+    return settings.pdl() and has_pdl(comm.device) and not residency.shares_gpu(comm)
 
 
 def check_residency(name: str, ranks: Sequence[Collective], prepared, known: set) -> None:

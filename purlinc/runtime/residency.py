@@ -79,6 +79,14 @@ def _ranks(shared: list[Blocks]) -> str:
     return ", ".join(map(str, ranks))
 
 
+def shares_gpu(comm) -> bool:
+    """Whether another rank of ``comm``'s group runs on ``comm``'s GPU: a loopback LocalGroup, or
+    torchrun ranks the bootstrap found placed on one GPU (``comm.peer_devices``; one host only)."""
+    group = getattr(comm, "local_group", None)
+    devices = group.devices if group is not None else getattr(comm, "peer_devices", ())
+    return list(devices).count(comm.device) > 1
+
+
 def max_channels(devices: Sequence[int], sm_count: Callable[[int], int]) -> int | None:
     """The most channels per rank that fit whatever the kernel (one block per SM), where ranks
     share a GPU; None where every rank has a GPU of its own."""

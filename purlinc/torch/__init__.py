@@ -75,6 +75,10 @@ def group_of(group=None) -> Group:
             raise ArgumentError("no default Purlin group: call purlinc.torch.init(comm) or "
                                 "torch.distributed.init_process_group first, or pass group=")
         group = dist.group.WORLD
+    if torch.compiler.is_compiling():  # a trace cannot make a communicator (a collective): find the one made
+        from purlinc.torch import groups
+
+        return groups.made_for(group)
     purlin = getattr(group, "purlin_group", None)  # a process group of the purlin backend
     if purlin is not None:
         return purlin()

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from purlinc.runtime.errors import ArgumentError
 
 _GROUPS: dict[int, tuple[object, object]] = {}  # id(process group) -> (the group, its Purlin Group)
+_BY_NAME: dict[str, object] = {}  # process group name -> its Purlin Group (what a compiled graph can look up)
 
 
 def member_ranks(pg) -> list[int]:
@@ -57,7 +58,23 @@ def for_process_group(pg):
         return hit[1]
     group = make_group(pg)
     _GROUPS[id(pg)] = (pg, group)  # the pg is kept alive with it, so its id is never reused meanwhile
+    try:
+        _BY_NAME[pg.group_name] = group
+    except RuntimeError:  # a group without a name: reachable in compiled code only as a purlinc.torch.Group
+        pass
     return group
+
+
+def made_for(pg):
+    """Inside ``torch.compile``: the Purlin Group already made for process group ``pg``, found by
+    the group's name (a trace reads that; it cannot make a communicator, which is a collective)."""
+    hit = _BY_NAME.get(pg.group_name)
+    if hit is None:
+        raise ArgumentError(f"group {pg.group_name!r} has no Purlin communicator yet, and a compiled region "
+                            f"cannot make one (that is a collective of its members)",
+                            notes=("call purlinc.torch.group_of(group) once outside the compiled region "
+                                   "(every member of the group), or make one eager call on it first",))
+    return hit
 
 
 def forget(pg) -> None:
