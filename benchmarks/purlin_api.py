@@ -35,6 +35,9 @@ class Variant:
     options: dict = field(default_factory=dict)  # OPTION_KEYS; missing = the runtime's choice
     only: tuple[str, ...] = ()  # collectives it applies to (empty = all)
     heap: bool = False  # buffers from comm.empty (the zero-copy path) instead of torch.empty
+    # PURLIN_GRAPH_BUFFERS while its graphs are captured (None: the environment's); eager calls
+    # are the default's either way
+    graph_buffers: str | None = None
 
     def applies(self, collective: str) -> bool:
         return not self.only or collective in self.only
@@ -52,6 +55,9 @@ def _v(name: str, algorithm: str, atom: str, channels: int | None, slices: int |
 VARIANTS = (
     Variant("default"),
     Variant("zerocopy", heap=True),
+    # the default's load with captured calls staging (PURLIN_GRAPH_BUFFERS=stage): what graphs
+    # on ordinary buffers cost before the runtime registered them
+    Variant("graph-staged", graph_buffers="stage"),
     _v("push-ldst-c1", "direct-push", "ldst", 1),
     _v("push-ldst-c4", "direct-push", "ldst", 4),
     _v("push-ldst-c16", "direct-push", "ldst", 16),

@@ -72,7 +72,17 @@ PRECOMPILE = Setting(
     "wait for NVRTC; 0 or none: compile each kernel at its first call instead",
 )
 
-ALL = (DEBUG, CACHE_DIR, NO_CACHE, WAIT_TIMEOUT_S, HEAP_MB, HEAP_MAX_MB, STAGE_MB, TRACE, PDL, PRECOMPILE)
+GRAPH_BUFFERS = Setting(
+    "PURLIN_GRAPH_BUFFERS", "auto", False,
+    "calls captured in a CUDA graph on ordinary (non-heap) buffers: auto = peers reach the caller's "
+    "buffers directly (the registered schedule) where the size's schedule is not LL-packed, stage where "
+    "it is (packets beat the registered schedule's signal round trip at small sizes); register = every "
+    "captured call with a registered schedule; stage = never (eager calls always stage). Read per capture",
+)
+GRAPH_BUFFER_MODES = ("auto", "register", "stage")
+
+ALL = (DEBUG, CACHE_DIR, NO_CACHE, WAIT_TIMEOUT_S, HEAP_MB, HEAP_MAX_MB, STAGE_MB, TRACE, PDL, PRECOMPILE,
+       GRAPH_BUFFERS)
 
 
 _LOG_LEVELS = {"1": "DEBUG", "INFO": "INFO", "DEBUG": "DEBUG", "TRACE": "TRACE", "WARN": "WARNING",
@@ -121,6 +131,15 @@ def trace() -> bool:
 
 def pdl() -> bool:
     return PDL.raw() not in ("", "0")
+
+
+def graph_buffers() -> str:
+    raw = GRAPH_BUFFERS.raw().strip().lower() or GRAPH_BUFFERS.default
+    if raw not in GRAPH_BUFFER_MODES:
+        from purlinc.errors import PurlinError
+
+        raise PurlinError(f"{GRAPH_BUFFERS.name}={raw!r}: expected one of {', '.join(GRAPH_BUFFER_MODES)}")
+    return raw
 
 
 def heap_max_bytes() -> int:

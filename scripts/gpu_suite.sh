@@ -6,6 +6,8 @@
 #   precompile        every kernel the tests use, parallel NVRTC
 #   loopback          ranks sharing one GPU (R=2 and R=4 on cuda:0): slices, zero-copy, graphs;
 #                     the one step a one-GPU machine runs (PURLIN_STEPS=loopback)
+#   graph_buffers     loopback too: captured calls on ordinary buffers run without staging
+#   insitu            loopback too: the in-situ benchmark and the e2e decode step run, checked
 #   loopback_scale    node scale on one GPU: every example and many-unit spec at R = 2, 3, 4, 5, 8
 #                     (16 for two), plain loads across buckets, pinned options, dtypes x ops, graphs,
 #                     hierarchical intra-node phases, the R=8 first call, the residency refusal; its
@@ -17,6 +19,7 @@
 #   torchrun          one process per GPU: bootstrap, NCCL comparison, 1,000 calls, graphs
 #   zerocopy          heap buffers -> registered schedules, LocalGroup
 #   zerocopy_torchrun the same under torchrun
+#   graph_buffers_torchrun  captured calls on ordinary tensors under torchrun (CUDA IPC at capture)
 #   faults            mismatches before launch; a rank that dies mid-loop -> PurlinTimeoutError
 #   torch             purlinc.torch: custom ops, eager / torch.compile / CUDA graphs vs NCCL
 #   torch_backend     the `purlin` torch.distributed backend, one process per GPU (one GPU is enough:
@@ -31,7 +34,7 @@ mkdir -p "$OUT"
 export OUT PURLIN_RESULTS="$OUT" PURLIN_CACHE_DIR=${PURLIN_CACHE_DIR:-/tmp/purlin_cache}
 export PURLIN_WAIT_TIMEOUT_S=${PURLIN_WAIT_TIMEOUT_S:-5} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
-STEPS=${PURLIN_STEPS:-"precompile loopback loopback_scale local local_ce trace torchrun zerocopy zerocopy_torchrun faults torch torch_backend hier"}
+STEPS=${PURLIN_STEPS:-"precompile loopback loopback_scale graph_buffers insitu local local_ce trace torchrun zerocopy zerocopy_torchrun graph_buffers_torchrun faults torch torch_backend hier"}
 T0=$(date +%s)
 # Run from the source tree: grammar/ and templates/ ship as purlinc.grammar / purlinc.templates
 # in a wheel (pyproject's package-dir); link them in for the run, and remove the links after.
@@ -71,6 +74,8 @@ step loopback_scale_precompile $(( PURLIN_SCALE_COMPILE_S + 30 )) python3 tests/
 # precompile of every bucket for the common dtypes would add the rest to every case.
 PURLIN_PRECOMPILE=${PURLIN_SCALE_LOAD_PRECOMPILE:-0} \
   pytest_step loopback_scale $(( PURLIN_SCALE_RUN_S + 150 )) tests/gpu/test_loopback_scale.py
+pytest_step graph_buffers 300 tests/gpu/test_graph_buffers.py
+pytest_step insitu 400 -s tests/gpu/test_insitu_loopback.py
 PURLIN_TEST_ATOMS=ldst,tma pytest_step local 170 tests/gpu/test_local.py
 PURLIN_TEST_ATOMS=ce pytest_step local_ce 70 tests/gpu/test_local.py \
   -k "test_collective or test_dtypes or test_graph or test_large"
@@ -78,6 +83,7 @@ pytest_step trace 90 -s tests/gpu/test_trace.py
 PURLIN_TORCHRUN_TIMEOUT=150 pytest_step torchrun 165 -s tests/gpu/test_torchrun.py
 pytest_step zerocopy 240 tests/gpu/test_zerocopy_local.py
 PURLIN_TORCHRUN_TIMEOUT=200 pytest_step zerocopy_torchrun 215 -s tests/gpu/test_zerocopy_torchrun.py
+PURLIN_TORCHRUN_TIMEOUT=200 pytest_step graph_buffers_torchrun 215 -s tests/gpu/test_graph_buffers_torchrun.py
 pytest_step faults 200 -s tests/gpu/test_faults.py
 PURLIN_HIER_TIMEOUT=${PURLIN_HIER_TIMEOUT:-380} pytest_step hier $(( ${PURLIN_HIER_TIMEOUT:-380} + 20 )) -s tests/gpu/test_hier.py
 # purlinc.torch under torchrun (writes torch_results.json) and CuPy ranks without torch (cupy_results.json)

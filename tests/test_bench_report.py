@@ -21,6 +21,11 @@ def _load(name: str, folder: Path = BENCH):
 
 
 report = _load("report")
+
+
+def _lib(name: str):
+    """A module of benchmarks/benchlib (``report`` put benchmarks/ on sys.path)."""
+    return importlib.import_module(f"benchlib.{name}")
 KiB, MiB, GiB = report.KiB, report.MiB, report.GiB
 
 
@@ -495,7 +500,7 @@ def test_hierarchical_case_buffer_conventions():
     torch = pytest.importorskip("torch")
     from types import SimpleNamespace
 
-    bench = _load("bench")
+    cases = _lib("cases")
     for coll in report.COLLECTIVES:
         lay = report.layout(coll, 2, 4 * KiB)
         for rank in (0, 1):
@@ -508,7 +513,7 @@ def test_hierarchical_case_buffer_conventions():
             fake.check = lambda: calls.append("check")
             ctx = SimpleNamespace(rank=rank, world=2, hcolls={(coll, 1): fake})
             X, Y = torch.ones(lay.in_elems), torch.zeros(lay.out_elems)
-            case = bench.hier_case(ctx, coll, 1, lay, X, Y)
+            case = cases.hier_case(ctx, coll, 1, lay, X, Y)
             assert (case.system, case.variant, case.options) == ("purlin/hierarchical", "g1",
                                                                  {"gpus_per_node": 1, "nodes": 2})
             assert case.repeat_safe
@@ -551,25 +556,25 @@ def test_graph_replays_amortise_host_lag():
     host lag between repeats is spread over every replay), a long one once; the count depends
     only on values every rank agrees on (the slowest rank's replay time, the target)."""
     pytest.importorskip("torch")
-    bench = _load("bench")
-    assert bench.graph_replays(40.0, 3000.0) == 75  # 20 calls of 2 us per replay
-    assert bench.graph_replays(180.0, 3000.0) == 16  # 100 calls of 1.8 us
-    assert bench.graph_replays(10.0, 3000.0) == 100  # capped
-    assert bench.graph_replays(16000.0, 3000.0) == 1  # a 256 MiB graph is long enough alone
-    assert bench.graph_replays(0.0, 3000.0) == 100  # a zero time cannot divide by zero
+    timing = _lib("timing")
+    assert timing.graph_replays(40.0, 3000.0) == 75  # 20 calls of 2 us per replay
+    assert timing.graph_replays(180.0, 3000.0) == 16  # 100 calls of 1.8 us
+    assert timing.graph_replays(10.0, 3000.0) == 100  # capped
+    assert timing.graph_replays(16000.0, 3000.0) == 1  # a 256 MiB graph is long enough alone
+    assert timing.graph_replays(0.0, 3000.0) == 100  # a zero time cannot divide by zero
 
 
 def test_eager_iters_fill_a_repeat():
     """An eager repeat holds about target_rep_us of back-to-back calls, by the slowest rank's
     measured per-call time (so every rank makes the same number of calls), 2 to 1,000."""
     pytest.importorskip("torch")
-    bench = _load("bench")
-    assert bench.eager_iters(6.0, 3000.0) == 500  # a 1 KiB call issuing in 6 us
-    assert bench.eager_iters(40.0, 3000.0) == 75  # an NCCL eager call
-    assert bench.eager_iters(1.0, 3000.0) == 1000  # capped
-    assert bench.eager_iters(800.0, 3000.0) == 3  # a 256 MiB call
-    assert bench.eager_iters(5000.0, 3000.0) == 2  # never fewer than two
-    assert bench.eager_iters(0.0, 3000.0) == 1000  # a zero time cannot divide by zero
+    timing = _lib("timing")
+    assert timing.eager_iters(6.0, 3000.0) == 500  # a 1 KiB call issuing in 6 us
+    assert timing.eager_iters(40.0, 3000.0) == 75  # an NCCL eager call
+    assert timing.eager_iters(1.0, 3000.0) == 1000  # capped
+    assert timing.eager_iters(800.0, 3000.0) == 3  # a 256 MiB call
+    assert timing.eager_iters(5000.0, 3000.0) == 2  # never fewer than two
+    assert timing.eager_iters(0.0, 3000.0) == 1000  # a zero time cannot divide by zero
 
 
 def test_cpu_list_parsing():
@@ -607,7 +612,7 @@ def test_calls_us_times_back_to_back_calls(monkeypatch):
     """calls_us: ``warm`` untimed calls and a sync, then ``calls`` calls between one event
     pair, per call in us (CUDA events replaced by a clock that advances 7 ms per timed call)."""
     pytest.importorskip("torch")
-    bench = _load("bench")
+    timing = _lib("timing")
     log = []
 
     class Event:
@@ -621,10 +626,10 @@ def test_calls_us_times_back_to_back_calls(monkeypatch):
             starts = [n for kind, n in (e for e in log if e != "call" and e != "sync")]
             return 7.0 * (starts[-1] - starts[-2])
 
-    monkeypatch.setattr(bench, "_events", lambda: (Event(), Event()))
-    monkeypatch.setattr(bench, "sync", lambda: log.append("sync"))
+    monkeypatch.setattr(timing, "_events", lambda: (Event(), Event()))
+    monkeypatch.setattr(timing, "sync", lambda: log.append("sync"))
     case = type("Case", (), {"call": lambda self: log.append("call"), "after": None})()
-    assert bench.calls_us(case.call, 4, warm=3) == pytest.approx(7000.0)
+    assert timing.calls_us(case.call, 4, warm=3) == pytest.approx(7000.0)
     assert log[:4] == ["call"] * 3 + ["sync"]
     assert log.count("call") == 7
 
@@ -643,3 +648,99 @@ def test_target_ranges_over_runs():
     line = next(x for x in section.splitlines() if x.startswith("| allreduce 1 KiB |"))
     assert line.startswith("| allreduce 1 KiB | 1 of 2 | 2.00-2.40 |"), line
     assert "## graph, 64 KiB" in text and "footprint" not in text  # reports are not targets
+
+
+# --------------------------------------------------------------------------- in situ
+
+
+def insitu_rows(calls=20, wrong=None):
+    """In-situ rows: NCCL symm adds 4.2 us at 1 KiB, Purlin default 3.0, the staged graph 5.5."""
+    out = []
+    for nbytes in (KiB, MiB):
+        for system, variant, added in (("nccl", "symm", 4.2), ("purlin", "default", 3.0),
+                                       ("purlin", "graph-staged", 5.5)):
+            r = row(system, variant, "allreduce", nbytes, "insitu", added * (1 if nbytes == KiB else 4))
+            r.update(calls_per_graph=calls, step_us=9.0 + added, base_us=9.0, algbw_gbps=None, busbw_gbps=None)
+            if wrong == (variant, nbytes):
+                r["checked"] = False
+            out.append(r)
+    return out
+
+
+def test_insitu_view_is_asked_for_and_kept_apart():
+    bench = _load("bench")
+    plan = bench.make_plan(bench.parse_args(["--modes", "graph,insitu", "--calls-per-graph", "20,100",
+                                             "--many-calls-max-bytes", "1M"]))
+    assert plan.views(KiB) == [("graph", 20), ("graph", 100), ("insitu", 20), ("insitu", 100)]
+    assert plan.views(16 * MiB) == [("graph", 20), ("insitu", 20)]
+    assert bench.make_plan(bench.parse_args([])).views(KiB) == [("eager", None), ("graph", 20), ("graph", 100)]
+    # graph-staged is the default's load captured with PURLIN_GRAPH_BUFFERS=stage: no load of its own
+    api = _load("purlin_api")
+    staged = next(v for v in api.VARIANTS if v.name == "graph-staged")
+    assert staged.graph_buffers == "stage" and api.load_key(staged) == api.load_key(api.VARIANTS[0])
+    # in-situ rows never enter the back-to-back views, the best-variant choice or the targets
+    doc = synthetic_doc()
+    doc["rows"] += insitu_rows()
+    rows = report.prepared(doc)["rows"]
+    assert ("insitu", 20) not in report.views(rows)
+    assert report.best_purlin(rows, "allreduce", KiB, "insitu") is None  # default/graph-staged: choices
+    assert report.tuning_table(doc) == report.tuning_table(synthetic_doc())
+
+
+def test_insitu_table_and_markdown():
+    rows = report.prepared({"rows": insitu_rows()})["rows"]
+    assert report.insitu_counts(rows) == [20]
+    table = report.insitu_table(rows, 20)
+    assert table[0] == ("| collective | size | without us | nccl/symm adds us | purlin/default adds us | "
+                        "purlin/graph-staged adds us | checked |")
+    assert table[2] == "| allreduce | 1 KiB | 9.00 | 4.20 | 3.00 | 5.50 | yes |"
+    assert report.insitu_table(rows, 100) == []
+    wrong = report.insitu_table(report.prepared({"rows": insitu_rows(wrong=("default", MiB))})["rows"], 20)
+    assert wrong[3].endswith("| 12.0 WRONG | 22.0 | FAIL |")
+    doc = synthetic_doc()
+    doc["rows"] += insitu_rows()
+    md = report.markdown(doc)
+    assert "## In situ: what a call adds between a producer and a consumer kernel (20 steps per graph)" in md
+    assert "Loopback rows (one GPU) say nothing about link speed." in md
+    assert "## In situ" not in report.markdown(synthetic_doc())
+
+
+def test_loopback_rows_are_never_a_tuned_choice():
+    loop = row("purlin", "push-ldst-c1@loopback", "allreduce", KiB, "graph", 0.01, options=PUSH1)
+    loop["loopback"] = True
+    doc = synthetic_doc()
+    doc["rows"].append(loop)
+    assert report.best_purlin(report.prepared(doc)["rows"], "allreduce", KiB, "graph")["variant"] != loop["variant"]
+
+
+def test_insitu_loopback_arguments_without_torch():
+    tool = _load("insitu_loopback")
+    args = tool.parse_args(["--ranks", "4", "--sizes", "1K,1M", "--variants", "default,graph-staged,push-ll-c1"])
+    assert args.ranks == 4 and args.size_list == [KiB, MiB]
+    assert [v.name for v in args.variant_list] == ["default", "graph-staged", "push-ll-c1"]
+    with pytest.raises(SystemExit, match="unknown collectives"):
+        tool.parse_args(["--collectives", "allreduce,allthings"])
+
+
+def test_insitu_kernels_write_the_input_and_read_the_output():
+    """The producer writes the tensor the collective reads (a scratch one on a rank without
+    input), from its source; the consumer reads the output (a scratch one where there is none)."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    insitu = _lib("insitu")
+    lay = report.layout("allreduce", 2, 4 * KiB)
+    X, Y = torch.zeros(lay.in_elems, dtype=torch.bfloat16), torch.zeros(lay.out_elems, dtype=torch.bfloat16)
+    case = SimpleNamespace(input=lambda: X, output=lambda: Y)
+    kernels = insitu.around(case, lay, "cpu")
+    kernels.source.copy_(torch.arange(lay.in_elems, dtype=torch.bfloat16))
+    kernels.produce()
+    assert torch.equal(X, kernels.source)
+    Y.fill_(2.0)
+    assert bool((kernels.consume() == 3.0).all())
+    before = X.clone()
+    bare = SimpleNamespace(input=lambda: None, output=lambda: None)  # a rank with neither
+    kernels = insitu.around(bare, lay, "cpu")
+    kernels.source.fill_(7.0)
+    assert bool((kernels.produce() == 7.0).all()) and kernels.consume().numel() == lay.out_elems
+    assert torch.equal(X, before)  # scratch tensors: nothing the collective owns is touched

@@ -105,10 +105,10 @@ class _FakeRank:
     def prepare_call(self, x, out, op, stream, count):
         return self.shape, 0, out
 
-    def prime(self, shape):
+    def prime(self, shape, stream=None):
         self.events.append(("prime", self.rank))
 
-    def blocks(self, shape):  # no kernel to place (residency is tested in test_residency_cpu.py)
+    def blocks(self, shape, stream=None):  # no kernel to place (residency is tested in test_residency_cpu.py)
         return None
 
     def launch(self, shape, stream):

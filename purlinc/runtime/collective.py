@@ -127,10 +127,13 @@ class FastPath:
     user allocation and free): a replayed zero-copy launch is valid only while every heap
     block it was checked against is still live, and a staged one only while its buffers are
     still outside the heap, so any allocation or free sends the next call through the full
-    path (which raises FreedBufferError for a freed block).
+    path (which raises FreedBufferError for a freed block).  It also never replays a staged
+    launch into a CUDA graph being captured: a captured call on ordinary buffers may run the
+    twin on the caller's buffers instead (``purlinc.runtime.graphbuffers``), which the full
+    path decides.
     """
 
-    __slots__ = ("tensor_type", "x_key", "out_key", "op", "count", "target", "heap", "generation")
+    __slots__ = ("tensor_type", "x_key", "out_key", "op", "count", "target", "heap", "generation", "capturing")
 
     @staticmethod
     def key(t, tensor_type):
@@ -152,6 +155,10 @@ class FastPath:
             return None
         fast.op, fast.count, fast.target = op, count, target
         fast.heap, fast.generation = heap, heap.generation if heap is not None else None
+        # torch's check of the current stream (the one launch() uses), where there is a twin
+        cuda = getattr(torch, "cuda", None)
+        live = heap is not None and cuda is not None and cuda.is_available()
+        fast.capturing = cuda.is_current_stream_capturing if live else None
         return fast
 
     def matches(self, x, out, op, count) -> bool:
@@ -159,14 +166,19 @@ class FastPath:
                 and self.key(out, self.tensor_type) == self.out_key
                 and (self.heap is None or self.heap.generation == self.generation))
 
-    def launch(self, collective) -> None:
+    def launch(self, collective) -> bool:
+        """Replay the launch; False (nothing launched) while the current stream is capturing
+        and the collective has a twin: the caller then takes the full path."""
         if getattr(collective.comm, "failed", None) is not None:
             collective.comm.refuse(collective.name)
+        if self.capturing is not None and self.capturing():
+            return False
         driver = collective._driver
         if collective._multi_device:
             driver.set_current(collective.device)
         function, grid, block, shared, packed = self.target
         driver.launch(function, grid, block, shared, interop.current_stream(interop.TORCH, collective.device), packed)
+        return True
 
 
 class Collective:
@@ -458,7 +470,7 @@ class Collective:
         """Whether a wait of this collective (or of its zero-copy twin) has timed out."""
         return bool(self._flag.value or (self._zc is not None and self._zc.twin._flag.value))
 
-    def prime(self, shape: CallShape) -> None:
+    def prime(self, shape: CallShape, stream=None) -> None:
         """Load the kernel ``launch(shape)`` will run (this rank's or its zero-copy twin's),
         launching nothing.  A group call primes every rank before it launches any: loading a
         module may wait for the kernels running on the device, and where ranks share a GPU (a
@@ -466,15 +478,18 @@ class Collective:
         last until that rank's wait timed out."""
         if shape.count == 0 or self._ce is not None:
             return
-        twin = self._zc.pick(shape, record=False) if self._zc is not None else None
-        (twin or self).variant(shape.dtype, shape.op)
+        twin = self._zc.pick(shape, record=False, stream=stream) if self._zc is not None else None
+        if twin is not None:
+            self._zc.load_twin(shape)
+        else:
+            self.variant(shape.dtype, shape.op)
 
-    def blocks(self, shape: CallShape) -> Blocks | None:
-        """The blocks ``launch(shape)`` runs, once ``prime(shape)`` has loaded its kernel
-        (None: no kernel is launched)."""
+    def blocks(self, shape: CallShape, stream=None) -> Blocks | None:
+        """The blocks ``launch(shape, stream)`` runs, once ``prime(shape, stream)`` has loaded its
+        kernel (None: no kernel is launched)."""
         if shape.count == 0:
             return None
-        twin = self._zc.pick(shape, record=False) if self._zc is not None else None
+        twin = self._zc.pick(shape, record=False, stream=stream) if self._zc is not None else None
         runs = twin or self
         if runs._ce is not None:
             return None
@@ -485,7 +500,7 @@ class Collective:
         if shape.count == 0:
             return  # every rank sees count 0 and skips alike
         if self._zc is not None:
-            twin = self._zc.pick(shape)
+            twin = self._zc.pick(shape, stream=stream)
             if twin is not None:
                 twin.launch(shape, stream)
                 return
@@ -509,8 +524,7 @@ class Collective:
         agreement on each new count (otherwise they wait for it, up to the exchange's bound)."""
         fast = self._fast
         if fast is not None and stream is None and dtype is None and fast.matches(x, out, op, count) \
-                and not self.timed_out():
-            fast.launch(self)
+                and not self.timed_out() and fast.launch(self):
             return out
         shape, handle, result = self.prepare_call(x, out, op, stream, count, dtype)
         self.launch(shape, handle)
@@ -599,7 +613,7 @@ def check_residency(name: str, ranks: Sequence[Collective], prepared, known: set
     ``known``: the launches already found to fit, so a repeated call costs a set lookup."""
     from purlinc.runtime import driver
 
-    launches = tuple(b for b in (c.blocks(p[0]) for c, p in zip(ranks, prepared)) if b is not None)
+    launches = tuple(b for b in (c.blocks(p[0], p[1]) for c, p in zip(ranks, prepared)) if b is not None)
     if launches in known:
         return
     residency.check(name, launches, driver.sm_count)
@@ -638,8 +652,8 @@ class GroupCollective:
 
     def __call__(self, xs, outs=None, op="sum", streams=None, *, count: int | None = None):
         prepared = prepare_group(self.name, self.ranks, xs, outs, op, streams, count)
-        for collective, (shape, _, _) in zip(self.ranks, prepared):
-            collective.prime(shape)  # every rank's kernel loaded before any rank runs
+        for collective, (shape, handle, _) in zip(self.ranks, prepared):
+            collective.prime(shape, handle)  # every rank's kernel loaded before any rank runs
         check_residency(self.name, self.ranks, prepared, self._fits)
         for collective, (shape, handle, _) in zip(self.ranks, prepared):
             collective.launch(shape, handle)

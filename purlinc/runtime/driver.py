@@ -350,6 +350,26 @@ def stream_create() -> cu.CUstream:
     return call(cu.cuStreamCreate, cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
 
 
+def stream_capturing(stream) -> bool:
+    """Whether ``stream`` (a handle or raw int) is being captured into a CUDA graph.  The legacy
+    default stream, asked while another stream captures, is not (the driver refuses the query
+    with CUDA_ERROR_STREAM_CAPTURE_IMPLICIT; a launch there would be refused the same way)."""
+    result, status = cu.cuStreamIsCapturing(stream)
+    if result == cu.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
+        return False
+    if result != _SUCCESS:
+        raise CudaError(f"cuStreamIsCapturing failed: {describe(result)}", result=result)
+    return status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
+CAPTURE_MODE_RELAXED = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+
+
+def exchange_capture_mode(mode):
+    """Set this thread's stream-capture mode; returns the previous one (to restore it)."""
+    return call(cu.cuThreadExchangeStreamCaptureMode, mode)
+
+
 def stream_destroy(stream) -> None:
     call(cu.cuStreamDestroy, stream)
 

@@ -212,8 +212,8 @@ class Tuned:
             if flag.value:
                 self.check()  # raises the timeout (a bucket's or its zero-copy twin's)
         fast = self._fast
-        if fast is not None and stream is None and dtype is None and fast.matches(x, out, op, count):
-            fast.launch(self.variants[0])
+        if fast is not None and stream is None and dtype is None and fast.matches(x, out, op, count) \
+                and fast.launch(self.variants[0]):
             return out
         # Buffers are validated once (every variant has the same layouts), then launched by
         # the bucket's variant.
@@ -275,8 +275,8 @@ class TunedGroup:
         prepared = prepare_group(self.name, [t.variants[0] for t in self.ranks], xs, outs, op, streams, count)
         chosen = [tuned.variant_for(shape.count, shape.dtype.itemsize)
                   for tuned, (shape, _, _) in zip(self.ranks, prepared)]
-        for variant, (shape, _, _) in zip(chosen, prepared):
-            variant.prime(shape)  # every rank's kernel loaded before any rank runs (Collective.prime)
+        for variant, (shape, handle, _) in zip(chosen, prepared):
+            variant.prime(shape, handle)  # every rank's kernel loaded before any rank runs (Collective.prime)
         check_residency(self.name, chosen, prepared, self._fits)
         for variant, (shape, handle, _) in zip(chosen, prepared):
             variant.launch(shape, handle)

@@ -35,10 +35,10 @@ The twin's kernel is compiled and loaded at its first zero-copy call (or by
 ``coll.warm(dtype, op, zero_copy=True)``): make one eager call on the heap buffers before
 capturing a CUDA graph, as for any new (dtype, op).
 
-Buffers outside the heap stage (two copies) as before: registering arbitrary buffers at graph
-capture would need an IPC export and a host exchange per new buffer, which is left for later
-measurement.  A pointer into freed heap space is a FreedBufferError; a buffer in another
-communicator's heap an ArgumentError.
+Buffers outside the heap stage (two copies), except in a call being captured into a CUDA graph:
+there the twin runs on the caller's own buffers, made reachable by the peers at capture
+(``purlinc.runtime.graphbuffers``; ``PURLIN_GRAPH_BUFFERS`` says where).  A pointer into freed
+heap space is a FreedBufferError; a buffer in another communicator's heap an ArgumentError.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import threading
 from dataclasses import replace
 
 from purlinc.errors import PurlinError
-from purlinc.runtime import symmetric
+from purlinc.runtime import graphbuffers, symmetric
 from purlinc.runtime.errors import ArgumentError, MismatchError
 
 _BOTH = frozenset({"in", "out"})
@@ -140,6 +140,9 @@ def peer_args(collective, shape) -> dict:
     """``in_peer`` / ``out_peer`` of a zero-copy call: every rank's buffer at the heap offset the
     ranks agreed on (a rank without input, e.g. a broadcast's non-root, still reaches the root's
     input through the offset the root reported)."""
+    given = getattr(collective, "_graph_peers", {}).get(call_key(shape))
+    if given is not None:  # a captured call on the caller's own buffers (graphbuffers.py)
+        return {"in_peer": list(given[0]), "out_peer": list(given[1])}
     heap = collective.comm.heap
     world = collective.compiled.world_size
     offsets = getattr(collective, "_zc_offsets", {}).get(call_key(shape))
@@ -194,6 +197,7 @@ class LocalAgreement:
 
     def __init__(self):
         self.agreed: dict = {}
+        self.pointers: dict = {}  # (rank, call key) -> every rank's (inputs, outputs): graphbuffers.py
         self.lock = threading.Lock()
 
 
@@ -209,10 +213,14 @@ def agreement_of(comm) -> LocalAgreement | None:
 
 def agree_group(ranks, prepared) -> None:
     """A LocalGroup call: settle the zero-copy choice of every rank before any launches."""
-    if not symmetric.any_blocks() or not ranks:
+    if not ranks:
         return
     shapes = [p[0] for p in prepared]
     if all(s.count == 0 for s in shapes):
+        return
+    if any(getattr(c, "_zc", None) is not None for c in ranks):  # a capturing launch may reach these buffers directly
+        graphbuffers.record_group(agreement_of(ranks[0].comm), ranks, shapes, [call_key(s) for s in shapes])
+    if not symmetric.any_blocks():
         return
     choices = [c._zc.local_choice(s) if c._zc is not None else choose(c, s) for c, s in zip(ranks, shapes)]
     agreed = agree(ranks[0].name, choices)
@@ -258,6 +266,12 @@ class ZeroCopy:
         self._generation = -1
         self.offsets: dict = {}  # call key -> agreed (in, out) offsets, read by the twin's peer_args
         twin._zc_offsets = self.offsets
+        self.graph_peers: dict = {}  # call key -> every rank's (inputs, outputs): captured calls
+        twin._graph_peers = self.graph_peers
+        # Captured calls on ordinary buffers that ran the twin (no staging), and those that
+        # staged because some rank could not export its buffer: for tests and tools.
+        self.graph_registered = 0
+        self.graph_staged = 0
         # A packed (LL) schedule serves small calls, where its packets' flags beat the twin's
         # separate signal round trip (registered pushes cannot carry LL packets): heap buffers
         # then stage too.  Measured on 2 x H200 (benchmarks/results): 1 KiB all-reduce 3.2 us
@@ -276,13 +290,15 @@ class ZeroCopy:
             choice = self._cache[key] = choose(self.staged, shape)
         return choice
 
-    def pick(self, shape, *, record: bool = True):
+    def pick(self, shape, *, record: bool = True, stream=None):
         """The Collective to launch ``shape`` with: the twin (zero-copy) or None (staged).
 
-        ``record=False``: only look (no agreement with the peers), for the fast-path decision."""
-        if not symmetric.any_blocks():
-            return None  # no heap block anywhere in this process: every call stages, on every rank
-        choice = self.local_choice(shape)  # every call: a freed block is refused even when agreed
+        ``record=False``: only look (no agreement with the peers), for the fast-path decision.
+        ``stream``: the launch's stream; a capturing one lets ordinary buffers take the twin."""
+        # No heap block anywhere in this process: every call is on ordinary buffers, every rank.
+        choice = self.local_choice(shape) if symmetric.any_blocks() else None
+        if choice is None:
+            return self._ordinary(shape, stream, record)
         if self.prefer_staged:
             return None
         if not record:
@@ -313,6 +329,34 @@ class ZeroCopy:
             return None
         self.offsets[key] = agreed
         return self.twin
+
+    def _ordinary(self, shape, stream, record: bool):
+        """A call on ordinary buffers: staged (None), or the twin when it is being captured
+        and the setting registers it (graphbuffers.py)."""
+        if stream is None:
+            return None
+        driver = self.staged._driver
+        if not graphbuffers.wanted(self, stream, driver):
+            return None
+        if not record:
+            return self.twin
+        if self.local is not None:
+            peers = graphbuffers.local_peers(self, call_key(shape))
+        else:
+            peers = graphbuffers.exchanged_peers(self, shape, driver)
+        if peers is None:
+            self.graph_staged += 1
+            return None
+        self.graph_peers[call_key(shape)] = peers
+        self.graph_registered += 1
+        self.load_twin(shape)
+        return self.twin
+
+    def load_twin(self, shape) -> None:
+        """The twin's kernel for ``shape``, loaded now: a captured call on ordinary buffers may be
+        the twin's first use (eager calls there stage), and a module load is not stream work."""
+        with graphbuffers.relaxed_capture(self.staged._driver):
+            self.twin.variant(shape.dtype, shape.op)
 
     def _check_peers(self, choice):
         """Under torchrun: every rank's choice, once per call key; the agreed offsets."""

@@ -1,0 +1,177 @@
+"""Reading results rows: selecting views, the best row of a system, merging runs, the tuning
+table.  No GPU, no torch."""
+
+from __future__ import annotations
+
+from benchlib.sizes import COLLECTIVES, limit_us
+
+
+# --------------------------------------------------------------------------- row access
+
+PRIMARY_CALLS_PER_GRAPH = 20  # graph rows the tables and targets quote first
+
+
+def normalize(row: dict) -> dict:
+    """Rows of older runs: NCCL's plain row was variant ``nccl``; no calls_per_graph."""
+    if row.get("system") == "nccl" and row.get("variant") == "nccl":
+        row = {**row, "variant": "default"}
+    if "calls_per_graph" not in row:
+        row = {**row, "calls_per_graph": None}
+    return row
+
+
+def ok(row: dict) -> bool:
+    """A row that ran and was not found wrong."""
+    return row.get("error") is None and row.get("time_us") is not None and row.get("checked") is not False
+
+
+def rows_for(rows: list[dict], **match) -> list[dict]:
+    return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+
+
+def one(rows: list[dict], **match) -> dict | None:
+    found = [r for r in rows_for(rows, **match) if r.get("time_us") is not None or r.get("error")]
+    return found[0] if found else None
+
+
+def graph_counts(rows: list[dict]) -> list[int | None]:
+    """The calls-per-graph values of the graph rows, the primary one first."""
+    found = sorted({r.get("calls_per_graph") for r in rows if r.get("mode") == "graph"},
+                   key=lambda c: (c != PRIMARY_CALLS_PER_GRAPH, c is None, c or 0))
+    return found
+
+
+def views(rows: list[dict]) -> list[tuple[str, int | None]]:
+    """(mode, calls_per_graph) pairs present, graph (primary first) then eager."""
+    out = [("graph", c) for c in graph_counts(rows)]
+    if any(r.get("mode") == "eager" for r in rows):
+        out.append(("eager", None))
+    return out
+
+
+def select(rows: list[dict], mode: str, calls: int | None = None) -> list[dict]:
+    """The rows of one timing view; for graph rows ``calls`` picks the calls per graph
+    (default: the primary one present)."""
+    if mode == "graph" and calls is None:
+        counts = graph_counts(rows)
+        calls = counts[0] if counts else None
+    return [r for r in rows if r.get("mode") == mode and (mode != "graph" or r.get("calls_per_graph") == calls)]
+
+
+NOT_SCHEDULES = ("default", "zerocopy", "graph-staged")  # Purlin rows that are a choice, not one pinned schedule
+
+
+def best_purlin(rows: list[dict], collective: str, nbytes: int, mode: str) -> dict | None:
+    """The fastest correct explicit Purlin variant (``default``/``zerocopy`` excluded: choices;
+    loopback rows too: one GPU says nothing about the link a schedule is tuned for)."""
+    cands = [r for r in rows_for(rows, system="purlin", collective=collective, bytes=nbytes, mode=mode)
+             if r.get("variant") not in NOT_SCHEDULES and not r.get("loopback") and ok(r) and r.get("checked") is True]
+    return min(cands, key=lambda r: r["time_us"]) if cands else None
+
+
+def best_of(rows: list[dict], system: str, collective: str, nbytes: int, mode: str) -> dict | None:
+    cands = [r for r in rows_for(rows, system=system, collective=collective, bytes=nbytes, mode=mode) if ok(r)]
+    return min(cands, key=lambda r: r["time_us"]) if cands else None
+
+
+def best_nccl(rows: list[dict], collective: str, nbytes: int, mode: str) -> dict | None:
+    """The fastest NCCL row (default, nomix or symm) that ran and was not found wrong."""
+    return best_of(rows, "nccl", collective, nbytes, mode)
+
+
+def sizes_of(rows: list[dict], collective: str) -> list[int]:
+    return sorted({r["bytes"] for r in rows if r.get("collective") == collective and r.get("bytes")})
+
+
+def collectives_of(rows: list[dict]) -> list[str]:
+    present = {r.get("collective") for r in rows}
+    return [c for c in COLLECTIVES if c in present]
+
+
+def world_size_of(doc: dict) -> int:
+    ws = doc.get("meta", {}).get("world_size")
+    if ws:
+        return int(ws)
+    sizes = {r.get("world_size") for r in doc.get("rows", []) if r.get("world_size")}
+    return int(next(iter(sizes))) if sizes else 0
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if not a or not b else a / b
+
+
+def with_limits(row: dict) -> dict:
+    """``limit_us`` and ``pct_of_limit`` filled in (rows of older runs lack them)."""
+    if row.get("bytes") and row.get("collective") in COLLECTIVES and row.get("world_size"):
+        lim = limit_us(row["collective"], row["world_size"], row["bytes"])
+        row = {**row, "limit_us": round(lim, 3),
+               "pct_of_limit": None if not ok(row) else round(100.0 * lim / row["time_us"], 1)}
+    return row
+
+
+def merge(docs: list[dict]) -> dict:
+    """Later documents win for the same (system, variant, collective, bytes, mode, calls) key."""
+    if not docs:
+        return {"meta": {}, "rows": []}
+    meta = dict(docs[0].get("meta", {}))
+    keyed: dict[tuple, dict] = {}
+    for doc in docs:
+        for row in doc.get("rows", []):
+            row = normalize(row)
+            key = (row.get("system"), row.get("variant"), row.get("collective"), row.get("bytes"), row.get("mode"),
+                   row.get("calls_per_graph"))
+            keyed[key] = row
+    if len(docs) > 1:
+        meta["merged_from"] = [d.get("meta", {}).get("run_id") for d in docs]
+        for d in docs[1:]:  # keep the best peak measurements any run made
+            for k, v in (d.get("meta", {}).get("peaks") or {}).items():
+                meta.setdefault("peaks", {}).setdefault(k, v)
+    return {"meta": meta, "rows": list(keyed.values())}
+
+
+def prepared(doc: dict) -> dict:
+    """The document with rows normalised and limits filled in (what the report reads)."""
+    return {"meta": doc.get("meta", {}), "rows": [with_limits(normalize(r)) for r in doc.get("rows", [])]}
+
+
+# --------------------------------------------------------------------------- tuning table
+
+
+def variant_options(row: dict) -> dict:
+    opts = dict(row.get("options") or {})
+    return {k: opts.get(k) for k in ("algorithm", "atom", "channels", "slices", "packed") if opts.get(k) is not None}
+
+
+def tuning_table(doc: dict, *, prefer_mode: str = "graph") -> dict:
+    """{collective: {world_size: [{max_bytes, variant, options...}, ...]}}.
+
+    Per measured size the fastest correct explicit Purlin variant (``prefer_mode`` timings,
+    the primary calls per graph; eager where that mode has none); neighbouring sizes with the
+    same winner are merged.  An entry applies to calls of at most ``max_bytes``; the last has
+    ``max_bytes: null``.
+    """
+    rows = prepared(doc)["rows"]
+    ws = str(world_size_of(doc))
+    other = "eager" if prefer_mode == "graph" else "graph"
+    first, second = select(rows, prefer_mode), select(rows, other)
+    table: dict[str, dict[str, list[dict]]] = {}
+    for coll in collectives_of(rows):
+        picks: list[tuple[int, dict]] = []
+        for nbytes in sizes_of(rows, coll):
+            best = best_purlin(first, coll, nbytes, prefer_mode) or best_purlin(second, coll, nbytes, other)
+            if best is not None:
+                picks.append((nbytes, best))
+        entries: list[dict] = []
+        for nbytes, row in picks:
+            entry = {"max_bytes": nbytes, "variant": row["variant"], **variant_options(row),
+                     "time_us": round(row["time_us"], 3), "mode": row["mode"]}
+            if entries and entries[-1]["variant"] == entry["variant"]:
+                entries[-1].update(max_bytes=nbytes, time_us=entry["time_us"])
+            else:
+                entries.append(entry)
+        if entries:
+            entries[-1]["max_bytes"] = None
+            table[coll] = {ws: entries}
+    return table
+
+

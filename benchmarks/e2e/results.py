@@ -1,0 +1,104 @@
+"""Rows, agreement and the report of the end-to-end decode benchmark (no GPU needed).
+
+One row per (system, batch): ``step_us`` (the whole decode step, one CUDA graph replay, the
+slowest rank's median), ``comm_us`` (``step_us`` minus the no-communication step's), and
+``comm_vs_best_nccl`` (``comm_us`` over the lowest NCCL setting's at that batch: below 1 is less
+communication time than NCCL at its best), ``agrees`` (the final hidden states against the
+reference system's, within ``TOLERANCE``) and ``error``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+# bf16 through every layer, partial sums added in different orders by different systems: the
+# largest difference relative to the largest reference value.
+TOLERANCE = 2e-2
+NCCL = ("nccl", "nccl-nomix", "nccl-symm")
+
+
+def row(system: str, batch: int, world: int, step_us: float | None, reps: list[float] | None, *,
+        agree: tuple[bool, str] | None = None, error: str | None = None, **extra) -> dict:
+    return {"system": system, "batch": batch, "world_size": world, "step_us": step_us,
+            "step_us_min": min(reps) if reps else None, "step_us_max": max(reps) if reps else None,
+            "agrees": None if agree is None else agree[0], "agree_note": None if agree is None else agree[1],
+            "error": error, **extra}
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def agree(got, want, tolerance: float) -> tuple[bool, str]:
+    """Whether ``got`` equals ``want`` within ``tolerance`` (max |difference| / max |want|)."""
+    g, w = got.float(), want.float()
+    bad = int((~g.isfinite()).sum())
+    if bad:
+        return False, f"{bad} of {g.numel()} values not finite"
+    if g.shape != w.shape:
+        return False, f"shape {tuple(g.shape)} != {tuple(w.shape)}"
+    err = float((g - w).abs().max() / w.abs().max().clamp_min(1e-30))
+    return err <= tolerance, f"max rel err {err:.1e}"
+
+
+def add_comm_time(rows: list[dict]) -> None:
+    """``comm_us`` and ``comm_vs_best_nccl`` on every row with a time, from the ``none`` row of
+    its batch and the lowest NCCL ``comm_us`` of that batch."""
+    for batch in {r["batch"] for r in rows}:
+        here = [r for r in rows if r["batch"] == batch]
+        bare = next((r["step_us"] for r in here if r["system"] == "none" and r["step_us"] is not None), None)
+        for r in here:
+            if r["system"] != "none" and r["step_us"] is not None and bare is not None:
+                r["comm_us"] = r["step_us"] - bare
+        nccl = [r["comm_us"] for r in here if r["system"] in NCCL and r.get("comm_us") is not None
+                and r.get("agrees") is not False]
+        best = min(nccl) if nccl else None
+        for r in here:
+            if r.get("comm_us") is not None and best:
+                r["comm_vs_best_nccl"] = r["comm_us"] / best
+
+
+def _num(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    where = (f"loopback: {meta.get('world_size')} ranks on one GPU, so no link speed in any number "
+             "(correctness and the compute around the calls only)" if meta.get("loopback") else
+             f"{meta.get('world_size')} ranks, one process per GPU (torchrun)")
+    out = [f"# Decode step, Llama-3-8B-class, TP={meta.get('world_size')} ({meta.get('date', '?')})", "",
+           f"{where}; {meta.get('layers')} layers, KV cache {meta.get('kv_len')} tokens, bf16, random weights; "
+           "the whole step is one CUDA graph.",
+           "'comm us' = step minus the step without communication ('none'); 'vs best NCCL' = comm us over the "
+           "lowest NCCL setting's (default, nomix = NCCL_GRAPH_MIXING_SUPPORT=0, symm = symmetric windows); "
+           "'agrees': final hidden states against the reference system's.", "",
+           "| batch | system | step us | comm us | vs best NCCL | agrees |", "|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["batch"], _order(r["system"]))):
+        if r.get("error"):
+            out.append(f"| {r['batch']} | {r['system']} | - | - | - | {r['error'][:160]} |")
+            continue
+        ratio = r.get("comm_vs_best_nccl")
+        agrees = "-" if r.get("agrees") is None else ("yes" if r["agrees"] else f"NO ({r.get('agree_note')})")
+        out.append(f"| {r['batch']} | {r['system']} | {_num(r['step_us'])} | {_num(r.get('comm_us'))} | "
+                   f"{'-' if ratio is None else f'{ratio:.2f}x'} | {agrees} |")
+    out.append("")
+    return "\n".join(out)
+
+
+SYSTEM_ORDER = ("none", "reference", "nccl", "nccl-nomix", "nccl-symm", "symm-one-shot", "symm-two-shot",
+                "purlin", "purlin-heap", "purlin-fused")
+
+
+def _order(system: str) -> int:
+    return SYSTEM_ORDER.index(system) if system in SYSTEM_ORDER else len(SYSTEM_ORDER)
+
+
+def write(rows: list[dict], meta: dict, out_dir: Path, stem: str) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / f"{stem}.json", "md": out_dir / f"{stem}.md"}
+    body = ",\n".join(json.dumps(r, separators=(",", ":"), default=str) for r in rows)
+    paths["json"].write_text('{"meta":' + json.dumps(meta, default=str) + ',\n"rows":[\n' + body + "\n]}\n")
+    paths["md"].write_text(markdown(rows, meta))
+    return paths

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""End-to-end: the decode step of a Llama-3-8B-class model under tensor parallelism, the whole
+step one CUDA graph, with each communication system; per-step time, the time communication
+adds over a step without it, and whether every system's final hidden states agree.
+
+    torchrun --nproc_per_node=2 benchmarks/e2e/run.py [--batches 1,16,128] [--layers 2] [--out DIR]
+    python benchmarks/e2e/run.py --loopback 2 [...]      # every rank on cuda:0: Purlin only
+
+Under torchrun, ``nccl-nomix`` and ``nccl-symm`` run in a child process group started by every
+rank with NCCL_GRAPH_MIXING_SUPPORT=0 (NCCL reads it once per process), whose rows rank 0
+merges.  In loopback there is one process and one GPU: NCCL and torch symmetric memory cannot
+run ranks that share a GPU, so their rows are absent, and the times say nothing about links.
+See benchmarks/e2e/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+for p in (str(HERE.parent), str(HERE.parents[1])):  # benchmarks/ (the e2e package), the repository
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}  # never multicast
+SYSTEMS = ("none", "reference", "nccl", "nccl-nomix", "nccl-symm", "symm-one-shot", "symm-two-shot",
+           "purlin", "purlin-heap", "purlin-fused")
+LOOPBACK_SYSTEMS = ("none", "reference", "purlin", "purlin-heap", "purlin-fused")
+CHILD_SYSTEMS = ("nccl-nomix", "nccl-symm")  # NCCL_GRAPH_MIXING_SUPPORT=0: a process of their own
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--loopback", type=int, default=0, metavar="R", help="R ranks on cuda:0 in one process")
+    ap.add_argument("--batches", default="1,16,128")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--kv-len", type=int, default=1024, help="tokens in every KV cache (fixed)")
+    ap.add_argument("--systems", default=None, help=f"comma-separated subset of {','.join(SYSTEMS)}")
+    ap.add_argument("--replays", type=int, default=20, help="graph replays per timed repeat")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--results-dir", type=Path, default=HERE.parent / "results")
+    ap.add_argument("--out", type=Path, default=None, help="also copy the files here")
+    ap.add_argument("--child-out", type=Path, default=None, help=argparse.SUPPRESS)  # internal: the NCCL child
+    args = ap.parse_args(argv)
+    args.batch_list = [int(b) for b in args.batches.split(",") if b.strip()]
+    allowed = LOOPBACK_SYSTEMS if args.loopback else SYSTEMS
+    wanted = [s.strip() for s in (args.systems or ",".join(allowed)).split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in SYSTEMS]
+    if unknown:
+        raise SystemExit(f"unknown systems {unknown}; choose from {SYSTEMS}")
+    elsewhere = [s for s in wanted if s not in allowed]
+    if elsewhere:
+        raise SystemExit(f"{', '.join(elsewhere)} needs one process per GPU (torchrun); loopback runs "
+                         f"{', '.join(allowed)}")
+    # the no-communication step is every comm_us's baseline; the reference every check's
+    args.system_list = ["none", "reference"] + [s for s in wanted if s not in ("none", "reference")]
+    return args
+
+
+def config_of(args):
+    from e2e import model
+
+    return model.Config(layers=args.layers, kv_len=args.kv_len)
+
+
+def write(args, rows: list[dict], meta: dict) -> int:
+    from e2e import results
+
+    results.add_comm_time(rows)
+    stem = f"{meta['date']}-e2e-{'loopback-' if meta['loopback'] else ''}r{meta['world_size']}"
+    paths = results.write(rows, meta, args.results_dir, stem)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        for p in paths.values():
+            (args.out / p.name).write_bytes(p.read_bytes())
+    print(results.markdown(rows, meta))
+    print("wrote: " + ", ".join(str(p) for p in paths.values()))
+    return 1 if any(r.get("agrees") is False for r in rows) else 0
+
+
+def meta_of(args, world: int, loopback: bool) -> dict:
+    import torch
+
+    return {"date": datetime.date.today().isoformat(), "world_size": world, "loopback": loopback,
+            "layers": args.layers, "kv_len": args.kv_len, "batches": args.batch_list, "gpu": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())) if not loopback else None,
+            "replays": args.replays, "reps": args.reps,
+            "env": {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "PURLIN_", "TORCH_SYMM"))}}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    for k, v in SAFE_ENV.items():
+        os.environ[k] = v
+    if args.loopback:
+        from e2e import loopback
+
+        rows = loopback.run(args, config_of(args))
+        return write(args, rows, meta_of(args, args.loopback, True))
+    from e2e import torchrun
+
+    rows, world, rank = torchrun.run(args, config_of(args))
+    if args.child_out is not None:  # the NCCL child: the parent writes
+        if rank == 0:
+            args.child_out.write_text(json.dumps(rows))
+        return 0
+    if rank != 0:
+        return 0
+    return write(args, rows, meta_of(args, world, False))
+
+
+def child_command(args, systems: list[str], out: Path) -> list[str]:
+    """The command every rank runs for the NCCL child (the same options, only ``systems``)."""
+    return [sys.executable, str(Path(__file__).resolve()), "--batches", args.batches, "--layers", str(args.layers),
+            "--kv-len", str(args.kv_len), "--systems", ",".join(["reference", *systems]),
+            "--replays", str(args.replays), "--reps", str(args.reps), "--seed", str(args.seed),
+            "--child-out", str(out)]
+
+
+def run_child(args, rank: int, world: int, systems: list[str], exchange) -> list[dict]:
+    """Start the NCCL child group (every rank), wait, and return its rows (rank 0)."""
+    info = None
+    if rank == 0:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        info = {"port": port, "out": str(Path(tempfile.mkdtemp(prefix="e2e-nccl-")) / "child.json")}
+    info = exchange(info)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")}
+    env.update(NCCL_GRAPH_MIXING_SUPPORT="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(info["port"]),
+               RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=os.environ.get("LOCAL_RANK", str(rank)),
+               LOCAL_WORLD_SIZE=os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    try:
+        subprocess.run(child_command(args, systems, Path(info["out"])), env=env, timeout=900, check=False)
+    except subprocess.TimeoutExpired:
+        pass
+    if rank != 0:
+        return []
+    try:
+        rows = json.loads(Path(info["out"]).read_text())
+    except (OSError, ValueError) as error:
+        return [{"system": s, "batch": b, "world_size": world, "step_us": None, "agrees": None,
+                 "error": f"the NCCL child wrote no results ({type(error).__name__})"} for s in systems
+                for b in args.batch_list]
+    return [r for r in rows if r["system"] in systems]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
