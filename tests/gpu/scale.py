@@ -160,7 +160,8 @@ def cases() -> list[Case]:
                                 priority=1, seed=n))
                 n += 1
     for spec, count in (("allreduce.pln", 1_048_579), ("ar_2d", 262_147)):
-        out.append(Case("big", 8, spec, calls=((count, "float32", "sum"),), priority=1, seed=n))
+        # issue 25: the default load at R=8 with about a million elements per chunk timed out
+        out.append(Case("big", 8, spec, calls=((count, "float32", "sum"),), priority=-1, seed=n))
         n += 1
     # Within a priority, a fixed shuffle: a budget that cuts the list leaves an even sample of
     # worlds, specs and options rather than dropping the last world whole.
