@@ -114,9 +114,10 @@ def test_traced_module_shares_bodies_but_keeps_a_mark_per_block():
 
 
 def test_cold_compile_of_a_many_unit_packed_all_reduce_at_r8(monkeypatch):
-    """The module that once took 40 s of NVRTC on a 2-core machine (16 units per rank, packed,
-    R = 8, bf16): compiled with the cache bypassed, within 5 s of CPU time (NVRTC is one
-    thread, so a busy machine does not inflate it) and a generous wall-clock bound."""
+    """The module that once took 40-90 s of NVRTC on a 2-core machine (16 units per rank, packed,
+    R = 8, bf16; 62-89 s of CPU time measured here): compiled with the cache bypassed, within
+    5 s of CPU time (now about 1.3 s).  CPU time, not wall time: NVRTC is one thread, and on a
+    shared machine the wall clock measures the neighbours (20-40x the CPU time was seen)."""
     pytest.importorskip("cuda.bindings.nvrtc")
     from purlinc.atom import nvrtc
 
@@ -126,4 +127,4 @@ def test_cold_compile_of_a_many_unit_packed_all_reduce_at_r8(monkeypatch):
     wall, cpu = time.perf_counter(), time.process_time()
     cubin = nvrtc.compile_cubin(kernel.source, kernel.filename, "sm_90")
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    assert cubin and cpu <= 5.0 and wall <= 60.0, (cpu, wall)
+    assert cubin and cpu <= 5.0, f"{cpu:.2f} s of CPU ({wall:.2f} s wall)"

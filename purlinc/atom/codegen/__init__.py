@@ -9,12 +9,17 @@ The stages, one module each, in the order ``generate`` runs them:
     exprs     regions, slices and signals as C expressions (channel-indexed, numbers marked)
     blocks    a channel program -> blocks (data steps, signal groups, barriers)
     ll        packed (LL) blocks: fused packet sends, receive loops of a consume group
-    fuse      multi-destination copies; runs of like steps as loops
+    fuse      multi-destination copies
+    tables    ranks, and runs of blocks, that differ only in numbers: one body, loops, tables
     elems     each dtype's storage, accumulator and conversions
     render    the strict Jinja environment
     names     deterministic kernel names
-    generate  the module: atom text, every rank's entry, the ABI (``kernel.KernelSource``)
+    generate  the module: atom text, its bodies and entries, the ABI (``kernel.KernelSource``)
     limits    the tunables (threads, unrolls, fusion bounds)
+
+A new block kind is a ``templates/block_<kind>.cu.j2`` and the code that makes its dict
+(``blocks``); every number its text takes from the schedule goes through ``exprs.num``, so
+``tables`` can share and roll it.
 
 The orchestration (``kernel.cu.j2`` and its includes) calls only ``purlin_copy`` and
 ``purlin_reduce<N>``, which the atom's template defines; the atom's text sits between two

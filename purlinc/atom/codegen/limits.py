@@ -14,8 +14,9 @@ MAX_COPY_DSTS = 8  # destinations of one multi-destination copy (a pointer each,
 LL_BATCH_SOURCES = 8  # sources per receive loop (C consumes x N sources): 4 registers each per packet in flight
 LL_SEND_SOURCES = 8  # distinct sources per fused send loop: 2 registers each per packet in flight
 LL_IN_FLIGHT = 4  # packets per thread a send or receive loop keeps in flight (its unroll: this / sources)
-# A module with at most this many receive loops (all ranks) inlines purlin_ll_consume: the
-# loop's arguments then stay in registers instead of going through the stack.  Beyond it the
-# loops share one out-of-line body per shape, which keeps NVRTC time flat (an 8-GPU
-# all-reduce has 64 loops: 12 s inlined, 4 s shared, measured 2026-11-30).
+# A module with at most this many receive loops (call sites in its bodies, a loop over rows
+# counted once) inlines purlin_ll_consume: the loop's arguments then stay in registers instead
+# of going through the stack.  Beyond it the loops share one out-of-line body per shape, which
+# keeps NVRTC time flat (when every rank had its own entry, an 8-GPU all-reduce had 64 loops:
+# 12 s inlined, 4 s shared, measured 2026-11-30; as one body it has one).
 LL_INLINE_LOOPS = 16
