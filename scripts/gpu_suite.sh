@@ -23,7 +23,8 @@
 #   faults            mismatches before launch; a rank that dies mid-loop -> PurlinTimeoutError
 #   torch             purlinc.torch: custom ops, eager / torch.compile / CUDA graphs vs NCCL
 #   torch_backend     the `purlin` torch.distributed backend, one process per GPU (one GPU is enough:
-#                     a world of one), and purlinc.torch on an NCCL group; autograd and compiled backward
+#                     a world of one) and two processes sharing cuda:0; purlinc.torch on an NCCL
+#                     group; autograd and compiled backward; the serving adapter in a CUDA graph
 #   hier              hierarchical plans: 2 nodes x 1 GPU and 1 node x 2 GPUs, vs NCCL
 #   slow              the CPU sweeps the default test run deselects (many cores here)
 # Usage: OUT=/some/dir [PURLIN_STEPS="local torchrun"] scripts/gpu_suite.sh
@@ -88,7 +89,7 @@ pytest_step faults 200 -s tests/gpu/test_faults.py
 PURLIN_HIER_TIMEOUT=${PURLIN_HIER_TIMEOUT:-380} pytest_step hier $(( ${PURLIN_HIER_TIMEOUT:-380} + 20 )) -s tests/gpu/test_hier.py
 # purlinc.torch under torchrun (writes torch_results.json) and CuPy ranks without torch (cupy_results.json)
 PURLIN_TORCH_TIMEOUT=${PURLIN_TORCH_TIMEOUT:-480} pytest_step torch $(( ${PURLIN_TORCH_TIMEOUT:-480} + 120 )) -s tests/gpu/test_torch_api.py
-PURLIN_TORCH_TIMEOUT=300 pytest_step torch_backend 330 -s tests/gpu/test_torch_backend.py
+PURLIN_TORCH_TIMEOUT=540 pytest_step torch_backend 1140 -s tests/gpu/test_torch_backend.py
 if python3 -c "import hypothesis" 2>/dev/null; then
   pytest_step slow 420 -m slow tests --ignore=tests/gpu
 fi

@@ -174,3 +174,26 @@ def test_communicator_from_env_reads_the_environment_first(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(RendezvousError, match="environment variable RANK is not set"):
         Communicator.from_env()
+
+
+def test_a_failed_exchange_stops_the_communicator():
+    # from_torch's exchange: a store that times out becomes PurlinTimeoutError, stops the
+    # communicator, and every later exchange is refused at once (the peers' state is unknown)
+    from purlinc.runtime.communicator import Communicator, _reporting
+    from purlinc.runtime.errors import PurlinTimeoutError
+
+    calls = []
+
+    def exchange(obj):
+        calls.append(obj)
+        raise RendezvousTimeout("rendezvous round 3: rank 0 waited 1 s for rank 1 of 2, which never arrived")
+    holder: list = []
+    call = _reporting(exchange, 0, 1.0, holder)
+    holder.append(Communicator(0, 2, 0, None, call))
+    with pytest.raises(PurlinTimeoutError, match=r"rank 0: the host-side exchange with the other ranks failed "
+                                                 r"\(bound 1 s\): rendezvous round 3"):
+        call("first")
+    assert holder[0].failed is not None
+    with pytest.raises(PurlinTimeoutError, match="communicator stopped after an earlier timeout"):
+        call("second")
+    assert calls == ["first"]

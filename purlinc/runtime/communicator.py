@@ -88,9 +88,10 @@ def _reporting(exchange, rank: int, bound: float, holder: list):
         try:
             return exchange(obj)
         except (RendezvousError, RuntimeError) as error:
+            text = getattr(error, "message", None) or str(error)  # a PurlinError's own text, not its rendering
             failure = PurlinTimeoutError(
                 f"rank {rank}: the host-side exchange with the other ranks failed (bound {bound:g} s): "
-                f"{str(error).splitlines()[0] if str(error) else type(error).__name__}",
+                f"{text.splitlines()[0] if text else type(error).__name__}",
                 notes=("a peer exited, or has not made the same call (load or first use of a new "
                        "dtype, op or count)",),
             )
