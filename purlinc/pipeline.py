@@ -563,7 +563,7 @@ class Compiled:
                     STATS.front_hits += 1
                     return kernel
             STATS.front_misses += 1
-        from purlinc.atom.codegen import generate
+        from purlinc.atom.codegen import generate  # run-time sizes go on to purlinc.atom.sized from there
         from purlinc.atom.nvrtc import compile_cubin
         from purlinc.frontend.ast import Operation
 

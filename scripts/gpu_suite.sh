@@ -6,6 +6,11 @@
 #   precompile        every kernel the tests use, parallel NVRTC
 #   loopback          ranks sharing one GPU (R=2 and R=4 on cuda:0): slices, zero-copy, graphs;
 #                     the one step a one-GPU machine runs (PURLIN_STEPS=loopback)
+#   sized             run-time sizes (alltoallv) in loopback on cuda:0, R=1..8, every dtype, graphs
+#                     replayed with new sizes, size errors; then R=1 under compute-sanitizer memcheck
+#                     (one GPU is enough: PURLIN_STEPS=sized)
+#   moe               purlinc.moe dispatch/combine in loopback on cuda:0 (R=2..8, graphs) against a
+#                     plain torch exchange; then benchmarks/moe_dispatch.py in loopback (writes $OUT)
 #   graph_buffers     loopback too: captured calls on ordinary buffers run without staging
 #   insitu            loopback too: the in-situ benchmark and the e2e decode step run, checked
 #   loopback_scale    node scale on one GPU: every example and many-unit spec at R = 2, 3, 4, 5, 8
@@ -35,7 +40,7 @@ mkdir -p "$OUT"
 export OUT PURLIN_RESULTS="$OUT" PURLIN_CACHE_DIR=${PURLIN_CACHE_DIR:-/tmp/purlin_cache}
 export PURLIN_WAIT_TIMEOUT_S=${PURLIN_WAIT_TIMEOUT_S:-5} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
-STEPS=${PURLIN_STEPS:-"precompile loopback loopback_scale graph_buffers insitu local local_ce trace torchrun zerocopy zerocopy_torchrun graph_buffers_torchrun faults torch torch_backend hier"}
+STEPS=${PURLIN_STEPS:-"precompile loopback loopback_scale sized moe graph_buffers insitu local local_ce trace torchrun zerocopy zerocopy_torchrun graph_buffers_torchrun faults torch torch_backend hier"}
 T0=$(date +%s)
 # Run from the source tree: grammar/ and templates/ ship as purlinc.grammar / purlinc.templates
 # in a wheel (pyproject's package-dir); link them in for the run, and remove the links after.
@@ -75,6 +80,15 @@ step loopback_scale_precompile $(( PURLIN_SCALE_COMPILE_S + 30 )) python3 tests/
 # precompile of every bucket for the common dtypes would add the rest to every case.
 PURLIN_PRECOMPILE=${PURLIN_SCALE_LOAD_PRECOMPILE:-0} \
   pytest_step loopback_scale $(( PURLIN_SCALE_RUN_S + 150 )) tests/gpu/test_loopback_scale.py
+pytest_step sized 420 tests/gpu/test_sized.py
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
+if wanted sized && [ -n "$SAN" ]; then
+  STEPS="$STEPS sized_memcheck"
+  PURLIN_WAIT_TIMEOUT_S=30 step sized_memcheck 300 "$SAN" --tool memcheck --error-exitcode 3 python3 tests/gpu/sized_sanitize.py
+fi
+pytest_step moe 420 tests/gpu/test_moe.py
+wanted moe && STEPS="$STEPS moe_bench"
+step moe_bench 300 python3 benchmarks/moe_dispatch.py --out "$OUT" --devices 0,0 --channels 16 --reps 3
 pytest_step graph_buffers 300 tests/gpu/test_graph_buffers.py
 pytest_step insitu 400 -s tests/gpu/test_insitu_loopback.py
 PURLIN_TEST_ATOMS=ldst,tma pytest_step local 170 tests/gpu/test_local.py

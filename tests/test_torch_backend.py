@@ -58,4 +58,4 @@ def test_backend_world_of_three_processes(tmp_path):
     failed = [(r, p.returncode, out[-3000:]) for r, (p, out) in enumerate(zip(procs, outs)) if p.returncode]
     assert not failed, "\n".join(f"rank {r} exited {code}:\n{out}" for r, code, out in failed)
     for rank, out in enumerate(outs):
-        assert f"rank {rank}: 17 calls on Purlin, then the fallbacks" in out, out
+        assert f"rank {rank}: 16 calls on Purlin, then the fallbacks" in out, out  # the uneven all-to-all is one

@@ -73,7 +73,9 @@ class StandIn:
     def close(self):
         self.closed = True
 
-    def __call__(self, x=None, out=None, op="sum"):
+    def __call__(self, x=None, out=None, op="sum", *rest, row=1):
+        if self.spec.sizes is not None:  # the all-to-all with run-time sizes: (x, sizes, out, out_sizes)
+            return self._sized(x, out, op, *rest, row=row)
         spec, w, r = self.spec, self.world, self.rank
         ins, outs = len(spec.inputs[r]), len(spec.outputs[r])
         probe = x if x is not None else out
@@ -92,6 +94,20 @@ class StandIn:
         if out is not None:
             out.copy_(torch.from_numpy(np.ascontiguousarray(result)).view(out.shape))
         return out
+
+    def _sized(self, x, sizes, out, out_sizes, row=1):
+        """Split sizes in rows of ``row`` elements, through the evaluator of run-time sizes."""
+        from purlinc.frontend.evaluate import evaluate_sized
+
+        w, r = self.world, self.rank
+        w.slots[r] = (x.reshape(-1).numpy().copy(), [int(v) * row for v in sizes.tolist()], out.reshape(-1).numpy().copy())
+        w.barrier.wait()
+        outs, written, _ = evaluate_sized(self.spec, [s[0] for s in w.slots], [s[1] for s in w.slots], 1 << 40,
+                                          [s[2] for s in w.slots])
+        w.barrier.wait()
+        out.reshape(-1).copy_(torch.from_numpy(outs[r]))
+        out_sizes.copy_(torch.tensor([v // row for v in written[r]], dtype=torch.int64))
+        return out, out_sizes
 
 
 class StandInWorlds:

@@ -172,7 +172,7 @@ def main(rank: int, world: int, init_file: str) -> None:
     assert isinstance(dist.group.WORLD, backend.PurlinProcessGroup), type(dist.group.WORLD)
     assert dist.get_backend() == "purlincpu", dist.get_backend()
     taken = purlin_calls(rank, world)
-    assert taken >= 17, taken
+    assert taken >= 16, taken  # the uneven all-to-all is one call (run-time sizes)
     fallback_calls(rank, world, records)
     torch_layers(rank, world)
     sub = dist.new_group([0, 1], backend="purlincpu")

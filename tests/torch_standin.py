@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from purlinc.frontend.check import check
-from purlinc.frontend.evaluate import evaluate
+from purlinc.frontend.evaluate import evaluate, evaluate_sized
 from purlinc.frontend.parse import parse
 from purlinc.runtime.interop import _torch_dtype_map
 from purlinc.runtime.rendezvous import Exchange
@@ -50,7 +50,9 @@ class ExchangeStandIn:
     def close(self):
         pass
 
-    def __call__(self, x=None, out=None, op="sum"):
+    def __call__(self, x=None, out=None, op="sum", *rest, row=1):
+        if self.spec.sizes is not None:  # the all-to-all with run-time sizes: (x, sizes, out, out_sizes)
+            return self._sized(x, out, op, *rest, row=row)  # positions: x, sizes, out, out_sizes
         spec, comm, r = self.spec, self.comm, self.comm.rank
         ins, outs = len(spec.inputs[r]), len(spec.outputs[r])
         probe = x if x is not None else out
@@ -71,6 +73,24 @@ class ExchangeStandIn:
             bits = torch.from_numpy(np.ascontiguousarray(result).view(np.uint8).copy())
             out.copy_(bits.view(out.dtype).view(out.shape))
         return out
+
+
+    def _sized(self, x, sizes, out, out_sizes, row=1):
+        """Sizes count rows of ``row`` elements; the host checked them against the capacity."""
+        spec, comm, r = self.spec, self.comm, self.comm.rank
+        dtype = _torch_dtype_map()[x.dtype]
+        data = x.reshape(-1).view(torch.uint8).numpy().tobytes()
+        got = comm.exchange((comm.ranks[r], tuple(comm.ranks), spec.name, [int(v) * row for v in sizes.tolist()], data))
+        if [g[0] for g in got] != comm.ranks:
+            raise AssertionError(f"rank {comm.ranks[r]} in group {comm.ranks} exchanged with {[g[0] for g in got]}")
+        CALLS.append((spec.name, tuple(comm.ranks)))
+        slots = [np.frombuffer(g[4], dtype.storage) for g in got]
+        current = out.reshape(-1).view(torch.uint8).numpy().view(dtype.storage)
+        outs, written, _ = evaluate_sized(spec, slots, [g[3] for g in got], 1 << 62,
+                                          [current if i == r else np.empty(0, dtype.storage) for i in range(len(got))])
+        out.reshape(-1).view(torch.uint8).copy_(torch.from_numpy(np.ascontiguousarray(outs[r]).view(np.uint8).copy()))
+        out_sizes.copy_(torch.tensor([v // row for v in written[r]], dtype=torch.int64))
+        return out, out_sizes
 
 
 def factory(pg, ranks):

@@ -209,6 +209,24 @@ class Condition:
         return f"{self.left.format()} {self.compare.value} {self.right.format()}"
 
 
+@dataclass(frozen=True, slots=True)
+class SizesOperand:
+    """``sizes n[E1][E2] of x``: chunk ``x[i][j]`` has ``n[i][j]`` elements, given per call
+    on the device (docs/LANGUAGE.md, "Run-time sizes")."""
+
+    name: str
+    extents: tuple[Expr, ...]
+    chunk: str
+    span: Span | None = span_field()
+
+    def format(self) -> str:
+        extents = "".join(f"[{extent.format()}]" for extent in self.extents)
+        return f"sizes {self.name}{extents} of {self.chunk}"
+
+
+Operand = SizesOperand
+
+
 class Operation(Enum):
     COPY = "copy"
     REDUCE = "reduce"
@@ -224,12 +242,21 @@ class CollectiveDef:
     replicated: bool
     span: Span | None = span_field()
     operation_span: Span | None = span_field()
+    # Per-call operands (``with ...``), in the order written.
+    operands: tuple[Operand, ...] = ()
+
+    @property
+    def sizes(self) -> SizesOperand | None:
+        """The run-time sizes operand, if the collective has one."""
+        return next((o for o in self.operands if isinstance(o, SizesOperand)), None)
 
     def format(self) -> str:
         """The collective re-printed canonically: parsing this text gives an equal AST."""
         header = f"collective {self.name}"
         if self.params:
             header += "(" + ", ".join(param.format() for param in self.params) + ")"
+        if self.operands:
+            header += " with " + ", ".join(operand.format() for operand in self.operands)
         if self.constraints:
             header += " where " + ", ".join(condition.format() for condition in self.constraints)
         lines = [header + " {"]

@@ -16,7 +16,7 @@ from typing import Iterator
 
 from purlinc.errors import PurlinError, Span
 from purlinc.frontend import ast
-from purlinc.frontend.spec import Chunk, Slot, Spec
+from purlinc.frontend.spec import Chunk, Sizes, Slot, Spec
 
 RANK_VARIABLE = "r"
 WORLD_VARIABLE = "R"
@@ -434,6 +434,7 @@ class _Checker:
                 rank_sources.append(tuple(slots))
             sources.append(tuple(rank_sources))
 
+        sizes = self.sizes(inputs, input_spans, outputs, output_spans)
         return Spec(
             name=self.definition.name,
             world_size=self.world_size,
@@ -445,7 +446,72 @@ class _Checker:
             sources=tuple(sources),
             input_spans=tuple(tuple(s) for s in input_spans),
             output_spans=tuple(tuple(s) for s in output_spans),
+            sizes=sizes,
         )
+
+    # --- run-time sizes ----------------------------------------------------------------
+    def _loop_variables(self) -> set[str]:
+        return {loop.variable for a in self.definition.assignments for item in a.layout for loop in item.loops}
+
+    def sizes(self, inputs, input_spans, outputs, output_spans) -> Sizes | None:
+        """The ``with sizes`` operand resolved for this R, or None; every rule of
+        docs/LANGUAGE.md ("Run-time sizes") is checked here, at the offending source."""
+        operands = [o for o in self.definition.operands if isinstance(o, ast.SizesOperand)]
+        if not operands:
+            return None
+        if len(operands) > 1:
+            raise PurlinError("a collective has at most one 'sizes' operand", operands[1].span)
+        operand = operands[0]
+        taken = {RANK_VARIABLE: "the rank", WORLD_VARIABLE: "the world size",
+                 **{p: "a parameter" for p in self.params}, **{v: "a loop variable" for v in self._loop_variables()},
+                 **{name: "a chunk" for name in self.arity}}
+        if operand.name in taken:
+            raise PurlinError(f"operand '{operand.name}' has the name of {taken[operand.name]}", operand.span)
+        self._check_operation(operand)
+        if operand.chunk not in self.arity:
+            raise PurlinError(f"'sizes {operand.name} ... of {operand.chunk}': no layout names a chunk "
+                              f"'{operand.chunk}'", operand.span,
+                              (f"chunks named here: {', '.join(sorted(self.arity)) or 'none'}",))
+        extents = self._extents(operand)
+        for buffer, layouts, spans in (("in", inputs, input_spans), ("out", outputs, output_spans)):
+            for rank, layout in enumerate(layouts):
+                for position, chunk in enumerate(layout):
+                    self._check_sized_chunk(operand, extents, chunk, spans[rank][position], f"{buffer}[{rank}]")
+        return Sizes(operand.name, operand.chunk, extents)
+
+    def _check_operation(self, operand: ast.SizesOperand) -> None:
+        if self.definition.operation is ast.Operation.REDUCE:
+            raise PurlinError("'reduce' cannot have run-time sizes: a reduction adds chunks of equal length",
+                              self.definition.operation_span, (f"declared here: {operand.format()}",))
+        if self.definition.replicated:
+            raise PurlinError("'copy replicated' cannot have run-time sizes: replicated producers would have "
+                              "to agree on sizes only the GPU knows", self.definition.operation_span)
+
+    def _extents(self, operand: ast.SizesOperand) -> tuple[int, ...]:
+        arity, first = self.arity[operand.chunk]
+        if arity != len(operand.extents):
+            raise PurlinError(
+                f"'{operand.name}' has {len(operand.extents)} extent(s) but chunk '{operand.chunk}' is used "
+                f"with {arity} ind{'ex' if arity == 1 else 'ices'}", operand.span,
+                ((f"'{operand.chunk}' first used at line {first.line}",) if first is not None else ()))
+        extents = []
+        for expr in operand.extents:
+            value = _evaluate(expr, self.base_scope())
+            if value < 1:
+                raise PurlinError(f"extent '{_short(expr)}' of '{operand.name}' is {value}; it must be at least 1",
+                                  expr.span)
+            extents.append(value)
+        return tuple(extents)
+
+    def _check_sized_chunk(self, operand, extents, chunk: Chunk, span, where: str) -> None:
+        if chunk.name != operand.chunk:
+            raise PurlinError(
+                f"chunk '{chunk.name}' has no size: in a collective with run-time sizes every chunk is "
+                f"sized by '{operand.name}' (of '{operand.chunk}')", span,
+                ("a mix of fixed-count and sized chunks has no call-time meaning",))
+        if any(i >= e for i, e in zip(chunk.index, extents)):
+            shape = "".join(f"[{e}]" for e in extents)
+            raise PurlinError(f"chunk {chunk} of {where} lies outside the extents of '{operand.name}{shape}'", span)
 
 
 def _namesakes(chunk: Chunk, producers: Mapping[Chunk, list[Slot]]) -> str:

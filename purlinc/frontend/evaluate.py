@@ -100,3 +100,75 @@ def evaluate(
             target[:] = first
         outputs.append(out)
     return outputs
+
+
+# ---- run-time sizes (docs/LANGUAGE.md, "Run-time sizes") ----------------------------------
+
+SIZE_ERROR_KINDS = ("capacity", "input", "output")  # what a size error is about (codes 1, 2, 3)
+
+
+def sent_sizes(given: Sequence[int], capacity: int, in_length: int) -> tuple[list[int], list[int], list[tuple]]:
+    """What a producer sends for its input chunks of sizes ``given``: (offsets, sent sizes,
+    errors).  Offsets are the prefix sums of the given sizes clamped to 0..capacity (the
+    caller packed its input by its sizes); a size outside 0..capacity, or a chunk reaching past
+    ``in_length`` elements, is sent as 0 and reported as (position, kind, size, bound)."""
+    offsets, sent, errors = [], [], []
+    offset = 0
+    for position, size in enumerate(int(v) for v in given):
+        offsets.append(offset)
+        if not 0 <= size <= capacity:
+            sent.append(0)
+            errors.append((position, "capacity", size, capacity))
+        elif offset + size > in_length:
+            sent.append(0)
+            errors.append((position, "input", size, in_length - offset))
+        else:
+            sent.append(size)
+        offset += min(max(size, 0), capacity)
+    return offsets, sent, errors
+
+
+def received_sizes(incoming: Sequence[int], out_length: int) -> tuple[list[int], list[int], list[tuple]]:
+    """What a consumer writes for output chunks arriving with sizes ``incoming``: (offsets,
+    written sizes, errors); a chunk reaching past ``out_length`` is written as 0."""
+    offsets, written, errors = [], [], []
+    offset = 0
+    for position, size in enumerate(incoming):
+        offsets.append(offset)
+        if offset + size > out_length:
+            written.append(0)
+            errors.append((position, "output", size, out_length - offset))
+        else:
+            written.append(size)
+        offset += written[-1]
+    return offsets, written, errors
+
+
+def evaluate_sized(spec: Spec, inputs: Sequence[np.ndarray], sizes: Sequence[Sequence[int]], capacity: int,
+                   outputs: Sequence[np.ndarray]) -> tuple[list[np.ndarray], list[list[int]], list[list[tuple]]]:
+    """The meaning of a call with run-time sizes: (outputs, out sizes, errors per rank).
+
+    ``inputs[r]`` and ``outputs[r]`` are rank r's whole buffers (1-D, any length: their
+    lengths are the bounds), ``sizes[r]`` the sizes of rank r's input chunks in layout order.
+    The outputs returned are copies of ``outputs`` with the received chunks written, packed;
+    elements past them keep their values.  Errors: (buffer, position, kind, size, bound)."""
+    if spec.sizes is None:
+        raise ValueError(f"{spec.name} has no run-time sizes: use evaluate()")
+    R = spec.world_size
+    for rank in range(R):
+        if len(sizes[rank]) != len(spec.inputs[rank]):
+            raise ValueError(f"sizes of rank {rank}: expected {len(spec.inputs[rank])} (its input chunks), "
+                             f"got {len(sizes[rank])}")
+    sent = [sent_sizes(sizes[r], capacity, len(inputs[r])) for r in range(R)]
+    results, out_sizes, errors = [], [], []
+    for rank in range(R):
+        incoming = [sent[s.rank][1][s.position] for (s, *_) in spec.sources[rank]]
+        offsets, written, out_errors = received_sizes(incoming, len(outputs[rank]))
+        out = np.array(outputs[rank], copy=True)
+        for position, ((slot, *_), offset, size) in enumerate(zip(spec.sources[rank], offsets, written)):
+            start = sent[slot.rank][0][slot.position]
+            out[offset:offset + size] = inputs[slot.rank][start:start + size]
+        results.append(out)
+        out_sizes.append(written)
+        errors.append([("in", *e) for e in sent[rank][2]] + [("out", *e) for e in out_errors])
+    return results, out_sizes, errors

@@ -247,6 +247,17 @@ class _ToAst(Transformer_NonRecursive):
     def constraints(self, children):
         return ("constraints", tuple(children))
 
+    def extent(self, children):
+        return children[0]
+
+    @v_args(meta=True)
+    def sizes_operand(self, meta, children):
+        name, *extents, chunk = children
+        return ast.SizesOperand(str(name), tuple(extents), str(chunk), self._span(meta))
+
+    def operands(self, children):
+        return ("operands", tuple(children))
+
     @v_args(meta=True)
     def copy(self, meta, children):
         return ("operation", ast.Operation.COPY, bool(children and children[0]), self._span(meta))
@@ -260,6 +271,7 @@ class _ToAst(Transformer_NonRecursive):
         name, *rest = children
         params: tuple = ()
         constraints: tuple = ()
+        operands: tuple = ()
         statements = []
         operation = None
         for child in rest:
@@ -267,6 +279,8 @@ class _ToAst(Transformer_NonRecursive):
                 continue
             if isinstance(child, tuple) and child and child[0] == "constraints":
                 constraints = child[1]
+            elif isinstance(child, tuple) and child and child[0] == "operands":
+                operands = child[1]
             elif isinstance(child, tuple) and child and child[0] == "operation":
                 operation = child
             elif isinstance(child, ast.Assignment):
@@ -275,7 +289,8 @@ class _ToAst(Transformer_NonRecursive):
                 params = child
         _, op, replicated, op_span = operation
         return ast.CollectiveDef(
-            str(name), params, constraints, tuple(statements), op, replicated, self._span(meta), op_span
+            str(name), params, constraints, tuple(statements), op, replicated, self._span(meta), op_span,
+            operands,
         )
 
     def start(self, children):

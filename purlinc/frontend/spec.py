@@ -32,6 +32,24 @@ class Slot:
 
 
 @dataclass(frozen=True, slots=True)
+class Sizes:
+    """Run-time sizes: chunk ``chunk[i][j]...`` has ``operand[i][j]...`` elements in a call,
+    each in ``0..capacity`` (the capacity comes at load).  Buffers are packed: a chunk starts
+    at the sum of the sizes of the chunks before it in its buffer (docs/LANGUAGE.md)."""
+
+    operand: str
+    chunk: str
+    extents: tuple[int, ...]
+
+    def format(self) -> str:
+        return f"sizes {self.operand}{''.join(f'[{e}]' for e in self.extents)} of {self.chunk}"
+
+    def size_name(self, chunk: Chunk) -> str:
+        """The operand entry that gives ``chunk``'s size, e.g. ``n[2][0]``."""
+        return self.operand + "".join(f"[{i}]" for i in chunk.index)
+
+
+@dataclass(frozen=True, slots=True)
 class Spec:
     name: str
     world_size: int
@@ -48,6 +66,8 @@ class Spec:
     # The .pln spans each layout entry came from (for diagnostics and generated comments).
     input_spans: tuple[tuple[Span | None, ...], ...] = field(default=(), compare=False, repr=False)
     output_spans: tuple[tuple[Span | None, ...], ...] = field(default=(), compare=False, repr=False)
+    # Run-time chunk sizes (``with sizes ...``), or None: every chunk is the call's count.
+    sizes: Sizes | None = None
 
     @property
     def is_reduce(self) -> bool:
@@ -65,6 +85,8 @@ class Spec:
         header = f"collective {self.name} (R={self.world_size}{params}, {self.operation.value}"
         header += " replicated)" if self.replicated else ")"
         lines = [header]
+        if self.sizes is not None:
+            lines.append(f"{self.sizes.format()} (run-time, packed)")
         for rank in range(self.world_size):
             lines.append(f"rank {rank}:")
             lines.append("  in:  " + (" ".join(map(str, self.inputs[rank])) or "(empty)"))
@@ -82,6 +104,8 @@ class Spec:
             "params": dict(self.params),
             "operation": self.operation.value,
             "replicated": self.replicated,
+            **({"sizes": {"operand": self.sizes.operand, "chunk": self.sizes.chunk,
+                          "extents": list(self.sizes.extents)}} if self.sizes is not None else {}),
             "ranks": [
                 {
                     "rank": rank,

@@ -778,8 +778,14 @@ def load(
     arch: str | None = None,
     trace: bool | None = None,
     gpus_per_node: int | None = None,
+    capacity: int | None = None,
+    dtype=None,
 ):
     """Load a collective on ``comm`` (a Communicator, or a LocalGroup for a group callable).
+
+    ``capacity`` (elements per chunk) is required by, and only taken by, collectives with
+    run-time sizes (``with sizes ...``); their calls are ``coll(x, sizes, out, out_sizes)``
+    (``purlinc.runtime.sized``; ``dtype``: the widest dtype the calls use, for staging).
 
     ``gpus_per_node=G`` (comm None, under torchrun): a hierarchical collective over the whole
     torch.distributed world, Purlin inside nodes of G ranks and NCCL between them
@@ -810,6 +816,12 @@ def load(
         raise TypeError(f"load: comm must be a Communicator or a LocalGroup, got {type(comm).__name__}")
     first = comms[0]
     arch = arch or driver.arch_of(first.device)
+    if _has_sizes(path_or_source, first.world_size, params) or capacity is not None or dtype is not None:
+        from purlinc.runtime.sized import load_sized
+
+        compiled = _prepare_sized(path_or_source, first.world_size, params=params, algorithm=algorithm, atom=atom,
+                                  channels=channels, slices=slices, packed=packed, arch=arch, capacity=capacity)
+        return load_sized(compiled, comm, comms, capacity=capacity, dtype=dtype)
     trace = settings.trace() if trace is None else bool(trace)
     if not trace and algorithm is None and atom is None and channels is None and slices is None and packed is None:
         from purlinc.runtime.tuned import load_tuned
@@ -818,3 +830,22 @@ def load(
     compiled = prepare(path_or_source, first.world_size, params=params, algorithm=algorithm, atom=atom,
                        channels=channels, slices=slices, packed=packed, arch=arch, trace=trace)
     return _load_compiled(compiled, comm, comms)
+
+
+def _has_sizes(path_or_source, world_size: int, params) -> bool:
+    from purlinc import pipeline
+
+    return pipeline.spec_of(pipeline.load_source(path_or_source), world_size, params).sizes is not None
+
+
+def _prepare_sized(path_or_source, world_size: int, *, capacity, **options) -> Compiled:
+    """The Compiled of a collective with run-time sizes; refuses a capacity without sizes and
+    sizes without a capacity, before anything is allocated."""
+    compiled = prepare(path_or_source, world_size, **options)
+    if compiled.spec.sizes is None:
+        raise PurlinError(f"{compiled.name} has no run-time sizes: capacity= and dtype= are for collectives "
+                          "declared 'with sizes ...'")
+    if capacity is None:
+        raise PurlinError(f"{compiled.name} has run-time sizes ({compiled.spec.sizes.format()}): load it with "
+                          "capacity=C, the most elements any one chunk may have")
+    return compiled

@@ -85,6 +85,8 @@ def format_schedule(schedule: Schedule) -> str:
         f"({schedule.slices} per unit), slots {slots}, registered {registered}"
         + (", packed (LL: data notifies ride in 16-byte packets, 2 staging units per message)" if options.packed else ""),
         f"  key {options.key()}",
+        *([f"  {schedule.sizes.format()}: IN/OUT units packed by run-time sizes, "
+            "a STAGE unit = size header + capacity elements"] if schedule.sizes is not None else []),
         "  buffers (units of one chunk):",
         "    in:    " + " ".join(f"r{r}:{n}" for r, n in enumerate(schedule.in_units)),
         "    out:   " + " ".join(f"r{r}:{n}" for r, n in enumerate(schedule.out_units)),
@@ -157,6 +159,8 @@ def schedule_to_json(schedule: Schedule) -> dict:
         "stage_copies": schedule.stage_copies,
         "signal_pad": schedule.signal_pad_size(),
         "channel_signals": schedule.channel_signals,
+        **({"sizes": {"operand": schedule.sizes.operand, "chunk": schedule.sizes.chunk,
+                      "extents": list(schedule.sizes.extents)}} if schedule.sizes is not None else {}),
         "signals": [
             {"signal": _signal(d.signal), "per_call": d.per_call, "role": d.role.value, "note": d.note}
             for d in schedule.signals
@@ -218,4 +222,11 @@ def schedule_from_json(data: dict) -> Schedule:
         ),
         channel_signals=data["channel_signals"],
         stage_copies=data.get("stage_copies", 1),
+        sizes=_sizes_from(data.get("sizes")),
     )
+
+
+def _sizes_from(data: dict | None):
+    from purlinc.frontend.spec import Sizes
+
+    return None if data is None else Sizes(data["operand"], data["chunk"], tuple(data["extents"]))

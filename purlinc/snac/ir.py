@@ -75,6 +75,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from purlinc.frontend.ast import Operation
+from purlinc.frontend.spec import Sizes
 
 
 class Space(Enum):
@@ -266,6 +267,10 @@ class Schedule:
     channel_signals: int  # W: signals per channel in every rank's pad (channel c's start at c * W)
     # STAGE copies chosen by the call's epoch parity (see "Staging copies" above): 1 or 2.
     stage_copies: int = 1
+    # Run-time sizes (docs/SNAC.md, "Run-time sizes"): IN/OUT units are packed by per-call
+    # sizes and a STAGE unit is a slot of a size header plus ``capacity`` elements.  None: every
+    # unit is the call's count.
+    sizes: Sizes | None = None
 
     @property
     def channels(self) -> int:

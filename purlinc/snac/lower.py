@@ -79,6 +79,14 @@ def lower(spec: Spec, options: LowerOptions) -> Schedule:
     from purlinc.snac.algorithms import get_algorithm
 
     _check_options(spec, options)
+    if spec.sizes is not None:  # run-time sizes: their own lowering, the same IR
+        from purlinc.snac.sized import lower_sized
+
+        try:
+            with gc_paused():
+                return lower_sized(spec, options)
+        except PurlinError as error:
+            raise error.with_note(f"while lowering {spec.name} for R={spec.world_size} with {options.key()}") from None
     most = get_algorithm(options.algorithm).stage_copies
     if options.stage_copies > most:
         options = replace(options, stage_copies=most)
@@ -90,6 +98,8 @@ def lower(spec: Spec, options: LowerOptions) -> Schedule:
 
 
 def applicable_algorithms(spec: Spec) -> tuple[Algorithm, ...]:
+    if spec.sizes is not None:
+        return (Algorithm.DIRECT_PUSH,)
     algorithms = [Algorithm.DIRECT_PUSH, Algorithm.DIRECT_PULL]
     if spec.is_reduce and any(len(need.ranks) > 1 for need in _needs(spec)):
         algorithms.append(Algorithm.TWO_SHOT)
@@ -98,5 +108,8 @@ def applicable_algorithms(spec: Spec) -> tuple[Algorithm, ...]:
 
 
 def default_options(spec: Spec) -> LowerOptions:
-    """Small and medium messages: one-shot push, one channel, one slice (the runtime tunes later)."""
+    """Small and medium messages: one-shot push, one channel, one slice (the runtime tunes later).
+    Run-time sizes: direct-push with two staging copies (purlinc.snac.sized)."""
+    if spec.sizes is not None:
+        return LowerOptions(algorithm=Algorithm.DIRECT_PUSH, channels=1, slices=1, stage_copies=2)
     return LowerOptions(algorithm=Algorithm.DIRECT_PUSH, channels=1, slices=1)

@@ -941,6 +941,10 @@ def verify(schedule: Schedule, spec: Spec) -> None:
     ``VerificationError`` naming the first violation."""
     with gc_paused():  # millions of acyclic nodes: see purlinc.snac.gcpause
         _verify(schedule, spec)
+    if spec.sizes is not None or schedule.sizes is not None:
+        from purlinc.snac.sized import verify_sized  # the interval obligations (docs/SNAC.md)
+
+        verify_sized(schedule, spec)
 
 
 def _verify(schedule: Schedule, spec: Spec) -> None:

@@ -39,7 +39,7 @@ if torch.distributed.is_available():  # the backend: dist.init_process_group("cu
 
 __all__ = [
     "Group", "TorchCollective", "Work", "all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all",
-    "all_to_all_single", "barrier", "broadcast", "default_group", "define", "entry", "functional", "gather",
+    "all_to_all_single", "all_to_all_vdev", "barrier", "broadcast", "default_group", "define", "entry", "functional", "gather",
     "group_of", "init", "op", "ops", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
 ]
 
@@ -120,6 +120,11 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
     return _group(group).all_to_all(output_tensor_list, input_tensor_list, async_op=async_op)
+
+
+def all_to_all_vdev(input, out, in_splits, out_splits, out_offsets=None, group=None, async_op=False):
+    """Uneven all-to-all with split sizes on the GPU (see purlinc.torch.sized)."""
+    return _group(group).all_to_all_vdev(input, out, in_splits, out_splits, out_offsets, async_op=async_op)
 
 
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):

@@ -114,6 +114,9 @@ class Group:
             raise ArgumentError(f"Group: ranks={self.ranks} names {len(self.ranks)} ranks, expected "
                                 f"{self.world_size} (the communicator's world size)")
         self.device = _torch_device(comm.device if device is None else device)
+        # A loader of the caller's (a CPU stand-in) also loads the all-to-all with run-time
+        # sizes (purlinc.torch.sized); the default one is purlinc.load with a capacity there.
+        self.custom_loader = loader is not None
         if loader is None:
             import purlinc
 
@@ -169,6 +172,11 @@ class Group:
         return group_root
 
     def close(self) -> None:
+        from purlinc.torch import sized
+
+        state = sized._BY_GROUP.pop(self, None)
+        if state is not None:
+            state.close()
         for e in self._entries.values():
             e.close()
         self._entries.clear()
@@ -420,7 +428,9 @@ class Group:
             offset += t.numel()
 
     def _splits(self, where, output, input, output_split_sizes, input_split_sizes):
-        """``None`` for equal slices of dim 0 (no sizes, or the equal ones), else both lists as ints."""
+        """``None`` for equal slices of dim 0 (no sizes given), else both lists as ints.  Given
+        lists take the all-to-all with run-time sizes even where they are equal here: another
+        rank's may not be, and every rank must run the same collective."""
         R = self.world_size
         given = []
         for label, sizes, t in (("output_split_sizes", output_split_sizes, output),
@@ -437,34 +447,41 @@ class Group:
                 raise ArgumentError(f"{where}: {label}={sizes}, expected {R} sizes >= 0 summing to the {rows} "
                                     f"rows (dim 0) of {label.split('_')[0]}")
             given.append(sizes)
-        if all(len(set(s)) == 1 for s in given) and given[0] == given[1]:
+        if all(sizes is None or not len(sizes) for sizes in (output_split_sizes, input_split_sizes)):
             return None
         return given[0], given[1]
 
     def _all_to_all_uneven(self, where, output, input, out_splits, in_splits, async_op):
-        """Uneven splits: the ranks first all-gather their split sizes (a Purlin all-gather, then a host
-        read: buffers are sized on the host), check them against ``output_split_sizes``, pad every
-        slice to the largest, run the equal all-to-all, and unpad."""
-        if _compiling():
-            raise ArgumentError(f"{where}: uneven split sizes under torch.compile; expected equal splits there",
-                                notes=("the sizes are agreed on the host first (a synchronisation a graph cannot "
-                                       "hold): call it outside the compiled region",))
-        row = math.prod(input.shape[1:]) if input.dim() else 1
-        if (math.prod(output.shape[1:]) if output.dim() else 1) != row or not output.is_contiguous():
-            raise ArgumentError(f"{where}: output has shape {tuple(output.shape)}, expected a contiguous tensor "
-                                f"whose rows (dim 0) hold {row} elements like input's")
+        """Split sizes: the all-to-all with run-time sizes (purlinc.torch.sized), sizes copied to
+        the GPU; a dtype Purlin lacks travels as the bytes of each row (ops.carrier)."""
+        from purlinc.torch import sized
 
-        def body():
-            table = self._split_table(in_splits)
-            incoming = [table[j][self.rank] for j in range(self.world_size)]
-            if incoming != out_splits:
-                raise ArgumentError(f"{where}: output_split_sizes={out_splits} on rank {self.ranks[self.rank]}, "
-                                    f"expected {incoming} (what the other ranks send it)")
-            _padded_all_to_all(self, input, output, table, row)
-        return self._run(body, [input, output], async_op, [output])
+        if _compiling():
+            raise ArgumentError(f"{where}: split size lists under torch.compile; expected all_to_all_vdev there "
+                                "(split sizes on the GPU)", notes=("host lists are not graph values",))
+        out, inp = (_rows_carrier(where, label, t) for label, t in (("output", output), ("input", input)))
+        return self._run(lambda: sized.all_to_all_single(self, out, inp, out_splits, in_splits),
+                         [input, output], async_op, [output])
+
+    def all_to_all_vdev(self, input, out, in_splits, out_splits, out_offsets=None, async_op=False):
+        """All-to-all with split sizes on the GPU (rows of dim 0): ``in_splits`` read and
+        ``out_splits`` (and ``out_offsets``) written by the kernel, no host synchronisation;
+        like ``torch.distributed._symmetric_memory.all_to_all_vdev`` (purlinc.torch.sized)."""
+        from purlinc.torch import sized
+
+        if _compiling():
+            handle = sized.state_of(self).handle
+            sized.define()[1](input, in_splits, out, out_splits, handle)
+            if out_offsets is not None:
+                out_offsets.copy_(torch.cumsum(out_splits, 0) - out_splits)
+            return _DONE if async_op else None
+        tensors = [input, out, in_splits, out_splits] + ([out_offsets] if out_offsets is not None else [])
+        return self._issue(lambda: sized.all_to_all_vdev(self, input, out, in_splits, out_splits, out_offsets),
+                           tensors, async_op, [out])
 
     def _split_table(self, in_splits) -> list[list[int]]:
-        """Every rank's input split sizes, by rank: an all-gather of R int32 per rank."""
+        """Every rank's input split sizes, by rank: an all-gather of R int32 per rank (what a
+        caller that does not know its output split sizes needs on the host to size its output)."""
         mine = torch.tensor(in_splits, dtype=torch.int32, device=self.device)
         table = mine.new_empty(self.world_size * self.world_size)
         self.all_gather_into_tensor(table, mine)
@@ -500,26 +517,13 @@ class Group:
         self._list_like(where, label, tensors, tensor)
 
 
-def _padded_all_to_all(group: Group, input, output, table, row: int) -> None:
-    """The uneven all-to-all as an equal one: slice j of every rank padded to the largest slice."""
-    R, r = group.world_size, group.rank
-    largest = max(max(sizes) for sizes in table)
-    if not largest:
-        return
-    padded = input.new_zeros(R, largest, row)
-    flat_in = input.reshape(-1, row) if input.numel() else input.new_empty(0, row)
-    offset = 0
-    for j, n in enumerate(table[r]):
-        padded[j, :n] = flat_in[offset:offset + n]
-        offset += n
-    received = torch.empty_like(padded)
-    group.all_to_all_single(received.view(R * largest, row), padded.view(R * largest, row))
-    rows = output.view(-1, row)
-    offset = 0
-    for j in range(R):
-        n = table[j][r]
-        rows[offset:offset + n] = received[j, :n]
-        offset += n
+def _rows_carrier(where: str, label: str, t):
+    """``t`` itself, or its bytes as a Purlin dtype (ops.carrier) shaped [rows, elements per row]."""
+    c = _ops.carrier(where, label, t, reduce=False)
+    if c is t:
+        return t
+    rows = t.shape[0] if t.dim() else 1
+    return c.view(rows, c.numel() // rows if rows else (math.prod(t.shape[1:]) * t.element_size()) // c.element_size())
 
 
 def _link_inverses(group: Group) -> None:

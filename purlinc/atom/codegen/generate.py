@@ -173,6 +173,10 @@ def generate(
 
     ``trace``: also record a %globaltimer / clock64 stamp after every block (purlinc.runtime.trace);
     off, the source is exactly the untraced one."""
+    if schedule.sizes is not None:  # IN/OUT packed by run-time sizes: not this template's addressing
+        from purlinc.atom.sized import generate as generate_sized
+
+        return generate_sized(schedule, spec, atom=atom, arch=arch, dtype=dtype, op=op, trace=trace)
     target = parse_arch(arch)
     atom_def = get_atom(atom, target)
     op = _check_types(schedule, dtype, op)

@@ -1,0 +1,207 @@
+"""Expert-parallel dispatch and combine for mixture-of-experts layers, on the all-to-all with
+run-time sizes (docs/LANGUAGE.md, "Run-time sizes"; ``examples/sized/alltoallv.pln``).
+
+    disp = Dispatcher(coll, rank=r, world_size=R, num_experts=E, hidden=H, top_k=k, max_tokens=T)
+    got = disp.dispatch(x, topk_ids, topk_weights)       # x [T, H]; ids [T, k] int; weights [T, k]
+    partial = expert_weighted_sum(got, experts)           # [N, H]: this rank's experts, weighted
+    y = disp.combine(partial)                             # [T, H]: sum_j w[t, j] * expert_{ids[t, j]}(x[t])
+
+Expert ``e`` lives on rank ``e // (E / R)``.  Dispatch sends each token once to every rank that
+holds one of its top-k experts (not once per expert), with the token's top-k expert ids
+(local to that rank, -1 for experts elsewhere) and weights in the same row; the receiving
+rank gets the rows packed by source rank.  Combine sends every row's partial result (the
+weighted sum over that rank's experts) back to where it came from, and each token's rank adds
+its partials up: the weighted sum in the original token order.
+
+Nothing synchronises with the host: the routing (who goes where, in which order) is computed
+with fixed-shape tensor operations, the split sizes stay on the GPU, and buffers are sized
+by ``max_tokens`` (a rank receives at most ``max_tokens`` rows from each rank), so a whole
+dispatch + experts + combine step can be captured in one CUDA graph and replayed with new
+routings.
+
+``coll`` is this rank's loaded all-to-all with run-time sizes: ``purlinc.load(SOURCE, comm,
+capacity=capacity_for(...))`` (a Communicator's, or one rank of a LocalGroup's), or
+:func:`dispatchers` builds every rank's for a LocalGroup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from purlinc.runtime.errors import ArgumentError
+
+SOURCE = "collective alltoallv with sizes n[R][R] of x { in[r] = x[r][0..R]  out[r] = x[0..R][r]  copy }"
+META_BYTES = 8  # per top-k slot in a row: its local expert id (int32) and its weight (float32)
+
+
+def row_elements(hidden: int, top_k: int, dtype: torch.dtype) -> int:
+    """Elements of one dispatched row: the token, then its top-k ids and weights as raw bytes."""
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    if (META_BYTES * top_k) % itemsize:
+        raise ArgumentError(f"top_k={top_k}: {META_BYTES * top_k} bytes of ids and weights per row do not fill "
+                            f"whole {itemsize}-byte elements")
+    return hidden + META_BYTES * top_k // itemsize
+
+
+def capacity_for(hidden: int, top_k: int, max_tokens: int, dtype: torch.dtype = torch.bfloat16) -> int:
+    """The all-to-all capacity (elements per rank pair) dispatch and combine need: at most
+    ``max_tokens`` rows from one rank to another, each ``row_elements`` wide."""
+    return max_tokens * row_elements(hidden, top_k, dtype)
+
+
+@dataclass
+class Dispatched:
+    """What a rank receives: rows packed by source rank, ``counts[s]`` of them from rank ``s``
+    (on the GPU).  Rows past the received ones hold stale data, expert ids -1 and weights 0."""
+
+    tokens: torch.Tensor  # [N, H], N = R * max_tokens (a view into the receive buffer)
+    expert_ids: torch.Tensor  # [N, k] int32: local expert of each top-k slot, -1 if elsewhere
+    weights: torch.Tensor  # [N, k] float32: 0 where expert_ids is -1
+    counts: torch.Tensor  # [R] int64
+    rows: torch.Tensor  # [] int64: rows received (counts.sum())
+
+
+class Dispatcher:
+    """One rank's dispatch and combine; every buffer is allocated here, once."""
+
+    def __init__(self, coll, *, rank: int, world_size: int, num_experts: int, hidden: int, top_k: int,
+                 max_tokens: int, dtype: torch.dtype = torch.bfloat16, device=None):
+        if num_experts % world_size:
+            raise ArgumentError(f"num_experts={num_experts} does not split over {world_size} ranks")
+        self.coll, self.rank, self.world_size = coll, rank, world_size
+        self.num_experts, self.local_experts = num_experts, num_experts // world_size
+        self.hidden, self.top_k, self.max_tokens, self.dtype = hidden, top_k, max_tokens, dtype
+        self.width = row_elements(hidden, top_k, dtype)
+        self.slots = max_tokens * min(world_size, top_k)  # (token, rank) rows a rank may send
+        R, W, dev = world_size, self.width, device
+        self.send = torch.zeros(self.slots + 1, W, dtype=dtype, device=dev)  # + 1: where unused pairs point
+        self.recv = torch.zeros(R * max_tokens, W, dtype=dtype, device=dev)
+        self.back = torch.zeros(self.slots + 1, hidden, dtype=dtype, device=dev)
+        self.counts = torch.zeros(R, dtype=torch.int64, device=dev)
+        self.recv_counts = torch.zeros(R, dtype=torch.int64, device=dev)
+        self.back_counts = torch.zeros(R, dtype=torch.int64, device=dev)
+        self.token_of = torch.zeros(self.slots + 1, dtype=torch.int64, device=dev)  # send row -> token
+        self._tokens = 0
+
+    def warm(self) -> None:
+        """Load this rank's kernel now (a LocalGroup's ranks: every rank before any runs)."""
+        self.coll.warm(_purlin_dtype(self.dtype))
+
+    # ---- routing
+    def _route(self, topk_ids: torch.Tensor, T: int):
+        """Send rows in order (rank, token): row of (t, d) at offset[d] + (tokens before t that go to d).
+        Returns (dest [T, k], pos [T, R], mask [T, R])."""
+        R, dev = self.world_size, topk_ids.device
+        dest = torch.div(topk_ids.to(torch.int64), self.local_experts, rounding_mode="floor")
+        mask = torch.zeros(T, R, dtype=torch.bool, device=dev).scatter_(1, dest, True)
+        counts = mask.sum(0)
+        self.counts.copy_(counts)
+        before = torch.cumsum(counts, 0) - counts
+        pos = before + torch.cumsum(mask.to(torch.int64), 0) - 1
+        pos = torch.where(mask, pos, torch.full_like(pos, self.slots))
+        return dest, pos, mask
+
+    def _fill(self, x, topk_ids, topk_weights, pos) -> None:
+        T, R, k, H = x.shape[0], self.world_size, self.top_k, self.hidden
+        dev = x.device
+        if T == 0:  # nothing to send; every row belongs to no token
+            self.token_of.fill_(0)
+            return
+        tokens = torch.arange(T, device=dev).repeat_interleave(R)
+        ranks = torch.arange(R, device=dev).repeat(T)
+        self.token_of.fill_(T).scatter_(0, pos.reshape(-1), tokens)
+        row_rank = torch.zeros(self.slots + 1, dtype=torch.int64, device=dev).scatter_(0, pos.reshape(-1), ranks)
+        self.token_of[self.slots] = T  # the unused-pair row belongs to no token
+        tok = self.token_of.clamp(max=T - 1)  # rows of no token read token T - 1: sent nowhere
+        self.send[:, :H].copy_(x[tok])
+        ids = topk_ids[tok].to(torch.int64)
+        mine = torch.div(ids, self.local_experts, rounding_mode="floor") == row_rank[:, None]
+        local = torch.where(mine, ids - row_rank[:, None] * self.local_experts, torch.full_like(ids, -1))
+        weights = torch.where(mine, topk_weights[tok].to(torch.float32), torch.zeros((), device=dev))
+        meta = self.send[:, H:].view(torch.uint8).view(self.slots + 1, 2, k, 4)
+        meta[:, 0].copy_(local.to(torch.int32).contiguous().view(torch.uint8).view(-1, k, 4))
+        meta[:, 1].copy_(weights.contiguous().view(torch.uint8).view(-1, k, 4))
+
+    # ---- the two exchanges
+    def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
+        T = self._check(x, topk_ids, topk_weights)
+        _, pos, _ = self._route(topk_ids, T)
+        self._fill(x, topk_ids, topk_weights, pos)
+        self._tokens = T
+        self.coll(self.send, self.counts, self.recv, self.recv_counts, row=self.width)
+        return self._received()
+
+    def _received(self) -> Dispatched:
+        H, k, N = self.hidden, self.top_k, self.recv.shape[0]
+        rows = self.recv_counts.sum()
+        used = torch.arange(N, device=self.recv.device) < rows
+        meta = self.recv[:, H:].contiguous().view(torch.uint8).view(N, 2, k, 4)
+        ids = meta[:, 0].contiguous().view(torch.int32).view(N, k)
+        weights = meta[:, 1].contiguous().view(torch.float32).view(N, k)
+        ids = torch.where(used[:, None], ids, torch.full_like(ids, -1))
+        weights = torch.where(ids >= 0, weights, torch.zeros_like(weights))
+        return Dispatched(self.recv[:, :H], ids, weights, self.recv_counts, rows)
+
+    def combine(self, partial: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``partial[n]``: received row n's weighted sum over this rank's experts ([N, H], the
+        dispatch's dtype).  Returns [T, H]: every token's sum of its partials, in token order."""
+        N, H, T = self.recv.shape[0], self.hidden, self._tokens
+        if tuple(partial.shape) != (N, H) or partial.dtype != self.dtype or not partial.is_contiguous():
+            raise ArgumentError(f"combine: partial is {tuple(partial.shape)} {partial.dtype}, expected a contiguous "
+                                f"({N}, {H}) {self.dtype} (one row per received row)")
+        self.coll(partial, self.recv_counts, self.back, self.back_counts, row=H)
+        out = torch.zeros(T + 1, H, dtype=torch.float32, device=partial.device)
+        out.index_add_(0, self.token_of, self.back.to(torch.float32))
+        return out[:T].to(out_dtype or self.dtype)
+
+    def _check(self, x, topk_ids, topk_weights) -> int:
+        T = x.shape[0] if x.dim() == 2 else -1
+        if T < 0 or x.shape[1] != self.hidden or x.dtype != self.dtype or T > self.max_tokens:
+            raise ArgumentError(f"dispatch: x is {tuple(x.shape)} {x.dtype}, expected (T, {self.hidden}) {self.dtype} "
+                                f"with T <= max_tokens = {self.max_tokens}")
+        for label, t in (("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+            if tuple(t.shape) != (T, self.top_k) or t.device != x.device:
+                raise ArgumentError(f"dispatch: {label} is {tuple(t.shape)} on {t.device}, expected ({T}, {self.top_k}) "
+                                    f"on {x.device}")
+        if topk_ids.dtype not in (torch.int32, torch.int64):
+            raise ArgumentError(f"dispatch: topk_ids has dtype {topk_ids.dtype}, expected int32 or int64")
+        return T
+
+
+def expert_weighted_sum(got: Dispatched, expert, local_experts: int) -> torch.Tensor:
+    """``partial[n] = sum_j weights[n, j] * expert(ids[n, j], tokens[n])`` over the slots whose
+    expert is here, in float32, rounded once to the tokens' dtype.  ``expert(e, rows)`` maps
+    [N, H] rows to [N, H] (here every expert runs on every row, masked: a reference for tests
+    and examples; a serving engine runs grouped GEMMs over the rows each expert holds)."""
+    acc = torch.zeros(got.tokens.shape, dtype=torch.float32, device=got.tokens.device)
+    tokens = got.tokens.contiguous()
+    for e in range(local_experts):
+        w = torch.where(got.expert_ids == e, got.weights, torch.zeros_like(got.weights)).sum(1)
+        acc += w[:, None] * expert(e, tokens).to(torch.float32)
+    return acc.to(tokens.dtype)
+
+
+def _purlin_dtype(dtype: torch.dtype):
+    from purlinc.runtime.interop import _torch_dtype_map
+
+    return _torch_dtype_map()[dtype]
+
+
+def dispatchers(group, *, num_experts: int, hidden: int, top_k: int, max_tokens: int,
+                dtype: torch.dtype = torch.bfloat16, channels: int = 16) -> list[Dispatcher]:
+    """Every rank's Dispatcher for a LocalGroup (loopback or one process over several GPUs),
+    their kernels loaded: call rank r's on its own stream (``torch.cuda.stream``).  ``channels``:
+    thread blocks per rank (one block moves about 46 GB/s over NVLink; 16 is a start, not a
+    measured optimum)."""
+    import purlinc
+
+    coll = purlinc.load(SOURCE, group, capacity=capacity_for(hidden, top_k, max_tokens, dtype),
+                        dtype=_purlin_dtype(dtype).value, channels=channels)
+    made = [Dispatcher(coll[r], rank=r, world_size=len(group), num_experts=num_experts, hidden=hidden, top_k=top_k,
+                       max_tokens=max_tokens, dtype=dtype, device=f"cuda:{comm.device}")
+            for r, comm in enumerate(group.comms)]
+    for d in made:
+        d.warm()
+    return made

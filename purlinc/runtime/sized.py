@@ -1,0 +1,343 @@
+"""Loaded collectives with run-time sizes (docs/LANGUAGE.md, "Run-time sizes"):
+``purlinc.load(path, comm, capacity=C)`` on a spec with ``with sizes ...``.
+
+Call (one rank): ``coll(x, sizes, out=None, out_sizes=None, stream=None, *, row=1) -> (out, out_sizes)``;
+sizes count units of ``row`` elements (1: elements; torch's split sizes count rows of dim 0).
+``sizes`` is an int64 device tensor with one entry per chunk of this rank's input, read by
+the kernel when it runs; ``out_sizes`` (int64, one per output chunk) is written by it.  The
+host never reads either, so a call can be captured in a CUDA graph once (after one warm-up
+call per dtype) and replayed with new sizes written into the same ``sizes`` tensor.
+
+Staging, signal pads and call counters come from the symmetric heap at load, sized by the
+capacity (elements per chunk) and the widest dtype the call may use (``dtype=`` at load, or
+the widest dtype the copy path takes).  Sizes over the capacity, or chunks past a buffer,
+are moved as size 0 and recorded on the device; ``check()`` and the next call raise them as
+``SizeError`` (the collective stays usable: no signal is out of step).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+
+from purlinc import settings
+from purlinc.atom.abi import ERROR_RECORD, ERROR_RECORD_BYTES, decode_error
+from purlinc.atom.sized import SIZE_ERROR_RECORD, SIZE_ERROR_BYTES, describe_size_error, pack_sized_args, slot_bytes
+from purlinc.dtypes import DType
+from purlinc.errors import PurlinError
+from purlinc.pipeline import Compiled
+from purlinc.runtime import interop
+from purlinc.runtime.errors import ArgumentError, MismatchError, PurlinTimeoutError
+
+WIDEST = max(d.itemsize for d in DType)
+
+
+class SizeError(PurlinError):
+    """A call's run-time sizes exceeded the capacity or a buffer; ``record`` holds the words."""
+
+    def __init__(self, message: str, span=None, notes=(), *, record: dict[str, int] | None = None):
+        super().__init__(message, span, notes)
+        self.record = dict(record or {})
+
+
+def staging_bytes(compiled: Compiled, capacity: int, itemsize: int) -> int:
+    schedule = compiled.schedule
+    return schedule.staging_units * slot_bytes(schedule.channels, capacity * itemsize)
+
+
+class SizedCollective:
+    """One rank of a loaded collective with run-time sizes."""
+
+    def __init__(self, compiled: Compiled, comm, layout, *, capacity: int, itemsize: int, agree: bool):
+        from purlinc.runtime import driver
+
+        schedule = compiled.schedule
+        self.compiled, self.name, self.comm = compiled, compiled.name, comm
+        self.rank, self.device, self.layout = comm.rank, comm.device, layout
+        self.capacity, self.itemsize = capacity, itemsize
+        self.in_units = schedule.in_units[self.rank]
+        self.out_units = schedule.out_units[self.rank]
+        self.timeout_ns = settings.wait_timeout_ns()
+        self._driver, self._agree, self._agreed = driver, agree, set()
+        self.stage_ptrs = comm.heap.ptrs(layout.stage)
+        self.pad_ptrs = comm.heap.ptrs(layout.pad)
+        self.counters_ptr = comm.heap.ptr(self.rank, layout.counters)
+        driver.set_current(self.device)
+        self.error_host, self.error_dev = driver.host_alloc_mapped(ERROR_RECORD_BYTES)
+        self.size_host, self.size_dev = driver.host_alloc_mapped(SIZE_ERROR_BYTES)
+        ctypes.memset(self.error_host, 0, ERROR_RECORD_BYTES)
+        ctypes.memset(self.size_host, 0, SIZE_ERROR_BYTES)
+        from purlinc.runtime.collective import dependent_launch  # not where ranks share a GPU
+
+        self._pdl = dependent_launch(comm, driver.has_dependent_launch)
+        self._variants: dict = {}
+        self._args: dict = {}
+        self.closed = False
+        comm.register(self)
+
+    def __repr__(self) -> str:
+        return (f"SizedCollective({self.name}, rank={self.rank}/{self.compiled.world_size}, "
+                f"capacity={self.capacity}, {self.compiled.options.key()}, cuda:{self.device})")
+
+    # ---- errors
+    def _words(self, address: int, names) -> tuple[int, ...]:
+        return tuple((ctypes.c_uint64 * len(names)).from_address(address))
+
+    def check(self) -> None:
+        """Raise what an earlier call recorded on the device: a wait that timed out
+        (PurlinTimeoutError; the collective is then out of step) or a size error (SizeError,
+        cleared once raised).  Reads host-mapped memory only: no synchronisation."""
+        record = decode_error(self._words(self.error_host, ERROR_RECORD))
+        if record["flag"]:
+            error = PurlinTimeoutError(
+                f"{self.name}: rank {record['rank']} timed out in channel {record['channel']}, step {record['step']}, "
+                f"waiting for signal r{record['signal_owner']}.sig[{record['signal_index']}] >= {record['expected']}, "
+                f"observed {record['observed']}", notes=("a peer did not call this collective",), record=record)
+            self.comm.fail(error)
+            raise error
+        words = self._words(self.size_host, SIZE_ERROR_RECORD)
+        if words[0]:
+            ctypes.memset(self.size_host, 0, SIZE_ERROR_BYTES)
+            raise SizeError(f"{self.name}: {describe_size_error(words, self.compiled.spec)}",
+                            notes=("the other chunks of that call were moved; out_sizes says what was written",),
+                            record=dict(zip(SIZE_ERROR_RECORD, words)))
+
+    # ---- kernels
+    def variant(self, dtype: DType):
+        hit = self._variants.get(dtype)
+        if hit is not None:
+            return hit
+        if dtype.itemsize > self.itemsize:
+            raise ArgumentError(f"{self.name}: dtype {dtype.value} ({dtype.itemsize} bytes) is wider than this load's "
+                                f"staging allows ({self.itemsize} bytes per element)", notes=(
+                                    "load with dtype= the widest dtype the calls use",))
+        if self._agree:
+            everyone = self.comm.allgather(("sized-variant", self.name, dtype.value))
+            if len({e for e in everyone}) != 1:
+                raise MismatchError(f"{self.name}: the ranks disagree on the dtype of a call: {everyone}")
+        kernel = self.compiled.kernel(dtype)
+        self._driver.set_current(self.device)
+        module = self._driver.module_load(kernel.cubin)
+        hit = self._variants[dtype] = (self._driver.get_function(module, kernel.abi.entry(self.rank)), module, kernel.abi)
+        return hit
+
+    def _launch_args(self, dtype: DType, shape: tuple):
+        from purlinc.runtime.driver import DependentLaunch, PackedArgs
+
+        key = (dtype, shape)
+        hit = self._args.get(key)
+        if hit is None:
+            function, _, abi = self.variant(dtype)
+            in_ptr, in_elems, sizes_ptr, out_ptr, out_elems, out_sizes_ptr, row = shape
+            data = pack_sized_args(
+                abi, capacity_bytes=self.capacity * self.itemsize, capacity=self.capacity // row,
+                unit_bytes=row * dtype.itemsize, in_len=in_elems // row, out_len=out_elems // row,
+                timeout_ns=self.timeout_ns,
+                in_ptr=in_ptr, out_ptr=out_ptr, sizes_ptr=sizes_ptr, out_sizes_ptr=out_sizes_ptr,
+                counters_ptr=self.counters_ptr, error_ptr=self.error_dev, size_error_ptr=self.size_dev,
+                stage=self.stage_ptrs, signals=self.pad_ptrs)
+            config = DependentLaunch(abi.channels, abi.threads, 0) if self._pdl else None
+            if len(self._args) > 4096:
+                self._args.clear()
+            hit = self._args[key] = (function, abi, PackedArgs(data, config))
+        return hit
+
+    # ---- calls
+    def prepare_call(self, x, sizes, out, out_sizes, stream, row: int = 1):
+        """Validate (nothing launched on a mistake); allocate ``out`` (capacity per output
+        chunk) and ``out_sizes`` when not given.  Sizes count units of ``row`` elements (torch's
+        splits count rows).  Returns (dtype, shape, stream, out, out_sizes)."""
+        self._check_usable()
+        if not isinstance(row, int) or not 1 <= row <= self.capacity:
+            raise ArgumentError(f"{self.name}: row={row!r}, expected elements per size unit in 1..{self.capacity} "
+                                "(the capacity)")
+        xi = interop.describe(x)
+        dtype = _check_data(self, "x", xi, None, row)
+        if out is None:
+            out = interop.empty_like_kind(xi.kind, self.out_units * (self.capacity // row) * row, dtype, self.device)
+        oi = interop.describe(out)
+        _check_data(self, "out", oi, dtype, row)
+        if out_sizes is None:
+            out_sizes = _empty_int64(xi.kind, self.out_units, self.device)
+        si = _check_sizes(self, "sizes", interop.describe(sizes), self.in_units)
+        osi = _check_sizes(self, "out_sizes", interop.describe(out_sizes), self.out_units)
+        handle = interop.stream_handle(stream) if stream is not None else interop.current_stream(xi.kind, self.device)
+        return dtype, (xi.ptr, xi.numel, si.ptr, oi.ptr, oi.numel, osi.ptr, row), handle, out, out_sizes
+
+    def _check_usable(self) -> None:
+        if self.closed:
+            raise ArgumentError(f"{self.name}: this collective was closed")
+        if getattr(self.comm, "failed", None) is not None:
+            self.comm.refuse(self.name)
+        self.check()
+
+    def launch(self, dtype: DType, shape: tuple, stream: int) -> None:
+        function, abi, packed = self._launch_args(dtype, shape)
+        self._driver.set_current(self.device)
+        self._driver.launch(function, abi.channels, abi.threads, 0, stream, packed)
+
+    def __call__(self, x, sizes=None, out=None, out_sizes=None, stream=None, *, row: int = 1, **operands):
+        """``sizes`` positionally or by the operand's name (``n=`` for ``with sizes n[..] of x``)."""
+        sizes = _named_sizes(self, sizes, operands)
+        dtype, shape, handle, out, out_sizes = self.prepare_call(x, sizes, out, out_sizes, stream, row)
+        self.launch(dtype, shape, handle)
+        return out, out_sizes
+
+    def warm(self, dtype) -> None:
+        self.variant(dtype if isinstance(dtype, DType) else DType.parse(dtype))
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        driver = self._driver
+        driver.synchronize(self.device)
+        for _, module, _ in self._variants.values():
+            driver.module_unload(module)
+        driver.host_free(self.error_host)
+        driver.host_free(self.size_host)
+        self._variants.clear()
+        for offset in (self.layout.stage, self.layout.pad, self.layout.counters):
+            self.comm.heap.free(offset)
+        self.closed = True
+        self.comm.unregister(self)
+
+
+def _named_sizes(coll: SizedCollective, sizes, operands: dict):
+    name = coll.compiled.spec.sizes.operand
+    unknown = sorted(set(operands) - {name})
+    if unknown:
+        raise ArgumentError(f"{coll.name}: unknown operand(s) {', '.join(unknown)}; this collective takes '{name}' "
+                            "(its sizes)")
+    if name in operands:
+        if sizes is not None:
+            raise ArgumentError(f"{coll.name}: sizes given twice (positionally and as {name}=)")
+        sizes = operands[name]
+    if sizes is None:
+        raise ArgumentError(f"{coll.name} on rank {coll.rank}: {name} (the sizes of this rank's input chunks) is "
+                            "required, got None")
+    return sizes
+
+
+def _check_data(coll: SizedCollective, label: str, info, dtype: DType | None, row: int) -> DType:
+    where = f"{coll.name} on rank {coll.rank}: {label}"
+    if info.dtype is None:
+        raise ArgumentError(f"{where} has dtype {info.dtype_name}, which Purlin does not support")
+    if dtype is not None and info.dtype is not dtype:
+        raise ArgumentError(f"{where} has dtype {info.dtype.value}, expected {dtype.value} (the dtype of x)")
+    if info.device != coll.device:
+        raise ArgumentError(f"{where} is on {'cuda:%d' % info.device if info.device >= 0 else 'the host'}, "
+                            f"expected cuda:{coll.device}")
+    if not info.contiguous:
+        raise ArgumentError(f"{where} is not contiguous")
+    if info.numel % row:
+        raise ArgumentError(f"{where} has {info.numel} elements, expected a multiple of row={row}")
+    return info.dtype
+
+
+def _check_sizes(coll: SizedCollective, label: str, info, count: int):
+    where = f"{coll.name} on rank {coll.rank}: {label}"
+    if "int64" not in info.dtype_name and info.dtype_name not in ("<i8", "i8", "long"):
+        raise ArgumentError(f"{where} has dtype {info.dtype_name}, expected int64 (one size per chunk)")
+    if info.numel != count:
+        raise ArgumentError(f"{where} has {info.numel} entries, expected {count} (one per chunk of this rank's "
+                            f"{'input' if label == 'sizes' else 'output'})")
+    if info.device != coll.device:
+        raise ArgumentError(f"{where} is on {'cuda:%d' % info.device if info.device >= 0 else 'the host'}, "
+                            f"expected cuda:{coll.device} (sizes stay on the GPU)")
+    if not info.contiguous or info.ptr % 8:
+        raise ArgumentError(f"{where} must be contiguous and 8-byte aligned")
+    return info
+
+
+def _empty_int64(kind: str, numel: int, device: int):
+    if kind == interop.TORCH:
+        import torch
+
+        return torch.zeros(numel, dtype=torch.int64, device=f"cuda:{device}")
+    if kind == interop.CUPY:
+        import cupy
+
+        with cupy.cuda.Device(device):
+            return cupy.zeros(numel, dtype="int64")
+    raise TypeError(f"cannot allocate out_sizes for a {kind} input: pass out_sizes=")
+
+
+class GroupSized:
+    """A LocalGroup's sized collective: ``g(xs, sizes, outs=None, out_sizes=None, streams=None)``
+    with one entry per rank; every rank is validated and its kernel loaded before any launch."""
+
+    def __init__(self, ranks: Sequence[SizedCollective]):
+        self.ranks = list(ranks)
+        self.name = ranks[0].name
+
+    def __getitem__(self, rank: int) -> SizedCollective:
+        return self.ranks[rank]
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    def __call__(self, xs, sizes=None, outs=None, out_sizes=None, streams=None, *, row: int = 1, **operands):
+        sizes = _named_sizes(self.ranks[0], sizes, operands)  # one per rank, positionally or by name
+        world = len(self.ranks)
+        outs = list(outs) if outs is not None else [None] * world
+        out_sizes = list(out_sizes) if out_sizes is not None else [None] * world
+        streams = list(streams) if streams is not None else [None] * world
+        for label, values in (("xs", xs), ("sizes", sizes), ("outs", outs), ("out_sizes", out_sizes), ("streams", streams)):
+            if len(values) != world:
+                raise ArgumentError(f"{self.name}: {label} has {len(values)} entries, expected {world} (one per rank)")
+        prepared = [c.prepare_call(*args, row) for c, args in zip(self.ranks, zip(xs, sizes, outs, out_sizes, streams))]
+        if len({p[0] for p in prepared}) != 1:
+            raise MismatchError(f"{self.name}: the ranks' inputs have different dtypes: {[p[0].value for p in prepared]}")
+        seen = {}
+        for c, p in zip(self.ranks, prepared):
+            if seen.setdefault((c.device, p[2]), c.rank) != c.rank:
+                raise ArgumentError(f"{self.name}: ranks {seen[c.device, p[2]]} and {c.rank} share cuda:{c.device} and "
+                                    "one stream; each would wait for the other: pass streams= with one stream per rank")
+        for c, p in zip(self.ranks, prepared):
+            c.variant(p[0])  # every module loaded before any rank runs (a load waits for running kernels)
+        for c, p in zip(self.ranks, prepared):
+            c.launch(p[0], p[1], p[2])
+        return [p[3] for p in prepared], [p[4] for p in prepared]
+
+    def check(self) -> None:
+        for c in self.ranks:
+            c.check()
+
+    def close(self) -> None:
+        for c in self.ranks:
+            c.close()
+
+
+def load_sized(compiled: Compiled, comm, comms: list, *, capacity: int, dtype=None):
+    """Take heap space on every rank of ``comms`` for ``compiled`` at ``capacity`` elements
+    per chunk, zero it, and check the ranks agree (as every load: purlinc.runtime.collective)."""
+    from purlinc.runtime import driver
+    from purlinc.runtime.collective import Layout, _disagreement, _fingerprint, _zero
+    from purlinc.runtime.communicator import LocalGroup
+
+    if not isinstance(capacity, int) or capacity < 1:
+        raise ArgumentError(f"{compiled.name}: capacity must be a positive number of elements per chunk, got {capacity!r}")
+    itemsize = DType.parse(dtype).itemsize if dtype is not None else WIDEST
+    stage = staging_bytes(compiled, capacity, itemsize)
+    layouts = []
+    for c in comms:
+        heap = c.heap
+        layouts.append(Layout(heap.alloc(stage, f"{compiled.name} staging"), stage,
+                              heap.alloc(8 * max(compiled.schedule.signal_pad_size(), 1), f"{compiled.name} signal pad"),
+                              8 * max(compiled.schedule.signal_pad_size(), 1),
+                              heap.alloc(8 * compiled.schedule.channels, f"{compiled.name} call counters"),
+                              8 * compiled.schedule.channels))
+    if not isinstance(comm, LocalGroup):
+        fp = _fingerprint(compiled, layouts[0]) + f"/c{capacity}/i{itemsize}"
+        everyone = comm.allgather((fp, {**compiled.identity(), "capacity": capacity, "itemsize": itemsize}))
+        if len({e[0] for e in everyone}) != 1:
+            raise _disagreement(compiled.name, [e[0] for e in everyone], [e[1] for e in everyone])
+    for c, layout in zip(comms, layouts):
+        _zero(c, compiled, layout)
+        driver.synchronize(c.device)
+    ranks = [SizedCollective(compiled, c, l, capacity=capacity, itemsize=itemsize,
+                             agree=not isinstance(comm, LocalGroup)) for c, l in zip(comms, layouts)]
+    if isinstance(comm, LocalGroup):
+        return GroupSized(ranks)
+    comm.allgather(("zeroed", compiled.name))
+    return ranks[0]

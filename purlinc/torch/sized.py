@@ -1,0 +1,276 @@
+"""All-to-all with run-time sizes from torch (docs/TORCH.md, "Uneven all-to-all"):
+
+    all_to_all_single(group, output, input, output_split_sizes, input_split_sizes)   host lists, as torch
+    all_to_all_vdev(group, input, out, in_splits, out_splits, out_offsets=None)      sizes on the GPU
+
+Both run ``SOURCE`` (``examples/sized/alltoallv.pln``), loaded on a group's communicator on
+first use with a capacity per (source, destination) pair (``configure``).  Split sizes count
+rows of dim 0, as torch's do.  The device form never synchronises with the host: the kernel
+reads ``in_splits`` and writes ``out_splits`` (and ``out_offsets``, their exclusive prefix
+sums), so a CUDA graph captured once replays with whatever splits the GPU holds, like
+``torch.distributed._symmetric_memory.all_to_all_vdev``.
+
+Custom ops (one pair, all taking a handle of :func:`handle`):
+
+    purlin::alltoallv(Tensor x, Tensor in_splits, int handle) -> (Tensor out, Tensor out_splits)
+    purlin::alltoallv_out(Tensor x, Tensor in_splits, Tensor(a!) out, Tensor(b!) out_splits, int handle) -> ()
+
+The functional form's output has the capacity's shape, ``[R * capacity_rows, *x.shape[1:]]``
+(its fake implementation says so without a GPU); rows past the received ones are not written.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import weakref
+
+import torch
+
+from purlinc.runtime.errors import ArgumentError
+
+SOURCE = "collective alltoallv with sizes n[R][R] of x { in[r] = x[r][0..R]  out[r] = x[0..R][r]  copy }"
+DEFAULT_CAPACITY = 1 << 20  # elements per (source, destination) pair: 8 MiB of staging per pair (widest dtype)
+NAMESPACE = "purlin"
+
+
+class SizedState:
+    """One group's uneven all-to-all: its capacity, its loaded collective (on first use), a
+    handle for the custom ops, and scratch device tensors for the host-list form."""
+
+    def __init__(self, group, capacity: int, loader):
+        self.group_ref = weakref.ref(group)
+        self.rank, self.world_size, self.device = group.rank, group.world_size, group.device
+        self.comm = group.comm
+        self.capacity = capacity
+        self._loader = loader
+        self._collective = None
+        self._scratch: dict = {}
+        with _LOCK:
+            self.handle = _next_handle()
+            _STATES[self.handle] = self
+
+    def collective(self, capturing: bool = False):
+        if self._collective is None:
+            if capturing:
+                raise ArgumentError(f"purlin::alltoallv on rank {self.rank}: called inside a CUDA graph capture "
+                                    "before its warm-up call: expected one call outside the capture first, got none",
+                                    notes=("the first call loads the collective (every rank takes part)",))
+            group = self.group_ref()
+            if self._loader is not None:
+                self._collective = self._loader(SOURCE, self.comm, self.capacity)
+            elif group is not None and getattr(group, "custom_loader", False):
+                self._collective = group._loader(SOURCE, None)  # the group's stand-in loads this one too
+            else:
+                self._collective = _load(SOURCE, self.comm, self.capacity)
+        return self._collective
+
+    def scratch(self, label: str, n: int, like):
+        """A reused int64 device tensor (what a graph captured on it keeps reading)."""
+        key = (label, n, str(like.device))
+        hit = self._scratch.get(key)
+        if hit is None:
+            hit = self._scratch[key] = torch.zeros(n, dtype=torch.int64, device=like.device)
+        return hit
+
+    def close(self) -> None:
+        with _LOCK:
+            _STATES.pop(self.handle, None)
+        if self._collective is not None:
+            self._collective.close()
+            self._collective = None
+
+
+_LOCK = threading.Lock()
+_STATES: dict[int, SizedState] = {}
+_BY_GROUP: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _next_handle() -> int:
+    from purlinc.torch.registry import _NEXT  # one sequence of handles for every op family
+
+    return next(_NEXT)
+
+
+def _load(source, comm, capacity):
+    import purlinc
+
+    return purlinc.load(source, comm, capacity=capacity)
+
+
+def configure(group, *, capacity: int | None = None, loader=None) -> SizedState:
+    """Set ``group``'s all-to-all capacity (elements per pair; before its first uneven call)
+    and, for tests, a ``loader(source, comm, capacity)`` in place of ``purlinc.load``."""
+    state = _BY_GROUP.get(group)
+    if state is not None and state._collective is not None and capacity not in (None, state.capacity):
+        raise ArgumentError(f"the uneven all-to-all of {group} is loaded with capacity {state.capacity}; "
+                            f"configure(capacity=...) must come before its first call")
+    if state is None or capacity is not None or loader is not None:
+        if state is not None:
+            state.close()
+        cap = capacity if capacity is not None else DEFAULT_CAPACITY
+        if not isinstance(cap, int) or cap < 1:
+            raise ArgumentError(f"capacity={cap!r}, expected a positive number of elements per (source, destination) pair")
+        state = _BY_GROUP[group] = SizedState(group, cap, loader or (state._loader if state else None))
+    return state
+
+
+def state_of(group) -> SizedState:
+    return _BY_GROUP.get(group) or configure(group)
+
+
+def state(handle: int) -> SizedState:
+    found = _STATES.get(handle)
+    if found is None:
+        raise ArgumentError(f"no uneven all-to-all has handle {handle}: expected one made by purlinc.torch.sized")
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# checks and the real call
+
+def _rows(t) -> int:
+    """Elements per row of dim 0 (split sizes count rows)."""
+    return math.prod(t.shape[1:]) if t.dim() > 1 else 1
+
+
+def _check(where: str, s: SizedState, x, out) -> int:
+    from purlinc.torch.ops import dtype_of
+
+    for label, t in (("input", x), ("output", out)):
+        if t.device != s.device and t.device.type != "meta":
+            raise ArgumentError(f"{where}: {label} is on {t.device}, expected {s.device} (rank {s.rank}'s device)")
+        if dtype_of(t) is None:
+            raise ArgumentError(f"{where}: {label} has dtype {str(t.dtype).removeprefix('torch.')}, which Purlin does "
+                                "not support; expected float32, float16, bfloat16, int32 or float8")
+        if not t.is_contiguous():
+            raise ArgumentError(f"{where}: {label} is not contiguous", notes=("pass .contiguous() (a copy)",))
+    if out.dtype != x.dtype:
+        raise ArgumentError(f"{where}: output has dtype {str(out.dtype).removeprefix('torch.')}, expected "
+                            f"{str(x.dtype).removeprefix('torch.')} (the dtype of input)")
+    row = _rows(x)
+    if x.dim() > 1 and out.dim() > 1 and tuple(out.shape[1:]) != tuple(x.shape[1:]):
+        raise ArgumentError(f"{where}: output rows have shape {tuple(out.shape[1:])}, expected {tuple(x.shape[1:])} "
+                            "(those of input)")
+    if row > s.capacity:
+        raise ArgumentError(f"{where}: a row of input has {row} elements, more than the capacity {s.capacity} "
+                            "(elements per pair)", notes=("purlinc.torch.sized.configure(group, capacity=...)",))
+    return row
+
+
+def _capturing(t) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def run(s: SizedState, x, splits, out, out_splits, row: int) -> None:
+    """Launch on the current stream (every argument checked by the caller)."""
+    capturing = _capturing(x)
+    coll = s.collective(capturing)
+    if capturing:
+        from purlinc.torch.ops import dtype_of
+
+        warm = getattr(coll, "_variants", None)
+        if warm is not None and dtype_of(x) not in warm:
+            raise ArgumentError(f"purlin::alltoallv on rank {s.rank}: {dtype_of(x).value} reached a CUDA graph capture "
+                                "before a warm-up call of that dtype: expected one call outside the capture first")
+    coll(x, splits, out, out_splits, row=row)
+
+
+def all_to_all_single(group, output, input, output_split_sizes=None, input_split_sizes=None):
+    """``torch.distributed.all_to_all_single`` with host split lists (rows of dim 0): checked
+    on the host against the tensors and the capacity, then run through the device form."""
+    where = "all_to_all_single"
+    s = state_of(group)
+    R = s.world_size
+    row = _check(where, s, input, output)
+    splits = {}
+    for label, given, t in (("input_split_sizes", input_split_sizes, input), ("output_split_sizes", output_split_sizes, output)):
+        rows = t.shape[0] if t.dim() else t.numel()
+        if given is None or len(given) == 0:
+            if rows % R:
+                raise ArgumentError(f"{where}: {label} not given, so {rows} rows must split evenly over {R} ranks")
+            given = [rows // R] * R
+        given = [int(v) for v in given]
+        if len(given) != R or any(v < 0 for v in given) or sum(given) != rows:
+            raise ArgumentError(f"{where}: {label}={given}, expected {R} sizes >= 0 summing to the {rows} rows of "
+                                f"{label.split('_')[0]}")
+        big = [(peer, v) for peer, v in enumerate(given) if v * row > s.capacity]
+        if big:
+            peer, v = big[0]
+            pair = f"rank {s.rank} to rank {peer}" if label.startswith("input") else f"rank {peer} to rank {s.rank}"
+            raise ArgumentError(f"{where}: {label}[{peer}] = {v} rows ({v * row} elements, {pair}) exceeds the "
+                                f"capacity of {s.capacity // row} rows ({s.capacity} elements per pair)",
+                                notes=("purlinc.torch.sized.configure(group, capacity=...) before the first call",))
+        splits[label] = given
+    # A fresh tensor per call: a kernel launched earlier may not have read the last one yet.
+    sizes = torch.tensor(splits["input_split_sizes"], dtype=torch.int64, device=input.device)
+    received = s.scratch("received", R, input)  # written by the kernel, never read here
+    run(s, input, sizes, output, received, row)
+    return output
+
+
+def all_to_all_vdev(group, input, out, in_splits, out_splits, out_offsets=None):
+    """Sizes on the GPU: ``in_splits`` (int64 [R], rows to each rank) is read by the kernel,
+    ``out_splits`` (int64 [R], rows from each rank) written by it, and ``out_offsets`` (if
+    given) set to their exclusive prefix sums, all on the current stream; ``out`` receives the
+    rows packed by source.  Nothing here reads a size on the host."""
+    where = "all_to_all_vdev"
+    s = state_of(group)
+    row = _check(where, s, input, out)
+    for label, t in (("in_splits", in_splits), ("out_splits", out_splits)) + ((("out_offsets", out_offsets),) if out_offsets is not None else ()):
+        if t.dtype != torch.int64 or t.numel() != s.world_size or t.device != input.device:
+            raise ArgumentError(f"{where}: {label} must be int64 with {s.world_size} entries on {input.device}, got "
+                                f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)} on {t.device}")
+    run(s, input, in_splits, out, out_splits, row)
+    if out_offsets is not None:
+        torch.cumsum(out_splits, 0, out=out_offsets)
+        out_offsets.sub_(out_splits)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# custom ops
+
+_DEFINED: list = []
+
+
+def capacity_rows(s: SizedState, x) -> int:
+    return s.capacity // _rows(x)
+
+
+def define():
+    """``purlin::alltoallv`` and ``purlin::alltoallv_out`` (defined once per process)."""
+    if _DEFINED:
+        return _DEFINED[0]
+
+    def functional(x, in_splits, handle):
+        s = state(handle)
+        out = x.new_empty((s.world_size * capacity_rows(s, x), *x.shape[1:]))
+        out_splits = in_splits.new_empty(s.world_size)
+        all_to_all_vdev(s.group_ref(), x, out, in_splits, out_splits)
+        return out, out_splits
+
+    def functional_fake(x, in_splits, handle):
+        s = state(handle)
+        _check("purlin::alltoallv", s, x, x)
+        return x.new_empty((s.world_size * capacity_rows(s, x), *x.shape[1:])), in_splits.new_empty(s.world_size)
+
+    def out_form(x, in_splits, out, out_splits, handle):
+        all_to_all_vdev(state(handle).group_ref(), x, out, in_splits, out_splits)
+
+    def out_fake(x, in_splits, out, out_splits, handle):
+        _check("purlin::alltoallv_out", state(handle), x, out)
+
+    ops = []
+    for suffix, fn, fake, schema, mutates in (
+        ("", functional, functional_fake, "(Tensor x, Tensor in_splits, int handle) -> (Tensor, Tensor)", ()),
+        ("_out", out_form, out_fake,
+         "(Tensor x, Tensor in_splits, Tensor(a!) out, Tensor(b!) out_splits, int handle) -> ()", ("out", "out_splits")),
+    ):
+        custom = torch.library.custom_op(f"{NAMESPACE}::alltoallv{suffix}", fn, mutates_args=mutates, schema=schema)
+        custom.register_fake(fake)
+        overload = getattr(torch.ops.purlin, "alltoallv" + suffix).default
+        torch.fx.node.has_side_effect(overload)  # a collective: every rank must make the call
+        ops.append(overload)
+    _DEFINED.append(tuple(ops))
+    return _DEFINED[0]

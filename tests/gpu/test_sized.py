@@ -1,0 +1,213 @@
+"""Run-time sizes on ONE GPU: ``examples/sized/alltoallv.pln`` in a loopback LocalGroup
+(every rank on cuda:0, a stream each) at R = 1..8, every dtype the copy path takes, random
+size vectors (zeros, everything to one rank, exactly at capacity, random), eager calls and
+per-rank CUDA graphs replayed with new sizes written into the same device tensors, and
+sizes over the capacity / past a buffer: a SizeError naming the rank and the pair, and
+nothing written outside the buffers (guard zones around every output stay poisoned).
+Every output is compared bit for bit, the whole buffer, with the evaluator
+(``purlinc.frontend.evaluate.evaluate_sized``), and every out-sizes tensor with its sizes.
+
+    python3 -m pytest -q tests/gpu/test_sized.py            # ~2-4 min on one H200 (NVRTC first)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from purlinc.dtypes import DType  # noqa: E402
+from purlinc.frontend.evaluate import evaluate_sized  # noqa: E402
+
+pytestmark = [pytest.mark.gpu]
+DEVICE = 0
+SIZED = Path(__file__).resolve().parents[2] / "examples" / "sized"
+WORLDS = (1, 2, 3, 4, 5, 6, 7, 8)
+DTYPES = tuple(DType)  # every dtype the copy path takes
+BITS = {1: (np.int8, torch.int8), 2: (np.int16, torch.int16), 4: (np.int32, torch.int32), 8: (np.int64, torch.int64)}
+CAPACITY = 37  # odd: chunks start at any element, so copies take the unaligned paths too
+GUARD = 64  # poisoned elements before and after every output
+
+
+def _torch_dtype(dtype: DType):
+    from purlinc.runtime.interop import _torch_dtype_map
+
+    return {v: k for k, v in _torch_dtype_map().items()}[dtype]
+
+
+def vectors(rng, R: int, capacity: int, trial: int) -> list[list[int]]:
+    """Size rows (rank r's sizes to every rank), by trial: zeros, all to one rank, at capacity, random."""
+    kind = trial % 4
+    if kind == 0:
+        return [[0] * R for _ in range(R)]
+    if kind == 1:
+        target = int(rng.integers(R))
+        return [[capacity if d == target else 0 for d in range(R)] for _ in range(R)]
+    if kind == 2:
+        return [[capacity] * R for _ in range(R)]
+    return [[int(v) for v in rng.integers(0, capacity + 1, R)] for _ in range(R)]
+
+
+class Buffers:
+    """One rank's device buffers: input, guarded output, sizes, out sizes (all reused across calls)."""
+
+    def __init__(self, R: int, dtype: DType, in_len: int, out_len: int):
+        self.np_bits, self.t_bits = BITS[dtype.itemsize]
+        self.dtype, self.out_len = dtype, out_len
+        self.x = torch.empty(in_len, dtype=_torch_dtype(dtype), device=f"cuda:{DEVICE}")
+        self.whole = torch.empty(out_len + 2 * GUARD, dtype=_torch_dtype(dtype), device=f"cuda:{DEVICE}")
+        self.out = self.whole[GUARD:GUARD + out_len]
+        self.sizes = torch.zeros(R, dtype=torch.int64, device=f"cuda:{DEVICE}")
+        self.out_sizes = torch.full((R,), -7, dtype=torch.int64, device=f"cuda:{DEVICE}")
+
+    def fill(self, rng, sizes_row) -> np.ndarray:
+        data = rng.integers(-100, 100, self.x.numel(), dtype=np.int64).astype(self.np_bits)
+        self.x.view(self.t_bits).copy_(torch.from_numpy(data))
+        self.whole.view(torch.uint8).fill_(0xFF)
+        self.out_sizes.fill_(-7)
+        self.sizes.copy_(torch.tensor(sizes_row, dtype=torch.int64))
+        return data
+
+    def poisoned(self) -> np.ndarray:
+        return np.full(self.out_len, -1, dtype=self.np_bits)
+
+    def check(self, want: np.ndarray, want_sizes, label: str) -> None:
+        whole = self.whole.view(self.t_bits).cpu().numpy()
+        assert (whole[:GUARD] == -1).all() and (whole[-GUARD:] == -1).all(), f"{label}: wrote outside the output"
+        got = whole[GUARD:-GUARD]
+        bad = np.flatnonzero(got != want)
+        assert not bad.size, f"{label}: {bad.size} element(s) differ, first at {bad[:5]}: {got[bad[:5]]} != {want[bad[:5]]}"
+        assert self.out_sizes.cpu().tolist() == want_sizes, f"{label}: out sizes {self.out_sizes.cpu().tolist()} != {want_sizes}"
+
+
+def _group(R: int):
+    import purlinc
+
+    group = purlinc.LocalGroup([DEVICE] * R, share_devices=True)
+    group.streams = [torch.cuda.Stream(device=DEVICE) for _ in range(R)]
+    return group
+
+
+def _run(coll, group, bufs) -> None:
+    current = torch.cuda.current_stream(DEVICE)
+    for s in group.streams:
+        s.wait_stream(current)
+    coll([b.x for b in bufs], [b.sizes for b in bufs], [b.out for b in bufs], [b.out_sizes for b in bufs],
+         streams=group.streams)
+    for s in group.streams:
+        current.wait_stream(s)
+    torch.cuda.synchronize(DEVICE)
+
+
+def _expect(spec, datas, rows, bufs):
+    return evaluate_sized(spec, datas, rows, CAPACITY, [b.poisoned() for b in bufs])
+
+
+@pytest.mark.parametrize("R", WORLDS, ids=[f"R{w}" for w in WORLDS])
+def test_random_sizes_every_dtype(R):
+    import purlinc
+
+    group = _group(R)
+    coll = purlinc.load(SIZED / "alltoallv.pln", group, capacity=CAPACITY, channels=2)
+    spec = coll[0].compiled.spec
+    rng = np.random.default_rng(R)
+    try:
+        for dtype in DTYPES:
+            bufs = [Buffers(R, dtype, R * CAPACITY, R * CAPACITY) for _ in range(R)]
+            for trial in range(6):
+                rows = vectors(rng, R, CAPACITY, trial)
+                datas = [b.fill(rng, row) for b, row in zip(bufs, rows)]
+                _run(coll, group, bufs)
+                coll.check()
+                want, want_sizes, errors = _expect(spec, datas, rows, bufs)
+                assert not any(errors)
+                for r, b in enumerate(bufs):
+                    b.check(want[r], want_sizes[r], f"R={R} {dtype.value} trial {trial} rank {r}")
+    finally:
+        coll.close()
+        group.close()
+
+
+@pytest.mark.parametrize("R, channels", [(2, 1), (4, 3), (8, 2)])
+def test_graph_replays_with_new_sizes(R, channels):
+    """One call per rank captured once; every replay reads the sizes the device holds then."""
+    import purlinc
+
+    group = _group(R)
+    coll = purlinc.load(SIZED / "alltoallv.pln", group, capacity=CAPACITY, channels=channels, dtype="bfloat16")
+    spec = coll[0].compiled.spec
+    rng = np.random.default_rng(100 + R)
+    bufs = [Buffers(R, DType.BFLOAT16, R * CAPACITY, R * CAPACITY) for _ in range(R)]
+    try:
+        for b, row in zip(bufs, vectors(rng, R, CAPACITY, 3)):
+            b.fill(rng, row)
+        _run(coll, group, bufs)  # compile and load outside the capture
+        graphs = []
+        for r, s in enumerate(group.streams):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=s):
+                coll[r](bufs[r].x, bufs[r].sizes, bufs[r].out, bufs[r].out_sizes)
+            graphs.append(g)
+        for it in range(8):
+            rows = vectors(rng, R, CAPACITY, it)
+            datas = [b.fill(rng, row) for b, row in zip(bufs, rows)]
+            torch.cuda.synchronize(DEVICE)
+            for g, s in zip(graphs, group.streams):
+                with torch.cuda.stream(s):
+                    g.replay()
+            torch.cuda.synchronize(DEVICE)
+            coll.check()
+            want, want_sizes, _ = _expect(spec, datas, rows, bufs)
+            for r, b in enumerate(bufs):
+                b.check(want[r], want_sizes[r], f"graph R={R} replay {it} rank {r}")
+    finally:
+        coll.close()
+        group.close()
+
+
+def test_over_capacity_and_past_the_output_are_size_errors():
+    """A size over the capacity (rank 2 to rank 1) and an output too short (rank 3's): each
+    raises a SizeError naming the rank and the pair, the chunks are moved as 0, and the
+    guard zones around every output stay poisoned."""
+    import purlinc
+    from purlinc.runtime.sized import SizeError
+
+    R = 4
+    group = _group(R)
+    coll = purlinc.load(SIZED / "alltoallv.pln", group, capacity=CAPACITY, channels=2)
+    spec = coll[0].compiled.spec
+    rng = np.random.default_rng(9)
+    try:
+        for case in ("capacity", "output"):
+            short = case == "output"
+            bufs = [Buffers(R, DType.FLOAT32, R * CAPACITY, R * CAPACITY - (CAPACITY + 3 if short and r == 3 else 0))
+                    for r in range(R)]
+            rows = vectors(rng, R, CAPACITY, 2)  # everything at capacity
+            if not short:
+                rows[2][1] = CAPACITY + 5
+            datas = [b.fill(rng, row) for b, row in zip(bufs, rows)]
+            _run(coll, group, bufs)
+            expected = r"rank 2, call \d+: chunk x\[2\]\[1\] from rank 2 to rank 1: size n\[2\]\[1\] = 42 outside 0..37" \
+                if not short else r"rank 3, call \d+: chunk x\[[23]\]\[3\] from rank [23] to rank 3: size 37 reaches past the end of rank 3's output"
+            with pytest.raises(SizeError, match=expected):
+                coll.check()
+            coll.check()  # raised once
+            want, want_sizes, errors = _expect(spec, datas, rows, bufs)
+            assert any(errors)
+            for r, b in enumerate(bufs):
+                b.check(want[r], want_sizes[r], f"{case} rank {r}")
+        # and the collective keeps working after an error
+        bufs = [Buffers(R, DType.FLOAT32, R * CAPACITY, R * CAPACITY) for _ in range(R)]
+        rows = vectors(rng, R, CAPACITY, 3)
+        datas = [b.fill(rng, row) for b, row in zip(bufs, rows)]
+        _run(coll, group, bufs)
+        coll.check()
+        want, want_sizes, _ = _expect(spec, datas, rows, bufs)
+        for r, b in enumerate(bufs):
+            b.check(want[r], want_sizes[r], f"after the errors, rank {r}")
+    finally:
+        coll.close()
+        group.close()

@@ -1,0 +1,80 @@
+"""purlinc.moe on the CPU: Dispatcher.dispatch / combine on R threads through the stand-in
+all-to-all with run-time sizes of test_torch_sized_cpu, against a plain torch exchange
+(tests/moe_reference.py: one row per (token, expert), all_to_all_single with host split lists),
+for random routings, a hot rank (every token's experts on rank 0 first), zero tokens, and
+replays with new routings on the same buffers."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from moe_reference import reference_moe, routing, scale_expert  # noqa: E402
+from purlinc import moe  # noqa: E402
+from purlinc.runtime.errors import ArgumentError  # noqa: E402
+from test_torch_sized_cpu import StandIn, World, groups, on_ranks  # noqa: E402
+
+
+class Coll(StandIn):
+    def warm(self, dtype):
+        pass
+
+
+def _setup(R, E, H, k, T):
+    world = World(moe.SOURCE, R)
+    gs = groups(R, capacity=1 << 30)
+    disps = [moe.Dispatcher(Coll(world, r, 1 << 40), rank=r, world_size=R, num_experts=E, hidden=H, top_k=k,
+                            max_tokens=T) for r in range(R)]
+    return gs, disps
+
+
+@pytest.mark.parametrize("R, E, k", [(1, 4, 2), (2, 8, 3), (3, 6, 2), (4, 16, 4)])
+def test_dispatch_combine_equals_the_plain_exchange(R, E, k):
+    H, T = 8, 12
+    gs, disps = _setup(R, E, H, k, T)
+    for trial, skew in enumerate(("random", "one", "random", "zero")):
+        def step(rank, g):
+            gen = torch.Generator().manual_seed(100 * trial + rank)
+            tokens = 0 if skew == "zero" and rank == 0 else T - rank
+            x, ids, w = routing(gen, tokens, H, E, k, torch.bfloat16, "cpu", "one" if skew == "one" else "random")
+            d = disps[rank]
+            got = d.dispatch(x, ids, w)
+            partial = moe.expert_weighted_sum(got, scale_expert, d.local_experts)
+            y = d.combine(partial)
+            want = reference_moe(lambda o, i, os, is_: g.all_to_all_single(o, i, os, is_), R, x, ids, w,
+                                 scale_expert, E)
+            return y, want, got, x
+        for rank, (y, want, got, x) in enumerate(on_ranks(gs, step)):
+            assert torch.equal(y, want), f"R={R} trial {trial} ({skew}) rank {rank}"
+            assert x.numel() == 0 or y.abs().sum() > 0  # a real result, not zeros on both sides
+            n = int(got.rows)
+            assert (got.expert_ids[n:] == -1).all() and (got.weights[n:] == 0).all()
+            assert ((got.expert_ids[:n] >= 0).any(1)).all()  # every received row has an expert here
+
+
+def test_dispatch_sends_a_token_once_per_rank():
+    """A token whose top-k experts all live on one rank is one row there, not k."""
+    R, E, k, H, T = 2, 8, 4, 4, 3
+    gs, disps = _setup(R, E, H, k, T)
+
+    def step(rank, g):
+        x = torch.ones(T, H, dtype=torch.bfloat16) * (rank + 1)
+        ids = torch.tensor([[0, 1, 2, 3]] * T)  # rank 0's experts only
+        got = disps[rank].dispatch(x, ids, torch.ones(T, k))
+        return got.counts.tolist(), int(got.rows)
+    counts = on_ranks(gs, step)
+    assert counts[0] == ([T, T], 2 * T) and counts[1] == ([0, 0], 0)
+
+
+def test_bad_arguments():
+    d = moe.Dispatcher(Coll(World(moe.SOURCE, 1), 0, 1 << 20), rank=0, world_size=1, num_experts=2, hidden=4,
+                       top_k=2, max_tokens=3)
+    with pytest.raises(ArgumentError, match=r"x is \(4, 4\) torch.bfloat16, expected \(T, 4\) torch.bfloat16 with T <= max_tokens = 3"):
+        d.dispatch(torch.zeros(4, 4, dtype=torch.bfloat16), torch.zeros(4, 2, dtype=torch.int64), torch.zeros(4, 2))
+    with pytest.raises(ArgumentError, match=r"topk_ids is \(2, 3\)"):
+        d.dispatch(torch.zeros(2, 4, dtype=torch.bfloat16), torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, 2))
+    with pytest.raises(ArgumentError, match="does not split over 3 ranks"):
+        moe.Dispatcher(None, rank=0, world_size=3, num_experts=4, hidden=4, top_k=1, max_tokens=1)
+    assert moe.row_elements(7168, 8, torch.bfloat16) == 7168 + 32
+    assert moe.capacity_for(7168, 8, 4096) == 4096 * 7200

@@ -1,0 +1,319 @@
+"""Run-time sizes (docs/LANGUAGE.md, "Run-time sizes"; docs/SNAC.md): the language, the
+checker's located errors, the lowering and its proof obligations, and the simulator against
+the evaluator on thousands of size vectors (zeros, everything to one rank, exactly at
+capacity, over it)."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from purlinc.errors import PurlinError
+from purlinc.frontend.evaluate import evaluate_sized, received_sizes, sent_sizes
+from purlinc.frontend.parse import parse
+from purlinc.pipeline import load_source, spec_of
+from purlinc.snac.format import schedule_from_json, schedule_to_json
+from purlinc.snac.ir import Consume, LowerOptions, Wait
+from purlinc.snac.lower import lower
+from purlinc.snac.simulate import SimulationError
+from purlinc.snac.simulate_sized import channel_bytes, simulate_sized
+from purlinc.snac.verify import VerificationError, verify
+
+SIZED = Path(__file__).resolve().parent.parent / "examples" / "sized"
+
+
+def _spec(name: str, R: int):
+    return spec_of(load_source(SIZED / f"{name}.pln"), R, None)
+
+
+def _render(error: PurlinError) -> str:
+    return error.render()
+
+
+def test_parse_round_trip_and_format():
+    definition = parse((SIZED / "alltoallv.pln").read_text(), "a.pln")
+    assert definition.sizes.format() == "sizes n[R][R] of x"
+    assert parse(definition.format()) == definition
+    spec = _spec("alltoallv", 3)
+    assert spec.sizes.extents == (3, 3) and spec.sizes.size_name(spec.inputs[1][2]) == "n[1][2]"
+    assert "sizes n[3][3] of x (run-time, packed)" in spec.format()
+    assert spec.to_json()["sizes"] == {"operand": "n", "chunk": "x", "extents": [3, 3]}
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("collective a with sizes n[R][R] of x { in[r] = x[r][0..R] out[r] = x[0..R][r] reduce }",
+     "s.pln:1:79: error: 'reduce' cannot have run-time sizes: a reduction adds chunks of equal length"),
+    ("collective a with sizes n[R][R] of x { in[r] = x[r][0..R] out[r] = x[0..R][r] copy replicated }",
+     "s.pln:1:79: error: 'copy replicated' cannot have run-time sizes"),
+    ("collective a with sizes n[R] of x { in[r] = x[r][0..R] out[r] = x[0..R][r] copy }",
+     "s.pln:1:19: error: 'n' has 1 extent(s) but chunk 'x' is used with 2 indices"),
+    ("collective a with sizes n[R][R - 1] of x { in[r] = x[r][0..R] out[r] = x[0..R][r] copy }",
+     "s.pln:1:52: error: chunk x[0][2] of in[0] lies outside the extents of 'n[3][2]'"),
+    ("collective a with sizes n[R][0] of x { in[r] = x[r][0..R] out[r] = x[0..R][r] copy }",
+     "s.pln:1:30: error: extent '0' of 'n' is 0; it must be at least 1"),
+    ("collective a with sizes x[R] of x { in[r] = x[r] out[r] = x[0..R] copy }",
+     "s.pln:1:19: error: operand 'x' has the name of a chunk"),
+    ("collective a(k = 1) with sizes k[R] of x { in[r] = x[r] out[r] = x[0..R] copy }",
+     "s.pln:1:26: error: operand 'k' has the name of a parameter"),
+    ("collective a with sizes n[R] of y { in[r] = x[r] out[r] = x[0..R] copy }",
+     "s.pln:1:19: error: 'sizes n ... of y': no layout names a chunk 'y'"),
+    ("collective a with sizes n[R] of x { in[r] = x[r], y[r] out[r] = x[0..R] copy }",
+     "s.pln:1:51: error: chunk 'y' has no size: in a collective with run-time sizes every chunk is sized by 'n' (of 'x')"),
+    ("collective a with sizes n[R] of x, sizes m[R] of x { in[r] = x[r] out[r] = x[0..R] copy }",
+     "s.pln:1:36: error: a collective has at most one 'sizes' operand"),
+])
+def test_checker_refuses_with_a_location(source, expected):
+    from purlinc.frontend.check import check
+
+    with pytest.raises(PurlinError) as caught:
+        check(parse(source, "s.pln"), 3)
+    assert _render(caught.value).splitlines()[0].startswith(expected)
+    assert "note: while checking a for R=3" in _render(caught.value)
+
+
+def test_sizes_is_a_keyword():
+    with pytest.raises(PurlinError, match="unexpected keyword 'sizes'"):
+        parse("collective a { in[r] = sizes[r] out[r] = sizes[0..R] copy }", "s.pln")
+
+
+@pytest.mark.parametrize("name", ["alltoallv", "allgatherv"])
+@pytest.mark.parametrize("R", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("channels", [1, 2, 3])
+def test_lowered_and_verified(name, R, channels):
+    spec = _spec(name, R)
+    schedule = lower(spec, LowerOptions(channels=channels))
+    assert schedule.sizes == spec.sizes and schedule.stage_copies == 2
+    verify(schedule, spec)
+    assert schedule_from_json(schedule_to_json(schedule)) == schedule
+
+
+@pytest.mark.parametrize("options, words", [
+    (LowerOptions(slices=2), "2 slices per channel"),
+    (LowerOptions(registered=frozenset({"out"})), "registered ['out']"),
+    (LowerOptions(packed=True), "packed (LL) stages"),
+])
+def test_options_refused(options, words):
+    with pytest.raises(PurlinError, match=r"cannot be lowered with .*" + words.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
+        lower(_spec("alltoallv", 3), options)
+
+
+def test_verifier_refuses_an_offset_used_before_its_wait():
+    """Undo the deferral: rank 1's own chunk goes to OUT unit 1, whose offset needs the size
+    of OUT unit 0, which rank 0 sends; copying it before the waits must be refused."""
+    spec = _spec("alltoallv", 3)
+    schedule = lower(spec, LowerOptions())
+    program = schedule.programs[1]
+    steps = list(program.steps)
+    local = next(i for i, s in enumerate(steps) if isinstance(s, Consume) and s.srcs[0].space.value == "in")
+    first_wait = next(i for i, s in enumerate(steps) if isinstance(s, Wait))
+    assert local > first_wait  # the lowering moved it after the waits
+    steps.insert(first_wait, steps.pop(local))
+    bad = replace(schedule, programs=(schedule.programs[0], replace(program, steps=tuple(steps)),
+                                      *schedule.programs[2:]))
+    with pytest.raises(VerificationError, match="needs the size of OUT unit 0 .* no Wait before this step"):
+        verify(bad, spec)
+
+
+def test_verifier_refuses_a_wrong_size_symbol():
+    spec = _spec("alltoallv", 2)
+    schedule = lower(spec, LowerOptions())
+    other = spec.__class__(**{f: getattr(spec, f) for f in spec.__slots__ if f != "sizes"}, sizes=None)
+    with pytest.raises(VerificationError, match="its sizes"):
+        verify(schedule, other)
+
+
+def test_evaluator_rules():
+    assert sent_sizes([2, -1, 9, 3, 4], capacity=8, in_length=9) == (
+        [0, 2, 2, 10, 13], [2, 0, 0, 0, 0],
+        [(1, "capacity", -1, 8), (2, "capacity", 9, 8), (3, "input", 3, -1), (4, "input", 4, -4)])
+    assert received_sizes([3, 4, 2], out_length=6) == ([0, 3, 3], [3, 0, 2], [(1, "output", 4, 3)])
+    assert channel_bytes(100, 3, 0) == (0, 48) and channel_bytes(100, 3, 2) == (96, 100)
+    assert channel_bytes(0, 4, 3) == (0, 0)
+
+
+def _vectors(rng, R, capacity, trial):
+    """Size vectors of every kind the issue names, by trial number."""
+    kind = trial % 6
+    if kind == 0:
+        return [[0] * R for _ in range(R)]  # all zero
+    if kind == 1:
+        target = int(rng.integers(R))  # every rank sends everything to one rank
+        return [[capacity if d == target else 0 for d in range(R)] for _ in range(R)]
+    if kind == 2:
+        return [[capacity] * R for _ in range(R)]  # exactly at capacity
+    if kind == 3:  # over capacity and negative, somewhere
+        sizes = [list(rng.integers(0, capacity + 1, R)) for _ in range(R)]
+        sizes[int(rng.integers(R))][int(rng.integers(R))] = capacity + 1 + int(rng.integers(3))
+        sizes[int(rng.integers(R))][int(rng.integers(R))] = -1
+        return sizes
+    return [list(rng.integers(0, capacity + 1, R)) for _ in range(R)]
+
+
+@pytest.mark.parametrize("R, channels", [(1, 1), (2, 1), (2, 2), (3, 3), (4, 2), (5, 1), (8, 2)])
+def test_simulator_equals_evaluator_on_many_size_vectors(R, channels):
+    spec = _spec("alltoallv", R)
+    schedule = lower(spec, LowerOptions(channels=channels))
+    rng = np.random.default_rng(R * 100 + channels)
+    capacity = 41  # 82 bytes: every channel's share of a chunk changes with its size
+    vectors = 0
+    for trial in range(60 if R < 8 else 24):
+        calls = []
+        for call in range(3):  # consecutive calls: both staging copies, changing sizes
+            sizes = _vectors(rng, R, capacity, trial + call)
+            ins = [rng.integers(1, 60000, R * capacity, dtype=np.uint16) for _ in range(R)]
+            short = int(rng.integers(0, capacity + 1)) if trial % 4 == 3 else 0  # output too short
+            outs = [np.zeros(R * capacity - short, dtype=np.uint16) for _ in range(R)]
+            calls.append((ins, sizes, outs))
+        got = simulate_sized(schedule, spec, calls, capacity, seed=trial)
+        for (ins, sizes, outs), (outputs, out_sizes) in zip(calls, got):
+            expected, expected_sizes, _ = evaluate_sized(spec, ins, sizes, capacity, outs)
+            assert out_sizes == expected_sizes
+            for a, b in zip(outputs, expected):
+                np.testing.assert_array_equal(a, b)
+            vectors += 1
+    assert vectors >= 72
+
+
+def test_allgatherv_simulated():
+    R, capacity = 4, 30
+    spec = _spec("allgatherv", R)
+    schedule = lower(spec, LowerOptions(channels=2))
+    rng = np.random.default_rng(7)
+    for trial in range(20):
+        calls = [([rng.integers(1, 99, capacity, dtype=np.int32) for _ in range(R)],
+                  [[int(rng.integers(0, capacity + 1))] for _ in range(R)],
+                  [np.zeros(R * capacity, dtype=np.int32) for _ in range(R)]) for _ in range(2)]
+        for (ins, sizes, outs), (outputs, out_sizes) in zip(calls, simulate_sized(schedule, spec, calls, capacity, seed=trial)):
+            expected, expected_sizes, _ = evaluate_sized(spec, ins, sizes, capacity, outs)
+            assert out_sizes == expected_sizes == [[s[0] for s in sizes]] * R
+            for a, b in zip(outputs, expected):
+                np.testing.assert_array_equal(a, b)
+
+
+def test_channel_regions_hold_across_calls_of_other_sizes():
+    """Channel c's share of a chunk moves with the chunk's size; if it were stored at its
+    offset in the chunk, a producer's channel 0 two calls later (a larger chunk) would
+    overwrite what the consumer's channel 1, running a call behind, has yet to read.  Sizes
+    32, 8, 40 of uint16 make exactly that overlap; priority schedules (odd seeds) make
+    channel 1 lag."""
+    spec = _spec("alltoallv", 2)
+    schedule = lower(spec, LowerOptions(channels=2))
+    rng = np.random.default_rng(0)
+    calls = [([rng.integers(1, 60000, 80, dtype=np.uint16) for _ in range(2)], [[n, n], [n, n]],
+              [np.zeros(80, dtype=np.uint16) for _ in range(2)]) for n in (32, 8, 40)]
+    for seed in range(1, 40, 2):
+        for (ins, sizes, outs), (outputs, _) in zip(calls, simulate_sized(schedule, spec, calls, 40, seed=seed)):
+            for a, b in zip(outputs, evaluate_sized(spec, ins, sizes, 40, outs)[0]):
+                np.testing.assert_array_equal(a, b)
+
+
+def test_simulator_catches_a_shared_header():
+    """The header word is per channel; a schedule whose consumer reads sizes before its Wait
+    reads a header never written (or a stale one), and the simulator says so."""
+    spec = _spec("alltoallv", 2)
+    schedule = lower(spec, LowerOptions())
+    program = schedule.programs[1]
+    steps = [s for s in program.steps if not isinstance(s, Wait)]
+    bad = replace(schedule, programs=(schedule.programs[0], replace(program, steps=tuple(steps))))
+    calls = [([np.arange(8, dtype=np.uint16)] * 2, [[2, 3], [1, 1]], [np.zeros(8, dtype=np.uint16)] * 2)]
+    with pytest.raises(SimulationError, match="size header never written"):
+        for seed in range(20):  # some interleaving runs rank 1 first
+            simulate_sized(bad, spec, calls, 4, seed=seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("R", [2, 3, 4, 6, 8])
+def test_simulator_thousands_of_vectors(R):
+    spec = _spec("alltoallv", R)
+    for channels in (1, 2, 4):
+        schedule = lower(spec, LowerOptions(channels=channels))
+        rng = np.random.default_rng(R * 7 + channels)
+        for trial in range(400):
+            capacity = int(rng.integers(1, 80))
+            calls = [(_ins := [rng.integers(1, 60000, R * capacity, dtype=np.uint16) for _ in range(R)],
+                      _vectors(rng, R, capacity, trial + c), [np.zeros(R * capacity, dtype=np.uint16)] * R)
+                     for c in range(2)]
+            for (ins, sizes, outs), (outputs, out_sizes) in zip(calls, simulate_sized(schedule, spec, calls, capacity, seed=trial)):
+                expected, expected_sizes, _ = evaluate_sized(spec, ins, sizes, capacity, outs)
+                assert out_sizes == expected_sizes
+                for a, b in zip(outputs, expected):
+                    np.testing.assert_array_equal(a, b)
+
+
+# ---- kernels ---------------------------------------------------------------------------
+
+def _compiled(name: str, R: int, channels: int = 1, arch: str = "sm_90"):
+    from purlinc.pipeline import prepare
+
+    return prepare(SIZED / f"{name}.pln", world_size=R, arch=arch, overrides={"channels": channels})
+
+
+def test_kernel_source_reads_sizes_on_the_device():
+    kernel = _compiled("alltoallv", 3, channels=2).kernel("bfloat16", emit_cubin=False)
+    source = kernel.cuda.source
+    assert "purlin_sized_args" in source and source.count("extern \"C\" __global__") == 3
+    assert "run-time sizes (sizes n[3][3] of x)" in source
+    # every rank writes its out sizes and reads its input sizes from device memory
+    assert source.count("args.out_sizes[") == 9 and "a.sizes[k]" in source  # one per output chunk
+    # a chunk a rank copies to itself is checked against the capacity as a staged one is
+    assert source.count("&src_off, reporter,") == 3
+    assert kernel.abi.stage_units == 2 * 2 and kernel.abi.channels == 2
+
+
+def test_sized_args_layout():
+    from purlinc.atom.sized import SIZED_FIELDS, pack_sized_args, slot_bytes, stage_bytes
+
+    abi = _compiled("alltoallv", 2, channels=3).kernel("float32", emit_cubin=False).abi
+    # 3 channels: a 32-byte header (3 words, rounded to 16), then 3 regions of round_up(ceil(100 / 3), 16) = 48
+    assert slot_bytes(3, 100) == 32 + 3 * 48 and stage_bytes(abi, 100) == abi.stage_units * 176
+    packed = pack_sized_args(abi, capacity_bytes=100, capacity=5, unit_bytes=20, in_len=10, out_len=11, timeout_ns=7,
+                             in_ptr=1, out_ptr=2, sizes_ptr=3, out_sizes_ptr=4, counters_ptr=5, error_ptr=6,
+                             size_error_ptr=8, stage=[9, 10], signals=[11, 12])
+    import struct
+
+    words = struct.unpack(f"<{len(packed) // 8}Q", packed)
+    assert len(words) == len(SIZED_FIELDS) + 4
+    assert words[:8] == (5, 10, 11, 20, 176, 48, abi.stage_units // 2 * 176, 7) and words[-4:] == (9, 10, 11, 12)
+    with pytest.raises(ValueError, match="exceeds the staging"):
+        pack_sized_args(abi, capacity_bytes=100, capacity=6, unit_bytes=20, in_len=0, out_len=0, timeout_ns=0, in_ptr=0,
+                        out_ptr=0, sizes_ptr=0, out_sizes_ptr=0, counters_ptr=0, error_ptr=0, size_error_ptr=0,
+                        stage=[0, 0], signals=[0, 0])
+
+
+def test_size_error_sentence():
+    from purlinc.atom.sized import describe_size_error
+
+    spec = _spec("alltoallv", 4)
+    assert describe_size_error((1, 2, 0, 3, 9000, 8192, 5, 0), spec) == (
+        "rank 2, call 5: chunk x[2][3] from rank 2 to rank 3: size n[2][3] = 9000 outside 0..8192 "
+        "(the capacity fixed at load); it was moved as size 0")
+    assert describe_size_error((3, 1, 1, 2, 40, 12, 0, 0), spec) == (
+        "rank 1, call 0: chunk x[2][1] from rank 2 to rank 1: size 40 reaches past the end of rank 1's "
+        "output (12 element(s) left there); it was moved as size 0")
+    assert "size n[0][1] = -1 outside" in describe_size_error((1, 0, 0, 1, (1 << 64) - 1, 8, 0, 0), spec)
+
+
+def test_other_atoms_refused():
+    with pytest.raises(PurlinError, match="'ldst' atom only"):
+        from purlinc.pipeline import prepare
+
+        prepare(SIZED / "alltoallv.pln", world_size=2, arch="sm_90", atom="tma").kernel("float32", emit_cubin=False)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100"])
+def test_nvrtc_compiles_sized_kernels(arch):
+    """Every target, both examples, one and several channels, a 2-byte and a 1-byte dtype."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    for name, R, channels, dtype in (("alltoallv", 4, 2, "bfloat16"), ("allgatherv", 3, 1, "float8_e4m3")):
+        kernel = _compiled(name, R, channels, arch).kernel(dtype)
+        assert kernel.cubin and len(kernel.cubin) > 1000
+
+
+def test_dump_cuda_prints_the_sized_kernel(capsys):
+    """`purlinc dump --stage cuda` and the pipeline take the same door: the sized template."""
+    from purlinc.cli import main
+
+    assert main(["dump", str(SIZED / "alltoallv.pln"), "--ranks", "2", "--stage", "cuda"]) == 0
+    source = capsys.readouterr().out
+    assert "purlin_sized_args" in source and "purlin_args args" not in source

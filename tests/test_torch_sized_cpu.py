@@ -1,0 +1,211 @@
+"""purlinc.torch.sized without a GPU: the uneven all_to_all_single (host split lists, as
+torch has it) and all_to_all_vdev (splits on the device) through a CPU stand-in of the
+all-to-all with run-time sizes (R threads, one per rank, meeting at a barrier; each takes its
+output from the evaluator, ``evaluate_sized``), checked against plain NumPy concatenations;
+the custom ops' fake implementations (output shape by capacity); and the host-side errors."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import purlinc.torch as pt  # noqa: E402
+from purlinc.frontend.check import check  # noqa: E402
+from purlinc.frontend.evaluate import evaluate_sized  # noqa: E402
+from purlinc.frontend.parse import parse  # noqa: E402
+from purlinc.runtime.errors import ArgumentError  # noqa: E402
+from purlinc.torch import sized  # noqa: E402
+
+CAPACITY = 64  # elements per pair
+BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class Comm:
+    def __init__(self, rank, world_size):
+        self.rank, self.world_size, self.device = rank, world_size, "cpu"
+
+
+class World:
+    def __init__(self, source, R):
+        self.spec = check(parse(source), R)
+        self.barrier = threading.Barrier(R, timeout=30)
+        self.slots = [None] * R
+        self.loads = 0
+
+
+class StandIn:
+    """One rank of the sized all-to-all on CPU tensors: sizes in rows of ``row`` elements."""
+
+    def __init__(self, world, rank, capacity):
+        self.world, self.rank, self.capacity = world, rank, capacity
+        self._variants = {}
+        self.closed = False
+
+    def close(self):
+        self.closed = True
+
+    def __call__(self, x, sizes, out, out_sizes, row=1):
+        w, r = self.world, self.rank
+        bits = BITS[x.element_size()]  # the bits of any dtype (bfloat16 has no NumPy type)
+        w.slots[r] = (x.reshape(-1).view(bits).numpy().copy(), [int(v) * row for v in sizes.tolist()],
+                      out.reshape(-1).view(bits).numpy().copy())  # what the kernel does not write stays
+        w.barrier.wait()
+        outs, out_sizes_all, _ = evaluate_sized(w.spec, [s[0] for s in w.slots], [s[1] for s in w.slots],
+                                                self.capacity // row * row, [s[2] for s in w.slots])
+        w.barrier.wait()
+        out.reshape(-1).view(bits).copy_(torch.from_numpy(outs[r]))
+        out_sizes.copy_(torch.tensor([v // row for v in out_sizes_all[r]], dtype=torch.int64))
+        return out, out_sizes
+
+
+def groups(R, capacity=CAPACITY):
+    worlds, lock = {}, threading.Lock()
+
+    def loader(rank):
+        def load(source, comm, cap):
+            with lock:
+                world = worlds.setdefault(source, World(source, R))
+                world.loads += 1
+            return StandIn(world, rank, cap)
+        return load
+    made = [pt.Group(Comm(r, R), loader=lambda *a: pytest.fail("plain collective loaded")) for r in range(R)]
+    for r, g in enumerate(made):
+        sized.configure(g, capacity=capacity, loader=loader(r))
+    return made
+
+
+def on_ranks(gs, fn):
+    results, errors = [None] * len(gs), []
+
+    def body(rank):
+        try:
+            results[rank] = fn(rank, gs[rank])
+        except BaseException as error:  # noqa: BLE001
+            errors.append(error)
+            for g in gs:
+                st = sized._BY_GROUP.get(g)
+                if st is not None and st._collective is not None:
+                    st._collective.world.barrier.abort()
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(len(gs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def _splits(rng, R):
+    return [[int(v) for v in rng.integers(0, 6, R)] for _ in range(R)]  # splits[src][dst] rows
+
+
+def _inputs(splits, H, seed):
+    return [torch.arange(sum(row) * H, dtype=torch.float32).reshape(sum(row), H) + 1000 * src + seed
+            for src, row in enumerate(splits)]
+
+
+def _expected(splits, inputs, dst):
+    """Rank dst's rows, packed by source: plain slicing, independent of the evaluator."""
+    parts = []
+    for src, row in enumerate(splits):
+        start = sum(row[:dst])
+        parts.append(inputs[src][start:start + row[dst]])
+    return torch.cat(parts)
+
+
+@pytest.mark.parametrize("R", [2, 3, 4])
+def test_all_to_all_single_with_host_lists(R):
+    rng = np.random.default_rng(R)
+    gs = groups(R)
+    for trial in range(3):
+        splits = _splits(rng, R)
+        if trial == 0:
+            splits[0] = [0] * R  # a rank that sends nothing
+            splits[1] = [2] * R  # and one whose lists are even
+        inputs = _inputs(splits, 4, trial)
+
+        def call(rank, g):
+            out_rows = [splits[src][rank] for src in range(R)]
+            out = torch.full((sum(out_rows), 4), -1.0)
+            pt.all_to_all_single(out, inputs[rank], out_rows, splits[rank], group=g)
+            return out
+        for rank, out in enumerate(on_ranks(gs, call)):
+            assert torch.equal(out, _expected(splits, inputs, rank))
+    assert all(sized.state_of(g)._collective.world.loads == R for g in gs[:1])  # loaded once per rank
+
+
+def test_split_lists_choose_the_sized_all_to_all():
+    """On every rank alike: a rank whose lists happen to be equal cannot know the others' are."""
+    g = pt.Group(Comm(0, 2), loader=lambda *a: pytest.fail("nothing should load"))
+    x = torch.zeros(4, 3)
+    assert g._splits("t", x, x, [2, 2], [2, 2]) == ([2, 2], [2, 2])
+    assert g._splits("t", x, x, None, [1, 3]) == ([2, 2], [1, 3])
+    assert g._splits("t", x, x, None, None) is None and g._splits("t", x, x, [], []) is None
+    g.close()
+
+
+def test_all_to_all_vdev_writes_splits_and_offsets():
+    R, H = 3, 2
+    rng = np.random.default_rng(5)
+    splits = _splits(rng, R)
+    inputs = _inputs(splits, H, 0)
+    gs = groups(R)
+
+    def call(rank, g):
+        cap_rows = CAPACITY // H
+        out = torch.full((R * cap_rows, H), -1.0)
+        out_splits = torch.full((R,), -5, dtype=torch.int64)
+        out_offsets = torch.full((R,), -5, dtype=torch.int64)
+        pt.all_to_all_vdev(inputs[rank], out, torch.tensor(splits[rank]), out_splits, out_offsets, group=g)
+        return out, out_splits, out_offsets
+    for rank, (out, out_splits, out_offsets) in enumerate(on_ranks(gs, call)):
+        received = [splits[src][rank] for src in range(R)]
+        assert out_splits.tolist() == received
+        assert out_offsets.tolist() == [sum(received[:i]) for i in range(R)]
+        n = sum(received)
+        assert torch.equal(out[:n], _expected(splits, inputs, rank))
+        assert (out[n:] == -1).all()  # nothing written past what was received
+
+
+def test_host_list_errors_name_the_pair():
+    g = groups(2, capacity=8)[0]
+    x, out = torch.zeros(6, 4), torch.zeros(6, 4)
+    with pytest.raises(ArgumentError, match=r"input_split_sizes\[1\] = 4 rows \(16 elements, rank 0 to rank 1\) "
+                                            r"exceeds the capacity of 2 rows \(8 elements per pair\)"):
+        pt.all_to_all_single(out, x, [2, 4], [2, 4], group=g)
+    with pytest.raises(ArgumentError, match=r"output_split_sizes\[0\] = 5 rows \(20 elements, rank 0 to rank 0\)"):
+        pt.all_to_all_single(out, torch.zeros(4, 4), [5, 1], [2, 2], group=g)
+    with pytest.raises(ArgumentError, match=r"output_split_sizes=\[1, 1\], expected 2 sizes >= 0 summing to the 6 rows"):
+        pt.all_to_all_single(out, torch.zeros(2, 4), [1, 1], [1, 1], group=g)
+    with pytest.raises(ArgumentError, match="output has dtype int32, expected float32"):
+        pt.all_to_all_single(torch.zeros(6, 4, dtype=torch.int32), x, [1, 5], [5, 1], group=g)
+    with pytest.raises(ArgumentError, match="in_splits must be int64 with 2 entries"):
+        pt.all_to_all_vdev(x, out, torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int64), group=g)
+
+
+def test_custom_op_fake_shapes_by_capacity():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    g = groups(4, capacity=96)[0]
+    functional, out_form = sized.define()
+    handle = sized.state_of(g).handle
+    with FakeTensorMode():
+        x = torch.empty(10, 8, dtype=torch.bfloat16)
+        out, out_splits = functional(x, torch.empty(4, dtype=torch.int64), handle)
+    assert tuple(out.shape) == (4 * 12, 8) and out.dtype == torch.bfloat16
+    assert tuple(out_splits.shape) == (4,) and out_splits.dtype == torch.int64
+    schema = str(torch.ops.purlin.alltoallv_out.default._schema)
+    assert "Tensor(a!) out" in schema and "Tensor(b!) out_splits" in schema
+
+
+def test_configure_after_load_is_refused():
+    gs = groups(1)
+    x = torch.ones(2, 2)
+    on_ranks(gs, lambda r, g: pt.all_to_all_vdev(x, torch.zeros(32, 2), torch.tensor([2]), torch.zeros(1, dtype=torch.int64), group=g))
+    with pytest.raises(ArgumentError, match="configure\\(capacity=...\\) must come before its first call"):
+        sized.configure(gs[0], capacity=128)
