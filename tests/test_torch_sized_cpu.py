@@ -209,3 +209,27 @@ def test_configure_after_load_is_refused():
     on_ranks(gs, lambda r, g: pt.all_to_all_vdev(x, torch.zeros(32, 2), torch.tensor([2]), torch.zeros(1, dtype=torch.int64), group=g))
     with pytest.raises(ArgumentError, match="configure\\(capacity=...\\) must come before its first call"):
         sized.configure(gs[0], capacity=128)
+
+
+def test_all_to_all_vdev_compiles_whole():
+    """Under torch.compile(fullgraph=True) the device form is one purlin::alltoallv_out node
+    (no graph break: sizes never reach the host), and gives the eager result."""
+    R, H = 2, 2
+    splits = [[1, 3], [2, 0]]
+    inputs = _inputs(splits, H, 0)
+    gs = groups(R)
+
+    def step(x, in_splits, out, out_splits, g):
+        g.all_to_all_vdev(x, out, in_splits, out_splits)
+        return out * 2
+
+    def call(rank, g):
+        compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+        out = torch.full((R * (CAPACITY // H), H), -1.0)
+        out_splits = torch.zeros(R, dtype=torch.int64)
+        y = compiled(inputs[rank], torch.tensor(splits[rank]), out, out_splits, g)
+        return y, out_splits
+    for rank, (y, out_splits) in enumerate(on_ranks(gs, call)):
+        received = [splits[src][rank] for src in range(R)]
+        assert out_splits.tolist() == received
+        assert torch.equal(y[:sum(received)], 2 * _expected(splits, inputs, rank))

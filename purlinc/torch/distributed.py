@@ -133,6 +133,9 @@ class Group:
             for root in (range(self.world_size) if kind in ROOTED else (0,)):
                 self._handles[(kind, root)] = self.entry(kind, root).handle
         _link_inverses(self)
+        from purlinc.torch import sized
+
+        sized.state_of(self)  # the uneven all-to-all's handle now (shapes only; loads on first use)
 
     def __repr__(self) -> str:
         return f"purlinc.torch.Group(rank {self.rank} of {self.world_size}, {self.device}, global ranks {self.ranks})"
@@ -469,9 +472,8 @@ class Group:
         like ``torch.distributed._symmetric_memory.all_to_all_vdev`` (purlinc.torch.sized)."""
         from purlinc.torch import sized
 
-        if _compiling():
-            handle = sized.state_of(self).handle
-            sized.define()[1](input, in_splits, out, out_splits, handle)
+        if _compiling():  # the state and the ops exist already (Group.__init__, sized's import)
+            torch.ops.purlin.alltoallv_out(input, in_splits, out, out_splits, self._sized_state.handle)
             if out_offsets is not None:
                 out_offsets.copy_(torch.cumsum(out_splits, 0) - out_splits)
             return _DONE if async_op else None

@@ -112,6 +112,7 @@ def configure(group, *, capacity: int | None = None, loader=None) -> SizedState:
         if not isinstance(cap, int) or cap < 1:
             raise ArgumentError(f"capacity={cap!r}, expected a positive number of elements per (source, destination) pair")
         state = _BY_GROUP[group] = SizedState(group, cap, loader or (state._loader if state else None))
+        group._sized_state = state  # what a compiled graph reads (an attribute: a constant to dynamo)
     return state
 
 
@@ -274,3 +275,6 @@ def define():
         ops.append(overload)
     _DEFINED.append(tuple(ops))
     return _DEFINED[0]
+
+
+define()  # registered on import, outside any trace (a custom op cannot be made while dynamo traces)
