@@ -169,6 +169,38 @@ def from_float32(values: np.ndarray, dtype: DType) -> np.ndarray:
     raise ValueError(f"{dtype.value} cannot be reduced (fp8 is supported for copies only)")
 
 
+E4M3_MAX = 448.0  # largest finite float8_e4m3 (fn: no infinities; 0x7F / 0xFF are NaN)
+
+
+def e4m3_from_float32(values: np.ndarray) -> np.ndarray:
+    """float32 -> float8_e4m3 bits, round to nearest even, saturating to +-448 (NaN -> 0x7F).
+    The kernels' ``purlin_acc_to_e4m3`` (templates/epilogue.cuh.j2) computes the same bits."""
+    import numpy as np
+
+    v = np.asarray(values, dtype=np.float32)
+    sign = ((v.view(np.uint32) >> 24) & 0x80).astype(np.uint8)
+    nan = np.isnan(v)
+    a = np.minimum(np.where(nan, np.float32(0), np.abs(v)), np.float32(E4M3_MAX)).astype(np.float32)
+    subnormal = np.rint(a * np.float32(512)).astype(np.int64)  # below 2^-6: steps of 2^-9 (8 = 2^-6)
+    u = a.view(np.uint32).astype(np.int64)
+    u = u + 0x7FFFF + ((u >> 20) & 1)  # keep 3 mantissa bits, round half to even
+    normal = np.minimum((((u >> 23) - 120) << 3) | ((u >> 20) & 7), 0x7E)
+    bits = np.where(a < np.float32(2.0**-6), subnormal, normal).astype(np.uint8) | sign
+    return np.where(nan, np.uint8(0x7F), bits).astype(np.uint8)
+
+
+def e4m3_to_float32(bits: np.ndarray) -> np.ndarray:
+    """float8_e4m3 bits -> float32, exactly."""
+    import numpy as np
+
+    b = np.asarray(bits, dtype=np.uint8).astype(np.uint32)
+    e, m = (b >> 3) & 15, b & 7
+    normal = (((e + 120) << 23) | (m << 20)).astype(np.uint32).view(np.float32)
+    magnitude = np.where(e > 0, normal, m.astype(np.float32) * np.float32(2.0**-9)).astype(np.float32)
+    values = np.where((b & 0x80) != 0, -magnitude, magnitude).astype(np.float32)
+    return np.where((b & 0x7F) == 0x7F, np.float32(np.nan), values).astype(np.float32)
+
+
 def random_values(rng: np.random.Generator, size: int, dtype: DType, *, small: bool = False) -> np.ndarray:
     """Fresh random data in ``dtype``'s storage; ``small`` keeps products and sums exact-ish.
 

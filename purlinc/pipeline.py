@@ -641,6 +641,9 @@ def prepare(
         changes["algorithm"] = algorithm
     if options is None:  # lowerings other than direct-push have one copy whatever this says
         changes = with_atom_defaults(changes, record.name)
+    if not record.generates_kernels and definition_of(source).epilogue is not None:
+        raise PurlinError(f"the {record.name} atom moves data with the copy engines and cannot compute an epilogue",
+                          definition_of(source).epilogue.keyword_span, ("use a kernel atom: ldst or tma",))
     if trace and not record.generates_kernels:
         raise PurlinError(f"trace=True needs a kernel atom: the {record.name} atom runs no kernel to stamp")
     request = Request(source, int(world_size), _params_key(params), target.name, record.name, options,

@@ -18,6 +18,8 @@
 #                     hierarchical intra-node phases, the R=8 first call, the residency refusal; its
 #                     kernels compiled in parallel first within PURLIN_SCALE_COMPILE_S (240), the cases
 #                     run within PURLIN_SCALE_RUN_S (300); summary in loopback_scale.{json,md}
+#   epilogue          fused all-reduce + add + RMSNorm (and its fp8 variant), loopback R=2..8,
+#                     against torch's unfused reference (one GPU)
 #   local             LocalGroup tests, ldst and tma atoms
 #   local_ce          LocalGroup tests, ce atom
 #   trace             traced kernels: monotone stamps, waits after their notifies
@@ -40,7 +42,7 @@ mkdir -p "$OUT"
 export OUT PURLIN_RESULTS="$OUT" PURLIN_CACHE_DIR=${PURLIN_CACHE_DIR:-/tmp/purlin_cache}
 export PURLIN_WAIT_TIMEOUT_S=${PURLIN_WAIT_TIMEOUT_S:-5} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
-STEPS=${PURLIN_STEPS:-"precompile loopback loopback_scale sized moe graph_buffers insitu local local_ce trace torchrun zerocopy zerocopy_torchrun graph_buffers_torchrun faults torch torch_backend hier"}
+STEPS=${PURLIN_STEPS:-"precompile loopback loopback_scale sized moe graph_buffers insitu epilogue local local_ce trace torchrun zerocopy zerocopy_torchrun graph_buffers_torchrun faults torch torch_backend hier"}
 T0=$(date +%s)
 # Run from the source tree: grammar/ and templates/ ship as purlinc.grammar / purlinc.templates
 # in a wheel (pyproject's package-dir); link them in for the run, and remove the links after.
@@ -91,6 +93,7 @@ wanted moe && STEPS="$STEPS moe_bench"
 step moe_bench 300 python3 benchmarks/moe_dispatch.py --out "$OUT" --devices 0,0 --channels 16 --reps 3
 pytest_step graph_buffers 300 tests/gpu/test_graph_buffers.py
 pytest_step insitu 400 -s tests/gpu/test_insitu_loopback.py
+pytest_step epilogue 560 tests/gpu/test_epilogue.py  # fused all-reduce + add + RMSNorm, loopback R=2..8
 PURLIN_TEST_ATOMS=ldst,tma pytest_step local 170 tests/gpu/test_local.py
 PURLIN_TEST_ATOMS=ce pytest_step local_ce 70 tests/gpu/test_local.py \
   -k "test_collective or test_dtypes or test_graph or test_large"

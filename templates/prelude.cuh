@@ -25,6 +25,9 @@ struct purlin_args {
     purlin_u64* signals[PURLIN_WORLD];  // every rank's signal pad, as mapped here
     char* in_peer[PURLIN_WORLD];        // registered inputs (null when not registered)
     char* out_peer[PURLIN_WORLD];       // registered outputs (null when not registered)
+#ifdef PURLIN_EPILOGUE_SLOTS
+    purlin_u64 epi[PURLIN_EPILOGUE_SLOTS];  // epilogue operands: pointers, or a float's bits
+#endif
 };
 
 // Two forms of every body (body.cu.j2), which differ only in how they compute

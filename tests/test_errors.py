@@ -52,7 +52,7 @@ CASES = [
         'unexpected_eof',
         'collective a {\n    in[r] = x[r]\n    out[r] = x[0..R]\n    copy\n',
         (
-            "spec.pln:4:9: error: unexpected end of file; expected ';', 'replicated', '}'",
+            "spec.pln:4:9: error: unexpected end of file; expected ';', 'epilogue', 'replicated', '}'",
             '        copy',
             '            ^',
         ),

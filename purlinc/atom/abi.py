@@ -24,6 +24,8 @@ says which body each rank runs (``KernelABI.entry``).  An entry takes one argume
     ..      ptr   signals[R]   signals[p]: rank p's signal pad (u64[signal_pad]) as mapped here
     ..      ptr   in_peer[R]   registered inputs of every rank (null when not registered)
     ..      ptr   out_peer[R]  registered outputs of every rank (null when not registered)
+    ..      u64   epi[E]       modules with an epilogue only: its operands in declaration
+                               order, a pointer or a float32's bits in the low word
 
 ``count`` is the call's elements per chunk (unit) of the caller's IN/OUT buffers and
 ``piece`` the elements per chunk one round moves (the staging capacity).  The host derives
@@ -57,6 +59,8 @@ Slices: with ``S`` slices per unit, slice ``s`` of a round moving ``n`` elements
 bytes ``[min(nb, s*step), min(nb, s*step + step))`` of the unit, ``nb = n * itemsize`` and
 ``step = round_up(ceil(piece * itemsize / S), 16)``: the stride of a full round, so a slice
 covers the same staging bytes in every round (``purlinc.snac.simulate.round_slice_bounds``).
+Modules with an epilogue round ``step`` up to a row's bytes (``row_bytes``, a multiple of 16)
+instead, and take a ``piece`` of whole rows, so every slice of every round holds whole rows.
 
 Channels: block ``c`` (``blockIdx.x``) runs its rank's channel-relative program on slices
 ``c * S + s`` (``S`` slices per channel) and on the signals ``c * W + i`` of every pad
@@ -103,6 +107,8 @@ class KernelABI:
     stage_align: int = 1  # staging units are rounded up to this many bytes (16 with packed stages)
     lean: bool = False  # the module also has lean entries (``lean_entry``, ``lean_fits``)
     bodies: tuple[int, ...] = ()  # per rank, the body (entry) it runs; () = body r for rank r
+    epilogue_slots: int = 0  # words of epilogue operands after out_peer (0: no epilogue)
+    row_bytes: int = 0  # an epilogue's row in bytes: slices are cut on rows (0: on 16 bytes)
 
     def stage_unit_bytes(self, piece: int) -> int:
         """Bytes between staging units for a call moving ``piece`` elements per round."""
@@ -125,7 +131,8 @@ class KernelABI:
         piece_bytes = piece * itemsize
         last_bytes = (count - (rounds - 1) * piece) * itemsize if rounds else 0
         unit = self.stage_unit_bytes(piece)
-        step = -(-(-(-piece_bytes // self.slices)) // 16) * 16
+        align = self.row_bytes or 16
+        step = -(-(-(-piece_bytes // self.slices)) // align) * align
         copy_bytes = self.stage_units // self.stage_copies * unit if self.stage_copies > 1 else 0
         return rounds, count * itemsize, piece_bytes, last_bytes, unit, step, copy_bytes
 
@@ -157,7 +164,7 @@ class KernelABI:
 
     @property
     def args_bytes(self) -> int:
-        return 8 * (len(HEADER_FIELDS) + 4 * self.world_size)
+        return 8 * (len(HEADER_FIELDS) + 4 * self.world_size + self.epilogue_slots)
 
     def pack_args(
         self,
@@ -174,8 +181,10 @@ class KernelABI:
         signals: list[int],
         in_peer: list[int] | None = None,
         out_peer: list[int] | None = None,
+        epilogue: tuple[int, ...] = (),
     ) -> bytes:
-        """The ``purlin_args`` struct as bytes, ready to be passed by value."""
+        """The ``purlin_args`` struct as bytes, ready to be passed by value; ``epilogue`` holds
+        the epilogue's operand words (``purlinc.runtime.operands``)."""
         world = self.world_size
         self.body(rank)  # a rank of this module
         in_peer = in_peer or [0] * world
@@ -183,10 +192,12 @@ class KernelABI:
         for name, values in (("stage", stage), ("signals", signals), ("in_peer", in_peer), ("out_peer", out_peer)):
             if len(values) != world:
                 raise ValueError(f"{name}: expected {world} pointers (one per rank), got {len(values)}")
+        if len(epilogue) != self.epilogue_slots:
+            raise ValueError(f"epilogue: expected {self.epilogue_slots} operand words, got {len(epilogue)}")
         return struct.pack(
-            f"<{len(HEADER_FIELDS) + 4 * world}Q",
+            f"<{len(HEADER_FIELDS) + 4 * world + self.epilogue_slots}Q",
             *self.geometry(count, piece), timeout_ns, rank, in_ptr, out_ptr, counters_ptr, error_ptr,
-            *stage, *signals, *in_peer, *out_peer,
+            *stage, *signals, *in_peer, *out_peer, *epilogue,
         )
 
     def to_json(self) -> dict:
@@ -209,6 +220,7 @@ class KernelABI:
             "needs_in_peers": self.needs_in_peers,
             "needs_out_peers": self.needs_out_peers,
             "args_bytes": self.args_bytes,
+            **({"epilogue_slots": self.epilogue_slots, "row_bytes": self.row_bytes} if self.epilogue_slots else {}),
         }
 
 

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 
 from purlinc.frontend.ast import Operation
-from purlinc.snac.ir import Consume, Notify, Region, Schedule, Signal, Stage, Wait
+from purlinc.snac.ir import Consume, Epilogue, Notify, Region, Schedule, Signal, Stage, Wait
 
 _CHUNK = re.compile(r"(?<![\w.])[A-Za-z_]\w*(?:\[[^\]\s]+\])+")  # x[3], not r0.stage[3]
 
@@ -109,6 +109,8 @@ def _operands(step) -> str:
         return f"{step.signal.format()} = call*P+{step.k}"
     if isinstance(step, Wait):
         return f"{step.signal.format()} >= call*P{step.k:+d}"
+    if isinstance(step, Epilogue):
+        return step.region.format()
     srcs = ", ".join(s.format() for s in step.srcs)
     return f"({srcs}) -> {step.dst.format()}"
 
@@ -128,6 +130,8 @@ def _verb(step) -> str:
         if step.operation is Operation.COPY and len(step.srcs) == 1:
             return "copy"
         return "reduce"
+    if isinstance(step, Epilogue):
+        return "epilogue"
     raise TypeError(f"not a SNAC step: {step!r}")
 
 

@@ -32,10 +32,10 @@ FONT = "DejaVu Sans Mono, Menlo, Consolas, monospace"
 
 _STROKE = {
     "stage": "#4d4d4d", "stage+notify": "#1f4fbf", "notify": "#1f4fbf", "wait": "#b8401a",
-    "copy": "#4d4d4d", "reduce": "#4d4d4d",
+    "copy": "#4d4d4d", "reduce": "#4d4d4d", "epilogue": "#2e7d32",
 }
 _SHORT = {"stage+notify": "stage+ntf", "notify": "notify", "wait": "wait", "stage": "stage", "copy": "copy",
-          "reduce": "reduce"}
+          "reduce": "reduce", "epilogue": "epilogue"}
 
 
 def palette(chunks: tuple[str, ...]) -> dict[str, str]:

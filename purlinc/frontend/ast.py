@@ -224,12 +224,144 @@ class SizesOperand:
         return f"sizes {self.name}{extents} of {self.chunk}"
 
 
-Operand = SizesOperand
 
 
 class Operation(Enum):
     COPY = "copy"
     REDUCE = "reduce"
+
+
+# --- epilogues (docs/LANGUAGE.md, "Epilogues") -------------------------------------------------
+
+
+class OperandKind(Enum):
+    """What an epilogue operand is: a tensor shaped like the output, one row, or a number."""
+
+    ROWS = "rows"
+    ROW = "row"
+    SCALAR = "scalar"
+
+
+@dataclass(frozen=True, slots=True)
+class OperandDecl:
+    """``rows residual`` / ``row weight`` / ``scalar eps`` / ``rows q: float8_e4m3`` in ``with``."""
+
+    kind: OperandKind
+    name: str
+    dtype: str | None = None  # rows only: the operand's dtype when it is not the call's
+    span: Span | None = span_field()
+    dtype_span: Span | None = span_field()
+
+    def format(self) -> str:
+        return f"{self.kind.value} {self.name}" + (f": {self.dtype}" if self.dtype else "")
+
+
+class FloatOp(Enum):
+    ADD = "+"
+    SUB = "-"
+    MUL = "*"
+    DIV = "/"
+
+
+_FLOAT_PRECEDENCE = {FloatOp.ADD: 1, FloatOp.SUB: 1, FloatOp.MUL: 2, FloatOp.DIV: 2}
+
+
+@dataclass(frozen=True, slots=True)
+class FNumber:
+    value: float
+    text: str  # as written (printed back unchanged)
+    span: Span | None = span_field()
+
+    precedence = _ATOM_PRECEDENCE
+
+    def format(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True, slots=True)
+class FName:
+    """``out``, an operand or a local."""
+
+    name: str
+    span: Span | None = span_field()
+
+    precedence = _ATOM_PRECEDENCE
+
+    def format(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, slots=True)
+class FNeg:
+    operand: "FExpr"
+    span: Span | None = span_field()
+
+    precedence = _UNARY_PRECEDENCE
+
+    def format(self) -> str:
+        return "-" + _wrap(self.operand.format(), self.operand, _UNARY_PRECEDENCE)
+
+
+@dataclass(frozen=True, slots=True)
+class FBinary:
+    op: FloatOp
+    left: "FExpr"
+    right: "FExpr"
+    span: Span | None = span_field()
+
+    @property
+    def precedence(self) -> int:
+        return _FLOAT_PRECEDENCE[self.op]
+
+    def format(self) -> str:
+        left = _wrap(self.left.format(), self.left, self.precedence)
+        right = _wrap(self.right.format(), self.right, self.precedence + 1)
+        return f"{left} {self.op.value} {right}"
+
+
+@dataclass(frozen=True, slots=True)
+class FCall:
+    """``rmsnorm(h, weight, eps)``: the functions are listed in purlinc.frontend.epilogue."""
+
+    function: str
+    args: tuple["FExpr", ...]
+    span: Span | None = span_field()
+
+    precedence = _ATOM_PRECEDENCE
+
+    def format(self) -> str:
+        return f"{self.function}({', '.join(arg.format() for arg in self.args)})"
+
+
+FExpr = FNumber | FName | FNeg | FBinary | FCall
+
+
+@dataclass(frozen=True, slots=True)
+class EpilogueAssign:
+    target: str  # "out", a rows operand, or a new local
+    value: FExpr
+    span: Span | None = span_field()
+    target_span: Span | None = span_field()
+
+    def format(self) -> str:
+        return f"{self.target} = {self.value.format()}"
+
+
+@dataclass(frozen=True, slots=True)
+class EpilogueDef:
+    """``epilogue rows(E) { ... }``: what every rank does to each row of its reduced output."""
+
+    row: Expr  # elements per row
+    statements: tuple[EpilogueAssign, ...]
+    span: Span | None = span_field()
+    keyword_span: Span | None = span_field()  # the word 'epilogue', for errors about the whole block
+
+    def format_lines(self) -> list[str]:
+        return [f"    epilogue rows({self.row.format()}) {{",
+                *(f"        {statement.format()}" for statement in self.statements), "    }"]
+
+
+Operand = SizesOperand | OperandDecl  # what a `with` clause declares
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,8 +374,9 @@ class CollectiveDef:
     replicated: bool
     span: Span | None = span_field()
     operation_span: Span | None = span_field()
-    # Per-call operands (``with ...``), in the order written.
+    # Per-call operands (``with ...``), in the order written: run-time sizes and epilogue operands.
     operands: tuple[Operand, ...] = ()
+    epilogue: EpilogueDef | None = None
 
     @property
     def sizes(self) -> SizesOperand | None:
@@ -262,5 +395,7 @@ class CollectiveDef:
         lines = [header + " {"]
         lines.extend(f"    {assignment.format()}" for assignment in self.assignments)
         lines.append(f"    {self.operation.value}{' replicated' if self.replicated else ''}")
+        if self.epilogue is not None:
+            lines.extend(self.epilogue.format_lines())
         lines.append("}")
         return "\n".join(lines) + "\n"

@@ -16,6 +16,7 @@ from typing import Iterator
 
 from purlinc.errors import PurlinError, Span
 from purlinc.frontend import ast
+from purlinc.frontend.epilogue import Epilogue, check_epilogue
 from purlinc.frontend.spec import Chunk, Sizes, Slot, Spec
 
 RANK_VARIABLE = "r"
@@ -395,6 +396,12 @@ class _Checker:
                 chunks[rank], spans[rank] = self.expand_layout(assignment.layout, scope)
         return chunks, spans
 
+    def epilogue(self) -> Epilogue | None:
+        """The checked epilogue (its row length evaluated for this world size), or None."""
+        epilogue = self.definition.epilogue
+        row = _evaluate(epilogue.row, self.base_scope()) if epilogue is not None else 0
+        return check_epilogue(self.definition, row, self.params)
+
     # --- producers ---------------------------------------------------------------------
     def resolve(self) -> Spec:
         inputs, input_spans = self.layouts(ast.Buffer.IN)
@@ -436,6 +443,7 @@ class _Checker:
 
         sizes = self.sizes(inputs, input_spans, outputs, output_spans)
         return Spec(
+            epilogue=self.epilogue(),
             name=self.definition.name,
             world_size=self.world_size,
             params=tuple(sorted(self.params.items())),

@@ -12,7 +12,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from purlinc.dtypes import DType, ReduceOp, from_float32, to_float32
+from purlinc.dtypes import DType, ReduceOp, e4m3_from_float32, e4m3_to_float32, from_float32, to_float32
+from purlinc.frontend.ast import OperandKind
+from purlinc.frontend.epilogue import OUT, Epilogue, apply_rows
 from purlinc.frontend.spec import Spec
 
 _REDUCERS = {
@@ -60,11 +62,16 @@ def evaluate(
     count: int,
     dtype: DType | str = DType.FLOAT32,
     op: ReduceOp | str | None = None,
+    operands: Sequence[dict] | None = None,
 ) -> list[np.ndarray]:
     """Each rank's expected output for ``inputs`` (one 1-D storage array per rank).
 
     ``count`` is the number of elements in one chunk.  ``op`` is required for a reduce
     collective and ignored for a copy.  Under ``copy replicated`` the producers must agree.
+
+    With an epilogue, ``operands[rank]`` maps each operand's name to its value on that rank
+    (``Epilogue.operands`` says which); the epilogue then runs on every rank's reduced output,
+    and the rows operands it writes are updated in place, as the kernels do.
     """
     dtype = DType.parse(dtype.value if isinstance(dtype, DType) else dtype)
     if count < 0:
@@ -99,7 +106,63 @@ def evaluate(
                     )
             target[:] = first
         outputs.append(out)
+    if spec.epilogue is not None:
+        if operands is None or len(operands) != spec.world_size:
+            raise ValueError(f"{spec.name} has an epilogue: give operands, one dict per rank")
+        for rank, out in enumerate(outputs):
+            run_epilogue(spec.epilogue, out, operands[rank], dtype)
     return outputs
+
+
+def run_epilogue(epilogue: Epilogue, out: np.ndarray, operands: dict, dtype: DType,
+                 lo: int = 0, hi: int | None = None) -> None:
+    """Apply ``epilogue`` to elements ``[lo, hi)`` (whole rows) of one rank's output ``out``
+    (storage of ``dtype``), in place; the rows operands it writes are updated in place too."""
+    hi = out.shape[0] if hi is None else hi
+    row = epilogue.row
+    if lo % row or hi % row:
+        raise ValueError(f"elements [{lo}, {hi}) are not whole rows of {row}")
+    check_operands(epilogue, operands, out.shape[0], dtype)
+    values = {}
+    for operand in epilogue.operands:
+        value = operands[operand.name]
+        if operand.kind is OperandKind.ROWS:
+            value = _widen(value[lo:hi], operand.dtype or dtype).reshape(-1, row)
+        elif operand.kind is OperandKind.ROW:
+            value = to_float32(value, dtype)
+        values[operand.name] = value
+    reduced = to_float32(out[lo:hi], dtype).reshape(-1, row)
+    for name, result in apply_rows(epilogue, reduced, values).items():
+        if name == OUT:
+            out[lo:hi] = from_float32(result.reshape(-1), dtype)
+            continue
+        operands[name][lo:hi] = _narrow(result.reshape(-1), epilogue.operand(name).dtype or dtype)
+
+
+def _widen(bits: np.ndarray, dtype: DType) -> np.ndarray:
+    """Stored values -> float32 (fp8 too: an epilogue may read and write it)."""
+    return e4m3_to_float32(bits) if dtype is DType.FLOAT8_E4M3 else to_float32(bits, dtype)
+
+
+def _narrow(values: np.ndarray, dtype: DType) -> np.ndarray:
+    """float32 -> stored values, round to nearest even (fp8 saturates)."""
+    return e4m3_from_float32(values) if dtype is DType.FLOAT8_E4M3 else from_float32(values, dtype)
+
+
+def check_operands(epilogue: Epilogue, operands: dict, numel: int, dtype: DType) -> None:
+    """Every operand present, with its storage dtype and shape (``numel``: the rank's output)."""
+    for operand in epilogue.operands:
+        if operand.name not in operands:
+            raise ValueError(f"missing epilogue operand '{operand.name}'")
+        value = operands[operand.name]
+        if operand.kind is OperandKind.SCALAR:
+            if not isinstance(value, (int, float, np.floating)):
+                raise ValueError(f"operand '{operand.name}': expected a number, got {type(value).__name__}")
+            continue
+        want = (operand.dtype or dtype).storage
+        shape = (numel,) if operand.kind is OperandKind.ROWS else (epilogue.row,)
+        if value.dtype != want or value.shape != shape:
+            raise ValueError(f"operand '{operand.name}': expected {want} {shape}, got {value.dtype} {value.shape}")
 
 
 # ---- run-time sizes (docs/LANGUAGE.md, "Run-time sizes") ----------------------------------

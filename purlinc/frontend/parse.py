@@ -40,6 +40,8 @@ _TOKEN_WORDS = {
     "SLASH": "'/'",
     "PERCENT": "'%'",
     "__ANON_0": "'..'",
+    "FLOAT": "a decimal number",
+    "COLON": "':'",
     "$END": "the end of the file",
 }
 
@@ -120,8 +122,9 @@ def _translate(error: lark.exceptions.LarkError, source: Source) -> PurlinError:
                 span,
                 (f"the reduction operator ({', '.join(_REDUCE_OPS)}) is chosen at call time; write 'reduce'",),
             )
-        if token.type in ("NAME", "INT"):
-            found = f"{'name' if token.type == 'NAME' else 'number'} '{token}'"
+        if token.type in ("NAME", "INT", "FLOAT"):
+            word = {"NAME": "name", "INT": "number", "FLOAT": "decimal number"}[token.type]
+            found = f"{word} '{token}'"
         elif str(token).isidentifier():
             found = f"keyword '{token}'"  # reserved words cannot name chunks or variables
         else:
@@ -220,6 +223,65 @@ class _ToAst(Transformer_NonRecursive):
         (buffer, _), rank, layout = children
         return ast.Assignment(buffer, rank, layout, self._span(meta))
 
+    # epilogues
+    def fnumber(self, children):
+        (token,) = children
+        return ast.FNumber(float(token), str(token), self._token_span(token))
+
+    def fname(self, children):
+        (token,) = children
+        return ast.FName(str(token), self._token_span(token))
+
+    @v_args(meta=True)
+    def fout(self, meta, children):
+        return ast.FName("out", self._span(meta))
+
+    @v_args(meta=True)
+    def fneg(self, meta, children):
+        return ast.FNeg(children[0], self._span(meta))
+
+    def _fbinary(op):
+        @v_args(meta=True)
+        def build(self, meta, children):
+            left, right = children
+            return ast.FBinary(op, left, right, self._span(meta))
+
+        return build
+
+    fadd = _fbinary(ast.FloatOp.ADD)
+    fsub = _fbinary(ast.FloatOp.SUB)
+    fmul = _fbinary(ast.FloatOp.MUL)
+    fdiv = _fbinary(ast.FloatOp.DIV)
+
+    @v_args(meta=True)
+    def fcall(self, meta, children):
+        function, *args = children
+        return ast.FCall(str(function), tuple(args), self._span(meta))
+
+    def epilogue_target(self, children):
+        (token,) = children
+        return str(token), self._token_span(token)
+
+    @v_args(meta=True)
+    def epilogue_statement(self, meta, children):
+        (target, target_span), value = children
+        return ast.EpilogueAssign(target, value, self._span(meta), target_span)
+
+    @v_args(meta=True)
+    def epilogue(self, meta, children):
+        row, *statements = children
+        keyword = Span(self._source, meta.line, meta.column, meta.line, meta.column + len("epilogue"))
+        return ast.EpilogueDef(row, tuple(statements), self._span(meta), keyword)
+
+    def operand_kind(self, children):
+        return ast.OperandKind(str(children[0]))
+
+    @v_args(meta=True)
+    def epilogue_operand(self, meta, children):
+        kind, name, dtype = (*children, None)[:3]
+        dtype_span = self._token_span(dtype) if dtype is not None else None
+        return ast.OperandDecl(kind, str(name), None if dtype is None else str(dtype), self._span(meta), dtype_span)
+
     # header
     def collective_name(self, children):
         return str(children[0])
@@ -274,13 +336,16 @@ class _ToAst(Transformer_NonRecursive):
         operands: tuple = ()
         statements = []
         operation = None
+        epilogue = None
         for child in rest:
             if child is None:
                 continue
-            if isinstance(child, tuple) and child and child[0] == "constraints":
-                constraints = child[1]
+            if isinstance(child, ast.EpilogueDef):
+                epilogue = child
             elif isinstance(child, tuple) and child and child[0] == "operands":
                 operands = child[1]
+            elif isinstance(child, tuple) and child and child[0] == "constraints":
+                constraints = child[1]
             elif isinstance(child, tuple) and child and child[0] == "operation":
                 operation = child
             elif isinstance(child, ast.Assignment):
@@ -290,7 +355,7 @@ class _ToAst(Transformer_NonRecursive):
         _, op, replicated, op_span = operation
         return ast.CollectiveDef(
             str(name), params, constraints, tuple(statements), op, replicated, self._span(meta), op_span,
-            operands,
+            operands, epilogue,
         )
 
     def start(self, children):

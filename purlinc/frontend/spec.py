@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from purlinc.frontend.ast import Operation
 from purlinc.errors import Span
+from purlinc.frontend.epilogue import Epilogue
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -68,6 +69,8 @@ class Spec:
     output_spans: tuple[tuple[Span | None, ...], ...] = field(default=(), compare=False, repr=False)
     # Run-time chunk sizes (``with sizes ...``), or None: every chunk is the call's count.
     sizes: Sizes | None = None
+    # Work on each row of the reduced output (docs/LANGUAGE.md, "Epilogues"); None: none.
+    epilogue: Epilogue | None = None
 
     @property
     def is_reduce(self) -> bool:
@@ -95,6 +98,8 @@ class Spec:
                 slots = " ".join(map(str, self.sources[rank][position]))
                 how = f"{self.operation.value}({slots})" if self.is_reduce else slots
                 lines.append(f"  out[{position}] = {chunk} <- {how}")
+        if self.epilogue is not None:
+            lines.append(self.epilogue.format().rstrip("\n"))
         return "\n".join(lines) + "\n"
 
     def to_json(self) -> dict:
@@ -118,4 +123,5 @@ class Spec:
                 }
                 for rank in range(self.world_size)
             ],
+            **({"epilogue": self.epilogue.to_json()} if self.epilogue is not None else {}),
         }

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import numbers
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -198,6 +199,8 @@ class Collective:
         self.out_units = schedule.out_units[self.rank]
         self.stage_units = schedule.staging_units  # every staging copy (snac/ir.py)
         self.is_reduce = schedule.operation.value == "reduce"
+        self.epilogue = schedule.epilogue  # its operands come with every call (runtime/operands.py)
+        self.row = schedule.epilogue.row if schedule.epilogue is not None else 1  # pieces are whole rows
         self.timeout_ns = settings.wait_timeout_ns()
         self._agree = agree  # exchange (dtype, op) with the other ranks on first use
         self._driver = driver
@@ -364,12 +367,13 @@ class Collective:
         residency.check(self.name, [Blocks(r, d, abi.channels, abi.threads, per_sm) for r, d in enumerate(devices)
                                     if d == self.device], driver.sm_count)
 
-    def _packed(self, variant: _Variant, shape: CallShape, piece: int):
-        """(entry function, packed arguments) of a call: the lean entry where the call fits it."""
+    def _packed(self, variant: _Variant, shape: CallShape, piece: int, epilogue: tuple[int, ...] = ()):
+        """(entry function, packed arguments) of a call: the lean entry where the call fits it;
+        ``epilogue``: the epilogue's operand words (``operand_words``)."""
         from purlinc.runtime.driver import DependentLaunch, PackedArgs
 
         peers = zerocopy.peer_args(self, shape) if self.registered else {}
-        key = (variant.key, shape.in_ptr, shape.out_ptr, shape.count, *map(tuple, peers.values()))
+        key = (variant.key, shape.in_ptr, shape.out_ptr, shape.count, *map(tuple, peers.values()), epilogue)
         hit = self._args.get(key)
         if hit is None:
             if len(self._args) >= _ARGS_CACHE_LIMIT:
@@ -377,7 +381,7 @@ class Collective:
             data = variant.abi.pack_args(**peers,
                 count=shape.count, piece=piece, timeout_ns=self.timeout_ns, rank=self.rank, in_ptr=shape.in_ptr,
                 out_ptr=shape.out_ptr, counters_ptr=self.counters_ptr, error_ptr=self.error_dev,
-                stage=self.stage_ptrs, signals=self.pad_ptrs,
+                stage=self.stage_ptrs, signals=self.pad_ptrs, epilogue=epilogue,
             )
             pointers = (shape.in_ptr, shape.out_ptr, *(p for ptrs in peers.values() for p in ptrs))
             lean = variant.lean is not None and variant.abi.lean_fits(shape.count, piece, pointers)
@@ -440,16 +444,31 @@ class Collective:
             self._agreed.clear()
         self._agreed.add(mine)
 
-    def target(self, shape: CallShape):
+    def operand_words(self, shape: CallShape, operands: dict) -> tuple[int, ...]:
+        """The call's epilogue operands checked and packed (``runtime/operands.py``); () for a
+        collective without an epilogue, which takes none."""
+        if self.epilogue is None:
+            if operands:
+                raise ArgumentError(f"{self.name}: unknown operand {sorted(operands)[0]!r}: "
+                                    "this collective has no epilogue and takes no operands")
+            return ()
+        from purlinc.runtime.operands import operand_words
+
+        itemsize = shape.dtype.itemsize
+        out_numel = self.out_units * shape.count
+        buffers = ((shape.in_ptr, self.in_units * shape.count * itemsize), (shape.out_ptr, out_numel * itemsize))
+        return operand_words(self.name, self.epilogue, operands, shape, out_numel, self.device, buffers)
+
+    def target(self, shape: CallShape, epilogue: tuple[int, ...] = ()):
         """What launching ``shape`` takes: (function, grid, block, shared, packed args), or None
         when there is no kernel to launch (count 0, or the ce atom, which is host-driven)."""
         if shape.count == 0 or self._ce is not None:
             return None
         if self._zc is not None and self._zc.pick(shape, record=False) is not None:
             return None  # zero-copy calls take the full path: it checks the heap blocks are still live
-        piece = choose_piece(shape.count, self.stage_units, shape.dtype.itemsize, self.layout.stage_bytes)
+        piece = choose_piece(shape.count, self.stage_units, shape.dtype.itemsize, self.layout.stage_bytes, self.row)
         variant = self.variant(shape.dtype, shape.op)
-        function, packed = self._packed(variant, shape, piece)
+        function, packed = self._packed(variant, shape, piece, epilogue)
         return (function, variant.grid, variant.block, variant.shared, packed)
 
     def replay_target(self, shape: CallShape):
@@ -496,13 +515,13 @@ class Collective:
         variant = runs.variant(shape.dtype, shape.op)
         return Blocks(self.rank, self.device, variant.grid, variant.block, variant.per_sm)
 
-    def launch(self, shape: CallShape, stream: int) -> None:
+    def launch(self, shape: CallShape, stream: int, epilogue: tuple[int, ...] = ()) -> None:
         if shape.count == 0:
             return  # every rank sees count 0 and skips alike
         if self._zc is not None:
             twin = self._zc.pick(shape, stream=stream)
             if twin is not None:
-                twin.launch(shape, stream)
+                twin.launch(shape, stream, epilogue)
                 return
         if self._multi_device:
             self._driver.set_current(self.device)
@@ -513,22 +532,24 @@ class Collective:
             self._ce.run(Buffers(shape.in_ptr, shape.out_ptr, tuple(self.stage_ptrs), tuple(self.pad_ptrs),
                                  shape.count, piece, itemsize), stream)
             return
-        function, grid, block, shared, packed = self.target(shape)
+        function, grid, block, shared, packed = self.target(shape, epilogue)
         self._driver.launch(function, grid, block, shared, stream, packed)
 
-    def __call__(self, x=None, out=None, op="sum", stream=None, *, count: int | None = None, dtype=None):
+    def __call__(self, x=None, out=None, op="sum", stream=None, *, count: int | None = None, dtype=None,
+                 **operands):
         """Run on this rank's buffers; returns ``out`` (allocated like ``x`` when None).
 
         A rank the spec gives no chunks passes no buffers; under torchrun it should pass
         ``count=`` and ``dtype=`` as the others' buffers have them, so that it joins their
-        agreement on each new count (otherwise they wait for it, up to the exchange's bound)."""
+        agreement on each new count (otherwise they wait for it, up to the exchange's bound).
+        A collective with an epilogue takes its operands by name (``residual=``, ``eps=``...)."""
         fast = self._fast
         if fast is not None and stream is None and dtype is None and fast.matches(x, out, op, count) \
                 and not self.timed_out() and fast.launch(self):
             return out
         shape, handle, result = self.prepare_call(x, out, op, stream, count, dtype)
-        self.launch(shape, handle)
-        if stream is None:
+        self.launch(shape, handle, self.operand_words(shape, operands))
+        if stream is None and self.epilogue is None:  # operands change per call: the full path checks them
             target, heap = self.replay_target(shape)
             self._fast = FastPath.make(x, out, result, op, count, target, self.out_units, heap)
         return result
@@ -602,6 +623,28 @@ def prepare_group(name: str, ranks: Sequence[Collective], xs, outs, op, streams,
     return prepared
 
 
+def group_operand_words(name: str, ranks: Sequence[Collective], prepared, operands: dict) -> list[tuple[int, ...]]:
+    """Every rank's epilogue words, all checked before any launch (``()`` each where the
+    collective has no epilogue and no operands were given)."""
+    world = len(ranks)
+    if not operands and all(getattr(c, "epilogue", None) is None for c in ranks):
+        return [()] * world
+    per_rank: list[dict] = [{} for _ in range(world)]
+    for key, value in operands.items():
+        if isinstance(value, (list, tuple)):
+            if len(value) != world:
+                raise ArgumentError(f"{name}: operand {key!r} has {len(value)} entries, expected {world} (one per rank)")
+            for rank, v in enumerate(value):
+                per_rank[rank][key] = v
+        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+            for rank in range(world):
+                per_rank[rank][key] = value  # one number for every rank
+        else:
+            raise ArgumentError(f"{name}: operand {key!r}: expected a list of one value per rank, "
+                                f"got {type(value).__name__}")
+    return [c.operand_words(shape, ops) for c, (shape, _, _), ops in zip(ranks, prepared, per_rank)]
+
+
 def dependent_launch(comm, has_pdl) -> bool:
     """Whether ``comm``'s calls launch as programmatic dependents (see Collective.__init__)."""
     return settings.pdl() and has_pdl(comm.device) and not residency.shares_gpu(comm)
@@ -650,13 +693,16 @@ class GroupCollective:
     def __len__(self) -> int:
         return len(self.ranks)
 
-    def __call__(self, xs, outs=None, op="sum", streams=None, *, count: int | None = None):
+    def __call__(self, xs, outs=None, op="sum", streams=None, *, count: int | None = None, **operands):
+        """``operands``: an epilogue's, each a list of one value per rank (a scalar may be one
+        number for every rank)."""
         prepared = prepare_group(self.name, self.ranks, xs, outs, op, streams, count)
+        words = group_operand_words(self.name, self.ranks, prepared, operands)
         for collective, (shape, handle, _) in zip(self.ranks, prepared):
             collective.prime(shape, handle)  # every rank's kernel loaded before any rank runs
         check_residency(self.name, self.ranks, prepared, self._fits)
-        for collective, (shape, handle, _) in zip(self.ranks, prepared):
-            collective.launch(shape, handle)
+        for collective, (shape, handle, _), w in zip(self.ranks, prepared, words):
+            collective.launch(shape, handle, *((w,) if w else ()))
         return [out for _, _, out in prepared]
 
     def check(self) -> None:
@@ -805,7 +851,14 @@ def load(
         if comm is not None or algorithm or atom or channels or slices or packed or trace:
             raise PurlinError("load(..., gpus_per_node=G) takes comm=None (it builds a communicator per node) "
                               "and no orchestration options")
+        from purlinc import pipeline
         from purlinc.runtime.hierarchical import load_hierarchical
+
+        definition = pipeline.definition_of(pipeline.load_source(path_or_source))
+        if definition.epilogue is not None:
+            raise PurlinError(f"{definition.name}: a hierarchical collective (gpus_per_node=) cannot apply an "
+                              "epilogue yet", definition.epilogue.keyword_span,
+                              ("load it on one node's communicator (a flat collective) instead",))
 
         return load_hierarchical(path_or_source, gpus_per_node, params=params, arch=arch)
     if isinstance(comm, LocalGroup):

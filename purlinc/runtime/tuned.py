@@ -22,7 +22,8 @@ from purlinc.errors import PurlinError
 from purlinc.pipeline import Compiled
 from purlinc.runtime import residency, tuning
 from purlinc.runtime.collective import (
-    Collective, FastPath, GroupCollective, _load_compiled, check_residency, prepare, prepare_group,
+    Collective, FastPath, GroupCollective, _load_compiled, check_residency, group_operand_words, prepare,
+    prepare_group,
 )
 from purlinc.snac.algorithms import DEFAULT_ALGORITHM
 from purlinc.snac.ir import LowerOptions
@@ -206,8 +207,10 @@ class Tuned:
         variant = self.variant_for(count, itemsize)
         return variant.compiled.options.channels if lookup_atom(variant.compiled.atom).uses_sms else 0
 
-    def __call__(self, x=None, out=None, op="sum", stream=None, *, count: int | None = None, dtype=None):
-        """As ``Collective.__call__`` (a rank without chunks passes ``count=`` and ``dtype=``)."""
+    def __call__(self, x=None, out=None, op="sum", stream=None, *, count: int | None = None, dtype=None,
+                 **operands):
+        """As ``Collective.__call__`` (a rank without chunks passes ``count=`` and ``dtype=``;
+        an epilogue's operands come by name)."""
         for flag in self._flags:  # the host-mapped error flags: a word read each, no call
             if flag.value:
                 self.check()  # raises the timeout (a bucket's or its zero-copy twin's)
@@ -219,8 +222,12 @@ class Tuned:
         # the bucket's variant.
         shape, handle, result = self.variants[0].prepare_call(x, out, op, stream, count, dtype)
         variant = self.variant_for(shape.count, shape.dtype.itemsize)
-        variant.launch(shape, handle)
-        if stream is None:
+        fused = operands or getattr(variant, "epilogue", None) is not None
+        if fused:
+            variant.launch(shape, handle, variant.operand_words(shape, operands))
+        else:
+            variant.launch(shape, handle)
+        if stream is None and not fused:  # operands change per call: the full path checks them
             target, heap = variant.replay_target(shape)
             self._fast = FastPath.make(x, out, result, op, count, target, variant.out_units, heap)
         return result
@@ -269,17 +276,18 @@ class TunedGroup:
     def __len__(self) -> int:
         return len(self.ranks)
 
-    def __call__(self, xs, outs=None, op="sum", streams=None, *, count: int | None = None):
+    def __call__(self, xs, outs=None, op="sum", streams=None, *, count: int | None = None, **operands):
         for tuned in self.ranks:  # a timeout in any bucket's schedule is reported now
             tuned.check()
         prepared = prepare_group(self.name, [t.variants[0] for t in self.ranks], xs, outs, op, streams, count)
         chosen = [tuned.variant_for(shape.count, shape.dtype.itemsize)
                   for tuned, (shape, _, _) in zip(self.ranks, prepared)]
+        words = group_operand_words(self.name, chosen, prepared, operands)
         for variant, (shape, handle, _) in zip(chosen, prepared):
             variant.prime(shape, handle)  # every rank's kernel loaded before any rank runs (Collective.prime)
         check_residency(self.name, chosen, prepared, self._fits)
-        for variant, (shape, handle, _) in zip(chosen, prepared):
-            variant.launch(shape, handle)
+        for variant, (shape, handle, _), w in zip(chosen, prepared, words):
+            variant.launch(shape, handle, *((w,) if w else ()))
         return [out for _, _, out in prepared]
 
     def warm(self, dtype, op="sum") -> None:

@@ -165,15 +165,17 @@ def fast_path(shape: CallShape) -> bool:
     return shape.in_ptr % FAST_ALIGN == 0 and shape.out_ptr % FAST_ALIGN == 0
 
 
-def choose_piece(count: int, stage_units: int, itemsize: int, stage_bytes: int) -> int:
+def choose_piece(count: int, stage_units: int, itemsize: int, stage_bytes: int, row: int = 1) -> int:
     """Elements per chunk per round: the whole chunk when it fits the staging space, else the
-    largest 16-byte multiple that fits (``stage_units * piece * itemsize <= stage_bytes``)."""
+    largest 16-byte multiple that fits (``stage_units * piece * itemsize <= stage_bytes``), and
+    a whole number of ``row`` elements (an epilogue's rows: rounds never split a row)."""
     if count <= 0:
         return 1
     if stage_units == 0:
         return count
     cap = stage_bytes // (stage_units * itemsize)
     cap -= cap % max(1, FAST_ALIGN // itemsize)
+    cap -= cap % row
     if cap < 1:
         raise _err(f"staging space of {stage_bytes} bytes cannot hold {stage_units} units of even 16 bytes",
                    "raise PURLIN_STAGE_MB")

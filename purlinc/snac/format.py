@@ -11,9 +11,11 @@ for channel 0; channel ``c`` runs the same steps with ``c * S`` added to every s
 from __future__ import annotations
 
 from purlinc.frontend.ast import Operation
+from purlinc.frontend.epilogue import epilogue_from_json
 from purlinc.snac.ir import (
     Algorithm,
     Consume,
+    Epilogue,
     LowerOptions,
     Notify,
     Program,
@@ -55,6 +57,9 @@ def _step_text(step, per_call: dict[Signal, int]) -> tuple[str, str, str]:
             verb = "reduce"
         note = step.note + (f"  [line {step.line}]" if step.line is not None else "")
         return verb, operands, note
+    if isinstance(step, Epilogue):
+        note = step.note + (f"  [line {step.line}]" if step.line is not None else "")
+        return "epilogue", step.region.format(), note
     raise TypeError(f"not a SNAC step: {step!r}")
 
 
@@ -98,6 +103,8 @@ def format_schedule(schedule: Schedule) -> str:
         f"  signals: {len(schedule.signals)} per channel ({schedule.channel_signals} per rank and channel; "
         f"pad {schedule.signal_pad_size()} per rank)",
     ]
+    if schedule.epilogue is not None:
+        lines += ["  " + line for line in schedule.epilogue.format().splitlines()]
     for decl in schedule.signals:
         lines.append(f"    {decl.signal.format():<14} {decl.role.value:<4} per_call={decl.per_call:<3} {decl.note}".rstrip())
     for program in schedule.programs:
@@ -129,6 +136,8 @@ def _step_json(step) -> dict:
         return {"op": "notify", "signal": _signal(step.signal), "k": step.k, "note": step.note}
     if isinstance(step, Wait):
         return {"op": "wait", "signal": _signal(step.signal), "k": step.k, "note": step.note}
+    if isinstance(step, Epilogue):
+        return {"op": "epilogue", "region": _region(step.region), "note": step.note, "line": step.line}
     return {
         "op": "consume", "operation": step.operation.value, "srcs": [_region(s) for s in step.srcs],
         "dst": _region(step.dst), "note": step.note, "line": step.line,
@@ -169,6 +178,7 @@ def schedule_to_json(schedule: Schedule) -> dict:
             {"rank": p.rank, "steps": [_step_json(s) for s in p.steps]}
             for p in schedule.programs
         ],
+        **({"epilogue": schedule.epilogue.to_json()} if schedule.epilogue is not None else {}),
     }
 
 
@@ -185,6 +195,8 @@ def _step_from(data: dict):
     if op in ("notify", "wait"):
         cls = Notify if op == "notify" else Wait
         return cls(Signal(*data["signal"]), data["k"], data.get("note", ""))
+    if op == "epilogue":
+        return Epilogue(_region_from(data["region"]), data.get("note", ""), data.get("line"))
     if op == "consume":
         return Consume(
             Operation(data["operation"]), tuple(_region_from(s) for s in data["srcs"]),
@@ -223,6 +235,7 @@ def schedule_from_json(data: dict) -> Schedule:
         channel_signals=data["channel_signals"],
         stage_copies=data.get("stage_copies", 1),
         sizes=_sizes_from(data.get("sizes")),
+        epilogue=epilogue_from_json(data["epilogue"]) if "epilogue" in data else None,
     )
 
 

@@ -76,6 +76,7 @@ from enum import Enum
 
 from purlinc.frontend.ast import Operation
 from purlinc.frontend.spec import Sizes
+from purlinc.frontend.epilogue import Epilogue as SpecEpilogue
 
 
 class Space(Enum):
@@ -174,7 +175,18 @@ class Consume:
     line: int | None = field(default=None, compare=False)  # .pln line of the output chunk
 
 
-Step = Stage | Notify | Wait | Consume
+@dataclass(frozen=True, slots=True)
+class Epilogue:
+    """Apply the schedule's epilogue (``Schedule.epilogue``) to the whole rows of ``region``,
+    an OUT slice of this rank, in place: placed after the last step of the program that
+    touches the region, so it sees the final reduced data (``purlinc.snac.epilogue``)."""
+
+    region: Region
+    note: str = field(default="", compare=False)
+    line: int | None = field(default=None, compare=False)  # .pln line of the epilogue
+
+
+Step = Stage | Notify | Wait | Consume | Epilogue
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +218,8 @@ def shift_step(step: Step, slice_base: int, signal_base: int) -> Step:
     if isinstance(step, Consume):
         srcs = tuple(shift_region(r, slice_base) for r in step.srcs)
         return Consume(step.operation, srcs, shift_region(step.dst, slice_base), step.note, step.line)
+    if isinstance(step, Epilogue):
+        return Epilogue(shift_region(step.region, slice_base), step.note, step.line)
     return type(step)(shift_signal(step.signal, signal_base), step.k, step.note)
 
 
@@ -271,6 +285,8 @@ class Schedule:
     # sizes and a STAGE unit is a slot of a size header plus ``capacity`` elements.  None: every
     # unit is the call's count.
     sizes: Sizes | None = None
+    # The spec's epilogue, applied by the programs' Epilogue steps; None: the schedule has none.
+    epilogue: SpecEpilogue | None = None
 
     @property
     def channels(self) -> int:

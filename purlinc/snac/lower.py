@@ -39,6 +39,7 @@ from __future__ import annotations
 from purlinc.errors import PurlinError
 from purlinc.frontend.spec import Spec
 from purlinc.snac.direct import _direct_pull, _direct_push
+from purlinc.snac.epilogue import place_epilogues
 from purlinc.snac.gcpause import gc_paused
 from purlinc.snac.ir import Algorithm, LowerOptions, Schedule
 from purlinc.snac.needs import _needs
@@ -92,7 +93,7 @@ def lower(spec: Spec, options: LowerOptions) -> Schedule:
         options = replace(options, stage_copies=most)
     try:
         with gc_paused():
-            return _LOWERINGS[options.algorithm](spec, options)
+            return place_epilogues(_LOWERINGS[options.algorithm](spec, options), spec)
     except PurlinError as error:
         raise error.with_note(f"while lowering {spec.name} for R={spec.world_size} with {options.key()}") from None
 

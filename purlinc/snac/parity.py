@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from purlinc.snac.ir import Consume, Notify, Program, Region, Schedule, SignalDecl, Space, Stage, Wait
+from purlinc.snac.ir import Epilogue, Consume, Notify, Program, Region, Schedule, SignalDecl, Space, Stage, Wait
 
 
 class _Mover:
@@ -55,6 +55,8 @@ def _odd(step, move: _Mover, per_call: dict):
         return Consume(step.operation, tuple(map(move, step.srcs)), move(step.dst), step.note, step.line)
     if kind is Notify or kind is Wait:
         return kind(step.signal, step.k + per_call[step.signal], step.note)
+    if kind is Epilogue:  # OUT only: no staging copy to move
+        return step
     raise AssertionError(f"not an IR step: {step!r}")
 
 

@@ -29,9 +29,9 @@ import numpy as np
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.errors import PurlinError
 from purlinc.frontend.ast import Operation
-from purlinc.frontend.evaluate import reduce_chunks
+from purlinc.frontend.evaluate import reduce_chunks, run_epilogue
 from purlinc.frontend.spec import Spec
-from purlinc.snac.ir import Consume, Notify, Region, Schedule, Space, Stage, Wait
+from purlinc.snac.ir import Consume, Epilogue, Notify, Region, Schedule, Space, Stage, Wait
 from purlinc.snac.packing import normalized
 from purlinc.snac.verify import describe
 
@@ -44,22 +44,35 @@ class SimulationError(PurlinError):
     """The schedule deadlocked (or was given unusable inputs) in the simulator."""
 
 
-def slice_bounds(n_elems: int, itemsize: int, slices: int, s: int) -> tuple[int, int]:
+def slice_bounds(n_elems: int, itemsize: int, slices: int, s: int, align: int = SLICE_ALIGN) -> tuple[int, int]:
     """Elements ``[lo, hi)`` of slice ``s`` of a unit of ``n_elems`` elements cut into ``slices``.
 
-    In bytes: L = n * itemsize, a slice is ceil(L / slices) rounded up to 16 bytes, so all
-    slices but the last start aligned; trailing slices may be short or empty.  The CUDA
-    side computes the same bounds.
+    In bytes: L = n * itemsize, a slice is ceil(L / slices) rounded up to ``align`` bytes (16,
+    or a row's bytes for schedules with an epilogue: ``slice_align``), so all slices but the
+    last start aligned; trailing slices may be short or empty.  The CUDA side computes the
+    same bounds.
     """
     total = n_elems * itemsize
     size = -(-total // slices)
-    size = -(-size // SLICE_ALIGN) * SLICE_ALIGN
+    size = -(-size // align) * align
     lo = min(total, s * size)
     hi = min(total, lo + size)
     return lo // itemsize, hi // itemsize
 
 
-def round_slice_bounds(piece: int, n_round: int, itemsize: int, slices: int, s: int) -> tuple[int, int]:
+def slice_align(schedule: Schedule, itemsize: int) -> int:
+    """Bytes slices are aligned to: 16, or one row's bytes when the schedule has an epilogue
+    (a slice then holds whole rows; a row is a whole number of 16-byte vectors)."""
+    if schedule.epilogue is None:
+        return SLICE_ALIGN
+    row_bytes = schedule.epilogue.row * itemsize
+    if row_bytes % SLICE_ALIGN:
+        raise ValueError(f"a row of {schedule.epilogue.row} elements is {row_bytes} bytes, not a multiple of 16")
+    return row_bytes
+
+
+def round_slice_bounds(piece: int, n_round: int, itemsize: int, slices: int, s: int,
+                       align: int = SLICE_ALIGN) -> tuple[int, int]:
     """Slice ``s`` of one round of ``n_round`` (<= ``piece``) elements.
 
     The bounds are those of a full round (``piece`` elements) clipped to this round: a
@@ -67,7 +80,7 @@ def round_slice_bounds(piece: int, n_round: int, itemsize: int, slices: int, s: 
     the rounds independently, so bounds recomputed from a shorter last round would let a
     channel's slice overlap another channel's slice of the previous round.
     """
-    lo, hi = slice_bounds(piece, itemsize, slices, s)
+    lo, hi = slice_bounds(piece, itemsize, slices, s, align)
     return min(lo, n_round), min(hi, n_round)
 
 
@@ -95,8 +108,11 @@ def _per_call_inputs(spec: Spec, inputs, calls: int, count: int, dtype: DType) -
 class _Machine:
     """Buffers, pads and program cursors of one simulation."""
 
-    def __init__(self, schedule: Schedule, count: int, dtype: DType, op: ReduceOp | None, piece: int | None):
+    def __init__(self, schedule: Schedule, count: int, dtype: DType, op: ReduceOp | None, piece: int | None,
+                 operands=None):
         self.schedule = schedule
+        self.align = slice_align(schedule, dtype.itemsize)
+        self.operands = operands  # per rank: the epilogue's operands, updated in place
         self.count = count
         self.dtype = dtype
         self.op = op
@@ -133,7 +149,7 @@ class _Machine:
         bounds = self._bounds.get(n)
         if bounds is None:
             bounds = [
-                round_slice_bounds(self.piece, n, self.dtype.itemsize, self.schedule.slices, s)
+                round_slice_bounds(self.piece, n, self.dtype.itemsize, self.schedule.slices, s, self.align)
                 for s in range(self.schedule.slices)
             ]
             self._bounds[n] = bounds
@@ -163,6 +179,17 @@ class _Machine:
             else:
                 chunks = [self.view(r, round_, epoch).copy() for r in step.srcs]  # dst may be a source
                 self.view(step.dst, round_, epoch)[:] = reduce_chunks(chunks, self.dtype, self.op)
+        elif isinstance(step, Epilogue):
+            self.apply_epilogue(step.region, round_)
+
+    def apply_epilogue(self, region: Region, round_: int) -> None:
+        """The epilogue on the whole rows of ``region`` in this round, in place."""
+        n = self.round_length(round_)
+        lo, hi = round_slice_bounds(self.piece, n, self.dtype.itemsize, self.schedule.slices, region.slice,
+                                    self.align)
+        base = region.unit * self.count + round_ * self.piece
+        run_epilogue(self.schedule.epilogue, self.outs[region.rank], self.operands[region.rank], self.dtype,
+                     base + lo, base + hi)
 
 
 def simulate_calls(
@@ -176,9 +203,12 @@ def simulate_calls(
     calls: int = 2,
     seed: int = 0,
     piece: int | None = None,
+    operands=None,
 ) -> list[list[np.ndarray]]:
     """Like ``simulate`` but returns every call's outputs: ``result[call][rank]``, each read
-    by that rank's caller right after its call ended."""
+    by that rank's caller right after its call ended.  With an epilogue, ``operands[rank]``
+    maps its operands' names to values (as for ``evaluate``); the rows operands it writes are
+    updated in place, call after call, as on the GPU."""
     dtype = DType.parse(dtype.value if isinstance(dtype, DType) else dtype)
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
@@ -194,7 +224,8 @@ def simulate_calls(
     # A packed stage is its Stage followed by its Notify (purlinc.snac.packing).
     schedule, _ = normalized(schedule)
     per_call_inputs = _per_call_inputs(spec, inputs, calls, count, dtype)
-    machine = _Machine(schedule, count, dtype, reduce_op, piece)
+    _check_rows(schedule, count, piece, operands)
+    machine = _Machine(schedule, count, dtype, reduce_op, piece, operands)
     rng = random.Random(seed)
 
     world, channels = schedule.world_size, schedule.channels
@@ -266,6 +297,18 @@ def simulate_calls(
     return [list(outputs) for outputs in results]
 
 
+def _check_rows(schedule: Schedule, count: int, piece: int | None, operands) -> None:
+    """An epilogue needs its operands, and chunks and rounds of whole rows."""
+    if schedule.epilogue is None:
+        return
+    row = schedule.epilogue.row
+    if operands is None or len(operands) != schedule.world_size:
+        raise ValueError(f"{schedule.collective} has an epilogue: give operands, one dict per rank")
+    for name, value in (("count", count), ("piece", piece)):
+        if value is not None and value % row:
+            raise ValueError(f"{name}={value} is not a whole number of rows of {row} elements")
+
+
 def _deadlock_report(machine: _Machine, programs, steps_per_call, position, stuck, channels) -> str:
     lines = []
     for p in stuck:
@@ -294,6 +337,7 @@ def simulate(
     calls: int = 2,
     seed: int = 0,
     piece: int | None = None,
+    operands=None,
 ) -> list[np.ndarray]:
     """Run ``calls`` back-to-back calls of ``schedule`` and return the last call's outputs.
 
@@ -302,7 +346,7 @@ def simulate(
     ``SimulationError`` on deadlock.
     """
     return simulate_calls(
-        schedule, spec, inputs, count, dtype, op, calls=calls, seed=seed, piece=piece
+        schedule, spec, inputs, count, dtype, op, calls=calls, seed=seed, piece=piece, operands=operands
     )[-1]
 
 

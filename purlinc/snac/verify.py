@@ -67,7 +67,8 @@ from purlinc.errors import PurlinError
 from purlinc.frontend.ast import Operation
 from purlinc.frontend.spec import Slot, Spec
 from purlinc.snac.gcpause import gc_paused
-from purlinc.snac.ir import Consume, Notify, Region, Schedule, Space, Stage, Step, Wait
+from purlinc.snac.epilogue import epilogue_problem
+from purlinc.snac.ir import Consume, Epilogue, Notify, Region, Schedule, Space, Stage, Step, Wait
 from purlinc.snac.packing import layout_problems, ll_groups, normalized, packed_stages
 from purlinc.snac.parity import unrolled
 
@@ -112,6 +113,8 @@ def describe(step: Step) -> str:
         return f"notify {step.signal.format()} k={step.k}"
     if isinstance(step, Wait):
         return f"wait {step.signal.format()} k={step.k}"
+    if isinstance(step, Epilogue):
+        return f"epilogue {step.region.format()}"
     if step.operation is Operation.REDUCE:
         return f"reduce {' + '.join(r.format() for r in step.srcs)} -> {step.dst.format()}"
     return f"consume {' + '.join(r.format() for r in step.srcs)} -> {step.dst.format()}"
@@ -949,6 +952,12 @@ def verify(schedule: Schedule, spec: Spec) -> None:
 
 def _verify(schedule: Schedule, spec: Spec) -> None:
     _check_shape(schedule, spec)
+    problem = epilogue_problem(schedule, spec)
+    if problem is not None:
+        rank, index, message = problem
+        if index is None:
+            raise VerificationError(f"rank {rank}: {message}", rank=rank)
+        raise _Failure(schedule).at(rank, 0, index, message)
     _check_signals_declared(schedule)
     schedule = _one_channel(schedule)
     _check_steps(schedule, _Failure(schedule))

@@ -29,6 +29,7 @@ import torch
 from purlinc.runtime.errors import ArgumentError
 from purlinc.torch import functional, ops
 from purlinc.torch.distributed import Group, Work
+from purlinc.torch.epilogue import FusedAddRMSNorm, fused_add_rmsnorm_op  # noqa: F401 (API)
 from purlinc.torch.ops import define
 from purlinc.torch.registry import Entry, entry
 

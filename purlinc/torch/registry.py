@@ -24,7 +24,7 @@ class Entry:
     """One collective on one rank, as the ops see it."""
 
     __slots__ = ("handle", "name", "rank", "world_size", "device", "in_units", "out_units", "is_reduce",
-                 "comm", "warmed", "inverse", "_collective", "_loader", "__weakref__")
+                 "comm", "warmed", "inverse", "row", "_collective", "_loader", "__weakref__")
 
     def __init__(self, name: str, spec, comm, device, *, collective=None, loader=None):
         self.name = name
@@ -37,6 +37,7 @@ class Entry:
         self.comm = comm
         self.warmed: set = set()  # ids of host-driven (ce) variants run outside a capture
         self.inverse: int | None = None  # the handle whose call is this one's derivative (autograd)
+        self.row = spec.epilogue.row if getattr(spec, "epilogue", None) is not None else 0  # an epilogue's row
         self._collective = collective
         self._loader = loader
         with _LOCK:

@@ -17,11 +17,14 @@ from purlinc.atom.codegen.fuse import fuse_copies
 from purlinc.atom.codegen.ll import check_reorder, fuse_sends, ll_block
 from purlinc.errors import InternalError
 from purlinc.frontend.ast import Operation
-from purlinc.snac.ir import Consume, Notify, Program, Region, Role, Stage, Wait
+from purlinc.atom.epilogue import epilogue_block
+from purlinc.snac.ir import Consume, Epilogue, Notify, Program, Region, Role, Stage, Wait
 from purlinc.snac.packing import ll_groups
 
 
-def data_block(index: int, step: Stage | Consume, rank: int, per_call: dict) -> dict:
+def data_block(index: int, step: Stage | Consume | Epilogue, rank: int, per_call: dict) -> dict:
+    if isinstance(step, Epilogue):  # its own module (purlinc.atom.epilogue) and template
+        return epilogue_block(index, step, region_expr(step.region, rank), slice_expr(step.region.slice))
     srcs = (step.src,) if isinstance(step, Stage) else step.srcs
     regions = (*srcs, step.dst)
     if len({r.slice for r in regions}) != 1:

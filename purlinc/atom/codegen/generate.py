@@ -14,6 +14,7 @@ from purlinc.atom.codegen.names import kernel_base
 from purlinc.atom.codegen.render import load_template, render
 from purlinc.atom.codegen.tables import Body
 import purlinc.atom.codegen.tables as tables
+from purlinc.atom.epilogue import module_values
 from purlinc.atom.trace import trace_template_values
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.errors import InternalError, PurlinError
@@ -105,7 +106,7 @@ def _table_space(schedule: Schedule, module: tuple[Body, ...]) -> str:
 
 
 def _abi(schedule: Schedule, base: str, threads: int, shared_bytes: int, dtype: DType, packed: bool,
-         module: tuple[Body, ...]) -> KernelABI:
+         module: tuple[Body, ...], epilogue: dict | None) -> KernelABI:
     return KernelABI(
         kernel_base=base,
         world_size=schedule.world_size,
@@ -124,6 +125,8 @@ def _abi(schedule: Schedule, base: str, threads: int, shared_bytes: int, dtype: 
         needs_in_peers=_needs_peers(schedule, Space.IN),
         needs_out_peers=_needs_peers(schedule, Space.OUT),
         bodies=tuple(body.index for rank in range(schedule.world_size) for body in module if rank in body.ranks),
+        epilogue_slots=epilogue["slots"] if epilogue else 0,
+        row_bytes=epilogue["row_bytes"] if epilogue else 0,
     )
 
 
@@ -194,14 +197,15 @@ def generate(
     trace_values = trace_template_values(kernels, schedule.channels) if trace else None
     threads = limits.THREADS_PACKED if packed else limits.THREADS
     module = _bodies(kernels, trace)
+    epilogue = module_values(schedule.epilogue, dtype, threads)  # None without one
     ll_source = render("ll.cuh.j2", reduce=reduce, in_flight=limits.LL_IN_FLIGHT,
                        consume_inline=_ll_loops(module) <= limits.LL_INLINE_LOOPS).rstrip("\n") if packed else ""
     values = _module_values(schedule, spec, base=base, atom=atom, dtype=dtype, op=op, packed=bool(packed), threads=threads)
     source = render("kernel.cu.j2", **values, ll_source=ll_source, atom_source=atom_text, bodies=module, trace=trace_values,
-                    table_space=_table_space(schedule, module))
+                    table_space=_table_space(schedule, module), epilogue=epilogue)
     start = source.index(ATOM_BEGIN)
     end = source.index(ATOM_END) + len(ATOM_END)
-    abi = _abi(schedule, base, threads, atom_def.shared_bytes(target), dtype, bool(packed), module)
+    abi = _abi(schedule, base, threads, atom_def.shared_bytes(target), dtype, bool(packed), module, epilogue)
     return KernelSource(
         source=source, filename=f"{base}.cu", kernel_base=base, abi=abi, atom=atom, arch=target.name,
         dtype=dtype, op=op, atom_start=start, atom_end=end,

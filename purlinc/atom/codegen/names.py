@@ -34,6 +34,8 @@ def kernel_base(schedule: Schedule, atom: str, dtype: DType, op: ReduceOp | None
         schedule.in_units, schedule.out_units, schedule.stage_units, schedule.signals, schedule.programs,
         schedule.channel_signals,
         atom, dtype.value, op.value if op else None,
+        # only with an epilogue, so that every other kernel keeps its name
+        *((schedule.epilogue.format(),) if schedule.epilogue is not None else ()),
     ))
     digest = hashlib.sha256(picture.encode()).hexdigest()[:8]
     return f"purlin_{schedule.collective}_{digest}"

@@ -1,0 +1,142 @@
+"""What the fused epilogue (residual add + RMSNorm) adds over the plain all-reduce, on ONE GPU:
+a loopback group (R ranks on cuda:0, one stream each) replays per-rank CUDA graphs of the
+fused collective (examples/fused/allreduce_add_rmsnorm.pln) and of the same all-reduce
+without an epilogue, with the same schedule (algorithm, LL, channels), at [rows x 4096] bf16.
+
+    python3 benchmarks/epilogue_overhead.py [--out DIR] [--ranks 2 4 8] [--rows 16] [--label run]
+
+The ranks share the GPU and their "remote" stores never leave it, so the numbers are local
+work only: what the epilogue costs inside the kernel, not what NVLink does.  Each point: the
+fused output checked against torch (all-reduce in float32 rounded to bf16, then the add and
+RMSNorm in float32, rounded) before the timing; then ``--reps`` timed repeats of ``--replays``
+replays of every rank's graph of ``--calls`` calls (device time by events, the slower rank's),
+median, min and max per call.  Writes DIR/epilogue_overhead_<label>.json and .md (DIR: --out,
+else $OUT, else the current directory); ``added_us`` is fused minus plain, medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))  # _common: the GPU tests' helpers (via _graph_timing)
+
+import torch  # noqa: E402
+
+import purlinc  # noqa: E402
+from _graph_timing import capture, replay_us, spread, write_results  # noqa: E402
+
+FUSED = ROOT / "examples" / "fused" / "allreduce_add_rmsnorm.pln"
+PLAIN = "collective allreduce_one_chunk { in[r] = x  out[r] = x  reduce }"  # the same, without the epilogue
+HIDDEN = 4096
+SCHEDULES = (("direct-push", True, 1), ("direct-push", False, 8), ("two-shot", False, 8))
+
+
+class _Bound:
+    """A group collective with its operands bound, as _graph_timing calls one: ``b(xs, outs,
+    streams=...)`` and ``b[r](x, out)``."""
+
+    def __init__(self, coll, operands: dict):
+        self.coll, self.operands = coll, operands
+
+    def __call__(self, xs, outs, streams=None):
+        return self.coll(xs, outs, streams=streams, **self.operands)
+
+    def __getitem__(self, rank: int):
+        mine = {k: (v[rank] if isinstance(v, list) else v) for k, v in self.operands.items()}
+        return lambda x, out: self.coll[rank](x, out, **mine)
+
+
+def _reference(xs, residual, weight, eps=1e-6):
+    h = (torch.stack([x.float() for x in xs]).sum(0).to(torch.bfloat16).float() + residual.float()).view(-1, HIDDEN)
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(torch.bfloat16).view(-1)
+
+
+def _group_call(bound, xs, outs, streams) -> None:
+    """One call of every rank, each on its stream, ordered after and before the current one."""
+    current = torch.cuda.current_stream(0)
+    for s in streams:
+        s.wait_stream(current)
+    bound(xs, outs, streams=streams)
+    for s in streams:
+        current.wait_stream(s)
+    torch.cuda.synchronize(0)
+
+
+def _time(bound, xs, outs, devices, streams, args) -> dict:
+    _group_call(bound, xs, outs, streams)  # loads the kernel: a capture cannot
+    graphs = capture(bound, xs, outs, devices, args.calls, streams)
+    return spread([replay_us(graphs, devices, args.calls, streams, args.replays) for _ in range(args.reps)])
+
+
+def point(world: int, rows: int, schedule: tuple, args) -> dict:
+    algorithm, packed, channels = schedule
+    devices = [0] * world
+    group = purlinc.LocalGroup(devices, share_devices=True)
+    streams = [torch.cuda.Stream(device=0) for _ in devices]
+    try:
+        opts = dict(algorithm=algorithm, packed=packed, channels=channels, slices=1)
+        n = rows * HIDDEN
+        xs = [torch.randn(n, device="cuda:0").to(torch.bfloat16) for _ in devices]
+        outs = [torch.empty(n, device="cuda:0", dtype=torch.bfloat16) for _ in devices]
+        res = [torch.randn(n, device="cuda:0").to(torch.bfloat16) for _ in devices]
+        weight = [(1 + 0.1 * torch.randn(HIDDEN, device="cuda:0")).to(torch.bfloat16) for _ in devices]
+        fused = _Bound(purlinc.load(FUSED, group, **opts), {"residual": res, "weight": weight, "eps": 1e-6})
+        plain = _Bound(purlinc.load(PLAIN, group, **opts), {})
+        before = [r.clone() for r in res]
+        _group_call(fused, xs, outs, streams)
+        for r in range(world):  # checked before it is timed
+            torch.testing.assert_close(outs[r].float(), _reference(xs, before[r], weight[r]).float(),
+                                       rtol=2**-6, atol=2**-5)
+        row = {"ranks": world, "rows": rows, "hidden": HIDDEN, "dtype": "bfloat16", "algorithm": algorithm,
+               "packed": packed, "channels": channels, "checked": True}
+        # the residual grows by one all-reduce per call while timed: nothing reads it afterwards
+        row["plain"] = _time(plain, xs, outs, devices, streams, args)
+        row["fused"] = _time(fused, xs, outs, devices, streams, args)
+        row["plain_us"], row["fused_us"] = row["plain"]["median_us"], row["fused"]["median_us"]
+        row["added_us"] = round(row["fused_us"] - row["plain_us"], 3)
+        fused.coll.check()
+        return row
+    finally:
+        group.close()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--label", default="run")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--rows", type=int, nargs="+", default=[16])
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--replays", type=int, default=10)
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args(argv)
+    rows, errors = [], []
+    for world in args.ranks:
+        for n in args.rows:
+            for schedule in SCHEDULES:
+                try:
+                    rows.append(point(world, n, schedule, args))
+                    print(json.dumps(rows[-1]), flush=True)
+                except Exception as error:  # one point's failure is recorded, the others still run
+                    errors.append({"ranks": world, "rows": n, "schedule": schedule,
+                                   "error": f"{type(error).__name__}: {str(error)[:300]}"})
+                    print(json.dumps(errors[-1]), flush=True)
+    meta = {"label": args.label, "mode": "loopback, one GPU (local work only)", "calls": args.calls,
+            "replays": args.replays, "reps": args.reps, "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(0), "errors": errors}
+    stem = f"epilogue_overhead_{args.label}"
+    write_results(args.out, stem, meta, rows, [
+        ("R", "ranks"), ("rows", "rows"), ("algorithm", "algorithm"), ("LL", "packed"), ("channels", "channels"),
+        ("plain us", "plain_us"), ("fused us", "fused_us"), ("added us", "added_us"), ("checked", "checked")])
+    print((Path(args.out) / f"{stem}.md").read_text())
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

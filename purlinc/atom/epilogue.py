@@ -1,0 +1,197 @@
+"""CUDA for a schedule's epilogue (``purlinc.frontend.epilogue``): one device function the
+``Epilogue`` steps call on the whole rows of an output slice, and its kernel-argument slots.
+
+Every decision is made here and passed to ``templates/epilogue.cuh.j2`` as plain text: the
+statements become float32 C expressions with round-to-nearest intrinsics (no contraction
+into FMAs, so each operation rounds as the NumPy meaning does), buffers are read as 16-byte
+vectors of the output's elements, all loaded at once into registers (about four vectors per
+thread, whole warps per row, several rows per block), and a row with an ``rmsnorm`` sums its
+squares over its threads (shuffles, then one barrier) before the values are stored.  Only the sum of squares' order and
+``rsqrtf`` differ from the NumPy oracle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from purlinc.dtypes import DType
+from purlinc.errors import PurlinError
+from purlinc.frontend import ast
+from purlinc.frontend.ast import OperandKind
+from purlinc.frontend.epilogue import OUT, Epilogue, _calls, _names
+
+VECTOR_BYTES = 16
+MAX_ROW_VECTORS = 2048  # rows up to 32 KiB (16,384 bf16 elements): at most 8 vectors per thread of 256
+VECTORS_PER_THREAD = 4  # a row's 16-byte vectors per thread (loads in flight per buffer)
+_OPS = {ast.FloatOp.ADD: "__fadd_rn", ast.FloatOp.SUB: "__fsub_rn", ast.FloatOp.MUL: "__fmul_rn",
+        ast.FloatOp.DIV: "__fdiv_rn"}
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    """A tensor the epilogue reads or writes, element by element of a row."""
+
+    name: str  # "out" or the operand's name
+    c_name: str  # the element's float in the generated code
+    suffix: str  # elem.cuh conversions: purlin_<suffix>_to_acc / purlin_acc_to_<suffix>
+    storage: str  # C type of one element
+    pointer: str  # the buffer's base pointer expression
+    row_only: bool  # a `row` operand: indexed by the column only
+    read: bool
+    written: bool
+
+
+def _float_literal(value: float) -> str:
+    import numpy as np
+
+    return f"__int_as_float({int(np.float32(value).view(np.int32))})"  # exactly NumPy's float32 value
+
+
+def check_rows(epilogue: Epilogue, dtype: DType) -> None:
+    """What this dtype needs of the spec's rows (located at the ``rows(E)`` expression)."""
+    if dtype.info.c_acc != "float":
+        raise PurlinError(f"an epilogue computes in float32; {dtype.value} outputs are not supported",
+                          epilogue.row_span)
+    row_bytes = epilogue.row * dtype.itemsize
+    if row_bytes % VECTOR_BYTES:
+        raise PurlinError(f"a row of {epilogue.row} {dtype.value} elements is {row_bytes} bytes, not a multiple "
+                          f"of {VECTOR_BYTES} (the kernels move 16-byte vectors)", epilogue.row_span)
+    if row_bytes // VECTOR_BYTES > MAX_ROW_VECTORS:
+        raise PurlinError(f"a row of {epilogue.row} {dtype.value} elements is longer than the epilogue supports "
+                          f"({MAX_ROW_VECTORS * VECTOR_BYTES // dtype.itemsize} elements)",
+                          epilogue.row_span)
+
+
+def slots(epilogue: Epilogue | None) -> int:
+    """Kernel-argument words the epilogue's operands take (one each: a pointer or a float)."""
+    return 0 if epilogue is None else len(epilogue.operands)
+
+
+def _buffers(epilogue: Epilogue, dtype: DType) -> list[Buffer]:
+    reads = {n.name for s in epilogue.statements for n in _names(s.value)}
+    written = set(epilogue.writes)
+    buffers = [Buffer(OUT, "v_out", dtype.info.c_suffix, dtype.info.c_storage, "e_out", False,
+                      OUT in reads, OUT in written)]
+    for operand in epilogue.operands:
+        if operand.kind is OperandKind.SCALAR:
+            continue
+        own = operand.dtype or dtype
+        suffix = own.info.c_suffix or own.info.short  # fp8 (no reduction helpers): this module's own, "e4m3"
+        buffers.append(Buffer(operand.name, f"v_{operand.name}", suffix, own.info.c_storage,
+                              f"e_{operand.name}", operand.kind is OperandKind.ROW,
+                              operand.name in reads, operand.written))
+    return buffers
+
+
+def _expr(expr: ast.FExpr, names: dict[str, str], norm: str | None) -> str:
+    if isinstance(expr, ast.FNumber):
+        return _float_literal(expr.value)
+    if isinstance(expr, ast.FName):
+        return names[expr.name]
+    if isinstance(expr, ast.FNeg):
+        return f"(-{_expr(expr.operand, names, norm)})"
+    if isinstance(expr, ast.FBinary):
+        return f"{_OPS[expr.op]}({_expr(expr.left, names, norm)}, {_expr(expr.right, names, norm)})"
+    # rmsnorm(V, W, EPS) = (V * inv) * W, inv computed once per row from the first pass
+    value, weight = _expr(expr.args[0], names, norm), _expr(expr.args[1], names, norm)
+    return f"__fmul_rn(__fmul_rn({value}, inv), {weight})"
+
+
+def _norm_dependent(epilogue: Epilogue, locals_: set[str]) -> set[str]:
+    """Locals whose value needs the rmsnorm (directly or through another local)."""
+    dependent: set[str] = set()
+    for statement in epilogue.statements:
+        if statement.target in locals_ and (any(True for _ in _calls(statement.value))
+                                            or any(n.name in dependent for n in _names(statement.value))):
+            dependent.add(statement.target)
+    return dependent
+
+
+def _lines(epilogue: Epilogue, names: dict[str, str], locals_: set[str], first_pass: bool) -> list[str]:
+    """C statements for one element.  Pass 1 (before the row's rmsnorm is known): the locals
+    that do not need it.  Pass 2: every local, and the values to store (``w_<name>``)."""
+    skip = _norm_dependent(epilogue, locals_) if first_pass else set()
+    lines = []
+    for statement in epilogue.statements:
+        target = statement.target
+        if first_pass and (target not in locals_ or target in skip):
+            continue
+        name = f"l_{target}" if target in locals_ else f"w_{target}"
+        lines.append(f"const float {name} = {_expr(statement.value, names, None)};")
+    return lines
+
+
+def row_layout(row_vectors: int, threads: int) -> dict:
+    """How a block spreads rows over its threads: about ``VECTORS_PER_THREAD`` vectors each (so
+    each thread has that many loads per buffer in flight), whole warps per row, and as many
+    rows at once as the block holds."""
+    tpr = -(-row_vectors // VECTORS_PER_THREAD)
+    tpr = min(threads, max(32, -(-tpr // 32) * 32))
+    return {"tpr": tpr, "per_thread": -(-row_vectors // tpr), "groups": threads // tpr}
+
+
+def template_values(epilogue: Epilogue, dtype: DType, threads: int) -> dict:
+    """Everything ``epilogue.cuh.j2`` renders, as plain values (``threads``: the block size)."""
+    check_rows(epilogue, dtype)
+    buffers = _buffers(epilogue, dtype)
+    names = {b.name: b.c_name for b in buffers}
+    for operand in epilogue.operands:
+        if operand.kind is OperandKind.SCALAR:
+            names[operand.name] = f"s_{operand.name}"
+    locals_ = {s.target for s in epilogue.statements if s.target not in names}
+    names.update({name: f"l_{name}" for name in locals_})
+    norm = epilogue.norm
+    params = [("char*", "e_out")]
+    for slot, operand in enumerate(epilogue.operands):
+        params.append(("float", f"s_{operand.name}") if operand.kind is OperandKind.SCALAR
+                      else ("char*", f"e_{operand.name}"))
+    values = {
+        "text": [s.format() for s in epilogue.statements],
+        "row": epilogue.row,
+        "vec": VECTOR_BYTES // dtype.itemsize,
+        "row_vectors": epilogue.row * dtype.itemsize // VECTOR_BYTES,
+        **row_layout(epilogue.row * dtype.itemsize // VECTOR_BYTES, threads),
+        "itemsize": dtype.itemsize,
+        "buffers": [vars_(b) for b in buffers],
+        "norm": None,
+        "pass2": _lines(epilogue, names, locals_, first_pass=False),
+        "params": ", ".join(f"{t} {n}" for t, n in params),
+        "call_args": ", ".join(["args.out", *(
+            f"__uint_as_float((unsigned)args.epi[{slot}])" if o.kind is OperandKind.SCALAR
+            else f"(char*)args.epi[{slot}]" for slot, o in enumerate(epilogue.operands))]),
+        "stores": [{**vars_(b), "c_name": f"w_{b.name}"} for b in buffers if b.written],
+        "fp8": any(b.suffix == "e4m3" for b in buffers),
+    }
+    if norm is not None:
+        values["norm"] = {
+            "pass1": _lines(epilogue, names, locals_, first_pass=True),
+            "value": _expr(norm.args[0], names, None),
+            "eps": _expr(norm.args[2], names, None),
+        }
+    return values
+
+
+def module_values(epilogue: Epilogue | None, dtype: DType, threads: int) -> dict | None:
+    """What kernel.cu.j2 needs for a module's epilogue (None without one): its device
+    function's source, its argument slots and the row's bytes (the slices' alignment)."""
+    if epilogue is None:
+        return None
+    from purlinc.atom.codegen.render import render  # the one Jinja environment
+
+    values = template_values(epilogue, dtype, threads)
+    return {"source": render("epilogue.cuh.j2", e=values).rstrip("\n"), "slots": slots(epilogue),
+            "row_bytes": epilogue.row * dtype.itemsize}
+
+
+def epilogue_block(index: int, step, dst: str, slice_expr: str, call_args: str = "") -> dict:
+    """The kernel block of an ``Epilogue`` step: it reads and writes its region (so a barrier
+    separates it from the consume that wrote the region)."""
+    note = f" ({step.note})" if step.note else ""
+    line = f", line {step.line}" if step.line is not None else ""
+    return {"kind": "epilogue", "comments": [f"step {index}: epilogue on {step.region.format()}{note}{line}"],
+            "dst": dst, "slice": slice_expr, "reads": frozenset({step.region}), "writes": frozenset({step.region})}
+
+
+def vars_(buffer: Buffer) -> dict:
+    return {"name": buffer.name, "c_name": buffer.c_name, "suffix": buffer.suffix, "storage": buffer.storage,
+            "pointer": buffer.pointer, "row_only": buffer.row_only, "read": buffer.read, "written": buffer.written}

@@ -1,0 +1,293 @@
+"""Epilogues: the checked form of ``epilogue rows(E) { ... }`` and its meaning on NumPy rows.
+
+An epilogue is elementwise float32 work on each row of a rank's reduced output, with per-call
+operands (docs/LANGUAGE.md, "Epilogues").  ``check_epilogue`` turns the AST into an
+``Epilogue`` (or raises a located ``PurlinError``); ``apply_rows`` is its meaning, used by the
+reference evaluator and the SNAC simulator alike; the code generator
+(``purlinc.atom.epilogue``) renders the same statements as CUDA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from purlinc.dtypes import DType
+from purlinc.errors import PurlinError, Span
+from purlinc.frontend import ast
+from purlinc.frontend.ast import OperandKind
+
+OUT = "out"  # the reduced output, in every epilogue
+# Functions an epilogue may call: name -> number of arguments.  rmsnorm(V, W, EPS) is
+# V * rsqrt(mean(V * V over the row) + EPS) * W, in float32.
+FUNCTIONS = {"rmsnorm": 3}
+# dtypes a ``rows`` operand may have (read, or written with rounding; fp8 saturates).
+ROWS_DTYPES = (DType.BFLOAT16, DType.FLOAT16, DType.FLOAT32, DType.FLOAT8_E4M3)
+MAX_STATEMENTS = 64  # keeps generated code and checking small for any input
+
+
+@dataclass(frozen=True, slots=True)
+class Operand:
+    """A checked epilogue operand: its kind, its dtype (None: the call's, or float32 for a
+    scalar) and whether the epilogue writes it."""
+
+    name: str
+    kind: OperandKind
+    dtype: DType | None
+    written: bool
+    span: Span | None = field(default=None, compare=False, hash=False, repr=False)
+
+    def format(self) -> str:
+        dtype = f": {self.dtype.value}" if self.dtype is not None else ""
+        return f"{self.kind.value} {self.name}{dtype}" + (" (written)" if self.written else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Epilogue:
+    """What each rank does to every row of ``row`` elements of its reduced output."""
+
+    row: int  # elements per row
+    operands: tuple[Operand, ...]  # in declaration order (the kernel's operand slots)
+    statements: tuple[ast.EpilogueAssign, ...]
+    span: Span | None = field(default=None, compare=False, hash=False, repr=False)
+    row_span: Span | None = field(default=None, compare=False, hash=False, repr=False)
+
+    def operand(self, name: str) -> Operand:
+        return next(o for o in self.operands if o.name == name)
+
+    @property
+    def writes(self) -> tuple[str, ...]:
+        """Buffers written (``out`` and rows operands), in statement order."""
+        names = {o.name for o in self.operands}
+        return tuple(s.target for s in self.statements if s.target == OUT or s.target in names)
+
+    @property
+    def norm(self) -> ast.FCall | None:
+        """The epilogue's one ``rmsnorm`` call, if any."""
+        calls = [c for s in self.statements for c in _calls(s.value)]
+        return calls[0] if calls else None
+
+    def format(self) -> str:
+        lines = [f"epilogue rows({self.row})"]
+        lines += [f"  with {o.format()}" for o in self.operands]
+        lines += [f"  {s.format()}" for s in self.statements]
+        return "\n".join(lines) + "\n"
+
+    def to_json(self) -> dict:
+        return {
+            "row": self.row,
+            "operands": [{"name": o.name, "kind": o.kind.value, "dtype": o.dtype.value if o.dtype else None,
+                          "written": o.written} for o in self.operands],
+            "statements": [s.format() for s in self.statements],
+        }
+
+
+def _calls(expr: ast.FExpr):
+    """Every function call in ``expr`` (pre-order)."""
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.FCall):
+            yield node
+            stack.extend(reversed(node.args))
+        elif isinstance(node, ast.FBinary):
+            stack += [node.right, node.left]
+        elif isinstance(node, ast.FNeg):
+            stack.append(node.operand)
+
+
+def _names(expr: ast.FExpr):
+    """Every name read in ``expr`` (function names excluded)."""
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.FName):
+            yield node
+        elif isinstance(node, ast.FCall):
+            stack.extend(node.args)
+        elif isinstance(node, ast.FBinary):
+            stack += [node.left, node.right]
+        elif isinstance(node, ast.FNeg):
+            stack.append(node.operand)
+
+
+# --- checking -----------------------------------------------------------------------------------
+
+
+def check_operands(definition: ast.CollectiveDef, params: Mapping[str, int]) -> dict[str, ast.OperandDecl]:
+    """The ``with`` clause's epilogue operands by name: no duplicates, no clash with a
+    parameter, dtypes only on ``rows`` and only the ones an epilogue can read and write."""
+    declared: dict[str, ast.OperandDecl] = {}
+    for decl in definition.operands:
+        if not isinstance(decl, ast.OperandDecl):
+            continue  # another section's operand kind
+        if decl.name in declared:
+            raise PurlinError(f"operand '{decl.name}' is declared twice", decl.span)
+        if decl.name in params or decl.name in ("r", "R"):
+            raise PurlinError(f"operand '{decl.name}' has the name of a parameter", decl.span)
+        if decl.dtype is not None:
+            _operand_dtype(decl)
+        declared[decl.name] = decl
+    if declared and definition.epilogue is None:
+        first = next(iter(declared.values()))
+        raise PurlinError(f"operand '{first.name}' is an epilogue operand, but {definition.name} has no epilogue",
+                          first.span, ("add 'epilogue rows(E) { ... }' after the operation, or remove the operand",))
+    return declared
+
+
+def _operand_dtype(decl: ast.OperandDecl) -> DType:
+    if decl.kind is not OperandKind.ROWS:
+        raise PurlinError(f"a {decl.kind.value} operand has the call's dtype (only rows operands declare one)",
+                          decl.dtype_span)
+    try:
+        dtype = DType.parse(decl.dtype)
+    except (KeyError, ValueError):
+        dtype = None
+    if dtype not in ROWS_DTYPES:
+        raise PurlinError(f"an epilogue cannot write or read {decl.dtype}: rows operands take "
+                          + ", ".join(d.value for d in ROWS_DTYPES), decl.dtype_span)
+    return dtype
+
+
+def check_epilogue(definition: ast.CollectiveDef, row: int, params: Mapping[str, int]) -> Epilogue | None:
+    """The checked epilogue of ``definition`` (None without one); ``row`` is its row
+    expression's value for the world size being checked."""
+    declared = check_operands(definition, params)
+    epilogue = definition.epilogue
+    if epilogue is None:
+        return None
+    if definition.operation is not ast.Operation.REDUCE:
+        raise PurlinError(f"an epilogue applies to reduced data; {definition.name} is a copy collective",
+                          epilogue.keyword_span)
+    if row < 1:
+        raise PurlinError(f"a row must hold at least one element, not {row}", epilogue.row.span)
+    if definition.sizes is not None:
+        raise PurlinError("an epilogue needs chunks of the call's count: run-time sizes cannot carry one yet",
+                          epilogue.keyword_span)
+    if len(epilogue.statements) > MAX_STATEMENTS:
+        raise PurlinError(f"an epilogue has at most {MAX_STATEMENTS} statements", epilogue.keyword_span)
+    written = _check_statements(epilogue, declared)
+    operands = []
+    for name, decl in declared.items():
+        if not any(n.name == name for s in epilogue.statements for n in _names(s.value)) and name not in written:
+            raise PurlinError(f"operand '{name}' is declared but the epilogue never uses it", decl.span)
+        dtype = _operand_dtype(decl) if decl.dtype is not None else None
+        operands.append(Operand(name, decl.kind, dtype, name in written, decl.span))
+    return Epilogue(row, tuple(operands), epilogue.statements, epilogue.span, epilogue.row.span)
+
+
+def _check_statements(epilogue: ast.EpilogueDef, declared: Mapping[str, ast.OperandDecl]) -> set[str]:
+    """Walk the statements in order: names defined before use, targets assignable once,
+    function calls well formed.  Returns the buffers written."""
+    locals_: set[str] = set()
+    written: set[str] = set()
+    norms: list[ast.FCall] = []
+    for statement in epilogue.statements:
+        for name in _names(statement.value):
+            if name.name != OUT and name.name not in declared and name.name not in locals_:
+                known = ", ".join([OUT, *declared, *sorted(locals_)])
+                raise PurlinError(f"unknown name '{name.name}' in the epilogue", name.span,
+                                  (f"names defined here: {known}",))
+        for call in _calls(statement.value):
+            _check_call(call, declared)
+            norms.append(call)
+        if len(norms) > 1:
+            raise PurlinError("an epilogue has at most one rmsnorm (one reduction over the row)", norms[1].span)
+        _check_target(statement, declared, locals_, written)
+    if not written:
+        raise PurlinError("the epilogue writes nothing: assign out or a rows operand", epilogue.keyword_span)
+    return written
+
+
+def _check_target(statement: ast.EpilogueAssign, declared, locals_: set[str], written: set[str]) -> None:
+    target, span = statement.target, statement.target_span
+    decl = declared.get(target)
+    if target == OUT or (decl is not None and decl.kind is OperandKind.ROWS):
+        if target in written:
+            raise PurlinError(f"{target} is written twice in the epilogue (a buffer is written once, "
+                              "after every read)", span)
+        written.add(target)
+    elif decl is not None:
+        raise PurlinError(f"'{target}' is a {decl.kind.value} operand: only out and rows operands can be written",
+                          span)
+    elif target in locals_:
+        raise PurlinError(f"local '{target}' is assigned twice (locals are defined once)", span)
+    else:
+        locals_.add(target)
+
+
+def _check_call(call: ast.FCall, declared: Mapping[str, ast.OperandDecl]) -> None:
+    if call.function not in FUNCTIONS:
+        raise PurlinError(f"unknown function '{call.function}'", call.span,
+                          (f"an epilogue may call: {', '.join(FUNCTIONS)}",))
+    arity = FUNCTIONS[call.function]
+    if len(call.args) != arity:
+        raise PurlinError(f"{call.function} takes {arity} arguments (value, weight, eps), not {len(call.args)}",
+                          call.span)
+    _, weight, eps = call.args
+    decl = declared.get(weight.name) if isinstance(weight, ast.FName) else None
+    if decl is None or decl.kind is not OperandKind.ROW:
+        raise PurlinError("rmsnorm's weight must be a row operand (declared 'row NAME')", weight.span)
+    decl = declared.get(eps.name) if isinstance(eps, ast.FName) else None
+    if not isinstance(eps, ast.FNumber) and (decl is None or decl.kind is not OperandKind.SCALAR):
+        raise PurlinError("rmsnorm's eps must be a scalar operand or a number", eps.span)
+
+
+# --- meaning ------------------------------------------------------------------------------------
+
+
+def apply_rows(epilogue: Epilogue, out, operands: Mapping[str, object]) -> dict[str, object]:
+    """Run the epilogue on float32 rows: ``out`` is ``[n, row]`` (the reduced output, already
+    rounded to the call's dtype), ``operands`` maps each operand's name to ``[n, row]``
+    (rows), ``[row]`` (row) or a number (scalar), as float32.  Returns the written buffers'
+    float32 values by name (``out`` and rows operands), before rounding to their dtypes.
+    Every read sees the values from before the epilogue."""
+    import numpy as np
+
+    env = {OUT: out, **{name: (np.float32(v) if np.isscalar(v) else v) for name, v in operands.items()}}
+    results: dict[str, object] = {}
+    for statement in epilogue.statements:
+        value = _evaluate(statement.value, env)
+        value = np.broadcast_to(value, out.shape).astype(np.float32)
+        if statement.target == OUT or statement.target in operands:
+            results[statement.target] = value
+        else:
+            env[statement.target] = value
+    return results
+
+
+def _evaluate(expr: ast.FExpr, env: Mapping[str, object]):
+    import numpy as np
+
+    if isinstance(expr, ast.FNumber):
+        return np.float32(expr.value)
+    if isinstance(expr, ast.FName):
+        return env[expr.name]
+    if isinstance(expr, ast.FNeg):
+        return -_evaluate(expr.operand, env)
+    if isinstance(expr, ast.FBinary):
+        left, right = _evaluate(expr.left, env), _evaluate(expr.right, env)
+        op = {ast.FloatOp.ADD: np.add, ast.FloatOp.SUB: np.subtract,
+              ast.FloatOp.MUL: np.multiply, ast.FloatOp.DIV: np.divide}[expr.op]
+        return op(left, right, dtype=np.float32)
+    value, weight, eps = (_evaluate(arg, env) for arg in expr.args)
+    value = np.asarray(value, dtype=np.float32)
+    mean = np.mean(value * value, axis=-1, keepdims=True, dtype=np.float32)
+    inv = np.float32(1.0) / np.sqrt(mean + np.float32(eps), dtype=np.float32)
+    return (value * inv) * weight
+
+
+def epilogue_from_json(data: Mapping) -> Epilogue:
+    """The inverse of ``Epilogue.to_json`` (the statements are parsed back from their text)."""
+    from purlinc.frontend.parse import parse
+
+    decls = []
+    for o in data["operands"]:
+        decls.append(f"{o['kind']} {o['name']}" + (f": {o['dtype']}" if o["dtype"] else ""))
+    body = "\n".join(data["statements"])
+    text = f"collective e with {', '.join(decls)} {{ in[r] = x out[r] = x reduce epilogue rows(1) {{\n{body}\n}} }}"
+    if not decls:
+        text = text.replace(" with  ", " ")
+    definition = parse(text, "<epilogue JSON>")
+    epilogue = check_epilogue(definition, data["row"], {})
+    return Epilogue(data["row"], epilogue.operands, epilogue.statements)

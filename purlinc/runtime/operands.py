@@ -1,0 +1,92 @@
+"""A call's epilogue operands (docs/LANGUAGE.md, "Epilogues"): checked before any launch and
+packed into the kernel's argument words (``purlin_args.epi``, ``purlinc.atom.abi``).
+
+Operands are read and written only by their own rank, on its own GPU, so they need no
+registration and no staging: the words are their device pointers (rows and row operands)
+or a float32's bits (scalars).  Pure functions over ``ArrayInfo``: testable without a GPU.
+"""
+
+from __future__ import annotations
+
+import numbers
+import struct
+from collections.abc import Mapping
+
+from purlinc.frontend.ast import OperandKind
+from purlinc.frontend.epilogue import Epilogue
+from purlinc.runtime.errors import ArgumentError
+from purlinc.runtime.interop import ArrayInfo, describe
+from purlinc.runtime.validate import FAST_ALIGN, CallShape
+
+
+def _err(message: str, *notes: str) -> ArgumentError:
+    return ArgumentError(message, None, notes)
+
+
+def check_rows(name: str, epilogue: Epilogue, count: int) -> None:
+    """Every chunk must hold whole rows (rows never straddle chunks)."""
+    if count % epilogue.row:
+        raise _err(f"{name}: out has {count} elements per chunk, not a whole number of rows of {epilogue.row} "
+                   f"(the epilogue's rows({epilogue.row}))",
+                   "with out[r] = x[0..R] a chunk is numel / R elements: use a spec whose output is one chunk "
+                   "(out[r] = x) for fewer rows than ranks")
+
+
+def operand_words(name: str, epilogue: Epilogue, operands: Mapping[str, object], shape: CallShape,
+                  out_numel: int, device: int, buffers: tuple[tuple[int, int], ...] = (),
+                  describe=describe) -> tuple[int, ...]:
+    """The kernel's words for ``operands`` (by name), after checking each: present, known,
+    on ``device``, the expected dtype and element count, contiguous, 16-byte aligned, and not
+    overlapping the call's buffers (``buffers``: (pointer, bytes)) or a written operand.
+    ``describe`` reads a tensor's ``ArrayInfo`` (``interop.describe``)."""
+    unknown = sorted(set(operands) - {o.name for o in epilogue.operands})
+    if unknown:
+        declared = ", ".join(o.name for o in epilogue.operands)
+        raise _err(f"{name}: unknown operand {unknown[0]!r}; the epilogue takes {declared}")
+    check_rows(name, epilogue, shape.count)
+    words, extents = [], []
+    for operand in epilogue.operands:
+        if operand.name not in operands or operands[operand.name] is None:
+            raise _err(f"{name}: missing operand {operand.name!r} ({operand.format()})")
+        value = operands[operand.name]
+        if operand.kind is OperandKind.SCALAR:
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise _err(f"{name}: operand {operand.name!r}: expected a number (float32), "
+                           f"got {type(value).__name__}")
+            words.append(struct.unpack("<I", struct.pack("<f", float(value)))[0])
+            continue
+        info = describe(value)
+        numel = out_numel if operand.kind is OperandKind.ROWS else epilogue.row
+        _check_tensor(name, operand, info, operand.dtype or shape.dtype, numel, device)
+        words.append(info.ptr)
+        extents.append((operand, info.ptr, info.nbytes))
+    _check_overlap(name, extents, buffers)
+    return tuple(words)
+
+
+def _check_tensor(name: str, operand, info: ArrayInfo, dtype, numel: int, device: int) -> None:
+    what = f"{name}: operand {operand.name!r}"
+    if info.device != device:
+        where = "host memory" if info.device < 0 else f"cuda:{info.device}"
+        raise _err(f"{what}: expected a tensor on cuda:{device}, got one in {where}")
+    if info.dtype is not dtype:
+        raise _err(f"{what}: expected dtype {dtype.value}, got {info.dtype_name}")
+    if info.numel != numel:
+        shape = "the output's" if operand.kind is OperandKind.ROWS else "one row's"
+        raise _err(f"{what}: expected {numel} elements ({shape}), got {info.numel}")
+    if not info.contiguous:
+        raise _err(f"{what}: expected a contiguous tensor, got a strided one", "pass .contiguous()")
+    if info.ptr % FAST_ALIGN:
+        raise _err(f"{what}: expected a {FAST_ALIGN}-byte aligned address, got {info.ptr:#x}")
+
+
+def _check_overlap(name: str, extents, buffers) -> None:
+    """A written operand may share memory with nothing else; read operands with each other."""
+    for i, (operand, ptr, nbytes) in enumerate(extents):
+        if not operand.written:
+            continue
+        others = [(f"operand {o.name!r}", p, n) for j, (o, p, n) in enumerate(extents) if j != i]
+        others += [(label, p, n) for label, (p, n) in zip(("the input", "the output"), buffers)]
+        for label, p, n in others:
+            if n and nbytes and ptr < p + n and p < ptr + nbytes:
+                raise _err(f"{name}: operand {operand.name!r} is written by the epilogue and overlaps {label}")

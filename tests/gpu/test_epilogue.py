@@ -1,0 +1,129 @@
+"""Fused all-reduce + residual add + RMSNorm (examples/fused/allreduce_add_rmsnorm.pln) on ONE GPU:
+a loopback LocalGroup at R = 2..8, every algorithm that applies, LL and plain paths, against
+the unfused reference computed independently with torch (all-reduce in float32 rounded to
+bf16, then the add and RMSNorm in float32, each result rounded to bf16), within bf16 rounding.
+The residual each rank passes is written back in place (h, the next layer's residual)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from _common import EXAMPLES  # noqa: E402
+
+pytestmark = [pytest.mark.gpu]
+DEVICE = 0
+SPEC = EXAMPLES / "fused" / "allreduce_add_rmsnorm.pln"
+HIDDEN = 4096
+# (algorithm, packed, channels, slices): LL and plain direct-push, pipelined slices, and the others
+SCHEDULES = (("direct-push", True, 1, 1), ("direct-push", False, 4, 2), ("direct-pull", False, 2, 1),
+             ("two-shot", False, 2, 1), ("ring", False, 1, 2))
+
+
+def _reference(xs, residual, weight, eps):
+    reduced = torch.stack([x.float() for x in xs]).sum(0).to(torch.bfloat16).float()
+    h = (reduced + residual.float()).view(-1, HIDDEN)
+    y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    return y.to(torch.bfloat16).view(-1), h.to(torch.bfloat16).view(-1)
+
+
+@pytest.mark.parametrize("world", range(2, 9), ids=[f"R{w}" for w in range(2, 9)])
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=["-".join(map(str, s)) for s in SCHEDULES])
+def test_fused_allreduce_add_rmsnorm(world, schedule):
+    import purlinc
+
+    algorithm, packed, channels, slices = schedule
+    group = purlinc.LocalGroup([DEVICE] * world, share_devices=True)
+    try:
+        coll = purlinc.load(SPEC, group, algorithm=algorithm, packed=packed, channels=channels, slices=slices)
+        streams = [torch.cuda.Stream(device=DEVICE) for _ in range(world)]
+        gen = torch.Generator(device=f"cuda:{DEVICE}").manual_seed(world)
+        for call, rows in enumerate((1, 16, 3)):  # repeated calls, new sizes: epochs advance
+            n = rows * HIDDEN
+            xs = [torch.randn(n, device=f"cuda:{DEVICE}", generator=gen).to(torch.bfloat16) for _ in range(world)]
+            res = [torch.randn(n, device=f"cuda:{DEVICE}", generator=gen).to(torch.bfloat16) for _ in range(world)]
+            weight = [(1 + 0.1 * torch.randn(HIDDEN, device=f"cuda:{DEVICE}", generator=gen)).to(torch.bfloat16)
+                      for _ in range(world)]
+            before = [r.clone() for r in res]
+            outs = [torch.full((n,), float("nan"), device=f"cuda:{DEVICE}", dtype=torch.bfloat16) for _ in range(world)]
+            current = torch.cuda.current_stream(DEVICE)
+            for s in streams:
+                s.wait_stream(current)
+            coll(xs, outs, streams=streams, residual=res, weight=weight, eps=1e-6)
+            for s in streams:
+                current.wait_stream(s)
+            torch.cuda.synchronize(DEVICE)
+            coll.check()
+            for rank in range(world):
+                y, h = _reference(xs, before[rank], weight[rank], 1e-6)
+                label = f"R={world} {schedule} rows={rows} call {call} rank {rank}"
+                # h: the same bf16 sum up to the reduction's order (one bf16 rounding; a ring
+                # rounds at each of its R - 1 hops); y: h's rounding scaled by weight / rms,
+                # plus the rsqrt and the mean's order
+                hops = world - 1 if algorithm == "ring" else 1
+                torch.testing.assert_close(res[rank].float(), h.float(), rtol=2**-7, atol=hops * 2**-6, msg=label)
+                torch.testing.assert_close(outs[rank].float(), y.float(), rtol=2**-6, atol=hops * 2**-5, msg=label)
+    finally:
+        group.close()
+
+
+def test_operand_errors_name_the_operand():
+    import purlinc
+    from purlinc.runtime.errors import ArgumentError
+
+    group = purlinc.LocalGroup([DEVICE] * 2, share_devices=True)
+    try:
+        coll = purlinc.load(SPEC, group, algorithm="direct-push")
+        x = [torch.randn(HIDDEN, device=f"cuda:{DEVICE}").to(torch.bfloat16) for _ in range(2)]
+        res = [torch.zeros(HIDDEN, device=f"cuda:{DEVICE}", dtype=torch.bfloat16) for _ in range(2)]
+        bad = [torch.ones(HIDDEN, device=f"cuda:{DEVICE}", dtype=torch.float32) for _ in range(2)]
+        streams = [torch.cuda.Stream(device=DEVICE) for _ in range(2)]
+        with pytest.raises(ArgumentError, match="operand 'weight': expected dtype bfloat16, got float32"):
+            coll(x, streams=streams, residual=res, weight=bad, eps=1e-6)
+        with pytest.raises(ArgumentError, match="missing operand 'eps'"):
+            coll(x, streams=streams, residual=res, weight=[w.to(torch.bfloat16) for w in bad])
+    finally:
+        group.close()
+
+
+FP8 = EXAMPLES / "fused" / "allreduce_add_rmsnorm_fp8.pln"
+
+
+@pytest.mark.parametrize("world", (2, 4, 8), ids=["R2", "R4", "R8"])
+@pytest.mark.parametrize("schedule", SCHEDULES[:2] + SCHEDULES[3:4], ids=["dp-ll", "dp", "two-shot"])
+def test_fp8_variant(world, schedule):
+    """q = rmsnorm(h) * weight * inv_scale in e4m3 (saturating): against torch's reference
+    clamped to +-448 and cast with float8_e4m3fn, within one e4m3 rounding of bf16-level inputs."""
+    import purlinc
+
+    algorithm, packed, channels, slices = schedule
+    group = purlinc.LocalGroup([DEVICE] * world, share_devices=True)
+    try:
+        coll = purlinc.load(FP8, group, algorithm=algorithm, packed=packed, channels=channels, slices=slices)
+        streams = [torch.cuda.Stream(device=DEVICE) for _ in range(world)]
+        gen = torch.Generator(device=f"cuda:{DEVICE}").manual_seed(world)
+        n = 16 * HIDDEN
+        dev = f"cuda:{DEVICE}"
+        xs = [torch.randn(n, device=dev, generator=gen).to(torch.bfloat16) for _ in range(world)]
+        res = [torch.randn(n, device=dev, generator=gen).to(torch.bfloat16) for _ in range(world)]
+        weight = [torch.ones(HIDDEN, device=dev, dtype=torch.bfloat16) for _ in range(world)]
+        q = [torch.zeros(n, device=dev, dtype=torch.float8_e4m3fn) for _ in range(world)]
+        before = [r.clone() for r in res]
+        outs = [torch.empty(n, device=dev, dtype=torch.bfloat16) for _ in range(world)]
+        current = torch.cuda.current_stream(DEVICE)
+        for s in streams:
+            s.wait_stream(current)
+        coll(xs, outs, streams=streams, residual=res, weight=weight, eps=1e-6, q=q, inv_scale=200.0)
+        for s in streams:
+            current.wait_stream(s)
+        torch.cuda.synchronize(DEVICE)
+        coll.check()
+        for rank in range(world):
+            y, _ = _reference(xs, before[rank], weight[rank], 1e-6)
+            want = (y.float() * 200.0).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+            got = q[rank].float()
+            assert got.abs().max() <= 448 and (got.abs() == 448).any()  # |y| > 2.24: about 2.5 % of 64k values
+            torch.testing.assert_close(got, want, rtol=2**-3, atol=2**-9 * 200, msg=f"R={world} {schedule} rank {rank}")
+    finally:
+        group.close()

@@ -1,0 +1,406 @@
+"""Epilogues in the language: parsing, printing, checking (exact error texts) and the
+reference evaluator's meaning (docs/LANGUAGE.md, "Epilogues")."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from purlinc.dtypes import DType, from_float32, to_float32
+from purlinc.errors import PurlinError
+from purlinc.frontend import ast
+from purlinc.frontend.check import check
+from purlinc.frontend.evaluate import evaluate
+from purlinc.frontend.parse import parse
+
+FUSED = """\
+collective allreduce_add_rmsnorm(hidden = 4096) with rows residual, row weight, scalar eps {
+    in[r]  = x
+    out[r] = x
+    reduce
+    epilogue rows(hidden) {
+        h = out + residual
+        residual = h
+        out = rmsnorm(h, weight, eps)
+    }
+}
+"""
+BF16 = DType.BFLOAT16
+
+
+def test_parse_and_print_round_trip():
+    definition = parse(FUSED)
+    assert [o.format() for o in definition.operands] == ["rows residual", "row weight", "scalar eps"]
+    assert [s.format() for s in definition.epilogue.statements] == [
+        "h = out + residual", "residual = h", "out = rmsnorm(h, weight, eps)"]
+    assert parse(definition.format()) == definition
+    # Precedence survives printing; decimal literals keep their text.
+    text = FUSED.replace("h = out + residual", "h = (out - residual) * 2.5e-1 - -out / (1.0 + out)")
+    again = parse(parse(text).format())
+    assert again == parse(text)
+    assert again.epilogue.statements[0].format() == "h = (out - residual) * 2.5e-1 - -out / (1.0 + out)"
+
+
+def test_ranges_still_lex_as_ranges():
+    spec = check(parse("collective a { in[r] = x[0..R]  out[r] = x[1..R] reduce }"), 3)
+    assert [str(c) for c in spec.outputs[0]] == ["x[1]", "x[2]"]
+
+
+def test_checked_epilogue():
+    spec = check(parse(FUSED), 2, {"hidden": 64})
+    epilogue = spec.epilogue
+    assert epilogue.row == 64 and epilogue.writes == ("residual", "out")
+    assert [(o.name, o.kind, o.written) for o in epilogue.operands] == [
+        ("residual", ast.OperandKind.ROWS, True), ("weight", ast.OperandKind.ROW, False),
+        ("eps", ast.OperandKind.SCALAR, False)]
+    assert epilogue.norm.format() == "rmsnorm(h, weight, eps)"
+    assert spec.format().endswith(
+        "epilogue rows(64)\n  with rows residual (written)\n  with row weight\n  with scalar eps\n"
+        "  h = out + residual\n  residual = h\n  out = rmsnorm(h, weight, eps)\n")
+    assert spec.to_json()["epilogue"]["row"] == 64
+    assert check(parse(FUSED), 2, {"hidden": 64}) == spec
+    assert check(parse(FUSED), 2, {"hidden": 32}) != spec
+
+
+ERRORS = [
+    ('copy',
+     'collective f(hidden = 8) with rows residual {\n    in[r] = x[r]\n    out[r] = x[0..R]\n    copy\n    epilogue rows(hidden) {\n        residual = out\n    }\n}\n',
+     ('fused.pln:5:5: error: an epilogue applies to reduced data; f is a copy collective', '        epilogue rows(hidden) {', '        ^^^^^^^^', 'note: while checking f for R=2')),
+    ('unknown',
+     'collective f(hidden = 8) with rows residual, row weight, scalar eps {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n        out = rmsnorm(out + resid, weight, eps)\n        residual = out\n    }\n}\n',
+     ("fused.pln:6:29: error: unknown name 'resid' in the epilogue", '            out = rmsnorm(out + resid, weight, eps)', '                                ^^^^^', 'note: names defined here: out, residual, weight, eps', 'note: while checking f for R=2')),
+    ('assign_row',
+     'collective f(hidden = 8) with rows residual, row weight, scalar eps {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n        weight = out\n    }\n}\n',
+     ("fused.pln:6:9: error: 'weight' is a row operand: only out and rows operands can be written", '            weight = out', '            ^^^^^^', 'note: while checking f for R=2')),
+    ('twice',
+     'collective f(hidden = 8) with rows residual, row weight, scalar eps {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n        out = out + residual\n        out = rmsnorm(out, weight, eps)\n    }\n}\n',
+     ('fused.pln:7:9: error: out is written twice in the epilogue (a buffer is written once, after every read)', '            out = rmsnorm(out, weight, eps)', '            ^^^', 'note: while checking f for R=2')),
+    ('local_twice',
+     'collective f(hidden = 8) with rows residual, row weight, scalar eps {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n        h = out\n        h = h + residual\n        out = rmsnorm(h, weight, eps)\n    }\n}\n',
+     ("fused.pln:7:9: error: local 'h' is assigned twice (locals are defined once)", '            h = h + residual', '            ^', 'note: while checking f for R=2')),
+    ('unused',
+     'collective f(hidden = 8) with rows residual, row weight, scalar eps {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n        out = out + residual * eps\n    }\n}\n',
+     ("fused.pln:1:46: error: operand 'weight' is declared but the epilogue never uses it", '    collective f(hidden = 8) with rows residual, row weight, scalar eps {', '                                                 ^^^^^^^^^^', 'note: while checking f for R=2')),
+    ('no_epilogue',
+     'collective f with row weight {\n    in[r] = x\n    out[r] = x\n    reduce\n}\n',
+     ("fused.pln:1:19: error: operand 'weight' is an epilogue operand, but f has no epilogue", '    collective f with row weight {', '                      ^^^^^^^^^^', "note: add 'epilogue rows(E) { ... }' after the operation, or remove the operand", 'note: while checking f for R=2')),
+    ('weight_kind',
+     'collective f(hidden = 8) with rows residual, row weight, scalar eps {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n        out = rmsnorm(out, residual, eps)\n        residual = out * weight\n    }\n}\n',
+     ("fused.pln:6:28: error: rmsnorm's weight must be a row operand (declared 'row NAME')", '            out = rmsnorm(out, residual, eps)', '                               ^^^^^^^^', 'note: while checking f for R=2')),
+    ('eps_kind',
+     'collective f(hidden = 8) with rows residual, row weight, scalar eps {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n        out = rmsnorm(out, weight, residual)\n        residual = out * eps\n    }\n}\n',
+     ("fused.pln:6:36: error: rmsnorm's eps must be a scalar operand or a number", '            out = rmsnorm(out, weight, residual)', '                                       ^^^^^^^^', 'note: while checking f for R=2')),
+    ('two_norms',
+     'collective f(hidden = 8) with rows residual, row weight, scalar eps {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n        residual = rmsnorm(out, weight, eps)\n        out = rmsnorm(out, weight, 1e-5)\n    }\n}\n',
+     ('fused.pln:7:15: error: an epilogue has at most one rmsnorm (one reduction over the row)', '            out = rmsnorm(out, weight, 1e-5)', '                  ^^^^^^^^^^^^^^^^^^^^^^^^^^', 'note: while checking f for R=2')),
+    ('unknown_fn',
+     'collective f(hidden = 8) with rows residual, row weight, scalar eps {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n        out = layernorm(out, weight, eps)\n        residual = out\n    }\n}\n',
+     ("fused.pln:6:15: error: unknown function 'layernorm'", '            out = layernorm(out, weight, eps)', '                  ^^^^^^^^^^^^^^^^^^^^^^^^^^^', 'note: an epilogue may call: rmsnorm', 'note: while checking f for R=2')),
+    ('arity',
+     'collective f(hidden = 8) with rows residual, row weight, scalar eps {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n        out = rmsnorm(out, weight)\n        residual = out * eps\n    }\n}\n',
+     ('fused.pln:6:15: error: rmsnorm takes 3 arguments (value, weight, eps), not 2', '            out = rmsnorm(out, weight)', '                  ^^^^^^^^^^^^^^^^^^^^', 'note: while checking f for R=2')),
+    ('row_small',
+     'collective f(hidden = 8) with rows residual {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden - 8 * R) {\n        residual = out\n    }\n}\n',
+     ('fused.pln:5:19: error: a row must hold at least one element, not -8', '        epilogue rows(hidden - 8 * R) {', '                      ^^^^^^^^^^^^^^', 'note: while checking f for R=2')),
+    ('dtype',
+     'collective f with rows q: int32 {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(8) {\n        q = out\n    }\n}\n',
+     ('fused.pln:1:27: error: an epilogue cannot write or read int32: rows operands take bfloat16, float16, float32, float8_e4m3', '    collective f with rows q: int32 {', '                              ^^^^^', 'note: while checking f for R=2')),
+    ('dtype_row',
+     'collective f with row w: float32 {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(8) {\n        out = out * w\n    }\n}\n',
+     ("fused.pln:1:26: error: a row operand has the call's dtype (only rows operands declare one)", '    collective f with row w: float32 {', '                             ^^^^^^^', 'note: while checking f for R=2')),
+    ('writes_nothing',
+     'collective f {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(8) {\n        h = out\n    }\n}\n',
+     ('fused.pln:5:5: error: the epilogue writes nothing: assign out or a rows operand', '        epilogue rows(8) {', '        ^^^^^^^^', 'note: while checking f for R=2')),
+    ('dup',
+     'collective f with rows a, row a {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(8) {\n        a = out\n    }\n}\n',
+     ("fused.pln:1:27: error: operand 'a' is declared twice", '    collective f with rows a, row a {', '                              ^^^^^', 'note: while checking f for R=2')),
+    ('float_index',
+     'collective f {\n    in[r] = x[1.5]\n    out[r] = x\n    reduce\n}\n',
+     ("fused.pln:2:15: error: unexpected decimal number '1.5'; expected '(', '-', a name, a number", '        in[r] = x[1.5]', '                  ^^^')),
+]
+
+
+@pytest.mark.parametrize("name, source, expected", ERRORS, ids=[case[0] for case in ERRORS])
+def test_error_text(name, source, expected):
+    with pytest.raises(PurlinError) as info:
+        check(parse(source, "fused.pln"), 2, {})
+    assert info.value.render() == "\n".join(expected)
+
+
+def _bf16(rng, *shape):
+    return from_float32(rng.standard_normal(shape).astype(np.float32), BF16)
+
+
+def _unfused(xs, residual, weight, eps, hidden):
+    """The unfused reference: all-reduce (float32, rounded to bf16), then add and RMSNorm in
+    float32, each result rounded to bf16."""
+    reduced = to_float32(from_float32(sum(to_float32(x, BF16) for x in xs), BF16), BF16)
+    h = (reduced + to_float32(residual, BF16)).reshape(-1, hidden)
+    y = h / np.sqrt((h * h).mean(axis=1, keepdims=True) + eps) * to_float32(weight, BF16)
+    return to_float32(from_float32(y.reshape(-1), BF16), BF16), to_float32(from_float32(h.reshape(-1), BF16), BF16)
+
+
+@settings(max_examples=25, deadline=None)
+@given(world=st.integers(1, 8), rows=st.integers(1, 6), hidden=st.sampled_from([8, 16, 40, 64]),
+       seed=st.integers(0, 2**31))
+def test_evaluator_is_the_unfused_reference(world, rows, hidden, seed):
+    spec = check(parse(FUSED), world, {"hidden": hidden})
+    rng = np.random.default_rng(seed)
+    n = rows * hidden
+    xs = [_bf16(rng, n) for _ in range(world)]
+    operands = [{"residual": _bf16(rng, n), "weight": _bf16(rng, hidden), "eps": 1e-5} for _ in range(world)]
+    before = [dict(o, residual=o["residual"].copy()) for o in operands]
+    outs = evaluate(spec, xs, n, BF16, "sum", operands)
+    for rank in range(world):
+        y, h = _unfused(xs, before[rank]["residual"], before[rank]["weight"], 1e-5, hidden)
+        # The reduction adds in rank order, the reference in Python's sum order: equal within
+        # one bf16 rounding of h, which RMSNorm scales by at most |weight| / rms.
+        np.testing.assert_allclose(to_float32(operands[rank]["residual"], BF16), h, rtol=2**-7, atol=2**-6)
+        np.testing.assert_allclose(to_float32(outs[rank], BF16), y, rtol=2**-6, atol=2**-5)
+
+
+def test_evaluator_needs_operands_of_the_right_shape():
+    spec = check(parse(FUSED), 2, {"hidden": 8})
+    xs = [np.zeros(16, np.uint16)] * 2
+    with pytest.raises(ValueError, match="has an epilogue: give operands"):
+        evaluate(spec, xs, 16, BF16, "sum")
+    bad = [{"residual": np.zeros(16, np.uint16), "weight": np.zeros(4, np.uint16), "eps": 1e-5}] * 2
+    with pytest.raises(ValueError, match=r"operand 'weight': expected uint16 \(8,\), got uint16 \(4,\)"):
+        evaluate(spec, xs, 16, BF16, "sum", bad)
+    with pytest.raises(ValueError, match=r"elements \[0, 12\) are not whole rows of 8"):
+        evaluate(spec, [np.zeros(12, np.uint16)] * 2, 12, BF16, "sum",
+                 [{"residual": np.zeros(12, np.uint16), "weight": np.zeros(8, np.uint16), "eps": 1e-5}] * 2)
+
+
+# --- the schedule: placement, proof, simulation -------------------------------------------------
+
+from dataclasses import replace  # noqa: E402
+
+from purlinc.frontend.evaluate import run_epilogue  # noqa: E402
+from purlinc.snac.format import format_schedule, schedule_from_json, schedule_to_json  # noqa: E402
+from purlinc.snac.ir import Algorithm, Epilogue, LowerOptions, Program  # noqa: E402
+from purlinc.snac.lower import lower  # noqa: E402
+from purlinc.snac.simulate import simulate_calls  # noqa: E402
+from purlinc.snac.verify import VerificationError, verify  # noqa: E402
+
+ALLREDUCE_CHUNKS = FUSED.replace("in[r]  = x", "in[r]  = x[0..R]").replace("out[r] = x", "out[r] = x[0..R]")
+
+OPTIONS = [
+    LowerOptions(Algorithm.DIRECT_PUSH),
+    LowerOptions(Algorithm.DIRECT_PUSH, channels=2, slices=2, stage_copies=2),
+    LowerOptions(Algorithm.DIRECT_PUSH, channels=3, packed=True, stage_copies=2),
+    LowerOptions(Algorithm.DIRECT_PULL, channels=2, registered=frozenset({"in"})),
+    LowerOptions(Algorithm.TWO_SHOT, channels=2),
+    LowerOptions(Algorithm.RING, slices=2, slots=1),
+]
+
+
+def _operands(rng, world, n, hidden):
+    return [{"residual": _bf16(rng, n), "weight": _bf16(rng, hidden), "eps": 1e-5} for _ in range(world)]
+
+
+@settings(max_examples=30, deadline=None)
+@given(world=st.integers(2, 8), rows=st.integers(1, 5), hidden=st.sampled_from([8, 16, 24]),
+       spec_text=st.sampled_from([FUSED, ALLREDUCE_CHUNKS]), option=st.integers(0, len(OPTIONS) - 1),
+       piece_rows=st.integers(0, 3), seed=st.integers(0, 2**31))
+def test_simulator_equals_evaluator(world, rows, hidden, spec_text, option, piece_rows, seed):
+    """Two back-to-back calls: outputs and the residual written back (which the second call
+    reads) equal the evaluator's, bit for bit, for every algorithm, channels, slices, LL and
+    rounds of whole rows."""
+    spec = check(parse(spec_text), world, {"hidden": hidden})
+    options = OPTIONS[option]
+    schedule = lower(spec, options)
+    verify(schedule, spec)
+    per_chunk = world if spec_text is ALLREDUCE_CHUNKS else 1
+    count = rows * hidden
+    n = count * per_chunk
+    rng = np.random.default_rng(seed)
+    calls = [[_bf16(rng, n) for _ in range(world)] for _ in range(2)]
+    operands = _operands(rng, world, n, hidden)
+    expected_operands = [dict(o, residual=o["residual"].copy()) for o in operands]
+    initial = [dict(o, residual=o["residual"].copy()) for o in expected_operands]
+    expected = [evaluate(spec, xs, count, BF16, "sum", expected_operands) for xs in calls]
+    piece = piece_rows * hidden or None
+    if options.algorithm is Algorithm.RING:
+        # A ring rounds at every hop: its oracle is its own reduction (the schedule without the
+        # epilogue, simulated), then the evaluator's epilogue on that.
+        expected_operands = initial
+        plain = replace(spec, epilogue=None)
+        reduced = simulate_calls(lower(plain, options), plain, calls, count, BF16, "sum", seed=seed, piece=piece)
+        for call in range(2):
+            for rank in range(world):
+                run_epilogue(spec.epilogue, reduced[call][rank], expected_operands[rank], BF16)
+        expected = reduced
+    got = simulate_calls(schedule, spec, calls, count, BF16, "sum", seed=seed, piece=piece, operands=operands)
+    for call in range(2):
+        for rank in range(world):
+            assert np.array_equal(got[call][rank], expected[call][rank]), (call, rank)
+    for rank in range(world):
+        assert np.array_equal(operands[rank]["residual"], expected_operands[rank]["residual"]), rank
+
+
+# --- the example: dumps (golden), kernels for every target --------------------------------------
+
+import os  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from purlinc import pipeline  # noqa: E402
+from purlinc.atom import nvrtc  # noqa: E402
+from purlinc.atom.codegen import generate  # noqa: E402
+from purlinc.dtypes import ReduceOp  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "fused" / "allreduce_add_rmsnorm.pln"
+GOLDEN = Path(__file__).resolve().parent / "golden" / "epilogue"
+
+
+def _example(world):
+    return check(parse(EXAMPLE.read_text(), str(EXAMPLE)), world)
+
+
+@pytest.mark.parametrize("stage, options", [
+    ("spec", None), ("snac", LowerOptions(Algorithm.DIRECT_PUSH, packed=True, stage_copies=2)),
+    ("snac", LowerOptions(Algorithm.TWO_SHOT, channels=2, slices=2)),
+])
+def test_example_dump_golden(stage, options):
+    spec = _example(3)
+    text = spec.format() if stage == "spec" else format_schedule(lower(spec, options))
+    name = f"allreduce_add_rmsnorm.R3.{stage}" + (f".{options.key().replace('/', '_')}" if options else "") + ".txt"
+    path = GOLDEN / name
+    if os.environ.get("PURLIN_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), f"{path} differs (PURLIN_UPDATE_GOLDEN=1 rewrites it)"
+
+
+def test_schedule_json_round_trip():
+    spec = _example(4)
+    for options in OPTIONS:
+        schedule = lower(spec, options)
+        assert schedule_from_json(schedule_to_json(schedule)) == schedule
+
+
+@pytest.mark.parametrize("arch, atom, options, dtype", [
+    ("sm_80", "ldst", LowerOptions(Algorithm.DIRECT_PUSH, packed=True, stage_copies=2), DType.BFLOAT16),
+    ("sm_90", "ldst", LowerOptions(Algorithm.DIRECT_PUSH, channels=4, slices=2, stage_copies=2), DType.FLOAT16),
+    ("sm_100", "tma", LowerOptions(Algorithm.TWO_SHOT, channels=2), DType.FLOAT32),
+])
+def test_example_compiles_with_nvrtc(arch, atom, options, dtype):
+    spec = _example(2)
+    kernel = generate(lower(spec, options), spec, atom=atom, arch=arch, dtype=dtype, op=ReduceOp.SUM)
+    assert kernel.abi.epilogue_slots == 3 and kernel.abi.row_bytes == 4096 * dtype.itemsize
+    assert "purlin_epilogue(" in kernel.source and "PURLIN_EPILOGUE_SLOTS 3" in kernel.source
+    assert nvrtc.compile_cubin(kernel.source, kernel.filename, arch)
+
+
+def test_codegen_refusals_are_located():
+    with pytest.raises(PurlinError) as info:
+        spec = check(parse(FUSED.replace("hidden = 4096", "hidden = 4100"), "f.pln"), 2)
+        generate(lower(spec, LowerOptions()), spec, atom="ldst", arch="sm_90", dtype=BF16, op=ReduceOp.SUM)
+    assert info.value.render().splitlines()[:3] == [
+        "f.pln:5:19: error: a row of 4100 bfloat16 elements is 8200 bytes, not a multiple of 16 (the kernels "
+        "move 16-byte vectors)", "        epilogue rows(hidden) {", "                      ^^^^^^"]
+    with pytest.raises(PurlinError) as info:
+        spec = _example(2)
+        generate(lower(spec, LowerOptions()), spec, atom="ldst", arch="sm_90", dtype=DType.INT32, op=ReduceOp.SUM)
+    assert info.value.message == "an epilogue computes in float32; int32 outputs are not supported"
+    with pytest.raises(PurlinError, match="the ce atom moves data with the copy engines and cannot compute an epilogue"):
+        pipeline.prepare(EXAMPLE, world_size=2, arch="sm_90", atom="ce")
+    with pytest.raises(PurlinError, match="an epilogue needs staged outputs"):
+        lower(_example(2), LowerOptions(Algorithm.DIRECT_PUSH, registered=frozenset({"in", "out"})))
+
+
+def test_verifier_rejects_misplaced_epilogues():
+    spec = _example(2)
+    schedule = lower(spec, LowerOptions(Algorithm.DIRECT_PUSH))
+    program = schedule.programs[0]
+    steps = list(program.steps)
+    at = next(i for i, s in enumerate(steps) if isinstance(s, Epilogue))
+    epilogue = steps.pop(at)
+    # missing
+    broken = replace(schedule, programs=(Program(0, 0, tuple(steps)), *schedule.programs[1:]))
+    with pytest.raises(VerificationError, match=r"rank 0: r0.out\[0\].s0 never gets its epilogue"):
+        verify(broken, spec)
+    # before the consume that makes the slice's value
+    early = replace(schedule, programs=(Program(0, 0, (epilogue, *steps)), *schedule.programs[1:]))
+    with pytest.raises(VerificationError, match=r"touches r0.out\[0\].s0 after its epilogue"):
+        verify(early, spec)
+    # twice
+    twice = replace(schedule, programs=(Program(0, 0, (*program.steps, epilogue)), *schedule.programs[1:]))
+    with pytest.raises(VerificationError, match="applies the epilogue again"):
+        verify(twice, spec)
+    # a schedule without the spec's epilogue
+    with pytest.raises(VerificationError, match="the schedule's epilogue is not the spec's"):
+        verify(replace(schedule, epilogue=None), spec)
+
+
+def test_draw_shows_the_epilogue_steps(tmp_path):
+    from purlinc.cli import main
+
+    for algorithm in ("direct-push", "two-shot"):
+        out = tmp_path / f"{algorithm}.svg"
+        assert main(["draw", str(EXAMPLE), "--ranks", "3", "--algorithm", algorithm, "-o", str(out)]) == 0
+        assert out.read_text().count(">epilogue<") >= 3  # one box per rank at least
+
+
+def test_check_cli_verifies_every_algorithm(capsys):
+    from purlinc.cli import main
+
+    assert main(["check", str(EXAMPLE), "--ranks", "1..4"]) == 0
+    assert "allreduce_add_rmsnorm: ok for R=1..4" in capsys.readouterr().out
+
+
+# --- fp8: the quantized variant -----------------------------------------------------------------
+
+from purlinc.dtypes import e4m3_from_float32, e4m3_to_float32  # noqa: E402
+
+FP8 = ROOT / "examples" / "fused" / "allreduce_add_rmsnorm_fp8.pln"
+
+
+def test_e4m3_conversion_round_trips_and_saturates():
+    bits = np.arange(256, dtype=np.uint8)
+    values = e4m3_to_float32(bits)
+    finite = ~np.isnan(values)
+    assert np.array_equal(e4m3_from_float32(values[finite]), bits[finite])
+    assert e4m3_to_float32(np.uint8(0x7E)) == 448.0 and e4m3_to_float32(np.uint8(0x01)) == 2.0**-9
+    got = e4m3_from_float32(np.array([1e9, -1e9, 464.0, 0.5 * 2**-9, 1.5 * 2**-9, 1.0625, 1.1875, np.nan],
+                                     dtype=np.float32))
+    # saturate; saturate; beyond 448 saturates; ties to even: 0, 2 (x 2^-9), 1.0 (even), 1.25
+    assert got.tolist() == [0x7E, 0xFE, 0x7E, 0x00, 0x02, 0x38, 0x3A, 0x7F]
+
+
+@settings(max_examples=10, deadline=None)
+@given(world=st.integers(2, 6), rows=st.integers(1, 4), option=st.integers(0, len(OPTIONS) - 2),
+       seed=st.integers(0, 2**31))
+def test_fp8_variant(world, rows, option, seed):
+    """The fp8 output is the bf16 output's float value times the scale, saturated to e4m3;
+    the simulator equals the evaluator bit for bit (every algorithm but the ring)."""
+    spec = check(parse(FP8.read_text(), str(FP8)), world, {"hidden": 16})
+    rng = np.random.default_rng(seed)
+    n = rows * 16
+    xs = [_bf16(rng, n) for _ in range(world)]
+
+    def operands():
+        return [{"residual": _bf16(np.random.default_rng(seed + r), n), "weight": _bf16(np.random.default_rng(r), 16),
+                 "eps": 1e-5, "q": np.zeros(n, np.uint8), "inv_scale": 64.0} for r in range(world)]
+
+    want_ops, got_ops = operands(), operands()
+    want = evaluate(spec, xs, n, BF16, "sum", want_ops)
+    got = simulate_calls(lower(spec, OPTIONS[option]), spec, [xs], n, BF16, "sum", calls=1, seed=seed,
+                         operands=got_ops)[0]
+    for rank in range(world):
+        assert np.array_equal(got[rank], want[rank]) and np.array_equal(got_ops[rank]["q"], want_ops[rank]["q"])
+        scaled = to_float32(want[rank], BF16)  # out is y rounded to bf16; q is y (unrounded) * scale
+        q = e4m3_to_float32(want_ops[rank]["q"])
+        assert np.all(np.abs(q) <= 448)  # saturated (the conversion test covers the rounding at the top)
+        close = np.abs(scaled * 64) < 400
+        np.testing.assert_allclose(q[close], scaled[close] * 64, rtol=2**-3, atol=2**-9 * 64)
+
+
+def test_fp8_variant_compiles_with_nvrtc():
+    spec = check(parse(FP8.read_text(), str(FP8)), 2)
+    kernel = generate(lower(spec, LowerOptions(Algorithm.DIRECT_PUSH, packed=True, stage_copies=2)), spec,
+                      atom="ldst", arch="sm_90", dtype=BF16, op=ReduceOp.SUM)
+    assert "purlin_acc_to_e4m3" in kernel.source and kernel.abi.epilogue_slots == 5
+    assert nvrtc.compile_cubin(kernel.source, kernel.filename, "sm_90")

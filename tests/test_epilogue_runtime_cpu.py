@@ -1,0 +1,95 @@
+"""An epilogue's operands at the call, without a GPU: every check names the operand, the
+expected and the actual, and the words the kernel gets (purlinc/runtime/operands.py)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from purlinc.dtypes import DType, ReduceOp
+from purlinc.frontend.check import check
+from purlinc.frontend.parse import parse
+from purlinc.runtime.errors import ArgumentError
+from purlinc.runtime.interop import ArrayInfo
+from purlinc.runtime.operands import operand_words
+from purlinc.runtime.validate import CallShape, choose_piece
+
+SPEC = check(parse("""\
+collective fused(hidden = 64) with rows residual, row weight, scalar eps {
+    in[r] = x
+    out[r] = x
+    reduce
+    epilogue rows(hidden) {
+        h = out + residual
+        residual = h
+        out = rmsnorm(h, weight, eps)
+    }
+}
+"""), 2)
+EPILOGUE = SPEC.epilogue
+BF16 = DType.BFLOAT16
+
+
+def tensor(ptr, numel, dtype=BF16, device=0, contiguous=True):
+    return ArrayInfo(ptr, numel, dtype, dtype.value if dtype else "int8", device, contiguous, "torch")
+
+
+def words(operands, count=128, out_numel=128, buffers=((0x10000, 256), (0x20000, 256))):
+    shape = CallShape(BF16, ReduceOp.SUM, count, 0x10000, 0x20000)
+    return operand_words("fused", EPILOGUE, operands, shape, out_numel, 0, buffers, describe=lambda info: info)
+
+
+GOOD = {"residual": tensor(0x30000, 128), "weight": tensor(0x40000, 64), "eps": 1e-6}
+
+
+def test_words_are_pointers_and_float_bits():
+    assert words(GOOD) == (0x30000, 0x40000, struct.unpack("<I", struct.pack("<f", 1e-6))[0])
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"eps": None}, "fused: missing operand 'eps' (scalar eps)"),
+    ({"bias": tensor(0x50000, 64)}, "fused: unknown operand 'bias'; the epilogue takes residual, weight, eps"),
+    ({"eps": "1e-6"}, "fused: operand 'eps': expected a number (float32), got str"),
+    ({"residual": tensor(0x30000, 128, device=1)}, "fused: operand 'residual': expected a tensor on cuda:0, got one in cuda:1"),
+    ({"residual": tensor(0x30000, 128, device=-1)}, "fused: operand 'residual': expected a tensor on cuda:0, got one in host memory"),
+    ({"weight": tensor(0x40000, 64, DType.FLOAT32)}, "fused: operand 'weight': expected dtype bfloat16, got float32"),
+    ({"weight": tensor(0x40000, 32)}, "fused: operand 'weight': expected 64 elements (one row's), got 32"),
+    ({"residual": tensor(0x30000, 64)}, "fused: operand 'residual': expected 128 elements (the output's), got 64"),
+    ({"residual": tensor(0x30000, 128, contiguous=False)}, "fused: operand 'residual': expected a contiguous tensor, got a strided one"),
+    ({"residual": tensor(0x30008, 128)}, "fused: operand 'residual': expected a 16-byte aligned address, got 0x30008"),
+    ({"residual": tensor(0x20000, 128)}, "fused: operand 'residual' is written by the epilogue and overlaps the output"),
+    ({"residual": tensor(0x40000, 128)}, "fused: operand 'residual' is written by the epilogue and overlaps operand 'weight'"),
+])
+def test_operand_errors(change, message):
+    operands = {**GOOD, **change}
+    if change.get("eps", 0) is None:
+        del operands["eps"]
+    with pytest.raises(ArgumentError) as info:
+        words(operands)
+    assert info.value.message == message
+
+
+def test_chunks_of_whole_rows():
+    with pytest.raises(ArgumentError) as info:
+        words(GOOD, count=96, out_numel=96)
+    assert info.value.message == (
+        "fused: out has 96 elements per chunk, not a whole number of rows of 64 (the epilogue's rows(64))")
+
+
+def test_pieces_are_whole_rows():
+    # 1000 bytes of staging for 2 units of bf16: 250 elements fit, 192 are whole rows of 64
+    assert choose_piece(4096, 2, 2, 1000, 64) == 192
+    assert choose_piece(4096, 2, 2, 1000) == 248
+    assert choose_piece(100, 2, 2, 1 << 20, 50) == 100
+
+
+def test_hierarchical_load_refuses_an_epilogue():
+    from pathlib import Path
+
+    from purlinc.errors import PurlinError
+    from purlinc.runtime.collective import load
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "fused" / "allreduce_add_rmsnorm.pln"
+    with pytest.raises(PurlinError, match="a hierarchical collective .gpus_per_node=. cannot apply an epilogue yet"):
+        load(example, None, gpus_per_node=2)
