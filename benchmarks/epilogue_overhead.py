@@ -10,8 +10,9 @@ work only: what the epilogue costs inside the kernel, not what NVLink does.  Eac
 fused output checked against torch (all-reduce in float32 rounded to bf16, then the add and
 RMSNorm in float32, rounded) before the timing; then ``--reps`` timed repeats of ``--replays``
 replays of every rank's graph of ``--calls`` calls (device time by events, the slower rank's),
-median, min and max per call.  Writes DIR/epilogue_overhead_<label>.json and .md (DIR: --out,
-else $OUT, else the current directory); ``added_us`` is fused minus plain, medians.
+median, min and max per call.  Captured calls run the staged schedule the row names
+(PURLIN_GRAPH_BUFFERS=stage unless set).  Writes DIR/epilogue_overhead_<label>.json and .md
+(DIR: --out, else $OUT, else the current directory); ``added_us`` is fused minus plain, medians.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))  # _common: the GPU tests' helpers (via _graph_timing)
+
+# Captured calls on ordinary buffers would otherwise run each collective's registered twin
+# (runtime graph buffers): stage them, so both sides time the schedule the row names.
+os.environ.setdefault("PURLIN_GRAPH_BUFFERS", "stage")
 
 import torch  # noqa: E402
 
@@ -128,6 +133,7 @@ def main(argv=None) -> int:
                                    "error": f"{type(error).__name__}: {str(error)[:300]}"})
                     print(json.dumps(errors[-1]), flush=True)
     meta = {"label": args.label, "mode": "loopback, one GPU (local work only)", "calls": args.calls,
+            "graph_buffers": os.environ["PURLIN_GRAPH_BUFFERS"],
             "replays": args.replays, "reps": args.reps, "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name(0), "errors": errors}
     stem = f"epilogue_overhead_{args.label}"

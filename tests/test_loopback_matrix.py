@@ -21,10 +21,10 @@ from purlinc.runtime import tuning  # noqa: E402
 CASES = scale.cases()
 
 
-def test_ids_are_unique_and_the_hang_and_refusal_come_first():
+def test_ids_are_unique_and_issue_25s_own_cases_come_first():
     assert len({c.id for c in CASES}) == len(CASES)
-    head = [c.kind for c in CASES[:5]]
-    assert sorted(head) == ["first"] * 4 + ["refuse"]
+    head = [c.kind for c in CASES[:7]]
+    assert sorted(head) == ["big"] * 2 + ["first"] * 4 + ["refuse"]
     assert [c.priority for c in CASES] == sorted(c.priority for c in CASES)
 
 

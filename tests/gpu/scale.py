@@ -52,7 +52,8 @@ USER_SPECS = {
     "ar_2d": "collective ar_2d { in[r] = x[0..2][0..R]  out[r] = x[0..2][0..R]  reduce }",
     "ag_3": "collective ag_3 { in[r] = x[r][0..3]  out[r] = x[0..R][0..3]  copy }",
     "rs_4": "collective rs_4 { in[r] = x[0..R][0..4]  out[r] = x[r][0..4]  reduce }",
-    "ag_uneven": "collective ag_uneven { in[r] = x[r][0..r%2+1]  out[r] = x[i][j] for i in 0..R for j in 0..i%2+1  copy }",
+    "ag_uneven": ("collective ag_uneven { in[r] = x[r][0..r%2+1]  "
+                  "out[r] = x[i][j] for i in 0..R for j in 0..i%2+1  copy }"),
     "rs_uneven": "collective rs_uneven { in[r] = x[0..R][0..3]  out[r] = x[r][0..r%3+1]  reduce }",
 }
 ROOTED = {"broadcast.pln", "reduce.pln", "gather.pln", "scatter.pln"}
@@ -130,7 +131,7 @@ def cases() -> list[Case]:
                 for atom in (*ATOMS, "ce"):
                     for packed in ((False, True) if algorithm == "direct-push" else (False,)):
                         dtype, op = _rotate(n)
-                        slices = 1 if packed else 2
+                        slices = 1 if packed or atom == "ce" else 2  # ce: one notify per signal and call
                         counts = (1, 4097, 100_003) if n % 3 == 0 else (1, 4097)
                         options = (("algorithm", algorithm), ("atom", atom), ("packed", packed), ("channels", 2),
                                    ("slices", slices))
@@ -159,7 +160,8 @@ def cases() -> list[Case]:
                                 priority=1, seed=n))
                 n += 1
     for spec, count in (("allreduce.pln", 1_048_579), ("ar_2d", 262_147)):
-        out.append(Case("big", 8, spec, calls=((count, "float32", "sum"),), priority=1, seed=n))
+        # issue 25: the default load at R=8 with about a million elements per chunk timed out
+        out.append(Case("big", 8, spec, calls=((count, "float32", "sum"),), priority=-1, seed=n))
         n += 1
     # Within a priority, a fixed shuffle: a budget that cuts the list leaves an even sample of
     # worlds, specs and options rather than dropping the last world whole.
