@@ -308,6 +308,8 @@ def test_nvrtc_compiles_sized_kernels(arch):
     for name, R, channels, dtype in (("alltoallv", 4, 2, "bfloat16"), ("allgatherv", 3, 1, "float8_e4m3")):
         kernel = _compiled(name, R, channels, arch).kernel(dtype)
         assert kernel.cubin and len(kernel.cubin) > 1000
+        for r in range(R):  # the names the runtime looks up (cuModuleGetFunction)
+            assert kernel.abi.entry(r).encode() in kernel.cubin
 
 
 def test_dump_cuda_prints_the_sized_kernel(capsys):

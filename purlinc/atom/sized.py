@@ -1,8 +1,8 @@
 """Kernels for schedules with run-time sizes (purlinc.snac.sized): SNAC schedule -> CUDA
 source through ``templates/sized.cu.j2``, and the contract with the runtime that launches them.
 
-Entry ``<kernel_base>_r<rank>`` takes one ``purlin_sized_args`` by value (all fields 8
-bytes, no padding), in this order:
+Entry ``KernelABI.entry(rank)`` (``<kernel_base>_b<rank>``: one body per rank) takes one
+``purlin_sized_args`` by value (all fields 8 bytes, no padding), in this order:
 
     capacity, in_len, out_len, unit_bytes, slot_bytes, region_bytes, copy_bytes, timeout_ns,  (u64)
     in, out, sizes, out_sizes, counters, error, size_error,                                 (pointers)
@@ -120,7 +120,7 @@ def _step_values(index: int, step, rank: int, per_call: dict, roles: dict) -> di
     raise PurlinError(f"rank {rank} step {index}: {type(step).__name__} has no sized kernel form")
 
 
-def _kernel_values(schedule: Schedule, base: str) -> list[dict]:
+def _kernel_values(schedule: Schedule, abi: KernelABI) -> list[dict]:
     per_call = schedule.per_call()
     roles = {decl.signal: decl.role for decl in schedule.signals}
     kernels = []
@@ -130,7 +130,7 @@ def _kernel_values(schedule: Schedule, base: str) -> list[dict]:
                        for m in range(schedule.out_units[rank])]
         note = ", ".join(f"{m}: {'stage' if s['stage'] else 'in'}[{s['unit']}]" for m, s in enumerate(out_sources))
         kernels.append({
-            "rank": rank, "entry": f"{base}_r{rank}", "out_sources": out_sources, "out_note": note or "(none)",
+            "rank": rank, "entry": abi.entry(rank), "out_sources": out_sources, "out_note": note or "(none)",
             "steps": [_step_values(i, s, rank, per_call, roles) for i, s in enumerate(program.steps)],
         })
     return kernels
@@ -153,7 +153,14 @@ def generate(schedule: Schedule, spec, *, atom: str, arch: str, dtype: DType, op
     target = parse_arch(arch)
     atom_def = get_atom(atom, target)
     base = kernel_base(schedule, atom, dtype, None)
-    kernels = _kernel_values(schedule, base)
+    abi = KernelABI(
+        kernel_base=base, world_size=schedule.world_size, channels=schedule.channels, threads=THREADS,
+        shared_bytes=0, itemsize=dtype.itemsize, stage_units=schedule.staging_units, slices=schedule.slices,
+        stage_copies=schedule.stage_copies, signal_pad=schedule.signal_pad_size(), stage_align=16,
+        in_units=tuple(schedule.in_units), out_units=tuple(schedule.out_units),
+        needs_in_peers=False, needs_out_peers=False,
+    )
+    kernels = _kernel_values(schedule, abi)  # entry names from the ABI the runtime looks them up by
     atom_text = render(atom_def.template, reduce=False, unroll=atom_def.unroll, **atom_def.template_values(target)).rstrip("\n")
     source = render(
         "sized.cu.j2", kernel_base=base, collective=schedule.collective, world_size=schedule.world_size,
@@ -164,13 +171,6 @@ def generate(schedule: Schedule, spec, *, atom: str, arch: str, dtype: DType, op
         header_bytes=slot_layout(schedule.channels, 0)[0], prelude=load_template("prelude.cuh").rstrip("\n"),
         elem=elem_values(dtype, None), atom_begin=ATOM_BEGIN, atom_end=ATOM_END, atom_source=atom_text,
         kernels=kernels,
-    )
-    abi = KernelABI(
-        kernel_base=base, world_size=schedule.world_size, channels=schedule.channels, threads=THREADS,
-        shared_bytes=0, itemsize=dtype.itemsize, stage_units=schedule.staging_units, slices=schedule.slices,
-        stage_copies=schedule.stage_copies, signal_pad=schedule.signal_pad_size(), stage_align=16,
-        in_units=tuple(schedule.in_units), out_units=tuple(schedule.out_units),
-        needs_in_peers=False, needs_out_peers=False,
     )
     start, end = source.index(ATOM_BEGIN), source.index(ATOM_END) + len(ATOM_END)
     return KernelSource(source=source, filename=f"{base}.cu", kernel_base=base, abi=abi, atom=atom,
