@@ -113,7 +113,8 @@ class Dispatcher:
         ranks = torch.arange(R, device=dev).repeat(T)
         self.token_of.fill_(T).scatter_(0, pos.reshape(-1), tokens)
         row_rank = torch.zeros(self.slots + 1, dtype=torch.int64, device=dev).scatter_(0, pos.reshape(-1), ranks)
-        self.token_of[self.slots] = T  # the unused-pair row belongs to no token
+        # the unused-pair row belongs to no token; a fill kernel, not a host copy (capturable)
+        self.token_of[self.slots:].fill_(T)
         tok = self.token_of.clamp(max=T - 1)  # rows of no token read token T - 1: sent nowhere
         self.send[:, :H].copy_(x[tok])
         ids = topk_ids[tok].to(torch.int64)
