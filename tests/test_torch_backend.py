@@ -15,10 +15,6 @@ DTensor on a DeviceMesh work on such a group.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -28,7 +24,8 @@ dist = pytest.importorskip("torch.distributed")
 if not dist.is_available():
     pytest.skip("torch.distributed is not available in this build", allow_module_level=True)
 
-REPO = Path(__file__).resolve().parent.parent
+from worker_world import run_world  # noqa: E402
+
 WORKER = Path(__file__).resolve().parent / "torch_backend_worker.py"
 
 
@@ -41,21 +38,6 @@ def test_import_registers_purlin():
 
 
 def test_backend_world_of_three_processes(tmp_path):
-    world, init = 3, tmp_path / "init"
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), str(world), str(init)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    deadline = time.monotonic() + 600
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    failed = [(r, p.returncode, out[-3000:]) for r, (p, out) in enumerate(zip(procs, outs)) if p.returncode]
-    assert not failed, "\n".join(f"rank {r} exited {code}:\n{out}" for r, code, out in failed)
+    outs = run_world(WORKER, 3, tmp_path)
     for rank, out in enumerate(outs):
         assert f"rank {rank}: 16 calls on Purlin, then the fallbacks" in out, out  # the uneven all-to-all is one
