@@ -26,7 +26,7 @@ import report
 from benchlib.cases import Case, poison
 from benchlib.check import _agree_check, compare, fresh_input, reference
 from benchlib.context import Ctx, allreduce_max, barrier, guarded, sync
-from benchlib.timing import _events, capture_steps, graph_replays
+from benchlib.timing import capture_steps, graph_replays, replays_us
 
 INSITU = report.INSITU
 
@@ -70,23 +70,13 @@ def capture_pair(case: Case, kernels: Around, calls: int):
     return capture_steps(step, calls, case.capture_env), capture_steps(bare, calls)
 
 
-def _replays_us(graph, replays: int) -> float:
-    start, end = _events()
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3
-
-
 def time_pair(graphs, calls: int, reps: int, replays: int) -> tuple[list[float], list[float]]:
     """Per-step times (with, without) of ``reps`` repeats; the two graphs alternate within a
     repeat, so a drift of the clocks lands in both."""
     with_us, without_us = [], []
     for _ in range(reps):
-        without_us.append(_replays_us(graphs[1], replays) / (calls * replays))
-        with_us.append(_replays_us(graphs[0], replays) / (calls * replays))
+        without_us.append(replays_us(graphs[1], replays) / (calls * replays))
+        with_us.append(replays_us(graphs[0], replays) / (calls * replays))
     return with_us, without_us
 
 
@@ -134,6 +124,6 @@ def _made(case: Case, lay: report.Layout, ctx: Ctx, calls: int):
     graphs = capture_pair(case, kernels, calls)
     graphs[0].replay()
     sync()
-    return kernels, graphs, _replays_us(graphs[0], 1)
+    return kernels, graphs, replays_us(graphs[0], 1)
 
 

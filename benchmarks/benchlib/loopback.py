@@ -18,7 +18,7 @@ import torch
 import purlin_api
 import report
 from benchlib.check import compare, expected_output
-from benchlib.timing import environment, graph_replays
+from benchlib.timing import environment, graph_replays, replays_us
 
 DEVICE = 0
 
@@ -100,18 +100,6 @@ def _capture(work, calls: int, env: dict):
             for _ in range(calls):
                 work()
     return graph
-
-
-def _replays_us(graph, replays: int, label: str) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.nvtx.range_push(label)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    torch.cuda.nvtx.range_pop()
-    return start.elapsed_time(end) * 1e3
 
 
 def _fresh(steps: Steps, point: Point, salt: int) -> list:
@@ -196,14 +184,14 @@ def _timed(steps: Steps, graphs: dict, point: Point, base: dict) -> list[dict]:
     for g in graphs.values():
         g.replay()
     torch.cuda.synchronize(DEVICE)
-    one = _replays_us(graphs["with"], 1, f"{label} warm")
+    one = replays_us(graphs["with"], 1, f"{label} warm")
     replays = graph_replays(one, point.target_rep_us)
     per_step = point.calls * replays
     back, with_us, without_us = [], [], []
     for _ in range(point.reps):
-        back.append(_replays_us(graphs["back"], replays, f"{label} back to back") / per_step)
-        without_us.append(_replays_us(graphs["without"], replays, f"{label} in situ, without") / per_step)
-        with_us.append(_replays_us(graphs["with"], replays, f"{label} in situ, with") / per_step)
+        back.append(replays_us(graphs["back"], replays, f"{label} back to back") / per_step)
+        without_us.append(replays_us(graphs["without"], replays, f"{label} in situ, without") / per_step)
+        with_us.append(replays_us(graphs["with"], replays, f"{label} in situ, with") / per_step)
     steps.coll.check()
     good, note = _check(steps, graphs["with"], point, 1)
     added = [w - b for w, b in zip(with_us, without_us)]

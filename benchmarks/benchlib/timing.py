@@ -17,6 +17,22 @@ def _events():
     return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
 
+def replays_us(graph, replays: int, label: str | None = None) -> float:
+    """Microseconds for ``replays`` back-to-back replays of ``graph`` (events on the current
+    stream; an NVTX range named ``label`` around them when given, for Nsight)."""
+    start, end = _events()
+    if label is not None:
+        torch.cuda.nvtx.range_push(label)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    if label is not None:
+        torch.cuda.nvtx.range_pop()
+    return start.elapsed_time(end) * 1e3
+
+
 def calls_us(call: Callable[[], object], calls: int, warm: int = 0) -> float:
     """Device time per call of ``calls`` calls of ``call`` back to back, between CUDA events
     (after ``warm`` untimed calls and a device sync, when asked)."""

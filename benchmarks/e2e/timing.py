@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from benchlib.timing import replays_us
+
 
 def capture(step):
     """(graph, what the captured step returned): two warm-up steps on a side stream first, as
@@ -25,15 +27,4 @@ def replay_us(graph, replays: int, reps: int, label: str) -> list[float]:
     """Per-step time of ``reps`` repeats of ``replays`` back-to-back replays (NVTX-labelled)."""
     graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.nvtx.range_push(label)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        torch.cuda.nvtx.range_pop()
-        times.append(start.elapsed_time(end) * 1e3 / replays)
-    return times
+    return [replays_us(graph, replays, label) / replays for _ in range(reps)]
