@@ -126,7 +126,7 @@ def main() -> None:
     for channels in [int(c) for c in args.channels.split(",")]:
         for tokens in (args.tokens, 1):
             disps = moe.dispatchers(group, num_experts=args.local_experts * R, hidden=args.hidden,
-                                    top_k=args.top_k, max_tokens=tokens, channels=channels)
+                                    top_k=args.top_k, max_tokens=tokens, channels=channels, expert=scale)
             error = check(disps, devices, streams, tokens, args.hidden, args.local_experts * R, args.top_k)
             for phase in ("dispatch", "combine"):
                 args_t = argparse.Namespace(**{**vars(args), "tokens": tokens})

@@ -85,9 +85,32 @@ class Dispatcher:
         self.token_of = torch.zeros(self.slots + 1, dtype=torch.int64, device=dev)  # send row -> token
         self._tokens = 0
 
-    def warm(self) -> None:
-        """Load this rank's kernel now (a LocalGroup's ranks: every rank before any runs)."""
+    def warm(self, expert=None) -> None:
+        """Load this rank's kernel, then run the step's own tensor kernels once with no exchange
+        (and ``expert``'s, through :func:`expert_weighted_sum`, when given).
+
+        Why: CUDA loads a kernel at its first launch (lazy loading, the default since CUDA
+        12.2), and that load waits for the kernels running on the device.  Where one host
+        thread issues several ranks (a LocalGroup), a first launch queued behind rank r's
+        running exchange would wait for a peer's exchange the thread has not issued yet, until
+        the exchange times out.  Call it on every rank before the first step (``dispatchers``
+        does); it leaves no routing behind."""
         self.coll.warm(_purlin_dtype(self.dtype))
+        dev, T, k = self.send.device, self.max_tokens, self.top_k
+        x = torch.zeros(T, self.hidden, dtype=self.dtype, device=dev)
+        spread = (torch.arange(T * k, device=dev) % self.num_experts).view(T, k)  # distinct per token (k <= E)
+        for ids_dtype, weights_dtype in ((torch.int64, torch.float32), (torch.int32, self.dtype)):
+            ids, w = spread.to(ids_dtype), torch.ones(T, k, dtype=weights_dtype, device=dev)
+            for tokens in (T, 1, 0):
+                self._pack(x[:tokens], ids[:tokens], w[:tokens])
+        got = self._received()
+        partial = expert_weighted_sum(got, expert, self.local_experts) if expert else got.tokens.contiguous()
+        for tokens in (T, 1, 0):
+            self._sum_back(partial, tokens)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        self.counts.zero_()
+        self._tokens = 0
 
     # ---- routing
     def _route(self, topk_ids: torch.Tensor, T: int):
@@ -127,12 +150,16 @@ class Dispatcher:
 
     # ---- the two exchanges
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
+        self._tokens = self._pack(x, topk_ids, topk_weights)
+        self.coll(self.send, self.counts, self.recv, self.recv_counts, row=self.width)
+        return self._received()
+
+    def _pack(self, x, topk_ids, topk_weights) -> int:
+        """Route and fill the send rows (and ``counts``); returns the number of tokens."""
         T = self._check(x, topk_ids, topk_weights)
         _, pos, _ = self._route(topk_ids, T)
         self._fill(x, topk_ids, topk_weights, pos)
-        self._tokens = T
-        self.coll(self.send, self.counts, self.recv, self.recv_counts, row=self.width)
-        return self._received()
+        return T
 
     def _received(self) -> Dispatched:
         H, k, N = self.hidden, self.top_k, self.recv.shape[0]
@@ -153,7 +180,11 @@ class Dispatcher:
             raise ArgumentError(f"combine: partial is {tuple(partial.shape)} {partial.dtype}, expected a contiguous "
                                 f"({N}, {H}) {self.dtype} (one row per received row)")
         self.coll(partial, self.recv_counts, self.back, self.back_counts, row=H)
-        out = torch.zeros(T + 1, H, dtype=torch.float32, device=partial.device)
+        return self._sum_back(partial, T, out_dtype)
+
+    def _sum_back(self, partial: torch.Tensor, T: int, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Every token's sum of the partials that came back (``back``), in token order."""
+        out = torch.zeros(T + 1, self.hidden, dtype=torch.float32, device=partial.device)
         out.index_add_(0, self.token_of, self.back.to(torch.float32))
         return out[:T].to(out_dtype or self.dtype)
 
@@ -191,11 +222,11 @@ def _purlin_dtype(dtype: torch.dtype):
 
 
 def dispatchers(group, *, num_experts: int, hidden: int, top_k: int, max_tokens: int,
-                dtype: torch.dtype = torch.bfloat16, channels: int = 16) -> list[Dispatcher]:
+                dtype: torch.dtype = torch.bfloat16, channels: int = 16, expert=None) -> list[Dispatcher]:
     """Every rank's Dispatcher for a LocalGroup (loopback or one process over several GPUs),
-    their kernels loaded: call rank r's on its own stream (``torch.cuda.stream``).  ``channels``:
-    thread blocks per rank (one block moves about 46 GB/s over NVLink; 16 is a start, not a
-    measured optimum)."""
+    their kernels loaded and warmed (``Dispatcher.warm``, with ``expert`` when given): call rank
+    r's on its own stream (``torch.cuda.stream``).  ``channels``: thread blocks per rank (one
+    block moves about 46 GB/s over NVLink; 16 is a start, not a measured optimum)."""
     import purlinc
 
     coll = purlinc.load(SOURCE, group, capacity=capacity_for(hidden, top_k, max_tokens, dtype),
@@ -204,5 +235,5 @@ def dispatchers(group, *, num_experts: int, hidden: int, top_k: int, max_tokens:
                        max_tokens=max_tokens, dtype=dtype, device=f"cuda:{comm.device}")
             for r, comm in enumerate(group.comms)]
     for d in made:
-        d.warm()
+        d.warm(expert)
     return made

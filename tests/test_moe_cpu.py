@@ -67,6 +67,40 @@ def test_dispatch_sends_a_token_once_per_rank():
     assert counts[0] == ([T, T], 2 * T) and counts[1] == ([0, 0], 0)
 
 
+class Counting(Coll):
+    exchanges = 0
+
+    def __call__(self, *args, **kwargs):
+        Counting.exchanges += 1
+        return super().__call__(*args, **kwargs)
+
+
+def test_warm_runs_the_step_without_an_exchange_and_leaves_no_routing_behind():
+    """warm() runs the step's own kernels (and the expert's) once with no exchange: on a GPU,
+    CUDA loads a kernel at its first launch and waits for running kernels, a deadlock where one
+    thread issues every rank.  The steps after it equal the plain exchange."""
+    R, E, k, H, T = 2, 4, 2, 8, 6
+    world, gs = World(moe.SOURCE, R), groups(R, capacity=1 << 30)
+    disps = [moe.Dispatcher(Counting(world, r, 1 << 40), rank=r, world_size=R, num_experts=E, hidden=H, top_k=k,
+                            max_tokens=T) for r in range(R)]
+    seen = []
+    Counting.exchanges = 0
+    for d in disps:
+        d.warm(lambda e, rows: seen.append(e) or scale_expert(e, rows))
+    assert Counting.exchanges == 0 and sorted(set(seen)) == [0, 1]
+    assert all(int(d.counts.sum()) == 0 and d._tokens == 0 for d in disps)
+
+    def step(rank, g):
+        x, ids, w = routing(torch.Generator().manual_seed(rank), T - rank, H, E, k, torch.bfloat16, "cpu")
+        d = disps[rank]
+        y = d.combine(moe.expert_weighted_sum(d.dispatch(x, ids, w), scale_expert, d.local_experts))
+        want = reference_moe(lambda o, i, os, is_: g.all_to_all_single(o, i, os, is_), R, x, ids, w,
+                             scale_expert, E)
+        return torch.equal(y, want)
+    assert on_ranks(gs, step) == [True, True]
+    assert Counting.exchanges == 2 * R
+
+
 def test_bad_arguments():
     d = moe.Dispatcher(Coll(World(moe.SOURCE, 1), 0, 1 << 20), rank=0, world_size=1, num_experts=2, hidden=4,
                        top_k=2, max_tokens=3)

@@ -394,6 +394,19 @@ def test_error_record_written_like_a_kernel_would():
                                            "signal_index": 4, "expected": 5, "observed": 0}
 
 
+def test_a_timeout_where_one_thread_issues_every_rank_says_to_warm_up():
+    """A LocalGroup's ranks are issued by one thread: a first launch's module load waits for the
+    running exchange, so a peer may never have been issued.  The note says so there only."""
+    from types import SimpleNamespace
+
+    from purlinc.runtime.errors import issued_by_one_thread
+
+    (note,) = issued_by_one_thread(SimpleNamespace(local_group=object()))
+    assert "first launch" in note and "warm it up" in note
+    assert issued_by_one_thread(SimpleNamespace(local_group=None)) == ()
+    assert issued_by_one_thread(SimpleNamespace()) == ()
+
+
 def test_a_tuned_call_passes_count_and_dtype_of_a_rank_without_chunks():
     """``load()``'s default (a Tuned) takes the same count= / dtype= as one Collective."""
     from types import SimpleNamespace

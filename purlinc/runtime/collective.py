@@ -31,7 +31,7 @@ from purlinc.atom.cubin import stack_bytes
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.errors import InternalError
 from purlinc.runtime import interop, residency, zerocopy
-from purlinc.runtime.errors import ArgumentError, PurlinTimeoutError
+from purlinc.runtime.errors import ArgumentError, PurlinTimeoutError, issued_by_one_thread
 from purlinc.runtime.options import LoadOptions
 from purlinc.runtime.residency import Blocks
 from purlinc.runtime.validate import (
@@ -308,6 +308,7 @@ class Collective:
             f">= {record['expected']}, observed {record['observed']}",
             notes=(
                 "a peer did not call this collective (or called it with another count, dtype or op)",
+                *issued_by_one_thread(self.comm),
                 "this collective's signals are now out of step: load it again",
                 f"the bound is {settings.WAIT_TIMEOUT_S.name}={settings.WAIT_TIMEOUT_S.raw()}",
             ),

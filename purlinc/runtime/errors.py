@@ -30,6 +30,15 @@ class PurlinTimeoutError(PurlinError, TimeoutError):
         self.record = dict(record or {})
 
 
+def issued_by_one_thread(comm) -> tuple[str, ...]:
+    """The extra note of a timeout where one host thread issues every rank (a LocalGroup)."""
+    if getattr(comm, "local_group", None) is None:
+        return ()
+    return ("one thread issues every rank here: a peer's launch may have waited behind this call "
+            "(CUDA loads a kernel at its first launch and waits for running kernels): run every "
+            "kernel of the step once before the first collective call (warm it up)",)
+
+
 class HeapExhaustedError(ArgumentError):
     """The symmetric heap cannot hold a request (``requested`` vs ``available`` bytes)."""
 

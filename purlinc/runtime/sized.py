@@ -27,7 +27,7 @@ from purlinc.dtypes import DType
 from purlinc.errors import PurlinError
 from purlinc.pipeline import Compiled
 from purlinc.runtime import interop
-from purlinc.runtime.errors import ArgumentError, MismatchError, PurlinTimeoutError
+from purlinc.runtime.errors import ArgumentError, MismatchError, PurlinTimeoutError, issued_by_one_thread
 
 WIDEST = max(d.itemsize for d in DType)
 
@@ -92,7 +92,7 @@ class SizedCollective:
             error = PurlinTimeoutError(
                 f"{self.name}: rank {record['rank']} timed out in channel {record['channel']}, step {record['step']}, "
                 f"waiting for signal r{record['signal_owner']}.sig[{record['signal_index']}] >= {record['expected']}, "
-                f"observed {record['observed']}", notes=("a peer did not call this collective",), record=record)
+                f"observed {record['observed']}", notes=("a peer did not call this collective", *issued_by_one_thread(self.comm)), record=record)
             self.comm.fail(error)
             raise error
         words = self._words(self.size_host, SIZE_ERROR_RECORD)
