@@ -14,7 +14,9 @@ the staging every captured call paid before), and any pinned variant of purlin_a
 Every row's variant carries ``@loopback`` and ``loopback: true``: all ranks share one GPU's SMs
 and memory and their "remote" traffic never leaves it, so these times say what staging and the
 producer/consumer ordering cost on one GPU, never what NVLink does.  NVTX ranges name each
-timed graph (for ``nsys profile -t cuda,nvtx``).  Each point is checked after timing: one
+timed graph (for ``nsys profile -t cuda,nvtx``); ``--profile`` lists, per point, the kernels
+one in-situ step runs and their durations (torch.profiler), beside the staging writes of the
+Purlin kernel that ran (``staging_writes``: 0 for a registered twin).  Each point is checked after timing: one
 replay of the in-situ graph on fresh inputs, every rank against the float32 reference.
 """
 
@@ -50,6 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--results-dir", type=Path, default=HERE / "results")
     ap.add_argument("--out", type=Path, default=None, help="also copy the files here")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="list every point's device activities per in-situ step (torch.profiler), in the rows")
     args = ap.parse_args(argv)
     by_name = {v.name: v for v in purlin_api.VARIANTS}
     args.variant_list = [by_name[n.strip()] for n in args.variants.split(",") if n.strip()]
@@ -80,14 +84,17 @@ def main(argv=None) -> int:
                 for variant in args.variant_list:
                     if not variant.applies(coll):
                         continue
-                    point = Point(lay, variant, args.calls, args.reps, args.target_rep_us, args.seed)
+                    point = Point(lay, variant, args.calls, args.reps, args.target_rep_us, args.seed, args.profile)
                     rows += run_point(group, streams, loads, point)
                     for row in rows[-2:]:
-                        how = f" [{row['kernel']}{', registered' if row.get('registered') else ', staged'}]" \
-                            if row.get("kernel") else ""
+                        how = f" [{row['kernel']}{', registered' if row.get('registered') else ', staged'}" \
+                              f", {row.get('staging_writes')} staging writes]" if row.get("kernel") else ""
                         print(f"{coll:>14} {report.fmt_bytes(size):>8} {row['variant']:>24} {row['mode']:>6}: "
                               f"{report._num(row.get('time_us'))} us{how}" + (f" (error: {row['error'][:120]})"
                                                                               if row.get("error") else ""), flush=True)
+                    for activity in rows[-1].get("trace", ()):
+                        print(f"{'':>16}{activity['per_step']:>6} x {activity['mean_us']:>8.2f} us  "
+                              f"{activity['name'][:90]}", flush=True)
                     if getattr(group[0], "failed", None) is not None:
                         raise SystemExit("the group stopped after a timeout: see the error rows")
             for loaded in {id(v): v for v in loads.values()}.values():

@@ -10,7 +10,8 @@
 #                     replayed with new sizes, size errors; then R=1 under compute-sanitizer memcheck
 #                     (one GPU is enough: PURLIN_STEPS=sized)
 #   moe               purlinc.moe dispatch/combine in loopback on cuda:0 (R=2..8, graphs) against a
-#                     plain torch exchange; then benchmarks/moe_dispatch.py in loopback (writes $OUT)
+#                     plain torch exchange
+#   moe_bench         benchmarks/moe_dispatch.py in loopback (writes $OUT)
 #   graph_buffers     loopback too: captured calls on ordinary buffers run without staging
 #   insitu            loopback too: the in-situ benchmark and the e2e decode step run, checked
 #   loopback_scale    node scale on one GPU: every example and many-unit spec at R = 2, 3, 4, 5, 8
@@ -20,6 +21,12 @@
 #                     run within PURLIN_SCALE_RUN_S (300); summary in loopback_scale.{json,md}
 #   epilogue          fused all-reduce + add + RMSNorm (and its fp8 variant), loopback R=2..8,
 #                     against torch's unfused reference (one GPU)
+#   epilogue_bench    benchmarks/epilogue_overhead.py in loopback: what the fused epilogue adds over
+#                     the plain all-reduce at [1 and 16 x 4096] bf16, R = 2, 4, 8 (writes $OUT)
+#   insitu_bench      benchmarks/insitu_loopback.py, all-reduce 1 KiB-4 MiB at R=2 and 4, registered
+#                     graph buffers vs staged, each point's kernels listed (--profile; writes $OUT)
+#   e2e_loopback      benchmarks/e2e/run.py --loopback 4: the decode step, batches 1/16/128, every
+#                     system checked against the reference (writes $OUT)
 #   local             LocalGroup tests, ldst and tma atoms
 #   local_ce          LocalGroup tests, ce atom
 #   trace             traced kernels: monotone stamps, waits after their notifies
@@ -42,7 +49,7 @@ mkdir -p "$OUT"
 export OUT PURLIN_RESULTS="$OUT" PURLIN_CACHE_DIR=${PURLIN_CACHE_DIR:-/tmp/purlin_cache}
 export PURLIN_WAIT_TIMEOUT_S=${PURLIN_WAIT_TIMEOUT_S:-5} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
-STEPS=${PURLIN_STEPS:-"precompile loopback loopback_scale sized moe graph_buffers insitu epilogue local local_ce trace torchrun zerocopy zerocopy_torchrun graph_buffers_torchrun faults torch torch_backend hier"}
+STEPS=${PURLIN_STEPS:-"precompile loopback loopback_scale sized moe moe_bench graph_buffers insitu epilogue epilogue_bench insitu_bench e2e_loopback local local_ce trace torchrun zerocopy zerocopy_torchrun graph_buffers_torchrun faults torch torch_backend hier"}
 T0=$(date +%s)
 # Run from the source tree: grammar/ and templates/ ship as purlinc.grammar / purlinc.templates
 # in a wheel (pyproject's package-dir); link them in for the run, and remove the links after.
@@ -89,11 +96,19 @@ if wanted sized && [ -n "$SAN" ]; then
   PURLIN_WAIT_TIMEOUT_S=30 step sized_memcheck 300 "$SAN" --tool memcheck --error-exitcode 3 python3 tests/gpu/sized_sanitize.py
 fi
 pytest_step moe 420 tests/gpu/test_moe.py
-wanted moe && STEPS="$STEPS moe_bench"
 step moe_bench 300 python3 benchmarks/moe_dispatch.py --out "$OUT" --devices 0,0 --channels 16 --reps 3
 pytest_step graph_buffers 300 tests/gpu/test_graph_buffers.py
 pytest_step insitu 400 -s tests/gpu/test_insitu_loopback.py
 pytest_step epilogue 560 tests/gpu/test_epilogue.py  # fused all-reduce + add + RMSNorm, loopback R=2..8
+step epilogue_bench 240 python3 benchmarks/epilogue_overhead.py --out "$OUT" --ranks 2 4 8 --rows 1 16 --label loopback
+for R in 2 4; do
+  wanted insitu_bench && STEPS="$STEPS insitu_bench_r$R"
+  step insitu_bench_r$R 240 python3 benchmarks/insitu_loopback.py --ranks $R --collectives allreduce \
+    --sizes 1K,16K,256K,1M,4M --variants default,graph-staged --profile --reps 5 --no-plots \
+    --results-dir "$OUT/insitu" --out "$OUT"
+done
+step e2e_loopback 300 python3 benchmarks/e2e/run.py --loopback 4 --batches 1,16,128 --layers 2 --reps 3 \
+  --results-dir "$OUT/e2e" --out "$OUT"
 PURLIN_TEST_ATOMS=ldst,tma pytest_step local 170 tests/gpu/test_local.py
 PURLIN_TEST_ATOMS=ce pytest_step local_ce 70 tests/gpu/test_local.py \
   -k "test_collective or test_dtypes or test_graph or test_large"

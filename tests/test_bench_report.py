@@ -744,3 +744,17 @@ def test_insitu_kernels_write_the_input_and_read_the_output():
     kernels.source.fill_(7.0)
     assert bool((kernels.produce() == 7.0).all()) and kernels.consume().numel() == lay.out_elems
     assert torch.equal(X, before)  # scratch tensors: nothing the collective owns is touched
+
+
+def test_staging_writes_count_the_copies_a_registered_twin_leaves_out():
+    """insitu_loopback's ``staging_writes``: the staged all-reduce writes slices into staging
+    every call (R=2: its input's two halves; R=4: more), its registered twin writes none."""
+    pytest.importorskip("torch")
+    from purlinc import pipeline
+    from purlinc.runtime.zerocopy import twin_compiled
+
+    loopback = _lib("loopback")
+    for world, staged_writes in ((2, 2), (4, 12)):
+        staged = pipeline.prepare(str(BENCH.parent / "examples" / "allreduce.pln"), world_size=world)
+        assert loopback.staging_writes(staged.schedule) == staged_writes
+        assert loopback.staging_writes(twin_compiled(staged).schedule) == 0

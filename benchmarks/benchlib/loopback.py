@@ -31,6 +31,7 @@ class Point:
     reps: int
     target_rep_us: float
     seed: int
+    profile: bool = False  # also list the kernels one in-situ step runs (torch.profiler: CUPTI)
 
 
 def _loaded(group, loads: dict, coll: str, variant):
@@ -176,7 +177,37 @@ def _kernel_of(staged, lay, registered: bool) -> dict:
     ran = staged._zc.twin if registered else staged
     op = ReduceOp.SUM if lay.collective in report.REDUCE_COLLECTIVES else None
     name = ran.variant(DType.BFLOAT16, op).abi.entry(0) if getattr(ran, "_ce", None) is None else "(copy engines)"
-    return {"kernel": name, "registered": registered}
+    return {"kernel": name, "registered": registered, "staging_writes": staging_writes(ran.compiled.schedule)}
+
+
+def staging_writes(schedule) -> int:
+    """Slices rank 0's kernel writes into a staging buffer per call (every channel): the copies
+    a registered twin no longer makes."""
+    from purlinc.snac.ir import Space, Stage
+
+    return sum(1 for program in schedule.concrete_programs() if program.rank == 0
+               for step in program.steps if isinstance(step, Stage) and step.dst.space is Space.STAGE)
+
+
+def profile_step(graph, steps_per_replay: int) -> list[dict]:
+    """The device activities (kernels, copies) of one replay of ``graph``, by name: how many
+    per step and their mean duration, longest total first (CUPTI through torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(DEVICE)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize(DEVICE)
+    seen: dict[str, list] = {}
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        entry = seen.setdefault(event.name, [0, 0.0])
+        entry[0] += 1
+        entry[1] += event.time_range.elapsed_us()
+    ranked = sorted(seen.items(), key=lambda kv: -kv[1][1])
+    return [{"name": name, "per_step": round(count / steps_per_replay, 2), "mean_us": round(total / count, 2)}
+            for name, (count, total) in ranked]
 
 
 def _timed(steps: Steps, graphs: dict, point: Point, base: dict) -> list[dict]:
@@ -197,6 +228,8 @@ def _timed(steps: Steps, graphs: dict, point: Point, base: dict) -> list[dict]:
     added = [w - b for w, b in zip(with_us, without_us)]
     common = {"iters": point.calls, "reps": point.reps, "replays": replays, "checked": good, "check_note": note,
               "error": None}
+    if point.profile:
+        common["trace"] = profile_step(graphs["with"], point.calls)
     return [
         {**base, **common, "mode": "graph", "time_us": statistics.median(back), "time_us_min": min(back),
          "time_us_max": max(back)},
