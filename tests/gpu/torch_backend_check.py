@@ -45,13 +45,17 @@ def fallbacks(rank, R, device, said, share):
     dist.all_reduce(t)
     calls.expect(t, torch.tensor([sum(0.5 + r for r in range(R))], dtype=torch.float64, device=device),
                  "float64 sum (NCCL)")
-    t = torch.tensor([rank + 1], dtype=torch.int32, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.BXOR)
-    want = 0
-    for r in range(R):
-        want ^= r + 1
-    calls.expect(t, torch.tensor([want], dtype=torch.int32, device=device), "BXOR (NCCL)")
+    t = torch.tensor([rank + 1.0], dtype=torch.float32, device=device)
+    dist.all_reduce(t, op=dist._make_nccl_premul_sum(2.0))  # not Purlin's: NCCL runs it
+    calls.expect(t, torch.tensor([2.0 * R * (R + 1) / 2], device=device), "PREMUL_SUM (NCCL)")
     assert any("goes to nccl" in m for m in said), said
+    t = torch.tensor([rank + 1], dtype=torch.int32, device=device)
+    try:  # neither Purlin nor NCCL has it: NCCL's own error, as on an NCCL group
+        dist.all_reduce(t, op=dist.ReduceOp.BXOR)
+    except ValueError as error:
+        assert "BXOR" in str(error), error
+    else:
+        raise AssertionError("BXOR on CUDA tensors ran; NCCL has no BXOR")
 
 
 def other_backend(rank, R, device):
