@@ -737,3 +737,28 @@ def test_serving_adapter_takes_and_declines_like_a_custom_all_reduce(monkeypatch
         torch.testing.assert_close(y, xs[0] + xs[1])
     ars[0].close()
     assert ars[0].disabled and not ars[0].should_custom_ar(xs[0])
+
+
+def test_a_handle_names_what_the_fakes_read_in_every_process():
+    """torch.compile caches a compiled graph across processes (inductor's FX graph cache) with
+    the handles in it as constants and the output shapes its fakes gave: a handle made for a
+    world of two must never be the handle of a world of one in the next process."""
+    from types import SimpleNamespace
+
+    from purlinc.torch import registry
+
+    def allgather(R, rank=0):
+        spec = SimpleNamespace(inputs=[[0]] * R, outputs=[list(range(R))] * R, is_reduce=False, epilogue=None)
+        return registry.Entry("allgather", spec, SimpleNamespace(rank=rank, world_size=R), torch.device("cpu"))
+
+    made = [allgather(1), allgather(2), allgather(2), allgather(2, rank=1)]
+    try:
+        assert len({e.handle for e in made}) == 4
+        for e in made:  # a pure function of (what the fakes read, occurrence): the same in any process
+            what = ("entry", "allgather", e.world_size, e.rank, e.in_units, e.out_units, False, 0, "cpu")
+            assert e.handle in {registry.handle_of(what, n) for n in range(1, 10_000)}
+            assert 0 < e.handle < 2**62 and registry.entry(e.handle) is e
+        assert registry.handle_of(("x",), 1) == registry.handle_of(("x",), 1) != registry.handle_of(("x",), 2)
+    finally:
+        for e in made:
+            e.close()

@@ -3,21 +3,44 @@
 An :class:`Entry` knows, without loading anything, what a fake implementation needs: this
 rank's input and output chunks (``in_units``, ``out_units``), whether the collective reduces,
 the world size and the device.  The loaded collective itself comes lazily, on the first real
-call (a load is a collective over the ranks, and every rank makes that first call).  Handles
-are small ints, fixed for the life of the process, so torch.compile bakes them into a graph as
-constants.
+call (a load is a collective over the ranks, and every rank makes that first call).
+
+Handles are ints fixed for the life of the process, so torch.compile bakes them into a graph
+as constants.  A compiled graph is also cached *across* processes (inductor's FX graph cache,
+keyed by the graph, handles included), with the output shapes its fakes gave: so a handle is a
+function of everything a fake reads through it (:func:`new_handle`), never a counter that
+names a world of two in one process and a world of one in the next.
 """
 
 from __future__ import annotations
 
-import itertools
+import hashlib
 import threading
 
 from purlinc.runtime.errors import ArgumentError
 
-_NEXT = itertools.count(1)
 _LOCK = threading.Lock()
 ENTRIES: dict[int, "Entry"] = {}
+_ISSUED: set[int] = set()  # every handle this process gave out (entries and other op families)
+_MADE: dict[tuple, int] = {}  # handles made per description
+
+
+def handle_of(what: tuple, occurrence: int) -> int:
+    """The handle of the ``occurrence``-th state described by ``what`` (a tuple of plain values)
+    in a process: a 62-bit hash, the same in every process."""
+    digest = hashlib.sha256(repr((what, occurrence)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 2
+
+
+def new_handle(what: tuple) -> int:
+    """A new handle for a state whose fake implementations read ``what`` through it."""
+    with _LOCK:
+        while True:
+            occurrence = _MADE[what] = _MADE.get(what, 0) + 1
+            handle = handle_of(what, occurrence)
+            if handle not in _ISSUED:
+                _ISSUED.add(handle)
+                return handle
 
 
 class Entry:
@@ -40,8 +63,9 @@ class Entry:
         self.row = spec.epilogue.row if getattr(spec, "epilogue", None) is not None else 0  # an epilogue's row
         self._collective = collective
         self._loader = loader
+        self.handle = new_handle(("entry", name, self.world_size, self.rank, self.in_units, self.out_units,
+                                  self.is_reduce, self.row, str(device)))
         with _LOCK:
-            self.handle = next(_NEXT)
             ENTRIES[self.handle] = self
 
     def __repr__(self) -> str:

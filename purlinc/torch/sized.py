@@ -28,6 +28,7 @@ import weakref
 import torch
 
 from purlinc.runtime.errors import ArgumentError
+from purlinc.torch.registry import new_handle
 
 SOURCE = "collective alltoallv with sizes n[R][R] of x { in[r] = x[r][0..R]  out[r] = x[0..R][r]  copy }"
 DEFAULT_CAPACITY = 1 << 20  # elements per (source, destination) pair: 8 MiB of staging per pair (widest dtype)
@@ -46,8 +47,8 @@ class SizedState:
         self._loader = loader
         self._collective = None
         self._scratch: dict = {}
+        self.handle = new_handle(("alltoallv", self.world_size, self.rank, capacity, str(self.device)))
         with _LOCK:
-            self.handle = _next_handle()
             _STATES[self.handle] = self
 
     def collective(self, capturing: bool = False):
@@ -84,12 +85,6 @@ class SizedState:
 _LOCK = threading.Lock()
 _STATES: dict[int, SizedState] = {}
 _BY_GROUP: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def _next_handle() -> int:
-    from purlinc.torch.registry import _NEXT  # one sequence of handles for every op family
-
-    return next(_NEXT)
 
 
 def _load(source, comm, capacity):
