@@ -758,3 +758,16 @@ def test_staging_writes_count_the_copies_a_registered_twin_leaves_out():
         staged = pipeline.prepare(str(BENCH.parent / "examples" / "allreduce.pln"), world_size=world)
         assert loopback.staging_writes(staged.schedule) == staged_writes
         assert loopback.staging_writes(twin_compiled(staged).schedule) == 0
+
+
+@pytest.mark.parametrize("script", ["bench.py", "ll_sweep.py", "loopback_slices.py", "epilogue_overhead.py",
+                                    "host_path.py", "trace_overhead.py", "compile_times.py",
+                                    "moe_dispatch.py", "insitu_loopback.py", "e2e/run.py"])
+def test_every_benchmark_script_starts(script):
+    """Each script's imports resolve from a plain checkout (``--help`` runs them, then stops)."""
+    pytest.importorskip("torch")
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True,
+                          timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(BENCH.parent)})
+    assert done.returncode == 0 and "usage" in done.stdout, done.stderr[-2000:]
