@@ -285,6 +285,7 @@ def test_schedule_json_round_trip():
     ("sm_80", "ldst", LowerOptions(Algorithm.DIRECT_PUSH, packed=True, stage_copies=2), DType.BFLOAT16),
     ("sm_90", "ldst", LowerOptions(Algorithm.DIRECT_PUSH, channels=4, slices=2, stage_copies=2), DType.FLOAT16),
     ("sm_100", "tma", LowerOptions(Algorithm.TWO_SHOT, channels=2), DType.FLOAT32),
+    ("sm_90", "tma", LowerOptions(Algorithm.DIRECT_PUSH, channels=2), DType.BFLOAT16),
 ])
 def test_example_compiles_with_nvrtc(arch, atom, options, dtype):
     spec = _example(2)
@@ -292,6 +293,30 @@ def test_example_compiles_with_nvrtc(arch, atom, options, dtype):
     assert kernel.abi.epilogue_slots == 3 and kernel.abi.row_bytes == 4096 * dtype.itemsize
     assert "purlin_epilogue(" in kernel.source and "PURLIN_EPILOGUE_SLOTS 3" in kernel.source
     assert nvrtc.compile_cubin(kernel.source, kernel.filename, arch)
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+@pytest.mark.parametrize("options, fused", [
+    (LowerOptions(Algorithm.DIRECT_PUSH, channels=4, slices=2), True),  # the reduce is the last step on its rows
+    (LowerOptions(Algorithm.DIRECT_PUSH, packed=True), False),  # LL: packets reduced in the receive loop
+    (LowerOptions(Algorithm.TWO_SHOT, channels=2), False),  # the all-gather's copy lands the rows last
+])
+def test_a_reduce_and_the_epilogue_of_its_rows_are_one_pass(world, options, fused):
+    """Where the Epilogue step follows the reduce Consume that wrote its region, the kernel runs
+    both in one pass (the reduced rows stay in registers; no barrier between them); every other
+    Epilogue keeps its own pass."""
+    spec = _example(world)
+    schedule = lower(spec, options)
+    kernel = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.BFLOAT16, op=ReduceOp.SUM)
+    epilogues = sum(1 for p in schedule.concrete_programs() if p.rank == 0 for s in p.steps if isinstance(s, Epilogue))
+    calls = kernel.source.count("purlin_reduce_epilogue_apply<")
+    assert (calls > 0) == fused and ("purlin_epilogue_apply(args" in kernel.source) != fused
+    if fused:
+        assert "__device__ __noinline__ void purlin_reduce_epilogue(" in kernel.source
+        assert "barrier: step" not in kernel.source.split("one pass, the reduced rows")[0].rsplit("consume reduce", 1)[1]
+        assert calls <= epilogues
+    else:
+        assert "purlin_reduce_epilogue" not in kernel.source
 
 
 def test_codegen_refusals_are_located():

@@ -4,10 +4,12 @@
 Every decision is made here and passed to ``templates/epilogue.cuh.j2`` as plain text: the
 statements become float32 C expressions with round-to-nearest intrinsics (no contraction
 into FMAs, so each operation rounds as the NumPy meaning does), buffers are read as 16-byte
-vectors of the output's elements, all loaded at once into registers (about four vectors per
+vectors of the output's elements, all loaded at once into registers (about two vectors per
 thread, whole warps per row, several rows per block), and a row with an ``rmsnorm`` sums its
 squares over its threads (shuffles, then one barrier) before the values are stored.  Only the sum of squares' order and
-``rsqrtf`` differ from the NumPy oracle.
+``rsqrtf`` differ from the NumPy oracle.  A reduce followed by the epilogue of its rows is one
+pass (``fuse_reduce``, ``templates/epilogue_fused.cuh.j2``): the reduced vectors go from the
+sources to the epilogue in registers.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from purlinc.frontend.epilogue import OUT, Epilogue, _calls, _names
 
 VECTOR_BYTES = 16
 MAX_ROW_VECTORS = 2048  # rows up to 32 KiB (16,384 bf16 elements): at most 8 vectors per thread of 256
-VECTORS_PER_THREAD = 4  # a row's 16-byte vectors per thread (loads in flight per buffer)
+VECTORS_PER_THREAD = 2  # a row's 16-byte vectors per thread (loads in flight per buffer); 4 spilled the fused
+# reduce + epilogue of a bf16 row (its reduced vectors, residual and weight all in registers) at R=2
 _OPS = {ast.FloatOp.ADD: "__fadd_rn", ast.FloatOp.SUB: "__fsub_rn", ast.FloatOp.MUL: "__fmul_rn",
         ast.FloatOp.DIV: "__fdiv_rn"}
 
@@ -156,6 +159,9 @@ def template_values(epilogue: Epilogue, dtype: DType, threads: int) -> dict:
         "norm": None,
         "pass2": _lines(epilogue, names, locals_, first_pass=False),
         "params": ", ".join(f"{t} {n}" for t, n in params),
+        "param_names": ", ".join(n for _, n in params),
+        "out_written": OUT in epilogue.writes,
+        "out_storage": dtype.info.c_storage,
         "call_args": ", ".join(["args.out", *(
             f"__uint_as_float((unsigned)args.epi[{slot}])" if o.kind is OperandKind.SCALAR
             else f"(char*)args.epi[{slot}]" for slot, o in enumerate(epilogue.operands))]),
@@ -171,16 +177,30 @@ def template_values(epilogue: Epilogue, dtype: DType, threads: int) -> dict:
     return values
 
 
-def module_values(epilogue: Epilogue | None, dtype: DType, threads: int) -> dict | None:
+def module_values(epilogue: Epilogue | None, dtype: DType, threads: int, *, fused: bool = False) -> dict | None:
     """What kernel.cu.j2 needs for a module's epilogue (None without one): its device
-    function's source, its argument slots and the row's bytes (the slices' alignment)."""
+    function's source, the reduce + epilogue function when ``fused`` (a block of the module
+    fuses a reduce and the epilogue of its region: after the atom, whose reduce it needs), its
+    argument slots and the row's bytes (the slices' alignment)."""
     if epilogue is None:
         return None
     from purlinc.atom.codegen.render import render  # the one Jinja environment
 
     values = template_values(epilogue, dtype, threads)
-    return {"source": render("epilogue.cuh.j2", e=values).rstrip("\n"), "slots": slots(epilogue),
-            "row_bytes": epilogue.row * dtype.itemsize}
+    return {"source": render("epilogue.cuh.j2", e=values).rstrip("\n"),
+            "fused_source": render("epilogue_fused.cuh.j2", e=values).rstrip("\n") if fused else "",
+            "slots": slots(epilogue), "row_bytes": epilogue.row * dtype.itemsize}
+
+
+def fuse_reduce(reduce: dict, epilogue: dict) -> dict | None:
+    """The block of a reduce and the Epilogue step right after it, on the region the reduce
+    wrote, as one pass (``purlin_reduce_epilogue``), or None when they do not pair.  Sound
+    because the epilogue is the last step touching its region (``snac.epilogue``): nothing
+    reads the reduced rows between the two, and each thread reads only what it computed."""
+    if reduce.get("kind") != "reduce" or reduce["writes"] != epilogue["reads"] or reduce["dst"] != epilogue["dst"]:
+        return None
+    return {**reduce, "kind": "reduce_epilogue", "comments": reduce["comments"] + epilogue["comments"] + [
+        "steps above: one pass, the reduced rows kept in registers for the epilogue"]}
 
 
 def epilogue_block(index: int, step, dst: str, slice_expr: str, call_args: str = "") -> dict:

@@ -17,7 +17,7 @@ from purlinc.atom.codegen.fuse import fuse_copies
 from purlinc.atom.codegen.ll import check_reorder, fuse_sends, ll_block
 from purlinc.errors import InternalError
 from purlinc.frontend.ast import Operation
-from purlinc.atom.epilogue import epilogue_block
+from purlinc.atom.epilogue import epilogue_block, fuse_reduce
 from purlinc.snac.ir import Consume, Epilogue, Notify, Program, Region, Role, Stage, Wait
 from purlinc.snac.packing import ll_groups
 
@@ -117,12 +117,26 @@ class _Blocks:
 
     def data(self, index: int) -> None:
         block = data_block(index, self.program.steps[index], self.program.rank, self.per_call)
+        if block["kind"] == "epilogue" and self._fuse_epilogue(block):
+            return
         if block["reads"] & self.writes or block["writes"] & (self.reads | self.writes):
             self.blocks.append({"kind": "barrier", "comments": [f"barrier: step {index} touches a region an earlier step just used"]})
             self.barrier_passed()
         self.reads.update(block["reads"])
         self.writes.update(block["writes"])
         self.blocks.append(block)
+
+    def _fuse_epilogue(self, block: dict) -> bool:
+        """Join an Epilogue to the reduce that wrote its region (``fuse_reduce``), when only
+        notifies lie between them: the epilogue then runs before those notifies, which, as a
+        data step moved above a notify (``fuse.fuse_copies``), only adds order."""
+        at = len(self.blocks) - 1
+        while at >= 0 and self.blocks[at]["kind"] in ("notify", "notify_one"):
+            at -= 1
+        fused = fuse_reduce(self.blocks[at], block) if at >= 0 else None
+        if fused is not None:  # no barrier between them: each thread reads only what it computed
+            self.blocks[at] = fused
+        return fused is not None
 
     def waits(self, i: int) -> int:
         """The run of Waits at ``i`` (and the LL consume group it opens, if any); the next index."""
