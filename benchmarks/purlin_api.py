@@ -58,6 +58,9 @@ VARIANTS = (
     # the default's load with captured calls staging (PURLIN_GRAPH_BUFFERS=stage): what graphs
     # on ordinary buffers cost before the runtime registered them
     Variant("graph-staged", graph_buffers="stage"),
+    # ... and registering every captured call that has a registered twin, also where an LL-packed
+    # schedule serves the size (PURLIN_GRAPH_BUFFERS=register): the other side of auto's choice
+    Variant("graph-registered", graph_buffers="register"),
     _v("push-ldst-c1", "direct-push", "ldst", 1),
     _v("push-ldst-c4", "direct-push", "ldst", 4),
     _v("push-ldst-c16", "direct-push", "ldst", 16),

@@ -23,8 +23,8 @@
 #                     against torch's unfused reference (one GPU)
 #   epilogue_bench    benchmarks/epilogue_overhead.py in loopback: what the fused epilogue adds over
 #                     the plain all-reduce at [1 and 16 x 4096] bf16, R = 2, 4, 8 (writes $OUT)
-#   insitu_bench      benchmarks/insitu_loopback.py, all-reduce 1 KiB-4 MiB at R=2 and 4, registered
-#                     graph buffers vs staged, each point's kernels listed (--profile; writes $OUT)
+#   insitu_bench      benchmarks/insitu_loopback.py, all-reduce 1 KiB-4 MiB at R=2 and 4: captured calls
+#                     staged, registered, and as auto picks; each point's kernels listed (--profile; writes $OUT)
 #   e2e_loopback      benchmarks/e2e/run.py --loopback 4: the decode step, batches 1/16/128, every
 #                     system checked against the reference (writes $OUT)
 #   local             LocalGroup tests, ldst and tma atoms
@@ -104,7 +104,7 @@ step epilogue_bench 240 python3 benchmarks/epilogue_overhead.py --out "$OUT" --r
 for R in 2 4; do
   wanted insitu_bench && STEPS="$STEPS insitu_bench_r$R"
   step insitu_bench_r$R 240 python3 benchmarks/insitu_loopback.py --ranks $R --collectives allreduce \
-    --sizes 1K,16K,256K,1M,4M --variants default,graph-staged --profile --reps 5 --no-plots \
+    --sizes 1K,16K,64K,256K,1M,4M --variants default,graph-staged,graph-registered --profile --reps 5 --no-plots \
     --results-dir "$OUT/insitu" --out "$OUT"
 done
 step e2e_loopback 300 python3 benchmarks/e2e/run.py --loopback 4 --batches 1,16,128 --layers 2 --reps 3 \
