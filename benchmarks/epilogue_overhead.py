@@ -40,6 +40,16 @@ FUSED = ROOT / "examples" / "fused" / "allreduce_add_rmsnorm.pln"
 PLAIN = "collective allreduce_one_chunk { in[r] = x  out[r] = x  reduce }"  # the same, without the epilogue
 HIDDEN = 4096
 SCHEDULES = (("direct-push", True, 1), ("direct-push", False, 8), ("two-shot", False, 8))
+# --parts: the fused epilogue taken apart, each part its own spec timed like the whole (what
+# each costs over the plain all-reduce): the residual read, its store, the norm's row reduction.
+_PART = "collective {name}(hidden = 4096) with {operands} {{ in[r] = x  out[r] = x  reduce  epilogue rows(hidden) {{ {body} }} }}"
+PARTS = (
+    ("add", _PART.format(name="ar_add", operands="rows residual", body="out = out + residual"), ("residual",)),
+    ("add_store", _PART.format(name="ar_add_store", operands="rows residual",
+                               body="h = out + residual  residual = h  out = h"), ("residual",)),
+    ("norm", _PART.format(name="ar_norm", operands="row weight, scalar eps", body="out = rmsnorm(out, weight, eps)"),
+     ("weight", "eps")),
+)
 
 
 class _Bound:
@@ -105,6 +115,11 @@ def point(world: int, rows: int, schedule: tuple, args) -> dict:
         row["fused"] = _time(fused, xs, outs, devices, streams, args)
         row["plain_us"], row["fused_us"] = row["plain"]["median_us"], row["fused"]["median_us"]
         row["added_us"] = round(row["fused_us"] - row["plain_us"], 3)
+        operands = {"residual": res, "weight": weight, "eps": 1e-6}
+        for label, source, names in PARTS if args.parts else ():
+            part = _Bound(purlinc.load(source, group, **opts), {n: operands[n] for n in names})
+            row[f"{label}_added_us"] = round(_time(part, xs, outs, devices, streams, args)["median_us"] - row["plain_us"], 3)
+            part.coll.check()
         fused.coll.check()
         return row
     finally:
@@ -120,6 +135,7 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--parts", action="store_true", help="also time the epilogue's parts (PARTS), each alone")
     args = parser.parse_args(argv)
     rows, errors = [], []
     for world in args.ranks:
@@ -139,7 +155,8 @@ def main(argv=None) -> int:
     stem = f"epilogue_overhead_{args.label}"
     write_results(args.out, stem, meta, rows, [
         ("R", "ranks"), ("rows", "rows"), ("algorithm", "algorithm"), ("LL", "packed"), ("channels", "channels"),
-        ("plain us", "plain_us"), ("fused us", "fused_us"), ("added us", "added_us"), ("checked", "checked")])
+        ("plain us", "plain_us"), ("fused us", "fused_us"), ("added us", "added_us"), ("checked", "checked"),
+        *([(f"{label} adds us", f"{label}_added_us") for label, _, _ in PARTS] if args.parts else [])])
     print((Path(args.out) / f"{stem}.md").read_text())
     return 1 if errors else 0
 

@@ -100,7 +100,7 @@ step moe_bench 300 python3 benchmarks/moe_dispatch.py --out "$OUT" --devices 0,0
 pytest_step graph_buffers 300 tests/gpu/test_graph_buffers.py
 pytest_step insitu 400 -s tests/gpu/test_insitu_loopback.py
 pytest_step epilogue 560 tests/gpu/test_epilogue.py  # fused all-reduce + add + RMSNorm, loopback R=2..8
-step epilogue_bench 240 python3 benchmarks/epilogue_overhead.py --out "$OUT" --ranks 2 4 8 --rows 1 16 --label loopback
+step epilogue_bench 240 python3 benchmarks/epilogue_overhead.py --out "$OUT" --ranks 2 4 8 --rows 1 16 --parts --label loopback
 for R in 2 4; do
   wanted insitu_bench && STEPS="$STEPS insitu_bench_r$R"
   step insitu_bench_r$R 240 python3 benchmarks/insitu_loopback.py --ranks $R --collectives allreduce \

@@ -203,6 +203,25 @@ def fuse_reduce(reduce: dict, epilogue: dict) -> dict | None:
         "steps above: one pass, the reduced rows kept in registers for the epilogue"]}
 
 
+PREFETCH_REGIONS = 4  # epilogue regions of one program whose operands are prefetched up front
+
+
+def with_prefetch(blocks: list[dict]) -> list[dict]:
+    """``blocks`` with, at the start of the round, the L1 prefetch of the operands of the first
+    ``PREFETCH_REGIONS`` epilogues (``purlin_epilogue_prefetch``): the caller's residual and
+    weight are ready when the kernel starts (after ``purlin_launch_order``), long before the
+    peers' data.  After a first packet send, which sets the round's epoch after its own loads
+    (``generate._kernels``), so that send still leads."""
+    targets = [b for b in blocks if b["kind"] in ("epilogue", "reduce_epilogue")][:PREFETCH_REGIONS]
+    if not targets:
+        return blocks
+    block = {"kind": "epilogue_prefetch", "regions": [{"dst": b["dst"], "slice": b["slice"]} for b in targets],
+             "comments": [f"the epilogue operands of {len(targets)} region(s) below, into L1 before any wait"],
+             "reads": frozenset(), "writes": frozenset()}
+    at = 1 if blocks[0]["kind"] == "ll_send" else 0
+    return [*blocks[:at], block, *blocks[at:]]
+
+
 def epilogue_block(index: int, step, dst: str, slice_expr: str, call_args: str = "") -> dict:
     """The kernel block of an ``Epilogue`` step: it reads and writes its region (so a barrier
     separates it from the consume that wrote the region)."""
