@@ -24,8 +24,12 @@ from purlinc.frontend.epilogue import OUT, Epilogue, _calls, _names
 
 VECTOR_BYTES = 16
 MAX_ROW_VECTORS = 2048  # rows up to 32 KiB (16,384 bf16 elements): at most 8 vectors per thread of 256
-VECTORS_PER_THREAD = 2  # a row's 16-byte vectors per thread (loads in flight per buffer); 4 spilled the fused
-# reduce + epilogue of a bf16 row (its reduced vectors, residual and weight all in registers) at R=2
+VECTORS_PER_THREAD = 2  # a row's 16-byte vectors per thread (loads in flight per buffer)
+# ... where the fused reduce + epilogue takes more than FEW_SOURCES sources: one vector per thread.
+# Its loads are all issued before any is used (so their latencies overlap), N sources for each of
+# a thread's vectors; with 4 vectors at R=2, or 2 at R=3 and more, they no longer fit in the
+# registers beside the operands' (ptxas spilled to local memory).
+FEW_SOURCES = 2
 _OPS = {ast.FloatOp.ADD: "__fadd_rn", ast.FloatOp.SUB: "__fsub_rn", ast.FloatOp.MUL: "__fmul_rn",
         ast.FloatOp.DIV: "__fdiv_rn"}
 
@@ -124,17 +128,19 @@ def _lines(epilogue: Epilogue, names: dict[str, str], locals_: set[str], first_p
     return lines
 
 
-def row_layout(row_vectors: int, threads: int) -> dict:
+def row_layout(row_vectors: int, threads: int, sources: int = 1) -> dict:
     """How a block spreads rows over its threads: about ``VECTORS_PER_THREAD`` vectors each (so
-    each thread has that many loads per buffer in flight), whole warps per row, and as many
-    rows at once as the block holds."""
-    tpr = -(-row_vectors // VECTORS_PER_THREAD)
+    each thread has that many loads per buffer in flight; one where a fused reduce reads more
+    than ``FEW_SOURCES`` sources), whole warps per row, and as many rows at once as the block
+    holds."""
+    tpr = -(-row_vectors // (VECTORS_PER_THREAD if sources <= FEW_SOURCES else 1))
     tpr = min(threads, max(32, -(-tpr // 32) * 32))
     return {"tpr": tpr, "per_thread": -(-row_vectors // tpr), "groups": threads // tpr}
 
 
-def template_values(epilogue: Epilogue, dtype: DType, threads: int) -> dict:
-    """Everything ``epilogue.cuh.j2`` renders, as plain values (``threads``: the block size)."""
+def template_values(epilogue: Epilogue, dtype: DType, threads: int, sources: int = 1) -> dict:
+    """Everything ``epilogue.cuh.j2`` renders, as plain values (``threads``: the block size;
+    ``sources``: the most sources a fused reduce of the module reads)."""
     check_rows(epilogue, dtype)
     buffers = _buffers(epilogue, dtype)
     names = {b.name: b.c_name for b in buffers}
@@ -153,7 +159,7 @@ def template_values(epilogue: Epilogue, dtype: DType, threads: int) -> dict:
         "row": epilogue.row,
         "vec": VECTOR_BYTES // dtype.itemsize,
         "row_vectors": epilogue.row * dtype.itemsize // VECTOR_BYTES,
-        **row_layout(epilogue.row * dtype.itemsize // VECTOR_BYTES, threads),
+        **row_layout(epilogue.row * dtype.itemsize // VECTOR_BYTES, threads, sources),
         "itemsize": dtype.itemsize,
         "buffers": [vars_(b) for b in buffers],
         "norm": None,
@@ -177,18 +183,19 @@ def template_values(epilogue: Epilogue, dtype: DType, threads: int) -> dict:
     return values
 
 
-def module_values(epilogue: Epilogue | None, dtype: DType, threads: int, *, fused: bool = False) -> dict | None:
+def module_values(epilogue: Epilogue | None, dtype: DType, threads: int, *, fused_sources: int = 0) -> dict | None:
     """What kernel.cu.j2 needs for a module's epilogue (None without one): its device
-    function's source, the reduce + epilogue function when ``fused`` (a block of the module
-    fuses a reduce and the epilogue of its region: after the atom, whose reduce it needs), its
-    argument slots and the row's bytes (the slices' alignment)."""
+    function's source, the reduce + epilogue function when blocks of the module fuse a reduce
+    and the epilogue of its region (``fused_sources``: the most sources such a reduce reads; the
+    function goes after the atom, whose reduce it needs), its argument slots and the row's bytes
+    (the slices' alignment)."""
     if epilogue is None:
         return None
     from purlinc.atom.codegen.render import render  # the one Jinja environment
 
-    values = template_values(epilogue, dtype, threads)
+    values = template_values(epilogue, dtype, threads, max(fused_sources, 1))
     return {"source": render("epilogue.cuh.j2", e=values).rstrip("\n"),
-            "fused_source": render("epilogue_fused.cuh.j2", e=values).rstrip("\n") if fused else "",
+            "fused_source": render("epilogue_fused.cuh.j2", e=values).rstrip("\n") if fused_sources else "",
             "slots": slots(epilogue), "row_bytes": epilogue.row * dtype.itemsize}
 
 

@@ -194,8 +194,8 @@ def generate(
     trace_values = trace_template_values(kernels, schedule.channels) if trace else None
     threads = limits.THREADS_PACKED if packed else limits.THREADS
     module = _bodies(kernels, trace)
-    fused = any(item.first["kind"] == "reduce_epilogue" for body in module for item in body.items)
-    epilogue = module_values(schedule.epilogue, dtype, threads, fused=fused)  # None without one
+    fused = [len(item.first["srcs"]) for body in module for item in body.items if item.first["kind"] == "reduce_epilogue"]
+    epilogue = module_values(schedule.epilogue, dtype, threads, fused_sources=max(fused, default=0))  # None without one
     ll_source = render("ll.cuh.j2", reduce=reduce, in_flight=limits.LL_IN_FLIGHT,
                        consume_inline=_ll_loops(module) <= limits.LL_INLINE_LOOPS).rstrip("\n") if packed else ""
     values = _module_values(schedule, spec, base=base, atom=atom, dtype=dtype, op=op, packed=bool(packed), threads=threads)
