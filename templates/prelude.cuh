@@ -25,7 +25,7 @@ struct purlin_args {
     purlin_u64* signals[PURLIN_WORLD];  // every rank's signal pad, as mapped here
     char* in_peer[PURLIN_WORLD];        // registered inputs (null when not registered)
     char* out_peer[PURLIN_WORLD];       // registered outputs (null when not registered)
-#ifdef PURLIN_EPILOGUE_SLOTS
+#if defined(PURLIN_EPILOGUE_SLOTS) && PURLIN_EPILOGUE_SLOTS > 0  // an epilogue without operands has none
     purlin_u64 epi[PURLIN_EPILOGUE_SLOTS];  // epilogue operands: pointers, or a float's bits
 #endif
 };

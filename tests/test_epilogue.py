@@ -295,6 +295,18 @@ def test_example_compiles_with_nvrtc(arch, atom, options, dtype):
     assert nvrtc.compile_cubin(kernel.source, kernel.filename, arch)
 
 
+def test_an_epilogue_without_operands_compiles():
+    """No operand: no argument words (a zero-length array is not C++), the rows still cut slices."""
+    source = ("collective ar_scale(hidden = 4096) { in[r] = x  out[r] = x  reduce\n"
+              "    epilogue rows(hidden) { out = out * 2.0 } }")
+    spec = check(parse(source, "scale.pln"), 2)
+    for options in (LowerOptions(Algorithm.DIRECT_PUSH, channels=2), LowerOptions(Algorithm.DIRECT_PUSH, packed=True)):
+        kernel = generate(lower(spec, options), spec, atom="ldst", arch="sm_90", dtype=DType.BFLOAT16, op=ReduceOp.SUM)
+        assert kernel.abi.epilogue_slots == 0 and kernel.abi.row_bytes == 8192
+        assert kernel.abi.to_json()["row_bytes"] == 8192
+        assert nvrtc.compile_cubin(kernel.source, kernel.filename, "sm_90")
+
+
 @pytest.mark.parametrize("world", [2, 3, 8])
 @pytest.mark.parametrize("options, fused", [
     (LowerOptions(Algorithm.DIRECT_PUSH, channels=4, slices=2), True),  # the reduce is the last step on its rows

@@ -220,7 +220,7 @@ class KernelABI:
             "needs_in_peers": self.needs_in_peers,
             "needs_out_peers": self.needs_out_peers,
             "args_bytes": self.args_bytes,
-            **({"epilogue_slots": self.epilogue_slots, "row_bytes": self.row_bytes} if self.epilogue_slots else {}),
+            **({"epilogue_slots": self.epilogue_slots, "row_bytes": self.row_bytes} if self.row_bytes else {}),
         }
 
 
