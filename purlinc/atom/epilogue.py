@@ -128,6 +128,14 @@ def _lines(epilogue: Epilogue, names: dict[str, str], locals_: set[str], first_p
     return lines
 
 
+def _mean_of_squares(total: str, row: int) -> str:
+    """``total / row`` rounded once: a product with the exact reciprocal where ``row`` is a power
+    of two (the same bits as the quotient, without a division on the row's critical path)."""
+    if row & (row - 1) == 0:
+        return f"__fmul_rn({total}, {_float_literal(1.0 / row)})"
+    return f"__fdiv_rn({total}, {float(row)!r}f)"
+
+
 def row_layout(row_vectors: int, threads: int, sources: int = 1) -> dict:
     """How a block spreads rows over its threads: about ``VECTORS_PER_THREAD`` vectors each (so
     each thread has that many loads per buffer in flight; one where a fused reduce reads more
@@ -179,6 +187,7 @@ def template_values(epilogue: Epilogue, dtype: DType, threads: int, sources: int
             "pass1": _lines(epilogue, names, locals_, first_pass=True),
             "value": _expr(norm.args[0], names, None),
             "eps": _expr(norm.args[2], names, None),
+            "mean": _mean_of_squares("total", epilogue.row),
         }
     return values
 
@@ -208,25 +217,6 @@ def fuse_reduce(reduce: dict, epilogue: dict) -> dict | None:
         return None
     return {**reduce, "kind": "reduce_epilogue", "comments": reduce["comments"] + epilogue["comments"] + [
         "steps above: one pass, the reduced rows kept in registers for the epilogue"]}
-
-
-PREFETCH_REGIONS = 4  # epilogue regions of one program whose operands are prefetched up front
-
-
-def with_prefetch(blocks: list[dict]) -> list[dict]:
-    """``blocks`` with, at the start of the round, the L1 prefetch of the operands of the first
-    ``PREFETCH_REGIONS`` epilogues (``purlin_epilogue_prefetch``): the caller's residual and
-    weight are ready when the kernel starts (after ``purlin_launch_order``), long before the
-    peers' data.  After a first packet send, which sets the round's epoch after its own loads
-    (``generate._kernels``), so that send still leads."""
-    targets = [b for b in blocks if b["kind"] in ("epilogue", "reduce_epilogue")][:PREFETCH_REGIONS]
-    if not targets:
-        return blocks
-    block = {"kind": "epilogue_prefetch", "regions": [{"dst": b["dst"], "slice": b["slice"]} for b in targets],
-             "comments": [f"the epilogue operands of {len(targets)} region(s) below, into L1 before any wait"],
-             "reads": frozenset(), "writes": frozenset()}
-    at = 1 if blocks[0]["kind"] == "ll_send" else 0
-    return [*blocks[:at], block, *blocks[at:]]
 
 
 def epilogue_block(index: int, step, dst: str, slice_expr: str, call_args: str = "") -> dict:

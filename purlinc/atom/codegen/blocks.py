@@ -17,7 +17,7 @@ from purlinc.atom.codegen.fuse import fuse_copies
 from purlinc.atom.codegen.ll import check_reorder, fuse_sends, ll_block
 from purlinc.errors import InternalError
 from purlinc.frontend.ast import Operation
-from purlinc.atom.epilogue import epilogue_block, fuse_reduce, with_prefetch
+from purlinc.atom.epilogue import epilogue_block, fuse_reduce
 from purlinc.snac.ir import Consume, Epilogue, Notify, Program, Region, Role, Stage, Wait
 from purlinc.snac.packing import ll_groups
 
@@ -202,4 +202,4 @@ def program_blocks(program: Program, per_call: dict, roles: dict | None = None, 
     if state.reads or state.writes:
         # The next round reuses staging units and the counter update follows.
         state.blocks.append({"kind": "barrier", "comments": ["barrier: end of the round"]})
-    return with_prefetch(fuse_sends(fuse_copies(state.blocks)))
+    return fuse_sends(fuse_copies(state.blocks))
