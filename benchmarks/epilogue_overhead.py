@@ -39,7 +39,7 @@ from _graph_timing import capture, replay_us, spread, write_results  # noqa: E40
 FUSED = ROOT / "examples" / "fused" / "allreduce_add_rmsnorm.pln"
 PLAIN = "collective allreduce_one_chunk { in[r] = x  out[r] = x  reduce }"  # the same, without the epilogue
 HIDDEN = 4096
-SCHEDULES = (("direct-push", True, 1), ("direct-push", False, 8), ("two-shot", False, 8))
+SCHEDULES = (("direct-push", True, 1), ("direct-push", False, 8), ("direct-push", False, 16), ("two-shot", False, 8))
 # --parts: the fused epilogue taken apart, each part its own spec timed like the whole (what
 # each costs over the plain all-reduce): the residual read, its store, the norm's row reduction.
 _PART = "collective {name}(hidden = 4096) with {operands} {{ in[r] = x  out[r] = x  reduce  epilogue rows(hidden) {{ {body} }} }}"

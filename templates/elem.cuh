@@ -1,7 +1,7 @@
 // ---- element arithmetic: conversions to the float32 (or int32, int64) accumulator and the four ops ----
 // Reductions accumulate in float32 and round once per reduce (int32 wraps), in the order the
 // sources are given, so results are bitwise reproducible (purlinc/dtypes.py does the same).
-// No NVRTC include headers: fp16 through PTX cvt, bf16 by bit manipulation.
+// No NVRTC include headers: fp16 through PTX cvt, bf16 too (by bit manipulation before sm_80).
 
 __device__ __forceinline__ float purlin_f32_to_acc(float x) { return x; }
 __device__ __forceinline__ float purlin_acc_to_f32(float x) { return x; }
@@ -22,12 +22,21 @@ __device__ __forceinline__ unsigned short purlin_acc_to_f16(float f)
 
 __device__ __forceinline__ float purlin_bf16_to_acc(unsigned short b) { return __uint_as_float((unsigned)b << 16); }
 
-// Round to nearest even; every NaN becomes the canonical 0x7fc0 (as dtypes.from_float32).
+// Round to nearest even; every NaN becomes the canonical 0x7fc0 (as dtypes.from_float32).  sm_80
+// and later convert in one instruction (the same rounding; its NaN is 0x7fff, so NaNs are
+// replaced): an epilogue rounds a few values per element, and the rounding by bit manipulation
+// (five instructions and a select) made up much of its instruction count.
 __device__ __forceinline__ unsigned short purlin_acc_to_bf16(float f)
 {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned short b;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f));
+    return f != f ? (unsigned short)0x7fc0 : b;
+#else
     const unsigned u = __float_as_uint(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
     return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
 }
 
 __device__ __forceinline__ int purlin_i32_to_acc(int x) { return x; }

@@ -114,14 +114,24 @@ def _norm_dependent(epilogue: Epilogue, locals_: set[str]) -> set[str]:
     return dependent
 
 
-def _lines(epilogue: Epilogue, names: dict[str, str], locals_: set[str], first_pass: bool) -> list[str]:
+def _first_pass_locals(epilogue: Epilogue, locals_: set[str]) -> list[str]:
+    """The locals pass 1 computes (those that do not need the rmsnorm), in statement order."""
+    dependent = _norm_dependent(epilogue, locals_)
+    return [s.target for s in epilogue.statements if s.target in locals_ and s.target not in dependent]
+
+
+def _lines(epilogue: Epilogue, names: dict[str, str], locals_: set[str], first_pass: bool,
+           kept: frozenset[str] = frozenset()) -> list[str]:
     """C statements for one element.  Pass 1 (before the row's rmsnorm is known): the locals
-    that do not need it.  Pass 2: every local, and the values to store (``w_<name>``)."""
-    skip = _norm_dependent(epilogue, locals_) if first_pass else set()
+    that do not need it.  Pass 2: every local not ``kept`` from pass 1 (those come from its
+    registers), and the values to store (``w_<name>``)."""
+    skip = _norm_dependent(epilogue, locals_) if first_pass else set(kept)
     lines = []
     for statement in epilogue.statements:
         target = statement.target
         if first_pass and (target not in locals_ or target in skip):
+            continue
+        if not first_pass and target in skip:
             continue
         name = f"l_{target}" if target in locals_ else f"w_{target}"
         lines.append(f"const float {name} = {_expr(statement.value, names, None)};")
@@ -183,7 +193,12 @@ def template_values(epilogue: Epilogue, dtype: DType, threads: int, sources: int
         "fp8": any(b.suffix == "e4m3" for b in buffers),
     }
     if norm is not None:
+        # Pass 1's locals stay in registers for pass 2 (a float per element each): recomputing
+        # them, with their operands' conversions, cost more issue slots than the registers.
+        kept = _first_pass_locals(epilogue, locals_)
+        values["pass2"] = _lines(epilogue, names, locals_, first_pass=False, kept=frozenset(kept))
         values["norm"] = {
+            "kept": [f"l_{name}" for name in kept],
             "pass1": _lines(epilogue, names, locals_, first_pass=True),
             "value": _expr(norm.args[0], names, None),
             "eps": _expr(norm.args[2], names, None),
