@@ -12,13 +12,8 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/purlin_gpu_lanes}
 mkdir -p "$OUT"
-# gpu_suite.sh links grammar/ and templates/ into purlinc/ for its run and removes them at its
-# exit: made here once, so no lane removes them under another.
-LINKS=()
-for pkg in grammar templates; do
-  if [ ! -e "purlinc/$pkg" ]; then ln -s "../$pkg" "purlinc/$pkg" && LINKS+=("purlinc/$pkg"); fi
-done
-trap 'for l in "${LINKS[@]}"; do rm -f "$l"; done' EXIT
+# Linked here once, so no lane's gpu_suite.sh removes the links under another.
+. scripts/source_links.sh
 PIDS=()
 i=0
 for steps in "$@"; do

@@ -51,13 +51,7 @@ export PURLIN_WAIT_TIMEOUT_S=${PURLIN_WAIT_TIMEOUT_S:-5} NCCL_NVLS_ENABLE=0 TORC
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
 STEPS=${PURLIN_STEPS:-"precompile loopback loopback_scale sized moe moe_bench graph_buffers insitu epilogue epilogue_bench insitu_bench e2e_loopback local local_ce trace torchrun zerocopy zerocopy_torchrun graph_buffers_torchrun faults torch torch_backend hier"}
 T0=$(date +%s)
-# Run from the source tree: grammar/ and templates/ ship as purlinc.grammar / purlinc.templates
-# in a wheel (pyproject's package-dir); link them in for the run, and remove the links after.
-LINKS=()
-for pkg in grammar templates; do
-  if [ ! -e "purlinc/$pkg" ]; then ln -s "../$pkg" "purlinc/$pkg" && LINKS+=("purlinc/$pkg"); fi
-done
-trap 'for l in "${LINKS[@]}"; do rm -f "$l"; done' EXIT
+. scripts/source_links.sh  # grammar/ and templates/ linked into purlinc/ for the run
 RAN=()
 : > "$OUT/steps.tsv"
 
