@@ -182,9 +182,21 @@ def main(rank: int, world: int, init_file: str) -> None:
         dist.all_reduce(t, group=sub)
         expect(t, value(0) + value(1), "all_reduce on new_group([0, 1])")
         assert torch_standin.CALLS[-1] == ("allreduce", (0, 1)), torch_standin.CALLS[-1]
+        made = groups._GROUPS[id(sub)][1]
+        dist.destroy_process_group(sub)  # its shutdown releases what Purlin made for it
+        assert id(sub) not in groups._GROUPS and made not in groups._BY_NAME.values(), "sub-group kept"
+        assert not made._entries, "the sub-group's collectives were not closed"
+    gloo = dist.new_group(list(range(world)), backend="gloo")  # a foreign group, used through group=
+    t = value(rank)
+    pt.all_reduce(t, group=gloo)
+    expect(t, sum(value(r) for r in range(world)), "purlinc.torch.all_reduce on a gloo group")
+    dist.destroy_process_group(gloo)
+    groups.release_destroyed()  # torch cannot tell Purlin: the cache drops it when it looks next
+    assert all(pg is not gloo for pg, _ in groups._GROUPS.values()), "destroyed gloo group kept"
     dist.barrier()
     print(f"rank {rank}: {taken} calls on Purlin, then the fallbacks", flush=True)
     dist.destroy_process_group()
+    assert not groups._GROUPS and not groups._BY_NAME, (groups._GROUPS, groups._BY_NAME)
 
 
 if __name__ == "__main__":

@@ -78,6 +78,18 @@ class PurlinProcessGroup(dist.ProcessGroup):
 
         return groups.for_process_group(self)
 
+    def shutdown(self) -> None:
+        """What ``destroy_process_group`` calls: release the Purlin communicator made for this
+        group and shut the fallbacks down."""
+        from purlinc.torch import groups
+
+        groups.forget(self)
+        for fallback in self._fallbacks.values():
+            stop = getattr(fallback, "shutdown", None)
+            if stop is not None:
+                stop()
+        self._fallbacks.clear()
+
     # ------------------------------------------------------------------------------ choosing
     def _purlin_takes(self, tensors, *, reduce_op=None, reduce=False) -> str | None:
         """``None`` when Purlin runs a call on ``tensors``, else why not (for the log)."""

@@ -56,6 +56,7 @@ def for_process_group(pg):
     hit = _GROUPS.get(id(pg))
     if hit is not None and hit[0] is pg:
         return hit[1]
+    release_destroyed()  # a new group is rare: the moment to drop those torch has destroyed
     group = make_group(pg)
     _GROUPS[id(pg)] = (pg, group)  # the pg is kept alive with it, so its id is never reused meanwhile
     try:
@@ -68,6 +69,7 @@ def for_process_group(pg):
 def made_for(pg):
     """Inside ``torch.compile``: the Purlin Group already made for process group ``pg``, found by
     the group's name (a trace reads that; it cannot make a communicator, which is a collective)."""
+    release_destroyed()  # a name torch gave again after a destroy must not find the old group
     hit = _BY_NAME.get(pg.group_name)
     if hit is None:
         raise ArgumentError(f"group {pg.group_name!r} has no Purlin communicator yet, and a compiled region "
@@ -78,10 +80,36 @@ def made_for(pg):
 
 
 def forget(pg) -> None:
-    """Drop (and close) the Purlin Group cached for ``pg``."""
-    hit = _GROUPS.pop(id(pg), None)
-    if hit is not None:
-        hit[1].close()
+    """Drop and close what was made for ``pg``: its Purlin Group (its loaded collectives) and
+    the communicator made for it (its symmetric heap and peer mappings).  Nothing to do for a
+    group never used with Purlin."""
+    hit = _GROUPS.get(id(pg))
+    if hit is None or hit[0] is not pg:
+        return
+    del _GROUPS[id(pg)]
+    group = hit[1]
+    for name in [name for name, g in _BY_NAME.items() if g is group]:
+        del _BY_NAME[name]
+    group.close()
+    close = getattr(group.comm, "close", None)
+    if close is not None:
+        close()
+
+
+def _registered(pg) -> bool:
+    """Whether torch still knows ``pg`` (``destroy_process_group`` unregisters it; a process
+    group of the ``purlin`` backend is released by its own ``shutdown`` then)."""
+    world = getattr(dist.distributed_c10d, "_world", None)
+    groups = getattr(world, "pg_map", None)
+    return True if groups is None else pg in groups
+
+
+def release_destroyed() -> None:
+    """Release what was made for the process groups torch has destroyed since (``forget``):
+    the cache keeps them alive, so without this their communicators would stay."""
+    for pg, _ in list(_GROUPS.values()):
+        if not _registered(pg):
+            forget(pg)
 
 
 
