@@ -26,7 +26,11 @@ Which captured calls register is ``PURLIN_GRAPH_BUFFERS`` (``settings.graph_buff
 heap buffers, i.e. not where an LL-packed schedule serves the size (there the packets' flags
 beat the twin's separate signal round trip: measured back to back on 2 x H200, 1 KiB
 all-reduce 3.2 us staged vs 6.0 us zero-copy, 64 KiB 4.9 vs 6.6; LL packing also does its
-staging inside the one kernel); ``register`` registers every captured call that has a twin;
+staging inside the one kernel).  In situ (between a producer and a consumer kernel, one GPU,
+ranks in loopback: ``benchmarks/results/2026-12-02-h200x1-loopback-insitu-r2.md``) the same
+split holds: at 1-64 KiB the staged LL call adds 2.9-3.3 us, the registered twin 4.7-5.2; at 1
+and 4 MiB the twin adds 5.8 and 9.1 us, staging 6.5 and 14.2 (at 256 KiB they were within one
+sample's noise).  ``register`` registers every captured call that has a twin;
 ``stage`` never registers.  Eager calls always stage.
 
 Every rank must capture the call alike (SPMD): a rank that registers while a peer stages
