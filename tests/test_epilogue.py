@@ -3,6 +3,8 @@ reference evaluator's meaning (docs/LANGUAGE.md, "Epilogues")."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -14,18 +16,9 @@ from purlinc.frontend.check import check
 from purlinc.frontend.evaluate import evaluate
 from purlinc.frontend.parse import parse
 
-FUSED = """\
-collective allreduce_add_rmsnorm(hidden = 4096) with rows residual, row weight, scalar eps {
-    in[r]  = x
-    out[r] = x
-    reduce
-    epilogue rows(hidden) {
-        h = out + residual
-        residual = h
-        out = rmsnorm(h, weight, eps)
-    }
-}
-"""
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "fused" / "allreduce_add_rmsnorm.pln"
+FUSED = EXAMPLE.read_text()  # the example is the spec these tests take apart
 BF16 = DType.BFLOAT16
 
 
@@ -243,15 +236,12 @@ def test_simulator_equals_evaluator(world, rows, hidden, spec_text, option, piec
 # --- the example: dumps (golden), kernels for every target --------------------------------------
 
 import os  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 from purlinc import pipeline  # noqa: E402
 from purlinc.atom import nvrtc  # noqa: E402
 from purlinc.atom.codegen import generate  # noqa: E402
 from purlinc.dtypes import ReduceOp  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "examples" / "fused" / "allreduce_add_rmsnorm.pln"
 GOLDEN = Path(__file__).resolve().parent / "golden" / "epilogue"
 
 
@@ -336,7 +326,7 @@ def test_codegen_refusals_are_located():
         spec = check(parse(FUSED.replace("hidden = 4096", "hidden = 4100"), "f.pln"), 2)
         generate(lower(spec, LowerOptions()), spec, atom="ldst", arch="sm_90", dtype=BF16, op=ReduceOp.SUM)
     assert info.value.render().splitlines()[:3] == [
-        "f.pln:5:19: error: a row of 4100 bfloat16 elements is 8200 bytes, not a multiple of 16 (the kernels "
+        "f.pln:8:19: error: a row of 4100 bfloat16 elements is 8200 bytes, not a multiple of 16 (the kernels "
         "move 16-byte vectors)", "        epilogue rows(hidden) {", "                      ^^^^^^"]
     with pytest.raises(PurlinError) as info:
         spec = _example(2)

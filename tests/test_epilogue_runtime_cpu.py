@@ -4,6 +4,7 @@ expected and the actual, and the words the kernel gets (purlinc/runtime/operands
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -15,18 +16,8 @@ from purlinc.runtime.interop import ArrayInfo
 from purlinc.runtime.operands import operand_words
 from purlinc.runtime.validate import CallShape, choose_piece
 
-SPEC = check(parse("""\
-collective fused(hidden = 64) with rows residual, row weight, scalar eps {
-    in[r] = x
-    out[r] = x
-    reduce
-    epilogue rows(hidden) {
-        h = out + residual
-        residual = h
-        out = rmsnorm(h, weight, eps)
-    }
-}
-"""), 2)
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fused" / "allreduce_add_rmsnorm.pln"
+SPEC = check(parse(EXAMPLE.read_text(), str(EXAMPLE)), 2, {"hidden": 64})  # the example, with rows of 64
 EPILOGUE = SPEC.epilogue
 BF16 = DType.BFLOAT16
 
