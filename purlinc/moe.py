@@ -83,6 +83,12 @@ class Dispatcher:
         self.recv_counts = torch.zeros(R, dtype=torch.int64, device=dev)
         self.back_counts = torch.zeros(R, dtype=torch.int64, device=dev)
         self.token_of = torch.zeros(self.slots + 1, dtype=torch.int64, device=dev)  # send row -> token
+        # Constant index tensors of the routing, made once: each would be a kernel in every step
+        # (a step of one token is a few dozen small kernels, so their count is its latency).
+        self._pair_token = torch.arange(max_tokens, device=dev).repeat_interleave(R)  # (t, d) pair -> t
+        self._pair_rank = torch.arange(R, device=dev).repeat(max_tokens)  # (t, d) pair -> d
+        self._send_rows = torch.arange(self.slots + 1, device=dev)
+        self._recv_rows = torch.arange(R * max_tokens, device=dev)
         self._tokens = 0
 
     def warm(self, expert=None) -> None:
@@ -115,38 +121,45 @@ class Dispatcher:
     # ---- routing
     def _route(self, topk_ids: torch.Tensor, T: int):
         """Send rows in order (rank, token): row of (t, d) at offset[d] + (tokens before t that go to d).
-        Returns (dest [T, k], pos [T, R], mask [T, R])."""
+        Returns (pos [T, R]: each pair's row, ``slots`` for pairs not sent; ends [R]: each rank's rows end)."""
         R, dev = self.world_size, topk_ids.device
         dest = torch.div(topk_ids.to(torch.int64), self.local_experts, rounding_mode="floor")
         mask = torch.zeros(T, R, dtype=torch.bool, device=dev).scatter_(1, dest, True)
         counts = mask.sum(0)
         self.counts.copy_(counts)
-        before = torch.cumsum(counts, 0) - counts
-        pos = before + torch.cumsum(mask.to(torch.int64), 0) - 1
-        pos = torch.where(mask, pos, torch.full_like(pos, self.slots))
-        return dest, pos, mask
+        ends = torch.cumsum(counts, 0)
+        pos = torch.cumsum(mask, 0) + (ends - counts - 1)  # rows before this rank's, then tokens before t
+        return torch.where(mask, pos, self.slots), ends
 
-    def _fill(self, x, topk_ids, topk_weights, pos) -> None:
-        T, R, k, H = x.shape[0], self.world_size, self.top_k, self.hidden
-        dev = x.device
+    def _fill(self, x, topk_ids, topk_weights, pos, ends) -> None:
+        T, R, H = x.shape[0], self.world_size, self.hidden
         if T == 0:  # nothing to send; every row belongs to no token
             self.token_of.fill_(0)
             return
-        tokens = torch.arange(T, device=dev).repeat_interleave(R)
-        ranks = torch.arange(R, device=dev).repeat(T)
-        self.token_of.fill_(T).scatter_(0, pos.reshape(-1), tokens)
-        row_rank = torch.zeros(self.slots + 1, dtype=torch.int64, device=dev).scatter_(0, pos.reshape(-1), ranks)
+        self.token_of.fill_(T).scatter_(0, pos.reshape(-1), self._pair_token[:T * R])
         # the unused-pair row belongs to no token; a fill kernel, not a host copy (capturable)
         self.token_of[self.slots:].fill_(T)
         tok = self.token_of.clamp(max=T - 1)  # rows of no token read token T - 1: sent nowhere
+        row_rank = torch.searchsorted(ends, self._send_rows, right=True)  # rows are packed by rank
         self.send[:, :H].copy_(x[tok])
-        ids = topk_ids[tok].to(torch.int64)
+        ids = topk_ids[tok]
         mine = torch.div(ids, self.local_experts, rounding_mode="floor") == row_rank[:, None]
-        local = torch.where(mine, ids - row_rank[:, None] * self.local_experts, torch.full_like(ids, -1))
-        weights = torch.where(mine, topk_weights[tok].to(torch.float32), torch.zeros((), device=dev))
-        meta = self.send[:, H:].view(torch.uint8).view(self.slots + 1, 2, k, 4)
-        meta[:, 0].copy_(local.to(torch.int32).contiguous().view(torch.uint8).view(-1, k, 4))
-        meta[:, 1].copy_(weights.contiguous().view(torch.uint8).view(-1, k, 4))
+        local = torch.where(mine, ids % self.local_experts, -1)  # the expert's number on that rank
+        weights = torch.where(mine, topk_weights[tok], 0)
+        ids_view, weights_view = self._meta(self.send)
+        ids_view.copy_(local)
+        weights_view.copy_(weights)
+
+    def _meta(self, rows: torch.Tensor):
+        """The top-k ids (int32) and weights (float32) riding in each row of ``rows`` (send or
+        receive buffer), as views of its bytes after the token's ``hidden`` elements."""
+        k, N = self.top_k, rows.shape[0]
+        raw = rows.view(torch.uint8)[:, self.hidden * rows.element_size():]  # [N, 8k] bytes
+        if raw.stride(0) % 4 == 0 and raw.storage_offset() % 4 == 0:
+            words = raw.view(torch.int32)
+            return words[:, :k], words[:, k:].view(torch.float32)
+        # rows whose metadata is not 4-byte aligned (an odd hidden of a 2-byte dtype): byte copies
+        return _Bytes(raw[:, :4 * k], torch.int32, N, k), _Bytes(raw[:, 4 * k:], torch.float32, N, k)
 
     # ---- the two exchanges
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
@@ -157,20 +170,18 @@ class Dispatcher:
     def _pack(self, x, topk_ids, topk_weights) -> int:
         """Route and fill the send rows (and ``counts``); returns the number of tokens."""
         T = self._check(x, topk_ids, topk_weights)
-        _, pos, _ = self._route(topk_ids, T)
-        self._fill(x, topk_ids, topk_weights, pos)
+        pos, ends = self._route(topk_ids, T)
+        self._fill(x, topk_ids, topk_weights, pos, ends)
         return T
 
     def _received(self) -> Dispatched:
-        H, k, N = self.hidden, self.top_k, self.recv.shape[0]
         rows = self.recv_counts.sum()
-        used = torch.arange(N, device=self.recv.device) < rows
-        meta = self.recv[:, H:].contiguous().view(torch.uint8).view(N, 2, k, 4)
-        ids = meta[:, 0].contiguous().view(torch.int32).view(N, k)
-        weights = meta[:, 1].contiguous().view(torch.float32).view(N, k)
-        ids = torch.where(used[:, None], ids, torch.full_like(ids, -1))
-        weights = torch.where(ids >= 0, weights, torch.zeros_like(weights))
-        return Dispatched(self.recv[:, :H], ids, weights, self.recv_counts, rows)
+        used = (self._recv_rows < rows)[:, None]
+        ids_view, weights_view = self._meta(self.recv)
+        ids = torch.where(used, ids_view.read(), -1) if isinstance(ids_view, _Bytes) else torch.where(used, ids_view, -1)
+        weights = weights_view.read() if isinstance(weights_view, _Bytes) else weights_view
+        weights = torch.where(ids >= 0, weights, 0)
+        return Dispatched(self.recv[:, :self.hidden], ids, weights, self.recv_counts, rows)
 
     def combine(self, partial: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """``partial[n]``: received row n's weighted sum over this rank's experts ([N, H], the
@@ -200,6 +211,20 @@ class Dispatcher:
         if topk_ids.dtype not in (torch.int32, torch.int64):
             raise ArgumentError(f"dispatch: topk_ids has dtype {topk_ids.dtype}, expected int32 or int64")
         return T
+
+
+class _Bytes:
+    """A [N, k] int32 or float32 view that ``_meta`` could not make (misaligned bytes): ``copy_``
+    writes a tensor's bytes into them, ``read`` returns a contiguous copy."""
+
+    def __init__(self, raw: torch.Tensor, dtype: torch.dtype, n: int, k: int):
+        self.raw, self.dtype, self.n, self.k = raw, dtype, n, k
+
+    def copy_(self, values: torch.Tensor) -> None:
+        self.raw.copy_(values.to(self.dtype).contiguous().view(torch.uint8).view(self.n, 4 * self.k))
+
+    def read(self) -> torch.Tensor:
+        return self.raw.contiguous().view(self.dtype).view(self.n, self.k)
 
 
 def expert_weighted_sum(got: Dispatched, expert, local_experts: int) -> torch.Tensor:

@@ -29,15 +29,20 @@ def _setup(R, E, H, k, T):
     return gs, disps
 
 
-@pytest.mark.parametrize("R, E, k", [(1, 4, 2), (2, 8, 3), (3, 6, 2), (4, 16, 4)])
-def test_dispatch_combine_equals_the_plain_exchange(R, E, k):
-    H, T = 8, 12
+@pytest.mark.parametrize("R, E, k, H, ids_dtype, weights_dtype", [
+    (1, 4, 2, 8, torch.int64, torch.float32), (2, 8, 3, 8, torch.int64, torch.float32),
+    (3, 6, 2, 8, torch.int32, torch.bfloat16), (4, 16, 4, 8, torch.int64, torch.float32),
+    (2, 8, 2, 7, torch.int32, torch.float32),  # an odd hidden: the ids and weights are not 4-byte aligned
+])
+def test_dispatch_combine_equals_the_plain_exchange(R, E, k, H, ids_dtype, weights_dtype):
+    T = 12
     gs, disps = _setup(R, E, H, k, T)
     for trial, skew in enumerate(("random", "one", "random", "zero")):
         def step(rank, g):
             gen = torch.Generator().manual_seed(100 * trial + rank)
             tokens = 0 if skew == "zero" and rank == 0 else T - rank
             x, ids, w = routing(gen, tokens, H, E, k, torch.bfloat16, "cpu", "one" if skew == "one" else "random")
+            ids, w = ids.to(ids_dtype), w.to(weights_dtype)  # integer weights: exact in bfloat16
             d = disps[rank]
             got = d.dispatch(x, ids, w)
             partial = moe.expert_weighted_sum(got, scale_expert, d.local_experts)
