@@ -1,0 +1,66 @@
+"""Lowering options: the one place they are assembled (``resolve_options``) from a spec's
+defaults, a full ``LowerOptions`` and overrides, and the atom's defaults under all three."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import fields
+from typing import TYPE_CHECKING
+
+from purlinc.errors import PurlinError
+
+if TYPE_CHECKING:
+    from purlinc.frontend.spec import Spec
+    from purlinc.snac.ir import LowerOptions
+
+
+def with_atom_defaults(changes: Mapping[str, object], atom: str | None = None) -> dict[str, object]:
+    """``changes`` (LowerOptions overrides) plus what the atom decides where they say nothing:
+    as many staging copies as it can address (kernels: 2; the copy engines: 1, see
+    ``Atom.stage_copies``).  The one place compile, the runtime, dump, check and draw get it."""
+    from purlinc.atom.atoms import DEFAULT_ATOM, lookup_atom
+
+    return {"stage_copies": lookup_atom(atom or DEFAULT_ATOM).stage_copies, **changes}
+
+
+def default_options(spec: Spec) -> LowerOptions:
+    """The options a plain call uses when none are given (the runtime may tune per size)."""
+    from purlinc.snac.lower import default_options as choose
+
+    return choose(spec)
+
+
+def normalize_overrides(overrides: Mapping[str, object] | None) -> dict[str, object]:
+    """Overrides as LowerOptions values: ``None`` means "not given" and is dropped, algorithm
+    names go through the algorithm registry, ``registered`` becomes a frozenset; an unknown
+    field is a PurlinError naming the known ones."""
+    from purlinc.snac.algorithms import get_algorithm
+    from purlinc.snac.ir import LowerOptions
+
+    known = [f.name for f in fields(LowerOptions)]
+    changes = {k: v for k, v in dict(overrides or {}).items() if v is not None}
+    unknown = sorted(set(changes) - set(known))
+    if unknown:
+        raise PurlinError(f"unknown lowering option(s): {', '.join(unknown)}",
+                          notes=(f"expected one of: {', '.join(known)}",))
+    if "algorithm" in changes:
+        changes["algorithm"] = get_algorithm(changes["algorithm"]).algorithm
+    for name in ("channels", "slices", "slots", "stage_copies"):
+        if name in changes:
+            changes[name] = int(changes[name])
+    if "packed" in changes:
+        changes["packed"] = bool(changes["packed"])
+    if "registered" in changes:
+        changes["registered"] = frozenset(changes["registered"])
+    return changes
+
+
+def resolve_options(spec: Spec, *, options: LowerOptions | None = None,
+                    overrides: Mapping[str, object] | None = None) -> LowerOptions:
+    """The LowerOptions a compile uses: ``options`` (default: chosen per spec) with
+    ``overrides`` applied on top."""
+    from dataclasses import replace
+
+    base = options if options is not None else default_options(spec)
+    changes = normalize_overrides(overrides)
+    return replace(base, **changes) if changes else base

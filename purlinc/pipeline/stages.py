@@ -1,0 +1,91 @@
+"""The frontend and lowering stages, each a pure function of the previous artifact plus
+options, and this process's memos of the frontend's products (the AST and the checked spec
+of a source), which every Compiled, size bucket and CLI stage of one source shares.
+
+Imports are deferred to the stage that needs them (lark, NumPy and the verifier are not
+imported by a cache hit)."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from purlinc.pipeline.source import SourceText
+from purlinc.pipeline.stats import STATS
+
+if TYPE_CHECKING:
+    from purlinc.frontend import ast
+    from purlinc.frontend.spec import Spec
+    from purlinc.snac.ir import LowerOptions, Schedule
+
+_MEMO_LIMIT = 128  # Compiled objects and checked specs kept per process
+
+
+def parse_stage(source: SourceText) -> ast.CollectiveDef:
+    from purlinc.frontend.parse import parse
+
+    STATS.parses += 1
+    return parse(source.text, source.filename)
+
+
+def spec_stage(definition: ast.CollectiveDef, world_size: int, params: Mapping[str, int] | None) -> Spec:
+    from purlinc.frontend.check import check
+
+    STATS.checks += 1
+    return check(definition, world_size, params)
+
+
+def snac_stage(spec: Spec, options: LowerOptions, *, verify: bool = True) -> Schedule:
+    from purlinc.snac.lower import lower
+    from purlinc.snac.verify import verify as verify_schedule
+
+    STATS.lowerings += 1
+    schedule = lower(spec, options)
+    if verify:
+        STATS.verifications += 1
+        verify_schedule(schedule, spec)
+    return schedule
+
+
+def _params_key(params: Mapping[str, int] | None) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted((str(k), int(v)) for k, v in (params or {}).items()))
+
+
+_definitions: OrderedDict = OrderedDict()
+_specs: OrderedDict = OrderedDict()
+_frontend_lock = threading.Lock()
+
+
+def _remember(memo: OrderedDict, key, value):
+    memo[key] = value
+    memo.move_to_end(key)
+    while len(memo) > _MEMO_LIMIT:
+        memo.popitem(last=False)
+    return value
+
+
+def definition_of(source: SourceText) -> ast.CollectiveDef:
+    """The parsed file, once per (text, filename) per process (the AST is frozen)."""
+    key = (source.digest, source.filename)
+    with _frontend_lock:
+        hit = _definitions.get(key)
+    if hit is None:
+        hit = parse_stage(source)
+        with _frontend_lock:
+            _remember(_definitions, key, hit)
+    return hit
+
+
+def spec_of(source: SourceText, world_size: int, params: Mapping[str, int] | None) -> Spec:
+    """The checked spec, once per (source, world size, params) per process (the Spec is
+    frozen): every size bucket of a tuned load, and the CLI's stages, share it."""
+    key = (source.digest, source.filename, world_size, _params_key(params))
+    with _frontend_lock:
+        hit = _specs.get(key)
+    if hit is None:
+        hit = spec_stage(definition_of(source), world_size, params)
+        with _frontend_lock:
+            _remember(_specs, key, hit)
+    return hit

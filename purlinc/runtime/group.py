@@ -1,0 +1,83 @@
+"""The checks of a group call (a LocalGroup's, ``GroupCollective`` in runtime/collective.py),
+every rank's before any rank launches: a launched rank waits for the others.  ``ranks`` is
+every rank's Collective."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+
+from purlinc.runtime import residency, zerocopy
+from purlinc.runtime.errors import ArgumentError
+from purlinc.runtime.validate import call_signature, disagreement
+
+
+def prepare_group(name: str, ranks: Sequence, xs, outs, op, streams, count):
+    """Validate a group call for every rank before any launch (a launched rank would wait for
+    the others): one entry per rank in xs / outs / streams, and one count for all ranks."""
+    world = len(ranks)
+    xs = list(xs) if xs is not None else [None] * world
+    outs = list(outs) if outs is not None else [None] * world
+    streams = list(streams) if streams is not None else [None] * world
+    for label, values in (("xs", xs), ("outs", outs), ("streams", streams)):
+        if len(values) != world:
+            raise ArgumentError(f"{name}: {label} has {len(values)} entries, expected {world} (one per rank)")
+    prepared = [c.prepare_call(x, o, op, s, count) for c, x, o, s in zip(ranks, xs, outs, streams)]
+    # One process holds every rank's buffers: any disagreement is caught before any launch.
+    problem = disagreement(name, [call_signature(name, p[0], bool(c.in_units or c.out_units))
+                                  for c, p in zip(ranks, prepared)])
+    if problem is not None:
+        raise problem
+    _check_streams(name, ranks, prepared)
+    zerocopy.agree_group(ranks, prepared)  # heap buffers: every rank takes the same path
+    return prepared
+
+
+def group_operand_words(name: str, ranks: Sequence, prepared, operands: dict) -> list[tuple[int, ...]]:
+    """Every rank's epilogue words, all checked before any launch (``()`` each where the
+    collective has no epilogue and no operands were given)."""
+    world = len(ranks)
+    if not operands and all(getattr(c, "epilogue", None) is None for c in ranks):
+        return [()] * world
+    per_rank: list[dict] = [{} for _ in range(world)]
+    for key, value in operands.items():
+        if isinstance(value, (list, tuple)):
+            if len(value) != world:
+                raise ArgumentError(f"{name}: operand {key!r} has {len(value)} entries, expected {world} (one per rank)")
+            for rank, v in enumerate(value):
+                per_rank[rank][key] = v
+        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+            for rank in range(world):
+                per_rank[rank][key] = value  # one number for every rank
+        else:
+            raise ArgumentError(f"{name}: operand {key!r}: expected a list of one value per rank, "
+                                f"got {type(value).__name__}")
+    return [c.operand_words(shape, ops) for c, (shape, _, _), ops in zip(ranks, prepared, per_rank)]
+
+
+def check_residency(name: str, ranks: Sequence, prepared, known: set) -> None:
+    """Refuse, before any launch, a group call whose ranks that share a GPU need more resident
+    blocks than it holds (``residency.check``); the ranks' kernels are loaded (``prime``).
+    ``known``: the launches already found to fit, so a repeated call costs a set lookup."""
+    from purlinc.runtime import driver
+
+    launches = tuple(b for b in (c.blocks(p[0], p[1]) for c, p in zip(ranks, prepared)) if b is not None)
+    if launches in known:
+        return
+    residency.check(name, launches, driver.sm_count)
+    known.add(launches)
+
+
+def _check_streams(name: str, ranks, prepared) -> None:
+    """Ranks that share a GPU (a loopback group) wait for each other's kernels: on one
+    stream the second would only start once the first gave up waiting."""
+    seen: dict[tuple[int, int], int] = {}
+    for collective, (shape, handle, _) in zip(ranks, prepared):
+        if shape.count == 0:  # nothing is launched
+            continue
+        other = seen.setdefault((collective.device, handle), collective.rank)
+        if other != collective.rank:
+            raise ArgumentError(
+                f"{name}: ranks {other} and {collective.rank} share cuda:{collective.device} and would run "
+                f"on one stream ({handle:#x}), so each would wait for the other forever: pass streams= with "
+                "one stream per rank")

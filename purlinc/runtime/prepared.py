@@ -1,0 +1,71 @@
+"""What a load decides before it touches memory, with no GPU: the pipeline's Compiled it runs
+(``prepare``), and the regions of the symmetric heap its schedule takes (``Layout``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from purlinc import settings
+from purlinc.atom.atoms import DEFAULT_ATOM
+from purlinc.errors import InternalError
+from purlinc.pipeline import Compiled
+from purlinc.runtime.options import LoadOptions
+from purlinc.snac.ir import Algorithm
+
+
+def prepare(
+    path_or_source: str | Path,
+    world_size: int,
+    *,
+    params: Mapping[str, int] | None = None,
+    algorithm: Algorithm | str | None = None,
+    atom: str | None = None,
+    channels: int | None = None,
+    slices: int | None = None,
+    packed: bool | None = None,
+    arch: str = "sm_90",
+    trace: bool = False,
+) -> Compiled:
+    """Parse, check and lower (no GPU needed): everything a load decides before touching memory.
+    ``prepare_options`` with these keywords as a LoadOptions."""
+    return prepare_options(path_or_source, world_size, LoadOptions.of(
+        params=params, algorithm=algorithm, atom=atom, channels=channels, slices=slices, packed=packed,
+        arch=arch, trace=trace))
+
+
+def prepare_options(path_or_source: str | Path, world_size: int, options: LoadOptions) -> Compiled:
+    """The Compiled a load of ``options`` runs: the same path, and for the same inputs the same
+    Compiled, as ``purlinc compile`` (``pipeline.prepare``).  The caller's buffers are never
+    registered (no per-call pointers are exchanged), which the default options already say.
+    Raises the PurlinError of an option, atom or algorithm that does not apply."""
+    from purlinc import pipeline
+
+    compiled = pipeline.prepare(path_or_source, world_size=world_size, params=options.param_map,
+                                arch=options.arch or "sm_90", atom=options.atom or DEFAULT_ATOM,
+                                overrides=options.overrides(), trace=bool(options.trace)).prepared()
+    if compiled.options.registered:  # the defaults register nothing, and no override here does
+        raise InternalError(f"{compiled.name}: a runtime schedule asks for registered buffers")
+    return compiled
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Offsets of one collective's regions in the symmetric heap (equal on every rank)."""
+
+    stage: int
+    stage_bytes: int
+    pad: int
+    pad_bytes: int
+    counters: int
+    counters_bytes: int
+
+
+def layout_sizes(compiled: Compiled, stage_bytes: int | None = None) -> tuple[int, int, int]:
+    """(staging, signal pad, counters) bytes for one rank; ``stage_bytes`` caps the staging
+    space (default PURLIN_STAGE_MB): larger messages run in several rounds."""
+    schedule = compiled.schedule
+    stage = (stage_bytes or settings.stage_bytes()) if schedule.stage_units else 0
+    words = compiled.plan.pad_words if compiled.plan is not None else schedule.signal_pad_size()
+    return stage, 8 * max(words, 1), 8 * schedule.channels
