@@ -86,7 +86,6 @@ class Dispatcher:
         # Constant index tensors of the routing, made once: each would be a kernel in every step
         # (a step of one token is a few dozen small kernels, so their count is its latency).
         self._pair_token = torch.arange(max_tokens, device=dev).repeat_interleave(R)  # (t, d) pair -> t
-        self._pair_rank = torch.arange(R, device=dev).repeat(max_tokens)  # (t, d) pair -> d
         self._send_rows = torch.arange(self.slots + 1, device=dev)
         self._recv_rows = torch.arange(R * max_tokens, device=dev)
         self._tokens = 0
@@ -178,9 +177,8 @@ class Dispatcher:
         rows = self.recv_counts.sum()
         used = (self._recv_rows < rows)[:, None]
         ids_view, weights_view = self._meta(self.recv)
-        ids = torch.where(used, ids_view.read(), -1) if isinstance(ids_view, _Bytes) else torch.where(used, ids_view, -1)
-        weights = weights_view.read() if isinstance(weights_view, _Bytes) else weights_view
-        weights = torch.where(ids >= 0, weights, 0)
+        ids = torch.where(used, _values(ids_view), -1)
+        weights = torch.where(ids >= 0, _values(weights_view), 0)
         return Dispatched(self.recv[:, :self.hidden], ids, weights, self.recv_counts, rows)
 
     def combine(self, partial: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -225,6 +223,11 @@ class _Bytes:
 
     def read(self) -> torch.Tensor:
         return self.raw.contiguous().view(self.dtype).view(self.n, self.k)
+
+
+def _values(view) -> torch.Tensor:
+    """What a view of ``Dispatcher._meta`` holds, as a tensor."""
+    return view.read() if isinstance(view, _Bytes) else view
 
 
 def expert_weighted_sum(got: Dispatched, expert, local_experts: int) -> torch.Tensor:
