@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from purlinc import settings
+from purlinc.errors import PurlinError
 from purlinc.log import log
 from purlinc.runtime import bootstrap
 from purlinc.runtime.errors import MismatchError, PurlinTimeoutError
@@ -65,6 +66,20 @@ def _reporting(exchange, rank: int, bound: float, holder: list):
                 comm.fail(failure)
             raise failure from None
     return call
+
+
+def check_exchange(comm, obj, joined_not: Callable[[Exception], MismatchError]) -> list:
+    """Every rank's ``obj`` through ``comm``'s check exchange (a short timeout: under torchrun a
+    peer that does not come made a mistake, it is not slow to start; a communicator without
+    one uses its allgather).  The exchange failing (a peer never joined) raises the MismatchError
+    ``joined_not(error)`` makes; Purlin's own errors pass through."""
+    exchange = getattr(comm, "_check_exchange", None) or comm.allgather
+    try:
+        return exchange(obj)
+    except PurlinError:
+        raise
+    except Exception as error:  # a gloo timeout: a peer never came
+        raise joined_not(error) from error
 
 
 class Communicator:

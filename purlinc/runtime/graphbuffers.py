@@ -165,22 +165,15 @@ def exchanged_peers(zero_copy, shape, driver):
 
 
 def _exchange(zero_copy, shape, mine) -> list:
-    from purlinc.errors import PurlinError
+    from purlinc.runtime.communicator import check_exchange
 
     staged = zero_copy.staged
     comm = staged.comm
     signature = (shape.count, shape.dtype.value, shape.op.value if shape.op else None)
-    check = getattr(comm, "_check_exchange", None) or comm.allgather
-    try:
-        everyone = check(("graph-buffers", staged.name, signature, mine))
-    except PurlinError:
-        raise
-    except Exception as error:  # a gloo timeout: a peer never came
-        raise MismatchError(
-            f"{staged.name}: rank {comm.rank} captured a call on ordinary buffers (registered for the graph), "
-            f"but a peer did not join the exchange ({type(error).__name__}): it did not capture the same call",
-            notes=("capture the same calls on every rank, or set PURLIN_GRAPH_BUFFERS=stage on every rank",),
-        ) from error
+    everyone = check_exchange(comm, ("graph-buffers", staged.name, signature, mine), lambda error: MismatchError(
+        f"{staged.name}: rank {comm.rank} captured a call on ordinary buffers (registered for the graph), "
+        f"but a peer did not join the exchange ({type(error).__name__}): it did not capture the same call",
+        notes=("capture the same calls on every rank, or set PURLIN_GRAPH_BUFFERS=stage on every rank",)))
     def same_call(entry) -> bool:
         return (isinstance(entry, (tuple, list)) and len(entry) == 4 and entry[0] == "graph-buffers"
                 and tuple(entry[2]) == signature)

@@ -345,18 +345,13 @@ class ZeroCopy:
 
     def _check_peers(self, choice):
         """Under torchrun: every rank's choice, once per call key; the agreed offsets."""
+        from purlinc.runtime.communicator import check_exchange
+
         comm = self.staged.comm
-        check = getattr(comm, "_check_exchange", None) or comm.allgather
-        try:
-            everyone = check(("zero-copy", self.staged.name, choice))
-        except PurlinError:
-            raise
-        except Exception as error:  # a gloo timeout: a peer never came
-            raise MismatchError(
-                f"{self.staged.name}: rank {comm.rank} called with heap buffers (zero-copy), but a peer did not "
-                f"join the check ({type(error).__name__}): it passed buffers outside the heap",
-                notes=("pass buffers from comm.empty on every rank, or on none",),
-            ) from error
+        everyone = check_exchange(comm, ("zero-copy", self.staged.name, choice), lambda error: MismatchError(
+            f"{self.staged.name}: rank {comm.rank} called with heap buffers (zero-copy), but a peer did not "
+            f"join the check ({type(error).__name__}): it passed buffers outside the heap",
+            notes=("pass buffers from comm.empty on every rank, or on none",)))
         choices = [e[2] if isinstance(e, (tuple, list)) and len(e) == 3 and e[0] == "zero-copy" else None
                    for e in everyone]
         choices = [tuple(c) if c is not None else None for c in choices]
