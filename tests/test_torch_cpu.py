@@ -762,3 +762,35 @@ def test_a_handle_names_what_the_fakes_read_in_every_process():
     finally:
         for e in made:
             e.close()
+
+
+def test_the_gpu_check_scripts_log_gathers_every_ranks_failures(tmp_path, monkeypatch):
+    """tests/gpu/_common.CheckLog (the torchrun check scripts' record), in a gloo world of one:
+    checks and failures counted, the JSON written, failure reported."""
+    import json
+    import socket
+
+    import torch.distributed as dist
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+    from _common import CheckLog
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("PURLIN_RESULTS", str(tmp_path))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        log = CheckLog()
+        log.note(True, "fine")
+        try:
+            raise ValueError("boom")
+        except ValueError as error:
+            log.raised("broken", error)
+        assert log.finish("checks.json", "test", 1.25) is True
+    finally:
+        dist.destroy_process_group()
+    doc = json.loads((tmp_path / "checks.json").read_text())
+    assert (doc["passed"], doc["total"], doc["seconds"]) == (1, 2, 1.2)
+    assert doc["failures_all_ranks"][0].startswith("rank 0: broken: ValueError: boom")
+    assert "Traceback" in doc["failures"][0]

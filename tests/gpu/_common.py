@@ -194,6 +194,80 @@ def poison(tensor) -> None:
     tensor.view(torch.uint8).fill_(0xFF)
 
 
+class CheckLog:
+    """The record of a torchrun check script (zerocopy_check.py, graphbuffers_check.py): every
+    check, the failures (printed as they happen), and at the end every rank's failures gathered
+    into one JSON file on rank 0."""
+
+    def __init__(self):
+        self.results: dict = {"checks": [], "failures": []}
+
+    def note(self, ok: bool, what: str, detail: str = "") -> None:
+        import torch.distributed as dist
+
+        self.results["checks"].append([what, bool(ok)])
+        if not ok:
+            self.results["failures"].append(f"{what}: {detail}")
+            print(f"[rank {dist.get_rank()}] FAIL {what}: {detail}", flush=True)
+
+    def raised(self, what: str, error: Exception) -> None:
+        """A check that raised: recorded with the end of its traceback, and the run goes on."""
+        import traceback
+
+        self.note(False, what, f"{type(error).__name__}: {error}\n{traceback.format_exc()[-1500:]}")
+
+    def finish(self, filename: str, label: str, seconds: float) -> bool:
+        """Gather every rank's failures (a collective), write ``filename`` under
+        $PURLIN_RESULTS on rank 0 and print a summary there; whether any rank failed."""
+        import json
+        import os
+
+        import torch.distributed as dist
+
+        results = self.results
+        results["seconds"] = round(seconds, 1)
+        results["total"] = len(results["checks"])
+        results["passed"] = sum(1 for _, ok in results["checks"] if ok)
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, results["failures"])
+        if dist.get_rank() == 0:
+            results["failures_all_ranks"] = [f"rank {r}: {f}" for r, fs in enumerate(gathered) for f in fs]
+            out = Path(os.environ.get("PURLIN_RESULTS", "/tmp"))
+            out.mkdir(parents=True, exist_ok=True)
+            (out / filename).write_text(json.dumps(results, indent=1))
+            print(f"{label}: {results['passed']}/{results['total']} checks passed on rank 0, "
+                  f"{len(results['failures_all_ranks'])} failures on all ranks, {results['seconds']} s", flush=True)
+            for f in results["failures_all_ranks"][:40]:
+                print("  " + f[:400], flush=True)
+        return any(gathered)
+
+
+def capture_per_rank(streams, calls) -> list:
+    """One CUDA graph per rank, each captured on the rank's own stream: ``calls(r)`` issues
+    rank r's work (a loopback group's ranks run at once, each on its stream)."""
+    import torch
+
+    graphs = []
+    for r, s in enumerate(streams):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            calls(r)
+        graphs.append(g)
+    return graphs
+
+
+def replay_per_rank(graphs, streams, device: int) -> None:
+    """Every rank's graph replayed on its own stream, after the work before it and waited for
+    (the ranks wait for each other on the device)."""
+    import torch
+
+    torch.cuda.synchronize(device)
+    for g, s in zip(graphs, streams):
+        with torch.cuda.stream(s):
+            g.replay()
+    torch.cuda.synchronize(device)
+
+
 def compare_outputs(spec, outs, want, dtype: DType, label: str) -> None:
     """Every rank's output (a torch tensor, None where the rank has none) equals ``want[r]``
     bit for bit; the error names the rank, how many elements differ and the first ones."""

@@ -12,11 +12,9 @@ PURLIN_GRAPH_BUFFERS=stage must overwrite it.  Rank 0 writes
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -25,18 +23,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from _common import EXAMPLES, expected, inputs_for, poison, to_numpy, to_torch, torch_dtype  # noqa: E402
+from _common import CheckLog, EXAMPLES, expected, inputs_for, poison, to_numpy, to_torch, torch_dtype  # noqa: E402
 from purlinc.dtypes import DType  # noqa: E402
 
-results: dict = {"checks": [], "failures": []}
+LOG = CheckLog()
+note = LOG.note
 PATTERN = 0x5A
-
-
-def note(ok: bool, what: str, detail: str = "") -> None:
-    results["checks"].append([what, bool(ok)])
-    if not ok:
-        results["failures"].append(f"{what}: {detail}")
-        print(f"[rank {dist.get_rank()}] FAIL {what}: {detail}", flush=True)
 
 
 def staged_of(coll, count, itemsize):
@@ -152,23 +144,8 @@ def main() -> int:
         try:
             check(comm, *case, seed)
         except Exception as error:  # noqa: BLE001 - recorded, the run goes on
-            note(False, f"{case[0]}/{case[1]}/{case[2]}", f"{type(error).__name__}: {error}\n"
-                 f"{traceback.format_exc()[-1500:]}")
-    results["seconds"] = round(time.time() - start, 1)
-    results["total"] = len(results["checks"])
-    results["passed"] = sum(1 for _, ok in results["checks"] if ok)
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, results["failures"])
-    if dist.get_rank() == 0:
-        results["failures_all_ranks"] = [f"rank {r}: {f}" for r, fs in enumerate(gathered) for f in fs]
-        out = Path(os.environ.get("PURLIN_RESULTS", "/tmp"))
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "graphbuffers_torchrun.json").write_text(json.dumps(results, indent=1))
-        print(f"graph buffers torchrun: {results['passed']}/{results['total']} checks passed on rank 0, "
-              f"{len(results['failures_all_ranks'])} failures on all ranks, {results['seconds']} s", flush=True)
-        for f in results["failures_all_ranks"][:40]:
-            print("  " + f[:400], flush=True)
-    failed = any(gathered)
+            LOG.raised(f"{case[0]}/{case[1]}/{case[2]}", error)
+    failed = LOG.finish("graphbuffers_torchrun.json", "graph buffers torchrun", time.time() - start)
     comm.close()
     dist.destroy_process_group()
     return 1 if failed else 0

@@ -16,7 +16,8 @@ torch = pytest.importorskip("torch")
 
 from _common import (  # noqa: E402
     EXAMPLES, LOOPBACK_OTHER, LOOPBACK_OTHER_NAMES, LOOPBACK_SLICES, LOOPBACK_WORLDS, LOOPBACK_ZC_NAMES,
-    LOOPBACK_ZC_SLICES, compare_outputs, examples, expected, inputs_for, poison, to_torch, torch_dtype,
+    LOOPBACK_ZC_SLICES, capture_per_rank, compare_outputs, examples, expected, inputs_for, poison,
+    replay_per_rank, to_torch, torch_dtype,
 )
 from purlinc.dtypes import DType  # noqa: E402
 
@@ -165,23 +166,16 @@ def test_graph_replay_one_stream_per_rank(group):
     try:
         xs, outs = _buffers(spec, count, dtype, inputs_for(spec, count, dtype, rng))
         _call(coll, group, xs, outs)  # compile and load outside the capture
-        graphs = []
-        for r, s in enumerate(group.streams):
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=s):
-                for _ in range(3):
-                    coll[r](xs[r], outs[r])
-            graphs.append(g)
+        def calls(r):
+            for _ in range(3):
+                coll[r](xs[r], outs[r])
+        graphs = capture_per_rank(group.streams, calls)
         for it in range(3):
             inputs = inputs_for(spec, count, dtype, rng)
             for r in range(spec.world_size):
                 xs[r].copy_(to_torch(inputs[r], dtype, DEVICE))
                 poison(outs[r])
-            torch.cuda.synchronize(DEVICE)
-            for g, s in zip(graphs, group.streams):
-                with torch.cuda.stream(s):
-                    g.replay()
-            torch.cuda.synchronize(DEVICE)
+            replay_per_rank(graphs, group.streams, DEVICE)
             coll.check()
             # The captured calls ran the zero-copy twin on these buffers where PURLIN_GRAPH_BUFFERS
             # registers them (test_graph_buffers.py), the staged schedule otherwise.

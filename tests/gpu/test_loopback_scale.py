@@ -23,7 +23,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import scale  # noqa: E402
-from _common import compare_outputs, inputs_for, poison, to_torch, torch_dtype  # noqa: E402
+from _common import (  # noqa: E402
+    capture_per_rank, compare_outputs, inputs_for, poison, replay_per_rank, to_torch, torch_dtype,
+)
 from purlinc.dtypes import DType, ReduceOp  # noqa: E402
 
 pytestmark = [pytest.mark.gpu]
@@ -264,23 +266,16 @@ def _graph_case(case):
         xs = [to_torch(inputs[r], dtype, DEVICE) for r in range(spec.world_size)]
         outs = [torch.empty(len(spec.outputs[r]) * count, dtype=torch_dtype(dtype), device=f"cuda:{DEVICE}")
                 for r in range(spec.world_size)]
-        graphs = []
-        for r, s in enumerate(group.streams):
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=s):
-                for _ in range(2):
-                    coll[r](xs[r], outs[r], op=op)
-            graphs.append(g)
+        def calls(r):
+            for _ in range(2):
+                coll[r](xs[r], outs[r], op=op)
+        graphs = capture_per_rank(group.streams, calls)
         for it in range(3):
             inputs = inputs_for(spec, count, dtype, rng)
             for r in range(spec.world_size):
                 xs[r].copy_(to_torch(inputs[r], dtype, DEVICE))
                 poison(outs[r])
-            torch.cuda.synchronize(DEVICE)
-            for g, s in zip(graphs, group.streams):
-                with torch.cuda.stream(s):
-                    g.replay()
-            torch.cuda.synchronize(DEVICE)
+            replay_per_rank(graphs, group.streams, DEVICE)
             coll.check()
             want = _want(runs, spec, inputs, count, dtype, ReduceOp.parse(op) if spec.is_reduce else None)
             compare_outputs(spec, outs, want, dtype, f"{case.id} replay {it}")

@@ -19,6 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _common import capture_per_rank, replay_per_rank  # noqa: E402
 from purlinc.dtypes import DType  # noqa: E402
 from purlinc.frontend.evaluate import evaluate_sized  # noqa: E402
 
@@ -145,20 +146,12 @@ def test_graph_replays_with_new_sizes(R, channels):
         for b, row in zip(bufs, vectors(rng, R, CAPACITY, 3)):
             b.fill(rng, row)
         _run(coll, group, bufs)  # compile and load outside the capture
-        graphs = []
-        for r, s in enumerate(group.streams):
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=s):
-                coll[r](bufs[r].x, bufs[r].sizes, bufs[r].out, bufs[r].out_sizes)
-            graphs.append(g)
+        graphs = capture_per_rank(group.streams,
+                                  lambda r: coll[r](bufs[r].x, bufs[r].sizes, bufs[r].out, bufs[r].out_sizes))
         for it in range(8):
             rows = vectors(rng, R, CAPACITY, it)
             datas = [b.fill(rng, row) for b, row in zip(bufs, rows)]
-            torch.cuda.synchronize(DEVICE)
-            for g, s in zip(graphs, group.streams):
-                with torch.cuda.stream(s):
-                    g.replay()
-            torch.cuda.synchronize(DEVICE)
+            replay_per_rank(graphs, group.streams, DEVICE)
             coll.check()
             want, want_sizes, _ = _expect(spec, datas, rows, bufs)
             for r, b in enumerate(bufs):

@@ -8,11 +8,9 @@ writes ``$PURLIN_RESULTS/zerocopy_torchrun.json``; the exit status is 1 on any f
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -21,17 +19,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from _common import EXAMPLES, examples, expected, inputs_for, poison, to_numpy, to_torch, torch_dtype  # noqa: E402
+from _common import (  # noqa: E402
+    EXAMPLES, CheckLog, examples, expected, inputs_for, poison, to_numpy, to_torch, torch_dtype,
+)
 from purlinc.dtypes import DType  # noqa: E402
 
-results: dict = {"checks": [], "failures": []}
-
-
-def note(ok: bool, what: str, detail: str = "") -> None:
-    results["checks"].append([what, bool(ok)])
-    if not ok:
-        results["failures"].append(f"{what}: {detail}")
-        print(f"[rank {dist.get_rank()}] FAIL {what}: {detail}", flush=True)
+LOG = CheckLog()
+note = LOG.note
 
 
 def rank_collective(coll, count, itemsize):
@@ -183,26 +177,12 @@ def main() -> int:
             try:
                 check_example(comm, name, algorithm, seed)
             except Exception as error:  # noqa: BLE001 - recorded, the run goes on
-                note(False, f"{name}/{algorithm}", f"{type(error).__name__}: {error}\n{traceback.format_exc()[-1500:]}")
+                LOG.raised(f"{name}/{algorithm}", error)
     try:
         check_growth_and_errors(comm)
     except Exception as error:  # noqa: BLE001
-        note(False, "growth and errors", f"{type(error).__name__}: {error}\n{traceback.format_exc()[-1500:]}")
-    results["seconds"] = round(time.time() - start, 1)
-    results["total"] = len(results["checks"])
-    results["passed"] = sum(1 for _, ok in results["checks"] if ok)
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, results["failures"])
-    if dist.get_rank() == 0:
-        results["failures_all_ranks"] = [f"rank {r}: {f}" for r, fs in enumerate(gathered) for f in fs]
-        out = Path(os.environ.get("PURLIN_RESULTS", "/tmp"))
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "zerocopy_torchrun.json").write_text(json.dumps(results, indent=1))
-        print(f"zero-copy torchrun: {results['passed']}/{results['total']} checks passed on rank 0, "
-              f"{len(results['failures_all_ranks'])} failures on all ranks, {results['seconds']} s", flush=True)
-        for f in results["failures_all_ranks"][:40]:
-            print("  " + f[:400], flush=True)
-    failed = any(gathered)
+        LOG.raised("growth and errors", error)
+    failed = LOG.finish("zerocopy_torchrun.json", "zero-copy torchrun", time.time() - start)
     comm.close()
     dist.destroy_process_group()
     return 1 if failed else 0
