@@ -28,6 +28,7 @@ from purlinc.frontend.parse import parse  # noqa: E402
 from purlinc.runtime.errors import ArgumentError  # noqa: E402
 from purlinc.torch import ops as ops_module  # noqa: E402
 from purlinc.torch.standard import SOURCES  # noqa: E402
+from rank_threads import on_threads  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 _TORCH_TO_DTYPE = {torch.float32: DType.FLOAT32, torch.int32: DType.INT32}
@@ -136,26 +137,12 @@ class StandInWorlds:
 
 def on_ranks(groups, fn):
     """fn(rank, group) on one thread per rank; returns the results, re-raises the first error."""
-    results, errors = [None] * len(groups), []
-
-    def body(rank):
-        try:
-            results[rank] = fn(rank, groups[rank])
-        except BaseException as error:  # noqa: BLE001 - reported below
-            errors.append(error)
-            for g in groups:  # wake the others: a barrier left waiting would hang the test
-                for e in g._entries.values():
-                    if e.loaded:
-                        e.collective().world.barrier.abort()
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(len(groups))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    if errors:
-        raise errors[0]
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    return results
+    def wake():  # the others may wait at a stand-in's barrier for the rank that failed
+        for g in groups:
+            for e in g._entries.values():
+                if e.loaded:
+                    e.collective().world.barrier.abort()
+    return on_threads(len(groups), lambda rank: fn(rank, groups[rank]), wake)
 
 
 def rand(rank, *shape, seed=0, dtype=torch.float32):

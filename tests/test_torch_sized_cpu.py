@@ -19,6 +19,7 @@ from purlinc.frontend.evaluate import evaluate_sized  # noqa: E402
 from purlinc.frontend.parse import parse  # noqa: E402
 from purlinc.runtime.errors import ArgumentError  # noqa: E402
 from purlinc.torch import sized  # noqa: E402
+from rank_threads import on_threads  # noqa: E402
 
 CAPACITY = 64  # elements per pair
 BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -79,25 +80,13 @@ def groups(R, capacity=CAPACITY):
 
 
 def on_ranks(gs, fn):
-    results, errors = [None] * len(gs), []
-
-    def body(rank):
-        try:
-            results[rank] = fn(rank, gs[rank])
-        except BaseException as error:  # noqa: BLE001
-            errors.append(error)
-            for g in gs:
-                st = sized._BY_GROUP.get(g)
-                if st is not None and st._collective is not None:
-                    st._collective.world.barrier.abort()
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(len(gs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    if errors:
-        raise errors[0]
-    return results
+    """fn(rank, group) on one thread per rank; returns the results, re-raises the first error."""
+    def wake():  # the others may wait at the stand-in's barrier for the rank that failed
+        for g in gs:
+            st = sized._BY_GROUP.get(g)
+            if st is not None and st._collective is not None:
+                st._collective.world.barrier.abort()
+    return on_threads(len(gs), lambda rank: fn(rank, gs[rank]), wake)
 
 
 def _splits(rng, R):

@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from moe_reference import reference_moe, routing, scale_expert  # noqa: E402
+from rank_threads import on_threads  # noqa: E402
 
 pytestmark = [pytest.mark.gpu]
 DEVICE = 0
@@ -62,8 +63,6 @@ def _reference(a2a, streams, R, E, inputs):
     """Each rank's reference, the ranks' host-list all-to-alls issued in lock step."""
     import threading
 
-    results, errors = [None] * R, []
-
     def a2a_of(r):
         def call(out, inp, out_splits, in_splits):
             sizes = torch.tensor(in_splits, dtype=torch.int64, device=f"cuda:{DEVICE}")
@@ -81,21 +80,10 @@ def _reference(a2a, streams, R, E, inputs):
     barrier = threading.Barrier(R, timeout=60)
 
     def body(r):
-        try:
-            with torch.cuda.stream(streams[r]):
-                x, ids, w = inputs[r]
-                results[r] = reference_moe(a2a_of(r), R, x, ids, w, scale_expert, E)
-        except BaseException as error:  # noqa: BLE001
-            errors.append(error)
-            barrier.abort()
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(R)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    if errors:
-        raise errors[0]
-    return results
+        with torch.cuda.stream(streams[r]):
+            x, ids, w = inputs[r]
+            return reference_moe(a2a_of(r), R, x, ids, w, scale_expert, E)
+    return on_threads(R, body, barrier.abort, timeout=120)
 
 
 def _step(d, x, ids, w):
