@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -89,6 +90,29 @@ def _time(bound, xs, outs, devices, streams, args) -> dict:
     return spread([replay_us(graphs, devices, args.calls, streams, args.replays) for _ in range(args.reps)])
 
 
+def _cycles(source, operands: dict, group, opts: dict, xs, outs, streams, calls: int) -> dict:
+    """Device cycles (clock64 stamps of a traced build, every rank and channel, ``calls`` calls):
+    the median of the last block (the reduce, or the reduce fused with the epilogue: local work
+    after the wait) and of the whole round, in cycles."""
+    from purlinc.runtime.trace import read_stamps
+
+    bound = _Bound(purlinc.load(source, group, trace=True, **opts), operands)
+    last, whole = [], []
+    try:
+        for _ in range(calls + 1):
+            _group_call(bound, xs, outs, streams)
+            for rank in range(len(xs)):
+                for channel in read_stamps(bound.coll[rank])["channels"]:
+                    row = channel["stamps"][0]
+                    last.append(row[-1][1] - row[-2][1])
+                    whole.append(row[-1][1] - row[0][1])
+        bound.coll.check()
+    finally:
+        bound.coll.close()
+    skip = len(last) // (calls + 1)  # the first call's stamps: loading, cold caches
+    return {"last_block": statistics.median(last[skip:]), "round": statistics.median(whole[skip:])}
+
+
 def point(world: int, rows: int, schedule: tuple, args) -> dict:
     algorithm, packed, channels = schedule
     devices = [0] * world
@@ -121,6 +145,12 @@ def point(world: int, rows: int, schedule: tuple, args) -> dict:
             row[f"{label}_added_us"] = round(_time(part, xs, outs, devices, streams, args)["median_us"] - row["plain_us"], 3)
             part.coll.check()
         fused.coll.check()
+        if args.cycles:
+            variants = [("plain", PLAIN, {}), ("fused", FUSED, operands)]
+            variants += [(label, source, {n: operands[n] for n in names}) for label, source, names in PARTS]
+            for label, source, bound_operands in variants:
+                cycles = _cycles(source, bound_operands, group, opts, xs, outs, streams, args.cycles)
+                row[f"{label}_block_cycles"], row[f"{label}_round_cycles"] = cycles["last_block"], cycles["round"]
         return row
     finally:
         group.close()
@@ -136,6 +166,9 @@ def main(argv=None) -> int:
     parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--parts", action="store_true", help="also time the epilogue's parts (PARTS), each alone")
+    parser.add_argument("--cycles", type=int, default=0, metavar="CALLS",
+                        help="also trace CALLS calls of each variant (traced builds) and report the device cycles of "
+                             "the reduce block (with the epilogue, when fused) and of the whole round, medians")
     args = parser.parse_args(argv)
     rows, errors = [], []
     for world in args.ranks:
@@ -156,7 +189,9 @@ def main(argv=None) -> int:
     write_results(args.out, stem, meta, rows, [
         ("R", "ranks"), ("rows", "rows"), ("algorithm", "algorithm"), ("LL", "packed"), ("channels", "channels"),
         ("plain us", "plain_us"), ("fused us", "fused_us"), ("added us", "added_us"), ("checked", "checked"),
-        *([(f"{label} adds us", f"{label}_added_us") for label, _, _ in PARTS] if args.parts else [])])
+        *([(f"{label} adds us", f"{label}_added_us") for label, _, _ in PARTS] if args.parts else []),
+        *([(f"{label} block cyc", f"{label}_block_cycles") for label in ("plain", "fused", *(p[0] for p in PARTS))]
+          if args.cycles else [])])
     print((Path(args.out) / f"{stem}.md").read_text())
     return 1 if errors else 0
 

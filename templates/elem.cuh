@@ -39,6 +39,64 @@ __device__ __forceinline__ unsigned short purlin_acc_to_bf16(float f)
 #endif
 }
 
+// E bf16 values (E even, the array 4-byte aligned) widened, as purlin_bf16_to_acc each, a word
+// (two values) at a time: a shift and a mask, where element by element the upper value of each
+// word costs an extract, a move and a shift.
+template <unsigned E>
+__device__ __forceinline__ void purlin_bf16_to_acc_n(const unsigned short (&b)[E], float (&a)[E])
+{
+#pragma unroll
+    for (unsigned k = 0; k < E; k += 2) {
+        const unsigned w = reinterpret_cast<const unsigned*>(b)[k / 2];
+        a[k] = __uint_as_float(w << 16);
+        a[k + 1] = __uint_as_float(w & 0xffff0000u);
+    }
+}
+
+// E values (E even, the array 4-byte aligned) rounded to bf16, as purlin_acc_to_bf16 each.  On sm_80 and later one
+// cvt.rn.bf16x2 rounds a pair, and one NaN test per value guards a rare pass that writes the
+// canonical NaNs: converted one at a time, ptxas spends a conversion and a select on every value
+// (in a fused epilogue, a third of its instructions).
+template <unsigned E>
+__device__ __forceinline__ void purlin_acc_to_bf16_n(const float (&a)[E], unsigned short (&b)[E])
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    bool nan = false;
+#pragma unroll
+    for (unsigned k = 0; k < E; k += 2) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(reinterpret_cast<unsigned*>(b)[k / 2]) : "f"(a[k + 1]), "f"(a[k]));
+        nan |= (a[k] != a[k]) | (a[k + 1] != a[k + 1]);
+    }
+    if (nan) {
+#pragma unroll
+        for (unsigned k = 0; k < E; ++k) b[k] = purlin_acc_to_bf16(a[k]);
+    }
+#else
+#pragma unroll
+    for (unsigned k = 0; k < E; ++k) b[k] = purlin_acc_to_bf16(a[k]);
+#endif
+}
+
+// E values (E even) rounded to bf16 and back, in place: purlin_bf16_to_acc(purlin_acc_to_bf16(x))
+// except that a NaN stays some NaN, not the canonical one.  For values that are used, not stored
+// (a fused epilogue's reduced output): a pair costs one conversion and two bit operations.
+template <unsigned E>
+__device__ __forceinline__ void purlin_round_bf16_n(float (&a)[E])
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#pragma unroll
+    for (unsigned k = 0; k < E; k += 2) {
+        unsigned w;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(a[k + 1]), "f"(a[k]));
+        a[k] = __uint_as_float(w << 16);
+        a[k + 1] = __uint_as_float(w & 0xffff0000u);
+    }
+#else
+#pragma unroll
+    for (unsigned k = 0; k < E; ++k) a[k] = purlin_bf16_to_acc(purlin_acc_to_bf16(a[k]));
+#endif
+}
+
 __device__ __forceinline__ int purlin_i32_to_acc(int x) { return x; }
 __device__ __forceinline__ int purlin_acc_to_i32(int x) { return x; }
 __device__ __forceinline__ long long purlin_i64_to_acc(long long x) { return x; }

@@ -6,8 +6,9 @@ statements become float32 C expressions with round-to-nearest intrinsics (no con
 into FMAs, so each operation rounds as the NumPy meaning does), buffers are read as 16-byte
 vectors of the output's elements, all loaded at once into registers (about two vectors per
 thread, whole warps per row, several rows per block), and a row with an ``rmsnorm`` sums its
-squares over its threads (shuffles, then one barrier) before the values are stored.  Only the sum of squares' order and
-``rsqrtf`` differ from the NumPy oracle.  A reduce followed by the epilogue of its rows is one
+squares over its threads (shuffles, then one barrier) before the values are stored.  Only the sum
+of squares (its order, and a fused multiply-add per element) and ``rsqrtf`` differ from the NumPy
+oracle.  Conversions go a word or a pair at a time where elem.cuh has them (bf16).  A reduce followed by the epilogue of its rows is one
 pass (``fuse_reduce``, ``templates/epilogue_fused.cuh.j2``): the reduced vectors go from the
 sources to the epilogue in registers.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from purlinc.atom.codegen.elems import vector_conversions
 from purlinc.dtypes import DType
 from purlinc.errors import PurlinError
 from purlinc.frontend import ast
@@ -245,4 +247,6 @@ def epilogue_block(index: int, step, dst: str, slice_expr: str, call_args: str =
 
 def vars_(buffer: Buffer) -> dict:
     return {"name": buffer.name, "c_name": buffer.c_name, "suffix": buffer.suffix, "storage": buffer.storage,
-            "pointer": buffer.pointer, "row_only": buffer.row_only, "read": buffer.read, "written": buffer.written}
+            "pointer": buffer.pointer, "row_only": buffer.row_only, "read": buffer.read, "written": buffer.written,
+            "to_acc_n": vector_conversions(buffer.suffix).to_acc_n,
+            "from_acc_n": vector_conversions(buffer.suffix).from_acc_n}

@@ -68,6 +68,53 @@ def test_fused_allreduce_add_rmsnorm(world, schedule):
         group.close()
 
 
+@pytest.mark.parametrize("world", (2, 4), ids=["R2", "R4"])
+@pytest.mark.parametrize("schedule", SCHEDULES[:2] + SCHEDULES[3:4], ids=["dp-ll", "dp", "two-shot"])
+def test_nan_and_inf_rows(world, schedule):
+    """A NaN in one rank's data makes its row's every output NaN (the sum of squares is NaN); an
+    infinity makes h infinite and rsqrt 0, so that element's output is NaN and the row's others
+    zeros: as torch computes them, with every NaN stored as bf16's 0x7fc0."""
+    import purlinc
+
+    algorithm, packed, channels, slices = schedule
+    group = purlinc.LocalGroup([DEVICE] * world, share_devices=True)
+    try:
+        coll = purlinc.load(SPEC, group, algorithm=algorithm, packed=packed, channels=channels, slices=slices)
+        streams = [torch.cuda.Stream(device=DEVICE) for _ in range(world)]
+        gen = torch.Generator(device=f"cuda:{DEVICE}").manual_seed(100 + world)
+        n = 4 * HIDDEN
+        xs = [torch.randn(n, device=f"cuda:{DEVICE}", generator=gen).to(torch.bfloat16) for _ in range(world)]
+        xs[0][HIDDEN + 5] = float("nan")  # row 1
+        xs[world - 1][2 * HIDDEN + 77] = float("inf")  # row 2
+        res = [torch.randn(n, device=f"cuda:{DEVICE}", generator=gen).to(torch.bfloat16) for _ in range(world)]
+        res[1][3 * HIDDEN + 9] = float("-inf")  # row 3, on one rank only
+        weight = [(1 + 0.1 * torch.randn(HIDDEN, device=f"cuda:{DEVICE}", generator=gen)).to(torch.bfloat16)
+                  for _ in range(world)]
+        before = [r.clone() for r in res]
+        outs = [torch.zeros(n, device=f"cuda:{DEVICE}", dtype=torch.bfloat16) for _ in range(world)]
+        current = torch.cuda.current_stream(DEVICE)
+        for s in streams:
+            s.wait_stream(current)
+        coll(xs, outs, streams=streams, residual=res, weight=weight, eps=1e-6)
+        for s in streams:
+            current.wait_stream(s)
+        torch.cuda.synchronize(DEVICE)
+        coll.check()
+        for rank in range(world):
+            y, h = _reference(xs, before[rank], weight[rank], 1e-6)
+            label = f"R={world} {schedule} rank {rank}"
+            for got, want, name in ((res[rank], h, "h"), (outs[rank], y, "out")):
+                assert torch.equal(got.isnan(), want.isnan()), f"{label}: {name}'s NaNs at other places"
+                assert torch.equal(got.isinf(), want.isinf()), f"{label}: {name}'s infinities at other places"
+                nan_bits = got.view(torch.int16)[got.isnan()]
+                assert nan_bits.numel() and (nan_bits == 0x7FC0).all(), f"{label}: {name}'s NaNs not 0x7fc0"
+                finite = want.isfinite()
+                torch.testing.assert_close(got[finite].float(), want[finite].float(), rtol=2**-6, atol=2**-5,
+                                           msg=label)
+    finally:
+        group.close()
+
+
 def test_operand_errors_name_the_operand():
     import purlinc
     from purlinc.runtime.errors import ArgumentError

@@ -198,3 +198,62 @@ def test_one_stream_for_ranks_that_share_a_gpu_is_refused(group):
             coll(xs, outs)
     finally:
         coll.close()
+
+
+def _special_inputs(spec, count, dtype, rng) -> list[np.ndarray]:
+    """Random inputs with NaNs (either sign, other payloads), infinities, values whose sum
+    overflows, subnormals and negative zeros at random places, in every rank's data."""
+    from purlinc.dtypes import from_float32, to_float32
+
+    inputs = inputs_for(spec, count, dtype, rng)
+    big = float(np.finfo(np.float16).max) if dtype is DType.FLOAT16 else 3.0e38
+    specials = np.array([np.nan, -np.nan, np.inf, -np.inf, big, -big, 1e-40, -0.0], dtype=np.float32)
+    payload = np.array([0x7FA00001, 0xFF800003], dtype=np.uint32).view(np.float32)  # NaNs, not the canonical one
+    for r, values in enumerate(inputs):
+        f = to_float32(values, dtype)
+        where = rng.random(f.size) < 0.1
+        f[where] = rng.choice(np.concatenate([specials, payload]), size=int(where.sum()))
+        inputs[r] = from_float32(f, dtype)
+    return inputs
+
+
+def _agree(got: np.ndarray, want: np.ndarray, dtype: DType, label: str) -> None:
+    """Bit for bit, except that a float32 or float16 NaN need only be a NaN (the GPU's arithmetic
+    makes its own; bfloat16's every NaN is 0x7fc0, on both sides)."""
+    if dtype is not DType.BFLOAT16:
+        from purlinc.dtypes import to_float32
+
+        g, w = to_float32(got, dtype), to_float32(want, dtype)
+        assert np.array_equal(np.isnan(g), np.isnan(w)), f"{label}: NaNs at other places"
+        got, want = got[~np.isnan(w)], want[~np.isnan(w)]
+    bits = {1: np.uint8, 2: np.uint16, 4: np.uint32}[got.itemsize]
+    got, want = np.ascontiguousarray(got).view(bits), np.ascontiguousarray(want).view(bits)
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, (f"{label}: {bad.size} elements differ, first at {bad[:5].tolist()}: "
+                           f"got bits {[hex(b) for b in got[bad[:5]]]}, want {[hex(b) for b in want[bad[:5]]]}")
+
+
+@pytest.mark.parametrize("options", [dict(algorithm="direct-push", atom="ldst", channels=2),
+                                     dict(algorithm="direct-push", packed=True, channels=2),
+                                     dict(algorithm="two-shot", atom="ldst", channels=2)],
+                         ids=["direct-push", "ll", "two-shot"])
+def test_special_values_reduce_as_the_simulator(group, options):
+    """NaN, infinities, overflow, subnormals and -0 through the reductions (a pair of values
+    rounded per instruction, NaNs fixed up apart): the simulator's bits, NaNs aside for
+    float32/float16."""
+    from _common import to_numpy
+
+    coll = _load(group, "allreduce.pln", **options)
+    spec = coll[0].compiled.spec
+    rng = np.random.default_rng(11)
+    try:
+        for dtype in (DType.BFLOAT16, DType.FLOAT16, DType.FLOAT32):
+            for count in (7, 4097):
+                inputs = _special_inputs(spec, count, dtype, rng)
+                xs, outs = _buffers(spec, count, dtype, inputs)
+                _call(coll, group, xs, outs)
+                want = _want(coll[0].compiled.schedule, spec, inputs, count, dtype, "sum")
+                for r, out in enumerate(outs):
+                    _agree(to_numpy(out, dtype), want[r], dtype, f"{options}/R{len(group)}/{dtype.value}/n={count} rank {r}")
+    finally:
+        coll.close()

@@ -3,7 +3,28 @@ read from its record in the dtype registry (``purlinc.dtypes.DTYPES``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from purlinc.dtypes import DType, ReduceOp
+
+
+@dataclass(frozen=True, slots=True)
+class VectorConversions:
+    """elem.cuh's conversions of a vector's elements at once (a word or a pair per instruction):
+    widening to the accumulator, rounding to the element type, and rounding there and back in
+    place.  None: one element at a time."""
+
+    to_acc_n: str | None = None
+    from_acc_n: str | None = None
+    round_acc_n: str | None = None
+
+
+_VECTOR_CONVERSIONS = {"bf16": VectorConversions("purlin_bf16_to_acc_n", "purlin_acc_to_bf16_n", "purlin_round_bf16_n")}
+
+
+def vector_conversions(suffix: str) -> VectorConversions:
+    """Those of the element type with this elem.cuh suffix (``DTypeInfo.c_suffix``)."""
+    return _VECTOR_CONVERSIONS.get(suffix, VectorConversions())
 
 
 def elem_values(dtype: DType, op: ReduceOp | None) -> dict:
@@ -17,4 +38,7 @@ def elem_values(dtype: DType, op: ReduceOp | None) -> dict:
         "to_acc": f"purlin_{info.c_suffix}_to_acc",
         "from_acc": f"purlin_acc_to_{info.c_suffix}",
         "combine": f"purlin_{op.value}_{info.c_ops}",
+        "to_acc_n": vector_conversions(info.c_suffix).to_acc_n,
+        "from_acc_n": vector_conversions(info.c_suffix).from_acc_n,
+        "round_acc_n": vector_conversions(info.c_suffix).round_acc_n,
     }
