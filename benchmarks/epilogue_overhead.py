@@ -42,9 +42,11 @@ PLAIN = "collective allreduce_one_chunk { in[r] = x  out[r] = x  reduce }"  # th
 HIDDEN = 4096
 SCHEDULES = (("direct-push", True, 1), ("direct-push", False, 8), ("direct-push", False, 16), ("two-shot", False, 8))
 # --parts: the fused epilogue taken apart, each part its own spec timed like the whole (what
-# each costs over the plain all-reduce): the residual read, its store, the norm's row reduction.
+# each costs over the plain all-reduce): the fused pass itself (a scale), the residual read, its
+# store, the norm's row reduction.
 _PART = "collective {name}(hidden = 4096) with {operands} {{ in[r] = x  out[r] = x  reduce  epilogue rows(hidden) {{ {body} }} }}"
 PARTS = (
+    ("scale", _PART.format(name="ar_scale", operands="scalar s", body="out = out * s"), ("s",)),
     ("add", _PART.format(name="ar_add", operands="rows residual", body="out = out + residual"), ("residual",)),
     ("add_store", _PART.format(name="ar_add_store", operands="rows residual",
                                body="h = out + residual  residual = h  out = h"), ("residual",)),
@@ -92,8 +94,9 @@ def _time(bound, xs, outs, devices, streams, args) -> dict:
 
 def _cycles(source, operands: dict, group, opts: dict, xs, outs, streams, calls: int) -> dict:
     """Device cycles (clock64 stamps of a traced build, every rank and channel, ``calls`` calls):
-    the median of the last block (the reduce, or the reduce fused with the epilogue: local work
-    after the wait) and of the whole round, in cycles."""
+    the median of the last block with steps (the reduce, or the reduce fused with the epilogue:
+    local work after the wait; an LL build's receive loop, which waits too) and of the whole
+    round, in cycles."""
     from purlinc.runtime.trace import read_stamps
 
     bound = _Bound(purlinc.load(source, group, trace=True, **opts), operands)
@@ -103,8 +106,9 @@ def _cycles(source, operands: dict, group, opts: dict, xs, outs, streams, calls:
             _group_call(bound, xs, outs, streams)
             for rank in range(len(xs)):
                 for channel in read_stamps(bound.coll[rank])["channels"]:
-                    row = channel["stamps"][0]
-                    last.append(row[-1][1] - row[-2][1])
+                    row = channel["stamps"][0]  # (globaltimer, clock64) after each block of round 0
+                    b = max(i for i, steps in enumerate(channel["blocks"]) if steps)  # the last with steps
+                    last.append(row[b + 1][1] - row[b][1])
                     whole.append(row[-1][1] - row[0][1])
         bound.coll.check()
     finally:
@@ -139,7 +143,7 @@ def point(world: int, rows: int, schedule: tuple, args) -> dict:
         row["fused"] = _time(fused, xs, outs, devices, streams, args)
         row["plain_us"], row["fused_us"] = row["plain"]["median_us"], row["fused"]["median_us"]
         row["added_us"] = round(row["fused_us"] - row["plain_us"], 3)
-        operands = {"residual": res, "weight": weight, "eps": 1e-6}
+        operands = {"residual": res, "weight": weight, "eps": 1e-6, "s": 1.0}
         for label, source, names in PARTS if args.parts else ():
             part = _Bound(purlinc.load(source, group, **opts), {n: operands[n] for n in names})
             row[f"{label}_added_us"] = round(_time(part, xs, outs, devices, streams, args)["median_us"] - row["plain_us"], 3)
