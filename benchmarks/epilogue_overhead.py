@@ -150,7 +150,7 @@ def point(world: int, rows: int, schedule: tuple, args) -> dict:
             part.coll.check()
         fused.coll.check()
         if args.cycles:
-            variants = [("plain", PLAIN, {}), ("fused", FUSED, operands)]
+            variants = [("plain", PLAIN, {}), ("fused", FUSED, fused.operands)]
             variants += [(label, source, {n: operands[n] for n in names}) for label, source, names in PARTS]
             for label, source, bound_operands in variants:
                 cycles = _cycles(source, bound_operands, group, opts, xs, outs, streams, args.cycles)

@@ -94,6 +94,18 @@ def test_fresh_compiled_reads_both_entries(cache_dir, monkeypatch):
     assert _work() == work
 
 
+def test_traced_kernel_from_disk_keeps_its_blocks(cache_dir):
+    """A traced kernel read back from the cache still says which steps each stamp covers
+    (coll.trace() reads them)."""
+    first = pipeline.prepare(ALLGATHER, world_size=2, arch="sm_90", trace=True)
+    made = first.kernel("bfloat16", "sum", emit_cubin=False).cuda.trace_blocks
+    assert made and all(any(block for block in channel) for rank in made for channel in rank)
+    pipeline.forget()
+    again = pipeline.prepare(ALLGATHER, world_size=2, arch="sm_90", trace=True).kernel("bfloat16", "sum",
+                                                                                    emit_cubin=False)
+    assert again.from_cache and again.cuda.trace_blocks == made
+
+
 def test_fresh_process_hits_and_imports_little(cache_dir):
     pipeline.compile(ALLGATHER, world_size=2, arch="sm_90")
     child = f"""

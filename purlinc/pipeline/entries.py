@@ -98,7 +98,8 @@ class CachedKernel:
     """``purlinc.atom.codegen.KernelSource``'s fields and properties, rebuilt from a kernel
     cache entry without importing the code generator (and with it Jinja and NumPy)."""
 
-    __slots__ = ("source", "filename", "kernel_base", "abi", "atom", "arch", "_dtype", "_op", "atom_start", "atom_end")
+    __slots__ = ("source", "filename", "kernel_base", "abi", "atom", "arch", "_dtype", "_op", "atom_start", "atom_end",
+                 "trace_blocks")
 
     def __init__(self, header: dict, source: str, abi: KernelABI):
         self.source: str = source
@@ -111,6 +112,9 @@ class CachedKernel:
         self._op = header["op"]
         self.atom_start: int = header["atom_start"]
         self.atom_end: int = header["atom_end"]
+        # a traced kernel's blocks (per rank, per channel, the step indices of each): what its stamps mean
+        self.trace_blocks: tuple = tuple(tuple(tuple(tuple(block) for block in channel) for channel in rank)
+                                         for rank in header.get("trace_blocks", ()))
 
     @property
     def dtype(self) -> DType:
@@ -165,6 +169,7 @@ def _kernel_entry(kernel: Kernel) -> tuple[dict, dict[str, bytes]]:
         "op": cuda.op.value if cuda.op else None,
         "atom_start": cuda.atom_start,
         "atom_end": cuda.atom_end,
+        "trace_blocks": [[[list(block) for block in channel] for channel in rank] for rank in cuda.trace_blocks],
         "abi": {k: list(v) if isinstance(v, tuple) else v for k, v in abi.items()},
         "nvrtc": nvrtc_version() if kernel.cubin is not None else None,
     }
