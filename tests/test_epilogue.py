@@ -3,6 +3,7 @@ reference evaluator's meaning (docs/LANGUAGE.md, "Epilogues")."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -312,13 +313,37 @@ def test_a_reduce_and_the_epilogue_of_its_rows_are_one_pass(world, options, fuse
     kernel = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.BFLOAT16, op=ReduceOp.SUM)
     epilogues = sum(1 for p in schedule.concrete_programs() if p.rank == 0 for s in p.steps if isinstance(s, Epilogue))
     calls = kernel.source.count("purlin_reduce_epilogue_apply<")
-    assert (calls > 0) == fused and ("purlin_epilogue_apply(args" in kernel.source) != fused
+    separate = re.search(r"purlin_epilogue_apply<(true|false)>\(args", kernel.source) is not None
+    assert (calls > 0) == fused and separate != fused
     if fused:
         assert "__device__ __noinline__ void purlin_reduce_epilogue(" in kernel.source
         assert "barrier: step" not in kernel.source.split("one pass, the reduced rows")[0].rsplit("consume reduce", 1)[1]
         assert calls <= epilogues
     else:
         assert "purlin_reduce_epilogue" not in kernel.source
+
+
+def test_an_epilogue_ends_with_a_barrier_unless_the_next_block_starts_with_one():
+    """Row sums are read after one barrier; the next Epilogue could write them again, so an
+    epilogue block ends with a barrier (Trailing) unless the block after it begins with one."""
+    from purlinc.atom.codegen.blocks import _mark_trailing_barriers
+
+    def kinds(*names):
+        return [{"kind": n} for n in names]
+
+    marked = _mark_trailing_barriers(kinds("reduce_epilogue", "epilogue", "notify_one", "epilogue", "copy",
+                                           "epilogue", "wait", "epilogue"))
+    assert [b.get("trailing_barrier") for b in marked] == [True, False, None, True, None, False, None, True]
+    for world, options in ((2, LowerOptions(Algorithm.DIRECT_PUSH, channels=8)), (4, LowerOptions(Algorithm.TWO_SHOT))):
+        spec = _example(world)
+        source = generate(lower(spec, options), spec, atom="ldst", arch="sm_90", dtype=DType.BFLOAT16,
+                          op=ReduceOp.SUM).source
+        calls = re.findall(r"epilogue_apply<(?:\d+, )?(true|false)>\(args", source)
+        assert calls and set(calls) == {"false"}  # each is the round's last block, before its barrier
+        for call in re.finditer(r"epilogue_apply<(?:\d+, )?false>\(args[^\n]*\n", source):
+            after = (line.strip() for line in source[call.end():].splitlines())
+            code = next(line for line in after if line and line != "}" and not line.startswith("//"))
+            assert code.startswith("__syncthreads"), code  # a barrier, or a notify's opening one
 
 
 def test_codegen_refusals_are_located():

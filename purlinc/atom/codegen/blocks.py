@@ -202,4 +202,20 @@ def program_blocks(program: Program, per_call: dict, roles: dict | None = None, 
     if state.reads or state.writes:
         # The next round reuses staging units and the counter update follows.
         state.blocks.append({"kind": "barrier", "comments": ["barrier: end of the round"]})
-    return fuse_sends(fuse_copies(state.blocks))
+    return _mark_trailing_barriers(fuse_sends(fuse_copies(state.blocks)))
+
+
+# Blocks whose code starts with a barrier every thread passes (a notify's __syncthreads, a
+# wait's __syncthreads_or after the polls).
+_BARRIER_FIRST = frozenset({"barrier", "notify", "notify_one", "wait", "wait_one"})
+
+
+def _mark_trailing_barriers(blocks: list[dict]) -> list[dict]:
+    """An epilogue's row sums are read after one barrier and may be written again by the next
+    Epilogue step: it ends with a barrier of its own (``trailing_barrier``) unless the block
+    after it starts with one (the round's last block is a barrier whenever it wrote anything)."""
+    for at, block in enumerate(blocks):
+        if block["kind"] in ("epilogue", "reduce_epilogue"):
+            after = blocks[at + 1]["kind"] if at + 1 < len(blocks) else None
+            block["trailing_barrier"] = after not in _BARRIER_FIRST
+    return blocks
