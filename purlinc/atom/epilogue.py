@@ -148,14 +148,21 @@ def _mean_of_squares(total: str, row: int) -> str:
     return f"__fdiv_rn({total}, {float(row)!r}f)"
 
 
-def row_layout(row_vectors: int, threads: int, sources: int = 1) -> dict:
-    """How a block spreads rows over its threads: about ``VECTORS_PER_THREAD`` vectors each (so
-    each thread has that many loads per buffer in flight; one where a fused reduce reads more
-    than ``FEW_SOURCES`` sources), whole warps per row, and as many rows at once as the block
-    holds."""
-    tpr = -(-row_vectors // (VECTORS_PER_THREAD if sources <= FEW_SOURCES else 1))
+def row_layout(row_vectors: int, threads: int, sources: int = 1, per_thread: int = VECTORS_PER_THREAD) -> dict:
+    """How a block spreads rows over its threads: about ``per_thread`` vectors each (so each
+    thread has that many loads per buffer in flight; one where a fused reduce reads more than
+    ``FEW_SOURCES`` sources), whole warps per row, and as many rows at once as the block holds."""
+    tpr = -(-row_vectors // (per_thread if sources <= FEW_SOURCES else 1))
     tpr = min(threads, max(32, -(-tpr // 32) * 32))
     return {"tpr": tpr, "per_thread": -(-row_vectors // tpr), "groups": threads // tpr}
+
+
+def row_layouts(row_vectors: int, threads: int, sources: int = 1) -> dict:
+    """The two layouts a kernel chooses between per call (``purlin_epi_use_few``): ``many``
+    (``row_layout``: several rows at once) and ``few`` (one vector per thread: a row's work
+    over more warps, for blocks with few rows: a decode step's one row per block).  The same
+    layout twice where one vector per thread is already ``many``."""
+    return {"many": row_layout(row_vectors, threads, sources), "few": row_layout(row_vectors, threads, sources, 1)}
 
 
 def template_values(epilogue: Epilogue, dtype: DType, threads: int, sources: int = 1) -> dict:
@@ -179,7 +186,7 @@ def template_values(epilogue: Epilogue, dtype: DType, threads: int, sources: int
         "row": epilogue.row,
         "vec": VECTOR_BYTES // dtype.itemsize,
         "row_vectors": epilogue.row * dtype.itemsize // VECTOR_BYTES,
-        **row_layout(epilogue.row * dtype.itemsize // VECTOR_BYTES, threads, sources),
+        **row_layouts(epilogue.row * dtype.itemsize // VECTOR_BYTES, threads, sources),
         "itemsize": dtype.itemsize,
         "buffers": [vars_(b) for b in buffers],
         "norm": None,
