@@ -41,6 +41,13 @@ FUSED = ROOT / "examples" / "fused" / "allreduce_add_rmsnorm.pln"
 PLAIN = "collective allreduce_one_chunk { in[r] = x  out[r] = x  reduce }"  # the same, without the epilogue
 HIDDEN = 4096
 SCHEDULES = (("direct-push", True, 1), ("direct-push", False, 8), ("direct-push", False, 16), ("two-shot", False, 8))
+
+
+def _schedule(text: str) -> tuple:
+    """--schedules item: ALGORITHM[-ll]:CHANNELS, e.g. direct-push-ll:8 or two-shot:8."""
+    name, _, channels = text.partition(":")
+    packed = name.endswith("-ll")
+    return (name[:-3] if packed else name, packed, int(channels or 1))
 # --parts: the fused epilogue taken apart, each part its own spec timed like the whole (what
 # each costs over the plain all-reduce): the fused pass itself (a scale), the residual read, its
 # store, the norm's row reduction.
@@ -169,6 +176,8 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--schedules", type=_schedule, nargs="+", default=list(SCHEDULES),
+                        help="ALGORITHM[-ll]:CHANNELS each (default: LL c1, direct-push c8 and c16, two-shot c8)")
     parser.add_argument("--parts", action="store_true", help="also time the epilogue's parts (PARTS), each alone")
     parser.add_argument("--cycles", type=int, default=0, metavar="CALLS",
                         help="also trace CALLS calls of each variant (traced builds) and report the device cycles of "
@@ -177,7 +186,7 @@ def main(argv=None) -> int:
     rows, errors = [], []
     for world in args.ranks:
         for n in args.rows:
-            for schedule in SCHEDULES:
+            for schedule in args.schedules:
                 try:
                     rows.append(point(world, n, schedule, args))
                     print(json.dumps(rows[-1]), flush=True)
