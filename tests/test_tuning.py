@@ -45,6 +45,22 @@ def test_two_shot_for_large_replicated_reductions_beyond_two_ranks():
     assert tuning.buckets_for(_spec("reduce_scatter", 4), packed_supported=False)[-1].algorithm == "direct-push"
 
 
+def test_an_epilogue_sets_the_buckets_by_rows():
+    """Fused all-reduce + RMSNorm over rows of 4096: LL on one block for a row, on 8 up to four,
+    then the fused direct-push pass with about a row per block (32, then 64 channels)."""
+    source = pipeline.load_source("examples/fused/allreduce_add_rmsnorm.pln")
+    for world in (2, 8):
+        spec = pipeline.spec_stage(pipeline.parse_stage(source), world, None)
+        buckets = tuning.buckets_for(spec, packed_supported=True)
+        row = 4096 * tuning.EPILOGUE_ITEMSIZE
+        assert [(b.max_bytes, b.packed, b.channels) for b in buckets[:4]] == [
+            (row, True, 1), (4 * row, True, 8), (32 * row, False, 32), (2 << 20, False, 64)]
+        assert buckets[-1].max_bytes is None and buckets[-1].channels == 64
+        assert buckets[-1].algorithm == ("two-shot" if world > 2 else "direct-push")
+        assert [tuning.choose(buckets, rows * row) for rows in (1, 2, 16, 128, 1024)] == [0, 1, 2, 3, 4]
+    assert not any(b.packed for b in tuning.buckets_for(spec, packed_supported=False))
+
+
 @pytest.mark.parametrize("nbytes, expected", [(1, 0), (16 << 10, 0), ((16 << 10) + 1, 1), (1 << 30, 3)])
 def test_choose_takes_the_first_bucket_that_covers(nbytes, expected):
     buckets = tuning.model(is_reduce=False, replicated_reduce=False, world_size=2, packed_supported=False)

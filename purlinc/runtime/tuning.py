@@ -7,8 +7,8 @@ each call runs the variant of the first bucket whose ``max_bytes`` covers the ca
 1. a tuning table measured by ``benchmarks/bench.py`` on a machine and committed as
    ``purlinc/runtime/tuning.json`` ({"tables": {collective: {world_size: [bucket, ...]}}});
    used when the collective's name and world size are in it;
-2. otherwise the cost model below, which encodes what the measurements showed on H200
-   NVLink: latency is dominated by signalling up to ~64 KiB (one thread block, and the
+2. otherwise the cost model below (``epilogue_model`` for a collective with an epilogue), which
+   encodes what the measurements showed on H200 NVLink: latency is dominated by signalling up to ~64 KiB (one thread block, and the
    packed LL protocol where the schedule supports it), bandwidth needs many thread blocks
    (one block moves ~46 GB/s over NVLink, so 1 MiB wants ~16 and 16 MiB+ wants 32 or more).
 """
@@ -81,6 +81,30 @@ def model(*, is_reduce: bool, replicated_reduce: bool, world_size: int, packed_s
     )
 
 
+# An epilogue's buckets count rows of 2-byte elements (bf16, f16: what models serve in; a float32
+# output's rows are twice the bytes, so each bucket holds half as many of them).
+EPILOGUE_ITEMSIZE = 2
+
+
+def epilogue_model(row_elements: int, *, large_algorithm: str, packed_supported: bool) -> tuple[Bucket, ...]:
+    """The buckets of a collective with an epilogue: its rows, not the all-reduce's bytes, set the
+    channels, because a block computes the epilogue of whole rows.  Measured in loopback (local
+    work, R=2, [rows x 4096] bf16, benchmarks/results/2026-12-02-h200x1-loopback-epilogue-
+    channels.md): one row is fastest on LL's one block (4.6 us against 5.1 for the fused
+    direct-push pass); up to four, LL on 8 blocks (4.6-4.7 against 5.1-5.3); beyond, LL's
+    separate epilogue pass falls behind the fused pass (16 rows: 7.4 against 5.4 us) and the
+    fused pass wants about a row per block (64 rows: 6.1 us on 64 blocks, 6.6 on 32, 8.6 on 16:
+    the plain model's 16 channels)."""
+    row = row_elements * EPILOGUE_ITEMSIZE
+    return (
+        Bucket(row, channels=1, packed=packed_supported),
+        Bucket(4 * row, channels=8, packed=packed_supported),
+        Bucket(32 * row, channels=32),
+        Bucket(max(2 * MIB, 64 * row), channels=64),
+        Bucket(None, algorithm=large_algorithm, channels=64),
+    )
+
+
 @lru_cache(maxsize=None)
 def _measured() -> dict:
     try:
@@ -108,8 +132,11 @@ def buckets_for(spec, *, packed_supported: bool) -> tuple[Bucket, ...]:
                      for b in table)
     holders = Counter(chunk for outputs in spec.outputs for chunk in set(outputs))
     replicated = spec.is_reduce and any(n > 1 for n in holders.values())
-    return model(is_reduce=spec.is_reduce, replicated_reduce=replicated, world_size=spec.world_size,
-                 packed_supported=packed_supported)
+    plain = model(is_reduce=spec.is_reduce, replicated_reduce=replicated, world_size=spec.world_size,
+                  packed_supported=packed_supported)
+    if getattr(spec, "epilogue", None) is None:
+        return plain
+    return epilogue_model(spec.epilogue.row, large_algorithm=plain[-1].algorithm, packed_supported=packed_supported)
 
 
 def choose(buckets: tuple[Bucket, ...], nbytes: int) -> int:
