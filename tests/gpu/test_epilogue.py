@@ -69,6 +69,43 @@ def test_fused_allreduce_add_rmsnorm(world, schedule):
 
 
 @pytest.mark.parametrize("world", (2, 4), ids=["R2", "R4"])
+def test_default_schedule_for_every_row_count(world):
+    """A plain load (no options): each call runs the bucket its rows fall in (tuning.epilogue_model:
+    LL on one block, LL on 8, the fused pass on 32 and 64 channels, capped for ranks that share
+    the GPU), every size against the reference."""
+    import purlinc
+
+    group = purlinc.LocalGroup([DEVICE] * world, share_devices=True)
+    try:
+        coll = purlinc.load(SPEC, group)
+        streams = [torch.cuda.Stream(device=DEVICE) for _ in range(world)]
+        gen = torch.Generator(device=f"cuda:{DEVICE}").manual_seed(200 + world)
+        for rows in (1, 2, 4, 5, 16, 33, 64, 300):
+            n = rows * HIDDEN
+            xs = [torch.randn(n, device=f"cuda:{DEVICE}", generator=gen).to(torch.bfloat16) for _ in range(world)]
+            res = [torch.randn(n, device=f"cuda:{DEVICE}", generator=gen).to(torch.bfloat16) for _ in range(world)]
+            weight = [(1 + 0.1 * torch.randn(HIDDEN, device=f"cuda:{DEVICE}", generator=gen)).to(torch.bfloat16)
+                      for _ in range(world)]
+            before = [r.clone() for r in res]
+            outs = [torch.full((n,), float("nan"), device=f"cuda:{DEVICE}", dtype=torch.bfloat16) for _ in range(world)]
+            current = torch.cuda.current_stream(DEVICE)
+            for s in streams:
+                s.wait_stream(current)
+            coll(xs, outs, streams=streams, residual=res, weight=weight, eps=1e-6)
+            for s in streams:
+                current.wait_stream(s)
+            torch.cuda.synchronize(DEVICE)
+            coll.check()
+            for rank in range(world):
+                y, h = _reference(xs, before[rank], weight[rank], 1e-6)
+                label = f"R={world} default schedule, rows={rows}, rank {rank}"
+                torch.testing.assert_close(res[rank].float(), h.float(), rtol=2**-7, atol=2**-6, msg=label)
+                torch.testing.assert_close(outs[rank].float(), y.float(), rtol=2**-6, atol=2**-5, msg=label)
+    finally:
+        group.close()
+
+
+@pytest.mark.parametrize("world", (2, 4), ids=["R2", "R4"])
 @pytest.mark.parametrize("schedule", SCHEDULES[:2] + SCHEDULES[3:4], ids=["dp-ll", "dp", "two-shot"])
 def test_nan_and_inf_rows(world, schedule):
     """A NaN in one rank's data makes its row's every output NaN (the sum of squares is NaN); an
