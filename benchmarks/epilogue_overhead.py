@@ -48,6 +48,8 @@ def _schedule(text: str) -> tuple:
     name, _, channels = text.partition(":")
     packed = name.endswith("-ll")
     return (name[:-3] if packed else name, packed, int(channels or 1))
+
+
 # --parts: the fused epilogue taken apart, each part its own spec timed like the whole (what
 # each costs over the plain all-reduce): the fused pass itself (a scale), the residual read, its
 # store, the norm's row reduction.

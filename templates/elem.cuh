@@ -45,6 +45,7 @@ __device__ __forceinline__ unsigned short purlin_acc_to_bf16(float f)
 template <unsigned E>
 __device__ __forceinline__ void purlin_bf16_to_acc_n(const unsigned short (&b)[E], float (&a)[E])
 {
+    static_assert(E % 2 == 0, "bf16 values go in pairs");
 #pragma unroll
     for (unsigned k = 0; k < E; k += 2) {
         const unsigned w = reinterpret_cast<const unsigned*>(b)[k / 2];
@@ -53,13 +54,14 @@ __device__ __forceinline__ void purlin_bf16_to_acc_n(const unsigned short (&b)[E
     }
 }
 
-// E values (E even, the array 4-byte aligned) rounded to bf16, as purlin_acc_to_bf16 each.  On sm_80 and later one
-// cvt.rn.bf16x2 rounds a pair, and one NaN test per value guards a rare pass that writes the
-// canonical NaNs: converted one at a time, ptxas spends a conversion and a select on every value
-// (in a fused epilogue, a third of its instructions).
+// E values (E even, the array 4-byte aligned) rounded to bf16, as purlin_acc_to_bf16 each.  On
+// sm_80 and later one cvt.rn.bf16x2 rounds a pair, and one NaN test per value guards a rare pass
+// that writes the canonical NaNs: converted one at a time, ptxas spends a conversion and a select
+// on every value (in a fused epilogue, a third of its instructions).
 template <unsigned E>
 __device__ __forceinline__ void purlin_acc_to_bf16_n(const float (&a)[E], unsigned short (&b)[E])
 {
+    static_assert(E % 2 == 0, "bf16 values go in pairs");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     bool nan = false;
 #pragma unroll
@@ -83,6 +85,7 @@ __device__ __forceinline__ void purlin_acc_to_bf16_n(const float (&a)[E], unsign
 template <unsigned E>
 __device__ __forceinline__ void purlin_round_bf16_n(float (&a)[E])
 {
+    static_assert(E % 2 == 0, "bf16 values go in pairs");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #pragma unroll
     for (unsigned k = 0; k < E; k += 2) {

@@ -4,13 +4,14 @@
 Every decision is made here and passed to ``templates/epilogue.cuh.j2`` as plain text: the
 statements become float32 C expressions with round-to-nearest intrinsics (no contraction
 into FMAs, so each operation rounds as the NumPy meaning does), buffers are read as 16-byte
-vectors of the output's elements, all loaded at once into registers (about two vectors per
-thread, whole warps per row, several rows per block), and a row with an ``rmsnorm`` sums its
-squares over its threads (shuffles, then one barrier) before the values are stored.  Only the sum
-of squares (its order, and a fused multiply-add per element) and ``rsqrtf`` differ from the NumPy
-oracle.  Conversions go a word or a pair at a time where elem.cuh has them (bf16).  A reduce followed by the epilogue of its rows is one
-pass (``fuse_reduce``, ``templates/epilogue_fused.cuh.j2``): the reduced vectors go from the
-sources to the epilogue in registers.
+vectors of the output's elements, all loaded at once into registers (whole warps per row, in
+one of two layouts the kernel picks per call: ``row_layouts``), and a row with an ``rmsnorm``
+sums its squares over its threads (shuffles, then one barrier) before the values are stored.
+Only the sum of squares (its order, and a fused multiply-add per element) and ``rsqrtf`` differ
+from the NumPy oracle.  Conversions go a word or a pair at a time where elem.cuh has them
+(bf16).  A reduce followed by the epilogue of its rows is one pass (``fuse_reduce``,
+``templates/epilogue_fused.cuh.j2``): the reduced vectors go from the sources to the epilogue
+in registers.
 """
 
 from __future__ import annotations

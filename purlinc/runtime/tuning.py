@@ -8,9 +8,10 @@ each call runs the variant of the first bucket whose ``max_bytes`` covers the ca
    ``purlinc/runtime/tuning.json`` ({"tables": {collective: {world_size: [bucket, ...]}}});
    used when the collective's name and world size are in it;
 2. otherwise the cost model below (``epilogue_model`` for a collective with an epilogue), which
-   encodes what the measurements showed on H200 NVLink: latency is dominated by signalling up to ~64 KiB (one thread block, and the
-   packed LL protocol where the schedule supports it), bandwidth needs many thread blocks
-   (one block moves ~46 GB/s over NVLink, so 1 MiB wants ~16 and 16 MiB+ wants 32 or more).
+   encodes what the measurements showed on H200 NVLink: latency is dominated by signalling up
+   to ~64 KiB (one thread block, and the packed LL protocol where the schedule supports it),
+   bandwidth needs many thread blocks (one block moves ~46 GB/s over NVLink, so 1 MiB wants
+   ~16 and 16 MiB+ wants 32 or more).
 """
 
 from __future__ import annotations
