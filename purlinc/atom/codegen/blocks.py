@@ -18,7 +18,7 @@ from purlinc.atom.codegen.ll import check_reorder, fuse_sends, ll_block
 from purlinc.errors import InternalError
 from purlinc.frontend.ast import Operation
 from purlinc.atom.epilogue import epilogue_block, fuse_reduce
-from purlinc.snac.ir import Consume, Epilogue, Notify, Program, Region, Role, Stage, Wait
+from purlinc.snac.ir import Consume, Epilogue, Notify, Program, Role, Stage, Wait
 from purlinc.snac.packing import ll_groups
 
 
