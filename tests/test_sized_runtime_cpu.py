@@ -119,3 +119,65 @@ def test_sizes_by_the_operands_name(fake, on_device_zero, monkeypatch):
         coll(x, m=sizes, out=out, out_sizes=out_sizes, stream=3)
     with pytest.raises(ArgumentError, match="n .the sizes of this rank's input chunks. is required"):
         coll(x, out=out, out_sizes=out_sizes, stream=3)
+
+
+@pytest.mark.parametrize("devices,refused", [((0, 0), True), ((0, 1), False)])
+def test_torchrun_ranks_on_one_gpu_that_cannot_be_resident_are_refused(fake, monkeypatch, devices, refused):
+    """Two ranks on cuda:0 with two channels each need 4 resident blocks where 3 fit: the first
+    use of a dtype raises before anything is launched (as a plain collective's does)."""
+    from purlinc.dtypes import DType
+    from purlinc.runtime import driver
+    from purlinc.runtime.errors import ResidencyError
+
+    monkeypatch.setattr(driver, "blocks_per_sm", lambda function, threads, shared: 1)
+    monkeypatch.setattr(driver, "sm_count", lambda device: 3)
+    comm = FakeComm()
+    comm.peer_devices = devices
+    coll = load(SIZED / "alltoallv.pln", comm, capacity=64, channels=2)
+    if refused:
+        with pytest.raises(ResidencyError, match=r"needs 4 blocks resident at once on cuda:0 .* ranks 0, 1 sharing"):
+            coll.variant(DType.FLOAT32)
+    else:
+        assert coll.blocks(DType.FLOAT32).per_sm == 1
+
+
+def _loopback_sized(monkeypatch, channels: int):
+    """A LocalGroup's sized collective of two ranks on cuda:0 (the group built as load_sized does)."""
+    from purlinc.runtime.collective import Layout
+    from purlinc.runtime.loader import _prepare_sized
+    from purlinc.runtime.options import LoadOptions
+    from purlinc.runtime.sized import GroupSized
+    from test_runtime_load_cpu import FakeHeap, _LoopbackComm
+
+    compiled = _prepare_sized(SIZED / "alltoallv.pln", 2, LoadOptions(channels=channels, capacity=64))
+    ranks = []
+    for r in range(2):
+        comm = _LoopbackComm(r)
+        comm.heap = FakeHeap(2)
+        pad = 8 * max(compiled.schedule.signal_pad_size(), 1)
+        layout = Layout(comm.heap.alloc(4096, "staging"), 4096, comm.heap.alloc(pad, "pad"), pad,
+                        comm.heap.alloc(8 * channels, "counters"), 8 * channels)
+        ranks.append(SizedCollective(compiled, comm, layout, capacity=64, itemsize=4, agree=False))
+    return GroupSized(ranks)
+
+
+def test_a_group_call_that_cannot_be_resident_is_refused_before_any_launch(fake, on_device_zero, monkeypatch):
+    """Ranks of a loopback group wait for each other's blocks: where the GPU holds 3 and two
+    ranks need 2 each, the call raises and nothing is launched; 1 each runs."""
+    from purlinc.runtime import driver
+    from purlinc.runtime.errors import ResidencyError
+
+    monkeypatch.setattr(driver, "blocks_per_sm", lambda function, threads, shared: 1)
+    monkeypatch.setattr(driver, "sm_count", lambda device: 3)
+    launches = []
+    monkeypatch.setattr(driver, "launch", lambda *args: launches.append(args))
+    xs = [Device(0x100000 * (r + 1), (100,), "<f4") for r in range(2)]
+    outs = [Device(0x800000 * (r + 1), (128,), "<f4") for r in range(2)]
+    sizes = [Device(0x3000000 + 0x1000 * r, (2,), "<i8") for r in range(2)]
+    out_sizes = [Device(0x4000000 + 0x1000 * r, (2,), "<i8") for r in range(2)]
+    _loopback_sized(monkeypatch, 1)(xs, sizes, outs, out_sizes, streams=[1, 2])
+    assert len(launches) == 2
+    group = _loopback_sized(monkeypatch, 2)
+    with pytest.raises(ResidencyError, match=r"needs 4 blocks resident at once on cuda:0 .* at most 3 of them"):
+        group(xs, sizes, outs, out_sizes, streams=[1, 2])
+    assert len(launches) == 2  # nothing more was launched

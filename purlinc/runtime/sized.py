@@ -26,8 +26,9 @@ from purlinc.atom.sized import SIZE_ERROR_RECORD, SIZE_ERROR_BYTES, describe_siz
 from purlinc.dtypes import DType
 from purlinc.errors import PurlinError
 from purlinc.pipeline import Compiled
-from purlinc.runtime import interop
+from purlinc.runtime import interop, residency
 from purlinc.runtime.errors import ArgumentError, MismatchError, PurlinTimeoutError, issued_by_one_thread
+from purlinc.runtime.residency import Blocks
 
 WIDEST = max(d.itemsize for d in DType)
 
@@ -71,7 +72,9 @@ class SizedCollective:
 
         self._pdl = dependent_launch(comm, driver.has_dependent_launch)
         self._variants: dict = {}
+        self._per_sm: dict = {}  # dtype -> blocks of its kernel one SM holds (residency)
         self._args: dict = {}
+        self._multi_device = getattr(comm, "local_group", None) is not None  # a LocalGroup's rank
         self.closed = False
         comm.register(self)
 
@@ -118,8 +121,27 @@ class SizedCollective:
         kernel = self.compiled.kernel(dtype)
         self._driver.set_current(self.device)
         module = self._driver.module_load(kernel.cubin)
-        hit = self._variants[dtype] = (self._driver.get_function(module, kernel.abi.entry(self.rank)), module, kernel.abi)
+        function = self._driver.get_function(module, kernel.abi.entry(self.rank))
+        per_sm = self._driver.blocks_per_sm(function, kernel.abi.threads, 0)
+        self._check_shared_device(kernel.abi, per_sm)
+        self._per_sm[dtype] = per_sm
+        hit = self._variants[dtype] = (function, module, kernel.abi)
         return hit
+
+    def blocks(self, dtype: DType) -> Blocks:
+        """The blocks a call of ``dtype`` launches (its kernel loaded: ``variant``)."""
+        abi = self.variant(dtype)[2]
+        return Blocks(self.rank, self.device, abi.channels, abi.threads, self._per_sm[dtype])
+
+    def _check_shared_device(self, abi, per_sm: int) -> None:
+        """Under torchrun, ranks placed on this rank's GPU (``comm.peer_devices``) run their
+        kernels on its SMs together: refuse before the first launch when their blocks cannot all
+        be resident (as ``Collective``'s).  A group call checks its ranks per call instead."""
+        devices = getattr(self.comm, "peer_devices", ())
+        if self._multi_device or devices.count(self.device) < 2:
+            return
+        residency.check(self.name, [Blocks(r, d, abi.channels, abi.threads, per_sm) for r, d in enumerate(devices)
+                                    if d == self.device], self._driver.sm_count)
 
     def _launch_args(self, dtype: DType, shape: tuple):
         from purlinc.runtime.driver import DependentLaunch, PackedArgs
@@ -269,6 +291,7 @@ class GroupSized:
     def __init__(self, ranks: Sequence[SizedCollective]):
         self.ranks = list(ranks)
         self.name = ranks[0].name
+        self._fits: set = set()  # launches found to fit their GPUs (residency.check)
 
     def __getitem__(self, rank: int) -> SizedCollective:
         return self.ranks[rank]
@@ -295,6 +318,11 @@ class GroupSized:
                                     "one stream; each would wait for the other: pass streams= with one stream per rank")
         for c, p in zip(self.ranks, prepared):
             c.variant(p[0])  # every module loaded before any rank runs (a load waits for running kernels)
+        # Ranks that share a GPU wait for each other's blocks: all of them must be resident at once.
+        launches = tuple(c.blocks(p[0]) for c, p in zip(self.ranks, prepared))
+        if launches not in self._fits:
+            residency.check(self.name, launches, self.ranks[0]._driver.sm_count)
+            self._fits.add(launches)
         for c, p in zip(self.ranks, prepared):
             c.launch(p[0], p[1], p[2])
         return [p[3] for p in prepared], [p[4] for p in prepared]
