@@ -10,9 +10,11 @@ work only: what the epilogue costs inside the kernel, not what NVLink does.  Eac
 fused output checked against torch (all-reduce in float32 rounded to bf16, then the add and
 RMSNorm in float32, rounded) before the timing; then ``--reps`` timed repeats of ``--replays``
 replays of every rank's graph of ``--calls`` calls (device time by events, the slower rank's),
-median, min and max per call.  Captured calls run the staged schedule the row names
-(PURLIN_GRAPH_BUFFERS=stage unless set).  Writes DIR/epilogue_overhead_<label>.json and .md
-(DIR: --out, else $OUT, else the current directory); ``added_us`` is fused minus plain, medians.
+the plain and the fused graphs in alternation, median, min and max per call.  Captured calls
+run the staged schedule the row names (PURLIN_GRAPH_BUFFERS=stage unless set).  Writes
+DIR/epilogue_overhead_<label>.json and .md (DIR: --out, else $OUT, else the current
+directory); ``added_us`` is the median of fused minus plain, repeat by repeat, and
+``added_range_us`` their range.
 """
 
 from __future__ import annotations
@@ -40,7 +42,10 @@ from _graph_timing import capture, replay_us, spread, write_results  # noqa: E40
 FUSED = ROOT / "examples" / "fused" / "allreduce_add_rmsnorm.pln"
 PLAIN = "collective allreduce_one_chunk { in[r] = x  out[r] = x  reduce }"  # the same, without the epilogue
 HIDDEN = 4096
-SCHEDULES = (("direct-push", True, 1), ("direct-push", False, 8), ("direct-push", False, 16), ("two-shot", False, 8))
+# LL on one and on 8 blocks, the fused direct-push pass on 8 and 16, two-shot: what the tuned
+# model picks by rows (tuning.epilogue_model), within what 8 loopback ranks can hold at once
+SCHEDULES = (("direct-push", True, 1), ("direct-push", True, 8), ("direct-push", False, 8),
+             ("direct-push", False, 16), ("two-shot", False, 8))
 
 
 def _schedule(text: str) -> tuple:
@@ -95,10 +100,22 @@ def _group_call(bound, xs, outs, streams) -> None:
     torch.cuda.synchronize(0)
 
 
-def _time(bound, xs, outs, devices, streams, args) -> dict:
+def _graphs(bound, xs, outs, devices, streams, args) -> list:
     _group_call(bound, xs, outs, streams)  # loads the kernel: a capture cannot
-    graphs = capture(bound, xs, outs, devices, args.calls, streams)
-    return spread([replay_us(graphs, devices, args.calls, streams, args.replays) for _ in range(args.reps)])
+    return capture(bound, xs, outs, devices, args.calls, streams)
+
+
+def _paired(plain, other, xs, outs, devices, streams, args) -> tuple[dict, dict, dict]:
+    """The plain all-reduce and ``other`` (fused, or a part), each captured once and then timed
+    in alternation, repeat by repeat: the spread of each, and of ``other - plain`` per repeat
+    (so that the machine drifting between repeats, as it does by tenths of a microsecond, falls
+    out of the difference rather than into it)."""
+    graphs = [_graphs(b, xs, outs, devices, streams, args) for b in (plain, other)]
+    times: tuple[list, list] = ([], [])
+    for _ in range(args.reps):
+        for g, series in zip(graphs, times):
+            series.append(replay_us(g, devices, args.calls, streams, args.replays))
+    return spread(times[0]), spread(times[1]), spread([b - a for a, b in zip(*times)])
 
 
 def _cycles(source, operands: dict, group, opts: dict, xs, outs, streams, calls: int) -> dict:
@@ -148,14 +165,14 @@ def point(world: int, rows: int, schedule: tuple, args) -> dict:
         row = {"ranks": world, "rows": rows, "hidden": HIDDEN, "dtype": "bfloat16", "algorithm": algorithm,
                "packed": packed, "channels": channels, "checked": True}
         # the residual grows by one all-reduce per call while timed: nothing reads it afterwards
-        row["plain"] = _time(plain, xs, outs, devices, streams, args)
-        row["fused"] = _time(fused, xs, outs, devices, streams, args)
+        row["plain"], row["fused"], row["added"] = _paired(plain, fused, xs, outs, devices, streams, args)
         row["plain_us"], row["fused_us"] = row["plain"]["median_us"], row["fused"]["median_us"]
-        row["added_us"] = round(row["fused_us"] - row["plain_us"], 3)
+        row["added_us"] = row["added"]["median_us"]
+        row["added_range_us"] = f"{row['added']['min_us']}..{row['added']['max_us']}"
         operands = {"residual": res, "weight": weight, "eps": 1e-6, "s": 1.0}
         for label, source, names in PARTS if args.parts else ():
             part = _Bound(purlinc.load(source, group, **opts), {n: operands[n] for n in names})
-            row[f"{label}_added_us"] = round(_time(part, xs, outs, devices, streams, args)["median_us"] - row["plain_us"], 3)
+            row[f"{label}_added_us"] = _paired(plain, part, xs, outs, devices, streams, args)[2]["median_us"]
             part.coll.check()
         fused.coll.check()
         if args.cycles:
@@ -179,7 +196,7 @@ def main(argv=None) -> int:
     parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--schedules", type=_schedule, nargs="+", default=list(SCHEDULES),
-                        help="ALGORITHM[-ll]:CHANNELS each (default: LL c1, direct-push c8 and c16, two-shot c8)")
+                        help="ALGORITHM[-ll]:CHANNELS each (default: LL c1 and c8, direct-push c8 and c16, two-shot c8)")
     parser.add_argument("--parts", action="store_true", help="also time the epilogue's parts (PARTS), each alone")
     parser.add_argument("--cycles", type=int, default=0, metavar="CALLS",
                         help="also trace CALLS calls of each variant (traced builds) and report the device cycles of "
@@ -203,7 +220,8 @@ def main(argv=None) -> int:
     stem = f"epilogue_overhead_{args.label}"
     write_results(args.out, stem, meta, rows, [
         ("R", "ranks"), ("rows", "rows"), ("algorithm", "algorithm"), ("LL", "packed"), ("channels", "channels"),
-        ("plain us", "plain_us"), ("fused us", "fused_us"), ("added us", "added_us"), ("checked", "checked"),
+        ("plain us", "plain_us"), ("fused us", "fused_us"), ("added us", "added_us"),
+        ("added range", "added_range_us"), ("checked", "checked"),
         *([(f"{label} adds us", f"{label}_added_us") for label, _, _ in PARTS] if args.parts else []),
         *([(f"{label} block cyc", f"{label}_block_cycles") for label in ("plain", "fused", *(p[0] for p in PARTS))]
           if args.cycles else [])])
