@@ -28,6 +28,44 @@ def _reference(xs, residual, weight, eps):
     return y.to(torch.bfloat16).view(-1), h.to(torch.bfloat16).view(-1)
 
 
+def _data(world: int, rows: int, gen):
+    """Fresh bf16 inputs, residuals and weights (1 + 0.1 N(0, 1)) of ``rows`` rows, per rank."""
+    n, dev = rows * HIDDEN, f"cuda:{DEVICE}"
+    xs = [torch.randn(n, device=dev, generator=gen).to(torch.bfloat16) for _ in range(world)]
+    res = [torch.randn(n, device=dev, generator=gen).to(torch.bfloat16) for _ in range(world)]
+    weight = [(1 + 0.1 * torch.randn(HIDDEN, device=dev, generator=gen)).to(torch.bfloat16) for _ in range(world)]
+    return xs, res, weight
+
+
+def _run_and_check(coll, streams, world: int, rows: int, gen, label: str, hops: int = 1) -> None:
+    """One call of the fused collective on fresh data (outputs poisoned with NaN), every rank's
+    out and residual against the reference.  The residual h is the same bf16 sum up to the
+    reduction's order (one bf16 rounding; a ring rounds at each of its ``hops``); out is h's
+    rounding scaled by weight / rms, plus the rsqrt and the mean's order."""
+    xs, res, weight = _data(world, rows, gen)
+    before = [r.clone() for r in res]
+    outs = [torch.full_like(x, float("nan")) for x in xs]
+    _call(coll, streams, xs, outs, residual=res, weight=weight, eps=1e-6)
+    for rank in range(world):
+        y, h = _reference(xs, before[rank], weight[rank], 1e-6)
+        msg = f"{label} rank {rank}"
+        torch.testing.assert_close(res[rank].float(), h.float(), rtol=2**-7, atol=hops * 2**-6, msg=msg)
+        torch.testing.assert_close(outs[rank].float(), y.float(), rtol=2**-6, atol=hops * 2**-5, msg=msg)
+
+
+def _call(coll, streams, xs, outs, **operands) -> None:
+    """One group call, each rank on its own stream, ordered after and before the current one;
+    then the device's errors checked."""
+    current = torch.cuda.current_stream(DEVICE)
+    for s in streams:
+        s.wait_stream(current)
+    coll(xs, outs, streams=streams, **operands)
+    for s in streams:
+        current.wait_stream(s)
+    torch.cuda.synchronize(DEVICE)
+    coll.check()
+
+
 @pytest.mark.parametrize("world", range(2, 9), ids=[f"R{w}" for w in range(2, 9)])
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=["-".join(map(str, s)) for s in SCHEDULES])
 def test_fused_allreduce_add_rmsnorm(world, schedule):
@@ -40,30 +78,8 @@ def test_fused_allreduce_add_rmsnorm(world, schedule):
         streams = [torch.cuda.Stream(device=DEVICE) for _ in range(world)]
         gen = torch.Generator(device=f"cuda:{DEVICE}").manual_seed(world)
         for call, rows in enumerate((1, 16, 3)):  # repeated calls, new sizes: epochs advance
-            n = rows * HIDDEN
-            xs = [torch.randn(n, device=f"cuda:{DEVICE}", generator=gen).to(torch.bfloat16) for _ in range(world)]
-            res = [torch.randn(n, device=f"cuda:{DEVICE}", generator=gen).to(torch.bfloat16) for _ in range(world)]
-            weight = [(1 + 0.1 * torch.randn(HIDDEN, device=f"cuda:{DEVICE}", generator=gen)).to(torch.bfloat16)
-                      for _ in range(world)]
-            before = [r.clone() for r in res]
-            outs = [torch.full((n,), float("nan"), device=f"cuda:{DEVICE}", dtype=torch.bfloat16) for _ in range(world)]
-            current = torch.cuda.current_stream(DEVICE)
-            for s in streams:
-                s.wait_stream(current)
-            coll(xs, outs, streams=streams, residual=res, weight=weight, eps=1e-6)
-            for s in streams:
-                current.wait_stream(s)
-            torch.cuda.synchronize(DEVICE)
-            coll.check()
-            for rank in range(world):
-                y, h = _reference(xs, before[rank], weight[rank], 1e-6)
-                label = f"R={world} {schedule} rows={rows} call {call} rank {rank}"
-                # h: the same bf16 sum up to the reduction's order (one bf16 rounding; a ring
-                # rounds at each of its R - 1 hops); y: h's rounding scaled by weight / rms,
-                # plus the rsqrt and the mean's order
-                hops = world - 1 if algorithm == "ring" else 1
-                torch.testing.assert_close(res[rank].float(), h.float(), rtol=2**-7, atol=hops * 2**-6, msg=label)
-                torch.testing.assert_close(outs[rank].float(), y.float(), rtol=2**-6, atol=hops * 2**-5, msg=label)
+            _run_and_check(coll, streams, world, rows, gen, f"R={world} {schedule} rows={rows} call {call}",
+                           hops=world - 1 if algorithm == "ring" else 1)
     finally:
         group.close()
 
@@ -81,26 +97,7 @@ def test_default_schedule_for_every_row_count(world):
         streams = [torch.cuda.Stream(device=DEVICE) for _ in range(world)]
         gen = torch.Generator(device=f"cuda:{DEVICE}").manual_seed(200 + world)
         for rows in (1, 2, 4, 5, 16, 33, 64, 300):
-            n = rows * HIDDEN
-            xs = [torch.randn(n, device=f"cuda:{DEVICE}", generator=gen).to(torch.bfloat16) for _ in range(world)]
-            res = [torch.randn(n, device=f"cuda:{DEVICE}", generator=gen).to(torch.bfloat16) for _ in range(world)]
-            weight = [(1 + 0.1 * torch.randn(HIDDEN, device=f"cuda:{DEVICE}", generator=gen)).to(torch.bfloat16)
-                      for _ in range(world)]
-            before = [r.clone() for r in res]
-            outs = [torch.full((n,), float("nan"), device=f"cuda:{DEVICE}", dtype=torch.bfloat16) for _ in range(world)]
-            current = torch.cuda.current_stream(DEVICE)
-            for s in streams:
-                s.wait_stream(current)
-            coll(xs, outs, streams=streams, residual=res, weight=weight, eps=1e-6)
-            for s in streams:
-                current.wait_stream(s)
-            torch.cuda.synchronize(DEVICE)
-            coll.check()
-            for rank in range(world):
-                y, h = _reference(xs, before[rank], weight[rank], 1e-6)
-                label = f"R={world} default schedule, rows={rows}, rank {rank}"
-                torch.testing.assert_close(res[rank].float(), h.float(), rtol=2**-7, atol=2**-6, msg=label)
-                torch.testing.assert_close(outs[rank].float(), y.float(), rtol=2**-6, atol=2**-5, msg=label)
+            _run_and_check(coll, streams, world, rows, gen, f"R={world} default schedule, rows={rows},")
     finally:
         group.close()
 
@@ -119,24 +116,13 @@ def test_nan_and_inf_rows(world, schedule):
         coll = purlinc.load(SPEC, group, algorithm=algorithm, packed=packed, channels=channels, slices=slices)
         streams = [torch.cuda.Stream(device=DEVICE) for _ in range(world)]
         gen = torch.Generator(device=f"cuda:{DEVICE}").manual_seed(100 + world)
-        n = 4 * HIDDEN
-        xs = [torch.randn(n, device=f"cuda:{DEVICE}", generator=gen).to(torch.bfloat16) for _ in range(world)]
+        xs, res, weight = _data(world, 4, gen)
         xs[0][HIDDEN + 5] = float("nan")  # row 1
         xs[world - 1][2 * HIDDEN + 77] = float("inf")  # row 2
-        res = [torch.randn(n, device=f"cuda:{DEVICE}", generator=gen).to(torch.bfloat16) for _ in range(world)]
         res[1][3 * HIDDEN + 9] = float("-inf")  # row 3, on one rank only
-        weight = [(1 + 0.1 * torch.randn(HIDDEN, device=f"cuda:{DEVICE}", generator=gen)).to(torch.bfloat16)
-                  for _ in range(world)]
         before = [r.clone() for r in res]
-        outs = [torch.zeros(n, device=f"cuda:{DEVICE}", dtype=torch.bfloat16) for _ in range(world)]
-        current = torch.cuda.current_stream(DEVICE)
-        for s in streams:
-            s.wait_stream(current)
-        coll(xs, outs, streams=streams, residual=res, weight=weight, eps=1e-6)
-        for s in streams:
-            current.wait_stream(s)
-        torch.cuda.synchronize(DEVICE)
-        coll.check()
+        outs = [torch.zeros_like(x) for x in xs]
+        _call(coll, streams, xs, outs, residual=res, weight=weight, eps=1e-6)
         for rank in range(world):
             y, h = _reference(xs, before[rank], weight[rank], 1e-6)
             label = f"R={world} {schedule} rank {rank}"
@@ -195,14 +181,7 @@ def test_fp8_variant(world, schedule):
         q = [torch.zeros(n, device=dev, dtype=torch.float8_e4m3fn) for _ in range(world)]
         before = [r.clone() for r in res]
         outs = [torch.empty(n, device=dev, dtype=torch.bfloat16) for _ in range(world)]
-        current = torch.cuda.current_stream(DEVICE)
-        for s in streams:
-            s.wait_stream(current)
-        coll(xs, outs, streams=streams, residual=res, weight=weight, eps=1e-6, q=q, inv_scale=200.0)
-        for s in streams:
-            current.wait_stream(s)
-        torch.cuda.synchronize(DEVICE)
-        coll.check()
+        _call(coll, streams, xs, outs, residual=res, weight=weight, eps=1e-6, q=q, inv_scale=200.0)
         for rank in range(world):
             y, _ = _reference(xs, before[rank], weight[rank], 1e-6)
             want = (y.float() * 200.0).clamp(-448, 448).to(torch.float8_e4m3fn).float()
