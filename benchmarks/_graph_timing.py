@@ -18,7 +18,7 @@ import torch
 from _common import expected, inputs_for, poison, to_numpy, to_torch
 
 
-def _issue(work, devices, streams) -> None:
+def issue(work, devices, streams) -> None:
     """``work()``, then every device synchronized.  With ``streams`` (one per rank: ranks that
     share a GPU must run at once), each rank's stream first waits for its device's current
     stream, and the current streams wait for them after."""
@@ -48,7 +48,7 @@ def checked_call(coll, nbytes: int, dtype, rng, devices, streams=None) -> tuple[
     for o in outs:
         if o is not None:
             poison(o)
-    _issue(lambda: coll(xs, outs, streams=streams), devices, streams)
+    issue(lambda: coll(xs, outs, streams=streams), devices, streams)
     want = expected(spec, inputs, count, dtype, "sum" if spec.is_reduce else None)
     ok = all(o is None or np.array_equal(to_numpy(o, dtype).view(np.uint16), w.view(np.uint16))
              for o, w in zip(outs, want))
@@ -67,7 +67,7 @@ def capture(coll, xs, outs, devices, calls: int, streams=None) -> list:
                 for _ in range(calls):
                     coll[r](xs[r], outs[r])
             graphs.append(graph)
-    _issue(lambda: _replay(graphs, devices, streams), devices, streams)
+    issue(lambda: _replay(graphs, devices, streams), devices, streams)
     return graphs
 
 
@@ -89,7 +89,7 @@ def replay_us(graphs, devices, calls: int, streams=None, replays: int = 1) -> fl
     """``replays`` replays of every rank's graph back to back: the slowest rank's time per
     call, in us."""
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in devices]
-    _issue(lambda: _replay(graphs, devices, streams, events, replays), devices, streams)
+    issue(lambda: _replay(graphs, devices, streams, events, replays), devices, streams)
     return max(s.elapsed_time(e) for s, e in events) * 1e3 / (calls * replays)
 
 

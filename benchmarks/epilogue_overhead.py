@@ -37,7 +37,7 @@ os.environ.setdefault("PURLIN_GRAPH_BUFFERS", "stage")
 import torch  # noqa: E402
 
 import purlinc  # noqa: E402
-from _graph_timing import capture, replay_us, spread, write_results  # noqa: E402
+from _graph_timing import capture, issue, replay_us, spread, write_results  # noqa: E402
 
 FUSED = ROOT / "examples" / "fused" / "allreduce_add_rmsnorm.pln"
 PLAIN = "collective allreduce_one_chunk { in[r] = x  out[r] = x  reduce }"  # the same, without the epilogue
@@ -91,13 +91,7 @@ def _reference(xs, residual, weight, eps=1e-6):
 
 def _group_call(bound, xs, outs, streams) -> None:
     """One call of every rank, each on its stream, ordered after and before the current one."""
-    current = torch.cuda.current_stream(0)
-    for s in streams:
-        s.wait_stream(current)
-    bound(xs, outs, streams=streams)
-    for s in streams:
-        current.wait_stream(s)
-    torch.cuda.synchronize(0)
+    issue(lambda: bound(xs, outs, streams=streams), [0] * len(streams), streams)
 
 
 def _graphs(bound, xs, outs, devices, streams, args) -> list:

@@ -256,6 +256,21 @@ def capture_per_rank(streams, calls) -> list:
     return graphs
 
 
+def on_rank_streams(streams, device: int, work) -> None:
+    """``work()`` (a group call given ``streams=``) with every rank's stream ordered after the
+    device's current stream and the current stream after them, then the device synchronized: a
+    loopback group's ranks run at once, each on its own stream."""
+    import torch
+
+    current = torch.cuda.current_stream(device)
+    for s in streams:
+        s.wait_stream(current)
+    work()
+    for s in streams:
+        current.wait_stream(s)
+    torch.cuda.synchronize(device)
+
+
 def replay_per_rank(graphs, streams, device: int) -> None:
     """Every rank's graph replayed on its own stream, after the work before it and waited for
     (the ranks wait for each other on the device)."""
@@ -283,6 +298,21 @@ def compare_outputs(spec, outs, want, dtype: DType, label: str) -> None:
 
 def inputs_for(spec, count: int, dtype: DType, rng) -> list[np.ndarray]:
     return [random_values(rng, len(spec.inputs[r]) * count, dtype) for r in range(spec.world_size)]
+
+
+def fill_rank(spec, rank: int, count: int, dtype: DType, rng, x, out, device: int) -> list[np.ndarray]:
+    """Fresh inputs of every rank (each torchrun process draws them all from the same seeded
+    ``rng``), rank ``rank``'s copied into ``x``; ``out`` poisoned; the device synchronized.
+    Returns the inputs (what the reference needs)."""
+    import torch
+
+    inputs = inputs_for(spec, count, dtype, rng)
+    if x is not None:
+        x.copy_(to_torch(inputs[rank], dtype, device))
+    if out is not None:
+        poison(out)
+    torch.cuda.synchronize()
+    return inputs
 
 
 def expected(spec, inputs, count, dtype, op):

@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from _common import CheckLog, EXAMPLES, expected, inputs_for, poison, to_numpy, to_torch, torch_dtype  # noqa: E402
+from _common import CheckLog, EXAMPLES, expected, fill_rank, to_numpy, torch_dtype  # noqa: E402
 from purlinc.dtypes import DType  # noqa: E402
 
 LOG = CheckLog()
@@ -83,13 +83,7 @@ def check(comm, name, options, mode, count, dtype, seed):
         kwargs = {"op": "sum"}
 
         def fill():
-            inputs = inputs_for(spec, count, dtype, rng)
-            if x is not None:
-                x.copy_(to_torch(inputs[rank], dtype, comm.device))
-            if out is not None:
-                poison(out)
-            torch.cuda.synchronize()
-            return inputs
+            return fill_rank(spec, rank, count, dtype, rng, x, out, comm.device)
 
         fill()
         coll(x, out, **kwargs)  # eager: staged

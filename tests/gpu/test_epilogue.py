@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from _common import EXAMPLES  # noqa: E402
+from _common import EXAMPLES, on_rank_streams  # noqa: E402
 
 pytestmark = [pytest.mark.gpu]
 DEVICE = 0
@@ -56,13 +56,7 @@ def _run_and_check(coll, streams, world: int, rows: int, gen, label: str, hops: 
 def _call(coll, streams, xs, outs, **operands) -> None:
     """One group call, each rank on its own stream, ordered after and before the current one;
     then the device's errors checked."""
-    current = torch.cuda.current_stream(DEVICE)
-    for s in streams:
-        s.wait_stream(current)
-    coll(xs, outs, streams=streams, **operands)
-    for s in streams:
-        current.wait_stream(s)
-    torch.cuda.synchronize(DEVICE)
+    on_rank_streams(streams, DEVICE, lambda: coll(xs, outs, streams=streams, **operands))
     coll.check()
 
 
@@ -175,9 +169,8 @@ def test_fp8_variant(world, schedule):
         gen = torch.Generator(device=f"cuda:{DEVICE}").manual_seed(world)
         n = 16 * HIDDEN
         dev = f"cuda:{DEVICE}"
-        xs = [torch.randn(n, device=dev, generator=gen).to(torch.bfloat16) for _ in range(world)]
-        res = [torch.randn(n, device=dev, generator=gen).to(torch.bfloat16) for _ in range(world)]
-        weight = [torch.ones(HIDDEN, device=dev, dtype=torch.bfloat16) for _ in range(world)]
+        xs, res, weight = _data(world, 16, gen)
+        weight = [torch.ones_like(w) for w in weight]  # y = h / rms: the saturation checked below
         q = [torch.zeros(n, device=dev, dtype=torch.float8_e4m3fn) for _ in range(world)]
         before = [r.clone() for r in res]
         outs = [torch.empty(n, device=dev, dtype=torch.bfloat16) for _ in range(world)]

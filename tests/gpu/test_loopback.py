@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 from _common import (  # noqa: E402
     EXAMPLES, LOOPBACK_OTHER, LOOPBACK_OTHER_NAMES, LOOPBACK_SLICES, LOOPBACK_WORLDS, LOOPBACK_ZC_NAMES,
-    LOOPBACK_ZC_SLICES, capture_per_rank, compare_outputs, examples, expected, inputs_for, poison,
+    LOOPBACK_ZC_SLICES, capture_per_rank, compare_outputs, examples, expected, inputs_for, on_rank_streams, poison,
     replay_per_rank, to_torch, torch_dtype,
 )
 from purlinc.dtypes import DType  # noqa: E402
@@ -52,13 +52,7 @@ def _load(group, name, **options):
 
 def _call(coll, group, xs, outs, op="sum"):
     """One group call, each rank on its own stream, ordered after (and before) the current one."""
-    current = torch.cuda.current_stream(DEVICE)
-    for s in group.streams:
-        s.wait_stream(current)
-    coll(xs, outs, op=op, streams=group.streams)
-    for s in group.streams:
-        current.wait_stream(s)
-    torch.cuda.synchronize(DEVICE)
+    on_rank_streams(group.streams, DEVICE, lambda: coll(xs, outs, op=op, streams=group.streams))
     coll.check()
 
 
@@ -253,7 +247,8 @@ def test_special_values_reduce_as_the_simulator(group, options):
                 xs, outs = _buffers(spec, count, dtype, inputs)
                 _call(coll, group, xs, outs)
                 want = _want(coll[0].compiled.schedule, spec, inputs, count, dtype, "sum")
+                label = f"{options}/R{len(group)}/{dtype.value}/n={count}"
                 for r, out in enumerate(outs):
-                    _agree(to_numpy(out, dtype), want[r], dtype, f"{options}/R{len(group)}/{dtype.value}/n={count} rank {r}")
+                    _agree(to_numpy(out, dtype), want[r], dtype, f"{label} rank {r}")
     finally:
         coll.close()

@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 
 import scale  # noqa: E402
 from _common import (  # noqa: E402
-    capture_per_rank, compare_outputs, inputs_for, poison, replay_per_rank, to_torch, torch_dtype,
+    capture_per_rank, compare_outputs, inputs_for, on_rank_streams, poison, replay_per_rank, to_torch, torch_dtype,
 )
 from purlinc.dtypes import DType, ReduceOp  # noqa: E402
 
@@ -97,13 +97,7 @@ def _call_and_check(coll, group, case, count, dtype, op, rng, label):
     for o in outs:
         if o is not None:
             poison(o)
-    current = torch.cuda.current_stream(DEVICE)
-    for s in group.streams:
-        s.wait_stream(current)
-    coll(xs, outs, op=op or "sum", streams=group.streams, count=count)
-    for s in group.streams:
-        current.wait_stream(s)
-    torch.cuda.synchronize(DEVICE)
+    on_rank_streams(group.streams, DEVICE, lambda: coll(xs, outs, op=op or "sum", streams=group.streams, count=count))
     coll.check()
     compare_outputs(spec, outs, _want(runs, spec, inputs, count, dtype, op), dtype, label)
     return runs.compiled.options.key()

@@ -19,7 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from _common import capture_per_rank, replay_per_rank  # noqa: E402
+from _common import capture_per_rank, on_rank_streams, replay_per_rank  # noqa: E402
 from purlinc.dtypes import DType  # noqa: E402
 from purlinc.frontend.evaluate import evaluate_sized  # noqa: E402
 
@@ -93,18 +93,18 @@ def _group(R: int):
 
 
 def _run(coll, group, bufs) -> None:
-    current = torch.cuda.current_stream(DEVICE)
-    for s in group.streams:
-        s.wait_stream(current)
-    coll([b.x for b in bufs], [b.sizes for b in bufs], [b.out for b in bufs], [b.out_sizes for b in bufs],
-         streams=group.streams)
-    for s in group.streams:
-        current.wait_stream(s)
-    torch.cuda.synchronize(DEVICE)
+    on_rank_streams(group.streams, DEVICE, lambda: coll(
+        [b.x for b in bufs], [b.sizes for b in bufs], [b.out for b in bufs], [b.out_sizes for b in bufs],
+        streams=group.streams))
 
 
-def _expect(spec, datas, rows, bufs):
-    return evaluate_sized(spec, datas, rows, CAPACITY, [b.poisoned() for b in bufs])
+def _check_outputs(spec, datas, rows, bufs, label: str) -> list:
+    """Every rank's output, out_sizes and guard zones against the evaluator; returns the size
+    errors it expects."""
+    want, want_sizes, errors = evaluate_sized(spec, datas, rows, CAPACITY, [b.poisoned() for b in bufs])
+    for r, b in enumerate(bufs):
+        b.check(want[r], want_sizes[r], f"{label} rank {r}")
+    return errors
 
 
 @pytest.mark.parametrize("R", WORLDS, ids=[f"R{w}" for w in WORLDS])
@@ -123,10 +123,7 @@ def test_random_sizes_every_dtype(R):
                 datas = [b.fill(rng, row) for b, row in zip(bufs, rows)]
                 _run(coll, group, bufs)
                 coll.check()
-                want, want_sizes, errors = _expect(spec, datas, rows, bufs)
-                assert not any(errors)
-                for r, b in enumerate(bufs):
-                    b.check(want[r], want_sizes[r], f"R={R} {dtype.value} trial {trial} rank {r}")
+                assert not any(_check_outputs(spec, datas, rows, bufs, f"R={R} {dtype.value} trial {trial}"))
     finally:
         coll.close()
         group.close()
@@ -153,9 +150,7 @@ def test_graph_replays_with_new_sizes(R, channels):
             datas = [b.fill(rng, row) for b, row in zip(bufs, rows)]
             replay_per_rank(graphs, group.streams, DEVICE)
             coll.check()
-            want, want_sizes, _ = _expect(spec, datas, rows, bufs)
-            for r, b in enumerate(bufs):
-                b.check(want[r], want_sizes[r], f"graph R={R} replay {it} rank {r}")
+            _check_outputs(spec, datas, rows, bufs, f"graph R={R} replay {it}")
     finally:
         coll.close()
         group.close()
@@ -188,19 +183,14 @@ def test_over_capacity_and_past_the_output_are_size_errors():
             with pytest.raises(SizeError, match=expected):
                 coll.check()
             coll.check()  # raised once
-            want, want_sizes, errors = _expect(spec, datas, rows, bufs)
-            assert any(errors)
-            for r, b in enumerate(bufs):
-                b.check(want[r], want_sizes[r], f"{case} rank {r}")
+            assert any(_check_outputs(spec, datas, rows, bufs, case))
         # and the collective keeps working after an error
         bufs = [Buffers(R, DType.FLOAT32, R * CAPACITY, R * CAPACITY) for _ in range(R)]
         rows = vectors(rng, R, CAPACITY, 3)
         datas = [b.fill(rng, row) for b, row in zip(bufs, rows)]
         _run(coll, group, bufs)
         coll.check()
-        want, want_sizes, _ = _expect(spec, datas, rows, bufs)
-        for r, b in enumerate(bufs):
-            b.check(want[r], want_sizes[r], f"after the errors, rank {r}")
+        _check_outputs(spec, datas, rows, bufs, "after the errors,")
     finally:
         coll.close()
         group.close()

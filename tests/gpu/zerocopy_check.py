@@ -20,7 +20,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from _common import (  # noqa: E402
-    EXAMPLES, CheckLog, examples, expected, inputs_for, poison, to_numpy, to_torch, torch_dtype,
+    EXAMPLES, CheckLog, examples, expected, fill_rank, poison, to_numpy, torch_dtype,
 )
 from purlinc.dtypes import DType  # noqa: E402
 
@@ -58,13 +58,7 @@ def check_example(comm, name, algorithm, seed):
             label = f"{label0}/{dtype.value}/n={count}"
 
             def fill():
-                inputs = inputs_for(spec, count, dtype, rng)
-                if x is not None:
-                    x.copy_(to_torch(inputs[rank], dtype, comm.device))
-                if out is not None:
-                    poison(out)
-                torch.cuda.synchronize()
-                return inputs
+                return fill_rank(spec, rank, count, dtype, rng, x, out, comm.device)
 
             def compare(inputs, what):
                 if out is None:
