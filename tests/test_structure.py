@@ -163,3 +163,49 @@ def test_the_length_check_counts_lines():
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
     assert _long_functions(ast.parse(f"def f():\n{body}\n")) == [(1, "f", MAX_FUNCTION_LINES + 1)]
     assert _long_functions(ast.parse("def g():\n    return 1\n")) == []
+
+
+# Scripts that import from their neighbours by plain module name (tests/gpu puts its own folder
+# on sys.path; so do the benchmarks): a GPU-only script is never imported on the CPU, so a name
+# a refactor removed from its neighbour would otherwise surface first on a GPU machine.
+SCRIPT_FOLDERS = ("tests/gpu", "benchmarks", "benchmarks/e2e")
+
+
+def _top_level_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    return names
+
+
+def _missing_neighbour_names(folder: Path) -> list[str]:
+    missing = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
+                continue
+            neighbour = folder / f"{node.module}.py"
+            if "." in node.module or not neighbour.exists():
+                continue
+            defined = _top_level_names(neighbour)
+            missing += [f"{path.name}:{node.lineno}: {node.module} has no {alias.name}"
+                        for alias in node.names if alias.name != "*" and alias.name not in defined]
+    return missing
+
+
+def test_scripts_import_only_what_their_neighbours_define():
+    root = PACKAGE.parent
+    missing = [m for folder in SCRIPT_FOLDERS for m in _missing_neighbour_names(root / folder)]
+    assert not missing, "\n".join(missing)
+
+
+def test_the_neighbour_import_check_finds_a_missing_name(tmp_path):
+    (tmp_path / "helper.py").write_text("A = 1\ndef f():\n    pass\n")
+    (tmp_path / "user.py").write_text("from helper import A, f, gone\n")
+    assert _missing_neighbour_names(tmp_path) == ["user.py:1: helper has no gone"]
