@@ -1,0 +1,285 @@
+// What a fused residual add + RMSNorm costs in a kernel that holds one row per thread block, and
+// what splitting a row over a thread-block cluster would save: the bound behind the fused
+// epilogue's design (templates/epilogue_fused.cuh.j2), measured without the runtime around it.
+//
+//     nvcc -arch=sm_90 -O3 -std=c++17 benchmarks/epilogue_floor.cu -o /tmp/epilogue_floor && /tmp/epilogue_floor
+//
+// Each variant is one kernel over [ROWS x 4096] bf16 (two loopback ranks' 16 rows each): it
+// loads a row's two reduce sources (`a`, `b`), adds them and rounds the sum to bf16, as the
+// fused pass does; what else it does is the variant:
+//   base    stores the sum (no operands, no norm): the plain reduce
+//   extra   + loads `residual` and `weight`, stores h = sum + residual and h * weight
+//   norm    + the row's sum of squares (shuffles, one barrier, rsqrt), operands not loaded
+//   full    both: the fused all-reduce + residual + RMSNorm, one row per 512-thread block
+//   hoisted full, with residual and weight loaded into registers before a wait of SPIN cycles
+//           that stands for the wait for the peers' data (every variant of that table waits)
+//   Kn      full over a cluster of n blocks, each with 1/n of the row: "local" sums its part only
+//           (wrong numbers: what the split saves before any exchange), "cluster.sync" exchanges
+//           the n partial sums through distributed shared memory and a cluster barrier,
+//           "st.async" through remote stores that complete the receivers' mbarriers
+// Time per kernel: the median of 15 replays of a CUDA graph of 100 launches (launch included,
+// the same in every variant); "adds" is the difference to base.  The st.async exchange is
+// checked against the one-block result, element by element.
+#include <algorithm>
+#include <cooperative_groups.h>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cuda_bf16.h>
+#include <vector>
+
+namespace cg = cooperative_groups;
+
+#define CHECK(x)                                                                                 \
+    do {                                                                                         \
+        cudaError_t e_ = (x);                                                                    \
+        if (e_ != cudaSuccess) {                                                                 \
+            std::printf("%s: %s\n", #x, cudaGetErrorString(e_));                                 \
+            std::exit(1);                                                                        \
+        }                                                                                        \
+    } while (0)
+
+constexpr int HIDDEN = 4096, ROW_VECTORS = HIDDEN / 8, ROWS = 32, THREADS = 512;
+constexpr float EPS = 1e-6f;
+
+__device__ __forceinline__ void widen(uint4 u, float (&f)[8])
+{
+    const unsigned w[4] = {u.x, u.y, u.z, u.w};
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
+__device__ __forceinline__ unsigned round_pair(float lo, float hi)
+{
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&h);
+}
+
+__device__ __forceinline__ uint4 round8(const float (&f)[8])
+{
+    return make_uint4(round_pair(f[0], f[1]), round_pair(f[2], f[3]), round_pair(f[4], f[5]), round_pair(f[6], f[7]));
+}
+
+__device__ __forceinline__ unsigned shared_address(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+struct Buffers {
+    const uint4 *a, *b, *weight;
+    uint4 *residual, *out;
+};
+
+enum class Exchange { NONE, LOCAL, CLUSTER_SYNC, ST_ASYNC };
+
+// This block's part of the row's sum of squares: lanes by shuffles, warps through shared memory.
+template <int BLOCK, int ACTIVE_WARPS>
+__device__ __forceinline__ float block_sum(float s, float* sums)
+{
+    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(~0u, s, o);
+    if (threadIdx.x % 32 == 0) sums[threadIdx.x / 32] = s;
+    __syncthreads();
+    float total = 0;
+    for (int w = 0; w < ACTIVE_WARPS; ++w) total += sums[w];
+    return total;
+}
+
+// The K parts' sums, each block's written into every block of the cluster by a remote store that
+// completes the receiver's mbarrier; each block waits for its own.
+template <int K>
+__device__ __forceinline__ float exchange_st_async(float total, float* parts, unsigned long long* bar)
+{
+    const int part = blockIdx.x % K;
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");  // every block started, mbarriers ready
+    if (threadIdx.x < K) {
+        unsigned slot, remote_bar;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(slot) : "r"(shared_address(&parts[part])), "r"((unsigned)threadIdx.x));
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_bar) : "r"(shared_address(bar)), "r"((unsigned)threadIdx.x));
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [%0], %1, [%2];"
+                     :: "r"(slot), "r"(__float_as_uint(total)), "r"(remote_bar) : "memory");
+    }
+    if (threadIdx.x == 0)
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(shared_address(bar)), "r"(4 * K) : "memory");
+    unsigned done = 0;
+    while (!done)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done) : "r"(shared_address(bar)) : "memory");
+    total = 0;
+    for (int j = 0; j < K; ++j) total += parts[j];
+    return total;
+}
+
+// One row over K blocks of BLOCK threads (K = 1: one block per row).  SPIN > 0: a wait first;
+// HOIST: the operands are loaded before it.
+template <int K, int BLOCK, bool OPERANDS, bool NORM, Exchange X, bool HOIST = false>
+__global__ void __launch_bounds__(BLOCK) fused(Buffers p, long long spin)
+{
+    __shared__ float sums[BLOCK / 32];
+    __shared__ float parts[K];
+    __shared__ __align__(8) unsigned long long bar;
+    constexpr int PART_VECTORS = ROW_VECTORS / K;
+    constexpr int ACTIVE_WARPS = (PART_VECTORS + 31) / 32 < BLOCK / 32 ? (PART_VECTORS + 31) / 32 : BLOCK / 32;
+    const int row = blockIdx.x / K, part = blockIdx.x % K, t = threadIdx.x;
+    const bool active = t < PART_VECTORS;
+    const int i = row * ROW_VECTORS + part * PART_VECTORS + t;
+    if constexpr (X == Exchange::ST_ASYNC) {
+        if (t == 0) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(shared_address(&bar)));
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");  // waited on before the exchange
+    }
+    uint4 ur = make_uint4(0x3c003c00u, 0, 0, 0), uw = make_uint4(0x3f803f80u, 0, 0, 0);
+    if (HOIST && active) { ur = p.residual[i]; uw = p.weight[part * PART_VECTORS + t]; }
+    if (spin) {
+        const long long t0 = clock64();
+        while (clock64() - t0 < spin) { }
+        __syncthreads();
+    }
+    float x[8] = {}, r[8] = {}, w[8] = {};
+    if (active) {
+        float y[8];
+        const uint4 ua = p.a[i], ub = p.b[i];
+        if (OPERANDS && !HOIST) { ur = p.residual[i]; uw = p.weight[part * PART_VECTORS + t]; }
+        widen(ua, x); widen(ub, y); widen(ur, r); widen(uw, w);
+        for (int k = 0; k < 8; ++k) x[k] += y[k];
+        if (!OPERANDS && !NORM) { p.out[i] = round8(x); return; }  // base: the plain reduce
+        widen(round8(x), x);  // the reduced value, as the output dtype holds it
+        for (int k = 0; k < 8; ++k) r[k] += x[k];  // h
+    }
+    float inv = 1.0f;
+    if constexpr (NORM) {
+        float s0 = 0, s1 = 0;
+        for (int k = 0; k < 8; k += 2) { s0 = fmaf(r[k], r[k], s0); s1 = fmaf(r[k + 1], r[k + 1], s1); }
+        float total = block_sum<BLOCK, ACTIVE_WARPS>(s0 + s1, sums);
+        if constexpr (X == Exchange::CLUSTER_SYNC) {
+            cg::cluster_group cluster = cg::this_cluster();
+            if (t < K) cluster.map_shared_rank(parts, t)[part] = total;
+            cluster.sync();
+            total = 0;
+            for (int j = 0; j < K; ++j) total += parts[j];
+        } else if constexpr (X == Exchange::ST_ASYNC) {
+            total = exchange_st_async<K>(total, parts, &bar);
+        }
+        inv = rsqrtf(total * (1.0f / HIDDEN) + EPS);
+    }
+    if (active) {
+        float y[8];
+        for (int k = 0; k < 8; ++k) y[k] = r[k] * inv * w[k];
+        p.out[i] = round8(y);
+        if (OPERANDS) p.residual[i] = round8(r);
+    }
+}
+
+template <int K, int BLOCK, bool OPERANDS, bool NORM, Exchange X, bool HOIST = false>
+void launch(const Buffers& p, cudaStream_t stream, long long spin = 0)
+{
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(ROWS * K);
+    config.blockDim = dim3(BLOCK);
+    config.stream = stream;
+    cudaLaunchAttribute cluster[1];
+    cluster[0].id = cudaLaunchAttributeClusterDimension;
+    cluster[0].val.clusterDim.x = K;
+    cluster[0].val.clusterDim.y = 1;
+    cluster[0].val.clusterDim.z = 1;
+    config.attrs = cluster;
+    config.numAttrs = K > 1 ? 1 : 0;
+    CHECK(cudaLaunchKernelEx(&config, fused<K, BLOCK, OPERANDS, NORM, X, HOIST>, p, spin));
+}
+
+// Microseconds per launch: the median over `reps` replays of a graph of `per_graph` launches.
+template <typename F>
+float per_launch_us(F launch_once, cudaStream_t stream, int per_graph = 100, int reps = 15)
+{
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < per_graph; ++i) launch_once();
+    CHECK(cudaStreamEndCapture(stream, &graph));
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    cudaEvent_t start, stop;
+    CHECK(cudaEventCreate(&start));
+    CHECK(cudaEventCreate(&stop));
+    CHECK(cudaGraphLaunch(exec, stream));  // warm-up
+    CHECK(cudaStreamSynchronize(stream));
+    std::vector<float> us;
+    for (int r = 0; r < reps; ++r) {
+        CHECK(cudaEventRecord(start, stream));
+        CHECK(cudaGraphLaunch(exec, stream));
+        CHECK(cudaEventRecord(stop, stream));
+        CHECK(cudaEventSynchronize(stop));
+        float ms;
+        CHECK(cudaEventElapsedTime(&ms, start, stop));
+        us.push_back(ms * 1000.0f / per_graph);
+    }
+    std::sort(us.begin(), us.end());
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+    return us[us.size() / 2];
+}
+
+std::vector<uint16_t> output_of(const Buffers& p)
+{
+    std::vector<uint16_t> host(ROWS * HIDDEN);
+    CHECK(cudaMemcpy(host.data(), p.out, host.size() * 2, cudaMemcpyDeviceToHost));
+    return host;
+}
+
+int main()
+{
+    const size_t bytes = (size_t)ROWS * HIDDEN * 2;
+    std::vector<uint16_t> host(ROWS * HIDDEN);
+    for (size_t j = 0; j < host.size(); ++j) host[j] = (uint16_t)(0x3c00u + (j * 2654435761u >> 20) % 0x300u);  // 0.0078..2
+    uint4 *a, *b, *residual, *weight, *out;
+    for (uint4** buffer : {&a, &b, &residual, &out}) {
+        CHECK(cudaMalloc(buffer, bytes));
+        CHECK(cudaMemcpy(*buffer, host.data(), bytes, cudaMemcpyHostToDevice));
+    }
+    CHECK(cudaMalloc(&weight, HIDDEN * 2));
+    CHECK(cudaMemcpy(weight, host.data(), HIDDEN * 2, cudaMemcpyHostToDevice));
+    const Buffers p{a, b, weight, residual, out};
+    cudaStream_t s;
+    CHECK(cudaStreamCreate(&s));
+
+    // The exchange gives the one-block result (residual read, not written: NORM alone).
+    launch<1, THREADS, false, true, Exchange::NONE>(p, s);
+    CHECK(cudaStreamSynchronize(s));
+    const std::vector<uint16_t> one = output_of(p);
+    launch<4, 128, false, true, Exchange::ST_ASYNC>(p, s);
+    CHECK(cudaStreamSynchronize(s));
+    const std::vector<uint16_t> four = output_of(p);
+    size_t differ = 0;
+    for (size_t j = 0; j < one.size(); ++j) differ += one[j] != four[j];
+    std::printf("check: st.async over 4 blocks against one block: %zu of %zu elements differ\n", differ, one.size());
+
+    std::printf("us per kernel, [%d x %d] bf16, the median of 15 graph replays of 100 launches\n", ROWS, HIDDEN);
+    for (int round = 0; round < 3; ++round) {
+        const float base = per_launch_us([&] { launch<1, THREADS, false, false, Exchange::NONE>(p, s); }, s);
+        const float extra = per_launch_us([&] { launch<1, THREADS, true, false, Exchange::NONE>(p, s); }, s);
+        const float norm = per_launch_us([&] { launch<1, THREADS, false, true, Exchange::NONE>(p, s); }, s);
+        const float full = per_launch_us([&] { launch<1, THREADS, true, true, Exchange::NONE>(p, s); }, s);
+        const float local4 = per_launch_us([&] { launch<4, 128, true, true, Exchange::LOCAL>(p, s); }, s);
+        const float local4w = per_launch_us([&] { launch<4, THREADS, true, true, Exchange::LOCAL>(p, s); }, s);
+        const float sync4 = per_launch_us([&] { launch<4, 128, true, true, Exchange::CLUSTER_SYNC>(p, s); }, s);
+        const float async2 = per_launch_us([&] { launch<2, 256, true, true, Exchange::ST_ASYNC>(p, s); }, s);
+        const float async4 = per_launch_us([&] { launch<4, 128, true, true, Exchange::ST_ASYNC>(p, s); }, s);
+        const float async8 = per_launch_us([&] { launch<8, 64, true, true, Exchange::ST_ASYNC>(p, s); }, s);
+        std::printf("round %d: base %.3f | adds: extra %+.3f norm %+.3f full %+.3f | K4 (128 threads) local %+.3f, "
+                    "(512 threads) local %+.3f | cluster.sync K4 %+.3f | st.async K2 %+.3f K4 %+.3f K8 %+.3f\n",
+                    round, base, extra - base, norm - base, full - base, local4 - base, local4w - base, sync4 - base,
+                    async2 - base, async4 - base, async8 - base);
+    }
+    for (long long spin : {0LL, 2000LL}) {
+        const float base = per_launch_us([&] { launch<1, THREADS, false, false, Exchange::NONE>(p, s, spin); }, s);
+        const float full = per_launch_us([&] { launch<1, THREADS, true, true, Exchange::NONE>(p, s, spin); }, s);
+        const float hoisted = per_launch_us([&] { launch<1, THREADS, true, true, Exchange::NONE, true>(p, s, spin); }, s);
+        const float async4 = per_launch_us([&] { launch<4, 128, true, true, Exchange::ST_ASYNC>(p, s, spin); }, s);
+        const float async4w = per_launch_us([&] { launch<4, THREADS, true, true, Exchange::ST_ASYNC>(p, s, spin); }, s);
+        const float async4h = per_launch_us([&] { launch<4, THREADS, true, true, Exchange::ST_ASYNC, true>(p, s, spin); }, s);
+        std::printf("spin %lld cycles: base %.3f | adds: full %+.3f, operands hoisted above the wait %+.3f | st.async K4 "
+                    "(128 threads) %+.3f, (512 threads) %+.3f, (512, hoisted) %+.3f\n", spin, base, full - base,
+                    hoisted - base, async4 - base, async4w - base, async4h - base);
+    }
+    CHECK(cudaDeviceSynchronize());
+    return 0;
+}
