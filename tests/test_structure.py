@@ -1,5 +1,6 @@
 """The package's shape, read from its source with ``ast`` (nothing imported): no import cycle,
-no import upward across the layers docs/ARCHITECTURE.md names, and no function over 80 lines."""
+no import upward across the layers docs/ARCHITECTURE.md names, no function over 80 lines, and
+no GPU script or benchmark importing a name its neighbour module does not define."""
 
 from __future__ import annotations
 
@@ -166,8 +167,9 @@ def test_the_length_check_counts_lines():
 
 
 # Scripts that import from their neighbours by plain module name (tests/gpu puts its own folder
-# on sys.path; so do the benchmarks): a GPU-only script is never imported on the CPU, so a name
-# a refactor removed from its neighbour would otherwise surface first on a GPU machine.
+# on sys.path; the benchmarks put theirs and tests/gpu): a GPU-only script is never imported on
+# the CPU, so a name a refactor removed from its neighbour would otherwise surface first on a
+# GPU machine.
 SCRIPT_FOLDERS = ("tests/gpu", "benchmarks", "benchmarks/e2e")
 
 
@@ -184,14 +186,17 @@ def _top_level_names(path: Path) -> set[str]:
     return names
 
 
-def _missing_neighbour_names(folder: Path) -> list[str]:
+def _missing_neighbour_names(folder: Path, search: tuple[Path, ...] = ()) -> list[str]:
+    """Names the scripts in ``folder`` import from a module of ``folder`` or of ``search``
+    (first match, their own folder first) that the module does not define."""
     missing = []
     for path in sorted(folder.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
+            if not isinstance(node, ast.ImportFrom) or node.level or not node.module or "." in node.module:
                 continue
-            neighbour = folder / f"{node.module}.py"
-            if "." in node.module or not neighbour.exists():
+            neighbour = next((f / f"{node.module}.py" for f in (folder, *search) if (f / f"{node.module}.py").exists()),
+                             None)
+            if neighbour is None:
                 continue
             defined = _top_level_names(neighbour)
             missing += [f"{path.name}:{node.lineno}: {node.module} has no {alias.name}"
@@ -200,12 +205,16 @@ def _missing_neighbour_names(folder: Path) -> list[str]:
 
 
 def test_scripts_import_only_what_their_neighbours_define():
-    root = PACKAGE.parent
-    missing = [m for folder in SCRIPT_FOLDERS for m in _missing_neighbour_names(root / folder)]
+    folders = tuple(PACKAGE.parent / f for f in SCRIPT_FOLDERS)
+    missing = [m for folder in folders for m in _missing_neighbour_names(folder, folders)]
     assert not missing, "\n".join(missing)
 
 
 def test_the_neighbour_import_check_finds_a_missing_name(tmp_path):
-    (tmp_path / "helper.py").write_text("A = 1\ndef f():\n    pass\n")
-    (tmp_path / "user.py").write_text("from helper import A, f, gone\n")
-    assert _missing_neighbour_names(tmp_path) == ["user.py:1: helper has no gone"]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "helper.py").write_text("A = 1\ndef f():\n    pass\n")
+    (tmp_path / "a" / "user.py").write_text("from helper import A, f, gone\n")
+    (tmp_path / "b" / "other.py").write_text("from helper import A, missing\nfrom os import nothing_checked\n")
+    assert _missing_neighbour_names(tmp_path / "a") == ["user.py:1: helper has no gone"]
+    assert _missing_neighbour_names(tmp_path / "b", (tmp_path / "a",)) == ["other.py:1: helper has no missing"]
