@@ -6,6 +6,8 @@ The residual each rank passes is written back in place (h, the next layer's resi
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -53,6 +55,28 @@ def _run_and_check(coll, streams, world: int, rows: int, gen, label: str, hops: 
         torch.testing.assert_close(outs[rank].float(), y.float(), rtol=2**-6, atol=hops * 2**-5, msg=msg)
 
 
+@contextlib.contextmanager
+def _loopback(spec, world: int, seed: int, **options):
+    """``spec`` loaded (``options``: load's schedule keywords) on a loopback group of ``world``
+    ranks on cuda:DEVICE: yields the collective, a stream per rank and a generator seeded with
+    ``seed``; the group is closed after."""
+    import purlinc
+
+    group = purlinc.LocalGroup([DEVICE] * world, share_devices=True)
+    try:
+        coll = purlinc.load(spec, group, **options)
+        streams = [torch.cuda.Stream(device=DEVICE) for _ in range(world)]
+        yield coll, streams, torch.Generator(device=f"cuda:{DEVICE}").manual_seed(seed)
+    finally:
+        group.close()
+
+
+def _pinned(schedule) -> dict:
+    """A SCHEDULES entry as load's keywords."""
+    algorithm, packed, channels, slices = schedule
+    return {"algorithm": algorithm, "packed": packed, "channels": channels, "slices": slices}
+
+
 def _call(coll, streams, xs, outs, **operands) -> None:
     """One group call, each rank on its own stream, ordered after and before the current one;
     then the device's errors checked."""
@@ -63,19 +87,10 @@ def _call(coll, streams, xs, outs, **operands) -> None:
 @pytest.mark.parametrize("world", range(2, 9), ids=[f"R{w}" for w in range(2, 9)])
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=["-".join(map(str, s)) for s in SCHEDULES])
 def test_fused_allreduce_add_rmsnorm(world, schedule):
-    import purlinc
-
-    algorithm, packed, channels, slices = schedule
-    group = purlinc.LocalGroup([DEVICE] * world, share_devices=True)
-    try:
-        coll = purlinc.load(SPEC, group, algorithm=algorithm, packed=packed, channels=channels, slices=slices)
-        streams = [torch.cuda.Stream(device=DEVICE) for _ in range(world)]
-        gen = torch.Generator(device=f"cuda:{DEVICE}").manual_seed(world)
+    with _loopback(SPEC, world, world, **_pinned(schedule)) as (coll, streams, gen):
         for call, rows in enumerate((1, 16, 3)):  # repeated calls, new sizes: epochs advance
             _run_and_check(coll, streams, world, rows, gen, f"R={world} {schedule} rows={rows} call {call}",
-                           hops=world - 1 if algorithm == "ring" else 1)
-    finally:
-        group.close()
+                           hops=world - 1 if schedule[0] == "ring" else 1)
 
 
 @pytest.mark.parametrize("world", (2, 4), ids=["R2", "R4"])
@@ -83,17 +98,9 @@ def test_default_schedule_for_every_row_count(world):
     """A plain load (no options): each call runs the bucket its rows fall in (tuning.epilogue_model:
     LL on one block, LL on 8, the fused pass on 32 and 64 channels, capped for ranks that share
     the GPU), every size against the reference."""
-    import purlinc
-
-    group = purlinc.LocalGroup([DEVICE] * world, share_devices=True)
-    try:
-        coll = purlinc.load(SPEC, group)
-        streams = [torch.cuda.Stream(device=DEVICE) for _ in range(world)]
-        gen = torch.Generator(device=f"cuda:{DEVICE}").manual_seed(200 + world)
+    with _loopback(SPEC, world, 200 + world) as (coll, streams, gen):
         for rows in (1, 2, 4, 5, 16, 33, 64, 300):
             _run_and_check(coll, streams, world, rows, gen, f"R={world} default schedule, rows={rows},")
-    finally:
-        group.close()
 
 
 @pytest.mark.parametrize("world", (2, 4), ids=["R2", "R4"])
@@ -102,14 +109,7 @@ def test_nan_and_inf_rows(world, schedule):
     """A NaN in one rank's data makes its row's every output NaN (the sum of squares is NaN); an
     infinity makes h infinite and rsqrt 0, so that element's output is NaN and the row's others
     zeros: as torch computes them, with every NaN stored as bf16's 0x7fc0."""
-    import purlinc
-
-    algorithm, packed, channels, slices = schedule
-    group = purlinc.LocalGroup([DEVICE] * world, share_devices=True)
-    try:
-        coll = purlinc.load(SPEC, group, algorithm=algorithm, packed=packed, channels=channels, slices=slices)
-        streams = [torch.cuda.Stream(device=DEVICE) for _ in range(world)]
-        gen = torch.Generator(device=f"cuda:{DEVICE}").manual_seed(100 + world)
+    with _loopback(SPEC, world, 100 + world, **_pinned(schedule)) as (coll, streams, gen):
         xs, res, weight = _data(world, 4, gen)
         xs[0][HIDDEN + 5] = float("nan")  # row 1
         xs[world - 1][2 * HIDDEN + 77] = float("inf")  # row 2
@@ -128,27 +128,19 @@ def test_nan_and_inf_rows(world, schedule):
                 finite = want.isfinite()
                 torch.testing.assert_close(got[finite].float(), want[finite].float(), rtol=2**-6, atol=2**-5,
                                            msg=label)
-    finally:
-        group.close()
 
 
 def test_operand_errors_name_the_operand():
-    import purlinc
     from purlinc.runtime.errors import ArgumentError
 
-    group = purlinc.LocalGroup([DEVICE] * 2, share_devices=True)
-    try:
-        coll = purlinc.load(SPEC, group, algorithm="direct-push")
-        x = [torch.randn(HIDDEN, device=f"cuda:{DEVICE}").to(torch.bfloat16) for _ in range(2)]
+    with _loopback(SPEC, 2, 0, algorithm="direct-push") as (coll, streams, gen):
+        x = [torch.randn(HIDDEN, device=f"cuda:{DEVICE}", generator=gen).to(torch.bfloat16) for _ in range(2)]
         res = [torch.zeros(HIDDEN, device=f"cuda:{DEVICE}", dtype=torch.bfloat16) for _ in range(2)]
         bad = [torch.ones(HIDDEN, device=f"cuda:{DEVICE}", dtype=torch.float32) for _ in range(2)]
-        streams = [torch.cuda.Stream(device=DEVICE) for _ in range(2)]
         with pytest.raises(ArgumentError, match="operand 'weight': expected dtype bfloat16, got float32"):
             coll(x, streams=streams, residual=res, weight=bad, eps=1e-6)
         with pytest.raises(ArgumentError, match="missing operand 'eps'"):
             coll(x, streams=streams, residual=res, weight=[w.to(torch.bfloat16) for w in bad])
-    finally:
-        group.close()
 
 
 FP8 = EXAMPLES / "fused" / "allreduce_add_rmsnorm_fp8.pln"
@@ -159,14 +151,7 @@ FP8 = EXAMPLES / "fused" / "allreduce_add_rmsnorm_fp8.pln"
 def test_fp8_variant(world, schedule):
     """q = rmsnorm(h) * weight * inv_scale in e4m3 (saturating): against torch's reference
     clamped to +-448 and cast with float8_e4m3fn, within one e4m3 rounding of bf16-level inputs."""
-    import purlinc
-
-    algorithm, packed, channels, slices = schedule
-    group = purlinc.LocalGroup([DEVICE] * world, share_devices=True)
-    try:
-        coll = purlinc.load(FP8, group, algorithm=algorithm, packed=packed, channels=channels, slices=slices)
-        streams = [torch.cuda.Stream(device=DEVICE) for _ in range(world)]
-        gen = torch.Generator(device=f"cuda:{DEVICE}").manual_seed(world)
+    with _loopback(FP8, world, world, **_pinned(schedule)) as (coll, streams, gen):
         n = 16 * HIDDEN
         dev = f"cuda:{DEVICE}"
         xs, res, weight = _data(world, 16, gen)
@@ -181,5 +166,3 @@ def test_fp8_variant(world, schedule):
             got = q[rank].float()
             assert got.abs().max() <= 448 and (got.abs() == 448).any()  # |y| > 2.24: about 2.5 % of 64k values
             torch.testing.assert_close(got, want, rtol=2**-3, atol=2**-9 * 200, msg=f"R={world} {schedule} rank {rank}")
-    finally:
-        group.close()
