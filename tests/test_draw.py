@@ -367,3 +367,21 @@ def test_html_screenshot_is_not_blank(tmp_path):
     pixels = _png_pixels(shot.read_bytes())
     assert len(set(pixels)) > 16, "the screenshot is blank"
     assert pixels.count(255) < 0.97 * len(pixels), "the screenshot is nearly all white"
+
+
+@pytest.mark.parametrize("timeline", [False, True])
+def test_unindexed_chunks_are_coloured_and_named(tmp_path, timeline):
+    """A spec whose chunks carry no index (``in[r] = x``): its steps still get the chunk's
+    colour and name, and the legend lists it, as for ``x[0]``; the notes' other words
+    ("for", "from", "done") are not taken for chunks."""
+    page = tmp_path / "fused.svg"
+    argv = ["draw", str(EXAMPLES / "fused" / "allreduce_add_rmsnorm.pln"), "--ranks", "4", "-o", str(page)]
+    assert main(argv + (["--timeline"] if timeline else [])) == 0
+    root = ET.fromstring(page.read_text())
+    steps = _find(root, "g", "step")
+    moved = [g for g in steps if g.get("data-verb") in ("stage", "reduce")]
+    assert moved and all(g.get("data-chunk") == "x" for g in moved)
+    assert all(g.find(NS + "rect").get("fill") != "#e6e6e6" for g in moved), "a step of x drawn grey"
+    assert {g.get("data-chunk") for g in steps} <= {"x", ""}
+    legend = _find(root, "g", "legend")[0]
+    assert [t.text for t in legend.iter(NS + "text")][:2] == ["chunks:", "x"]

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from purlinc.frontend.ast import Operation
 from purlinc.snac.ir import Consume, Epilogue, Notify, Region, Schedule, Signal, Stage, Wait
 
-_CHUNK = re.compile(r"(?<![\w.])[A-Za-z_]\w*(?:\[[^\]\s]+\])+")  # x[3], not r0.stage[3]
+_INDEXED = r"(?<![\w.])[A-Za-z_]\w*(?:\[[^\]\s]+\])+"  # x[3], not r0.stage[3]
+_CHUNK = re.compile(_INDEXED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +110,18 @@ def _operands(step) -> str:
     return f"({srcs}) -> {step.dst.format()}"
 
 
-def chunks_of(note: str) -> tuple[str, ...]:
-    return tuple(_CHUNK.findall(note or ""))
+def chunk_pattern(bare: frozenset[str] = frozenset()) -> re.Pattern:
+    """What names a chunk in a step's note: an indexed name (``x[3]``), or one of ``bare``, the
+    spec's chunks that have no index (``in[r] = x``), as a whole word -- a note's other words
+    ("for", "from", "r0.stage[3]") cannot be told from a bare chunk name without the spec."""
+    if not bare:
+        return _CHUNK
+    names = "|".join(re.escape(n) for n in sorted(bare, key=lambda n: (-len(n), n)))
+    return re.compile(f"{_INDEXED}|(?<![\\w.])(?:{names})(?![\\w.\\[])")
+
+
+def chunks_of(note: str, pattern: re.Pattern = _CHUNK) -> tuple[str, ...]:
+    return tuple(pattern.findall(note or ""))
 
 
 def _verb(step) -> str:
@@ -129,9 +140,9 @@ def _verb(step) -> str:
     raise TypeError(f"not a SNAC step: {step!r}")
 
 
-def _box(rank: int, channel: int, index: int, step, lines: dict[str, int]) -> StepBox:
+def _box(rank: int, channel: int, index: int, step, lines: dict[str, int], pattern: re.Pattern) -> StepBox:
     note = " ".join(str(getattr(step, "note", "") or "").split())
-    chunks = chunks_of(note)
+    chunks = chunks_of(note, pattern)
     chunk = chunks[0] if len(set(chunks)) == 1 else ""
     line = getattr(step, "line", None)
     if line is None and chunk:
@@ -192,14 +203,14 @@ def channels_identical(schedule: Schedule) -> bool:
 
 # ---- the drawing ------------------------------------------------------------------------
 
-def _chunk_lines(schedule: Schedule, channels: range) -> dict[str, int]:
+def _chunk_lines(schedule: Schedule, channels: range, pattern: re.Pattern) -> dict[str, int]:
     """chunk name -> the .pln line of its output (from the consumes that write it)."""
     lines: dict[str, int] = {}
     for rank in range(schedule.world_size):
         for channel in channels:
             for step in schedule.program(rank, channel).steps:
                 if isinstance(step, Consume) and step.line is not None:
-                    for chunk in chunks_of(step.note):
+                    for chunk in chunks_of(step.note, pattern):
                         lines.setdefault(chunk, step.line)
     return lines
 
@@ -212,9 +223,11 @@ def _chunk_order(name: str) -> tuple:
 
 
 def build(schedule: Schedule, *, collapse: bool = True, channels: tuple[int, ...] | None = None,
-          title: str | None = None) -> Drawing:
+          title: str | None = None, bare_chunks: frozenset[str] = frozenset()) -> Drawing:
     """The drawing of ``schedule``.  ``collapse``: draw channel 0 alone when every channel is
-    identical up to the slice shift; ``channels``: draw exactly these channels instead."""
+    identical up to the slice shift; ``channels``: draw exactly these channels instead.
+    ``bare_chunks``: the spec's chunk names that carry no index (``render.bare_chunks``),
+    so that steps moving them get their colour and label too."""
     world, nchan = schedule.world_size, schedule.channels
     identical = channels_identical(schedule)
     if channels is not None:
@@ -229,13 +242,14 @@ def build(schedule: Schedule, *, collapse: bool = True, channels: tuple[int, ...
         drawn, collapsed = (0,), nchan > 1
     else:
         drawn, collapsed = tuple(range(nchan)), False
-    lines = _chunk_lines(schedule, range(nchan) if not collapsed else range(1))
+    pattern = chunk_pattern(bare_chunks)
+    lines = _chunk_lines(schedule, range(nchan) if not collapsed else range(1), pattern)
     lanes = []
     all_chunks: set[str] = set()
     for rank in range(world):
         for channel in drawn:
             program = schedule.program(rank, channel)
-            boxes = tuple(_box(rank, channel, i, step, lines) for i, step in enumerate(program.steps))
+            boxes = tuple(_box(rank, channel, i, step, lines, pattern) for i, step in enumerate(program.steps))
             for box in boxes:
                 all_chunks.update(box.chunks)
             if collapsed:

@@ -57,6 +57,13 @@ def schedule_for(file: str, world_size: int, params, overrides: dict):
     return spec, pipeline.snac_stage(spec, options)
 
 
+def bare_chunks(spec) -> frozenset[str]:
+    """The spec's chunk names used without an index (``in[r] = x``): the drawing finds chunks
+    in step notes, where an unindexed name is only told from the notes' words by this list."""
+    return frozenset(c.name for buffers in (spec.inputs, spec.outputs) for layout in buffers for c in layout
+                     if not c.index)
+
+
 def panels_for(request: Request) -> list[svg.Panel]:
     from purlinc.dtypes import DType
     from purlinc.snac.algorithms import get_algorithm
@@ -71,7 +78,7 @@ def panels_for(request: Request) -> list[svg.Panel]:
         spec, schedule = schedule_for(request.file, data["world_size"], request.params or tuple(data["params"].items()),
                                       overrides)
         tracing.check_matches(data, schedule, request.trace)
-        drawing = build(schedule, collapse=False, channels=tracing.channels_of(data))
+        drawing = build(schedule, collapse=False, channels=tracing.channels_of(data), bare_chunks=bare_chunks(spec))
         times, measured = tracing.times(data, drawing)
         heading = f"{schedule.collective}: measured on the GPU ({data.get('device', 'device')})"
         return [svg.Panel(drawing, times, heading, measured)]
@@ -92,7 +99,7 @@ def panels_for(request: Request) -> list[svg.Panel]:
             if not get_algorithm(algorithm).packed:  # packing applies where the record says
                 changes.pop("packed", None)
         spec, schedule = schedule_for(request.file, request.world_size, request.params, changes)
-        drawing = build(schedule, collapse=request.collapse)
+        drawing = build(schedule, collapse=request.collapse, bare_chunks=bare_chunks(spec))
         timed = request.timeline or bool(request.compare)
         if timed:
             nbytes = request.nbytes if request.nbytes is not None or request.count is not None else 65536
