@@ -10,6 +10,7 @@ Spans ride along on the AST but never take part in equality (see ``Span``).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 _TAB = 4
@@ -61,7 +62,11 @@ class PurlinError(Exception):
         self.notes = tuple(notes)
 
     def with_note(self, note: str) -> "PurlinError":
-        return type(self)(self.message, self.span, (*self.notes, note))
+        """A copy with one more note; a subclass's own fields (a timeout's record, a heap
+        error's sizes, a verifier's step) come along, as pickling carries them."""
+        copied = copy.copy(self)
+        copied.notes = (*self.notes, note)
+        return copied
 
     def render(self) -> str:
         lines = []

@@ -440,6 +440,22 @@ def test_with_note_keeps_message_and_span():
     assert error.notes == ("first", "second") and error.render() == "error: bad\nnote: first\nnote: second"
 
 
+def test_with_note_keeps_each_subclass_fields():
+    from purlinc.runtime.errors import HeapExhaustedError, PurlinTimeoutError, ResidencyError
+    from purlinc.snac.verify.common import VerificationError
+
+    cases = [
+        (PurlinTimeoutError("t", record={"rank": 1, "step": 4}), {"record": {"rank": 1, "step": 4}}),
+        (HeapExhaustedError("h", requested=64, available=32), {"requested": 64, "available": 32}),
+        (ResidencyError("r", device=3, needed=40, limit=32), {"device": 3, "needed": 40, "limit": 32}),
+        (VerificationError("v", rank=1, channel=2, step=3, call=1), {"rank": 1, "channel": 2, "step": 3, "call": 1}),
+    ]
+    for error, fields in cases:
+        noted = error.with_note("while calling")
+        assert type(noted) is type(error) and noted.notes == ("while calling",) and error.notes == ()
+        assert {k: getattr(noted, k) for k in fields} == fields, type(error).__name__
+
+
 def test_span_past_the_end_of_its_line_gets_one_caret():
     source = Source("f.pln", "ab\ncd\n")
     error = PurlinError("m", Span(source, 2, 3, 2, 4))

@@ -32,12 +32,6 @@ class VerificationError(PurlinError):
         self.step = step
         self.call = call
 
-    def with_note(self, note: str) -> "VerificationError":
-        return VerificationError(
-            self.message, self.span, (*self.notes, note),
-            rank=self.rank, channel=self.channel, step=self.step, call=self.call,
-        )
-
 
 def describe(step: Step) -> str:
     """One step as short text, e.g. ``consume r2.stage[1].s0 -> r2.out[1].s0``."""
