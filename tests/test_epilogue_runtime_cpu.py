@@ -38,10 +38,30 @@ def test_words_are_pointers_and_float_bits():
     assert words(GOOD) == (0x30000, 0x40000, struct.unpack("<I", struct.pack("<f", 1e-6))[0])
 
 
+def test_numpy_scalars_and_the_float32_maximum_are_numbers():
+    import numpy as np
+
+    bits = lambda v: struct.unpack("<I", struct.pack("<f", v))[0]  # noqa: E731
+    for eps in (np.float32(1e-5), np.float64(1e-5), np.int64(0), 3.4028234663852886e38):
+        assert words({**GOOD, "eps": eps})[2] == bits(float(eps))
+
+
+def test_an_operand_that_is_no_array_is_named():
+    shape = CallShape(BF16, ReduceOp.SUM, 128, 0x10000, 0x20000)
+    with pytest.raises(ArgumentError) as info:
+        operand_words("fused", EPILOGUE, {**GOOD, "residual": [0.0] * 128}, shape, 128, 0)
+    assert info.value.message.startswith("fused: operand 'residual': expected a torch tensor")
+    assert info.value.message.endswith("got list")
+
+
 @pytest.mark.parametrize("change, message", [
     ({"eps": None}, "fused: missing operand 'eps' (scalar eps)"),
     ({"bias": tensor(0x50000, 64)}, "fused: unknown operand 'bias'; the epilogue takes residual, weight, eps"),
     ({"eps": "1e-6"}, "fused: operand 'eps': expected a number (float32), got str"),
+    ({"eps": 1e300}, "fused: operand 'eps': expected a finite float32 value, got 1e+300"),
+    ({"eps": 3.5e38}, "fused: operand 'eps': expected a finite float32 value, got 3.5e+38"),
+    ({"eps": float("nan")}, "fused: operand 'eps': expected a finite float32 value, got nan"),
+    ({"eps": float("-inf")}, "fused: operand 'eps': expected a finite float32 value, got -inf"),
     ({"residual": tensor(0x30000, 128, device=1)}, "fused: operand 'residual': expected a tensor on cuda:0, got one in cuda:1"),
     ({"residual": tensor(0x30000, 128, device=-1)}, "fused: operand 'residual': expected a tensor on cuda:0, got one in host memory"),
     ({"weight": tensor(0x40000, 64, DType.FLOAT32)}, "fused: operand 'weight': expected dtype bfloat16, got float32"),

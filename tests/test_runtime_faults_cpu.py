@@ -470,3 +470,17 @@ def test_a_tuned_call_sees_a_timeout_of_any_bucket_or_zero_copy_twin():
     packed._flag.value = 1
     with pytest.raises(Timeout, match="packed"):
         tuned(None, None, count=8, dtype="bfloat16")
+
+
+@pytest.mark.parametrize("label, value", [("x", [1.0, 2.0]), ("out", "buffer")])
+def test_a_call_on_something_that_is_no_array_names_the_argument(label, value):
+    """Before anything else is read: an ArgumentError naming x or out and the type given, not a
+    TypeError from deep inside the interop layer."""
+    coll = object.__new__(Collective)
+    coll.name, coll.rank, coll.closed, coll._zc = "allgather", 1, False, None
+    coll._flag, coll.comm = ctypes.c_uint64(0), object()
+    x, out = (value, None) if label == "x" else (None, value)
+    with pytest.raises(ArgumentError) as info:
+        coll.prepare_call(x, out, None, 0, None)
+    assert info.value.message.startswith(f"allgather on rank 1: {label}: expected a torch tensor")
+    assert info.value.message.endswith(f"got {type(value).__name__}")

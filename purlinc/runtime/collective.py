@@ -112,6 +112,15 @@ class Collective(Timeouts, Launches):
                 f"{c.options.key()}, cuda:{self.device})")
 
     # -------------------------------------------------------------------------------- calls
+    def _describe(self, label: str, value):
+        """``interop.describe``, its refusal of a non-array named as the argument it was."""
+        if value is None:
+            return None
+        try:
+            return interop.describe(value)
+        except TypeError as error:
+            raise ArgumentError(f"{self.name} on rank {self.rank}: {label}: {error}") from None
+
     def prepare_call(self, x, out, op, stream, count, dtype=None):
         """Validate and resolve everything a launch needs (raises before anything is launched)."""
         if self.closed:
@@ -122,8 +131,8 @@ class Collective(Timeouts, Launches):
             self._zc.twin._raise_timeout()
         if getattr(self.comm, "failed", None) is not None:
             self.comm.refuse(self.name)
-        xi = interop.describe(x) if x is not None else None
-        oi = interop.describe(out) if out is not None else None
+        xi = self._describe("x", x)
+        oi = self._describe("out", out)
         if oi is None and self.out_units and xi is not None and self.in_units and xi.dtype is not None \
                 and xi.numel % self.in_units == 0 and xi.device == self.device:
             out = interop.empty_like_kind(xi.kind, self.out_units * (xi.numel // self.in_units), xi.dtype, self.device)

@@ -8,6 +8,7 @@ or a float32's bits (scalars).  Pure functions over ``ArrayInfo``: testable with
 
 from __future__ import annotations
 
+import math
 import numbers
 import struct
 from collections.abc import Mapping
@@ -17,6 +18,9 @@ from purlinc.frontend.epilogue import Epilogue
 from purlinc.runtime.errors import ArgumentError
 from purlinc.runtime.interop import ArrayInfo, describe
 from purlinc.runtime.validate import FAST_ALIGN, CallShape
+
+
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _err(message: str, *notes: str) -> ArgumentError:
@@ -50,18 +54,35 @@ def operand_words(name: str, epilogue: Epilogue, operands: Mapping[str, object],
             raise _err(f"{name}: missing operand {operand.name!r} ({operand.format()})")
         value = operands[operand.name]
         if operand.kind is OperandKind.SCALAR:
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise _err(f"{name}: operand {operand.name!r}: expected a number (float32), "
-                           f"got {type(value).__name__}")
-            words.append(struct.unpack("<I", struct.pack("<f", float(value)))[0])
+            words.append(_scalar_word(name, operand, value))
             continue
-        info = describe(value)
+        try:
+            info = describe(value)
+        except TypeError as error:  # not an array at all: the operand's name says which argument
+            raise _err(f"{name}: operand {operand.name!r}: {error}") from None
         numel = out_numel if operand.kind is OperandKind.ROWS else epilogue.row
         _check_tensor(name, operand, info, operand.dtype or shape.dtype, numel, device)
         words.append(info.ptr)
         extents.append((operand, info.ptr, info.nbytes))
     _check_overlap(name, extents, buffers)
     return tuple(words)
+
+
+def _scalar_word(name: str, operand, value) -> int:
+    """A scalar's float32 bits.  A finite float32 only: a value float32 cannot hold would be
+    packed as infinity (or overflow the packing), and a NaN or infinity would poison every row
+    the epilogue computes, silently."""
+    what = f"{name}: operand {operand.name!r}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise _err(f"{what}: expected a number (float32), got {type(value).__name__}")
+    try:
+        packed = struct.pack("<f", float(value))
+    except OverflowError:
+        packed = None
+    if packed is None or not math.isfinite(struct.unpack("<f", packed)[0]):
+        raise _err(f"{what}: expected a finite float32 value, got {float(value)!r}",
+                   f"float32 holds magnitudes up to {FLOAT32_MAX:.6g}")
+    return struct.unpack("<I", packed)[0]
 
 
 def _check_tensor(name: str, operand, info: ArrayInfo, dtype, numel: int, device: int) -> None:

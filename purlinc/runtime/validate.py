@@ -124,6 +124,12 @@ def supported_dtypes_text() -> str:
     return ", ".join([r.torch_name for r in records if r.reducible] + ([f"{copies} (copies only)"] if copies else []))
 
 
+_CONTIGUOUS = {  # what to do instead: a copy of x serves; a copy of out would not receive the result
+    "x": "pass x.contiguous() (a copy) instead",
+    "out": "pass a contiguous out (then copy it into the strided view), or leave out=None",
+}
+
+
 def _buffers_dtype(where: str, x, out, device: int) -> DType | None:
     """The dtype of the non-empty buffers (None: there are none), each checked: a supported
     dtype, the same for both, on this rank's device, contiguous, aligned to its element."""
@@ -140,7 +146,7 @@ def _buffers_dtype(where: str, x, out, device: int) -> DType | None:
             actual = f"cuda:{info.device}" if info.device >= 0 else "the host (not a CUDA device)"
             raise _err(f"{where}: {label} is on {actual}, expected cuda:{device} (this rank's device)")
         if not info.contiguous:
-            raise _err(f"{where}: {label} is not contiguous", "pass x.contiguous() (a copy) instead")
+            raise _err(f"{where}: {label} is not contiguous", _CONTIGUOUS[label])
         if info.ptr % info.dtype.itemsize:
             raise _err(
                 f"{where}: {label} at {info.ptr:#x} is not aligned to its element size ({info.dtype.itemsize} bytes)"
