@@ -12,6 +12,7 @@ import pytest
 
 from purlinc import cli, pipeline
 from purlinc.dtypes import DType, ReduceOp
+from purlinc.errors import PurlinError
 from purlinc.snac.ir import Algorithm, LowerOptions
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -128,3 +129,33 @@ def test_ce_plan_rides_on_the_compiled(cache_dir):
     stage, pad, counters = layout_sizes(compiled)
     assert pad == 8 * plan.pad_words and counters == 8 * compiled.schedule.channels
     assert prepare(EXAMPLES / "allgather.pln", 2).plan is None
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"world_size": 2, "params": {"root": 1.5}}, "parameter root must be an integer, got 1.5 (float)"),
+    ({"world_size": 2, "params": {"root": True}}, "parameter root must be an integer, got True (bool)"),
+    ({"world_size": 2, "params": {"root": "1"}}, "parameter root must be an integer, got '1' (str)"),
+    ({"world_size": 2.5}, "the world size must be an integer, got 2.5 (float)"),
+])
+def test_sizes_and_parameters_are_integers_not_truncated(kw, message):
+    """int(1.5) is 1: truncating would compile another collective than the one asked for."""
+    with pytest.raises(PurlinError) as info:
+        pipeline.prepare(EXAMPLES / "broadcast.pln", **kw)
+    assert info.value.message == message
+
+
+def test_numpy_integers_are_integers():
+    import numpy as np
+
+    compiled = pipeline.prepare(EXAMPLES / "broadcast.pln", world_size=np.int64(2), params={"root": np.int32(1)})
+    assert compiled.params == (("root", 1),) and compiled.world_size == 2
+
+
+@pytest.mark.parametrize("pins, named", [
+    ({"packed": False}, ("packed",)), ({"channels": 0}, ("channels",)), ({"trace": False}, ()),
+    ({"algorithm": "ring", "trace": True}, ("algorithm", "trace")),
+])
+def test_a_pin_set_to_a_false_value_is_still_a_pin(pins, named):
+    from purlinc.runtime.options import LoadOptions
+
+    assert LoadOptions.of(**pins).orchestration() == named

@@ -21,7 +21,7 @@ from purlinc.pipeline.entries import (
 from purlinc.pipeline.options import resolve_options, with_atom_defaults
 from purlinc.pipeline.source import SourceText, load_source
 from purlinc.pipeline.stages import (
-    _definitions, _frontend_lock, _params_key, _remember, _specs, definition_of, spec_of,
+    _definitions, _frontend_lock, _params_key, _remember, _specs, definition_of, spec_of, whole_number,
 )
 from purlinc.pipeline.stats import STATS
 
@@ -253,7 +253,7 @@ def prepare(
                           definition_of(source).epilogue.keyword_span, ("use a kernel atom: ldst or tma",))
     if trace and not record.generates_kernels:
         raise PurlinError(f"trace=True needs a kernel atom: the {record.name} atom runs no kernel to stamp")
-    request = Request(source, int(world_size), _params_key(params), target.name, record.name, options,
+    request = Request(source, whole_number("the world size", world_size), _params_key(params), target.name, record.name, options,
                       tuple(sorted(changes.items(), key=lambda kv: kv[0])), bool(trace))
     key = cache.front_key(_front_inputs(source, world_size=request.world_size, params=params, arch=request.arch,
                                         options=options, overrides=changes, atom=request.atom))

@@ -7,6 +7,7 @@ imported by a cache hit)."""
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -49,8 +50,22 @@ def snac_stage(spec: Spec, options: LowerOptions, *, verify: bool = True) -> Sch
     return schedule
 
 
+def whole_number(what: str, value) -> int:
+    """``value`` as an int: an int or a NumPy integer.  A bool, float or string is refused, not
+    converted: ``int(1.5)`` is 1 and ``int(True)`` is 1, which would compile another collective
+    than the one asked for without a word."""
+    from purlinc.errors import PurlinError
+
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise PurlinError(f"{what} must be an integer, got {value!r} ({type(value).__name__})")
+
+
 def _params_key(params: Mapping[str, int] | None) -> tuple[tuple[str, int], ...]:
-    return tuple(sorted((str(k), int(v)) for k, v in (params or {}).items()))
+    return tuple(sorted((str(k), whole_number(f"parameter {k}", v)) for k, v in (params or {}).items()))
 
 
 _definitions: OrderedDict = OrderedDict()

@@ -50,9 +50,11 @@ class LoadOptions:
 
     def orchestration(self) -> tuple[str, ...]:
         """The schedule options set to something (a hierarchical load takes none of them)."""
-        values = {"algorithm": self.algorithm, "atom": self.atom, "channels": self.channels,
-                  "slices": self.slices, "packed": self.packed, "trace": self.trace}
-        return tuple(name for name, value in values.items() if value)
+        pins = {"algorithm": self.algorithm, "atom": self.atom, "channels": self.channels,
+                "slices": self.slices, "packed": self.packed}
+        # Set means given (packed=False and channels=0 are pins too, not "unset"); trace=False
+        # asks for what a hierarchical load does anyway.
+        return tuple(name for name, value in pins.items() if value is not None) + (("trace",) if self.trace else ())
 
     def overrides(self) -> dict:
         """The LowerOptions overrides (None: the spec's default) the pipeline takes."""
