@@ -307,6 +307,8 @@ def test_float16_overflows_to_infinity():
         ([np.zeros(2, np.float32), np.zeros(3, np.float32)], 1, "float32", "sum",
          r"input of rank 1: expected shape \(2,\) \(2 chunks x 1 elements\), got \(3,\)"),
         ([np.zeros(2, np.float32)] * 2, -1, "float32", "sum", "count must be >= 0, got -1"),
+        ([np.zeros(2, np.float32)] * 2, 1.0, "float32", "sum", r"count must be an integer, got 1.0 \(float\)"),
+        ([np.zeros(2, np.float32)] * 2, True, "float32", "sum", r"count must be an integer, got True \(bool\)"),
         ([np.zeros(2, np.float32)] * 2, 1, "float32", None, "allreduce is a reduction: give op"),
         ([np.zeros(2, np.float32)] * 2, 1, "float32", "avg", "unknown reduce op 'avg'"),
         ([np.zeros(2, np.uint8)] * 2, 1, "float8_e4m3", "sum", "float8_e4m3 cannot be reduced"),
@@ -316,3 +318,28 @@ def test_float16_overflows_to_infinity():
 def test_misuse(inputs, count, dtype, op, message):
     with pytest.raises(ValueError, match=message):
         evaluate(check(example("allreduce"), 2), inputs, count, dtype, op)
+
+
+def test_an_epilogue_on_integers_is_refused_as_the_kernels_refuse_it():
+    from purlinc.frontend.parse import parse_file
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "fused" / "allreduce_add_rmsnorm.pln"
+    spec = check(parse_file(path), 2, {"hidden": 4})
+    operands = [{"residual": np.zeros(4, np.int32), "weight": np.ones(4, np.int32), "eps": 1e-6}] * 2
+    with pytest.raises(ValueError, match="an epilogue computes in float32; int32 outputs are not supported"):
+        evaluate(spec, [np.ones(4, np.int32)] * 2, 4, "int32", "sum", operands)
+
+
+@pytest.mark.parametrize("eps, ok", [(np.float32(1e-6), True), (np.int64(0), True), (True, False), ("1e-6", False)])
+def test_a_scalar_operand_is_any_real_number_but_a_bool(eps, ok):
+    from purlinc.frontend.parse import parse_file
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "fused" / "allreduce_add_rmsnorm.pln"
+    spec = check(parse_file(path), 2, {"hidden": 4})
+    operands = [{"residual": np.zeros(4, np.float32), "weight": np.ones(4, np.float32), "eps": eps} for _ in range(2)]
+    run = lambda: evaluate(spec, [np.ones(4, np.float32)] * 2, 4, "float32", "sum", operands)  # noqa: E731
+    if ok:
+        assert np.isfinite(run()[0]).all()
+    else:
+        with pytest.raises(ValueError, match="operand 'eps': expected a number"):
+            run()

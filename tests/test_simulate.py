@@ -142,6 +142,13 @@ def test_bad_inputs_are_rejected():
     spec, schedule = allreduce2()
     with pytest.raises(ValueError, match="give op"):
         simulate(schedule, spec, inputs_for(spec, 4, DType.FLOAT32), 4, DType.FLOAT32)
+    with pytest.raises(ValueError, match=r"count must be an integer, got 4.0 \(float\)"):
+        simulate(schedule, spec, inputs_for(spec, 4, DType.FLOAT32), 4.0, DType.FLOAT32, "sum")
+    with pytest.raises(ValueError, match="piece must be >= 1, got 0"):
+        simulate(schedule, spec, inputs_for(spec, 4, DType.FLOAT32), 4, DType.FLOAT32, "sum", piece=0)
+    other, _ = allgather2()
+    with pytest.raises(ValueError, match="the schedule is allreduce for R=2, the spec allgather for R=2"):
+        simulate(schedule, other, inputs_for(other, 4, DType.FLOAT32), 4, DType.FLOAT32, "sum")
 
 
 def test_wait_value_is_epoch_based():

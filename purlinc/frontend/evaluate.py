@@ -8,6 +8,7 @@ float32 (int32 wraps) in (rank, position) order and rounded once.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import numpy as np
@@ -56,6 +57,22 @@ def reduce_chunks(chunks: Sequence[np.ndarray], dtype: DType, op: ReduceOp) -> n
     return from_float32(accumulator, dtype)
 
 
+def check_count(name: str, value, *, least: int = 0) -> None:
+    """``value`` an integer (a NumPy one too) of at least ``least``: a float count would slice
+    arrays by accident, a bool means neither."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    if value < least:
+        raise ValueError(f"{name} must be >= {least}, got {value}")
+
+
+def check_epilogue_dtype(spec: Spec, dtype: DType) -> None:
+    """An epilogue computes in float32 (docs/LANGUAGE.md, "Epilogues"): what the kernels refuse,
+    the oracle refuses too, rather than defining results no kernel produces."""
+    if spec.epilogue is not None and dtype.info.c_acc != "float":
+        raise ValueError(f"an epilogue computes in float32; {dtype.value} outputs are not supported")
+
+
 def evaluate(
     spec: Spec,
     inputs: Sequence[np.ndarray],
@@ -74,8 +91,8 @@ def evaluate(
     and the rows operands it writes are updated in place, as the kernels do.
     """
     dtype = DType.parse(dtype.value if isinstance(dtype, DType) else dtype)
-    if count < 0:
-        raise ValueError(f"count must be >= 0, got {count}")
+    check_count("count", count)
+    check_epilogue_dtype(spec, dtype)
     _check_inputs(spec, inputs, count, dtype)
 
     def chunk_of(slot) -> np.ndarray:
@@ -156,7 +173,7 @@ def check_operands(epilogue: Epilogue, operands: dict, numel: int, dtype: DType)
             raise ValueError(f"missing epilogue operand '{operand.name}'")
         value = operands[operand.name]
         if operand.kind is OperandKind.SCALAR:
-            if not isinstance(value, (int, float, np.floating)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise ValueError(f"operand '{operand.name}': expected a number, got {type(value).__name__}")
             continue
         want = (operand.dtype or dtype).storage

@@ -29,7 +29,7 @@ import numpy as np
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.errors import PurlinError
 from purlinc.frontend.ast import Operation
-from purlinc.frontend.evaluate import reduce_chunks, run_epilogue
+from purlinc.frontend.evaluate import check_count, check_epilogue_dtype, reduce_chunks, run_epilogue
 from purlinc.frontend.spec import Spec
 from purlinc.snac.ir import Consume, Epilogue, Notify, Region, Schedule, Space, Stage, Wait
 from purlinc.snac.packing import normalized
@@ -120,8 +120,7 @@ class _Machine:
         if piece is None:
             self.rounds = 1
         else:
-            if piece < 1:
-                raise ValueError(f"piece must be >= 1, got {piece}")
+            check_count("piece", piece, least=1)
             self.rounds = -(-count // piece)
         world = schedule.world_size
         storage = dtype.storage
@@ -233,10 +232,12 @@ def _check_rows(schedule: Schedule, count: int, piece: int | None, operands) -> 
 def _checked_args(schedule: Schedule, spec: Spec, count: int, dtype, op, calls: int):
     """(dtype, reduce op or None) of a simulation; ValueError for arguments that cannot be run."""
     dtype = DType.parse(dtype.value if isinstance(dtype, DType) else dtype)
-    if count < 0:
-        raise ValueError(f"count must be >= 0, got {count}")
-    if calls < 1:
-        raise ValueError(f"calls must be >= 1, got {calls}")
+    if (schedule.collective, schedule.world_size) != (spec.name, spec.world_size):
+        raise ValueError(f"the schedule is {schedule.collective} for R={schedule.world_size}, the spec "
+                         f"{spec.name} for R={spec.world_size}: simulate a schedule with the spec it was lowered from")
+    check_count("count", count)
+    check_count("calls", calls, least=1)
+    check_epilogue_dtype(spec, dtype)
     reduce_op = None
     if schedule.operation is Operation.REDUCE:
         if op is None:
