@@ -8,10 +8,10 @@ docs/API.md lists the rest.
 from purlinc.errors import PurlinError
 from purlinc.version import __version__
 
-__all__ = ["PurlinError", "__version__", "load", "Communicator", "LocalGroup", "PurlinTimeoutError", "MismatchError"]
-
 # The runtime is imported on first use, so ``import purlinc`` needs no GPU, driver or torch.
 _RUNTIME = ("load", "Communicator", "LocalGroup", "PurlinTimeoutError", "MismatchError", "Collective", "GroupCollective")
+
+__all__ = ["PurlinError", "__version__", *_RUNTIME]  # docs/API.md's first table; ``purlin`` aliases it
 
 
 def __getattr__(name: str):

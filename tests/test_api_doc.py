@@ -50,3 +50,14 @@ def test_every_listed_name_imports(dotted):
 def test_the_resolver_fails_on_a_missing_name():
     with pytest.raises(AttributeError):
         _resolve("purlinc.runtime.no_such_thing")
+
+
+def test_purlin_is_an_alias_of_every_public_purlinc_name():
+    import purlin
+    import purlinc
+
+    assert purlin.__all__ == purlinc.__all__
+    listed = {name.split(".", 1)[1] for name in _names() if name.count(".") == 1 and name.startswith("purlinc.")}
+    assert listed == set(purlinc.__all__), "API.md's first table and purlinc.__all__ differ"
+    for name in purlinc.__all__:
+        assert getattr(purlin, name) is getattr(purlinc, name), name
