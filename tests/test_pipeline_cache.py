@@ -19,6 +19,7 @@ import pytest
 
 from purlinc import pipeline
 from purlinc.atom import cache, nvrtc
+from purlinc.errors import PurlinError
 from purlinc.pipeline import stages
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -280,3 +281,20 @@ def test_nvrtc_fingerprint_needs_no_nvrtc():
     """Read from distribution folders; stable within the process."""
     assert nvrtc.nvrtc_fingerprint() == nvrtc.nvrtc_fingerprint()
     assert "cuda_bindings=" in nvrtc.nvrtc_fingerprint() or "nvrtc=" in nvrtc.nvrtc_fingerprint()
+
+
+def test_a_kernel_error_keeps_its_location_when_the_schedule_comes_from_the_cache(cache_dir):
+    """The cached schedule's epilogue has no source spans: the row check that depends on the
+    dtype (and on R, for rows(R)) must still point at rows(...) and say which R."""
+    source = ("collective e {\n    in[r] = x\n    out[r] = x\n    reduce\n"
+              "    epilogue rows(R + 7) {\n        out = out * 2.0\n    }\n}\n")
+    rendered = []
+    for _ in range(2):  # the second compile reads the schedule back from the cache
+        pipeline.forget()
+        with pytest.raises(PurlinError) as info:
+            pipeline.prepare(source, world_size=2).kernel("bfloat16", "sum")
+        rendered.append(info.value.render())
+    assert pipeline.STATS.schedule_hits >= 1
+    assert rendered[0] == rendered[1]
+    assert rendered[1].startswith("<string>:5:19: error: a row of 9 bfloat16 elements is 18 bytes")
+    assert rendered[1].endswith("note: while generating e's bfloat16 kernels for R=2")

@@ -195,7 +195,10 @@ class Compiled:
         reduce_op = _op(op) if schedule.operation is Operation.REDUCE else None
         STATS.generations += 1
         extra = {"trace": True} if self.trace else {}  # the untraced source stays byte-identical
-        cuda = generate(schedule, self.spec, atom=self.atom, arch=self.arch, dtype=dtype, op=reduce_op, **extra)
+        try:
+            cuda = generate(schedule, self.spec, atom=self.atom, arch=self.arch, dtype=dtype, op=reduce_op, **extra)
+        except PurlinError as error:  # a dtype's limits depend on R too (rows(R)): say which
+            raise error.with_note(f"while generating {self.name}'s {dtype.value} kernels for R={self.world_size}") from None
         cubin = compile_cubin(cuda.source, cuda.filename, self.arch) if emit_cubin else None
         kernel = Kernel(cuda, cubin, self.name, self.params, False)
         if key is not None:

@@ -13,7 +13,7 @@ from purlinc.atom.codegen.names import kernel_base
 from purlinc.atom.codegen.render import load_template, render
 from purlinc.atom.codegen.tables import Body
 import purlinc.atom.codegen.tables as tables
-from purlinc.atom.epilogue import module_values
+from purlinc.atom.epilogue import check_rows, module_values
 from purlinc.atom.trace import trace_template_values
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.errors import InternalError, PurlinError
@@ -180,6 +180,10 @@ def generate(
         from purlinc.atom.sized import generate as generate_sized
 
         return generate_sized(schedule, spec, atom=atom, arch=arch, dtype=dtype, op=op, trace=trace)
+    if spec is not None and spec.epilogue is not None:
+        # The spec's epilogue carries the source spans; a schedule read back from the cache
+        # has the same epilogue without them, and its error would lose its location.
+        check_rows(spec.epilogue, dtype)
     target = parse_arch(arch)
     atom_def = get_atom(atom, target)
     op = _check_types(schedule, dtype, op)
