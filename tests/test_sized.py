@@ -191,6 +191,33 @@ def test_allgatherv_simulated():
                 np.testing.assert_array_equal(a, b)
 
 
+DUPLICATED = {  # an output that holds a run-time-sized chunk twice
+    "own": "collective s with sizes n[R] of x {\n    in[r] = x[r]\n    out[r] = x[r], x[r]\n    copy\n}\n",
+    "all": "collective s with sizes n[R] of x {\n    in[r] = x[r]\n    out[r] = x[0..R], x[0..R]\n    copy\n}\n",
+}
+
+
+@pytest.mark.parametrize("R, channels", [(1, 1), (2, 2), (3, 1), (4, 2)])
+@pytest.mark.parametrize("which", sorted(DUPLICATED))
+def test_a_chunk_held_twice_is_copied_from_its_source_each_time(which, R, channels):
+    """The second copy of a chunk reads own IN or the STAGE slot, not the first OUT unit (whose
+    offset and size symbol are another unit's): verified, and simulated equal to the oracle."""
+    spec = spec_of(load_source(DUPLICATED[which]), R, {})
+    schedule = lower(spec, LowerOptions(channels=channels))
+    verify(schedule, spec)
+    for program in schedule.programs:
+        assert all(src.space.name != "OUT" for step in program.steps if isinstance(step, Consume) for src in step.srcs)
+    rng, capacity = np.random.default_rng(R), 13
+    calls = [([rng.integers(1, 99, capacity, dtype=np.int32) for _ in range(R)],
+              [[int(rng.integers(0, capacity + 1))] for _ in range(R)],
+              [np.zeros(2 * len(spec.outputs[0]) * capacity, dtype=np.int32) for _ in range(R)]) for _ in range(3)]
+    for (ins, sizes, outs), (outputs, out_sizes) in zip(calls, simulate_sized(schedule, spec, calls, capacity, seed=R)):
+        expected, expected_sizes, _ = evaluate_sized(spec, ins, sizes, capacity, outs)
+        assert out_sizes == expected_sizes
+        for a, b in zip(outputs, expected):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_channel_regions_hold_across_calls_of_other_sizes():
     """Channel c's share of a chunk moves with the chunk's size; if it were stored at its
     offset in the chunk, a producer's channel 0 two calls later (a larger chunk) would

@@ -63,8 +63,28 @@ def lower_sized(spec: Spec, options: LowerOptions) -> Schedule:
     check_sized_options(options)
     options = replace(options, stage_copies=2)
     schedule = direct_push(spec, options)
-    programs = tuple(_defer(program, spec) for program in schedule.programs)
+    programs = tuple(_defer(_from_roots(program), spec) for program in schedule.programs)
     return replace(schedule, programs=programs, sizes=spec.sizes)
+
+
+def _from_roots(program: Program) -> Program:
+    """A chunk an output holds twice is copied the second time from the first OUT unit; with
+    run-time sizes that unit's place in OUT is another size-dependent offset and its size
+    symbol is not the source's, so copy from where the first copy read (own IN or a STAGE
+    slot) instead.  Every STAGE slot is released (ACK) only after the program's last Consume,
+    so the slot still holds the data; the verifier checks the result like any schedule."""
+    origin: dict[Region, Region] = {}  # OUT region -> the IN or STAGE region it was copied from
+    steps = []
+    for step in program.steps:
+        if isinstance(step, Consume) and step.dst.space is Space.OUT:
+            src = step.srcs[0]
+            while src.space is Space.OUT and src in origin:
+                src = origin[src]
+            origin[step.dst] = src
+            if src != step.srcs[0]:
+                step = replace(step, srcs=(src,))
+        steps.append(step)
+    return replace(program, steps=tuple(steps))
 
 
 def _out_sources(program: Program) -> dict[int, Region]:

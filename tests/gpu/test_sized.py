@@ -55,14 +55,16 @@ def vectors(rng, R: int, capacity: int, trial: int) -> list[list[int]]:
 class Buffers:
     """One rank's device buffers: input, guarded output, sizes, out sizes (all reused across calls)."""
 
-    def __init__(self, R: int, dtype: DType, in_len: int, out_len: int):
+    def __init__(self, R: int, dtype: DType, in_len: int, out_len: int, in_chunks: int | None = None,
+                 out_chunks: int | None = None):
         self.np_bits, self.t_bits = BITS[dtype.itemsize]
         self.dtype, self.out_len = dtype, out_len
         self.x = torch.empty(in_len, dtype=_torch_dtype(dtype), device=f"cuda:{DEVICE}")
         self.whole = torch.empty(out_len + 2 * GUARD, dtype=_torch_dtype(dtype), device=f"cuda:{DEVICE}")
         self.out = self.whole[GUARD:GUARD + out_len]
-        self.sizes = torch.zeros(R, dtype=torch.int64, device=f"cuda:{DEVICE}")
-        self.out_sizes = torch.full((R,), -7, dtype=torch.int64, device=f"cuda:{DEVICE}")
+        self.sizes = torch.zeros(R if in_chunks is None else in_chunks, dtype=torch.int64, device=f"cuda:{DEVICE}")
+        self.out_sizes = torch.full((R if out_chunks is None else out_chunks,), -7, dtype=torch.int64,
+                                    device=f"cuda:{DEVICE}")
 
     def fill(self, rng, sizes_row) -> np.ndarray:
         data = rng.integers(-100, 100, self.x.numel(), dtype=np.int64).astype(self.np_bits)
@@ -120,6 +122,33 @@ def test_random_sizes_every_dtype(R):
             bufs = [Buffers(R, dtype, R * CAPACITY, R * CAPACITY) for _ in range(R)]
             for trial in range(6):
                 rows = vectors(rng, R, CAPACITY, trial)
+                datas = [b.fill(rng, row) for b, row in zip(bufs, rows)]
+                _run(coll, group, bufs)
+                coll.check()
+                assert not any(_check_outputs(spec, datas, rows, bufs, f"R={R} {dtype.value} trial {trial}"))
+    finally:
+        coll.close()
+        group.close()
+
+
+TWICE = "collective allgatherv_twice with sizes n[R] of x {\n    in[r] = x[r]\n    out[r] = x[0..R], x[0..R]\n    copy\n}\n"
+
+
+@pytest.mark.parametrize("R", (1, 2, 3, 5, 8), ids=lambda R: f"R{R}")
+def test_an_output_holding_each_chunk_twice(R):
+    """Each chunk twice in the output: the second copies read the staging slot (or own input)
+    again, never the first copy in OUT (its offset is another unit's)."""
+    import purlinc
+
+    group = _group(R)
+    coll = purlinc.load(TWICE, group, capacity=CAPACITY, channels=2)
+    spec = coll[0].compiled.spec
+    rng = np.random.default_rng(100 + R)
+    try:
+        for dtype in (DType.BFLOAT16, DType.INT8):
+            bufs = [Buffers(R, dtype, CAPACITY, 2 * R * CAPACITY, 1, 2 * R) for _ in range(R)]
+            for trial in range(4):
+                rows = [[v[0]] for v in vectors(rng, R, CAPACITY, trial)]
                 datas = [b.fill(rng, row) for b, row in zip(bufs, rows)]
                 _run(coll, group, bufs)
                 coll.check()
