@@ -11,6 +11,7 @@ Spans ride along on the AST but never take part in equality (see ``Span``).
 from __future__ import annotations
 
 import copy
+import unicodedata
 from dataclasses import dataclass, field
 
 _TAB = 4
@@ -103,10 +104,38 @@ def _excerpt(text: str, span: Span) -> list[str]:
         width = max(1, min(width, hi - lo - (start - len(head))))
     # Control characters (escape sequences in a binary file) are not echoed to a terminal.
     text = "".join(c if c.isprintable() or c == "\t" else "\ufffd" for c in text)
-    # Expand tabs in the line and in the caret's indent alike, so the caret lines up.
-    indent = len(text[:start].expandtabs(_TAB))
-    width = max(1, len(text[: start + width].expandtabs(_TAB)) - indent)
-    return [f"    {text.expandtabs(_TAB)}", "    " + " " * indent + "^" * width]
+    shown, cells = _layout(text)
+    start = min(start, len(text))  # a span past the end of its line gets a caret just after it
+    indent = cells[start]
+    width = max(1, cells[min(start + width, len(text))] - indent)
+    return [f"    {shown}", "    " + " " * indent + "^" * width]
+
+
+def _layout(text: str) -> tuple[str, list[int]]:
+    """``text`` with tabs expanded, and the terminal cell each character starts at (one more
+    entry: the cell after the last).  A column counts characters, but a terminal shows an
+    emoji or a CJK character in two cells and a combining accent in none, so the caret is
+    placed by cells; tab stops count cells too."""
+    shown: list[str] = []
+    cells: list[int] = []
+    cell = 0
+    for char in text:
+        cells.append(cell)
+        if char == "\t":
+            step = _TAB - cell % _TAB
+            shown.append(" " * step)
+        else:
+            step = _cell_width(char)
+            shown.append(char)
+        cell += step
+    cells.append(cell)
+    return "".join(shown), cells
+
+
+def _cell_width(char: str) -> int:
+    if unicodedata.combining(char):
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
 
 
 class InternalError(RuntimeError):

@@ -90,26 +90,30 @@ def _point(source: Source, line: int, column: int, width: int = 1) -> Span:
     return Span(source, line, column, line, column + max(width, 1))
 
 
+def _end_of_text(source: Source) -> Span:
+    r"""Just past the last character that is not white space.  Lines end at '\n' only, as the
+    lexer and ``Source.line`` count them (str.splitlines would also end one at a form feed,
+    '\x1c'-'\x1e', '\x85' or U+2028, and a lone '\r')."""
+    lines = source.text.rstrip().split("\n")
+    return _point(source, len(lines), len(lines[-1]) + 1)
+
+
 def _translate(error: lark.exceptions.LarkError, source: Source) -> PurlinError:
     if isinstance(error, lark.exceptions.UnexpectedCharacters):
         char = source.text[error.pos_in_stream] if error.pos_in_stream < len(source.text) else ""
         return PurlinError(f"unexpected character {char!r}", _point(source, error.line, error.column))
     if isinstance(error, lark.exceptions.UnexpectedEOF):
-        lines = source.text.splitlines() or [""]
-        return PurlinError(
-            f"unexpected end of file; expected {_expected_words(set(error.expected))}",
-            _point(source, len(lines), len(lines[-1]) + 1),
-        )
+        return PurlinError(f"unexpected end of file; expected {_expected_words(set(error.expected))}",
+                           _end_of_text(source))
     if isinstance(error, lark.exceptions.UnexpectedToken):
         token = error.token
         if token.type == "$END":
-            lines = source.text.splitlines() or [""]
             if set(error.expected) == {"COLLECTIVE"}:
                 return PurlinError("the file holds no collective, only comments", _point(source, 1, 1))
-            return PurlinError(
-                f"unexpected end of file; expected {_expected_words(set(error.expected))}",
-                _point(source, len(lines), len(lines[-1]) + 1),
-            )
+            # lark gives $END the position of the last token: point just past it, where the
+            # missing text belongs (not past trailing comments and blank lines).
+            end = _point(source, token.end_line, token.end_column) if token.end_line else _end_of_text(source)
+            return PurlinError(f"unexpected end of file; expected {_expected_words(set(error.expected))}", end)
         expected = set(error.expected)
         span = _point(source, token.line, token.column, len(str(token)))
         if token.type == "RBRACE" and {"COPY", "REDUCE"} <= expected:

@@ -6,6 +6,7 @@ import lark.
 
 from __future__ import annotations
 
+import codecs
 import os
 import stat
 from pathlib import Path
@@ -39,18 +40,22 @@ def decode_source(data: bytes, filename: str) -> str:
     """Bytes -> text, or a ``PurlinError`` with line, column and caret at the first bad byte."""
     if len(data) > MAX_SOURCE_BYTES:
         raise too_large(len(data), filename)
+    # Editors on Windows may start a UTF-8 file with a byte-order mark.  It is no character of
+    # the text (an editor does not show it), so it is dropped before lexing and columns on
+    # line 1 count from the first character after it; byte offsets still count it.
+    skip = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
     nul = data.find(b"\x00")
     bad = None
     try:
-        text = data.decode("utf-8")
+        text = data[skip:].decode("utf-8")
     except UnicodeDecodeError as error:
-        bad = error.start
+        bad = skip + error.start
     if bad is None and nul < 0:
         return text
     offset = min(o for o in (bad, nul) if o is not None and o >= 0)
     # Lines and columns count characters of the text decoded up to the bad byte.
-    prefix = data[:offset].decode("utf-8", "replace")
-    source = Source(filename, data.decode("utf-8", "replace").replace("\x00", "\ufffd"))
+    prefix = data[skip:offset].decode("utf-8", "replace")
+    source = Source(filename, data[skip:].decode("utf-8", "replace").replace("\x00", "\ufffd"))
     span = located(source, len(prefix))
     if offset == nul:
         raise PurlinError("not a text file: it contains a NUL byte", span)
