@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from purlinc.cli import main
 from purlinc.errors import PurlinError, Source, Span
 from purlinc.frontend.check import check
+from purlinc.frontend.epilogue import MAX_DEPTH
 from purlinc.frontend.parse import parse, parse_file
 from purlinc.frontend.source import decode_source
 
@@ -21,6 +23,81 @@ def diagnose(source: str, world_size: int = 2, filename: str = "spec.pln") -> Pu
 
 def lines(error: PurlinError) -> list[str]:
     return error.render().splitlines()
+
+
+def fused(body: str, header: str = "") -> str:
+    """A reducing collective whose epilogue's only statement is ``body`` (on line 6)."""
+    return (f"collective e(hidden = 8){header} {{\n    in[r] = x\n    out[r] = x\n    reduce\n"
+            f"    epilogue rows(hidden) {{\n        {body}\n    }}\n}}\n")
+
+
+# --- 1. epilogue expressions nest at most MAX_DEPTH levels --------------------------------
+
+LONG_SUM = fused("out = " + " + ".join(["out"] * 1000))
+MANY_MINUSES = fused("out = " + "-" * 3000 + "out")
+
+
+@pytest.mark.parametrize("source, depth", [(LONG_SUM, 999), (MANY_MINUSES, 3000)], ids=["sum", "minuses"])
+def test_deep_epilogue_expression_is_refused_at_check(source, depth):
+    error = diagnose(source)
+    assert lines(error)[0] == (f"spec.pln:6:15: error: this expression nests {depth} operations deep; "
+                               f"an epilogue expression nests at most {MAX_DEPTH}")
+    assert lines(error)[2].startswith(" " * 18 + "^")
+    assert any("split it with locals" in note for note in error.notes)
+
+
+@pytest.mark.parametrize("source", [LONG_SUM, MANY_MINUSES], ids=["sum", "minuses"])
+@pytest.mark.parametrize("argv", [["check", "--spec-only", "-R", "1..4"], ["dump", "--stage", "cuda", "-R", "2"],
+                                  ["dump", "--stage", "spec", "-R", "2"]], ids=["check", "cuda", "spec"])
+def test_deep_epilogue_expression_from_the_cli(tmp_path, capsys, source, argv):
+    path = tmp_path / "deep.pln"
+    path.write_text(source)
+    code = main([argv[0], str(path), *argv[1:]])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith(f"{path}:6:15: error: this expression nests ") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("source", [LONG_SUM, MANY_MINUSES], ids=["sum", "minuses"])
+def test_deep_epilogue_expression_prints_as_ast(tmp_path, capsys, source):
+    """The parse stage prints what was written, however deep (printing is not recursive)."""
+    path = tmp_path / "deep.pln"
+    path.write_text(source)
+    assert main(["dump", str(path), "--stage", "ast"]) == 0
+    out = capsys.readouterr().out
+    assert source.splitlines()[5].strip() in out
+
+
+def test_epilogue_expression_at_the_limit_is_accepted():
+    terms = " + ".join(["out"] * (MAX_DEPTH + 1))  # MAX_DEPTH additions
+    spec = check(parse(fused(f"out = {terms}")), 2)
+    assert spec.epilogue.statements[0].format() == f"out = {terms}"
+    nested = fused("out = " + "-" * (MAX_DEPTH - 1) + "(out * out)")
+    assert check(parse(nested), 2).epilogue is not None
+
+
+def test_epilogue_at_the_limit_generates_cuda(tmp_path, capsys):
+    """Every later stage (the spec and schedule printers, the CUDA emitter) takes what the
+    checker lets through."""
+    terms = " + ".join(["out"] * (MAX_DEPTH + 1))
+    source = ("collective e(hidden = 8) with row w {\n    in[r] = x\n    out[r] = x\n    reduce\n"
+              f"    epilogue rows(hidden) {{\n        a = {terms}\n        b = {'-' * (MAX_DEPTH - 1)}(a / out)\n"
+              f"        out = b * {'-' * (MAX_DEPTH - 2)}rmsnorm(out, w, 1e-6)\n    }}\n}}\n")
+    path = tmp_path / "limit.pln"
+    path.write_text(source)
+    for stage in ("spec", "snac", "cuda"):
+        assert main(["dump", str(path), "--stage", stage, "-R", "2"]) == 0, capsys.readouterr().err
+    assert "rsqrt" in capsys.readouterr().out
+
+
+def test_depth_counts_calls_and_parentheses_add_nothing():
+    header = " with row w"
+    deep = "-" * (MAX_DEPTH - 1) + "rmsnorm(out, w, 1e-6)"
+    assert check(parse(fused(f"out = {deep}", header)), 2).epilogue is not None
+    error = diagnose(fused(f"out = -{deep}", header))
+    assert f"nests {MAX_DEPTH + 1} operations deep" in error.message
+    parenthesized = fused("out = " + "(" * 200 + "out" + ")" * 200)
+    assert check(parse(parenthesized), 2).epilogue is not None
 
 
 # --- 2. line breaks: only '\n' ends a line, as the lexer and Source count ------------------
@@ -111,3 +188,67 @@ def test_caret_under_a_wide_character_is_two_cells_wide():
 def test_tab_stops_count_display_cells():
     error = PurlinError("m", Span(Source("f.pln", "\u65e5\tz\n"), 1, 3, 1, 4))
     assert lines(error)[1:] == ["    \u65e5  z", "        ^"]
+
+
+# --- 5. messages ---------------------------------------------------------------------------
+
+def test_scalar_dtype_message_says_float32():
+    error = diagnose(fused("out = out * s", " with scalar s: float32"))
+    assert error.message == "a scalar operand is always float32 (only rows operands declare a dtype)"
+    assert (error.span.line, error.span.column) == (1, 41)
+
+
+def test_row_dtype_message_says_the_calls_dtype():
+    error = diagnose(fused("out = out * w", " with row w: float32"))
+    assert error.message == "a row operand has the call's dtype (only rows operands declare a dtype)"
+
+
+@pytest.mark.parametrize("name, what", [("R", "the world size"), ("r", "the rank"), ("hidden", "a parameter"),
+                                        ("x", "a chunk")])
+def test_epilogue_operand_names_that_are_taken(name, what):
+    error = diagnose(fused(f"{name} = out", f" with rows {name}"))
+    assert lines(error)[0] == f"spec.pln:1:31: error: operand '{name}' has the name of {what}"
+    assert lines(error)[2] == "    " + " " * 30 + "^" * len(f"rows {name}")
+
+
+def test_epilogue_operand_named_like_a_loop_variable():
+    source = ("collective e(hidden = 8) with rows i {\n    in[r] = x[i] for i in 0..R\n    out[r] = x[0..R]\n"
+              "    reduce\n    epilogue rows(hidden) {\n        i = out\n    }\n}\n")
+    assert lines(diagnose(source))[0] == "spec.pln:1:31: error: operand 'i' has the name of a loop variable"
+
+
+def test_sizes_and_epilogue_operand_of_one_name_is_a_duplicate():
+    source = "collective s(h = 8) with sizes n[R] of x, scalar n { in[r] = x[r] out[r] = x[0..R] copy }"
+    error = diagnose(source)
+    assert lines(error)[0] == "spec.pln:1:43: error: operand 'n' is declared twice"
+
+
+@pytest.mark.parametrize("eps", ["-1e-6", "-eps", "eps * 2.0", "(-1.0)"])
+def test_rmsnorm_eps_must_be_a_scalar_operand_or_a_non_negative_number(eps):
+    error = diagnose(fused(f"out = rmsnorm(out, w, {eps})", " with row w, scalar eps"))
+    assert error.message == f"rmsnorm's eps must be a scalar operand or a non-negative number, not '{eps.strip('()')}'"
+    assert (error.span.line, error.span.column) == (6, 31 + eps.startswith("("))
+
+
+@pytest.mark.parametrize("literal", ["1e999", "3.5e38", "1" * 400, "340282368000000000000000000000000000001"])
+def test_float_literal_beyond_float32_is_refused(literal):
+    with pytest.raises(PurlinError) as info:
+        parse(fused(f"out = out * {literal}"), "spec.pln")
+    message = lines(info.value)[0]
+    assert message.startswith("spec.pln:6:21: error: number ") and "float32" in message
+    assert "3.4028235e+38" in message
+    assert lines(info.value)[2] == " " * 24 + "^" * min(len(literal), 80)
+
+
+@pytest.mark.parametrize("literal", ["3.4028234e38", "340282346638528859811704183484516925440", "1e-50", "0.0"])
+def test_float_literal_within_float32_is_accepted(literal):
+    assert check(parse(fused(f"out = out * {literal}")), 2).epilogue is not None
+
+
+def test_assigned_twice_on_one_line_names_the_column():
+    error = diagnose("collective a { in[r] = x[r] in[r] = x[r] out[r] = x[0..R] copy }")
+    assert error.message == "in[0] is assigned twice (also at line 1, column 16)"
+    error = diagnose("collective a {\n  in[r] = x[r]\n  in[r] = x[r]\n  out[r] = x[0..R]\n  copy\n}\n")
+    assert error.message == "in[0] is assigned twice (also at line 2)"
+    error = diagnose("collective a { in[r] = x[r] out[r] = x[0..R][0] copy }")
+    assert error.message == "chunk 'x' is used with 2 indices here but with 1 before (line 1, column 24)"

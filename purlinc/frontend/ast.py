@@ -82,33 +82,49 @@ class Binary:
 Expr = Number | Name | Negate | Binary
 
 
-def format_expr(expr: "Expr") -> str:
-    """``expr`` printed with the fewest parentheses that keep its meaning.
+def format_expr(expr: "Expr | FExpr") -> str:
+    """``expr`` (an index or an epilogue expression) printed with the fewest parentheses that
+    keep its meaning.
 
-    Iterative, not recursive: a sum of 10,000 terms is 10,000 levels deep.  Left-associative
+    Iterative, not recursive: a sum of 10,000 terms is 10,000 levels deep (the checkers refuse
+    such epilogues, but ``purlinc dump --stage ast`` prints what was written).  Left-associative
     operators: the right operand needs parentheses at equal precedence, so a - (b - c) and
     a * (b % c) survive a round trip.
     """
     texts: list[str] = []
-    stack: list[tuple["Expr", bool]] = [(expr, False)]
+    stack: list[tuple[object, bool]] = [(expr, False)]
     while stack:
         node, ready = stack.pop()
-        if isinstance(node, (Number, Name)):
+        if isinstance(node, (Number, Name, FNumber, FName)):
             texts.append(node.format())
         elif not ready:
             stack.append((node, True))
-            if isinstance(node, Negate):
-                stack.append((node.operand, False))
-            else:
-                stack.append((node.right, False))
-                stack.append((node.left, False))
-        elif isinstance(node, Negate):
-            texts.append("-" + _wrap(texts.pop(), node.operand, _UNARY_PRECEDENCE))
+            stack.extend((child, False) for child in reversed(_operands(node)))
         else:
-            right = _wrap(texts.pop(), node.right, node.precedence + 1)
-            left = _wrap(texts.pop(), node.left, node.precedence)
-            texts.append(f"{left} {node.op.value} {right}")
+            count = len(_operands(node))
+            parts = texts[len(texts) - count:]
+            del texts[len(texts) - count:]
+            texts.append(_join(node, parts))
     return texts[0]
+
+
+def _operands(node) -> tuple:
+    if isinstance(node, (Negate, FNeg)):
+        return (node.operand,)
+    if isinstance(node, (Binary, FBinary)):
+        return (node.left, node.right)
+    return node.args  # FCall
+
+
+def _join(node, parts: list[str]) -> str:
+    """``node`` printed from its operands' texts."""
+    if isinstance(node, (Negate, FNeg)):
+        return "-" + _wrap(parts[0], node.operand, _UNARY_PRECEDENCE)
+    if isinstance(node, (Binary, FBinary)):
+        left = _wrap(parts[0], node.left, node.precedence)
+        right = _wrap(parts[1], node.right, node.precedence + 1)
+        return f"{left} {node.op.value} {right}"
+    return f"{node.function}({', '.join(parts)})"
 
 
 def _wrap(text: str, expr: "Expr", precedence: int) -> str:
@@ -299,7 +315,7 @@ class FNeg:
     precedence = _UNARY_PRECEDENCE
 
     def format(self) -> str:
-        return "-" + _wrap(self.operand.format(), self.operand, _UNARY_PRECEDENCE)
+        return format_expr(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,9 +330,7 @@ class FBinary:
         return _FLOAT_PRECEDENCE[self.op]
 
     def format(self) -> str:
-        left = _wrap(self.left.format(), self.left, self.precedence)
-        right = _wrap(self.right.format(), self.right, self.precedence + 1)
-        return f"{left} {self.op.value} {right}"
+        return format_expr(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,7 +344,7 @@ class FCall:
     precedence = _ATOM_PRECEDENCE
 
     def format(self) -> str:
-        return f"{self.function}({', '.join(arg.format() for arg in self.args)})"
+        return format_expr(self)
 
 
 FExpr = FNumber | FName | FNeg | FBinary | FCall

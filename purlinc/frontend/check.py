@@ -271,7 +271,8 @@ class _Checker:
     def _check_arity(self, ref: ast.ChunkRef) -> None:
         first = self.arity.setdefault(ref.name, (len(ref.indices), ref.span))
         if first[0] != len(ref.indices):
-            where = f" (line {first[1].line})" if first[1] is not None else ""
+            where = _elsewhere(first[1], ref.span)
+            where = f" ({where})" if where else ""
             raise PurlinError(
                 f"chunk '{ref.name}' is used with {len(ref.indices)} "
                 f"{'index' if len(ref.indices) == 1 else 'indices'} here but with {first[0]} before{where}",
@@ -384,11 +385,9 @@ class _Checker:
                 continue
             for rank in self._ranks_of(assignment):
                 if rank in assigned_by:
-                    earlier = assigned_by[rank].span
-                    where = f" at line {earlier.line}" if earlier is not None else ""
-                    raise PurlinError(
-                        f"{buffer.value}[{rank}] is assigned twice (also{where})", assignment.span
-                    )
+                    where = _elsewhere(assigned_by[rank].span, assignment.span)
+                    also = f" (also at {where})" if where else ""
+                    raise PurlinError(f"{buffer.value}[{rank}] is assigned twice{also}", assignment.span)
                 assigned_by[rank] = assignment
                 scope = self.base_scope()
                 if assignment.every_rank:
@@ -400,7 +399,7 @@ class _Checker:
         """The checked epilogue (its row length evaluated for this world size), or None."""
         epilogue = self.definition.epilogue
         row = _evaluate(epilogue.row, self.base_scope()) if epilogue is not None else 0
-        return check_epilogue(self.definition, row, self.params)
+        return check_epilogue(self.definition, row, self.params, self.taken_names())
 
     # --- producers ---------------------------------------------------------------------
     def resolve(self) -> Spec:
@@ -461,6 +460,13 @@ class _Checker:
     def _loop_variables(self) -> set[str]:
         return {loop.variable for a in self.definition.assignments for item in a.layout for loop in item.loops}
 
+    def taken_names(self) -> dict[str, str]:
+        """Names an operand cannot have, each with what it names (for the message); known
+        once the layouts are expanded (chunk names)."""
+        return {RANK_VARIABLE: "the rank", WORLD_VARIABLE: "the world size",
+                **{p: "a parameter" for p in self.params}, **{v: "a loop variable" for v in self._loop_variables()},
+                **{name: "a chunk" for name in self.arity}}
+
     def sizes(self, inputs, input_spans, outputs, output_spans) -> Sizes | None:
         """The ``with sizes`` operand resolved for this R, or None; every rule of
         docs/LANGUAGE.md ("Run-time sizes") is checked here, at the offending source."""
@@ -470,9 +476,7 @@ class _Checker:
         if len(operands) > 1:
             raise PurlinError("a collective has at most one 'sizes' operand", operands[1].span)
         operand = operands[0]
-        taken = {RANK_VARIABLE: "the rank", WORLD_VARIABLE: "the world size",
-                 **{p: "a parameter" for p in self.params}, **{v: "a loop variable" for v in self._loop_variables()},
-                 **{name: "a chunk" for name in self.arity}}
+        taken = self.taken_names()
         if operand.name in taken:
             raise PurlinError(f"operand '{operand.name}' has the name of {taken[operand.name]}", operand.span)
         self._check_operation(operand)
@@ -520,6 +524,16 @@ class _Checker:
         if any(i >= e for i, e in zip(chunk.index, extents)):
             shape = "".join(f"[{e}]" for e in extents)
             raise PurlinError(f"chunk {chunk} of {where} lies outside the extents of '{operand.name}{shape}'", span)
+
+
+def _elsewhere(earlier: Span | None, here: Span | None) -> str:
+    """Where ``earlier`` is, for a message located at ``here``: "line 2", or "line 1, column
+    16" when both are on one line (a one-line spec), or "" when it is not known."""
+    if earlier is None:
+        return ""
+    if here is not None and here.line == earlier.line:
+        return f"line {earlier.line}, column {earlier.column}"
+    return f"line {earlier.line}"
 
 
 def _namesakes(chunk: Chunk, producers: Mapping[Chunk, list[Slot]]) -> str:

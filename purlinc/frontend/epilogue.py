@@ -24,6 +24,11 @@ FUNCTIONS = {"rmsnorm": 3}
 # dtypes a ``rows`` operand may have (read, or written with rounding; fp8 saturates).
 ROWS_DTYPES = (DType.BFLOAT16, DType.FLOAT16, DType.FLOAT32, DType.FLOAT8_E4M3)
 MAX_STATEMENTS = 64  # keeps generated code and checking small for any input
+# Operators and calls nested in one expression (a sum of n terms is n - 1 deep).  Epilogues are
+# short formulas; every later stage (printing, the evaluator, the CUDA emitter) walks an
+# expression recursively, so a deeper one (a flat sum of 1000 terms) is refused here, where it
+# gets a location, instead of overflowing Python's stack there.
+MAX_DEPTH = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +101,23 @@ def _calls(expr: ast.FExpr):
             stack.append(node.operand)
 
 
+def _depth(expr: ast.FExpr) -> int:
+    """Operators and calls on the longest path from ``expr`` to a leaf.  Iterative: the
+    parser builds trees of any depth, and this is what keeps them from later stages."""
+    deepest = 0
+    stack = [(expr, 0)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(node, ast.FCall):
+            stack.extend((arg, depth + 1) for arg in node.args)
+        elif isinstance(node, ast.FBinary):
+            stack += [(node.left, depth + 1), (node.right, depth + 1)]
+        elif isinstance(node, ast.FNeg):
+            stack.append((node.operand, depth + 1))
+    return deepest
+
+
 def _names(expr: ast.FExpr):
     """Every name read in ``expr`` (function names excluded)."""
     stack = [expr]
@@ -114,17 +136,24 @@ def _names(expr: ast.FExpr):
 # --- checking -----------------------------------------------------------------------------------
 
 
-def check_operands(definition: ast.CollectiveDef, params: Mapping[str, int]) -> dict[str, ast.OperandDecl]:
-    """The ``with`` clause's epilogue operands by name: no duplicates, no clash with a
-    parameter, dtypes only on ``rows`` and only the ones an epilogue can read and write."""
+def check_operands(definition: ast.CollectiveDef, params: Mapping[str, int],
+                   taken: Mapping[str, str] | None = None) -> dict[str, ast.OperandDecl]:
+    """The ``with`` clause's epilogue operands by name: no two operands of one name (of any
+    kind), none named like something else (``taken``: name -> what it is, e.g. "a chunk";
+    by default ``r``, ``R`` and the parameters), dtypes only on ``rows`` and only the ones an
+    epilogue can read and write."""
+    if taken is None:
+        taken = {"r": "the rank", "R": "the world size", **{p: "a parameter" for p in params}}
+    seen: set[str] = set()
     declared: dict[str, ast.OperandDecl] = {}
     for decl in definition.operands:
-        if not isinstance(decl, ast.OperandDecl):
-            continue  # another section's operand kind
-        if decl.name in declared:
+        if decl.name in seen:
             raise PurlinError(f"operand '{decl.name}' is declared twice", decl.span)
-        if decl.name in params or decl.name in ("r", "R"):
-            raise PurlinError(f"operand '{decl.name}' has the name of a parameter", decl.span)
+        seen.add(decl.name)
+        if not isinstance(decl, ast.OperandDecl):
+            continue  # another section's operand kind (its own checker checks its name)
+        if decl.name in taken:
+            raise PurlinError(f"operand '{decl.name}' has the name of {taken[decl.name]}", decl.span)
         if decl.dtype is not None:
             _operand_dtype(decl)
         declared[decl.name] = decl
@@ -137,7 +166,10 @@ def check_operands(definition: ast.CollectiveDef, params: Mapping[str, int]) -> 
 
 def _operand_dtype(decl: ast.OperandDecl) -> DType:
     if decl.kind is not OperandKind.ROWS:
-        raise PurlinError(f"a {decl.kind.value} operand has the call's dtype (only rows operands declare one)",
+        # What the operand is instead (docs/LANGUAGE.md, "Operands"): a scalar is passed by
+        # value as float32 whatever the call's dtype; a row is read in the call's dtype.
+        what = "is always float32" if decl.kind is OperandKind.SCALAR else "has the call's dtype"
+        raise PurlinError(f"a {decl.kind.value} operand {what} (only rows operands declare a dtype)",
                           decl.dtype_span)
     try:
         dtype = DType.parse(decl.dtype)
@@ -149,10 +181,11 @@ def _operand_dtype(decl: ast.OperandDecl) -> DType:
     return dtype
 
 
-def check_epilogue(definition: ast.CollectiveDef, row: int, params: Mapping[str, int]) -> Epilogue | None:
+def check_epilogue(definition: ast.CollectiveDef, row: int, params: Mapping[str, int],
+                   taken: Mapping[str, str] | None = None) -> Epilogue | None:
     """The checked epilogue of ``definition`` (None without one); ``row`` is its row
-    expression's value for the world size being checked."""
-    declared = check_operands(definition, params)
+    expression's value for the world size being checked; ``taken`` as for ``check_operands``."""
+    declared = check_operands(definition, params, taken)
     epilogue = definition.epilogue
     if epilogue is None:
         return None
@@ -183,6 +216,7 @@ def _check_statements(epilogue: ast.EpilogueDef, declared: Mapping[str, ast.Oper
     written: set[str] = set()
     norms: list[ast.FCall] = []
     for statement in epilogue.statements:
+        _check_depth(statement.value)
         for name in _names(statement.value):
             if name.name != OUT and name.name not in declared and name.name not in locals_:
                 known = ", ".join([OUT, *declared, *sorted(locals_)])
@@ -197,6 +231,15 @@ def _check_statements(epilogue: ast.EpilogueDef, declared: Mapping[str, ast.Oper
     if not written:
         raise PurlinError("the epilogue writes nothing: assign out or a rows operand", epilogue.keyword_span)
     return written
+
+
+def _check_depth(expr: ast.FExpr) -> None:
+    depth = _depth(expr)
+    if depth > MAX_DEPTH:
+        raise PurlinError(f"this expression nests {depth} operations deep; an epilogue expression nests at most "
+                          f"{MAX_DEPTH}", expr.span,
+                          ("each operator and call is one level (a sum of n terms is n - 1 deep); "
+                           "split it with locals: 'a = ...', then 'out = a + ...'",))
 
 
 def _check_target(statement: ast.EpilogueAssign, declared, locals_: set[str], written: set[str]) -> None:
@@ -229,8 +272,13 @@ def _check_call(call: ast.FCall, declared: Mapping[str, ast.OperandDecl]) -> Non
     if decl is None or decl.kind is not OperandKind.ROW:
         raise PurlinError("rmsnorm's weight must be a row operand (declared 'row NAME')", weight.span)
     decl = declared.get(eps.name) if isinstance(eps, ast.FName) else None
+    # A literal is never negative (the grammar has no signed literals; '-1e-6' is a negation),
+    # and a negative eps could make rsqrt's argument zero or negative: only a plain number or
+    # the caller's scalar is an eps.
     if not isinstance(eps, ast.FNumber) and (decl is None or decl.kind is not OperandKind.SCALAR):
-        raise PurlinError("rmsnorm's eps must be a scalar operand or a number", eps.span)
+        text = eps.format()
+        shown = f", not '{text}'" if len(text) <= 40 else ""
+        raise PurlinError(f"rmsnorm's eps must be a scalar operand or a non-negative number{shown}", eps.span)
 
 
 # --- meaning ------------------------------------------------------------------------------------

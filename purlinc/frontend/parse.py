@@ -8,6 +8,8 @@ user knows instead of lark's terminal names.
 from __future__ import annotations
 
 import functools
+import math
+import struct
 from pathlib import Path
 
 import lark
@@ -141,6 +143,13 @@ def _translate(error: lark.exceptions.LarkError, source: Source) -> PurlinError:
 # more than 4300 digits anyway (ValueError), so long literals are refused here with a location.
 MAX_LITERAL_DIGITS = 19
 MAX_LITERAL = 2**63 - 1
+FLOAT32_MAX = 3.4028234663852886e38  # epilogues compute in float32 (docs/LANGUAGE.md, "Epilogues")
+
+
+def _shown(token: Token) -> str:
+    """A literal for a message: a long one cut in the middle."""
+    unit = "digits" if token.isdigit() else "characters"
+    return str(token) if len(token) <= 24 else f"{token[:12]}...{token[-6:]} ({len(token)} {unit})"
 
 
 # Non-recursive: an expression of 500 nested unary minuses or a flat sum of 10,000 terms
@@ -161,9 +170,23 @@ class _ToAst(Transformer_NonRecursive):
     # expressions
     def _literal(self, token: Token) -> int:
         if len(token) > MAX_LITERAL_DIGITS or int(token) > MAX_LITERAL:
-            shown = token if len(token) <= 24 else f"{token[:12]}...{token[-6:]} ({len(token)} digits)"
-            raise PurlinError(f"number {shown} is too large (at most {MAX_LITERAL})", self._token_span(token))
+            raise PurlinError(f"number {_shown(token)} is too large (at most {MAX_LITERAL})",
+                              self._token_span(token))
         return int(token)
+
+    def _float_literal(self, token: Token) -> float:
+        """An epilogue literal, as float32 will hold it: one that rounds to infinity (1e39, or
+        1e999, which is infinite already as a Python float) is refused, not computed with as inf."""
+        value = float(token)
+        try:
+            struct.pack("<f", value)  # OverflowError where float32 rounds a finite value to inf
+            overflows = math.isinf(value)
+        except OverflowError:
+            overflows = True
+        if overflows:
+            raise PurlinError(f"number {_shown(token)} is too large for float32 (at most {FLOAT32_MAX:.8g} in "
+                              "magnitude)", self._token_span(token))
+        return value
 
     def number(self, children):
         (token,) = children
@@ -230,7 +253,7 @@ class _ToAst(Transformer_NonRecursive):
     # epilogues
     def fnumber(self, children):
         (token,) = children
-        return ast.FNumber(float(token), str(token), self._token_span(token))
+        return ast.FNumber(self._float_literal(token), str(token), self._token_span(token))
 
     def fname(self, children):
         (token,) = children
