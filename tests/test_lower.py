@@ -327,3 +327,18 @@ def test_direct_push_pipelines_slices(name, world):
     want = evaluate(spec, inputs, 37, DType.FLOAT32, op)
     for r in range(world):
         np.testing.assert_array_equal(got[r], want[r])
+
+
+@pytest.mark.parametrize("channels, slices", [(1025, 1), (1, 257), (1, 100_000)])
+def test_channels_and_slices_are_bounded(channels, slices, capsys):
+    """A mistyped --slices 100000 is an error at once, not minutes of lowering."""
+    with pytest.raises(PurlinError, match="channels must be at most 1024 and slices per channel at most 256"):
+        lower(spec_of("allreduce", 4), LowerOptions(channels=channels, slices=slices))
+    argv = ["dump", str(EXAMPLES / "allreduce.pln"), "-R", "4", "-s", "snac", "--channels", str(channels),
+            "--slices", str(slices)]
+    assert cli_main(argv) == 2 and "at most 256" in capsys.readouterr().err
+
+
+def test_the_bounds_themselves_lower():
+    assert lower(spec_of("allgather", 2), LowerOptions(channels=1024, slices=1)).channels == 1024
+    assert lower(spec_of("allgather", 2), LowerOptions(channels=1, slices=256)).options.slices == 256

@@ -46,9 +46,21 @@ from purlinc.snac.gcpause import gc_paused
 from purlinc.snac.ir import Algorithm, LowerOptions, Schedule
 
 
+# Bounds on what a schedule may ask for, so that a mistyped option is an error, not minutes of
+# lowering: a channel is a resident 512-thread block per rank (no GPU holds 1,024 of them
+# with their peers'), and a program grows with slices per channel (the template channel
+# holds every slice's steps; the measured tuning table never uses more than 4).
+MAX_CHANNELS = 1024
+MAX_SLICES = 256
+
+
 def _check_options(spec: Spec, options: LowerOptions) -> None:
     if options.channels < 1 or options.slices < 1:
         raise PurlinError(f"channels and slices must be >= 1 (got channels={options.channels}, slices={options.slices})")
+    if options.channels > MAX_CHANNELS or options.slices > MAX_SLICES:
+        raise PurlinError(f"channels must be at most {MAX_CHANNELS} and slices per channel at most {MAX_SLICES} "
+                          f"(got channels={options.channels}, slices={options.slices})",
+                          notes=("a channel is a thread block per rank that stays resident for the whole call",))
     if options.slots is not None and options.slots < 1:
         raise PurlinError(f"slots must be >= 1 (got {options.slots})")
     if options.packed and not get_algorithm(options.algorithm).packed:
