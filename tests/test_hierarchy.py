@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -330,3 +331,17 @@ def test_cli_draw_hierarchical(capsys, repo_dir, tmp_path):
     assert "<svg" in page.read_text() and "NCCL broadcast" in page.read_text()
     assert main(["draw", str(repo_dir / "examples/broadcast.pln"), "-R", "4", "--gpus-per-node", "2", "--timeline"]) == 2
     assert "--timeline, --compare and --trace do not apply" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("example, words", [
+    ("fused/allreduce_add_rmsnorm.pln", "cannot apply an epilogue yet"),
+    ("sized/alltoallv.pln", "cannot move chunks of run-time sizes"),
+])
+def test_what_a_plan_cannot_express_is_refused_not_dropped(example, words, capsys):
+    """No phase applies an epilogue or moves run-time sizes: the plan must refuse the spec
+    (check, dump and the runtime alike), not verify a plan that leaves the epilogue out."""
+    path = str(Path(__file__).resolve().parent.parent / "examples" / example)
+    for argv in (["check", path, "-R", "4", "--gpus-per-node", "2"],
+                 ["dump", path, "-R", "4", "--gpus-per-node", "2", "-s", "snac"]):
+        assert main(argv) == 2
+        assert words in capsys.readouterr().err

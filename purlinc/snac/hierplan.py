@@ -262,6 +262,18 @@ def _copy_plan(b: _Builder) -> None:
     b.intra("mid", OUT, Operation.COPY, specs, "scatter")
 
 
+def _check_plannable(spec: Spec) -> None:
+    """What the phases cannot express yet: an epilogue (no phase applies it, so the plan would
+    drop it) and run-time sizes (the NCCL phases move fixed-size chunks)."""
+    if spec.epilogue is not None:
+        raise PurlinError(f"{spec.name}: a hierarchical plan (gpus_per_node) cannot apply an epilogue yet",
+                          spec.epilogue.span, ("run it on one node's communicator (a flat collective) instead",))
+    if spec.sizes is not None:
+        raise PurlinError(f"{spec.name}: a hierarchical plan (gpus_per_node) cannot move chunks of run-time "
+                          f"sizes ({spec.sizes.format()}) yet",
+                          notes=("run it on one node's communicator (a flat collective) instead",))
+
+
 def plan_hierarchical(spec: Spec, gpus_per_node: int, options: LowerOptions | None = None,
                       *, verify_schedules: bool = True) -> HierPlan:
     """The hierarchical plan of ``spec`` over nodes of ``gpus_per_node`` ranks.
@@ -270,6 +282,7 @@ def plan_hierarchical(spec: Spec, gpus_per_node: int, options: LowerOptions | No
     algorithm that does not apply to a phase (two-shot for a copy phase) falls back to
     direct-push for that phase.  With ``verify_schedules`` every distinct intra-node schedule
     is proved by the SNAC verifier as it is made (``verify_plan`` checks the composition)."""
+    _check_plannable(spec)
     topology = Topology.of(spec.world_size, gpus_per_node)
     builder = _Builder(spec, topology, options, verify_schedules)
     (_reduce_plan if spec.is_reduce else _copy_plan)(builder)
