@@ -148,7 +148,8 @@ def generate(schedule: Schedule, spec, *, atom: str, arch: str, dtype: DType, op
     if atom != "ldst":
         why = ("the copy engines take sizes from the host, which would need a synchronisation" if atom == "ce" else
                "the sized kernels are generated for ldst only: their copy loops take bounds read on the device")
-        raise PurlinError(f"run-time sizes run on the 'ldst' atom only, not '{atom}'", notes=(why, "use the ldst atom (--atom ldst, or atom=\"ldst\")"))
+        raise PurlinError(f"run-time sizes run on the 'ldst' atom only, not '{atom}'",
+                          notes=(why, 'use the ldst atom (--atom ldst, or atom="ldst")'))
     if trace:
         raise PurlinError("tracing is not available for collectives with run-time sizes")
     target = parse_arch(arch)
