@@ -252,3 +252,13 @@ def test_assigned_twice_on_one_line_names_the_column():
     assert error.message == "in[0] is assigned twice (also at line 2)"
     error = diagnose("collective a { in[r] = x[r] out[r] = x[0..R][0] copy }")
     assert error.message == "chunk 'x' is used with 2 indices here but with 1 before (line 1, column 24)"
+
+
+def test_a_collective_name_longer_than_64_characters_is_refused_where_it_is_written():
+    """The name becomes part of kernel and file names: 300 characters passed check, then
+    compile failed writing its files ("File name too long")."""
+    name = "a" * 65
+    error = diagnose(f"collective {name} {{ in[r] = x[r] out[r] = x[0..R] copy }}")
+    assert error.message == "the collective's name is 65 characters long, more than 64"
+    assert (error.span.line, error.span.column, error.span.end_column) == (1, 12, 77)
+    assert parse(f"collective {'a' * 64} {{ in[r] = x[r] out[r] = x[0..R] copy }}").name == "a" * 64

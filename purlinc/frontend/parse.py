@@ -143,6 +143,7 @@ def _translate(error: lark.exceptions.LarkError, source: Source) -> PurlinError:
 # more than 4300 digits anyway (ValueError), so long literals are refused here with a location.
 MAX_LITERAL_DIGITS = 19
 MAX_LITERAL = 2**63 - 1
+MAX_NAME_LENGTH = 64  # characters of a collective's name (it names kernels, files and torch ops)
 FLOAT32_MAX = 3.4028234663852886e38  # epilogues compute in float32 (docs/LANGUAGE.md, "Epilogues")
 
 
@@ -311,7 +312,13 @@ class _ToAst(Transformer_NonRecursive):
 
     # header
     def collective_name(self, children):
-        return str(children[0])
+        token = children[0]
+        if len(token) > MAX_NAME_LENGTH:
+            raise PurlinError(f"the collective's name is {len(token)} characters long, more than {MAX_NAME_LENGTH}",
+                              self._token_span(token),
+                              ("the name becomes part of kernel, file and torch op names; a file name has at most "
+                               "255 bytes",))
+        return str(token)
 
     def neg_int(self, children):
         return -self._literal(children[0])
