@@ -10,6 +10,7 @@ values below are computed independently with NumPy (sums, concatenations).
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -781,3 +782,137 @@ def test_the_gpu_check_scripts_log_gathers_every_ranks_failures(tmp_path, monkey
     assert (doc["passed"], doc["total"], doc["seconds"]) == (1, 2, 1.2)
     assert doc["failures_all_ranks"][0].startswith("rank 0: broken: ValueError: boom")
     assert "Traceback" in doc["failures"][0]
+
+
+# ---------------------------------------------------------------------------------------------
+# argument checks found by a probe: each refused with an ArgumentError, before anything runs
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int16, torch.complex64])
+def test_copies_of_dtypes_purlin_lacks_trace_without_graph_breaks(dtype):
+    """Such copies travel as a view of their bytes (ops.carrier); picking that view's dtype must
+    be traceable, or fullgraph=True breaks."""
+    g = StandInWorlds(2).groups()[0]
+
+    def gather(x):
+        out = x.new_empty(2 * x.shape[0], *x.shape[1:])
+        g.all_gather_into_tensor(out, x)
+        return out
+
+    def broadcast(x):
+        y = x.clone()
+        g.broadcast(y, src=0)
+        return y
+
+    def all_to_all(x):
+        out = torch.empty_like(x)
+        g.all_to_all_single(out, x)
+        return out
+
+    for fn in (gather, broadcast, all_to_all):
+        torch._dynamo.reset()
+        explanation = torch._dynamo.explain(fn)(torch.empty(6, 4, dtype=dtype, device="meta"))
+        assert explanation.graph_break_count == 0, (fn.__name__, explanation.break_reasons)
+    from purlinc.dtypes import DTYPES
+
+    for itemsize in range(1, 17):  # the choice max(key=...) made: the widest, integers first, the first of ties
+        fits = [r for r in DTYPES.records() if itemsize % r.itemsize == 0 and hasattr(torch, r.torch_name)]
+        want = getattr(torch, max(fits, key=lambda r: (r.itemsize, not r.is_float)).torch_name) if fits else None
+        assert ops_module._carrier_width(itemsize) is want, itemsize
+    assert ops_module._carrier_width(8) is torch.int64
+
+
+def test_arguments_that_are_not_tensors_are_refused_by_name():
+    import numpy
+
+    g = StandInWorlds(2).groups()[0]
+    x = torch.randn(4, 2)
+    calls = [
+        ("all_reduce: tensor must be a torch.Tensor, got list", lambda: g.all_reduce([1.0, 2.0])),
+        ("all_reduce: tensor must be a torch.Tensor, got ndarray", lambda: g.all_reduce(numpy.ones(4, "float32"))),
+        ("all_gather_into_tensor: output_tensor must be a torch.Tensor, got list",
+         lambda: g.all_gather_into_tensor([1, 2], x)),
+        ("all_gather_into_tensor: input_tensor must be a torch.Tensor, got list",
+         lambda: g.all_gather_into_tensor(torch.empty(8, 2), [1.0])),
+        ("reduce_scatter_tensor: input must be a torch.Tensor, got ndarray",
+         lambda: g.reduce_scatter_tensor(torch.empty(2), numpy.ones(4, "float32"))),
+        ("all_to_all_single: output must be a torch.Tensor, got list", lambda: g.all_to_all_single([0] * 8, x)),
+        ("broadcast: tensor must be a torch.Tensor, got list", lambda: g.broadcast([1.0], src=0)),
+        ("reduce: tensor must be a torch.Tensor, got tuple", lambda: g.reduce((1.0,), dst=0)),
+        ("gather: tensor must be a torch.Tensor, got list", lambda: g.gather([1.0], None, dst=1)),
+        ("scatter: tensor must be a torch.Tensor, got list", lambda: g.scatter([1.0], None, src=1)),
+        (r"all_gather: tensor_list\[1\] must be a torch.Tensor, got list", lambda: g.all_gather([x, [0]], x)),
+        (r"all_to_all: input_tensor_list\[0\] must be a torch.Tensor, got int", lambda: g.all_to_all([x, x], [1, 2])),
+        ("all_to_all_vdev: in_splits must be a torch.Tensor, got list",
+         lambda: g.all_to_all_vdev(x, x, [2, 2], torch.zeros(2, dtype=torch.int64))),
+        ("all_reduce: x must be a torch.Tensor, got list", lambda: pt.functional.all_reduce([1.0], group=g)),
+        ("all_gather_tensor: x must be a torch.Tensor, got ndarray",
+         lambda: pt.functional.all_gather_tensor(numpy.ones(2), group=g)),
+        ("purlin::allgather on rank 0: x must be a torch.Tensor, got list",
+         lambda: pt.define("allgather").eager_functional([1.0], g.entry("allgather").handle, "sum", -1)),
+    ]
+    for message, call in calls:
+        with pytest.raises(ArgumentError, match=message):
+            call()
+    assert not any(e.loaded for e in g._entries.values())
+
+
+def test_all_reduce_refuses_strided_tensors_whether_or_not_it_pads():
+    """8 elements split over 2 ranks; 15 are padded to 16 first: the padded copy must not
+    hide the caller's strides (torch.distributed's NCCL backend refuses them too)."""
+    g = StandInWorlds(2).groups()[0]
+    for strided in (torch.randn(2, 4).t(), torch.randn(3, 5).t()):
+        layout = re.escape(f"(shape {tuple(strided.shape)}, strides {tuple(strided.stride())})")
+        with pytest.raises(ArgumentError, match=f"all_reduce: tensor is not contiguous {layout}"):
+            g.all_reduce(strided)
+        with pytest.raises(ArgumentError, match=f"all_reduce: x is not contiguous {layout}"):
+            pt.functional.all_reduce(strided, group=g)
+    assert not any(e.loaded for e in g._entries.values())
+
+    def padded(x):
+        y = x * 2
+        g.all_reduce(y.t())
+        return y
+    torch._dynamo.reset()  # compiled: refused too (a check dynamo stops at, so the eager call raises it)
+    with pytest.raises(ArgumentError, match=re.escape("all_reduce: tensor is not contiguous (shape (5, 3)")):
+        torch.compile(padded, backend="aot_eager")(torch.randn(3, 5))
+
+
+def test_meta_tensors_pass_the_fakes_only():
+    """Meta tensors are shape inference: the fake implementations take them on any device (the
+    dispatcher sends a meta tensor there), an eager call refuses them before it loads."""
+    g = StandInWorlds(2).groups()[0]
+    handle = g.entry("allgather").handle
+    meta = torch.empty(8, device="meta")
+    assert torch.ops.purlin.allgather(meta, handle, "sum", -1).shape == (16,)
+    with pytest.raises(ArgumentError, match=r"all_gather_into_tensor: output_tensor is on meta, expected cpu"):
+        g.all_gather_into_tensor(torch.empty(16, device="meta"), torch.empty(8))
+    with pytest.raises(ArgumentError, match=r"all_reduce: tensor is on meta, expected cpu"):
+        g.all_reduce(torch.empty(8, device="meta"))
+    with pytest.raises(ArgumentError, match=r"purlin::allgather on rank 0: x is on meta, expected cpu"):
+        pt.define("allgather").eager_functional(meta, handle, "sum", -1)
+    assert not any(e.loaded for e in g._entries.values())
+
+
+def test_functional_op_checks_count_and_the_handles_collective():
+    g = StandInWorlds(2).groups()[0]
+    gather = g.entry("allgather").handle
+    ops = pt.define("allgather")
+    x = torch.empty(8, device="meta")
+    assert ops.functional(x, gather, "sum", 8).shape == (16,)  # count may repeat what x says
+    for count in (5, -7, 0):
+        with pytest.raises(ArgumentError, match=rf"purlin::allgather on rank 0: count={count}, expected -1 or 8 "
+                                                r"\(what x says: 8 elements in 1 chunks\)"):
+            ops.functional(x, gather, "sum", count)
+    with pytest.raises(ArgumentError, match=rf"purlin::allreduce on rank 0: handle {gather} names a collective of "
+                                            r"'allgather', expected one of 'allreduce'"):
+        pt.define("allreduce").functional(x, gather, "sum", -1)
+    with pytest.raises(ArgumentError, match="names a collective of 'allgather'"):
+        pt.define("allreduce").eager_functional(torch.empty(8), gather, "sum", -1)
+    # rank 0 gives nothing to a broadcast from rank 1: count says the size, within what a tensor holds
+    broadcast = g.entry("broadcast", 1).handle
+    empty = torch.empty(0, device="meta")
+    assert pt.define("broadcast").functional(empty, broadcast, "sum", 3).shape == (3,)
+    with pytest.raises(ArgumentError, match=r"count=4611686018427387904 elements per chunk is too large: rank 0 "
+                                            r"receives 1 chunks of 4-byte elements"):
+        pt.define("broadcast").functional(empty, broadcast, "sum", 2**62)

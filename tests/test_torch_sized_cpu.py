@@ -222,3 +222,83 @@ def test_all_to_all_vdev_compiles_whole():
         received = [splits[src][rank] for src in range(R)]
         assert out_splits.tolist() == received
         assert torch.equal(y[:sum(received)], 2 * _expected(splits, inputs, rank))
+
+
+def test_fakes_check_splits_and_dtypes_as_the_real_ops_do():
+    """One check for the fake and the real implementations: splits int64 with R entries on
+    x's device; data of a dtype Purlin has (the message lists what is accepted: int64 too)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    g = groups(2)[0]
+    handle = sized.state_of(g).handle
+    splits = "must be int64 with 2 entries on cpu, got"
+    with FakeTensorMode():
+        x = torch.empty(8, 4)
+        out, out_splits = torch.ops.purlin.alltoallv(x, torch.zeros(2, dtype=torch.int64), handle)
+        assert tuple(out_splits.shape) == (2,)
+        with pytest.raises(ArgumentError, match=rf"purlin::alltoallv: in_splits {splits} int32 \(3,\) on cpu"):
+            torch.ops.purlin.alltoallv(x, torch.zeros(3, dtype=torch.int32), handle)
+        with pytest.raises(ArgumentError, match=rf"purlin::alltoallv_out: out_splits {splits} float16 \(7,\)"):
+            torch.ops.purlin.alltoallv_out(x, torch.zeros(2, dtype=torch.int64), torch.empty(8, 4),
+                                           torch.empty(7, dtype=torch.float16), handle)
+        with pytest.raises(ArgumentError, match=rf"purlin::alltoallv_seq: in_splits {splits} float32"):
+            torch.ops.purlin.alltoallv_seq(x, torch.zeros(2), torch.empty(8, 4), torch.zeros(2, dtype=torch.int64),
+                                           torch.zeros(1, dtype=torch.int32), handle)
+        torch.ops.purlin.alltoallv(torch.empty(8, 4, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), handle)
+        with pytest.raises(ArgumentError, match="input has dtype float64, which Purlin does not support; expected "
+                                                "one of float32, float16, bfloat16, int32, int64, float8"):
+            torch.ops.purlin.alltoallv(torch.empty(8, 4, dtype=torch.float64), torch.zeros(2, dtype=torch.int64),
+                                       handle)
+    with pytest.raises(ArgumentError, match=rf"all_to_all_vdev: in_splits {splits} int32 \(2,\)"):  # the real one
+        pt.all_to_all_vdev(torch.empty(8, 4), torch.empty(8, 4), torch.zeros(2, dtype=torch.int32),
+                           torch.zeros(2, dtype=torch.int64), group=g)
+    with pytest.raises(ArgumentError, match="output is on meta, expected cpu"):  # meta: the fakes' only
+        pt.all_to_all_vdev(torch.empty(8, 4), torch.empty(8, 4, device="meta"), torch.zeros(2, dtype=torch.int64),
+                           torch.zeros(2, dtype=torch.int64), group=g)
+    assert sized.state_of(g)._collective is None  # refused before the load
+
+
+def _calls(gm, name):
+    """The nodes that call purlin::name (as functionalization wraps mutating ops, or bare)."""
+    def target(n):
+        return str(n.args[0]) if "auto_functionalized" in str(n.target) else str(n.target)
+    return [n for n in gm.graph.nodes if n.op == "call_function" and f"purlin.{name}." in target(n)]
+
+
+def ancestors(node) -> set:
+    seen, todo = set(), list(node.all_input_nodes)
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(n.all_input_nodes)
+    return seen
+
+
+def test_compiled_all_to_all_vdev_is_ordered_with_the_other_collectives():
+    """Compiled, all_to_all_vdev is purlin::alltoallv_seq: it "writes" the communicator's
+    sequence tensor, so it and the all-reduce after it are one chain a scheduler keeps in order."""
+    from torch._dynamo.backends.common import aot_autograd
+    from test_torch_cpu import StandInWorlds
+
+    g = StandInWorlds(1).groups()[0]  # a world of one: its stand-in loads both collectives
+    seen = []
+
+    def forward(gm, example):
+        seen.append(gm)
+        return gm
+
+    def step(x, in_splits):
+        out, out_splits = torch.empty_like(x), torch.empty_like(in_splits)
+        pt.all_to_all_vdev(x, out, in_splits, out_splits, group=g)
+        return out, pt.functional.all_reduce(x, group=g)
+
+    torch._dynamo.reset()
+    x = torch.randn(4, 2)
+    out, total = torch.compile(step, backend=aot_autograd(fw_compiler=forward), fullgraph=True)(x, torch.tensor([4]))
+    assert torch.equal(out, x) and torch.equal(total, x)  # a world of one
+    (gm,) = seen
+    (first,) = _calls(gm, "alltoallv_seq")
+    (second,) = _calls(gm, "allreduce_seq")
+    assert first in ancestors(second), gm.graph  # only the sequence tensor links them
+    assert not _calls(gm, "alltoallv_out")

@@ -210,8 +210,6 @@ class Group:
 
     def _check(self, where, e, named, op=None):
         for label, t in named:
-            if not isinstance(t, torch.Tensor):
-                raise ArgumentError(f"{where}: {label} must be a torch.Tensor, got {type(t).__name__}")
             _ops.check_tensor(where, label, t, e, op)
 
     @staticmethod
@@ -221,10 +219,18 @@ class Group:
 
     # ------------------------------------------------------------------------------- reductions
     def all_reduce(self, tensor, op="sum", async_op=False):
-        op = _ops.normalize_op(op, "all_reduce")
+        where = "all_reduce"
+        _ops.require_tensors(where, [("tensor", tensor)])
+        op = _ops.normalize_op(op, where)
         handle = self._handle("allreduce")
+        if not _compiling():  # (compiled calls: the op's fake implementation checks)
+            _ops.carrier(where, "tensor", tensor, reduce=True)
+            self._check(where, entry(handle), [("tensor", tensor)], op)
         n = tensor.numel()
         if n % self.world_size:  # the spec splits x into R chunks: pad to a multiple of R, as torch takes any size
+            # the padded copy would hide the caller's strides: refused here as on the unpadded path
+            # (and as torch.distributed's NCCL backend does), compiled or not
+            _ops.check_contiguous(where, "tensor", tensor)
             padded = tensor.new_zeros(-(-n // self.world_size) * self.world_size)
             padded[:n].copy_(tensor.reshape(-1))
             return self._then(lambda: self.all_reduce(padded, op), lambda: tensor.copy_(padded[:n].view(tensor.shape)),
@@ -232,13 +238,11 @@ class Group:
         if _compiling():
             tensor.copy_(torch.ops.purlin.allreduce_seq(tensor, self._seq, handle, op, -1).view(tensor.shape))
             return _DONE if async_op else None
-        e = entry(handle)
-        _ops.carrier("all_reduce", "tensor", tensor, reduce=True)
-        self._check("all_reduce", e, [("tensor", tensor)], op)
         body = _ops.define("allreduce").eager_inplace
         return self._issue(lambda: body(tensor, handle, op), [tensor], async_op, [tensor])
 
     def reduce_scatter_tensor(self, output, input, op="sum", async_op=False):
+        _ops.require_tensors("reduce_scatter_tensor", [("output", output), ("input", input)])
         op = _ops.normalize_op(op, "reduce_scatter_tensor")
         handle = self._handle("reduce_scatter")
         if _compiling():
@@ -257,6 +261,7 @@ class Group:
         return self._issue(lambda: body(input, output, handle, op), [input, output], async_op, [output])
 
     def reduce(self, tensor, dst=None, op="sum", async_op=False, *, group_dst=None):
+        _ops.require_tensors("reduce", [("tensor", tensor)])
         dst = self._root("reduce", "dst", dst, group_dst)
         op = _ops.normalize_op(op, "reduce")
         handle = self._handle("reduce", dst)
@@ -272,6 +277,7 @@ class Group:
 
     def reduce_scatter(self, output, input_list, op="sum", async_op=False):
         """``input_list[j]`` (one tensor per rank, each like ``output``) reduced over the ranks into rank j's ``output``."""
+        _ops.require_tensors("reduce_scatter", [("output", output)])
         self._list_like("reduce_scatter", "input_list", input_list, output)
         return self.reduce_scatter_tensor(output, torch.cat([t.reshape(-1) for t in input_list]).view(-1), op, async_op)
 
@@ -286,6 +292,7 @@ class Group:
     # ------------------------------------------------------------------------------- copies
     def all_gather_into_tensor(self, output_tensor, input_tensor, async_op=False):
         where = "all_gather_into_tensor"
+        _ops.require_tensors(where, [("output_tensor", output_tensor), ("input_tensor", input_tensor)])
         handle = self._handle("allgather")
         output, input = self._bytes(where, [("output_tensor", output_tensor), ("input_tensor", input_tensor)])
         if _compiling():
@@ -306,6 +313,7 @@ class Group:
     def all_gather(self, tensor_list, tensor, async_op=False):
         """Rank j's ``tensor`` into ``tensor_list[j]`` on every rank."""
         where = "all_gather"
+        _ops.require_tensors(where, [("tensor", tensor)])
         self._list_like(where, "tensor_list", tensor_list, tensor)
         flat = tensor.new_empty(self.world_size * tensor.numel())
         src = tensor.contiguous()
@@ -316,6 +324,7 @@ class Group:
         """Slice j (along dim 0) of ``input`` to rank j; ``output`` holds every rank's slice for this rank.
         Split sizes (rows of dim 0 per rank) may differ; equal slices when they are not given."""
         where = "all_to_all_single"
+        _ops.require_tensors(where, [("output", output), ("input", input)])
         splits = self._splits(where, output, input, output_split_sizes, input_split_sizes)
         if splits is not None:
             return self._all_to_all_uneven(where, output, input, *splits, async_op)
@@ -342,6 +351,7 @@ class Group:
             if tensors is None or len(tensors) != self.world_size:
                 raise ArgumentError(f"{where}: {label} holds {0 if tensors is None else len(tensors)} tensors, "
                                     f"expected {self.world_size} (one per rank)")
+            _ops.require_tensors(where, [(f"{label}[{i}]", t) for i, t in enumerate(tensors)])
         dtypes = {t.dtype for t in (*output_tensor_list, *input_tensor_list)}
         if len(dtypes) != 1:
             raise ArgumentError(f"{where}: the tensors have dtypes {sorted(str(d) for d in dtypes)}, expected one")
@@ -353,6 +363,7 @@ class Group:
                           [flat_in, flat_out, *output_tensor_list], async_op, output_tensor_list)
 
     def broadcast(self, tensor, src=None, async_op=False, *, group_src=None):
+        _ops.require_tensors("broadcast", [("tensor", tensor)])
         src = self._root("broadcast", "src", src, group_src)
         handle = self._handle("broadcast", src)
         (t,) = self._bytes("broadcast", [("tensor", tensor)])
@@ -366,6 +377,7 @@ class Group:
 
     def gather(self, tensor, gather_list=None, dst=None, async_op=False, *, group_dst=None):
         where = "gather"
+        _ops.require_tensors(where, [("tensor", tensor)])
         dst = self._root(where, "dst", dst, group_dst)
         self._lists(where, "gather_list", gather_list, tensor, self.rank == dst, "dst")
         handle = self._handle("gather", dst)
@@ -387,6 +399,7 @@ class Group:
 
     def scatter(self, tensor, scatter_list=None, src=None, async_op=False, *, group_src=None):
         where = "scatter"
+        _ops.require_tensors(where, [("tensor", tensor)])
         src = self._root(where, "src", src, group_src)
         self._lists(where, "scatter_list", scatter_list, tensor, self.rank == src, "src")
         handle = self._handle("scatter", src)
@@ -472,8 +485,12 @@ class Group:
         like ``torch.distributed._symmetric_memory.all_to_all_vdev`` (purlinc.torch.sized)."""
         from purlinc.torch import sized
 
+        named = [("input", input), ("out", out), ("in_splits", in_splits), ("out_splits", out_splits)]
+        _ops.require_tensors("all_to_all_vdev", named + [("out_offsets", out_offsets)] * (out_offsets is not None))
         if _compiling():  # the state and the ops exist already (Group.__init__, sized's import)
-            torch.ops.purlin.alltoallv_out(input, in_splits, out, out_splits, self._sized_state.handle)
+            # the ordered form: it "writes" the communicator's sequence tensor, as the other
+            # collectives' NAME_seq ops do, so no compiler drops it or moves it past them
+            torch.ops.purlin.alltoallv_seq(input, in_splits, out, out_splits, self._seq, self._sized_state.handle)
             if out_offsets is not None:
                 out_offsets.copy_(torch.cumsum(out_splits, 0) - out_splits)
             return _DONE if async_op else None
@@ -499,6 +516,7 @@ class Group:
         if tensors is None or len(tensors) != self.world_size:
             got = "None" if tensors is None else f"{len(tensors)} tensors"
             raise ArgumentError(f"{where}: {label} must hold {self.world_size} tensors (one per rank), got {got}")
+        _ops.require_tensors(where, [(f"{label}[{i}]", t) for i, t in enumerate(tensors)])
         for i, t in enumerate(tensors):
             if t.numel() != tensor.numel() or t.dtype != tensor.dtype or t.device != tensor.device:
                 raise ArgumentError(

@@ -62,9 +62,14 @@ def _call(group, kind: str, x, op: str):
 
 def all_reduce(x, op="sum", group=None):
     """The reduction of every rank's ``x``, shaped like ``x``."""
+    _ops.require_tensors("all_reduce", [("x", x)])
     group = _group(group)
     op = _ops.normalize_op(op, "all_reduce")
     n, R = x.numel(), group.world_size
+    if n % R or not torch.compiler.is_compiling():
+        # the padded copy would hide x's strides: refused before padding, with the message the
+        # unpadded path gives eagerly (compiled, the op's fake implementation refuses those)
+        _ops.check_contiguous("all_reduce", "x", x)
     if n % R:  # the spec splits x into R chunks: pad to a multiple of R (torch takes any size)
         padded = torch.cat([x.reshape(-1), x.new_zeros(R - n % R)])
         return _call(group, "allreduce", padded, op)[:n].view(x.shape)
@@ -73,6 +78,7 @@ def all_reduce(x, op="sum", group=None):
 
 def all_gather_tensor(x, gather_dim: int = 0, group=None):
     """Every rank's ``x`` concatenated along dim 0: shape ``(R * x.shape[0], *x.shape[1:])``."""
+    _ops.require_tensors("all_gather_tensor", [("x", x)])
     group = _group(group)
     if gather_dim != 0:
         raise ArgumentError(f"all_gather_tensor: gather_dim={gather_dim}, expected 0 (transpose around the call)")
@@ -82,6 +88,7 @@ def all_gather_tensor(x, gather_dim: int = 0, group=None):
 
 def reduce_scatter_tensor(x, op="sum", scatter_dim: int = 0, group=None):
     """Rank r's slice (of R along dim 0) of the reduction of every rank's ``x``."""
+    _ops.require_tensors("reduce_scatter_tensor", [("x", x)])
     group = _group(group)
     if scatter_dim != 0:
         raise ArgumentError(f"reduce_scatter_tensor: scatter_dim={scatter_dim}, expected 0")
@@ -96,6 +103,7 @@ def all_to_all_single(x, output_split_sizes=None, input_split_sizes=None, group=
     """Slice j (along dim 0) of ``x`` goes to rank j; the result holds every rank's slice for this
     rank, in rank order.  Without split sizes the slices are equal (R of them); with them (rows
     per rank, as torch's), ``output_split_sizes`` may be left out: the ranks then tell each other."""
+    _ops.require_tensors("all_to_all_single", [("x", x)])
     group = _group(group)
     if output_split_sizes is None and input_split_sizes is None:
         if x.dim() == 0 or x.shape[0] % group.world_size:

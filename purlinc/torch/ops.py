@@ -116,9 +116,7 @@ def carrier(where: str, label: str, t, *, reduce: bool):
                             f"{supported_dtypes(reducible=True)}",
                             notes=("copy collectives (all_gather, all_to_all, broadcast, gather, scatter) take "
                                    "every fixed-size dtype",))
-    if not t.is_contiguous():
-        raise ArgumentError(f"{where}: {label} is not contiguous (shape {tuple(t.shape)}, strides "
-                            f"{tuple(t.stride())})", notes=("pass .contiguous() (a copy)",))
+    check_contiguous(where, label, t)
     width = _carrier_width(t.element_size())
     if width is None:
         raise ArgumentError(f"{where}: {label} has dtype {name} ({t.element_size()} bytes), which no Purlin dtype "
@@ -127,23 +125,52 @@ def carrier(where: str, label: str, t, *, reduce: bool):
 
 
 def _carrier_width(itemsize: int):
+    """The torch dtype a copy of ``itemsize``-byte elements travels as, or None.  A plain loop,
+    not ``max(..., key=...)``: dynamo cannot trace a key function, and this runs inside compiled
+    copies of dtypes Purlin lacks (a graph break there breaks fullgraph=True)."""
     from purlinc.dtypes import DTYPES
 
-    fits = [r for r in DTYPES.records() if itemsize % r.itemsize == 0 and hasattr(torch, r.torch_name)]
-    if not fits:
-        return None
-    best = max(fits, key=lambda r: (r.itemsize, not r.is_float))  # integers first: no float semantics to doubt
-    return getattr(torch, best.torch_name)
+    best = None
+    for r in DTYPES.records():
+        if itemsize % r.itemsize or not hasattr(torch, r.torch_name):
+            continue
+        # the widest; at equal widths integers first (no float semantics to doubt); first of ties kept
+        if best is None or (r.itemsize, not r.is_float) > (best.itemsize, not best.is_float):
+            best = r
+    return None if best is None else getattr(torch, best.torch_name)
 
 
-def check_tensor(where: str, label: str, t, e: Entry, op: str | None = None) -> None:
-    """Device, dtype and contiguity of one tensor for entry ``e``."""
-    if t.device != e.device and t.device.type != "meta":  # meta: shape inference only
-        raise ArgumentError(
-            f"{where}: {label} is on {t.device}, expected {e.device} (the device of this Purlin communicator, "
-            f"rank {e.rank} of {e.world_size})",
-            notes=("a tensor of another device or communicator cannot take part in this one's collectives",),
-        )
+def require_tensors(where: str, named) -> None:
+    """Each ``(label, value)`` a torch.Tensor: checked before anything reads a tensor attribute,
+    so a list or a NumPy array is an ArgumentError, not an AttributeError from deep inside."""
+    for label, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise ArgumentError(f"{where}: {label} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def check_contiguous(where: str, label: str, t) -> None:
+    if not t.is_contiguous():
+        raise ArgumentError(f"{where}: {label} is not contiguous (shape {tuple(t.shape)}, strides "
+                            f"{tuple(t.stride())})", notes=("pass .contiguous() (a copy)",))
+
+
+def check_device(where: str, label: str, t, device, rank: int, world_size: int, *, fake: bool = False) -> None:
+    """``t`` on ``device``.  Only a fake implementation lets a meta tensor pass (shape inference,
+    nothing runs); a real one refuses it like any other device, before anything is launched."""
+    if t.device == device or (fake and t.device.type == "meta"):
+        return
+    raise ArgumentError(
+        f"{where}: {label} is on {t.device}, expected {device} (the device of this Purlin communicator, "
+        f"rank {rank} of {world_size})",
+        notes=("a tensor of another device or communicator cannot take part in this one's collectives",),
+    )
+
+
+def check_tensor(where: str, label: str, t, e: Entry, op: str | None = None, *, fake: bool = False) -> None:
+    """Type, device, dtype and contiguity of one tensor for entry ``e``; ``fake``: called by a
+    fake implementation (meta tensors pass the device check)."""
+    require_tensors(where, [(label, t)])
+    check_device(where, label, t, e.device, e.rank, e.world_size, fake=fake)
     dtype = dtype_of(t)
     if dtype is None:
         raise ArgumentError(f"{where}: {label} has dtype {str(t.dtype).removeprefix('torch.')}, which Purlin does "
@@ -156,18 +183,25 @@ def check_tensor(where: str, label: str, t, e: Entry, op: str | None = None) -> 
         if op == "avg" and not dtype.is_float:
             raise ArgumentError(f"{where}: op='avg' needs a floating dtype, {label} has {dtype.value}",
                                 notes=("use op='sum' and divide (integer averages would truncate)",))
-    if not t.is_contiguous():
-        raise ArgumentError(f"{where}: {label} is not contiguous (shape {tuple(t.shape)}, strides "
-                            f"{tuple(t.stride())})", notes=("pass .contiguous() (a copy)",))
+    check_contiguous(where, label, t)
+
+
+_MAX_BYTES = 2**63 - 1  # the most bytes one torch storage holds (its size is an int64)
 
 
 def count_of(where: str, e: Entry, x, out=None, count: int = -1, names=("x", "out")):
-    """Elements per chunk: from x (ranks with input), else from out, else the ``count`` argument."""
+    """Elements per chunk: from x (ranks with input), else from out, else the ``count`` argument.
+    A ``count`` given where x says the count must agree with it (-1: not given)."""
+    if count is None:
+        count = -1
     if e.in_units:
         n = x.numel()
         if n % e.in_units:
             raise ArgumentError(f"{where}: {names[0]} has {n} elements, expected a multiple of {e.in_units} "
                                 f"(rank {e.rank} gives {e.in_units} chunks)")
+        if count != -1 and count != n // e.in_units:
+            raise ArgumentError(f"{where}: count={count}, expected -1 or {n // e.in_units} (what {names[0]} says: "
+                                f"{n} elements in {e.in_units} chunks)")
         return n // e.in_units
     if x is not None and x.numel():
         raise ArgumentError(f"{where}: rank {e.rank} gives no input, but {names[0]} has {x.numel()} elements; "
@@ -178,10 +212,21 @@ def count_of(where: str, e: Entry, x, out=None, count: int = -1, names=("x", "ou
             raise ArgumentError(f"{where}: {names[1]} has {n} elements, expected a multiple of {e.out_units} "
                                 f"(rank {e.rank} receives {e.out_units} chunks)")
         return n // e.out_units
-    if count is None or count < 0:
+    if count < 0:
         raise ArgumentError(f"{where}: rank {e.rank} gives no input, so count (elements per chunk) is needed; "
                             f"got {count}")
+    _check_output_bytes(where, e, x, count)
     return count
+
+
+def _check_output_bytes(where: str, e: Entry, x, count) -> None:
+    """A count no tensor can hold is the caller's mistake, said as such (torch would raise a
+    storage overflow allocating the output).  Only a plain int: a traced count is a size."""
+    itemsize = x.element_size() if x is not None else 1
+    if isinstance(count, int) and e.out_units * count * itemsize > _MAX_BYTES:
+        raise ArgumentError(f"{where}: count={count} elements per chunk is too large: rank {e.rank} receives "
+                            f"{e.out_units} chunks of {itemsize}-byte elements, expected at most {_MAX_BYTES} "
+                            f"bytes in all (what one tensor holds)")
 
 
 def check_out(where: str, e: Entry, x, out, count, names=("x", "out")) -> None:
@@ -260,6 +305,18 @@ def _where(name: str, e: Entry) -> str:
     return f"purlin::{name} on rank {e.rank}"
 
 
+def _entry_of(name: str, handle: int) -> Entry:
+    """The entry of ``handle``, which must be one of ``name``'s collectives: a handle of another
+    collective would run that one (its chunks, its reduction) under this op's name."""
+    e = entry(handle)
+    if e.name != name:
+        raise ArgumentError(f"purlin::{name} on rank {e.rank}: handle {handle} names a collective of "
+                            f"{e.name!r}, expected one of {name!r}",
+                            notes=(f"pass a handle made for {name} (its TorchCollective's or Group's), or call "
+                                   f"torch.ops.purlin.{e.name}",))
+    return e
+
+
 def define(name: str) -> Ops:
     """The functional, out and in-place ops for collectives called ``name``; defined once per process."""
     hit = _DEFINED.get(name)
@@ -292,7 +349,7 @@ def _implementations(name: str) -> dict:
     """The real and fake implementations of ``name``'s ops, by role."""
 
     def functional(x, handle, op, count):
-        e = entry(handle)
+        e = _entry_of(name, handle)
         where = _where(name, e)
         op = normalize_op(op, where)
         check_tensor(where, "x", x, e, op)
@@ -303,13 +360,13 @@ def _implementations(name: str) -> dict:
         return result
 
     def functional_fake(x, handle, op, count):
-        e = entry(handle)
+        e = _entry_of(name, handle)
         where = _where(name, e)
-        check_tensor(where, "x", x, e, normalize_op(op, where))
+        check_tensor(where, "x", x, e, normalize_op(op, where), fake=True)
         return x.new_empty(e.out_units * count_of(where, e, x, None, count))
 
     def out_form(x, out, handle, op):
-        e = entry(handle)
+        e = _entry_of(name, handle)
         where = _where(name, e)
         op = normalize_op(op, where)
         for label, t in (("x", x), ("out", out)):
@@ -320,14 +377,14 @@ def _implementations(name: str) -> dict:
             run(e, x if e.in_units else None, out if e.out_units else None, op)
 
     def out_fake(x, out, handle, op):
-        e = entry(handle)
+        e = _entry_of(name, handle)
         where = _where(name, e)
         for label, t in (("x", x), ("out", out)):
-            check_tensor(where, label, t, e, normalize_op(op, where))
+            check_tensor(where, label, t, e, normalize_op(op, where), fake=True)
         check_out(where, e, x, out, count_of(where, e, x, out))
 
     def inplace(t, handle, op):
-        e = entry(handle)
+        e = _entry_of(name, handle)
         where = _where(name, e)
         op = normalize_op(op, where)
         check_tensor(where, "t", t, e, op)
@@ -340,9 +397,9 @@ def _implementations(name: str) -> dict:
             run(e, t if e.in_units else None, t if e.out_units else None, op)
 
     def inplace_fake(t, handle, op):
-        e = entry(handle)
+        e = _entry_of(name, handle)
         where = _where(name, e)
-        check_tensor(where, "t", t, e, normalize_op(op, where))
+        check_tensor(where, "t", t, e, normalize_op(op, where), fake=True)
         _inplace_units(where, e, t)
 
     def sequenced(x, seq, handle, op, count):  # seq is only "written": the order it imposes is the point

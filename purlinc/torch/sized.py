@@ -10,13 +10,18 @@ reads ``in_splits`` and writes ``out_splits`` (and ``out_offsets``, their exclus
 sums), so a CUDA graph captured once replays with whatever splits the GPU holds, like
 ``torch.distributed._symmetric_memory.all_to_all_vdev``.
 
-Custom ops (one pair, all taking a handle of :func:`handle`):
+Custom ops (all taking a handle of :func:`handle`):
 
     purlin::alltoallv(Tensor x, Tensor in_splits, int handle) -> (Tensor out, Tensor out_splits)
     purlin::alltoallv_out(Tensor x, Tensor in_splits, Tensor(a!) out, Tensor(b!) out_splits, int handle) -> ()
+    purlin::alltoallv_seq(Tensor x, Tensor in_splits, Tensor(a!) out, Tensor(b!) out_splits, Tensor(c!) seq,
+                          int handle) -> ()
+        alltoallv_out kept in program order by the communicator's sequence tensor (ops._keep_in_order):
+        what a compiled ``all_to_all_vdev`` calls
 
 The functional form's output has the capacity's shape, ``[R * capacity_rows, *x.shape[1:]]``
 (its fake implementation says so without a GPU); rows past the received ones are not written.
+The fake implementations check what the real ones check (``_check``, ``_check_splits``).
 """
 
 from __future__ import annotations
@@ -130,17 +135,19 @@ def _rows(t) -> int:
     return math.prod(t.shape[1:]) if t.dim() > 1 else 1
 
 
-def _check(where: str, s: SizedState, x, out) -> int:
-    from purlinc.torch.ops import dtype_of
+def _check(where: str, s: SizedState, x, out, *, fake: bool = False) -> int:
+    """The data tensors, in the real and the fake implementations alike; ``fake``: meta tensors
+    pass the device check (shape inference only)."""
+    from purlinc.torch.ops import check_contiguous, check_device, dtype_of, require_tensors, supported_dtypes
 
+    require_tensors(where, [("input", x), ("output", out)])
     for label, t in (("input", x), ("output", out)):
-        if t.device != s.device and t.device.type != "meta":
-            raise ArgumentError(f"{where}: {label} is on {t.device}, expected {s.device} (rank {s.rank}'s device)")
-        if dtype_of(t) is None:
+        check_device(where, label, t, s.device, s.rank, s.world_size, fake=fake)
+        if dtype_of(t) is None:  # the registry's dtypes: what dtype_of accepts, so the message cannot drift
             raise ArgumentError(f"{where}: {label} has dtype {str(t.dtype).removeprefix('torch.')}, which Purlin does "
-                                "not support; expected float32, float16, bfloat16, int32 or float8")
-        if not t.is_contiguous():
-            raise ArgumentError(f"{where}: {label} is not contiguous", notes=("pass .contiguous() (a copy)",))
+                                f"not support; expected one of {supported_dtypes()}",
+                                notes=("all_to_all_single with split lists carries other fixed-size dtypes as bytes",))
+        check_contiguous(where, label, t)
     if out.dtype != x.dtype:
         raise ArgumentError(f"{where}: output has dtype {str(out.dtype).removeprefix('torch.')}, expected "
                             f"{str(x.dtype).removeprefix('torch.')} (the dtype of input)")
@@ -152,6 +159,19 @@ def _check(where: str, s: SizedState, x, out) -> int:
         raise ArgumentError(f"{where}: a row of input has {row} elements, more than the capacity {s.capacity} "
                             "(elements per pair)", notes=("purlinc.torch.sized.configure(group, capacity=...)",))
     return row
+
+
+def _check_splits(where: str, s: SizedState, x, named) -> None:
+    """Split tensors (``(label, tensor)``; None: not given): int64, R entries, on x's device.
+    One check for the real and the fake implementations."""
+    from purlinc.torch.ops import require_tensors
+
+    named = [(label, t) for label, t in named if t is not None]
+    require_tensors(where, named)
+    for label, t in named:
+        if t.dtype != torch.int64 or t.numel() != s.world_size or t.device != x.device:
+            raise ArgumentError(f"{where}: {label} must be int64 with {s.world_size} entries on {x.device}, got "
+                                f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)} on {t.device}")
 
 
 def _capturing(t) -> bool:
@@ -213,10 +233,7 @@ def all_to_all_vdev(group, input, out, in_splits, out_splits, out_offsets=None):
     where = "all_to_all_vdev"
     s = state_of(group)
     row = _check(where, s, input, out)
-    for label, t in (("in_splits", in_splits), ("out_splits", out_splits)) + ((("out_offsets", out_offsets),) if out_offsets is not None else ()):
-        if t.dtype != torch.int64 or t.numel() != s.world_size or t.device != input.device:
-            raise ArgumentError(f"{where}: {label} must be int64 with {s.world_size} entries on {input.device}, got "
-                                f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)} on {t.device}")
+    _check_splits(where, s, input, [("in_splits", in_splits), ("out_splits", out_splits), ("out_offsets", out_offsets)])
     run(s, input, in_splits, out, out_splits, row)
     if out_offsets is not None:
         torch.cumsum(out_splits, 0, out=out_offsets)
@@ -235,7 +252,8 @@ def capacity_rows(s: SizedState, x) -> int:
 
 
 def define():
-    """``purlin::alltoallv`` and ``purlin::alltoallv_out`` (defined once per process)."""
+    """``purlin::alltoallv``, ``purlin::alltoallv_out`` and ``purlin::alltoallv_seq`` (defined once
+    per process); returns the first two."""
     if _DEFINED:
         return _DEFINED[0]
 
@@ -248,27 +266,42 @@ def define():
 
     def functional_fake(x, in_splits, handle):
         s = state(handle)
-        _check("purlin::alltoallv", s, x, x)
+        _check("purlin::alltoallv", s, x, x, fake=True)
+        _check_splits("purlin::alltoallv", s, x, [("in_splits", in_splits)])
         return x.new_empty((s.world_size * capacity_rows(s, x), *x.shape[1:])), in_splits.new_empty(s.world_size)
 
     def out_form(x, in_splits, out, out_splits, handle):
         all_to_all_vdev(state(handle).group_ref(), x, out, in_splits, out_splits)
 
+    def check_out_form(where, x, in_splits, out, out_splits, handle):
+        s = state(handle)
+        _check(where, s, x, out, fake=True)
+        _check_splits(where, s, x, [("in_splits", in_splits), ("out_splits", out_splits)])
+
     def out_fake(x, in_splits, out, out_splits, handle):
-        _check("purlin::alltoallv_out", state(handle), x, out)
+        check_out_form("purlin::alltoallv_out", x, in_splits, out, out_splits, handle)
+
+    def sequenced(x, in_splits, out, out_splits, seq, handle):  # seq is only "written": the order is the point
+        out_form(x, in_splits, out, out_splits, handle)
+
+    def sequenced_fake(x, in_splits, out, out_splits, seq, handle):
+        check_out_form("purlin::alltoallv_seq", x, in_splits, out, out_splits, handle)
 
     ops = []
     for suffix, fn, fake, schema, mutates in (
         ("", functional, functional_fake, "(Tensor x, Tensor in_splits, int handle) -> (Tensor, Tensor)", ()),
         ("_out", out_form, out_fake,
          "(Tensor x, Tensor in_splits, Tensor(a!) out, Tensor(b!) out_splits, int handle) -> ()", ("out", "out_splits")),
+        ("_seq", sequenced, sequenced_fake,
+         "(Tensor x, Tensor in_splits, Tensor(a!) out, Tensor(b!) out_splits, Tensor(c!) seq, int handle) -> ()",
+         ("out", "out_splits", "seq")),
     ):
         custom = torch.library.custom_op(f"{NAMESPACE}::alltoallv{suffix}", fn, mutates_args=mutates, schema=schema)
         custom.register_fake(fake)
         overload = getattr(torch.ops.purlin, "alltoallv" + suffix).default
         torch.fx.node.has_side_effect(overload)  # a collective: every rank must make the call
         ops.append(overload)
-    _DEFINED.append(tuple(ops))
+    _DEFINED.append(tuple(ops[:2]))  # (the _seq op is reached as torch.ops.purlin.alltoallv_seq)
     return _DEFINED[0]
 
 
