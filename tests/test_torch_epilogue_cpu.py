@@ -11,6 +11,7 @@ from purlinc.frontend.check import check  # noqa: E402
 from purlinc.frontend.parse import parse, parse_file  # noqa: E402
 from purlinc.runtime.errors import ArgumentError  # noqa: E402
 from purlinc.torch.epilogue import fused_add_rmsnorm_op  # noqa: E402
+from test_torch_sized_cpu import _calls, ancestors  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fused" / "allreduce_add_rmsnorm.pln"
@@ -36,10 +37,10 @@ def test_fake_implementation_gives_shapes():
             x = torch.empty(16, 4096, dtype=torch.bfloat16)
             y = fused(x, torch.empty_like(x), torch.empty(4096, dtype=torch.bfloat16), 1e-6)
             assert y.shape == (16, 4096) and y.dtype == torch.bfloat16
-            with pytest.raises(ArgumentError, match=r"weight: expected 4096 elements of torch.bfloat16 \(one row\), "
-                                                    r"got 2048 of torch.bfloat16"):
+            with pytest.raises(ArgumentError, match=r"weight is bfloat16 \(2048,\), expected bfloat16 \(4096,\) "
+                                                    r"\(one row, x's dtype\)"):
                 fused(x, torch.empty_like(x), torch.empty(2048, dtype=torch.bfloat16), 1e-6)
-            with pytest.raises(ArgumentError, match="residual: expected torch.bfloat16"):
+            with pytest.raises(ArgumentError, match=r"residual is float32 \(16, 4096\), expected bfloat16 \(16, 4096\)"):
                 fused(x, torch.empty(16, 4096), torch.empty(4096, dtype=torch.bfloat16), 1e-6)
     finally:
         fused.close()
@@ -68,3 +69,192 @@ def test_traces_whole_with_fake_tensors():
         assert len(calls) == 1
     finally:
         fused.close()
+
+
+def test_schema_has_the_sequence_tensor():
+    fused = fused_add_rmsnorm_op(_Loaded(check(parse_file(EXAMPLE), 2)), device="cpu")
+    try:
+        assert str(torch.ops.purlin.fused_add_rmsnorm.default._schema) == (
+            "purlin::fused_add_rmsnorm(Tensor x, Tensor(a!) residual, Tensor weight, float eps, Tensor(b!) seq, "
+            "int handle) -> Tensor")
+    finally:
+        fused.close()
+
+
+def _bad_calls(row):
+    """(what is wrong, the call's (x, residual, weight, eps), the message expected)."""
+    def x(*shape, dtype=torch.float32):
+        return torch.zeros(shape, dtype=dtype)
+    shared = x(4, row)
+    flat = x(5 * row)
+    return [
+        ("x float64", (x(4, row, dtype=torch.float64), x(4, row, dtype=torch.float64), x(row, dtype=torch.float64), 1e-6),
+         r"x has dtype float64, expected one of bfloat16, float16, float32"),
+        ("x int32", (x(4, row, dtype=torch.int32), x(4, row, dtype=torch.int32), x(row, dtype=torch.int32), 1e-6),
+         "x has dtype int32"),
+        ("partial rows", (x(4, row - 4), x(4, row - 4), x(row), 1e-6),
+         rf"x has shape \(4, {row - 4}\), expected whole rows of {row} elements \(the last dimension; "
+         rf"the spec's rows\({row}\)\)"),
+        ("0-d x", (x(), x(), x(row), 1e-6), r"x has shape \(\), expected whole rows"),
+        ("residual shape", (x(4, row), x(2, row), x(row), 1e-6),
+         rf"residual is float32 \(2, {row}\), expected float32 \(4, {row}\)"),
+        ("weight 2-D", (x(4, row), x(4, row), x(1, row), 1e-6), rf"weight is float32 \(1, {row}\), expected float32 \({row},\)"),
+        ("weight dtype", (x(4, row), x(4, row), x(row, dtype=torch.float16), 1e-6), "weight is float16"),
+        ("x strided", (x(row, 4).t(), x(4, row), x(row), 1e-6), r"x is not contiguous \(shape \(4, %d\)" % row),
+        ("residual strided", (x(4, row), x(row, 4).t(), x(row), 1e-6), "residual is not contiguous"),
+        ("weight strided", (x(4, row), x(4, row), x(row, 2)[:, 0], 1e-6), "weight is not contiguous"),
+        ("residual is x", (shared, shared, x(row), 1e-6), "residual overlaps x in memory"),
+        ("residual overlaps weight", (x(4, row), flat[:4 * row].view(4, row), flat[3 * row:4 * row], 1e-6),
+         "residual overlaps weight in memory"),
+        ("eps nan", (x(4, row), x(4, row), x(row), float("nan")), r"eps=nan, expected a finite number >= 0"),
+        ("eps inf", (x(4, row), x(4, row), x(row), float("inf")), "eps=inf"),
+        ("eps negative", (x(4, row), x(4, row), x(row), -1e-6), "eps=-1e-06"),
+        ("eps past float32", (x(4, row), x(4, row), x(row), 1e39), r"eps=1e\+39, expected .* that float32 holds"),
+    ]
+
+
+_BAD = _bad_calls(64)
+
+
+@pytest.mark.parametrize("what, args, message", _BAD, ids=[case[0] for case in _BAD])
+def test_fake_and_real_refuse_the_same_bad_calls(what, args, message):
+    """The fake (FakeTensorMode) and the real implementation run one check: every bad call is
+    an ArgumentError naming the tensor, in both, and the real one refuses before it loads."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    row = 64
+    fused = fused_add_rmsnorm_op(_Loaded(check(parse_file(EXAMPLE), 2, {"hidden": row})), device="cpu")
+    try:
+        fused.entry._collective = None  # not loaded yet: a load is a collective, so a check must come first
+        fused.entry._loader = lambda: pytest.fail(f"{what}: loaded before its arguments were checked")
+        with pytest.raises(ArgumentError, match=message):
+            fused(*args)
+        with FakeTensorMode() as mode:
+            fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+            with pytest.raises(ArgumentError, match=message):
+                fused(*fakes)
+    finally:
+        fused.close()
+
+
+def test_device_is_the_entrys_and_meta_passes_only_the_fake():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    row = 64
+    on_gpu = fused_add_rmsnorm_op(_Loaded(check(parse_file(EXAMPLE), 2, {"hidden": row})), device="cuda:1")
+    on_cpu = fused_add_rmsnorm_op(_Loaded(check(parse_file(EXAMPLE), 2, {"hidden": row})), device="cpu")
+    try:
+        with FakeTensorMode():
+            x = torch.empty(4, row)
+            with pytest.raises(ArgumentError, match=r"x is on cpu, expected cuda:1 \(the device of this Purlin "
+                                                    r"communicator, rank 0 of 2\)"):
+                on_gpu(x, torch.empty_like(x), torch.empty(row), 1e-6)
+        meta = torch.empty(4, row, device="meta")
+        y = on_cpu(meta, torch.empty_like(meta), torch.empty(row, device="meta"), 1e-6)  # the dispatcher: the fake
+        assert y.shape == (4, row) and y.device.type == "meta"
+        from purlinc.torch import epilogue
+
+        with pytest.raises(ArgumentError, match="x is on meta, expected cpu"):  # the real implementation's check
+            epilogue._check("purlin::fused_add_rmsnorm on rank 0", on_cpu.entry, meta, torch.empty_like(meta),
+                            torch.empty(row, device="meta"), 1e-6)
+    finally:
+        on_gpu.close()
+        on_cpu.close()
+
+
+class _Running(_Loaded):
+    """A world of one: the all-reduce is x itself; records the epilogue's operands."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.comm = type("Comm", (), {"rank": 0, "world_size": 1, "device": "cpu"})()
+        self.calls = []
+
+    def __call__(self, x, out, **operands):
+        self.calls.append(operands)
+        out.copy_(x)
+
+
+def test_real_runs_on_checked_contiguous_views():
+    row = 64
+    coll = _Running(check(parse_file(EXAMPLE), 1, {"hidden": row}))
+    fused = fused_add_rmsnorm_op(coll, device="cpu")
+    try:
+        x = torch.randn(4, row)
+        residual, weight = torch.randn(4, row), torch.ones(row)
+        y = fused(x, residual, weight, 1e-6)
+        assert y.shape == x.shape and len(coll.calls) == 1
+        operands = coll.calls[0]
+        assert operands["residual"].data_ptr() == residual.data_ptr() and operands["eps"] == 1e-6
+        with pytest.raises(ArgumentError, match=r"residual is not contiguous \(shape \(4, 64\), strides \(1, 4\)\)"):
+            fused(x, torch.randn(row, 4).t(), weight, 1e-6)  # was torch's RuntimeError from .view(-1)
+        assert len(coll.calls) == 1
+    finally:
+        fused.close()
+
+
+def _graphs(fn, *args):
+    """The forward graphs AOTAutograd makes of fn (after functionalization); nothing runs."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = []
+
+    def forward(gm, example):
+        graphs.append(gm)
+        outputs = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+        values = [o.meta["val"] for o in outputs]
+        return lambda *a: [torch.zeros(v.shape, dtype=v.dtype) for v in values]
+    torch._dynamo.reset()
+    torch.compile(fn, backend=aot_autograd(fw_compiler=forward), fullgraph=True)(*args)
+    return graphs
+
+
+def test_compiled_call_is_kept_when_nothing_uses_it():
+    """Every rank must make the call even where y and residual go unused: the op writes the
+    communicator's sequence tensor and is side-effectful, so no compiler drops it."""
+    fused = fused_add_rmsnorm_op(_Loaded(check(parse_file(EXAMPLE), 2, {"hidden": 64})), device="cpu")
+    try:
+        def unused(x, w):
+            r = x.clone()
+            fused(x, r, w, 1e-6)  # result unused, residual local
+            return x * 2
+        (gm,) = _graphs(unused, torch.randn(4, 64), torch.randn(64))
+        assert len(_calls(gm, "fused_add_rmsnorm")) == 1, gm.graph
+    finally:
+        fused.close()
+
+
+def test_compiled_call_is_ordered_with_the_communicators_other_collectives():
+    """The fused op and a later all-reduce of the same communicator are chained through its
+    one sequence tensor (nothing else links them here), so a scheduler keeps their order."""
+    import purlinc.torch as pt
+    from test_torch_cpu import StandInWorlds
+
+    g = StandInWorlds(1).groups()[0]
+    loaded = _Loaded(check(parse_file(EXAMPLE), 1, {"hidden": 64}))
+    loaded.comm = g.comm
+    fused = fused_add_rmsnorm_op(loaded, device="cpu")
+    try:
+        def step(x, residual, w, z):
+            y = fused(x, residual, w, 1e-6)
+            return y, pt.functional.all_reduce(z, group=g)
+        (gm,) = _graphs(step, torch.randn(4, 64), torch.randn(4, 64), torch.randn(64), torch.randn(8))
+        (first,) = _calls(gm, "fused_add_rmsnorm")
+        (second,) = _calls(gm, "allreduce_seq")
+        assert first in ancestors(second), gm.graph
+        seqs = [n for n in ancestors(first) if n.op == "placeholder" and tuple(n.meta["val"].shape) == (1,)]
+        assert seqs and seqs[0] in ancestors(second)
+    finally:
+        fused.close()
+
+
+def test_a_handle_without_the_epilogue_is_refused():
+    from test_torch_cpu import StandInWorlds
+
+    g = StandInWorlds(2).groups()[0]
+    handle = g.entry("allreduce").handle
+    x = torch.empty(4, 64, device="meta")
+    with pytest.raises(ArgumentError, match=rf"handle {handle} names 'allreduce', which has no add \+ RMSNorm "
+                                            r"epilogue"):
+        torch.ops.purlin.fused_add_rmsnorm(x, torch.empty_like(x), torch.empty(64, device="meta"), 1e-6,
+                                           torch.zeros(1, dtype=torch.int32, device="meta"), handle)

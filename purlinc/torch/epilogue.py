@@ -4,32 +4,95 @@
     y = fused(x, residual, weight, 1e-6)   # y = rmsnorm(residual + allreduce(x)) * weight; residual <- h
 
 The op's schema is ``purlin::fused_add_rmsnorm(Tensor x, Tensor(a!) residual, Tensor weight,
-float eps, int handle) -> Tensor``: ``residual`` is updated in place (it becomes ``h``, the next
-layer's residual, as vLLM's ``fused_add_rms_norm`` does), ``y`` is returned.  The fake
-implementation gives ``y``'s shape and dtype without a GPU, so the call stays whole under
-``torch.compile(fullgraph=True)``.  Any collective whose epilogue takes exactly
-``rows residual`` (written), ``row weight`` and ``scalar eps`` serves.
+float eps, Tensor(b!) seq, int handle) -> Tensor``: ``residual`` is updated in place (it becomes
+``h``, the next layer's residual, as vLLM's ``fused_add_rms_norm`` does), ``y`` is returned.
+``seq`` is the communicator's sequence tensor (:func:`purlinc.torch.ops.sequence`), which the op
+only "writes": like the other collectives' ``NAME_seq`` ops it keeps the call in program order
+under ``torch.compile`` and never dropped, even where ``y`` and ``residual`` go unused (every
+rank must still take part).  The fake implementation gives ``y``'s shape and dtype without a
+GPU, so the call stays whole under ``torch.compile(fullgraph=True)``; it checks what the real
+one checks (``_check``), and the real one checks before it loads or launches anything.  Any
+collective whose epilogue takes exactly ``rows residual`` (written), ``row weight`` and
+``scalar eps`` serves.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from purlinc.frontend.ast import OperandKind
 from purlinc.runtime.errors import ArgumentError
+from purlinc.torch import ops as _ops
 from purlinc.torch.registry import Entry, entry
 
 _SIGNATURE = (("residual", OperandKind.ROWS, True), ("weight", OperandKind.ROW, False), ("eps", OperandKind.SCALAR, False))
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what the epilogue's kernels compute in
+_FLOAT32_MAX = torch.finfo(torch.float32).max  # eps reaches the kernel as a float32
 _OP = None
 
 
-def _check(where: str, x, residual, weight, row: int) -> None:
+def _name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _check(where: str, e: Entry, x, residual, weight, eps, *, fake: bool = False) -> None:
+    """Everything the kernel assumes, in the fake and the real implementation alike: ``fake``
+    lets meta tensors pass the device check (shape inference only)."""
+    if not e.row:  # a handle of a collective without the epilogue (a Group's all-reduce, say)
+        raise ArgumentError(f"{where}: handle {e.handle} names {e.name!r}, which has no add + RMSNorm epilogue; "
+                            f"expected a handle of purlinc.torch.fused_add_rmsnorm_op(...)")
+    named = (("x", x), ("residual", residual), ("weight", weight))
+    _ops.require_tensors(where, named)
+    for label, t in named:
+        _ops.check_device(where, label, t, e.device, e.rank, e.world_size, fake=fake)
+    _check_x(where, e, x)
     if residual.shape != x.shape or residual.dtype != x.dtype:
-        raise ArgumentError(f"{where}: residual: expected {x.dtype} {tuple(x.shape)} (x's), "
-                            f"got {residual.dtype} {tuple(residual.shape)}")
-    if weight.numel() != row or weight.dtype != x.dtype:
-        raise ArgumentError(f"{where}: weight: expected {row} elements of {x.dtype} (one row), "
-                            f"got {weight.numel()} of {weight.dtype}")
+        raise ArgumentError(f"{where}: residual is {_name(residual.dtype)} {tuple(residual.shape)}, expected "
+                            f"{_name(x.dtype)} {tuple(x.shape)} (x's dtype and shape)")
+    if weight.dim() != 1 or weight.numel() != e.row or weight.dtype != x.dtype:
+        raise ArgumentError(f"{where}: weight is {_name(weight.dtype)} {tuple(weight.shape)}, expected "
+                            f"{_name(x.dtype)} ({e.row},) (one row, x's dtype)")
+    for label, t in named:
+        _ops.check_contiguous(where, label, t)
+    for label, t in (("x", x), ("weight", weight)):
+        if _overlap(residual, t, fake=fake):
+            raise ArgumentError(f"{where}: residual overlaps {label} in memory, expected a tensor of its own",
+                                notes=("the op writes residual while it reads x and weight; pass a copy "
+                                       "(residual.clone())",))
+    _check_eps(where, eps)
+
+
+def _check_x(where: str, e: Entry, x) -> None:
+    if x.dtype not in _DTYPES:
+        raise ArgumentError(f"{where}: x has dtype {_name(x.dtype)}, expected one of "
+                            f"{', '.join(_name(d) for d in _DTYPES)}")
+    if x.dim() < 1 or x.shape[-1] != e.row:
+        raise ArgumentError(f"{where}: x has shape {tuple(x.shape)}, expected whole rows of {e.row} elements "
+                            f"(the last dimension; the spec's rows({e.row}))")
+
+
+def _check_eps(where: str, eps) -> None:
+    if isinstance(eps, torch.SymFloat):  # traced as a symbol: the real implementation checks the value
+        return
+    if not (math.isfinite(eps) and 0 <= eps <= _FLOAT32_MAX):
+        raise ArgumentError(f"{where}: eps={eps!r}, expected a finite number >= 0 that float32 holds "
+                            f"(at most {_FLOAT32_MAX:.6g})")
+
+
+def _overlap(a, b, *, fake: bool) -> bool:
+    """Whether two contiguous tensors share bytes: their byte ranges in memory, or, for fake
+    tensors (no data pointer), in one storage."""
+    if not a.numel() or not b.numel():
+        return False
+    if fake:
+        if a.untyped_storage()._cdata != b.untyped_storage()._cdata:
+            return False
+        a0, b0 = a.storage_offset() * a.element_size(), b.storage_offset() * b.element_size()
+    else:
+        a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
 def _define():
@@ -37,28 +100,26 @@ def _define():
     if _OP is not None:
         return _OP
 
-    def real(x, residual, weight, eps, handle):
+    def real(x, residual, weight, eps, seq, handle):  # seq is only "written": the order it imposes is the point
         e = entry(handle)
-        coll = e.collective(torch.cuda.is_current_stream_capturing())
+        _check(f"purlin::fused_add_rmsnorm on rank {e.rank}", e, x, residual, weight, eps)
+        coll = e.collective(_ops._capturing(x))  # a load: every rank takes part (and CPU tensors never capture)
         y = torch.empty_like(x)
-        _check(f"purlin::fused_add_rmsnorm on rank {e.rank}", x, residual, weight, coll_row(coll))
-        coll(x.reshape(-1), y.view(-1), residual=residual.view(-1), weight=weight.view(-1), eps=float(eps))
+        # contiguous (checked), so these views are the tensors' own memory
+        coll(x.view(-1), y.view(-1), residual=residual.view(-1), weight=weight.view(-1), eps=float(eps))
         return y
 
-    def fake(x, residual, weight, eps, handle):
+    def fake(x, residual, weight, eps, seq, handle):
         e = entry(handle)
-        _check(f"purlin::fused_add_rmsnorm on rank {e.rank}", x, residual, weight, e.row)
+        _check(f"purlin::fused_add_rmsnorm on rank {e.rank}", e, x, residual, weight, eps, fake=True)
         return torch.empty_like(x)
 
-    schema = "(Tensor x, Tensor(a!) residual, Tensor weight, float eps, int handle) -> Tensor"
-    _OP = torch.library.custom_op("purlin::fused_add_rmsnorm", real, mutates_args=("residual",), schema=schema)
+    schema = "(Tensor x, Tensor(a!) residual, Tensor weight, float eps, Tensor(b!) seq, int handle) -> Tensor"
+    _OP = torch.library.custom_op("purlin::fused_add_rmsnorm", real, mutates_args=("residual", "seq"), schema=schema)
     _OP.register_fake(fake)
+    # a collective: never dropped, whatever uses its results (as ops._keep_in_order marks mutating ops)
+    torch.fx.node.has_side_effect(torch.ops.purlin.fused_add_rmsnorm.default)
     return _OP
-
-
-def coll_row(coll) -> int:
-    spec = coll.spec if hasattr(coll, "spec") else coll.compiled.spec
-    return spec.epilogue.row
 
 
 class FusedAddRMSNorm:
@@ -75,10 +136,24 @@ class FusedAddRMSNorm:
         dev = coll.comm.device if device is None else device
         dev = torch.device("cuda", dev) if isinstance(dev, int) else torch.device(dev)
         self.entry = Entry(spec.name, spec, coll.comm, dev, collective=coll)
+        # the communicator's sequence tensor, shared with its other collectives (Group, op()):
+        # the chain that keeps them all in program order
+        self._seq = _ops.sequence(coll.comm, dev)
         self.op = _define()
 
     def __call__(self, x, residual, weight, eps: float):
-        return self.op(x, residual, weight, float(eps), self.entry.handle)
+        _ops.require_tensors("fused_add_rmsnorm", (("x", x), ("residual", residual), ("weight", weight)))
+        return self.op(x, residual, weight, float(eps), self._sequence(x), self.entry.handle)
+
+    def _sequence(self, x):
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        seq = self._seq
+        if seq is None:  # a device this torch cannot reach (as Group's): a stand-in, so the checks still name it
+            return torch.zeros(1, dtype=torch.int32, device=x.device)
+        if isinstance(x, FakeTensor) and not isinstance(seq, FakeTensor):  # shape inference under a FakeTensorMode
+            return x.fake_mode.from_tensor(seq)
+        return seq
 
     def close(self) -> None:
         self.entry.close()
