@@ -63,13 +63,41 @@ class Dispatched:
     rows: torch.Tensor  # [] int64: rows received (counts.sum())
 
 
+def _at_least(label: str, value, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ArgumentError(f"Dispatcher: {label}={value!r}, expected an int >= {low}")
+
+
+def _check_shape(rank, world_size, num_experts, hidden, top_k, max_tokens, dtype) -> None:
+    """The sizes the buffers and the routing are built from, before anything is allocated."""
+    for label, value in (("world_size", world_size), ("num_experts", num_experts), ("hidden", hidden),
+                         ("top_k", top_k), ("max_tokens", max_tokens)):
+        # max_tokens >= 1: the capacity is max_tokens rows per pair, and a load refuses a capacity of 0
+        _at_least(label, value, 1)
+    _at_least("rank", rank, 0)
+    if rank >= world_size:
+        raise ArgumentError(f"Dispatcher: rank={rank}, expected a rank in [0, {world_size})")
+    if num_experts % world_size:  # expert e lives on rank e // (E / R): every rank holds as many
+        raise ArgumentError(f"num_experts={num_experts} does not split over {world_size} ranks")
+    if top_k > num_experts:  # a token's top-k experts are distinct
+        raise ArgumentError(f"Dispatcher: top_k={top_k}, expected at most num_experts={num_experts}")
+    from purlinc.runtime.interop import _torch_dtype_map
+
+    if dtype not in _torch_dtype_map():  # what the all-to-all moves (warm() loads that dtype's kernel)
+        names = ", ".join(str(d).removeprefix("torch.") for d in _torch_dtype_map())
+        raise ArgumentError(f"Dispatcher: dtype={dtype}, expected one of {names}")
+
+
 class Dispatcher:
-    """One rank's dispatch and combine; every buffer is allocated here, once."""
+    """One rank's dispatch and combine; every buffer is allocated here, once.
+
+    ``topk_ids`` must hold expert ids in [0, num_experts).  Ids on the host (a CPU tensor) are
+    checked; ids on the GPU are not (a check would synchronise the host with the device, and a
+    captured step cannot): an id out of range there routes its token to a wrong or no rank."""
 
     def __init__(self, coll, *, rank: int, world_size: int, num_experts: int, hidden: int, top_k: int,
                  max_tokens: int, dtype: torch.dtype = torch.bfloat16, device=None):
-        if num_experts % world_size:
-            raise ArgumentError(f"num_experts={num_experts} does not split over {world_size} ranks")
+        _check_shape(rank, world_size, num_experts, hidden, top_k, max_tokens, dtype)
         self.coll, self.rank, self.world_size = coll, rank, world_size
         self.num_experts, self.local_experts = num_experts, num_experts // world_size
         self.hidden, self.top_k, self.max_tokens, self.dtype = hidden, top_k, max_tokens, dtype
@@ -208,7 +236,16 @@ class Dispatcher:
                                     f"on {x.device}")
         if topk_ids.dtype not in (torch.int32, torch.int64):
             raise ArgumentError(f"dispatch: topk_ids has dtype {topk_ids.dtype}, expected int32 or int64")
+        if topk_ids.device.type == "cpu":  # on the GPU this would synchronise: a precondition there (class doc)
+            self._check_ids(topk_ids)
         return T
+
+    def _check_ids(self, topk_ids) -> None:
+        bad = ((topk_ids < 0) | (topk_ids >= self.num_experts)).nonzero()
+        if len(bad):
+            t, j = bad[0].tolist()
+            raise ArgumentError(f"dispatch: topk_ids[{t}, {j}] = {int(topk_ids[t, j])}, expected an expert id in "
+                                f"[0, {self.num_experts})")
 
 
 class _Bytes:

@@ -117,3 +117,35 @@ def test_bad_arguments():
         moe.Dispatcher(None, rank=0, world_size=3, num_experts=4, hidden=4, top_k=1, max_tokens=1)
     assert moe.row_elements(7168, 8, torch.bfloat16) == 7168 + 32
     assert moe.capacity_for(7168, 8, 4096) == 4096 * 7200
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"num_experts": 0}, r"num_experts=0, expected an int >= 1"),
+    ({"world_size": 0}, r"world_size=0, expected an int >= 1"),
+    ({"top_k": 0}, r"top_k=0, expected an int >= 1"),
+    ({"top_k": 5}, r"top_k=5, expected at most num_experts=4"),
+    ({"max_tokens": 0}, r"max_tokens=0, expected an int >= 1"),
+    ({"max_tokens": -1}, r"max_tokens=-1, expected an int >= 1"),
+    ({"hidden": 0}, r"hidden=0, expected an int >= 1"),
+    ({"rank": 2}, r"rank=2, expected a rank in \[0, 2\)"),
+    ({"num_experts": 3}, "num_experts=3 does not split over 2 ranks"),
+    ({"dtype": torch.float64}, r"dtype=torch.float64, expected one of float32, float16, bfloat16"),
+])
+def test_bad_sizes_are_refused_before_anything_is_allocated(change, message):
+    args = dict(rank=0, world_size=2, num_experts=4, hidden=8, top_k=2, max_tokens=4)
+    with pytest.raises(ArgumentError, match=message):
+        moe.Dispatcher(None, **{**args, **change})
+
+
+def test_expert_ids_out_of_range_are_refused_on_the_host():
+    """Ids on the host are checked (no device synchronisation); a -1 or an id past the experts
+    would otherwise index out of the routing's tensors."""
+    d = moe.Dispatcher(Coll(World(moe.SOURCE, 1), 0, 1 << 20), rank=0, world_size=1, num_experts=4, hidden=8,
+                       top_k=2, max_tokens=4)
+    x, w = torch.zeros(3, 8, dtype=torch.bfloat16), torch.ones(3, 2)
+    for bad, message in ((4, r"topk_ids\[1, 0\] = 4, expected an expert id in \[0, 4\)"),
+                         (-1, r"topk_ids\[1, 0\] = -1, expected an expert id in \[0, 4\)")):
+        ids = torch.tensor([[0, 1], [bad, 3], [1, 2]])
+        with pytest.raises(ArgumentError, match=message):
+            d.dispatch(x, ids, w)
+    assert int(d.counts.sum()) == 0  # nothing routed
