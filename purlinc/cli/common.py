@@ -9,6 +9,7 @@ from pathlib import Path
 
 from purlinc.atom.atoms import DEFAULT_ATOM, kernel_atoms
 from purlinc.dtypes import DTYPES
+from purlinc.errors import PurlinError
 from purlinc.snac.algorithms import ALGORITHMS as ALGORITHM_REGISTRY
 
 ATOMS = kernel_atoms()  # the atom registry's atoms with kernels (compile and dump write CUDA)
@@ -26,6 +27,27 @@ def param(text: str) -> tuple[str, int]:
         return name, int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"parameter {name}: {value!r} is not an integer") from None
+
+
+class ParamAction(argparse.Action):
+    """``--param NAME=N``, repeatable, each name once: a second value for a name is far more
+    likely a slip (an edited command line) than a wish for the last one to win."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        name, value = values
+        given = list(getattr(namespace, self.dest, None) or [])  # never the shared default list
+        earlier = dict(given)
+        if name in earlier:
+            raise argparse.ArgumentError(self, f"{name} given twice ({name}={earlier[name]}, {name}={value}): give it once")
+        setattr(namespace, self.dest, given + [(name, value)])
+
+
+def path(text: str) -> str:
+    """A file or directory name: an empty one (``-o ''``, an unset shell variable) is refused
+    rather than read as "not given", which would write to the default place."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return text
 
 
 def positive(text: str) -> int:
@@ -56,8 +78,8 @@ def byte_size(text: str) -> int:
         value = int(number) * units[text[len(number):].lower()]
     except (ValueError, KeyError):
         raise argparse.ArgumentTypeError(f"expected a size like 4096, 64KiB or 1MiB, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a size of at least 0, got {text!r}")
+    if value < 1:  # a timeline of empty messages would be drawn with one element per chunk: a lie
+        raise argparse.ArgumentTypeError(f"expected a size of at least 1 byte, got {text!r}")
     return value
 
 
@@ -72,8 +94,8 @@ def add_common(parser: argparse.ArgumentParser, ranks_default: int | None) -> No
 
 def add_params(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--param", "-p", type=param, action="append", default=[], metavar="NAME=N",
-        help="bind a collective parameter, e.g. --param root=1 (repeatable)",
+        "--param", "-p", type=param, action=ParamAction, default=[], metavar="NAME=N",
+        help="bind a collective parameter, e.g. --param root=1 (repeatable, each name once)",
     )
 
 
@@ -112,10 +134,39 @@ def add_hierarchy(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_codegen(args) -> None:
+    """Refuse a bad --arch, --atom for it, --dtype or --op before any work, whatever is asked
+    for: a dump of an early stage or a copy collective (which has no reduction) would
+    otherwise accept them silently, and the same command would fail once it reached codegen."""
+    from purlinc.atom.atoms import get_atom
+    from purlinc.dtypes import DType, ReduceOp
+
+    get_atom(args.atom, args.arch)  # the architecture, then the atom on it (PurlinError)
+    DType.parse(args.dtype)  # ValueError naming the known ones
+    ReduceOp.parse(args.op)
+
+
+def check_stage_copies(args) -> None:
+    """--stage-copies 2 with an algorithm that lowers to one copy: the lowering would cap it
+    (a request for what the atom can address, LowerOptions.stage_copies), but asked for
+    explicitly it is a mistake; the algorithm registry says which algorithms take two."""
+    from purlinc.snac.algorithms import get_algorithm
+
+    copies, algorithm = getattr(args, "stage_copies", None), getattr(args, "algorithm", None)
+    if copies is None or algorithm is None:
+        return
+    most = get_algorithm(algorithm).stage_copies
+    if copies > most:
+        raise PurlinError(f"--stage-copies {copies} does not apply to {algorithm}: it lowers to {most} staging "
+                          f"cop{'y' if most == 1 else 'ies'}",
+                          notes=(f"two staging copies apply to {TWO_COPIES} only",))
+
+
 def overrides(args) -> dict:
     """The LowerOptions fields the command line sets (applied over the spec's defaults)."""
     from purlinc.snac.ir import Algorithm
 
+    check_stage_copies(args)
     changes = {}
     if getattr(args, "algorithm", None):
         changes["algorithm"] = Algorithm(args.algorithm)

@@ -19,7 +19,8 @@ def add_parser(commands) -> None:
     common.add_common(parser, None)
     common.add_lowering(parser)
     common.add_codegen(parser)
-    parser.add_argument("-o", "--output-dir", default=None, help="output directory (default ./purlin-out/<name>)")
+    parser.add_argument("-o", "--output-dir", type=common.path, default=None,
+                        help="output directory (default ./purlin-out/<name>)")
 
 
 def output_dir_problem(path: Path) -> str | None:
@@ -49,8 +50,11 @@ def run(args) -> int:
     from purlinc import pipeline
     from purlinc.atom.emit import write_artifacts
 
+    # Option mistakes first: before the output place is created and before any compile work.
+    common.check_codegen(args)
     # Options go in as overrides, not as options computed from a checked spec: on a compile
     # cache hit nothing is parsed, lowered or generated (see pipeline.compile).
+    changes = common.overrides(args)
     ranks_defaulted = args.ranks is None
     world_size = pipeline.DEFAULT_WORLD_SIZE if ranks_defaulted else args.ranks
     # The output place is checked before any compile work (the default's parent here, the
@@ -65,7 +69,7 @@ def run(args) -> int:
         print(f"note: --ranks not given: compiling for R={world_size} ranks (the default)", file=sys.stderr)
     artifact = pipeline.compile(
         source, world_size=world_size, params=dict(args.param), arch=args.arch,
-        overrides=common.overrides(args), atom=args.atom, dtype=args.dtype, op=args.op,
+        overrides=changes, atom=args.atom, dtype=args.dtype, op=args.op,
     )
     out_dir = Path(args.output_dir) if args.output_dir else Path("purlin-out") / artifact.collective
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from purlinc.cli import common
+from purlinc.errors import PurlinError
 
 STAGES = ("ast", "spec", "snac", "cuda")
 
@@ -31,9 +32,20 @@ def _print(args, text, to_json) -> None:
         print(text(), end="")
 
 
+def check_stage_options(args) -> None:
+    """Options that apply to some stages only are refused at the others rather than ignored."""
+    if args.json and args.stage not in ("spec", "snac"):
+        raise PurlinError(f"--json applies to --stage spec and snac, not --stage {args.stage}")
+    if args.gpus_per_node is not None and args.stage != "snac":
+        raise PurlinError(f"--gpus-per-node applies to --stage snac, not --stage {args.stage}")
+
+
 def run(args) -> int:
     from purlinc import pipeline
 
+    check_stage_options(args)
+    common.check_codegen(args)
+    common.check_stage_copies(args)
     definition = pipeline.parse_stage(common.source(args))
     if args.stage == "ast":
         print(definition.format(), end="")
