@@ -60,6 +60,83 @@ def test_check_without_a_pinned_algorithm_is_unchanged(capsys):
     assert code == 0 and "ok for R=2..3" in out, err
 
 
+# ---- draw: sizes and widths ---------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, message", [
+    (["--width", "100"], "argument --width: expected a width of at least 400 pixels, got 100"),
+    (["--width", "0"], "argument --width: expected a positive integer, got 0"),
+    (["--count", "0"], "argument --count: expected a positive integer, got 0"),
+    (["--count", "-3"], "argument --count: expected a positive integer, got -3"),
+    (["--bytes", "0"], "argument --bytes: expected a size of at least 1 byte, got '0'"),
+    (["--bytes", "1MiB", "--count", "10"], "argument --count: not allowed with argument --bytes"),
+])
+def test_draw_refuses_bad_sizes(capsys, argv, message):
+    assert message in refused(capsys, "draw", ALLREDUCE, "-R", "2", "--timeline", *argv)
+
+
+def test_width_at_the_minimum_draws_time_forwards(capsys):
+    import xml.etree.ElementTree as ET
+
+    code, out, err = cli(capsys, "draw", ALLREDUCE, "-R", "2", "--timeline", "--width", "400")
+    assert code == 0, err
+    steps = [g for g in ET.fromstring(out).iter("{http://www.w3.org/2000/svg}g") if g.get("class") == "step"]
+    rects = [g.find("{http://www.w3.org/2000/svg}rect") for g in steps]
+    assert rects and all(float(r.get("x")) >= 170 and float(r.get("width")) > 0 for r in rects)
+
+
+def test_scale_is_clamped_for_callers_of_render():
+    from purlinc.draw import svg
+    from purlinc.draw.render import Request, panels_for
+
+    panels = panels_for(Request(file=ALLREDUCE, world_size=2, timeline=True))
+    assert svg._scale(panels, 10) == svg._scale(panels, svg.MIN_WIDTH) > 0
+
+
+def test_timeline_chunk_is_whole_elements(capsys):
+    code, out, err = cli(capsys, "draw", ALLTOALLV, "-R", "3", "--timeline")
+    assert code == 0, err
+    assert "21844 B per chunk (bfloat16)" in out  # 64 KiB / 3 units = 21845.3 B: 10922 elements
+
+
+def test_timeline_chunk_is_at_least_one_element(capsys):
+    code, out, err = cli(capsys, "draw", ALLREDUCE, "-R", "8", "--timeline", "--bytes", "3", "--dtype", "float32")
+    assert code == 0, err
+    assert "4 B per chunk (float32)" in out
+
+
+@pytest.mark.parametrize("argv", [["--width", "600"], ["--bytes", "1KiB"], ["--count", "4"], ["--dtype", "float32"]])
+def test_timeline_options_need_a_timeline(capsys, argv):
+    err = refused(capsys, "draw", ALLREDUCE, "-R", "2", *argv)
+    assert f"{argv[0]} applies to a timeline" in err
+
+
+# ---- draw: options that do not go together ------------------------------------------------
+
+def test_draw_compare_refuses_an_algorithm(capsys):
+    err = refused(capsys, "draw", ALLREDUCE, "-R", "4", "--compare", "ring,two-shot", "-a", "direct-pull")
+    assert "-a direct-pull would be ignored" in err
+
+
+@pytest.mark.parametrize("text", [",", "", "ring,,two-shot", " , "])
+def test_draw_compare_refuses_an_empty_name(capsys, text):
+    err = refused(capsys, "draw", ALLREDUCE, "-R", "4", "--compare", text)
+    assert f"--compare {text!r}: expected algorithms separated by commas" in err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--all-channels"], "--all-channels"), (["--width", "500"], "--width"), (["--bytes", "1MiB"], "--bytes"),
+    (["--count", "8"], "--count"), (["--dtype", "float32"], "--dtype"), (["--timeline"], "--timeline"),
+])
+def test_draw_plan_refuses_what_does_not_apply(capsys, argv, flag):
+    err = refused(capsys, "draw", ALLREDUCE, "-R", "4", "--gpus-per-node", "2", *argv)
+    assert f"--gpus-per-node draws the plan's phases, not steps: {flag} given, but" in err and "not apply" in err
+
+
+def test_draw_plan_still_draws(capsys):
+    code, out, err = cli(capsys, "draw", ALLREDUCE, "-R", "4", "--gpus-per-node", "2")
+    assert code == 0 and out.startswith("<svg"), err
+
+
 # ---- compile and dump ---------------------------------------------------------------------
 
 def test_unknown_op_is_refused_for_a_copy_collective(capsys, tmp_path):
@@ -112,7 +189,7 @@ def test_a_parameter_given_once_each(capsys):
     assert code == 0, err
 
 
-@pytest.mark.parametrize("command, flag", [("compile", "-o/--output-dir")])
+@pytest.mark.parametrize("command, flag", [("compile", "-o/--output-dir"), ("draw", "-o/--output")])
 def test_an_empty_output_path_is_refused(capsys, tmp_path, monkeypatch, command, flag):
     monkeypatch.chdir(tmp_path)
     err = refused(capsys, command, ALLGATHER, "-R", "2", "-o", "")

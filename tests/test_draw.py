@@ -330,6 +330,96 @@ def test_trace_of_another_schedule_is_refused(tmp_path, capsys):
     assert "no events" in capsys.readouterr().err
 
 
+@lru_cache(maxsize=None)
+def _good_trace_text() -> str:
+    return json.dumps(_fake_trace(_schedule("allreduce", 2, channels=2)))
+
+
+def _edited_trace(tmp_path, edit) -> Path:
+    data = json.loads(_good_trace_text())
+    edit(data)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _set(*keys_and_value):
+    *keys, value = keys_and_value
+
+    def edit(data):
+        for key in keys[:-1]:
+            data = data[key]
+        data[keys[-1]] = value
+    return edit
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_set("events", 0, "start_ns", "a"), "events[0].start_ns: expected a number, got 'a'"),
+    (_set("events", 0, "end_ns", None), "events[0].end_ns: expected a number, got None"),
+    (_set("events", 0, "steps", 5), "events[0].steps: expected a list, got 5"),
+    (_set("events", 0, "steps", [0, "1"]), "events[0].steps[1]: expected an integer, got '1'"),
+    (_set("events", 0, "rank", "x"), "events[0].rank: expected an integer, got 'x'"),
+    (_set("events", 1, "channel", True), "events[1].channel: expected an integer, got True"),
+    (_set("events", 0, "round", "0"), "events[0].round: expected an integer, got '0'"),
+    (lambda d: d["events"][0].pop("block"), "events[0].block is missing"),
+    (_set("events", {"a": 1}), "events: expected a list, got {'a': 1}"),
+    (_set("events", [7]), "events[0]: expected an object, got 7"),
+    (lambda d: d["clock"].pop("ranks"), "clock.ranks is missing"),
+    (_set("clock", []), "clock: expected an object, got []"),
+    (_set("clock", "ranks", 0, "rank", 0.5), "clock.ranks[0].rank: expected an integer, got 0.5"),
+    (_set("clock", "ranks", 1, "uncertainty_ns", "50"), "clock.ranks[1].uncertainty_ns: expected a number, got '50'"),
+    (_set("world_size", "2"), "world_size: expected an integer, got '2'"),
+    (_set("world_size", 0), "world_size: expected an integer of at least 1, got 0"),
+    (_set("params", [1]), "params: expected an object, got [1]"),
+    (_set("params", {"root": "1"}), "params.root: expected an integer, got '1'"),
+    (_set("collective", 3), "collective: expected a string, got 3"),
+    (_set("options", []), "options: expected an object, got []"),
+    (_set("options", "algorithm", "zzz"), "options.algorithm: expected one of direct-push, direct-pull, two-shot, ring, got 'zzz'"),
+    (_set("options", "channels", "2"), "options.channels: expected an integer, got '2'"),
+    (_set("options", "stage_copies", 3), "options.stage_copies: expected 1 or 2, got 3"),
+    (_set("options", "packed", "no"), "options.packed: expected true or false, got 'no'"),
+])
+def test_malformed_trace_names_the_file_and_field(tmp_path, capsys, edit, message):
+    path = _edited_trace(tmp_path, edit)
+    assert main(["draw", str(EXAMPLES / "allreduce.pln"), "--trace", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: {message}" in err and "internal error" not in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-R", "4"], "--ranks 4 (the trace ran R=2)"),
+    (["-p", "root=1"], "--param root=1 (the trace has no root)"),
+    (["-a", "ring"], "--algorithm ring (the trace ran --algorithm direct-push)"),
+    (["--channels", "1"], "--channels 1 (the trace ran --channels 2)"),
+    (["--slices", "2"], "--slices 2 (the trace ran --slices 1)"),
+    (["--packed"], "--packed (the trace ran no --packed)"),
+    (["--dtype", "float32"], "--dtype float32 (the trace ran bfloat16)"),
+])
+def test_trace_refuses_options_that_differ_from_it(tmp_path, capsys, argv, message):
+    path = _edited_trace(tmp_path, lambda d: None)
+    assert main(["draw", str(EXAMPLES / "allreduce.pln"), "--trace", str(path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"trace {path} fixes the schedule it was recorded with" in err and message in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--compare", "ring,direct-push"], "--compare draws modelled timelines"),
+    (["--timeline", "--bytes", "1MiB"], "--bytes and --count size the modelled timeline"),
+    (["--timeline", "--count", "8"], "--bytes and --count size the modelled timeline"),
+])
+def test_trace_refuses_the_model_options(tmp_path, capsys, argv, message):
+    path = _edited_trace(tmp_path, lambda d: None)
+    assert main(["draw", str(EXAMPLES / "allreduce.pln"), "--trace", str(path), *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_trace_accepts_options_that_agree_with_it(tmp_path, capsys):
+    path = _edited_trace(tmp_path, lambda d: None)
+    argv = ["-R", "2", "-a", "direct-push", "--channels", "2", "--slices", "1", "--dtype", "bfloat16"]
+    assert main(["draw", str(EXAMPLES / "allreduce.pln"), "--trace", str(path), *argv]) == 0
+    assert "measured: block" in capsys.readouterr().out
+
+
 # ---- a browser looks at the HTML ----------------------------------------------------------
 
 def _chromium() -> str | None:

@@ -64,16 +64,30 @@ def check(args, definition, sizes, params) -> tuple[int, str]:
     return len(usable), f"{len(usable)} hierarchical plans ({G} GPUs per node) verified"
 
 
+def _refuse_unused(args) -> None:
+    """A plan is drawn as phases, not steps in time: the timeline's options and the lane
+    options of a schedule drawing do not apply, and are refused rather than ignored."""
+    given = [flag for flag, used in (
+        ("--timeline", args.timeline), ("--compare", args.compare is not None), ("--trace", args.trace is not None),
+        ("--bytes", args.nbytes is not None), ("--count", args.count is not None), ("--dtype", args.dtype is not None),
+        ("--width", args.width is not None), ("--all-channels", args.all_channels)) if used]
+    if given:
+        raise PurlinError(f"--gpus-per-node draws the plan's phases, not steps: {', '.join(given)} given, but "
+                          "--timeline, --compare and --trace do not apply, nor --bytes, --count, --dtype, --width "
+                          "or --all-channels")
+
+
 def draw(args, fmt: str, source) -> int:
     """``purlinc draw --gpus-per-node G``: the plan as SVG (or the SVG in a page for html)."""
     from xml.sax.saxutils import escape
 
     from purlinc import pipeline
+    from purlinc.draw.defaults import DEFAULT_WORLD_SIZE
     from purlinc.draw.hier import plan_svg
 
-    if args.timeline or args.compare or args.trace:
-        raise PurlinError("--gpus-per-node draws the plan's phases: --timeline, --compare and --trace do not apply")
-    spec = pipeline.spec_stage(pipeline.parse_stage(source), args.ranks, dict(args.param))
+    _refuse_unused(args)
+    world_size = args.ranks if args.ranks is not None else DEFAULT_WORLD_SIZE
+    spec = pipeline.spec_stage(pipeline.parse_stage(source), world_size, dict(args.param))
     plan = _plan(spec, common.options(args, spec), args.gpus_per_node)
     text = plan_svg(plan)
     if fmt == "html":

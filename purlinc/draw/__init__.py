@@ -6,4 +6,5 @@ device traces laid over the schedule.
     svg.py       panels -> SVG text;  html.py: the SVG in a page with hover details
     trace.py     the trace JSON (schema, validation) and measured times per step
     render.py    what the CLI calls: file + options -> SVG or HTML text
+    defaults.py  defaults and limits the CLI reads without importing the rest
 """

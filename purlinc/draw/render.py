@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from purlinc.draw import html, svg
+from purlinc.draw.defaults import DEFAULT_DTYPE, DEFAULT_WORLD_SIZE
 from purlinc.draw.model import build
 from purlinc.draw.timeline import CostModel, chunk_bytes_for, schedule_times
 from purlinc.errors import PurlinError
@@ -16,14 +17,14 @@ FORMATS = ("svg", "html")
 @dataclass(frozen=True, slots=True)
 class Request:
     file: str
-    world_size: int
+    world_size: int | None = None  # None: not given (DEFAULT_WORLD_SIZE, or the trace's)
     params: tuple[tuple[str, int], ...] = ()
     overrides: tuple[tuple[str, object], ...] = ()  # LowerOptions fields
     timeline: bool = False
     compare: tuple[str, ...] = ()  # algorithms, one panel each (implies the timeline)
     nbytes: int | None = None
     count: int | None = None
-    dtype: str = "bfloat16"
+    dtype: str | None = None  # None: not given (DEFAULT_DTYPE, or the trace's)
     collapse: bool = True
     trace: str | None = None
     width: int | None = None
@@ -64,26 +65,75 @@ def bare_chunks(spec) -> frozenset[str]:
                      if not c.index)
 
 
+def _refuse_with_trace(request: Request) -> None:
+    """Options of a modelled timeline, refused with a trace (checked before reading it)."""
+    if request.compare:
+        raise PurlinError("--compare draws modelled timelines; a --trace draws one measured schedule: give one of them")
+    if request.nbytes is not None or request.count is not None:
+        raise PurlinError("--bytes and --count size the modelled timeline; a --trace has measured times: leave them out")
+
+
+def _shown(name: str, value) -> str:
+    """An option as its command-line flag (``--packed``, ``--channels 2``)."""
+    flag = f"--{name.replace('_', '-')}"
+    if isinstance(value, bool):
+        return flag if value else f"no {flag}"
+    return f"{flag} {getattr(value, 'value', value)}"  # an Algorithm by its name
+
+
+def _refuse_against_trace(request: Request, data: dict) -> None:
+    """A trace fixes the schedule it was recorded with: an option given on the command line
+    that says otherwise is refused (silently drawing the trace's would hide the mix-up).
+    Options given that agree with the trace are accepted."""
+    from purlinc.draw import trace as tracing
+
+    conflicts = []
+    if request.world_size is not None and request.world_size != data["world_size"]:
+        conflicts.append(f"--ranks {request.world_size} (the trace ran R={data['world_size']})")
+    for name, value in request.params:
+        if data["params"].get(name) != value:
+            recorded = f"{name}={data['params'][name]}" if name in data["params"] else f"no {name}"
+            conflicts.append(f"--param {name}={value} (the trace has {recorded})")
+    fixed = tracing.options_of(data)
+    for name, value in request.overrides:
+        if name in fixed and fixed[name] != value:
+            conflicts.append(f"{_shown(name, value)} (the trace ran {_shown(name, fixed[name])})")
+    if request.dtype is not None and data.get("dtype") not in (None, request.dtype):
+        conflicts.append(f"--dtype {request.dtype} (the trace ran {data['dtype']})")
+    if conflicts:
+        raise PurlinError(f"trace {request.trace} fixes the schedule it was recorded with, but the command line "
+                          "gives " + "; ".join(conflicts),
+                          notes=("leave these options out: draw --trace takes them from the trace",))
+
+
+def _trace_panel(request: Request) -> svg.Panel:
+    """The schedule the trace was recorded with (rebuilt from the .pln), with measured times."""
+    from purlinc.draw import trace as tracing
+
+    _refuse_with_trace(request)
+    data = tracing.load(request.trace)
+    _refuse_against_trace(request, data)
+    overrides = {**dict(request.overrides), **tracing.options_of(data)}
+    spec, schedule = schedule_for(request.file, data["world_size"], tuple(data["params"].items()), overrides)
+    tracing.check_matches(data, schedule, request.trace)
+    drawing = build(schedule, collapse=False, channels=tracing.channels_of(data), bare_chunks=bare_chunks(spec))
+    times, measured = tracing.times(data, drawing)
+    heading = f"{schedule.collective}: measured on the GPU ({data.get('device', 'device')})"
+    return svg.Panel(drawing, times, heading, measured)
+
+
 def panels_for(request: Request) -> list[svg.Panel]:
     from purlinc.dtypes import DType
     from purlinc.snac.algorithms import get_algorithm
     from purlinc.snac.ir import Algorithm
 
-    overrides = dict(request.overrides)
     if request.trace is not None:
-        from purlinc.draw import trace as tracing
-
-        data = tracing.load(request.trace)
-        overrides.update(tracing.options_of(data))
-        spec, schedule = schedule_for(request.file, data["world_size"], request.params or tuple(data["params"].items()),
-                                      overrides)
-        tracing.check_matches(data, schedule, request.trace)
-        drawing = build(schedule, collapse=False, channels=tracing.channels_of(data), bare_chunks=bare_chunks(spec))
-        times, measured = tracing.times(data, drawing)
-        heading = f"{schedule.collective}: measured on the GPU ({data.get('device', 'device')})"
-        return [svg.Panel(drawing, times, heading, measured)]
+        return [_trace_panel(request)]
+    overrides = dict(request.overrides)
+    world_size = request.world_size if request.world_size is not None else DEFAULT_WORLD_SIZE
+    dtype = request.dtype or DEFAULT_DTYPE
     try:
-        itemsize = DType.parse(request.dtype).itemsize
+        itemsize = DType.parse(dtype).itemsize
     except ValueError as error:
         raise PurlinError(str(error)) from None
     variants = [None] if not request.compare else list(request.compare)
@@ -98,14 +148,14 @@ def panels_for(request: Request) -> list[svg.Panel]:
                 raise PurlinError(f"unknown algorithm {algorithm!r} in --compare: expected {names}") from None
             if not get_algorithm(algorithm).packed:  # packing applies where the record says
                 changes.pop("packed", None)
-        spec, schedule = schedule_for(request.file, request.world_size, request.params, changes)
+        spec, schedule = schedule_for(request.file, world_size, request.params, changes)
         drawing = build(schedule, collapse=request.collapse, bare_chunks=bare_chunks(spec))
         timed = request.timeline or bool(request.compare)
         if timed:
             nbytes = request.nbytes if request.nbytes is not None or request.count is not None else 65536
             chunk = chunk_bytes_for(schedule, nbytes=nbytes, count=request.count, itemsize=itemsize)
             times = schedule_times(schedule, drawing, CostModel(), chunk_bytes=chunk)
-            heading = f"{schedule.collective} {schedule.options.algorithm.value}: modelled, {chunk} B per chunk ({request.dtype})"
+            heading = f"{schedule.collective} {schedule.options.algorithm.value}: modelled, {chunk} B per chunk ({dtype})"
         else:
             times = schedule_times(schedule, drawing)
             heading = f"{schedule.collective} {schedule.options.algorithm.value}"

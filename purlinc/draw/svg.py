@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from xml.sax.saxutils import escape, quoteattr
 
+from purlinc.draw.defaults import MIN_WIDTH
 from purlinc.draw.model import Drawing, StepBox
 from purlinc.draw.timeline import Times
 
@@ -69,7 +70,9 @@ def _scale(panels: list[Panel], width: int | None) -> float:
         return COL_W
     longest = max((p.times.total for p in panels), default=1.0) or 1.0
     target = width or max(1200, min(4000, 40 * max(len(l.steps) for p in panels for l in p.drawing.lanes)))
-    return (target - LABEL_W - 30) / longest
+    # Never narrower than MIN_WIDTH: below LABEL_W + 30 the scale turns negative and time
+    # runs backwards (the CLI refuses such widths; a caller of render() gets the minimum).
+    return (max(target, MIN_WIDTH) - LABEL_W - 30) / longest
 
 
 def _panel_height(panel: Panel) -> int:

@@ -129,8 +129,10 @@ def schedule_times(schedule: Schedule, drawing: Drawing, model: CostModel | None
 
 def chunk_bytes_for(schedule: Schedule, *, nbytes: int | None, count: int | None, itemsize: int) -> int:
     """Bytes of one chunk: from ``count`` (elements per chunk) or ``nbytes`` (the larger of one
-    rank's input and output, as nccl-tests and the tuning table count)."""
+    rank's input and output, as nccl-tests and the tuning table count).  A chunk holds whole
+    elements, at least one: ``nbytes`` split over the units is rounded down to the item size."""
     if count is not None:
-        return count * itemsize
+        return max(count, 1) * itemsize
     units = max(max(schedule.in_units, default=0), max(schedule.out_units, default=0), 1)
-    return max(int(nbytes or 0) // units, 0)
+    elements = int(nbytes or 0) // units // itemsize
+    return max(elements, 1) * itemsize

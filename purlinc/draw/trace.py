@@ -30,6 +30,7 @@ receive with its consumes); the drawing splits a block's time evenly among its s
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from purlinc.errors import PurlinError
@@ -116,24 +117,128 @@ def load(path: str) -> dict:
     missing = [k for k in _REQUIRED if k not in data]
     if missing:
         raise PurlinError(f"trace file {path} lacks {', '.join(missing)}")
+    try:
+        _check_fields(data)
+    except _Bad as bad:
+        raise PurlinError(f"trace file {path}: {bad}",
+                          notes=("a trace is what coll.trace() returns, unedited (its fields: docs/DRAW.md)",)) from None
     if not data["events"]:
         raise PurlinError(f"trace file {path} has no events: was the collective called before coll.trace()?")
-    for n, e in enumerate(data["events"]):
-        if not isinstance(e, dict) or not all(k in e for k in ("rank", "channel", "block", "steps", "start_ns", "end_ns")):
-            raise PurlinError(f"trace file {path}: event {n} lacks rank, channel, block, steps, start_ns or end_ns")
     return data
 
 
+# ---- the fields' types ------------------------------------------------------------------
+# One pass over every field the drawing reads, so that a hand-edited or truncated trace is a
+# message naming the field ("events[0].start_ns: expected a number, got 'a'"), never a
+# TypeError deep in the drawing.  Fields the drawing does not read are not checked.
+
+class _Bad(Exception):
+    """A field of the wrong type or value; its text is "where: what was expected, got what"."""
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _expect(ok: bool, where: str, what: str, value) -> None:
+    if not ok:
+        raise _Bad(f"{where}: expected {what}, got {_shown(value)}")
+
+
+def _field(record: dict, name: str, where: str):
+    if name not in record:
+        raise _Bad(f"{where}.{name} is missing" if where else f"{name} is missing")
+    return record[name]
+
+
+def _object(value, where: str) -> dict:
+    _expect(isinstance(value, dict), where, "an object", value)
+    return value
+
+
+def _array(value, where: str) -> list:
+    _expect(isinstance(value, list), where, "a list", value)
+    return value
+
+
+def _integer(value, where: str, least: int | None = 0) -> int:
+    # bool is an int to Python, not to a reader of the file
+    _expect(isinstance(value, int) and not isinstance(value, bool), where, "an integer", value)
+    _expect(least is None or value >= least, where, f"an integer of at least {least}", value)
+    return value
+
+
+def _number(value, where: str) -> float:
+    _expect(isinstance(value, (int, float)) and not isinstance(value, bool), where, "a number", value)
+    _expect(math.isfinite(value), where, "a finite number", value)
+    return value
+
+
+def _string(value, where: str) -> str:
+    _expect(isinstance(value, str), where, "a string", value)
+    return value
+
+
+def _check_options(options) -> None:
+    from purlinc.snac.algorithms import ALGORITHMS
+
+    _object(options, "options")
+    names = ALGORITHMS.names()
+    algorithm = _field(options, "algorithm", "options")
+    _expect(algorithm in names, "options.algorithm", f"one of {', '.join(names)}", algorithm)
+    _integer(_field(options, "channels", "options"), "options.channels", 1)
+    _integer(_field(options, "slices", "options"), "options.slices", 1)
+    if "packed" in options:
+        _expect(isinstance(options["packed"], bool), "options.packed", "true or false", options["packed"])
+    if "stage_copies" in options:  # traces from before staging copies have none (one copy)
+        _expect(options["stage_copies"] in (1, 2) and not isinstance(options["stage_copies"], bool),
+                "options.stage_copies", "1 or 2", options["stage_copies"])
+    if "key" in options:
+        _string(options["key"], "options.key")
+
+
+def _check_clock(clock) -> None:
+    _object(clock, "clock")
+    for n, entry in enumerate(_array(_field(clock, "ranks", "clock"), "clock.ranks")):
+        where = f"clock.ranks[{n}]"
+        _object(entry, where)
+        _integer(_field(entry, "rank", where), f"{where}.rank")
+        if "uncertainty_ns" in entry:
+            _number(entry["uncertainty_ns"], f"{where}.uncertainty_ns")
+
+
+def _check_event(event, where: str) -> None:
+    _object(event, where)
+    for name in ("rank", "channel", "block"):
+        _integer(_field(event, name, where), f"{where}.{name}")
+    if "round" in event:
+        _integer(event["round"], f"{where}.round")
+    for j, step in enumerate(_array(_field(event, "steps", where), f"{where}.steps")):
+        _integer(step, f"{where}.steps[{j}]")
+    for name in ("start_ns", "end_ns"):
+        _number(_field(event, name, where), f"{where}.{name}")
+
+
+def _check_fields(data: dict) -> None:
+    _string(data["collective"], "collective")
+    _integer(data["world_size"], "world_size", 1)
+    for name, value in _object(data["params"], "params").items():
+        _integer(value, f"params.{name}", None)  # a parameter may be negative
+    _check_options(data["options"])
+    _check_clock(data["clock"])
+    for n, event in enumerate(_array(data["events"], "events")):
+        _check_event(event, f"events[{n}]")
+
+
 def options_of(data: dict) -> dict:
+    """The LowerOptions fields the trace fixes (load() has checked their types)."""
     from purlinc.snac.ir import Algorithm
 
     o = data["options"]
-    try:
-        # A trace from before staging copies existed ran one copy (its key has no /x2).
-        return {"algorithm": Algorithm(o["algorithm"]), "channels": int(o["channels"]), "slices": int(o["slices"]),
-                "packed": bool(o.get("packed", False)), "stage_copies": int(o.get("stage_copies", 1))}
-    except (KeyError, ValueError, TypeError) as error:
-        raise PurlinError(f"trace options {o!r} are not a schedule's options: {error}") from None
+    # A trace from before staging copies existed ran one copy (its key has no /x2).
+    return {"algorithm": Algorithm(o["algorithm"]), "channels": o["channels"], "slices": o["slices"],
+            "packed": o.get("packed", False), "stage_copies": o.get("stage_copies", 1)}
 
 
 def channels_of(data: dict) -> tuple[int, ...]:
