@@ -19,6 +19,7 @@ from purlinc.pipeline import Compiled
 from purlinc.runtime import communicator
 from purlinc.runtime.collective import Collective, GroupCollective, Layout, layout_sizes
 from purlinc.runtime.errors import MismatchError
+from purlinc.runtime.residency import group_shares_a_gpu
 from purlinc.runtime.zerocopy import ZeroCopy, twin_compiled
 
 
@@ -72,6 +73,15 @@ def load_compiled(compiled: Compiled, comm, comms: list, stage_bytes: int | None
     for c in comms:
         if getattr(c, "failed", None) is not None:
             c.refuse(f"loading {compiled.name}")
+    if compiled.plan is not None and group_shares_a_gpu(first):
+        # Stream waits (cuStreamWaitValue64) are not dependencies CUDA's scheduler sees: the
+        # streams of ranks on one GPU share its hardware queues, so a rank's wait can sit ahead
+        # of the notify it waits for (seen: a loopback broadcast at R=5 on two channels never
+        # finished, and the watchdog's releasing write queued behind the wait as well).
+        raise PurlinError(f"{compiled.name}: the {compiled.atom} atom cannot run where ranks share a GPU",
+                          notes=("its stream waits are invisible to CUDA's scheduler: on one GPU a rank's wait "
+                                 "can block the queue its peer's notify needs (a deadlock)",
+                                 "use a kernel atom (ldst or tma), whose waits are bounded"))
     if compiled.plan is not None and not driver.supports_stream_mem_ops(first.device):
         raise PurlinError(f"the {compiled.atom} atom needs 64-bit stream memory operations, "
                           f"which cuda:{first.device} lacks")

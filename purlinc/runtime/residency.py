@@ -87,6 +87,14 @@ def shares_gpu(comm) -> bool:
     return list(devices).count(comm.device) > 1
 
 
+def group_shares_a_gpu(comm) -> bool:
+    """Whether any two ranks of ``comm``'s group run on one GPU (the same answer on every rank,
+    unlike ``shares_gpu``, so a load that refuses this refuses it everywhere)."""
+    group = getattr(comm, "local_group", None)
+    devices = list(group.devices if group is not None else getattr(comm, "peer_devices", ()))
+    return len(set(devices)) < len(devices)
+
+
 def max_channels(devices: Sequence[int], sm_count: Callable[[int], int]) -> int | None:
     """The most channels per rank that fit whatever the kernel (one block per SM), where ranks
     share a GPU; None where every rank has a GPU of its own."""

@@ -194,6 +194,27 @@ def test_one_stream_for_ranks_that_share_a_gpu_is_refused(group):
         coll.close()
 
 
+def test_the_ce_atom_is_refused_where_ranks_share_a_gpu(group):
+    """Its stream waits are invisible to CUDA's scheduler: on one GPU a wait could block the
+    queue of the notify it waits for (a loopback broadcast at R=5 never finished).  Refused
+    before anything is allocated; the group goes on with a kernel atom."""
+    import purlinc
+    from purlinc.errors import PurlinError
+
+    with pytest.raises(PurlinError, match="the ce atom cannot run where ranks share a GPU"):
+        purlinc.load(EXAMPLES / "allgather.pln", group, atom="ce", channels=2)
+    coll = _load(group, "allgather.pln", atom="ldst", channels=2)
+    spec = coll[0].compiled.spec
+    try:
+        inputs = inputs_for(spec, 64, DType.FLOAT32, np.random.default_rng(5))
+        xs, outs = _buffers(spec, 64, DType.FLOAT32, inputs)
+        _call(coll, group, xs, outs)
+        compare_outputs(spec, outs, expected(spec, inputs, 64, DType.FLOAT32, None), DType.FLOAT32,
+                        "ldst after the ce refusal")
+    finally:
+        coll.close()
+
+
 def _special_inputs(spec, count, dtype, rng) -> list[np.ndarray]:
     """Random inputs with NaNs (either sign, other payloads), infinities, values whose sum
     overflows, subnormals and negative zeros at random places, in every rank's data."""
