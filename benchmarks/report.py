@@ -30,7 +30,7 @@ The wire model (``limit_us``): launch of a kernel inside a CUDA graph (0.56 us) 
 signal (1.26 us) + the bytes one rank must move over its busiest link direction
 (``busbw_factor * bytes``, nccl-tests' bus bytes) at 365 GB/s when every rank sends at once
 (all-reduce, all-gather, reduce-scatter, all-to-all) or 396 GB/s when one direction carries it
-(broadcast, reduce, gather, scatter); all measured on 2 x H200 (DESIGN.md, section 5b).  It is
+(broadcast, reduce, gather, scatter); all measured on 2 x H200 (NV18) by bandwidth probes.  It is
 a floor for graph replays; eager rows carry the same figure (their launch costs more).
 
 The code lives in ``benchlib``: ``sizes`` (sizes, layouts, bandwidth, the wire model), ``rows``

@@ -199,3 +199,16 @@ def test_an_empty_output_path_is_refused(capsys, tmp_path, monkeypatch, command,
 
 def test_purlin_out_is_ignored_by_git():
     assert "purlin-out/" in (REPO / ".gitignore").read_text().split()
+
+
+def test_packed_with_one_staging_copy_is_refused(capsys):
+    """Packed (LL) schedules always run two copies: --stage-copies 1 would be ignored."""
+    err = refused(capsys, "dump", str(EXAMPLES / "allreduce.pln"), "-R", "2", "-s", "snac", "--packed",
+                  "--stage-copies", "1")
+    assert "--stage-copies 1 does not apply to --packed" in err
+
+
+def test_an_unknown_dtype_in_draw_is_one_error_not_two(capsys):
+    err = refused(capsys, "draw", str(EXAMPLES / "allreduce.pln"), "-R", "2", "--timeline", "--dtype", "bogus",
+                  "-o", "/tmp/never-written.svg")
+    assert err.startswith("error: unknown dtype 'bogus'") and "error: error:" not in err

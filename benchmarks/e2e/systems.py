@@ -3,7 +3,8 @@
 One process per GPU (torchrun): ``none``, ``reference`` (every rank's partial sum gathered and
 added in float32: independent of every all-reduce under test), ``nccl`` (``dist.all_reduce`` in
 place; ``nccl-nomix`` is the same in a process with NCCL_GRAPH_MIXING_SUPPORT=0, and
-``nccl-symm`` also writes its partial sums into NCCL symmetric windows, DESIGN.md 5b),
+``nccl-symm`` also writes its partial sums into NCCL symmetric windows, where NCCL runs its
+symmetric-memory kernels),
 ``symm-one-shot`` / ``symm-two-shot`` (torch symmetric memory), ``purlin`` (a plain load on
 ordinary tensors), ``purlin-heap`` (partial sums and outputs in the symmetric heap) and
 ``purlin-fused`` (``purlinc.torch.fused_add_rmsnorm_op``: the all-reduce, residual add and

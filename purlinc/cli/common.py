@@ -153,6 +153,9 @@ def check_stage_copies(args) -> None:
     from purlinc.snac.algorithms import get_algorithm
 
     copies, algorithm = getattr(args, "stage_copies", None), getattr(args, "algorithm", None)
+    if copies == 1 and getattr(args, "packed", False):  # the lowering would give it two anyway
+        raise PurlinError("--stage-copies 1 does not apply to --packed: packed (LL) schedules always run two "
+                          "staging copies", notes=('docs/SNAC.md, "Staging copies by epoch parity"',))
     if copies is None or algorithm is None:
         return
     most = get_algorithm(algorithm).stage_copies

@@ -6,8 +6,8 @@ step differs:
 
 - ``logical``: every step is one column, a wait starts no earlier than the column after its
   notify: the schedule view, where every arrow points right.
-- ``CostModel``: microseconds from a simple model of one H200 NVLink machine (figures from
-  docs/DESIGN.md section 5, measured on 2 x H200):
+- ``CostModel``: microseconds from a simple model of one H200 NVLink machine (figures measured on
+  2 x H200, NV18, by probes written before this repository's benchmarks):
 
   * a kernel starts ``launch_us`` (0.56: an empty kernel in a CUDA graph) after time 0;
   * a signal becomes visible to its waiter ``signal_us`` (1.26: one release store / acquire
