@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -81,7 +82,8 @@ def test_processes_gather_in_rank_order(kind, tmp_path):
         assert got["torch"] is False  # the rendezvous never imports torch
     if kind == "file":  # rounds older than the last two were cleared (4 rounds were made)
         left = sorted(p.name for p in (tmp_path / "store").iterdir() if not p.name.startswith("."))
-        assert left == sorted(f"purlin%2F{n}%2F{r}" for n in (2, 3) for r in range(world))
+        assert left == sorted([f"purlin%2Fg1%2F{n}%2F{r}" for n in (2, 3) for r in range(world)]
+                              + [f"purlin%2Fgeneration%2F{r}" for r in range(world)])
 
 
 def test_missing_rank_times_out_with_its_number(tmp_path):
@@ -197,3 +199,61 @@ def test_a_failed_exchange_stops_the_communicator():
     with pytest.raises(PurlinTimeoutError, match="communicator stopped after an earlier timeout"):
         call("second")
     assert calls == ["first"]
+
+
+def test_an_exchange_made_again_on_a_store_never_reads_the_last_ones_rounds(tmp_path):
+    """The recovery after a timeout is a new communicator, often on the same store: its rounds
+    must not find the values its predecessor left there (the last two rounds stay), which a
+    late peer would otherwise seem to have written."""
+    store = FileStore(tmp_path, timeout=5)
+    first = [Exchange(store, r, 2, timeout=5) for r in range(2)]
+    for n in range(3):
+        threads = [threading.Thread(target=first[r], args=(("old", n, r),)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    again = Exchange(store, 0, 2, timeout=0.5)  # rank 1 of the new pair never comes
+    assert again.generation == 2
+    with pytest.raises(RendezvousTimeout, match="rendezvous round 0: rank 0 waited 0.5 s for rank 1"):
+        again(("new", 0, 0))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0, -1, "x", True])
+def test_timeouts_are_finite_positive_seconds(tmp_path, bad):
+    """A NaN bound never passes its deadline (FileStore.get waited forever on one)."""
+    with pytest.raises(RendezvousError, match="timeout must be a finite number of seconds above 0"):
+        FileStore(tmp_path, timeout=bad)
+    with pytest.raises(RendezvousError, match="timeout must be a finite number of seconds above 0"):
+        FileStore(tmp_path).get("k", bad)
+    with pytest.raises(RendezvousError, match="timeout must be a finite number of seconds above 0"):
+        TCPStore("127.0.0.1", 0, is_server=True, timeout=bad)
+
+
+@pytest.mark.parametrize("port", [-1, 70000, "29500", 1.5, None, True])
+def test_ports_are_checked_before_anything_starts(port):
+    with pytest.raises(RendezvousError, match=r"port must be an integer in 0 \(any free port\) or 1..65535"):
+        TCPStore("127.0.0.1", port, is_server=True, timeout=1)
+    assert not [t for t in threading.enumerate() if t.name == "purlin-store"]
+
+
+def test_a_communicator_that_fails_after_its_store_leaves_the_port_free(monkeypatch):
+    """from_env starts rank 0's server; when a later step fails (here: no GPU driver, or a
+    stand-in failure) the server is closed, so a retry can serve on the same port."""
+    from purlinc.runtime.communicator import Communicator
+
+    port = free_port()
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+
+    def fail(*args, **kwargs):
+        raise RendezvousError("a later step failed")
+
+    monkeypatch.setattr(Communicator, "from_store", classmethod(lambda cls, *a, **k: fail()))
+    with pytest.raises(RendezvousError, match="a later step failed"):
+        Communicator.from_env(timeout=5)
+    again = TCPStore("127.0.0.1", port, is_server=True, timeout=5)  # the port is free again
+    again.close()

@@ -13,7 +13,9 @@ After a timeout (``PurlinTimeoutError``: a device-side wait ran out, or a host-s
 with the other ranks failed) the communicator refuses every further call and load with a
 clear error: a peer that missed a call leaves the signals of every collective out of step,
 and a peer that died cannot come back.  Create a new Communicator (or LocalGroup) and load
-again; the heap of the failed one is still freed by ``close()``.
+again, on the same store if you like (each communicator's exchange rounds live under a
+generation of their own: ``rendezvous.Exchange``); the heap of the failed one is still freed
+by ``close()``.
 
 Each Communicator owns a symmetric heap from which every loaded collective takes its staging
 space, signal pads and call counters, and ``comm.empty`` its tensors, at the same offsets on
@@ -209,8 +211,12 @@ class Communicator:
 
         info = rendezvous.env_info()
         store = rendezvous.store_from_env(info, timeout=timeout or rendezvous.DEFAULT_TIMEOUT_S)
-        return cls.from_store(store, info.rank, info.world_size, heap_bytes=heap_bytes, timeout=timeout,
-                              device=info.local_rank if device is None else device)
+        try:
+            return cls.from_store(store, info.rank, info.world_size, heap_bytes=heap_bytes, timeout=timeout,
+                                  device=info.local_rank if device is None else device)
+        except BaseException:  # the store is this call's own: rank 0's server must not outlive it
+            store.close(wait=False)
+            raise
 
     # -----------------------------------------------------------------------------------------
     def allgather(self, obj) -> list:

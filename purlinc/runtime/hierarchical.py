@@ -70,6 +70,9 @@ class _TorchStore:
             raise RendezvousTimeout(f"torch store: {key} did not arrive: {str(error).splitlines()[0]}") from error
         return bytes(self.store.get(key))
 
+    def add(self, key: str, delta: int) -> int:
+        return int(self.store.add(key, delta))
+
     def delete(self, keys) -> None:
         for key in keys:
             self.store.delete_key(key)
@@ -393,7 +396,10 @@ def load_hierarchical(path_or_source, gpus_per_node: int | None = None, options:
     if gpus_per_node is None:
         if "LOCAL_WORLD_SIZE" not in os.environ:
             raise PurlinError("gpus_per_node: not given and LOCAL_WORLD_SIZE (torchrun) is not set")
-        gpus_per_node = int(os.environ["LOCAL_WORLD_SIZE"])
+        text = os.environ["LOCAL_WORLD_SIZE"]
+        if not text.strip().isdigit():
+            raise PurlinError(f"gpus_per_node: not given, and LOCAL_WORLD_SIZE={text!r} is not a whole number")
+        gpus_per_node = int(text)
     plan = plan_for(path_or_source, R, gpus_per_node, options.param_map)
     t = plan.topology
     spec = plan.spec

@@ -11,7 +11,10 @@ can form a communicator:
   file system), written to a temporary name and renamed into place.
 
 :class:`Exchange` builds ``allgather(obj)`` on either: round ``n`` puts ``obj`` under
-``<prefix>/<n>/<rank>``, reads every rank's key, and the last rank to finish deletes the round.
+``<prefix>/g<generation>/<n>/<rank>``, reads every rank's key, and each rank deletes its key of
+round ``n - 2`` (which every peer has read by then).  The generation counts the Exchanges a
+rank made on the store, so a communicator made again on one store never reads its
+predecessor's rounds.
 Objects travel as pickles of plain data only (tuples, lists, dicts, str, bytes, numbers): the
 unpickler refuses every global, so a peer cannot make this process import or call anything.
 
@@ -220,6 +223,26 @@ class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
     allow_reuse_address = True
 
 
+def _seconds(what: str, value) -> float:
+    """A timeout: a finite number of seconds above 0 (NaN never compares past a deadline, so a
+    wait bounded by it would never end; 0 or less would fail before trying)."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if isinstance(value, bool) or not (0 < seconds < float("inf")):
+        raise RendezvousError(f"{what} must be a finite number of seconds above 0, got {value!r}")
+    return seconds
+
+
+def _port(value, *, server: bool) -> int:
+    """A TCP port: 1..65535 (0 too for a server: the system picks a free one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not (0 if server else 1) <= value <= 65535:
+        allowed = "0 (any free port) or 1..65535" if server else "1..65535"
+        raise RendezvousError(f"port must be an integer in {allowed}, got {value!r}")
+    return value
+
+
 class TCPStore:
     """A client of the store at ``host:port``; with ``is_server=True`` it also serves it.
 
@@ -227,7 +250,10 @@ class TCPStore:
     """
 
     def __init__(self, host: str, port: int, *, is_server: bool = False, timeout: float = DEFAULT_TIMEOUT_S):
-        self.host, self.timeout = host, float(timeout)
+        if not isinstance(host, str) or not host.strip():
+            raise RendezvousError(f"host must be a host name or address, got {host!r}")
+        self.host, self.timeout = host, _seconds("timeout", timeout)
+        port = _port(port, server=is_server)
         self._server: _Server | None = None
         if is_server:
             try:
@@ -243,7 +269,11 @@ class TCPStore:
             atexit.register(self.close)
         self.port = port
         self._lock = threading.Lock()
-        self._sock = self._connect()
+        try:
+            self._sock = self._connect()
+        except BaseException:
+            self._stop_serving()  # a server nobody can reach: no thread or port left behind
+            raise
 
     def __repr__(self) -> str:
         return f"TCPStore({self.host}:{self.port}{', server' if self._server else ''})"
@@ -286,7 +316,7 @@ class TCPStore:
         self._request(_SET, key, bytes(value))
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
-        wait = self.timeout if timeout is None else float(timeout)
+        wait = self.timeout if timeout is None else _seconds("timeout", timeout)
         status, value = self._request(_GET, key, repr(wait).encode(), wait)
         if status == _MISSING:
             raise RendezvousTimeout(f"key {key!r} did not appear in the store at {self.host}:{self.port} "
@@ -299,12 +329,19 @@ class TCPStore:
     def delete(self, keys: list[str]) -> None:
         self._request(_DELETE, "", dumps(list(keys)))
 
-    def close(self) -> None:
-        """Hang up; the serving rank first waits (up to ``timeout``) for every client to hang up."""
-        self._sock.close()
+    def close(self, *, wait: bool = True) -> None:
+        """Hang up; the serving rank first waits (up to ``timeout``; ``wait=False``: not at all,
+        after a failure) for every client to hang up."""
+        sock = getattr(self, "_sock", None)
+        if sock is not None:
+            sock.close()
+        self._stop_serving(wait=wait)
+
+    def _stop_serving(self, wait: bool = False) -> None:
         server, self._server = self._server, None
         if server is not None:
-            server.table.wait_clients_gone(self.timeout)  # type: ignore[attr-defined]
+            if wait:
+                server.table.wait_clients_gone(self.timeout)  # type: ignore[attr-defined]
             server.shutdown()
             server.server_close()
 
@@ -317,9 +354,12 @@ class FileStore:
     """Keys as files under ``directory`` (created if missing); every rank must see the same one."""
 
     def __init__(self, directory: str | os.PathLike, *, timeout: float = DEFAULT_TIMEOUT_S):
+        self.timeout = _seconds("timeout", timeout)
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.timeout = float(timeout)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # a file there, a missing mount, no permission
+            raise RendezvousError(f"cannot use {self.directory} as a file store: {error.strerror or error}") from None
 
     def __repr__(self) -> str:
         return f"FileStore({self.directory})"
@@ -334,7 +374,7 @@ class FileStore:
         os.replace(tmp, path)  # readers see the whole value or nothing
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
-        wait = self.timeout if timeout is None else float(timeout)
+        wait = self.timeout if timeout is None else _seconds("timeout", timeout)
         deadline = time.monotonic() + wait
         path, delay = self._path(key), 0.001
         while True:
@@ -367,7 +407,7 @@ class FileStore:
             except FileNotFoundError:
                 pass
 
-    def close(self) -> None:
+    def close(self, *, wait: bool = True) -> None:
         pass
 
 
@@ -384,16 +424,23 @@ class Exchange:
         self.store, self.rank, self.world_size, self.prefix = store, rank, world_size, prefix
         self.timeout = float(timeout if timeout is not None else getattr(store, "timeout", DEFAULT_TIMEOUT_S))
         self.round = 0
+        # The rounds of each Exchange made on a store under this prefix live under a generation
+        # of their own: a communicator made again on the same store (the recovery after a
+        # timeout) would otherwise read the rounds its predecessor left there.  Every rank
+        # counts the Exchanges it made (in the store, so a restarted process counts on), and
+        # ranks that make the same sequence of communicators agree on the generation.
+        self.generation = store.add(f"{prefix}/generation/{rank}", 1)
+        self.base = f"{prefix}/g{self.generation}"
 
     def __call__(self, obj) -> list:
         n = self.round
         self.round += 1
-        base = f"{self.prefix}/{n}"
+        base = f"{self.base}/{n}"
         if n >= 2:
             # Every rank that wrote round n-1 had finished reading round n-2, and we have read
             # all of round n-1: our round n-2 key is dead.  (No request after a round's last
             # read, so rank 0 -- the server -- may leave as soon as it has read.)
-            self.store.delete([f"{self.prefix}/{n - 2}/{self.rank}"])
+            self.store.delete([f"{self.base}/{n - 2}/{self.rank}"])
         self.store.set(f"{base}/{self.rank}", dumps(obj))
         gathered = []
         for peer in range(self.world_size):
