@@ -13,7 +13,7 @@ from enum import Enum
 
 from typing import TYPE_CHECKING
 
-from purlinc.registry import Registry
+from purlinc.registry import Registry, UnknownNameError
 
 if TYPE_CHECKING:  # NumPy is imported where values are touched: DType alone stays cheap
     import numpy as np
@@ -78,9 +78,9 @@ class ReduceOp(Enum):
             return text
         try:
             return cls(str(text).lower())
-        except ValueError:
+        except ValueError:  # a PurlinError (rendered, exit 2) and a ValueError, as an unknown dtype is
             names = ", ".join(op.value for op in cls)
-            raise ValueError(f"unknown reduce op {text!r}; expected one of {names}") from None
+            raise UnknownNameError(f"unknown reduce op {text!r}; expected one of {names}") from None
 
 
 @dataclass(frozen=True, slots=True)

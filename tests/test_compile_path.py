@@ -102,7 +102,7 @@ def test_resolve_options_is_the_one_place(cache_dir):
     spec = pipeline.spec_of(pipeline.load_source(EXAMPLES / "allgather.pln"), 2, None)
     base = pipeline.default_options(spec)
     assert pipeline.resolve_options(spec) == base
-    got = pipeline.resolve_options(spec, overrides={"algorithm": "ring", "channels": "3", "slots": None,
+    got = pipeline.resolve_options(spec, overrides={"algorithm": "ring", "channels": 3, "slots": None,
                                                     "registered": ["in"]})
     assert got == dataclasses.replace(base, algorithm=Algorithm.RING, channels=3, registered=frozenset({"in"}))
     full = LowerOptions(channels=5)
@@ -159,3 +159,22 @@ def test_a_pin_set_to_a_false_value_is_still_a_pin(pins, named):
     from purlinc.runtime.options import LoadOptions
 
     assert LoadOptions.of(**pins).orchestration() == named
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"channels": 2.7}, "channels must be an integer, got 2.7 (float)"),
+    ({"slices": "2"}, "slices must be an integer, got '2' (str)"),
+    ({"channels": True}, "channels must be an integer, got True (bool)"),
+    ({"packed": "no"}, "packed must be True or False, got 'no'"),
+    ({"registered": "in"}, "registered must be a collection of 'in' and/or 'out', got 'in'"),
+])
+def test_lowering_overrides_are_checked_not_coerced(overrides, message):
+    """int(2.7) is 2 and bool('no') is True: another schedule than the one asked for."""
+    with pytest.raises(PurlinError) as info:
+        pipeline.prepare(EXAMPLES / "allreduce.pln", world_size=2, overrides=overrides).schedule
+    assert info.value.message == message
+
+
+def test_an_unknown_reduce_op_is_a_purlin_error():
+    with pytest.raises(PurlinError, match="unknown reduce op 'avg'; expected one of sum, prod, max, min"):
+        pipeline.prepare(EXAMPLES / "allreduce.pln", world_size=2).kernel("float32", "avg")

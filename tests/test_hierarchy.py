@@ -160,7 +160,7 @@ def test_world_size_not_a_multiple_of_gpus_per_node(repo_dir, world_size, G):
 
 
 def test_gpus_per_node_must_be_positive():
-    with pytest.raises(TopologyError, match="gpus_per_node must be >= 1, got 0"):
+    with pytest.raises(TopologyError, match="gpus_per_node must be an integer >= 1, got 0"):
         Topology.of(4, 0)
 
 
@@ -345,3 +345,15 @@ def test_what_a_plan_cannot_express_is_refused_not_dropped(example, words, capsy
                  ["dump", path, "-R", "4", "--gpus-per-node", "2", "-s", "snac"]):
         assert main(argv) == 2
         assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", ["8", 2.5, True, None])
+def test_gpus_per_node_is_an_integer(bad):
+    with pytest.raises(TopologyError, match="gpus_per_node must be an integer >= 1"):
+        Topology.of(8, bad)
+
+
+def test_a_numpy_integer_is_an_integer():
+    import numpy as np
+
+    assert Topology.of(8, np.int64(2)).nodes == 4

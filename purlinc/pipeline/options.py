@@ -8,6 +8,7 @@ from dataclasses import fields
 from typing import TYPE_CHECKING
 
 from purlinc.errors import PurlinError
+from purlinc.pipeline.stages import whole_number
 
 if TYPE_CHECKING:
     from purlinc.frontend.spec import Spec
@@ -46,13 +47,23 @@ def normalize_overrides(overrides: Mapping[str, object] | None) -> dict[str, obj
     if "algorithm" in changes:
         changes["algorithm"] = get_algorithm(changes["algorithm"]).algorithm
     for name in ("channels", "slices", "slots", "stage_copies"):
-        if name in changes:
-            changes[name] = int(changes[name])
+        if name in changes:  # 2.7 or "2" would be truncated or parsed into another schedule
+            changes[name] = whole_number(name, changes[name])
     if "packed" in changes:
-        changes["packed"] = bool(changes["packed"])
+        if not isinstance(changes["packed"], bool):  # bool("no") is True
+            raise PurlinError(f"packed must be True or False, got {changes['packed']!r}")
     if "registered" in changes:
-        changes["registered"] = frozenset(changes["registered"])
+        changes["registered"] = _registered(changes["registered"])
     return changes
+
+
+def _registered(value) -> frozenset:
+    """Which caller buffers are peer-registered: a collection of "in" / "out" (a bare string
+    would be read as its letters)."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)):
+        raise PurlinError(f"registered must be a collection of 'in' and/or 'out', got {value!r}",
+                          notes=('e.g. registered=("in", "out")',))
+    return frozenset(value)
 
 
 def resolve_options(spec: Spec, *, options: LowerOptions | None = None,

@@ -23,6 +23,7 @@ signals, so each schedule's own two-call proof covers it across calls.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 from purlinc.errors import PurlinError
@@ -46,8 +47,9 @@ class Topology:
 
     @classmethod
     def of(cls, world_size: int, gpus_per_node: int) -> "Topology":
-        if gpus_per_node < 1:
-            raise TopologyError(f"gpus_per_node must be >= 1, got {gpus_per_node}")
+        if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, numbers.Integral) or gpus_per_node < 1:
+            raise TopologyError(f"gpus_per_node must be an integer >= 1, got {gpus_per_node!r}")
+        gpus_per_node = int(gpus_per_node)
         if world_size < 1 or world_size % gpus_per_node:
             raise TopologyError(
                 f"world size R={world_size} is not a multiple of gpus_per_node={gpus_per_node}",
