@@ -65,7 +65,17 @@ def whole_number(what: str, value) -> int:
 
 
 def _params_key(params: Mapping[str, int] | None) -> tuple[tuple[str, int], ...]:
-    return tuple(sorted((str(k), whole_number(f"parameter {k}", v)) for k, v in (params or {}).items()))
+    if params is not None and not isinstance(params, Mapping):
+        from purlinc.errors import PurlinError
+
+        raise PurlinError(f"params must map parameter names to integers, e.g. {{'root': 1}}; "
+                          f"got {type(params).__name__}")
+    for name in params or {}:
+        if not isinstance(name, str):
+            from purlinc.errors import PurlinError
+
+            raise PurlinError(f"parameter names are strings, got {name!r}")
+    return tuple(sorted((k, whole_number(f"parameter {k}", v)) for k, v in (params or {}).items()))
 
 
 _definitions: OrderedDict = OrderedDict()

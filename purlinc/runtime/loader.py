@@ -76,9 +76,11 @@ def load_hierarchical(path_or_source: str | Path, gpus_per_node: int | None = No
 def load_sized(path_or_source: str | Path, comm, options: LoadOptions = LoadOptions()):
     """A collective with run-time sizes: its calls are ``coll(x, sizes, out, out_sizes)``,
     staged for ``options.capacity`` elements per chunk (``dtype``: the widest the calls use)."""
+    if options.trace:  # asked for by this call (not the PURLIN_TRACE setting, which None defers to)
+        raise PurlinError("trace=True: tracing is not available for collectives with run-time sizes")
     comms = _members(comm)
     options = options.with_arch(comms[0].device)
-    # Sized kernels are never traced (their generator refuses it): a trace setting is not theirs.
+    # Sized kernels are never traced (their generator refuses it): the PURLIN_TRACE setting is not theirs.
     compiled = _prepare_sized(path_or_source, comms[0].world_size, replace(options, trace=None))
     return sized_runtime.load_sized(compiled, comm, comms, capacity=options.capacity, dtype=options.dtype)
 
@@ -138,9 +140,10 @@ def load(
     options = LoadOptions.of(params=params, algorithm=algorithm, atom=atom, channels=channels, slices=slices,
                              packed=packed, arch=arch, trace=trace, capacity=capacity, dtype=dtype)
     if gpus_per_node is not None:
-        if comm is not None or options.orchestration():
-            raise PurlinError("load(..., gpus_per_node=G) takes comm=None (it builds a communicator per node) "
-                              "and no orchestration options")
+        if comm is not None or options.orchestration() or capacity is not None or dtype is not None:
+            raise PurlinError("load(..., gpus_per_node=G) takes comm=None (it builds a communicator per node), "
+                              "no orchestration options and no capacity or dtype (a hierarchical plan moves "
+                              "fixed-size chunks)")
         return load_hierarchical(path_or_source, gpus_per_node, options)
     comms = _members(comm)
     options = options.with_arch(comms[0].device)

@@ -35,7 +35,9 @@ class LoadOptions:
     @classmethod
     def of(cls, *, params: Mapping[str, int] | None = None, **pins) -> "LoadOptions":
         """From ``load()``'s keywords."""
-        return cls(params=tuple(sorted((params or {}).items())), **pins)
+        from purlinc.pipeline.stages import _params_key  # names and integer values checked once, here
+
+        return cls(params=_params_key(params), **pins)
 
     @property
     def param_map(self) -> dict[str, int] | None:

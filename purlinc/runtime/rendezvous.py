@@ -99,6 +99,9 @@ def env_info(environ: Mapping[str, str] | None = None) -> EnvInfo:
         raise RendezvousError(f"LOCAL_RANK must be >= 0, got {local}")
     if not 0 <= port < 65536:
         raise RendezvousError(f"MASTER_PORT must be a TCP port (0..65535), got {port}")
+    if port == 0 and world > 1:  # rank 0 would serve on a port of the system's choosing, which no peer knows
+        raise RendezvousError("MASTER_PORT=0 lets the system pick rank 0's port, which the other ranks cannot "
+                              "know: give a fixed port", notes=("0 serves only a world of one",))
     return EnvInfo(rank, world, local, addr, port)
 
 

@@ -1,0 +1,64 @@
+"""The Python entry points refuse arguments a user can get wrong with a PurlinError that names
+the value, before any GPU work: a list for params, an empty or non-text source, MASTER_PORT=0 in
+a world of several ranks, a trace of a collective with run-time sizes, capacity with a
+hierarchical load.  CPU only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from purlinc import pipeline
+from purlinc.errors import PurlinError
+from purlinc.runtime.options import LoadOptions
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.mark.parametrize("params, message", [
+    ([("root", 1)], "params must map parameter names to integers, e.g. {'root': 1}; got list"),
+    ({1: 1}, "parameter names are strings, got 1"),
+    ({"root": 1.5}, "parameter root must be an integer, got 1.5 (float)"),
+])
+def test_params_are_a_mapping_of_names_to_integers(params, message):
+    for call in (lambda: LoadOptions.of(params=params),
+                 lambda: pipeline.prepare(EXAMPLES / "broadcast.pln", world_size=2, params=params)):
+        with pytest.raises(PurlinError) as info:
+            call()
+        assert info.value.message == message
+
+
+@pytest.mark.parametrize("source, message", [
+    (None, "expected a .pln path or .pln text, got NoneType"),
+    (b"collective a { }", "expected a .pln path or .pln text, got bytes"),
+    ("", "expected a .pln path or .pln text, got an empty string"),
+])
+def test_a_source_is_a_path_or_text(source, message):
+    with pytest.raises(PurlinError) as info:
+        pipeline.load_source(source)
+    assert info.value.message == message
+
+
+def test_master_port_zero_serves_only_a_world_of_one():
+    from purlinc.runtime.rendezvous import RendezvousError, env_info
+
+    base = {"RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}
+    assert env_info({**base, "WORLD_SIZE": "1"}).master_port == 0
+    with pytest.raises(RendezvousError, match="MASTER_PORT=0 lets the system pick rank 0's port"):
+        env_info({**base, "WORLD_SIZE": "2"})
+
+
+def test_a_trace_of_a_sized_collective_is_refused_not_dropped():
+    from purlinc.runtime.loader import load_sized
+
+    with pytest.raises(PurlinError, match="tracing is not available for collectives with run-time sizes"):
+        load_sized(EXAMPLES / "sized" / "alltoallv.pln", None, LoadOptions.of(trace=True, capacity=16))
+
+
+@pytest.mark.parametrize("extra", [{"capacity": 16}, {"dtype": "bfloat16"}, {"packed": False}])
+def test_a_hierarchical_load_refuses_what_it_would_ignore(extra):
+    import purlinc
+
+    with pytest.raises(PurlinError, match="gpus_per_node=G\\) takes comm=None"):
+        purlinc.load(EXAMPLES / "allreduce.pln", None, gpus_per_node=2, **extra)
