@@ -342,3 +342,17 @@ def test_channels_and_slices_are_bounded(channels, slices, capsys):
 def test_the_bounds_themselves_lower():
     assert lower(spec_of("allgather", 2), LowerOptions(channels=1024, slices=1)).channels == 1024
     assert lower(spec_of("allgather", 2), LowerOptions(channels=1, slices=256)).options.slices == 256
+
+
+def test_a_schedule_too_large_to_lower_is_refused_at_once():
+    """All-reduce at R=128 took 60 s and 4 GB to lower, at R=300 the process ran out of memory:
+    past 2^20 chunk reads the lowering refuses before building anything."""
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(PurlinError, match=r"allreduce for R=128 reads 2,097,152 chunks .* more than one schedule "
+                                          r"holds \(1,048,576\)"):
+        lower(spec_of("allreduce", 128), LowerOptions())
+    assert time.monotonic() - start < 5
+    with pytest.raises(PurlinError, match=r"x 64 slice\(s\) per channel"):
+        lower(spec_of("allreduce", 32), LowerOptions(slices=64))

@@ -52,6 +52,12 @@ from purlinc.snac.ir import Algorithm, LowerOptions, Schedule
 # holds every slice's steps; the measured tuning table never uses more than 4).
 MAX_CHANNELS = 1024
 MAX_SLICES = 256
+# Chunk reads (every output chunk's sources, over every rank, times slices per channel) a
+# schedule may hold: its steps grow with them (direct-push all-reduce: R^2 (R-1) stages), and
+# lowering costs about 2 KB and 20-50 us of CPU per step in Python.  2^20 keeps a lowering
+# under about a minute and a gigabyte (measured: all-reduce R=64, 262k reads, 6.7 s and 544 MB;
+# R=128, 2.1M reads, 60 s and 4.1 GB; R=300 ran out of memory).
+MAX_READS = 1 << 20
 
 
 def _check_options(spec: Spec, options: LowerOptions) -> None:
@@ -61,6 +67,12 @@ def _check_options(spec: Spec, options: LowerOptions) -> None:
         raise PurlinError(f"channels must be at most {MAX_CHANNELS} and slices per channel at most {MAX_SLICES} "
                           f"(got channels={options.channels}, slices={options.slices})",
                           notes=("a channel is a thread block per rank that stays resident for the whole call",))
+    reads = sum(len(slots) for outputs in spec.sources for slots in outputs) * options.slices
+    if reads > MAX_READS:
+        raise PurlinError(f"{spec.name} for R={spec.world_size} reads {reads:,} chunks across its ranks' outputs "
+                          f"(x {options.slices} slice(s) per channel), more than one schedule holds ({MAX_READS:,})",
+                          notes=("lower it over nodes (gpus_per_node=G: a hierarchical plan of smaller phases)",
+                                 "or with fewer slices"))
     if options.slots is not None and options.slots < 1:
         raise PurlinError(f"slots must be >= 1 (got {options.slots})")
     if options.packed and not get_algorithm(options.algorithm).packed:
