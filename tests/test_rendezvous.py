@@ -257,3 +257,30 @@ def test_a_communicator_that_fails_after_its_store_leaves_the_port_free(monkeypa
         Communicator.from_env(timeout=5)
     again = TCPStore("127.0.0.1", port, is_server=True, timeout=5)  # the port is free again
     again.close()
+
+
+@pytest.mark.parametrize("key", [".", "..", "../escape", "a" * 300, "%2E", "x/../../y"])
+def test_file_store_keys_stay_inside_its_directory(tmp_path, key):
+    store = FileStore(tmp_path / "store", timeout=1)
+    store.set(key, b"v")
+    assert store.get(key) == b"v"
+    inside = list((tmp_path / "store").iterdir())
+    assert all(p.parent == tmp_path / "store" for p in inside) and not (tmp_path / "escape").exists()
+    assert not [p for p in inside if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda s: s.set("k", 3), "a store value is bytes, got int"),
+    (lambda s: s.set("k", "text"), "a store value is bytes, got str"),
+    (lambda s: s.set(5, b"v"), "a store key is a non-empty string without NUL, got 5"),
+    (lambda s: s.set("", b"v"), "a store key is a non-empty string without NUL, got ''"),
+    (lambda s: s.delete("abc"), "delete takes a list of keys, got the string 'abc'"),
+])
+def test_store_arguments_are_checked(tmp_path, call, message):
+    for store in (FileStore(tmp_path, timeout=1), TCPStore("127.0.0.1", 0, is_server=True, timeout=5)):
+        try:
+            with pytest.raises(RendezvousError) as info:
+                call(store)
+            assert info.value.message == message
+        finally:
+            store.close(wait=False)

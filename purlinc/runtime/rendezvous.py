@@ -238,6 +238,27 @@ def _seconds(what: str, value) -> float:
     return seconds
 
 
+def _key(key) -> str:
+    """A store key: a non-empty string (FileStore makes a file name of it, TCPStore a frame)."""
+    if not isinstance(key, str) or not key or "\0" in key:
+        raise RendezvousError(f"a store key is a non-empty string without NUL, got {key!r}")
+    return key
+
+
+def _keys(keys) -> list[str]:
+    """Keys to delete: a list of keys (a bare string would be read as its characters)."""
+    if isinstance(keys, (str, bytes)):
+        raise RendezvousError(f"delete takes a list of keys, got the string {keys!r}")
+    return [_key(k) for k in keys]
+
+
+def _value(value) -> bytes:
+    """A store value: bytes (``bytes(3)`` would store three zero bytes, not "3")."""
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise RendezvousError(f"a store value is bytes, got {type(value).__name__}")
+    return bytes(value)
+
+
 def _port(value, *, server: bool) -> int:
     """A TCP port: 1..65535 (0 too for a server: the system picks a free one)."""
     if isinstance(value, bool) or not isinstance(value, int) or not (0 if server else 1) <= value <= 65535:
@@ -316,21 +337,21 @@ class TCPStore:
                                       notes=("rank 0 serves the store: did it exit or crash?",)) from None
 
     def set(self, key: str, value: bytes) -> None:
-        self._request(_SET, key, bytes(value))
+        self._request(_SET, _key(key), _value(value))
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
         wait = self.timeout if timeout is None else _seconds("timeout", timeout)
-        status, value = self._request(_GET, key, repr(wait).encode(), wait)
+        status, value = self._request(_GET, _key(key), repr(wait).encode(), wait)
         if status == _MISSING:
             raise RendezvousTimeout(f"key {key!r} did not appear in the store at {self.host}:{self.port} "
                                     f"within {wait:g} s")
         return value
 
     def add(self, key: str, delta: int) -> int:
-        return int(self._request(_ADD, key, str(int(delta)).encode())[1])
+        return int(self._request(_ADD, _key(key), str(int(delta)).encode())[1])
 
     def delete(self, keys: list[str]) -> None:
-        self._request(_DELETE, "", dumps(list(keys)))
+        self._request(_DELETE, "", dumps(_keys(keys)))
 
     def close(self, *, wait: bool = True) -> None:
         """Hang up; the serving rank first waits (up to ``timeout``; ``wait=False``: not at all,
@@ -368,13 +389,25 @@ class FileStore:
         return f"FileStore({self.directory})"
 
     def _path(self, key: str) -> Path:
-        return self.directory / key.replace("%", "%25").replace("/", "%2F")
+        """The key's file: '%' and '/' escaped, a leading '.' too (so "." and ".." stay inside the
+        directory, and no key meets the store's own dot files), a long name shortened by a digest."""
+        name = _key(key).replace("%", "%25").replace("/", "%2F")
+        if name.startswith("."):
+            name = "%2E" + name[1:]
+        if len(name.encode()) > 200:  # file names end at 255 bytes; "%%" never occurs in an escaped key
+            import hashlib
+
+            name = name[:100] + "%%" + hashlib.sha256(name.encode()).hexdigest()
+        return self.directory / name
 
     def set(self, key: str, value: bytes) -> None:
-        path = self._path(key)
+        path, data = self._path(key), _value(value)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_bytes(bytes(value))
-        os.replace(tmp, path)  # readers see the whole value or nothing
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)  # readers see the whole value or nothing
+        finally:
+            tmp.unlink(missing_ok=True)  # after a failed write or rename; gone already after a good one
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
         wait = self.timeout if timeout is None else _seconds("timeout", timeout)
@@ -404,7 +437,7 @@ class FileStore:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def delete(self, keys: list[str]) -> None:
-        for key in keys:
+        for key in _keys(keys):
             try:
                 self._path(key).unlink()
             except FileNotFoundError:
