@@ -62,3 +62,25 @@ def test_a_hierarchical_load_refuses_what_it_would_ignore(extra):
 
     with pytest.raises(PurlinError, match="gpus_per_node=G\\) takes comm=None"):
         purlinc.load(EXAMPLES / "allreduce.pln", None, gpus_per_node=2, **extra)
+
+
+def test_a_machine_without_a_driver_gets_a_cuda_error(monkeypatch):
+    """cuda-python raises its own DynamicLibNotFoundError where no driver library exists."""
+    from purlinc.runtime import driver
+    from purlinc.runtime.errors import CudaError
+
+    def missing(*args):
+        raise RuntimeError('"cuda" is an NVIDIA driver library and can only be found via system search')
+
+    monkeypatch.setattr(driver, "_initialised", False)
+    monkeypatch.setattr(driver.cu, "cuInit", missing)
+    with pytest.raises(CudaError, match="no CUDA driver could be loaded"):
+        driver.init()
+
+
+def test_spec_of_takes_a_path_and_checks_the_world_size():
+    assert pipeline.spec_of(str(EXAMPLES / "allgather.pln"), 2, None).world_size == 2
+    for bad, shown in (("4", "'4' (str)"), (2.5, "2.5 (float)")):
+        with pytest.raises(PurlinError, match=f"the world size must be an integer, got {shown}".replace("(", r"\(")
+                           .replace(")", r"\)")):
+            pipeline.spec_of(EXAMPLES / "allgather.pln", bad, None)

@@ -284,3 +284,34 @@ def test_store_arguments_are_checked(tmp_path, call, message):
             assert info.value.message == message
         finally:
             store.close(wait=False)
+
+
+def test_add_to_a_key_that_holds_no_number_is_refused_and_the_connection_lives(tmp_path):
+    """The server's handler died on it (a traceback on rank 0, and every later request of that
+    client said the store 'went away')."""
+    tcp = TCPStore("127.0.0.1", 0, is_server=True, timeout=5)
+    try:
+        tcp.set("c", b"xyz")
+        with pytest.raises(RendezvousError, match="refused a request for 'c': ValueError"):
+            tcp.add("c", 1)
+        tcp.set("d", b"1")
+        assert tcp.add("d", 2) == 3  # the same connection still serves
+    finally:
+        tcp.close(wait=False)
+    files = FileStore(tmp_path, timeout=1)
+    files.set("c", b"xyz")
+    with pytest.raises(RendezvousError, match="add: key 'c' holds b'xyz', not a number"):
+        files.add("c", 1)
+
+
+@pytest.mark.parametrize("store, rank, world, message", [
+    (None, 0, 1, "store None lacks set, get, add, delete"),
+    ("file", True, 2, "rank must be an integer, got True"),
+    ("file", 0, 2.5, "world_size must be an integer, got 2.5"),
+    ("file", "0", 2, "rank must be an integer, got '0'"),
+])
+def test_an_exchange_checks_its_arguments_before_the_store(tmp_path, store, rank, world, message):
+    """From Communicator.from_store these reached the GPU driver (or a TypeError) before."""
+    with pytest.raises(RendezvousError) as info:
+        Exchange(FileStore(tmp_path) if store == "file" else store, rank, world)
+    assert info.value.message.startswith(message)

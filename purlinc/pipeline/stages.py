@@ -105,7 +105,13 @@ def definition_of(source: SourceText) -> ast.CollectiveDef:
 
 def spec_of(source: SourceText, world_size: int, params: Mapping[str, int] | None) -> Spec:
     """The checked spec, once per (source, world size, params) per process (the Spec is
-    frozen): every size bucket of a tuned load, and the CLI's stages, share it."""
+    frozen): every size bucket of a tuned load, and the CLI's stages, share it.  ``source``: a
+    ``SourceText`` (``load_source`` makes one of a path or text)."""
+    if not isinstance(source, SourceText):
+        from purlinc.pipeline.source import load_source
+
+        source = load_source(source)
+    world_size = whole_number("the world size", world_size)
     key = (source.digest, source.filename, world_size, _params_key(params))
     with _frontend_lock:
         hit = _specs.get(key)

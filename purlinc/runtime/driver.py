@@ -57,7 +57,12 @@ def init() -> None:
     global _initialised
     with _init_lock:
         if not _initialised:
-            call(cu.cuInit, 0)
+            try:
+                call(cu.cuInit, 0)
+            except CudaError:
+                raise
+            except Exception as error:  # cuda-python found no driver library (a machine without a GPU)
+                raise CudaError(f"no CUDA driver could be loaded: {error}") from None
             _initialised = True
 
 

@@ -203,22 +203,31 @@ class _Handler(socketserver.BaseRequestHandler):
                 value = _recv_exact(sock, vlen)
             except (ConnectionError, OSError):
                 return
-            status, reply = _OK, b""
-            if op == _SET:
-                table.set(key, value)
-            elif op == _GET:
-                found = table.get(key, float(value.decode()))
-                status, reply = (_MISSING, b"") if found is None else (_OK, found)
-            elif op == _ADD:
-                reply = str(table.add(key, int(value.decode()))).encode()
-            elif op == _DELETE:
-                table.delete(loads(value))
-            elif op != _PING:
-                status = _BAD
+            try:
+                status, reply = _serve(table, op, key, value)
+            except Exception as error:  # noqa: BLE001 -- a bad request (add to a non-number, a bad frame):
+                # answered, not fatal to the connection, so the client hears why
+                status, reply = _BAD, f"{type(error).__name__}: {error}".encode()
             try:
                 sock.sendall(status + struct.pack("!Q", len(reply)) + reply)
             except OSError:
                 return
+
+
+def _serve(table: "_Table", op: bytes, key: str, value: bytes) -> tuple[bytes, bytes]:
+    """One request's (status, reply)."""
+    if op == _SET:
+        table.set(key, value)
+    elif op == _GET:
+        found = table.get(key, float(value.decode()))
+        return (_MISSING, b"") if found is None else (_OK, found)
+    elif op == _ADD:
+        return _OK, str(table.add(key, int(value.decode()))).encode()
+    elif op == _DELETE:
+        table.delete(loads(value))
+    elif op != _PING:
+        return _BAD, f"unknown request {op!r}".encode()
+    return _OK, b""
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
@@ -330,11 +339,15 @@ class TCPStore:
                 self._sock.sendall(op + struct.pack("!I", len(k)) + k + struct.pack("!Q", len(value)) + value)
                 status = _recv_exact(self._sock, 1)
                 (n,) = struct.unpack("!Q", _recv_exact(self._sock, 8))
-                return status, _recv_exact(self._sock, n)
+                reply = _recv_exact(self._sock, n)
             except (OSError, ConnectionError) as error:
                 raise RendezvousError(f"the rendezvous store at {self.host}:{self.port} went away during "
                                       f"a request for {key!r}: {error}",
                                       notes=("rank 0 serves the store: did it exit or crash?",)) from None
+        if status == _BAD:
+            raise RendezvousError(f"the rendezvous store at {self.host}:{self.port} refused a request for "
+                                  f"{key!r}: {reply.decode(errors='replace')}")
+        return status, reply
 
     def set(self, key: str, value: bytes) -> None:
         self._request(_SET, _key(key), _value(value))
@@ -429,7 +442,10 @@ class FileStore:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 path = self._path(key)
-                value = int(path.read_bytes()) if path.exists() else 0
+                try:
+                    value = int(path.read_bytes()) if path.exists() else 0
+                except ValueError:
+                    raise RendezvousError(f"add: key {key!r} holds {path.read_bytes()[:40]!r}, not a number") from None
                 value += int(delta)
                 self.set(key, str(value).encode())
                 return value
@@ -455,10 +471,17 @@ class Exchange:
     """``exchange(obj)``: every rank's ``obj`` in rank order (the communicator's host collective)."""
 
     def __init__(self, store, rank: int, world_size: int, *, prefix: str = "purlin", timeout: float | None = None):
+        for name, value in (("rank", rank), ("world_size", world_size)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise RendezvousError(f"{name} must be an integer, got {value!r}")
         if not 0 <= rank < world_size:
             raise RendezvousError(f"rank {rank} is outside the world of {world_size} ranks")
+        missing = [op for op in ("set", "get", "add", "delete") if not callable(getattr(store, op, None))]
+        if missing:
+            raise RendezvousError(f"store {store!r} lacks {', '.join(missing)}: expected a TCPStore, a FileStore "
+                                  f"or another object with set, get, add and delete")
         self.store, self.rank, self.world_size, self.prefix = store, rank, world_size, prefix
-        self.timeout = float(timeout if timeout is not None else getattr(store, "timeout", DEFAULT_TIMEOUT_S))
+        self.timeout = _seconds("timeout", timeout if timeout is not None else getattr(store, "timeout", DEFAULT_TIMEOUT_S))
         self.round = 0
         # The rounds of each Exchange made on a store under this prefix live under a generation
         # of their own: a communicator made again on the same store (the recovery after a
