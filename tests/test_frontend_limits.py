@@ -240,7 +240,7 @@ def test_float_literal_beyond_float32_is_refused(literal):
     assert lines(info.value)[2] == " " * 24 + "^" * min(len(literal), 80)
 
 
-@pytest.mark.parametrize("literal", ["3.4028234e38", "340282346638528859811704183484516925440", "1e-50", "0.0"])
+@pytest.mark.parametrize("literal", ["3.4028234e38", "340282346638528859811704183484516925440", "1e-45", "0.0"])
 def test_float_literal_within_float32_is_accepted(literal):
     assert check(parse(fused(f"out = out * {literal}")), 2).epilogue is not None
 
@@ -262,3 +262,16 @@ def test_a_collective_name_longer_than_64_characters_is_refused_where_it_is_writ
     assert error.message == "the collective's name is 65 characters long, more than 64"
     assert (error.span.line, error.span.column, error.span.end_column) == (1, 12, 77)
     assert parse(f"collective {'a' * 64} {{ in[r] = x[r] out[r] = x[0..R] copy }}").name == "a" * 64
+
+
+def test_a_literal_float32_would_make_zero_is_refused_where_it_is_written():
+    source = ("collective e(hidden = 64) with rows residual {\n    in[r] = x\n    out[r] = x\n    reduce\n"
+              "    epilogue rows(hidden) {\n        out = out + residual * 1e-50\n    }\n}\n")
+    error = diagnose(source)
+    assert error.message.startswith("number 1e-50 is too small for float32: it would be 0")
+    assert (error.span.line, error.span.column) == (6, 32)
+    assert parse(source.replace("1e-50", "1e-45")).epilogue is not None  # the smallest subnormal stays
+
+
+def test_a_byte_order_mark_at_the_start_of_a_string_source_is_dropped():
+    assert parse("\ufeffcollective a { in[r] = x[r] out[r] = x[0..R] copy }").name == "a"

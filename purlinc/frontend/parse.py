@@ -144,6 +144,7 @@ def _translate(error: lark.exceptions.LarkError, source: Source) -> PurlinError:
 MAX_LITERAL_DIGITS = 19
 MAX_LITERAL = 2**63 - 1
 MAX_NAME_LENGTH = 64  # characters of a collective's name (it names kernels, files and torch ops)
+FLOAT32_TINY = 1.401298464324817e-45  # the smallest positive float32 (a subnormal)
 FLOAT32_MAX = 3.4028234663852886e38  # epilogues compute in float32 (docs/LANGUAGE.md, "Epilogues")
 
 
@@ -187,6 +188,9 @@ class _ToAst(Transformer_NonRecursive):
         if overflows:
             raise PurlinError(f"number {_shown(token)} is too large for float32 (at most {FLOAT32_MAX:.8g} in "
                               "magnitude)", self._token_span(token))
+        if value != 0 and struct.unpack("<f", struct.pack("<f", value))[0] == 0:  # 1e-50: a nonzero written, 0 used
+            raise PurlinError(f"number {_shown(token)} is too small for float32: it would be 0 (the smallest is "
+                              f"{FLOAT32_TINY:.8g})", self._token_span(token))
         return value
 
     def number(self, children):
@@ -400,6 +404,7 @@ def parse(text: str, filename: str = "<string>") -> ast.CollectiveDef:
     """Parse one collective from ``text``; raise ``PurlinError`` pointing at the first mistake."""
     if len(text) > MAX_SOURCE_BYTES:
         raise too_large(len(text.encode("utf-8", "surrogatepass")), filename)
+    text = text.removeprefix("\ufeff")  # a byte-order mark, as decode_source drops it from files
     source = Source(filename, text)
     nul = text.find("\x00")
     if nul >= 0:
