@@ -142,22 +142,13 @@ def test_no_dependent_launch_where_ranks_share_a_gpu(monkeypatch):
         assert decided is expected
 
 
-class _Comm:
-    def __init__(self, devices, rank=0, peer_devices=None):
-        self.failed, self.rank = None, rank
-        self.device = devices[rank]
-        self.local_group = None if peer_devices is not None else type("G", (), {"devices": list(devices)})()
-        if peer_devices is not None:
-            self.peer_devices = list(peer_devices)
-
-
 @pytest.mark.parametrize("devices, shared", [([0, 0], True), ([0, 1], False), ([0, 1, 0], True), ([3], False)])
 def test_a_group_shares_a_gpu_the_same_way_on_every_rank(devices, shared):
     from purlinc.runtime.residency import group_shares_a_gpu
 
-    assert all(group_shares_a_gpu(_Comm(devices, rank)) is shared for rank in range(len(devices)))
+    assert all(group_shares_a_gpu(_comm(device, group_devices=devices)) is shared for device in devices)
     # torchrun ranks the bootstrap placed: rank 1 of [0, 1, 0] has a GPU of its own, its group does not
-    assert group_shares_a_gpu(_Comm([0, 1, 0], 1, peer_devices=[0, 1, 0]))
+    assert group_shares_a_gpu(_comm(1, peer_devices=[0, 1, 0]))
 
 
 def test_the_ce_atom_is_refused_where_ranks_share_a_gpu_before_anything_is_allocated():
@@ -166,7 +157,7 @@ def test_the_ce_atom_is_refused_where_ranks_share_a_gpu_before_anything_is_alloc
     from purlinc.runtime.placement import load_compiled
 
     compiled = pipeline.prepare(EXAMPLES / "allgather.pln", world_size=2, atom="ce")
-    comms = [_Comm([0, 0], r) for r in range(2)]
+    comms = [_comm(0, group_devices=[0, 0]) for _ in range(2)]
     with pytest.raises(PurlinError, match="the ce atom cannot run where ranks share a GPU") as info:
         load_compiled(compiled, comms[0], comms)  # a fake comm has no heap: allocating would fail otherwise
     assert any("ldst or tma" in note for note in info.value.notes)

@@ -143,26 +143,13 @@ class Launches:
         stacks = stack_bytes(cubin)  # ptxas's record of each entry's stack (atom/cubin.py)
         driver.reserve_stack(max(max(stacks.get(name, 0), driver.local_bytes(f)) for name, f in entries))
         per_sm = min(driver.blocks_per_sm(f, abi.threads, abi.shared_bytes) for _, f in entries)
-        self._check_shared_device(abi, per_sm)
+        residency.check_placed_peers(self.name, self.comm, abi.channels, abi.threads, per_sm, driver.sm_count)
         hit = _Variant(function, module, abi, key, lean, per_sm)
         self._variants[key] = hit
         if log.isEnabledFor(logging.INFO):
             log.info("%s rank %d: kernel for %s%s loaded: %s", self.name, self.rank, dtype.value,
                      f" {op.value}" if op else "", self.compiled.options.key())
         return hit
-
-    def _check_shared_device(self, abi, per_sm: int) -> None:
-        """Under torchrun, ranks placed on this rank's GPU (``comm.peer_devices``) run their
-        kernels on its SMs together: refuse (ResidencyError) before the first launch when their
-        blocks cannot all be resident, counting each with this rank's kernel.  A group call
-        checks its ranks per call instead (``check_residency``)."""
-        from purlinc.runtime import driver
-
-        devices = getattr(self.comm, "peer_devices", ())
-        if self._multi_device or devices.count(self.device) < 2:
-            return
-        residency.check(self.name, [Blocks(r, d, abi.channels, abi.threads, per_sm) for r, d in enumerate(devices)
-                                    if d == self.device], driver.sm_count)
 
     def _packed(self, variant: _Variant, shape: CallShape, piece: int, epilogue: tuple[int, ...] = ()):
         """(entry function, packed arguments) of a call: the lean entry where the call fits it;

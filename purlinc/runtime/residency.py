@@ -7,7 +7,7 @@ are different: their kernels wait for each other's blocks, so every block of eve
 that GPU must be resident at once.  Blocks that cannot start leave the started ones waiting
 until their waits time out, so such a call is refused before anything is launched: a group
 call checks its ranks on every new set of launches (``collective.check_residency``), a torchrun
-rank the ranks placed on its own GPU when it loads a kernel (``Collective._check_shared_device``).
+rank the ranks placed on its own GPU when it loads a kernel (``check_placed_peers``).
 
 What a GPU holds: ``cuOccupancyMaxActiveBlocksPerMultiprocessor`` (the kernel's registers,
 shared memory and threads) blocks per SM, times the SM count.  Ranks running different entry
@@ -79,19 +79,36 @@ def _ranks(shared: list[Blocks]) -> str:
     return ", ".join(map(str, ranks))
 
 
+def _group_devices(comm) -> list[int]:
+    """The device of every rank of ``comm``'s group: a LocalGroup's, or the torchrun ranks' the
+    bootstrap found (``comm.peer_devices``; one host only); empty where neither is known."""
+    group = getattr(comm, "local_group", None)
+    return list(group.devices if group is not None else getattr(comm, "peer_devices", ()))
+
+
 def shares_gpu(comm) -> bool:
     """Whether another rank of ``comm``'s group runs on ``comm``'s GPU: a loopback LocalGroup, or
-    torchrun ranks the bootstrap found placed on one GPU (``comm.peer_devices``; one host only)."""
-    group = getattr(comm, "local_group", None)
-    devices = group.devices if group is not None else getattr(comm, "peer_devices", ())
-    return list(devices).count(comm.device) > 1
+    torchrun ranks the bootstrap found placed on one GPU."""
+    return _group_devices(comm).count(comm.device) > 1
+
+
+def check_placed_peers(name: str, comm, channels: int, threads: int, per_sm: int,
+                       sm_count: Callable[[int], int]) -> None:
+    """Under torchrun, ranks placed on this rank's GPU (``comm.peer_devices``) run their kernels
+    on its SMs together: refuse (ResidencyError) before the first launch when their blocks cannot
+    all be resident, counting each with this rank's kernel.  A LocalGroup's call checks its
+    ranks per call instead (``check`` over the group's launches)."""
+    devices = list(getattr(comm, "peer_devices", ()))
+    if getattr(comm, "local_group", None) is not None or devices.count(comm.device) < 2:
+        return
+    check(name, [Blocks(r, d, channels, threads, per_sm) for r, d in enumerate(devices) if d == comm.device],
+          sm_count)
 
 
 def group_shares_a_gpu(comm) -> bool:
     """Whether any two ranks of ``comm``'s group run on one GPU (the same answer on every rank,
     unlike ``shares_gpu``, so a load that refuses this refuses it everywhere)."""
-    group = getattr(comm, "local_group", None)
-    devices = list(group.devices if group is not None else getattr(comm, "peer_devices", ()))
+    devices = _group_devices(comm)
     return len(set(devices)) < len(devices)
 
 

@@ -74,7 +74,6 @@ class SizedCollective:
         self._variants: dict = {}
         self._per_sm: dict = {}  # dtype -> blocks of its kernel one SM holds (residency)
         self._args: dict = {}
-        self._multi_device = getattr(comm, "local_group", None) is not None  # a LocalGroup's rank
         self.closed = False
         comm.register(self)
 
@@ -123,7 +122,8 @@ class SizedCollective:
         module = self._driver.module_load(kernel.cubin)
         function = self._driver.get_function(module, kernel.abi.entry(self.rank))
         per_sm = self._driver.blocks_per_sm(function, kernel.abi.threads, 0)
-        self._check_shared_device(kernel.abi, per_sm)
+        residency.check_placed_peers(self.name, self.comm, kernel.abi.channels, kernel.abi.threads, per_sm,
+                                     self._driver.sm_count)
         self._per_sm[dtype] = per_sm
         hit = self._variants[dtype] = (function, module, kernel.abi)
         return hit
@@ -132,16 +132,6 @@ class SizedCollective:
         """The blocks a call of ``dtype`` launches (its kernel loaded: ``variant``)."""
         abi = self.variant(dtype)[2]
         return Blocks(self.rank, self.device, abi.channels, abi.threads, self._per_sm[dtype])
-
-    def _check_shared_device(self, abi, per_sm: int) -> None:
-        """Under torchrun, ranks placed on this rank's GPU (``comm.peer_devices``) run their
-        kernels on its SMs together: refuse before the first launch when their blocks cannot all
-        be resident (as ``Collective``'s).  A group call checks its ranks per call instead."""
-        devices = getattr(self.comm, "peer_devices", ())
-        if self._multi_device or devices.count(self.device) < 2:
-            return
-        residency.check(self.name, [Blocks(r, d, abi.channels, abi.threads, per_sm) for r, d in enumerate(devices)
-                                    if d == self.device], self._driver.sm_count)
 
     def _launch_args(self, dtype: DType, shape: tuple):
         from purlinc.runtime.driver import DependentLaunch, PackedArgs
