@@ -3,7 +3,7 @@ read from its record in the dtype registry (``purlinc.dtypes.DTYPES``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from purlinc.dtypes import DType, ReduceOp
 
@@ -38,7 +38,5 @@ def elem_values(dtype: DType, op: ReduceOp | None) -> dict:
         "to_acc": f"purlin_{info.c_suffix}_to_acc",
         "from_acc": f"purlin_acc_to_{info.c_suffix}",
         "combine": f"purlin_{op.value}_{info.c_ops}",
-        "to_acc_n": vector_conversions(info.c_suffix).to_acc_n,
-        "from_acc_n": vector_conversions(info.c_suffix).from_acc_n,
-        "round_acc_n": vector_conversions(info.c_suffix).round_acc_n,
+        **asdict(vector_conversions(info.c_suffix)),  # to_acc_n, from_acc_n, round_acc_n
     }
