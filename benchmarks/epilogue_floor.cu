@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_bf16.h>
+#include <string>
 #include <vector>
 
 namespace cg = cooperative_groups;
@@ -62,11 +63,23 @@ __device__ __forceinline__ uint4 round8(const float (&f)[8])
     return make_uint4(round_pair(f[0], f[1]), round_pair(f[2], f[3]), round_pair(f[4], f[5]), round_pair(f[6], f[7]));
 }
 
+__device__ __forceinline__ unsigned add_pair(unsigned a, unsigned b)
+{
+    const __nv_bfloat162 s = __hadd2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
+    return *reinterpret_cast<const unsigned*>(&s);
+}
+
+__device__ __forceinline__ uint4 add_packed(uint4 a, uint4 b)
+{
+    return make_uint4(add_pair(a.x, b.x), add_pair(a.y, b.y), add_pair(a.z, b.z), add_pair(a.w, b.w));
+}
+
 __device__ __forceinline__ unsigned shared_address(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 struct Buffers {
     const uint4 *a, *b, *weight;
     uint4 *residual, *out;
+    unsigned* flag;  // the stand-in for a peer's signal (spin < 0)
 };
 
 enum class Exchange { NONE, LOCAL, CLUSTER_SYNC, ST_ASYNC };
@@ -110,7 +123,7 @@ __device__ __forceinline__ float exchange_st_async(float total, float* parts, un
 
 // One row over K blocks of BLOCK threads (K = 1: one block per row).  SPIN > 0: a wait first;
 // HOIST: the operands are loaded before it.
-template <int K, int BLOCK, bool OPERANDS, bool NORM, Exchange X, bool HOIST = false>
+template <int K, int BLOCK, bool OPERANDS, bool NORM, Exchange X, bool HOIST = false, bool PACKED = false>
 __global__ void __launch_bounds__(BLOCK) fused(Buffers p, long long spin)
 {
     __shared__ float sums[BLOCK / 32];
@@ -130,7 +143,18 @@ __global__ void __launch_bounds__(BLOCK) fused(Buffers p, long long spin)
     }
     uint4 ur = make_uint4(0x3c003c00u, 0, 0, 0), uw = make_uint4(0x3f803f80u, 0, 0, 0);
     if (HOIST && active) { ur = p.residual[i]; uw = p.weight[part * PART_VECTORS + t]; }
-    if (spin) {
+    if (spin < 0) {  // a signal: block 0 raises it after -spin cycles and every block waits for it, as for a peer's
+        if (blockIdx.x == 0 && t == 0) {
+            const long long t0 = clock64();
+            while (clock64() - t0 < -spin) { }
+            asm volatile("st.release.gpu.global.u32 [%0], %1;" :: "l"(p.flag), "r"(1u) : "memory");
+        }
+        if (t == 0) {
+            unsigned raised = 0;
+            while (!raised) asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(raised) : "l"(p.flag) : "memory");
+        }
+        __syncthreads();
+    } else if (spin) {
         const long long t0 = clock64();
         while (clock64() - t0 < spin) { }
         __syncthreads();
@@ -140,10 +164,15 @@ __global__ void __launch_bounds__(BLOCK) fused(Buffers p, long long spin)
         float y[8];
         const uint4 ua = p.a[i], ub = p.b[i];
         if (OPERANDS && !HOIST) { ur = p.residual[i]; uw = p.weight[part * PART_VECTORS + t]; }
-        widen(ua, x); widen(ub, y); widen(ur, r); widen(uw, w);
-        for (int k = 0; k < 8; ++k) x[k] += y[k];
-        if (!OPERANDS && !NORM) { p.out[i] = round8(x); return; }  // base: the plain reduce
-        widen(round8(x), x);  // the reduced value, as the output dtype holds it
+        widen(ur, r); widen(uw, w);
+        if constexpr (PACKED) {  // two sources: bf16x2 adds round once, as float adds then a rounding do
+            widen(add_packed(ua, ub), x);
+        } else {
+            widen(ua, x); widen(ub, y);
+            for (int k = 0; k < 8; ++k) x[k] += y[k];
+            if (!OPERANDS && !NORM) { p.out[i] = round8(x); return; }  // base: the plain reduce
+            widen(round8(x), x);  // the reduced value, as the output dtype holds it
+        }
         for (int k = 0; k < 8; ++k) r[k] += x[k];  // h
     }
     float inv = 1.0f;
@@ -170,9 +199,10 @@ __global__ void __launch_bounds__(BLOCK) fused(Buffers p, long long spin)
     }
 }
 
-template <int K, int BLOCK, bool OPERANDS, bool NORM, Exchange X, bool HOIST = false>
+template <int K, int BLOCK, bool OPERANDS, bool NORM, Exchange X, bool HOIST = false, bool PACKED = false>
 void launch(const Buffers& p, cudaStream_t stream, long long spin = 0)
 {
+    if (spin < 0) CHECK(cudaMemsetAsync(p.flag, 0, sizeof(unsigned), stream));
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(ROWS * K);
     config.blockDim = dim3(BLOCK);
@@ -184,7 +214,7 @@ void launch(const Buffers& p, cudaStream_t stream, long long spin = 0)
     cluster[0].val.clusterDim.z = 1;
     config.attrs = cluster;
     config.numAttrs = K > 1 ? 1 : 0;
-    CHECK(cudaLaunchKernelEx(&config, fused<K, BLOCK, OPERANDS, NORM, X, HOIST>, p, spin));
+    CHECK(cudaLaunchKernelEx(&config, fused<K, BLOCK, OPERANDS, NORM, X, HOIST, PACKED>, p, spin));
 }
 
 // Microseconds per launch: the median over `reps` replays of a graph of `per_graph` launches.
@@ -225,7 +255,7 @@ std::vector<uint16_t> output_of(const Buffers& p)
     return host;
 }
 
-int main()
+int main(int argc, char** argv)
 {
     const size_t bytes = (size_t)ROWS * HIDDEN * 2;
     std::vector<uint16_t> host(ROWS * HIDDEN);
@@ -237,7 +267,9 @@ int main()
     }
     CHECK(cudaMalloc(&weight, HIDDEN * 2));
     CHECK(cudaMemcpy(weight, host.data(), HIDDEN * 2, cudaMemcpyHostToDevice));
-    const Buffers p{a, b, weight, residual, out};
+    unsigned* flag;
+    CHECK(cudaMalloc(&flag, sizeof(unsigned)));
+    const Buffers p{a, b, weight, residual, out, flag};
     cudaStream_t s;
     CHECK(cudaStreamCreate(&s));
 
@@ -251,6 +283,34 @@ int main()
     size_t differ = 0;
     for (size_t j = 0; j < one.size(); ++j) differ += one[j] != four[j];
     std::printf("check: st.async over 4 blocks against one block: %zu of %zu elements differ\n", differ, one.size());
+    // The packed reduce against the float one, the residual written as well (reset before each).
+    std::vector<std::vector<uint16_t>> packed_check;
+    for (int packed = 0; packed < 2; ++packed) {
+        CHECK(cudaMemcpy(residual, host.data(), bytes, cudaMemcpyHostToDevice));
+        if (packed) launch<1, THREADS, true, true, Exchange::NONE, false, true>(p, s);
+        else launch<1, THREADS, true, true, Exchange::NONE>(p, s);
+        CHECK(cudaStreamSynchronize(s));
+        packed_check.push_back(output_of(p));
+        std::vector<uint16_t> h(ROWS * HIDDEN);
+        CHECK(cudaMemcpy(h.data(), residual, bytes, cudaMemcpyDeviceToHost));
+        packed_check.push_back(h);
+    }
+    size_t packed_differ = 0;
+    for (size_t j = 0; j < one.size(); ++j)
+        packed_differ += (packed_check[0][j] != packed_check[2][j]) + (packed_check[1][j] != packed_check[3][j]);
+    std::printf("check: bf16x2 reduce against the float reduce: %zu of %zu elements (out and residual) differ\n",
+                packed_differ, 2 * one.size());
+    if (argc > 1 && std::string(argv[1]) == "profile") {  // one launch of each variant, for ncu
+        launch<1, THREADS, false, false, Exchange::NONE>(p, s);
+        launch<1, THREADS, true, false, Exchange::NONE>(p, s);
+        launch<1, THREADS, false, true, Exchange::NONE>(p, s);
+        launch<1, THREADS, true, true, Exchange::NONE>(p, s);
+        launch<1, THREADS, true, true, Exchange::NONE, false, true>(p, s);
+        launch<4, 128, true, true, Exchange::LOCAL>(p, s);
+        launch<4, 128, true, true, Exchange::ST_ASYNC>(p, s);
+        CHECK(cudaDeviceSynchronize());
+        return 0;
+    }
 
     std::printf("us per kernel, [%d x %d] bf16, the median of 15 graph replays of 100 launches\n", ROWS, HIDDEN);
     for (int round = 0; round < 3; ++round) {
@@ -269,16 +329,22 @@ int main()
                     round, base, extra - base, norm - base, full - base, local4 - base, local4w - base, sync4 - base,
                     async2 - base, async4 - base, async8 - base);
     }
-    for (long long spin : {0LL, 2000LL}) {
+    for (long long spin : {0LL, 2000LL, -2000LL}) {
         const float base = per_launch_us([&] { launch<1, THREADS, false, false, Exchange::NONE>(p, s, spin); }, s);
         const float full = per_launch_us([&] { launch<1, THREADS, true, true, Exchange::NONE>(p, s, spin); }, s);
         const float hoisted = per_launch_us([&] { launch<1, THREADS, true, true, Exchange::NONE, true>(p, s, spin); }, s);
         const float async4 = per_launch_us([&] { launch<4, 128, true, true, Exchange::ST_ASYNC>(p, s, spin); }, s);
         const float async4w = per_launch_us([&] { launch<4, THREADS, true, true, Exchange::ST_ASYNC>(p, s, spin); }, s);
         const float async4h = per_launch_us([&] { launch<4, THREADS, true, true, Exchange::ST_ASYNC, true>(p, s, spin); }, s);
-        std::printf("spin %lld cycles: base %.3f | adds: full %+.3f, operands hoisted above the wait %+.3f | st.async K4 "
-                    "(128 threads) %+.3f, (512 threads) %+.3f, (512, hoisted) %+.3f\n", spin, base, full - base,
-                    hoisted - base, async4 - base, async4w - base, async4h - base);
+        const float packed = per_launch_us([&] { launch<1, THREADS, true, true, Exchange::NONE, false, true>(p, s, spin); }, s);
+        const float hpacked = per_launch_us([&] { launch<1, THREADS, true, true, Exchange::NONE, true, true>(p, s, spin); }, s);
+        const float async4hp = per_launch_us([&] { launch<4, 128, true, true, Exchange::ST_ASYNC, true, true>(p, s, spin); }, s);
+        const float local4hp = per_launch_us([&] { launch<4, 128, true, true, Exchange::LOCAL, true, true>(p, s, spin); }, s);
+        std::printf("spin %lld cycles (negative: a signal raised then): base %.3f | adds: full %+.3f, operands hoisted above the wait %+.3f | st.async K4 "
+                    "(128 threads) %+.3f, (512 threads) %+.3f, (512, hoisted) %+.3f | bf16x2 reduce %+.3f, hoisted %+.3f, "
+                    "K4 128 hoisted: st.async %+.3f local %+.3f\n", spin, base, full - base,
+                    hoisted - base, async4 - base, async4w - base, async4h - base, packed - base, hpacked - base,
+                    async4hp - base, local4hp - base);
     }
     CHECK(cudaDeviceSynchronize());
     return 0;
