@@ -246,7 +246,9 @@ def test_case(case):
 
 def _graph_case(case):
     """Per-rank CUDA graphs of two calls each, replayed on the ranks' own streams with fresh
-    inputs (each replay checked)."""
+    inputs (each replay checked).  A group call on the same buffers comes first, checked too:
+    per-rank captures that run the registered twin (graphbuffers.py: sizes the tuned load
+    serves unpacked) find the peers' buffers through it."""
     (count, dtype, op), = case.calls
     dtype = DType.parse(dtype)
     coll = _load(case)
@@ -255,11 +257,16 @@ def _graph_case(case):
         runs = _runs(coll, 0, count, dtype.itemsize)
         spec = runs.compiled.spec
         rng = np.random.default_rng(case.seed)
-        _call_and_check(coll, group, case, count, dtype, op, rng, f"{case.id} warm-up")
         inputs = inputs_for(spec, count, dtype, rng)
         xs = [to_torch(inputs[r], dtype, DEVICE) for r in range(spec.world_size)]
         outs = [torch.empty(len(spec.outputs[r]) * count, dtype=torch_dtype(dtype), device=f"cuda:{DEVICE}")
                 for r in range(spec.world_size)]
+        for o in outs:
+            poison(o)
+        on_rank_streams(group.streams, DEVICE, lambda: coll(xs, outs, op=op, streams=group.streams, count=count))
+        coll.check()
+        compare_outputs(spec, outs, _want(runs, spec, inputs, count, dtype, ReduceOp.parse(op) if spec.is_reduce else None),
+                        dtype, f"{case.id} group call")
         def calls(r):
             for _ in range(2):
                 coll[r](xs[r], outs[r], op=op)
