@@ -111,6 +111,37 @@ __device__ __forceinline__ float purlin_prod_f(float a, float b) { return __fmul
 __device__ __forceinline__ float purlin_max_f(float a, float b) { return (a != a || a > b) ? a : b; }
 __device__ __forceinline__ float purlin_min_f(float a, float b) { return (a != a || a < b) ? a : b; }
 
+// The sum of two sources' E bf16 values (E even, the arrays 4-byte aligned), rounded to bf16 and
+// widened: purlin_sum_f of their floats, then purlin_round_bf16_n (a NaN stays some NaN).  On
+// sm_90 and later one add.rn.bf16x2 rounds a pair's exact sums once, which gives the same bits: a
+// float holds 24 bits, at least 2 * 8 + 2, so rounding the sum to a float and then to bf16 never
+// differs from rounding it to bf16 once (double rounding is innocuous for addition at that width;
+// the exponent ranges are the same, so subnormals and overflow agree too).  It replaces two
+// widenings, two adds and a conversion per pair: a fused epilogue's reduce of two ranks.
+template <unsigned E>
+__device__ __forceinline__ void purlin_bf16_sum2_n(const unsigned short (&x)[E], const unsigned short (&y)[E],
+                                                   float (&o)[E])
+{
+    static_assert(E % 2 == 0, "bf16 values go in pairs");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#pragma unroll
+    for (unsigned k = 0; k < E; k += 2) {
+        unsigned w;
+        asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(w)
+            : "r"(reinterpret_cast<const unsigned*>(x)[k / 2]), "r"(reinterpret_cast<const unsigned*>(y)[k / 2]));
+        o[k] = __uint_as_float(w << 16);
+        o[k + 1] = __uint_as_float(w & 0xffff0000u);
+    }
+#else
+    float b[E];
+    purlin_bf16_to_acc_n<E>(x, o);
+    purlin_bf16_to_acc_n<E>(y, b);
+#pragma unroll
+    for (unsigned k = 0; k < E; ++k) o[k] = purlin_sum_f(o[k], b[k]);
+    purlin_round_bf16_n<E>(o);
+#endif
+}
+
 // int32 ops: sum and prod wrap (done in unsigned arithmetic, which has no overflow UB).
 __device__ __forceinline__ int purlin_sum_i(int a, int b) { return (int)((unsigned)a + (unsigned)b); }
 __device__ __forceinline__ int purlin_prod_i(int a, int b) { return (int)((unsigned)a * (unsigned)b); }

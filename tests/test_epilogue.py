@@ -323,6 +323,23 @@ def test_a_reduce_and_the_epilogue_of_its_rows_are_one_pass(world, options, fuse
         assert "purlin_reduce_epilogue" not in kernel.source
 
 
+@pytest.mark.parametrize("dtype, op, paired", [
+    (DType.BFLOAT16, ReduceOp.SUM, True), (DType.BFLOAT16, ReduceOp.MAX, False), (DType.FLOAT16, ReduceOp.SUM, False),
+])
+def test_the_fused_pass_sums_two_bf16_sources_a_pair_at_a_time(dtype, op, paired):
+    """A bf16 sum's fused pass adds two sources a pair per instruction (elem.cuh's
+    purlin_bf16_sum2_n: the bits of the float sum rounded, which the GPU test checks over every
+    bf16 value); other element types and reductions keep the accumulator path."""
+    from purlinc.atom.codegen.elems import pair_sum
+
+    assert pair_sum(dtype, op) == ("purlin_bf16_sum2_n" if paired else None)
+    spec = _example(2)
+    kernel = generate(lower(spec, LowerOptions(Algorithm.DIRECT_PUSH, channels=4)), spec, atom="ldst", arch="sm_90",
+                      dtype=dtype, op=op)
+    assert ("purlin_bf16_sum2_n<PURLIN_VEC>(s[0].e, s[1].e, o);" in kernel.source) == paired
+    assert nvrtc.compile_cubin(kernel.source, kernel.filename, "sm_90")
+
+
 def test_an_epilogue_ends_with_a_barrier_unless_the_next_block_starts_with_one():
     """Row sums are read after one barrier; the next Epilogue could write them again, so an
     epilogue block ends with a barrier (Trailing) unless the block after it begins with one."""

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from purlinc.atom.codegen.elems import vector_conversions
-from purlinc.dtypes import DType
+from purlinc.atom.codegen.elems import pair_sum, vector_conversions
+from purlinc.dtypes import DType, ReduceOp
 from purlinc.errors import PurlinError
 from purlinc.frontend import ast
 from purlinc.frontend.ast import OperandKind
@@ -217,19 +217,21 @@ def template_values(epilogue: Epilogue, dtype: DType, threads: int, sources: int
     return values
 
 
-def module_values(epilogue: Epilogue | None, dtype: DType, threads: int, *, fused_sources: int = 0) -> dict | None:
+def module_values(epilogue: Epilogue | None, dtype: DType, threads: int, *, fused_sources: int = 0,
+                  op: ReduceOp | None = None) -> dict | None:
     """What kernel.cu.j2 needs for a module's epilogue (None without one): its device
     function's source, the reduce + epilogue function when blocks of the module fuse a reduce
     and the epilogue of its region (``fused_sources``: the most sources such a reduce reads; the
-    function goes after the atom, whose reduce it needs), its argument slots and the row's bytes
-    (the slices' alignment)."""
+    function goes after the atom, whose reduce it needs; ``op``: the reduce's, for its two-source
+    form), its argument slots and the row's bytes (the slices' alignment)."""
     if epilogue is None:
         return None
     from purlinc.atom.codegen.render import render  # the one Jinja environment
 
     values = template_values(epilogue, dtype, threads, max(fused_sources, 1))
     return {"source": render("epilogue.cuh.j2", e=values).rstrip("\n"),
-            "fused_source": render("epilogue_fused.cuh.j2", e=values).rstrip("\n") if fused_sources else "",
+            "fused_source": render("epilogue_fused.cuh.j2", e=values, pair_sum=pair_sum(dtype, op)).rstrip("\n")
+            if fused_sources else "",
             "slots": slots(epilogue), "row_bytes": epilogue.row * dtype.itemsize}
 
 

@@ -166,3 +166,43 @@ def test_fp8_variant(world, schedule):
             got = q[rank].float()
             assert got.abs().max() <= 448 and (got.abs() == 448).any()  # |y| > 2.24: about 2.5 % of 64k values
             torch.testing.assert_close(got, want, rtol=2**-3, atol=2**-9 * 200, msg=f"R={world} {schedule} rank {rank}")
+
+
+# The reduced output kept as it is: what the fused pass's reduce alone computes.
+KEEP = """collective allreduce_keep(hidden = 4096) with rows kept {
+    in[r]  = x
+    out[r] = x
+    reduce
+    epilogue rows(hidden) {
+        kept = out
+    }
+}"""
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES[1:2] + SCHEDULES[3:4], ids=["dp", "two-shot"])
+def test_two_source_reduce_of_every_bf16_value(schedule):
+    """At R=2 the fused pass sums its two sources a bf16 pair per instruction (elem.cuh's
+    purlin_bf16_sum2_n): every one of the 65,536 bf16 values (NaNs, infinities, subnormals, -0,
+    the largest finite) against a shuffled copy of them, and each against its negation and itself
+    (x - x is +0; the largest value twice overflows), bit for bit against torch's float sum
+    rounded to bf16 (NaNs as 0x7fc0), in `out` and in the operand the epilogue copies it to.
+    Two-shot reduces two sources as well (each rank's half), and its epilogue runs on the whole
+    output after the gather: the same bits through the separate pass."""
+    every = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).to(f"cuda:{DEVICE}")
+    with _loopback(KEEP, 2, 7, **_pinned(schedule)) as (coll, streams, gen):
+        shuffled = every[torch.randperm(every.numel(), device=f"cuda:{DEVICE}", generator=gen)]
+        for label, second in (("shuffled", shuffled), ("negated", -every), ("itself", every.clone())):
+            xs = [every.clone(), second]
+            outs = [torch.full_like(every, float("nan")) for _ in range(2)]
+            kept = [torch.full_like(every, float("nan")) for _ in range(2)]
+            _call(coll, streams, xs, outs, kept=kept)
+            sums = (every.float() + second.float()).to(torch.bfloat16)
+            # torch keeps a NaN's sign and payload; Purlin stores every NaN as 0x7fc0
+            want = torch.where(sums.isnan(), torch.full_like(sums.view(torch.int16), 0x7FC0), sums.view(torch.int16))
+            for rank in range(2):
+                for name, got in (("out", outs[rank]), ("kept", kept[rank])):
+                    differ = (got.view(torch.int16) != want).nonzero().flatten()
+                    assert differ.numel() == 0, (
+                        f"{schedule} {label} rank {rank} {name}: {differ.numel()} values differ, first at "
+                        f"{differ[0].item()}: {every[differ[0]].item()} + {second[differ[0]].item()} gave bits "
+                        f"{got.view(torch.int16)[differ[0]].item() & 0xFFFF:#06x}, want {want[differ[0]].item() & 0xFFFF:#06x}")

@@ -22,6 +22,18 @@ class VectorConversions:
 _VECTOR_CONVERSIONS = {"bf16": VectorConversions("purlin_bf16_to_acc_n", "purlin_acc_to_bf16_n", "purlin_round_bf16_n")}
 
 
+# elem.cuh's sum of two sources' vectors rounded and widened at once (a pair per instruction),
+# by element type: where a reduce of two sources feeds a fused epilogue, whose reduced values
+# are used, not stored.
+_PAIR_SUMS = {"bf16": "purlin_bf16_sum2_n"}
+
+
+def pair_sum(dtype: DType, op: ReduceOp | None) -> str | None:
+    """elem.cuh's function summing two sources' vectors of ``dtype`` in one step, or None
+    (another element type or reduction: the accumulator path)."""
+    return _PAIR_SUMS.get(dtype.info.c_suffix) if op is ReduceOp.SUM else None
+
+
 def vector_conversions(suffix: str) -> VectorConversions:
     """Those of the element type with this elem.cuh suffix (``DTypeInfo.c_suffix``)."""
     return _VECTOR_CONVERSIONS.get(suffix, VectorConversions())

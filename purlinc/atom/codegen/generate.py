@@ -199,7 +199,8 @@ def generate(
     threads = limits.THREADS_PACKED if packed else limits.THREADS
     module = _bodies(kernels, trace)
     fused = [len(item.first["srcs"]) for body in module for item in body.items if item.first["kind"] == "reduce_epilogue"]
-    epilogue = module_values(schedule.epilogue, dtype, threads, fused_sources=max(fused, default=0))  # None without one
+    epilogue = module_values(schedule.epilogue, dtype, threads, fused_sources=max(fused, default=0),
+                             op=op)  # None without one
     ll_source = render("ll.cuh.j2", reduce=reduce, in_flight=limits.LL_IN_FLIGHT,
                        consume_inline=_ll_loops(module) <= limits.LL_INLINE_LOOPS).rstrip("\n") if packed else ""
     values = _module_values(schedule, spec, base=base, atom=atom, dtype=dtype, op=op, packed=bool(packed), threads=threads)
