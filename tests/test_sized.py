@@ -218,6 +218,31 @@ def test_a_chunk_held_twice_is_copied_from_its_source_each_time(which, R, channe
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("R, channels", [(2, 1), (3, 2), (5, 3)])
+def test_a_rank_with_nothing_to_do_is_simulated(R, channels):
+    """Only rank 0 receives (a gather of one chunk each from rank 0 itself, or of every rank's
+    first chunk): every other rank's program has no steps, and the simulator ran them at step 0
+    of a call (IndexError).  Equal to the oracle over three calls of new sizes."""
+    sources = ("collective s with sizes n[R] of x {\n    in[r] = x[r]\n    out[0] = x[0]\n    copy\n}\n",
+               "collective s with sizes n[R][R] of x {\n    in[r] = x[r][0..R]\n    out[0] = x[0][0]\n    copy\n}\n")
+    for source in sources:
+        spec = spec_of(load_source(source), R, {})
+        schedule = lower(spec, LowerOptions(channels=channels))
+        verify(schedule, spec)
+        assert any(not schedule.program(r, 0).steps for r in range(R))
+        rng, capacity = np.random.default_rng(R), 11
+        calls = [([rng.integers(1, 99, capacity * len(spec.inputs[r]), dtype=np.int32) for r in range(R)],
+                  [[int(rng.integers(0, capacity + 1)) for _ in spec.inputs[r]] for r in range(R)],
+                  [np.zeros(len(spec.outputs[r]) * capacity, dtype=np.int32) for r in range(R)]) for _ in range(3)]
+        for seed in (0, 1):
+            for (ins, sizes, outs), (outputs, out_sizes) in zip(calls, simulate_sized(schedule, spec, calls, capacity,
+                                                                                        seed=seed)):
+                expected, expected_sizes, _ = evaluate_sized(spec, ins, sizes, capacity, outs)
+                assert out_sizes == expected_sizes
+                for a, b in zip(outputs, expected):
+                    np.testing.assert_array_equal(a, b)
+
+
 def test_channel_regions_hold_across_calls_of_other_sizes():
     """Channel c's share of a chunk moves with the chunk's size; if it were stored at its
     offset in the chunk, a producer's channel 0 two calls later (a larger chunk) would

@@ -117,7 +117,8 @@ def simulate_sized(schedule: Schedule, spec: Spec, calls: Sequence[tuple], capac
     programs = {(r, c): schedule.program(r, c).steps for r in range(schedule.world_size) for c in range(G)}
     out_sources = {r: {s.dst.unit: s.srcs[0] for s in schedule.programs[r].steps if isinstance(s, Consume)}
                    for r in range(schedule.world_size)}
-    position = {key: (0, 0) for key in programs}  # (call, step)
+    # (call, step); a program without steps (a rank that neither sends nor receives) is done
+    position = {key: (0 if steps else len(calls), 0) for key, steps in programs.items()}
     # Odd seeds: a random priority order, always running the first runnable program in it, so
     # some (rank, channel) lags as far behind the others as the signals allow (a uniform
     # choice rarely lets one channel fall a whole call behind its peers).

@@ -158,6 +158,33 @@ def test_an_output_holding_each_chunk_twice(R):
         group.close()
 
 
+ROOT_ONLY = "collective root_keeps with sizes n[R] of x {\n    in[r] = x[r]\n    out[0] = x[0]\n    copy\n}\n"
+
+
+@pytest.mark.parametrize("R", (2, 3, 5), ids=lambda R: f"R{R}")
+def test_ranks_with_nothing_to_do(R):
+    """Only rank 0 moves data (its own chunk into its output): the other ranks' programs have
+    no steps and their outputs no chunks; their kernels run, write nothing and return."""
+    import purlinc
+
+    group = _group(R)
+    coll = purlinc.load(ROOT_ONLY, group, capacity=CAPACITY, channels=2)
+    spec = coll[0].compiled.spec
+    rng = np.random.default_rng(300 + R)
+    try:
+        bufs = [Buffers(R, DType.FLOAT32, CAPACITY, len(spec.outputs[r]) * CAPACITY, 1, len(spec.outputs[r]))
+                for r in range(R)]
+        for trial in range(4):
+            rows = [[v[0]] for v in vectors(rng, R, CAPACITY, trial)]
+            datas = [b.fill(rng, row) for b, row in zip(bufs, rows)]
+            _run(coll, group, bufs)
+            coll.check()
+            assert not any(_check_outputs(spec, datas, rows, bufs, f"R={R} trial {trial}"))
+    finally:
+        coll.close()
+        group.close()
+
+
 @pytest.mark.parametrize("R, channels", [(2, 1), (4, 3), (8, 2)])
 def test_graph_replays_with_new_sizes(R, channels):
     """One call per rank captured once; every replay reads the sizes the device holds then."""
