@@ -234,6 +234,30 @@ def test_simulator_equals_evaluator(world, rows, hidden, spec_text, option, piec
         assert np.array_equal(operands[rank]["residual"], expected_operands[rank]["residual"]), rank
 
 
+@pytest.mark.parametrize("value", ["s", "2.0", "s * 3.0 - 1.0", "w"])
+def test_rmsnorm_of_a_value_constant_along_the_row(value):
+    """rmsnorm(V, ...) where V does not vary along the row (a scalar, a literal, a row operand):
+    V is a row of that value, V * rsqrt(V * V + EPS) * W; the oracle raised numpy's AxisError
+    for a 0-d V, the simulator with it."""
+    declared = "row w, scalar s" if "s" in value.split() else "row w"  # an operand declared is used
+    spec = check(parse(f"collective f with {declared} {{\n    in[r] = x\n    out[r] = x\n    reduce\n"
+                       f"    epilogue rows(8) {{\n        out = rmsnorm({value}, w, 1e-6) + out * 0.0\n    }}\n}}\n"), 2)
+    rng = np.random.default_rng(len(value))
+    w = rng.standard_normal(8).astype(np.float32)
+    xs = [rng.standard_normal(16).astype(np.float32) for _ in range(2)]
+    operands = [{"w": w, "s": 2.5} if "s" in declared else {"w": w} for _ in range(2)]
+    v = {"s": np.float32(2.5), "2.0": np.float32(2.0), "s * 3.0 - 1.0": np.float32(6.5), "w": w}[value]
+    v = np.broadcast_to(v, (8,)).astype(np.float32)
+    want = np.tile(v / np.sqrt(np.mean(v * v) + np.float32(1e-6)) * w, 2)
+    outs = evaluate(spec, xs, 16, DType.FLOAT32, "sum", operands)
+    for out in outs:
+        np.testing.assert_allclose(out, want, rtol=1e-6)
+    got = simulate_calls(lower(spec, LowerOptions(Algorithm.DIRECT_PUSH, channels=2)), spec, [xs], 16, DType.FLOAT32,
+                         "sum", calls=1, operands=[dict(o) for o in operands])
+    for rank in range(2):
+        assert np.array_equal(got[0][rank], outs[rank])
+
+
 # --- the example: dumps (golden), kernels for every target --------------------------------------
 
 import os  # noqa: E402

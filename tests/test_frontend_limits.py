@@ -271,6 +271,11 @@ def test_a_literal_float32_would_make_zero_is_refused_where_it_is_written():
     assert error.message.startswith("number 1e-50 is too small for float32: it would be 0")
     assert (error.span.line, error.span.column) == (6, 32)
     assert parse(source.replace("1e-50", "1e-45")).epilogue is not None  # the smallest subnormal stays
+    # Nonzero as written, though 0.0 already as a Python float: refused the same way
+    for tiny in ("1e-400", "0." + "0" * 5000 + "1", "0.00001e-400"):
+        assert "is too small for float32: it would be 0" in diagnose(source.replace("1e-50", tiny)).message
+    for zero in ("0e-400", "0.000e5", "0.0"):  # zeros written as zeros are zeros
+        assert parse(source.replace("1e-50", zero)).epilogue is not None
 
 
 def test_a_byte_order_mark_at_the_start_of_a_string_source_is_dropped():

@@ -319,7 +319,8 @@ def _evaluate(expr: ast.FExpr, env: Mapping[str, object]):
               ast.FloatOp.MUL: np.multiply, ast.FloatOp.DIV: np.divide}[expr.op]
         return op(left, right, dtype=np.float32)
     value, weight, eps = (_evaluate(arg, env) for arg in expr.args)
-    value = np.asarray(value, dtype=np.float32)
+    # a value that does not vary along the row (a scalar, a literal) is still a row of them
+    value = np.broadcast_to(np.asarray(value, dtype=np.float32), np.shape(env[OUT]))
     mean = np.mean(value * value, axis=-1, keepdims=True, dtype=np.float32)
     inv = np.float32(1.0) / np.sqrt(mean + np.float32(eps), dtype=np.float32)
     return (value * inv) * weight

@@ -188,7 +188,10 @@ class _ToAst(Transformer_NonRecursive):
         if overflows:
             raise PurlinError(f"number {_shown(token)} is too large for float32 (at most {FLOAT32_MAX:.8g} in "
                               "magnitude)", self._token_span(token))
-        if value != 0 and struct.unpack("<f", struct.pack("<f", value))[0] == 0:  # 1e-50: a nonzero written, 0 used
+        # 1e-50: a nonzero written, 0 used.  Whether it is nonzero comes from the digits written:
+        # 1e-400 is 0.0 already as a Python float
+        written_nonzero = any(digit in "123456789" for digit in str(token).lower().partition("e")[0])
+        if written_nonzero and struct.unpack("<f", struct.pack("<f", value))[0] == 0:
             raise PurlinError(f"number {_shown(token)} is too small for float32: it would be 0 (the smallest is "
                               f"{FLOAT32_TINY:.8g})", self._token_span(token))
         return value

@@ -206,3 +206,62 @@ def test_two_source_reduce_of_every_bf16_value(schedule):
                         f"{schedule} {label} rank {rank} {name}: {differ.numel()} values differ, first at "
                         f"{differ[0].item()}: {every[differ[0]].item()} + {second[differ[0]].item()} gave bits "
                         f"{got.view(torch.int16)[differ[0]].item() & 0xFFFF:#06x}, want {want[differ[0]].item() & 0xFFFF:#06x}")
+
+
+# Epilogues unlike the example's: rmsnorm of a value constant along the row, arithmetic on
+# scalars and literals only, division, a rows operand written from out alone.
+UNUSUAL = {
+    "constant-norm": ("row w, scalar s", "out = rmsnorm(s * 3.0 - 1.0, w, 1e-6) + out * 0.5"),
+    "scalars": ("scalar s, rows kept", "kept = out\n        out = (out - s) / (s * s + 1.0) * -2.0"),
+    "norm-of-weight": ("row w, rows res", "h = out / 4.0 + res\n        res = h\n        out = rmsnorm(w, w, 1e-5) * h"),
+}
+
+
+@pytest.mark.parametrize("dtype", ("float32", "bfloat16"))
+@pytest.mark.parametrize("name", sorted(UNUSUAL))
+def test_unusual_epilogues_equal_the_evaluator(name, dtype):
+    """Each against the NumPy evaluator (purlinc.frontend.evaluate) on the same data, R=2,
+    direct-push on 2 channels (the fused pass): float32 within rsqrtf's and the row sum's order
+    (a few ulp), bf16 within one bf16 rounding."""
+    import numpy as np
+
+    from purlinc.dtypes import DType, from_float32, to_float32
+    from purlinc.frontend.evaluate import evaluate
+
+    declared, body = UNUSUAL[name]
+    source = (f"collective e_{name.replace('-', '_')}(hidden = 64) with {declared} {{\n    in[r] = x\n    out[r] = x\n"
+              f"    reduce\n    epilogue rows(hidden) {{\n        {body}\n    }}\n}}\n")
+    dt = DType.parse(dtype)
+    tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    with _loopback(source, 2, 11, algorithm="direct-push", channels=2) as (coll, streams, gen):
+        spec = coll[0].compiled.spec
+        rng = np.random.default_rng(len(name))
+        n = 4 * 64
+        host = [from_float32(rng.standard_normal(n).astype(np.float32), dt) for _ in range(2)]
+        ops = [{} for _ in range(2)]
+        for o in ops:
+            if "row w" in declared:
+                o["w"] = from_float32((1 + 0.1 * rng.standard_normal(64)).astype(np.float32), dt)
+            if "rows res" in declared:
+                o["res"] = from_float32(rng.standard_normal(n).astype(np.float32), dt)
+            if "rows kept" in declared:
+                o["kept"] = from_float32(np.zeros(n, np.float32), dt)
+            if "scalar s" in declared:
+                o["s"] = 0.75
+        want_ops = [{k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in o.items()} for o in ops]
+        want = evaluate(spec, host, n, dt, "sum", want_ops)
+
+        def dev(a):
+            return torch.from_numpy(np.ascontiguousarray(a)).view(tdt).to(f"cuda:{DEVICE}")
+
+        xs = [dev(h) for h in host]
+        outs = [torch.full_like(x, float("nan")) for x in xs]
+        operands = {k: [dev(o[k]) for o in ops] if isinstance(ops[0][k], np.ndarray) else ops[0][k] for k in ops[0]}
+        _call(coll, streams, xs, outs, **operands)
+        tol = {"rtol": 2e-6, "atol": 1e-6} if dtype == "float32" else {"rtol": 2**-7, "atol": 2**-7}
+        for rank in range(2):
+            got = {"out": outs[rank], **{k: v[rank] for k, v in operands.items() if isinstance(v, list)}}
+            expected = {"out": want[rank], **{k: v for k, v in want_ops[rank].items() if isinstance(v, np.ndarray)}}
+            for key, g in got.items():
+                e = torch.from_numpy(to_float32(expected[key], dt))
+                torch.testing.assert_close(g.float().cpu(), e, **tol, msg=f"{name} {dtype} rank {rank} {key}")
