@@ -89,6 +89,13 @@ _LOG_LEVELS = {"1": "DEBUG", "INFO": "INFO", "DEBUG": "DEBUG", "TRACE": "TRACE",
                "WARNING": "WARNING"}
 
 
+def _refuse(setting: Setting, expected: str):
+    from purlinc.errors import PurlinError
+
+    return PurlinError(f"{setting.name}={setting.raw()!r}: expected {expected}",
+                       notes=(f"{setting.name}: {setting.help}",))
+
+
 def log_level() -> str | None:
     """The level PURLIN_DEBUG asks for (``INFO``, ``DEBUG``, ``TRACE``, ``WARNING``), or None: no log."""
     raw = DEBUG.raw().strip().upper()
@@ -96,8 +103,41 @@ def log_level() -> str | None:
         return None
     level = _LOG_LEVELS.get(raw)
     if level is None:
-        raise ValueError(f"{DEBUG.name}={DEBUG.raw()!r}: expected 0, 1, INFO, DEBUG or TRACE")
+        raise _refuse(DEBUG, "0, 1, INFO, DEBUG, TRACE, WARN or WARNING")
     return level
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def _flag(setting: Setting) -> bool:
+    """A switch: 1, true, yes or on; 0, false, no, off or empty (any case, spaces ignored).
+    Anything else is refused, not read as on: PURLIN_NO_CACHE=false turned the cache off."""
+    raw = setting.raw().strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise _refuse(setting, "1, true, yes or on; or 0, false, no or off")
+
+
+def _number(setting: Setting, low: float, high: float, *, zero: bool = False) -> float:
+    """A finite number in [low, high] (or 0 where ``zero`` says 0 means none)."""
+    raw = setting.raw().strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if value == value and ((zero and value == 0) or low <= value <= high):
+        return value
+    def shown(x: float) -> str:
+        return f"{int(x):,}" if x == int(x) else f"{x:g}"
+
+    span = f"a number from {shown(low)} to {shown(high)}" + (", or 0 for none" if zero else "")
+    raise _refuse(setting, span)
+
+
+_MOST_MB = float(1 << 24)  # 16 TiB: more than any device holds
 
 
 def debug() -> bool:
@@ -106,31 +146,31 @@ def debug() -> bool:
 
 
 def cache_enabled() -> bool:
-    return NO_CACHE.raw() in ("", "0")
+    return not _flag(NO_CACHE)
 
 
 def cache_dir() -> Path:
     raw = CACHE_DIR.raw()
     if raw:
-        return Path(raw)
+        return Path(raw).expanduser()  # ~ as a shell would (a Dockerfile's ENV does not)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "purlin"
 
 
 def wait_timeout_ns() -> int:
-    return int(float(WAIT_TIMEOUT_S.raw()) * 1e9)
+    return int(_number(WAIT_TIMEOUT_S, 0.001, 1e6) * 1e9)  # a millisecond to about 11 days
 
 
 def heap_bytes() -> int:
-    return int(float(HEAP_MB.raw()) * (1 << 20))
+    return int(_number(HEAP_MB, 1, _MOST_MB) * (1 << 20))
 
 
 def trace() -> bool:
-    return TRACE.raw() not in ("", "0")
+    return _flag(TRACE)
 
 
 def pdl() -> bool:
-    return PDL.raw() not in ("", "0")
+    return _flag(PDL)
 
 
 def graph_buffers() -> str:
@@ -143,11 +183,11 @@ def graph_buffers() -> str:
 
 
 def heap_max_bytes() -> int:
-    return int(float(HEAP_MAX_MB.raw()) * (1 << 20))
+    return int(_number(HEAP_MAX_MB, 1, _MOST_MB, zero=True) * (1 << 20))
 
 
 def stage_bytes() -> int:
-    return int(float(STAGE_MB.raw()) * (1 << 20))
+    return int(_number(STAGE_MB, 1 / 16, _MOST_MB) * (1 << 20))  # at least 64 KiB
 
 
 def codegen_settings() -> dict[str, str]:

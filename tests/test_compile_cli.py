@@ -90,3 +90,21 @@ def test_compile_errors(tmp_path, capsys, args, message):
     assert err.startswith(message), err
     assert "Traceback" not in err and out == ""
     assert not list(tmp_path.iterdir())
+
+
+def test_artifacts_are_written_all_or_none(tmp_path, capsys):
+    """A directory where the schedule goes: refused before any artifact is replaced, naming that
+    path (not a temporary file), and no temporary file left.  Before, the .cu and .cubin of the
+    new compile (another arch) sat beside the old manifest."""
+    status, out, err = _compile(capsys, EXAMPLES / "allreduce.pln", "-R", "2", "-o", tmp_path)
+    assert status == 0, err
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    (schedule,) = tmp_path.glob("*.schedule.json")
+    schedule.unlink()
+    schedule.mkdir()
+    status, out, err = _compile(capsys, EXAMPLES / "allreduce.pln", "-R", "2", "--arch", "sm_100", "-o", tmp_path)
+    assert status == 2 and out == ""
+    assert err.startswith(f"error: cannot write the artifacts into {tmp_path}: {schedule}: not a file"), err
+    after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    assert after == {name: data for name, data in before.items() if name != schedule.name}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

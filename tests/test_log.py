@@ -58,7 +58,9 @@ def test_debug_setting_keeps_the_cli_meaning(monkeypatch):
         monkeypatch.setenv("PURLIN_DEBUG", value)
         assert (settings.debug(), settings.log_level()) == (reraise, level), value
     monkeypatch.setenv("PURLIN_DEBUG", "loud")
-    with pytest.raises(ValueError, match="PURLIN_DEBUG='loud': expected 0, 1, INFO, DEBUG or TRACE"):
+    from purlinc.errors import PurlinError
+
+    with pytest.raises(PurlinError, match="PURLIN_DEBUG='loud': expected 0, 1, INFO, DEBUG, TRACE, WARN or WARNING"):
         settings.log_level()
 
 

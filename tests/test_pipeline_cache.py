@@ -246,6 +246,36 @@ def _damage(entry: Path, damage: str) -> None:
     damaged[entry] = data
 
 
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "empty", "garbage"])
+def test_a_damaged_cubin_is_a_miss_not_an_artifact(cache_dir, damage):
+    """The NVRTC level's CUBIN carries a checksum: a damaged one was handed back as the
+    artifact (and sealed into a new front entry) when the front entry was gone."""
+    first = pipeline.compile(ALLGATHER, world_size=2, arch="sm_90")
+    (cubin,) = cache_dir.glob("*/*.cubin")
+    _damage(cubin, damage)
+    for entry in _entries(cache_dir):
+        entry.unlink()
+    pipeline.forget()
+    compiles = nvrtc.STATS.compiles
+    again = pipeline.compile(ALLGATHER, world_size=2, arch="sm_90")
+    assert nvrtc.STATS.compiles == compiles + 1 and again.cubin == first.cubin
+    assert cubin.read_bytes() != damaged[cubin]  # rewritten
+    pipeline.forget()
+    assert pipeline.compile(ALLGATHER, world_size=2, arch="sm_90").cubin == first.cubin
+
+
+def test_something_other_than_a_file_at_an_entry_is_a_miss(cache_dir):
+    """A named pipe at an entry's path made the compile wait forever on its read."""
+    pipeline.compile(ALLGATHER, world_size=2, arch="sm_90")
+    paths = [*_entries(cache_dir), *cache_dir.glob("*/*.cubin")]
+    for path in paths:
+        path.unlink()
+        os.mkfifo(path)
+    pipeline.forget()
+    assert not pipeline.compile(ALLGATHER, world_size=2, arch="sm_90").from_cache
+    assert cache.load("0" * 64) is None and cache.load_front("0" * 64) is None
+
+
 def test_no_cache_bypasses_both_levels(cache_dir, monkeypatch):
     monkeypatch.setenv("PURLIN_NO_CACHE", "1")
     work = _work()

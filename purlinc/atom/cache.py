@@ -11,9 +11,10 @@
 Both keys are sha256 of a stable JSON of the schema version, a hash of this package's own
 code, grammar and templates, the inputs, the normalized options, the NVRTC version and the
 settings that affect generated code.  Entries are written to a temporary file and renamed
-into place, so concurrent compilers never see half a file; a front entry also carries a
-checksum, and one that does not read back cleanly is a miss (then rewritten), never an
-error.  ``PURLIN_NO_CACHE=1`` bypasses both levels, ``PURLIN_CACHE_DIR`` relocates both
+into place, so concurrent compilers never see half a file; every entry also carries a
+checksum, and one that does not read back cleanly (or is not a regular file) is a miss
+(then rewritten), never an error.  A cache that cannot be written is not an error either
+(the log says so once, at INFO).  ``PURLIN_NO_CACHE=1`` bypasses both levels, ``PURLIN_CACHE_DIR`` relocates both
 (purlinc/settings.py).
 """
 
@@ -22,13 +23,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import struct
 import tempfile
 from pathlib import Path
 
 from purlinc import settings
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: a CUBIN entry ends with its sha256
 FRONT_SCHEMA_VERSION = 1
 _FRONT_MAGIC = b"PURLIN-FRONT\x00\x02"
 _LENGTH = struct.Struct("<Q")  # header JSON bytes
@@ -99,17 +101,41 @@ def _path(key: str) -> Path:
     return settings.cache_dir() / key[:2] / f"{key}.cubin"
 
 
-def load(key: str) -> bytes | None:
-    if not settings.cache_enabled():
-        return None
+def _read(path: Path) -> bytes | None:
+    """A regular file's bytes, or None (missing, unreadable, or something else at the path: a
+    named pipe would block the read forever)."""
     try:
-        return _path(key).read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def load(key: str) -> bytes | None:
+    """The CUBIN stored under ``key``, or None: missing, or not as stored (a truncated or damaged
+    file was handed to the driver, and sealed into a front entry, before it had a checksum)."""
+    if not settings.cache_enabled():
+        return None
+    data = _read(_path(key))
+    if data is None or len(data) <= 32 or hashlib.sha256(data[:-32]).digest() != data[-32:]:
+        return None
+    return data[:-32]
+
+
+_UNWRITABLE_LOGGED = False
 
 
 def _write_atomically(path: Path, chunks: tuple[bytes, ...]) -> None:
     """Temporary file + rename; a cache that cannot be written is not an error (just slower)."""
+    global _UNWRITABLE_LOGGED
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
@@ -121,13 +147,18 @@ def _write_atomically(path: Path, chunks: tuple[bytes, ...]) -> None:
         except BaseException:
             os.unlink(temp)
             raise
-    except OSError:
-        pass
+    except OSError as error:
+        if not _UNWRITABLE_LOGGED:
+            _UNWRITABLE_LOGGED = True
+            from purlinc.log import get
+
+            get("cache").info("the compile cache cannot be written (%s: %s): compiling without it",
+                              error.filename or path, error.strerror or error)
 
 
 def store(key: str, data: bytes) -> None:
     if settings.cache_enabled():
-        _write_atomically(_path(key), (data,))
+        _write_atomically(_path(key), (data, hashlib.sha256(data).digest()))
 
 
 # ---- level 1: the front cache, keyed on compile()'s inputs -----------------------------
@@ -154,9 +185,8 @@ def load_front(key: str) -> tuple[dict, dict[str, bytes]] | None:
     are blobs, not JSON strings, so a hit decodes only the small header."""
     if not settings.cache_enabled():
         return None
-    try:
-        data = _front_path(key).read_bytes()
-    except OSError:
+    data = _read(_front_path(key))
+    if data is None:
         return None
     try:
         fixed = len(_FRONT_MAGIC) + _LENGTH.size

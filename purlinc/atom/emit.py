@@ -6,6 +6,7 @@ compiler: entry points, launch geometry, the ABI, buffer sizes and the versions 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -82,22 +83,37 @@ def _umask() -> int:
     return mask
 
 
-def _write(path: Path, data: bytes) -> None:
-    """Temporary file + rename: a reader never sees half an artifact."""
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+def _staged(path: Path, data: bytes) -> str:
+    """``data`` in a temporary file beside ``path`` (renamed into place by the caller); an
+    error names ``path``, not the temporary file."""
+    try:
+        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, str(path)) from None
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         # mkstemp creates 0600; artifacts are ordinary files (0644 under the usual umask).
         os.chmod(temp, 0o666 & ~_umask())
-        os.replace(temp, path)
-    except BaseException:
+    except BaseException as error:
         os.unlink(temp)
+        if isinstance(error, OSError):
+            raise OSError(error.errno, error.strerror, str(path)) from None
         raise
+    return temp
+
+
+def _check_replaceable(path: Path) -> None:
+    """A directory (or another non-file) where an artifact goes would stop its rename after
+    the artifacts before it were replaced: refused before any is written (a link is replaced)."""
+    if os.path.lexists(path) and not (os.path.islink(path) or os.path.isfile(path)):
+        raise OSError(errno.EEXIST, "not a file, so the artifact cannot replace it", str(path))
 
 
 def write_artifacts(artifact, out_dir: Path, *, ranks_defaulted: bool) -> list[Path]:
-    """Write ``<kernel_base>.cu``, ``.cubin``, ``.schedule.json`` and ``.manifest.json``."""
+    """Write ``<kernel_base>.cu``, ``.cubin``, ``.schedule.json`` and ``.manifest.json``, all or
+    none: every file is checked and written to a temporary file first, then each is renamed
+    into place (a reader never sees half an artifact, nor a set from two compiles after an error)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     base = artifact.cuda.kernel_base
@@ -106,8 +122,23 @@ def write_artifacts(artifact, out_dir: Path, *, ranks_defaulted: bool) -> list[P
         files.append((out_dir / f"{base}.cubin", artifact.cubin))
     files.append((out_dir / f"{base}.schedule.json", _json_bytes(_schedule_json(artifact.schedule))))
     files.append((out_dir / f"{base}.manifest.json", _json_bytes(manifest(artifact, ranks_defaulted=ranks_defaulted))))
-    for path, data in files:
-        _write(path, data)
+    for path, _ in files:
+        _check_replaceable(path)
+    temps: list[str] = []
+    try:
+        for path, data in files:
+            temps.append(_staged(path, data))
+    except BaseException:
+        for temp in temps:
+            os.unlink(temp)
+        raise
+    for n, (temp, (path, _)) in enumerate(zip(temps, files)):
+        try:
+            os.replace(temp, path)
+        except OSError as error:
+            for left in temps[n:]:
+                os.unlink(left)
+            raise OSError(error.errno, error.strerror, str(path)) from None
     return [path for path, _ in files]
 
 

@@ -57,6 +57,7 @@ def _user_error(error: Exception, text: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        settings.log_level()  # a PURLIN_DEBUG the runtime's log would refuse is refused here too
         status = SUBCOMMANDS[args.command].run(args)
         sys.stdout.flush()  # inside the try: a closed pipe shows up here
         return status

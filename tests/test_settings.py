@@ -1,0 +1,76 @@
+"""Environment settings (purlinc/settings.py): values are checked where they are read, and a
+mistake names the variable and what it takes, instead of a bare Python exception or a
+silent reading (an empty PURLIN_HEAP_MB raised "could not convert string to float: ''",
+PURLIN_WAIT_TIMEOUT_S=-1 gave a negative bound, PURLIN_NO_CACHE=false turned the cache off)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from purlinc import settings
+from purlinc.errors import PurlinError
+
+NUMBERS = [
+    ("PURLIN_WAIT_TIMEOUT_S", settings.wait_timeout_ns, "2.5", 2_500_000_000),
+    ("PURLIN_HEAP_MB", settings.heap_bytes, "512", 512 << 20),
+    ("PURLIN_HEAP_MAX_MB", settings.heap_max_bytes, "0", 0),
+    ("PURLIN_HEAP_MAX_MB", settings.heap_max_bytes, "1024", 1 << 30),
+    ("PURLIN_STAGE_MB", settings.stage_bytes, "0.25", 1 << 18),
+]
+
+
+@pytest.mark.parametrize("name, read, value, expected", NUMBERS)
+def test_numbers_read(monkeypatch, name, read, value, expected):
+    monkeypatch.setenv(name, value)
+    assert read() == expected
+
+
+BAD = ["", "abc", "nan", "inf", "1e400", "-1", "99999999999999999999", "0"]
+REFUSED = [(name, read, value) for name, read in sorted({(n, r) for n, r, _, _ in NUMBERS}, key=lambda item: item[0])
+           for value in BAD if (name, value) != ("PURLIN_HEAP_MAX_MB", "0")]  # 0 means no bound there
+
+
+@pytest.mark.parametrize("name, read, value", REFUSED)
+def test_numbers_refused(monkeypatch, name, read, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(PurlinError) as caught:
+        read()
+    assert caught.value.message.startswith(f"{name}={value!r}: expected a number from "), caught.value.message
+    assert caught.value.notes and caught.value.notes[0].startswith(f"{name}: ")
+
+
+@pytest.mark.parametrize("name, read, on", [
+    ("PURLIN_NO_CACHE", settings.cache_enabled, False), ("PURLIN_TRACE", settings.trace, True),
+    ("PURLIN_PDL", settings.pdl, True),
+])
+def test_switches(monkeypatch, name, read, on):
+    for value in ("1", "true", "Yes", " on "):
+        monkeypatch.setenv(name, value)
+        assert read() is on, value
+    for value in ("0", "false", "NO", "off ", ""):
+        monkeypatch.setenv(name, value)
+        assert read() is not on, value
+    for value in ("-1", "2", "enable", "0 0"):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(PurlinError) as caught:
+            read()
+        assert caught.value.message == f"{name}={value!r}: expected 1, true, yes or on; or 0, false, no or off"
+
+
+def test_cache_dir_expands_the_home_directory(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("PURLIN_CACHE_DIR", "~/.cache/purlin-test")
+    assert settings.cache_dir() == tmp_path / ".cache" / "purlin-test"
+
+
+def test_the_command_line_refuses_a_bad_debug_level(tmp_path):
+    """The runtime's log refuses PURLIN_DEBUG=loud at import; the command line said nothing."""
+    spec = Path(__file__).resolve().parents[1] / "examples" / "allgather.pln"
+    done = subprocess.run([sys.executable, "-m", "purlinc", "check", str(spec), "-R", "2"], capture_output=True,
+                          text=True, env={**__import__("os").environ, "PURLIN_DEBUG": "loud"}, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "PURLIN_DEBUG='loud': expected 0, 1, INFO, DEBUG, TRACE, WARN or WARNING" in done.stderr
