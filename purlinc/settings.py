@@ -130,11 +130,12 @@ def _number(setting: Setting, low: float, high: float, *, zero: bool = False) ->
         value = float("nan")
     if value == value and ((zero and value == 0) or low <= value <= high):
         return value
-    def shown(x: float) -> str:
-        return f"{int(x):,}" if x == int(x) else f"{x:g}"
-
-    span = f"a number from {shown(low)} to {shown(high)}" + (", or 0 for none" if zero else "")
+    span = f"a number from {_shown(low)} to {_shown(high)}" + (", or 0 for none" if zero else "")
     raise _refuse(setting, span)
+
+
+def _shown(x: float) -> str:
+    return f"{int(x):,}" if x == int(x) else f"{x:g}"
 
 
 _MOST_MB = float(1 << 24)  # 16 TiB: more than any device holds

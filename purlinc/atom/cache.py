@@ -14,8 +14,8 @@ settings that affect generated code.  Entries are written to a temporary file an
 into place, so concurrent compilers never see half a file; every entry also carries a
 checksum, and one that does not read back cleanly (or is not a regular file) is a miss
 (then rewritten), never an error.  A cache that cannot be written is not an error either
-(the log says so once, at INFO).  ``PURLIN_NO_CACHE=1`` bypasses both levels, ``PURLIN_CACHE_DIR`` relocates both
-(purlinc/settings.py).
+(the log says so once, at INFO).  ``PURLIN_NO_CACHE=1`` bypasses both levels,
+``PURLIN_CACHE_DIR`` relocates both (purlinc/settings.py).
 """
 
 from __future__ import annotations
