@@ -225,6 +225,39 @@ def test_fake_shapes_and_dtypes_on_meta(kind, dtype):
                 ops.out(x, torch.empty(outs * count + 1, dtype=dtype, device="meta"), e.handle, "sum")
 
 
+def test_an_output_no_tensor_holds_is_an_argument_error():
+    """An all-gather of 2**60 float32 elements over 3 ranks: the output would need more bytes than
+    a tensor's int64 size (torch's "Storage size calculation overflowed" before)."""
+    group = StandInWorlds(3).groups()[1]
+    e = group.entry("allgather")
+    with pytest.raises(ArgumentError, match=r"purlin::allgather on rank 1: count=1152921504606846976 elements per "
+                                            r"chunk is too large"):
+        pt.define("allgather").functional(torch.empty(2**60, device="meta"), e.handle, "sum", -1)
+
+
+def test_shape_inference_and_make_fx_record_the_op_and_launch_nothing():
+    """Under FakeTensorMode or make_fx (no torch.compile), pt.functional and Group calls launched
+    the real collective on fake tensors; now they record purlin::NAME_seq as compiled calls do."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    g = StandInWorlds(1).groups()[0]
+    launched = []
+    for kind in ("allreduce", "allgather"):  # the loaded collective, replaced by one that records launches
+        g.entry(kind)._collective = type("Spy", (), {"is_warm": lambda self, *a: True,
+                                                     "__call__": lambda self, *a, **k: launched.append(kind)})()
+    with FakeTensorMode():
+        x = torch.empty(4, 3)
+        assert tuple(pt.functional.all_reduce(x, group=g).shape) == (4, 3)
+        g.all_reduce(x.clone())
+        assert tuple(pt.functional.all_gather_tensor(x, group=g).shape) == (4, 3)
+    for mode in ("fake", "symbolic"):
+        graph = make_fx(lambda t: pt.functional.all_reduce(t, group=g), tracing_mode=mode)(torch.randn(4, 3))
+        targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+        assert "purlin.allreduce_seq.default" in targets, targets
+    assert launched == []
+
+
 def test_fake_tensor_mode_gives_shapes():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -476,6 +509,29 @@ def test_compiled_bad_shape_names_tensor_expected_actual():
         torch.compile(f, fullgraph=True, backend="aot_eager")(torch.randn(5))
 
 
+@pytest.mark.parametrize("name", ["all_gather_into_tensor", "all_to_all_single", "reduce_scatter_tensor"])
+def test_compiled_copies_check_the_output_as_eager_calls_do(name):
+    """A float16 output for float32 data was refused eagerly and cast into silently when
+    compiled; a wrong size gave torch's view error, naming neither op nor tensor."""
+    g = StandInWorlds(1).groups()[0]
+    x = torch.randn(4, 3)
+
+    def f(out, x):
+        getattr(g, name)(out, x)
+        return out
+
+    label = {"all_gather_into_tensor": "output_tensor"}.get(name, "output")
+    for out, message in ((torch.zeros(4, 3, dtype=torch.float16), f"{name}: {label} has dtype float16, expected float32"),
+                         (torch.zeros(5, 3), f"{name}: (output|input)\\w* has \\d+ elements")):
+        with pytest.raises(ArgumentError, match=message):
+            f(out.clone(), x)
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=message):  # torch._check's RuntimeError, or dynamo's with it
+            torch.compile(f, fullgraph=True, backend="aot_eager")(out.clone(), x)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(f, fullgraph=True, backend="aot_eager")(torch.zeros(4, 3), x), f(torch.zeros(4, 3), x))
+
+
 def test_capture_before_warm_up_is_refused(monkeypatch):
     R = 2
     groups = StandInWorlds(R).groups()
@@ -664,6 +720,23 @@ def test_gradient_of_max_is_refused_and_rooted_ops_have_none():
     y = torch.ops.purlin.broadcast(x, g.entry("broadcast").handle, "sum", -1)
     with pytest.raises(ArgumentError, match="purlin::broadcast: no gradient is defined for this collective"):
         y.sum().backward()
+
+
+@pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter_tensor"])
+def test_a_compiled_max_runs_forward_and_refuses_only_its_backward(name):
+    """A forward of max/min/prod on an input that requires grad (a serving model's parameters)
+    failed to compile: dynamo traced the backward ahead and could not build its error.  Now the
+    forward compiles and runs; the backward raises ArgumentError when it runs, as eagerly."""
+    g = StandInWorlds(1).groups()[0]
+    fn = getattr(pt.functional, name)
+    x = torch.randn(4, 2, requires_grad=True)
+    torch._dynamo.reset()
+    y = torch.compile(lambda t: fn(t, op="max", group=g), fullgraph=True, backend="aot_eager")(x)
+    assert torch.equal(y.detach(), x.detach())  # a world of one
+    kind = {"all_reduce": "allreduce", "reduce_scatter_tensor": "reduce_scatter"}[name]
+    with pytest.raises(ArgumentError, match=rf"purlin::{kind}: the gradient of op='max' is not defined here") as caught:
+        y.sum().backward()
+    assert caught.value.notes == ("a max/min/prod reduction has no gradient that one collective of the gradient gives",)
 
 
 def test_uneven_all_to_all_forward_and_backward():

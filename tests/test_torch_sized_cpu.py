@@ -192,6 +192,20 @@ def test_custom_op_fake_shapes_by_capacity():
     assert "Tensor(a!) out" in schema and "Tensor(b!) out_splits" in schema
 
 
+def test_rows_of_no_elements_are_refused_by_name():
+    """Input rows of 0 elements (shape (5, 0)) raised a bare ZeroDivisionError in the real and
+    the fake implementations alike."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    g = groups(2, capacity=96)[0]
+    functional, _ = sized.define()
+    handle = sized.state_of(g).handle
+    with FakeTensorMode():
+        with pytest.raises(ArgumentError, match=r"input has rows of 0 elements \(shape \(5, 0\)\); expected rows of "
+                                                r"at least one element"):
+            functional(torch.empty(5, 0), torch.empty(2, dtype=torch.int64), handle)
+
+
 def test_configure_after_load_is_refused():
     gs = groups(1)
     x = torch.ones(2, 2)

@@ -43,7 +43,18 @@ def _torch_device(device) -> torch.device:
 
 
 def _compiling() -> bool:
-    return torch.compiler.is_compiling()
+    """Traced, not run: torch.compile, FakeTensorMode or make_fx (ops.tracing)."""
+    return _ops.tracing()
+
+
+def _require(condition, message: str) -> None:
+    """A caller's mistake, refused alike eagerly (ArgumentError) and in a compiled region
+    (``torch._check``, which dynamo traces where it cannot trace building an ArgumentError:
+    the message still reaches the caller, and a wrong output is not cast into silently)."""
+    if _compiling():
+        torch._check(condition, lambda: message)
+    elif not condition:
+        raise ArgumentError(message)
 
 
 try:  # torch.distributed's Work, so a Work of ours is one wherever torch expects one (a backend's returns)
@@ -125,7 +136,7 @@ class Group:
         self._loader = loader
         self._entries: dict[tuple[str, int], Entry] = {}
         self._side: torch.cuda.Stream | None = None
-        self._seq = _ops.sequence(comm, self.device)  # orders compiled calls (ops._keep_in_order)
+        self._sequence = _ops.sequence(comm, self.device)  # orders compiled calls (ops._keep_in_order)
         # Every (collective, root) entry now: they hold only shapes (loads come on first use),
         # and a compiled graph then finds its handle by a plain dict lookup, a constant.
         self._handles: dict[tuple[str, int], int] = {}
@@ -154,6 +165,11 @@ class Group:
             _ops.define(kind)
             self._entries[key] = hit
         return hit
+
+    @property
+    def _seq(self):
+        """The communicator's sequence tensor, as an active FakeTensorMode sees it (ops.traced)."""
+        return _ops.traced(self._sequence)
 
     def _handle(self, kind: str, root: int = 0) -> int:
         return self._handles[(kind, root)]
@@ -245,18 +261,16 @@ class Group:
         _ops.require_tensors("reduce_scatter_tensor", [("output", output), ("input", input)])
         op = _ops.normalize_op(op, "reduce_scatter_tensor")
         handle = self._handle("reduce_scatter")
+        where = "reduce_scatter_tensor"
+        self._same_dtype(where, output, input, "output", "input")
+        _require(input.numel() == self.world_size * output.numel(),
+                 f"{where}: input has {input.numel()} elements (shape {tuple(input.shape)}), expected "
+                 f"{self.world_size * output.numel()} ({self.world_size} ranks x the {output.numel()} of output)")
         if _compiling():
             output.copy_(torch.ops.purlin.reduce_scatter_seq(input, self._seq, handle, op, -1).view(output.shape))
             return _DONE if async_op else None
-        e = entry(handle)
-        where = "reduce_scatter_tensor"
         _ops.carrier(where, "input", input, reduce=True)
-        self._check(where, e, [("input", input), ("output", output)], op)
-        self._same_dtype(where, output, input, "output", "input")
-        if input.numel() != self.world_size * output.numel():
-            raise ArgumentError(
-                f"{where}: input has {input.numel()} elements (shape {tuple(input.shape)}), expected "
-                f"{self.world_size * output.numel()} ({self.world_size} ranks x the {output.numel()} of output)")
+        self._check(where, entry(handle), [("input", input), ("output", output)], op)
         body = _ops.define("reduce_scatter").eager_out
         return self._issue(lambda: body(input, output, handle, op), [input, output], async_op, [output])
 
@@ -295,17 +309,15 @@ class Group:
         _ops.require_tensors(where, [("output_tensor", output_tensor), ("input_tensor", input_tensor)])
         handle = self._handle("allgather")
         output, input = self._bytes(where, [("output_tensor", output_tensor), ("input_tensor", input_tensor)])
+        self._same_dtype(where, output_tensor, input_tensor, "output_tensor", "input_tensor")
+        _require(output_tensor.numel() == self.world_size * input_tensor.numel(),
+                 f"{where}: output_tensor has {output_tensor.numel()} elements (shape {tuple(output_tensor.shape)}), "
+                 f"expected {self.world_size * input_tensor.numel()} ({self.world_size} ranks x the "
+                 f"{input_tensor.numel()} of input_tensor)")
         if _compiling():
             output.copy_(torch.ops.purlin.allgather_seq(input, self._seq, handle, "sum", -1).view(output.shape))
             return _DONE if async_op else None
-        e = entry(handle)
-        self._check(where, e, [("input_tensor", input), ("output_tensor", output)])
-        self._same_dtype(where, output_tensor, input_tensor, "output_tensor", "input_tensor")
-        if output_tensor.numel() != self.world_size * input_tensor.numel():
-            raise ArgumentError(
-                f"{where}: output_tensor has {output_tensor.numel()} elements (shape {tuple(output_tensor.shape)}), "
-                f"expected {self.world_size * input_tensor.numel()} ({self.world_size} ranks x the "
-                f"{input_tensor.numel()} of input_tensor)")
+        self._check(where, entry(handle), [("input_tensor", input), ("output_tensor", output)])
         body = _ops.define("allgather").eager_out
         return self._issue(lambda: body(input, output, handle, "sum"),
                            [input, output], async_op, [output_tensor])
@@ -330,17 +342,16 @@ class Group:
             return self._all_to_all_uneven(where, output, input, *splits, async_op)
         handle = self._handle("alltoall")
         out, inp = self._bytes(where, [("output", output), ("input", input)])
+        self._same_dtype(where, output, input, "output", "input")
+        _require(output.numel() == input.numel(),
+                 f"{where}: output has {output.numel()} elements, expected {input.numel()} (as many as input)")
+        _require(input.dim() == 0 or input.shape[0] % self.world_size == 0,
+                 f"{where}: input has {input.shape[0] if input.dim() else 0} rows (dim 0), expected a multiple of "
+                 f"{self.world_size} (one equal slice per rank)")
         if _compiling():
             out.copy_(torch.ops.purlin.alltoall_seq(inp, self._seq, handle, "sum", -1).view(out.shape))
             return _DONE if async_op else None
         self._check(where, entry(handle), [("input", inp), ("output", out)])
-        self._same_dtype(where, output, input, "output", "input")
-        if output.numel() != input.numel():
-            raise ArgumentError(f"{where}: output has {output.numel()} elements, expected {input.numel()} "
-                                f"(as many as input)")
-        if input.dim() and input.shape[0] % self.world_size:
-            raise ArgumentError(f"{where}: input has {input.shape[0]} rows (dim 0), expected a multiple of "
-                                f"{self.world_size} (one equal slice per rank)")
         body = _ops.define("alltoall").eager_out
         return self._issue(lambda: body(inp, out, handle, "sum"), [inp, out], async_op, [output])
 
@@ -473,7 +484,8 @@ class Group:
         from purlinc.torch import sized
 
         if _compiling():
-            raise ArgumentError(f"{where}: split size lists under torch.compile; expected all_to_all_vdev there "
+            raise ArgumentError(f"{where}: split size lists while tracing (torch.compile, FakeTensorMode, make_fx); "
+                                "expected all_to_all_vdev there "
                                 "(split sizes on the GPU)", notes=("host lists are not graph values",))
         out, inp = (_rows_carrier(where, label, t) for label, t in (("output", output), ("input", input)))
         return self._run(lambda: sized.all_to_all_single(self, out, inp, out_splits, in_splits),
@@ -508,9 +520,8 @@ class Group:
 
     @staticmethod
     def _same_dtype(where, a, b, la, lb):
-        if a.dtype != b.dtype:
-            raise ArgumentError(f"{where}: {la} has dtype {str(a.dtype).removeprefix('torch.')}, expected "
-                                f"{str(b.dtype).removeprefix('torch.')} (the dtype of {lb})")
+        _require(a.dtype == b.dtype, f"{where}: {la} has dtype {str(a.dtype).removeprefix('torch.')}, expected "
+                                     f"{str(b.dtype).removeprefix('torch.')} (the dtype of {lb})")
 
     def _list_like(self, where, label, tensors, tensor):
         if tensors is None or len(tensors) != self.world_size:

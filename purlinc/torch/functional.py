@@ -24,11 +24,11 @@ def _group(group):
 
 
 def _run(kind: str, x, seq, handle: int, op: str):
-    """One collective's functional op: the ordered one in a compiled graph (ops.sequence), the op body eagerly."""
-    if torch.compiler.is_compiling():
+    """One collective's functional op: the ordered one while traced (ops.sequence), the op body eagerly."""
+    if _ops.tracing():  # torch.compile, FakeTensorMode or make_fx: record the op, launch nothing
         if seq is None:  # in a backward: the communicator's sequence tensor, found from the handle
             e = _ops.entry(handle)
-            seq = _ops.sequence(e.comm, e.device)
+            seq = _ops.traced(_ops.sequence(e.comm, e.device))
         return getattr(torch.ops.purlin, kind + "_seq")(x, seq, handle, op, -1)
     return _ops.define(kind).eager_functional(x, handle, op, -1)
 

@@ -202,6 +202,7 @@ def count_of(where: str, e: Entry, x, out=None, count: int = -1, names=("x", "ou
         if count != -1 and count != n // e.in_units:
             raise ArgumentError(f"{where}: count={count}, expected -1 or {n // e.in_units} (what {names[0]} says: "
                                 f"{n} elements in {e.in_units} chunks)")
+        _check_output_bytes(where, e, x, n // e.in_units)  # an all-gather of a huge x: more than a tensor holds
         return n // e.in_units
     if x is not None and x.numel():
         raise ArgumentError(f"{where}: rank {e.rank} gives no input, but {names[0]} has {x.numel()} elements; "
@@ -423,13 +424,32 @@ def differentiate(kind: str, op: str, world_size: int, grad, inverse):
         raise ArgumentError(f"purlin::{kind}: no gradient is defined for this collective; expected one of "
                             f"{', '.join(INVERSES)} (all_reduce, all_gather, reduce_scatter, all_to_all)")
     if kind in ("allreduce", "reduce_scatter") and op not in ("sum", "avg"):
-        raise ArgumentError(f"purlin::{kind}: the gradient of op={op!r} is not defined here; expected sum or avg",
-                            notes=("a max/min/prod reduction has no gradient that one collective of the "
-                                   "gradient gives",))
+        message = f"purlin::{kind}: the gradient of op={op!r} is not defined here; expected sum or avg"
+        note = "a max/min/prod reduction has no gradient that one collective of the gradient gives"
+        if torch.compiler.is_compiling():  # the forward compiles; the backward raises when it runs
+            numel = grad.numel() * (world_size if kind == "reduce_scatter" else 1)
+            return torch.ops.purlin.no_gradient(grad, numel, f"{message}\nnote: {note}")
+        raise ArgumentError(message, notes=(note,))
     if kind == "allreduce":
         return inverse(grad, op)  # sum: the sum of the gradients; avg: their average
     dx = inverse(grad, "sum")
     return dx / world_size if kind == "reduce_scatter" and op == "avg" else dx
+
+
+@torch.library.custom_op(f"{NAMESPACE}::no_gradient", mutates_args=())
+def _no_gradient_op(grad: torch.Tensor, numel: int, message: str) -> torch.Tensor:
+    """``purlin::no_gradient(grad, numel, message)``: a gradient of ``numel`` elements in a
+    compiled graph that raises ArgumentError(message) when the backward runs.  Raising while the
+    backward is traced would refuse the forward too: dynamo traces an autograd function's
+    backward ahead of time, and cannot trace building the error.  Defined at import: an op
+    cannot be defined inside a traced function."""
+    text, _, note = message.partition("\nnote: ")
+    raise ArgumentError(text, notes=(note,) if note else ())
+
+
+@_no_gradient_op.register_fake
+def _(grad, numel, message):
+    return grad.new_empty(numel)
 
 
 def _save(ctx, inputs, output) -> None:
@@ -473,6 +493,29 @@ def _keep_in_order(op, *, mutable: bool) -> None:
 
 
 _SEQUENCES: dict = {}
+
+
+def tracing() -> bool:
+    """Whether collectives are being traced rather than run: torch.compile (dynamo), or a fake or
+    proxy dispatch mode (FakeTensorMode shape inference, make_fx).  Traced, a call records the
+    ordered op (NAME_seq); run eagerly it would launch a real collective on fake tensors."""
+    if torch.compiler.is_compiling():
+        return True
+    key = torch._C._TorchDispatchModeKey
+    return torch._C._get_dispatch_mode(key.FAKE) is not None or torch._C._get_dispatch_mode(key.PROXY) is not None
+
+
+def traced(seq):
+    """The sequence tensor as the active FakeTensorMode sees it (it refuses real tensors);
+    itself under torch.compile and eagerly."""
+    if seq is None or torch.compiler.is_compiling():  # dynamo lifts the real tensor itself
+        return seq
+    mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    if mode is None:
+        return seq
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return seq if isinstance(seq, FakeTensor) else mode.from_tensor(seq)
 
 
 def sequence(comm, device) -> "torch.Tensor | None":

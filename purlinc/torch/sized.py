@@ -152,6 +152,8 @@ def _check(where: str, s: SizedState, x, out, *, fake: bool = False) -> int:
         raise ArgumentError(f"{where}: output has dtype {str(out.dtype).removeprefix('torch.')}, expected "
                             f"{str(x.dtype).removeprefix('torch.')} (the dtype of input)")
     row = _rows(x)
+    if row == 0:
+        capacity_rows(s, x, where)  # refused, naming the shape
     if x.dim() > 1 and out.dim() > 1 and tuple(out.shape[1:]) != tuple(x.shape[1:]):
         raise ArgumentError(f"{where}: output rows have shape {tuple(out.shape[1:])}, expected {tuple(x.shape[1:])} "
                             "(those of input)")
@@ -247,8 +249,14 @@ def all_to_all_vdev(group, input, out, in_splits, out_splits, out_offsets=None):
 _DEFINED: list = []
 
 
-def capacity_rows(s: SizedState, x) -> int:
-    return s.capacity // _rows(x)
+def capacity_rows(s: SizedState, x, where: str = "purlin::alltoallv") -> int:
+    """Rows of ``x``'s shape that the capacity holds per pair; rows of no elements are refused
+    (split sizes would count rows that carry nothing, and the division has no answer)."""
+    row = _rows(x)
+    if row == 0:
+        raise ArgumentError(f"{where}: input has rows of 0 elements (shape {tuple(x.shape)}); expected rows of at "
+                            "least one element")
+    return s.capacity // row
 
 
 def define():
