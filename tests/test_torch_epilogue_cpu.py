@@ -46,6 +46,29 @@ def test_fake_implementation_gives_shapes():
         fused.close()
 
 
+def test_inputs_that_require_grad_are_refused_up_front():
+    """The op has no gradient and writes residual in place: an x that requires grad gave a y whose
+    backward failed later ("no autograd formula"), and a leaf residual that requires grad was
+    written in place silently.  Refused at the call, naming the tensor; under no_grad it runs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fused = fused_add_rmsnorm_op(_Loaded(check(parse_file(EXAMPLE), 2)), device="cpu")
+    try:
+        with FakeTensorMode():
+            x = torch.empty(2, 4096, dtype=torch.bfloat16)
+            w = torch.empty(4096, dtype=torch.bfloat16)
+            for label in ("x", "residual", "weight"):
+                args = {"x": x, "residual": torch.empty_like(x), "weight": w}
+                args[label] = args[label].clone().requires_grad_()
+                with pytest.raises(ArgumentError, match=rf"fused_add_rmsnorm: {label} requires grad, and the op has no "
+                                                        r"gradient \(it writes residual in place\)"):
+                    fused(args["x"], args["residual"], args["weight"], 1e-6)
+                with torch.no_grad():
+                    assert fused(args["x"], args["residual"], args["weight"], 1e-6).shape == (2, 4096)
+    finally:
+        fused.close()
+
+
 def test_needs_the_add_rmsnorm_epilogue():
     plain = check(parse("collective a { in[r] = x  out[r] = x  reduce }"), 2)
     with pytest.raises(ArgumentError, match="must have an epilogue taking rows residual .written., row weight and "

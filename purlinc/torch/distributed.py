@@ -47,14 +47,7 @@ def _compiling() -> bool:
     return _ops.tracing()
 
 
-def _require(condition, message: str) -> None:
-    """A caller's mistake, refused alike eagerly (ArgumentError) and in a compiled region
-    (``torch._check``, which dynamo traces where it cannot trace building an ArgumentError:
-    the message still reaches the caller, and a wrong output is not cast into silently)."""
-    if _compiling():
-        torch._check(condition, lambda: message)
-    elif not condition:
-        raise ArgumentError(message)
+_require = _ops.require
 
 
 try:  # torch.distributed's Work, so a Work of ours is one wherever torch expects one (a backend's returns)

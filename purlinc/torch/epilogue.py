@@ -142,7 +142,13 @@ class FusedAddRMSNorm:
         self.op = _define()
 
     def __call__(self, x, residual, weight, eps: float):
-        _ops.require_tensors("fused_add_rmsnorm", (("x", x), ("residual", residual), ("weight", weight)))
+        named = (("x", x), ("residual", residual), ("weight", weight))
+        _ops.require_tensors("fused_add_rmsnorm", named)
+        grad = torch.is_grad_enabled()
+        for label, t in named:  # an inference op: no gradient, and residual is written in place
+            _ops.require(not (grad and t.requires_grad),
+                         f"fused_add_rmsnorm: {label} requires grad, and the op has no gradient (it writes residual "
+                         "in place); call it under torch.no_grad() or torch.inference_mode(), or detach the tensors")
         return self.op(x, residual, weight, float(eps), self._sequence(x), self.entry.handle)
 
     def _sequence(self, x):

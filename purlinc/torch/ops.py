@@ -505,6 +505,16 @@ def tracing() -> bool:
     return torch._C._get_dispatch_mode(key.FAKE) is not None or torch._C._get_dispatch_mode(key.PROXY) is not None
 
 
+def require(condition, message: str) -> None:
+    """A caller's mistake: an ArgumentError, and under torch.compile ``torch._check`` (dynamo traces
+    it where it cannot trace building an ArgumentError: the message still reaches the caller,
+    in a RuntimeError)."""
+    if torch.compiler.is_compiling():
+        torch._check(condition, lambda: message)
+    elif not condition:
+        raise ArgumentError(message)
+
+
 def traced(seq):
     """The sequence tensor as the active FakeTensorMode sees it (it refuses real tensors);
     itself under torch.compile and eagerly."""
