@@ -501,8 +501,14 @@ def tracing() -> bool:
     ordered op (NAME_seq); run eagerly it would launch a real collective on fake tensors."""
     if torch.compiler.is_compiling():
         return True
-    key = torch._C._TorchDispatchModeKey
-    return torch._C._get_dispatch_mode(key.FAKE) is not None or torch._C._get_dispatch_mode(key.PROXY) is not None
+    return _active_mode("FAKE") is not None or _active_mode("PROXY") is not None
+
+
+def _active_mode(name: str):
+    """The active infrastructure dispatch mode of that kind (FAKE, PROXY), or None; None too on a
+    torch without these (private) accessors."""
+    key = getattr(getattr(torch._C, "_TorchDispatchModeKey", None), name, None)
+    return torch._C._get_dispatch_mode(key) if key is not None else None
 
 
 def require(condition, message: str) -> None:
@@ -520,7 +526,7 @@ def traced(seq):
     itself under torch.compile and eagerly."""
     if seq is None or torch.compiler.is_compiling():  # dynamo lifts the real tensor itself
         return seq
-    mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    mode = _active_mode("FAKE")
     if mode is None:
         return seq
     from torch._subclasses.fake_tensor import FakeTensor
