@@ -344,6 +344,21 @@ def test_every_standard_collective_on_three_ranks():
         np.testing.assert_array_equal(got["f_a2a"].numpy(), got["a2a"].numpy())
 
 
+def test_op_objects_refuse_inputs_that_require_grad():
+    """pt.op(...) objects have no gradient: eagerly a requires-grad input gave a result through
+    which no gradient flowed, silently; compiled, the graph failed for want of a formula."""
+    world = World((REPO / "examples" / "ring_shift.pln").read_text(), 1, {"shift": 1})
+    coll = pt.op(StandIn(world, 0), name="ring_shift")
+    x = torch.randn(4, requires_grad=True)
+    for call, label in ((lambda: coll(x), "x"), (lambda: coll(x, out=torch.empty(4)), "x"),
+                        (lambda: coll.inplace(x.clone()), "t")):
+        with pytest.raises(ArgumentError, match=rf"purlin::ring_shift: {label} requires grad, and pt.op\(...\) "
+                                                r"objects have no gradient"):
+            call()
+    with torch.no_grad():
+        assert torch.equal(coll(x), x.detach())  # a world of one: the ring shifts onto itself
+
+
 def test_user_collective_through_op():
     R = 3
     source = (REPO / "examples" / "ring_shift.pln").read_text()

@@ -206,6 +206,29 @@ def test_rows_of_no_elements_are_refused_by_name():
             functional(torch.empty(5, 0), torch.empty(2, dtype=torch.int64), handle)
 
 
+def test_outputs_that_share_memory_with_what_the_call_reads_are_refused():
+    """out the same tensor as input, or out_splits as in_splits, was accepted by the real and the
+    fake forms alike (the kernel reads one while it writes the other)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    g = groups(1)[0]
+    _, out_form = sized.define()
+    handle = sized.state_of(g).handle
+    x, splits = torch.ones(32, 2), torch.tensor([2])
+    cases = [(x, x, splits, torch.zeros(1, dtype=torch.int64), "out overlaps input"),
+             (x, torch.zeros(32, 2), splits, splits, "out_splits overlaps in_splits"),
+             (x, x[:16], splits, torch.zeros(1, dtype=torch.int64), "out overlaps input")]
+    for inp, out, in_splits, out_splits, message in cases:
+        with pytest.raises(ArgumentError, match=rf"all_to_all_vdev: {message} in memory, expected a tensor of its own"):
+            pt.all_to_all_vdev(inp, out, in_splits, out_splits, group=g)
+    with FakeTensorMode():
+        x, splits = torch.ones(32, 2), torch.tensor([2])
+        with pytest.raises(ArgumentError, match=r"purlin::alltoallv_out: out overlaps input in memory"):
+            out_form(x, splits, x, torch.zeros(1, dtype=torch.int64), handle)
+        with pytest.raises(ArgumentError, match=r"purlin::alltoallv_out: out_splits overlaps in_splits in memory"):
+            out_form(x, splits, torch.zeros(32, 2), splits, handle)
+
+
 def test_configure_after_load_is_refused():
     gs = groups(1)
     x = torch.ones(2, 2)

@@ -127,13 +127,14 @@ class TorchCollective:
         if x is None:
             raise ArgumentError(f"purlin::{self.name}: x is None; expected a tensor (an empty one on ranks without "
                                 f"input: its dtype and device say what to allocate)")
+        self._no_grad("x", x)
         if out is None:
-            if torch.compiler.is_compiling():
-                return self.ops.sequenced(x, self._seq, self.handle, op, count)
+            if ops.tracing():
+                return self.ops.sequenced(x, ops.traced(self._seq), self.handle, op, count)
             return self.ops.eager_functional(x, self.handle, op, count)
-        if torch.compiler.is_compiling():  # the ordered functional op, then a copy (see ops._keep_in_order)
+        if ops.tracing():  # the ordered functional op, then a copy (see ops._keep_in_order)
             n = out.numel() // self.entry.out_units if self.entry.out_units else 0
-            y = self.ops.sequenced(x, self._seq, self.handle, op, -1 if self.entry.in_units else n)
+            y = self.ops.sequenced(x, ops.traced(self._seq), self.handle, op, -1 if self.entry.in_units else n)
             if self.entry.out_units:
                 out.copy_(y.view(out.shape))
         else:
@@ -142,15 +143,25 @@ class TorchCollective:
 
     def inplace(self, t, op="sum"):
         e = self.entry
-        if torch.compiler.is_compiling():
+        self._no_grad("t", t)
+        if ops.tracing():
             ops._inplace_units(f"purlin::{self.name} on rank {e.rank}", e, t)  # unequal sizes: a clear error
             x = t if e.in_units else t.new_empty(0)
-            y = self.ops.sequenced(x, self._seq, self.handle, op, -1 if e.in_units else t.numel() // max(e.out_units, 1))
+            n = -1 if e.in_units else t.numel() // max(e.out_units, 1)
+            y = self.ops.sequenced(x, ops.traced(self._seq), self.handle, op, n)
             if e.out_units:
                 t.copy_(y.view(t.shape))
         else:
             self.ops.eager_inplace(t, self.handle, op)
         return t
+
+    def _no_grad(self, label: str, t) -> None:
+        """These ops have no gradient (eagerly they skip the dispatcher, so one would not flow,
+        silently; compiled, the graph had no formula): refused with grad on, by name."""
+        if isinstance(t, torch.Tensor):
+            ops.require(not (torch.is_grad_enabled() and t.requires_grad),
+                        f"purlin::{self.name}: {label} requires grad, and pt.op(...) objects have no gradient; use "
+                        "purlinc.torch.functional (differentiable), or call under torch.no_grad() or detach it")
 
     def close(self) -> None:
         self.entry.close()

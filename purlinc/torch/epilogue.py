@@ -57,7 +57,7 @@ def _check(where: str, e: Entry, x, residual, weight, eps, *, fake: bool = False
     for label, t in named:
         _ops.check_contiguous(where, label, t)
     for label, t in (("x", x), ("weight", weight)):
-        if _overlap(residual, t, fake=fake):
+        if _ops.overlap(residual, t, fake=fake):
             raise ArgumentError(f"{where}: residual overlaps {label} in memory, expected a tensor of its own",
                                 notes=("the op writes residual while it reads x and weight; pass a copy "
                                        "(residual.clone())",))
@@ -79,20 +79,6 @@ def _check_eps(where: str, eps) -> None:
     if not (math.isfinite(eps) and 0 <= eps <= _FLOAT32_MAX):
         raise ArgumentError(f"{where}: eps={eps!r}, expected a finite number >= 0 that float32 holds "
                             f"(at most {_FLOAT32_MAX:.6g})")
-
-
-def _overlap(a, b, *, fake: bool) -> bool:
-    """Whether two contiguous tensors share bytes: their byte ranges in memory, or, for fake
-    tensors (no data pointer), in one storage."""
-    if not a.numel() or not b.numel():
-        return False
-    if fake:
-        if a.untyped_storage()._cdata != b.untyped_storage()._cdata:
-            return False
-        a0, b0 = a.storage_offset() * a.element_size(), b.storage_offset() * b.element_size()
-    else:
-        a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
 def _define():

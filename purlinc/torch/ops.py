@@ -166,6 +166,20 @@ def check_device(where: str, label: str, t, device, rank: int, world_size: int, 
     )
 
 
+def overlap(a, b, *, fake: bool) -> bool:
+    """Whether two contiguous tensors share bytes: their byte ranges in memory, or, for fake
+    tensors (no data pointer), in one storage."""
+    if not a.numel() or not b.numel():
+        return False
+    if fake:
+        if a.untyped_storage()._cdata != b.untyped_storage()._cdata:
+            return False
+        a0, b0 = a.storage_offset() * a.element_size(), b.storage_offset() * b.element_size()
+    else:
+        a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
 def check_tensor(where: str, label: str, t, e: Entry, op: str | None = None, *, fake: bool = False) -> None:
     """Type, device, dtype and contiguity of one tensor for entry ``e``; ``fake``: called by a
     fake implementation (meta tensors pass the device check)."""

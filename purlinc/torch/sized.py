@@ -163,6 +163,21 @@ def _check(where: str, s: SizedState, x, out, *, fake: bool = False) -> int:
     return row
 
 
+def _check_apart(where: str, written, read, *, fake: bool) -> None:
+    """Every tensor the call writes (``(label, tensor)``; None: not given) apart in memory from
+    every other it reads or writes: the kernel reads input and in_splits while it writes out and
+    out_splits (the same tensor as both was accepted)."""
+    from purlinc.torch.ops import overlap
+
+    written = [(label, t) for label, t in written if t is not None]
+    others = written + [(label, t) for label, t in read if t is not None]
+    for n, (label, t) in enumerate(written):
+        for other, u in others[n + 1:]:
+            if overlap(t, u, fake=fake):
+                raise ArgumentError(f"{where}: {label} overlaps {other} in memory, expected a tensor of its own",
+                                    notes=(f"the call writes {label} while it reads or writes {other}",))
+
+
 def _check_splits(where: str, s: SizedState, x, named) -> None:
     """Split tensors (``(label, tensor)``; None: not given): int64, R entries, on x's device.
     One check for the real and the fake implementations."""
@@ -236,6 +251,8 @@ def all_to_all_vdev(group, input, out, in_splits, out_splits, out_offsets=None):
     s = state_of(group)
     row = _check(where, s, input, out)
     _check_splits(where, s, input, [("in_splits", in_splits), ("out_splits", out_splits), ("out_offsets", out_offsets)])
+    _check_apart(where, [("out", out), ("out_splits", out_splits), ("out_offsets", out_offsets)],
+                 [("input", input), ("in_splits", in_splits)], fake=False)
     run(s, input, in_splits, out, out_splits, row)
     if out_offsets is not None:
         torch.cumsum(out_splits, 0, out=out_offsets)
@@ -285,6 +302,8 @@ def define():
         s = state(handle)
         _check(where, s, x, out, fake=True)
         _check_splits(where, s, x, [("in_splits", in_splits), ("out_splits", out_splits)])
+        _check_apart(where, [("out", out), ("out_splits", out_splits)], [("input", x), ("in_splits", in_splits)],
+                     fake=True)
 
     def out_fake(x, in_splits, out, out_splits, handle):
         check_out_form("purlin::alltoallv_out", x, in_splits, out, out_splits, handle)
