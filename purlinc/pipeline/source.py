@@ -6,6 +6,8 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from purlinc.errors import PurlinError
+
 
 @dataclass(frozen=True)
 class SourceText:
@@ -22,12 +24,8 @@ def load_source(path_or_source: str | Path | SourceText) -> SourceText:
     if isinstance(path_or_source, SourceText):
         return path_or_source
     if not isinstance(path_or_source, (str, Path)):
-        from purlinc.errors import PurlinError
-
         raise PurlinError(f"expected a .pln path or .pln text, got {type(path_or_source).__name__}")
     if isinstance(path_or_source, str) and not path_or_source.strip():
-        from purlinc.errors import PurlinError
-
         raise PurlinError("expected a .pln path or .pln text, got an empty string")
     if isinstance(path_or_source, Path) or (
         isinstance(path_or_source, str) and "{" not in path_or_source

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from purlinc.errors import PurlinError
 from purlinc.pipeline.source import SourceText
 from purlinc.pipeline.stats import STATS
 
@@ -54,8 +55,6 @@ def whole_number(what: str, value) -> int:
     """``value`` as an int: an int or a NumPy integer.  A bool, float or string is refused, not
     converted: ``int(1.5)`` is 1 and ``int(True)`` is 1, which would compile another collective
     than the one asked for without a word."""
-    from purlinc.errors import PurlinError
-
     if not isinstance(value, bool):
         try:
             return operator.index(value)
@@ -66,14 +65,10 @@ def whole_number(what: str, value) -> int:
 
 def _params_key(params: Mapping[str, int] | None) -> tuple[tuple[str, int], ...]:
     if params is not None and not isinstance(params, Mapping):
-        from purlinc.errors import PurlinError
-
         raise PurlinError(f"params must map parameter names to integers, e.g. {{'root': 1}}; "
                           f"got {type(params).__name__}")
     for name in params or {}:
         if not isinstance(name, str):
-            from purlinc.errors import PurlinError
-
             raise PurlinError(f"parameter names are strings, got {name!r}")
     return tuple(sorted((k, whole_number(f"parameter {k}", v)) for k, v in (params or {}).items()))
 

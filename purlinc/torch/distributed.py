@@ -42,14 +42,6 @@ def _torch_device(device) -> torch.device:
     return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
 
 
-def _compiling() -> bool:
-    """Traced, not run: torch.compile, FakeTensorMode or make_fx (ops.tracing)."""
-    return _ops.tracing()
-
-
-_require = _ops.require
-
-
 try:  # torch.distributed's Work, so a Work of ours is one wherever torch expects one (a backend's returns)
     from torch._C._distributed_c10d import Work as _C10dWork
 except ImportError:  # a torch built without distributed support
@@ -232,7 +224,7 @@ class Group:
         _ops.require_tensors(where, [("tensor", tensor)])
         op = _ops.normalize_op(op, where)
         handle = self._handle("allreduce")
-        if not _compiling():  # (compiled calls: the op's fake implementation checks)
+        if not _ops.tracing():  # (compiled calls: the op's fake implementation checks)
             _ops.carrier(where, "tensor", tensor, reduce=True)
             self._check(where, entry(handle), [("tensor", tensor)], op)
         n = tensor.numel()
@@ -244,7 +236,7 @@ class Group:
             padded[:n].copy_(tensor.reshape(-1))
             return self._then(lambda: self.all_reduce(padded, op), lambda: tensor.copy_(padded[:n].view(tensor.shape)),
                               [tensor, padded], async_op, [tensor])
-        if _compiling():
+        if _ops.tracing():
             tensor.copy_(torch.ops.purlin.allreduce_seq(tensor, self._seq, handle, op, -1).view(tensor.shape))
             return _DONE if async_op else None
         body = _ops.define("allreduce").eager_inplace
@@ -256,10 +248,10 @@ class Group:
         handle = self._handle("reduce_scatter")
         where = "reduce_scatter_tensor"
         self._same_dtype(where, output, input, "output", "input")
-        _require(input.numel() == self.world_size * output.numel(),
+        _ops.require(input.numel() == self.world_size * output.numel(),
                  f"{where}: input has {input.numel()} elements (shape {tuple(input.shape)}), expected "
                  f"{self.world_size * output.numel()} ({self.world_size} ranks x the {output.numel()} of output)")
-        if _compiling():
+        if _ops.tracing():
             output.copy_(torch.ops.purlin.reduce_scatter_seq(input, self._seq, handle, op, -1).view(output.shape))
             return _DONE if async_op else None
         _ops.carrier(where, "input", input, reduce=True)
@@ -272,7 +264,7 @@ class Group:
         dst = self._root("reduce", "dst", dst, group_dst)
         op = _ops.normalize_op(op, "reduce")
         handle = self._handle("reduce", dst)
-        if _compiling():
+        if _ops.tracing():
             y = torch.ops.purlin.reduce_seq(tensor, self._seq, handle, op, -1)
             if self.rank == dst:  # elsewhere y is empty and tensor keeps its value
                 tensor.copy_(y.view(tensor.shape))
@@ -303,11 +295,11 @@ class Group:
         handle = self._handle("allgather")
         output, input = self._bytes(where, [("output_tensor", output_tensor), ("input_tensor", input_tensor)])
         self._same_dtype(where, output_tensor, input_tensor, "output_tensor", "input_tensor")
-        _require(output_tensor.numel() == self.world_size * input_tensor.numel(),
+        _ops.require(output_tensor.numel() == self.world_size * input_tensor.numel(),
                  f"{where}: output_tensor has {output_tensor.numel()} elements (shape {tuple(output_tensor.shape)}), "
                  f"expected {self.world_size * input_tensor.numel()} ({self.world_size} ranks x the "
                  f"{input_tensor.numel()} of input_tensor)")
-        if _compiling():
+        if _ops.tracing():
             output.copy_(torch.ops.purlin.allgather_seq(input, self._seq, handle, "sum", -1).view(output.shape))
             return _DONE if async_op else None
         self._check(where, entry(handle), [("input_tensor", input), ("output_tensor", output)])
@@ -336,12 +328,12 @@ class Group:
         handle = self._handle("alltoall")
         out, inp = self._bytes(where, [("output", output), ("input", input)])
         self._same_dtype(where, output, input, "output", "input")
-        _require(output.numel() == input.numel(),
+        _ops.require(output.numel() == input.numel(),
                  f"{where}: output has {output.numel()} elements, expected {input.numel()} (as many as input)")
-        _require(input.dim() == 0 or input.shape[0] % self.world_size == 0,
+        _ops.require(input.dim() == 0 or input.shape[0] % self.world_size == 0,
                  f"{where}: input has {input.shape[0] if input.dim() else 0} rows (dim 0), expected a multiple of "
                  f"{self.world_size} (one equal slice per rank)")
-        if _compiling():
+        if _ops.tracing():
             out.copy_(torch.ops.purlin.alltoall_seq(inp, self._seq, handle, "sum", -1).view(out.shape))
             return _DONE if async_op else None
         self._check(where, entry(handle), [("input", inp), ("output", out)])
@@ -371,7 +363,7 @@ class Group:
         src = self._root("broadcast", "src", src, group_src)
         handle = self._handle("broadcast", src)
         (t,) = self._bytes("broadcast", [("tensor", tensor)])
-        if _compiling():
+        if _ops.tracing():
             x = t if self.rank == src else t.new_empty(0)
             t.copy_(torch.ops.purlin.broadcast_seq(x, self._seq, handle, "sum", t.numel()).view(t.shape))
             return _DONE if async_op else None
@@ -386,7 +378,7 @@ class Group:
         self._lists(where, "gather_list", gather_list, tensor, self.rank == dst, "dst")
         handle = self._handle("gather", dst)
         (x,) = self._bytes(where, [("tensor", tensor)])
-        if _compiling():
+        if _ops.tracing():
             y = torch.ops.purlin.gather_seq(x, self._seq, handle, "sum", -1)
             if self.rank == dst:
                 self._split_into(where, y, gather_list)
@@ -414,7 +406,7 @@ class Group:
                 return t.new_empty(0)
             return torch.cat([_ops.carrier(where, "scatter_list", s.contiguous(), reduce=False).reshape(-1)
                               for s in scatter_list])
-        if _compiling():
+        if _ops.tracing():
             t.copy_(torch.ops.purlin.scatter_seq(source(), self._seq, handle, "sum", t.numel()).view(t.shape))
             return _DONE if async_op else None
         self._check(where, entry(handle), [("tensor", t)])
@@ -426,7 +418,7 @@ class Group:
     def _run(self, body, tensors, async_op: bool, result):
         """A call made of several steps (list forms, uneven all-to-all): in a compiled graph it is
         traced in place; otherwise issued like one collective."""
-        if _compiling():
+        if _ops.tracing():
             body()
             return _DONE if async_op else None
         return self._issue(body, tensors, async_op, result)
@@ -476,7 +468,7 @@ class Group:
         the GPU; a dtype Purlin lacks travels as the bytes of each row (ops.carrier)."""
         from purlinc.torch import sized
 
-        if _compiling():
+        if _ops.tracing():
             raise ArgumentError(f"{where}: split size lists while tracing (torch.compile, FakeTensorMode, make_fx); "
                                 "expected all_to_all_vdev there "
                                 "(split sizes on the GPU)", notes=("host lists are not graph values",))
@@ -492,7 +484,7 @@ class Group:
 
         named = [("input", input), ("out", out), ("in_splits", in_splits), ("out_splits", out_splits)]
         _ops.require_tensors("all_to_all_vdev", named + [("out_offsets", out_offsets)] * (out_offsets is not None))
-        if _compiling():  # the state and the ops exist already (Group.__init__, sized's import)
+        if _ops.tracing():  # the state and the ops exist already (Group.__init__, sized's import)
             # the ordered form: it "writes" the communicator's sequence tensor, as the other
             # collectives' NAME_seq ops do, so no compiler drops it or moves it past them
             torch.ops.purlin.alltoallv_seq(input, in_splits, out, out_splits, self._seq, self._sized_state.handle)
@@ -513,7 +505,7 @@ class Group:
 
     @staticmethod
     def _same_dtype(where, a, b, la, lb):
-        _require(a.dtype == b.dtype, f"{where}: {la} has dtype {str(a.dtype).removeprefix('torch.')}, expected "
+        _ops.require(a.dtype == b.dtype, f"{where}: {la} has dtype {str(a.dtype).removeprefix('torch.')}, expected "
                                      f"{str(b.dtype).removeprefix('torch.')} (the dtype of {lb})")
 
     def _list_like(self, where, label, tensors, tensor):

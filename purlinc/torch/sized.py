@@ -135,6 +135,16 @@ def _rows(t) -> int:
     return math.prod(t.shape[1:]) if t.dim() > 1 else 1
 
 
+def _row_elements(where: str, x) -> int:
+    """``_rows(x)`` of an input whose rows hold something: rows of no elements are refused (split
+    sizes would count rows that carry nothing, and the capacity in rows has no answer)."""
+    row = _rows(x)
+    if row == 0:
+        raise ArgumentError(f"{where}: input has rows of 0 elements (shape {tuple(x.shape)}); expected rows of at "
+                            "least one element")
+    return row
+
+
 def _check(where: str, s: SizedState, x, out, *, fake: bool = False) -> int:
     """The data tensors, in the real and the fake implementations alike; ``fake``: meta tensors
     pass the device check (shape inference only)."""
@@ -151,9 +161,7 @@ def _check(where: str, s: SizedState, x, out, *, fake: bool = False) -> int:
     if out.dtype != x.dtype:
         raise ArgumentError(f"{where}: output has dtype {str(out.dtype).removeprefix('torch.')}, expected "
                             f"{str(x.dtype).removeprefix('torch.')} (the dtype of input)")
-    row = _rows(x)
-    if row == 0:
-        capacity_rows(s, x, where)  # refused, naming the shape
+    row = _row_elements(where, x)
     if x.dim() > 1 and out.dim() > 1 and tuple(out.shape[1:]) != tuple(x.shape[1:]):
         raise ArgumentError(f"{where}: output rows have shape {tuple(out.shape[1:])}, expected {tuple(x.shape[1:])} "
                             "(those of input)")
@@ -267,13 +275,8 @@ _DEFINED: list = []
 
 
 def capacity_rows(s: SizedState, x, where: str = "purlin::alltoallv") -> int:
-    """Rows of ``x``'s shape that the capacity holds per pair; rows of no elements are refused
-    (split sizes would count rows that carry nothing, and the division has no answer)."""
-    row = _rows(x)
-    if row == 0:
-        raise ArgumentError(f"{where}: input has rows of 0 elements (shape {tuple(x.shape)}); expected rows of at "
-                            "least one element")
-    return s.capacity // row
+    """Rows of ``x``'s shape that the capacity holds per pair."""
+    return s.capacity // _row_elements(where, x)
 
 
 def define():

@@ -109,43 +109,22 @@ def _check_outputs(spec, datas, rows, bufs, label: str) -> list:
     return errors
 
 
-@pytest.mark.parametrize("R", WORLDS, ids=[f"R{w}" for w in WORLDS])
-def test_random_sizes_every_dtype(R):
-    import purlinc
-
-    group = _group(R)
-    coll = purlinc.load(SIZED / "alltoallv.pln", group, capacity=CAPACITY, channels=2)
-    spec = coll[0].compiled.spec
-    rng = np.random.default_rng(R)
-    try:
-        for dtype in DTYPES:
-            bufs = [Buffers(R, dtype, R * CAPACITY, R * CAPACITY) for _ in range(R)]
-            for trial in range(6):
-                rows = vectors(rng, R, CAPACITY, trial)
-                datas = [b.fill(rng, row) for b, row in zip(bufs, rows)]
-                _run(coll, group, bufs)
-                coll.check()
-                assert not any(_check_outputs(spec, datas, rows, bufs, f"R={R} {dtype.value} trial {trial}"))
-    finally:
-        coll.close()
-        group.close()
-
-
-def _one_chunk_trials(source: str, R: int, dtypes, seed: int) -> None:
-    """``source`` (one sized input chunk per rank) loaded on R loopback ranks: four size vectors
-    per dtype, every rank's output, out sizes and guard zones against the evaluator."""
+def _trials(source, R: int, dtypes, seed: int, trials: int) -> None:
+    """``source`` (a sized collective) loaded on R loopback ranks: ``trials`` size vectors per
+    dtype (``vectors``, each rank's row cut to its input chunks), every rank's output, out sizes
+    and guard zones against the evaluator."""
     import purlinc
 
     group = _group(R)
     coll = purlinc.load(source, group, capacity=CAPACITY, channels=2)
     spec = coll[0].compiled.spec
+    ins, outs = [len(c) for c in spec.inputs], [len(c) for c in spec.outputs]
     rng = np.random.default_rng(seed)
     try:
         for dtype in dtypes:
-            bufs = [Buffers(R, dtype, CAPACITY, len(spec.outputs[r]) * CAPACITY, 1, len(spec.outputs[r]))
-                    for r in range(R)]
-            for trial in range(4):
-                rows = [[v[0]] for v in vectors(rng, R, CAPACITY, trial)]
+            bufs = [Buffers(R, dtype, ins[r] * CAPACITY, outs[r] * CAPACITY, ins[r], outs[r]) for r in range(R)]
+            for trial in range(trials):
+                rows = [v[:ins[r]] for r, v in enumerate(vectors(rng, R, CAPACITY, trial))]
                 datas = [b.fill(rng, row) for b, row in zip(bufs, rows)]
                 _run(coll, group, bufs)
                 coll.check()
@@ -153,6 +132,11 @@ def _one_chunk_trials(source: str, R: int, dtypes, seed: int) -> None:
     finally:
         coll.close()
         group.close()
+
+
+@pytest.mark.parametrize("R", WORLDS, ids=[f"R{w}" for w in WORLDS])
+def test_random_sizes_every_dtype(R):
+    _trials(SIZED / "alltoallv.pln", R, DTYPES, R, trials=6)
 
 
 TWICE = "collective allgatherv_twice with sizes n[R] of x {\n    in[r] = x[r]\n    out[r] = x[0..R], x[0..R]\n    copy\n}\n"
@@ -162,7 +146,7 @@ TWICE = "collective allgatherv_twice with sizes n[R] of x {\n    in[r] = x[r]\n 
 def test_an_output_holding_each_chunk_twice(R):
     """Each chunk twice in the output: the second copies read the staging slot (or own input)
     again, never the first copy in OUT (its offset is another unit's)."""
-    _one_chunk_trials(TWICE, R, (DType.BFLOAT16, DType.FLOAT8_E4M3), 100 + R)  # 2 and 1 byte elements
+    _trials(TWICE, R, (DType.BFLOAT16, DType.FLOAT8_E4M3), 100 + R, trials=4)  # 2 and 1 byte elements
 
 
 ROOT_ONLY = "collective root_keeps with sizes n[R] of x {\n    in[r] = x[r]\n    out[0] = x[0]\n    copy\n}\n"
@@ -172,7 +156,7 @@ ROOT_ONLY = "collective root_keeps with sizes n[R] of x {\n    in[r] = x[r]\n   
 def test_ranks_with_nothing_to_do(R):
     """Only rank 0 moves data (its own chunk into its output): the other ranks' programs have
     no steps and their outputs no chunks; their kernels run, write nothing and return."""
-    _one_chunk_trials(ROOT_ONLY, R, (DType.FLOAT32,), 300 + R)
+    _trials(ROOT_ONLY, R, (DType.FLOAT32,), 300 + R, trials=4)
 
 
 @pytest.mark.parametrize("R, channels", [(2, 1), (4, 3), (8, 2)])
