@@ -6,6 +6,10 @@
 #   precompile        every kernel the tests use, parallel NVRTC
 #   loopback          ranks sharing one GPU (R=2 and R=4 on cuda:0): slices, zero-copy, graphs;
 #                     the one step a one-GPU machine runs (PURLIN_STEPS=loopback)
+#   fuzz_specs        random collectives (tests/gpu/fuzz_specs.py: layouts, options, counts, dtypes and ops
+#                     drawn from a seed) in loopback on cuda:0, each rank bit for bit against the
+#                     simulator; PURLIN_FUZZ_CASES cases, compiled within PURLIN_FUZZ_COMPILE_S, run
+#                     within PURLIN_FUZZ_RUN_S, from seed PURLIN_FUZZ_FIRST; summary in fuzz_specs.json
 #   sized             run-time sizes (alltoallv) in loopback on cuda:0, R=1..8, every dtype, graphs
 #                     replayed with new sizes, size errors; then R=1 under compute-sanitizer memcheck
 #                     (one GPU is enough: PURLIN_STEPS=sized)
@@ -49,7 +53,7 @@ mkdir -p "$OUT"
 export OUT PURLIN_RESULTS="$OUT" PURLIN_CACHE_DIR=${PURLIN_CACHE_DIR:-/tmp/purlin_cache}
 export PURLIN_WAIT_TIMEOUT_S=${PURLIN_WAIT_TIMEOUT_S:-5} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
-STEPS=${PURLIN_STEPS:-"precompile loopback loopback_scale sized moe moe_bench graph_buffers insitu epilogue epilogue_bench insitu_bench e2e_loopback local local_ce trace torchrun zerocopy zerocopy_torchrun graph_buffers_torchrun faults torch torch_backend hier"}
+STEPS=${PURLIN_STEPS:-"precompile loopback loopback_scale fuzz_specs sized moe moe_bench graph_buffers insitu epilogue epilogue_bench insitu_bench e2e_loopback local local_ce trace torchrun zerocopy zerocopy_torchrun graph_buffers_torchrun faults torch torch_backend hier"}
 T0=$(date +%s)
 . scripts/source_links.sh  # grammar/ and templates/ linked into purlinc/ for the run
 RAN=()
@@ -83,6 +87,11 @@ step loopback_scale_precompile $(( PURLIN_SCALE_COMPILE_S + 30 )) python3 tests/
 # precompile of every bucket for the common dtypes would add the rest to every case.
 PURLIN_PRECOMPILE=${PURLIN_SCALE_LOAD_PRECOMPILE:-0} \
   pytest_step loopback_scale $(( PURLIN_SCALE_RUN_S + 150 )) tests/gpu/test_loopback_scale.py
+export PURLIN_FUZZ_CASES=${PURLIN_FUZZ_CASES:-1000} PURLIN_FUZZ_COMPILE_S=${PURLIN_FUZZ_COMPILE_S:-200} \
+  PURLIN_FUZZ_RUN_S=${PURLIN_FUZZ_RUN_S:-240}
+wanted fuzz_specs && STEPS="$STEPS fuzz_specs_precompile"
+step fuzz_specs_precompile $(( PURLIN_FUZZ_COMPILE_S + 30 )) python3 tests/gpu/fuzz_specs.py precompile
+PURLIN_PRECOMPILE=0 pytest_step fuzz_specs $(( PURLIN_FUZZ_RUN_S + 120 )) tests/gpu/test_fuzz_specs.py
 pytest_step sized 420 tests/gpu/test_sized.py
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
 if wanted sized && [ -n "$SAN" ]; then

@@ -102,7 +102,8 @@ class _FakeRank:
         self.shape = CallShape(dtype, None, count, 0x1000 * (rank + 1), 0x9000 * (rank + 1))
         self.launched = False
 
-    def prepare_call(self, x, out, op, stream, count):
+    def prepare_call(self, x, out, op, stream, count, dtype=None):
+        self.given = (count, dtype)
         return self.shape, 0, out
 
     def prime(self, shape, stream=None):
@@ -134,6 +135,17 @@ def test_group_call_with_different_counts():
 def test_group_call_rank_without_chunks_is_not_a_disagreement():
     ranks = [_FakeRank(0, DType.BFLOAT16, 8), _FakeRank(1, DType.FLOAT32, 0, units=0)]
     assert len(prepare_group("odd", ranks, [1, None], None, "sum", None, None)) == 2
+
+
+def test_group_call_gives_a_rank_without_chunks_the_others_count_and_dtype():
+    """Its program may carry the others' data (a ring relays through it): one process holds
+    every rank's buffers, so the group call passes it what they say, as torchrun ranks pass
+    count= and dtype= themselves."""
+    ranks = [_FakeRank(0, DType.FLOAT32, 0, units=0), _FakeRank(1, DType.BFLOAT16, 8), _FakeRank(2, DType.BFLOAT16, 8)]
+    prepare_group("odd", ranks, [None, 1, 2], None, "sum", None, None)
+    assert ranks[0].given == (8, DType.BFLOAT16) and ranks[1].given == (None, None)
+    prepare_group("odd", ranks, [None, 1, 2], None, "sum", None, 8)  # count= given: the same
+    assert ranks[0].given == (8, DType.BFLOAT16) and ranks[1].given == (8, None)
 
 
 class _StreamRank(_FakeRank):

@@ -108,6 +108,37 @@ def test_load_uses_the_pipelines_compiled_and_kernels(fake):
     assert kernel.cuda.abi == variant.abi and [c[0] for c in fake].count("module_load") == 1
 
 
+# Ranks 2 and 3 have no chunks; the ring relays rank 1's x[1] to rank 0 through them.
+_CHUNKLESS = """collective chunkless {
+    in[0] = x[0]
+    in[1] = x[1]
+    out[0] = x[1]
+    out[1] = x[0]
+    copy
+}
+"""
+
+
+def test_a_rank_without_chunks_that_relays_needs_the_count(fake):
+    from purlinc.runtime.errors import ArgumentError
+
+    compiled = collective.prepare(_CHUNKLESS, 4, algorithm="ring")
+    comm = FakeComm()
+    comm.rank, comm.world_size, comm.heap = 2, 4, FakeHeap(4)
+    relay = Collective(compiled, comm, placement._allocate(comm, compiled, None), agree=False)
+    assert relay.relays
+    with pytest.raises(ArgumentError) as caught:
+        relay.prepare_call(None, None, "sum", 0, None)  # count 0 would move nothing on, silently
+    assert caught.value.message == ("chunkless on rank 2: this rank has no chunks, but its schedule (ring) carries "
+                                    "other ranks' data through it, so it needs their count and dtype")
+    shape, _, _ = relay.prepare_call(None, None, "sum", 0, 5, "bfloat16")
+    assert (shape.count, shape.dtype) == (5, DType.BFLOAT16)
+    # direct-push gives such a rank nothing to do: no count needed
+    idle = collective.prepare(_CHUNKLESS, 4, algorithm="direct-push")
+    comm.heap = FakeHeap(4)
+    assert not Collective(idle, comm, placement._allocate(comm, idle, None), agree=False).relays
+
+
 def test_ce_load_gets_the_plan_and_the_driver(fake):
     comm = FakeComm()
     coll = load(EXAMPLES / "allgather.pln", comm, atom="ce", channels=2)

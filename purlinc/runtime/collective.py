@@ -39,6 +39,7 @@ from purlinc.runtime.timeouts import Timeouts
 from purlinc.runtime.validate import (
     CallShape, CallSignature, call_signature, choose_piece, disagreement, validate_call,
 )
+from purlinc.snac.ir import Consume, Stage
 
 __all__ = [
     "Collective", "FastPath", "GroupCollective", "Layout", "check_residency", "dependent_launch",
@@ -63,6 +64,10 @@ class Collective(Timeouts, Launches):
         self.out_units = schedule.out_units[self.rank]
         self.stage_units = schedule.staging_units  # every staging copy (snac/ir.py)
         self.is_reduce = schedule.operation.value == "reduce"
+        # A rank without chunks whose program still moves data (a ring relays through it)
+        # must run the others' count: a call that gives none is refused (prepare_call).
+        self.relays = not self.in_units and not self.out_units and any(
+            isinstance(step, (Stage, Consume)) for step in schedule.programs[self.rank].steps)
         self.epilogue = schedule.epilogue  # its operands come with every call (runtime/operands.py)
         self.row = schedule.epilogue.row if schedule.epilogue is not None else 1  # pieces are whole rows
         self.timeout_ns = settings.wait_timeout_ns()
@@ -147,6 +152,12 @@ class Collective(Timeouts, Launches):
             if len(self._shapes) >= _ARGS_CACHE_LIMIT:
                 self._shapes.clear()
             self._shapes[key] = shape
+        if self.relays and count is None and not shape.count:
+            raise ArgumentError(
+                f"{self.name} on rank {self.rank}: this rank has no chunks, but its schedule "
+                f"({self.compiled.options.algorithm.value}) carries other ranks' data through it, so it needs "
+                "their count and dtype", None,
+                ("pass count= and dtype= as the ranks with chunks have them (a group call does this for you)",))
         if self._agree:
             self._agree_on(shape)
         if stream is not None:

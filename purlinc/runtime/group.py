@@ -22,7 +22,7 @@ def prepare_group(name: str, ranks: Sequence, xs, outs, op, streams, count):
     for label, values in (("xs", xs), ("outs", outs), ("streams", streams)):
         if len(values) != world:
             raise ArgumentError(f"{name}: {label} has {len(values)} entries, expected {world} (one per rank)")
-    prepared = [c.prepare_call(x, o, op, s, count) for c, x, o, s in zip(ranks, xs, outs, streams)]
+    prepared = _prepare_ranks(ranks, xs, outs, op, streams, count)
     # One process holds every rank's buffers: any disagreement is caught before any launch.
     problem = disagreement(name, [call_signature(name, p[0], bool(c.in_units or c.out_units))
                                   for c, p in zip(ranks, prepared)])
@@ -30,6 +30,23 @@ def prepare_group(name: str, ranks: Sequence, xs, outs, op, streams, count):
         raise problem
     _check_streams(name, ranks, prepared)
     zerocopy.agree_group(ranks, prepared)  # heap buffers: every rank takes the same path
+    return prepared
+
+
+def _prepare_ranks(ranks: Sequence, xs, outs, op, streams, count) -> list:
+    """Every rank's prepared call.  A rank the spec gives no chunks passes no buffers, yet its
+    program may carry the others' data (a ring relays through it): it runs the count and dtype
+    of the ranks that have chunks, which one process holding every rank's buffers knows (under
+    torchrun such a rank passes ``count=`` and ``dtype=`` itself)."""
+    chunked = [i for i, c in enumerate(ranks) if c.in_units or c.out_units]
+    prepared: list = [None] * len(ranks)
+    for i in chunked:
+        prepared[i] = ranks[i].prepare_call(xs[i], outs[i], op, streams[i], count)
+    shown = next((prepared[i][0] for i in chunked if prepared[i][0].count), None)
+    for i, c in enumerate(ranks):
+        if prepared[i] is None:
+            prepared[i] = c.prepare_call(xs[i], outs[i], op, streams[i], count if shown is None else shown.count,
+                                         None if shown is None else shown.dtype)
     return prepared
 
 

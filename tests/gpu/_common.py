@@ -163,17 +163,18 @@ def torch_dtype(dtype: DType):
 
     return {
         DType.FLOAT32: torch.float32, DType.FLOAT16: torch.float16, DType.BFLOAT16: torch.bfloat16,
-        DType.INT32: torch.int32, DType.FLOAT8_E4M3: torch.float8_e4m3fn, DType.FLOAT8_E5M2: torch.float8_e5m2,
+        DType.INT32: torch.int32, DType.INT64: torch.int64, DType.FLOAT8_E4M3: torch.float8_e4m3fn, DType.FLOAT8_E5M2: torch.float8_e5m2,
     }[dtype]
 
 
 _SAME_SIZE_INT = {2: "int16", 1: "uint8", 4: "int32"}
+_NATIVE = (DType.FLOAT32, DType.FLOAT16, DType.INT32, DType.INT64)  # NumPy and torch share these
 
 
 def to_torch(array: np.ndarray, dtype: DType, device: int):
     import torch
 
-    if dtype in (DType.FLOAT32, DType.FLOAT16, DType.INT32):
+    if dtype in _NATIVE:
         return torch.from_numpy(np.ascontiguousarray(array)).to(f"cuda:{device}")
     carrier = np.ascontiguousarray(array).view(_SAME_SIZE_INT[dtype.itemsize])
     return torch.from_numpy(carrier).to(f"cuda:{device}").view(torch_dtype(dtype))
@@ -182,7 +183,7 @@ def to_torch(array: np.ndarray, dtype: DType, device: int):
 def to_numpy(tensor, dtype: DType) -> np.ndarray:
     import torch
 
-    if dtype in (DType.FLOAT32, DType.FLOAT16, DType.INT32):
+    if dtype in _NATIVE:
         return tensor.detach().cpu().numpy()
     carrier = {2: torch.int16, 1: torch.uint8}[dtype.itemsize]
     return tensor.detach().view(carrier).cpu().numpy().view(dtype.storage)

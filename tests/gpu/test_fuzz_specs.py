@@ -1,0 +1,169 @@
+"""Random collectives (tests/gpu/fuzz_specs.py) through the real kernels in loopback groups on
+one GPU: every rank's output, poisoned first, equals the SNAC simulator's bit for bit, for two
+calls per case (random counts, dtypes and ops).  Cases whose kernels the precompile step did not
+finish in its budget, and cases past PURLIN_FUZZ_RUN_S, are skipped with that reason;
+$OUT/fuzz_specs.json counts every case by outcome and gives each failure's seed and spec."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fuzz_specs  # noqa: E402
+from _common import compare_outputs, inputs_for, on_rank_streams, poison, to_torch, torch_dtype  # noqa: E402
+from purlinc.dtypes import DType  # noqa: E402
+
+pytestmark = [pytest.mark.gpu]
+DEVICE = 0
+OUT = Path(os.environ.get("OUT", "/tmp/purlin_gpu_suite"))
+N_CASES = int(os.environ.get("PURLIN_FUZZ_CASES", "1000"))
+RUN_BUDGET_S = float(os.environ.get("PURLIN_FUZZ_RUN_S", "240"))
+CASES = fuzz_specs.cases(N_CASES)
+RESULTS: list[dict] = []
+_START = time.time()
+_GROUPS: dict = {}
+
+
+def _group(world: int):
+    """One loopback group at a time, made again after a failure stopped it."""
+    import purlinc
+
+    g = _GROUPS.get(world)
+    if g is not None and any(getattr(c, "failed", None) is not None for c in g.comms):
+        _GROUPS.pop(world).close()
+        g = None
+    if g is None:
+        for other in list(_GROUPS):
+            _GROUPS.pop(other).close()
+        g = purlinc.LocalGroup([DEVICE] * world, share_devices=True)
+        g.streams = [torch.cuda.Stream(device=DEVICE) for _ in range(world)]
+        _GROUPS[world] = g
+    return g
+
+
+def _manifest() -> dict | None:
+    path = OUT / "fuzz_specs_compiled.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+MANIFEST = _manifest()
+
+
+def _record(case, outcome: str, note: str = "") -> None:
+    RESULTS.append({"seed": case.seed, "id": case.id, "outcome": outcome, "note": note[:2000],
+                    **({"text": case.text} if outcome == "failed" else {})})
+
+
+@pytest.fixture(scope="module", autouse=True)
+def summary():
+    yield
+    for g in _GROUPS.values():
+        g.close()
+    _GROUPS.clear()
+    counts: dict[str, int] = {}
+    for r in RESULTS:
+        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "fuzz_specs.json").write_text(json.dumps(
+        {"cases": len(CASES), "counts": counts, "calls_checked": sum(r.get("calls", 0) for r in RESULTS),
+         "failures": [r for r in RESULTS if r["outcome"] == "failed"]}, indent=1))
+
+
+def _gate(case) -> None:
+    if time.time() - _START > RUN_BUDGET_S:
+        _record(case, "not run: past the run budget")
+        pytest.skip("past PURLIN_FUZZ_RUN_S")
+    if MANIFEST is None:
+        return  # compiled on first use
+    checks = MANIFEST["checks"]
+    if case.id in checks["n/a"]:
+        _record(case, "n/a", MANIFEST["notes"].get(case.id, ""))
+        pytest.skip(f"n/a: {MANIFEST['notes'].get(case.id, '')}")
+    if case.id not in checks["ok"] and case.id not in checks["error"]:
+        _record(case, "not run: not precompiled within the compile budget")
+        pytest.skip("not precompiled within PURLIN_FUZZ_COMPILE_S")
+
+
+def _want(runs, spec, inputs, count, dtype, op):
+    from purlinc.runtime.validate import choose_piece
+    from purlinc.snac.simulate import simulate
+
+    piece = choose_piece(count, runs.stage_units, dtype.itemsize, runs.layout.stage_bytes)
+    return simulate(runs.compiled.schedule, spec, inputs, count, dtype, op, calls=1, piece=piece)
+
+
+def _call(coll, group, case, count: int, dtype: DType, op, rng, pass_count: bool = True) -> None:
+    rank0 = coll[0]
+    runs = rank0.variant_for(count, dtype.itemsize) if hasattr(rank0, "variant_for") else rank0
+    spec = runs.compiled.spec
+    inputs = inputs_for(spec, count, dtype, rng)
+    xs = [to_torch(inputs[r], dtype, DEVICE) if len(spec.inputs[r]) else None for r in range(case.world)]
+    outs = [torch.empty(len(spec.outputs[r]) * count, dtype=torch_dtype(dtype), device=f"cuda:{DEVICE}")
+            if len(spec.outputs[r]) else None for r in range(case.world)]
+    for o in outs:
+        if o is not None:
+            poison(o)
+    given = {"count": count} if pass_count else {}
+    on_rank_streams(group.streams, DEVICE, lambda: coll(xs, outs, op=op or "sum", streams=group.streams, **given))
+    coll.check()
+    compare_outputs(spec, outs, _want(runs, spec, inputs, count, dtype, op), dtype,
+                    f"{case.id} count={count} {dtype.value} {op or ''}")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_random_collective_matches_the_simulator(case):
+    import purlinc
+    from purlinc.errors import PurlinError
+
+    _gate(case)
+    group = _group(case.world)
+    try:
+        coll = purlinc.load(case.text, group, **dict(case.options))
+    except PurlinError as error:
+        _record(case, "n/a", str(error).splitlines()[0])
+        pytest.skip(f"n/a: {str(error).splitlines()[0]}")
+    rng = np.random.default_rng(case.seed)
+    try:
+        for count, dtype, op in case.calls:
+            _call(coll, group, case, count, DType.parse(dtype), op, rng)
+    except BaseException as error:
+        _record(case, "failed", f"{type(error).__name__}: {error}")
+        raise
+    finally:
+        coll.close()
+    _record(case, "passed")
+    RESULTS[-1]["calls"] = len(case.calls)
+
+
+# Ranks 2 and 3 have no chunks; a ring relays rank 1's x[1] to rank 0 through them, so they run
+# the others' count (the group call gives it to them) or would pass nothing on.
+CHUNKLESS = """collective chunkless {
+    in[0] = x[0]
+    in[1] = x[1]
+    out[0] = x[1]
+    out[1] = x[0]
+    copy
+}
+"""
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "direct-push", "direct-pull"])
+def test_ranks_without_chunks(algorithm):
+    import purlinc
+
+    group = _group(4)
+    coll = purlinc.load(CHUNKLESS, group, algorithm=algorithm, channels=2)
+    rng = np.random.default_rng(7)
+    case = fuzz_specs.FuzzCase(0, 4, CHUNKLESS, False)
+    try:
+        for count, dtype in ((4097, "bfloat16"), (3, "int64")):
+            _call(coll, group, case, count, DType.parse(dtype), None, rng, pass_count=False)
+    finally:
+        coll.close()
