@@ -439,3 +439,94 @@ def test_every_deleted_wait_or_notify_of_a_packed_schedule_is_caught(name):
                 for inputs, outputs in zip(sets, got):
                     assert all(same_bits(g, w) for g, w in zip(outputs, evaluate(spec, inputs, 5, dtype, op)))
     assert rejected > 0
+
+
+# A rank's input names a chunk several times, so one peer's signal carries 2 or 4 packed
+# notifies a round while another's carries 1 (a random collective that ran wrong on the GPU).
+REPEATED = """collective repeated {
+    in[0] = z[0], z[0]
+    in[1] = z[0], z[0], z[1], z[1]
+    in[2] = z[0], z[1], z[0], z[1]
+    in[3] = z[1], z[0]
+    in[4] = z[0], z[0]
+    in[5] = z[0], z[1], z[0], z[0]
+    out[1] = z[0], z[0], z[1]
+    out[2] = z[0]
+    out[3] = z[0]
+    out[4] = z[1]
+    out[5] = z[0], z[1]
+    reduce
+}
+"""
+
+
+def _packed_notifies(schedule) -> list:
+    """(signal, k) of every packed stage of every rank's channel program."""
+    return sorted({(stage.signal, stage.k) for stage in packed_stages(schedule).values()},
+                  key=lambda sk: (sk[0].owner, sk[0].index, sk[1]))
+
+
+def _repeated():
+    return pipeline.prepare(REPEATED, world_size=6, overrides={"packed": True}).prepared()
+
+
+def _packed_schedules():
+    out = [("repeated", _repeated().schedule)]
+    for name in ("allreduce", "allgather", "reduce_scatter", "alltoall"):
+        for world in (2, 3, 8):
+            out.append((f"{name}-R{world}", pipeline.snac_stage(spec_for(name, world), LowerOptions(packed=True))))
+    return out
+
+
+@pytest.mark.parametrize("name, schedule", _packed_schedules(), ids=lambda v: v if isinstance(v, str) else "")
+def test_packet_flags_of_a_round_lie_above_every_earlier_rounds(name, schedule):
+    """A slot's place in staging depends on the call's count, so a packet an earlier call left
+    may lie where this call expects another signal's packet: its flag must differ from every
+    flag this call expects (Schedule.packet_flags), whichever signals the two are."""
+    flags = schedule.packet_flags()
+    notifies = _packed_notifies(schedule)
+    assert notifies
+    rounds = [[e * flags[s][0] + flags[s][1] + k for s, k in notifies] for e in range(4)]
+    for e, flags_e in enumerate(rounds):
+        assert len(set(flags_e)) == len(flags_e) and min(flags_e) >= 1
+        if e:
+            assert min(flags_e) > max(rounds[e - 1]), f"{name}: round {e}'s flags reach round {e - 1}'s"
+
+
+def test_the_repeated_chunk_schedule_is_one_where_per_signal_flags_collide():
+    # Why flags are not e * per_call + k: there two rounds' flags coincide in this schedule.
+    schedule = dict(_packed_schedules())["repeated"]
+    per_call = schedule.per_call()
+    notifies = _packed_notifies(schedule)
+    old = [{e * per_call[s] + k for s, k in notifies} for e in range(2)]
+    assert old[0] & old[1]
+
+
+def test_generated_packets_carry_the_schedules_flags():
+    compiled = _repeated()
+    schedule = compiled.schedule
+    source = generate(schedule, compiled.spec, atom="ldst", arch="sm_90", dtype=DType.FLOAT16, op=ReduceOp.SUM).source
+    stride = sum(schedule.per_call().values())
+    assert stride > max(schedule.per_call().values())
+    sends = re.findall(r"flag\d+ = \(unsigned\)\(\(purlin_i64\)rd\.epoch \* (\d+) \+", source)
+    tables = re.findall(r"const purlin_ll_batch<Geo[^=]*= \{(.*?)\n\s*\};", source, re.S)  # receive loops' tables
+    polls = [m for t in tables for m in re.findall(r"\(purlin_i64\)rd\.epoch \* (\d+) \+ \((\d+)\)", t)]
+    assert sends and set(sends) == {str(stride)}
+    assert polls and {p for p, _ in polls} <= {str(stride), "0"}  # 0: a plain source's unused numbers
+
+
+def test_a_timed_out_packet_wait_reports_the_signal_value_and_the_flags():
+    from purlinc.runtime.timeouts import _awaited
+
+    schedule = _repeated().schedule
+    program = schedule.program(2, 0)
+    index, wait = next((i, s) for i, s in enumerate(program.steps)
+                       if isinstance(s, Wait) and schedule.per_call()[s.signal] == 2)
+    stride, base = schedule.packet_flags()[wait.signal]
+    record = {"signal_owner": wait.signal.owner, "signal_index": wait.signal.index,
+              "expected": 3 * stride + base + 2, "observed": 7}
+    assert _awaited(schedule, wait, record) == (
+        f"the packets (LL) of signal r2.sig[{wait.signal.index}] >= {3 * 2 + 2}: packet flag {3 * stride + base + 2}, "
+        "observed 7")
+    plain = {**record, "expected": 5}
+    assert _awaited(schedule, None, plain) == f"signal r2.sig[{wait.signal.index}] >= 5, observed 7"

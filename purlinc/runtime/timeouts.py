@@ -66,7 +66,7 @@ class Timeouts:
                 ),
                 record=record,
             )
-        what = ""
+        what, step = "", None
         try:
             step = schedule.program(record["rank"], record["channel"]).steps[record["step"]]
             what = f" ({type(step).__name__}{': ' + step.note if getattr(step, 'note', '') else ''})"
@@ -74,8 +74,7 @@ class Timeouts:
             pass
         return PurlinTimeoutError(
             f"{self.name}: rank {record['rank']} timed out after {seconds:g} s in channel {record['channel']}, "
-            f"step {record['step']}{what}, waiting for signal r{record['signal_owner']}.sig[{record['signal_index']}] "
-            f">= {record['expected']}, observed {record['observed']}",
+            f"step {record['step']}{what}, waiting for {_awaited(schedule, step, record)}",
             notes=(
                 "a peer did not call this collective (or called it with another count, dtype or op)",
                 *issued_by_one_thread(self.comm),
@@ -84,3 +83,21 @@ class Timeouts:
             ),
             record=record,
         )
+
+
+def _awaited(schedule, step, record) -> str:
+    """What the failed wait waited for.  A wait on packets (LL) records the packet flag it
+    expected and the one it saw (Schedule.packet_flags); it is shown as the signal's value
+    too, which is what the schedule says."""
+    from purlinc.snac.ir import Wait
+    from purlinc.snac.packing import packed_stages
+
+    signal = f"r{record['signal_owner']}.sig[{record['signal_index']}]"
+    packets = {stage.signal for stage in packed_stages(schedule).values()}
+    if not isinstance(step, Wait) or step.signal not in packets:
+        return f"signal {signal} >= {record['expected']}, observed {record['observed']}"
+    stride, base = schedule.packet_flags()[step.signal]
+    epoch, k = divmod(record["expected"] - base - 1, stride)
+    value = epoch * schedule.per_call()[step.signal] + k + 1
+    return (f"the packets (LL) of signal {signal} >= {value}: packet flag {record['expected']}, "
+            f"observed {record['observed']}")

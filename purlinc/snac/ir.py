@@ -330,3 +330,19 @@ class Schedule:
     def per_call(self) -> dict[Signal, int]:
         """Channel-relative signal -> notifies per call (the same for every channel)."""
         return {d.signal: d.per_call for d in self.signals}
+
+    def packet_flags(self) -> dict[Signal, tuple[int, int]]:
+        """Channel-relative signal -> (stride, base): notify k of a round with epoch e carries the
+        packet flag e * stride + base + k (LL, ``ll.cuh.j2``).  stride counts every signal's
+        notifies per round and base those of the signals before it, so each round's flags lie
+        above every earlier round's, whichever signal wrote them.  A slot's place in staging
+        depends on the call's count, so a packet an earlier call left where this call expects
+        another signal's packet must never carry the flag this call expects there (with
+        e * per_call + k it could: e=0, k=3 of a signal notified 4 times a round equals e=1,
+        k=1 of one notified twice)."""
+        stride = sum(d.per_call for d in self.signals)
+        flags, base = {}, 0
+        for d in self.signals:
+            flags[d.signal] = (stride, base)
+            base += d.per_call
+        return flags

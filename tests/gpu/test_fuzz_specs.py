@@ -167,3 +167,40 @@ def test_ranks_without_chunks(algorithm):
             _call(coll, group, case, count, DType.parse(dtype), None, rng, pass_count=False)
     finally:
         coll.close()
+
+
+# Cases that ran wrong before packet flags were made unique across signals (Schedule.packet_flags):
+# each one's second call, at another count, took packets its first call had left in staging.
+RAN_WRONG = (5572, 5596, 5859, 5902)
+
+
+@pytest.mark.parametrize("seed", RAN_WRONG)
+def test_cases_that_took_stale_packets(seed):
+    import purlinc
+
+    case = fuzz_specs.case(seed)
+    group = _group(case.world)
+    coll = purlinc.load(case.text, group, **dict(case.options))
+    rng = np.random.default_rng(seed)
+    try:
+        for _ in range(2):
+            for count, dtype, op in case.calls:
+                _call(coll, group, case, count, DType.parse(dtype), op, rng)
+    finally:
+        coll.close()
+
+
+def test_packed_calls_whose_count_changes():
+    """One packed schedule whose signals carry 1, 2 and 4 notifies a round, called at counts
+    that move its slots around in staging, each call checked."""
+    import purlinc
+
+    case = fuzz_specs.case(5902)
+    group = _group(case.world)
+    coll = purlinc.load(case.text, group, algorithm="direct-push", packed=True, channels=1)
+    rng = np.random.default_rng(3)
+    try:
+        for count in (129, 3, 129, 1, 4097, 2, 65, 3):
+            _call(coll, group, case, count, DType.FLOAT16, "sum", rng)
+    finally:
+        coll.close()

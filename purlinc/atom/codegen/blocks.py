@@ -22,7 +22,8 @@ from purlinc.snac.ir import Consume, Epilogue, Notify, Program, Role, Stage, Wai
 from purlinc.snac.packing import ll_groups
 
 
-def data_block(index: int, step: Stage | Consume | Epilogue, rank: int, per_call: dict) -> dict:
+def data_block(index: int, step: Stage | Consume | Epilogue, rank: int, flags: dict) -> dict:
+    """``flags``: Schedule.packet_flags(), the packet flags of packed stages."""
     if isinstance(step, Epilogue):  # its own module (purlinc.atom.epilogue) and template
         return epilogue_block(index, step, region_expr(step.region, rank), slice_expr(step.region.slice))
     srcs = (step.src,) if isinstance(step, Stage) else step.srcs
@@ -30,7 +31,7 @@ def data_block(index: int, step: Stage | Consume | Epilogue, rank: int, per_call
     if len({r.slice for r in regions}) != 1:
         raise InternalError(f"step {index} mixes slices: {', '.join(r.format() for r in regions)}")
     if isinstance(step, Stage) and step.packed:
-        return _ll_send_block(index, step, rank, per_call)
+        return _ll_send_block(index, step, rank, flags)
     if isinstance(step, Stage):
         kind, what = "copy", f"stage {step.src.format()} -> {step.dst.format()}"
     else:
@@ -52,17 +53,19 @@ def data_block(index: int, step: Stage | Consume | Epilogue, rank: int, per_call
     }
 
 
-def _ll_send_block(index: int, step: Stage, rank: int, per_call: dict) -> dict:
+def _ll_send_block(index: int, step: Stage, rank: int, flags: dict) -> dict:
     note = f" ({one_line(step.note)})" if step.note else ""
+    stride, base = flags[step.signal]
     return {
         "kind": "ll_send",
         "comments": [f"step {index}: stage+notify {step.src.format()} -> {step.dst.format()}, "
-                     f"{step.signal.format()} = epoch*{per_call[step.signal]} + {step.k} in every packet (LL){note}"],
+                     f"{step.signal.format()} notify {step.k}: flag epoch*{stride} + {base + step.k} in every packet "
+                     f"(LL){note}"],
         "dst": packets_expr(step.dst),
         "srcs": [region_expr(step.src, rank)],
         "slice": slice_expr(step.dst.slice),
-        "per_call": num(per_call[step.signal]),
-        "k": num(step.k),
+        "per_call": num(stride),
+        "k": num(base + step.k),
         "reads": frozenset({step.src}),
         "writes": frozenset({step.dst}),
     }
@@ -104,6 +107,7 @@ class _Blocks:
 
     program: Program
     per_call: dict
+    flags: dict  # Schedule.packet_flags()
     roles: dict
     packed: dict
     groups: dict  # first wait index -> its LL consume group
@@ -116,7 +120,7 @@ class _Blocks:
         self.writes.clear()
 
     def data(self, index: int) -> None:
-        block = data_block(index, self.program.steps[index], self.program.rank, self.per_call)
+        block = data_block(index, self.program.steps[index], self.program.rank, self.flags)
         if block["kind"] == "epilogue" and self._fuse_epilogue(block):
             return
         if block["reads"] & self.writes or block["writes"] & (self.reads | self.writes):
@@ -155,7 +159,7 @@ class _Blocks:
         if group is None:
             return end
         check_reorder(self.program, group)
-        self.blocks.extend(ll_block(self.program, group, self.packed, self.per_call))  # ends with a barrier
+        self.blocks.extend(ll_block(self.program, group, self.packed, self.per_call, self.flags))  # ends with a barrier
         self.barrier_passed()
         for c in range(end, group.end):
             if c not in group.consumes:
@@ -176,10 +180,12 @@ class _Blocks:
         return i
 
 
-def program_blocks(program: Program, per_call: dict, roles: dict | None = None, packed: dict | None = None) -> list[dict]:
+def program_blocks(program: Program, per_call: dict, flags: dict, roles: dict | None = None,
+                   packed: dict | None = None) -> list[dict]:
     """A channel program as blocks: data steps, merged signal groups, and the barriers
     needed between data steps that touch the same region (threads split work differently
-    from one step to the next)."""
+    from one step to the next).  ``per_call`` and ``flags``: Schedule.per_call() and
+    Schedule.packet_flags()."""
     packed = packed or {}
     groups = {}
     if packed:
@@ -188,7 +194,7 @@ def program_blocks(program: Program, per_call: dict, roles: dict | None = None, 
             index, message = problems[0]
             raise InternalError(f"rank {program.rank} channel {program.channel} step {index}: {message}")
         groups = {g.waits[0]: g for g in found}
-    state = _Blocks(program, per_call, roles or {}, packed, groups)
+    state = _Blocks(program, per_call, flags, roles or {}, packed, groups)
     i = 0
     while i < len(program.steps):
         step = program.steps[i]

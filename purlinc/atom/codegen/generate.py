@@ -52,14 +52,14 @@ def _check_types(schedule: Schedule, dtype: DType, op: ReduceOp | None) -> Reduc
 
 def _kernels(schedule: Schedule, base: str, packed: dict) -> list[dict]:
     """Every rank's entry: its name and its channel-relative program as blocks."""
-    per_call = schedule.per_call()
+    per_call, flags = schedule.per_call(), schedule.packet_flags()
     roles = {decl.signal: decl.role for decl in schedule.signals}
     kernels = []
     for rank, program in enumerate(schedule.programs):
         if (program.rank, program.channel) != (rank, 0):
             raise InternalError(f"schedule.programs[{rank}] is rank {program.rank} channel {program.channel}, "
                                 f"expected rank {rank}'s channel-relative program")
-        blocks = program_blocks(program, per_call, roles, packed)
+        blocks = program_blocks(program, per_call, flags, roles, packed)
         # A program that starts by sending packets sets its round's epoch inside that send,
         # after issuing the data loads (block_ll_send.cu.j2): the call counter's load and the
         # data loads then overlap instead of adding up on every small call's critical path.

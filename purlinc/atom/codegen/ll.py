@@ -17,7 +17,7 @@ from purlinc.frontend.ast import Operation
 from purlinc.snac.ir import Program, Region
 
 
-def _ll_sources(program: Program, c: int, kind: str, packed: dict, per_call: dict, wait_of: dict) -> list[dict]:
+def _ll_sources(program: Program, c: int, kind: str, packed: dict, flags: dict, wait_of: dict) -> list[dict]:
     """The sources of consume ``c``: packets it polls, or plain regions."""
     step, rank = program.steps[c], program.rank
     srcs = []
@@ -31,9 +31,10 @@ def _ll_sources(program: Program, c: int, kind: str, packed: dict, per_call: dic
             continue
         if region.rank != rank or stage.signal not in wait_of:
             raise InternalError(f"rank {rank} step {c} reads packed {region.format()} outside its consume group")
+        stride, base = flags[stage.signal]  # the flag its sender wrote (Schedule.packet_flags)
         srcs.append({
             "expr": packets_expr(region), "packed": True, "position": position, "region": region,
-            "per_call": num(per_call[stage.signal]), "k": num(stage.k),
+            "per_call": num(stride), "k": num(base + stage.k),
             "step": num(wait_of[stage.signal]), "index": signal_expr(stage.signal.index),
         })
     if kind == "copy" and not srcs[0]["packed"]:
@@ -41,9 +42,10 @@ def _ll_sources(program: Program, c: int, kind: str, packed: dict, per_call: dic
     return srcs
 
 
-def ll_block(program: Program, group, packed: dict, per_call: dict) -> list[dict]:
+def ll_block(program: Program, group, packed: dict, per_call: dict, flags: dict) -> list[dict]:
     """A consume group: its packed waits vanish into the packet polls of its consumes, which
-    run as fused loops (``ll_batches``), one ``ll_batch`` block each, then ``ll_done``."""
+    run as fused loops (``ll_batches``), one ``ll_batch`` block each, then ``ll_done``.
+    ``flags``: Schedule.packet_flags(), the flag each packet carries."""
     steps, rank = program.steps, program.rank
     wait_of = {steps[w].signal: w for w in group.waits}
     comments = []
@@ -55,7 +57,7 @@ def ll_block(program: Program, group, packed: dict, per_call: dict) -> list[dict
     for c in group.consumes:
         step = steps[c]
         kind = "reduce" if step.operation is Operation.REDUCE else "copy"
-        srcs = _ll_sources(program, c, kind, packed, per_call, wait_of)
+        srcs = _ll_sources(program, c, kind, packed, flags, wait_of)
         note = f" ({one_line(step.note)})" if step.note else ""
         what = ", ".join(r.format() for r in step.srcs)
         consumes.append({"kind": kind, "step": c, "dst": region_expr(step.dst, rank), "dst_region": step.dst,
