@@ -5,10 +5,12 @@ traced kernel's codegen, bad input, and an HTML screenshot in headless Chromium.
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import struct
 import subprocess
+import sys
 import xml.etree.ElementTree as ET
 import zlib
 from functools import lru_cache
@@ -475,3 +477,22 @@ def test_unindexed_chunks_are_coloured_and_named(tmp_path, timeline):
     assert {g.get("data-chunk") for g in steps} <= {"x", ""}
     legend = _find(root, "g", "legend")[0]
     assert [t.text for t in legend.iter(NS + "text")][:2] == ["chunks:", "x"]
+
+
+def test_draw_reads_standard_input_once(monkeypatch, capsys):
+    """``draw -`` reads the .pln from standard input, as dump and check do (FILE's help says
+    so); --compare builds two panels from the one text.  Before: 'error: no such file: -'."""
+    text = (EXAMPLES / "allreduce.pln").read_bytes()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text)))
+    assert main(["draw", "-", "--ranks", "2", "--compare", "ring,two-shot"]) == 0
+    drawn = capsys.readouterr().out
+    assert drawn.startswith("<svg") and drawn.count('class="panel"') == 2
+
+
+def test_draw_file_name_with_a_brace_is_a_path(tmp_path, capsys):
+    """A file name is never read as .pln text, whatever it contains (as for dump): before,
+    a path with '{' in it was parsed as the collective itself."""
+    path = tmp_path / "odd{name}.pln"
+    path.write_bytes((EXAMPLES / "allgather.pln").read_bytes())
+    assert main(["draw", str(path), "--ranks", "2"]) == 0
+    assert capsys.readouterr().out.startswith("<svg")

@@ -10,13 +10,14 @@ from purlinc.draw.defaults import DEFAULT_DTYPE, DEFAULT_WORLD_SIZE
 from purlinc.draw.model import build
 from purlinc.draw.timeline import CostModel, chunk_bytes_for, schedule_times
 from purlinc.errors import PurlinError
+from purlinc.pipeline.source import SourceText
 
 FORMATS = ("svg", "html")
 
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    file: str
+    file: str | SourceText  # a path, .pln text, or the source the CLI read (standard input: once)
     world_size: int | None = None  # None: not given (DEFAULT_WORLD_SIZE, or the trace's)
     params: tuple[tuple[str, int], ...] = ()
     overrides: tuple[tuple[str, object], ...] = ()  # LowerOptions fields
