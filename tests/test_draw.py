@@ -496,3 +496,20 @@ def test_draw_file_name_with_a_brace_is_a_path(tmp_path, capsys):
     path.write_bytes((EXAMPLES / "allgather.pln").read_bytes())
     assert main(["draw", str(path), "--ranks", "2"]) == 0
     assert capsys.readouterr().out.startswith("<svg")
+
+
+def test_legend_of_many_chunks_wraps_within_the_lanes():
+    """alltoall at R=16 has 256 chunks: the legend wraps into rows no wider than the lanes
+    (and the explanation after it too), every entry inside the canvas.  Before, it was one
+    row that made the canvas several times wider than the drawing (311,000 px at R=64)."""
+    root = ET.fromstring(_svg_of(_schedule("alltoall", 16)))
+    width, height = float(root.get("width")), float(root.get("height"))
+    lanes = max(float(el.get("width")) for el in root.iter(NS + "rect") if el.get("x") == "0" and el.get("height") == "44")
+    assert width <= max(lanes, 1200) + 20  # the canvas ends a little right of the lane shading
+    (legend,) = _find(root, "g", "legend")
+    texts = list(legend.iter(NS + "text"))
+    rows = {float(t.get("y")) for t in texts}
+    assert len(rows) > 1 and len(texts) == 256 + 2  # "chunks:", every chunk, the explanation
+    assert all(float(t.get("y")) < height for t in texts)
+    for t in texts:  # each entry starts inside the canvas and its text (6.2 px a character) ends there
+        assert float(t.get("x")) + 6.2 * len(t.text) <= width + 1, t.text

@@ -29,6 +29,9 @@ COL_W = 64  # one step in the schedule view
 RANK_GAP = 8
 HEAD_H = 46
 AXIS_H = 22
+LEGEND_WRAP = 1200  # the legend wraps at the lanes' width, or this where the lanes are narrower
+LEGEND_ROW_H = 16
+_LEGEND_NOTE = "arrow: notify -> the wait it releases; dashed: wait; red mark: waits for the previous call"
 FONT = "DejaVu Sans Mono, Menlo, Consolas, monospace"
 
 _STROKE = {
@@ -208,6 +211,29 @@ def _nice(raw: float) -> float:
     return 10 * exp
 
 
+def _legend(chunks: list[str], colours: dict, top: float, limit: float) -> tuple[list[str], float, float]:
+    """The chunk colours, then what the marks mean, in rows that wrap at ``limit`` pixels (the
+    lanes' width, or LEGEND_WRAP): in one row, the 4,096 chunks of an alltoall at R=64 made
+    the canvas 311,000 px wide.  Returns the elements, the right end and the height."""
+    parts = [f'<g class="legend"><text x="10" y="{_fmt(top + 11)}" font-size="11">chunks:</text>']
+    x, y, right = 66.0, top, 66.0
+    # (swatch and name) per chunk, then the explanation: about 6.2 px a character at 10 px
+    items = [(name, 22 + 6.2 * len(name)) for name in chunks] + [(None, 10 + 6.2 * len(_LEGEND_NOTE))]
+    for name, w in items:
+        if x + w > limit and x > 66:
+            x, y = 66.0, y + LEGEND_ROW_H
+        if name is None:
+            parts.append(f'<text x="{_fmt(x + 10)}" y="{_fmt(y + 11)}" font-size="10" fill="#1f4fbf">'
+                         f'{escape(_LEGEND_NOTE)}</text>')
+        else:
+            parts.append(f'<rect x="{_fmt(x)}" y="{_fmt(y + 1)}" width="12" height="12" fill="{colours[name]}" '
+                         f'stroke="#555"/><text x="{_fmt(x + 15)}" y="{_fmt(y + 11)}" font-size="10">{escape(name)}</text>')
+        x += w
+        right = max(right, x)
+    parts.append("</g>")
+    return parts, right + 10, y - top + 24
+
+
 def render(panels: list[Panel], *, width: int | None = None) -> str:
     """SVG text of the panels, stacked, sharing the x scale."""
     if not panels:
@@ -221,23 +247,13 @@ def render(panels: list[Panel], *, width: int | None = None) -> str:
     y = 0.0
     for panel in panels:
         y, _ = _render_panel(panel, y, px, colours, parts)
-    # Legend: the chunk colours.
-    legend_y = y + 6
-    x = 10.0
-    legend = [f'<g class="legend"><text x="{_fmt(x)}" y="{_fmt(legend_y + 11)}" font-size="11">chunks:</text>']
-    x += 56
-    for name in chunks:
-        legend.append(f'<rect x="{_fmt(x)}" y="{_fmt(legend_y + 1)}" width="12" height="12" fill="{colours[name]}" stroke="#555"/>'
-                      f'<text x="{_fmt(x + 15)}" y="{_fmt(legend_y + 11)}" font-size="10">{escape(name)}</text>')
-        x += 22 + 6.2 * len(name)
-    legend.append(f'<text x="{_fmt(x + 10)}" y="{_fmt(legend_y + 11)}" font-size="10" fill="#1f4fbf">'
-                  f'arrow: notify -&gt; the wait it releases; dashed: wait; red mark: waits for the previous call</text>')
-    legend.append("</g>")
+    lanes_px = LABEL_W + max(p.times.total for p in panels) * px + 30
+    legend, legend_right, legend_h = _legend(chunks, colours, y + 6, max(lanes_px, LEGEND_WRAP))
     # Wide enough for the lanes, the legend and every panel's subtitle line (11 px monospace,
     # about 6.7 px a character: a long option list must not be clipped by the canvas).
     subtitle_px = max(10 + 6.7 * (len(p.drawing.subtitle) + 40) for p in panels)
-    width_px = max(LABEL_W + max(p.times.total for p in panels) * px + 30, x + 560, subtitle_px)
-    height_px = legend_y + 24
+    width_px = max(lanes_px, legend_right, subtitle_px)
+    height_px = y + 6 + legend_h
     head = (
         f'<svg xmlns="http://www.w3.org/2000/svg" class="purlin-schedule" width="{_fmt(width_px)}" '
         f'height="{_fmt(height_px)}" viewBox="0 0 {_fmt(width_px)} {_fmt(height_px)}" font-family="{FONT}">\n'
