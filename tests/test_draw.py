@@ -513,3 +513,20 @@ def test_legend_of_many_chunks_wraps_within_the_lanes():
     assert all(float(t.get("y")) < height for t in texts)
     for t in texts:  # each entry starts inside the canvas and its text (6.2 px a character) ends there
         assert float(t.get("x")) + 6.2 * len(t.text) <= width + 1, t.text
+
+
+@pytest.mark.parametrize("timeline", [False, True])
+def test_lane_labels_end_before_the_first_box(timeline):
+    """'rank 10  (x16 channels)' is 23 characters of 12 px monospace (0.6 em each): the label
+    column widens to hold it.  Before, it was 170 px whatever the labels, and the label ran
+    under the lane's first box from rank 10 on."""
+    schedule = _schedule("allgather", 11, channels=16)
+    drawing = build(schedule)
+    times = schedule_times(schedule, drawing, CostModel(), chunk_bytes=4096) if timeline else schedule_times(schedule, drawing)
+    root = ET.fromstring(svg.render([svg.Panel(drawing, times)]))
+    (axis,) = _find(root, "g", "axis")
+    origin = float(axis.find(NS + "line").get("x1"))  # time 0 (or step 0): where boxes may start
+    for lane in _find(root, "g", "lane"):
+        label = next(t for t in lane.iter(NS + "text") if t.text.startswith("rank "))
+        assert float(label.get("x")) + 0.6 * 12 * len(label.text) < origin, label.text
+        assert min(float(r.get("x")) for r in lane.iter(NS + "rect") if r.get("x") != "0") >= origin

@@ -67,15 +67,35 @@ def _fmt(x: float) -> str:
     return f"{x:.1f}".rstrip("0").rstrip(".")
 
 
-def _scale(panels: list[Panel], width: int | None) -> float:
-    """Pixels per x unit, shared by every panel (so compared timelines line up)."""
+@dataclass(frozen=True, slots=True)
+class Scale:
+    """The x axis every panel shares: the lane labels' column, then ``px`` pixels per x unit
+    (a step, or a microsecond)."""
+    left: float
+    px: float
+
+    def at(self, value: float) -> float:
+        return self.left + value * self.px
+
+
+def _label_column(panels: list[Panel]) -> float:
+    """LABEL_W, or wider where a lane label needs it (12 px monospace, 0.6 em a character, from
+    x = 8): in a fixed 170 px, 'rank 10  (x16 channels)' ran under the lane's first box."""
+    longest = max(len(lane.label) for p in panels for lane in p.drawing.lanes)
+    return max(LABEL_W, math.ceil(8 + 0.6 * 12 * longest + 10))
+
+
+def _scale(panels: list[Panel], width: int | None) -> Scale:
+    """The x axis, shared by every panel (so compared timelines line up)."""
+    left = _label_column(panels)
     if all(p.times.unit == "step" for p in panels):
-        return COL_W
+        return Scale(left, COL_W)
     longest = max((p.times.total for p in panels), default=1.0) or 1.0
     target = width or max(1200, min(4000, 40 * max(len(l.steps) for p in panels for l in p.drawing.lanes)))
-    # Never narrower than MIN_WIDTH: below LABEL_W + 30 the scale turns negative and time
-    # runs backwards (the CLI refuses such widths; a caller of render() gets the minimum).
-    return (max(target, MIN_WIDTH) - LABEL_W - 30) / longest
+    # Never narrower than MIN_WIDTH (and the time axis never shorter than in MIN_WIDTH with
+    # the usual label column): below left + 30 the scale turns negative and time runs
+    # backwards (the CLI refuses such widths; a caller of render() gets the minimum).
+    return Scale(left, (max(target, MIN_WIDTH, left + MIN_WIDTH - LABEL_W) - left - 30) / longest)
 
 
 def _panel_height(panel: Panel) -> int:
@@ -95,14 +115,14 @@ def _box_label(box: StepBox, w: float) -> list[str]:
     return [r[:chars] for r in rows if r]
 
 
-def _render_panel(panel: Panel, y0: float, px: float, colours: dict, parts: list[str]) -> tuple[float, dict]:
+def _render_panel(panel: Panel, y0: float, scale: Scale, colours: dict, parts: list[str]) -> tuple[float, dict]:
     d, t = panel.drawing, panel.times
     parts.append(f'<g class="panel" transform="translate(0,{_fmt(y0)})">')
     parts.append(f'<text x="10" y="20" font-size="15" font-weight="bold">{escape(panel.heading or d.title)}</text>')
     total = f"{t.total:.2f} us" if t.unit == "us" else f"{int(t.total)} steps on the longest lane"
     parts.append(f'<text x="10" y="38" font-size="11" fill="#333">{escape(d.subtitle)}; {escape(total)}</text>')
     y = HEAD_H
-    right = _axis(parts, t, px, y)
+    right = _axis(parts, t, scale, y)
     y += AXIS_H
     anchors: dict = {}
     by_rank: dict[int, list] = {}
@@ -116,7 +136,7 @@ def _render_panel(panel: Panel, y0: float, px: float, colours: dict, parts: list
             parts.append(f'<rect x="0" y="{_fmt(y)}" width="{_fmt(right + 20)}" height="{LANE_H}" fill="{shade}"/>')
             parts.append(f'<text x="8" y="{_fmt(y + LANE_H / 2 + 4)}" font-size="12">{escape(lane.label)}</text>')
             for box in lane.steps:
-                anchors[box.key] = _step_box(parts, panel, box, y, px, colours)
+                anchors[box.key] = _step_box(parts, panel, box, y, scale, colours)
             parts.append("</g>")
             y += LANE_H
         parts.append("</g>")
@@ -129,16 +149,16 @@ def _render_panel(panel: Panel, y0: float, px: float, colours: dict, parts: list
     return y0 + _panel_height(panel), anchors
 
 
-def _axis(parts: list[str], t, px: float, y: float) -> float:
+def _axis(parts: list[str], t, scale: Scale, y: float) -> float:
     """The time (or step) axis, ticks every nice step of x units; its right end."""
-    right = LABEL_W + t.total * px
-    parts.append(f'<g class="axis"><line x1="{LABEL_W}" y1="{y + 16}" x2="{_fmt(right)}" y2="{y + 16}" stroke="#999"/>')
+    right = scale.at(t.total)
+    parts.append(f'<g class="axis"><line x1="{_fmt(scale.left)}" y1="{y + 16}" x2="{_fmt(right)}" y2="{y + 16}" stroke="#999"/>')
     tick = _nice(t.total / 10 if t.total else 1)
     if t.unit == "step":
         tick = max(tick, 1.0)
     value = 0.0
     while value <= t.total + 1e-9:
-        x = LABEL_W + value * px
+        x = scale.at(value)
         label = f"{_fmt(value)} us" if t.unit == "us" else f"{int(value)}"
         parts.append(f'<line x1="{_fmt(x)}" y1="{y + 12}" x2="{_fmt(x)}" y2="{y + 20}" stroke="#999"/>'
                      f'<text x="{_fmt(x + 2)}" y="{y + 10}" font-size="9" fill="#666">{escape(label)}</text>')
@@ -147,12 +167,12 @@ def _axis(parts: list[str], t, px: float, y: float) -> float:
     return right
 
 
-def _step_box(parts: list[str], panel: Panel, box, y: float, px: float, colours: dict) -> tuple[float, float, float]:
+def _step_box(parts: list[str], panel: Panel, box, y: float, scale: Scale, colours: dict) -> tuple[float, float, float]:
     """One step's box (with its hover detail and label) on the lane at ``y``; its anchor
     (left, right, middle height) for the arrows."""
     t = panel.times
     start, end = t.spans[box.key]
-    x, w = LABEL_W + start * px, max((end - start) * px - (3 if t.unit == "step" else 0), 1.5)
+    x, w = scale.at(start), max((end - start) * scale.px - (3 if t.unit == "step" else 0), 1.5)
     by = y + (LANE_H - BOX_H) / 2
     fill = colours.get(box.chunk, "#e6e6e6")
     stroke = _STROKE[box.verb]
@@ -238,7 +258,7 @@ def render(panels: list[Panel], *, width: int | None = None) -> str:
     """SVG text of the panels, stacked, sharing the x scale."""
     if not panels:
         raise ValueError("nothing to draw")
-    px = _scale(panels, width)
+    scale = _scale(panels, width)
     chunks: list[str] = []
     for p in panels:
         chunks.extend(c for c in p.drawing.chunks if c not in chunks)
@@ -246,8 +266,8 @@ def render(panels: list[Panel], *, width: int | None = None) -> str:
     parts: list[str] = []
     y = 0.0
     for panel in panels:
-        y, _ = _render_panel(panel, y, px, colours, parts)
-    lanes_px = LABEL_W + max(p.times.total for p in panels) * px + 30
+        y, _ = _render_panel(panel, y, scale, colours, parts)
+    lanes_px = scale.at(max(p.times.total for p in panels)) + 30
     legend, legend_right, legend_h = _legend(chunks, colours, y + 6, max(lanes_px, LEGEND_WRAP))
     # Wide enough for the lanes, the legend and every panel's subtitle line (11 px monospace,
     # about 6.7 px a character: a long option list must not be clipped by the canvas).
