@@ -530,3 +530,27 @@ def test_lane_labels_end_before_the_first_box(timeline):
         label = next(t for t in lane.iter(NS + "text") if t.text.startswith("rank "))
         assert float(label.get("x")) + 0.6 * 12 * len(label.text) < origin, label.text
         assert min(float(r.get("x")) for r in lane.iter(NS + "rect") if r.get("x") != "0") >= origin
+
+
+def _tick_labels(root):
+    """The time axis' labels as (left, right, text): 9 px monospace, 0.6 em a character."""
+    (axis,) = _find(root, "g", "axis")
+    return [(float(t.get("x")), float(t.get("x")) + 0.6 * 9 * len(t.text), t.text) for t in axis.iter(NS + "text")]
+
+
+@pytest.mark.parametrize("model, width", [
+    (CostModel(launch_us=0.01, signal_us=0.01, step_us=0.001, notify_us=0.001), None),  # 0.06 us in all
+    (CostModel(launch_us=0.42), 400),  # 1.9 us over the narrowest --width: ticks every 0.2 us were 21 px apart
+])
+def test_time_axis_labels_are_distinct_apart_and_inside(model, width):
+    """Ticks every 0.01 us were all labelled '0 us' or '0.1 us' (one decimal whatever the
+    step: a measured trace of a short call read '0 us' five times), ticks every 0.5 us over
+    200 px of axis (--width 400) overlapped, and the last label ran off the canvas."""
+    schedule = _schedule("allgather", 2)
+    drawing = build(schedule)
+    times = schedule_times(schedule, drawing, model, chunk_bytes=2)
+    root = ET.fromstring(svg.render([svg.Panel(drawing, times)], width=width))
+    labels = _tick_labels(root)
+    assert len(labels) >= 2 and len({text for _, _, text in labels}) == len(labels), labels
+    assert all(right <= next_left for (_, right, _), (next_left, _, _) in zip(labels, labels[1:])), labels
+    assert labels[-1][1] <= float(root.get("width")), labels[-1]

@@ -149,20 +149,42 @@ def _render_panel(panel: Panel, y0: float, scale: Scale, colours: dict, parts: l
     return y0 + _panel_height(panel), anchors
 
 
+TICK_CHAR_PX = 0.6 * 9  # a character of the 9 px monospace tick labels
+TICK_GAP_PX = 8  # between one tick label's end and the next one's start
+
+
+def _tick_label(value: float, tick: float, unit: str) -> str:
+    """A tick's label, with as many decimals as the tick step needs (one, always, put every
+    tick of a 0.01 us step at '0 us' or '0.1 us')."""
+    if unit != "us":
+        return f"{int(value)}"
+    decimals = max(0, -math.floor(math.log10(tick) + 1e-9))
+    text = f"{value:.{decimals}f}"
+    return f"{text.rstrip('0').rstrip('.') if decimals else text} us"
+
+
+def _ticks(t, scale: Scale) -> list[tuple[float, str]]:
+    """(x, label) of every tick: about ten, spaced wide enough for their labels (at the
+    narrowest --width, ten ticks over 200 px of axis overlapped)."""
+    tick = max(_nice(t.total / 10 if t.total else 1), 1.0 if t.unit == "step" else 0.0)
+    while tick * scale.px < TICK_CHAR_PX * len(_tick_label(t.total, tick, t.unit)) + TICK_GAP_PX:
+        tick = _nice(tick * 1.5)  # the next of 1, 2, 5 x 10^n
+    count = int(t.total / tick + 1e-9)
+    return [(scale.at(n * tick), _tick_label(n * tick, tick, t.unit)) for n in range(count + 1)]
+
+
+def _ticks_right(panels: list[Panel], scale: Scale) -> float:
+    """The right end of the rightmost tick label (drawn 2 px right of its tick)."""
+    return max(x + 2 + TICK_CHAR_PX * len(label) for p in panels for x, label in _ticks(p.times, scale))
+
+
 def _axis(parts: list[str], t, scale: Scale, y: float) -> float:
     """The time (or step) axis, ticks every nice step of x units; its right end."""
     right = scale.at(t.total)
     parts.append(f'<g class="axis"><line x1="{_fmt(scale.left)}" y1="{y + 16}" x2="{_fmt(right)}" y2="{y + 16}" stroke="#999"/>')
-    tick = _nice(t.total / 10 if t.total else 1)
-    if t.unit == "step":
-        tick = max(tick, 1.0)
-    value = 0.0
-    while value <= t.total + 1e-9:
-        x = scale.at(value)
-        label = f"{_fmt(value)} us" if t.unit == "us" else f"{int(value)}"
+    for x, label in _ticks(t, scale):
         parts.append(f'<line x1="{_fmt(x)}" y1="{y + 12}" x2="{_fmt(x)}" y2="{y + 20}" stroke="#999"/>'
                      f'<text x="{_fmt(x + 2)}" y="{y + 10}" font-size="9" fill="#666">{escape(label)}</text>')
-        value += tick
     parts.append("</g>")
     return right
 
@@ -267,7 +289,7 @@ def render(panels: list[Panel], *, width: int | None = None) -> str:
     y = 0.0
     for panel in panels:
         y, _ = _render_panel(panel, y, scale, colours, parts)
-    lanes_px = scale.at(max(p.times.total for p in panels)) + 30
+    lanes_px = max(scale.at(max(p.times.total for p in panels)) + 30, _ticks_right(panels, scale))
     legend, legend_right, legend_h = _legend(chunks, colours, y + 6, max(lanes_px, LEGEND_WRAP))
     # Wide enough for the lanes, the legend and every panel's subtitle line (11 px monospace,
     # about 6.7 px a character: a long option list must not be clipped by the canvas).
