@@ -554,3 +554,19 @@ def test_time_axis_labels_are_distinct_apart_and_inside(model, width):
     assert len(labels) >= 2 and len({text for _, _, text in labels}) == len(labels), labels
     assert all(right <= next_left for (_, right, _), (next_left, _, _) in zip(labels, labels[1:])), labels
     assert labels[-1][1] <= float(root.get("width")), labels[-1]
+
+
+def test_a_drawing_too_big_to_read_is_refused(tmp_path, monkeypatch, capsys):
+    """allreduce at R=64 (direct-push) is 270,208 steps: its drawing was a 144 MB page, built in
+    27 s and 900 MB, with boxes under a pixel wide.  Past MAX_BOXES the draw is refused,
+    saying how big it would be and what draws less; nothing is written."""
+    from purlinc.draw import render as draw_render
+
+    assert draw_render.MAX_BOXES >= 20_000  # alltoall and allgather at R=64 (about 16,000) still draw
+    monkeypatch.setattr(draw_render, "MAX_BOXES", 100)
+    out = tmp_path / "big.html"
+    assert main(["draw", str(EXAMPLES / "allgather.pln"), "--ranks", "8", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: this drawing would have 232 step boxes, more than 100: too many to read"), err
+    assert "--ranks" in err and not out.exists()
+    assert main(["draw", str(EXAMPLES / "allgather.pln"), "--ranks", "4", "-o", str(out)]) == 0  # fewer boxes
