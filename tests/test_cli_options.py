@@ -89,7 +89,8 @@ def test_scale_is_clamped_for_callers_of_render():
     from purlinc.draw.render import Request, panels_for
 
     panels = panels_for(Request(file=ALLREDUCE, world_size=2, timeline=True))
-    assert svg._scale(panels, 10) == svg._scale(panels, svg.MIN_WIDTH) > 0
+    clamped = svg._scale(panels, 10)
+    assert clamped == svg._scale(panels, svg.MIN_WIDTH) and clamped.px > 0
 
 
 def test_timeline_chunk_is_whole_elements(capsys):

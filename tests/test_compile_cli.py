@@ -30,13 +30,14 @@ def test_compile_allgather_default_ranks(tmp_path, capsys):
     assert status == 0, err
     written = [Path(line) for line in out.splitlines()]
     names = sorted(p.name for p in written)
-    base = written[0].name.removesuffix(".cu")
-    assert base.startswith("purlin_allgather_")
-    assert names == sorted(f"{base}{ext}" for ext in (".cu", ".cubin", ".schedule.json", ".manifest.json"))
+    stem = written[0].name.removesuffix(".cu")
+    base = stem.removesuffix(".sm_90")  # files are <kernel_base>.<arch>.*; entries <kernel_base>_b<body>
+    assert base.startswith("purlin_allgather_") and stem == f"{base}.sm_90"
+    assert names == sorted(f"{stem}{ext}" for ext in (".cu", ".cubin", ".schedule.json", ".manifest.json"))
     assert all(p.exists() and p.parent == tmp_path for p in written)
-    assert (tmp_path / f"{base}.cubin").read_bytes()[:4] == b"\x7fELF"
+    assert (tmp_path / f"{stem}.cubin").read_bytes()[:4] == b"\x7fELF"
 
-    manifest = json.loads((tmp_path / f"{base}.manifest.json").read_text())
+    manifest = json.loads((tmp_path / f"{stem}.manifest.json").read_text())
     assert manifest["collective"] == "allgather"
     assert manifest["ranks"] == 8 and manifest["ranks_defaulted"] is True
     assert (manifest["arch"], manifest["atom"], manifest["dtype"], manifest["op"]) == ("sm_90", "ldst", "bfloat16", None)
@@ -51,7 +52,8 @@ def test_compile_allgather_default_ranks(tmp_path, capsys):
     assert set(manifest["versions"]) == {"purlinc", "nvrtc", "cuda-bindings"}
     assert all(manifest["versions"].values())
 
-    schedule = json.loads((tmp_path / f"{base}.schedule.json").read_text())
+    assert manifest["files"] == {"cuda": f"{stem}.cu", "cubin": f"{stem}.cubin", "schedule": f"{stem}.schedule.json"}
+    schedule = json.loads((tmp_path / f"{stem}.schedule.json").read_text())
     assert schedule["collective"] == "allgather" and schedule["world_size"] == 8
 
 
@@ -95,16 +97,38 @@ def test_compile_errors(tmp_path, capsys, args, message):
 def test_artifacts_are_written_all_or_none(tmp_path, capsys):
     """A directory where the schedule goes: refused before any artifact is replaced, naming that
     path (not a temporary file), and no temporary file left.  Before, the .cu and .cubin of the
-    new compile (another arch) sat beside the old manifest."""
-    status, out, err = _compile(capsys, EXAMPLES / "allreduce.pln", "-R", "2", "-o", tmp_path)
+    new compile sat beside the old manifest."""
+    status, out, err = _compile(capsys, EXAMPLES / "allreduce.pln", "-o", tmp_path)
     assert status == 0, err
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     (schedule,) = tmp_path.glob("*.schedule.json")
     schedule.unlink()
     schedule.mkdir()
-    status, out, err = _compile(capsys, EXAMPLES / "allreduce.pln", "-R", "2", "--arch", "sm_100", "-o", tmp_path)
+    # the same names again, with a manifest that differs (--ranks given this time)
+    status, out, err = _compile(capsys, EXAMPLES / "allreduce.pln", "-R", "8", "-o", tmp_path)
     assert status == 2 and out == ""
     assert err.startswith(f"error: cannot write the artifacts into {tmp_path}: {schedule}: not a file"), err
     after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
     assert after == {name: data for name, data in before.items() if name != schedule.name}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_compiles_for_two_archs_share_a_directory(tmp_path, capsys):
+    """Two targets into one -o: each keeps its own CUDA source, CUBIN, schedule and manifest.
+    Before, the files were named by the kernel alone, so the second compile replaced the
+    first's (the sm_90 manifest and CUBIN were gone)."""
+    sets = {}
+    for arch in ("sm_90", "sm_100"):
+        status, out, err = _compile(capsys, EXAMPLES / "allgather.pln", "-R", "2", "--arch", arch, "-o", tmp_path)
+        assert status == 0, err
+        sets[arch] = {Path(line).name: Path(line).read_bytes() for line in out.splitlines()}
+    assert not set(sets["sm_90"]) & set(sets["sm_100"])
+    on_disk = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert on_disk == sets["sm_90"] | sets["sm_100"]
+    for arch, written in sets.items():
+        (manifest_name,) = [name for name in written if name.endswith(".manifest.json")]
+        manifest = json.loads(written[manifest_name])
+        assert manifest["arch"] == arch
+        assert {name for name in manifest["files"].values()} | {manifest_name} == set(written)
+        assert written[manifest["files"]["cubin"]][:4] == b"\x7fELF"
+    assert sets["sm_90"][f"{manifest['kernel_base']}.sm_90.cubin"] != sets["sm_100"][f"{manifest['kernel_base']}.sm_100.cubin"]

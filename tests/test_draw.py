@@ -5,10 +5,12 @@ traced kernel's codegen, bad input, and an HTML screenshot in headless Chromium.
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import struct
 import subprocess
+import sys
 import xml.etree.ElementTree as ET
 import zlib
 from functools import lru_cache
@@ -475,3 +477,96 @@ def test_unindexed_chunks_are_coloured_and_named(tmp_path, timeline):
     assert {g.get("data-chunk") for g in steps} <= {"x", ""}
     legend = _find(root, "g", "legend")[0]
     assert [t.text for t in legend.iter(NS + "text")][:2] == ["chunks:", "x"]
+
+
+def test_draw_reads_standard_input_once(monkeypatch, capsys):
+    """``draw -`` reads the .pln from standard input, as dump and check do (FILE's help says
+    so); --compare builds two panels from the one text.  Before: 'error: no such file: -'."""
+    text = (EXAMPLES / "allreduce.pln").read_bytes()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text)))
+    assert main(["draw", "-", "--ranks", "2", "--compare", "ring,two-shot"]) == 0
+    drawn = capsys.readouterr().out
+    assert drawn.startswith("<svg") and drawn.count('class="panel"') == 2
+
+
+def test_draw_file_name_with_a_brace_is_a_path(tmp_path, capsys):
+    """A file name is never read as .pln text, whatever it contains (as for dump): before,
+    a path with '{' in it was parsed as the collective itself."""
+    path = tmp_path / "odd{name}.pln"
+    path.write_bytes((EXAMPLES / "allgather.pln").read_bytes())
+    assert main(["draw", str(path), "--ranks", "2"]) == 0
+    assert capsys.readouterr().out.startswith("<svg")
+
+
+def test_legend_of_many_chunks_wraps_within_the_lanes():
+    """alltoall at R=16 has 256 chunks: the legend wraps into rows no wider than the lanes
+    (and the explanation after it too), every entry inside the canvas.  Before, it was one
+    row that made the canvas several times wider than the drawing (311,000 px at R=64)."""
+    root = ET.fromstring(_svg_of(_schedule("alltoall", 16)))
+    width, height = float(root.get("width")), float(root.get("height"))
+    lanes = max(float(el.get("width")) for el in root.iter(NS + "rect") if el.get("x") == "0" and el.get("height") == "44")
+    assert width <= max(lanes, 1200) + 20  # the canvas ends a little right of the lane shading
+    (legend,) = _find(root, "g", "legend")
+    texts = list(legend.iter(NS + "text"))
+    rows = {float(t.get("y")) for t in texts}
+    assert len(rows) > 1 and len(texts) == 256 + 2  # "chunks:", every chunk, the explanation
+    assert all(float(t.get("y")) < height for t in texts)
+    for t in texts:  # each entry starts inside the canvas and its text (6.2 px a character) ends there
+        assert float(t.get("x")) + 6.2 * len(t.text) <= width + 1, t.text
+
+
+@pytest.mark.parametrize("timeline", [False, True])
+def test_lane_labels_end_before_the_first_box(timeline):
+    """'rank 10  (x16 channels)' is 23 characters of 12 px monospace (0.6 em each): the label
+    column widens to hold it.  Before, it was 170 px whatever the labels, and the label ran
+    under the lane's first box from rank 10 on."""
+    schedule = _schedule("allgather", 11, channels=16)
+    drawing = build(schedule)
+    times = schedule_times(schedule, drawing, CostModel(), chunk_bytes=4096) if timeline else schedule_times(schedule, drawing)
+    root = ET.fromstring(svg.render([svg.Panel(drawing, times)]))
+    (axis,) = _find(root, "g", "axis")
+    origin = float(axis.find(NS + "line").get("x1"))  # time 0 (or step 0): where boxes may start
+    for lane in _find(root, "g", "lane"):
+        label = next(t for t in lane.iter(NS + "text") if t.text.startswith("rank "))
+        assert float(label.get("x")) + 0.6 * 12 * len(label.text) < origin, label.text
+        assert min(float(r.get("x")) for r in lane.iter(NS + "rect") if r.get("x") != "0") >= origin
+
+
+def _tick_labels(root):
+    """The time axis' labels as (left, right, text): 9 px monospace, 0.6 em a character."""
+    (axis,) = _find(root, "g", "axis")
+    return [(float(t.get("x")), float(t.get("x")) + 0.6 * 9 * len(t.text), t.text) for t in axis.iter(NS + "text")]
+
+
+@pytest.mark.parametrize("model, width", [
+    (CostModel(launch_us=0.01, signal_us=0.01, step_us=0.001, notify_us=0.001), None),  # 0.06 us in all
+    (CostModel(launch_us=0.42), 400),  # 1.9 us over the narrowest --width: ticks every 0.2 us were 21 px apart
+])
+def test_time_axis_labels_are_distinct_apart_and_inside(model, width):
+    """Ticks every 0.01 us were all labelled '0 us' or '0.1 us' (one decimal whatever the
+    step: a measured trace of a short call read '0 us' five times), ticks every 0.5 us over
+    200 px of axis (--width 400) overlapped, and the last label ran off the canvas."""
+    schedule = _schedule("allgather", 2)
+    drawing = build(schedule)
+    times = schedule_times(schedule, drawing, model, chunk_bytes=2)
+    root = ET.fromstring(svg.render([svg.Panel(drawing, times)], width=width))
+    labels = _tick_labels(root)
+    assert len(labels) >= 2 and len({text for _, _, text in labels}) == len(labels), labels
+    assert all(right <= next_left for (_, right, _), (next_left, _, _) in zip(labels, labels[1:])), labels
+    assert labels[-1][1] <= float(root.get("width")), labels[-1]
+
+
+def test_a_drawing_too_big_to_read_is_refused(tmp_path, monkeypatch, capsys):
+    """allreduce at R=64 (direct-push) is 270,208 steps: its drawing was a 144 MB page, built in
+    27 s and 900 MB, with boxes under a pixel wide.  Past MAX_BOXES the draw is refused,
+    saying how big it would be and what draws less; nothing is written."""
+    from purlinc.draw import render as draw_render
+
+    assert draw_render.MAX_BOXES >= 20_000  # alltoall and allgather at R=64 (about 16,000) still draw
+    monkeypatch.setattr(draw_render, "MAX_BOXES", 100)
+    out = tmp_path / "big.html"
+    assert main(["draw", str(EXAMPLES / "allgather.pln"), "--ranks", "8", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: this drawing would have 232 step boxes, more than 100: too many to read"), err
+    assert "--ranks" in err and not out.exists()
+    assert main(["draw", str(EXAMPLES / "allgather.pln"), "--ranks", "4", "-o", str(out)]) == 0  # fewer boxes

@@ -357,3 +357,46 @@ def test_a_numpy_integer_is_an_integer():
     import numpy as np
 
     assert Topology.of(8, np.int64(2)).nodes == 4
+
+
+def _plan_texts(source, world_size: int, G: int):
+    """The plan drawing's canvas width and its texts as (x, anchor, y, size, text)."""
+    import xml.dom.minidom
+
+    from purlinc.draw.hier import plan_svg
+
+    spec = pipeline.spec_stage(pipeline.parse_stage(source), world_size, {})
+    document = xml.dom.minidom.parseString(plan_svg(plan_hierarchical(spec, G, LowerOptions())))
+    root = document.documentElement
+    texts = [(float(t.getAttribute("x")), t.getAttribute("text-anchor") or "start", float(t.getAttribute("y")),
+              float(t.getAttribute("font-size") or 11), t.firstChild.data) for t in document.getElementsByTagName("text")]
+    return float(root.getAttribute("width")), texts
+
+
+def _extent(x, anchor, size, text):
+    """Left and right end of a text, at a generous 0.64 em a character (DejaVu Sans digits)."""
+    w = 0.64 * size * len(text)
+    return {"start": (x, x + w), "middle": (x - w / 2, x + w / 2), "end": (x - w, x)}[anchor]
+
+
+def test_plan_drawing_labels_do_not_collide(repo_dir):
+    """16 nodes x 8 GPUs: 'node 12' sat over 'r96' on the node's first row (the rank labels'
+    column was fixed for one-digit nodes and two-digit ranks); every label on a row keeps
+    clear of the others."""
+    width, texts = _plan_texts(pipeline.load_source(repo_dir / "examples/allgather.pln"), 128, 8)
+    boxes = [(*_extent(x, anchor, size, text), y - 0.75 * size, y + 0.2 * size, text)
+             for x, anchor, y, size, text in texts]
+    for n, (left, right, top, bottom, text) in enumerate(boxes):
+        for other_left, other_right, other_top, other_bottom, other in boxes[n + 1:]:
+            apart = right <= other_left or other_right <= left or bottom <= other_top or other_bottom <= top
+            assert apart, f"{text!r} and {other!r} overlap"
+
+
+def test_plan_drawing_title_fits_a_long_name(repo_dir):
+    """The title is inside the canvas for the longest name a collective may have (64
+    characters; before, it was cut off at the canvas' edge), and one node is 'node'."""
+    text = (repo_dir / "examples/allgather.pln").read_text().replace("collective allgather", "collective " + "a" * 64)
+    width, texts = _plan_texts(pipeline.SourceText(text, "long.pln"), 4, 4)
+    title = texts[0]
+    assert title[4].startswith("a" * 64 + ": 1 node x 4 GPUs (R=4)")
+    assert _extent(title[0], title[1], title[3], title[4])[1] <= width

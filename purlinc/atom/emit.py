@@ -29,6 +29,14 @@ def _schedule_json(schedule) -> dict:
     return schedule_to_json(schedule)
 
 
+def artifact_stem(kernel) -> str:
+    """``<kernel_base>.<arch>``: what every file of one compile is named by.  The kernel base
+    hashes the schedule, atom, dtype and op but not the target (the entry points inside the
+    CUBIN are the same on every arch), so without the arch a compile for sm_100 into the
+    directory of one for sm_90 replaced its CUBIN and manifest."""
+    return f"{kernel.kernel_base}.{kernel.arch}"
+
+
 def _package_version(name: str) -> str | None:
     try:
         return metadata.version(name)
@@ -64,11 +72,7 @@ def manifest(artifact, *, ranks_defaulted: bool) -> dict:
             "stage_units": schedule.stage_units,
             "signal_pad": schedule.signal_pad_size(),
         },
-        "files": {
-            "cuda": kernel.filename,
-            "cubin": f"{kernel.kernel_base}.cubin" if artifact.cubin is not None else None,
-            "schedule": f"{kernel.kernel_base}.schedule.json",
-        },
+        "files": {name: path.name if path else None for name, path in artifact_paths(artifact, Path()).items()},
         "versions": {
             "purlinc": __version__,
             "nvrtc": nvrtc_version(),
@@ -110,18 +114,30 @@ def _check_replaceable(path: Path) -> None:
         raise OSError(errno.EEXIST, "not a file, so the artifact cannot replace it", str(path))
 
 
+def artifact_paths(artifact, out_dir: Path) -> dict[str, Path | None]:
+    """Where each file the manifest lists goes (``cubin`` None when none was compiled)."""
+    stem = artifact_stem(artifact.cuda)
+    return {
+        "cuda": out_dir / f"{stem}.cu",
+        "cubin": out_dir / f"{stem}.cubin" if artifact.cubin is not None else None,
+        "schedule": out_dir / f"{stem}.schedule.json",
+    }
+
+
 def write_artifacts(artifact, out_dir: Path, *, ranks_defaulted: bool) -> list[Path]:
-    """Write ``<kernel_base>.cu``, ``.cubin``, ``.schedule.json`` and ``.manifest.json``, all or
-    none: every file is checked and written to a temporary file first, then each is renamed
-    into place (a reader never sees half an artifact, nor a set from two compiles after an error)."""
+    """Write ``<kernel_base>.<arch>.cu``, ``.cubin``, ``.schedule.json`` and ``.manifest.json``,
+    all or none: every file is checked and written to a temporary file first, then each is
+    renamed into place (a reader never sees half an artifact, nor a set from two compiles after
+    an error)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    base = artifact.cuda.kernel_base
-    files: list[tuple[Path, bytes]] = [(out_dir / artifact.cuda.filename, artifact.cuda.source.encode())]
-    if artifact.cubin is not None:
-        files.append((out_dir / f"{base}.cubin", artifact.cubin))
-    files.append((out_dir / f"{base}.schedule.json", _json_bytes(_schedule_json(artifact.schedule))))
-    files.append((out_dir / f"{base}.manifest.json", _json_bytes(manifest(artifact, ranks_defaulted=ranks_defaulted))))
+    paths = artifact_paths(artifact, out_dir)
+    files: list[tuple[Path, bytes]] = [(paths["cuda"], artifact.cuda.source.encode())]
+    if paths["cubin"] is not None:
+        files.append((paths["cubin"], artifact.cubin))
+    files.append((paths["schedule"], _json_bytes(_schedule_json(artifact.schedule))))
+    files.append((out_dir / f"{artifact_stem(artifact.cuda)}.manifest.json",
+                  _json_bytes(manifest(artifact, ranks_defaulted=ranks_defaulted))))
     for path, _ in files:
         _check_replaceable(path)
     temps: list[str] = []

@@ -13,14 +13,16 @@ from purlinc.errors import PurlinError
 def add_parser(commands) -> None:
     parser = commands.add_parser(
         "compile", help="write CUDA source, CUBIN, schedule and manifest",
-        description="Compile a collective for one world size and target: writes <name>.cu, <name>.cubin, "
-        "<name>.schedule.json and <name>.manifest.json into the output directory. Needs no GPU.",
+        description="Compile a collective for one world size and target: writes <kernel>.<arch>.cu, .cubin, "
+        ".schedule.json and .manifest.json into the output directory (<kernel> is purlin_<name>_<hash8>, "
+        "the prefix of the CUBIN's entry points; the arch keeps compiles for several targets apart). "
+        "Needs no GPU.",
     )
     common.add_common(parser, None)
     common.add_lowering(parser)
     common.add_codegen(parser)
     parser.add_argument("-o", "--output-dir", type=common.path, default=None,
-                        help="output directory (default ./purlin-out/<name>)")
+                        help="output directory (default ./purlin-out/<name>, <name> the collective's)")
 
 
 def output_dir_problem(path: Path) -> str | None:

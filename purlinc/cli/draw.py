@@ -84,7 +84,9 @@ def run(args) -> int:
 
         return hier.draw(args, fmt, common.source(args))
     request = Request(
-        file=args.file, world_size=args.ranks, params=tuple(args.param), overrides=tuple(common.overrides(args).items()),
+        # read here, as dump and check do: `-` is standard input (read once, for every panel),
+        # and a path is never taken for .pln text
+        file=common.source(args), world_size=args.ranks, params=tuple(args.param), overrides=tuple(common.overrides(args).items()),
         timeline=args.timeline, compare=compare, nbytes=args.nbytes, count=args.count, dtype=args.dtype,
         collapse=not args.all_channels, trace=args.trace, width=args.width,
     )

@@ -83,7 +83,7 @@ def draw(args, fmt: str, source) -> int:
 
     from purlinc import pipeline
     from purlinc.draw.defaults import DEFAULT_WORLD_SIZE
-    from purlinc.draw.hier import plan_svg
+    from purlinc.draw.hier import plan_svg, plan_title
 
     _refuse_unused(args)
     world_size = args.ranks if args.ranks is not None else DEFAULT_WORLD_SIZE
@@ -91,7 +91,7 @@ def draw(args, fmt: str, source) -> int:
     plan = _plan(spec, common.options(args, spec), args.gpus_per_node)
     text = plan_svg(plan)
     if fmt == "html":
-        title = escape(f"{spec.name}: {plan.topology.nodes} nodes x {plan.topology.gpus_per_node} GPUs")
+        title = escape(plan_title(plan))
         text = (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\"><title>{title}</title></head>\n"
                 f"<body>\n{text}</body>\n</html>\n")
     return common.write_drawing(text, args.output)

@@ -6,3 +6,7 @@ DEFAULT_DTYPE = "bfloat16"  # the timeline's element type without --dtype
 # The narrowest timeline, in pixels: the lane labels (svg.LABEL_W), a margin, and room for
 # the time axis itself.  ``purlinc draw --width`` refuses less; svg._scale never uses less.
 MIN_WIDTH = 400
+# The most step boxes one drawing holds (every panel together).  About 550 bytes each: past
+# this a page is over 50 MB, its boxes narrower than a pixel on a timeline, and a browser
+# struggles to open it (allreduce at R=64, direct-push: 270,208 steps, 144 MB).
+MAX_BOXES = 100_000

@@ -14,6 +14,23 @@ from xml.sax.saxutils import escape
 from purlinc.snac.hierarchy import HierPlan, IntraPhase
 
 ROW, COL, LEFT, TOP = 18, 230, 90, 56
+EM = 0.64  # a character's width in em, at most (DejaVu Sans digits; most letters are narrower)
+
+
+def _text_px(text: str, size: float = 11) -> float:
+    return EM * size * len(text)
+
+
+def _left(t) -> float:
+    """Where the first column goes: right of the node labels (from x = 8) and the rank labels
+    beside them (ending 30 px left of the column), so 'node 12' does not run into 'r96'."""
+    return max(LEFT, round(8 + _text_px(f"node {t.nodes - 1}") + 6 + _text_px(f"r{t.world_size - 1}") + 30))
+
+
+def plan_title(plan: HierPlan) -> str:
+    t = plan.topology
+    nodes = f"{t.nodes} node{'s' if t.nodes != 1 else ''}"
+    return f"{plan.spec.name}: {nodes} x {t.gpus_per_node} GPUs (R={t.world_size}), {plan.spec.operation.value}"
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
@@ -21,26 +38,27 @@ def plan_svg(plan: HierPlan) -> str:
     t = plan.topology
     R = t.world_size
     buffers = [plan.phases[0].src] + [p.dst for p in plan.phases]
-    width = LEFT + COL * len(plan.phases) + 120
+    left_edge, title = _left(t), plan_title(plan)
+    # the title (14 px bold) may be the widest thing: a collective's name has up to 64 characters
+    width = round(max(left_edge + COL * len(plan.phases) + 120, 8 + _text_px(title, 14) + 8))
     height = TOP + ROW * R + 30
 
     def y(rank: int) -> float:
         return TOP + ROW * rank + ROW / 2
 
     def x(column: int) -> float:
-        return LEFT + COL * column
+        return left_edge + COL * column
 
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'font-family="sans-serif" font-size="11">',
-           f'<text x="8" y="18" font-size="14" font-weight="bold">{escape(plan.spec.name)}: '
-           f'{t.nodes} nodes x {t.gpus_per_node} GPUs (R={R}), {plan.spec.operation.value}</text>']
+           f'<text x="8" y="18" font-size="14" font-weight="bold">{escape(title)}</text>']
     for node in range(t.nodes):
         top = TOP + ROW * node * t.gpus_per_node
         shade = "#f2f2f2" if node % 2 == 0 else "#e6eef7"
         out.append(f'<rect x="0" y="{top}" width="{width}" height="{ROW * t.gpus_per_node}" fill="{shade}"/>')
         out.append(f'<text x="8" y="{top + 12}" fill="#555">node {node}</text>')
     for rank in range(R):
-        out.append(f'<text x="{LEFT - 30}" y="{y(rank) + 4}" text-anchor="end">r{rank}</text>')
+        out.append(f'<text x="{left_edge - 30}" y="{y(rank) + 4}" text-anchor="end">r{rank}</text>')
     for column, name in enumerate(buffers):
         out.append(f'<text x="{x(column)}" y="{TOP - 10}" text-anchor="middle" font-weight="bold">{escape(name)}</text>')
         for rank in range(R):

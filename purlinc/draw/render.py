@@ -6,17 +6,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from purlinc.draw import html, svg
-from purlinc.draw.defaults import DEFAULT_DTYPE, DEFAULT_WORLD_SIZE
+from purlinc.draw.defaults import DEFAULT_DTYPE, DEFAULT_WORLD_SIZE, MAX_BOXES
 from purlinc.draw.model import build
 from purlinc.draw.timeline import CostModel, chunk_bytes_for, schedule_times
 from purlinc.errors import PurlinError
+from purlinc.pipeline.source import SourceText
 
 FORMATS = ("svg", "html")
 
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    file: str
+    file: str | SourceText  # a path, .pln text, or the source the CLI read (standard input: once)
     world_size: int | None = None  # None: not given (DEFAULT_WORLD_SIZE, or the trace's)
     params: tuple[tuple[str, int], ...] = ()
     overrides: tuple[tuple[str, object], ...] = ()  # LowerOptions fields
@@ -160,8 +161,22 @@ def panels_for(request: Request) -> list[svg.Panel]:
     return panels
 
 
+def _refuse_too_big(panels: list[svg.Panel]) -> None:
+    """A drawing of more than MAX_BOXES steps cannot be read (nor opened with ease): say so,
+    and what draws less, rather than write a page of hundreds of megabytes."""
+    boxes = sum(len(lane.steps) for p in panels for lane in p.drawing.lanes)
+    if boxes > MAX_BOXES:
+        raise PurlinError(
+            f"this drawing would have {boxes:,} step boxes, more than {MAX_BOXES:,}: too many to read",
+            notes=("draw fewer ranks (--ranks), one channel (leave out --all-channels) or fewer slices, "
+                   "or an algorithm with fewer steps per rank (-a ring); purlinc dump --stage snac prints "
+                   "any schedule",),
+        )
+
+
 def render(request: Request, fmt: str) -> str:
     panels = panels_for(request)
+    _refuse_too_big(panels)
     text = svg.render(panels, width=request.width)
     if fmt == "html":
         title = " vs ".join(p.heading for p in panels)

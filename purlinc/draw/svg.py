@@ -29,6 +29,9 @@ COL_W = 64  # one step in the schedule view
 RANK_GAP = 8
 HEAD_H = 46
 AXIS_H = 22
+LEGEND_WRAP = 1200  # the legend wraps at the lanes' width, or this where the lanes are narrower
+LEGEND_ROW_H = 16
+_LEGEND_NOTE = "arrow: notify -> the wait it releases; dashed: wait; red mark: waits for the previous call"
 FONT = "DejaVu Sans Mono, Menlo, Consolas, monospace"
 
 _STROKE = {
@@ -64,15 +67,35 @@ def _fmt(x: float) -> str:
     return f"{x:.1f}".rstrip("0").rstrip(".")
 
 
-def _scale(panels: list[Panel], width: int | None) -> float:
-    """Pixels per x unit, shared by every panel (so compared timelines line up)."""
+@dataclass(frozen=True, slots=True)
+class Scale:
+    """The x axis every panel shares: the lane labels' column, then ``px`` pixels per x unit
+    (a step, or a microsecond)."""
+    left: float
+    px: float
+
+    def at(self, value: float) -> float:
+        return self.left + value * self.px
+
+
+def _label_column(panels: list[Panel]) -> float:
+    """LABEL_W, or wider where a lane label needs it (12 px monospace, 0.6 em a character, from
+    x = 8): in a fixed 170 px, 'rank 10  (x16 channels)' ran under the lane's first box."""
+    longest = max(len(lane.label) for p in panels for lane in p.drawing.lanes)
+    return max(LABEL_W, math.ceil(8 + 0.6 * 12 * longest + 10))
+
+
+def _scale(panels: list[Panel], width: int | None) -> Scale:
+    """The x axis, shared by every panel (so compared timelines line up)."""
+    left = _label_column(panels)
     if all(p.times.unit == "step" for p in panels):
-        return COL_W
+        return Scale(left, COL_W)
     longest = max((p.times.total for p in panels), default=1.0) or 1.0
     target = width or max(1200, min(4000, 40 * max(len(l.steps) for p in panels for l in p.drawing.lanes)))
-    # Never narrower than MIN_WIDTH: below LABEL_W + 30 the scale turns negative and time
-    # runs backwards (the CLI refuses such widths; a caller of render() gets the minimum).
-    return (max(target, MIN_WIDTH) - LABEL_W - 30) / longest
+    # Never narrower than MIN_WIDTH (and the time axis never shorter than in MIN_WIDTH with
+    # the usual label column): below left + 30 the scale turns negative and time runs
+    # backwards (the CLI refuses such widths; a caller of render() gets the minimum).
+    return Scale(left, (max(target, MIN_WIDTH, left + MIN_WIDTH - LABEL_W) - left - 30) / longest)
 
 
 def _panel_height(panel: Panel) -> int:
@@ -92,14 +115,14 @@ def _box_label(box: StepBox, w: float) -> list[str]:
     return [r[:chars] for r in rows if r]
 
 
-def _render_panel(panel: Panel, y0: float, px: float, colours: dict, parts: list[str]) -> tuple[float, dict]:
+def _render_panel(panel: Panel, y0: float, scale: Scale, colours: dict, parts: list[str]) -> tuple[float, dict]:
     d, t = panel.drawing, panel.times
     parts.append(f'<g class="panel" transform="translate(0,{_fmt(y0)})">')
     parts.append(f'<text x="10" y="20" font-size="15" font-weight="bold">{escape(panel.heading or d.title)}</text>')
     total = f"{t.total:.2f} us" if t.unit == "us" else f"{int(t.total)} steps on the longest lane"
     parts.append(f'<text x="10" y="38" font-size="11" fill="#333">{escape(d.subtitle)}; {escape(total)}</text>')
     y = HEAD_H
-    right = _axis(parts, t, px, y)
+    right = _axis(parts, t, scale, y)
     y += AXIS_H
     anchors: dict = {}
     by_rank: dict[int, list] = {}
@@ -113,7 +136,7 @@ def _render_panel(panel: Panel, y0: float, px: float, colours: dict, parts: list
             parts.append(f'<rect x="0" y="{_fmt(y)}" width="{_fmt(right + 20)}" height="{LANE_H}" fill="{shade}"/>')
             parts.append(f'<text x="8" y="{_fmt(y + LANE_H / 2 + 4)}" font-size="12">{escape(lane.label)}</text>')
             for box in lane.steps:
-                anchors[box.key] = _step_box(parts, panel, box, y, px, colours)
+                anchors[box.key] = _step_box(parts, panel, box, y, scale, colours)
             parts.append("</g>")
             y += LANE_H
         parts.append("</g>")
@@ -126,30 +149,52 @@ def _render_panel(panel: Panel, y0: float, px: float, colours: dict, parts: list
     return y0 + _panel_height(panel), anchors
 
 
-def _axis(parts: list[str], t, px: float, y: float) -> float:
+TICK_CHAR_PX = 0.6 * 9  # a character of the 9 px monospace tick labels
+TICK_GAP_PX = 8  # between one tick label's end and the next one's start
+
+
+def _tick_label(value: float, tick: float, unit: str) -> str:
+    """A tick's label, with as many decimals as the tick step needs (one, always, put every
+    tick of a 0.01 us step at '0 us' or '0.1 us')."""
+    if unit != "us":
+        return f"{int(value)}"
+    decimals = max(0, -math.floor(math.log10(tick) + 1e-9))
+    text = f"{value:.{decimals}f}"
+    return f"{text.rstrip('0').rstrip('.') if decimals else text} us"
+
+
+def _ticks(t, scale: Scale) -> list[tuple[float, str]]:
+    """(x, label) of every tick: about ten, spaced wide enough for their labels (at the
+    narrowest --width, ten ticks over 200 px of axis overlapped)."""
+    tick = max(_nice(t.total / 10 if t.total else 1), 1.0 if t.unit == "step" else 0.0)
+    while tick * scale.px < TICK_CHAR_PX * len(_tick_label(t.total, tick, t.unit)) + TICK_GAP_PX:
+        tick = _nice(tick * 1.5)  # the next of 1, 2, 5 x 10^n
+    count = int(t.total / tick + 1e-9)
+    return [(scale.at(n * tick), _tick_label(n * tick, tick, t.unit)) for n in range(count + 1)]
+
+
+def _ticks_right(panels: list[Panel], scale: Scale) -> float:
+    """The right end of the rightmost tick label (drawn 2 px right of its tick)."""
+    return max(x + 2 + TICK_CHAR_PX * len(label) for p in panels for x, label in _ticks(p.times, scale))
+
+
+def _axis(parts: list[str], t, scale: Scale, y: float) -> float:
     """The time (or step) axis, ticks every nice step of x units; its right end."""
-    right = LABEL_W + t.total * px
-    parts.append(f'<g class="axis"><line x1="{LABEL_W}" y1="{y + 16}" x2="{_fmt(right)}" y2="{y + 16}" stroke="#999"/>')
-    tick = _nice(t.total / 10 if t.total else 1)
-    if t.unit == "step":
-        tick = max(tick, 1.0)
-    value = 0.0
-    while value <= t.total + 1e-9:
-        x = LABEL_W + value * px
-        label = f"{_fmt(value)} us" if t.unit == "us" else f"{int(value)}"
+    right = scale.at(t.total)
+    parts.append(f'<g class="axis"><line x1="{_fmt(scale.left)}" y1="{y + 16}" x2="{_fmt(right)}" y2="{y + 16}" stroke="#999"/>')
+    for x, label in _ticks(t, scale):
         parts.append(f'<line x1="{_fmt(x)}" y1="{y + 12}" x2="{_fmt(x)}" y2="{y + 20}" stroke="#999"/>'
                      f'<text x="{_fmt(x + 2)}" y="{y + 10}" font-size="9" fill="#666">{escape(label)}</text>')
-        value += tick
     parts.append("</g>")
     return right
 
 
-def _step_box(parts: list[str], panel: Panel, box, y: float, px: float, colours: dict) -> tuple[float, float, float]:
+def _step_box(parts: list[str], panel: Panel, box, y: float, scale: Scale, colours: dict) -> tuple[float, float, float]:
     """One step's box (with its hover detail and label) on the lane at ``y``; its anchor
     (left, right, middle height) for the arrows."""
     t = panel.times
     start, end = t.spans[box.key]
-    x, w = LABEL_W + start * px, max((end - start) * px - (3 if t.unit == "step" else 0), 1.5)
+    x, w = scale.at(start), max((end - start) * scale.px - (3 if t.unit == "step" else 0), 1.5)
     by = y + (LANE_H - BOX_H) / 2
     fill = colours.get(box.chunk, "#e6e6e6")
     stroke = _STROKE[box.verb]
@@ -208,11 +253,34 @@ def _nice(raw: float) -> float:
     return 10 * exp
 
 
+def _legend(chunks: list[str], colours: dict, top: float, limit: float) -> tuple[list[str], float, float]:
+    """The chunk colours, then what the marks mean, in rows that wrap at ``limit`` pixels (the
+    lanes' width, or LEGEND_WRAP): in one row, the 4,096 chunks of an alltoall at R=64 made
+    the canvas 311,000 px wide.  Returns the elements, the right end and the height."""
+    parts = [f'<g class="legend"><text x="10" y="{_fmt(top + 11)}" font-size="11">chunks:</text>']
+    x, y, right = 66.0, top, 66.0
+    # (swatch and name) per chunk, then the explanation: about 6.2 px a character at 10 px
+    items = [(name, 22 + 6.2 * len(name)) for name in chunks] + [(None, 10 + 6.2 * len(_LEGEND_NOTE))]
+    for name, w in items:
+        if x + w > limit and x > 66:
+            x, y = 66.0, y + LEGEND_ROW_H
+        if name is None:
+            parts.append(f'<text x="{_fmt(x + 10)}" y="{_fmt(y + 11)}" font-size="10" fill="#1f4fbf">'
+                         f'{escape(_LEGEND_NOTE)}</text>')
+        else:
+            parts.append(f'<rect x="{_fmt(x)}" y="{_fmt(y + 1)}" width="12" height="12" fill="{colours[name]}" '
+                         f'stroke="#555"/><text x="{_fmt(x + 15)}" y="{_fmt(y + 11)}" font-size="10">{escape(name)}</text>')
+        x += w
+        right = max(right, x)
+    parts.append("</g>")
+    return parts, right + 10, y - top + 24
+
+
 def render(panels: list[Panel], *, width: int | None = None) -> str:
     """SVG text of the panels, stacked, sharing the x scale."""
     if not panels:
         raise ValueError("nothing to draw")
-    px = _scale(panels, width)
+    scale = _scale(panels, width)
     chunks: list[str] = []
     for p in panels:
         chunks.extend(c for c in p.drawing.chunks if c not in chunks)
@@ -220,24 +288,14 @@ def render(panels: list[Panel], *, width: int | None = None) -> str:
     parts: list[str] = []
     y = 0.0
     for panel in panels:
-        y, _ = _render_panel(panel, y, px, colours, parts)
-    # Legend: the chunk colours.
-    legend_y = y + 6
-    x = 10.0
-    legend = [f'<g class="legend"><text x="{_fmt(x)}" y="{_fmt(legend_y + 11)}" font-size="11">chunks:</text>']
-    x += 56
-    for name in chunks:
-        legend.append(f'<rect x="{_fmt(x)}" y="{_fmt(legend_y + 1)}" width="12" height="12" fill="{colours[name]}" stroke="#555"/>'
-                      f'<text x="{_fmt(x + 15)}" y="{_fmt(legend_y + 11)}" font-size="10">{escape(name)}</text>')
-        x += 22 + 6.2 * len(name)
-    legend.append(f'<text x="{_fmt(x + 10)}" y="{_fmt(legend_y + 11)}" font-size="10" fill="#1f4fbf">'
-                  f'arrow: notify -&gt; the wait it releases; dashed: wait; red mark: waits for the previous call</text>')
-    legend.append("</g>")
+        y, _ = _render_panel(panel, y, scale, colours, parts)
+    lanes_px = max(scale.at(max(p.times.total for p in panels)) + 30, _ticks_right(panels, scale))
+    legend, legend_right, legend_h = _legend(chunks, colours, y + 6, max(lanes_px, LEGEND_WRAP))
     # Wide enough for the lanes, the legend and every panel's subtitle line (11 px monospace,
     # about 6.7 px a character: a long option list must not be clipped by the canvas).
     subtitle_px = max(10 + 6.7 * (len(p.drawing.subtitle) + 40) for p in panels)
-    width_px = max(LABEL_W + max(p.times.total for p in panels) * px + 30, x + 560, subtitle_px)
-    height_px = legend_y + 24
+    width_px = max(lanes_px, legend_right, subtitle_px)
+    height_px = y + 6 + legend_h
     head = (
         f'<svg xmlns="http://www.w3.org/2000/svg" class="purlin-schedule" width="{_fmt(width_px)}" '
         f'height="{_fmt(height_px)}" viewBox="0 0 {_fmt(width_px)} {_fmt(height_px)}" font-family="{FONT}">\n'
