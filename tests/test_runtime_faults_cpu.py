@@ -146,6 +146,9 @@ def test_group_call_gives_a_rank_without_chunks_the_others_count_and_dtype():
     assert ranks[0].given == (8, DType.BFLOAT16) and ranks[1].given == (None, None)
     prepare_group("odd", ranks, [None, 1, 2], None, "sum", None, 8)  # count= given: the same
     assert ranks[0].given == (8, DType.BFLOAT16) and ranks[1].given == (8, None)
+    empty = [_FakeRank(0, DType.FLOAT32, 0, units=0), _FakeRank(1, DType.BFLOAT16, 0)]
+    prepare_group("odd", empty, [None, 1], None, "sum", None, None)  # an empty call: count 0, said
+    assert empty[0].given == (0, DType.BFLOAT16)
 
 
 class _StreamRank(_FakeRank):

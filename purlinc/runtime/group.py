@@ -42,7 +42,8 @@ def _prepare_ranks(ranks: Sequence, xs, outs, op, streams, count) -> list:
     prepared: list = [None] * len(ranks)
     for i in chunked:
         prepared[i] = ranks[i].prepare_call(xs[i], outs[i], op, streams[i], count)
-    shown = next((prepared[i][0] for i in chunked if prepared[i][0].count), None)
+    shapes = [prepared[i][0] for i in chunked]
+    shown = next((s for s in shapes if s.count), shapes[0] if shapes else None)  # an empty call: count 0
     for i, c in enumerate(ranks):
         if prepared[i] is None:
             prepared[i] = c.prepare_call(xs[i], outs[i], op, streams[i], count if shown is None else shown.count,
