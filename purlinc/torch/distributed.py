@@ -448,13 +448,13 @@ class Group:
         for label, sizes, t in (("output_split_sizes", output_split_sizes, output),
                                 ("input_split_sizes", input_split_sizes, input)):
             rows = t.shape[0] if t.dim() else t.numel()
-            if sizes is None or not len(sizes):
+            sizes = None if sizes is None else _ops.split_sizes(where, label, sizes, R)
+            if not sizes:
                 if rows % R:
                     raise ArgumentError(f"{where}: {label.split('_')[0]} has {rows} rows (dim 0) and no {label}; "
                                         f"expected a multiple of {R} (one equal slice per rank)")
                 given.append([rows // R] * R)
                 continue
-            sizes = [int(s) for s in sizes]
             if len(sizes) != R or min(sizes) < 0 or sum(sizes) != rows:
                 raise ArgumentError(f"{where}: {label}={sizes}, expected {R} sizes >= 0 summing to the {rows} "
                                     f"rows (dim 0) of {label.split('_')[0]}")

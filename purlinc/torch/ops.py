@@ -22,6 +22,7 @@ ones launch on the caller's current stream.  Both check their arguments and fail
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Callable
 from typing import NamedTuple
@@ -146,6 +147,17 @@ def require_tensors(where: str, named) -> None:
     for label, t in named:
         if not isinstance(t, torch.Tensor):
             raise ArgumentError(f"{where}: {label} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def split_sizes(where: str, label: str, sizes, world_size: int) -> list[int]:
+    """Split sizes (a list, a tuple or a 1-D tensor) as Python ints, each an integer by
+    ``operator.index`` (Python and NumPy ints, integer tensors): ``int()`` cut 1.5 to 1 and read
+    "2" as 2, so sizes that were never row counts passed wherever the cut ones summed right."""
+    try:
+        return [operator.index(s) for s in sizes]
+    except TypeError:
+        raise ArgumentError(f"{where}: {label}={sizes!r}, expected a list of {world_size} integers (rows of dim 0 "
+                            f"per rank)") from None
 
 
 def check_contiguous(where: str, label: str, t) -> None:

@@ -220,6 +220,8 @@ def run(s: SizedState, x, splits, out, out_splits, row: int) -> None:
 def all_to_all_single(group, output, input, output_split_sizes=None, input_split_sizes=None):
     """``torch.distributed.all_to_all_single`` with host split lists (rows of dim 0): checked
     on the host against the tensors and the capacity, then run through the device form."""
+    from purlinc.torch.ops import split_sizes
+
     where = "all_to_all_single"
     s = state_of(group)
     R = s.world_size
@@ -227,11 +229,11 @@ def all_to_all_single(group, output, input, output_split_sizes=None, input_split
     splits = {}
     for label, given, t in (("input_split_sizes", input_split_sizes, input), ("output_split_sizes", output_split_sizes, output)):
         rows = t.shape[0] if t.dim() else t.numel()
-        if given is None or len(given) == 0:
+        given = None if given is None else split_sizes(where, label, given, R)
+        if not given:
             if rows % R:
                 raise ArgumentError(f"{where}: {label} not given, so {rows} rows must split evenly over {R} ranks")
             given = [rows // R] * R
-        given = [int(v) for v in given]
         if len(given) != R or any(v < 0 for v in given) or sum(given) != rows:
             raise ArgumentError(f"{where}: {label}={given}, expected {R} sizes >= 0 summing to the {rows} rows of "
                                 f"{label.split('_')[0]}")
