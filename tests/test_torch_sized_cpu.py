@@ -229,6 +229,21 @@ def test_outputs_that_share_memory_with_what_the_call_reads_are_refused():
             out_form(x, splits, torch.zeros(32, 2), splits, handle)
 
 
+def test_host_lists_refuse_an_output_that_shares_memory_with_input():
+    """all_to_all_single with split lists took output as input (or a slice of it) and ran, while
+    the device form refuses it: the kernel reads input while it writes output."""
+    g = groups(1)[0]
+    x = torch.ones(4, 2)
+    for out in (x, x[2:]):
+        with pytest.raises(ArgumentError, match=r"all_to_all_single: output overlaps input in memory, expected a "
+                                                r"tensor of its own"):
+            pt.all_to_all_single(out, x, [out.shape[0]], [4], group=g)
+    bools = torch.zeros(4, 2, dtype=torch.bool)  # a dtype carried as bytes: the same check on its carrier
+    with pytest.raises(ArgumentError, match="output overlaps input in memory"):
+        pt.all_to_all_single(bools, bools, [4], [4], group=g)
+    assert sized.state_of(g)._collective is None  # refused before anything loaded
+
+
 @pytest.mark.parametrize("sizes, shown", [
     ([1.5, 2.5], r"\[1.5, 2.5\]"),  # int() made these [1, 2]: the rows of a 3-row input, silently
     ([1, "2"], r"\[1, '2'\]"),

@@ -226,6 +226,7 @@ def all_to_all_single(group, output, input, output_split_sizes=None, input_split
     s = state_of(group)
     R = s.world_size
     row = _check(where, s, input, output)
+    _check_apart(where, [("output", output)], [("input", input)], fake=False)  # as the device form does
     splits = {}
     for label, given, t in (("input_split_sizes", input_split_sizes, input), ("output_split_sizes", output_split_sizes, output)):
         rows = t.shape[0] if t.dim() else t.numel()
