@@ -173,6 +173,7 @@ class SizedCollective:
             out_sizes = _empty_int64(xi.kind, self.out_units, self.device)
         si = _check_sizes(self, "sizes", interop.describe(sizes), self.in_units)
         osi = _check_sizes(self, "out_sizes", interop.describe(out_sizes), self.out_units)
+        _check_apart(self, [("x", xi), ("sizes", si), ("out", oi), ("out_sizes", osi)], written=("out", "out_sizes"))
         handle = interop.stream_handle(stream) if stream is not None else interop.current_stream(xi.kind, self.device)
         return dtype, (xi.ptr, xi.numel, si.ptr, oi.ptr, oi.numel, osi.ptr, row), handle, out, out_sizes
 
@@ -241,9 +242,25 @@ def _check_data(coll: SizedCollective, label: str, info, dtype: DType | None, ro
                             f"expected cuda:{coll.device}")
     if not info.contiguous:
         raise ArgumentError(f"{where} is not contiguous")
+    if info.ptr % info.dtype.itemsize:  # the kernel moves whole elements (as validate_call checks)
+        raise ArgumentError(f"{where} at {info.ptr:#x} is not aligned to its element size ({info.dtype.itemsize} bytes)")
     if info.numel % row:
         raise ArgumentError(f"{where} has {info.numel} elements, expected a multiple of row={row}")
     return info.dtype
+
+
+def _check_apart(coll: SizedCollective, named, *, written) -> None:
+    """Each buffer the kernel writes (``written``) apart in memory from every buffer before it in
+    ``named`` (``(label, ArrayInfo)``): it reads x and sizes while it writes out and out_sizes."""
+    for n, (label, info) in enumerate(named):
+        if label not in written or not info.nbytes:
+            continue
+        for other, seen in named[:n]:
+            a0, a1, b0, b1 = info.ptr, info.ptr + info.nbytes, seen.ptr, seen.ptr + seen.nbytes
+            if seen.nbytes and a0 < b1 and b0 < a1:
+                raise ArgumentError(f"{coll.name} on rank {coll.rank}: {label} overlaps {other} in memory ([{a0:#x}, "
+                                    f"{a1:#x}) and [{b0:#x}, {b1:#x})), expected a buffer of its own",
+                                    notes=(f"the kernel writes {label} while it reads or writes {other}",))
 
 
 def _check_sizes(coll: SizedCollective, label: str, info, count: int):
