@@ -513,6 +513,29 @@ def test_tensor_of_another_device_or_communicator():
     assert not any(e.loaded for e in g._entries.values())
 
 
+def test_a_closed_group_refuses_every_call_by_name():
+    """A Group's calls after close() raised a bare KeyError (its handles are gone), and an uneven
+    all-to-all quietly made a new state and loaded again (a collective, on this rank alone)."""
+    g = StandInWorlds(2).groups()[0]
+    g.close()
+    g.close()  # twice is fine
+    calls = [("allreduce", lambda: g.all_reduce(torch.ones(2))),
+             ("allgather", lambda: g.all_gather_into_tensor(torch.ones(4), torch.ones(2))),
+             ("broadcast", lambda: g.broadcast(torch.ones(2), src=1)),
+             ("allreduce", lambda: g.barrier()),
+             ("allreduce", lambda: pt.functional.all_reduce(torch.ones(2), group=g)),
+             ("all_to_all_single", lambda: g.all_to_all_single(torch.ones(2), torch.ones(2), [1, 1], [1, 1])),
+             ("all_to_all_vdev", lambda: g.all_to_all_vdev(torch.ones(2), torch.ones(8), torch.tensor([1, 1]),
+                                                           torch.zeros(2, dtype=torch.int64)))]
+    for name, call in calls:
+        with pytest.raises(ArgumentError, match=rf"{name}: purlinc.torch.Group\(rank 0 of 2, .*\) was closed; "
+                                                r"expected an open group"):
+            call()
+    from purlinc.torch import sized
+
+    assert sized._BY_GROUP.get(g) is None  # nothing made again
+
+
 def test_compiled_bad_shape_names_tensor_expected_actual():
     g = StandInWorlds(2).groups()[0]
 

@@ -120,6 +120,7 @@ class Group:
                 return purlinc.load(source, comm, params=params, **load_options)
         self._loader = loader
         self._entries: dict[tuple[str, int], Entry] = {}
+        self.closed = False
         self._side: torch.cuda.Stream | None = None
         self._sequence = _ops.sequence(comm, self.device)  # orders compiled calls (ops._keep_in_order)
         # Every (collective, root) entry now: they hold only shapes (loads come on first use),
@@ -157,7 +158,16 @@ class Group:
         return _ops.traced(self._sequence)
 
     def _handle(self, kind: str, root: int = 0) -> int:
+        self._require_open(kind)
         return self._handles[(kind, root)]
+
+    def _require_open(self, where: str) -> None:
+        """A closed group has no handles or states left: a call is refused by name (it was a
+        KeyError, and an uneven all-to-all made and loaded a new state on this rank alone)."""
+        if self.closed:
+            raise ArgumentError(f"{where}: {self!r} was closed; expected an open group",
+                                notes=("make a new Group, or call purlinc.torch.group_of(pg) again for a process "
+                                       "group",))
 
     def _root(self, where: str, label: str, root, group_root=None) -> int:
         """The group rank of a root given as a global rank (``src``/``dst``) or a group rank
@@ -178,6 +188,7 @@ class Group:
     def close(self) -> None:
         from purlinc.torch import sized
 
+        self.closed = True
         state = sized._BY_GROUP.pop(self, None)
         if state is not None:
             state.close()
@@ -468,6 +479,7 @@ class Group:
         the GPU; a dtype Purlin lacks travels as the bytes of each row (ops.carrier)."""
         from purlinc.torch import sized
 
+        self._require_open(where)
         if _ops.tracing():
             raise ArgumentError(f"{where}: split size lists while tracing (torch.compile, FakeTensorMode, make_fx); "
                                 "expected all_to_all_vdev there "
@@ -482,6 +494,7 @@ class Group:
         like ``torch.distributed._symmetric_memory.all_to_all_vdev`` (purlinc.torch.sized)."""
         from purlinc.torch import sized
 
+        self._require_open("all_to_all_vdev")
         named = [("input", input), ("out", out), ("in_splits", in_splits), ("out_splits", out_splits)]
         _ops.require_tensors("all_to_all_vdev", named + [("out_offsets", out_offsets)] * (out_offsets is not None))
         if _ops.tracing():  # the state and the ops exist already (Group.__init__, sized's import)
