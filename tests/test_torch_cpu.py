@@ -513,6 +513,24 @@ def test_tensor_of_another_device_or_communicator():
     assert not any(e.loaded for e in g._entries.values())
 
 
+def test_roots_are_integers_of_any_kind_and_nothing_else():
+    """group_src=np.int64(1) was refused as "expected a rank in [0, 3)" while src=np.int64(1) ran;
+    src=True ran as rank 1 and src=1.0 as rank 1 (a float found in the rank list)."""
+    import numpy as np
+
+    gs = StandInWorlds(3).groups()
+    out = on_ranks(gs, lambda rank, g: (lambda t: (g.broadcast(t, group_src=np.int64(1)), t)[1])(
+        torch.full((2,), float(rank))))
+    assert [t.tolist() for t in out] == [[1.0, 1.0]] * 3
+    out = on_ranks(gs, lambda rank, g: (lambda t: (g.reduce(t, dst=torch.tensor(2)), t)[1])(
+        torch.full((2,), float(rank))))
+    assert out[2].tolist() == [3.0, 3.0]
+    g = gs[0]
+    for label, value in (("src", True), ("src", 1.0), ("src", "1"), ("group_src", True), ("group_src", 1.5)):
+        with pytest.raises(ArgumentError, match=rf"broadcast: {label}={re.escape(repr(value))}, expected an int"):
+            g.broadcast(torch.ones(2), **{label: value})
+
+
 def test_a_closed_group_refuses_every_call_by_name():
     """A Group's calls after close() raised a bare KeyError (its handles are gone), and an uneven
     all-to-all quietly made a new state and loaded again (a collective, on this rank alone)."""

@@ -17,6 +17,7 @@ happens on the first real call.
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
@@ -174,6 +175,8 @@ class Group:
         (``group_src``/``group_dst``); group rank 0 when neither is given."""
         if root is not None and group_root is not None:
             raise ArgumentError(f"{where}: {label}={root!r} and group_{label}={group_root!r}; expected one of them")
+        root, group_root = (None if r is None else _rank_number(where, name, r)
+                            for name, r in ((label, root), (f"group_{label}", group_root)))
         if group_root is None:
             if root is None:
                 return 0
@@ -181,7 +184,7 @@ class Group:
                 raise ArgumentError(f"{where}: {label}={root!r} is not a rank of this group; expected one of its "
                                     f"global ranks {self.ranks}", notes=(f"group_{label}= takes a rank within the group",))
             return self.ranks.index(root)
-        if not isinstance(group_root, int) or not 0 <= group_root < self.world_size:
+        if not 0 <= group_root < self.world_size:
             raise ArgumentError(f"{where}: group_{label}={group_root!r}, expected a rank in [0, {self.world_size})")
         return group_root
 
@@ -544,6 +547,19 @@ class Group:
             raise ArgumentError(f"{where}: {label} on the {root_label} rank must hold {self.world_size} tensors "
                                 f"(one per rank), got {got}")
         self._list_like(where, label, tensors, tensor)
+
+
+def _rank_number(where: str, label: str, value) -> int:
+    """A root (``src``, ``group_dst``, ...) as an int, from any integer type (NumPy's, a 0-d
+    integer tensor): a bool or a float is no rank (True ran as rank 1, 1.0 matched rank 1)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value  # the common case, and all that a compiled graph's constants need
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise ArgumentError(f"{where}: {label}={value!r}, expected an int (a rank)") from None
 
 
 def _rows_carrier(where: str, label: str, t):
