@@ -1023,6 +1023,20 @@ def test_meta_tensors_pass_the_fakes_only():
     assert not any(e.loaded for e in g._entries.values())
 
 
+@pytest.mark.parametrize("count", [3.0, "3", True, [3]])
+def test_an_op_objects_count_is_an_int(count):
+    """Eager calls skip the dispatcher (which checks SymInt): a rank without input raised torch's
+    TypeError from new_empty for count=3.0, and count='3' was refused as "count=3, expected -1 or 3"."""
+    source = (REPO / "examples" / "broadcast.pln").read_text()
+    world = World(source, 2, {"root": 0})
+    root, other = (pt.op(StandIn(world, r), name="bcast_count") for r in range(2))
+    for coll, x in ((root, torch.ones(3)), (other, torch.empty(0))):
+        with pytest.raises(ArgumentError, match=rf"purlin::bcast_count on rank {coll.entry.rank}: "
+                                                rf"count={re.escape(repr(count))}, expected an int \(elements per "
+                                                r"chunk\) or -1"):
+            coll(x, count=count)
+
+
 def test_functional_op_checks_count_and_the_handles_collective():
     g = StandInWorlds(2).groups()[0]
     gather = g.entry("allgather").handle

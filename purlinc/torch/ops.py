@@ -218,8 +218,7 @@ _MAX_BYTES = 2**63 - 1  # the most bytes one torch storage holds (its size is an
 def count_of(where: str, e: Entry, x, out=None, count: int = -1, names=("x", "out")):
     """Elements per chunk: from x (ranks with input), else from out, else the ``count`` argument.
     A ``count`` given where x says the count must agree with it (-1: not given)."""
-    if count is None:
-        count = -1
+    count = _count_argument(where, count)
     if e.in_units:
         n = x.numel()
         if n % e.in_units:
@@ -244,6 +243,22 @@ def count_of(where: str, e: Entry, x, out=None, count: int = -1, names=("x", "ou
                             f"got {count}")
     _check_output_bytes(where, e, x, count)
     return count
+
+
+def _count_argument(where: str, count):
+    """``count`` as an int (-1 for None) or a traced SymInt.  Eager calls skip the dispatcher,
+    whose schema would check it: 3.0 reached new_empty (torch's TypeError) and '3' was refused as
+    "count=3, expected -1 or 3"."""
+    if count is None:
+        return -1
+    if isinstance(count, (int, torch.SymInt)) and not isinstance(count, bool):
+        return count
+    try:
+        if isinstance(count, bool):
+            raise TypeError
+        return operator.index(count)
+    except TypeError:
+        raise ArgumentError(f"{where}: count={count!r}, expected an int (elements per chunk) or -1") from None
 
 
 def _check_output_bytes(where: str, e: Entry, x, count) -> None:
