@@ -856,6 +856,27 @@ def test_serving_adapter_takes_and_declines_like_a_custom_all_reduce(monkeypatch
     assert ars[0].disabled and not ars[0].should_custom_ar(xs[0])
 
 
+def test_serving_all_reduce_refuses_an_out_unlike_its_input():
+    """out.copy_(inp) broadcast a (4,) input into a (2, 4) out and cast float32 into float16, so
+    the call all-reduced other data than it was given, silently."""
+    from purlinc.torch.serving import PurlinAllReduce
+
+    R = 2
+    groups = StandInWorlds(R).groups()
+    ar = PurlinAllReduce(groups[0])
+    x = torch.ones(4)
+    for out, actual in ((torch.empty(2, 4), "float32 (2, 4)"), (torch.empty(4, dtype=torch.float16), "float16 (4,)"),
+                        (torch.empty(8)[::2], "float32 (4,) of strides (2,)")):
+        with pytest.raises(ArgumentError, match=re.escape(f"all_reduce: out is {actual}, expected float32 (4,), "
+                                                          "contiguous (like inp)")):
+            ar.all_reduce(x, out=out)
+    with pytest.raises(ArgumentError, match="all_reduce: out must be a torch.Tensor, got list"):
+        ar.all_reduce(x, out=[0.0] * 4)
+    ars = [PurlinAllReduce(g) for g in groups]
+    outs = on_ranks(groups, lambda rank, g: ars[rank].all_reduce(torch.full((2, 2), rank + 1.0), out=torch.empty(2, 2)))
+    assert all(o.tolist() == [[3.0, 3.0], [3.0, 3.0]] for o in outs)
+
+
 def test_a_handle_names_what_the_fakes_read_in_every_process():
     """torch.compile caches a compiled graph across processes (inductor's FX graph cache) with
     the handles in it as constants and the output shapes its fakes gave: a handle made for a
