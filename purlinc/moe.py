@@ -102,6 +102,18 @@ def _check_shape(rank, world_size, num_experts, hidden, top_k, max_tokens, dtype
         raise ArgumentError(f"Dispatcher: dtype={dtype}, expected one of {names}")
 
 
+def _check_capacity(coll, hidden: int, top_k: int, max_tokens: int, dtype) -> None:
+    """The collective carries ``max_tokens`` rows per rank pair: rows past its capacity would be
+    moved as size 0 (tokens lost for that step) and reported only by the next exchange."""
+    capacity = getattr(coll, "capacity", None)
+    need = capacity_for(hidden, top_k, max_tokens, dtype)
+    if isinstance(capacity, int) and capacity < need:
+        raise ArgumentError(f"Dispatcher: the collective's capacity is {capacity} elements per rank pair, expected "
+                            f"at least {need} (max_tokens={max_tokens} rows of {row_elements(hidden, top_k, dtype)} "
+                            "elements: moe.capacity_for(hidden, top_k, max_tokens, dtype))",
+                            notes=("load it with capacity=moe.capacity_for(...), or use moe.dispatchers",))
+
+
 class Dispatcher:
     """One rank's dispatch and combine; every buffer is allocated here, once.
 
@@ -112,6 +124,7 @@ class Dispatcher:
     def __init__(self, coll, *, rank: int, world_size: int, num_experts: int, hidden: int, top_k: int,
                  max_tokens: int, dtype: torch.dtype = torch.bfloat16, device=None):
         _check_shape(rank, world_size, num_experts, hidden, top_k, max_tokens, dtype)
+        _check_capacity(coll, hidden, top_k, max_tokens, dtype)
         self.coll, self.rank, self.world_size = coll, rank, world_size
         self.num_experts, self.local_experts = num_experts, num_experts // world_size
         self.hidden, self.top_k, self.max_tokens, self.dtype = hidden, top_k, max_tokens, dtype

@@ -147,6 +147,19 @@ def test_arguments_of_another_kind_or_device_are_refused_by_name():
     assert int(d.counts.sum()) == 0  # nothing routed
 
 
+def test_a_collective_too_small_for_max_tokens_is_refused_when_the_dispatcher_is_made():
+    """A capacity under capacity_for(...) was taken: a busy step's rows over it were moved as
+    size 0 (those tokens lost) and the SizeError came only with the next exchange."""
+    need = moe.capacity_for(8, 2, 4)
+    with pytest.raises(ArgumentError, match=rf"Dispatcher: the collective's capacity is {need - 1} elements per rank "
+                                            rf"pair, expected at least {need} \(max_tokens=4 rows of 16 elements: "
+                                            r"moe.capacity_for\(hidden, top_k, max_tokens, dtype\)\)"):
+        moe.Dispatcher(Coll(World(moe.SOURCE, 1), 0, need - 1), rank=0, world_size=1, num_experts=4, hidden=8,
+                       top_k=2, max_tokens=4)
+    moe.Dispatcher(Coll(World(moe.SOURCE, 1), 0, need), rank=0, world_size=1, num_experts=4, hidden=8, top_k=2,
+                   max_tokens=4)
+
+
 @pytest.mark.parametrize("args, message", [
     ((-8, 2, 4), r"capacity_for: hidden=-8, expected an int >= 1"),
     ((8, 0, 4), r"capacity_for: top_k=0, expected an int >= 1"),
