@@ -531,6 +531,47 @@ def test_roots_are_integers_of_any_kind_and_nothing_else():
             g.broadcast(torch.ones(2), **{label: value})
 
 
+class _Apart(StandIn):
+    """As the runtime's validate_call: x and out may not share bytes (a kernel reads one while
+    it writes the other), so the stand-in refuses what a GPU call would."""
+
+    def __call__(self, x=None, out=None, op="sum", *rest, row=1):
+        if x is not None and out is not None and ops_module.overlap(x, out, fake=False):
+            raise ArgumentError(f"{self.spec.name} on rank {self.rank}: x and out overlap")
+        return super().__call__(x, out, op, *rest, row=row)
+
+
+class _ApartWorlds(StandInWorlds):
+    def loader(self, rank):
+        load = super().loader(rank)
+
+        def apart(source, params):
+            inner = load(source, params)
+            return _Apart(inner.world, rank)
+        return apart
+
+
+def test_in_place_all_gather_and_reduce_scatter_read_from_a_copy():
+    """torch.distributed's in-place forms, as NCCL takes them (FSDP's flat parameters):
+    all_gather_into_tensor(out, out's own slot) and reduce_scatter_tensor(input's own slot,
+    input).  They reached the collective with x and out overlapping, which a GPU call refuses
+    ("x and out overlap"): the ops now read from a copy of x, as the in-place form does."""
+    R, n = 3, 4
+    groups = _ApartWorlds(R).groups()
+    xs = [rand(r, R * n, seed=21) for r in range(R)]
+
+    def body(rank, g):
+        gathered = torch.zeros(R * n)
+        gathered[rank * n:(rank + 1) * n] = xs[rank][:n]
+        g.all_gather_into_tensor(gathered, gathered[rank * n:(rank + 1) * n])
+        scattered = xs[rank].clone()
+        g.reduce_scatter_tensor(scattered[rank * n:(rank + 1) * n], scattered)
+        return gathered, scattered[rank * n:(rank + 1) * n]
+    for rank, (gathered, scattered) in enumerate(on_ranks(groups, body)):
+        np.testing.assert_array_equal(gathered.numpy(), np.concatenate([x[:n].numpy() for x in xs]))
+        np.testing.assert_allclose(scattered.numpy(), sum(x[rank * n:(rank + 1) * n].numpy() for x in xs), rtol=1e-6)
+
+
 def test_a_closed_group_refuses_every_call_by_name():
     """A Group's calls after close() raised a bare KeyError (its handles are gone), and an uneven
     all-to-all quietly made a new state and loaded again (a collective, on this rank alone)."""
