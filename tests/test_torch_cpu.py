@@ -572,6 +572,29 @@ def test_in_place_all_gather_and_reduce_scatter_read_from_a_copy():
         np.testing.assert_allclose(scattered.numpy(), sum(x[rank * n:(rank + 1) * n].numpy() for x in xs), rtol=1e-6)
 
 
+@pytest.mark.parametrize("shape, dtype, message", [
+    ((-2, -3), torch.float32, "shape (-2, -3): expected dimensions that are ints >= 0"),
+    ((-1, 4), torch.float32, "shape (-1, 4): expected dimensions that are ints >= 0"),
+    ((2.5,), torch.float32, "shape (2.5,): expected dimensions that are ints >= 0"),
+    ("ab", torch.float32, "shape 'ab': expected dimensions that are ints >= 0"),
+    ((2,), 5, "dtype 5: expected a torch.dtype or its name"),
+    ((2,), "tensor", "unknown torch dtype 'tensor'"),
+])
+def test_heap_tensors_refuse_shapes_and_dtypes_before_allocating(shape, dtype, message):
+    """comm.empty((-2, -3), ...) took a 24-byte heap block (a collective under torchrun) before
+    torch refused the view; (-1, 4) said 'nbytes must be >= 0, got -16'; (2.5,) allocated 2
+    elements; dtype=5 and shape 'ab' raised TypeError and ValueError."""
+    from purlinc.runtime import symmetric
+
+    class Heap:
+        def alloc_user(self, *args):
+            pytest.fail("allocated before the shape and dtype were checked")
+
+    comm = type("Comm", (), {"closed": False, "heap": Heap(), "_exchange": None, "device": 0})()
+    with pytest.raises(ArgumentError, match=re.escape(f"comm.empty: {message}")):
+        symmetric.empty(comm, shape, dtype)
+
+
 def test_a_closed_group_refuses_every_call_by_name():
     """A Group's calls after close() raised a bare KeyError (its handles are gone), and an uneven
     all-to-all quietly made a new state and loaded again (a collective, on this rank alone)."""
