@@ -595,6 +595,20 @@ def test_heap_tensors_refuse_shapes_and_dtypes_before_allocating(shape, dtype, m
         symmetric.empty(comm, shape, dtype)
 
 
+@pytest.mark.parametrize("nbytes", [1.5, "16", None, True, -1])
+def test_heap_blocks_refuse_sizes_that_are_not_byte_counts(nbytes):
+    """comm.alloc(1.5) took 1 byte and comm.alloc("16") 16: int() read both."""
+    from purlinc.runtime import symmetric
+
+    class Heap:
+        def alloc_user(self, *args):
+            pytest.fail("allocated before nbytes was checked")
+
+    comm = type("Comm", (), {"closed": False, "heap": Heap(), "_exchange": None, "device": 0})()
+    with pytest.raises(ArgumentError, match=re.escape(f"comm.alloc: nbytes={nbytes!r}, expected an int >= 0")):
+        symmetric.alloc(comm, nbytes)
+
+
 def test_a_closed_group_refuses_every_call_by_name():
     """A Group's calls after close() raised a bare KeyError (its handles are gone), and an uneven
     all-to-all quietly made a new state and loaded again (a collective, on this rank alone)."""

@@ -80,11 +80,22 @@ def _check_open(comm) -> None:
         raise ArgumentError(f"{comm!r} is closed")
 
 
+def _byte_count(nbytes, what: str) -> int:
+    """``nbytes`` as an int >= 0 (any integer type): int() took 1.5 as 1 and "16" as 16."""
+    try:
+        if isinstance(nbytes, bool):
+            raise TypeError
+        count = operator.index(nbytes)
+    except TypeError:
+        count = -1
+    if count < 0:
+        raise ArgumentError(f"{what}: nbytes={nbytes!r}, expected an int >= 0")
+    return count
+
+
 def alloc(comm, nbytes: int, what: str = "comm.alloc") -> HeapBlock:
     _check_open(comm)
-    nbytes = int(nbytes)
-    if nbytes < 0:
-        raise ArgumentError(f"{what}: nbytes must be >= 0, got {nbytes}")
+    nbytes = _byte_count(nbytes, what)
     offset = comm.heap.alloc_user(max(nbytes, 1), f"{what}({nbytes} bytes)")
     block = HeapBlock(comm, offset, nbytes)
     if comm._exchange is not None:  # torchrun: every rank must have the block at the same offset
