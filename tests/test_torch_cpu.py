@@ -609,6 +609,34 @@ def test_heap_blocks_refuse_sizes_that_are_not_byte_counts(nbytes):
         symmetric.alloc(comm, nbytes)
 
 
+def test_lazy_conjugate_and_negative_views_are_refused_by_name():
+    """A tensor with torch's lazy negative bit holds -values in memory: the kernels read and write
+    memory, so an all-gather of one would move the negated values and an in-place all-reduce
+    write the sum where the view reads its negation (the stand-in resolved them: a GPU would
+    not).  A conjugate view (z.conj(), complex copies) failed in torch's view(), unnamed."""
+    g = StandInWorlds(2).groups()[0]
+    z = torch.arange(4.0).to(torch.complex64) * 1j
+    neg = torch._neg_view(torch.arange(4.0))  # what z.conj().imag is, contiguous
+    assert neg.is_neg() and neg.is_contiguous() and z.conj().is_conj()
+    calls = [
+        ("all_reduce: tensor", lambda: g.all_reduce(neg)),
+        ("all_gather_into_tensor: input_tensor", lambda: g.all_gather_into_tensor(torch.empty(8), neg)),
+        ("all_gather_into_tensor: output_tensor",
+         lambda: g.all_gather_into_tensor(torch.empty(8, dtype=torch.complex64).conj(), z)),
+        ("broadcast: tensor", lambda: g.broadcast(z.conj(), src=1)),
+        ("all_to_all_single: input", lambda: g.all_to_all_single(torch.empty(4, dtype=torch.complex64), z.conj(),
+                                                                  [2, 2], [2, 2])),
+        ("all_reduce: x", lambda: pt.functional.all_reduce(neg, group=g)),
+    ]
+    for label, call in calls:
+        with pytest.raises(ArgumentError, match=rf"{label} is a lazy (conjugate|negative) view \(torch's "
+                                                r"(conjugate|negative) bit\)"):
+            call()
+    from purlinc.torch.serving import PurlinAllReduce
+
+    assert not PurlinAllReduce(g).should_custom_ar(neg)
+
+
 def test_a_closed_group_refuses_every_call_by_name():
     """A Group's calls after close() raised a bare KeyError (its handles are gone), and an uneven
     all-to-all quietly made a new state and loaded again (a collective, on this rank alone)."""

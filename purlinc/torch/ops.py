@@ -161,9 +161,18 @@ def split_sizes(where: str, label: str, sizes, world_size: int) -> list[int]:
 
 
 def check_contiguous(where: str, label: str, t) -> None:
+    """``t``'s memory holds its values, in order: contiguous, and no lazy conjugate or negative
+    bit (the kernels read and write memory, where such a view keeps the values un-negated)."""
     if not t.is_contiguous():
         raise ArgumentError(f"{where}: {label} is not contiguous (shape {tuple(t.shape)}, strides "
                             f"{tuple(t.stride())})", notes=("pass .contiguous() (a copy)",))
+    if torch.compiler.is_compiling():  # dynamo cannot trace is_conj/is_neg (a graph break): the real ops check at run time
+        return
+    for kind, lazy, resolve in (("conjugate", t.is_conj(), "resolve_conj"), ("negative", t.is_neg(), "resolve_neg")):
+        if lazy:
+            raise ArgumentError(f"{where}: {label} is a lazy {kind} view (torch's {kind} bit): its memory holds "
+                                f"other values than it reads as; expected a resolved tensor",
+                                notes=(f"pass .{resolve}() (a copy)",))
 
 
 def check_device(where: str, label: str, t, device, rank: int, world_size: int, *, fake: bool = False) -> None:

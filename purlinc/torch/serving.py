@@ -44,7 +44,7 @@ class PurlinAllReduce:
     def should_custom_ar(self, inp: torch.Tensor) -> bool:
         """Whether ``custom_all_reduce(inp)`` takes this tensor: the group's device, a dtype Purlin
         reduces, contiguous, a multiple of 16 bytes, under ``max_bytes``."""
-        if self.disabled or inp.device != self.group.device or not inp.is_contiguous():
+        if self.disabled or inp.device != self.group.device or not inp.is_contiguous() or inp.is_neg():
             return False
         dtype = _ops.dtype_of(inp)
         nbytes = inp.numel() * inp.element_size()
