@@ -359,6 +359,23 @@ def test_op_objects_refuse_inputs_that_require_grad():
         assert torch.equal(coll(x), x.detach())  # a world of one: the ring shifts onto itself
 
 
+def test_op_objects_check_out_while_traced_as_eagerly():
+    """Traced (FakeTensorMode, make_fx, torch.compile), shift(x, out=y) copies the functional op's
+    result into out: an out of the wrong size failed in torch's view(), unnamed, and one of
+    another dtype was cast into silently; eagerly both are ArgumentErrors naming out."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    source = (REPO / "examples" / "allgather.pln").read_text()
+    gather = pt.op(StandIn(World(source, 2, None), 0), name="allgather_traced_out")
+    for out, message in ((torch.empty(7), r"out has 7 elements, expected 8 \(2 chunks x 4 elements per chunk\)"),
+                         (torch.empty(8, dtype=torch.int32), r"out has dtype int32, expected float32 \(the dtype of x\)")):
+        with pytest.raises(ArgumentError, match=rf"purlin::allgather_traced_out on rank 0: {message}"):
+            gather(torch.empty(4), out=out)  # eagerly
+        with FakeTensorMode() as mode:
+            with pytest.raises(ArgumentError, match=rf"purlin::allgather_traced_out on rank 0: {message}"):
+                gather(mode.from_tensor(torch.empty(4)), out=mode.from_tensor(out))
+
+
 def test_user_collective_through_op():
     R = 3
     source = (REPO / "examples" / "ring_shift.pln").read_text()
