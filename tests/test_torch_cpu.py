@@ -936,6 +936,18 @@ def test_uneven_all_to_all_forward_and_backward():
         torch.testing.assert_close(grad, want)
 
 
+def test_uneven_all_to_all_without_input_sizes_needs_equal_rows():
+    """Output sizes and no input sizes: x's rows split equally, computed as rows // R, so a 0-d x
+    raised IndexError and 5 rows over 2 ranks were refused as 'input_split_sizes=[2, 2]', a
+    list the caller never passed."""
+    g = StandInWorlds(2).groups()[0]
+    for x, rows in ((torch.tensor(1.0), 1), (torch.ones(5), 5)):
+        with pytest.raises(ArgumentError, match=rf"all_to_all_single: input has {rows} rows \(dim 0\) and no "
+                                                r"input_split_sizes; expected a multiple of 2 \(one equal slice per rank\)"):
+            pt.functional.all_to_all_single(x, [rows, 0], None, group=g)
+    assert not any(e.loaded for e in g._entries.values())
+
+
 # ---------------------------------------------------------------------------------------------
 # the serving adapter (vLLM's custom all-reduce shape)
 
