@@ -14,6 +14,7 @@ from purlinc import pipeline
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.runtime import collective, driver, placement
 from purlinc.runtime.collective import Collective
+from purlinc.runtime.errors import ArgumentError
 from purlinc.runtime.loader import load
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -106,6 +107,19 @@ def test_load_uses_the_pipelines_compiled_and_kernels(fake):
     # the kernel is the Compiled's, made once per (dtype, op)
     kernel = coll.compiled.kernel(DType.FLOAT32, ReduceOp.SUM)
     assert kernel.cuda.abi == variant.abi and [c[0] for c in fake].count("module_load") == 1
+
+
+@pytest.mark.parametrize("path, extra", [("allreduce.pln", {"channels": 2}), ("allreduce.pln", {}),
+                                         ("sized/alltoallv.pln", {"capacity": 64})])
+def test_a_closed_communicator_is_refused_before_its_heap_is_touched(fake, path, extra):
+    """close() frees the heap's memory; a load after it took offsets in the freed segments and
+    zeroed them (a memset into memory the process no longer owns)."""
+    comm = FakeComm()
+    comm.closed = True
+    comm.heap.alloc = lambda *args: pytest.fail("took heap space of a closed communicator")
+    with pytest.raises(ArgumentError, match=r"load: the communicator of rank 0 is closed; expected an open one"):
+        load(EXAMPLES / path, comm, **extra)
+    assert not [c for c in fake if c[0] in ("memset_d8", "copy_htod", "module_load")]
 
 
 def test_ce_load_gets_the_plan_and_the_driver(fake):
