@@ -308,13 +308,12 @@ class GroupSized:
 
     def __call__(self, xs, sizes=None, outs=None, out_sizes=None, streams=None, *, row: int = 1, **operands):
         sizes = _named_sizes(self.ranks[0], sizes, operands)  # one per rank, positionally or by name
+        from purlinc.runtime.group import per_rank
+
         world = len(self.ranks)
-        outs = list(outs) if outs is not None else [None] * world
-        out_sizes = list(out_sizes) if out_sizes is not None else [None] * world
-        streams = list(streams) if streams is not None else [None] * world
-        for label, values in (("xs", xs), ("sizes", sizes), ("outs", outs), ("out_sizes", out_sizes), ("streams", streams)):
-            if len(values) != world:
-                raise ArgumentError(f"{self.name}: {label} has {len(values)} entries, expected {world} (one per rank)")
+        xs, outs, out_sizes, streams = (per_rank(self.name, label, values, world) for label, values in
+                                        (("xs", xs), ("outs", outs), ("out_sizes", out_sizes), ("streams", streams)))
+        sizes = per_rank(self.name, "sizes", sizes, world)
         prepared = [c.prepare_call(*args, row) for c, args in zip(self.ranks, zip(xs, sizes, outs, out_sizes, streams))]
         if len({p[0] for p in prepared}) != 1:
             raise MismatchError(f"{self.name}: the ranks' inputs have different dtypes: {[p[0].value for p in prepared]}")
