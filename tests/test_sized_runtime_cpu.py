@@ -53,6 +53,8 @@ def test_load_refuses_missing_or_misplaced_capacity(fake):
         load(EXAMPLES / "allgather.pln", FakeComm(), capacity=8)
     with pytest.raises(ArgumentError, match="capacity must be a positive number"):
         load(SIZED / "alltoallv.pln", FakeComm(), capacity=0)
+    with pytest.raises(ArgumentError, match="capacity must be a positive number of elements per chunk, got True"):
+        load(SIZED / "alltoallv.pln", FakeComm(), capacity=True)  # a bool is no count (it loaded with 1)
 
 
 def test_call_packs_device_pointers_of_the_sizes(fake, on_device_zero, monkeypatch):

@@ -654,6 +654,24 @@ def test_lazy_conjugate_and_negative_views_are_refused_by_name():
     assert not PurlinAllReduce(g).should_custom_ar(neg)
 
 
+@pytest.mark.parametrize("ranks, shown", [([0, 0], "[0, 0]"), ([0.5, 1], "[0.5, 1]"), ([-1, 3], "[-1, 3]"),
+                                           ([1, "x"], "[1, 'x']"), ([True, 0], "[True, 0]")])
+def test_a_groups_ranks_are_distinct_global_ranks(ranks, shown):
+    """ranks=[0, 0] was taken (src=0 then named two members), 0.5 was cut to 0, -1 kept, and 'x'
+    raised int()'s ValueError."""
+    with pytest.raises(ArgumentError, match=re.escape(f"Group: ranks={shown}, expected 2 distinct global ranks "
+                                                      "(ints >= 0)")):
+        pt.Group(Comm(0, 2), ranks=ranks, loader=lambda *a: pytest.fail("loaded"))
+
+
+def test_a_capacity_is_an_int_not_a_bool():
+    from purlinc.torch import sized
+
+    g = pt.Group(Comm(0, 2), loader=lambda *a: pytest.fail("loaded"))
+    with pytest.raises(ArgumentError, match=r"capacity=True, expected a positive number of elements"):
+        sized.configure(g, capacity=True)
+
+
 def test_a_closed_group_refuses_every_call_by_name():
     """A Group's calls after close() raised a bare KeyError (its handles are gone), and an uneven
     all-to-all quietly made a new state and loaded again (a collective, on this rank alone)."""

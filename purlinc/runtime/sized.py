@@ -350,7 +350,7 @@ def load_sized(compiled: Compiled, comm, comms: list, *, capacity: int, dtype=No
     from purlinc.runtime.placement import fingerprint, load_mismatch, zero_space
     from purlinc.runtime.communicator import LocalGroup
 
-    if not isinstance(capacity, int) or capacity < 1:
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
         raise ArgumentError(f"{compiled.name}: capacity must be a positive number of elements per chunk, got {capacity!r}")
     itemsize = DType.parse(dtype).itemsize if dtype is not None else WIDEST
     stage = staging_bytes(compiled, capacity, itemsize)

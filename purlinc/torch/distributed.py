@@ -106,7 +106,7 @@ class Group:
     def __init__(self, comm, *, ranks=None, loader=None, device=None, **load_options):
         self.comm = comm
         self.rank, self.world_size = comm.rank, comm.world_size
-        self.ranks = list(range(self.world_size)) if ranks is None else [int(r) for r in ranks]
+        self.ranks = list(range(self.world_size)) if ranks is None else _global_ranks(ranks, self.world_size)
         if len(self.ranks) != self.world_size:
             raise ArgumentError(f"Group: ranks={self.ranks} names {len(self.ranks)} ranks, expected "
                                 f"{self.world_size} (the communicator's world size)")
@@ -547,6 +547,18 @@ class Group:
             raise ArgumentError(f"{where}: {label} on the {root_label} rank must hold {self.world_size} tensors "
                                 f"(one per rank), got {got}")
         self._list_like(where, label, tensors, tensor)
+
+
+def _global_ranks(ranks, world_size: int) -> list[int]:
+    """``ranks=`` as distinct ints >= 0: int() cut 0.5 to 0 and raised ValueError for 'x', and a
+    repeated rank made src= name two members."""
+    try:
+        values = [_rank_number("Group", "ranks", r) for r in ranks]
+    except ArgumentError:
+        values = None
+    if values is None or min(values, default=0) < 0 or len(set(values)) != len(values):
+        raise ArgumentError(f"Group: ranks={list(ranks)!r}, expected {world_size} distinct global ranks (ints >= 0)")
+    return values
 
 
 def _rank_number(where: str, label: str, value) -> int:

@@ -109,7 +109,7 @@ def configure(group, *, capacity: int | None = None, loader=None) -> SizedState:
         if state is not None:
             state.close()
         cap = capacity if capacity is not None else DEFAULT_CAPACITY
-        if not isinstance(cap, int) or cap < 1:
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
             raise ArgumentError(f"capacity={cap!r}, expected a positive number of elements per (source, destination) pair")
         state = _BY_GROUP[group] = SizedState(group, cap, loader or (state._loader if state else None))
         group._sized_state = state  # what a compiled graph reads (an attribute: a constant to dynamo)
