@@ -282,6 +282,18 @@ def test_split_sizes_take_integers_of_any_kind():
     assert on_ranks(gs, call) == [[[0, 1], [10, 11], [12, 13]], [[2, 3], [4, 5], [14, 15]]]
 
 
+def test_op_objects_refuse_a_collective_with_run_time_sizes():
+    """pt.op(coll) over a sized collective called it as coll(x, out, op=...): out arrived as its
+    sizes ("sizes has dtype float32, expected int64"), naming neither the mistake nor the way."""
+    class Loaded:
+        spec = check(parse(sized.SOURCE), 2)
+        comm = Comm(0, 2)
+
+    with pytest.raises(ArgumentError, match=r"purlin::alltoallv: alltoallv has run-time sizes \(sizes n\[2\]\[2\] of x\); "
+                                            r"expected a collective of fixed sizes"):
+        pt.op(Loaded())
+
+
 def test_configure_after_load_is_refused():
     gs = groups(1)
     x = torch.ones(2, 2)

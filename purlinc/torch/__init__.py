@@ -108,6 +108,11 @@ class TorchCollective:
     def __init__(self, coll, name: str | None = None, *, device=None):
         spec = coll.spec if hasattr(coll, "spec") else coll.compiled.spec
         name = name or spec.name
+        if spec.sizes is not None:  # its call is coll(x, sizes, out, out_sizes): out would arrive as its sizes
+            raise ArgumentError(f"purlin::{name}: {spec.name} has run-time sizes ({spec.sizes.format()}); expected a "
+                                "collective of fixed sizes",
+                                notes=("an all-to-all with run-time sizes: purlinc.torch.all_to_all_vdev, or "
+                                       "all_to_all_single with split sizes",))
         comm = coll.comm
         dev = comm.device if device is None else device
         dev = torch.device("cuda", dev) if isinstance(dev, int) else torch.device(dev)
