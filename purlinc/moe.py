@@ -48,6 +48,8 @@ def row_elements(hidden: int, top_k: int, dtype: torch.dtype) -> int:
 def capacity_for(hidden: int, top_k: int, max_tokens: int, dtype: torch.dtype = torch.bfloat16) -> int:
     """The all-to-all capacity (elements per rank pair) dispatch and combine need: at most
     ``max_tokens`` rows from one rank to another, each ``row_elements`` wide."""
+    for label, value in (("hidden", hidden), ("top_k", top_k), ("max_tokens", max_tokens)):
+        _at_least(label, value, 1, where="capacity_for")  # as the Dispatcher: a capacity of 0 or less loads nothing
     return max_tokens * row_elements(hidden, top_k, dtype)
 
 
@@ -63,9 +65,21 @@ class Dispatched:
     rows: torch.Tensor  # [] int64: rows received (counts.sum())
 
 
-def _at_least(label: str, value, low: int) -> None:
+def _at_least(label: str, value, low: int, *, where: str = "Dispatcher") -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ArgumentError(f"Dispatcher: {label}={value!r}, expected an int >= {low}")
+        raise ArgumentError(f"{where}: {label}={value!r}, expected an int >= {low}")
+
+
+def _tensors(where: str, named, device) -> None:
+    """Each ``(label, value)`` a torch.Tensor on the Dispatcher's device, checked before anything
+    reads it: a list was an AttributeError, and a tensor of another device failed inside the
+    routing, in torch's words (a CPU x indexed by the rows on the GPU)."""
+    for label, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise ArgumentError(f"{where}: {label} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device != device:
+            raise ArgumentError(f"{where}: {label} is on {t.device}, expected {device} (the device of this "
+                                "Dispatcher's buffers)")
 
 
 def _check_shape(rank, world_size, num_experts, hidden, top_k, max_tokens, dtype) -> None:
@@ -88,6 +102,18 @@ def _check_shape(rank, world_size, num_experts, hidden, top_k, max_tokens, dtype
         raise ArgumentError(f"Dispatcher: dtype={dtype}, expected one of {names}")
 
 
+def _check_capacity(coll, hidden: int, top_k: int, max_tokens: int, dtype) -> None:
+    """The collective carries ``max_tokens`` rows per rank pair: rows past its capacity would be
+    moved as size 0 (tokens lost for that step) and reported only by the next exchange."""
+    capacity = getattr(coll, "capacity", None)
+    need = capacity_for(hidden, top_k, max_tokens, dtype)
+    if isinstance(capacity, int) and capacity < need:
+        raise ArgumentError(f"Dispatcher: the collective's capacity is {capacity} elements per rank pair, expected "
+                            f"at least {need} (max_tokens={max_tokens} rows of {row_elements(hidden, top_k, dtype)} "
+                            "elements: moe.capacity_for(hidden, top_k, max_tokens, dtype))",
+                            notes=("load it with capacity=moe.capacity_for(...), or use moe.dispatchers",))
+
+
 class Dispatcher:
     """One rank's dispatch and combine; every buffer is allocated here, once.
 
@@ -98,6 +124,7 @@ class Dispatcher:
     def __init__(self, coll, *, rank: int, world_size: int, num_experts: int, hidden: int, top_k: int,
                  max_tokens: int, dtype: torch.dtype = torch.bfloat16, device=None):
         _check_shape(rank, world_size, num_experts, hidden, top_k, max_tokens, dtype)
+        _check_capacity(coll, hidden, top_k, max_tokens, dtype)
         self.coll, self.rank, self.world_size = coll, rank, world_size
         self.num_experts, self.local_experts = num_experts, num_experts // world_size
         self.hidden, self.top_k, self.max_tokens, self.dtype = hidden, top_k, max_tokens, dtype
@@ -213,6 +240,7 @@ class Dispatcher:
         """``partial[n]``: received row n's weighted sum over this rank's experts ([N, H], the
         dispatch's dtype).  Returns [T, H]: every token's sum of its partials, in token order."""
         N, H, T = self.recv.shape[0], self.hidden, self._tokens
+        _tensors("combine", [("partial", partial)], self.recv.device)
         if tuple(partial.shape) != (N, H) or partial.dtype != self.dtype or not partial.is_contiguous():
             raise ArgumentError(f"combine: partial is {tuple(partial.shape)} {partial.dtype}, expected a contiguous "
                                 f"({N}, {H}) {self.dtype} (one row per received row)")
@@ -226,6 +254,7 @@ class Dispatcher:
         return out[:T].to(out_dtype or self.dtype)
 
     def _check(self, x, topk_ids, topk_weights) -> int:
+        _tensors("dispatch", [("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights)], self.send.device)
         T = x.shape[0] if x.dim() == 2 else -1
         if T < 0 or x.shape[1] != self.hidden or x.dtype != self.dtype or T > self.max_tokens:
             raise ArgumentError(f"dispatch: x is {tuple(x.shape)} {x.dtype}, expected (T, {self.hidden}) {self.dtype} "
@@ -236,6 +265,9 @@ class Dispatcher:
                                     f"on {x.device}")
         if topk_ids.dtype not in (torch.int32, torch.int64):
             raise ArgumentError(f"dispatch: topk_ids has dtype {topk_ids.dtype}, expected int32 or int64")
+        if not topk_weights.is_floating_point():  # cast into float32 rows: a complex one lost its imaginary part,
+            # an integer one is most likely the ids passed twice or swapped
+            raise ArgumentError(f"dispatch: topk_weights has dtype {topk_weights.dtype}, expected a real floating dtype")
         if topk_ids.device.type == "cpu":  # on the GPU this would synchronise: a precondition there (class doc)
             self._check_ids(topk_ids)
         return T

@@ -153,7 +153,10 @@ def cache_enabled() -> bool:
 def cache_dir() -> Path:
     raw = CACHE_DIR.raw()
     if raw:
-        return Path(raw).expanduser()  # ~ as a shell would (a Dockerfile's ENV does not)
+        try:
+            return Path(raw).expanduser()  # ~ as a shell would (a Dockerfile's ENV does not)
+        except RuntimeError:  # ~someone of no known home: the command line's internal error before
+            raise _refuse(CACHE_DIR, "a directory (a leading ~ names the home directory of a known user)") from None
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "purlin"
 

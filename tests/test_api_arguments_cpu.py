@@ -29,6 +29,15 @@ def test_params_are_a_mapping_of_names_to_integers(params, message):
         assert info.value.message == message
 
 
+@pytest.mark.parametrize("trace", ["no", "0", 0, 1, "False"])
+def test_trace_is_true_or_false(trace):
+    """bool("no") is True: trace="no" (or "0") loaded traced kernels, and pinned the schedule."""
+    with pytest.raises(PurlinError) as info:
+        LoadOptions.of(trace=trace)
+    assert info.value.message == f"trace must be True or False, got {trace!r}"
+    assert not LoadOptions.of(trace=False).pinned and LoadOptions.of(trace=True).pinned
+
+
 @pytest.mark.parametrize("source, message", [
     (None, "expected a .pln path or .pln text, got NoneType"),
     (b"collective a { }", "expected a .pln path or .pln text, got bytes"),

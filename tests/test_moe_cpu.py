@@ -119,6 +119,57 @@ def test_bad_arguments():
     assert moe.capacity_for(7168, 8, 4096) == 4096 * 7200
 
 
+def test_arguments_of_another_kind_or_device_are_refused_by_name():
+    """Non-tensors raised AttributeError; a tensor off the Dispatcher's device raised torch's
+    error from inside the routing (on a GPU: a CPU x indexed by CUDA rows); integer or complex
+    weights were cast into the rows' float32 (the imaginary part dropped, ids and weights swapped
+    not noticed)."""
+    on_meta = moe.Dispatcher(None, rank=0, world_size=1, num_experts=4, hidden=8, top_k=2, max_tokens=4,
+                             device="meta")
+    d = moe.Dispatcher(Coll(World(moe.SOURCE, 1), 0, 1 << 20), rank=0, world_size=1, num_experts=4, hidden=8,
+                       top_k=2, max_tokens=4)
+    x, ids, w = torch.zeros(3, 8, dtype=torch.bfloat16), torch.tensor([[0, 1], [2, 3], [1, 2]]), torch.ones(3, 2)
+    cases = [
+        (on_meta.dispatch, (x, ids, w), r"dispatch: x is on cpu, expected meta \(the device of this Dispatcher's buffers\)"),
+        (d.dispatch, (x.float().numpy(), ids, w), "dispatch: x must be a torch.Tensor, got ndarray"),
+        (d.dispatch, (x, ids.tolist(), w), "dispatch: topk_ids must be a torch.Tensor, got list"),
+        (d.dispatch, (x, ids, None), "dispatch: topk_weights must be a torch.Tensor, got NoneType"),
+        (d.dispatch, (x, ids, w.to(torch.complex64)),
+         r"dispatch: topk_weights has dtype torch.complex64, expected a real floating dtype"),
+        (d.dispatch, (x, ids, ids), r"dispatch: topk_weights has dtype torch.int64, expected a real floating dtype"),
+        (on_meta.combine, (torch.zeros(4, 8, dtype=torch.bfloat16),),
+         r"combine: partial is on cpu, expected meta \(the device of this Dispatcher's buffers\)"),
+        (d.combine, ([[0.0] * 8] * 4,), "combine: partial must be a torch.Tensor, got list"),
+    ]
+    for call, args, message in cases:
+        with pytest.raises(ArgumentError, match=message):
+            call(*args)
+    assert int(d.counts.sum()) == 0  # nothing routed
+
+
+def test_a_collective_too_small_for_max_tokens_is_refused_when_the_dispatcher_is_made():
+    """A capacity under capacity_for(...) was taken: a busy step's rows over it were moved as
+    size 0 (those tokens lost) and the SizeError came only with the next exchange."""
+    need = moe.capacity_for(8, 2, 4)
+    with pytest.raises(ArgumentError, match=rf"Dispatcher: the collective's capacity is {need - 1} elements per rank "
+                                            rf"pair, expected at least {need} \(max_tokens=4 rows of 16 elements: "
+                                            r"moe.capacity_for\(hidden, top_k, max_tokens, dtype\)\)"):
+        moe.Dispatcher(Coll(World(moe.SOURCE, 1), 0, need - 1), rank=0, world_size=1, num_experts=4, hidden=8,
+                       top_k=2, max_tokens=4)
+    moe.Dispatcher(Coll(World(moe.SOURCE, 1), 0, need), rank=0, world_size=1, num_experts=4, hidden=8, top_k=2,
+                   max_tokens=4)
+
+
+@pytest.mark.parametrize("args, message", [
+    ((-8, 2, 4), r"capacity_for: hidden=-8, expected an int >= 1"),
+    ((8, 0, 4), r"capacity_for: top_k=0, expected an int >= 1"),
+    ((8, 2, 0), r"capacity_for: max_tokens=0, expected an int >= 1"),
+])
+def test_capacity_for_refuses_sizes_the_dispatcher_refuses(args, message):
+    with pytest.raises(ArgumentError, match=message):
+        moe.capacity_for(*args)
+
+
 @pytest.mark.parametrize("change, message", [
     ({"num_experts": 0}, r"num_experts=0, expected an int >= 1"),
     ({"world_size": 0}, r"world_size=0, expected an int >= 1"),

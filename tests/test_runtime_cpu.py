@@ -71,6 +71,51 @@ def test_validation_errors_name_tensor_expected_and_actual(x, out, kw, words):
     assert "allgather on rank 0" in text or "reduce op" in text
 
 
+def test_an_unknown_op_is_one_error_naming_the_call():
+    """The op's refusal was the rendered text of another error: 'error: error: unknown reduce op'."""
+    with pytest.raises(ArgumentError) as caught:
+        check(info(numel=7), info(ptr=0x20000, numel=14), is_reduce=True, op="avg")
+    assert caught.value.message == "allgather on rank 0: unknown reduce op 'avg'; expected one of sum, prod, max, min"
+    assert str(caught.value).count("error:") == 1
+
+
+@pytest.mark.parametrize("count", ["7", 7.0, 7.5, True, [7]])
+def test_count_is_an_integer(count):
+    """count='7' said "count=7, but the buffers say 7 elements per chunk"; 7.0 passed as 7."""
+    with pytest.raises(ArgumentError) as caught:
+        check(info(numel=7), info(ptr=0x20000, numel=14), count=count)
+    assert caught.value.message == f"allgather on rank 0: count={count!r}, expected an int (elements per chunk) or None"
+
+
+def test_count_of_any_integer_type():
+    import numpy as np
+
+    assert check(info(numel=7), info(ptr=0x20000, numel=14), count=np.int64(7)).count == 7
+
+
+class _Stream:
+    cuda_stream = 0x5000
+
+
+@pytest.mark.parametrize("stream, handle", [(None, 0), (7, 7), (_Stream(), 0x5000), (cu.CUstream(0), 0)])
+def test_stream_handles(stream, handle):
+    from purlinc.runtime.interop import stream_handle
+
+    assert stream_handle(stream) == handle
+
+
+@pytest.mark.parametrize("stream", ["abc", "7", 1.5, -1, True, object()])
+def test_a_stream_that_is_no_stream_is_refused_by_name(stream):
+    """int(stream) raised ValueError for "abc", cut 1.5 to 1 (the legacy stream, silently) and
+    passed -1 to the driver (an OverflowError there)."""
+    from purlinc.runtime.interop import stream_handle
+
+    with pytest.raises(ArgumentError) as caught:
+        stream_handle(stream)
+    assert caught.value.message.startswith(f"stream={stream!r}: expected a CUDA stream (torch.cuda.Stream, a CuPy "
+                                           "stream, a CUstream, or a handle as an int >= 0)")
+
+
 def test_reduce_op_is_parsed_and_fp8_copies_are_fine():
     assert check(info(numel=4), info(ptr=0x20000, numel=8), is_reduce=True, op="max").op is ReduceOp.MAX
     fp8 = DType.FLOAT8_E5M2

@@ -151,6 +151,32 @@ def test_group_call_gives_a_rank_without_chunks_the_others_count_and_dtype():
     assert empty[0].given == (0, DType.BFLOAT16)
 
 
+class _Array:
+    """One rank's buffer (what a group call's lists hold), iterable like a tensor is."""
+
+    def __init__(self, n):
+        self.shape, self.n = (n,), n
+        self.__cuda_array_interface__ = {"data": (0x1000, False), "shape": (n,), "typestr": "<f4", "version": 3}
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def __len__(self):
+        return self.n
+
+
+@pytest.mark.parametrize("label", ["xs", "outs", "streams"])
+def test_group_call_refuses_one_array_where_a_list_per_rank_goes(label):
+    """gcoll(x) for gcoll([x0, x1]): list(x) made one rank's input of each row of x, so a tensor
+    of R rows in a loopback group (one device) ran as R inputs."""
+    ranks = [_FakeRank(0, DType.FLOAT32, 8), _FakeRank(1, DType.FLOAT32, 8)]
+    args = {"xs": [1, 2], "outs": None, "streams": None, label: _Array(2)}
+    with pytest.raises(ArgumentError) as caught:
+        prepare_group("allgather", ranks, args["xs"], args["outs"], "sum", args["streams"], None)
+    assert caught.value.message == (f"allgather: {label} is one array (_Array), expected a list of 2 entries "
+                                    "(one per rank)")
+
+
 class _StreamRank(_FakeRank):
     """A rank on ``device`` whose call resolves to ``stream``."""
 

@@ -14,6 +14,7 @@ from purlinc import pipeline
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.runtime import collective, driver, placement
 from purlinc.runtime.collective import Collective
+from purlinc.runtime.errors import ArgumentError
 from purlinc.runtime.loader import load
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -128,7 +129,7 @@ def test_a_rank_without_chunks_that_relays_needs_the_count(fake):
     relay = Collective(compiled, comm, placement._allocate(comm, compiled, None), agree=False)
     assert relay.relays
     with pytest.raises(ArgumentError) as caught:
-        relay.prepare_call(None, None, "sum", 0, None)  # count 0 would move nothing on, silently
+        relay.prepare_call(None, None, "sum", 0, None)  # at count 0 it would pass nothing on: a timeout
     assert caught.value.message == ("chunkless on rank 2: this rank has no chunks, but its schedule (ring) carries "
                                     "other ranks' data through it, so it needs their count and dtype")
     shape, _, _ = relay.prepare_call(None, None, "sum", 0, 5, "bfloat16")
@@ -137,6 +138,19 @@ def test_a_rank_without_chunks_that_relays_needs_the_count(fake):
     idle = collective.prepare(_CHUNKLESS, 4, algorithm="direct-push")
     comm.heap = FakeHeap(4)
     assert not Collective(idle, comm, placement._allocate(comm, idle, None), agree=False).relays
+
+
+@pytest.mark.parametrize("path, extra", [("allreduce.pln", {"channels": 2}), ("allreduce.pln", {}),
+                                         ("sized/alltoallv.pln", {"capacity": 64})])
+def test_a_closed_communicator_is_refused_before_its_heap_is_touched(fake, path, extra):
+    """close() frees the heap's memory; a load after it took offsets in the freed segments and
+    zeroed them (a memset into memory the process no longer owns)."""
+    comm = FakeComm()
+    comm.closed = True
+    comm.heap.alloc = lambda *args: pytest.fail("took heap space of a closed communicator")
+    with pytest.raises(ArgumentError, match=r"load: the communicator of rank 0 is closed; expected an open one"):
+        load(EXAMPLES / path, comm, **extra)
+    assert not [c for c in fake if c[0] in ("memset_d8", "copy_htod", "module_load")]
 
 
 def test_ce_load_gets_the_plan_and_the_driver(fake):

@@ -67,6 +67,22 @@ def test_cache_dir_expands_the_home_directory(monkeypatch, tmp_path):
     assert settings.cache_dir() == tmp_path / ".cache" / "purlin-test"
 
 
+def test_a_cache_dir_of_an_unknown_user_is_refused_by_name(monkeypatch, tmp_path):
+    """~nosuchuser/... raised Path.expanduser's RuntimeError: the command line's internal error."""
+    monkeypatch.setenv("PURLIN_CACHE_DIR", "~no-such-user-purlin/cache")
+    with pytest.raises(PurlinError) as caught:
+        settings.cache_dir()
+    assert caught.value.message == ("PURLIN_CACHE_DIR='~no-such-user-purlin/cache': expected a directory (a leading "
+                                    "~ names the home directory of a known user)")
+    spec = Path(__file__).resolve().parents[1] / "examples" / "allgather.pln"
+    done = subprocess.run([sys.executable, "-m", "purlinc", "compile", str(spec), "--ranks", "2", "-o",
+                           str(tmp_path / "out")], capture_output=True, text=True,
+                          env={**__import__("os").environ, "PURLIN_CACHE_DIR": "~no-such-user-purlin/cache"},
+                          timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "PURLIN_CACHE_DIR='~no-such-user-purlin/cache': expected a directory" in done.stderr
+
+
 def test_the_command_line_refuses_a_bad_debug_level(tmp_path):
     """The runtime's log refuses PURLIN_DEBUG=loud at import; the command line said nothing."""
     spec = Path(__file__).resolve().parents[1] / "examples" / "allgather.pln"

@@ -7,6 +7,7 @@ the rank and the pair."""
 from __future__ import annotations
 
 import ctypes
+import re
 import struct
 from pathlib import Path
 
@@ -52,6 +53,8 @@ def test_load_refuses_missing_or_misplaced_capacity(fake):
         load(EXAMPLES / "allgather.pln", FakeComm(), capacity=8)
     with pytest.raises(ArgumentError, match="capacity must be a positive number"):
         load(SIZED / "alltoallv.pln", FakeComm(), capacity=0)
+    with pytest.raises(ArgumentError, match="capacity must be a positive number of elements per chunk, got True"):
+        load(SIZED / "alltoallv.pln", FakeComm(), capacity=True)  # a bool is no count (it loaded with 1)
 
 
 def test_call_packs_device_pointers_of_the_sizes(fake, on_device_zero, monkeypatch):
@@ -85,6 +88,36 @@ def test_call_validates_before_launching(fake, on_device_zero, monkeypatch, args
     with pytest.raises(ArgumentError, match=words.replace("(", r"\(").replace(")", r"\)")):
         coll(Device(0x100000, shape, typestr), Device(0x300000, sizes_shape, sizes_type),
              Device(0x200000, (128,), "<f4"), Device(0x400000, (2,), "<i8"), stream=1)
+
+
+@pytest.mark.parametrize("x, sizes, out, out_sizes, words", [
+    # (address, shape, typestr) of each; the flat path refused these, the sized one launched them
+    ((0x100000, (128,), "<f4"), (0x300000, (2,), "<i8"), (0x100000, (128,), "<f4"), (0x400000, (2,), "<i8"),
+     "out overlaps x in memory"),
+    ((0x100000, (128,), "<f4"), (0x300000, (2,), "<i8"), (0x100100, (64,), "<f4"), (0x400000, (2,), "<i8"),
+     "out overlaps x in memory"),
+    ((0x100000, (128,), "<f4"), (0x300000, (2,), "<i8"), (0x200000, (128,), "<f4"), (0x300000, (2,), "<i8"),
+     "out_sizes overlaps sizes in memory"),
+    ((0x100000, (128,), "<f4"), (0x300000, (2,), "<i8"), (0x200000, (128,), "<f4"), (0x100008, (2,), "<i8"),
+     "out_sizes overlaps x in memory"),
+    ((0x100000, (128,), "<f4"), (0x300000, (2,), "<i8"), (0x200000, (128,), "<f4"), (0x200000, (2,), "<i8"),
+     "out_sizes overlaps out in memory"),
+    ((0x100000, (128,), "<f4"), (0x300000, (2,), "<i8"), (0x200001, (128,), "<f4"), (0x400000, (2,), "<i8"),
+     "out at 0x200001 is not aligned to its element size (4 bytes)"),
+    ((0x100002, (128,), "<f4"), (0x300000, (2,), "<i8"), (0x200000, (128,), "<f4"), (0x400000, (2,), "<i8"),
+     "x at 0x100002 is not aligned to its element size (4 bytes)"),
+])
+def test_call_refuses_overlapping_or_misaligned_buffers(fake, on_device_zero, monkeypatch, x, sizes, out, out_sizes,
+                                                        words):
+    """The kernel reads x and sizes while it writes out and out_sizes, and moves whole elements:
+    a call whose outputs share bytes with another buffer, or whose data is not aligned to its
+    element, is refused before the launch, as the flat collectives' calls are."""
+    from purlinc.runtime import driver
+
+    monkeypatch.setattr(driver, "launch", lambda *a: pytest.fail("launched"))
+    coll = load(SIZED / "alltoallv.pln", FakeComm(), capacity=64)
+    with pytest.raises(ArgumentError, match="alltoallv on rank 0: " + re.escape(words)):
+        coll(Device(*x), Device(*sizes), Device(*out), Device(*out_sizes), stream=1)
 
 
 def test_wider_dtype_than_the_staging_is_refused(fake, on_device_zero):

@@ -359,6 +359,23 @@ def test_op_objects_refuse_inputs_that_require_grad():
         assert torch.equal(coll(x), x.detach())  # a world of one: the ring shifts onto itself
 
 
+def test_op_objects_check_out_while_traced_as_eagerly():
+    """Traced (FakeTensorMode, make_fx, torch.compile), shift(x, out=y) copies the functional op's
+    result into out: an out of the wrong size failed in torch's view(), unnamed, and one of
+    another dtype was cast into silently; eagerly both are ArgumentErrors naming out."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    source = (REPO / "examples" / "allgather.pln").read_text()
+    gather = pt.op(StandIn(World(source, 2, None), 0), name="allgather_traced_out")
+    for out, message in ((torch.empty(7), r"out has 7 elements, expected 8 \(2 chunks x 4 elements per chunk\)"),
+                         (torch.empty(8, dtype=torch.int32), r"out has dtype int32, expected float32 \(the dtype of x\)")):
+        with pytest.raises(ArgumentError, match=rf"purlin::allgather_traced_out on rank 0: {message}"):
+            gather(torch.empty(4), out=out)  # eagerly
+        with FakeTensorMode() as mode:
+            with pytest.raises(ArgumentError, match=rf"purlin::allgather_traced_out on rank 0: {message}"):
+                gather(mode.from_tensor(torch.empty(4)), out=mode.from_tensor(out))
+
+
 def test_user_collective_through_op():
     R = 3
     source = (REPO / "examples" / "ring_shift.pln").read_text()
@@ -511,6 +528,171 @@ def test_tensor_of_another_device_or_communicator():
     with pytest.raises(ArgumentError, match="input_tensor is on cpu, expected cuda:1"):
         g.all_gather_into_tensor(torch.empty(8), torch.empty(4))
     assert not any(e.loaded for e in g._entries.values())
+
+
+def test_roots_are_integers_of_any_kind_and_nothing_else():
+    """group_src=np.int64(1) was refused as "expected a rank in [0, 3)" while src=np.int64(1) ran;
+    src=True ran as rank 1 and src=1.0 as rank 1 (a float found in the rank list)."""
+    import numpy as np
+
+    gs = StandInWorlds(3).groups()
+    out = on_ranks(gs, lambda rank, g: (lambda t: (g.broadcast(t, group_src=np.int64(1)), t)[1])(
+        torch.full((2,), float(rank))))
+    assert [t.tolist() for t in out] == [[1.0, 1.0]] * 3
+    out = on_ranks(gs, lambda rank, g: (lambda t: (g.reduce(t, dst=torch.tensor(2)), t)[1])(
+        torch.full((2,), float(rank))))
+    assert out[2].tolist() == [3.0, 3.0]
+    g = gs[0]
+    for label, value in (("src", True), ("src", 1.0), ("src", "1"), ("group_src", True), ("group_src", 1.5)):
+        with pytest.raises(ArgumentError, match=rf"broadcast: {label}={re.escape(repr(value))}, expected an int"):
+            g.broadcast(torch.ones(2), **{label: value})
+
+
+class _Apart(StandIn):
+    """As the runtime's validate_call: x and out may not share bytes (a kernel reads one while
+    it writes the other), so the stand-in refuses what a GPU call would."""
+
+    def __call__(self, x=None, out=None, op="sum", *rest, row=1):
+        if x is not None and out is not None and ops_module.overlap(x, out, fake=False):
+            raise ArgumentError(f"{self.spec.name} on rank {self.rank}: x and out overlap")
+        return super().__call__(x, out, op, *rest, row=row)
+
+
+class _ApartWorlds(StandInWorlds):
+    def loader(self, rank):
+        load = super().loader(rank)
+
+        def apart(source, params):
+            inner = load(source, params)
+            return _Apart(inner.world, rank)
+        return apart
+
+
+def test_in_place_all_gather_and_reduce_scatter_read_from_a_copy():
+    """torch.distributed's in-place forms, as NCCL takes them (FSDP's flat parameters):
+    all_gather_into_tensor(out, out's own slot) and reduce_scatter_tensor(input's own slot,
+    input).  They reached the collective with x and out overlapping, which a GPU call refuses
+    ("x and out overlap"): the ops now read from a copy of x, as the in-place form does."""
+    R, n = 3, 4
+    groups = _ApartWorlds(R).groups()
+    xs = [rand(r, R * n, seed=21) for r in range(R)]
+
+    def body(rank, g):
+        gathered = torch.zeros(R * n)
+        gathered[rank * n:(rank + 1) * n] = xs[rank][:n]
+        g.all_gather_into_tensor(gathered, gathered[rank * n:(rank + 1) * n])
+        scattered = xs[rank].clone()
+        g.reduce_scatter_tensor(scattered[rank * n:(rank + 1) * n], scattered)
+        return gathered, scattered[rank * n:(rank + 1) * n]
+    for rank, (gathered, scattered) in enumerate(on_ranks(groups, body)):
+        np.testing.assert_array_equal(gathered.numpy(), np.concatenate([x[:n].numpy() for x in xs]))
+        np.testing.assert_allclose(scattered.numpy(), sum(x[rank * n:(rank + 1) * n].numpy() for x in xs), rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape, dtype, message", [
+    ((-2, -3), torch.float32, "shape (-2, -3): expected dimensions that are ints >= 0"),
+    ((-1, 4), torch.float32, "shape (-1, 4): expected dimensions that are ints >= 0"),
+    ((2.5,), torch.float32, "shape (2.5,): expected dimensions that are ints >= 0"),
+    ("ab", torch.float32, "shape 'ab': expected dimensions that are ints >= 0"),
+    ((2,), 5, "dtype 5: expected a torch.dtype or its name"),
+    ((2,), "tensor", "unknown torch dtype 'tensor'"),
+])
+def test_heap_tensors_refuse_shapes_and_dtypes_before_allocating(shape, dtype, message):
+    """comm.empty((-2, -3), ...) took a 24-byte heap block (a collective under torchrun) before
+    torch refused the view; (-1, 4) said 'nbytes must be >= 0, got -16'; (2.5,) allocated 2
+    elements; dtype=5 and shape 'ab' raised TypeError and ValueError."""
+    from purlinc.runtime import symmetric
+
+    class Heap:
+        def alloc_user(self, *args):
+            pytest.fail("allocated before the shape and dtype were checked")
+
+    comm = type("Comm", (), {"closed": False, "heap": Heap(), "_exchange": None, "device": 0})()
+    with pytest.raises(ArgumentError, match=re.escape(f"comm.empty: {message}")):
+        symmetric.empty(comm, shape, dtype)
+
+
+@pytest.mark.parametrize("nbytes", [1.5, "16", None, True, -1])
+def test_heap_blocks_refuse_sizes_that_are_not_byte_counts(nbytes):
+    """comm.alloc(1.5) took 1 byte and comm.alloc("16") 16: int() read both."""
+    from purlinc.runtime import symmetric
+
+    class Heap:
+        def alloc_user(self, *args):
+            pytest.fail("allocated before nbytes was checked")
+
+    comm = type("Comm", (), {"closed": False, "heap": Heap(), "_exchange": None, "device": 0})()
+    with pytest.raises(ArgumentError, match=re.escape(f"comm.alloc: nbytes={nbytes!r}, expected an int >= 0")):
+        symmetric.alloc(comm, nbytes)
+
+
+def test_lazy_conjugate_and_negative_views_are_refused_by_name():
+    """A tensor with torch's lazy negative bit holds -values in memory: the kernels read and write
+    memory, so an all-gather of one would move the negated values and an in-place all-reduce
+    write the sum where the view reads its negation (the stand-in resolved them: a GPU would
+    not).  A conjugate view (z.conj(), complex copies) failed in torch's view(), unnamed."""
+    g = StandInWorlds(2).groups()[0]
+    z = torch.arange(4.0).to(torch.complex64) * 1j
+    neg = torch._neg_view(torch.arange(4.0))  # what z.conj().imag is, contiguous
+    assert neg.is_neg() and neg.is_contiguous() and z.conj().is_conj()
+    calls = [
+        ("all_reduce: tensor", lambda: g.all_reduce(neg)),
+        ("all_gather_into_tensor: input_tensor", lambda: g.all_gather_into_tensor(torch.empty(8), neg)),
+        ("all_gather_into_tensor: output_tensor",
+         lambda: g.all_gather_into_tensor(torch.empty(8, dtype=torch.complex64).conj(), z)),
+        ("broadcast: tensor", lambda: g.broadcast(z.conj(), src=1)),
+        ("all_to_all_single: input", lambda: g.all_to_all_single(torch.empty(4, dtype=torch.complex64), z.conj(),
+                                                                  [2, 2], [2, 2])),
+        ("all_reduce: x", lambda: pt.functional.all_reduce(neg, group=g)),
+    ]
+    for label, call in calls:
+        with pytest.raises(ArgumentError, match=rf"{label} is a lazy (conjugate|negative) view \(torch's "
+                                                r"(conjugate|negative) bit\)"):
+            call()
+    from purlinc.torch.serving import PurlinAllReduce
+
+    assert not PurlinAllReduce(g).should_custom_ar(neg)
+
+
+@pytest.mark.parametrize("ranks, shown", [([0, 0], "[0, 0]"), ([0.5, 1], "[0.5, 1]"), ([-1, 3], "[-1, 3]"),
+                                           ([1, "x"], "[1, 'x']"), ([True, 0], "[True, 0]")])
+def test_a_groups_ranks_are_distinct_global_ranks(ranks, shown):
+    """ranks=[0, 0] was taken (src=0 then named two members), 0.5 was cut to 0, -1 kept, and 'x'
+    raised int()'s ValueError."""
+    with pytest.raises(ArgumentError, match=re.escape(f"Group: ranks={shown}, expected 2 distinct global ranks "
+                                                      "(ints >= 0)")):
+        pt.Group(Comm(0, 2), ranks=ranks, loader=lambda *a: pytest.fail("loaded"))
+
+
+def test_a_capacity_is_an_int_not_a_bool():
+    from purlinc.torch import sized
+
+    g = pt.Group(Comm(0, 2), loader=lambda *a: pytest.fail("loaded"))
+    with pytest.raises(ArgumentError, match=r"capacity=True, expected a positive number of elements"):
+        sized.configure(g, capacity=True)
+
+
+def test_a_closed_group_refuses_every_call_by_name():
+    """A Group's calls after close() raised a bare KeyError (its handles are gone), and an uneven
+    all-to-all quietly made a new state and loaded again (a collective, on this rank alone)."""
+    g = StandInWorlds(2).groups()[0]
+    g.close()
+    g.close()  # twice is fine
+    calls = [("allreduce", lambda: g.all_reduce(torch.ones(2))),
+             ("allgather", lambda: g.all_gather_into_tensor(torch.ones(4), torch.ones(2))),
+             ("broadcast", lambda: g.broadcast(torch.ones(2), src=1)),
+             ("allreduce", lambda: g.barrier()),
+             ("allreduce", lambda: pt.functional.all_reduce(torch.ones(2), group=g)),
+             ("all_to_all_single", lambda: g.all_to_all_single(torch.ones(2), torch.ones(2), [1, 1], [1, 1])),
+             ("all_to_all_vdev", lambda: g.all_to_all_vdev(torch.ones(2), torch.ones(8), torch.tensor([1, 1]),
+                                                           torch.zeros(2, dtype=torch.int64)))]
+    for name, call in calls:
+        with pytest.raises(ArgumentError, match=rf"{name}: purlinc.torch.Group\(rank 0 of 2, .*\) was closed; "
+                                                r"expected an open group"):
+            call()
+    from purlinc.torch import sized
+
+    assert sized._BY_GROUP.get(g) is None  # nothing made again
 
 
 def test_compiled_bad_shape_names_tensor_expected_actual():
@@ -772,6 +954,18 @@ def test_uneven_all_to_all_forward_and_backward():
         torch.testing.assert_close(grad, want)
 
 
+def test_uneven_all_to_all_without_input_sizes_needs_equal_rows():
+    """Output sizes and no input sizes: x's rows split equally, computed as rows // R, so a 0-d x
+    raised IndexError and 5 rows over 2 ranks were refused as 'input_split_sizes=[2, 2]', a
+    list the caller never passed."""
+    g = StandInWorlds(2).groups()[0]
+    for x, rows in ((torch.tensor(1.0), 1), (torch.ones(5), 5)):
+        with pytest.raises(ArgumentError, match=rf"all_to_all_single: input has {rows} rows \(dim 0\) and no "
+                                                r"input_split_sizes; expected a multiple of 2 \(one equal slice per rank\)"):
+            pt.functional.all_to_all_single(x, [rows, 0], None, group=g)
+    assert not any(e.loaded for e in g._entries.values())
+
+
 # ---------------------------------------------------------------------------------------------
 # the serving adapter (vLLM's custom all-reduce shape)
 
@@ -813,6 +1007,27 @@ def test_serving_adapter_takes_and_declines_like_a_custom_all_reduce(monkeypatch
         torch.testing.assert_close(y, xs[0] + xs[1])
     ars[0].close()
     assert ars[0].disabled and not ars[0].should_custom_ar(xs[0])
+
+
+def test_serving_all_reduce_refuses_an_out_unlike_its_input():
+    """out.copy_(inp) broadcast a (4,) input into a (2, 4) out and cast float32 into float16, so
+    the call all-reduced other data than it was given, silently."""
+    from purlinc.torch.serving import PurlinAllReduce
+
+    R = 2
+    groups = StandInWorlds(R).groups()
+    ar = PurlinAllReduce(groups[0])
+    x = torch.ones(4)
+    for out, actual in ((torch.empty(2, 4), "float32 (2, 4)"), (torch.empty(4, dtype=torch.float16), "float16 (4,)"),
+                        (torch.empty(8)[::2], "float32 (4,) of strides (2,)")):
+        with pytest.raises(ArgumentError, match=re.escape(f"all_reduce: out is {actual}, expected float32 (4,), "
+                                                          "contiguous (like inp)")):
+            ar.all_reduce(x, out=out)
+    with pytest.raises(ArgumentError, match="all_reduce: out must be a torch.Tensor, got list"):
+        ar.all_reduce(x, out=[0.0] * 4)
+    ars = [PurlinAllReduce(g) for g in groups]
+    outs = on_ranks(groups, lambda rank, g: ars[rank].all_reduce(torch.full((2, 2), rank + 1.0), out=torch.empty(2, 2)))
+    assert all(o.tolist() == [[3.0, 3.0], [3.0, 3.0]] for o in outs)
 
 
 def test_a_handle_names_what_the_fakes_read_in_every_process():
@@ -980,6 +1195,20 @@ def test_meta_tensors_pass_the_fakes_only():
     with pytest.raises(ArgumentError, match=r"purlin::allgather on rank 0: x is on meta, expected cpu"):
         pt.define("allgather").eager_functional(meta, handle, "sum", -1)
     assert not any(e.loaded for e in g._entries.values())
+
+
+@pytest.mark.parametrize("count", [3.0, "3", True, [3]])
+def test_an_op_objects_count_is_an_int(count):
+    """Eager calls skip the dispatcher (which checks SymInt): a rank without input raised torch's
+    TypeError from new_empty for count=3.0, and count='3' was refused as "count=3, expected -1 or 3"."""
+    source = (REPO / "examples" / "broadcast.pln").read_text()
+    world = World(source, 2, {"root": 0})
+    root, other = (pt.op(StandIn(world, r), name="bcast_count") for r in range(2))
+    for coll, x in ((root, torch.ones(3)), (other, torch.empty(0))):
+        with pytest.raises(ArgumentError, match=rf"purlin::bcast_count on rank {coll.entry.rank}: "
+                                                rf"count={re.escape(repr(count))}, expected an int \(elements per "
+                                                r"chunk\) or -1"):
+            coll(x, count=count)
 
 
 def test_functional_op_checks_count_and_the_handles_collective():

@@ -3,6 +3,8 @@ naming the tensor) under FakeTensorMode, and the refusal of a collective without
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -156,6 +158,20 @@ def test_fake_and_real_refuse_the_same_bad_calls(what, args, message):
             fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
             with pytest.raises(ArgumentError, match=message):
                 fused(*fakes)
+    finally:
+        fused.close()
+
+
+@pytest.mark.parametrize("eps", [None, "1e-6", b"1", True, [1e-6]])
+def test_eps_that_is_not_a_number_is_refused_by_name(eps):
+    """float(eps) read the string "1e-6" as a number and raised a bare TypeError for None."""
+    coll = _Running(check(parse_file(EXAMPLE), 1, {"hidden": 64}))
+    fused = fused_add_rmsnorm_op(coll, device="cpu")
+    try:
+        with pytest.raises(ArgumentError, match=rf"fused_add_rmsnorm: eps={re.escape(repr(eps))}, expected a number"):
+            fused(torch.randn(4, 64), torch.randn(4, 64), torch.ones(64), eps)
+        assert fused(torch.randn(4, 64), torch.randn(4, 64), torch.ones(64), 1).shape == (4, 64)  # ints are numbers
+        assert not coll.calls[:-1]
     finally:
         fused.close()
 

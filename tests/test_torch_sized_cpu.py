@@ -229,6 +229,71 @@ def test_outputs_that_share_memory_with_what_the_call_reads_are_refused():
             out_form(x, splits, torch.zeros(32, 2), splits, handle)
 
 
+def test_host_lists_refuse_an_output_that_shares_memory_with_input():
+    """all_to_all_single with split lists took output as input (or a slice of it) and ran, while
+    the device form refuses it: the kernel reads input while it writes output."""
+    g = groups(1)[0]
+    x = torch.ones(4, 2)
+    for out in (x, x[2:]):
+        with pytest.raises(ArgumentError, match=r"all_to_all_single: output overlaps input in memory, expected a "
+                                                r"tensor of its own"):
+            pt.all_to_all_single(out, x, [out.shape[0]], [4], group=g)
+    bools = torch.zeros(4, 2, dtype=torch.bool)  # a dtype carried as bytes: the same check on its carrier
+    with pytest.raises(ArgumentError, match="output overlaps input in memory"):
+        pt.all_to_all_single(bools, bools, [4], [4], group=g)
+    assert sized.state_of(g)._collective is None  # refused before anything loaded
+
+
+@pytest.mark.parametrize("sizes, shown", [
+    ([1.5, 2.5], r"\[1.5, 2.5\]"),  # int() made these [1, 2]: the rows of a 3-row input, silently
+    ([1, "2"], r"\[1, '2'\]"),
+    (3, "3"),
+    (torch.tensor([1.0, 2.0]), r"tensor\(\[1., 2.\]\)"),
+])
+def test_split_sizes_must_be_integers(sizes, shown):
+    g = groups(2)[0]
+    x = torch.ones(3, 2)
+    for output_split_sizes, input_split_sizes, label in (([1, 2], sizes, "input_split_sizes"),
+                                                         (sizes, [1, 2], "output_split_sizes")):
+        with pytest.raises(ArgumentError, match=rf"all_to_all_single: {label}={shown}, expected a list of 2 "
+                                                r"integers \(rows of dim 0 per rank\)"):
+            pt.all_to_all_single(torch.ones(3, 2), x, output_split_sizes, input_split_sizes, group=g)
+        with pytest.raises(ArgumentError, match=rf"all_to_all_single: {label}={shown}, expected a list of 2 integers"):
+            sized.all_to_all_single(g, torch.ones(3, 2), x, output_split_sizes, input_split_sizes)
+    with pytest.raises(ArgumentError, match=rf"all_to_all_single: input_split_sizes={shown}, expected a list of 2 "
+                                            r"integers"):
+        pt.functional.all_to_all_single(x, None, sizes, group=g)
+    assert sized.state_of(g)._collective is None
+
+
+def test_split_sizes_take_integers_of_any_kind():
+    """Integral values are sizes whatever their type: numpy ints, int tensors, 0-d int tensors."""
+    R = 2
+    gs = groups(R)
+
+    def call(rank, g):
+        x = torch.arange(6.0).view(3, 2) + 10 * rank
+        out = torch.zeros(3, 2)
+        if rank == 0:
+            pt.all_to_all_single(out, x, torch.tensor([1, 2]), [np.int64(1), torch.tensor(2)], group=g)
+        else:
+            pt.all_to_all_single(out, x, [np.int32(2), 1], torch.tensor([2, 1]), group=g)
+        return out.tolist()
+    assert on_ranks(gs, call) == [[[0, 1], [10, 11], [12, 13]], [[2, 3], [4, 5], [14, 15]]]
+
+
+def test_op_objects_refuse_a_collective_with_run_time_sizes():
+    """pt.op(coll) over a sized collective called it as coll(x, out, op=...): out arrived as its
+    sizes ("sizes has dtype float32, expected int64"), naming neither the mistake nor the way."""
+    class Loaded:
+        spec = check(parse(sized.SOURCE), 2)
+        comm = Comm(0, 2)
+
+    with pytest.raises(ArgumentError, match=r"purlin::alltoallv: alltoallv has run-time sizes \(sizes n\[2\]\[2\] of x\); "
+                                            r"expected a collective of fixed sizes"):
+        pt.op(Loaded())
+
+
 def test_configure_after_load_is_refused():
     gs = groups(1)
     x = torch.ones(2, 2)

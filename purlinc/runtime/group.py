@@ -16,12 +16,8 @@ def prepare_group(name: str, ranks: Sequence, xs, outs, op, streams, count):
     """Validate a group call for every rank before any launch (a launched rank would wait for
     the others): one entry per rank in xs / outs / streams, and one count for all ranks."""
     world = len(ranks)
-    xs = list(xs) if xs is not None else [None] * world
-    outs = list(outs) if outs is not None else [None] * world
-    streams = list(streams) if streams is not None else [None] * world
-    for label, values in (("xs", xs), ("outs", outs), ("streams", streams)):
-        if len(values) != world:
-            raise ArgumentError(f"{name}: {label} has {len(values)} entries, expected {world} (one per rank)")
+    xs, outs, streams = (per_rank(name, label, values, world)
+                         for label, values in (("xs", xs), ("outs", outs), ("streams", streams)))
     prepared = _prepare_ranks(ranks, xs, outs, op, streams, count)
     # One process holds every rank's buffers: any disagreement is caught before any launch.
     problem = disagreement(name, [call_signature(name, p[0], bool(c.in_units or c.out_units))
@@ -31,6 +27,20 @@ def prepare_group(name: str, ranks: Sequence, xs, outs, op, streams, count):
     _check_streams(name, ranks, prepared)
     zerocopy.agree_group(ranks, prepared)  # heap buffers: every rank takes the same path
     return prepared
+
+
+def per_rank(name: str, label: str, values, world: int) -> list:
+    """A group call's list of one entry per rank (None: None for each).  One array is refused:
+    list(x) made each row of a tensor one rank's buffer, so a tensor of R rows ran as R inputs."""
+    if values is None:
+        return [None] * world
+    if any(hasattr(values, attr) for attr in ("shape", "__cuda_array_interface__", "__dlpack__")):
+        raise ArgumentError(f"{name}: {label} is one array ({type(values).__name__}), expected a list of {world} "
+                            "entries (one per rank)")
+    values = list(values)
+    if len(values) != world:
+        raise ArgumentError(f"{name}: {label} has {len(values)} entries, expected {world} (one per rank)")
+    return values
 
 
 def _prepare_ranks(ranks: Sequence, xs, outs, op, streams, count) -> list:
@@ -57,20 +67,20 @@ def group_operand_words(name: str, ranks: Sequence, prepared, operands: dict) ->
     world = len(ranks)
     if not operands and all(getattr(c, "epilogue", None) is None for c in ranks):
         return [()] * world
-    per_rank: list[dict] = [{} for _ in range(world)]
+    by_rank: list[dict] = [{} for _ in range(world)]
     for key, value in operands.items():
         if isinstance(value, (list, tuple)):
             if len(value) != world:
                 raise ArgumentError(f"{name}: operand {key!r} has {len(value)} entries, expected {world} (one per rank)")
             for rank, v in enumerate(value):
-                per_rank[rank][key] = v
+                by_rank[rank][key] = v
         elif isinstance(value, numbers.Real) and not isinstance(value, bool):
             for rank in range(world):
-                per_rank[rank][key] = value  # one number for every rank
+                by_rank[rank][key] = value  # one number for every rank
         else:
             raise ArgumentError(f"{name}: operand {key!r}: expected a list of one value per rank, "
                                 f"got {type(value).__name__}")
-    return [c.operand_words(shape, ops) for c, (shape, _, _), ops in zip(ranks, prepared, per_rank)]
+    return [c.operand_words(shape, ops) for c, (shape, _, _), ops in zip(ranks, prepared, by_rank)]
 
 
 def check_residency(name: str, ranks: Sequence, prepared, known: set) -> None:

@@ -225,15 +225,23 @@ def current_stream(kind: str, device: int) -> int:
 
 
 def stream_handle(stream) -> int:
-    """An int stream handle from torch.cuda.Stream, cupy Stream, a binding CUstream or an int."""
+    """An int stream handle from torch.cuda.Stream, cupy Stream, a binding CUstream or an int.
+    Anything else is refused by name: int() read "7" as a stream, cut 1.5 to 1 (the legacy
+    stream) and gave the driver -1."""
     if stream is None:
         return 0
-    if isinstance(stream, int):
-        return stream
+    value = stream
     for attr in ("cuda_stream", "ptr"):  # torch, cupy
         if hasattr(stream, attr):
-            return int(getattr(stream, attr))
-    return int(stream)  # cuda.bindings CUstream (and anything with __int__)
+            value = getattr(stream, attr)
+            break
+    # a CUstream of cuda.bindings has __int__; a float or a str has an int() that is no handle
+    if not isinstance(value, (str, bytes, float, bool)) and hasattr(value, "__int__") and int(value) >= 0:
+        return int(value)
+    from purlinc.runtime.errors import ArgumentError
+
+    raise ArgumentError(f"stream={stream!r}: expected a CUDA stream (torch.cuda.Stream, a CuPy stream, a CUstream, "
+                        "or a handle as an int >= 0)")
 
 
 def empty_like_kind(kind: str, numel: int, dtype: DType, device: int, like=None):

@@ -26,6 +26,7 @@ from purlinc.pipeline import Compiled
 from purlinc.runtime import communicator, hierarchical, tuned
 from purlinc.runtime import sized as sized_runtime
 from purlinc.runtime.collective import prepare_options
+from purlinc.runtime.errors import ArgumentError
 from purlinc.runtime.options import LoadOptions
 from purlinc.runtime.placement import load_compiled
 from purlinc.snac.ir import Algorithm
@@ -34,10 +35,16 @@ from purlinc.snac.ir import Algorithm
 def _members(comm) -> list:
     """The Communicators a load places the collective on (one, or a LocalGroup's)."""
     if isinstance(comm, communicator.LocalGroup):
-        return list(comm.comms)
-    if isinstance(comm, communicator.Communicator):
-        return [comm]
-    raise TypeError(f"load: comm must be a Communicator or a LocalGroup, got {type(comm).__name__}")
+        members = list(comm.comms)
+    elif isinstance(comm, communicator.Communicator):
+        members = [comm]
+    else:
+        raise TypeError(f"load: comm must be a Communicator or a LocalGroup, got {type(comm).__name__}")
+    for c in members:  # close() freed its heap: a load would take space in it and zero that memory
+        if getattr(c, "closed", False):
+            raise ArgumentError(f"load: the communicator of rank {c.rank} is closed; expected an open one",
+                                notes=("create a new Communicator or LocalGroup, then load again",))
+    return members
 
 
 def load_flat(path_or_source: str | Path, comm, options: LoadOptions = LoadOptions()):

@@ -173,6 +173,7 @@ class SizedCollective:
             out_sizes = _empty_int64(xi.kind, self.out_units, self.device)
         si = _check_sizes(self, "sizes", interop.describe(sizes), self.in_units)
         osi = _check_sizes(self, "out_sizes", interop.describe(out_sizes), self.out_units)
+        _check_apart(self, [("x", xi), ("sizes", si), ("out", oi), ("out_sizes", osi)], written=("out", "out_sizes"))
         handle = interop.stream_handle(stream) if stream is not None else interop.current_stream(xi.kind, self.device)
         return dtype, (xi.ptr, xi.numel, si.ptr, oi.ptr, oi.numel, osi.ptr, row), handle, out, out_sizes
 
@@ -241,9 +242,25 @@ def _check_data(coll: SizedCollective, label: str, info, dtype: DType | None, ro
                             f"expected cuda:{coll.device}")
     if not info.contiguous:
         raise ArgumentError(f"{where} is not contiguous")
+    if info.ptr % info.dtype.itemsize:  # the kernel moves whole elements (as validate_call checks)
+        raise ArgumentError(f"{where} at {info.ptr:#x} is not aligned to its element size ({info.dtype.itemsize} bytes)")
     if info.numel % row:
         raise ArgumentError(f"{where} has {info.numel} elements, expected a multiple of row={row}")
     return info.dtype
+
+
+def _check_apart(coll: SizedCollective, named, *, written) -> None:
+    """Each buffer the kernel writes (``written``) apart in memory from every buffer before it in
+    ``named`` (``(label, ArrayInfo)``): it reads x and sizes while it writes out and out_sizes."""
+    for n, (label, info) in enumerate(named):
+        if label not in written or not info.nbytes:
+            continue
+        for other, seen in named[:n]:
+            a0, a1, b0, b1 = info.ptr, info.ptr + info.nbytes, seen.ptr, seen.ptr + seen.nbytes
+            if seen.nbytes and a0 < b1 and b0 < a1:
+                raise ArgumentError(f"{coll.name} on rank {coll.rank}: {label} overlaps {other} in memory ([{a0:#x}, "
+                                    f"{a1:#x}) and [{b0:#x}, {b1:#x})), expected a buffer of its own",
+                                    notes=(f"the kernel writes {label} while it reads or writes {other}",))
 
 
 def _check_sizes(coll: SizedCollective, label: str, info, count: int):
@@ -291,13 +308,12 @@ class GroupSized:
 
     def __call__(self, xs, sizes=None, outs=None, out_sizes=None, streams=None, *, row: int = 1, **operands):
         sizes = _named_sizes(self.ranks[0], sizes, operands)  # one per rank, positionally or by name
+        from purlinc.runtime.group import per_rank
+
         world = len(self.ranks)
-        outs = list(outs) if outs is not None else [None] * world
-        out_sizes = list(out_sizes) if out_sizes is not None else [None] * world
-        streams = list(streams) if streams is not None else [None] * world
-        for label, values in (("xs", xs), ("sizes", sizes), ("outs", outs), ("out_sizes", out_sizes), ("streams", streams)):
-            if len(values) != world:
-                raise ArgumentError(f"{self.name}: {label} has {len(values)} entries, expected {world} (one per rank)")
+        xs, outs, out_sizes, streams = (per_rank(self.name, label, values, world) for label, values in
+                                        (("xs", xs), ("outs", outs), ("out_sizes", out_sizes), ("streams", streams)))
+        sizes = per_rank(self.name, "sizes", sizes, world)
         prepared = [c.prepare_call(*args, row) for c, args in zip(self.ranks, zip(xs, sizes, outs, out_sizes, streams))]
         if len({p[0] for p in prepared}) != 1:
             raise MismatchError(f"{self.name}: the ranks' inputs have different dtypes: {[p[0].value for p in prepared]}")
@@ -334,7 +350,7 @@ def load_sized(compiled: Compiled, comm, comms: list, *, capacity: int, dtype=No
     from purlinc.runtime.placement import fingerprint, load_mismatch, zero_space
     from purlinc.runtime.communicator import LocalGroup
 
-    if not isinstance(capacity, int) or capacity < 1:
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
         raise ArgumentError(f"{compiled.name}: capacity must be a positive number of elements per chunk, got {capacity!r}")
     itemsize = DType.parse(dtype).itemsize if dtype is not None else WIDEST
     stage = staging_bytes(compiled, capacity, itemsize)

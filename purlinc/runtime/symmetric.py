@@ -22,6 +22,7 @@ a live block take the zero-copy schedules (``purlinc.runtime.zerocopy``).
 from __future__ import annotations
 
 import ctypes
+import operator
 import weakref
 
 from purlinc.runtime.errors import ArgumentError, MismatchError
@@ -79,11 +80,22 @@ def _check_open(comm) -> None:
         raise ArgumentError(f"{comm!r} is closed")
 
 
+def _byte_count(nbytes, what: str) -> int:
+    """``nbytes`` as an int >= 0 (any integer type): int() took 1.5 as 1 and "16" as 16."""
+    try:
+        if isinstance(nbytes, bool):
+            raise TypeError
+        count = operator.index(nbytes)
+    except TypeError:
+        count = -1
+    if count < 0:
+        raise ArgumentError(f"{what}: nbytes={nbytes!r}, expected an int >= 0")
+    return count
+
+
 def alloc(comm, nbytes: int, what: str = "comm.alloc") -> HeapBlock:
     _check_open(comm)
-    nbytes = int(nbytes)
-    if nbytes < 0:
-        raise ArgumentError(f"{what}: nbytes must be >= 0, got {nbytes}")
+    nbytes = _byte_count(nbytes, what)
     offset = comm.heap.alloc_user(max(nbytes, 1), f"{what}({nbytes} bytes)")
     block = HeapBlock(comm, offset, nbytes)
     if comm._exchange is not None:  # torchrun: every rank must have the block at the same offset
@@ -99,20 +111,40 @@ def alloc(comm, nbytes: int, what: str = "comm.alloc") -> HeapBlock:
     return block
 
 
-def _torch_dtype(torch, dtype):
+def _torch_dtype(torch, dtype, where: str):
     if isinstance(dtype, str):
         found = getattr(torch, dtype, None)
         if not isinstance(found, torch.dtype):
-            raise ArgumentError(f"unknown torch dtype {dtype!r}")
+            raise ArgumentError(f"{where}: unknown torch dtype {dtype!r}")
         return found
+    if not isinstance(dtype, torch.dtype):
+        raise ArgumentError(f"{where}: dtype {dtype!r}: expected a torch.dtype or its name")
     return dtype
+
+
+def _dims(shape, where: str) -> tuple[int, ...]:
+    """A shape (an int, or a sequence of them) as a tuple of ints >= 0, checked before any
+    allocation: (-2, -3) took a heap block (a collective under torchrun) before torch refused the
+    view, and 2.5 was cut to 2."""
+    dims = None
+    if not isinstance(shape, (str, bytes)):
+        try:
+            dims = (operator.index(shape),)
+        except TypeError:
+            try:
+                dims = tuple(operator.index(d) for d in shape)
+            except TypeError:
+                dims = None
+    if dims is None or any(d < 0 for d in dims):
+        raise ArgumentError(f"{where}: shape {shape!r}: expected dimensions that are ints >= 0")
+    return dims
 
 
 def tensor_of(block: HeapBlock, shape, dtype):
     """A torch tensor viewing ``block`` (it keeps the block alive)."""
     import torch
 
-    shape, dtype, numel, itemsize = _tensor_size(torch, shape, dtype)
+    shape, dtype, numel, itemsize = _tensor_size(torch, shape, dtype, "a heap tensor")
     if numel * itemsize > block.nbytes:
         raise ArgumentError(f"a {shape} {dtype} tensor needs {numel * itemsize} bytes; {block!r} holds {block.nbytes}")
     if numel == 0:
@@ -127,18 +159,18 @@ def tensor_of(block: HeapBlock, shape, dtype):
 def empty(comm, shape, dtype):
     import torch
 
-    dims, dtype, numel, itemsize = _tensor_size(torch, shape, dtype)
+    dims, dtype, numel, itemsize = _tensor_size(torch, shape, dtype, "comm.empty")
     block = alloc(comm, numel * itemsize, f"comm.empty({list(dims)}, {dtype})")
     return tensor_of(block, dims, dtype)
 
 
-def _tensor_size(torch, shape, dtype) -> tuple[tuple[int, ...], object, int, int]:
+def _tensor_size(torch, shape, dtype, where: str) -> tuple[tuple[int, ...], object, int, int]:
     """(dims, torch dtype, elements, bytes per element) of a tensor of ``shape`` and ``dtype``."""
-    dtype = _torch_dtype(torch, dtype)
-    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    dtype = _torch_dtype(torch, dtype, where)
+    dims = _dims(shape, where)
     numel = 1
     for dim in dims:
-        numel *= int(dim)
+        numel *= dim
     return dims, dtype, numel, torch.empty((), dtype=dtype).element_size()
 
 

@@ -19,6 +19,7 @@ caller's bug (the kernels then move ``min`` of what both sides expect at best).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 from purlinc.dtypes import DTYPES, DType, ReduceOp
@@ -43,12 +44,26 @@ def _err(message: str, *notes: str) -> ArgumentError:
     return ArgumentError(message, None, notes)
 
 
-def parse_op(op, is_reduce: bool) -> ReduceOp | None:
+def parse_op(op, is_reduce: bool, where: str | None = None) -> ReduceOp | None:
     try:
         parsed = ReduceOp.parse(op)
-    except ValueError as error:
-        raise _err(str(error)) from None
+    except ValueError as error:  # its message, not its rendering ("error: error: unknown reduce op")
+        message = getattr(error, "message", str(error))
+        raise _err(f"{where}: {message}" if where else message) from None
     return parsed if is_reduce else None
+
+
+def _count_argument(where: str, count) -> int | None:
+    """``count=`` as an int (any integer type) or None: a str or a float compared unequal or
+    equal to the buffers' count by accident ('7' was refused as "count=7, but the buffers say 7")."""
+    if count is None:
+        return None
+    try:
+        if isinstance(count, bool):
+            raise TypeError
+        return operator.index(count)
+    except TypeError:
+        raise _err(f"{where}: count={count!r}, expected an int (elements per chunk) or None") from None
 
 
 def validate_call(
@@ -70,7 +85,8 @@ def validate_call(
     ``dtype_hint``: the dtype (a DType or its name) of a rank that passes no buffer, so it can
     give ``count`` too and take part in the schedule (and the ranks' agreement) with the others."""
     where = f"{name} on rank {rank}"
-    reduce_op = parse_op(op, is_reduce)
+    reduce_op = parse_op(op, is_reduce, where)
+    count = _count_argument(where, count)
     x = _check_presence(where, x, out, in_units, out_units)
     dtype = _buffers_dtype(where, x, out, device)
     if dtype is None:

@@ -108,6 +108,11 @@ class TorchCollective:
     def __init__(self, coll, name: str | None = None, *, device=None):
         spec = coll.spec if hasattr(coll, "spec") else coll.compiled.spec
         name = name or spec.name
+        if spec.sizes is not None:  # its call is coll(x, sizes, out, out_sizes): out would arrive as its sizes
+            raise ArgumentError(f"purlin::{name}: {spec.name} has run-time sizes ({spec.sizes.format()}); expected a "
+                                "collective of fixed sizes",
+                                notes=("an all-to-all with run-time sizes: purlinc.torch.all_to_all_vdev, or "
+                                       "all_to_all_single with split sizes",))
         comm = coll.comm
         dev = comm.device if device is None else device
         dev = torch.device("cuda", dev) if isinstance(dev, int) else torch.device(dev)
@@ -133,6 +138,7 @@ class TorchCollective:
                 return self.ops.sequenced(x, ops.traced(self._seq), self.handle, op, count)
             return self.ops.eager_functional(x, self.handle, op, count)
         if ops.tracing():  # the ordered functional op, then a copy (see ops._keep_in_order)
+            self._check_out(x, out)
             n = out.numel() // self.entry.out_units if self.entry.out_units else 0
             y = self.ops.sequenced(x, ops.traced(self._seq), self.handle, op, -1 if self.entry.in_units else n)
             if self.entry.out_units:
@@ -154,6 +160,21 @@ class TorchCollective:
         else:
             self.ops.eager_inplace(t, self.handle, op)
         return t
+
+    def _check_out(self, x, out) -> None:
+        """What the eager out form checks of ``out`` (ops.check_out), for the traced call, whose
+        functional op never sees it: its size failed in view(), unnamed, and another dtype was
+        cast into silently.  ``ops.require``: dynamo traces torch._check, not an ArgumentError."""
+        e = self.entry
+        where = f"purlin::{self.name} on rank {e.rank}"
+        ops.require_tensors(where, [("x", x), ("out", out)])
+        count = x.numel() // e.in_units if e.in_units else (out.numel() // e.out_units if e.out_units else 0)
+        expected = e.out_units * count
+        ops.require(out.numel() == expected, f"{where}: out has {out.numel()} elements, expected {expected} "
+                                             f"({e.out_units} chunks x {count} elements per chunk)")
+        if e.in_units:
+            ops.require(out.dtype == x.dtype, f"{where}: out has dtype {str(out.dtype).removeprefix('torch.')}, "
+                                              f"expected {str(x.dtype).removeprefix('torch.')} (the dtype of x)")
 
     def _no_grad(self, label: str, t) -> None:
         """These ops have no gradient (eagerly they skip the dispatcher, so one would not flow,

@@ -17,6 +17,7 @@ happens on the first real call.
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
@@ -105,7 +106,7 @@ class Group:
     def __init__(self, comm, *, ranks=None, loader=None, device=None, **load_options):
         self.comm = comm
         self.rank, self.world_size = comm.rank, comm.world_size
-        self.ranks = list(range(self.world_size)) if ranks is None else [int(r) for r in ranks]
+        self.ranks = list(range(self.world_size)) if ranks is None else _global_ranks(ranks, self.world_size)
         if len(self.ranks) != self.world_size:
             raise ArgumentError(f"Group: ranks={self.ranks} names {len(self.ranks)} ranks, expected "
                                 f"{self.world_size} (the communicator's world size)")
@@ -120,6 +121,7 @@ class Group:
                 return purlinc.load(source, comm, params=params, **load_options)
         self._loader = loader
         self._entries: dict[tuple[str, int], Entry] = {}
+        self.closed = False
         self._side: torch.cuda.Stream | None = None
         self._sequence = _ops.sequence(comm, self.device)  # orders compiled calls (ops._keep_in_order)
         # Every (collective, root) entry now: they hold only shapes (loads come on first use),
@@ -157,13 +159,24 @@ class Group:
         return _ops.traced(self._sequence)
 
     def _handle(self, kind: str, root: int = 0) -> int:
+        self._require_open(kind)
         return self._handles[(kind, root)]
+
+    def _require_open(self, where: str) -> None:
+        """A closed group has no handles or states left: a call is refused by name (it was a
+        KeyError, and an uneven all-to-all made and loaded a new state on this rank alone)."""
+        if self.closed:
+            raise ArgumentError(f"{where}: {self!r} was closed; expected an open group",
+                                notes=("make a new Group, or call purlinc.torch.group_of(pg) again for a process "
+                                       "group",))
 
     def _root(self, where: str, label: str, root, group_root=None) -> int:
         """The group rank of a root given as a global rank (``src``/``dst``) or a group rank
         (``group_src``/``group_dst``); group rank 0 when neither is given."""
         if root is not None and group_root is not None:
             raise ArgumentError(f"{where}: {label}={root!r} and group_{label}={group_root!r}; expected one of them")
+        root, group_root = (None if r is None else _rank_number(where, name, r)
+                            for name, r in ((label, root), (f"group_{label}", group_root)))
         if group_root is None:
             if root is None:
                 return 0
@@ -171,13 +184,14 @@ class Group:
                 raise ArgumentError(f"{where}: {label}={root!r} is not a rank of this group; expected one of its "
                                     f"global ranks {self.ranks}", notes=(f"group_{label}= takes a rank within the group",))
             return self.ranks.index(root)
-        if not isinstance(group_root, int) or not 0 <= group_root < self.world_size:
+        if not 0 <= group_root < self.world_size:
             raise ArgumentError(f"{where}: group_{label}={group_root!r}, expected a rank in [0, {self.world_size})")
         return group_root
 
     def close(self) -> None:
         from purlinc.torch import sized
 
+        self.closed = True
         state = sized._BY_GROUP.pop(self, None)
         if state is not None:
             state.close()
@@ -448,13 +462,13 @@ class Group:
         for label, sizes, t in (("output_split_sizes", output_split_sizes, output),
                                 ("input_split_sizes", input_split_sizes, input)):
             rows = t.shape[0] if t.dim() else t.numel()
-            if sizes is None or not len(sizes):
+            sizes = None if sizes is None else _ops.split_sizes(where, label, sizes, R)
+            if not sizes:
                 if rows % R:
                     raise ArgumentError(f"{where}: {label.split('_')[0]} has {rows} rows (dim 0) and no {label}; "
                                         f"expected a multiple of {R} (one equal slice per rank)")
                 given.append([rows // R] * R)
                 continue
-            sizes = [int(s) for s in sizes]
             if len(sizes) != R or min(sizes) < 0 or sum(sizes) != rows:
                 raise ArgumentError(f"{where}: {label}={sizes}, expected {R} sizes >= 0 summing to the {rows} "
                                     f"rows (dim 0) of {label.split('_')[0]}")
@@ -468,6 +482,7 @@ class Group:
         the GPU; a dtype Purlin lacks travels as the bytes of each row (ops.carrier)."""
         from purlinc.torch import sized
 
+        self._require_open(where)
         if _ops.tracing():
             raise ArgumentError(f"{where}: split size lists while tracing (torch.compile, FakeTensorMode, make_fx); "
                                 "expected all_to_all_vdev there "
@@ -482,6 +497,7 @@ class Group:
         like ``torch.distributed._symmetric_memory.all_to_all_vdev`` (purlinc.torch.sized)."""
         from purlinc.torch import sized
 
+        self._require_open("all_to_all_vdev")
         named = [("input", input), ("out", out), ("in_splits", in_splits), ("out_splits", out_splits)]
         _ops.require_tensors("all_to_all_vdev", named + [("out_offsets", out_offsets)] * (out_offsets is not None))
         if _ops.tracing():  # the state and the ops exist already (Group.__init__, sized's import)
@@ -531,6 +547,31 @@ class Group:
             raise ArgumentError(f"{where}: {label} on the {root_label} rank must hold {self.world_size} tensors "
                                 f"(one per rank), got {got}")
         self._list_like(where, label, tensors, tensor)
+
+
+def _global_ranks(ranks, world_size: int) -> list[int]:
+    """``ranks=`` as distinct ints >= 0: int() cut 0.5 to 0 and raised ValueError for 'x', and a
+    repeated rank made src= name two members."""
+    try:
+        values = [_rank_number("Group", "ranks", r) for r in ranks]
+    except ArgumentError:
+        values = None
+    if values is None or min(values, default=0) < 0 or len(set(values)) != len(values):
+        raise ArgumentError(f"Group: ranks={list(ranks)!r}, expected {world_size} distinct global ranks (ints >= 0)")
+    return values
+
+
+def _rank_number(where: str, label: str, value) -> int:
+    """A root (``src``, ``group_dst``, ...) as an int, from any integer type (NumPy's, a 0-d
+    integer tensor): a bool or a float is no rank (True ran as rank 1, 1.0 matched rank 1)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value  # the common case, and all that a compiled graph's constants need
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise ArgumentError(f"{where}: {label}={value!r}, expected an int (a rank)") from None
 
 
 def _rows_carrier(where: str, label: str, t):

@@ -19,6 +19,7 @@ collective whose epilogue takes exactly ``rows residual`` (written), ``row weigh
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -108,6 +109,13 @@ def _define():
     return _OP
 
 
+def _check_number(eps) -> None:
+    """eps a number before float() reads it: float() took the string "1e-6" and raised a bare
+    TypeError for None (a SymFloat is a number being traced)."""
+    if isinstance(eps, (bool, str, bytes)) or not isinstance(eps, (numbers.Real, torch.SymFloat, torch.SymInt)):
+        raise ArgumentError(f"fused_add_rmsnorm: eps={eps!r}, expected a number (a float, the RMSNorm epsilon)")
+
+
 class FusedAddRMSNorm:
     """``f(x, residual, weight, eps) -> y`` over a loaded collective with such an epilogue."""
 
@@ -135,6 +143,7 @@ class FusedAddRMSNorm:
             _ops.require(not (grad and t.requires_grad),
                          f"fused_add_rmsnorm: {label} requires grad, and the op has no gradient (it writes residual "
                          "in place); call it under torch.no_grad() or torch.inference_mode(), or detach the tensors")
+        _check_number(eps)
         return self.op(x, residual, weight, float(eps), self._sequence(x), self.entry.handle)
 
     def _sequence(self, x):

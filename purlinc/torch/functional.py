@@ -120,8 +120,15 @@ class _Uneven(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group, output_split_sizes, input_split_sizes):
         R = group.world_size
-        ins = [int(s) for s in input_split_sizes] if input_split_sizes is not None else [x.shape[0] // R] * R
-        outs = [int(s) for s in output_split_sizes] if output_split_sizes is not None else None
+        where = "all_to_all_single"
+        rows = x.shape[0] if x.dim() else 1
+        if input_split_sizes is None and rows % R:  # equal slices of dim 0, as Group._splits says it
+            raise ArgumentError(f"{where}: input has {rows} rows (dim 0) and no input_split_sizes; expected a "
+                                f"multiple of {R} (one equal slice per rank)")
+        ins = (_ops.split_sizes(where, "input_split_sizes", input_split_sizes, R) if input_split_sizes is not None
+               else [rows // R] * R)
+        outs = (_ops.split_sizes(where, "output_split_sizes", output_split_sizes, R) if output_split_sizes is not None
+                else None)
         if outs is None:  # the receivers learn their sizes from the senders
             table = group._split_table(ins)
             outs = [table[j][group.rank] for j in range(group.world_size)]

@@ -22,6 +22,7 @@ ones launch on the caller's current stream.  Both check their arguments and fail
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Callable
 from typing import NamedTuple
@@ -148,10 +149,30 @@ def require_tensors(where: str, named) -> None:
             raise ArgumentError(f"{where}: {label} must be a torch.Tensor, got {type(t).__name__}")
 
 
+def split_sizes(where: str, label: str, sizes, world_size: int) -> list[int]:
+    """Split sizes (a list, a tuple or a 1-D tensor) as Python ints, each an integer by
+    ``operator.index`` (Python and NumPy ints, integer tensors): ``int()`` cut 1.5 to 1 and read
+    "2" as 2, so sizes that were never row counts passed wherever the cut ones summed right."""
+    try:
+        return [operator.index(s) for s in sizes]
+    except TypeError:
+        raise ArgumentError(f"{where}: {label}={sizes!r}, expected a list of {world_size} integers (rows of dim 0 "
+                            f"per rank)") from None
+
+
 def check_contiguous(where: str, label: str, t) -> None:
+    """``t``'s memory holds its values, in order: contiguous, and no lazy conjugate or negative
+    bit (the kernels read and write memory, where such a view keeps the values un-negated)."""
     if not t.is_contiguous():
         raise ArgumentError(f"{where}: {label} is not contiguous (shape {tuple(t.shape)}, strides "
                             f"{tuple(t.stride())})", notes=("pass .contiguous() (a copy)",))
+    if torch.compiler.is_compiling():  # dynamo cannot trace is_conj/is_neg (a graph break): the real ops check at run time
+        return
+    for kind, lazy, resolve in (("conjugate", t.is_conj(), "resolve_conj"), ("negative", t.is_neg(), "resolve_neg")):
+        if lazy:
+            raise ArgumentError(f"{where}: {label} is a lazy {kind} view (torch's {kind} bit): its memory holds "
+                                f"other values than it reads as; expected a resolved tensor",
+                                notes=(f"pass .{resolve}() (a copy)",))
 
 
 def check_device(where: str, label: str, t, device, rank: int, world_size: int, *, fake: bool = False) -> None:
@@ -206,8 +227,7 @@ _MAX_BYTES = 2**63 - 1  # the most bytes one torch storage holds (its size is an
 def count_of(where: str, e: Entry, x, out=None, count: int = -1, names=("x", "out")):
     """Elements per chunk: from x (ranks with input), else from out, else the ``count`` argument.
     A ``count`` given where x says the count must agree with it (-1: not given)."""
-    if count is None:
-        count = -1
+    count = _count_argument(where, count)
     if e.in_units:
         n = x.numel()
         if n % e.in_units:
@@ -232,6 +252,22 @@ def count_of(where: str, e: Entry, x, out=None, count: int = -1, names=("x", "ou
                             f"got {count}")
     _check_output_bytes(where, e, x, count)
     return count
+
+
+def _count_argument(where: str, count):
+    """``count`` as an int (-1 for None) or a traced SymInt.  Eager calls skip the dispatcher,
+    whose schema would check it: 3.0 reached new_empty (torch's TypeError) and '3' was refused as
+    "count=3, expected -1 or 3"."""
+    if count is None:
+        return -1
+    if isinstance(count, (int, torch.SymInt)) and not isinstance(count, bool):
+        return count
+    try:
+        if isinstance(count, bool):
+            raise TypeError
+        return operator.index(count)
+    except TypeError:
+        raise ArgumentError(f"{where}: count={count!r}, expected an int (elements per chunk) or -1") from None
 
 
 def _check_output_bytes(where: str, e: Entry, x, count) -> None:
@@ -388,6 +424,10 @@ def _implementations(name: str) -> dict:
             check_tensor(where, label, t, e, op)
         n = count_of(where, e, x, out)
         check_out(where, e, x, out, n)
+        if n and e.in_units and e.out_units and overlap(x, out, fake=False):
+            # torch's in-place forms (an all-gather's input in its own slot of out, a reduce-scatter's
+            # out in its input): the kernels never run in place, so x is read from a copy
+            x = x.clone()
         if n:
             run(e, x if e.in_units else None, out if e.out_units else None, op)
 

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 
 import torch
 
+from purlinc.runtime.errors import ArgumentError
 from purlinc.torch import functional
 from purlinc.torch import ops as _ops
 
@@ -43,7 +44,7 @@ class PurlinAllReduce:
     def should_custom_ar(self, inp: torch.Tensor) -> bool:
         """Whether ``custom_all_reduce(inp)`` takes this tensor: the group's device, a dtype Purlin
         reduces, contiguous, a multiple of 16 bytes, under ``max_bytes``."""
-        if self.disabled or inp.device != self.group.device or not inp.is_contiguous():
+        if self.disabled or inp.device != self.group.device or not inp.is_contiguous() or inp.is_neg():
             return False
         dtype = _ops.dtype_of(inp)
         nbytes = inp.numel() * inp.element_size()
@@ -60,6 +61,7 @@ class PurlinAllReduce:
         """The all-reduce itself, for any size Purlin takes (``out``: where to put it)."""
         if out is None:
             return functional.all_reduce(inp, group=self.group)
+        _like("all_reduce", out, inp)
         out.copy_(inp)
         self.group.all_reduce(out)
         return out
@@ -81,3 +83,16 @@ class PurlinAllReduce:
 
     def close(self) -> None:
         self.disabled = True
+
+
+def _like(where: str, out, inp) -> None:
+    """``out`` a contiguous tensor of ``inp``'s shape, dtype and device: copy_ would broadcast a
+    smaller ``inp`` into it, or cast it, and the call would reduce other data than it was given."""
+    _ops.require_tensors(where, [("out", out), ("inp", inp)])
+    if (out.shape, out.dtype, out.device) != (inp.shape, inp.dtype, inp.device) or not out.is_contiguous():
+        def text(t):
+            return f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)}"
+        actual = text(out) + ("" if out.is_contiguous() else f" of strides {tuple(out.stride())}")
+        actual += "" if out.device == inp.device else f" on {out.device}"
+        raise ArgumentError(f"{where}: out is {actual}, expected {text(inp)}, contiguous (like inp)")
+

@@ -109,7 +109,7 @@ def configure(group, *, capacity: int | None = None, loader=None) -> SizedState:
         if state is not None:
             state.close()
         cap = capacity if capacity is not None else DEFAULT_CAPACITY
-        if not isinstance(cap, int) or cap < 1:
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
             raise ArgumentError(f"capacity={cap!r}, expected a positive number of elements per (source, destination) pair")
         state = _BY_GROUP[group] = SizedState(group, cap, loader or (state._loader if state else None))
         group._sized_state = state  # what a compiled graph reads (an attribute: a constant to dynamo)
@@ -220,18 +220,21 @@ def run(s: SizedState, x, splits, out, out_splits, row: int) -> None:
 def all_to_all_single(group, output, input, output_split_sizes=None, input_split_sizes=None):
     """``torch.distributed.all_to_all_single`` with host split lists (rows of dim 0): checked
     on the host against the tensors and the capacity, then run through the device form."""
+    from purlinc.torch.ops import split_sizes
+
     where = "all_to_all_single"
     s = state_of(group)
     R = s.world_size
     row = _check(where, s, input, output)
+    _check_apart(where, [("output", output)], [("input", input)], fake=False)  # as the device form does
     splits = {}
     for label, given, t in (("input_split_sizes", input_split_sizes, input), ("output_split_sizes", output_split_sizes, output)):
         rows = t.shape[0] if t.dim() else t.numel()
-        if given is None or len(given) == 0:
+        given = None if given is None else split_sizes(where, label, given, R)
+        if not given:
             if rows % R:
                 raise ArgumentError(f"{where}: {label} not given, so {rows} rows must split evenly over {R} ranks")
             given = [rows // R] * R
-        given = [int(v) for v in given]
         if len(given) != R or any(v < 0 for v in given) or sum(given) != rows:
             raise ArgumentError(f"{where}: {label}={given}, expected {R} sizes >= 0 summing to the {rows} rows of "
                                 f"{label.split('_')[0]}")
