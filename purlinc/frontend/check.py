@@ -593,10 +593,13 @@ def check_all(
     """
     params = dict(params or {})
     world_sizes = list(world_sizes) if not isinstance(world_sizes, range) else world_sizes
-    if world_sizes and max(world_sizes) > MAX_WORLD_SIZE:  # refused up front, not after 65,536 checks
-        raise PurlinError(f"the world size {max(world_sizes):,} is larger than Purlin supports ({MAX_WORLD_SIZE:,})")
     if not world_sizes:
         raise PurlinError("no world size to check")
+    # Refused up front, not after 65,536 checks.  A range's largest size is at one of its ends:
+    # max() would walk it, 10**28 steps for --ranks 1..10000000000000000000000000000.
+    largest = max(world_sizes[0], world_sizes[-1]) if isinstance(world_sizes, range) else max(world_sizes)
+    if largest > MAX_WORLD_SIZE:
+        raise PurlinError(f"the world size {largest:,} is larger than Purlin supports ({MAX_WORLD_SIZE:,})")
     meter = Meter()
     admitted = []
     for world_size in world_sizes:
