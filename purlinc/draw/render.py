@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from purlinc.draw import html, svg
 from purlinc.draw.defaults import DEFAULT_DTYPE, DEFAULT_WORLD_SIZE
@@ -11,12 +12,15 @@ from purlinc.draw.model import build
 from purlinc.draw.timeline import CostModel, chunk_bytes_for, schedule_times
 from purlinc.errors import PurlinError
 
+if TYPE_CHECKING:
+    from purlinc.pipeline.source import SourceText
+
 FORMATS = ("svg", "html")
 
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    file: str
+    file: str | Path | SourceText  # as pipeline.load_source takes it (the CLI passes the text it read once)
     world_size: int | None = None  # None: not given (DEFAULT_WORLD_SIZE, or the trace's)
     params: tuple[tuple[str, int], ...] = ()
     overrides: tuple[tuple[str, object], ...] = ()  # LowerOptions fields
@@ -48,7 +52,7 @@ def output_format(path: str | None, requested: str | None) -> str:
     return fmt
 
 
-def schedule_for(file: str, world_size: int, params, overrides: dict):
+def schedule_for(file: str | Path | SourceText, world_size: int, params, overrides: dict):
     from purlinc import pipeline
 
     source = pipeline.load_source(file)
