@@ -475,3 +475,17 @@ def test_unindexed_chunks_are_coloured_and_named(tmp_path, timeline):
     assert {g.get("data-chunk") for g in steps} <= {"x", ""}
     legend = _find(root, "g", "legend")[0]
     assert [t.text for t in legend.iter(NS + "text")][:2] == ["chunks:", "x"]
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_trace_without_end_is_refused_not_read_forever(tmp_path, capsys, monkeypatch):
+    # --trace /dev/zero read until memory ran out: a trace is read up to a bound, then refused.
+    from purlinc.draw import trace as tracing
+
+    monkeypatch.setattr(tracing, "MAX_TRACE_BYTES", 1 << 20)
+    big = tmp_path / "big.json"
+    big.write_text(" " * ((1 << 20) + 1))
+    for path, size in (("/dev/zero", "more than 1,048,576 bytes"), (big, "1,048,577 bytes")):
+        assert main(["draw", str(EXAMPLES / "allreduce.pln"), "--trace", str(path)]) == 2
+        assert capsys.readouterr().err == (f"error: trace file {path} is too large: {size}, the limit is 1,048,576\n"
+                                           "note: a trace is what coll.trace() returns, written with json.dump\n")
