@@ -284,8 +284,9 @@ class _Checker:
         ``what`` completes "<what> <count> chunks", e.g. "'x[0..R]' names"."""
         if count > self.chunks_left:
             named = MAX_CHUNKS - self.chunks_left
+            chunks = "1 chunk" if count == 1 else f"{count:,} chunks"
             raise PurlinError(
-                f"{what} {count:,} chunks, more than this spec may name at R={self.world_size} "
+                f"{what} {chunks}, more than this spec may name at R={self.world_size} "
                 f"(at most {MAX_CHUNKS:,} chunks over all ranks' layouts; {named:,} named before it)",
                 span,
             )
