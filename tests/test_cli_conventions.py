@@ -79,12 +79,20 @@ def test_standard_input_that_is_not_utf8():
     ]
 
 
-def test_a_path_is_never_read_as_text(tmp_path, capsys):
-    # A file name with a brace in it is still a file name.
+@pytest.mark.parametrize("command, start", [("dump", "collective allgather (R=2"), ("draw", "<svg ")])
+def test_a_path_is_never_read_as_text(tmp_path, capsys, command, start):
+    # A file name with a brace in it is still a file name (draw read it as .pln text).
     path = tmp_path / "odd{name}.pln"
     path.write_bytes((EXAMPLES / "allgather.pln").read_bytes())
-    code, out, err = cli(capsys, "dump", path, "--ranks", "2")
-    assert (code, err) == (0, "") and out.startswith("collective allgather (R=2")
+    code, out, err = cli(capsys, command, path, "--ranks", "2")
+    assert (code, err) == (0, "") and out.startswith(start)
+
+
+def test_draw_reads_standard_input():
+    # Its help says "or - for standard input", as every subcommand's does; it said "no such file: -".
+    done = run("draw", "-", "--ranks", "2", "--compare", "ring,direct-push", stdin=(EXAMPLES / "allgather.pln").read_bytes())
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().startswith("<svg ") and done.stdout.decode().count("allgather ring") == 1
 
 
 def test_closed_pipe_exits_quietly():

@@ -213,3 +213,12 @@ def test_an_unknown_dtype_in_draw_is_one_error_not_two(capsys):
     err = refused(capsys, "draw", str(EXAMPLES / "allreduce.pln"), "-R", "2", "--timeline", "--dtype", "bogus",
                   "-o", "/tmp/never-written.svg")
     assert err.startswith("error: unknown dtype 'bogus'") and "error: error:" not in err
+
+
+# ---- check --ranks: a range past the limit --------------------------------------------------
+
+@pytest.mark.parametrize("ranks", ["1..9999999999999999999999999999", "9999999999999999999999999998..9999999999999999999999999999"])
+def test_check_refuses_a_range_past_the_largest_world_size(capsys, ranks):
+    # len() of such a range overflows a C ssize_t: it was an internal error (exit 3)
+    err = refused(capsys, "check", ALLGATHER, "--ranks", ranks)
+    assert err == "error: the world size 9,999,999,999,999,999,999,999,999,999 is larger than Purlin supports (65,536)\n"

@@ -11,6 +11,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 import zlib
 from functools import lru_cache
@@ -570,3 +571,43 @@ def test_a_drawing_too_big_to_read_is_refused(tmp_path, monkeypatch, capsys):
     assert err.startswith("error: this drawing would have 232 step boxes, more than 100: too many to read"), err
     assert "--ranks" in err and not out.exists()
     assert main(["draw", str(EXAMPLES / "allgather.pln"), "--ranks", "4", "-o", str(out)]) == 0  # fewer boxes
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_trace_without_end_is_refused_not_read_forever(tmp_path, capsys, monkeypatch):
+    # --trace /dev/zero read until memory ran out: a trace is read up to a bound, then refused.
+    from purlinc.draw import trace as tracing
+
+    monkeypatch.setattr(tracing, "MAX_TRACE_BYTES", 1 << 20)
+    big = tmp_path / "big.json"
+    big.write_text(" " * ((1 << 20) + 1))
+    for path, size in (("/dev/zero", "more than 1,048,576 bytes"), (big, "1,048,577 bytes")):
+        assert main(["draw", str(EXAMPLES / "allreduce.pln"), "--trace", str(path)]) == 2
+        assert capsys.readouterr().err == (f"error: trace file {path} is too large: {size}, the limit is 1,048,576\n"
+                                           "note: a trace is what coll.trace() returns, written with json.dump\n")
+
+
+def test_a_schedule_too_large_to_draw_is_refused(capsys):
+    # 2.6 million steps (1024 channels of 256 slices) took minutes and gigabytes to draw
+    assert main(["draw", str(EXAMPLES / "allgather.pln"), "--ranks", "2", "--channels", "1024", "--slices", "256"]) == 2
+    assert capsys.readouterr().err == (
+        "error: allgather at R=2 has 2,621,440 steps (2,560 per channel x 1024 channel(s)), more than a drawing "
+        "takes (262,144)\n"
+        "note: draw fewer ranks, channels or slices; purlinc dump --stage snac prints a schedule of any size\n")
+
+
+def test_the_legend_of_many_chunks_is_linear():
+    # The legend's chunks were collected with a list search per chunk: 65,536 chunks (alltoall at
+    # R=256) spent ~40 s there.  First-seen order across panels is kept.
+    from purlinc.draw.model import Drawing
+    from purlinc.draw.timeline import Times
+
+    def panel(names):
+        drawing = Drawing("t", "", 1, 1, False, (), (), tuple(names))
+        return svg.Panel(drawing, Times("step", {}, 1.0))
+
+    many = [f"x[{i}]" for i in range(60_000)]
+    began = time.monotonic()
+    text = svg.render([panel(many), panel(["y", "x[0]"])])
+    assert time.monotonic() - began < 10  # ~0.5 s; the list search took over a minute
+    assert text.index(">x[59999]<") < text.index(">y<") and text.count(">x[0]<") == 1

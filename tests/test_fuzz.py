@@ -176,3 +176,15 @@ def test_the_work_meter_stops_a_check_and_says_what_to_do():
         "note: while checking a for R=4",
     ]
     assert check_all(definition, range(1, 65)) == list(range(1, 65))  # the default bound is far above this
+
+
+def test_one_chunk_past_the_budget_is_one_chunk():
+    # The budget can run out on a chunk reference naming one chunk: "names 1 chunk", not "1 chunks"
+    statements = "\n".join(f"  in[{i}] = x{i}" for i in range(4))
+    outputs = ", ".join(f"x{i}" for i in range(4))
+    text = f"collective a {{\n{statements}\n  out[r] = {outputs}\n  copy\n}}\n"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("purlinc.frontend.check.MAX_CHUNKS", 10)
+        error = _timed(text, world_size=4)
+    assert error.message == ("'x2' names 1 chunk, more than this spec may name at R=4 (at most 10 chunks over all "
+                             "ranks' layouts; 10 named before it)")

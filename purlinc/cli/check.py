@@ -37,9 +37,8 @@ def add_parser(commands) -> None:
 class Progress:
     """'checking R=17 (17/64)' on one line of a terminal; nothing when stderr is not one."""
 
-    def __init__(self, name: str, total: int):
+    def __init__(self, name: str):
         self.name = name
-        self.total = total
         self.shown = False
         self.last = 0.0
         self.enabled = common.isatty(sys.stderr)
@@ -67,7 +66,9 @@ def run(args) -> int:
     common.check_stage_copies(args)
     definition = pipeline.parse_stage(common.source(args))
     params = dict(args.param)
-    progress = Progress(definition.name, len(args.ranks))
+    # No len(args.ranks): a range of 10**28 sizes has no length Python can hold (OverflowError);
+    # check_all refuses it by its largest size.
+    progress = Progress(definition.name)
     try:
         sizes = check_all(definition, args.ranks, params,
                           progress=lambda R: progress(f"spec for R={R} (up to R={args.ranks[-1]})"))

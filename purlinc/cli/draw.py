@@ -83,10 +83,11 @@ def run(args) -> int:
         from purlinc.cli import hier
 
         return hier.draw(args, fmt, common.source(args))
+    # Read once, here: a path is never taken for .pln text (a brace in its name), '-' is
+    # standard input, and --compare builds one schedule per algorithm from the same text.
     request = Request(
-        # read here, as dump and check do: `-` is standard input (read once, for every panel),
-        # and a path is never taken for .pln text
-        file=common.source(args), world_size=args.ranks, params=tuple(args.param), overrides=tuple(common.overrides(args).items()),
+        file=common.source(args), world_size=args.ranks, params=tuple(args.param),
+        overrides=tuple(common.overrides(args).items()),
         timeline=args.timeline, compare=compare, nbytes=args.nbytes, count=args.count, dtype=args.dtype,
         collapse=not args.all_channels, trace=args.trace, width=args.width,
     )

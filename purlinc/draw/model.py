@@ -222,6 +222,27 @@ def _chunk_order(name: str) -> tuple:
     return (base, idx, name)
 
 
+# Steps a drawing reads: every channel's (to tell identical ones), each at ~15 us, and each lane
+# drawn a box (~500 bytes of SVG).  A quarter million is ~4 s and, drawn whole, ~100 MB; a few
+# million (R=8 with --channels 64 --slices 256) took minutes and gigabytes, for no picture anyone
+# could read.
+MAX_DRAWN_STEPS = 1 << 18
+
+
+def _refuse_large(schedule: Schedule) -> None:
+    """Refuse, before any work, a schedule whose programs hold more steps than a drawing takes."""
+    per_channel = sum(len(schedule.program(rank, 0).steps) for rank in range(schedule.world_size))
+    steps = per_channel * schedule.channels
+    if steps > MAX_DRAWN_STEPS:
+        from purlinc.errors import PurlinError
+
+        raise PurlinError(
+            f"{schedule.collective} at R={schedule.world_size} has {steps:,} steps ({per_channel:,} per channel x "
+            f"{schedule.channels} channel(s)), more than a drawing takes ({MAX_DRAWN_STEPS:,})",
+            notes=("draw fewer ranks, channels or slices; purlinc dump --stage snac prints a schedule of any size",),
+        )
+
+
 def build(schedule: Schedule, *, collapse: bool = True, channels: tuple[int, ...] | None = None,
           title: str | None = None, bare_chunks: frozenset[str] = frozenset()) -> Drawing:
     """The drawing of ``schedule``.  ``collapse``: draw channel 0 alone when every channel is
@@ -229,6 +250,7 @@ def build(schedule: Schedule, *, collapse: bool = True, channels: tuple[int, ...
     ``bare_chunks``: the spec's chunk names that carry no index (``render.bare_chunks``),
     so that steps moving them get their colour and label too."""
     world, nchan = schedule.world_size, schedule.channels
+    _refuse_large(schedule)
     identical = channels_identical(schedule)
     if channels is not None:
         bad = [c for c in channels if not 0 <= c < nchan]

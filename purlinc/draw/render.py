@@ -17,7 +17,7 @@ FORMATS = ("svg", "html")
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    file: str | SourceText  # a path, .pln text, or the source the CLI read (standard input: once)
+    file: str | Path | SourceText  # as pipeline.load_source takes it (the CLI passes the text it read once)
     world_size: int | None = None  # None: not given (DEFAULT_WORLD_SIZE, or the trace's)
     params: tuple[tuple[str, int], ...] = ()
     overrides: tuple[tuple[str, object], ...] = ()  # LowerOptions fields
@@ -49,7 +49,7 @@ def output_format(path: str | None, requested: str | None) -> str:
     return fmt
 
 
-def schedule_for(file: str, world_size: int, params, overrides: dict):
+def schedule_for(file: str | Path | SourceText, world_size: int, params, overrides: dict):
     from purlinc import pipeline
 
     source = pipeline.load_source(file)

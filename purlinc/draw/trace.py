@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from pathlib import Path
 
 from purlinc.errors import PurlinError
@@ -39,6 +41,10 @@ from purlinc.draw.timeline import Times
 FORMAT = "purlin-trace"
 VERSION = 1
 _REQUIRED = ("collective", "world_size", "params", "options", "clock", "events")
+# A trace holds one event (~200 bytes of JSON) per block of every channel program: a million
+# events, far more than a drawing shows, is this much.  A path that never ends (/dev/zero) or a
+# file that is no trace is refused after this many bytes instead of being read until memory runs out.
+MAX_TRACE_BYTES = 256 << 20
 
 
 # ---- building ---------------------------------------------------------------------------
@@ -95,7 +101,12 @@ def from_stamps(schedule, params: dict, atom: str, parts: list[dict], clock: dic
 def load(path: str) -> dict:
     """A trace file, checked for shape; PurlinError (exit 2 in the CLI) for anything else."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with Path(path).open("rb") as stream:
+            raw = stream.read(MAX_TRACE_BYTES + 1)
+            if len(raw) > MAX_TRACE_BYTES:
+                raise PurlinError(f"trace file {path} is too large: {_size(stream)}, the limit is {MAX_TRACE_BYTES:,}",
+                                  notes=("a trace is what coll.trace() returns, written with json.dump",))
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise PurlinError(f"trace file {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as error:
@@ -125,6 +136,12 @@ def load(path: str) -> dict:
     if not data["events"]:
         raise PurlinError(f"trace file {path} has no events: was the collective called before coll.trace()?")
     return data
+
+
+def _size(stream) -> str:
+    """A too-large trace's size: a regular file says it; a device or a pipe does not."""
+    info = os.fstat(stream.fileno())
+    return f"{info.st_size:,} bytes" if stat.S_ISREG(info.st_mode) else f"more than {MAX_TRACE_BYTES:,} bytes"
 
 
 # ---- the fields' types ------------------------------------------------------------------

@@ -284,8 +284,9 @@ class _Checker:
         ``what`` completes "<what> <count> chunks", e.g. "'x[0..R]' names"."""
         if count > self.chunks_left:
             named = MAX_CHUNKS - self.chunks_left
+            chunks = "1 chunk" if count == 1 else f"{count:,} chunks"
             raise PurlinError(
-                f"{what} {count:,} chunks, more than this spec may name at R={self.world_size} "
+                f"{what} {chunks}, more than this spec may name at R={self.world_size} "
                 f"(at most {MAX_CHUNKS:,} chunks over all ranks' layouts; {named:,} named before it)",
                 span,
             )
@@ -593,10 +594,13 @@ def check_all(
     """
     params = dict(params or {})
     world_sizes = list(world_sizes) if not isinstance(world_sizes, range) else world_sizes
-    if world_sizes and max(world_sizes) > MAX_WORLD_SIZE:  # refused up front, not after 65,536 checks
-        raise PurlinError(f"the world size {max(world_sizes):,} is larger than Purlin supports ({MAX_WORLD_SIZE:,})")
     if not world_sizes:
         raise PurlinError("no world size to check")
+    # Refused up front, not after 65,536 checks.  A range's largest size is at one of its ends:
+    # max() would walk it, 10**28 steps for --ranks 1..10000000000000000000000000000.
+    largest = max(world_sizes[0], world_sizes[-1]) if isinstance(world_sizes, range) else max(world_sizes)
+    if largest > MAX_WORLD_SIZE:
+        raise PurlinError(f"the world size {largest:,} is larger than Purlin supports ({MAX_WORLD_SIZE:,})")
     meter = Meter()
     admitted = []
     for world_size in world_sizes:
