@@ -664,6 +664,18 @@ def test_a_groups_ranks_are_distinct_global_ranks(ranks, shown):
         pt.Group(Comm(0, 2), ranks=ranks, loader=lambda *a: pytest.fail("loaded"))
 
 
+@pytest.mark.parametrize("ranks, shown", [(iter([0, 0]), "[0, 0]"), (3, "3")])
+def test_a_groups_ranks_are_named_as_given_when_refused(ranks, shown):
+    """A generator is read once (the message listed it again, empty: 'ranks=[]'), and a
+    non-iterable is refused by name, not by list()'s TypeError."""
+    with pytest.raises(ArgumentError, match=re.escape(f"Group: ranks={shown}, expected 2 distinct global ranks")):
+        pt.Group(Comm(0, 2), ranks=ranks, loader=lambda *a: pytest.fail("loaded"))
+
+
+def test_a_generator_of_ranks_is_taken():
+    assert pt.Group(Comm(0, 2), ranks=(r for r in (3, 5)), loader=lambda *a: pytest.fail("loaded")).ranks == [3, 5]
+
+
 def test_a_capacity_is_an_int_not_a_bool():
     from purlinc.torch import sized
 

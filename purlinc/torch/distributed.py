@@ -553,11 +553,16 @@ def _global_ranks(ranks, world_size: int) -> list[int]:
     """``ranks=`` as distinct ints >= 0: int() cut 0.5 to 0 and raised ValueError for 'x', and a
     repeated rank made src= name two members."""
     try:
-        values = [_rank_number("Group", "ranks", r) for r in ranks]
+        given = list(ranks)  # once: a generator would be empty when the message lists it
+    except TypeError:
+        given = None
+    try:
+        values = None if given is None else [_rank_number("Group", "ranks", r) for r in given]
     except ArgumentError:
         values = None
     if values is None or min(values, default=0) < 0 or len(set(values)) != len(values):
-        raise ArgumentError(f"Group: ranks={list(ranks)!r}, expected {world_size} distinct global ranks (ints >= 0)")
+        shown = ranks if given is None else given
+        raise ArgumentError(f"Group: ranks={shown!r}, expected {world_size} distinct global ranks (ints >= 0)")
     return values
 
 
