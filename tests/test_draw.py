@@ -558,8 +558,8 @@ def test_time_axis_labels_are_distinct_apart_and_inside(model, width):
 
 
 def test_a_drawing_too_big_to_read_is_refused(tmp_path, monkeypatch, capsys):
-    """allreduce at R=64 (direct-push) is 270,208 steps: its drawing was a 144 MB page, built in
-    27 s and 900 MB, with boxes under a pixel wide.  Past MAX_BOXES the draw is refused,
+    """allreduce at R=48 (direct-push) would draw 115,104 boxes, each under a pixel wide, in a
+    page of tens of megabytes.  Past MAX_BOXES the draw is refused,
     saying how big it would be and what draws less; nothing is written."""
     from purlinc.draw import render as draw_render
 
@@ -591,7 +591,7 @@ def test_a_schedule_too_large_to_draw_is_refused(capsys):
     # 2.6 million steps (1024 channels of 256 slices) took minutes and gigabytes to draw
     assert main(["draw", str(EXAMPLES / "allgather.pln"), "--ranks", "2", "--channels", "1024", "--slices", "256"]) == 2
     assert capsys.readouterr().err == (
-        "error: allgather at R=2 has 2,621,440 steps (2,560 per channel x 1024 channel(s)), more than a drawing "
+        "error: allgather at R=2 has 2,621,440 steps (2,560 per channel x 1024 channels), more than a drawing "
         "takes (262,144)\n"
         "note: draw fewer ranks, channels or slices; purlinc dump --stage snac prints a schedule of any size\n")
 

@@ -8,5 +8,6 @@ DEFAULT_DTYPE = "bfloat16"  # the timeline's element type without --dtype
 MIN_WIDTH = 400
 # The most step boxes one drawing holds (every panel together).  About 550 bytes each: past
 # this a page is over 50 MB, its boxes narrower than a pixel on a timeline, and a browser
-# struggles to open it (allreduce at R=64, direct-push: 270,208 steps, 144 MB).
+# struggles to open it (allreduce at R=48, direct-push: 115,104 boxes).  A schedule too large
+# to build a drawing of at all is refused earlier (model.MAX_DRAWN_STEPS).
 MAX_BOXES = 100_000

@@ -238,7 +238,8 @@ def _refuse_large(schedule: Schedule) -> None:
 
         raise PurlinError(
             f"{schedule.collective} at R={schedule.world_size} has {steps:,} steps ({per_channel:,} per channel x "
-            f"{schedule.channels} channel(s)), more than a drawing takes ({MAX_DRAWN_STEPS:,})",
+            f"{schedule.channels} channel{'s' if schedule.channels != 1 else ''}), more than a drawing takes "
+            f"({MAX_DRAWN_STEPS:,})",
             notes=("draw fewer ranks, channels or slices; purlinc dump --stage snac prints a schedule of any size",),
         )
 
