@@ -1223,6 +1223,34 @@ def test_an_op_objects_count_is_an_int(count):
             coll(x, count=count)
 
 
+class _Calls:
+    """One rank's collective that records how it is called (what the runtime would be given)."""
+
+    def __init__(self, spec, rank):
+        self.spec, self.comm, self.calls = spec, Comm(rank, spec.world_size), []
+
+    def is_warm(self, *args):
+        return True
+
+    def __call__(self, x=None, out=None, op="sum", **given):
+        self.calls.append((x, out, op, given))
+        return out
+
+
+def test_a_rank_without_chunks_runs_its_part_with_the_count_and_dtype():
+    """Ranks 2 and 3 have no chunks; on a ring rank 1's x[1] reaches rank 0 through them, so
+    they must launch too, at the others' count (Collective.__call__ refuses them without one).
+    The functional op skipped the call on such a rank: the ring waited for it and timed out."""
+    spec = check(parse("collective chunkless { in[0] = x[0]  in[1] = x[1]  out[0] = x[1]  out[1] = x[0]  copy }"),
+                 4, {})
+    relay = _Calls(spec, 2)
+    y = pt.op(relay, name="chunkless_relay")(torch.empty(0, dtype=torch.bfloat16), count=5)
+    assert y.numel() == 0
+    assert relay.calls == [(None, None, "sum", {"count": 5, "dtype": DType.BFLOAT16})]
+    pt.op(relay, name="chunkless_relay")(torch.empty(0), count=0)  # an empty call: nothing to run
+    assert len(relay.calls) == 1
+
+
 def test_functional_op_checks_count_and_the_handles_collective():
     g = StandInWorlds(2).groups()[0]
     gather = g.entry("allgather").handle

@@ -316,21 +316,25 @@ def is_warm(e: Entry, coll, dtype: DType, op: ReduceOp | None, count: int) -> bo
     return (dtype, op) in variant._variants
 
 
-def run(e: Entry, x, out, op: str) -> None:
+def run(e: Entry, x, out, op: str, *, count: int | None = None, like=None) -> None:
     """Launch entry ``e`` on (x, out) on the current stream; ``None`` for a side a rank lacks.
+    A rank without chunks passes neither: ``count`` and ``like`` (a tensor of the call's dtype
+    and device) then say what the runtime needs to run its part (Collective.__call__).
 
     Outside a capture the collective compiles and loads what the call needs (its size
     bucket's kernel for the dtype and op) on first use; inside one that is refused, clearly.
     """
-    probe = x if x is not None else out
+    chunkless = x is None and out is None
+    probe = like if chunkless else x if x is not None else out
     capturing = _capturing(probe)
     coll = e.collective(capturing)
     dtype = dtype_of(probe)
     purlin_op = "sum" if op == "avg" else op
     reduce_op = ReduceOp.parse(purlin_op) if e.is_reduce else None
-    count = (x.numel() // e.in_units) if e.in_units else (out.numel() // max(e.out_units, 1))
+    if not chunkless:
+        count = (x.numel() // e.in_units) if e.in_units else (out.numel() // max(e.out_units, 1))
     if capturing and not is_warm(e, coll, dtype, reduce_op, count):
-        label = "x" if x is not None else "out"
+        label = "out" if x is None and out is not None else "x"
         raise ArgumentError(
             f"purlin::{e.name} on rank {e.rank}: {label} ({dtype.value}, {probe.numel()} elements) reached a "
             f"CUDA graph capture before a warm-up call: expected one call with dtype {dtype.value}"
@@ -339,7 +343,10 @@ def run(e: Entry, x, out, op: str) -> None:
                    "agree on it; a graph can capture neither",
                    "torch.compile(mode='reduce-overhead') makes that call by itself"),
         )
-    coll(x, out, op=purlin_op)
+    if chunkless:
+        coll(None, None, op=purlin_op, count=count, dtype=dtype)
+    else:
+        coll(x, out, op=purlin_op)
     if not capturing:
         variant = _variant(coll, count, dtype.itemsize)
         if getattr(variant, "_ce", None) is not None:
@@ -406,8 +413,8 @@ def _implementations(name: str) -> dict:
         check_tensor(where, "x", x, e, op)
         n = count_of(where, e, x, None, count)
         result = x.new_empty(e.out_units * n)
-        if e.out_units * n or e.in_units * n:
-            run(e, x if e.in_units else None, result if e.out_units else None, op)
+        if n:  # a rank without chunks calls too: its program may relay the others' data (a ring)
+            run(e, x if e.in_units else None, result if e.out_units else None, op, count=n, like=x)
         return result
 
     def functional_fake(x, handle, op, count):
