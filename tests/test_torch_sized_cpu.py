@@ -249,6 +249,7 @@ def test_host_lists_refuse_an_output_that_shares_memory_with_input():
     ([1, "2"], r"\[1, '2'\]"),
     (3, "3"),
     (torch.tensor([1.0, 2.0]), r"tensor\(\[1., 2.\]\)"),
+    ([True, 2], r"\[True, 2\]"),  # a bool is no size, as it is no count or rank
 ])
 def test_split_sizes_must_be_integers(sizes, shown):
     g = groups(2)[0]

@@ -22,10 +22,10 @@ a live block take the zero-copy schedules (``purlinc.runtime.zerocopy``).
 from __future__ import annotations
 
 import ctypes
-import operator
 import weakref
 
 from purlinc.runtime.errors import ArgumentError, MismatchError
+from purlinc.runtime.validate import integer
 
 # Communicators that have handed out blocks: a buffer of another communicator is then named
 # in the error instead of being taken for an ordinary (staged) buffer.
@@ -83,9 +83,7 @@ def _check_open(comm) -> None:
 def _byte_count(nbytes, what: str) -> int:
     """``nbytes`` as an int >= 0 (any integer type): int() took 1.5 as 1 and "16" as 16."""
     try:
-        if isinstance(nbytes, bool):
-            raise TypeError
-        count = operator.index(nbytes)
+        count = integer(nbytes)
     except TypeError:
         count = -1
     if count < 0:
@@ -129,10 +127,10 @@ def _dims(shape, where: str) -> tuple[int, ...]:
     dims = None
     if not isinstance(shape, (str, bytes)):
         try:
-            dims = (operator.index(shape),)
+            dims = (integer(shape),)
         except TypeError:
             try:
-                dims = tuple(operator.index(d) for d in shape)
+                dims = tuple(integer(d) for d in shape)
             except TypeError:
                 dims = None
     if dims is None or any(d < 0 for d in dims):

@@ -53,15 +53,22 @@ def parse_op(op, is_reduce: bool, where: str | None = None) -> ReduceOp | None:
     return parsed if is_reduce else None
 
 
+def integer(value) -> int:
+    """``value`` as an int, from any integer type (``operator.index``: Python's, NumPy's, a 0-d
+    integer tensor) but a bool; TypeError for anything else.  Not int(), which cuts 1.5 to 1
+    and reads "2" as 2.  Every count, size and rank argument is read through this."""
+    if isinstance(value, bool):
+        raise TypeError(f"{value!r} is a bool, not a number")
+    return operator.index(value)
+
+
 def _count_argument(where: str, count) -> int | None:
     """``count=`` as an int (any integer type) or None: a str or a float compared unequal or
     equal to the buffers' count by accident ('7' was refused as "count=7, but the buffers say 7")."""
     if count is None:
         return None
     try:
-        if isinstance(count, bool):
-            raise TypeError
-        return operator.index(count)
+        return integer(count)
     except TypeError:
         raise _err(f"{where}: count={count!r}, expected an int (elements per chunk) or None") from None
 

@@ -17,11 +17,11 @@ happens on the first real call.
 from __future__ import annotations
 
 import math
-import operator
 
 import torch
 
 from purlinc.runtime.errors import ArgumentError
+from purlinc.runtime.validate import integer
 from purlinc.torch import ops as _ops
 from purlinc.torch.registry import Entry, entry
 from purlinc.torch.standard import ROOTED, SOURCES
@@ -572,9 +572,7 @@ def _rank_number(where: str, label: str, value) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value  # the common case, and all that a compiled graph's constants need
     try:
-        if isinstance(value, bool):
-            raise TypeError
-        return operator.index(value)
+        return integer(value)
     except TypeError:
         raise ArgumentError(f"{where}: {label}={value!r}, expected an int (a rank)") from None
 

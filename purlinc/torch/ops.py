@@ -22,7 +22,6 @@ ones launch on the caller's current stream.  Both check their arguments and fail
 
 from __future__ import annotations
 
-import operator
 import re
 from collections.abc import Callable
 from typing import NamedTuple
@@ -31,6 +30,7 @@ import torch
 
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.runtime.errors import ArgumentError
+from purlinc.runtime.validate import integer
 from purlinc.torch.registry import Entry, entry
 
 NAMESPACE = "purlin"
@@ -150,11 +150,11 @@ def require_tensors(where: str, named) -> None:
 
 
 def split_sizes(where: str, label: str, sizes, world_size: int) -> list[int]:
-    """Split sizes (a list, a tuple or a 1-D tensor) as Python ints, each an integer by
-    ``operator.index`` (Python and NumPy ints, integer tensors): ``int()`` cut 1.5 to 1 and read
-    "2" as 2, so sizes that were never row counts passed wherever the cut ones summed right."""
+    """Split sizes (a list, a tuple or a 1-D tensor) as Python ints, each an integer of any
+    type but a bool (``validate.integer``): ``int()`` cut 1.5 to 1 and read "2" as 2, so sizes
+    that were never row counts passed wherever the cut ones summed right."""
     try:
-        return [operator.index(s) for s in sizes]
+        return [integer(s) for s in sizes]
     except TypeError:
         raise ArgumentError(f"{where}: {label}={sizes!r}, expected a list of {world_size} integers (rows of dim 0 "
                             f"per rank)") from None
@@ -263,9 +263,7 @@ def _count_argument(where: str, count):
     if isinstance(count, (int, torch.SymInt)) and not isinstance(count, bool):
         return count
     try:
-        if isinstance(count, bool):
-            raise TypeError
-        return operator.index(count)
+        return integer(count)
     except TypeError:
         raise ArgumentError(f"{where}: count={count!r}, expected an int (elements per chunk) or -1") from None
 
