@@ -137,7 +137,16 @@ def test_a_rank_without_chunks_that_relays_needs_the_count(fake):
     # direct-push gives such a rank nothing to do: no count needed
     idle = collective.prepare(_CHUNKLESS, 4, algorithm="direct-push")
     comm.heap = FakeHeap(4)
-    assert not Collective(idle, comm, placement._allocate(comm, idle, None), agree=False).relays
+    small = Collective(idle, comm, placement._allocate(comm, idle, None), agree=False)
+    assert not small.relays
+    # a plain load whose larger bucket relays: the others' count could pick it, so a call
+    # without count= is refused whichever bucket count 0 would pick
+    from purlinc.runtime.tuned import Tuned
+    from purlinc.runtime.tuning import Bucket
+
+    tuned = Tuned((Bucket(1024, "direct-push"), Bucket(None, "ring")), [small, relay], 1)
+    with pytest.raises(ArgumentError, match="on rank 2: this rank has no chunks, but its schedule \\(ring\\)"):
+        tuned(None, None)
 
 
 @pytest.mark.parametrize("path, extra", [("allreduce.pln", {"channels": 2}), ("allreduce.pln", {}),

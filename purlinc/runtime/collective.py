@@ -43,8 +43,19 @@ from purlinc.snac.ir import Consume, Stage
 
 __all__ = [
     "Collective", "FastPath", "GroupCollective", "Layout", "check_residency", "dependent_launch",
-    "group_operand_words", "layout_sizes", "prepare", "prepare_group", "prepare_options",
+    "group_operand_words", "layout_sizes", "prepare", "prepare_group", "prepare_options", "relay_needs_count",
 ]
+
+
+def relay_needs_count(collective) -> ArgumentError:
+    """The refusal of a call without ``count=`` on a rank without chunks whose schedule
+    (``collective``'s) carries other ranks' data through it: at count 0 it would pass nothing
+    on, and the ranks waiting for that data would wait until their timeout."""
+    return ArgumentError(
+        f"{collective.name} on rank {collective.rank}: this rank has no chunks, but its schedule "
+        f"({collective.compiled.options.algorithm.value}) carries other ranks' data through it, so it needs "
+        "their count and dtype", None,
+        ("pass count= and dtype= as the ranks with chunks have them (a group call does this for you)",))
 
 
 class Collective(Timeouts, Launches):
@@ -153,11 +164,7 @@ class Collective(Timeouts, Launches):
                 self._shapes.clear()
             self._shapes[key] = shape
         if self.relays and count is None and not shape.count:
-            raise ArgumentError(
-                f"{self.name} on rank {self.rank}: this rank has no chunks, but its schedule "
-                f"({self.compiled.options.algorithm.value}) carries other ranks' data through it, so it needs "
-                "their count and dtype", None,
-                ("pass count= and dtype= as the ranks with chunks have them (a group call does this for you)",))
+            raise relay_needs_count(self)
         if self._agree:
             self._agree_on(shape)
         if stream is not None:

@@ -23,6 +23,7 @@ from purlinc.pipeline import Compiled
 from purlinc.runtime import communicator, residency, tuning
 from purlinc.runtime.collective import (
     Collective, FastPath, GroupCollective, check_residency, group_operand_words, prepare, prepare_group,
+    relay_needs_count,
 )
 from purlinc.runtime.options import LoadOptions
 from purlinc.runtime.placement import load_compiled
@@ -178,6 +179,9 @@ class Tuned:
         self.rank = variants[0].rank
         self._distinct = list({id(v): v for v in variants}.values())
         self._flags = _timeout_flags(self._distinct)
+        # A bucket whose schedule relays through this chunkless rank: which bucket the others'
+        # count picks is unknown here, so every call without count= is refused.
+        self._relay = next((v for v in self._distinct if getattr(v, "relays", False)), None)
         self._chosen: dict = {}
         self._fast: FastPath | None = None
 
@@ -221,6 +225,8 @@ class Tuned:
         if fast is not None and stream is None and dtype is None and fast.matches(x, out, op, count) \
                 and fast.launch(self.variants[0]):
             return out
+        if self._relay is not None and count is None:
+            raise relay_needs_count(self._relay)
         # Buffers are validated once (every variant has the same layouts), then launched by
         # the bucket's variant.
         shape, handle, result = self.variants[0].prepare_call(x, out, op, stream, count, dtype)
