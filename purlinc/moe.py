@@ -72,8 +72,8 @@ def _at_least(label: str, value, low: int, *, where: str = "Dispatcher") -> None
 
 def _tensors(where: str, named, device) -> None:
     """Each ``(label, value)`` a torch.Tensor on the Dispatcher's device, checked before anything
-    reads it: a list was an AttributeError, and a tensor of another device failed inside the
-    routing, in torch's words (a CPU x indexed by the rows on the GPU)."""
+    reads it: a list has no tensor methods, and a tensor on another device would fail inside the
+    routing, in torch's words (a CPU x indexed by rows on the GPU)."""
     for label, t in named:
         if not isinstance(t, torch.Tensor):
             raise ArgumentError(f"{where}: {label} must be a torch.Tensor, got {type(t).__name__}")

@@ -155,7 +155,7 @@ def cache_dir() -> Path:
     if raw:
         try:
             return Path(raw).expanduser()  # ~ as a shell would (a Dockerfile's ENV does not)
-        except RuntimeError:  # ~someone of no known home: the command line's internal error before
+        except RuntimeError:  # ~someone of no known home: a user error, not an internal one
             raise _refuse(CACHE_DIR, "a directory (a leading ~ names the home directory of a known user)") from None
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "purlin"

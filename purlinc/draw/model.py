@@ -224,7 +224,7 @@ def _chunk_order(name: str) -> tuple:
 
 # Steps a drawing reads: every channel's (to tell identical ones), each at ~15 us, and each lane
 # drawn a box (~500 bytes of SVG).  A quarter million is ~4 s and, drawn whole, ~100 MB; a few
-# million (R=8 with --channels 64 --slices 256) took minutes and gigabytes, for no picture anyone
+# million (R=8 with --channels 64 --slices 256) take minutes and gigabytes, for no picture anyone
 # could read.
 MAX_DRAWN_STEPS = 1 << 18
 

@@ -31,7 +31,8 @@ def prepare_group(name: str, ranks: Sequence, xs, outs, op, streams, count):
 
 def per_rank(name: str, label: str, values, world: int) -> list:
     """A group call's list of one entry per rank (None: None for each).  One array is refused:
-    list(x) made each row of a tensor one rank's buffer, so a tensor of R rows ran as R inputs."""
+    list(x) would make each row of a tensor one rank's buffer, so a tensor of R rows would run
+    as R inputs."""
     if values is None:
         return [None] * world
     if any(hasattr(values, attr) for attr in ("shape", "__cuda_array_interface__", "__dlpack__")):

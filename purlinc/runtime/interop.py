@@ -226,8 +226,8 @@ def current_stream(kind: str, device: int) -> int:
 
 def stream_handle(stream) -> int:
     """An int stream handle from torch.cuda.Stream, cupy Stream, a binding CUstream or an int.
-    Anything else is refused by name: int() read "7" as a stream, cut 1.5 to 1 (the legacy
-    stream) and gave the driver -1."""
+    Anything else is refused by name: int() would read "7" as a stream, cut 1.5 to 1 (the
+    legacy stream) and hand the driver -1."""
     if stream is None:
         return 0
     value = stream

@@ -81,7 +81,7 @@ def _check_open(comm) -> None:
 
 
 def _byte_count(nbytes, what: str) -> int:
-    """``nbytes`` as an int >= 0 (any integer type): int() took 1.5 as 1 and "16" as 16."""
+    """``nbytes`` as an int >= 0 (any integer type): int() would take 1.5 as 1 and "16" as 16."""
     try:
         count = integer(nbytes)
     except TypeError:
@@ -122,8 +122,8 @@ def _torch_dtype(torch, dtype, where: str):
 
 def _dims(shape, where: str) -> tuple[int, ...]:
     """A shape (an int, or a sequence of them) as a tuple of ints >= 0, checked before any
-    allocation: (-2, -3) took a heap block (a collective under torchrun) before torch refused the
-    view, and 2.5 was cut to 2."""
+    allocation: (-2, -3) would take a heap block (a collective under torchrun) before torch
+    refused the view, and 2.5 would be cut to 2."""
     dims = None
     if not isinstance(shape, (str, bytes)):
         try:

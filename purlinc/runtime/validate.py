@@ -63,8 +63,8 @@ def integer(value) -> int:
 
 
 def _count_argument(where: str, count) -> int | None:
-    """``count=`` as an int (any integer type) or None: a str or a float compared unequal or
-    equal to the buffers' count by accident ('7' was refused as "count=7, but the buffers say 7")."""
+    """``count=`` as an int (any integer type) or None: a str or a float would compare unequal
+    or equal to the buffers' count by accident ('7' against 7: "count=7, but the buffers say 7")."""
     if count is None:
         return None
     try:

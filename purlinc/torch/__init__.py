@@ -163,8 +163,8 @@ class TorchCollective:
 
     def _check_out(self, x, out) -> None:
         """What the eager out form checks of ``out`` (ops.check_out), for the traced call, whose
-        functional op never sees it: its size failed in view(), unnamed, and another dtype was
-        cast into silently.  ``ops.require``: dynamo traces torch._check, not an ArgumentError."""
+        functional op never sees it: a wrong size would fail in view(), unnamed, and another dtype
+        would be cast into silently.  ``ops.require``: dynamo traces torch._check, not an ArgumentError."""
         e = self.entry
         where = f"purlin::{self.name} on rank {e.rank}"
         ops.require_tensors(where, [("x", x), ("out", out)])

@@ -163,8 +163,8 @@ class Group:
         return self._handles[(kind, root)]
 
     def _require_open(self, where: str) -> None:
-        """A closed group has no handles or states left: a call is refused by name (it was a
-        KeyError, and an uneven all-to-all made and loaded a new state on this rank alone)."""
+        """A closed group has no handles or states left: a call is refused by name (an uneven
+        all-to-all would otherwise make and load a new state on this rank alone)."""
         if self.closed:
             raise ArgumentError(f"{where}: {self!r} was closed; expected an open group",
                                 notes=("make a new Group, or call purlinc.torch.group_of(pg) again for a process "
@@ -550,8 +550,8 @@ class Group:
 
 
 def _global_ranks(ranks, world_size: int) -> list[int]:
-    """``ranks=`` as distinct ints >= 0: int() cut 0.5 to 0 and raised ValueError for 'x', and a
-    repeated rank made src= name two members."""
+    """``ranks=`` as distinct ints >= 0: int() would cut 0.5 to 0, and a repeated rank would
+    make src= name two members."""
     try:
         given = list(ranks)  # once: a generator would be empty when the message lists it
     except TypeError:
@@ -568,7 +568,7 @@ def _global_ranks(ranks, world_size: int) -> list[int]:
 
 def _rank_number(where: str, label: str, value) -> int:
     """A root (``src``, ``group_dst``, ...) as an int, from any integer type (NumPy's, a 0-d
-    integer tensor): a bool or a float is no rank (True ran as rank 1, 1.0 matched rank 1)."""
+    integer tensor): a bool or a float is no rank (True and 1.0 would run as rank 1)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value  # the common case, and all that a compiled graph's constants need
     try:

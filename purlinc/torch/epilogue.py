@@ -110,8 +110,8 @@ def _define():
 
 
 def _check_number(eps) -> None:
-    """eps a number before float() reads it: float() took the string "1e-6" and raised a bare
-    TypeError for None (a SymFloat is a number being traced)."""
+    """eps a number before float() reads it: float() would take the string "1e-6", and raises a
+    bare TypeError for None (a SymFloat is a number being traced)."""
     if isinstance(eps, (bool, str, bytes)) or not isinstance(eps, (numbers.Real, torch.SymFloat, torch.SymInt)):
         raise ArgumentError(f"fused_add_rmsnorm: eps={eps!r}, expected a number (a float, the RMSNorm epsilon)")
 

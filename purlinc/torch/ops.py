@@ -256,8 +256,8 @@ def count_of(where: str, e: Entry, x, out=None, count: int = -1, names=("x", "ou
 
 def _count_argument(where: str, count):
     """``count`` as an int (-1 for None) or a traced SymInt.  Eager calls skip the dispatcher,
-    whose schema would check it: 3.0 reached new_empty (torch's TypeError) and '3' was refused as
-    "count=3, expected -1 or 3"."""
+    whose schema would check it: 3.0 would reach new_empty (torch's TypeError) and '3' be
+    refused as "count=3, expected -1 or 3"."""
     if count is None:
         return -1
     if isinstance(count, (int, torch.SymInt)) and not isinstance(count, bool):
