@@ -260,6 +260,32 @@ def test_phase_sources_give_back_their_sub_specs(repo_dir, name, nodes, G):
             (shape.operation, shape.inputs, shape.outputs, shape.sources), text
 
 
+REPLICATED = {  # 'copy replicated': a node's phase may hold one chunk on several of its ranks
+    "every_rank_holds_all": "collective s {\n    in[r] = x[0..R]\n    out[r] = x[(r + 1) % R]\n    copy replicated\n}\n",
+    "neighbours": "collective s {\n    in[r] = x[r], x[(r + 1) % R]\n    out[0] = x[0..R]\n    copy replicated\n}\n",
+    "twice_on_a_rank": "collective s {\n    in[r] = x, x\n    out[r] = x\n    copy replicated\n}\n",
+}
+
+
+@pytest.mark.parametrize("which", sorted(REPLICATED))
+@pytest.mark.parametrize("nodes,G", ((2, 2), (1, 4), (3, 2)))
+def test_replicated_phase_sources_check(which, nodes, G):
+    """A node's phase of a 'copy replicated' collective names each producer once: the .pln
+    text the runtime loads was a plain 'copy' naming c[0] on two ranks, which the checker
+    refuses as conflicting producers (the plan itself verified)."""
+    from purlinc.runtime.hierarchical import intra_sources, plan_for
+
+    source = pipeline.load_source(REPLICATED[which])
+    plan = plan_for(source, nodes * G, G)
+    for node in range(nodes):
+        for index, text in intra_sources(plan, node).items():
+            spec = pipeline.spec_stage(pipeline.parse_stage(pipeline.load_source(text)), G, {})
+            shape = plan.canonical[plan.phases[index].schedules[node]]
+            assert (spec.operation, spec.inputs, spec.outputs, spec.sources) == \
+                (shape.operation, shape.inputs, shape.outputs, shape.sources), text
+    _check(plan.spec, G)
+
+
 @pytest.mark.parametrize("name", STANDARD + USER)
 @pytest.mark.parametrize("nodes,G", ((2, 2), (3, 2), (4, 1)))
 def test_runtime_point_to_point_lists_pair_up(repo_dir, name, nodes, G):

@@ -40,6 +40,8 @@ from purlinc.snac.verify import verify
 def canonical(spec: Spec, name: str) -> Spec:
     """``spec`` with its chunks renamed ``c[i]`` in order of appearance: nodes whose sub-specs
     differ only by names share one schedule (the lowering and the proof see only slots)."""
+    if spec.operation is Operation.COPY:
+        return _canonical_copy(spec, name)
     names: dict[Chunk, Chunk] = {}
 
     def rename(chunk: Chunk) -> Chunk:
@@ -50,6 +52,20 @@ def canonical(spec: Spec, name: str) -> Spec:
     inputs = tuple(tuple(rename(c) for c in layout) for layout in spec.inputs)
     outputs = tuple(tuple(rename(c) for c in layout) for layout in spec.outputs)
     return Spec(name, spec.world_size, (), spec.operation, spec.replicated, inputs, outputs, spec.sources)
+
+
+def _canonical_copy(spec: Spec, name: str) -> Spec:
+    """A copy phase's canonical spec names every input slot ``c[i]`` (in order) and every
+    output after the one slot it is copied from.  A phase of a ``copy replicated`` collective
+    can hold one chunk on several ranks; named by chunk, its .pln text (``hiersource``, a plain
+    ``copy``) would have two producers of ``c[0]``, which the checker refuses at load."""
+    names: dict[Slot, Chunk] = {}
+    for rank, layout in enumerate(spec.inputs):
+        for position in range(len(layout)):
+            names[Slot(rank, position)] = Chunk("c", (len(names),))
+    inputs = tuple(tuple(names[Slot(rank, p)] for p in range(len(layout))) for rank, layout in enumerate(spec.inputs))
+    outputs = tuple(tuple(names[slots[0]] for slots in layout) for layout in spec.sources)
+    return Spec(name, spec.world_size, (), spec.operation, False, inputs, outputs, spec.sources)
 
 
 class _Builder:
