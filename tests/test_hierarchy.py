@@ -373,6 +373,22 @@ def test_what_a_plan_cannot_express_is_refused_not_dropped(example, words, capsy
         assert words in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("example, where", [
+    ("fused/allreduce_add_rmsnorm.pln", "allreduce_add_rmsnorm.pln:8:5: error:"),
+    ("sized/alltoallv.pln", "alltoallv.pln:4:27: error:"),
+])
+def test_a_refused_plan_points_at_what_it_cannot_express(example, where):
+    """The refusal names the file and line of the epilogue or the sizes operand (the sizes
+    one rendered as a bare 'error:' with no location)."""
+    from purlinc.errors import PurlinError
+    from purlinc.runtime.hierarchical import plan_for
+
+    path = Path(__file__).resolve().parent.parent / "examples" / example
+    with pytest.raises(PurlinError) as caught:
+        plan_for(path, 4, 2)
+    assert where in caught.value.render().splitlines()[0]
+
+
 @pytest.mark.parametrize("bad", ["8", 2.5, True, None])
 def test_gpus_per_node_is_an_integer(bad):
     with pytest.raises(TopologyError, match="gpus_per_node must be an integer >= 1"):

@@ -286,7 +286,7 @@ def _check_plannable(spec: Spec) -> None:
                           spec.epilogue.span, ("run it on one node's communicator (a flat collective) instead",))
     if spec.sizes is not None:
         raise PurlinError(f"{spec.name}: a hierarchical plan (gpus_per_node) cannot move chunks of run-time "
-                          f"sizes ({spec.sizes.format()}) yet",
+                          f"sizes ({spec.sizes.format()}) yet", spec.sizes.span,
                           notes=("run it on one node's communicator (a flat collective) instead",))
 
 
