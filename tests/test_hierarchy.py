@@ -260,6 +260,21 @@ def test_phase_sources_give_back_their_sub_specs(repo_dir, name, nodes, G):
             (shape.operation, shape.inputs, shape.outputs, shape.sources), text
 
 
+def test_phase_sources_of_the_longest_name_check():
+    """A collective may have a 64-character name; its phases' names (name + '_h<phase>') were
+    longer, so the runtime's load refused the text it generated for every phase."""
+    from purlinc.frontend.parse import MAX_NAME_LENGTH
+    from purlinc.runtime.hierarchical import intra_sources, plan_for
+    from purlinc.snac.hiersource import phase_name
+
+    name = "a" * MAX_NAME_LENGTH
+    plan = plan_for(pipeline.SourceText(f"collective {name} {{ in[r] = x[0..R]  out[r] = x[0..R]  reduce }}", "long.pln"), 4, 2)
+    for index, text in intra_sources(plan, 0).items():
+        spec = pipeline.spec_stage(pipeline.parse_stage(pipeline.load_source(text)), 2, {})
+        assert spec.name == phase_name(name, index) and len(spec.name) <= MAX_NAME_LENGTH
+    assert len({phase_name(name, i) for i in range(12)}) == 12  # still one name per phase
+
+
 REPLICATED = {  # 'copy replicated': a node's phase may hold one chunk on several of its ranks
     "every_rank_holds_all": "collective s {\n    in[r] = x[0..R]\n    out[r] = x[(r + 1) % R]\n    copy replicated\n}\n",
     "neighbours": "collective s {\n    in[r] = x[r], x[(r + 1) % R]\n    out[0] = x[0..R]\n    copy replicated\n}\n",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+from purlinc.frontend.parse import MAX_NAME_LENGTH
 from purlinc.frontend.spec import Spec
 
 
@@ -20,7 +21,11 @@ def has_work(spec: Spec) -> bool:
 
 
 def phase_name(collective: str, phase: int) -> str:
-    return re.sub(r"[^A-Za-z0-9_]", "_", f"{collective}_h{phase}")
+    """``<collective>_h<phase>``, the collective's name cut so the whole fits the language's
+    limit (a 64-character collective's phases were refused at load); the suffix keeps the
+    phases apart."""
+    suffix = f"_h{phase}"
+    return re.sub(r"[^A-Za-z0-9_]", "_", collective)[:MAX_NAME_LENGTH - len(suffix)] + suffix
 
 
 def phase_source(spec: Spec, name: str) -> str:
