@@ -275,6 +275,28 @@ def test_phase_sources_of_the_longest_name_check():
     assert len({phase_name(name, i) for i in range(12)}) == 12  # still one name per phase
 
 
+@pytest.mark.parametrize("source,world_size,G,params", [
+    ("alltoall_blocks.pln", 32, 4, {"k": 32}),  # 32 x 32 x 32 blocks: an intra all-to-all of 8,192 chunks
+    ("collective t { in[r] = x[r][(r + i) % R] for i in 0..R  out[r] = x[j][i] for i in 0..R for j in 0..R  copy }",
+     32, 8, {}),  # every rank gets every block, transposed
+])
+def test_phase_sources_of_big_phases_load(repo_dir, source, world_size, G, params):
+    """A node's phase listed every chunk one by one (c[0], c[8], ...): at 32 ranks these texts
+    passed the 64 KiB a .pln may have, and the load refused its own generated source.  Runs of
+    chunks are written as ranges and strided comprehensions, and still check back exactly."""
+    from purlinc.frontend.source import MAX_SOURCE_BYTES
+    from purlinc.runtime.hierarchical import intra_sources, plan_for
+
+    path = repo_dir / "examples" / source if source.endswith(".pln") else source
+    plan = plan_for(path, world_size, G, params)
+    for node in (0, plan.topology.nodes - 1):
+        for index, text in intra_sources(plan, node).items():
+            assert len(text) < MAX_SOURCE_BYTES // 8, f"phase {index}: {len(text):,} bytes"
+            spec = pipeline.spec_stage(pipeline.parse_stage(pipeline.load_source(text)), G, {})
+            shape = plan.canonical[plan.phases[index].schedules[node]]
+            assert (spec.inputs, spec.outputs, spec.sources) == (shape.inputs, shape.outputs, shape.sources)
+
+
 REPLICATED = {  # 'copy replicated': a node's phase may hold one chunk on several of its ranks
     "every_rank_holds_all": "collective s {\n    in[r] = x[0..R]\n    out[r] = x[(r + 1) % R]\n    copy replicated\n}\n",
     "neighbours": "collective s {\n    in[r] = x[r], x[(r + 1) % R]\n    out[0] = x[0..R]\n    copy replicated\n}\n",

@@ -55,14 +55,19 @@ def canonical(spec: Spec, name: str) -> Spec:
 
 
 def _canonical_copy(spec: Spec, name: str) -> Spec:
-    """A copy phase's canonical spec names every input slot ``c[i]`` (in order) and every
-    output after the one slot it is copied from.  A phase of a ``copy replicated`` collective
-    can hold one chunk on several ranks; named by chunk, its .pln text (``hiersource``, a plain
-    ``copy``) would have two producers of ``c[0]``, which the checker refuses at load."""
+    """A copy phase's canonical spec names input *slots* ``c[i]`` in the order the outputs
+    read them (then the unread ones), and every output after the one slot it is copied from.
+
+    Slots, not chunk names: a phase of a ``copy replicated`` collective can hold one chunk on
+    several ranks, and its .pln text (``hiersource``, a plain ``copy``) would then name two
+    producers of ``c[0]``, which the checker refuses at load.  Reading order: every output
+    layout is then a run ``c[a..b]`` (and the inputs strided runs), which keeps the text of a
+    big phase short (hiersource writes runs as ranges)."""
     names: dict[Slot, Chunk] = {}
-    for rank, layout in enumerate(spec.inputs):
-        for position in range(len(layout)):
-            names[Slot(rank, position)] = Chunk("c", (len(names),))
+    read = [slots[0] for layout in spec.sources for slots in layout]
+    unread = [Slot(rank, p) for rank, layout in enumerate(spec.inputs) for p in range(len(layout))]
+    for slot in read + unread:
+        names.setdefault(slot, Chunk("c", (len(names),)))
     inputs = tuple(tuple(names[Slot(rank, p)] for p in range(len(layout))) for rank, layout in enumerate(spec.inputs))
     outputs = tuple(tuple(names[slots[0]] for slots in layout) for layout in spec.sources)
     return Spec(name, spec.world_size, (), spec.operation, False, inputs, outputs, spec.sources)
