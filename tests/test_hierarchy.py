@@ -260,6 +260,69 @@ def test_phase_sources_give_back_their_sub_specs(repo_dir, name, nodes, G):
             (shape.operation, shape.inputs, shape.outputs, shape.sources), text
 
 
+def test_phase_sources_of_the_longest_name_check():
+    """A collective may have a 64-character name; its phases' names (name + '_h<phase>') were
+    longer, so the runtime's load refused the text it generated for every phase."""
+    from purlinc.frontend.parse import MAX_NAME_LENGTH
+    from purlinc.runtime.hierarchical import intra_sources, plan_for
+    from purlinc.snac.hiersource import phase_name
+
+    name = "a" * MAX_NAME_LENGTH
+    plan = plan_for(pipeline.SourceText(f"collective {name} {{ in[r] = x[0..R]  out[r] = x[0..R]  reduce }}", "long.pln"), 4, 2)
+    for index, text in intra_sources(plan, 0).items():
+        spec = pipeline.spec_stage(pipeline.parse_stage(pipeline.load_source(text)), 2, {})
+        assert spec.name == phase_name(name, index) and len(spec.name) <= MAX_NAME_LENGTH
+    assert len({phase_name(name, i) for i in range(12)}) == 12  # still one name per phase
+
+
+@pytest.mark.parametrize("source,world_size,G,params", [
+    ("alltoall_blocks.pln", 32, 4, {"k": 32}),  # 32 x 32 x 32 blocks: an intra all-to-all of 8,192 chunks
+    ("collective t { in[r] = x[r][(r + i) % R] for i in 0..R  out[r] = x[j][i] for i in 0..R for j in 0..R  copy }",
+     32, 8, {}),  # every rank gets every block, transposed
+])
+def test_phase_sources_of_big_phases_load(repo_dir, source, world_size, G, params):
+    """A node's phase listed every chunk one by one (c[0], c[8], ...): at 32 ranks these texts
+    passed the 64 KiB a .pln may have, and the load refused its own generated source.  Runs of
+    chunks are written as ranges and strided comprehensions, and still check back exactly."""
+    from purlinc.frontend.source import MAX_SOURCE_BYTES
+    from purlinc.runtime.hierarchical import intra_sources, plan_for
+
+    path = repo_dir / "examples" / source if source.endswith(".pln") else source
+    plan = plan_for(path, world_size, G, params)
+    for node in (0, plan.topology.nodes - 1):
+        for index, text in intra_sources(plan, node).items():
+            assert len(text) < MAX_SOURCE_BYTES // 8, f"phase {index}: {len(text):,} bytes"
+            spec = pipeline.spec_stage(pipeline.parse_stage(pipeline.load_source(text)), G, {})
+            shape = plan.canonical[plan.phases[index].schedules[node]]
+            assert (spec.inputs, spec.outputs, spec.sources) == (shape.inputs, shape.outputs, shape.sources)
+
+
+REPLICATED = {  # 'copy replicated': a node's phase may hold one chunk on several of its ranks
+    "every_rank_holds_all": "collective s {\n    in[r] = x[0..R]\n    out[r] = x[(r + 1) % R]\n    copy replicated\n}\n",
+    "neighbours": "collective s {\n    in[r] = x[r], x[(r + 1) % R]\n    out[0] = x[0..R]\n    copy replicated\n}\n",
+    "twice_on_a_rank": "collective s {\n    in[r] = x, x\n    out[r] = x\n    copy replicated\n}\n",
+}
+
+
+@pytest.mark.parametrize("which", sorted(REPLICATED))
+@pytest.mark.parametrize("nodes,G", ((2, 2), (1, 4), (3, 2)))
+def test_replicated_phase_sources_check(which, nodes, G):
+    """A node's phase of a 'copy replicated' collective names each producer once: the .pln
+    text the runtime loads was a plain 'copy' naming c[0] on two ranks, which the checker
+    refuses as conflicting producers (the plan itself verified)."""
+    from purlinc.runtime.hierarchical import intra_sources, plan_for
+
+    source = pipeline.load_source(REPLICATED[which])
+    plan = plan_for(source, nodes * G, G)
+    for node in range(nodes):
+        for index, text in intra_sources(plan, node).items():
+            spec = pipeline.spec_stage(pipeline.parse_stage(pipeline.load_source(text)), G, {})
+            shape = plan.canonical[plan.phases[index].schedules[node]]
+            assert (spec.operation, spec.inputs, spec.outputs, spec.sources) == \
+                (shape.operation, shape.inputs, shape.outputs, shape.sources), text
+    _check(plan.spec, G)
+
+
 @pytest.mark.parametrize("name", STANDARD + USER)
 @pytest.mark.parametrize("nodes,G", ((2, 2), (3, 2), (4, 1)))
 def test_runtime_point_to_point_lists_pair_up(repo_dir, name, nodes, G):
@@ -345,6 +408,22 @@ def test_what_a_plan_cannot_express_is_refused_not_dropped(example, words, capsy
                  ["dump", path, "-R", "4", "--gpus-per-node", "2", "-s", "snac"]):
         assert main(argv) == 2
         assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("example, where", [
+    ("fused/allreduce_add_rmsnorm.pln", "allreduce_add_rmsnorm.pln:8:5: error:"),
+    ("sized/alltoallv.pln", "alltoallv.pln:4:27: error:"),
+])
+def test_a_refused_plan_points_at_what_it_cannot_express(example, where):
+    """The refusal names the file and line of the epilogue or the sizes operand (the sizes
+    one rendered as a bare 'error:' with no location)."""
+    from purlinc.errors import PurlinError
+    from purlinc.runtime.hierarchical import plan_for
+
+    path = Path(__file__).resolve().parent.parent / "examples" / example
+    with pytest.raises(PurlinError) as caught:
+        plan_for(path, 4, 2)
+    assert where in caught.value.render().splitlines()[0]
 
 
 @pytest.mark.parametrize("bad", ["8", 2.5, True, None])

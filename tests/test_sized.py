@@ -371,3 +371,86 @@ def test_dump_cuda_prints_the_sized_kernel(capsys):
     assert main(["dump", str(SIZED / "alltoallv.pln"), "--ranks", "2", "--stage", "cuda"]) == 0
     source = capsys.readouterr().out
     assert "purlin_sized_args" in source and "purlin_args args" not in source
+
+
+# ---- random sized collectives ------------------------------------------------------------
+
+def _random_sized_source(rng) -> tuple[str, int]:
+    """A copy with sizes over random per-rank layouts: 1-D or 2-D chunks of 'x' inside the
+    extents (some never named), ranks with no input or no output, outputs naming a chunk
+    several times."""
+    world = int(rng.choice([1, 2, 3, 4, 5, 8]))
+    extents = [int(rng.integers(1, 2 * world + 3))] + ([int(rng.integers(1, 4))] if rng.random() < 0.5 else [])
+    chunks = [tuple(int(i) for i in index) for index in np.ndindex(*extents)]
+    order = rng.permutation(len(chunks))
+    inputs, taken = [], 0
+    for _ in range(world):
+        n = min(int(rng.choice([0, 0, 1, 1, 2, 3])), len(chunks) - taken)
+        inputs.append([chunks[k] for k in order[taken:taken + n]])
+        taken += n
+    if not taken:
+        inputs[0].append(chunks[order[0]])
+    held = [c for layout in inputs for c in layout]
+    outputs = [[held[int(rng.integers(len(held)))] for _ in range(int(rng.choice([0, 0, 1, 2, 3, 5])))]
+               for _ in range(world)]
+    outputs[int(rng.integers(world))].append(held[0])
+
+    def names(layout):
+        return ", ".join("x" + "".join(f"[{i}]" for i in c) for c in layout)
+
+    lines = [f"collective s with sizes n{''.join(f'[{e}]' for e in extents)} of x {{"]
+    for buffer, layouts in (("in", inputs), ("out", outputs)):
+        lines += [f"    {buffer}[{rank}] = {names(layout)}" for rank, layout in enumerate(layouts) if layout]
+    return "\n".join(lines + ["    copy", "}", ""]), world
+
+
+def _random_sizes(rng, spec, capacity: int, kind: int) -> list[list[int]]:
+    """Per rank, its input chunks' sizes: all zero, all at capacity, random, or random with one
+    over the capacity or negative."""
+    sizes = []
+    for layout in spec.inputs:
+        row = [[0] * len(layout), [capacity] * len(layout)][kind] if kind < 2 else \
+            [int(v) for v in rng.integers(0, capacity + 1, len(layout))]
+        if kind == 3 and row:
+            row[int(rng.integers(len(row)))] = int(rng.choice([capacity + 1, -1, 1 << 40]))
+        sizes.append(row)
+    return sizes
+
+
+def _length(rng, packed: int) -> int:
+    """A buffer's length: room for every chunk at capacity, or now and then less."""
+    return int(rng.integers(0, packed + 1)) if rng.random() < 0.2 else packed
+
+
+def _check_random_sized(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    text, R = _random_sized_source(rng)
+    spec = spec_of(load_source(text), R, {})
+    schedule = lower(spec, LowerOptions(channels=int(rng.integers(1, 5))))
+    verify(schedule, spec)
+    for trial in range(4):
+        capacity = int(rng.choice([1, 3, 13, 41]))
+        dtype = rng.choice([np.uint8, np.uint16, np.int32, np.int64])
+        calls = []
+        for call in range(2):  # consecutive calls of new sizes; buffers sometimes too short
+            sizes = _random_sizes(rng, spec, capacity, (trial + call) % 4)
+            ins = [rng.integers(1, 100, _length(rng, len(layout) * capacity)).astype(dtype) for layout in spec.inputs]
+            outs = [np.zeros(_length(rng, len(layout) * capacity), dtype=dtype) for layout in spec.outputs]
+            calls.append((ins, sizes, outs))
+        for (ins, sizes, outs), (outputs, out_sizes) in zip(calls, simulate_sized(schedule, spec, calls, capacity,
+                                                                                    seed=seed + trial)):
+            expected, expected_sizes, _ = evaluate_sized(spec, ins, sizes, capacity, outs)
+            assert out_sizes == expected_sizes, f"seed {seed}, sizes {sizes}\n{text}"
+            for a, b in zip(outputs, expected):
+                assert a.tobytes() == b.tobytes(), f"seed {seed}, sizes {sizes}\n{text}"
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_sized_collectives_simulate_like_the_evaluator(seed):
+    _check_random_sized(seed)
+
+
+@pytest.mark.slow
+def test_random_sized_collectives_sweep():
+    for seed in range(1000, 2500):
+        _check_random_sized(seed)

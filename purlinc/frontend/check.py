@@ -490,7 +490,7 @@ class _Checker:
             for rank, layout in enumerate(layouts):
                 for position, chunk in enumerate(layout):
                     self._check_sized_chunk(operand, extents, chunk, spans[rank][position], f"{buffer}[{rank}]")
-        return Sizes(operand.name, operand.chunk, extents)
+        return Sizes(operand.name, operand.chunk, extents, operand.span)
 
     def _check_operation(self, operand: ast.SizesOperand) -> None:
         if self.definition.operation is ast.Operation.REDUCE:

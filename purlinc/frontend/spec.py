@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from purlinc.frontend.ast import Operation
-from purlinc.errors import Span
+from purlinc.errors import Span, span_field
 from purlinc.frontend.epilogue import Epilogue
 
 
@@ -41,6 +41,7 @@ class Sizes:
     operand: str
     chunk: str
     extents: tuple[int, ...]
+    span: Span | None = span_field()  # the 'with sizes' operand (where a refusal points)
 
     def format(self) -> str:
         return f"sizes {self.operand}{''.join(f'[{e}]' for e in self.extents)} of {self.chunk}"

@@ -40,6 +40,8 @@ from purlinc.snac.verify import verify
 def canonical(spec: Spec, name: str) -> Spec:
     """``spec`` with its chunks renamed ``c[i]`` in order of appearance: nodes whose sub-specs
     differ only by names share one schedule (the lowering and the proof see only slots)."""
+    if spec.operation is Operation.COPY:
+        return _canonical_copy(spec, name)
     names: dict[Chunk, Chunk] = {}
 
     def rename(chunk: Chunk) -> Chunk:
@@ -50,6 +52,25 @@ def canonical(spec: Spec, name: str) -> Spec:
     inputs = tuple(tuple(rename(c) for c in layout) for layout in spec.inputs)
     outputs = tuple(tuple(rename(c) for c in layout) for layout in spec.outputs)
     return Spec(name, spec.world_size, (), spec.operation, spec.replicated, inputs, outputs, spec.sources)
+
+
+def _canonical_copy(spec: Spec, name: str) -> Spec:
+    """A copy phase's canonical spec names input *slots* ``c[i]`` in the order the outputs
+    read them (then the unread ones), and every output after the one slot it is copied from.
+
+    Slots, not chunk names: a phase of a ``copy replicated`` collective can hold one chunk on
+    several ranks, and its .pln text (``hiersource``, a plain ``copy``) would then name two
+    producers of ``c[0]``, which the checker refuses at load.  Reading order: every output
+    layout is then a run ``c[a..b]`` (and the inputs strided runs), which keeps the text of a
+    big phase short (hiersource writes runs as ranges)."""
+    names: dict[Slot, Chunk] = {}
+    read = [slots[0] for layout in spec.sources for slots in layout]
+    unread = [Slot(rank, p) for rank, layout in enumerate(spec.inputs) for p in range(len(layout))]
+    for slot in read + unread:
+        names.setdefault(slot, Chunk("c", (len(names),)))
+    inputs = tuple(tuple(names[Slot(rank, p)] for p in range(len(layout))) for rank, layout in enumerate(spec.inputs))
+    outputs = tuple(tuple(names[slots[0]] for slots in layout) for layout in spec.sources)
+    return Spec(name, spec.world_size, (), spec.operation, False, inputs, outputs, spec.sources)
 
 
 class _Builder:
@@ -270,7 +291,7 @@ def _check_plannable(spec: Spec) -> None:
                           spec.epilogue.span, ("run it on one node's communicator (a flat collective) instead",))
     if spec.sizes is not None:
         raise PurlinError(f"{spec.name}: a hierarchical plan (gpus_per_node) cannot move chunks of run-time "
-                          f"sizes ({spec.sizes.format()}) yet",
+                          f"sizes ({spec.sizes.format()}) yet", spec.sizes.span,
                           notes=("run it on one node's communicator (a flat collective) instead",))
 
 

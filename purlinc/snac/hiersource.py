@@ -1,16 +1,19 @@
 """A node's sub-collective as .pln text, so the runtime loads it like any other collective
 (compile cache, tuned schedules, agreement checks) on the node's communicator.
 
-The text names every local rank's layouts explicitly (``in[2] = c[0], c[5]``) with the
-canonical chunk names of ``hierplan.canonical``; ``purlinc.pipeline.spec_of`` of it gives back
-exactly that canonical spec (tests/test_hierarchy.py checks it for every phase), so the
-schedule the runtime lowers from it is the one ``verify_plan`` composed.
+The text names every local rank's layouts explicitly with the canonical chunk names of
+``hierplan.canonical``, runs of evenly spaced chunks as one item (``in[2] = c[5], c[8 * i]
+for i in 0..64``), so that a big phase stays far inside the 64 KiB a .pln text may have;
+``purlinc.pipeline.spec_of`` of it gives back exactly that canonical spec
+(tests/test_hierarchy.py checks it for every phase), so the schedule the runtime lowers
+from it is the one ``verify_plan`` composed.
 """
 
 from __future__ import annotations
 
 import re
 
+from purlinc.frontend.parse import MAX_NAME_LENGTH
 from purlinc.frontend.spec import Spec
 
 
@@ -20,7 +23,11 @@ def has_work(spec: Spec) -> bool:
 
 
 def phase_name(collective: str, phase: int) -> str:
-    return re.sub(r"[^A-Za-z0-9_]", "_", f"{collective}_h{phase}")
+    """``<collective>_h<phase>``, the collective's name cut so the whole fits the language's
+    limit (a 64-character collective's phases were refused at load); the suffix keeps the
+    phases apart."""
+    suffix = f"_h{phase}"
+    return re.sub(r"[^A-Za-z0-9_]", "_", collective)[:MAX_NAME_LENGTH - len(suffix)] + suffix
 
 
 def phase_source(spec: Spec, name: str) -> str:
@@ -30,7 +37,39 @@ def phase_source(spec: Spec, name: str) -> str:
     for buffer, layouts in (("in", spec.inputs), ("out", spec.outputs)):
         for local, layout in enumerate(layouts):
             if layout:
-                lines.append(f"    {buffer}[{local}] = " + ", ".join(map(str, layout)))
+                lines.append(f"    {buffer}[{local}] = " + ", ".join(_items(layout)))
     lines.append(f"    {spec.operation.value}")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _items(layout) -> list[str]:
+    """A layout of canonical chunks ``c[i]`` as .pln items, each run of three or more evenly
+    spaced indices as one item (``c[4..12]``, ``c[8 * i + 3] for i in 0..16``): a node's phase
+    of a big collective lists thousands of chunks, more than the 64 KiB a .pln text may have
+    if written one by one."""
+    indices = [chunk.index[0] for chunk in layout]
+    items, start = [], 0
+    while start < len(indices):
+        step = indices[start + 1] - indices[start] if start + 1 < len(indices) else 0
+        end = start + 1
+        while end < len(indices) and indices[end] - indices[end - 1] == step:
+            end += 1
+        if end - start < 3:  # a pair is shorter written out (and may start the next run)
+            end = start + 1
+        items.append(_run(indices[start], step, end - start))
+        start = end
+    return items
+
+
+def _run(first: int, step: int, n: int) -> str:
+    """``n`` chunks ``c[first + step * i]``."""
+    if n == 1:
+        return f"c[{first}]"
+    if step == 1:
+        return f"c[{first}..{first + n}]"
+    if step == 0:  # one chunk n times over (an output may repeat a chunk)
+        return f"c[{first}] for i in 0..{n}"
+    if step < 0:
+        return f"c[{first} - {-step} * i] for i in 0..{n}"
+    return f"c[{step} * i + {first}] for i in 0..{n}" if first else f"c[{step} * i] for i in 0..{n}"
