@@ -465,6 +465,37 @@ def test_compiled_fullgraph_runs_and_matches_eager():
     torch.testing.assert_close(want[0][0], 2 * (xs[0] + xs[1]))
 
 
+def test_compiled_size_checks_with_dynamic_sizes():
+    """torch.compile(dynamic=True, fullgraph=True): the size checks of all_gather_into_tensor,
+    reduce_scatter_tensor, all_to_all_single and pt.op(...)(x, out=) formatted their sizes into
+    the message before checking, and dynamo cannot format a symbolic size ("BUILD_STRING type
+    error"), so right calls failed to compile.  A wrong size is still refused by name."""
+    g = StandInWorlds(1).groups()[0]
+    tc = pt.op(StandInWorlds(1).loader(0)(SOURCES["allgather"], None), name="allgather")
+
+    def f(x):
+        out = x.new_empty(x.shape)
+        g.all_gather_into_tensor(out, x)
+        rs = torch.empty_like(x)
+        g.reduce_scatter_tensor(rs, x)
+        a2a = torch.empty_like(x)
+        g.all_to_all_single(a2a, x)
+        return out, rs, a2a, tc(x, out=torch.empty_like(x))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, dynamic=True, fullgraph=True, backend="aot_eager")
+    for n in (4, 6):
+        x = rand(0, n, 3)
+        for got in compiled(x):
+            torch.testing.assert_close(got, x)
+
+    def wrong(x):
+        g.all_gather_into_tensor(x.new_empty(x.shape[0] + 1, 3), x)
+    with pytest.raises(Exception, match=r"all_gather_into_tensor: output_tensor has 21 elements \(shape \(7, 3\)\), "
+                                        r"expected 18"):
+        torch.compile(wrong, dynamic=True, fullgraph=True, backend="aot_eager")(rand(0, 6, 3))
+
+
 def test_opcheck_on_a_world_of_one():
     g = StandInWorlds(1).groups()[0]
     h = g.entry("allgather").handle

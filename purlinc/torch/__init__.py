@@ -166,12 +166,13 @@ class TorchCollective:
         functional op never sees it: a wrong size would fail in view(), unnamed, and another dtype
         would be cast into silently.  ``ops.require``: dynamo traces torch._check, not an ArgumentError."""
         e = self.entry
-        where = f"purlin::{self.name} on rank {e.rank}"
+        where = f"purlin::{self.name} on rank {ops.shown(e.rank)}"  # dynamic=True reads e.rank as a symbol
         ops.require_tensors(where, [("x", x), ("out", out)])
         count = x.numel() // e.in_units if e.in_units else (out.numel() // e.out_units if e.out_units else 0)
         expected = e.out_units * count
-        ops.require(out.numel() == expected, f"{where}: out has {out.numel()} elements, expected {expected} "
-                                             f"({e.out_units} chunks x {count} elements per chunk)")
+        ops.require(out.numel() == expected, lambda: f"{where}: out has {ops.shown(out.numel())} elements, expected "
+                                             f"{ops.shown(expected)} ({ops.shown(e.out_units)} chunks x {ops.shown(count)} "
+                                             f"elements per chunk)")
         if e.in_units:
             ops.require(out.dtype == x.dtype, f"{where}: out has dtype {str(out.dtype).removeprefix('torch.')}, "
                                               f"expected {str(x.dtype).removeprefix('torch.')} (the dtype of x)")

@@ -570,14 +570,40 @@ def _active_mode(name: str):
     return torch._C._get_dispatch_mode(key) if key is not None else None
 
 
-def require(condition, message: str) -> None:
+def require(condition, message) -> None:
     """A caller's mistake: an ArgumentError, and under torch.compile ``torch._check`` (dynamo traces
     it where it cannot trace building an ArgumentError: the message still reaches the caller,
-    in a RuntimeError)."""
+    in a RuntimeError).  ``message``: the text, or a function giving it, called only when the
+    check fails; a message that names sizes must be one (see :func:`shown`).
+
+    Compiled, ``if not condition`` decides the condition first (on dynamic sizes a symbol: a
+    guard on the sizes, as any shape check makes), so ``torch._check`` only ever sees a failed
+    one: next to a symbolic condition dynamo refuses the message function ("Can't convert
+    torch._check*() message closure"), and fullgraph=True failed on a right call."""
     if torch.compiler.is_compiling():
-        torch._check(condition, lambda: message)
+        if not condition:
+            text = message() if callable(message) else message
+            torch._check(False, lambda: text)
     elif not condition:
-        raise ArgumentError(message)
+        raise ArgumentError(message() if callable(message) else message)
+
+
+def shown(size) -> int:
+    """A size for a :func:`require` message, as a plain int.  Under torch.compile(dynamic=True)
+    a size is a symbol, which dynamo cannot format ("BUILD_STRING type error"); ``int()`` makes
+    it this call's number (a guard on that size, on the failing path only: so the message is a
+    function, called only when the check fails)."""
+    return int(size)
+
+
+def shape_shown(t) -> str:
+    """``t``'s shape for a :func:`require` message, as ``tuple(t.shape)`` prints (see :func:`shown`).
+    Built of f-strings of ints: dynamo keeps a formatted tuple, or str() of an int, a traced
+    value, and then refuses it in the message ("Can't convert torch._check*() message closure")."""
+    text = ""
+    for n in t.shape:
+        text = f"{text}, {int(n)}" if text else f"{int(n)}"
+    return f"({text},)" if t.dim() == 1 else f"({text})"
 
 
 def traced(seq):
