@@ -496,6 +496,29 @@ def test_compiled_size_checks_with_dynamic_sizes():
         torch.compile(wrong, dynamic=True, fullgraph=True, backend="aot_eager")(rand(0, 6, 3))
 
 
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_compiled_rooted_calls_with_dynamic_sizes_on_two_threads(dynamic):
+    """Rooted calls (broadcast, reduce, gather, scatter) compiled with dynamic=True, or with the
+    automatic dynamic sizes of a recompile (dynamic=None), on two threaded ranks: the group rank
+    of src=/dst= was found with ``root in self.ranks``, which dynamo answers False for a member
+    when it reads the list's ints as symbols (pytorch/pytorch#153366): "dst=0 is not a rank of
+    this group", compiled only, one thread or two."""
+    R = 2
+    eager_groups, compiled_groups = StandInWorlds(R).groups(), StandInWorlds(R).groups()
+    xs = [[rand(r, n, 3, seed=n) for n in (4, 6, 8)] for r in range(R)]
+    want = on_ranks(eager_groups, lambda r, g: [_program(g, r)(x) for x in xs[r]])
+    torch._dynamo.reset()
+
+    def body(r, g):
+        f = torch.compile(_program(g, r), dynamic=dynamic, fullgraph=True, backend="aot_eager")
+        return [f(x) for x in xs[r]]
+    got = on_ranks(compiled_groups, body)
+    for r in range(R):
+        for a, b in zip(want[r], got[r]):
+            for u, v in zip(a, b):
+                torch.testing.assert_close(u, v)
+
+
 def test_opcheck_on_a_world_of_one():
     g = StandInWorlds(1).groups()[0]
     h = g.entry("allgather").handle

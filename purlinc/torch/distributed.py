@@ -180,10 +180,14 @@ class Group:
         if group_root is None:
             if root is None:
                 return 0
-            if root not in self.ranks:
-                raise ArgumentError(f"{where}: {label}={root!r} is not a rank of this group; expected one of its "
-                                    f"global ranks {self.ranks}", notes=(f"group_{label}= takes a rank within the group",))
-            return self.ranks.index(root)
+            # A loop of ==, not `root in self.ranks` / `.index(root)`: under torch.compile(dynamic=True)
+            # dynamo reads the ints of this list as symbols, and `in` never compares a member with
+            # them (pytorch/pytorch#153366): src=0 was "not a rank of this group", compiled only.
+            for group_rank, member in enumerate(self.ranks):
+                if member == root:
+                    return group_rank
+            raise ArgumentError(f"{where}: {label}={root!r} is not a rank of this group; expected one of its "
+                                f"global ranks {self.ranks}", notes=(f"group_{label}= takes a rank within the group",))
         if not 0 <= group_root < self.world_size:
             raise ArgumentError(f"{where}: group_{label}={group_root!r}, expected a rank in [0, {self.world_size})")
         return group_root
