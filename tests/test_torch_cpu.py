@@ -194,6 +194,29 @@ def test_ops_register_with_schemas():
         pt.define("not-a-name")
 
 
+def test_define_racing_on_threads_defines_once():
+    """Two threads' first use of one name (two Groups or pt.op(...) made at once): define()
+    checked its memo, then registered, without a lock, so a second registration raced the first
+    ("Library object has been destroyed", or two Ops for one name)."""
+    for k in range(8):
+        name = f"raced_{k}"
+        start, got, errors = threading.Barrier(4, timeout=30), [], []
+
+        def first_use():
+            start.wait()
+            try:
+                got.append(pt.define(name))
+            except Exception as error:  # noqa: BLE001 - asserted below
+                errors.append(error)
+        threads = [threading.Thread(target=first_use) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        assert len(got) == 4 and all(ops is got[0] for ops in got), name
+
+
 # (kind, root, rank) -> (in_units, out_units) for R = 3
 UNITS = {
     "allreduce": lambda r, root: (3, 3), "allgather": lambda r, root: (1, 3),

@@ -23,6 +23,7 @@ ones launch on the caller's current stream.  Both check their arguments and fail
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -42,6 +43,7 @@ _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 INVERSES = {"allreduce": "allreduce", "allgather": "reduce_scatter", "reduce_scatter": "allgather",
             "alltoall": "alltoall"}
 _DEFINED: dict[str, "Ops"] = {}
+_DEFINING = threading.Lock()  # define() registers each name once, whatever the threads
 ORDERED = True  # False if this torch could not register the functional ops as ordered effects
 
 
@@ -374,10 +376,17 @@ def _entry_of(name: str, handle: int) -> Entry:
 
 
 def define(name: str) -> Ops:
-    """The functional, out and in-place ops for collectives called ``name``; defined once per process."""
+    """The functional, out and in-place ops for collectives called ``name``; defined once per
+    process, under a lock: ranks on threads (or two Groups made at once) register a name's ops
+    once, not twice at the same time (torch.library refuses, or tears down, the second)."""
     hit = _DEFINED.get(name)
     if hit is not None:
         return hit
+    with _DEFINING:
+        return _DEFINED.get(name) or _define(name)
+
+
+def _define(name: str) -> Ops:
     if not _NAME.fullmatch(name):
         raise ArgumentError(f"op name {name!r} is not an identifier (letters, digits, _; a letter first)")
     impl = _implementations(name)
