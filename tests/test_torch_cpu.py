@@ -217,6 +217,24 @@ def test_define_racing_on_threads_defines_once():
         assert len(got) == 4 and all(ops is got[0] for ops in got), name
 
 
+def test_sequence_racing_on_threads_is_one_tensor():
+    """The communicator's sequence tensor orders its compiled calls only if every Group and
+    pt.op(...) of it shares one: two made at once on threads each made their own (a memo
+    checked, then filled, without a lock)."""
+    for _ in range(20):
+        comm, start, got = Comm(0, 1), threading.Barrier(4, timeout=30), []
+
+        def first_use():
+            start.wait()
+            got.append(ops_module.sequence(comm, "cpu"))
+        threads = [threading.Thread(target=first_use) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(got) == 4 and all(seq is got[0] for seq in got)
+
+
 # (kind, root, rank) -> (in_units, out_units) for R = 3
 UNITS = {
     "allreduce": lambda r, root: (3, 3), "allgather": lambda r, root: (1, 3),

@@ -561,6 +561,7 @@ def _keep_in_order(op, *, mutable: bool) -> None:
 
 
 _SEQUENCES: dict = {}
+_SEQUENCING = threading.Lock()
 
 
 def tracing() -> bool:
@@ -633,14 +634,18 @@ def sequence(comm, device) -> "torch.Tensor | None":
     one communicator stay in program order.  Static (``mark_static_address``): CUDA graphs
     (reduce-overhead) accept mutations of static inputs.  Made eagerly, outside any trace."""
     key = (id(comm), str(device))
-    hit = _SEQUENCES.get(key)
-    if hit is None:
-        try:
-            hit = torch.zeros(1, dtype=torch.int32, device=device)
-        except (RuntimeError, AssertionError):  # a device this torch cannot reach: eager checks still work
-            return None
-        torch._dynamo.mark_static_address(hit)
-        _SEQUENCES[key] = hit
+    hit = _SEQUENCES.get(key)  # the common case, also inside traced code (which cannot enter a lock)
+    if hit is not None:
+        return hit
+    with _SEQUENCING:  # one tensor per communicator, whichever thread makes its Groups and ops first
+        hit = _SEQUENCES.get(key)
+        if hit is None:
+            try:
+                hit = torch.zeros(1, dtype=torch.int32, device=device)
+            except (RuntimeError, AssertionError):  # a device this torch cannot reach: eager checks still work
+                return None
+            torch._dynamo.mark_static_address(hit)
+            _SEQUENCES[key] = hit
     return hit
 
 
