@@ -560,6 +560,47 @@ def test_compiled_rooted_calls_with_dynamic_sizes_on_two_threads(dynamic):
                 torch.testing.assert_close(u, v)
 
 
+def _rooted(g, rank, root):
+    def f(x):
+        b = x + 1
+        g.broadcast(b, src=g.ranks[root])
+        rd = x + 2
+        g.reduce(rd, dst=g.ranks[(root + 1) % g.world_size])
+        gl = [torch.empty_like(x) for _ in range(g.world_size)] if rank == root else None
+        g.gather(x, gl, dst=g.ranks[root])
+        sc = x.new_empty(x.shape[0] // g.world_size, *x.shape[1:])
+        g.scatter(sc, list(x.chunk(g.world_size)) if rank == root else None, src=g.ranks[root])
+        y = x * 2
+        pt.all_reduce(y, group=g)
+        out = x.new_empty(g.world_size * x.shape[0], *x.shape[1:])
+        g.all_gather_into_tensor(out, x)
+        return b, rd, sc, y, out, *(gl or ())
+    return f
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("R", [2, 3])
+@pytest.mark.parametrize("dynamic", [True, False, None])
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_compiled_rooted_calls_on_threads_stress(R, dynamic, fullgraph):
+    """Every root, many sizes, each rank's thread compiling at once, against eager calls."""
+    for root in range(R):
+        eager_groups, compiled_groups = StandInWorlds(R).groups(), StandInWorlds(R).groups()
+        xs = [[rand(r, R * (2 + i % 4), 3, seed=i) for i in range(12)] for r in range(R)]
+        want = on_ranks(eager_groups, lambda r, g: [_rooted(g, r, root)(x) for x in xs[r]])
+        torch._dynamo.reset()
+
+        def body(r, g):  # dynamo's config is per thread since torch 2.12 (docs/TORCH.md): set on each rank's
+            with torch._dynamo.config.patch(recompile_limit=64):  # one code object: R groups x 4 sizes
+                f = torch.compile(_rooted(g, r, root), dynamic=dynamic, fullgraph=fullgraph, backend="aot_eager")
+                return [f(x) for x in xs[r]]
+        got = on_ranks(compiled_groups, body)
+        for r in range(R):
+            for a, b in zip(want[r], got[r]):
+                for u, v in zip(a, b):
+                    torch.testing.assert_close(u, v)
+
+
 def test_opcheck_on_a_world_of_one():
     g = StandInWorlds(1).groups()[0]
     h = g.entry("allgather").handle
