@@ -170,9 +170,9 @@ class TorchCollective:
         ops.require_tensors(where, [("x", x), ("out", out)])
         count = x.numel() // e.in_units if e.in_units else (out.numel() // e.out_units if e.out_units else 0)
         expected = e.out_units * count
-        ops.require(out.numel() == expected, lambda: f"{where}: out has {ops.shown(out.numel())} elements, expected "
-                                             f"{ops.shown(expected)} ({ops.shown(e.out_units)} chunks x {ops.shown(count)} "
-                                             f"elements per chunk)")
+        ops.require(out.numel() == expected,
+                    lambda: f"{where}: out has {ops.shown(out.numel())} elements, expected {ops.shown(expected)} "
+                            f"({ops.shown(e.out_units)} chunks x {ops.shown(count)} elements per chunk)")
         if e.in_units:
             ops.require(out.dtype == x.dtype, f"{where}: out has dtype {str(out.dtype).removeprefix('torch.')}, "
                                               f"expected {str(x.dtype).removeprefix('torch.')} (the dtype of x)")

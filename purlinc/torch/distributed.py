@@ -267,9 +267,9 @@ class Group:
         where = "reduce_scatter_tensor"
         self._same_dtype(where, output, input, "output", "input")
         _ops.require(input.numel() == self.world_size * output.numel(),
-                 lambda: f"{where}: input has {_ops.shown(input.numel())} elements (shape {_ops.shape_shown(input)}), expected "
-                 f"{_ops.shown(self.world_size * output.numel())} ({_ops.shown(self.world_size)} ranks x the "
-                 f"{_ops.shown(output.numel())} of output)")
+                 lambda: f"{where}: input has {_ops.shown(input.numel())} elements (shape "
+                 f"{_ops.shape_shown(input)}), expected {_ops.shown(self.world_size * output.numel())} "
+                 f"({_ops.shown(self.world_size)} ranks x the {_ops.shown(output.numel())} of output)")
         if _ops.tracing():
             output.copy_(torch.ops.purlin.reduce_scatter_seq(input, self._seq, handle, op, -1).view(output.shape))
             return _DONE if async_op else None
@@ -315,9 +315,9 @@ class Group:
         output, input = self._bytes(where, [("output_tensor", output_tensor), ("input_tensor", input_tensor)])
         self._same_dtype(where, output_tensor, input_tensor, "output_tensor", "input_tensor")
         _ops.require(output_tensor.numel() == self.world_size * input_tensor.numel(),
-                 lambda: f"{where}: output_tensor has {_ops.shown(output_tensor.numel())} elements (shape {_ops.shape_shown(output_tensor)}), "
-                 f"expected {_ops.shown(self.world_size * input_tensor.numel())} ({_ops.shown(self.world_size)} ranks x the "
-                 f"{_ops.shown(input_tensor.numel())} of input_tensor)")
+                 lambda: f"{where}: output_tensor has {_ops.shown(output_tensor.numel())} elements (shape "
+                 f"{_ops.shape_shown(output_tensor)}), expected {_ops.shown(self.world_size * input_tensor.numel())} "
+                 f"({_ops.shown(self.world_size)} ranks x the {_ops.shown(input_tensor.numel())} of input_tensor)")
         if _ops.tracing():
             output.copy_(torch.ops.purlin.allgather_seq(input, self._seq, handle, "sum", -1).view(output.shape))
             return _DONE if async_op else None
@@ -348,11 +348,11 @@ class Group:
         out, inp = self._bytes(where, [("output", output), ("input", input)])
         self._same_dtype(where, output, input, "output", "input")
         _ops.require(output.numel() == input.numel(),
-                 lambda: f"{where}: output has {_ops.shown(output.numel())} elements, expected {_ops.shown(input.numel())} "
-                 f"(as many as input)")
+                 lambda: f"{where}: output has {_ops.shown(output.numel())} elements, expected "
+                 f"{_ops.shown(input.numel())} (as many as input)")
         _ops.require(input.dim() == 0 or input.shape[0] % self.world_size == 0,
-                 lambda: f"{where}: input has {_ops.shown(input.shape[0] if input.dim() else 0)} rows (dim 0), expected a multiple of "
-                 f"{_ops.shown(self.world_size)} (one equal slice per rank)")
+                 lambda: f"{where}: input has {_ops.shown(input.shape[0] if input.dim() else 0)} rows (dim 0), "
+                 f"expected a multiple of {_ops.shown(self.world_size)} (one equal slice per rank)")
         if _ops.tracing():
             out.copy_(torch.ops.purlin.alltoall_seq(inp, self._seq, handle, "sum", -1).view(out.shape))
             return _DONE if async_op else None
