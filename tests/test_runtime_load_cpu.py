@@ -109,21 +109,11 @@ def test_load_uses_the_pipelines_compiled_and_kernels(fake):
     assert kernel.cuda.abi == variant.abi and [c[0] for c in fake].count("module_load") == 1
 
 
-# Ranks 2 and 3 have no chunks; the ring relays rank 1's x[1] to rank 0 through them.
-_CHUNKLESS = """collective chunkless {
-    in[0] = x[0]
-    in[1] = x[1]
-    out[0] = x[1]
-    out[1] = x[0]
-    copy
-}
-"""
-
-
 def test_a_rank_without_chunks_that_relays_needs_the_count(fake):
     from purlinc.runtime.errors import ArgumentError
+    from test_fuzz_specs import fuzz_specs  # the GPU tests' directed case, tests/gpu/fuzz_specs.py
 
-    compiled = collective.prepare(_CHUNKLESS, 4, algorithm="ring")
+    compiled = collective.prepare(fuzz_specs.CHUNKLESS, 4, algorithm="ring")
     comm = FakeComm()
     comm.rank, comm.world_size, comm.heap = 2, 4, FakeHeap(4)
     relay = Collective(compiled, comm, placement._allocate(comm, compiled, None), agree=False)
@@ -135,7 +125,7 @@ def test_a_rank_without_chunks_that_relays_needs_the_count(fake):
     shape, _, _ = relay.prepare_call(None, None, "sum", 0, 5, "bfloat16")
     assert (shape.count, shape.dtype) == (5, DType.BFLOAT16)
     # direct-push gives such a rank nothing to do: no count needed
-    idle = collective.prepare(_CHUNKLESS, 4, algorithm="direct-push")
+    idle = collective.prepare(fuzz_specs.CHUNKLESS, 4, algorithm="direct-push")
     comm.heap = FakeHeap(4)
     small = Collective(idle, comm, placement._allocate(comm, idle, None), agree=False)
     assert not small.relays

@@ -163,7 +163,8 @@ def torch_dtype(dtype: DType):
 
     return {
         DType.FLOAT32: torch.float32, DType.FLOAT16: torch.float16, DType.BFLOAT16: torch.bfloat16,
-        DType.INT32: torch.int32, DType.INT64: torch.int64, DType.FLOAT8_E4M3: torch.float8_e4m3fn, DType.FLOAT8_E5M2: torch.float8_e5m2,
+        DType.INT32: torch.int32, DType.INT64: torch.int64,
+        DType.FLOAT8_E4M3: torch.float8_e4m3fn, DType.FLOAT8_E5M2: torch.float8_e5m2,
     }[dtype]
 
 
@@ -295,6 +296,47 @@ def compare_outputs(spec, outs, want, dtype: DType, label: str) -> None:
             bad = np.flatnonzero(got.view(dtype.storage) != want[r])
             raise AssertionError(f"{label}: rank {r} differs at {bad.size} of {got.size} elements, first at "
                                  f"{bad[:5].tolist()}: got {got[bad[:5]].tolist()}, want {want[r][bad[:5]].tolist()}")
+
+
+def rank_runs(coll, r: int, count: int, itemsize: int):
+    """Rank r's Collective that a call of ``count`` runs (a plain load's bucket)."""
+    rank = coll[r]
+    return rank.variant_for(count, itemsize) if hasattr(rank, "variant_for") else rank
+
+
+def simulated(runs, spec, inputs, count: int, dtype: DType, op) -> list[np.ndarray]:
+    """What the SNAC simulator gives for one call of the schedule ``runs`` ran, in the pieces its
+    staging space cuts the call into."""
+    from purlinc.runtime.validate import choose_piece
+    from purlinc.snac.simulate import simulate
+
+    piece = choose_piece(count, runs.stage_units, dtype.itemsize, runs.layout.stage_bytes)
+    return simulate(runs.compiled.schedule, spec, inputs, count, dtype, op, calls=1, piece=piece)
+
+
+def check_group_call(coll, streams, device: int, count: int, dtype: DType, op, rng, label: str, *,
+                     pass_count: bool = True):
+    """One group call of a loopback group's collective on fresh inputs and poisoned outputs (a
+    rank with no chunks passes None), every rank checked bit for bit against the simulator;
+    returns the rank-0 Collective that ran.  ``pass_count=False``: the call derives the count
+    from the buffers, as a user's call does."""
+    import torch
+
+    runs = rank_runs(coll, 0, count, dtype.itemsize)
+    spec = runs.compiled.spec
+    op = op if spec.is_reduce else None
+    inputs = inputs_for(spec, count, dtype, rng)
+    xs = [to_torch(inputs[r], dtype, device) if len(spec.inputs[r]) else None for r in range(spec.world_size)]
+    outs = [torch.empty(len(spec.outputs[r]) * count, dtype=torch_dtype(dtype), device=f"cuda:{device}")
+            if len(spec.outputs[r]) else None for r in range(spec.world_size)]
+    for o in outs:
+        if o is not None:
+            poison(o)
+    given = {"count": count} if pass_count else {}
+    on_rank_streams(streams, device, lambda: coll(xs, outs, op=op or "sum", streams=streams, **given))
+    coll.check()
+    compare_outputs(spec, outs, simulated(runs, spec, inputs, count, dtype, op), dtype, label)
+    return runs
 
 
 def inputs_for(spec, count: int, dtype: DType, rng) -> list[np.ndarray]:

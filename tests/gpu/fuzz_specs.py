@@ -124,6 +124,18 @@ def case(seed: int) -> FuzzCase:
     return FuzzCase(seed, world, _source(f"fuzz_{seed}", inputs, outputs, reduce), reduce, _options(rng, reduce), calls)
 
 
+# A directed case beside the random ones: ranks 2 and 3 have no chunks, yet a ring relays rank
+# 1's x[1] to rank 0 through them, so they must run the others' count.
+CHUNKLESS = """collective chunkless {
+    in[0] = x[0]
+    in[1] = x[1]
+    out[0] = x[1]
+    out[1] = x[0]
+    copy
+}
+"""
+
+
 def cases(n: int, first: int | None = None) -> list[FuzzCase]:
     """``n`` cases from seed ``first`` (default: $PURLIN_FUZZ_FIRST, else FIRST_SEED)."""
     first = int(os.environ.get("PURLIN_FUZZ_FIRST", FIRST_SEED)) if first is None else first

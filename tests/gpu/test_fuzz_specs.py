@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fuzz_specs  # noqa: E402
-from _common import compare_outputs, inputs_for, on_rank_streams, poison, to_torch, torch_dtype  # noqa: E402
+from _common import check_group_call  # noqa: E402
 from purlinc.dtypes import DType  # noqa: E402
 
 pytestmark = [pytest.mark.gpu]
@@ -91,30 +91,9 @@ def _gate(case) -> None:
         pytest.skip("not precompiled within PURLIN_FUZZ_COMPILE_S")
 
 
-def _want(runs, spec, inputs, count, dtype, op):
-    from purlinc.runtime.validate import choose_piece
-    from purlinc.snac.simulate import simulate
-
-    piece = choose_piece(count, runs.stage_units, dtype.itemsize, runs.layout.stage_bytes)
-    return simulate(runs.compiled.schedule, spec, inputs, count, dtype, op, calls=1, piece=piece)
-
-
 def _call(coll, group, case, count: int, dtype: DType, op, rng, pass_count: bool = True) -> None:
-    rank0 = coll[0]
-    runs = rank0.variant_for(count, dtype.itemsize) if hasattr(rank0, "variant_for") else rank0
-    spec = runs.compiled.spec
-    inputs = inputs_for(spec, count, dtype, rng)
-    xs = [to_torch(inputs[r], dtype, DEVICE) if len(spec.inputs[r]) else None for r in range(case.world)]
-    outs = [torch.empty(len(spec.outputs[r]) * count, dtype=torch_dtype(dtype), device=f"cuda:{DEVICE}")
-            if len(spec.outputs[r]) else None for r in range(case.world)]
-    for o in outs:
-        if o is not None:
-            poison(o)
-    given = {"count": count} if pass_count else {}
-    on_rank_streams(group.streams, DEVICE, lambda: coll(xs, outs, op=op or "sum", streams=group.streams, **given))
-    coll.check()
-    compare_outputs(spec, outs, _want(runs, spec, inputs, count, dtype, op), dtype,
-                    f"{case.id} count={count} {dtype.value} {op or ''}")
+    check_group_call(coll, group.streams, DEVICE, count, dtype, op, rng,
+                     f"{case.id} count={count} {dtype.value} {op or ''}", pass_count=pass_count)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -142,26 +121,14 @@ def test_random_collective_matches_the_simulator(case):
     RESULTS[-1]["calls"] = len(case.calls)
 
 
-# Ranks 2 and 3 have no chunks; a ring relays rank 1's x[1] to rank 0 through them, so they run
-# the others' count (the group call gives it to them) or would pass nothing on.
-CHUNKLESS = """collective chunkless {
-    in[0] = x[0]
-    in[1] = x[1]
-    out[0] = x[1]
-    out[1] = x[0]
-    copy
-}
-"""
-
-
 @pytest.mark.parametrize("algorithm", ["ring", "direct-push", "direct-pull"])
 def test_ranks_without_chunks(algorithm):
     import purlinc
 
     group = _group(4)
-    coll = purlinc.load(CHUNKLESS, group, algorithm=algorithm, channels=2)
+    coll = purlinc.load(fuzz_specs.CHUNKLESS, group, algorithm=algorithm, channels=2)
     rng = np.random.default_rng(7)
-    case = fuzz_specs.FuzzCase(0, 4, CHUNKLESS, False)
+    case = fuzz_specs.FuzzCase(0, 4, fuzz_specs.CHUNKLESS, False)
     try:
         for count, dtype in ((4097, "bfloat16"), (3, "int64")):
             _call(coll, group, case, count, DType.parse(dtype), None, rng, pass_count=False)

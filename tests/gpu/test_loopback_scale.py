@@ -24,7 +24,8 @@ torch = pytest.importorskip("torch")
 
 import scale  # noqa: E402
 from _common import (  # noqa: E402
-    capture_per_rank, compare_outputs, inputs_for, on_rank_streams, poison, replay_per_rank, to_torch, torch_dtype,
+    capture_per_rank, check_group_call, compare_outputs, inputs_for, on_rank_streams, poison, rank_runs,
+    replay_per_rank, simulated, to_torch, torch_dtype,
 )
 from purlinc.dtypes import DType, ReduceOp  # noqa: E402
 
@@ -78,37 +79,6 @@ def summary():
         g.close()
     _GROUPS.clear()
     write_summary(RESULTS, _compiled_manifest(), OUT)
-
-
-def _runs(coll, r: int, count: int, itemsize: int):
-    """Rank r's Collective that a call of ``count`` runs (a plain load's bucket)."""
-    rank = coll[r]
-    return rank.variant_for(count, itemsize) if hasattr(rank, "variant_for") else rank
-
-
-def _call_and_check(coll, group, case, count, dtype, op, rng, label):
-    runs = _runs(coll, 0, count, dtype.itemsize)
-    spec = runs.compiled.spec
-    op = op if spec.is_reduce else None
-    inputs = inputs_for(spec, count, dtype, rng)
-    xs = [to_torch(inputs[r], dtype, DEVICE) if len(spec.inputs[r]) else None for r in range(spec.world_size)]
-    outs = [torch.empty(len(spec.outputs[r]) * count, dtype=torch_dtype(dtype), device=f"cuda:{DEVICE}")
-            if len(spec.outputs[r]) else None for r in range(spec.world_size)]
-    for o in outs:
-        if o is not None:
-            poison(o)
-    on_rank_streams(group.streams, DEVICE, lambda: coll(xs, outs, op=op or "sum", streams=group.streams, count=count))
-    coll.check()
-    compare_outputs(spec, outs, _want(runs, spec, inputs, count, dtype, op), dtype, label)
-    return runs.compiled.options.key()
-
-
-def _want(runs, spec, inputs, count, dtype, op):
-    from purlinc.runtime.validate import choose_piece
-    from purlinc.snac.simulate import simulate
-
-    piece = choose_piece(count, runs.stage_units, dtype.itemsize, runs.layout.stage_bytes)
-    return simulate(runs.compiled.schedule, spec, inputs, count, dtype, op, calls=1, piece=piece)
 
 
 def _load(case):
@@ -197,7 +167,8 @@ def _refuse_case(case):
         coll.close()
     fits = purlinc.load(scale.source_of(case.spec), group, **dict(scale.FITS_AFTER_REFUSAL))
     try:
-        key = _call_and_check(fits, group, case, count, dtype, op, np.random.default_rng(2), f"{case.id} after refusal")
+        key = check_group_call(fits, group.streams, DEVICE, count, dtype, op, np.random.default_rng(2),
+                               f"{case.id} after refusal").compiled.options.key()
     finally:
         fits.close()
     refused = f"refused: {caught.value.needed} > {caught.value.limit}"
@@ -233,7 +204,8 @@ def test_case(case):
         for count, dtype, op in scale.case_calls(case, buckets, units):
             dtype = DType.parse(dtype)
             label = f"{case.id}/n={count}/{dtype.value}/{op}"
-            schedule = _call_and_check(coll, _group(case.world), case, count, dtype, op, rng, label)
+            schedule = check_group_call(coll, _group(case.world).streams, DEVICE, count, dtype, op, rng,
+                                        label).compiled.options.key()
             calls.append([count, dtype.value, op, schedule])
     except BaseException as error:
         _record(case, "failed", calls=calls, error=f"{type(error).__name__}: {str(error)[:400]}",
@@ -254,7 +226,7 @@ def _graph_case(case):
     coll = _load(case)
     group = _group(case.world)
     try:
-        runs = _runs(coll, 0, count, dtype.itemsize)
+        runs = rank_runs(coll, 0, count, dtype.itemsize)
         spec = runs.compiled.spec
         rng = np.random.default_rng(case.seed)
         inputs = inputs_for(spec, count, dtype, rng)
@@ -265,8 +237,8 @@ def _graph_case(case):
             poison(o)
         on_rank_streams(group.streams, DEVICE, lambda: coll(xs, outs, op=op, streams=group.streams, count=count))
         coll.check()
-        compare_outputs(spec, outs, _want(runs, spec, inputs, count, dtype, ReduceOp.parse(op) if spec.is_reduce else None),
-                        dtype, f"{case.id} group call")
+        want = simulated(runs, spec, inputs, count, dtype, ReduceOp.parse(op) if spec.is_reduce else None)
+        compare_outputs(spec, outs, want, dtype, f"{case.id} group call")
         def calls(r):
             for _ in range(2):
                 coll[r](xs[r], outs[r], op=op)
@@ -278,7 +250,7 @@ def _graph_case(case):
                 poison(outs[r])
             replay_per_rank(graphs, group.streams, DEVICE)
             coll.check()
-            want = _want(runs, spec, inputs, count, dtype, ReduceOp.parse(op) if spec.is_reduce else None)
+            want = simulated(runs, spec, inputs, count, dtype, ReduceOp.parse(op) if spec.is_reduce else None)
             compare_outputs(spec, outs, want, dtype, f"{case.id} replay {it}")
     finally:
         coll.close()
