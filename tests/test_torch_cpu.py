@@ -545,13 +545,20 @@ def test_compiled_rooted_calls_with_dynamic_sizes_on_two_threads(dynamic):
     when it reads the list's ints as symbols (pytorch/pytorch#153366): "dst=0 is not a rank of
     this group", compiled only, one thread or two."""
     R = 2
-    eager_groups, compiled_groups = StandInWorlds(R).groups(), StandInWorlds(R).groups()
     xs = [[rand(r, n, 3, seed=n) for n in (4, 6, 8)] for r in range(R)]
-    want = on_ranks(eager_groups, lambda r, g: [_program(g, r)(x) for x in xs[r]])
+    _compiled_equals_eager(R, _program, xs,
+                           lambda f: torch.compile(f, dynamic=dynamic, fullgraph=True, backend="aot_eager"))
+
+
+def _compiled_equals_eager(R: int, program, xs, compile_) -> None:
+    """Each rank's ``program(g, rank)`` on each of its inputs ``xs[rank]``, eagerly and compiled
+    (``compile_(f)``) on each rank's thread at once, on two stand-in worlds: the same tensors."""
+    eager_groups, compiled_groups = StandInWorlds(R).groups(), StandInWorlds(R).groups()
+    want = on_ranks(eager_groups, lambda r, g: [program(g, r)(x) for x in xs[r]])
     torch._dynamo.reset()
 
     def body(r, g):
-        f = torch.compile(_program(g, r), dynamic=dynamic, fullgraph=True, backend="aot_eager")
+        f = compile_(program(g, r))
         return [f(x) for x in xs[r]]
     got = on_ranks(compiled_groups, body)
     for r in range(R):
@@ -584,21 +591,15 @@ def _rooted(g, rank, root):
 @pytest.mark.parametrize("fullgraph", [True, False])
 def test_compiled_rooted_calls_on_threads_stress(R, dynamic, fullgraph):
     """Every root, many sizes, each rank's thread compiling at once, against eager calls."""
-    for root in range(R):
-        eager_groups, compiled_groups = StandInWorlds(R).groups(), StandInWorlds(R).groups()
-        xs = [[rand(r, R * (2 + i % 4), 3, seed=i) for i in range(12)] for r in range(R)]
-        want = on_ranks(eager_groups, lambda r, g: [_rooted(g, r, root)(x) for x in xs[r]])
-        torch._dynamo.reset()
+    def compile_(f):
+        # dynamo's config is per thread since torch 2.12 (docs/TORCH.md): set on each rank's, around
+        # the calls that compile; one code object holds R groups x 4 sizes
+        return torch._dynamo.config.patch(recompile_limit=64)(
+            torch.compile(f, dynamic=dynamic, fullgraph=fullgraph, backend="aot_eager"))
 
-        def body(r, g):  # dynamo's config is per thread since torch 2.12 (docs/TORCH.md): set on each rank's
-            with torch._dynamo.config.patch(recompile_limit=64):  # one code object: R groups x 4 sizes
-                f = torch.compile(_rooted(g, r, root), dynamic=dynamic, fullgraph=fullgraph, backend="aot_eager")
-                return [f(x) for x in xs[r]]
-        got = on_ranks(compiled_groups, body)
-        for r in range(R):
-            for a, b in zip(want[r], got[r]):
-                for u, v in zip(a, b):
-                    torch.testing.assert_close(u, v)
+    for root in range(R):
+        xs = [[rand(r, R * (2 + i % 4), 3, seed=i) for i in range(12)] for r in range(R)]
+        _compiled_equals_eager(R, lambda g, r: _rooted(g, r, root), xs, compile_)
 
 
 def test_opcheck_on_a_world_of_one():
