@@ -28,6 +28,7 @@ from purlinc.errors import PurlinError
 from purlinc.pipeline import Compiled
 from purlinc.runtime import interop, residency
 from purlinc.runtime.errors import ArgumentError, MismatchError, PurlinTimeoutError, issued_by_one_thread
+from purlinc.runtime.group import per_rank
 from purlinc.runtime.residency import Blocks
 
 WIDEST = max(d.itemsize for d in DType)
@@ -308,8 +309,6 @@ class GroupSized:
 
     def __call__(self, xs, sizes=None, outs=None, out_sizes=None, streams=None, *, row: int = 1, **operands):
         sizes = _named_sizes(self.ranks[0], sizes, operands)  # one per rank, positionally or by name
-        from purlinc.runtime.group import per_rank
-
         world = len(self.ranks)
         xs, outs, out_sizes, streams = (per_rank(self.name, label, values, world) for label, values in
                                         (("xs", xs), ("outs", outs), ("out_sizes", out_sizes), ("streams", streams)))
