@@ -19,7 +19,7 @@ from purlinc.dtypes import DType, ReduceOp, random_values
 from purlinc.errors import PurlinError
 from purlinc.frontend.evaluate import evaluate
 from purlinc.snac.format import format_schedule, schedule_from_json, schedule_to_json
-from purlinc.snac.ir import Algorithm, Consume, LowerOptions, Notify, Role, Stage, Wait
+from purlinc.snac.ir import PACKET_FLAG_PERIOD, Algorithm, Consume, LowerOptions, Notify, Role, Stage, Wait, packet_flag
 from purlinc.snac.packing import PACKED_UNITS, normalized, packed_stages
 from purlinc.snac.simulate import simulate_calls
 from purlinc.snac.verify import VerificationError, verify
@@ -508,11 +508,15 @@ def test_generated_packets_carry_the_schedules_flags():
     source = generate(schedule, compiled.spec, atom="ldst", arch="sm_90", dtype=DType.FLOAT16, op=ReduceOp.SUM).source
     stride = sum(schedule.per_call().values())
     assert stride > max(schedule.per_call().values())
-    sends = re.findall(r"flag\d+ = \(unsigned\)\(\(purlin_i64\)rd\.epoch \* (\d+) \+", source)
+    sends = re.findall(r"flag\d+ = purlin_ll_flag\(\(purlin_i64\)rd\.epoch \* (\d+) \+", source)
     tables = re.findall(r"const purlin_ll_batch<Geo[^=]*= \{(.*?)\n\s*\};", source, re.S)  # receive loops' tables
     polls = [m for t in tables for m in re.findall(r"\(purlin_i64\)rd\.epoch \* (\d+) \+ \((\d+)\)", t)]
+    folded = [m for t in tables for m in re.findall(r"purlin_ll_flag\(\(purlin_i64\)rd\.epoch \* (\d+) \+ \((\d+)\)\)", t)]
     assert sends and set(sends) == {str(stride)}
     assert polls and {p for p, _ in polls} <= {str(stride), "0"}  # 0: a plain source's unused numbers
+    # every table holds the values (for a timeout's report) and their flags, which the polls compare
+    assert folded and 2 * len(folded) == len(polls)
+    assert "(unsigned)b.expected" not in source and "purlin_ll_ready(q[u][c][j], b.flag[c][j])" in source
 
 
 def test_a_timed_out_packet_wait_reports_the_signal_value_and_the_flags():
@@ -526,7 +530,25 @@ def test_a_timed_out_packet_wait_reports_the_signal_value_and_the_flags():
     record = {"signal_owner": wait.signal.owner, "signal_index": wait.signal.index,
               "expected": 3 * stride + base + 2, "observed": 7}
     assert _awaited(schedule, wait, record) == (
-        f"the packets (LL) of signal r2.sig[{wait.signal.index}] >= {3 * 2 + 2}: packet flag {3 * stride + base + 2}, "
+        f"the packets (LL) of signal r2.sig[{wait.signal.index}] >= {3 * 2 + 2}: packet flag {3 * stride + base + 3}, "
         "observed 7")
+    # past 2^32 - 1 values the flag starts again at 1; the signal's value does not
+    epoch = (2**32 - 1) // stride + 1
+    late = {**record, "expected": epoch * stride + base + 2}
+    assert _awaited(schedule, wait, late) == (
+        f"the packets (LL) of signal r2.sig[{wait.signal.index}] >= {epoch * 2 + 2}: "
+        f"packet flag {epoch * stride + base + 2 - (2**32 - 1) + 1}, observed 7")
     plain = {**record, "expected": 5}
     assert _awaited(schedule, None, plain) == f"signal r2.sig[{wait.signal.index}] >= 5, observed 7"
+
+
+@pytest.mark.parametrize("around", [0, 2**32 - 1, 2**32, 2 * (2**32 - 1), 2**33, 2**63 - 2**20])
+def test_packet_flags_are_never_zero_and_consecutive_ones_differ(around):
+    """Staging starts zeroed, so no flag may be 0 (a slot no call has written would pass for a
+    packet); a plain 32-bit cast of the value gave 0 at every multiple of 2^32."""
+    values = range(max(0, around - 3000), around + 3000)
+    flags = [packet_flag(v) for v in values]
+    assert min(flags) >= 1 and max(flags) <= 2**32 - 1
+    assert all(a != b for a, b in zip(flags, flags[1:]))
+    assert len(set(flags)) == len(flags)  # no two values within 2^32 - 1 of each other share a flag
+    assert packet_flag(around + PACKET_FLAG_PERIOD) == packet_flag(around)

@@ -86,10 +86,10 @@ class Timeouts:
 
 
 def _awaited(schedule, step, record) -> str:
-    """What the failed wait waited for.  A wait on packets (LL) records the packet flag it
-    expected and the one it saw (Schedule.packet_flags); it is shown as the signal's value
-    too, which is what the schedule says."""
-    from purlinc.snac.ir import Wait
+    """What the failed wait waited for.  A wait on packets (LL) records the value its packet
+    flag stands for and the flag it saw (Schedule.packet_flags, packet_flag); it is shown as
+    the signal's value too, which is what the schedule says."""
+    from purlinc.snac.ir import Wait, packet_flag
     from purlinc.snac.packing import packed_stages
 
     signal = f"r{record['signal_owner']}.sig[{record['signal_index']}]"
@@ -99,5 +99,5 @@ def _awaited(schedule, step, record) -> str:
     stride, base = schedule.packet_flags()[step.signal]
     epoch, k = divmod(record["expected"] - base - 1, stride)
     value = epoch * schedule.per_call()[step.signal] + k + 1
-    return (f"the packets (LL) of signal {signal} >= {value}: packet flag {record['expected']}, "
+    return (f"the packets (LL) of signal {signal} >= {value}: packet flag {packet_flag(record['expected'])}, "
             f"observed {record['observed']}")

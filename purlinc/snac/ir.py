@@ -201,6 +201,17 @@ class Program:
     steps: tuple[Step, ...]
 
 
+PACKET_FLAG_PERIOD = 2**32 - 1  # 32-bit flags with 0 left out
+
+
+def packet_flag(value: int) -> int:
+    """The 32-bit flag an LL packet carries for ``value`` = e * stride + base + k
+    (``purlin_ll_flag``, ``ll.cuh.j2``): never 0, because staging starts zeroed and a slot no
+    call has written must never pass for a packet, however many calls a process makes (a plain
+    32-bit cast gives 0 once every 2^32 values)."""
+    return value % PACKET_FLAG_PERIOD + 1
+
+
 def shift_region(region: Region, base: int) -> Region:
     """``region`` of channel 0 moved to the channel whose slices start at ``base``."""
     return Region(region.space, region.rank, region.unit, base + region.slice) if base else region
@@ -333,13 +344,13 @@ class Schedule:
 
     def packet_flags(self) -> dict[Signal, tuple[int, int]]:
         """Channel-relative signal -> (stride, base): notify k of a round with epoch e carries the
-        packet flag e * stride + base + k (LL, ``ll.cuh.j2``).  stride counts every signal's
-        notifies per round and base those of the signals before it, so each round's flags lie
-        above every earlier round's, whichever signal wrote them.  A slot's place in staging
-        depends on the call's count, so a packet an earlier call left where this call expects
-        another signal's packet must never carry the flag this call expects there (with
-        e * per_call + k it could: e=0, k=3 of a signal notified 4 times a round equals e=1,
-        k=1 of one notified twice)."""
+        packet flag ``packet_flag(e * stride + base + k)`` (LL, ``ll.cuh.j2``).  stride counts
+        every signal's notifies per round and base those of the signals before it, so each
+        round's values lie above every earlier round's, whichever signal wrote them.  A slot's
+        place in staging depends on the call's count, so a packet an earlier call left where
+        this call expects another signal's packet must never carry the flag this call expects
+        there (with e * per_call + k it could: e=0, k=3 of a signal notified 4 times a round
+        equals e=1, k=1 of one notified twice)."""
         stride = sum(d.per_call for d in self.signals)
         flags, base = {}, 0
         for d in self.signals:

@@ -273,3 +273,75 @@ def test_special_values_reduce_as_the_simulator(group, options):
                     _agree(to_numpy(out, dtype), want[r], dtype, f"{label} rank {r}")
     finally:
         coll.close()
+
+
+def _set_call_counters(coll, epoch: int) -> None:
+    """Every rank's per-block call counters (the epoch of its next round) set to ``epoch``."""
+    from purlinc.runtime import driver
+
+    for r in range(len(coll)):
+        rank = coll[r]
+        driver.set_current(rank.device)
+        driver.copy_htod(rank.counters_ptr, np.full(rank.layout.counters_bytes // 8, epoch, np.uint64).tobytes())
+
+
+def _call_counters(coll) -> list[int]:
+    from purlinc.runtime import driver
+
+    return [int(v) for r in range(len(coll))
+            for v in np.frombuffer(driver.copy_dtoh(coll[r].counters_ptr, coll[r].layout.counters_bytes), np.uint64)]
+
+
+def _staged_flags(coll, r: int) -> set[int]:
+    """The flags of every packet rank r's staging holds (a schedule whose stages are all packed:
+    staging is packets of u32 words {d0, flag, d1, flag}); a packet with data but flag 0, or
+    with two different flags, fails."""
+    from purlinc.runtime import driver
+
+    rank = coll[r]
+    driver.set_current(rank.device)
+    words = np.frombuffer(driver.copy_dtoh(rank.stage_ptrs[rank.rank], rank.layout.stage_bytes), np.uint32).reshape(-1, 4)
+    written = words[(words != 0).any(axis=1)]
+    assert np.array_equal(written[:, 1], written[:, 3]), f"rank {r}: a packet's two flags differ"
+    zero = np.flatnonzero(written[:, 1] == 0)
+    assert zero.size == 0, f"rank {r}: {zero.size} packets hold data under flag 0, which unwritten staging matches"
+    return set(written[:, 1].tolist())
+
+
+@pytest.mark.parametrize("before", [0, 1], ids=["first-call-at-the-wrap", "one-call-before"])
+def test_packet_flags_cross_the_32_bit_wrap(group, before):
+    """LL flags are 32 bits of a 64-bit count of notifies (Schedule.packet_flags, packet_flag).
+    Calls whose values pass 2^32 - 1 and 2^32 give the simulator's bits, and no packet they
+    write carries flag 0: a plain 32-bit cast gave one there, which a slot no call had written
+    yet (staging starts zeroed) passes for.  A fresh load's call counters are set so that its
+    first call (before=0) or its second (before=1) runs the round whose values reach 2^32;
+    counts grow, so later calls use staging no earlier call wrote."""
+    from purlinc.snac.ir import Stage, packet_flag
+    from purlinc.snac.packing import packed_stages
+
+    coll = _load(group, "allreduce.pln", algorithm="direct-push", packed=True, channels=2)
+    try:
+        schedule = coll[0].compiled.schedule
+        stages = [s for p in schedule.programs for s in p.steps if isinstance(s, Stage)]
+        assert len(packed_stages(schedule)) == len(stages), "every stage packed: staging is all packets"
+        flags = schedule.packet_flags()
+        stride = {s for s, _ in flags.values()}.pop()
+        wrap = -(-2**32 // stride) - 1  # the round whose values e * stride + base + k reach 2^32
+        assert wrap * stride < 2**32 <= wrap * stride + stride
+        start = wrap - before
+        _set_call_counters(coll, start)
+        rng = np.random.default_rng(29 + before)
+        seen = set()
+        for count in (1000, 4097, 20_000, 100_003):
+            _run(coll, group, count, DType.BFLOAT16, rng, f"R{len(group)} from epoch {start} n={count}")
+            seen |= {f for r in range(len(group)) for f in _staged_flags(coll, r)}
+        end = max(_call_counters(coll))
+        assert min(_call_counters(coll)) > wrap, f"the calls did not run past round {wrap}"
+        per_call = schedule.per_call()
+        ran = {packet_flag(e * stride + base + k) for e in range(start, end) for signal, (_, base) in flags.items()
+               for k in range(1, per_call[signal] + 1)}
+        assert seen <= ran, f"flags no round ran: {sorted(seen - ran)[:5]}"
+        boundary = {packet_flag(v) for v in range(2**32 - stride, 2**32 + stride + 1)}
+        assert seen & boundary, "no packet of the rounds around 2^32 was seen in staging"
+    finally:
+        coll.close()
