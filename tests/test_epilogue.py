@@ -364,6 +364,37 @@ def test_the_fused_pass_sums_two_bf16_sources_a_pair_at_a_time(dtype, op, paired
     assert nvrtc.compile_cubin(kernel.source, kernel.filename, "sm_90")
 
 
+@pytest.mark.parametrize("statements, early, late", [
+    ("h = out + residual  residual = h  out = rmsnorm(h, weight, eps)", ["residual"], ["out"]),
+    # a store of a local that needs the norm waits for it; one of a norm-free expression does not
+    ("h = out + residual  y = rmsnorm(h, weight, eps)  residual = y * 2.0  out = h * 0.5", ["out"], ["residual"]),
+    ("residual = rmsnorm(out + residual, weight, eps)", [], ["residual"]),  # out not written: the reduced value
+])
+def test_stores_that_do_not_need_the_norm_leave_before_it(statements, early, late):
+    """Pass 1 stores every buffer whose value does not need the row's rmsnorm (the residual of
+    a decoder's add + RMSNorm), so those stores overlap the sum of squares; the others follow
+    it.  Generated code stores them before the barrier that gathers the row's sums; a fused
+    reduce whose epilogue does not write out stores the reduced value there too."""
+    from purlinc.atom.epilogue import template_values
+
+    source = FUSED.split("epilogue rows(hidden) {")[0] + "epilogue rows(hidden) { " + statements + " } }"
+    spec = check(parse(source, "early.pln"), 2)
+    values = template_values(spec.epilogue, DType.BFLOAT16, 512)
+    assert [b["name"] for b in values["norm"]["early_stores"]] == early
+    assert [b["name"] for b in values["late_stores"]] == late
+    kernel = generate(lower(spec, LowerOptions(Algorithm.DIRECT_PUSH, channels=4)), spec, atom="ldst", arch="sm_90",
+                      dtype=DType.BFLOAT16, op=ReduceOp.SUM)
+    fused = kernel.source.split("void purlin_reduce_epilogue(")[1].split("\n}\n")[0]
+    before, after = fused.split("__syncthreads();\n        float total")
+    for name in early:
+        assert f"(e_{name}, row0 + v) = q_{name};" in before and f"(e_{name}, row0 + v) = q_" not in after
+    for name in late:
+        assert f"(e_{name}, row0 + v) = q_{name};" in after and f"(e_{name}, row0 + v) = q_" not in before
+    reduced = "q_out;  // the reduced value, as the consume stores it"
+    assert (reduced in before) == ("out" not in early + late) and reduced not in after
+    assert nvrtc.compile_cubin(kernel.source, kernel.filename, "sm_90")
+
+
 def test_an_epilogue_ends_with_a_barrier_unless_the_next_block_starts_with_one():
     """Row sums are read after one barrier; the next Epilogue could write them again, so an
     epilogue block ends with a barrier (Trailing) unless the block after it begins with one."""

@@ -6,7 +6,8 @@ statements become float32 C expressions with round-to-nearest intrinsics (no con
 into FMAs, so each operation rounds as the NumPy meaning does), buffers are read as 16-byte
 vectors of the output's elements, all loaded at once into registers (whole warps per row, in
 one of two layouts the kernel picks per call: ``row_layouts``), and a row with an ``rmsnorm``
-sums its squares over its threads (shuffles, then one barrier) before the values are stored.
+sums its squares over its threads (shuffles, then one barrier) before the values that need it
+are stored (those that do not, a decoder's next residual, are stored before: ``_early_stores``).
 Only the sum of squares (its order, and a fused multiply-add per element) and ``rsqrtf`` differ
 from the NumPy oracle.  Conversions go a word or a pair at a time where elem.cuh has them
 (bf16).  A reduce followed by the epilogue of its rows is one pass (``fuse_reduce``,
@@ -123,16 +124,26 @@ def _first_pass_locals(epilogue: Epilogue, locals_: set[str]) -> list[str]:
     return [s.target for s in epilogue.statements if s.target in locals_ and s.target not in dependent]
 
 
+def _early_stores(epilogue: Epilogue, locals_: set[str]) -> list[str]:
+    """The buffers whose values do not need the rmsnorm (``residual = h``), in statement order:
+    pass 1 stores them, so their stores overlap the row's sum of squares instead of queuing
+    behind it with the others (a row's stores through one SM are a large part of the pass)."""
+    dependent = _norm_dependent(epilogue, locals_)
+    return [s.target for s in epilogue.statements if s.target not in locals_ and not any(True for _ in _calls(s.value))
+            and not any(n.name in dependent for n in _names(s.value))]
+
+
 def _lines(epilogue: Epilogue, names: dict[str, str], locals_: set[str], first_pass: bool,
-           kept: frozenset[str] = frozenset()) -> list[str]:
+           kept: frozenset[str] = frozenset(), early: frozenset[str] = frozenset()) -> list[str]:
     """C statements for one element.  Pass 1 (before the row's rmsnorm is known): the locals
-    that do not need it.  Pass 2: every local not ``kept`` from pass 1 (those come from its
-    registers), and the values to store (``w_<name>``)."""
-    skip = _norm_dependent(epilogue, locals_) if first_pass else set(kept)
+    that do not need it and the ``early`` stores' values.  Pass 2: every local not ``kept``
+    from pass 1 (those come from its registers), and the values to store (``w_<name>``) but the
+    ``early`` ones."""
+    skip = _norm_dependent(epilogue, locals_) if first_pass else set(kept) | set(early)
     lines = []
     for statement in epilogue.statements:
         target = statement.target
-        if first_pass and (target not in locals_ or target in skip):
+        if first_pass and ((target not in locals_ and target not in early) or target in skip):
             continue
         if not first_pass and target in skip:
             continue
@@ -178,6 +189,7 @@ def template_values(epilogue: Epilogue, dtype: DType, threads: int, sources: int
     locals_ = {s.target for s in epilogue.statements if s.target not in names}
     names.update({name: f"l_{name}" for name in locals_})
     norm = epilogue.norm
+    stores = [{**vars_(b), "c_name": f"w_{b.name}"} for b in buffers if b.written]
     params = [("char*", "e_out")]
     for slot, operand in enumerate(epilogue.operands):
         params.append(("float", f"s_{operand.name}") if operand.kind is OperandKind.SCALAR
@@ -199,17 +211,20 @@ def template_values(epilogue: Epilogue, dtype: DType, threads: int, sources: int
         "call_args": ", ".join(["args.out", *(
             f"__uint_as_float((unsigned)args.epi[{slot}])" if o.kind is OperandKind.SCALAR
             else f"(char*)args.epi[{slot}]" for slot, o in enumerate(epilogue.operands))]),
-        "stores": [{**vars_(b), "c_name": f"w_{b.name}"} for b in buffers if b.written],
+        "late_stores": stores,  # stored after the row's norm (all, without one)
         "fp8": any(b.suffix == "e4m3" for b in buffers),
     }
     if norm is not None:
         # Pass 1's locals stay in registers for pass 2 (a float per element each): recomputing
         # them, with their operands' conversions, cost more issue slots than the registers.
         kept = _first_pass_locals(epilogue, locals_)
-        values["pass2"] = _lines(epilogue, names, locals_, first_pass=False, kept=frozenset(kept))
+        early = frozenset(_early_stores(epilogue, locals_))
+        values["pass2"] = _lines(epilogue, names, locals_, first_pass=False, kept=frozenset(kept), early=early)
+        values["late_stores"] = [b for b in stores if b["name"] not in early]
         values["norm"] = {
             "kept": [f"l_{name}" for name in kept],
-            "pass1": _lines(epilogue, names, locals_, first_pass=True),
+            "early_stores": [b for b in stores if b["name"] in early],  # stored in pass 1
+            "pass1": _lines(epilogue, names, locals_, first_pass=True, early=early),
             "value": _expr(norm.args[0], names, None),
             "eps": _expr(norm.args[2], names, None),
             "mean": _mean_of_squares("total", epilogue.row),

@@ -209,11 +209,16 @@ def test_two_source_reduce_of_every_bf16_value(schedule):
 
 
 # Epilogues unlike the example's: rmsnorm of a value constant along the row, arithmetic on
-# scalars and literals only, division, a rows operand written from out alone.
+# scalars and literals only, division, a rows operand written from out alone, stores before
+# the norm and after it in either order.
 UNUSUAL = {
     "constant-norm": ("row w, scalar s", "out = rmsnorm(s * 3.0 - 1.0, w, 1e-6) + out * 0.5"),
     "scalars": ("scalar s, rows kept", "kept = out\n        out = (out - s) / (s * s + 1.0) * -2.0"),
     "norm-of-weight": ("row w, rows res", "h = out / 4.0 + res\n        res = h\n        out = rmsnorm(w, w, 1e-5) * h"),
+    # out left as reduced (the fused pass stores it before the norm), res normalized
+    "out-kept": ("row w, rows res", "res = rmsnorm(out + res, w, 1e-5)"),
+    # out needs no norm (stored before it), res does (after it)
+    "late-res": ("row w, rows res", "h = out + res\n        y = rmsnorm(h, w, 1e-6)\n        res = y * 2.0\n        out = h * 0.5"),
 }
 
 
