@@ -17,6 +17,11 @@
 //           (wrong numbers: what the split saves before any exchange), "cluster.sync" exchanges
 //           the n partial sums through distributed shared memory and a cluster barrier,
 //           "st.async" through remote stores that complete the receivers' mbarriers
+//   redundant  a row over K blocks with no exchange: each block loads the whole row and sums
+//           its squares itself, then stores its 1/K ("early": the residual stored before the norm)
+// Modes: no argument, the first and second studies' tables; `redundant` and `early`, the third
+// study's (benchmarks/results/2026-12-02-h200x1-epilogue-floor.md); `profile`, one launch of
+// each variant for Nsight Compute.
 // Time per kernel: the median of 15 replays of a CUDA graph of 100 launches (launch included,
 // the same in every variant); "adds" is the difference to base.  The st.async exchange is
 // checked against the one-block result, element by element.
@@ -123,7 +128,7 @@ __device__ __forceinline__ float exchange_st_async(float total, float* parts, un
 
 // One row over K blocks of BLOCK threads (K = 1: one block per row).  SPIN > 0: a wait first;
 // HOIST: the operands are loaded before it.
-template <int K, int BLOCK, bool OPERANDS, bool NORM, Exchange X, bool HOIST = false, bool PACKED = false>
+template <int K, int BLOCK, bool OPERANDS, bool NORM, Exchange X, bool HOIST = false, bool PACKED = false, bool EARLY = false>
 __global__ void __launch_bounds__(BLOCK) fused(Buffers p, long long spin)
 {
     __shared__ float sums[BLOCK / 32];
@@ -174,6 +179,7 @@ __global__ void __launch_bounds__(BLOCK) fused(Buffers p, long long spin)
             widen(round8(x), x);  // the reduced value, as the output dtype holds it
         }
         for (int k = 0; k < 8; ++k) r[k] += x[k];  // h
+        if (EARLY && OPERANDS) p.residual[i] = round8(r);  // h does not wait for the norm
     }
     float inv = 1.0f;
     if constexpr (NORM) {
@@ -195,11 +201,11 @@ __global__ void __launch_bounds__(BLOCK) fused(Buffers p, long long spin)
         float y[8];
         for (int k = 0; k < 8; ++k) y[k] = r[k] * inv * w[k];
         p.out[i] = round8(y);
-        if (OPERANDS) p.residual[i] = round8(r);
+        if (OPERANDS && !EARLY) p.residual[i] = round8(r);
     }
 }
 
-template <int K, int BLOCK, bool OPERANDS, bool NORM, Exchange X, bool HOIST = false, bool PACKED = false>
+template <int K, int BLOCK, bool OPERANDS, bool NORM, Exchange X, bool HOIST = false, bool PACKED = false, bool EARLY = false>
 void launch(const Buffers& p, cudaStream_t stream, long long spin = 0)
 {
     if (spin < 0) CHECK(cudaMemsetAsync(p.flag, 0, sizeof(unsigned), stream));
@@ -214,7 +220,69 @@ void launch(const Buffers& p, cudaStream_t stream, long long spin = 0)
     cluster[0].val.clusterDim.z = 1;
     config.attrs = cluster;
     config.numAttrs = K > 1 ? 1 : 0;
-    CHECK(cudaLaunchKernelEx(&config, fused<K, BLOCK, OPERANDS, NORM, X, HOIST, PACKED>, p, spin));
+    CHECK(cudaLaunchKernelEx(&config, fused<K, BLOCK, OPERANDS, NORM, X, HOIST, PACKED, EARLY>, p, spin));
+}
+
+// One row over K blocks of BLOCK threads with no exchange: every block loads the whole row of
+// both sources and the residual and sums its squares itself (the loads of K - 1 parts repeated
+// in every block), then computes and stores only its 1/K of the row (weight loaded for that
+// part only).  Spreads the stores and the weight over K SMs for 2/3 more loads per SM.
+// SPIN as in `fused`; HOIST: residual and weight loaded before the wait.
+template <int K, int BLOCK, bool HOIST, bool EARLY = false>
+__global__ void __launch_bounds__(BLOCK) redundant(Buffers p, long long spin)
+{
+    __shared__ float sums[BLOCK / 32];
+    constexpr int PER_THREAD = ROW_VECTORS / BLOCK, PART_VECTORS = ROW_VECTORS / K;
+    static_assert(PER_THREAD * BLOCK == ROW_VECTORS, "a block covers the row in whole vectors per thread");
+    const int row = blockIdx.x / K, part = blockIdx.x % K, t = threadIdx.x;
+    uint4 ur[PER_THREAD], uw[PER_THREAD];
+    auto mine = [&](int j) { return (t + j * BLOCK) / PART_VECTORS == part; };  // vector t + j * BLOCK is this block's to store
+    if (HOIST)
+        for (int j = 0; j < PER_THREAD; ++j) {
+            ur[j] = p.residual[row * ROW_VECTORS + t + j * BLOCK];
+            if (mine(j)) uw[j] = p.weight[t + j * BLOCK];
+        }
+    if (spin > 0) {
+        const long long t0 = clock64();
+        while (clock64() - t0 < spin) { }
+        __syncthreads();
+    }
+    uint4 ua[PER_THREAD], ub[PER_THREAD];
+    for (int j = 0; j < PER_THREAD; ++j) {
+        const int i = row * ROW_VECTORS + t + j * BLOCK;
+        ua[j] = p.a[i];
+        ub[j] = p.b[i];
+        if (!HOIST) {
+            ur[j] = p.residual[i];
+            if (mine(j)) uw[j] = p.weight[t + j * BLOCK];
+        }
+    }
+    float h[PER_THREAD][8], s0 = 0, s1 = 0;
+    for (int j = 0; j < PER_THREAD; ++j) {
+        float r[8];
+        widen(add_packed(ua[j], ub[j]), h[j]);
+        widen(ur[j], r);
+        for (int k = 0; k < 8; ++k) h[j][k] += r[k];
+        for (int k = 0; k < 8; k += 2) { s0 = fmaf(h[j][k], h[j][k], s0); s1 = fmaf(h[j][k + 1], h[j][k + 1], s1); }
+        if (EARLY && mine(j)) p.residual[row * ROW_VECTORS + t + j * BLOCK] = round8(h[j]);
+    }
+    const float inv = rsqrtf(block_sum<BLOCK, BLOCK / 32>(s0 + s1, sums) * (1.0f / HIDDEN) + EPS);
+    for (int j = 0; j < PER_THREAD; ++j) {
+        if (!mine(j)) continue;
+        const int i = row * ROW_VECTORS + t + j * BLOCK;
+        float w[8], y[8];
+        widen(uw[j], w);
+        for (int k = 0; k < 8; ++k) y[k] = h[j][k] * inv * w[k];
+        p.out[i] = round8(y);
+        if (!EARLY) p.residual[i] = round8(h[j]);
+    }
+}
+
+template <int K, int BLOCK, bool HOIST, bool EARLY = false>
+void launch_redundant(const Buffers& p, cudaStream_t stream, long long spin = 0)
+{
+    redundant<K, BLOCK, HOIST, EARLY><<<ROWS * K, BLOCK, 0, stream>>>(p, spin);
+    CHECK(cudaGetLastError());
 }
 
 // Microseconds per launch: the median over `reps` replays of a graph of `per_graph` launches.
@@ -300,6 +368,64 @@ int main(int argc, char** argv)
         packed_differ += (packed_check[0][j] != packed_check[2][j]) + (packed_check[1][j] != packed_check[3][j]);
     std::printf("check: bf16x2 reduce against the float reduce: %zu of %zu elements (out and residual) differ\n",
                 packed_differ, 2 * one.size());
+
+    // The redundant split gives the one-block fused pass's output and residual (bf16x2, hoisted, the residual stored early).
+    {
+        std::vector<std::vector<uint16_t>> got;
+        for (int variant = 0; variant < 2; ++variant) {
+            CHECK(cudaMemcpy(residual, host.data(), bytes, cudaMemcpyHostToDevice));
+            if (variant) launch_redundant<2, 256, true, true>(p, s);
+            else launch<1, THREADS, true, true, Exchange::NONE, true, true, true>(p, s);
+            CHECK(cudaStreamSynchronize(s));
+            got.push_back(output_of(p));
+            std::vector<uint16_t> h(ROWS * HIDDEN);
+            CHECK(cudaMemcpy(h.data(), residual, bytes, cudaMemcpyDeviceToHost));
+            got.push_back(h);
+        }
+        size_t d = 0;
+        for (size_t j = 0; j < one.size(); ++j) d += (got[0][j] != got[2][j]) + (got[1][j] != got[3][j]);
+        std::printf("check: redundant K2, residual early, against one block (residual early): %zu of %zu elements (out and residual) differ\n", d, 2 * one.size());
+    }
+
+    if (argc > 1 && std::string(argv[1]) == "early") {  // the residual stored before the norm, one block and split
+        for (long long spin : {0LL, 2000LL}) {
+            for (int round = 0; round < 3; ++round) {
+                const float base = per_launch_us([&] { launch<1, THREADS, false, false, Exchange::NONE>(p, s, spin); }, s);
+                const float one = per_launch_us([&] { launch<1, THREADS, true, true, Exchange::NONE, true, true>(p, s, spin); }, s);
+                const float one_early = per_launch_us([&] { launch<1, THREADS, true, true, Exchange::NONE, true, true, true>(p, s, spin); }, s);
+                const float r2 = per_launch_us([&] { launch_redundant<2, 256, true>(p, s, spin); }, s);
+                const float r2e = per_launch_us([&] { launch_redundant<2, 256, true, true>(p, s, spin); }, s);
+                const float r2w = per_launch_us([&] { launch_redundant<2, 512, true, true>(p, s, spin); }, s);
+                const float r2n = per_launch_us([&] { launch_redundant<2, 128, true, true>(p, s, spin); }, s);
+                const float r4 = per_launch_us([&] { launch_redundant<4, 256, true, true>(p, s, spin); }, s);
+                std::printf("spin %lld round %d: base %.3f | adds: one block %+.3f, residual early %+.3f | redundant K2/256 %+.3f, "
+                            "early: K2/256 %+.3f, K2/512 %+.3f, K2/128 %+.3f, K4/256 %+.3f\n",
+                            spin, round, base, one - base, one_early - base, r2 - base, r2e - base, r2w - base, r2n - base, r4 - base);
+            }
+        }
+        CHECK(cudaDeviceSynchronize());
+        return 0;
+    }
+    if (argc > 1 && std::string(argv[1]) == "redundant") {  // the split without an exchange, against base and the one-block pass
+        for (long long spin : {0LL, 2000LL}) {
+            for (int round = 0; round < 3; ++round) {
+                const float base = per_launch_us([&] { launch<1, THREADS, false, false, Exchange::NONE>(p, s, spin); }, s);
+                const float base4 = per_launch_us([&] { launch<4, 128, false, false, Exchange::NONE>(p, s, spin); }, s);
+                const float hpacked = per_launch_us([&] { launch<1, THREADS, true, true, Exchange::NONE, true, true>(p, s, spin); }, s);
+                const float r2 = per_launch_us([&] { launch_redundant<2, 256, true>(p, s, spin); }, s);
+                const float r4 = per_launch_us([&] { launch_redundant<4, 128, true>(p, s, spin); }, s);
+                const float r4w = per_launch_us([&] { launch_redundant<4, 512, true>(p, s, spin); }, s);
+                const float r4n = per_launch_us([&] { launch_redundant<4, 128, false>(p, s, spin); }, s);
+                const float r8 = per_launch_us([&] { launch_redundant<8, 64, true>(p, s, spin); }, s);
+                const float r8w = per_launch_us([&] { launch_redundant<8, 256, true>(p, s, spin); }, s);
+                std::printf("spin %lld round %d: base %.3f, base over 4 blocks of 128 %+.3f | adds: one block, bf16x2 + hoisted %+.3f | "
+                            "redundant K2/256 %+.3f, K4/128 %+.3f, K4/512 %+.3f, K4/128 not hoisted %+.3f, K8/64 %+.3f, K8/256 %+.3f\n",
+                            spin, round, base, base4 - base, hpacked - base, r2 - base, r4 - base, r4w - base, r4n - base, r8 - base, r8w - base);
+            }
+        }
+        CHECK(cudaDeviceSynchronize());
+        return 0;
+    }
     if (argc > 1 && std::string(argv[1]) == "profile") {  // one launch of each variant, for ncu
         launch<1, THREADS, false, false, Exchange::NONE>(p, s);
         launch<1, THREADS, true, false, Exchange::NONE>(p, s);
