@@ -351,31 +351,13 @@ int main(int argc, char** argv)
     size_t differ = 0;
     for (size_t j = 0; j < one.size(); ++j) differ += one[j] != four[j];
     std::printf("check: st.async over 4 blocks against one block: %zu of %zu elements differ\n", differ, one.size());
-    // The packed reduce against the float one, the residual written as well (reset before each).
-    std::vector<std::vector<uint16_t>> packed_check;
-    for (int packed = 0; packed < 2; ++packed) {
-        CHECK(cudaMemcpy(residual, host.data(), bytes, cudaMemcpyHostToDevice));
-        if (packed) launch<1, THREADS, true, true, Exchange::NONE, false, true>(p, s);
-        else launch<1, THREADS, true, true, Exchange::NONE>(p, s);
-        CHECK(cudaStreamSynchronize(s));
-        packed_check.push_back(output_of(p));
-        std::vector<uint16_t> h(ROWS * HIDDEN);
-        CHECK(cudaMemcpy(h.data(), residual, bytes, cudaMemcpyDeviceToHost));
-        packed_check.push_back(h);
-    }
-    size_t packed_differ = 0;
-    for (size_t j = 0; j < one.size(); ++j)
-        packed_differ += (packed_check[0][j] != packed_check[2][j]) + (packed_check[1][j] != packed_check[3][j]);
-    std::printf("check: bf16x2 reduce against the float reduce: %zu of %zu elements (out and residual) differ\n",
-                packed_differ, 2 * one.size());
-
-    // The redundant split gives the one-block fused pass's output and residual (bf16x2, hoisted, the residual stored early).
-    {
+    // Two fused variants' out and residual (the residual reset before each), element by element.
+    auto differing = [&](auto launch_a, auto launch_b) {
         std::vector<std::vector<uint16_t>> got;
         for (int variant = 0; variant < 2; ++variant) {
             CHECK(cudaMemcpy(residual, host.data(), bytes, cudaMemcpyHostToDevice));
-            if (variant) launch_redundant<2, 256, true, true>(p, s);
-            else launch<1, THREADS, true, true, Exchange::NONE, true, true, true>(p, s);
+            if (variant) launch_b();
+            else launch_a();
             CHECK(cudaStreamSynchronize(s));
             got.push_back(output_of(p));
             std::vector<uint16_t> h(ROWS * HIDDEN);
@@ -384,8 +366,18 @@ int main(int argc, char** argv)
         }
         size_t d = 0;
         for (size_t j = 0; j < one.size(); ++j) d += (got[0][j] != got[2][j]) + (got[1][j] != got[3][j]);
-        std::printf("check: redundant K2, residual early, against one block (residual early): %zu of %zu elements (out and residual) differ\n", d, 2 * one.size());
-    }
+        return d;
+    };
+    std::printf("check: bf16x2 reduce against the float reduce: %zu of %zu elements (out and residual) differ\n",
+                differing([&] { launch<1, THREADS, true, true, Exchange::NONE>(p, s); },
+                          [&] { launch<1, THREADS, true, true, Exchange::NONE, false, true>(p, s); }),
+                2 * one.size());
+    // The redundant split gives the one-block fused pass's output and residual (bf16x2, hoisted, the residual stored early).
+    std::printf("check: redundant K2, residual early, against one block (residual early): %zu of %zu elements (out and "
+                "residual) differ\n",
+                differing([&] { launch<1, THREADS, true, true, Exchange::NONE, true, true, true>(p, s); },
+                          [&] { launch_redundant<2, 256, true, true>(p, s); }),
+                2 * one.size());
 
     if (argc > 1 && std::string(argv[1]) == "early") {  // the residual stored before the norm, one block and split
         for (long long spin : {0LL, 2000LL}) {

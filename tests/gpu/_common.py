@@ -244,6 +244,35 @@ class CheckLog:
         return any(gathered)
 
 
+class LoopbackGroups:
+    """Loopback groups (every rank on ``device``, a stream each) for tests that walk world
+    sizes: one at a time (a group of another size closes the one before: heaps of several R
+    add up), and a group a failure stopped is made again."""
+
+    def __init__(self, device: int):
+        self.device = device
+        self._groups: dict = {}
+
+    def get(self, world: int):
+        import purlinc
+        import torch
+
+        g = self._groups.get(world)
+        if g is not None and any(getattr(c, "failed", None) is not None for c in g.comms):
+            self._groups.pop(world).close()
+            g = None
+        if g is None:
+            self.close()
+            g = purlinc.LocalGroup([self.device] * world, share_devices=True)
+            g.streams = [torch.cuda.Stream(device=self.device) for _ in range(world)]
+            self._groups[world] = g
+        return g
+
+    def close(self) -> None:
+        for world in list(self._groups):
+            self._groups.pop(world).close()
+
+
 def capture_per_rank(streams, calls) -> list:
     """One CUDA graph per rank, each captured on the rank's own stream: ``calls(r)`` issues
     rank r's work (a loopback group's ranks run at once, each on its stream)."""

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fuzz_specs  # noqa: E402
-from _common import check_group_call  # noqa: E402
+from _common import LoopbackGroups, check_group_call  # noqa: E402
 from purlinc.dtypes import DType  # noqa: E402
 
 pytestmark = [pytest.mark.gpu]
@@ -28,24 +28,7 @@ RUN_BUDGET_S = float(os.environ.get("PURLIN_FUZZ_RUN_S", "240"))
 CASES = fuzz_specs.cases(N_CASES)
 RESULTS: list[dict] = []
 _START = time.time()
-_GROUPS: dict = {}
-
-
-def _group(world: int):
-    """One loopback group at a time, made again after a failure stopped it."""
-    import purlinc
-
-    g = _GROUPS.get(world)
-    if g is not None and any(getattr(c, "failed", None) is not None for c in g.comms):
-        _GROUPS.pop(world).close()
-        g = None
-    if g is None:
-        for other in list(_GROUPS):
-            _GROUPS.pop(other).close()
-        g = purlinc.LocalGroup([DEVICE] * world, share_devices=True)
-        g.streams = [torch.cuda.Stream(device=DEVICE) for _ in range(world)]
-        _GROUPS[world] = g
-    return g
+_GROUPS = LoopbackGroups(DEVICE)
 
 
 def _manifest() -> dict | None:
@@ -64,9 +47,7 @@ def _record(case, outcome: str, note: str = "") -> None:
 @pytest.fixture(scope="module", autouse=True)
 def summary():
     yield
-    for g in _GROUPS.values():
-        g.close()
-    _GROUPS.clear()
+    _GROUPS.close()
     counts: dict[str, int] = {}
     for r in RESULTS:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
@@ -102,7 +83,7 @@ def test_random_collective_matches_the_simulator(case):
     from purlinc.errors import PurlinError
 
     _gate(case)
-    group = _group(case.world)
+    group = _GROUPS.get(case.world)
     try:
         coll = purlinc.load(case.text, group, **dict(case.options))
     except PurlinError as error:
@@ -125,7 +106,7 @@ def test_random_collective_matches_the_simulator(case):
 def test_ranks_without_chunks(algorithm):
     import purlinc
 
-    group = _group(4)
+    group = _GROUPS.get(4)
     coll = purlinc.load(fuzz_specs.CHUNKLESS, group, algorithm=algorithm, channels=2)
     rng = np.random.default_rng(7)
     case = fuzz_specs.FuzzCase(0, 4, fuzz_specs.CHUNKLESS, False)
@@ -146,7 +127,7 @@ def test_cases_that_took_stale_packets(seed):
     import purlinc
 
     case = fuzz_specs.case(seed)
-    group = _group(case.world)
+    group = _GROUPS.get(case.world)
     coll = purlinc.load(case.text, group, **dict(case.options))
     rng = np.random.default_rng(seed)
     try:
@@ -163,7 +144,7 @@ def test_packed_calls_whose_count_changes():
     import purlinc
 
     case = fuzz_specs.case(5902)
-    group = _group(case.world)
+    group = _GROUPS.get(case.world)
     coll = purlinc.load(case.text, group, algorithm="direct-push", packed=True, channels=1)
     rng = np.random.default_rng(3)
     try:

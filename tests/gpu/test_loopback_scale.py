@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 
 import scale  # noqa: E402
 from _common import (  # noqa: E402
-    capture_per_rank, check_group_call, compare_outputs, inputs_for, on_rank_streams, poison, rank_runs,
+    LoopbackGroups, capture_per_rank, check_group_call, compare_outputs, inputs_for, on_rank_streams, poison, rank_runs,
     replay_per_rank, simulated, to_torch, torch_dtype,
 )
 from purlinc.dtypes import DType, ReduceOp  # noqa: E402
@@ -35,7 +35,7 @@ OUT = Path(os.environ.get("OUT", "/tmp/purlin_gpu_suite"))
 RUN_BUDGET_S = float(os.environ.get("PURLIN_SCALE_RUN_S", "330"))
 RESULTS: list[dict] = []
 _START = time.time()
-_GROUPS: dict = {}
+_GROUPS = LoopbackGroups(DEVICE)
 
 
 _COMPILED: dict = {}
@@ -55,29 +55,10 @@ def _compiled_ids(manifest: dict) -> set:
     return _COMPILED["ids"]
 
 
-def _group(world: int):
-    """One loopback group per world size, made again after a failure stopped it."""
-    import purlinc
-
-    g = _GROUPS.get(world)
-    if g is not None and any(getattr(c, "failed", None) is not None for c in g.comms):
-        g.close()
-        g = None
-    if g is None:
-        for other in list(_GROUPS):  # one group at a time: heaps of several R add up
-            _GROUPS.pop(other).close()
-        g = purlinc.LocalGroup([DEVICE] * world, share_devices=True)
-        g.streams = [torch.cuda.Stream(device=DEVICE) for _ in range(world)]
-        _GROUPS[world] = g
-    return g
-
-
 @pytest.fixture(scope="module", autouse=True)
 def summary():
     yield
-    for g in _GROUPS.values():
-        g.close()
-    _GROUPS.clear()
+    _GROUPS.close()
     write_summary(RESULTS, _compiled_manifest(), OUT)
 
 
@@ -94,7 +75,7 @@ def _load(case):
         except PurlinError as error:
             _record(case, "n/a")
             pytest.skip(f"n/a: {str(error).splitlines()[0]}")
-    return purlinc.load(source, _group(case.world), params=params, **options)
+    return purlinc.load(source, _GROUPS.get(case.world), params=params, **options)
 
 
 def _gate(case):
@@ -152,7 +133,7 @@ def _refuse_case(case):
 
     (count, dtype, op), = case.calls
     dtype = DType.parse(dtype)
-    group = _group(case.world)
+    group = _GROUPS.get(case.world)
     coll = _load(case)
     try:
         spec = coll[0].compiled.spec
@@ -204,7 +185,7 @@ def test_case(case):
         for count, dtype, op in scale.case_calls(case, buckets, units):
             dtype = DType.parse(dtype)
             label = f"{case.id}/n={count}/{dtype.value}/{op}"
-            schedule = check_group_call(coll, _group(case.world).streams, DEVICE, count, dtype, op, rng,
+            schedule = check_group_call(coll, _GROUPS.get(case.world).streams, DEVICE, count, dtype, op, rng,
                                         label).compiled.options.key()
             calls.append([count, dtype.value, op, schedule])
     except BaseException as error:
@@ -224,7 +205,7 @@ def _graph_case(case):
     (count, dtype, op), = case.calls
     dtype = DType.parse(dtype)
     coll = _load(case)
-    group = _group(case.world)
+    group = _GROUPS.get(case.world)
     try:
         runs = rank_runs(coll, 0, count, dtype.itemsize)
         spec = runs.compiled.spec
