@@ -128,8 +128,54 @@ def test_evaluator_rules():
         [0, 2, 2, 10, 13], [2, 0, 0, 0, 0],
         [(1, "capacity", -1, 8), (2, "capacity", 9, 8), (3, "input", 3, -1), (4, "input", 4, -4)])
     assert received_sizes([3, 4, 2], out_length=6) == ([0, 3, 3], [3, 0, 2], [(1, "output", 4, 3)])
+    # expected sizes lay the output out whatever arrives: a chunk that differs is not written,
+    # the next one still starts after the expected size (clamped to 0..capacity)
+    assert received_sizes([3, 4, 2, 1], out_length=20, expected=[3, 5, 2, 1], capacity=8) == (
+        [0, 3, 8, 10], [3, 0, 2, 1], [(1, "expected", 4, 5)])
+    assert received_sizes([0, 2, 1], out_length=20, expected=[-4, 2, 9], capacity=8) == (
+        [0, 0, 2], [0, 2, 0], [(0, "expected", 0, -4), (2, "expected", 1, 9)])
+    assert received_sizes([2, 3], out_length=4, expected=[2, 3], capacity=8) == (
+        [0, 2], [2, 0], [(1, "output", 3, 2)])
+    with pytest.raises(ValueError, match="need the capacity"):
+        received_sizes([1], out_length=4, expected=[1])
     assert channel_bytes(100, 3, 0) == (0, 48) and channel_bytes(100, 3, 2) == (96, 100)
     assert channel_bytes(0, 4, 3) == (0, 0)
+
+
+@pytest.mark.parametrize("R, channels", [(2, 1), (3, 2), (5, 3)])
+def test_simulator_equals_evaluator_with_expected_sizes(R, channels):
+    """Every rank passes the sizes it expects; some are off by one, some negative or over the
+    capacity: the simulator lays the outputs out by them, as the evaluator does."""
+    spec = _spec("alltoallv", R)
+    schedule = lower(spec, LowerOptions(channels=channels))
+    rng = np.random.default_rng(R * 10 + channels)
+    capacity = 23
+    wrong = 0
+    for trial in range(12):
+        calls = []
+        for call in range(3):
+            sizes = [[int(v) for v in rng.integers(0, capacity + 1, R)] for _ in range(R)]
+            expected = [[sizes[src][dst] for src in range(R)] for dst in range(R)]
+            for _ in range(trial % 3):  # none, one or two wrong expectations in the call
+                dst, src = int(rng.integers(R)), int(rng.integers(R))
+                expected[dst][src] = int(rng.choice([expected[dst][src] + 1, expected[dst][src] - 1, -3, capacity + 2]))
+            ins = [rng.integers(1, 60000, R * capacity, dtype=np.uint16) for _ in range(R)]
+            outs = [np.zeros(R * capacity + 4, dtype=np.uint16) for _ in range(R)]
+            calls.append((ins, sizes, outs, expected))
+        got = simulate_sized(schedule, spec, calls, capacity, seed=trial)
+        for (ins, sizes, outs, expected), (outputs, out_sizes) in zip(calls, got):
+            want, want_sizes, errors = evaluate_sized(spec, ins, sizes, capacity, outs, expected)
+            assert out_sizes == want_sizes
+            for a, b in zip(outputs, want):
+                np.testing.assert_array_equal(a, b)
+            wrong += sum(e[2] == "expected" for rank_errors in errors for e in rank_errors)
+            for dst in range(R):  # every chunk that was written lies at the offset its expectation gives it
+                for m, written in enumerate(want_sizes[dst]):
+                    if written:
+                        offset = sum(min(max(v, 0), capacity) for v in expected[dst][:m])
+                        start = sum(min(max(v, 0), capacity) for v in sizes[m][:dst])
+                        np.testing.assert_array_equal(want[dst][offset:offset + written], ins[m][start:start + written])
+    assert wrong >= 10
 
 
 def _vectors(rng, R, capacity, trial):
@@ -321,11 +367,12 @@ def test_sized_args_layout():
     assert slot_bytes(3, 100) == 32 + 3 * 48 and stage_bytes(abi, 100) == abi.stage_units * 176
     packed = pack_sized_args(abi, capacity_bytes=100, capacity=5, unit_bytes=20, in_len=10, out_len=11, timeout_ns=7,
                              in_ptr=1, out_ptr=2, sizes_ptr=3, out_sizes_ptr=4, counters_ptr=5, error_ptr=6,
-                             size_error_ptr=8, stage=[9, 10], signals=[11, 12])
+                             size_error_ptr=8, stage=[9, 10], signals=[11, 12], expected_ptr=13)
     import struct
 
     words = struct.unpack(f"<{len(packed) // 8}Q", packed)
     assert len(words) == len(SIZED_FIELDS) + 4
+    assert words[8:len(SIZED_FIELDS)] == (1, 2, 3, 4, 13, 5, 6, 8)  # in, out, sizes, out_sizes, expected, ...
     assert words[:8] == (5, 10, 11, 20, 176, 48, abi.stage_units // 2 * 176, 7) and words[-4:] == (9, 10, 11, 12)
     with pytest.raises(ValueError, match="exceeds the staging"):
         pack_sized_args(abi, capacity_bytes=100, capacity=6, unit_bytes=20, in_len=0, out_len=0, timeout_ns=0, in_ptr=0,
@@ -343,6 +390,9 @@ def test_size_error_sentence():
     assert describe_size_error((3, 1, 1, 2, 40, 12, 0, 0), spec) == (
         "rank 1, call 0: chunk x[2][1] from rank 2 to rank 1: size 40 reaches past the end of rank 1's "
         "output (12 element(s) left there); it was moved as size 0")
+    assert describe_size_error((4, 3, 1, 0, 7, 5, 2, 0), spec) == (
+        "rank 3, call 2: chunk x[0][3] from rank 0 to rank 3: size 7 differs from the 5 rank 3 expects (its "
+        "expected sizes); it was not written")
     assert "size n[0][1] = -1 outside" in describe_size_error((1, 0, 0, 1, (1 << 64) - 1, 8, 0, 0), spec)
 
 

@@ -49,14 +49,17 @@ class StandIn:
     def close(self):
         self.closed = True
 
-    def __call__(self, x, sizes, out, out_sizes, row=1):
+    def __call__(self, x, sizes, out, out_sizes, row=1, expected_sizes=None):
         w, r = self.world, self.rank
         bits = BITS[x.element_size()]  # the bits of any dtype (bfloat16 has no NumPy type)
+        expected = None if expected_sizes is None else [int(v) * row for v in expected_sizes.tolist()]
         w.slots[r] = (x.reshape(-1).view(bits).numpy().copy(), [int(v) * row for v in sizes.tolist()],
-                      out.reshape(-1).view(bits).numpy().copy())  # what the kernel does not write stays
+                      out.reshape(-1).view(bits).numpy().copy(), expected)  # what the kernel does not write stays
         w.barrier.wait()
-        outs, out_sizes_all, _ = evaluate_sized(w.spec, [s[0] for s in w.slots], [s[1] for s in w.slots],
-                                                self.capacity // row * row, [s[2] for s in w.slots])
+        outs, out_sizes_all, errors = evaluate_sized(w.spec, [s[0] for s in w.slots], [s[1] for s in w.slots],
+                                                     self.capacity // row * row, [s[2] for s in w.slots],
+                                                     [s[3] for s in w.slots])
+        self.errors = errors[r]
         w.barrier.wait()
         out.reshape(-1).view(bits).copy_(torch.from_numpy(outs[r]))
         out_sizes.copy_(torch.tensor([v // row for v in out_sizes_all[r]], dtype=torch.int64))
@@ -126,6 +129,32 @@ def test_all_to_all_single_with_host_lists(R):
         for rank, out in enumerate(on_ranks(gs, call)):
             assert torch.equal(out, _expected(splits, inputs, rank))
     assert all(sized.state_of(g)._collective.world.loads == R for g in gs[:1])  # loaded once per rank
+
+
+def test_output_split_sizes_that_disagree_with_the_senders_are_not_written():
+    """Rank 1 expects 3 rows from rank 0, which sends 2: the output is laid out by
+    output_split_sizes (rank 2's rows where the caller looks for them), rank 0's rows are not
+    written, and the call records an "expected" size error for the pair."""
+    R, H = 3, 4
+    splits = [[1, 2, 1], [2, 2, 2], [0, 3, 1]]  # splits[src][dst] rows
+    inputs = _inputs(splits, H, 0)
+    gs = groups(R)
+
+    def call(rank, g):
+        out_rows = [splits[src][rank] for src in range(R)]
+        if rank == 1:
+            out_rows[0], out_rows[2] = 3, 2  # expects 3 from rank 0 (sent: 2), 2 from rank 2 (sent: 3)
+        out = torch.full((sum(out_rows), H), -1.0)
+        pt.all_to_all_single(out, inputs[rank], out_rows, splits[rank], group=g)
+        return out, sized.state_of(g)._collective.errors
+    results = on_ranks(gs, call)
+    for rank in (0, 2):
+        out, errors = results[rank]
+        assert torch.equal(out, _expected(splits, inputs, rank)) and not errors
+    out, errors = results[1]
+    assert errors == [("out", 0, "expected", 2 * H, 3 * H), ("out", 2, "expected", 3 * H, 2 * H)]
+    assert (out[:3] == -1).all() and (out[5:] == -1).all()  # rank 0's and rank 2's rows: not written
+    assert torch.equal(out[3:5], inputs[1][2:4])  # rank 1's own rows, at the offset its lists give them
 
 
 def test_split_lists_choose_the_sized_all_to_all():

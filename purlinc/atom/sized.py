@@ -5,22 +5,27 @@ Entry ``KernelABI.entry(rank)`` (``<kernel_base>_b<rank>``: one body per rank) t
 ``purlin_sized_args`` by value (all fields 8 bytes, no padding), in this order:
 
     capacity, in_len, out_len, unit_bytes, slot_bytes, region_bytes, copy_bytes, timeout_ns,  (u64)
-    in, out, sizes, out_sizes, counters, error, size_error,                                 (pointers)
+    in, out, sizes, out_sizes, expected, counters, error, size_error,                       (pointers)
     stage[R], signals[R]                                                                    (pointers)
 
 Sizes, the capacity and the buffer lengths count *units* of ``unit_bytes`` (an element, or
 a row of elements: torch's split sizes count rows of dim 0).  ``sizes`` (int64, one per
 input chunk, device memory) is read every call and ``out_sizes`` (int64, one per output
 chunk) written every call: a CUDA graph captured once replays with whatever sizes the
-device holds then.  Staging per rank: ``stage_units`` slots (both copies) laid out by
-``purlinc.snac.sized.slot_layout`` for the load's capacity in bytes, the second copy
-``copy_bytes`` in; signal pads and counters as for every kernel (purlinc.atom.abi).
+device holds then.  ``expected`` (int64, one per output chunk, or null) holds the sizes the
+caller expects to receive (torch's ``output_split_sizes``): where given, the output is laid
+out by them and a chunk arriving with another size is not written
+(``purlinc.frontend.evaluate.received_sizes``).  Staging per rank: ``stage_units`` slots
+(both copies) laid out by ``purlinc.snac.sized.slot_layout`` for the load's capacity in
+bytes, the second copy ``copy_bytes`` in; signal pads and counters as for every kernel
+(purlinc.atom.abi).
 Grid = channels, block = ``THREADS``.
 
 ``size_error`` is a host-mapped record of ``SIZE_ERROR_RECORD`` words, filled by the first
 bad size of the rank (kind 1: a size outside 0..capacity; 2: an input chunk past the input
-buffer; 3: an output chunk past the output buffer); the chunk is then moved as size 0, so
-nothing is written outside any buffer and no wait is affected.
+buffer; 3: an output chunk past the output buffer; 4: a chunk arriving with another size than
+expected); the chunk is then moved as size 0, so nothing is written outside any buffer and no
+wait is affected.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from purlinc.snac.sized import slot_layout
 from purlinc.version import __version__
 
 SIZED_FIELDS = ("capacity", "in_len", "out_len", "unit_bytes", "slot_bytes", "region_bytes", "copy_bytes",
-                "timeout_ns", "in", "out", "sizes", "out_sizes", "counters", "error", "size_error")
+                "timeout_ns", "in", "out", "sizes", "out_sizes", "expected", "counters", "error", "size_error")
 SIZE_ERROR_RECORD = ("kind", "rank", "buffer", "position", "size", "bound", "epoch", "unused")
 SIZE_ERROR_BYTES = 8 * len(SIZE_ERROR_RECORD)
 THREADS = 512
@@ -56,10 +61,10 @@ def stage_bytes(abi: KernelABI, capacity_bytes: int) -> int:
 def pack_sized_args(abi: KernelABI, *, capacity_bytes: int, capacity: int, unit_bytes: int, in_len: int,
                     out_len: int, timeout_ns: int, in_ptr: int, out_ptr: int, sizes_ptr: int, out_sizes_ptr: int,
                     counters_ptr: int, error_ptr: int, size_error_ptr: int, stage: list[int],
-                    signals: list[int]) -> bytes:
+                    signals: list[int], expected_ptr: int = 0) -> bytes:
     """The ``purlin_sized_args`` struct as bytes, ready to be passed by value.  The staging
     layout comes from the load's ``capacity_bytes`` (fixed); ``capacity`` counts this call's
-    units (``capacity * unit_bytes <= capacity_bytes``)."""
+    units (``capacity * unit_bytes <= capacity_bytes``); ``expected_ptr`` 0: no expected sizes."""
     world = abi.world_size
     if len(stage) != world or len(signals) != world:
         raise ValueError(f"expected {world} staging and signal pointers, got {len(stage)} and {len(signals)}")
@@ -68,7 +73,7 @@ def pack_sized_args(abi: KernelABI, *, capacity_bytes: int, capacity: int, unit_
     _, region, slot = slot_layout(abi.channels, capacity_bytes)
     copy = abi.stage_units // 2 * slot
     return struct.pack(f"<{len(SIZED_FIELDS) + 2 * world}Q", capacity, in_len, out_len, unit_bytes, slot, region,
-                       copy, timeout_ns, in_ptr, out_ptr, sizes_ptr, out_sizes_ptr, counters_ptr, error_ptr,
+                       copy, timeout_ns, in_ptr, out_ptr, sizes_ptr, out_sizes_ptr, expected_ptr, counters_ptr, error_ptr,
                        size_error_ptr, *stage, *signals)
 
 
@@ -94,8 +99,10 @@ def describe_size_error(words, spec) -> str:
         "capacity": f"outside 0..{bound} (the capacity fixed at load)",
         "input": f"reaches past the end of rank {rank}'s input ({bound} element(s) left there)",
         "output": f"reaches past the end of rank {rank}'s output ({bound} element(s) left there)",
+        "expected": f"differs from the {bound} rank {rank} expects (its expected sizes)",
     }[kind]
-    return (f"rank {rank}, call {record['epoch']}: {pair}: {what} {because}; it was moved as size 0")
+    moved = "not written" if kind == "expected" else "moved as size 0"
+    return f"rank {rank}, call {record['epoch']}: {pair}: {what} {because}; it was {moved}"
 
 
 def _signed(value: int) -> int:

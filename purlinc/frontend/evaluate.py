@@ -184,7 +184,7 @@ def check_operands(epilogue: Epilogue, operands: dict, numel: int, dtype: DType)
 
 # ---- run-time sizes (docs/LANGUAGE.md, "Run-time sizes") ----------------------------------
 
-SIZE_ERROR_KINDS = ("capacity", "input", "output")  # what a size error is about (codes 1, 2, 3)
+SIZE_ERROR_KINDS = ("capacity", "input", "output", "expected")  # what a size error is about (codes 1 to 4)
 
 
 def sent_sizes(given: Sequence[int], capacity: int, in_length: int) -> tuple[list[int], list[int], list[tuple]]:
@@ -208,30 +208,46 @@ def sent_sizes(given: Sequence[int], capacity: int, in_length: int) -> tuple[lis
     return offsets, sent, errors
 
 
-def received_sizes(incoming: Sequence[int], out_length: int) -> tuple[list[int], list[int], list[tuple]]:
+def received_sizes(incoming: Sequence[int], out_length: int, expected: Sequence[int] | None = None,
+                   capacity: int | None = None) -> tuple[list[int], list[int], list[tuple]]:
     """What a consumer writes for output chunks arriving with sizes ``incoming``: (offsets,
-    written sizes, errors); a chunk reaching past ``out_length`` is written as 0."""
+    written sizes, errors); a chunk reaching past ``out_length`` is written as 0.
+
+    With ``expected`` (the sizes the caller expects to receive, as torch's
+    ``output_split_sizes``), the output is laid out by them instead: chunk m starts at the sum
+    of the expected sizes before it (each clamped to 0..capacity), whatever arrives, and a
+    chunk arriving with another size than expected is written as 0 and reported, so the other
+    chunks land where the caller looks for them."""
+    if expected is not None and capacity is None:
+        raise ValueError("expected sizes need the capacity (offsets clamp them to 0..capacity)")
     offsets, written, errors = [], [], []
     offset = 0
     for position, size in enumerate(incoming):
         offsets.append(offset)
-        if offset + size > out_length:
+        want = None if expected is None else int(expected[position])
+        if want is not None and size != want:
+            written.append(0)
+            errors.append((position, "expected", size, want))
+        elif offset + size > out_length:
             written.append(0)
             errors.append((position, "output", size, out_length - offset))
         else:
             written.append(size)
-        offset += written[-1]
+        offset += written[-1] if want is None else min(max(want, 0), capacity)
     return offsets, written, errors
 
 
 def evaluate_sized(spec: Spec, inputs: Sequence[np.ndarray], sizes: Sequence[Sequence[int]], capacity: int,
-                   outputs: Sequence[np.ndarray]) -> tuple[list[np.ndarray], list[list[int]], list[list[tuple]]]:
+                   outputs: Sequence[np.ndarray], expected: Sequence[Sequence[int] | None] | None = None,
+                   ) -> tuple[list[np.ndarray], list[list[int]], list[list[tuple]]]:
     """The meaning of a call with run-time sizes: (outputs, out sizes, errors per rank).
 
     ``inputs[r]`` and ``outputs[r]`` are rank r's whole buffers (1-D, any length: their
     lengths are the bounds), ``sizes[r]`` the sizes of rank r's input chunks in layout order.
     The outputs returned are copies of ``outputs`` with the received chunks written, packed;
-    elements past them keep their values.  Errors: (buffer, position, kind, size, bound)."""
+    elements past them keep their values.  ``expected[r]`` (optional, one per output chunk of
+    rank r, or None) lays rank r's output out by the sizes it expects (``received_sizes``).
+    Errors: (buffer, position, kind, size, bound)."""
     if spec.sizes is None:
         raise ValueError(f"{spec.name} has no run-time sizes: use evaluate()")
     R = spec.world_size
@@ -243,7 +259,8 @@ def evaluate_sized(spec: Spec, inputs: Sequence[np.ndarray], sizes: Sequence[Seq
     results, out_sizes, errors = [], [], []
     for rank in range(R):
         incoming = [sent[s.rank][1][s.position] for (s, *_) in spec.sources[rank]]
-        offsets, written, out_errors = received_sizes(incoming, len(outputs[rank]))
+        offsets, written, out_errors = received_sizes(incoming, len(outputs[rank]),
+                                                      None if expected is None else expected[rank], capacity)
         out = np.array(outputs[rank], copy=True)
         for position, ((slot, *_), offset, size) in enumerate(zip(spec.sources[rank], offsets, written)):
             start = sent[slot.rank][0][slot.position]

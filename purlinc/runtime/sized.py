@@ -1,18 +1,22 @@
 """Loaded collectives with run-time sizes (docs/LANGUAGE.md, "Run-time sizes"):
 ``purlinc.load(path, comm, capacity=C)`` on a spec with ``with sizes ...``.
 
-Call (one rank): ``coll(x, sizes, out=None, out_sizes=None, stream=None, *, row=1) -> (out, out_sizes)``;
-sizes count units of ``row`` elements (1: elements; torch's split sizes count rows of dim 0).
-``sizes`` is an int64 device tensor with one entry per chunk of this rank's input, read by
-the kernel when it runs; ``out_sizes`` (int64, one per output chunk) is written by it.  The
+Call (one rank): ``coll(x, sizes, out=None, out_sizes=None, stream=None, *, row=1, expected_sizes=None)
+-> (out, out_sizes)``; sizes count units of ``row`` elements (1: elements; torch's split sizes
+count rows of dim 0).  ``sizes`` is an int64 device tensor with one entry per chunk of this
+rank's input, read by the kernel when it runs; ``out_sizes`` (int64, one per output chunk) is
+written by it.  ``expected_sizes`` (int64, one per output chunk, read by the kernel), where
+the caller knows what it will receive (torch's ``output_split_sizes``): the output is laid
+out by them, and a chunk that arrives with another size is not written but reported.  The
 host never reads either, so a call can be captured in a CUDA graph once (after one warm-up
 call per dtype) and replayed with new sizes written into the same ``sizes`` tensor.
 
 Staging, signal pads and call counters come from the symmetric heap at load, sized by the
 capacity (elements per chunk) and the widest dtype the call may use (``dtype=`` at load, or
 the widest dtype the copy path takes).  Sizes over the capacity, or chunks past a buffer,
-are moved as size 0 and recorded on the device; ``check()`` and the next call raise them as
-``SizeError`` (the collective stays usable: no signal is out of step).
+are moved as size 0, chunks that differ from the expected sizes are not written, and either is
+recorded on the device; ``check()`` and the next call raise them as ``SizeError`` (the
+collective stays usable: no signal is out of step).
 """
 
 from __future__ import annotations
@@ -141,14 +145,14 @@ class SizedCollective:
         hit = self._args.get(key)
         if hit is None:
             function, _, abi = self.variant(dtype)
-            in_ptr, in_elems, sizes_ptr, out_ptr, out_elems, out_sizes_ptr, row = shape
+            in_ptr, in_elems, sizes_ptr, out_ptr, out_elems, out_sizes_ptr, expected_ptr, row = shape
             data = pack_sized_args(
                 abi, capacity_bytes=self.capacity * self.itemsize, capacity=self.capacity // row,
                 unit_bytes=row * dtype.itemsize, in_len=in_elems // row, out_len=out_elems // row,
                 timeout_ns=self.timeout_ns,
                 in_ptr=in_ptr, out_ptr=out_ptr, sizes_ptr=sizes_ptr, out_sizes_ptr=out_sizes_ptr,
                 counters_ptr=self.counters_ptr, error_ptr=self.error_dev, size_error_ptr=self.size_dev,
-                stage=self.stage_ptrs, signals=self.pad_ptrs)
+                stage=self.stage_ptrs, signals=self.pad_ptrs, expected_ptr=expected_ptr)
             config = DependentLaunch(abi.channels, abi.threads, 0) if self._pdl else None
             if len(self._args) > 4096:
                 self._args.clear()
@@ -156,7 +160,7 @@ class SizedCollective:
         return hit
 
     # ---- calls
-    def prepare_call(self, x, sizes, out, out_sizes, stream, row: int = 1):
+    def prepare_call(self, x, sizes, out, out_sizes, stream, row: int = 1, expected_sizes=None):
         """Validate (nothing launched on a mistake); allocate ``out`` (capacity per output
         chunk) and ``out_sizes`` when not given.  Sizes count units of ``row`` elements (torch's
         splits count rows).  Returns (dtype, shape, stream, out, out_sizes)."""
@@ -174,9 +178,14 @@ class SizedCollective:
             out_sizes = _empty_int64(xi.kind, self.out_units, self.device)
         si = _check_sizes(self, "sizes", interop.describe(sizes), self.in_units)
         osi = _check_sizes(self, "out_sizes", interop.describe(out_sizes), self.out_units)
-        _check_apart(self, [("x", xi), ("sizes", si), ("out", oi), ("out_sizes", osi)], written=("out", "out_sizes"))
+        read = [("x", xi), ("sizes", si)]
+        if expected_sizes is not None:
+            ei = _check_sizes(self, "expected_sizes", interop.describe(expected_sizes), self.out_units)
+            read.append(("expected_sizes", ei))
+        _check_apart(self, read + [("out", oi), ("out_sizes", osi)], written=("out", "out_sizes"))
         handle = interop.stream_handle(stream) if stream is not None else interop.current_stream(xi.kind, self.device)
-        return dtype, (xi.ptr, xi.numel, si.ptr, oi.ptr, oi.numel, osi.ptr, row), handle, out, out_sizes
+        expected_ptr = ei.ptr if expected_sizes is not None else 0
+        return dtype, (xi.ptr, xi.numel, si.ptr, oi.ptr, oi.numel, osi.ptr, expected_ptr, row), handle, out, out_sizes
 
     def _check_usable(self) -> None:
         if self.closed:
@@ -190,10 +199,11 @@ class SizedCollective:
         self._driver.set_current(self.device)
         self._driver.launch(function, abi.channels, abi.threads, 0, stream, packed)
 
-    def __call__(self, x, sizes=None, out=None, out_sizes=None, stream=None, *, row: int = 1, **operands):
+    def __call__(self, x, sizes=None, out=None, out_sizes=None, stream=None, *, row: int = 1, expected_sizes=None,
+                 **operands):
         """``sizes`` positionally or by the operand's name (``n=`` for ``with sizes n[..] of x``)."""
         sizes = _named_sizes(self, sizes, operands)
-        dtype, shape, handle, out, out_sizes = self.prepare_call(x, sizes, out, out_sizes, stream, row)
+        dtype, shape, handle, out, out_sizes = self.prepare_call(x, sizes, out, out_sizes, stream, row, expected_sizes)
         self.launch(dtype, shape, handle)
         return out, out_sizes
 
@@ -307,13 +317,17 @@ class GroupSized:
     def __len__(self) -> int:
         return len(self.ranks)
 
-    def __call__(self, xs, sizes=None, outs=None, out_sizes=None, streams=None, *, row: int = 1, **operands):
+    def __call__(self, xs, sizes=None, outs=None, out_sizes=None, streams=None, *, row: int = 1, expected_sizes=None,
+                 **operands):
         sizes = _named_sizes(self.ranks[0], sizes, operands)  # one per rank, positionally or by name
         world = len(self.ranks)
-        xs, outs, out_sizes, streams = (per_rank(self.name, label, values, world) for label, values in
-                                        (("xs", xs), ("outs", outs), ("out_sizes", out_sizes), ("streams", streams)))
+        xs, outs, out_sizes, streams, expected_sizes = (
+            per_rank(self.name, label, values, world) for label, values in
+            (("xs", xs), ("outs", outs), ("out_sizes", out_sizes), ("streams", streams),
+             ("expected_sizes", expected_sizes)))
         sizes = per_rank(self.name, "sizes", sizes, world)
-        prepared = [c.prepare_call(*args, row) for c, args in zip(self.ranks, zip(xs, sizes, outs, out_sizes, streams))]
+        prepared = [c.prepare_call(x, n, out, out_n, stream, row, expect) for c, x, n, out, out_n, stream, expect in
+                    zip(self.ranks, xs, sizes, outs, out_sizes, streams, expected_sizes)]
         if len({p[0] for p in prepared}) != 1:
             raise MismatchError(f"{self.name}: the ranks' inputs have different dtypes: {[p[0].value for p in prepared]}")
         seen = {}

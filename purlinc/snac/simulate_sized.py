@@ -41,7 +41,9 @@ def channel_bytes(nbytes: int, channels: int, channel: int) -> tuple[int, int]:
 class _Call:
     """One call's buffers and sizes (bytes), shared by every (rank, channel) of that call."""
 
-    def __init__(self, spec: Spec, inputs, sizes, outputs, capacity: int):
+    def __init__(self, spec: Spec, inputs, sizes, outputs, expected=None, *, capacity: int):
+        self.capacity = capacity
+        self.expected = expected  # per rank: the sizes its output is laid out by, or None
         self.inputs = [np.ascontiguousarray(x).view(np.uint8) for x in inputs]
         self.outputs = [np.array(o, copy=True) for o in outputs]
         self.out_bytes = [o.view(np.uint8) for o in self.outputs]
@@ -87,7 +89,8 @@ class _SizedMachine:
         if min(incoming) < 0:
             raise SimulationError(f"rank {rank} channel {channel} reads a size header never written "
                                   f"(OUT unit {m}): the schedule uses a size before its Wait")
-        offsets, written, _ = received_sizes(incoming, len(call.outputs[rank]))
+        expected = None if call.expected is None else call.expected[rank]
+        offsets, written, _ = received_sizes(incoming, len(call.outputs[rank]), expected, call.capacity)
         size = written[m]
         if channel == 0:
             call.out_sizes[rank][m] = size
@@ -104,15 +107,15 @@ class _SizedMachine:
 
 def simulate_sized(schedule: Schedule, spec: Spec, calls: Sequence[tuple], capacity: int,
                    *, seed: int = 0) -> list[tuple[list[np.ndarray], list[list[int]]]]:
-    """Run ``len(calls)`` consecutive calls; ``calls[i] = (inputs, sizes, outputs)`` as
-    ``evaluate_sized`` takes them.  Returns per call (outputs, out sizes); raises
+    """Run ``len(calls)`` consecutive calls; ``calls[i] = (inputs, sizes, outputs[, expected])``
+    as ``evaluate_sized`` takes them.  Returns per call (outputs, out sizes); raises
     ``SimulationError`` on a deadlock or a size read before it was written."""
     if schedule.sizes is None:
         raise SimulationError(f"{schedule.collective} has no run-time sizes: use simulate()")
     rng = random.Random(seed)
     itemsize = np.asarray(calls[0][2][0]).itemsize
     machine = _SizedMachine(schedule, capacity, itemsize)
-    states = [_Call(spec, *call, capacity) for call in calls]
+    states = [_Call(spec, *call, capacity=capacity) for call in calls]
     G = schedule.channels
     programs = {(r, c): schedule.program(r, c).steps for r in range(schedule.world_size) for c in range(G)}
     out_sources = {r: {s.dst.unit: s.srcs[0] for s in schedule.programs[r].steps if isinstance(s, Consume)}

@@ -203,8 +203,9 @@ def _capturing(t) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def run(s: SizedState, x, splits, out, out_splits, row: int) -> None:
-    """Launch on the current stream (every argument checked by the caller)."""
+def run(s: SizedState, x, splits, out, out_splits, row: int, expected=None) -> None:
+    """Launch on the current stream (every argument checked by the caller); ``expected``: the
+    rows the caller expects from each rank (an int64 device tensor), or None."""
     capturing = _capturing(x)
     coll = s.collective(capturing)
     if capturing:
@@ -214,12 +215,18 @@ def run(s: SizedState, x, splits, out, out_splits, row: int) -> None:
         if warm is not None and dtype_of(x) not in warm:
             raise ArgumentError(f"purlin::alltoallv on rank {s.rank}: {dtype_of(x).value} reached a CUDA graph capture "
                                 "before a warm-up call of that dtype: expected one call outside the capture first")
-    coll(x, splits, out, out_splits, row=row)
+    if expected is None:
+        coll(x, splits, out, out_splits, row=row)
+    else:
+        coll(x, splits, out, out_splits, row=row, expected_sizes=expected)
 
 
 def all_to_all_single(group, output, input, output_split_sizes=None, input_split_sizes=None):
     """``torch.distributed.all_to_all_single`` with host split lists (rows of dim 0): checked
-    on the host against the tensors and the capacity, then run through the device form."""
+    on the host against the tensors and the capacity, then run through the device form, which
+    also checks ``output_split_sizes`` against what the peers send: ``output`` is laid out by
+    them, and rows from a peer that sends another count than expected are not written but
+    raised as a ``SizeError`` by the next call (or ``state_of(group).collective().check()``)."""
     from purlinc.torch.ops import split_sizes
 
     where = "all_to_all_single"
@@ -246,10 +253,11 @@ def all_to_all_single(group, output, input, output_split_sizes=None, input_split
                                 f"capacity of {s.capacity // row} rows ({s.capacity} elements per pair)",
                                 notes=("purlinc.torch.sized.configure(group, capacity=...) before the first call",))
         splits[label] = given
-    # A fresh tensor per call: a kernel launched earlier may not have read the last one yet.
+    # Fresh tensors per call: a kernel launched earlier may not have read the last ones yet.
     sizes = torch.tensor(splits["input_split_sizes"], dtype=torch.int64, device=input.device)
+    expected = torch.tensor(splits["output_split_sizes"], dtype=torch.int64, device=input.device)
     received = s.scratch("received", R, input)  # written by the kernel, never read here
-    run(s, input, sizes, output, received, row)
+    run(s, input, sizes, output, received, row, expected)
     return output
 
 

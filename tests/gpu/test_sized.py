@@ -100,10 +100,10 @@ def _run(coll, group, bufs) -> None:
         streams=group.streams))
 
 
-def _check_outputs(spec, datas, rows, bufs, label: str) -> list:
-    """Every rank's output, out_sizes and guard zones against the evaluator; returns the size
-    errors it expects."""
-    want, want_sizes, errors = evaluate_sized(spec, datas, rows, CAPACITY, [b.poisoned() for b in bufs])
+def _check_outputs(spec, datas, rows, bufs, label: str, expected=None) -> list:
+    """Every rank's output, out_sizes and guard zones against the evaluator (``expected``: the
+    sizes each rank expects, or None); returns the size errors it expects."""
+    want, want_sizes, errors = evaluate_sized(spec, datas, rows, CAPACITY, [b.poisoned() for b in bufs], expected)
     for r, b in enumerate(bufs):
         b.check(want[r], want_sizes[r], f"{label} rank {r}")
     return errors
@@ -223,4 +223,118 @@ def test_over_capacity_and_past_the_output_are_size_errors():
         _check_outputs(spec, datas, rows, bufs, "after the errors,")
     finally:
         coll.close()
+        group.close()
+
+
+def _expected_rows(rows, R: int) -> list[list[int]]:
+    """What each rank receives from every rank: its column of the size table."""
+    return [[rows[src][dst] for src in range(R)] for dst in range(R)]
+
+
+def test_expected_sizes_lay_out_the_output_and_catch_a_disagreement():
+    """Every rank passes the sizes it expects to receive (``expected_sizes``, what torch's
+    output_split_sizes become): where they agree with what arrives, the outputs equal the
+    evaluator's and nothing is raised; where rank 1 expects one unit more from rank 2 than
+    rank 2 sends, that chunk is not written, the chunks after it lie at the offsets the
+    expectation gives them, and a SizeError names the pair and both sizes."""
+    import purlinc
+    from purlinc.runtime.sized import SizeError
+
+    R = 4
+    group = _group(R)
+    coll = purlinc.load(SIZED / "alltoallv.pln", group, capacity=CAPACITY, channels=2)
+    spec = coll[0].compiled.spec
+    rng = np.random.default_rng(17)
+    bufs = [Buffers(R, DType.FLOAT32, R * CAPACITY, R * CAPACITY + 3) for _ in range(R)]
+    expect = [torch.zeros(R, dtype=torch.int64, device=f"cuda:{DEVICE}") for _ in range(R)]
+    try:
+        for case in ("agree", "disagree", "agree again"):
+            rows = [[int(v) for v in rng.integers(1, CAPACITY, R)] for _ in range(R)]
+            expected = _expected_rows(rows, R)
+            if case == "disagree":
+                expected[1][2] += 1
+            for e, row in zip(expect, expected):
+                e.copy_(torch.tensor(row, dtype=torch.int64))
+            datas = [b.fill(rng, row) for b, row in zip(bufs, rows)]
+            on_rank_streams(group.streams, DEVICE, lambda: coll(
+                [b.x for b in bufs], [b.sizes for b in bufs], [b.out for b in bufs], [b.out_sizes for b in bufs],
+                streams=group.streams, expected_sizes=expect))
+            want, want_sizes, errors = evaluate_sized(spec, datas, rows, CAPACITY, [b.poisoned() for b in bufs],
+                                                      expected)
+            for r, b in enumerate(bufs):
+                b.check(want[r], want_sizes[r], f"{case} rank {r}")
+            if case == "disagree":
+                assert errors[1] == [("out", 2, "expected", rows[2][1], rows[2][1] + 1)]
+                assert want_sizes[1][2] == 0 and want_sizes[1][3] == rows[3][1]
+                with pytest.raises(SizeError, match=rf"rank 1, call \d+: chunk x\[2\]\[1\] from rank 2 to rank 1: "
+                                                    rf"size {rows[2][1]} differs from the {rows[2][1] + 1} rank 1 "
+                                                    r"expects \(its expected sizes\); it was not written"):
+                    coll.check()
+            else:
+                assert not any(errors)
+            coll.check()
+    finally:
+        coll.close()
+        group.close()
+
+
+class _TorchRank:
+    """What purlinc.torch.sized needs of a group: one rank of a loopback LocalGroup."""
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size, self.device, self.comm = rank, world_size, torch.device(f"cuda:{DEVICE}"), None
+
+
+def test_all_to_all_single_checks_output_split_sizes():
+    """purlinc.torch.sized.all_to_all_single (host split lists) on R=3 loopback ranks: with
+    output_split_sizes that agree with what the peers send, every output equals the rows
+    packed by source; where rank 0 expects one row less from rank 1 and one more from rank 2
+    (the same total), those rows are not written, rank 0's own rows lie where its lists put
+    them, and the next call raises a SizeError naming the first pair."""
+    import purlinc
+    from purlinc.runtime.sized import SizeError
+    from purlinc.torch import sized
+
+    R, H = 3, 8
+    group = _group(R)
+    a2a = purlinc.load(SIZED / "alltoallv.pln", group, capacity=CAPACITY * H, channels=2)
+    ranks = [_TorchRank(r, R) for r in range(R)]
+    for r, g in enumerate(ranks):
+        sized.configure(g, capacity=CAPACITY * H, loader=lambda source, comm, cap, r=r: a2a[r])
+    rng = np.random.default_rng(23)
+    try:
+        for case in ("agree", "disagree", "agree again"):
+            splits = [[int(v) for v in rng.integers(1, 6, R)] for _ in range(R)]  # splits[src][dst] rows
+            inputs = [torch.randn(sum(row), H, device=f"cuda:{DEVICE}") for row in splits]
+            out_splits = _expected_rows(splits, R)
+            if case == "disagree":
+                out_splits[0][1] -= 1
+                out_splits[0][2] += 1
+            outs = [torch.full((sum(o), H), float("nan"), device=f"cuda:{DEVICE}") for o in out_splits]
+
+            def issue():
+                for r in range(R):
+                    with torch.cuda.stream(group.streams[r]):
+                        sized.all_to_all_single(ranks[r], outs[r], inputs[r], out_splits[r], splits[r])
+            on_rank_streams(group.streams, DEVICE, issue)
+            for r in range(R):
+                offset = 0
+                for src in range(R):
+                    rows = out_splits[r][src]
+                    got = outs[r][offset:offset + rows]
+                    if rows == splits[src][r]:
+                        start = sum(splits[src][:r])
+                        assert torch.equal(got, inputs[src][start:start + rows]), f"{case}: rank {r} from {src}"
+                    else:
+                        assert got.isnan().all(), f"{case}: rank {r} wrote the rows from rank {src} it did not expect"
+                    offset += rows
+            if case == "disagree":
+                with pytest.raises(SizeError, match=rf"rank 0, call \d+: chunk x\[1\]\[0\] from rank 1 to rank 0: "
+                                                    rf"size {splits[1][0]} differs from the {splits[1][0] - 1}"):
+                    a2a[0].check()
+            a2a.check()
+    finally:
+        for g in ranks:
+            sized.state_of(g).close()
+        a2a.close()
         group.close()
