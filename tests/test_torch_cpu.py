@@ -75,9 +75,9 @@ class StandIn:
     def close(self):
         self.closed = True
 
-    def __call__(self, x=None, out=None, op="sum", *rest, row=1):
+    def __call__(self, x=None, out=None, op="sum", *rest, row=1, expected_sizes=None):
         if self.spec.sizes is not None:  # the all-to-all with run-time sizes: (x, sizes, out, out_sizes)
-            return self._sized(x, out, op, *rest, row=row)
+            return self._sized(x, out, op, *rest, row=row, expected_sizes=expected_sizes)
         spec, w, r = self.spec, self.world, self.rank
         ins, outs = len(spec.inputs[r]), len(spec.outputs[r])
         probe = x if x is not None else out
@@ -97,15 +97,17 @@ class StandIn:
             out.copy_(torch.from_numpy(np.ascontiguousarray(result)).view(out.shape))
         return out
 
-    def _sized(self, x, sizes, out, out_sizes, row=1):
+    def _sized(self, x, sizes, out, out_sizes, row=1, expected_sizes=None):
         """Split sizes in rows of ``row`` elements, through the evaluator of run-time sizes."""
         from purlinc.frontend.evaluate import evaluate_sized
 
         w, r = self.world, self.rank
-        w.slots[r] = (x.reshape(-1).numpy().copy(), [int(v) * row for v in sizes.tolist()], out.reshape(-1).numpy().copy())
+        expected = None if expected_sizes is None else [int(v) * row for v in expected_sizes.tolist()]
+        w.slots[r] = (x.reshape(-1).numpy().copy(), [int(v) * row for v in sizes.tolist()], out.reshape(-1).numpy().copy(),
+                      expected)
         w.barrier.wait()
         outs, written, _ = evaluate_sized(self.spec, [s[0] for s in w.slots], [s[1] for s in w.slots], 1 << 40,
-                                          [s[2] for s in w.slots])
+                                          [s[2] for s in w.slots], [s[3] for s in w.slots])
         w.barrier.wait()
         out.reshape(-1).copy_(torch.from_numpy(outs[r]))
         out_sizes.copy_(torch.tensor([v // row for v in written[r]], dtype=torch.int64))
@@ -689,10 +691,10 @@ class _Apart(StandIn):
     """As the runtime's validate_call: x and out may not share bytes (a kernel reads one while
     it writes the other), so the stand-in refuses what a GPU call would."""
 
-    def __call__(self, x=None, out=None, op="sum", *rest, row=1):
+    def __call__(self, x=None, out=None, op="sum", *rest, row=1, expected_sizes=None):
         if x is not None and out is not None and ops_module.overlap(x, out, fake=False):
             raise ArgumentError(f"{self.spec.name} on rank {self.rank}: x and out overlap")
-        return super().__call__(x, out, op, *rest, row=row)
+        return super().__call__(x, out, op, *rest, row=row, expected_sizes=expected_sizes)
 
 
 class _ApartWorlds(StandInWorlds):

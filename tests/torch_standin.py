@@ -51,13 +51,13 @@ class ExchangeStandIn:
     def close(self):
         pass
 
-    def __call__(self, x=None, out=None, op="sum", *rest, row=1):
+    def __call__(self, x=None, out=None, op="sum", *rest, row=1, expected_sizes=None):
         if x is not None and out is not None and x.numel() and out.numel():  # as the runtime's validate_call
             a0, b0 = x.data_ptr(), out.data_ptr()
             if a0 < b0 + out.numel() * out.element_size() and b0 < a0 + x.numel() * x.element_size():
                 raise ArgumentError(f"{self.spec.name} on rank {self.comm.rank}: x and out overlap")
         if self.spec.sizes is not None:  # the all-to-all with run-time sizes: (x, sizes, out, out_sizes)
-            return self._sized(x, out, op, *rest, row=row)  # positions: x, sizes, out, out_sizes
+            return self._sized(x, out, op, *rest, row=row, expected_sizes=expected_sizes)  # x, sizes, out, out_sizes
         spec, comm, r = self.spec, self.comm, self.comm.rank
         ins, outs = len(spec.inputs[r]), len(spec.outputs[r])
         probe = x if x is not None else out
@@ -80,8 +80,9 @@ class ExchangeStandIn:
         return out
 
 
-    def _sized(self, x, sizes, out, out_sizes, row=1):
-        """Sizes count rows of ``row`` elements; the host checked them against the capacity."""
+    def _sized(self, x, sizes, out, out_sizes, row=1, expected_sizes=None):
+        """Sizes count rows of ``row`` elements; the host checked them against the capacity.
+        ``expected_sizes``: the rows this rank expects from each rank (its output's layout)."""
         spec, comm, r = self.spec, self.comm, self.comm.rank
         dtype = _torch_dtype_map()[x.dtype]
         data = x.reshape(-1).view(torch.uint8).numpy().tobytes()
@@ -91,8 +92,12 @@ class ExchangeStandIn:
         CALLS.append((spec.name, tuple(comm.ranks)))
         slots = [np.frombuffer(g[4], dtype.storage) for g in got]
         current = out.reshape(-1).view(torch.uint8).numpy().view(dtype.storage)
+        expected = [None] * len(got)
+        if expected_sizes is not None:
+            expected[r] = [int(v) * row for v in expected_sizes.tolist()]
         outs, written, _ = evaluate_sized(spec, slots, [g[3] for g in got], 1 << 62,
-                                          [current if i == r else np.empty(0, dtype.storage) for i in range(len(got))])
+                                          [current if i == r else np.empty(0, dtype.storage) for i in range(len(got))],
+                                          expected)
         out.reshape(-1).view(torch.uint8).copy_(torch.from_numpy(np.ascontiguousarray(outs[r]).view(np.uint8).copy()))
         out_sizes.copy_(torch.tensor([v // row for v in written[r]], dtype=torch.int64))
         return out, out_sizes

@@ -164,18 +164,12 @@ class TorchCollective:
     def _check_out(self, x, out) -> None:
         """What the eager out form checks of ``out`` (ops.check_out), for the traced call, whose
         functional op never sees it: a wrong size would fail in view(), unnamed, and another dtype
-        would be cast into silently.  ``ops.require``: dynamo traces torch._check, not an ArgumentError."""
+        would be cast into silently."""
         e = self.entry
         where = f"purlin::{self.name} on rank {ops.shown(e.rank)}"  # dynamic=True reads e.rank as a symbol
         ops.require_tensors(where, [("x", x), ("out", out)])
         count = x.numel() // e.in_units if e.in_units else (out.numel() // e.out_units if e.out_units else 0)
-        expected = e.out_units * count
-        ops.require(out.numel() == expected,
-                    lambda: f"{where}: out has {ops.shown(out.numel())} elements, expected {ops.shown(expected)} "
-                            f"({ops.shown(e.out_units)} chunks x {ops.shown(count)} elements per chunk)")
-        if e.in_units:
-            ops.require(out.dtype == x.dtype, f"{where}: out has dtype {str(out.dtype).removeprefix('torch.')}, "
-                                              f"expected {str(x.dtype).removeprefix('torch.')} (the dtype of x)")
+        ops.check_out(where, e, x, out, count)
 
     def _no_grad(self, label: str, t) -> None:
         """These ops have no gradient (eagerly they skip the dispatcher, so one would not flow,

@@ -281,13 +281,15 @@ def _check_output_bytes(where: str, e: Entry, x, count) -> None:
 
 
 def check_out(where: str, e: Entry, x, out, count, names=("x", "out")) -> None:
+    """``out`` holds this rank's chunks of ``count`` elements, in x's dtype: eagerly and traced
+    alike (``require``; the sizes may be symbols, so the messages are functions of ``shown``)."""
     expected = e.out_units * count
-    if out.numel() != expected:
-        raise ArgumentError(f"{where}: {names[1]} has {out.numel()} elements, expected {expected} "
-                            f"({e.out_units} chunks x {count} elements per chunk)")
-    if e.in_units and out.dtype != x.dtype:
-        raise ArgumentError(f"{where}: {names[1]} has dtype {str(out.dtype).removeprefix('torch.')}, expected "
-                            f"{str(x.dtype).removeprefix('torch.')} (the dtype of {names[0]})")
+    require(out.numel() == expected,
+            lambda: f"{where}: {names[1]} has {shown(out.numel())} elements, expected {shown(expected)} "
+                    f"({shown(e.out_units)} chunks x {shown(count)} elements per chunk)")
+    if e.in_units:
+        require(out.dtype == x.dtype, lambda: f"{where}: {names[1]} has dtype {str(out.dtype).removeprefix('torch.')}, "
+                                              f"expected {str(x.dtype).removeprefix('torch.')} (the dtype of {names[0]})")
 
 
 # ---------------------------------------------------------------------------------------------
