@@ -350,3 +350,11 @@ def test_ce_plan_runs_every_channel_on_its_own_slices_and_signals():
             assert {op[1].slice for op in ops if op[0] == "copy"} == {channel}
             flags = {op[2] for op in ops if op[0] != "copy" and op[2] < p.signals}
             assert flags and all(channel * W <= word < (channel + 1) * W for word in flags)
+
+
+def test_byte_ranges_overlap_only_where_they_share_a_byte():
+    from purlinc.runtime.validate import overlapping
+
+    assert overlapping((0, 10), (9, 20)) and overlapping((5, 6), (0, 100)) and overlapping((0, 100), (5, 6))
+    assert not overlapping((0, 10), (10, 20)) and not overlapping((10, 20), (0, 10))  # adjacent
+    assert not overlapping((5, 5), (0, 10)) and not overlapping((0, 10), (3, 3))  # empty ranges share no byte

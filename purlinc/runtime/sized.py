@@ -34,6 +34,7 @@ from purlinc.runtime import interop, residency
 from purlinc.runtime.errors import ArgumentError, MismatchError, PurlinTimeoutError, issued_by_one_thread
 from purlinc.runtime.group import per_rank
 from purlinc.runtime.residency import Blocks
+from purlinc.runtime.validate import overlapping
 
 WIDEST = max(d.itemsize for d in DType)
 
@@ -268,7 +269,7 @@ def _check_apart(coll: SizedCollective, named, *, written) -> None:
             continue
         for other, seen in named[:n]:
             a0, a1, b0, b1 = info.ptr, info.ptr + info.nbytes, seen.ptr, seen.ptr + seen.nbytes
-            if seen.nbytes and a0 < b1 and b0 < a1:
+            if overlapping((a0, a1), (b0, b1)):
                 raise ArgumentError(f"{coll.name} on rank {coll.rank}: {label} overlaps {other} in memory ([{a0:#x}, "
                                     f"{a1:#x}) and [{b0:#x}, {b1:#x})), expected a buffer of its own",
                                     notes=(f"the kernel writes {label} while it reads or writes {other}",))

@@ -116,10 +116,15 @@ def validate_call(
         itemsize = dtype.itemsize
         a0, a1 = in_ptr, in_ptr + x.numel * itemsize
         b0, b1 = out_ptr, out_ptr + out.numel * itemsize
-        if a0 < b1 and b0 < a1:
+        if overlapping((a0, a1), (b0, b1)):
             raise _err(f"{where}: x and out overlap ([{a0:#x}, {a1:#x}) and [{b0:#x}, {b1:#x}))",
                        "in-place calls are not supported: give a separate out")
     return CallShape(dtype, reduce_op, count, in_ptr, out_ptr)
+
+
+def overlapping(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Whether byte ranges ``[a0, a1)`` and ``[b0, b1)`` share a byte (an empty one shares none)."""
+    return a[0] < b[1] and b[0] < a[1] and a[0] < a[1] and b[0] < b[1]
 
 
 def _check_presence(where: str, x, out, in_units: int, out_units: int):
