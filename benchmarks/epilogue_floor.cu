@@ -19,9 +19,11 @@
 //           "st.async" through remote stores that complete the receivers' mbarriers
 //   redundant  a row over K blocks with no exchange: each block loads the whole row and sums
 //           its squares itself, then stores its 1/K ("early": the residual stored before the norm)
+//   guarded  the redundant split over a 2-block cluster, its residual stores behind a cluster
+//           barrier (the sibling block reads the old residual): sound for an in-place residual
 // Modes: no argument, the first and second studies' tables; `redundant` and `early`, the third
-// study's (benchmarks/results/2026-12-02-h200x1-epilogue-floor.md); `profile`, one launch of
-// each variant for Nsight Compute.
+// study's; `guarded`, the fourth's (benchmarks/results/2026-12-02-h200x1-epilogue-floor.md);
+// `profile`, one launch of each variant for Nsight Compute.
 // Time per kernel: the median of 15 replays of a CUDA graph of 100 launches (launch included,
 // the same in every variant); "adds" is the difference to base.  The st.async exchange is
 // checked against the one-block result, element by element.
@@ -285,6 +287,91 @@ void launch_redundant(const Buffers& p, cudaStream_t stream, long long spin = 0)
     CHECK(cudaGetLastError());
 }
 
+// Where the guarded split (`redundant_guarded`) waits for its sibling block, which reads this
+// block's part of the residual (the whole row's old values, for its own sum of squares) before
+// this block overwrites it with h: an arrive (release) once this block's loads are issued, a
+// wait (acquire) before its first residual store, the stores placed after this block's sum of
+// squares is formed (MID) or with `out` after the norm (LATE).  UNGUARDED: the same cluster
+// launch with no barrier (wrong whenever a sibling lags: the floor of the guard's cost).
+enum class Guard { UNGUARDED, EARLY, MID, LATE };
+
+template <Guard G>
+__device__ __forceinline__ void sibling_wait(Guard at)
+{
+    if (G == at) asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// `redundant` (hoisted, bf16x2) over a K-block cluster, sound where the residual is updated in place.
+template <int K, int BLOCK, Guard G>
+__global__ void __launch_bounds__(BLOCK) redundant_guarded(Buffers p, long long spin)
+{
+    __shared__ float sums[BLOCK / 32];
+    constexpr int PER_THREAD = ROW_VECTORS / BLOCK, PART_VECTORS = ROW_VECTORS / K;
+    const int row = blockIdx.x / K, part = blockIdx.x % K, t = threadIdx.x;
+    uint4 ur[PER_THREAD], uw[PER_THREAD];
+    auto mine = [&](int j) { return (t + j * BLOCK) / PART_VECTORS == part; };
+    for (int j = 0; j < PER_THREAD; ++j) {
+        ur[j] = p.residual[row * ROW_VECTORS + t + j * BLOCK];
+        if (mine(j)) uw[j] = p.weight[t + j * BLOCK];
+    }
+    if (spin > 0) {
+        const long long t0 = clock64();
+        while (clock64() - t0 < spin) { }
+        __syncthreads();
+    }
+    uint4 ua[PER_THREAD], ub[PER_THREAD];
+    for (int j = 0; j < PER_THREAD; ++j) {
+        ua[j] = p.a[row * ROW_VECTORS + t + j * BLOCK];
+        ub[j] = p.b[row * ROW_VECTORS + t + j * BLOCK];
+    }
+    if (G != Guard::UNGUARDED) asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    float h[PER_THREAD][8], s0 = 0, s1 = 0;
+    for (int j = 0; j < PER_THREAD; ++j) {
+        float r[8];
+        widen(add_packed(ua[j], ub[j]), h[j]);
+        widen(ur[j], r);
+        for (int k = 0; k < 8; ++k) h[j][k] += r[k];
+        for (int k = 0; k < 8; k += 2) { s0 = fmaf(h[j][k], h[j][k], s0); s1 = fmaf(h[j][k + 1], h[j][k + 1], s1); }
+    }
+    sibling_wait<G>(Guard::EARLY);
+    if (G == Guard::EARLY || G == Guard::UNGUARDED)
+        for (int j = 0; j < PER_THREAD; ++j)
+            if (mine(j)) p.residual[row * ROW_VECTORS + t + j * BLOCK] = round8(h[j]);
+    const float total = block_sum<BLOCK, BLOCK / 32>(s0 + s1, sums);
+    sibling_wait<G>(Guard::MID);
+    if (G == Guard::MID)
+        for (int j = 0; j < PER_THREAD; ++j)
+            if (mine(j)) p.residual[row * ROW_VECTORS + t + j * BLOCK] = round8(h[j]);
+    const float inv = rsqrtf(total * (1.0f / HIDDEN) + EPS);
+    sibling_wait<G>(Guard::LATE);
+    for (int j = 0; j < PER_THREAD; ++j) {
+        if (!mine(j)) continue;
+        const int i = row * ROW_VECTORS + t + j * BLOCK;
+        float w[8], y[8];
+        widen(uw[j], w);
+        for (int k = 0; k < 8; ++k) y[k] = h[j][k] * inv * w[k];
+        p.out[i] = round8(y);
+        if (G == Guard::LATE) p.residual[i] = round8(h[j]);
+    }
+}
+
+template <int K, int BLOCK, Guard G>
+void launch_guarded(const Buffers& p, cudaStream_t stream, long long spin = 0)
+{
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(ROWS * K);
+    config.blockDim = dim3(BLOCK);
+    config.stream = stream;
+    cudaLaunchAttribute cluster[1];
+    cluster[0].id = cudaLaunchAttributeClusterDimension;
+    cluster[0].val.clusterDim.x = K;
+    cluster[0].val.clusterDim.y = 1;
+    cluster[0].val.clusterDim.z = 1;
+    config.attrs = cluster;
+    config.numAttrs = 1;
+    CHECK(cudaLaunchKernelEx(&config, redundant_guarded<K, BLOCK, G>, p, spin));
+}
+
 // Microseconds per launch: the median over `reps` replays of a graph of `per_graph` launches.
 template <typename F>
 float per_launch_us(F launch_once, cudaStream_t stream, int per_graph = 100, int reps = 15)
@@ -379,6 +466,33 @@ int main(int argc, char** argv)
                           [&] { launch_redundant<2, 256, true, true>(p, s); }),
                 2 * one.size());
 
+    if (argc > 1 && std::string(argv[1]) == "guarded") {  // the split made sound for an in-place residual
+        const auto one_early = [&] { launch<1, THREADS, true, true, Exchange::NONE, true, true, true>(p, s); };
+        std::printf("check: guarded K2/256 (early, mid, late) and K2/512 (mid) against one block: %zu, %zu, %zu, %zu of %zu "
+                    "elements (out and residual) differ\n",
+                    differing(one_early, [&] { launch_guarded<2, 256, Guard::EARLY>(p, s); }),
+                    differing(one_early, [&] { launch_guarded<2, 256, Guard::MID>(p, s); }),
+                    differing(one_early, [&] { launch_guarded<2, 256, Guard::LATE>(p, s); }),
+                    differing(one_early, [&] { launch_guarded<2, 512, Guard::MID>(p, s); }), 2 * one.size());
+        for (long long spin : {0LL, 2000LL}) {
+            for (int round = 0; round < 3; ++round) {
+                const float base = per_launch_us([&] { launch<1, THREADS, false, false, Exchange::NONE>(p, s, spin); }, s);
+                const float early = per_launch_us([&] { launch<1, THREADS, true, true, Exchange::NONE, true, true, true>(p, s, spin); }, s);
+                const float r2e = per_launch_us([&] { launch_redundant<2, 256, true, true>(p, s, spin); }, s);
+                const float c0 = per_launch_us([&] { launch_guarded<2, 256, Guard::UNGUARDED>(p, s, spin); }, s);
+                const float c1 = per_launch_us([&] { launch_guarded<2, 256, Guard::EARLY>(p, s, spin); }, s);
+                const float c2 = per_launch_us([&] { launch_guarded<2, 256, Guard::MID>(p, s, spin); }, s);
+                const float c3 = per_launch_us([&] { launch_guarded<2, 256, Guard::LATE>(p, s, spin); }, s);
+                const float w2 = per_launch_us([&] { launch_guarded<2, 512, Guard::MID>(p, s, spin); }, s);
+                std::printf("spin %lld round %d: base %.3f | adds: one block, residual early %+.3f | K2/256 unguarded: plain "
+                            "launch %+.3f, cluster launch %+.3f | guarded K2/256: early %+.3f, mid %+.3f, late %+.3f | "
+                            "K2/512 mid %+.3f\n", spin, round, base, early - base, r2e - base, c0 - base, c1 - base,
+                            c2 - base, c3 - base, w2 - base);
+            }
+        }
+        CHECK(cudaDeviceSynchronize());
+        return 0;
+    }
     if (argc > 1 && std::string(argv[1]) == "early") {  // the residual stored before the norm, one block and split
         for (long long spin : {0LL, 2000LL}) {
             for (int round = 0; round < 3; ++round) {
