@@ -493,6 +493,31 @@ int main(int argc, char** argv)
         CHECK(cudaDeviceSynchronize());
         return 0;
     }
+    if (argc > 1 && std::string(argv[1]) == "exchange_early") {  // the st.async exchange, its residual stored early
+        const auto one_early = [&] { launch<1, THREADS, true, true, Exchange::NONE, true, true, true>(p, s); };
+        std::printf("check: st.async K2/256, K4/128, K4/256 (hoisted, bf16x2, residual early) against one block: %zu, %zu, "
+                    "%zu of %zu elements (out and residual) differ\n",
+                    differing(one_early, [&] { launch<2, 256, true, true, Exchange::ST_ASYNC, true, true, true>(p, s); }),
+                    differing(one_early, [&] { launch<4, 128, true, true, Exchange::ST_ASYNC, true, true, true>(p, s); }),
+                    differing(one_early, [&] { launch<4, 256, true, true, Exchange::ST_ASYNC, true, true, true>(p, s); }),
+                    2 * one.size());
+        for (long long spin : {0LL, 2000LL}) {
+            for (int round = 0; round < 3; ++round) {
+                const float base = per_launch_us([&] { launch<1, THREADS, false, false, Exchange::NONE>(p, s, spin); }, s);
+                const float early = per_launch_us([&] { launch<1, THREADS, true, true, Exchange::NONE, true, true, true>(p, s, spin); }, s);
+                const float x2 = per_launch_us([&] { launch<2, 256, true, true, Exchange::ST_ASYNC, true, true, true>(p, s, spin); }, s);
+                const float x4 = per_launch_us([&] { launch<4, 128, true, true, Exchange::ST_ASYNC, true, true, true>(p, s, spin); }, s);
+                const float x4w = per_launch_us([&] { launch<4, 256, true, true, Exchange::ST_ASYNC, true, true, true>(p, s, spin); }, s);
+                const float x8 = per_launch_us([&] { launch<8, 64, true, true, Exchange::ST_ASYNC, true, true, true>(p, s, spin); }, s);
+                const float l4 = per_launch_us([&] { launch<4, 128, true, true, Exchange::LOCAL, true, true, true>(p, s, spin); }, s);
+                std::printf("spin %lld round %d: base %.3f | adds: one block, residual early %+.3f | st.async, residual early: "
+                            "K2/256 %+.3f, K4/128 %+.3f, K4/256 %+.3f, K8/64 %+.3f | K4/128 no exchange %+.3f\n", spin, round,
+                            base, early - base, x2 - base, x4 - base, x4w - base, x8 - base, l4 - base);
+            }
+        }
+        CHECK(cudaDeviceSynchronize());
+        return 0;
+    }
     if (argc > 1 && std::string(argv[1]) == "early") {  // the residual stored before the norm, one block and split
         for (long long spin : {0LL, 2000LL}) {
             for (int round = 0; round < 3; ++round) {
