@@ -22,7 +22,8 @@
 //   guarded  the redundant split over a 2-block cluster, its residual stores behind a cluster
 //           barrier (the sibling block reads the old residual): sound for an in-place residual
 // Modes: no argument, the first and second studies' tables; `redundant` and `early`, the third
-// study's; `guarded`, the fourth's (benchmarks/results/2026-12-02-h200x1-epilogue-floor.md);
+// study's; `guarded` and `exchange_early` (the st.async exchange with the residual stored
+// before the norm), the fourth's (benchmarks/results/2026-12-02-h200x1-epilogue-floor.md);
 // `profile`, one launch of each variant for Nsight Compute.
 // Time per kernel: the median of 15 replays of a CUDA graph of 100 launches (launch included,
 // the same in every variant); "adds" is the difference to base.  The st.async exchange is
