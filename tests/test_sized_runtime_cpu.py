@@ -214,3 +214,43 @@ def test_a_group_call_that_cannot_be_resident_is_refused_before_any_launch(fake,
     with pytest.raises(ResidencyError, match=r"needs 4 blocks resident at once on cuda:0 .* at most 3 of them"):
         group(xs, sizes, outs, out_sizes, streams=[1, 2])
     assert len(launches) == 2  # nothing more was launched
+
+
+def test_expected_sizes_are_packed_checked_and_kept_apart(fake, on_device_zero, monkeypatch):
+    """``expected_sizes=`` (int64, one per output chunk) reaches the kernel as a device pointer,
+    0 where not given; a wrong length, dtype, or a tensor the kernel writes over is refused
+    before the launch."""
+    from purlinc.runtime import driver
+
+    launches = []
+    monkeypatch.setattr(driver, "launch", lambda *args: launches.append(args))
+    coll = load(SIZED / "alltoallv.pln", FakeComm(), capacity=64)
+    x, out = Device(0x100000, (100,), "<f4"), Device(0x200000, (128,), "<f4")
+    sizes, out_sizes = Device(0x300000, (2,), "<i8"), Device(0x400000, (2,), "<i8")
+
+    def expected_word():
+        words = struct.unpack(f"<{len(SIZED_FIELDS) + 4}Q", launches[-1][-1].buffer.raw)
+        return dict(zip(SIZED_FIELDS, words))["expected"]
+
+    coll(x, sizes, out, out_sizes, stream=7)
+    assert expected_word() == 0
+    coll(x, sizes, out, out_sizes, stream=7, expected_sizes=Device(0x500000, (2,), "<i8"))
+    assert expected_word() == 0x500000
+    for bad, words in ((Device(0x500000, (3,), "<i8"), "expected_sizes has 3 entries, expected 2 (one per chunk of "
+                                                       "this rank's output)"),
+                       (Device(0x500000, (2,), "<i4"), "expected_sizes has dtype int32, expected int64"),
+                       (Device(0x400008, (2,), "<i8"), "out_sizes overlaps expected_sizes in memory"),
+                       (Device(0x200010, (2,), "<i8"), "out overlaps expected_sizes in memory")):
+        with pytest.raises(ArgumentError, match=re.escape(words)):
+            coll(x, sizes, out, out_sizes, stream=7, expected_sizes=bad)
+    assert len(launches) == 2
+
+
+def test_a_chunk_that_differs_from_the_expected_size_is_a_size_error(fake):
+    coll = load(SIZED / "alltoallv.pln", FakeComm(), capacity=64)
+    record = (ctypes.c_uint64 * 8).from_address(coll.size_host)
+    record[:] = [4, 0, 1, 1, 7, 5, 2, 0]  # kind 4: OUT unit 1 of rank 0 arrived with 7, 5 expected
+    with pytest.raises(SizeError, match=r"rank 0, call 2: chunk x\[1\]\[0\] from rank 1 to rank 0: size 7 differs "
+                                        r"from the 5 rank 0 expects \(its expected sizes\); it was not written"):
+        coll.check()
+    coll.check()
