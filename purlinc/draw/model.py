@@ -229,7 +229,7 @@ def _chunk_order(name: str) -> tuple:
 MAX_DRAWN_STEPS = 1 << 18
 
 
-def _refuse_large(schedule: Schedule) -> None:
+def refuse_large(schedule: Schedule) -> None:
     """Refuse, before any work, a schedule whose programs hold more steps than a drawing takes."""
     per_channel = sum(len(schedule.program(rank, 0).steps) for rank in range(schedule.world_size))
     steps = per_channel * schedule.channels
@@ -251,7 +251,7 @@ def build(schedule: Schedule, *, collapse: bool = True, channels: tuple[int, ...
     ``bare_chunks``: the spec's chunk names that carry no index (``render.bare_chunks``),
     so that steps moving them get their colour and label too."""
     world, nchan = schedule.world_size, schedule.channels
-    _refuse_large(schedule)
+    refuse_large(schedule)
     identical = channels_identical(schedule)
     if channels is not None:
         bad = [c for c in channels if not 0 <= c < nchan]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from purlinc.draw import html, svg
 from purlinc.draw.defaults import DEFAULT_DTYPE, DEFAULT_WORLD_SIZE, MAX_BOXES
-from purlinc.draw.model import build
+from purlinc.draw.model import build, refuse_large
 from purlinc.draw.timeline import CostModel, chunk_bytes_for, schedule_times
 from purlinc.errors import PurlinError
 from purlinc.pipeline.source import SourceText
@@ -49,14 +49,14 @@ def output_format(path: str | None, requested: str | None) -> str:
     return fmt
 
 
-def schedule_for(file: str | Path | SourceText, world_size: int, params, overrides: dict):
+def schedule_for(file: str | Path | SourceText, world_size: int, params, overrides: dict, *, verify: bool = True):
     from purlinc import pipeline
 
     source = pipeline.load_source(file)
     spec = pipeline.spec_stage(pipeline.parse_stage(source), world_size, dict(params))
     # What `purlinc compile` would build with the default atom (its staging copies).
     options = replace(pipeline.default_options(spec), **pipeline.with_atom_defaults(overrides))
-    return spec, pipeline.snac_stage(spec, options)
+    return spec, pipeline.snac_stage(spec, options, verify=verify)
 
 
 def bare_chunks(spec) -> frozenset[str]:
@@ -127,6 +127,7 @@ def panels_for(request: Request) -> list[svg.Panel]:
     from purlinc.dtypes import DType
     from purlinc.snac.algorithms import get_algorithm
     from purlinc.snac.ir import Algorithm
+    from purlinc.snac.verify import verify as verify_schedule
 
     if request.trace is not None:
         return [_trace_panel(request)]
@@ -135,7 +136,7 @@ def panels_for(request: Request) -> list[svg.Panel]:
     dtype = request.dtype or DEFAULT_DTYPE
     itemsize = DType.parse(dtype).itemsize  # an unknown name: a PurlinError listing the known ones
     variants = [None] if not request.compare else list(request.compare)
-    panels = []
+    lowered = []
     for algorithm in variants:
         changes = dict(overrides)
         if algorithm is not None:
@@ -146,7 +147,11 @@ def panels_for(request: Request) -> list[svg.Panel]:
                 raise PurlinError(f"unknown algorithm {algorithm!r} in --compare: expected {names}") from None
             if not get_algorithm(algorithm).packed:  # packing applies where the record says
                 changes.pop("packed", None)
-        spec, schedule = schedule_for(request.file, world_size, request.params, changes)
+        lowered.append(schedule_for(request.file, world_size, request.params, changes, verify=False))
+    _refuse_too_big_to_lower([schedule for _, schedule in lowered])
+    panels = []
+    for spec, schedule in lowered:
+        verify_schedule(schedule, spec)
         drawing = build(schedule, collapse=request.collapse, bare_chunks=bare_chunks(spec))
         timed = request.timeline or bool(request.compare)
         if timed:
@@ -161,17 +166,29 @@ def panels_for(request: Request) -> list[svg.Panel]:
     return panels
 
 
+_DRAW_LESS = ("draw fewer ranks (--ranks), one channel (leave out --all-channels) or fewer slices, or an algorithm "
+              "with fewer steps per rank (-a ring); purlinc dump --stage snac prints any schedule")
+
+
+def _refuse_too_big_to_lower(schedules) -> None:
+    """Refused as soon as the schedules are lowered, before they are verified and drawn (at
+    R=48-64 those took 17-29 s before the refusal below): every drawing shows every rank's
+    channel 0, so their steps alone already count boxes the drawing will have."""
+    for schedule in schedules:
+        refuse_large(schedule)
+    boxes = sum(len(s.program(rank, 0).steps) for s in schedules for rank in range(s.world_size))
+    if boxes > MAX_BOXES:
+        raise PurlinError(f"this drawing would have at least {boxes:,} step boxes, more than {MAX_BOXES:,}: too many "
+                          "to read", notes=(_DRAW_LESS,))
+
+
 def _refuse_too_big(panels: list[svg.Panel]) -> None:
     """A drawing of more than MAX_BOXES steps cannot be read (nor opened with ease): say so,
     and what draws less, rather than write a page of hundreds of megabytes."""
     boxes = sum(len(lane.steps) for p in panels for lane in p.drawing.lanes)
     if boxes > MAX_BOXES:
-        raise PurlinError(
-            f"this drawing would have {boxes:,} step boxes, more than {MAX_BOXES:,}: too many to read",
-            notes=("draw fewer ranks (--ranks), one channel (leave out --all-channels) or fewer slices, "
-                   "or an algorithm with fewer steps per rank (-a ring); purlinc dump --stage snac prints "
-                   "any schedule",),
-        )
+        raise PurlinError(f"this drawing would have {boxes:,} step boxes, more than {MAX_BOXES:,}: too many to read",
+                          notes=(_DRAW_LESS,))
 
 
 def render(request: Request, fmt: str) -> str:
