@@ -506,14 +506,16 @@ int main(int argc, char** argv)
             for (int round = 0; round < 3; ++round) {
                 const float base = per_launch_us([&] { launch<1, THREADS, false, false, Exchange::NONE>(p, s, spin); }, s);
                 const float early = per_launch_us([&] { launch<1, THREADS, true, true, Exchange::NONE, true, true, true>(p, s, spin); }, s);
+                const float late_loads = per_launch_us([&] { launch<1, THREADS, true, true, Exchange::NONE, false, true, true>(p, s, spin); }, s);
                 const float x2 = per_launch_us([&] { launch<2, 256, true, true, Exchange::ST_ASYNC, true, true, true>(p, s, spin); }, s);
                 const float x4 = per_launch_us([&] { launch<4, 128, true, true, Exchange::ST_ASYNC, true, true, true>(p, s, spin); }, s);
                 const float x4w = per_launch_us([&] { launch<4, 256, true, true, Exchange::ST_ASYNC, true, true, true>(p, s, spin); }, s);
                 const float x8 = per_launch_us([&] { launch<8, 64, true, true, Exchange::ST_ASYNC, true, true, true>(p, s, spin); }, s);
                 const float l4 = per_launch_us([&] { launch<4, 128, true, true, Exchange::LOCAL, true, true, true>(p, s, spin); }, s);
-                std::printf("spin %lld round %d: base %.3f | adds: one block, residual early %+.3f | st.async, residual early: "
-                            "K2/256 %+.3f, K4/128 %+.3f, K4/256 %+.3f, K8/64 %+.3f | K4/128 no exchange %+.3f\n", spin, round,
-                            base, early - base, x2 - base, x4 - base, x4w - base, x8 - base, l4 - base);
+                std::printf("spin %lld round %d: base %.3f | adds: one block, residual early %+.3f (residual and weight "
+                            "loaded after the sources: %+.3f) | st.async, residual early: K2/256 %+.3f, K4/128 %+.3f, "
+                            "K4/256 %+.3f, K8/64 %+.3f | K4/128 no exchange %+.3f\n", spin, round, base, early - base,
+                            late_loads - base, x2 - base, x4 - base, x4w - base, x8 - base, l4 - base);
             }
         }
         CHECK(cudaDeviceSynchronize());
