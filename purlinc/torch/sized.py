@@ -215,10 +215,7 @@ def run(s: SizedState, x, splits, out, out_splits, row: int, expected=None) -> N
         if warm is not None and dtype_of(x) not in warm:
             raise ArgumentError(f"purlin::alltoallv on rank {s.rank}: {dtype_of(x).value} reached a CUDA graph capture "
                                 "before a warm-up call of that dtype: expected one call outside the capture first")
-    if expected is None:
-        coll(x, splits, out, out_splits, row=row)
-    else:
-        coll(x, splits, out, out_splits, row=row, expected_sizes=expected)
+    coll(x, splits, out, out_splits, row=row, expected_sizes=expected)
 
 
 def all_to_all_single(group, output, input, output_split_sizes=None, input_split_sizes=None):
