@@ -472,6 +472,20 @@ def _length(rng, packed: int) -> int:
     return int(rng.integers(0, packed + 1)) if rng.random() < 0.2 else packed
 
 
+def _random_expected(rng, spec, sizes, capacity: int, in_lengths) -> list[list[int]] | None:
+    """Per rank, the sizes it expects (``expected_sizes``), or None for half the calls: what
+    arrives, with now and then one chunk off by one, negative or over the capacity."""
+    if rng.random() < 0.5:
+        return None
+    sent = [sent_sizes(sizes[r], capacity, in_lengths[r])[1] for r in range(len(sizes))]
+    expected = [[sent[slot.rank][slot.position] for (slot, *_) in spec.sources[r]] for r in range(len(sizes))]
+    for row in expected:
+        if row and rng.random() < 0.5:
+            k = int(rng.integers(len(row)))
+            row[k] = int(rng.choice([row[k] + 1, row[k] - 1, -1, capacity + 1]))
+    return expected
+
+
 def _check_random_sized(seed: int) -> None:
     rng = np.random.default_rng(seed)
     text, R = _random_sized_source(rng)
@@ -486,10 +500,10 @@ def _check_random_sized(seed: int) -> None:
             sizes = _random_sizes(rng, spec, capacity, (trial + call) % 4)
             ins = [rng.integers(1, 100, _length(rng, len(layout) * capacity)).astype(dtype) for layout in spec.inputs]
             outs = [np.zeros(_length(rng, len(layout) * capacity), dtype=dtype) for layout in spec.outputs]
-            calls.append((ins, sizes, outs))
-        for (ins, sizes, outs), (outputs, out_sizes) in zip(calls, simulate_sized(schedule, spec, calls, capacity,
-                                                                                    seed=seed + trial)):
-            expected, expected_sizes, _ = evaluate_sized(spec, ins, sizes, capacity, outs)
+            calls.append((ins, sizes, outs, _random_expected(rng, spec, sizes, capacity, [len(x) for x in ins])))
+        for (ins, sizes, outs, wants), (outputs, out_sizes) in zip(calls, simulate_sized(schedule, spec, calls, capacity,
+                                                                                           seed=seed + trial)):
+            expected, expected_sizes, _ = evaluate_sized(spec, ins, sizes, capacity, outs, wants)
             assert out_sizes == expected_sizes, f"seed {seed}, sizes {sizes}\n{text}"
             for a, b in zip(outputs, expected):
                 assert a.tobytes() == b.tobytes(), f"seed {seed}, sizes {sizes}\n{text}"
