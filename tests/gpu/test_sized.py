@@ -3,7 +3,9 @@
 size vectors (zeros, everything to one rank, exactly at capacity, random), eager calls and
 per-rank CUDA graphs replayed with new sizes written into the same device tensors, and
 sizes over the capacity / past a buffer: a SizeError naming the rank and the pair, and
-nothing written outside the buffers (guard zones around every output stay poisoned).
+nothing written outside the buffers (guard zones around every output stay poisoned).  Every
+other call passes the receivers' expected sizes (what torch's output_split_sizes become), now
+and then one off by one: that chunk is not written and a SizeError names it.
 Every output is compared bit for bit, the whole buffer, with the evaluator
 (``purlinc.frontend.evaluate.evaluate_sized``), and every out-sizes tensor with its sizes.
 
@@ -21,7 +23,8 @@ torch = pytest.importorskip("torch")
 
 from _common import capture_per_rank, on_rank_streams, replay_per_rank  # noqa: E402
 from purlinc.dtypes import DType  # noqa: E402
-from purlinc.frontend.evaluate import evaluate_sized  # noqa: E402
+from purlinc.frontend.evaluate import evaluate_sized, sent_sizes  # noqa: E402
+from purlinc.runtime.sized import SizeError  # noqa: E402
 
 pytestmark = [pytest.mark.gpu]
 DEVICE = 0
@@ -94,10 +97,29 @@ def _group(R: int):
     return group
 
 
-def _run(coll, group, bufs) -> None:
+def _run(coll, group, bufs, expected=None) -> None:
+    """One call of every rank (``expected``: per rank, the int64 device tensor of the sizes it
+    expects, or None)."""
     on_rank_streams(group.streams, DEVICE, lambda: coll(
         [b.x for b in bufs], [b.sizes for b in bufs], [b.out for b in bufs], [b.out_sizes for b in bufs],
-        streams=group.streams))
+        streams=group.streams, expected_sizes=expected))
+
+
+def _expectations(rng, spec, rows, trial: int):
+    """Every other trial, each rank's expected sizes (host lists, device tensors): what arrives,
+    and in every fourth trial one rank's chunk off by one; else (None, None)."""
+    if trial % 2 == 0:
+        return None, None
+    R = len(rows)
+    sent = [sent_sizes(rows[r], CAPACITY, len(rows[r]) * CAPACITY)[1] for r in range(R)]
+    lists = [[sent[slot.rank][slot.position] for (slot, *_) in spec.sources[r]] for r in range(R)]
+    if trial % 4 == 3:
+        late = [r for r in range(R) if lists[r]]
+        if late:
+            r = late[int(rng.integers(len(late)))]
+            k = int(rng.integers(len(lists[r])))
+            lists[r][k] += 1 if lists[r][k] < CAPACITY else -1
+    return lists, [torch.tensor(v, dtype=torch.int64, device=f"cuda:{DEVICE}") for v in lists]
 
 
 def _check_outputs(spec, datas, rows, bufs, label: str, expected=None) -> list:
@@ -111,8 +133,9 @@ def _check_outputs(spec, datas, rows, bufs, label: str, expected=None) -> list:
 
 def _trials(source, R: int, dtypes, seed: int, trials: int) -> None:
     """``source`` (a sized collective) loaded on R loopback ranks: ``trials`` size vectors per
-    dtype (``vectors``, each rank's row cut to its input chunks), every rank's output, out sizes
-    and guard zones against the evaluator."""
+    dtype (``vectors``, each rank's row cut to its input chunks), every other one with the
+    receivers' expected sizes (``_expectations``), every rank's output, out sizes and guard zones
+    against the evaluator."""
     import purlinc
 
     group = _group(R)
@@ -126,9 +149,14 @@ def _trials(source, R: int, dtypes, seed: int, trials: int) -> None:
             for trial in range(trials):
                 rows = [v[:ins[r]] for r, v in enumerate(vectors(rng, R, CAPACITY, trial))]
                 datas = [b.fill(rng, row) for b, row in zip(bufs, rows)]
-                _run(coll, group, bufs)
+                lists, expected = _expectations(rng, spec, rows, trial)
+                _run(coll, group, bufs, expected)
+                errors = _check_outputs(spec, datas, rows, bufs, f"R={R} {dtype.value} trial {trial}", lists)
+                if any(errors):  # an expectation off by one: that chunk alone is not written
+                    assert [e[2] for rank_errors in errors for e in rank_errors] == ["expected"]
+                    with pytest.raises(SizeError, match="differs from the"):
+                        coll.check()
                 coll.check()
-                assert not any(_check_outputs(spec, datas, rows, bufs, f"R={R} {dtype.value} trial {trial}"))
     finally:
         coll.close()
         group.close()
@@ -191,7 +219,6 @@ def test_over_capacity_and_past_the_output_are_size_errors():
     raises a SizeError naming the rank and the pair, the chunks are moved as 0, and the
     guard zones around every output stay poisoned."""
     import purlinc
-    from purlinc.runtime.sized import SizeError
 
     R = 4
     group = _group(R)
@@ -238,7 +265,6 @@ def test_expected_sizes_lay_out_the_output_and_catch_a_disagreement():
     rank 2 sends, that chunk is not written, the chunks after it lie at the offsets the
     expectation gives them, and a SizeError names the pair and both sizes."""
     import purlinc
-    from purlinc.runtime.sized import SizeError
 
     R = 4
     group = _group(R)
@@ -292,7 +318,6 @@ def test_all_to_all_single_checks_output_split_sizes():
     (the same total), those rows are not written, rank 0's own rows lie where its lists put
     them, and the next call raises a SizeError naming the first pair."""
     import purlinc
-    from purlinc.runtime.sized import SizeError
     from purlinc.torch import sized
 
     R, H = 3, 8
