@@ -218,6 +218,16 @@ def run(s: SizedState, x, splits, out, out_splits, row: int, expected=None) -> N
     coll(x, splits, out, out_splits, row=row, expected_sizes=expected)
 
 
+def _on_device(values: list[int], like):
+    """Host sizes as an int64 tensor on ``like``'s device, without waiting for the GPU: torch
+    synchronizes the stream after a copy from pageable memory (every call waited for the work
+    queued before it), not after a non-blocking one from pinned memory, whose block torch's
+    pinned-memory cache keeps until the copy has run."""
+    if not like.is_cuda:
+        return torch.tensor(values, dtype=torch.int64, device=like.device)
+    return torch.tensor(values, dtype=torch.int64, pin_memory=True).to(like.device, non_blocking=True)
+
+
 def all_to_all_single(group, output, input, output_split_sizes=None, input_split_sizes=None):
     """``torch.distributed.all_to_all_single`` with host split lists (rows of dim 0): checked
     on the host against the tensors and the capacity, then run through the device form, which
@@ -250,9 +260,13 @@ def all_to_all_single(group, output, input, output_split_sizes=None, input_split
                                 f"capacity of {s.capacity // row} rows ({s.capacity} elements per pair)",
                                 notes=("purlinc.torch.sized.configure(group, capacity=...) before the first call",))
         splits[label] = given
+    if _capturing(input):
+        raise ArgumentError(f"{where}: split lists given while a CUDA graph is captured; a capture cannot copy host "
+                            "lists to the GPU", notes=("use all_to_all_vdev with the splits in device tensors (a "
+                                                       "replay then sends whatever splits they hold)",))
     # Fresh tensors per call: a kernel launched earlier may not have read the last ones yet.
-    sizes = torch.tensor(splits["input_split_sizes"], dtype=torch.int64, device=input.device)
-    expected = torch.tensor(splits["output_split_sizes"], dtype=torch.int64, device=input.device)
+    sizes = _on_device(splits["input_split_sizes"], input)
+    expected = _on_device(splits["output_split_sizes"], input)
     received = s.scratch("received", R, input)  # written by the kernel, never read here
     run(s, input, sizes, output, received, row, expected)
     return output

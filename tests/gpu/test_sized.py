@@ -365,3 +365,43 @@ def test_all_to_all_single_checks_output_split_sizes():
             sized.state_of(g).close()
         a2a.close()
         group.close()
+
+
+def test_all_to_all_single_does_not_wait_for_the_gpu_and_refuses_a_capture():
+    """Host split lists reach the GPU by a copy that does not block the host: a call issued
+    behind 50 ms of queued work returns while that work still runs (a copy from pageable memory
+    made torch synchronize the stream), and its output is right once the stream drains.  Under
+    a CUDA graph capture the call is refused by name before anything is captured."""
+    import purlinc
+    from purlinc.runtime.errors import ArgumentError
+    from purlinc.torch import sized
+
+    group = _group(1)
+    a2a = purlinc.load(SIZED / "alltoallv.pln", group, capacity=CAPACITY * 4, channels=2)
+    rank = _TorchRank(0, 1)
+    sized.configure(rank, capacity=CAPACITY * 4, loader=lambda source, comm, cap: a2a[0])
+    stream = group.streams[0]
+    x = torch.randn(5, 4, device=f"cuda:{DEVICE}")
+    out = torch.full((5, 4), float("nan"), device=f"cuda:{DEVICE}")
+    try:
+        with torch.cuda.stream(stream):
+            sized.all_to_all_single(rank, out, x, [5], [5])  # loads the kernel
+        stream.synchronize()
+        cycles = 100_000_000  # about 50 ms at 2 GHz
+        out.fill_(float("nan"))
+        torch.cuda.synchronize(DEVICE)
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(cycles)
+            sized.all_to_all_single(rank, out, x, [5], [5])
+            assert not stream.query(), "the call waited for the work queued before it"
+        stream.synchronize()
+        assert torch.equal(out, x)
+        graph = torch.cuda.CUDAGraph()
+        with pytest.raises(ArgumentError, match="all_to_all_single: split lists given while a CUDA graph is captured"):
+            with torch.cuda.graph(graph, stream=stream):
+                sized.all_to_all_single(rank, out, x, [5], [5])
+        a2a.check()
+    finally:
+        sized.state_of(rank).close()
+        a2a.close()
+        group.close()
