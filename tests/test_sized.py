@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from purlinc.errors import PurlinError
-from purlinc.frontend.evaluate import evaluate_sized, received_sizes, sent_sizes
+from purlinc.frontend.evaluate import arriving_sizes, evaluate_sized, received_sizes, sent_sizes
 from purlinc.frontend.parse import parse
 from purlinc.pipeline import load_source, spec_of
 from purlinc.snac.format import schedule_from_json, schedule_to_json
@@ -477,8 +477,7 @@ def _random_expected(rng, spec, sizes, capacity: int, in_lengths) -> list[list[i
     arrives, with now and then one chunk off by one, negative or over the capacity."""
     if rng.random() < 0.5:
         return None
-    sent = [sent_sizes(sizes[r], capacity, in_lengths[r])[1] for r in range(len(sizes))]
-    expected = [[sent[slot.rank][slot.position] for (slot, *_) in spec.sources[r]] for r in range(len(sizes))]
+    expected = arriving_sizes(spec, [sent_sizes(sizes[r], capacity, in_lengths[r])[1] for r in range(len(sizes))])
     for row in expected:
         if row and rng.random() < 0.5:
             k = int(rng.integers(len(row)))

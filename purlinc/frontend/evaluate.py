@@ -237,6 +237,12 @@ def received_sizes(incoming: Sequence[int], out_length: int, expected: Sequence[
     return offsets, written, errors
 
 
+def arriving_sizes(spec: Spec, sent: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Per rank, the size each of its output chunks arrives with: what its producer sends
+    (``sent[r]``: rank r's sent sizes, ``sent_sizes``), in output order."""
+    return [[sent[slot.rank][slot.position] for (slot, *_) in spec.sources[rank]] for rank in range(spec.world_size)]
+
+
 def evaluate_sized(spec: Spec, inputs: Sequence[np.ndarray], sizes: Sequence[Sequence[int]], capacity: int,
                    outputs: Sequence[np.ndarray], expected: Sequence[Sequence[int] | None] | None = None,
                    ) -> tuple[list[np.ndarray], list[list[int]], list[list[tuple]]]:
@@ -256,10 +262,10 @@ def evaluate_sized(spec: Spec, inputs: Sequence[np.ndarray], sizes: Sequence[Seq
             raise ValueError(f"sizes of rank {rank}: expected {len(spec.inputs[rank])} (its input chunks), "
                              f"got {len(sizes[rank])}")
     sent = [sent_sizes(sizes[r], capacity, len(inputs[r])) for r in range(R)]
+    arriving = arriving_sizes(spec, [s[1] for s in sent])
     results, out_sizes, errors = [], [], []
     for rank in range(R):
-        incoming = [sent[s.rank][1][s.position] for (s, *_) in spec.sources[rank]]
-        offsets, written, out_errors = received_sizes(incoming, len(outputs[rank]),
+        offsets, written, out_errors = received_sizes(arriving[rank], len(outputs[rank]),
                                                       None if expected is None else expected[rank], capacity)
         out = np.array(outputs[rank], copy=True)
         for position, ((slot, *_), offset, size) in enumerate(zip(spec.sources[rank], offsets, written)):

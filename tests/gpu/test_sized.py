@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 
 from _common import capture_per_rank, on_rank_streams, replay_per_rank  # noqa: E402
 from purlinc.dtypes import DType  # noqa: E402
-from purlinc.frontend.evaluate import evaluate_sized, sent_sizes  # noqa: E402
+from purlinc.frontend.evaluate import arriving_sizes, evaluate_sized, sent_sizes  # noqa: E402
 from purlinc.runtime.sized import SizeError  # noqa: E402
 
 pytestmark = [pytest.mark.gpu]
@@ -111,8 +111,7 @@ def _expectations(rng, spec, rows, trial: int):
     if trial % 2 == 0:
         return None, None
     R = len(rows)
-    sent = [sent_sizes(rows[r], CAPACITY, len(rows[r]) * CAPACITY)[1] for r in range(R)]
-    lists = [[sent[slot.rank][slot.position] for (slot, *_) in spec.sources[r]] for r in range(R)]
+    lists = arriving_sizes(spec, [sent_sizes(rows[r], CAPACITY, len(rows[r]) * CAPACITY)[1] for r in range(R)])
     if trial % 4 == 3:
         late = [r for r in range(R) if lists[r]]
         if late:
