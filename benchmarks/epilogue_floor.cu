@@ -92,6 +92,26 @@ struct Buffers {
 
 enum class Exchange { NONE, LOCAL, CLUSTER_SYNC, ST_ASYNC };
 
+// The stand-in for the wait for the peers' data: SPIN cycles, then the block's barrier (none for 0).
+__device__ __forceinline__ void spin_wait(long long spin)
+{
+    if (spin > 0) {
+        const long long t0 = clock64();
+        while (clock64() - t0 < spin) { }
+        __syncthreads();
+    }
+}
+
+// h = (a + b, one bf16x2 rounding) + residual for one vector, its squares added to two chains.
+__device__ __forceinline__ void form_h(uint4 ua, uint4 ub, uint4 ur, float (&h)[8], float& s0, float& s1)
+{
+    float r[8];
+    widen(add_packed(ua, ub), h);
+    widen(ur, r);
+    for (int k = 0; k < 8; ++k) h[k] += r[k];
+    for (int k = 0; k < 8; k += 2) { s0 = fmaf(h[k], h[k], s0); s1 = fmaf(h[k + 1], h[k + 1], s1); }
+}
+
 // This block's part of the row's sum of squares: lanes by shuffles, warps through shared memory.
 template <int BLOCK, int ACTIVE_WARPS>
 __device__ __forceinline__ float block_sum(float s, float* sums)
@@ -162,10 +182,8 @@ __global__ void __launch_bounds__(BLOCK) fused(Buffers p, long long spin)
             while (!raised) asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(raised) : "l"(p.flag) : "memory");
         }
         __syncthreads();
-    } else if (spin) {
-        const long long t0 = clock64();
-        while (clock64() - t0 < spin) { }
-        __syncthreads();
+    } else {
+        spin_wait(spin);
     }
     float x[8] = {}, r[8] = {}, w[8] = {};
     if (active) {
@@ -208,10 +226,10 @@ __global__ void __launch_bounds__(BLOCK) fused(Buffers p, long long spin)
     }
 }
 
-template <int K, int BLOCK, bool OPERANDS, bool NORM, Exchange X, bool HOIST = false, bool PACKED = false, bool EARLY = false>
-void launch(const Buffers& p, cudaStream_t stream, long long spin = 0)
+// ROWS x K blocks of BLOCK threads, as clusters of K blocks where K > 1.
+void launch_rows(void (*kernel)(Buffers, long long), int K, int BLOCK, const Buffers& p, cudaStream_t stream,
+                 long long spin)
 {
-    if (spin < 0) CHECK(cudaMemsetAsync(p.flag, 0, sizeof(unsigned), stream));
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(ROWS * K);
     config.blockDim = dim3(BLOCK);
@@ -223,7 +241,14 @@ void launch(const Buffers& p, cudaStream_t stream, long long spin = 0)
     cluster[0].val.clusterDim.z = 1;
     config.attrs = cluster;
     config.numAttrs = K > 1 ? 1 : 0;
-    CHECK(cudaLaunchKernelEx(&config, fused<K, BLOCK, OPERANDS, NORM, X, HOIST, PACKED, EARLY>, p, spin));
+    CHECK(cudaLaunchKernelEx(&config, kernel, p, spin));
+}
+
+template <int K, int BLOCK, bool OPERANDS, bool NORM, Exchange X, bool HOIST = false, bool PACKED = false, bool EARLY = false>
+void launch(const Buffers& p, cudaStream_t stream, long long spin = 0)
+{
+    if (spin < 0) CHECK(cudaMemsetAsync(p.flag, 0, sizeof(unsigned), stream));
+    launch_rows(fused<K, BLOCK, OPERANDS, NORM, X, HOIST, PACKED, EARLY>, K, BLOCK, p, stream, spin);
 }
 
 // One row over K blocks of BLOCK threads with no exchange: every block loads the whole row of
@@ -245,11 +270,7 @@ __global__ void __launch_bounds__(BLOCK) redundant(Buffers p, long long spin)
             ur[j] = p.residual[row * ROW_VECTORS + t + j * BLOCK];
             if (mine(j)) uw[j] = p.weight[t + j * BLOCK];
         }
-    if (spin > 0) {
-        const long long t0 = clock64();
-        while (clock64() - t0 < spin) { }
-        __syncthreads();
-    }
+    spin_wait(spin);
     uint4 ua[PER_THREAD], ub[PER_THREAD];
     for (int j = 0; j < PER_THREAD; ++j) {
         const int i = row * ROW_VECTORS + t + j * BLOCK;
@@ -262,11 +283,7 @@ __global__ void __launch_bounds__(BLOCK) redundant(Buffers p, long long spin)
     }
     float h[PER_THREAD][8], s0 = 0, s1 = 0;
     for (int j = 0; j < PER_THREAD; ++j) {
-        float r[8];
-        widen(add_packed(ua[j], ub[j]), h[j]);
-        widen(ur[j], r);
-        for (int k = 0; k < 8; ++k) h[j][k] += r[k];
-        for (int k = 0; k < 8; k += 2) { s0 = fmaf(h[j][k], h[j][k], s0); s1 = fmaf(h[j][k + 1], h[j][k + 1], s1); }
+        form_h(ua[j], ub[j], ur[j], h[j], s0, s1);
         if (EARLY && mine(j)) p.residual[row * ROW_VECTORS + t + j * BLOCK] = round8(h[j]);
     }
     const float inv = rsqrtf(block_sum<BLOCK, BLOCK / 32>(s0 + s1, sums) * (1.0f / HIDDEN) + EPS);
@@ -315,11 +332,7 @@ __global__ void __launch_bounds__(BLOCK) redundant_guarded(Buffers p, long long 
         ur[j] = p.residual[row * ROW_VECTORS + t + j * BLOCK];
         if (mine(j)) uw[j] = p.weight[t + j * BLOCK];
     }
-    if (spin > 0) {
-        const long long t0 = clock64();
-        while (clock64() - t0 < spin) { }
-        __syncthreads();
-    }
+    spin_wait(spin);
     uint4 ua[PER_THREAD], ub[PER_THREAD];
     for (int j = 0; j < PER_THREAD; ++j) {
         ua[j] = p.a[row * ROW_VECTORS + t + j * BLOCK];
@@ -327,13 +340,7 @@ __global__ void __launch_bounds__(BLOCK) redundant_guarded(Buffers p, long long 
     }
     if (G != Guard::UNGUARDED) asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
     float h[PER_THREAD][8], s0 = 0, s1 = 0;
-    for (int j = 0; j < PER_THREAD; ++j) {
-        float r[8];
-        widen(add_packed(ua[j], ub[j]), h[j]);
-        widen(ur[j], r);
-        for (int k = 0; k < 8; ++k) h[j][k] += r[k];
-        for (int k = 0; k < 8; k += 2) { s0 = fmaf(h[j][k], h[j][k], s0); s1 = fmaf(h[j][k + 1], h[j][k + 1], s1); }
-    }
+    for (int j = 0; j < PER_THREAD; ++j) form_h(ua[j], ub[j], ur[j], h[j], s0, s1);
     sibling_wait<G>(Guard::EARLY);
     if (G == Guard::EARLY || G == Guard::UNGUARDED)
         for (int j = 0; j < PER_THREAD; ++j)
@@ -359,18 +366,8 @@ __global__ void __launch_bounds__(BLOCK) redundant_guarded(Buffers p, long long 
 template <int K, int BLOCK, Guard G>
 void launch_guarded(const Buffers& p, cudaStream_t stream, long long spin = 0)
 {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(ROWS * K);
-    config.blockDim = dim3(BLOCK);
-    config.stream = stream;
-    cudaLaunchAttribute cluster[1];
-    cluster[0].id = cudaLaunchAttributeClusterDimension;
-    cluster[0].val.clusterDim.x = K;
-    cluster[0].val.clusterDim.y = 1;
-    cluster[0].val.clusterDim.z = 1;
-    config.attrs = cluster;
-    config.numAttrs = 1;
-    CHECK(cudaLaunchKernelEx(&config, redundant_guarded<K, BLOCK, G>, p, spin));
+    static_assert(K > 1, "a cluster of siblings");
+    launch_rows(redundant_guarded<K, BLOCK, G>, K, BLOCK, p, stream, spin);
 }
 
 // Microseconds per launch: the median over `reps` replays of a graph of `per_graph` launches.
