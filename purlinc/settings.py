@@ -19,7 +19,11 @@ class Setting:
     help: str
 
     def raw(self) -> str:
-        return os.environ.get(self.name, self.default)
+        """The value as set, or the default where the variable is unset or empty (``export
+        PURLIN_PDL=`` reads as unset: an empty value meant off for some settings and was refused
+        by others)."""
+        value = os.environ.get(self.name, "")
+        return value if value.strip() else self.default
 
 
 DEBUG = Setting(
@@ -99,7 +103,7 @@ def _refuse(setting: Setting, expected: str):
 def log_level() -> str | None:
     """The level PURLIN_DEBUG asks for (``INFO``, ``DEBUG``, ``TRACE``, ``WARNING``), or None: no log."""
     raw = DEBUG.raw().strip().upper()
-    if raw in ("", "0"):
+    if raw == "0":
         return None
     level = _LOG_LEVELS.get(raw)
     if level is None:
@@ -107,11 +111,11 @@ def log_level() -> str | None:
     return level
 
 
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def _flag(setting: Setting) -> bool:
-    """A switch: 1, true, yes or on; 0, false, no, off or empty (any case, spaces ignored).
+    """A switch: 1, true, yes or on; 0, false, no or off (any case, spaces ignored; empty is the default).
     Anything else is refused, not read as on: PURLIN_NO_CACHE=false turned the cache off."""
     raw = setting.raw().strip().lower()
     if raw in _TRUE:
@@ -178,7 +182,7 @@ def pdl() -> bool:
 
 
 def graph_buffers() -> str:
-    raw = GRAPH_BUFFERS.raw().strip().lower() or GRAPH_BUFFERS.default
+    raw = GRAPH_BUFFERS.raw().strip().lower()
     if raw not in GRAPH_BUFFER_MODES:
         from purlinc.errors import PurlinError
 
@@ -202,6 +206,6 @@ def codegen_settings() -> dict[str, str]:
 def precompile_dtypes() -> tuple[str, ...]:
     """The dtype names of PURLIN_PRECOMPILE, as written (the runtime checks them); () when off."""
     raw = PRECOMPILE.raw().strip()
-    if raw.lower() in ("", "0", "none", "off"):
+    if raw.lower() in ("0", "none", "off"):
         return ()
     return tuple(dict.fromkeys(name.strip() for name in raw.split(",") if name.strip()))

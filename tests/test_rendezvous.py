@@ -315,3 +315,76 @@ def test_an_exchange_checks_its_arguments_before_the_store(tmp_path, store, rank
     with pytest.raises(RendezvousError) as info:
         Exchange(FileStore(tmp_path) if store == "file" else store, rank, world)
     assert info.value.message.startswith(message)
+
+
+def _stub_driver(monkeypatch):
+    """Enough of the driver for a heap bootstrap with no GPU: allocations are numbers."""
+    from purlinc.runtime import driver
+
+    for name, stub in (("device_count", lambda: 2), ("set_current", lambda d: None),
+                       ("can_access_peer", lambda a, b: True), ("mem_alloc", lambda n: 0x10000000),
+                       ("mem_free", lambda p: None), ("memset_d8", lambda *a: None),
+                       ("synchronize", lambda d: None), ("ipc_handle", lambda p: (b"h" * 64, 0)),
+                       ("ipc_open", lambda h, o: 0x70000000)):
+        monkeypatch.setattr(driver, name, stub)
+
+
+def test_a_store_communicator_stops_after_a_failed_exchange(tmp_path, monkeypatch):
+    """from_store's exchanges were bare: a peer that left gave RendezvousTimeout (not a
+    PurlinTimeoutError), the communicator stayed usable, and its next exchange went on to the
+    next round, out of step with every peer.  Now as from_torch: stopped, later calls refused."""
+    from purlinc.runtime.communicator import Communicator
+    from purlinc.runtime.errors import PurlinTimeoutError
+
+    _stub_driver(monkeypatch)
+    store = FileStore(tmp_path, timeout=5)
+    peer = Exchange(store, 1, 2, timeout=5)  # rank 1, played here: it joins the bootstrap, then leaves
+
+    def rank_one():
+        peer({"host": socket.gethostname(), "pid": os.getpid() + 1, "device": 1})
+        peer({"segment": 0, "size": 1 << 20, "handle": b"p" * 64, "offset": 0})
+        peer(("heap-open", 0))
+
+    thread = threading.Thread(target=rank_one)
+    thread.start()
+    comm = Communicator.from_store(store, 0, 2, heap_bytes=1 << 20, timeout=0.5)
+    thread.join()
+    with pytest.raises(PurlinTimeoutError, match=r"rank 0: the host-side exchange with the other ranks failed "
+                                                 r"\(bound 0.5 s\): rendezvous round 3: rank 0 waited 0.5 s for rank 1"):
+        comm.allgather("after rank 1 left")
+    assert comm.failed is not None
+    started = time.monotonic()
+    with pytest.raises(PurlinTimeoutError, match="communicator stopped after an earlier timeout"):
+        comm.allgather("again")
+    assert time.monotonic() - started < 0.4  # refused at once, not another wait
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"device": "0"}, "device: expected a CUDA device ordinal (an int), got '0'"),
+    ({"device": 1.5}, "device: expected a CUDA device ordinal (an int), got 1.5"),
+    ({"device": True}, "device: expected a CUDA device ordinal (an int), got True"),
+    ({"heap_bytes": -5}, "heap_bytes: expected an int of at least 1048576 (1 MiB), got -5"),
+    ({"heap_bytes": "1024"}, "heap_bytes: expected an int of at least 1048576 (1 MiB), got '1024'"),
+    ({"heap_bytes": 1.5e6}, "heap_bytes: expected an int of at least 1048576 (1 MiB), got 1500000.0"),
+    ({"heap_bytes": True}, "heap_bytes: expected an int of at least 1048576 (1 MiB), got True"),
+    ({"heap_bytes": 4096}, "heap_bytes: expected an int of at least 1048576 (1 MiB), got 4096"),
+])
+def test_communicator_arguments_are_checked_before_the_driver(tmp_path, monkeypatch, kwargs, message):
+    """A string device failed in a comparison (TypeError), True was read as cuda:1, and any
+    heap_bytes went to the driver's allocation as given (the environment's PURLIN_HEAP_MB was
+    range-checked, the keyword was not)."""
+    from purlinc.runtime import driver
+    from purlinc.runtime.communicator import Communicator, LocalGroup
+    from purlinc.runtime.errors import ArgumentError
+
+    touched = []
+    monkeypatch.setattr(driver, "device_count", lambda: touched.append("device_count") or 2)
+    monkeypatch.setattr(driver, "mem_alloc", lambda n: touched.append("mem_alloc") or 0x1000)
+    with pytest.raises(ArgumentError) as info:
+        Communicator.from_store(FileStore(tmp_path, timeout=1), 0, 1, **kwargs)
+    assert info.value.message == message
+    group_kwargs = {"devices": [kwargs["device"]]} if "device" in kwargs else {"devices": [0], **kwargs}
+    with pytest.raises(ArgumentError) as info:
+        LocalGroup(**group_kwargs)
+    assert info.value.message == message.replace("device:", "LocalGroup device 0:")
+    assert "mem_alloc" not in touched

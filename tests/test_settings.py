@@ -29,7 +29,7 @@ def test_numbers_read(monkeypatch, name, read, value, expected):
     assert read() == expected
 
 
-BAD = ["", "abc", "nan", "inf", "1e400", "-1", "99999999999999999999", "0"]
+BAD = ["abc", "nan", "inf", "1e400", "-1", "99999999999999999999", "0"]
 REFUSED = [(name, read, value) for name, read in sorted({(n, r) for n, r, _, _ in NUMBERS}, key=lambda item: item[0])
            for value in BAD if (name, value) != ("PURLIN_HEAP_MAX_MB", "0")]  # 0 means no bound there
 
@@ -51,7 +51,7 @@ def test_switches(monkeypatch, name, read, on):
     for value in ("1", "true", "Yes", " on "):
         monkeypatch.setenv(name, value)
         assert read() is on, value
-    for value in ("0", "false", "NO", "off ", ""):
+    for value in ("0", "false", "NO", "off "):
         monkeypatch.setenv(name, value)
         assert read() is not on, value
     for value in ("-1", "2", "enable", "0 0"):
@@ -59,6 +59,19 @@ def test_switches(monkeypatch, name, read, on):
         with pytest.raises(PurlinError) as caught:
             read()
         assert caught.value.message == f"{name}={value!r}: expected 1, true, yes or on; or 0, false, no or off"
+
+
+@pytest.mark.parametrize("setting", settings.ALL, ids=lambda s: s.name)
+def test_an_empty_value_is_the_default(monkeypatch, setting):
+    """``export PURLIN_PDL=`` turned PDL off (an empty switch read as off) while an empty
+    PURLIN_HEAP_MB was refused: every setting now reads an empty value as unset."""
+    for value in ("", "  "):
+        monkeypatch.setenv(setting.name, value)
+        assert setting.raw() == setting.default
+    monkeypatch.setenv("PURLIN_PDL", "")
+    assert settings.pdl() is True
+    monkeypatch.setenv("PURLIN_HEAP_MB", " ")
+    assert settings.heap_bytes() == int(settings.HEAP_MB.default) << 20
 
 
 def test_cache_dir_expands_the_home_directory(monkeypatch, tmp_path):

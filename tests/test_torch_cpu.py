@@ -648,6 +648,14 @@ def test_bad_input_errors():
         g.broadcast(x, src=1, group_src=1)
     with pytest.raises(ArgumentError, match="gather_list on the dst rank must hold 2 tensors"):
         g.gather(x, [x], dst=0)
+    # a number where a list goes: len()'s TypeError before
+    for call, label in ((lambda: g.all_to_all(5, [torch.ones(3)] * 2), "all_to_all: output_tensor_list"),
+                        (lambda: g.scatter(x, 5, src=0), "scatter: scatter_list"),
+                        (lambda: g.scatter(x, 5, src=1), "scatter: scatter_list"),
+                        (lambda: g.all_gather(7, x), "all_gather: tensor_list"),
+                        (lambda: g.gather(x, x, dst=0), "gather: gather_list")):
+        with pytest.raises(ArgumentError, match=f"{label} must be a list of tensors, got "):
+            call()
     with pytest.raises(ArgumentError, match=r"input_split_sizes=\[1, 2\], expected 2 sizes >= 0 summing to the 4 "
                                             r"rows \(dim 0\) of input"):
         g.all_to_all_single(torch.empty(4, 2), x, input_split_sizes=[1, 2])
@@ -1388,6 +1396,41 @@ def test_a_rank_without_chunks_runs_its_part_with_the_count_and_dtype():
     assert relay.calls == [(None, None, "sum", {"count": 5, "dtype": DType.BFLOAT16})]
     pt.op(relay, name="chunkless_relay")(torch.empty(0), count=0)  # an empty call: nothing to run
     assert len(relay.calls) == 1
+
+
+def test_the_in_place_form_on_a_rank_without_chunks_is_refused_eagerly_and_traced():
+    """t says no chunk size on such a rank: the eager form reached the launch with neither
+    tensor (AttributeError) and skipped the relay for an empty t, while the traced form ran it
+    with count = t.numel().  Both now refuse it alike, before any launch."""
+    spec = check(parse("collective chunkless { in[0] = x[0]  in[1] = x[1]  out[0] = x[1]  out[1] = x[0]  copy }"),
+                 4, {})
+    relay = _Calls(spec, 2)
+    coll = pt.op(relay, name="chunkless_relay")
+    message = (r"purlin::chunkless_relay on rank 2: cannot run in place: rank 2 gives and receives no chunks, "
+               r"so t cannot say the elements per chunk \(use the functional form with count=\)")
+    for t in (torch.ones(5), torch.empty(0)):
+        with pytest.raises(ArgumentError, match=message):
+            coll.inplace(t)
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=message):  # compiled: torch._check's RuntimeError, the same text
+            torch.compile(coll.inplace, backend="aot_eager", fullgraph=True)(t)
+    assert relay.calls == []
+
+
+def test_an_in_place_call_of_unequal_sizes_is_refused_compiled_as_eagerly():
+    """The traced in-place form raised the ArgumentError itself, which dynamo cannot build: a
+    compiled in-place all-gather failed with dynamo's "Unsupported", not the reason."""
+    spec = check(parse("collective gather_all { in[r] = x[r]  out[r] = x[0..R]  copy }"), 2, {})
+    calls = _Calls(spec, 0)
+    coll = pt.op(calls, name="gather_all_inplace_probe")
+    message = (r"purlin::gather_all_inplace_probe on rank 0: cannot run in place: rank 0 gives 1 chunks and "
+               r"receives 2; expected equal sizes \(use the functional form or out=\)")
+    with pytest.raises(ArgumentError, match=message):
+        coll.inplace(torch.ones(4))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=message):
+        torch.compile(coll.inplace, backend="aot_eager", fullgraph=True)(torch.ones(4))
+    assert calls.calls == []
 
 
 def test_functional_op_checks_count_and_the_handles_collective():

@@ -164,6 +164,9 @@ def test_split_lists_choose_the_sized_all_to_all():
     assert g._splits("t", x, x, [2, 2], [2, 2]) == ([2, 2], [2, 2])
     assert g._splits("t", x, x, None, [1, 3]) == ([2, 2], [1, 3])
     assert g._splits("t", x, x, None, None) is None and g._splits("t", x, x, [], []) is None
+    # any iterable of ints, read once: a generator was spent by the read, then len() of it failed
+    assert g._splits("t", x, x, (n for n in (1, 3)), iter([3, 1])) == ([1, 3], [3, 1])
+    assert g._splits("t", x, x, iter([]), None) is None
     g.close()
 
 
@@ -376,6 +379,11 @@ def test_fakes_check_splits_and_dtypes_as_the_real_ops_do():
         with pytest.raises(ArgumentError, match=rf"purlin::alltoallv_seq: in_splits {splits} float32"):
             torch.ops.purlin.alltoallv_seq(x, torch.zeros(2), torch.empty(8, 4), torch.zeros(2, dtype=torch.int64),
                                            torch.zeros(1, dtype=torch.int32), handle)
+        strided = torch.zeros(4, dtype=torch.int64)[::2]  # the runtime refused it; the fakes traced it
+        with pytest.raises(ArgumentError, match=r"purlin::alltoallv: in_splits must be contiguous, got strides \(2,\)"):
+            torch.ops.purlin.alltoallv(x, strided, handle)
+        with pytest.raises(ArgumentError, match=r"purlin::alltoallv_out: out_splits must be contiguous"):
+            torch.ops.purlin.alltoallv_out(x, torch.zeros(2, dtype=torch.int64), torch.empty(8, 4), strided, handle)
         torch.ops.purlin.alltoallv(torch.empty(8, 4, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), handle)
         with pytest.raises(ArgumentError, match="input has dtype float64, which Purlin does not support; expected "
                                                 "one of float32, float16, bfloat16, int32, int64, float8"):

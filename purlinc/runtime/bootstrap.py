@@ -15,8 +15,28 @@ from collections.abc import Callable
 
 from purlinc import settings
 from purlinc.log import log
-from purlinc.runtime.errors import MismatchError
+from purlinc.runtime.errors import ArgumentError, MismatchError
 from purlinc.runtime.heap import SymmetricHeap
+
+_LEAST_HEAP_BYTES = 1 << 20  # PURLIN_HEAP_MB's least value, for the keyword too
+
+
+def checked_device(device, what: str = "device") -> int:
+    """A device ordinal as given by the caller: an int, not a bool or a string (``"0"`` failed
+    deep in a comparison, ``True`` was read as cuda:1, ``1.5`` reached the driver)."""
+    if isinstance(device, bool) or not isinstance(device, int):
+        raise ArgumentError(f"{what}: expected a CUDA device ordinal (an int), got {device!r}")
+    return device
+
+
+def heap_size(heap_bytes) -> int:
+    """The first heap segment's bytes: ``heap_bytes`` checked, or PURLIN_HEAP_MB's when None."""
+    if heap_bytes is None:
+        return settings.heap_bytes()
+    if isinstance(heap_bytes, bool) or not isinstance(heap_bytes, int) or heap_bytes < _LEAST_HEAP_BYTES:
+        raise ArgumentError(f"heap_bytes: expected an int of at least {_LEAST_HEAP_BYTES} (1 MiB), got {heap_bytes!r}",
+                            notes=("None takes PURLIN_HEAP_MB (256 MiB unless set); the heap grows past it on demand",))
+    return heap_bytes
 
 
 def open_heap(cls, rank: int, world: int, device: int, exchange: Callable[[object], list],
@@ -26,6 +46,8 @@ def open_heap(cls, rank: int, world: int, device: int, exchange: Callable[[objec
     (a Communicator).  A collective: every rank calls it."""
     from purlinc.runtime import driver
 
+    device = checked_device(device)
+    size = heap_size(heap_bytes)
     count = driver.device_count()
     if not 0 <= device < count:
         raise MismatchError(f"rank {rank}: cuda:{device} does not exist (this process sees {count} device(s))",
@@ -40,7 +62,6 @@ def open_heap(cls, rank: int, world: int, device: int, exchange: Callable[[objec
             raise MismatchError(f"ranks {rank} and {peer} are one process: use LocalGroup for one process and several GPUs")
         if peer != rank and i["device"] != device and not driver.can_access_peer(device, i["device"]):
             raise MismatchError(f"cuda:{device} (rank {rank}) cannot access cuda:{i['device']} (rank {peer}) as a peer")
-    size = heap_bytes or settings.heap_bytes()
     opened: list[int] = []
     owned: list[int] = []
 

@@ -199,8 +199,14 @@ class Communicator:
         """
         from purlinc.runtime.rendezvous import Exchange
 
-        exchange = Exchange(store, rank, world_size, timeout=timeout)
-        return bootstrap.open_heap(cls, rank, world_size, rank if device is None else device, exchange, heap_bytes)
+        plain = Exchange(store, rank, world_size, timeout=timeout)
+        # As from_torch: a failed exchange is a PurlinTimeoutError and stops the communicator
+        # (a rank that went on to its next round would be out of step with its peers).
+        holder: list = []
+        exchange = _reporting(plain, rank, plain.timeout, holder)
+        comm = bootstrap.open_heap(cls, rank, world_size, rank if device is None else device, exchange, heap_bytes)
+        holder.append(comm)
+        return comm
 
     @classmethod
     def from_env(cls, *, device: int | None = None, heap_bytes: int | None = None,
@@ -274,7 +280,8 @@ class LocalGroup:
 
         if devices is None:
             devices = range(driver.device_count())
-        devices = list(devices)
+        devices = [bootstrap.checked_device(d, f"LocalGroup device {i}") for i, d in enumerate(devices)]
+        size = bootstrap.heap_size(heap_bytes)
         if not devices:
             raise ValueError("LocalGroup needs at least one device")
         if len(set(devices)) != len(devices) and not share_devices:
@@ -293,7 +300,6 @@ class LocalGroup:
         self.devices = devices
         self._segments: dict[int, list[int]] = {}  # index -> base on every device
         self._sizes: dict[int, int] = {}
-        size = heap_bytes or settings.heap_bytes()
         self.comms = [Communicator(r, len(devices), d, None, None, local_group=self) for r, d in enumerate(devices)]
         bases = self._grow(0, size)
         for r, comm in enumerate(self.comms):

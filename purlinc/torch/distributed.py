@@ -364,6 +364,8 @@ class Group:
         """``input_tensor_list[j]`` to rank j, into its ``output_tensor_list[i]`` (i: this rank); sizes may differ."""
         where = "all_to_all"
         for label, tensors in (("output_tensor_list", output_tensor_list), ("input_tensor_list", input_tensor_list)):
+            if tensors is not None:
+                _ops.require_list(where, label, tensors)
             if tensors is None or len(tensors) != self.world_size:
                 raise ArgumentError(f"{where}: {label} holds {0 if tensors is None else len(tensors)} tensors, "
                                     f"expected {self.world_size} (one per rank)")
@@ -464,11 +466,12 @@ class Group:
         lists take the all-to-all with run-time sizes even where they are equal here: another
         rank's may not be, and every rank must run the same collective."""
         R = self.world_size
-        given = []
+        given, lists = [], []  # lists: the sizes as read once (a generator is spent by reading it)
         for label, sizes, t in (("output_split_sizes", output_split_sizes, output),
                                 ("input_split_sizes", input_split_sizes, input)):
             rows = t.shape[0] if t.dim() else t.numel()
             sizes = None if sizes is None else _ops.split_sizes(where, label, sizes, R)
+            lists.append(sizes)
             if not sizes:
                 if rows % R:
                     raise ArgumentError(f"{where}: {label.split('_')[0]} has {rows} rows (dim 0) and no {label}; "
@@ -479,7 +482,7 @@ class Group:
                 raise ArgumentError(f"{where}: {label}={sizes}, expected {R} sizes >= 0 summing to the {rows} "
                                     f"rows (dim 0) of {label.split('_')[0]}")
             given.append(sizes)
-        if all(sizes is None or not len(sizes) for sizes in (output_split_sizes, input_split_sizes)):
+        if not any(lists):
             return None
         return given[0], given[1]
 
@@ -531,6 +534,8 @@ class Group:
                                      f"{str(b.dtype).removeprefix('torch.')} (the dtype of {lb})")
 
     def _list_like(self, where, label, tensors, tensor):
+        if tensors is not None:
+            _ops.require_list(where, label, tensors)
         if tensors is None or len(tensors) != self.world_size:
             got = "None" if tensors is None else f"{len(tensors)} tensors"
             raise ArgumentError(f"{where}: {label} must hold {self.world_size} tensors (one per rank), got {got}")
@@ -543,6 +548,8 @@ class Group:
                     f"(like tensor)")
 
     def _lists(self, where, label, tensors, tensor, is_root, root_label):
+        if tensors is not None:
+            _ops.require_list(where, label, tensors)
         if not is_root:
             if tensors:
                 raise ArgumentError(f"{where}: {label} must be None or empty on ranks other than {root_label}; "

@@ -151,6 +151,12 @@ def require_tensors(where: str, named) -> None:
             raise ArgumentError(f"{where}: {label} must be a torch.Tensor, got {type(t).__name__}")
 
 
+def require_list(where: str, label: str, value) -> None:
+    """``value`` a list or tuple (of tensors, checked apart): ``5`` gave len()'s TypeError."""
+    if not isinstance(value, (list, tuple)):
+        raise ArgumentError(f"{where}: {label} must be a list of tensors, got {type(value).__name__}")
+
+
 def split_sizes(where: str, label: str, sizes, world_size: int) -> list[int]:
     """Split sizes (a list, a tuple or a 1-D tensor) as Python ints, each an integer of any
     type but a bool (``validate.integer``): ``int()`` cut 1.5 to 1 and read "2" as 2, so sizes
@@ -652,11 +658,20 @@ def sequence(comm, device) -> "torch.Tensor | None":
 
 
 def _inplace_units(where: str, e: Entry, t) -> None:
-    if e.in_units and e.out_units and e.in_units != e.out_units:
-        raise ArgumentError(
-            f"{where}: cannot run in place: rank {e.rank} gives {e.in_units} chunks and receives {e.out_units}; "
-            f"expected equal sizes", notes=("use the functional form or out=",))
+    """``t`` can be this rank's input and output at once.  Eagerly, traced and compiled alike
+    (``require``: dynamo cannot trace building an ArgumentError; compiled, the fake op then
+    checks t's size as the input's)."""
+    # A rank without chunks: t would carry none, so nothing says the chunk size its part (a
+    # relay) runs with; eagerly this reached the launch with neither tensor (AttributeError).
+    require(e.in_units or e.out_units,
+            lambda: f"{where}: cannot run in place: rank {e.rank} gives and receives no chunks, so t cannot say "
+                    f"the elements per chunk (use the functional form with count=)")
+    require(not (e.in_units and e.out_units and e.in_units != e.out_units),
+            lambda: f"{where}: cannot run in place: rank {e.rank} gives {e.in_units} chunks and receives "
+                    f"{e.out_units}; expected equal sizes (use the functional form or out=)")
     if e.in_units:
-        count_of(where, e, t, names=("t", "t"))
-    elif e.out_units and t.numel() % e.out_units:
-        raise ArgumentError(f"{where}: t has {t.numel()} elements, expected a multiple of {e.out_units}")
+        if not torch.compiler.is_compiling():
+            count_of(where, e, t, names=("t", "t"))
+    else:
+        require(t.numel() % e.out_units == 0,
+                lambda: f"{where}: t has {shown(t.numel())} elements, expected a multiple of {e.out_units}")

@@ -187,7 +187,7 @@ def _check_apart(where: str, written, read, *, fake: bool) -> None:
 
 
 def _check_splits(where: str, s: SizedState, x, named) -> None:
-    """Split tensors (``(label, tensor)``; None: not given): int64, R entries, on x's device.
+    """Split tensors (``(label, tensor)``; None: not given): int64, R entries, on x's device, contiguous.
     One check for the real and the fake implementations."""
     from purlinc.torch.ops import require_tensors
 
@@ -197,6 +197,8 @@ def _check_splits(where: str, s: SizedState, x, named) -> None:
         if t.dtype != torch.int64 or t.numel() != s.world_size or t.device != x.device:
             raise ArgumentError(f"{where}: {label} must be int64 with {s.world_size} entries on {x.device}, got "
                                 f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)} on {t.device}")
+        if not t.is_contiguous():  # the runtime reads them as one int64 array (an int64 view stays 8-byte aligned)
+            raise ArgumentError(f"{where}: {label} must be contiguous, got strides {tuple(t.stride())}")
 
 
 def _capturing(t) -> bool:
