@@ -356,3 +356,20 @@ def test_a_schedule_too_large_to_lower_is_refused_at_once():
     assert time.monotonic() - start < 5
     with pytest.raises(PurlinError, match=r"x 64 slice\(s\) per channel"):
         lower(spec_of("allreduce", 32), LowerOptions(slices=64))
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"channels": 0}, "channels and slices must be >= 1 (got channels=0, slices=1)"),
+    ({"slices": -1}, "channels and slices must be >= 1 (got channels=1, slices=-1)"),
+    ({"channels": 1025}, "channels must be at most 1024 and slices per channel at most 256"),
+    ({"slots": 0}, "slots must be >= 1 (got 0)"),
+    # these lowered and verified, keyed the cache as "cTrue" / "c2.0" and failed in the simulator
+    ({"channels": True}, "channels must be an integer, got True"),
+    ({"channels": 2.0}, "channels must be an integer, got 2.0"),
+    ({"slices": "2"}, "slices must be an integer, got '2'"),
+    ({"slots": 1.5}, "slots must be an integer, got 1.5"),
+])
+def test_lowering_options_are_checked(options, message):
+    with pytest.raises(PurlinError) as caught:
+        lower(spec_of("allgather", 2), LowerOptions(**options))
+    assert caught.value.message.startswith(message)

@@ -174,6 +174,30 @@ def test_packed_layout_problems_are_reported():
         verify(_with_program(schedule, 0, steps[:i + 1] + (extra,) + steps[i + 1:]), spec)
 
 
+def test_unpacked_data_between_ranks_is_refused_in_a_packed_schedule():
+    """Rank 1 stages x[1] plain into rank 0's spare staging unit before its packed stage, and
+    rank 0 copies it out right after its packed wait.  The proof read the packed stage as
+    Stage + Notify (a release) and accepted it; on the device the LL send is a plain store and
+    the wait polls its own packets, so nothing orders the plain unit: a race."""
+    from purlinc.frontend.ast import Operation
+    from purlinc.snac.ir import Region, Space
+
+    spec, schedule = packed_schedule("allgather", 2)
+    spare = Region(Space.STAGE, 0, schedule.stage_units, 0)
+    grown = replace(schedule, stage_units=schedule.stage_units + 1)
+    rank1 = (Stage(Region(Space.IN, 1, 0, 0), spare, "plain x[1] for rank 0"),) + grown.program(1, 0).steps
+    rank0 = list(grown.program(0, 0).steps)
+    group_end = max(i for i, s in enumerate(rank0) if isinstance(s, Consume)) + 1
+    rank0.insert(group_end, Consume(Operation.COPY, (spare,), Region(Space.OUT, 0, 1, 0), "x[1] from the plain unit"))
+    bad = _with_program(_with_program(grown, 0, rank0), 1, rank1)
+    with pytest.raises(VerificationError) as caught:
+        verify(bad, spec)
+    assert caught.value.message.endswith(
+        f"stages {spare.format()} of rank 0 unpacked: in a packed schedule data crosses ranks in packets only "
+        "(an LL send orders no other data)")
+    assert (caught.value.rank, caught.value.step) == (1, 0)
+
+
 def test_packed_wait_must_guard_what_its_consumes_read():
     # allgather R=3 with two slices: move slice 1's consume before slice 1's wait, into slice 0's group.
     spec, schedule = packed_schedule("allgather", 3, 1, 2)

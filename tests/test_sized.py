@@ -115,6 +115,27 @@ def test_verifier_refuses_an_offset_used_before_its_wait():
         verify(bad, spec)
 
 
+def test_verifier_counts_size_header_reads_as_reads_of_the_slot():
+    """Rank 0 copies rank 1's chunk from staging into OUT unit 0, releases the slot (ACK),
+    then copies its own chunk into OUT unit 1, whose offset is OUT unit 0's size, read from
+    that slot's header.  Released first, the slot may be restaged by rank 1's call two on, so
+    the offset read a later call's size: the simulator finds wrong data for some schedules of
+    the threads.  The verifier accepted it (header reads were not reads of the slot)."""
+    spec = spec_of(load_source("collective g with sizes n[R] of x { in[r] = x[r]  out[0] = x[1], x[0]  copy }"), 2, None)
+    schedule = lower(spec, LowerOptions())
+    verify(schedule, spec)
+    program = schedule.programs[0]
+    kinds = [type(step).__name__ for step in program.steps]
+    assert kinds == ["Wait", "Consume", "Consume", "Notify"], kinds  # wait, own copy, staged copy, ACK
+    wait, own, staged, ack = program.steps
+    assert own.srcs[0].space.value == "in" and staged.srcs[0].space.value == "stage"
+    bad = replace(schedule, programs=(replace(program, steps=(wait, staged, ack, own)), *schedule.programs[1:]))
+    with pytest.raises(VerificationError, match=r"rank 1, channel 0, step \d+ in call 2 \(stage .*\): overwrites "
+                                                r"r0\.stage\[\d+\]\.s0, which the consume at rank 0 channel 0 step 3 "
+                                                r"reads.*\(the slot is reused too early\)"):
+        verify(bad, spec)
+
+
 def test_verifier_refuses_a_wrong_size_symbol():
     spec = _spec("alltoallv", 2)
     schedule = lower(spec, LowerOptions())

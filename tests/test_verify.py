@@ -11,7 +11,7 @@ import pytest
 from purlinc.errors import PurlinError
 from purlinc.frontend.ast import Operation
 from purlinc.frontend.check import check
-from purlinc.frontend.parse import parse_file
+from purlinc.frontend.parse import parse as parse_text, parse_file
 from purlinc.snac.ir import (
     Consume, LowerOptions, Notify, Program, Region, Role, Schedule, Signal, SignalDecl, Space, Stage, Wait,
 )
@@ -305,6 +305,24 @@ def test_deadlock_only_in_the_second_call():
     error = fails(*allgather2(lambda p: p[0].__setitem__(1, Wait(sig(0, 1), 1))))
     assert "deadlock" in error.message
     assert (error.rank, error.step) == (0, 1)
+
+
+def test_deadlock_of_a_channel_past_the_call_boundary_is_reported():
+    """A ring's rank 2 asks one ack too many (k=1 instead of 0) at its first step: the cycle
+    runs through a program blocked on the first step of call 1, after its rank passed the
+    boundary.  The cycle search read that position as "at the end of call 0" and looked for a
+    channel of the rank that had not arrived: there was none (StopIteration, a traceback)."""
+    from purlinc.snac.lower import lower
+
+    spec = check(parse_text("collective ring_shift { in[r] = x[r] out[r] = x[(r + 1) % R] copy }"), 3)
+    schedule = lower(spec, LowerOptions())
+    program = schedule.programs[2]
+    steps = list(program.steps)
+    steps[0] = replace(steps[0], k=steps[0].k + 1)
+    broken = replace(schedule, programs=schedule.programs[:2] + (replace(program, steps=tuple(steps)),))
+    with pytest.raises(VerificationError) as caught:
+        verify(broken, spec)
+    assert "deadlock: " in caught.value.message and caught.value.message.endswith("(a cycle of waits)")
 
 
 def test_non_monotone_signal():

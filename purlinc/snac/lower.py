@@ -61,6 +61,12 @@ MAX_READS = 1 << 20
 
 
 def _check_options(spec: Spec, options: LowerOptions) -> None:
+    for name in ("channels", "slices", "slots"):
+        value = getattr(options, name)
+        if (value is not None or name != "slots") and (isinstance(value, bool) or not isinstance(value, int)):
+            # True and 2.0 lowered and verified, then keyed the cache as "cTrue" / "c2.0" and
+            # failed in the simulator: counts are ints
+            raise PurlinError(f"{name} must be an integer, got {value!r}")
     if options.channels < 1 or options.slices < 1:
         raise PurlinError(f"channels and slices must be >= 1 (got channels={options.channels}, slices={options.slices})")
     if options.channels > MAX_CHANNELS or options.slices > MAX_SLICES:

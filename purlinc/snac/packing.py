@@ -181,6 +181,15 @@ def layout_problems(schedule: Schedule) -> list[tuple[int, int, int, str]]:
                 regions = ((step.src, False), (step.dst, True))
             elif isinstance(step, Consume):
                 regions = (*((r, False) for r in step.srcs), (step.dst, True))
+            remote = next((region for region, _ in regions if region.rank != program.rank), None)
+            if remote is not None:
+                # The proof reads a packed stage as Stage + Notify, a release; the device's LL
+                # send is a plain store with no fence, and the packed wait polls its own
+                # packets only.  So nothing would order unpacked data between the ranks.
+                problems.append((*at, index, f"{'stages' if isinstance(step, Stage) else 'consumes'} "
+                                             f"{remote.format()} of rank {remote.rank} unpacked: in a packed "
+                                             "schedule data crosses ranks in packets only (an LL send orders no "
+                                             "other data)"))
             for region, writes in regions:
                 if region.space is not Space.STAGE:
                     continue

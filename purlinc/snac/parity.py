@@ -75,3 +75,12 @@ def unrolled(schedule: Schedule) -> Schedule:
     )
     signals = tuple(SignalDecl(d.signal, 2 * d.per_call, d.role, d.note) for d in schedule.signals)
     return replace(schedule, programs=programs, signals=signals, stage_units=2 * schedule.stage_units, stage_copies=1)
+
+
+def unrolled_reads(schedule: Schedule, reads: list[list[tuple[Region, ...]]]) -> list[list[tuple[Region, ...]]]:
+    """Per-step extra reads of ``schedule``'s programs (``races._access_table``'s
+    ``extra_reads``) as the steps of ``unrolled(schedule)``: the odd call's read the second copy."""
+    if schedule.stage_copies == 1:
+        return reads
+    move = _Mover(schedule.stage_units)
+    return [rows + [tuple(map(move, regions)) for regions in rows] for rows in reads]

@@ -92,6 +92,23 @@ def _out_sources(program: Program) -> dict[int, Region]:
     return {step.dst.unit: step.srcs[0] for step in program.steps if isinstance(step, Consume)}
 
 
+def header_reads(program: Program) -> list[tuple[Region, ...]]:
+    """Per step of ``program``: the STAGE regions whose size headers the step reads besides its
+    sources.  A Consume into OUT unit m places it after the units before it, so it reads their
+    sizes, from the headers of the slots they are copied from (``_incoming`` in sized.cu.j2).
+    The race check counts these as reads of those slots: a slot released (ACK) before such a
+    Consume could be restaged, its header rewritten, before the offset is read."""
+    sources = _out_sources(program)
+    reads = []
+    for step in program.steps:
+        if isinstance(step, Consume) and step.dst.space is Space.OUT:
+            reads.append(tuple(dict.fromkeys(sources[b] for b in range(step.dst.unit)
+                                             if b in sources and sources[b].space is Space.STAGE)))
+        else:
+            reads.append(())
+    return reads
+
+
 def _defer(program: Program, spec: Spec) -> Program:
     """Consumes whose offset needs a size not yet known at their place go after the last Wait
     of the program (the one after which every size is known).  Reading own IN and writing own
@@ -123,8 +140,9 @@ def _fail(schedule: Schedule, rank: int, index: int | None, message: str) -> Pur
 
 
 def verify_sized(schedule: Schedule, spec: Spec) -> None:
-    """The obligations of docs/SNAC.md, "Run-time sizes", points 1-4 (the ordinary verifier
-    has proved ordering, races and values at unit level already)."""
+    """The obligations of docs/SNAC.md, "Run-time sizes", points 1-4, on well-formed steps
+    (the verifier calls it after its step 1; ordering, races -- size-header reads included --
+    and values at unit level it proves after)."""
     if schedule.sizes != spec.sizes:
         raise _fail(schedule, 0, None, f"its sizes ({schedule.sizes}) are not the spec's ({spec.sizes})")
     options = schedule.options

@@ -52,6 +52,10 @@ How the proof works
    Steps 3 and 4 share one walk of the topological order (each region's accesses come up in
    that order, so no per-region sort is needed); a result error is reported only when no
    race was found, keeping the order of checks above.
+   A schedule with run-time sizes (``Schedule.sizes``) adds its interval obligations
+   (``purlinc.snac.sized.verify_sized``) after step 1, and in step 3 a Consume also reads the
+   size headers of the staging slots that its output's offset sums (``sized.header_reads``):
+   a slot released before such a read could be restaged, its header rewritten, first.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ from purlinc.snac.epilogue import epilogue_problem
 from purlinc.snac.gcpause import gc_paused
 from purlinc.snac.ir import Schedule
 from purlinc.snac.packing import layout_problems, ll_groups, normalized, packed_stages
-from purlinc.snac.parity import unrolled
+from purlinc.snac.parity import unrolled, unrolled_reads
 from purlinc.snac.verify.common import CALLS, Failure, VerificationError, describe
 from purlinc.snac.verify.order import Order, check_monotone
 from purlinc.snac.verify.races import check_races_and_result
@@ -104,10 +108,6 @@ def verify(schedule: Schedule, spec: Spec) -> None:
     ``VerificationError`` naming the first violation."""
     with gc_paused():  # millions of acyclic nodes: see purlinc.snac.gcpause
         _verify(schedule, spec)
-    if spec.sizes is not None or schedule.sizes is not None:
-        from purlinc.snac.sized import verify_sized  # the interval obligations (docs/SNAC.md)
-
-        verify_sized(schedule, spec)
 
 
 def _verify(schedule: Schedule, spec: Spec) -> None:
@@ -119,16 +119,37 @@ def _verify(schedule: Schedule, spec: Spec) -> None:
             raise VerificationError(f"rank {rank}: {message}", rank=rank)
         raise Failure(schedule).at(rank, 0, index, message)
     check_signals_declared(schedule)
+    written = schedule
     schedule = _one_channel(schedule)
     check_steps(schedule, Failure(schedule))
+    if spec.sizes is not None or schedule.sizes is not None:
+        # The interval obligations (docs/SNAC.md, "Run-time sizes") need well-formed steps
+        # only, and name an offset read before its wait as such, where the race check below
+        # (which counts size-header reads too) would name a read of the slot
+        from purlinc.snac.sized import verify_sized
+
+        verify_sized(written, spec)
     _check_packing(schedule)
     # A packed stage means its Stage followed by its Notify: the proof runs on that schedule.
     schedule, origins = normalized(schedule)
     # Two staging copies: the proof runs on two calls per call, so that each copy's reuse is
     # inside the unrolled calls (purlinc.snac.parity); errors still name the steps as written.
     fail = Failure(schedule, origins, schedule.stage_copies)
+    extra = _header_reads(schedule)
+    if extra is not None:
+        extra = unrolled_reads(schedule, extra)
     schedule = unrolled(schedule)
     check_signal_counts(schedule, fail)
     order = Order(schedule, fail)
     check_monotone(schedule, order)
-    check_races_and_result(schedule, spec, order)
+    check_races_and_result(schedule, spec, order, extra)
+
+
+def _header_reads(schedule: Schedule):
+    """A sized schedule's size-header reads per program and step (``sized.header_reads``),
+    for the race check; None for other schedules."""
+    if schedule.sizes is None:
+        return None
+    from purlinc.snac.sized import header_reads
+
+    return [header_reads(program) for program in schedule.programs]

@@ -122,14 +122,20 @@ class Order:
         kahn.run()
         stuck = [p for p in range(self.np) if kahn.pos[p] < CALLS * self.n[p] or not kahn.passed[p]]
         if stuck:
-            raise self._deadlock(stuck, kahn.pos, kahn.arrived)
+            raise self._deadlock(stuck, kahn.pos, kahn.arrived, kahn.passed)
 
-    def _deadlock(self, stuck: list[int], pos: list[int], arrived: list[bool]) -> VerificationError:
+    def _deadlock(self, stuck: list[int], pos: list[int], arrived: list[bool], passed: list[bool]) -> VerificationError:
         """Follow 'waits for' from a stuck program until a program repeats: that is the cycle."""
         channels = self.channels
 
+        def at_boundary(p: int) -> bool:
+            # Position n[p] is both "at the end of call 0" and, once its rank has passed the
+            # boundary, "blocked on call 1's first step" (the boundary test alone raised
+            # StopIteration there: every channel of the rank had arrived).
+            return pos[p] == self.n[p] and not passed[p]
+
         def waits_for(p: int) -> tuple[int, str]:
-            if pos[p] == self.n[p]:  # at the call boundary: waits for the rest of its rank
+            if at_boundary(p):  # waits for the rest of its rank
                 rank = p // channels
                 q = next(q for q in range(rank * channels, (rank + 1) * channels) if not arrived[q])
                 return q, f"waits at the end of call 0 for rank {rank} channel {q % channels} to finish it"
@@ -149,7 +155,7 @@ class Order:
         cycle = path[seen[p]:]
 
         def label(q: int) -> str:
-            if pos[q] == self.n[q]:
+            if at_boundary(q):
                 return f"rank {q // channels} channel {q % channels} (end of call 0)"
             node = Node(q, pos[q])
             return f"{self.short(node)} ({describe(self.step(node))})"
@@ -163,7 +169,7 @@ class Order:
         links += [f"{label(q)} {waits_for(q)[1]}" for q in cycle[1:]]
         message = "deadlock: " + ", which is behind ".join(links) + " (a cycle of waits)"
         head = cycle[0]
-        if pos[head] == self.n[head]:
+        if at_boundary(head):
             rank, channel = head // channels, head % channels
             return VerificationError(
                 f"rank {rank}, channel {channel}, end of call 0: {message}", rank=rank, channel=channel, call=0

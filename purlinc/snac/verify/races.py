@@ -53,12 +53,14 @@ def _format_value(value: tuple[Slot, ...] | None) -> str:
     return " + ".join(map(str, value))
 
 
-def _access_table(programs) -> tuple[list, list, dict]:
+def _access_table(programs, extra_reads=None) -> tuple[list, list, dict]:
     """Per program and step, its accesses over interned regions: (reads, write, sources),
     where ``reads`` are region ids read and not written by the step (each once), ``write``
     is the id of the region written (-1: none) and ``sources`` the ids of its sources in
-    order (what the symbolic execution reads).  Regions are numbered once here, so the walk
-    below indexes lists instead of hashing a Region per access and call."""
+    order (what the symbolic execution reads).  ``extra_reads[p][i]``: regions step i of
+    program p reads besides its sources (a sized Consume's size headers), for the race check
+    only.  Regions are numbered once here, so the walk below indexes lists instead of hashing
+    a Region per access and call."""
     ids: dict[Region, int] = {}
     regions: list[Region] = []
     # Lowerings share one Region object per place (``kit.region``): look objects up by
@@ -108,20 +110,25 @@ def _access_table(programs) -> tuple[list, list, dict]:
                 reads = () if order[0] == w else (order[0],)
             else:  # each region once; a read-modify-write counts as a write
                 reads = tuple(r for r in dict.fromkeys(order) if r != w)
+            if extra_reads is not None and extra_reads[len(table)][len(rows)]:
+                more = (number(region) if region not in ids else ids[region]
+                        for region in extra_reads[len(table)][len(rows)])
+                reads = tuple(r for r in dict.fromkeys((*reads, *more)) if r != w)
             append((reads, w, order))
         table.append(rows)
     return table, regions, ids
 
 
-def check_races_and_result(schedule: Schedule, spec: Spec, order: Order) -> None:
+def check_races_and_result(schedule: Schedule, spec: Spec, order: Order, extra_reads=None) -> None:
     """Steps 3 and 4 in one walk of the topological order.
 
     Races: per region, accesses in the topological order; each access must be ordered after
     the previous write, and each write after the reads since the previous write.  The
     caller of each rank, between its calls, writes every IN and OUT region of its rank that
     some program touches.  Result: the same walk, over call 0's program steps, runs the
-    symbolic execution; its errors are raised only if there is no race (races first)."""
-    table, regions, ids = _access_table(order.programs)
+    symbolic execution; its errors are raised only if there is no race (races first).
+    ``extra_reads``: reads beyond the steps' sources (``_access_table``), or None."""
+    table, regions, ids = _access_table(order.programs, extra_reads)
     found, failure, values, writer = _walk(order, table, regions)
     if found:
         raise min(found, key=lambda item: (item[0], item[1].message))[1]
