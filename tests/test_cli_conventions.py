@@ -104,6 +104,18 @@ def test_closed_pipe_exits_quietly():
     assert done.returncode == 141  # 128 + SIGPIPE, as for cat or grep
 
 
+def test_an_error_into_a_closed_pipe_keeps_its_status(tmp_path):
+    """``purlinc check bad.pln 2>&1 | head -1``: the print of the error met a closed stderr and
+    its BrokenPipeError escaped main (status 1, which names nothing).  Now status 2 still says
+    the input was wrong."""
+    bad = tmp_path / "bad.pln"
+    bad.write_text("collective bad {\n    in[r] = x[r]\n    out[r] = y[0..R]\n    copy\n}\n")
+    child = subprocess.Popen([sys.executable, "-m", "purlinc", "dump", str(bad), "--ranks", "4"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    child.stderr.close()  # the reader is gone before the error is written
+    assert child.wait(timeout=120) == 2
+
+
 def test_compile_writes_0644_and_says_the_default_world_size(tmp_path, capsys):
     old = os.umask(0o022)
     try:

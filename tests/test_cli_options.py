@@ -166,9 +166,25 @@ def test_dump_gpus_per_node_only_for_snac(capsys, stage):
     assert f"--gpus-per-node applies to --stage snac, not --stage {stage}" in err
 
 
+@pytest.mark.parametrize("stage", ["ast", "spec"])
+def test_dump_lowering_options_only_where_a_schedule_is_made(capsys, stage):
+    """Read at --stage snac and cuda only; earlier stages accepted even what lowering refuses
+    (--channels 5000, --packed on an all-gather with two-shot) and printed as if asked."""
+    err = refused(capsys, "dump", ALLGATHER, "-R", "2", "-s", stage, "--algorithm", "two-shot", "--channels", "5000",
+                  "--packed")
+    assert f"--algorithm, --channels, --packed apply to --stage snac and cuda, not --stage {stage}" in err
+    err = refused(capsys, "dump", ALLGATHER, "-R", "2", "-s", stage, "--stage-copies", "2")
+    assert f"--stage-copies applies to --stage snac and cuda, not --stage {stage}" in err
+
+
+def test_dump_params_not_at_the_parsed_stage(capsys):
+    err = refused(capsys, "dump", ALLGATHER, "-s", "ast", "--param", "nope=3")
+    assert "--param applies to --stage spec, snac and cuda, not --stage ast" in err
+
+
 @pytest.mark.parametrize("command", ["compile", "dump", "check", "draw"])
 def test_two_stage_copies_name_the_algorithm(capsys, tmp_path, command):
-    extra = ["-o", tmp_path / "out"] if command == "compile" else []
+    extra = {"compile": ["-o", tmp_path / "out"], "dump": ["-s", "snac"]}.get(command, [])
     err = refused(capsys, command, ALLGATHER, "-R", "2", "-a", "ring", "--stage-copies", "2", *extra)
     assert "--stage-copies 2 does not apply to ring: it lowers to 1 staging copy" in err
     assert "two staging copies apply to direct-push only" in err

@@ -118,6 +118,16 @@ CASES = [
         ),
         R=4,
     ),
+    Case(  # after an operand the '/' is a division: the error landed on the '*' ("unexpected '*'")
+        'unterminated_comment_after_an_operand',
+        'collective a {\n    in[r] = x[r /* never closed\n]\n    out[r] = x[0..R]\n    copy\n}\n',
+        (
+            "spec.pln:2:17: error: unterminated comment: '/*' has no matching '*/'",
+            '        in[r] = x[r /* never closed',
+            '                    ^^',
+        ),
+        R=4,
+    ),
     Case(
         'reduce_op_as_operation',
         'collective a {\n    in[r] = x[0..R]\n    out[r] = x[0..R]\n    sum\n}\n',

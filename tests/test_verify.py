@@ -540,3 +540,24 @@ def test_large_direct_allgather_is_fast():
     start = time.perf_counter()
     verify(schedule, spec)
     assert time.perf_counter() - start < 30
+
+
+def test_a_schedule_whose_proof_is_too_big_is_refused_before_it(monkeypatch):
+    """The read cap bounds a lowering, not its proof: an all-gather's proof grows as R^3 (R=600
+    took 140 s and 16 GB).  The bound is on the proof's clock entries, checked first."""
+    import purlinc.snac.verify as verifier
+    from purlinc.snac.lower import lower
+
+    spec = spec_of("allgather", 4)
+    schedule = lower(spec, LowerOptions())
+    steps = sum(len(p.steps) for p in schedule.programs)
+    entries = 2 * steps * (4 + 4)
+    monkeypatch.setattr(verifier, "MAX_CLOCK_ENTRIES", entries)
+    verify(schedule, spec)  # at the bound: proved
+    monkeypatch.setattr(verifier, "MAX_CLOCK_ENTRIES", entries - 1)
+    with pytest.raises(PurlinError) as caught:
+        verify(schedule, spec)
+    assert caught.value.message == (f"allgather for R=4 lowers to {steps:,} steps over 4 programs: its proof would "
+                                    f"hold {entries:,} clock entries, more than one verification holds "
+                                    f"({entries - 1:,})")
+    assert caught.value.notes == ("lower it over nodes (gpus_per_node=G: a hierarchical plan of smaller phases)",)

@@ -35,14 +35,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _silence_stdout() -> None:
-    """Point stdout at /dev/null so the interpreter's final flush does not fail again."""
+def _silence(stream=None) -> None:
+    """Point ``stream`` (stdout) at /dev/null so the interpreter's final flush does not fail again."""
+    stream = stream or sys.stdout
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, stream.fileno())
         os.close(devnull)
     except (OSError, ValueError, AttributeError):
         pass
+
+
+def _report(text: str) -> None:
+    """``text`` on stderr; a reader that has gone (``purlinc check ... 2>&1 | head -1``) ends
+    it quietly: the status still says what happened (a BrokenPipeError here escaped main)."""
+    try:
+        print(text, file=sys.stderr)
+        sys.stderr.flush()
+    except BrokenPipeError:
+        _silence(sys.stderr)
 
 
 def _user_error(error: Exception, text: str) -> int:
@@ -50,7 +61,7 @@ def _user_error(error: Exception, text: str) -> int:
     with PURLIN_DEBUG the exception itself, for its traceback."""
     if settings.debug():
         raise error
-    print(text, file=sys.stderr)
+    _report(text)
     return 2
 
 
@@ -63,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         return status
     except BrokenPipeError:
         # `purlinc dump ... | head`: the reader has gone; stop quietly, as cat and grep do.
-        _silence_stdout()
+        _silence()
         return 141  # 128 + SIGPIPE, what a shell reports for a process the signal ended
     except PurlinError as error:
         return _user_error(error, error.render())
@@ -78,9 +89,6 @@ def main(argv: list[str] | None = None) -> int:
         if settings.debug():
             raise
         argv_text = " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-        print(
-            f"internal error (a bug in purlinc, not in your input): {type(error).__name__}: {error}\n"
-            f"reproduce with: PURLIN_DEBUG=1 purlinc {argv_text}",
-            file=sys.stderr,
-        )
+        _report(f"internal error (a bug in purlinc, not in your input): {type(error).__name__}: {error}\n"
+                f"reproduce with: PURLIN_DEBUG=1 purlinc {argv_text}")
         return 3

@@ -38,6 +38,16 @@ def check_stage_options(args) -> None:
         raise PurlinError(f"--json applies to --stage spec and snac, not --stage {args.stage}")
     if args.gpus_per_node is not None and args.stage != "snac":
         raise PurlinError(f"--gpus-per-node applies to --stage snac, not --stage {args.stage}")
+    if args.stage in ("ast", "spec"):  # no schedule is made: lowering options would go unread
+        lowering = {"--algorithm": args.algorithm, "--channels": args.channels, "--slices": args.slices,
+                    "--slots": args.slots, "--registered": None if args.registered == "none" else args.registered,
+                    "--packed": args.packed or None, "--stage-copies": args.stage_copies}
+        given = [flag for flag, value in lowering.items() if value is not None]
+        if given:
+            verb = "applies" if len(given) == 1 else "apply"
+            raise PurlinError(f"{', '.join(given)} {verb} to --stage snac and cuda, not --stage {args.stage}")
+    if args.stage == "ast" and args.param:  # the file as parsed: nothing is bound
+        raise PurlinError("--param applies to --stage spec, snac and cuda, not --stage ast")
 
 
 def run(args) -> int:

@@ -122,6 +122,11 @@ def _translate(error: lark.exceptions.LarkError, source: Source) -> PurlinError:
             return PurlinError("missing the operation: a collective ends with 'copy' or 'reduce'", span)
         if token.type == "SLASH" and source.text.startswith("/*", token.start_pos):
             return PurlinError("unterminated comment: '/*' has no matching '*/'", _point(source, token.line, token.column, 2))
+        if str(token) == "*" and token.start_pos and source.text.startswith("/*", token.start_pos - 1):
+            # the '/' was taken as a division (after an operand); '/*' reaches the parser as
+            # two tokens only when its comment never closes
+            return PurlinError("unterminated comment: '/*' has no matching '*/'",
+                               _point(source, token.line, token.column - 1, 2))
         if token.type == "NAME" and str(token) in _REDUCE_OPS and {"COPY", "REDUCE"} <= expected:
             return PurlinError(
                 f"'{token}' is not an operation: a collective ends with 'copy' or 'reduce'",

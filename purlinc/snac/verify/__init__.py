@@ -62,10 +62,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from purlinc.errors import PurlinError
 from purlinc.frontend.spec import Spec
 from purlinc.snac.epilogue import epilogue_problem
 from purlinc.snac.gcpause import gc_paused
-from purlinc.snac.ir import Schedule
+from purlinc.snac.ir import Schedule, Stage
 from purlinc.snac.packing import layout_problems, ll_groups, normalized, packed_stages
 from purlinc.snac.parity import unrolled, unrolled_reads
 from purlinc.snac.verify.common import CALLS, Failure, VerificationError, describe
@@ -111,6 +112,7 @@ def verify(schedule: Schedule, spec: Spec) -> None:
 
 
 def _verify(schedule: Schedule, spec: Spec) -> None:
+    _check_proof_size(schedule)
     check_shape(schedule, spec)
     problem = epilogue_problem(schedule, spec)
     if problem is not None:
@@ -143,6 +145,30 @@ def _verify(schedule: Schedule, spec: Spec) -> None:
     order = Order(schedule, fail)
     check_monotone(schedule, order)
     check_races_and_result(schedule, spec, order, extra)
+
+
+# Vector-clock entries the proof may hold: one per node (every step of two calls) and chain
+# (every program and caller).  The lowering's read cap bounds its own cost, not this: an
+# all-gather's schedule grows as R^2 steps over R programs, so its proof as R^3 (R=300: 0.65
+# billion entries, 6 s and 1.5 GB; R=600: 5.2 billion, 140 s and 16 GB).  2^30 admits every
+# schedule under the read cap measured (all-reduce R=101: 0.44 billion) and all-gathers to R=354.
+MAX_CLOCK_ENTRIES = 1 << 30
+
+
+def _check_proof_size(schedule: Schedule) -> None:
+    """Refuse a schedule whose proof would take minutes and gigabytes, before any of it: the
+    steps as the proof runs them (a packed Stage is a Stage and a Notify there, and two
+    staging copies make each call two: ``normalized``, ``unrolled``)."""
+    written = sum(len(p.steps) for p in schedule.programs)
+    packed = sum(1 for p in schedule.programs for step in p.steps if isinstance(step, Stage) and step.packed)
+    steps = (written + packed) * schedule.stage_copies
+    entries = CALLS * steps * (len(schedule.programs) + schedule.world_size)
+    if entries > MAX_CLOCK_ENTRIES:
+        raise PurlinError(
+            f"{schedule.collective} for R={schedule.world_size} lowers to {steps:,} steps over "
+            f"{len(schedule.programs)} programs: its proof would hold {entries:,} clock entries, more than one "
+            f"verification holds ({MAX_CLOCK_ENTRIES:,})",
+            notes=("lower it over nodes (gpus_per_node=G: a hierarchical plan of smaller phases)",))
 
 
 def _header_reads(schedule: Schedule):
