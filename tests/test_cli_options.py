@@ -63,7 +63,12 @@ def test_check_without_a_pinned_algorithm_is_unchanged(capsys):
 # ---- draw: sizes and widths ---------------------------------------------------------------
 
 @pytest.mark.parametrize("argv, message", [
-    (["--width", "100"], "argument --width: expected a width of at least 400 pixels, got 100"),
+    (["--width", "100"], "argument --width: expected a width of 400 to 100,000 pixels, got 100"),
+    # a page of 10^9 pixels was blank in a browser; a 400-digit count failed in float arithmetic
+    (["--width", "1000000000"], "argument --width: expected a width of 400 to 100,000 pixels, got 1000000000"),
+    (["--count", "1" + "0" * 400], "argument --count: expected at most 1,099,511,627,776 elements per chunk, got "
+                                   "10000000000000000000... (401 digits)"),
+    (["--bytes", "2048GiB"], "argument --bytes: expected a size of at most 1TiB, got '2048GiB'"),
     (["--width", "0"], "argument --width: expected a positive integer, got 0"),
     (["--count", "0"], "argument --count: expected a positive integer, got 0"),
     (["--count", "-3"], "argument --count: expected a positive integer, got -3"),

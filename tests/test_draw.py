@@ -623,3 +623,35 @@ def test_the_legend_of_many_chunks_is_linear():
     text = svg.render([panel(many), panel(["y", "x[0]"])])
     assert time.monotonic() - began < 10  # ~0.5 s; the list search took over a minute
     assert text.index(">x[59999]<") < text.index(">y<") and text.count(">x[0]<") == 1
+
+
+def test_fused_schedules_with_channels_are_drawn_and_their_epilogue_costed(tmp_path):
+    """An Epilogue step has no operation: the identical-channels check read it as a consume
+    (AttributeError, an internal error for every fused spec with --channels > 1), and the
+    timeline gave it the cost of a bare step (a sliver for a pass over the rows)."""
+    fused = EXAMPLES / "fused" / "allreduce_add_rmsnorm.pln"
+    for timeline in (False, True):
+        text = render(Request(fused, 4, overrides=(("channels", 2),), timeline=timeline), "svg")
+        assert text.count('class="step') > 0 and "epilogue" in text
+    from purlinc.draw.render import schedule_for
+
+    spec, schedule = schedule_for(fused, 4, (), {"channels": 2}, verify=False)
+    drawing = build(schedule)
+    times = schedule_times(schedule, drawing, CostModel(), chunk_bytes=65536)
+    epilogue = [box for lane in drawing.lanes for box in lane.steps if box.verb == "epilogue"]
+    reduce = [box for lane in drawing.lanes for box in lane.steps if box.verb == "reduce"]
+    span = lambda box: times.spans[box.key][1] - times.spans[box.key][0]  # noqa: E731
+    # out read and written, residual read and written: about as long as the reduce of 4 sources
+    assert epilogue and all(span(e) > 0.5 * span(reduce[0]) for e in epilogue)
+
+
+@pytest.mark.parametrize("request_args, message", [
+    ({"width": 10 ** 9}, "width=1000000000: expected 400 to 100,000 pixels"),
+    ({"count": 10 ** 30, "timeline": True}, "count=1000000000000000000000000000000: expected 1 to 1,099,511,627,776"),
+])
+def test_sizes_from_python_are_bounded_as_on_the_command_line(request_args, message):
+    from purlinc.errors import PurlinError
+
+    with pytest.raises(PurlinError) as caught:
+        render(Request(EXAMPLES / "allgather.pln", 2, **request_args), "svg")
+    assert caught.value.message.startswith(message)

@@ -81,6 +81,16 @@ def test_operand_errors(change, message):
     assert info.value.message == message
 
 
+def test_a_misaligned_output_is_refused():
+    """The epilogue moves out's rows in 16-byte vectors and has no scalar path: out 2 bytes off
+    (a view buf[1:]) passed validation, which checks the element size, and would fault."""
+    shape = CallShape(BF16, ReduceOp.SUM, 128, 0x10000, 0x20002)
+    with pytest.raises(ArgumentError) as info:
+        operand_words("fused", EPILOGUE, GOOD, shape, 128, 0, describe=lambda info: info)
+    assert info.value.message == ("fused: out at 0x20002 is not 16-byte aligned: an epilogue reads and writes its "
+                                  "rows as 16-byte vectors")
+
+
 def test_chunks_of_whole_rows():
     with pytest.raises(ArgumentError) as info:
         words(GOOD, count=96, out_numel=96)

@@ -5,15 +5,33 @@ from __future__ import annotations
 import argparse
 
 from purlinc.cli import common
-from purlinc.draw.defaults import DEFAULT_DTYPE, DEFAULT_WORLD_SIZE, MIN_WIDTH
+from purlinc.draw.defaults import DEFAULT_DTYPE, DEFAULT_WORLD_SIZE, MAX_TIMELINE_BYTES, MAX_WIDTH, MIN_WIDTH
 from purlinc.errors import PurlinError
 
 
 def width(text: str) -> int:
-    """--width: a timeline narrower than MIN_WIDTH has no room for its time axis."""
+    """--width: a timeline narrower than MIN_WIDTH has no room for its time axis; one wider
+    than MAX_WIDTH is a blank page in a browser."""
     value = common.positive(text)
-    if value < MIN_WIDTH:
-        raise argparse.ArgumentTypeError(f"expected a width of at least {MIN_WIDTH} pixels, got {value}")
+    if not MIN_WIDTH <= value <= MAX_WIDTH:
+        raise argparse.ArgumentTypeError(f"expected a width of {MIN_WIDTH} to {MAX_WIDTH:,} pixels, got {value}")
+    return value
+
+
+def timeline_bytes(text: str) -> int:
+    """--bytes: at most MAX_TIMELINE_BYTES."""
+    value = common.byte_size(text)
+    if value > MAX_TIMELINE_BYTES:
+        raise argparse.ArgumentTypeError(f"expected a size of at most 1TiB, got {text!r}")
+    return value
+
+
+def timeline_count(text: str) -> int:
+    """--count: elements per chunk, at most MAX_TIMELINE_BYTES of them."""
+    value = common.positive(text)
+    if value > MAX_TIMELINE_BYTES:
+        shown = text if len(text) <= 24 else f"{text[:20]}... ({len(text)} digits)"
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_TIMELINE_BYTES:,} elements per chunk, got {shown}")
     return value
 
 
@@ -37,9 +55,9 @@ def add_parser(commands) -> None:
     parser.add_argument("--compare", default=None, metavar="A,B",
                         help="algorithms to draw one above the other on one time axis, e.g. ring,direct-push")
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--bytes", dest="nbytes", type=common.byte_size, default=None, metavar="SIZE",
+    size.add_argument("--bytes", dest="nbytes", type=timeline_bytes, default=None, metavar="SIZE",
                       help="message size for the timeline: the larger of one rank's input and output (default 64KiB)")
-    size.add_argument("--count", type=common.positive, default=None,
+    size.add_argument("--count", type=timeline_count, default=None,
                       help="elements per chunk for the timeline (instead of --bytes)")
     parser.add_argument("--dtype", default=None, help=f"element type for the timeline (default {DEFAULT_DTYPE})")
     parser.add_argument("--all-channels", action="store_true", help="draw every channel even when they are identical")

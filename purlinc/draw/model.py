@@ -185,6 +185,8 @@ def _canonical(schedule: Schedule, rank: int, channel: int) -> tuple:
             out.append(("stage", reg(step.src), reg(step.dst), sig(step.signal), step.k))
         elif isinstance(step, (Notify, Wait)):
             out.append((type(step).__name__, sig(step.signal), step.k))
+        elif isinstance(step, Epilogue):  # it has no operation: read as a consume, every fused spec failed
+            out.append(("epilogue", reg(step.region)))
         else:
             out.append(("consume", step.operation.value, tuple(reg(s) for s in step.srcs), reg(step.dst)))
     return tuple(out)

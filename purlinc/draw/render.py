@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from purlinc.draw import html, svg
-from purlinc.draw.defaults import DEFAULT_DTYPE, DEFAULT_WORLD_SIZE, MAX_BOXES
+from purlinc.draw.defaults import DEFAULT_DTYPE, DEFAULT_WORLD_SIZE, MAX_BOXES, MAX_TIMELINE_BYTES, MAX_WIDTH, MIN_WIDTH
 from purlinc.draw.model import build, refuse_large
 from purlinc.draw.timeline import CostModel, chunk_bytes_for, schedule_times
 from purlinc.errors import PurlinError
@@ -191,7 +191,17 @@ def _refuse_too_big(panels: list[svg.Panel]) -> None:
                           notes=(_DRAW_LESS,))
 
 
+def _check_sizes(request: Request) -> None:
+    """The limits the command line's parser applies, for a Request made in Python too."""
+    if request.width is not None and not MIN_WIDTH <= request.width <= MAX_WIDTH:
+        raise PurlinError(f"width={request.width}: expected {MIN_WIDTH} to {MAX_WIDTH:,} pixels")
+    for name, value in (("nbytes", request.nbytes), ("count", request.count)):
+        if value is not None and not 1 <= value <= MAX_TIMELINE_BYTES:
+            raise PurlinError(f"{name}={value}: expected 1 to {MAX_TIMELINE_BYTES:,} (a 1 TiB message at most)")
+
+
 def render(request: Request, fmt: str) -> str:
+    _check_sizes(request)
     panels = panels_for(request)
     _refuse_too_big(panels)
     text = svg.render(panels, width=request.width)

@@ -112,7 +112,15 @@ def _box_label(box: StepBox, w: float) -> list[str]:
     if box.peer is not None and box.verb != "wait":
         what = f"{box.chunk}>r{box.peer}" if box.chunk else f"r{box.peer}.sig[{box.signal.index}]" if box.signal else what
     rows = [_SHORT[box.verb], what, f"L{box.line}" if box.line is not None else ""]
-    return [r[:chars] for r in rows if r]
+    return [_fit(r, chars) for r in rows if r]
+
+
+def _fit(text: str, chars: int) -> str:
+    """``text`` in ``chars`` characters, a cut one ending in an ellipsis: cut bare, x[0][3]
+    read "x[0]", the name of another chunk."""
+    if len(text) <= chars:
+        return text
+    return text[:chars - 1] + "\u2026" if chars > 1 else "\u2026"
 
 
 def _render_panel(panel: Panel, y0: float, scale: Scale, colours: dict, parts: list[str]) -> tuple[float, dict]:

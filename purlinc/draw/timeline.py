@@ -29,7 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from purlinc.draw.model import Drawing
-from purlinc.snac.ir import Consume, Notify, Schedule, Stage
+from purlinc.frontend.ast import OperandKind
+from purlinc.snac.ir import Consume, Epilogue, Notify, Schedule, Stage
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,15 @@ class Times:
     spans: dict  # (rank, channel, index) -> (start, end)
     total: float
     notes: tuple[str, ...] = ()
+
+
+def _epilogue_bytes(schedule: Schedule, slice_bytes: float) -> float:
+    """Local bytes one Epilogue step moves over an OUT slice: the slice read and written, and
+    each ``rows`` operand read and, where the epilogue assigns it, written (the ``row`` and
+    ``scalar`` operands are one row or a word: left out).  As a separate pass: the kernel fuses
+    it into the reduce before it where it can, which saves out's read and write."""
+    rows = [o for o in schedule.epilogue.operands if o.kind is OperandKind.ROWS] if schedule.epilogue else []
+    return slice_bytes * (2 + sum(2 if o.written else 1 for o in rows))
 
 
 def _durations(schedule: Schedule, drawing: Drawing, model: CostModel | None, chunk_bytes: int):
@@ -79,6 +89,8 @@ def _durations(schedule: Schedule, drawing: Drawing, model: CostModel | None, ch
                 remote = sum(1 for s in srcs if s.rank != lane.rank)
                 local_bytes = (len(srcs) - remote + 1) * slice_bytes  # local reads + the write
                 cost += remote * slice_bytes / link + local_bytes / local
+            elif isinstance(step, Epilogue):
+                cost += _epilogue_bytes(schedule, slice_bytes) / local
             elif isinstance(step, Notify):
                 cost += model.notify_us
             out[box.key] = cost

@@ -39,7 +39,8 @@ def check_rows(name: str, epilogue: Epilogue, count: int) -> None:
 def operand_words(name: str, epilogue: Epilogue, operands: Mapping[str, object], shape: CallShape,
                   out_numel: int, device: int, buffers: tuple[tuple[int, int], ...] = (),
                   describe=describe) -> tuple[int, ...]:
-    """The kernel's words for ``operands`` (by name), after checking each: present, known,
+    """The kernel's words for ``operands`` (by name), after checking each (and that the call's
+    ``out`` is 16-byte aligned, as the epilogue's vectors need): present, known,
     on ``device``, the expected dtype and element count, contiguous, 16-byte aligned, and not
     overlapping the call's buffers (``buffers``: (pointer, bytes)) or a written operand.
     ``describe`` reads a tensor's ``ArrayInfo`` (``interop.describe``)."""
@@ -48,6 +49,12 @@ def operand_words(name: str, epilogue: Epilogue, operands: Mapping[str, object],
         declared = ", ".join(o.name for o in epilogue.operands)
         raise _err(f"{name}: unknown operand {unknown[0]!r}; the epilogue takes {declared}")
     check_rows(name, epilogue, shape.count)
+    if shape.out_ptr % FAST_ALIGN:
+        # The epilogue reads and writes out's rows as 16-byte vectors (epilogue_rows.cuh.j2),
+        # with no scalar path: a misaligned out would fault the kernel (and the context).
+        raise _err(f"{name}: out at {shape.out_ptr:#x} is not {FAST_ALIGN}-byte aligned: an epilogue reads and "
+                   f"writes its rows as {FAST_ALIGN}-byte vectors",
+                   "pass an aligned tensor (a fresh one: torch's allocator aligns to 512 bytes), not a view at an offset")
     words, extents = [], []
     for operand in epilogue.operands:
         if operand.name not in operands or operands[operand.name] is None:
