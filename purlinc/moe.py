@@ -80,6 +80,12 @@ def _tensors(where: str, named, device) -> None:
         if t.device != device:
             raise ArgumentError(f"{where}: {label} is on {t.device}, expected {device} (the device of this "
                                 "Dispatcher's buffers)")
+        if t.requires_grad and torch.is_grad_enabled():
+            # The exchange has no backward: the result came out detached, while the persistent
+            # send buffer joined the graph and kept the input alive between steps.
+            raise ArgumentError(f"{where}: {label} requires grad, but dispatch and combine have no gradient; "
+                                "expected a tensor without one (run the step under torch.no_grad(), or pass "
+                                f"{label}.detach())")
 
 
 def _check_shape(rank, world_size, num_experts, hidden, top_k, max_tokens, dtype) -> None:

@@ -200,3 +200,22 @@ def test_expert_ids_out_of_range_are_refused_on_the_host():
         with pytest.raises(ArgumentError, match=message):
             d.dispatch(x, ids, w)
     assert int(d.counts.sum()) == 0  # nothing routed
+
+
+def test_inputs_that_require_grad_are_refused():
+    """The exchange has no backward: combine's result came out without grad, and the
+    persistent send buffer joined the autograd graph (keeping x alive between steps).  Under
+    no_grad the same tensors are fine."""
+    d = moe.Dispatcher(Coll(World(moe.SOURCE, 1), 0, 1 << 20), rank=0, world_size=1, num_experts=4, hidden=8,
+                       top_k=2, max_tokens=4)
+    x, ids, w = torch.ones(3, 8, dtype=torch.bfloat16), torch.tensor([[0, 1], [2, 3], [1, 2]]), torch.ones(3, 2)
+    for args, label in (((x.clone().requires_grad_(), ids, w), "x"), ((x, ids, w.clone().requires_grad_()), "topk_weights")):
+        with pytest.raises(ArgumentError, match=rf"dispatch: {label} requires grad, but dispatch and combine have no "
+                                                 rf"gradient"):
+            d.dispatch(*args)
+        assert not d.send.requires_grad
+    with torch.no_grad():
+        got = d.dispatch(x.clone().requires_grad_(), ids, w)
+    partial = got.tokens.contiguous().clone().requires_grad_()
+    with pytest.raises(ArgumentError, match="combine: partial requires grad"):
+        d.combine(partial)
