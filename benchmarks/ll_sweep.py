@@ -1,6 +1,8 @@
 """One-shot kernels: CUDA-graph time per call against algorithm, block size, channels and slices.
 
     python3 benchmarks/ll_sweep.py --out DIR        (one process, every visible GPU a rank)
+    python3 benchmarks/ll_sweep.py --out DIR --loopback 8 --messages 16,1000
+                                                    (8 ranks on cuda:0: code-generation A/B only)
 
 For each collective and size, each algorithm (``--algorithms``: direct-push by default, or
 direct-pull), each block size (the code generator's ``THREADS_PACKED``
@@ -39,9 +41,9 @@ from _graph_timing import capture, checked_call, replay_us, spread, write_result
 EXAMPLES = ROOT / "examples"
 
 
-def per_call_us(coll, xs, outs, devices, calls: int, reps: int) -> list[float]:
-    graphs = capture(coll, xs, outs, devices, calls)
-    return [replay_us(graphs, devices, calls) for _ in range(reps)]
+def per_call_us(coll, xs, outs, devices, calls: int, reps: int, streams=None) -> list[float]:
+    graphs = capture(coll, xs, outs, devices, calls, streams)
+    return [replay_us(graphs, devices, calls, streams) for _ in range(reps)]
 
 
 def main() -> int:
@@ -59,43 +61,52 @@ def main() -> int:
     ap.add_argument("--slices", default="1", help="comma-separated slices per channel")
     ap.add_argument("--inline-loops", default=str(limits.LL_INLINE_LOOPS),
                     help="comma-separated values of limits.LL_INLINE_LOOPS (0: receive loops out of line)")
+    ap.add_argument("--messages", default=str(limits.LL_SEND_MESSAGES),
+                    help="comma-separated values of limits.LL_SEND_MESSAGES (messages per fused send loop)")
+    ap.add_argument("--loopback", type=int, default=0,
+                    help="R > 0: R ranks on cuda:0 (a loopback group, one stream each): compares generated code "
+                         "on one GPU, says nothing of NVLink")
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--reps", type=int, default=7)
     args = ap.parse_args()
-    devices = list(range(torch.cuda.device_count()))
-    group = purlinc.LocalGroup(devices)
+    devices = [0] * args.loopback if args.loopback else list(range(torch.cuda.device_count()))
+    group = purlinc.LocalGroup(devices, share_devices=bool(args.loopback))
+    streams = [torch.cuda.Stream(device=d) for d in devices] if args.loopback else None
     rng = np.random.default_rng(11)
     dtype = DType.BFLOAT16
     rows = []
     for name in args.collectives.split(","):
-        for algorithm, packed, threads, channels, slices, inline in (
-                (a, bool(p), t, c, s, i) for a in args.algorithms.split(",") for p in map(int, args.packed.split(","))
+        for algorithm, packed, threads, channels, slices, inline, messages in (
+                (a, bool(p), t, c, s, i, m) for a in args.algorithms.split(",") for p in map(int, args.packed.split(","))
                 for t in map(int, args.threads.split(",")) for c in map(int, args.channels.split(","))
-                for s in map(int, args.slices.split(",")) for i in map(int, args.inline_loops.split(","))):
+                for s in map(int, args.slices.split(",")) for i in map(int, args.inline_loops.split(","))
+                for m in map(int, args.messages.split(","))):
             if packed:
                 limits.THREADS_PACKED = threads
             else:
                 limits.THREADS = threads
             limits.LL_INLINE_LOOPS = inline
+            limits.LL_SEND_MESSAGES = messages
             coll = purlinc.load(EXAMPLES / f"{name}.pln", group, algorithm=algorithm, packed=packed,
                                 channels=channels, slices=slices)
             try:
                 for nbytes in map(int, args.bytes.split(",")):
-                    xs, outs, ok = checked_call(coll, nbytes, dtype, rng, devices)
-                    times = per_call_us(coll, xs, outs, devices, args.calls, args.reps)
+                    xs, outs, ok = checked_call(coll, nbytes, dtype, rng, devices, streams)
+                    times = per_call_us(coll, xs, outs, devices, args.calls, args.reps, streams)
+                    _, _, still_ok = checked_call(coll, nbytes, dtype, rng, devices, streams)
                     row = {"collective": name, "bytes": nbytes, "algorithm": algorithm, "packed": packed,
                            "threads": threads, "channels": channels, "slices": slices, "inline_loops": inline,
-                           **spread(times), "checked": ok}
+                           "send_messages": messages, **spread(times), "checked": ok and still_ok}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
             finally:
                 coll.close()
     meta = {"gpus": [torch.cuda.get_device_name(r) for r in devices], "calls_per_graph": args.calls,
-            "reps": args.reps, "dtype": dtype.value}
+            "reps": args.reps, "dtype": dtype.value, "loopback": args.loopback}
     write_results(args.out, "ll_sweep", meta, rows, [
         ("collective", "collective"), ("bytes", "bytes"), ("algorithm", "algorithm"), ("packed", "packed"),
         ("threads", "threads"), ("channels", "channels"), ("slices", "slices"),
-        ("inline loops", "inline_loops"), ("median us", "median_us"), ("range us", "range"), ("checked", "checked")])
+        ("inline loops", "inline_loops"), ("send messages", "send_messages"), ("median us", "median_us"), ("range us", "range"), ("checked", "checked")])
     return 0 if all(r["checked"] for r in rows) else 1
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from purlinc import pipeline
 from purlinc.cli import main
+from purlinc.errors import PurlinError
 from purlinc.frontend.ast import Operation
 from purlinc.frontend.evaluate import evaluate
 from purlinc.snac.hiercheck import simulate_plan, verify_plan
@@ -479,3 +480,19 @@ def test_plan_drawing_title_fits_a_long_name(repo_dir):
     title = texts[0]
     assert title[4].startswith("a" * 64 + ": 1 node x 4 GPUs (R=4)")
     assert _extent(title[0], title[1], title[3], title[4])[1] <= width
+
+
+def test_a_plan_too_large_to_make_is_refused_first(repo_dir, monkeypatch):
+    """Planning walks the reads per node: an all-reduce at R=512 took 150 s and 7.7 GB before
+    anything was drawn or dumped.  Past the bound it is refused before any planning."""
+    import purlinc.snac.hierplan as hierplan
+
+    spec = _spec(repo_dir, "allreduce", 8)
+    reads = 8 ** 3
+    monkeypatch.setattr(hierplan, "MAX_PLAN_READS", reads)
+    plan_hierarchical(spec, 2)  # at the bound: planned
+    monkeypatch.setattr(hierplan, "MAX_PLAN_READS", reads - 1)
+    with pytest.raises(PurlinError) as caught:
+        plan_hierarchical(spec, 2)
+    assert caught.value.message == ("allreduce for R=8 reads 512 chunks across its ranks' outputs, more than a "
+                                    "hierarchical plan covers (511)")

@@ -298,8 +298,12 @@ def test_ll_receive_loops_split_by_shape_size_and_hazard():
     assert "for (unsigned t = 0; t < 8; ++t)" in body
     # One receive loop in the module (all ranks share the body): inlined.
     assert "__device__ __forceinline__ int purlin_ll_consume(" in kernel.source
-    # ... and its 56 packed stages are one send loop over its 8 inputs (each loaded once).
-    assert body.count("purlin_ll_put<Geo>(") == 56 and body.count("purlin_ll_take<Geo>(") == 8 * 2
+    # ... and its 56 packed stages are send loops of at most 16 messages (limits.LL_SEND_MESSAGES:
+    # one loop of 56 held 255 registers and spilled), each over the 8 inputs; the two middle
+    # loops have one shape, so they are one loop over the table's rows.
+    loops = re.findall(r"// steps above: one loop, (\d+) messages from 8 source\(s\)", body)
+    assert list(map(int, loops)) == [16, 16, 16, 8]
+    assert body.count("purlin_ll_put<Geo>(") == 16 + 16 + 8 and body.count("while (8 * i0 < most)") == 3
     # R=4 all-gather: 3 copies of one source -> one loop.
     _, gather = _kernel("allgather", 4)
     body = _body(gather.source, 0)

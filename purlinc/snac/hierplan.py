@@ -283,9 +283,21 @@ def _copy_plan(b: _Builder) -> None:
     b.intra("mid", OUT, Operation.COPY, specs, "scatter")
 
 
+# Chunk reads (every output chunk's sources over every rank) a plan may cover: planning and its
+# check walk them per node, so their cost grows faster than the reads (all-reduce, R^3 reads:
+# R=128 3 s, R=256 8 s, R=512 150 s and 7.7 GB).  2^24 admits all-reduce to R=256.
+MAX_PLAN_READS = 1 << 24
+
+
 def _check_plannable(spec: Spec) -> None:
     """What the phases cannot express yet: an epilogue (no phase applies it, so the plan would
-    drop it) and run-time sizes (the NCCL phases move fixed-size chunks)."""
+    drop it) and run-time sizes (the NCCL phases move fixed-size chunks); and a plan too large
+    to make in reasonable time."""
+    reads = sum(len(slots) for outputs in spec.sources for slots in outputs)
+    if reads > MAX_PLAN_READS:
+        raise PurlinError(f"{spec.name} for R={spec.world_size} reads {reads:,} chunks across its ranks' outputs, "
+                          f"more than a hierarchical plan covers ({MAX_PLAN_READS:,})",
+                          notes=("plan it for fewer ranks",))
     if spec.epilogue is not None:
         raise PurlinError(f"{spec.name}: a hierarchical plan (gpus_per_node) cannot apply an epilogue yet",
                           spec.epilogue.span, ("run it on one node's communicator (a flat collective) instead",))

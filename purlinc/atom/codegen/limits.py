@@ -11,6 +11,10 @@ MAX_COPY_DSTS = 8  # destinations of one multi-destination copy (a pointer each,
 
 LL_BATCH_SOURCES = 8  # sources per receive loop (C consumes x N sources): 4 registers each per packet in flight
 LL_SEND_SOURCES = 8  # distinct sources per fused send loop: 2 registers each per packet in flight
+# Messages per fused send loop: each keeps its destination and flag live across the loop (three
+# registers).  The R=8 LL all-reduce put 56 in one loop: 255 registers and 220-304 bytes of
+# spills on sm_90 (548 on sm_80), on the small-message path.
+LL_SEND_MESSAGES = 16
 LL_IN_FLIGHT = 4  # packets per thread a send or receive loop keeps in flight (its unroll: this / sources)
 # A module with at most this many receive loops (call sites in its bodies, a loop over rows
 # counted once) inlines purlin_ll_consume: the loop's arguments then stay in registers instead

@@ -135,7 +135,8 @@ def _send_group(out: list[dict], last: dict | None, block: dict) -> dict:
     if last is not None:
         known = src in last["source_of"]
         if (src in last["writes"] or dst in last["reads"] or dst in last["writes"]
-                or (not known and len(last["sources"]) == limits.LL_SEND_SOURCES)):
+                or (not known and len(last["sources"]) == limits.LL_SEND_SOURCES)
+                or len(last["messages"]) == limits.LL_SEND_MESSAGES):
             last = None
     if last is None:
         last = {"kind": "ll_sends", "comments": [], "sources": [], "messages": [], "copies": [],
@@ -162,7 +163,8 @@ def fuse_sends(blocks: list[dict]) -> list[dict]:
     """Adjacent packed stages (no barrier between them) as one loop: every thread loads the
     data of all its packets -- each distinct source once -- before it stores any, so no
     message's load waits behind another's store.  A stage that reads what the loop writes,
-    or would take it past ``LL_SEND_SOURCES`` sources, starts a new loop."""
+    or would take it past ``LL_SEND_SOURCES`` sources or ``LL_SEND_MESSAGES`` messages,
+    starts a new loop."""
     out: list[dict] = []
     for block in blocks:
         last = out[-1] if out and out[-1]["kind"] == "ll_sends" else None
