@@ -141,6 +141,14 @@ def test_operand_errors_name_the_operand():
             coll(x, streams=streams, residual=res, weight=bad, eps=1e-6)
         with pytest.raises(ArgumentError, match="missing operand 'eps'"):
             coll(x, streams=streams, residual=res, weight=[w.to(torch.bfloat16) for w in bad])
+        # out 2 bytes off a 16-byte boundary: the epilogue's vectors would fault the context
+        weight = [w.to(torch.bfloat16) for w in bad]
+        outs = [torch.empty(HIDDEN + 8, device=f"cuda:{DEVICE}", dtype=torch.bfloat16)[1:1 + HIDDEN] for _ in range(2)]
+        with pytest.raises(ArgumentError, match=r"out at 0x[0-9a-f]+ is not 16-byte aligned"):
+            coll(x, outs, streams=streams, residual=res, weight=weight, eps=1e-6)
+        got = coll(x, streams=streams, residual=res, weight=weight, eps=1e-6)  # the group still works after
+        torch.cuda.synchronize(DEVICE)
+        assert all(g.isfinite().all() for g in got)
 
 
 FP8 = EXAMPLES / "fused" / "allreduce_add_rmsnorm_fp8.pln"
