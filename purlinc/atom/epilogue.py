@@ -34,6 +34,10 @@ VECTORS_PER_THREAD = 2  # a row's 16-byte vectors per thread (loads in flight pe
 # a thread's vectors; with 4 vectors at R=2, or 2 at R=3 and more, they no longer fit in the
 # registers beside the operands' (ptxas spilled to local memory).
 FEW_SOURCES = 2
+# Sources x vectors a thread of a fused reduce loads at once (16 bytes, four registers each);
+# more are loaded and combined vector by vector: 8 sources x 4 vectors (R=8, rows of 16,384
+# bf16 over 512 threads) took 128 registers for them alone and spilled 400 bytes.
+SOURCE_VECTORS = 16
 _OPS = {ast.FloatOp.ADD: "__fadd_rn", ast.FloatOp.SUB: "__fsub_rn", ast.FloatOp.MUL: "__fmul_rn",
         ast.FloatOp.DIV: "__fdiv_rn"}
 
@@ -199,6 +203,7 @@ def template_values(epilogue: Epilogue, dtype: DType, threads: int, sources: int
         "row": epilogue.row,
         "vec": VECTOR_BYTES // dtype.itemsize,
         "row_vectors": epilogue.row * dtype.itemsize // VECTOR_BYTES,
+        "source_vectors": SOURCE_VECTORS,
         **row_layouts(epilogue.row * dtype.itemsize // VECTOR_BYTES, threads, sources),
         "itemsize": dtype.itemsize,
         "buffers": [vars_(b) for b in buffers],

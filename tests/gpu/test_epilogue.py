@@ -23,33 +23,33 @@ SCHEDULES = (("direct-push", True, 1, 1), ("direct-push", False, 4, 2), ("direct
              ("two-shot", False, 2, 1), ("ring", False, 1, 2))
 
 
-def _reference(xs, residual, weight, eps):
+def _reference(xs, residual, weight, eps, hidden=HIDDEN):
     reduced = torch.stack([x.float() for x in xs]).sum(0).to(torch.bfloat16).float()
-    h = (reduced + residual.float()).view(-1, HIDDEN)
+    h = (reduced + residual.float()).view(-1, hidden)
     y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
     return y.to(torch.bfloat16).view(-1), h.to(torch.bfloat16).view(-1)
 
 
-def _data(world: int, rows: int, gen):
+def _data(world: int, rows: int, gen, hidden=HIDDEN):
     """Fresh bf16 inputs, residuals and weights (1 + 0.1 N(0, 1)) of ``rows`` rows, per rank."""
-    n, dev = rows * HIDDEN, f"cuda:{DEVICE}"
+    n, dev = rows * hidden, f"cuda:{DEVICE}"
     xs = [torch.randn(n, device=dev, generator=gen).to(torch.bfloat16) for _ in range(world)]
     res = [torch.randn(n, device=dev, generator=gen).to(torch.bfloat16) for _ in range(world)]
-    weight = [(1 + 0.1 * torch.randn(HIDDEN, device=dev, generator=gen)).to(torch.bfloat16) for _ in range(world)]
+    weight = [(1 + 0.1 * torch.randn(hidden, device=dev, generator=gen)).to(torch.bfloat16) for _ in range(world)]
     return xs, res, weight
 
 
-def _run_and_check(coll, streams, world: int, rows: int, gen, label: str, hops: int = 1) -> None:
+def _run_and_check(coll, streams, world: int, rows: int, gen, label: str, hops: int = 1, hidden=HIDDEN) -> None:
     """One call of the fused collective on fresh data (outputs poisoned with NaN), every rank's
     out and residual against the reference.  The residual h is the same bf16 sum up to the
     reduction's order (one bf16 rounding; a ring rounds at each of its ``hops``); out is h's
     rounding scaled by weight / rms, plus the rsqrt and the mean's order."""
-    xs, res, weight = _data(world, rows, gen)
+    xs, res, weight = _data(world, rows, gen, hidden)
     before = [r.clone() for r in res]
     outs = [torch.full_like(x, float("nan")) for x in xs]
     _call(coll, streams, xs, outs, residual=res, weight=weight, eps=1e-6)
     for rank in range(world):
-        y, h = _reference(xs, before[rank], weight[rank], 1e-6)
+        y, h = _reference(xs, before[rank], weight[rank], 1e-6, hidden)
         msg = f"{label} rank {rank}"
         torch.testing.assert_close(res[rank].float(), h.float(), rtol=2**-7, atol=hops * 2**-6, msg=msg)
         torch.testing.assert_close(outs[rank].float(), y.float(), rtol=2**-6, atol=hops * 2**-5, msg=msg)
@@ -93,6 +93,19 @@ def test_fused_allreduce_add_rmsnorm(world, schedule):
                            hops=world - 1 if schedule[0] == "ring" else 1)
 
 
+@pytest.mark.parametrize("world, hidden", [(5, 16384), (8, 16384), (8, 8192), (3, 16384)],
+                         ids=["R5-16384", "R8-16384", "R8-8192", "R3-16384"])
+@pytest.mark.parametrize("schedule", SCHEDULES[:2], ids=["dp-ll", "dp"])
+def test_long_rows_at_many_ranks(world, hidden, schedule):
+    """Rows longer than one vector per thread at many sources: each vector's sources are loaded
+    and combined in turn where all of them at once would not fit in registers (R=8 rows of
+    16,384 bf16 spilled 400 bytes), at once below that (R=8 x 8,192, R=3 x 16,384)."""
+    with _loopback(SPEC, world, world, params={"hidden": hidden}, **_pinned(schedule)) as (coll, streams, gen):
+        for call, rows in enumerate((1, 5)):
+            _run_and_check(coll, streams, world, rows, gen, f"R={world} hidden={hidden} {schedule} call {call}",
+                           hidden=hidden)
+
+
 @pytest.mark.parametrize("world", (2, 4), ids=["R2", "R4"])
 def test_default_schedule_for_every_row_count(world):
     """A plain load (no options): each call runs the bucket its rows fall in (tuning.epilogue_model:
@@ -118,7 +131,7 @@ def test_nan_and_inf_rows(world, schedule):
         outs = [torch.zeros_like(x) for x in xs]
         _call(coll, streams, xs, outs, residual=res, weight=weight, eps=1e-6)
         for rank in range(world):
-            y, h = _reference(xs, before[rank], weight[rank], 1e-6)
+            y, h = _reference(xs, before[rank], weight[rank], 1e-6, hidden)
             label = f"R={world} {schedule} rank {rank}"
             for got, want, name in ((res[rank], h, "h"), (outs[rank], y, "out")):
                 assert torch.equal(got.isnan(), want.isnan()), f"{label}: {name}'s NaNs at other places"
