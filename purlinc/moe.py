@@ -120,8 +120,57 @@ def _check_capacity(coll, hidden: int, top_k: int, max_tokens: int, dtype) -> No
                             notes=("load it with capacity=moe.capacity_for(...), or use moe.dispatchers",))
 
 
+def _same_group(coll, rank: int, world_size: int) -> None:
+    """``rank`` and ``world_size`` are the loaded collective's own (where it says): a Dispatcher
+    told another rank would route as that rank and receive as this one."""
+    comm = getattr(coll, "comm", None)
+    own_rank, own_world = getattr(coll, "rank", rank), getattr(comm, "world_size", world_size)
+    if (own_rank, own_world) != (rank, world_size):
+        raise ArgumentError(f"Dispatcher: rank={rank}, world_size={world_size}, but the collective is rank {own_rank} "
+                            f"of {own_world}")
+
+
+def _agree(coll, sizes: dict) -> None:
+    """Under torchrun, every rank's sizes are the same (a host-side exchange, once per
+    Dispatcher): a rank built with a larger ``max_tokens`` or another ``hidden`` or ``top_k``
+    would send rows its peers' buffers do not hold, and the exchange would report that only on
+    the GPU, a step later, as a SizeError.  Ranks of a LocalGroup live in one process, where
+    ``dispatchers`` builds them all from one set of sizes; a stand-in without a communicator
+    agrees with itself."""
+    comm = getattr(coll, "comm", None)
+    if comm is None or getattr(comm, "local_group", None) is not None or not hasattr(comm, "allgather"):
+        return
+    from purlinc.runtime.communicator import check_exchange
+    from purlinc.runtime.errors import MismatchError
+
+    everyone = check_exchange(comm, ("moe-dispatcher", sorted(sizes.items())), lambda error: MismatchError(
+        f"Dispatcher: rank {comm.rank} was built, but a peer did not join the exchange of its sizes "
+        f"({type(error).__name__})", notes=("build the Dispatcher on every rank",)))
+    problem = disagreement(sizes, everyone)
+    if problem:
+        raise MismatchError(f"Dispatcher: the ranks disagree on {problem}", notes=(
+            "build every rank's Dispatcher with the same num_experts, hidden, top_k, max_tokens and dtype",))
+
+
+def disagreement(sizes: dict, everyone: list) -> str | None:
+    """The first of ``sizes`` on which the ranks' entries (``("moe-dispatcher", items)``)
+    differ, in words; None when they agree."""
+    peers = []
+    for rank, entry in enumerate(everyone):
+        if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and entry[0] == "moe-dispatcher"):
+            return f"what they were doing: rank {rank} was in another exchange ({entry!r:.80})"
+        peers.append(dict(entry[1]))
+    for name in sizes:
+        values = [p.get(name) for p in peers]
+        if len(set(values)) > 1:
+            shown = ", ".join(f"rank {r} {v}" for r, v in enumerate(values))
+            return f"{name}: {shown}"
+    return None
+
+
 class Dispatcher:
-    """One rank's dispatch and combine; every buffer is allocated here, once.
+    """One rank's dispatch and combine; every buffer is allocated here, once.  Under torchrun
+    every rank builds its own, with the same sizes (checked: a host-side exchange).
 
     ``topk_ids`` must hold expert ids in [0, num_experts).  Ids on the host (a CPU tensor) are
     checked; ids on the GPU are not (a check would synchronise the host with the device, and a
@@ -131,6 +180,9 @@ class Dispatcher:
                  max_tokens: int, dtype: torch.dtype = torch.bfloat16, device=None):
         _check_shape(rank, world_size, num_experts, hidden, top_k, max_tokens, dtype)
         _check_capacity(coll, hidden, top_k, max_tokens, dtype)
+        _same_group(coll, rank, world_size)
+        _agree(coll, {"world_size": world_size, "num_experts": num_experts, "hidden": hidden, "top_k": top_k,
+                      "max_tokens": max_tokens, "dtype": str(dtype).removeprefix("torch.")})
         self.coll, self.rank, self.world_size = coll, rank, world_size
         self.num_experts, self.local_experts = num_experts, num_experts // world_size
         self.hidden, self.top_k, self.max_tokens, self.dtype = hidden, top_k, max_tokens, dtype

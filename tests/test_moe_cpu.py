@@ -219,3 +219,75 @@ def test_inputs_that_require_grad_are_refused():
     partial = got.tokens.contiguous().clone().requires_grad_()
     with pytest.raises(ArgumentError, match="combine: partial requires grad"):
         d.combine(partial)
+
+
+class _HostComm:
+    """One rank of a torchrun communicator's host side: ``allgather`` through a barrier."""
+
+    def __init__(self, rank, world_size, board, barrier):
+        self.rank, self.world_size, self.local_group = rank, world_size, None
+        self._board, self._barrier = board, barrier
+
+    def allgather(self, obj):
+        self._board[self.rank] = obj
+        self._barrier.wait()
+        seen = list(self._board)
+        self._barrier.wait()
+        return seen
+
+
+class _RankColl(Coll):
+    def __init__(self, world, rank, capacity, comm):
+        super().__init__(world, rank, capacity)
+        self.comm = comm
+
+
+def _build_on_threads(R, sizes_of):
+    """Every rank's Dispatcher built on its own thread with ``sizes_of(rank)``; returns each
+    rank's Dispatcher or the error its construction raised."""
+    import threading
+
+    from rank_threads import on_threads
+
+    world, board, barrier = World(moe.SOURCE, R), [None] * R, threading.Barrier(R, timeout=30)
+
+    def build(rank):
+        comm = _HostComm(rank, R, board, barrier)
+        try:
+            return moe.Dispatcher(_RankColl(world, rank, 1 << 40, comm), rank=rank, world_size=R, **sizes_of(rank))
+        except Exception as error:  # noqa: BLE001 - every rank's outcome is the result
+            return error
+    return on_threads(R, build, barrier.abort)
+
+
+SIZES = dict(num_experts=12, hidden=16, top_k=2, max_tokens=4)  # 12 experts split over 2 or 3 ranks
+
+
+@pytest.mark.parametrize("field, other", [("max_tokens", 8), ("hidden", 32), ("top_k", 4), ("num_experts", 24),
+                                          ("dtype", torch.float32)])
+def test_ranks_built_with_other_sizes_are_refused_on_every_rank(field, other):
+    """Under torchrun a rank whose Dispatcher has other sizes would send rows its peers'
+    buffers do not hold: every rank's construction raises, naming the field and each rank's value."""
+    from purlinc.runtime.errors import MismatchError
+
+    mine = str(SIZES.get(field, "bfloat16"))
+    theirs = str(other).removeprefix("torch.")
+    outcomes = _build_on_threads(3, lambda rank: dict(SIZES, **{field: other}) if rank == 2 else SIZES)
+    for rank, outcome in enumerate(outcomes):
+        assert isinstance(outcome, MismatchError), f"rank {rank}: {outcome!r}"
+        assert (f"Dispatcher: the ranks disagree on {field}: rank 0 {mine}, rank 1 {mine}, rank 2 {theirs}"
+                in str(outcome))
+
+
+def test_ranks_built_with_the_same_sizes_agree():
+    outcomes = _build_on_threads(2, lambda rank: SIZES)
+    assert all(isinstance(d, moe.Dispatcher) for d in outcomes), outcomes
+
+
+def test_a_rank_or_world_size_other_than_the_collectives_is_refused():
+    comm = _HostComm(1, 2, [None, None], None)
+    coll = _RankColl(World(moe.SOURCE, 2), 1, 1 << 40, comm)
+    with pytest.raises(ArgumentError, match=r"Dispatcher: rank=0, world_size=2, but the collective is rank 1 of 2"):
+        moe.Dispatcher(coll, rank=0, world_size=2, **SIZES)
+    with pytest.raises(ArgumentError, match=r"Dispatcher: rank=1, world_size=4, but the collective is rank 1 of 2"):
+        moe.Dispatcher(coll, rank=1, world_size=4, **SIZES)
