@@ -74,6 +74,10 @@ def test_check_without_a_pinned_algorithm_is_unchanged(capsys):
     (["--count", "-3"], "argument --count: expected a positive integer, got -3"),
     (["--bytes", "0"], "argument --bytes: expected a size of at least 1 byte, got '0'"),
     (["--bytes", "1MiB", "--count", "10"], "argument --count: not allowed with argument --bytes"),
+    (["--bytes", "2TiB"], "argument --bytes: expected a size of at most 1TiB, got '2TiB'"),
+    # 2^40 elements per chunk is within --count's own bound, but two chunks of bfloat16 make 4 TiB
+    (["--count", str(1 << 40)], "count=1099511627776: 2 chunk(s) of 2,199,023,255,552 B make a 4,398,046,511,104 B "
+                                "message, more than 1,099,511,627,776 (1 TiB)"),
 ])
 def test_draw_refuses_bad_sizes(capsys, argv, message):
     assert message in refused(capsys, "draw", ALLREDUCE, "-R", "2", "--timeline", *argv)
@@ -96,6 +100,14 @@ def test_scale_is_clamped_for_callers_of_render():
     panels = panels_for(Request(file=ALLREDUCE, world_size=2, timeline=True))
     clamped = svg._scale(panels, 10)
     assert clamped == svg._scale(panels, svg.MIN_WIDTH) and clamped.px > 0
+
+
+@pytest.mark.parametrize("argv, chunk", [(["--bytes", "1TiB"], "549755813888 B per chunk"),
+                                          (["--count", str(1 << 38)], "549755813888 B per chunk")])
+def test_a_timeline_of_a_1_tib_message_is_drawn(capsys, argv, chunk):
+    code, out, err = cli(capsys, "draw", ALLREDUCE, "-R", "2", "--timeline", *argv)
+    assert code == 0, err
+    assert chunk in out
 
 
 def test_timeline_chunk_is_whole_elements(capsys):

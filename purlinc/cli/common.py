@@ -72,8 +72,9 @@ def world_sizes(text: str) -> range:
 
 
 def byte_size(text: str) -> int:
-    units = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
-    number = text.rstrip("kKmMgGiIbB")
+    units = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30,
+             "t": 1 << 40, "tib": 1 << 40}
+    number = text.rstrip("kKmMgGtTiIbB")
     try:
         value = int(number) * units[text[len(number):].lower()]
     except (ValueError, KeyError):
@@ -207,13 +208,26 @@ def source(args):
     return pipeline.load_source(Path(args.file))
 
 
+# Pieces of standard output written one at a time: a reader that has gone (`| head -1`)
+# surfaces as BrokenPipeError (exit 141).  One write of several MB did not: Python wrote what
+# the pipe took, then an empty write, and exited 0 as if all had been read.
+_PIECE = 1 << 16
+
+
+def emit(text: str) -> None:
+    """``text`` on standard output as it is (no newline added), flushed piece by piece."""
+    for start in range(0, len(text), _PIECE):
+        sys.stdout.write(text[start:start + _PIECE])
+        sys.stdout.flush()
+
+
 def write_drawing(text: str, output: str | None) -> int:
     """A drawing to ``output`` (its path is printed), or to standard output."""
     if output:
         Path(output).write_text(text, encoding="utf-8")
         print(output)
     else:
-        sys.stdout.write(text)
+        emit(text)
     return 0
 
 

@@ -27,9 +27,9 @@ def add_parser(commands) -> None:
 def _print(args, text, to_json) -> None:
     """One stage's dump: its text, or with ``--json`` its JSON (both made only when asked for)."""
     if args.json:
-        print(json.dumps(to_json(), indent=2))
+        common.emit(json.dumps(to_json(), indent=2) + "\n")
     else:
-        print(text(), end="")
+        common.emit(text())
 
 
 def check_stage_options(args) -> None:
@@ -58,7 +58,7 @@ def run(args) -> int:
     common.check_stage_copies(args)
     definition = pipeline.parse_stage(common.source(args))
     if args.stage == "ast":
-        print(definition.format(), end="")
+        common.emit(definition.format())
         return 0
     spec = pipeline.spec_stage(definition, args.ranks, dict(args.param))
     if args.stage == "spec":
@@ -79,5 +79,5 @@ def run(args) -> int:
 
     kernel = generate(schedule, spec, atom=args.atom, arch=args.arch, dtype=DType.parse(args.dtype),
                       op=ReduceOp.parse(args.op) if spec.is_reduce else None)
-    print(kernel.source, end="")
+    common.emit(kernel.source)
     return 0

@@ -27,7 +27,7 @@ def dump(args, spec, options) -> int:
         raise PurlinError(f"--gpus-per-node applies to --stage snac, not --stage {args.stage}")
     plan = _plan(spec, options, args.gpus_per_node)
     if not args.json:
-        print(format_plan(plan), end="")
+        common.emit(format_plan(plan))
         return 0
     phases = []
     for phase in plan.phases:
@@ -39,11 +39,11 @@ def dump(args, spec, options) -> int:
                            "operation": phase.operation.value,
                            "moves": [{"dst": [m.dst.rank, m.dst.unit], "srcs": [[s.rank, s.unit] for s in m.srcs],
                                       "chunk": str(m.chunk)} for m in phase.moves]})
-    print(json.dumps({
+    common.emit(json.dumps({
         "collective": spec.name, "nodes": plan.topology.nodes, "gpus_per_node": plan.topology.gpus_per_node,
         "buffers": {layout.name: [[str(c) for c in units] for units in layout.units] for layout in plan.layouts},
         "phases": phases, "schedules": [schedule_to_json(s) for s in plan.schedules],
-    }, indent=2))
+    }, indent=2) + "\n")
     return 0
 
 

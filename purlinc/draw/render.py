@@ -157,6 +157,7 @@ def panels_for(request: Request) -> list[svg.Panel]:
         if timed:
             nbytes = request.nbytes if request.nbytes is not None or request.count is not None else 65536
             chunk = chunk_bytes_for(schedule, nbytes=nbytes, count=request.count, itemsize=itemsize)
+            _refuse_too_long_a_message(schedule, chunk, request.count)
             times = schedule_times(schedule, drawing, CostModel(), chunk_bytes=chunk)
             heading = f"{schedule.collective} {schedule.options.algorithm.value}: modelled, {chunk} B per chunk ({dtype})"
         else:
@@ -198,6 +199,15 @@ def _check_sizes(request: Request) -> None:
     for name, value in (("nbytes", request.nbytes), ("count", request.count)):
         if value is not None and not 1 <= value <= MAX_TIMELINE_BYTES:
             raise PurlinError(f"{name}={value}: expected 1 to {MAX_TIMELINE_BYTES:,} (a 1 TiB message at most)")
+
+
+def _refuse_too_long_a_message(schedule, chunk: int, count: int | None) -> None:
+    """--count gives elements per chunk: with the dtype's size and a rank's chunks it may
+    still model more than the 1 TiB message that --bytes is held to."""
+    units = max(max(schedule.in_units, default=0), max(schedule.out_units, default=0), 1)
+    if count is not None and chunk * units > MAX_TIMELINE_BYTES:
+        raise PurlinError(f"count={count}: {units} chunk(s) of {chunk:,} B make a {chunk * units:,} B message, more "
+                          f"than {MAX_TIMELINE_BYTES:,} (1 TiB)")
 
 
 def render(request: Request, fmt: str) -> str:
