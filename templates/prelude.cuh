@@ -12,7 +12,7 @@ struct purlin_args {
     purlin_u64 io_unit;      // bytes between IN/OUT units: count * itemsize
     purlin_u64 piece_bytes;  // bytes of a unit moved per full round: piece * itemsize
     purlin_u64 last_bytes;   // bytes of a unit moved by the last round
-    purlin_u64 stage_unit;   // bytes between staging units: piece bytes rounded up to the stage alignment
+    purlin_u64 stage_unit;   // bytes between staging units: the same for every call of a load (abi.StagingPlacement)
     purlin_u64 step;         // slice stride in bytes: round_up(ceil(piece bytes / SLICES), 16)
     purlin_u64 copy_bytes;   // bytes between the two staging copies (0 with one copy)
     purlin_u64 timeout_ns;   // bound on every wait
@@ -116,7 +116,7 @@ __device__ __forceinline__ char* purlin_io(char* base, unsigned unit, unsigned s
     return base + (unit * rd.io_unit + rd.io_offset + purlin_slice_lo(rd, s));
 }
 
-// Slice s of unit u of a staging buffer: units are `piece` elements apart.
+// Slice s of unit u of a staging buffer: units are `stage_unit` bytes apart, whatever the count.
 template <typename Geo>
 __device__ __forceinline__ char* purlin_stage(char* base, unsigned unit, unsigned s, const purlin_round<Geo>& rd)
 {

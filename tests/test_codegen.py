@@ -12,7 +12,7 @@ import pytest
 
 from purlinc import pipeline
 from purlinc.atom.codegen import fuse, limits, render
-from purlinc.atom.abi import HEADER_FIELDS, KernelABI
+from purlinc.atom.abi import HEADER_FIELDS, KernelABI, StagingPlacement
 from purlinc.atom.atoms import applicable_atoms, get_atom, parse_arch
 from purlinc.atom.codegen import generate
 from purlinc.atom.nvrtc import compile_cubin
@@ -254,11 +254,13 @@ def test_header_geometry_is_the_simulators(itemsize, slices, copies, align):
     from purlinc.snac.simulate import round_slice_bounds
 
     abi = _abi(itemsize, 3, slices, copies, align)
+    staging = StagingPlacement.for_space(3 * copies * 5008 * itemsize, 3 * copies)  # the largest piece fits
     for count in (0, 1, 5, 7, 64, 100, 1000, 4099):
         for piece in (1, 3, 16, 64, 1000, 5000):
-            rounds, io_unit, piece_bytes, last_bytes, unit, step, copy_bytes = abi.geometry(count, piece)
+            rounds, io_unit, piece_bytes, last_bytes, unit, step, copy_bytes = abi.geometry(count, piece, staging)
             assert rounds == runtime_rounds(count, piece) and io_unit == count * itemsize
-            assert unit == abi.stage_unit_bytes(piece) and copy_bytes == (3 * unit if copies == 2 else 0)
+            assert unit == abi.staged_at(piece, staging)[1] >= abi.stage_unit_bytes(piece)
+            assert copy_bytes == (3 * unit if copies == 2 else 0)
             for r in range(rounds):
                 nbytes = last_bytes if r + 1 == rounds else piece_bytes  # rd.bytes
                 n_round = min(piece, count - r * piece)
@@ -269,7 +271,7 @@ def test_header_geometry_is_the_simulators(itemsize, slices, copies, align):
                     want = round_slice_bounds(piece, n_round, itemsize, slices, s)
                     assert (lo, hi) == (want[0] * itemsize, want[1] * itemsize), (count, piece, r, s)
     with pytest.raises(ValueError, match="piece=0"):
-        abi.geometry(10, 0)
+        abi.geometry(10, 0, staging)
 
 
 def test_epoch_is_set_where_first_needed():

@@ -99,10 +99,13 @@ def test_chunks_of_whole_rows():
 
 
 def test_pieces_are_whole_rows():
+    from purlinc.atom.abi import StagingPlacement
+
     # 1000 bytes of staging for 2 units of bf16: 250 elements fit, 192 are whole rows of 64
-    assert choose_piece(4096, 2, 2, 1000, 64) == 192
-    assert choose_piece(4096, 2, 2, 1000) == 248
-    assert choose_piece(100, 2, 2, 1 << 20, 50) == 100
+    small = StagingPlacement.for_space(1000, 2)
+    assert choose_piece(4096, small, 2, 64) == 192
+    assert choose_piece(4096, small, 2) == 248
+    assert choose_piece(100, StagingPlacement.for_space(1 << 20, 2), 2, 50) == 100
 
 
 def test_hierarchical_load_refuses_an_epilogue():

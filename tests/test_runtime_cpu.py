@@ -123,14 +123,16 @@ def test_reduce_op_is_parsed_and_fp8_copies_are_fine():
 
 
 def test_piece_fits_the_staging_space_and_stays_16_byte_aligned():
-    assert choose_piece(1000, 2, 4, 1 << 20) == 1000
-    piece = choose_piece(10_000_000, 3, 2, 1 << 20)
+    from purlinc.atom.abi import StagingPlacement as Placement
+
+    assert choose_piece(1000, Placement.for_space(1 << 20, 2), 4) == 1000
+    piece = choose_piece(10_000_000, Placement.for_space(1 << 20, 3), 2)
     assert 3 * piece * 2 <= 1 << 20 and (piece * 2) % 16 == 0
     assert rounds(10_000_000, piece) == -(-10_000_000 // piece)
-    assert choose_piece(0, 2, 4, 1 << 20) == 1 and rounds(0, 1) == 0
-    assert choose_piece(77, 0, 4, 0) == 77
-    with pytest.raises(ArgumentError):
-        choose_piece(100, 4, 4, 32)
+    assert choose_piece(0, Placement.for_space(1 << 20, 2), 4) == 1 and rounds(0, 1) == 0
+    assert choose_piece(77, Placement.for_space(0, 0), 4) == 77
+    with pytest.raises(ArgumentError, match="staging units of 0 bytes"):
+        choose_piece(100, Placement.for_space(32, 4), 4)
 
 
 def test_first_fit_is_deterministic_and_coalesces():
@@ -188,7 +190,7 @@ def test_ce_plan_handshake_and_initial_values():
     for i, op in enumerate(ops):
         if op[0] == "wait" and op[1] == 0 and op[2] >= p.signals:  # a gate wait precedes a remote flag write
             assert ops[i + 1][0] == "write" and ops[i + 2][0] == "write"
-    buffers = Buffers(0x1000, 0x9000, (0x100000, 0x200000), (0x300000, 0x400000), 10, 4, 4)
+    buffers = Buffers(0x1000, 0x9000, (0x100000, 0x200000), (0x300000, 0x400000), 10, 4, 4, 64)
     copies = [op for op in expand(p, 0, 0, buffers) if op[0] == "copy"]
     assert sum(op[3] for op in copies) > 0 and len({op[0] for op in expand(p, 0, 0, buffers)}) >= 2
 

@@ -211,10 +211,11 @@ def test_small_aligned_calls_take_the_lean_entry(fake):
     def launched(count, in_off=0, out_off=0):
         shape = CallShape(DType.BFLOAT16, ReduceOp.SUM, count, base + in_off, base + (1 << 24) + out_off)
         function, *_, packed = coll.target(shape)
-        piece = choose_piece(count, coll.stage_units, 2, coll.layout.stage_bytes)
+        piece = choose_piece(count, coll.layout.staging, 2)
         assert packed.buffer.raw == variant.abi.pack_args(  # the same arguments, whichever entry
             count=count, piece=piece, timeout_ns=coll.timeout_ns, rank=coll.rank, in_ptr=shape.in_ptr, out_ptr=shape.out_ptr,
-            counters_ptr=coll.counters_ptr, error_ptr=coll.error_dev, stage=coll.stage_ptrs, signals=coll.pad_ptrs)
+            counters_ptr=coll.counters_ptr, error_ptr=coll.error_dev, stage=coll.stage_ptrs, staging=coll.layout.staging,
+            signals=coll.pad_ptrs)
         return function
 
     lean, wide = variant.abi.lean_entry(0), variant.abi.entry(0)
@@ -223,27 +224,31 @@ def test_small_aligned_calls_take_the_lean_entry(fake):
     assert launched(513) == wide  # 1026-byte chunks: the last packet is partial
     assert launched(512, in_off=2) == wide  # a bf16-aligned but not 8-byte aligned input
     assert launched(512, out_off=4) == wide
-    many = coll.layout.stage_bytes  # more elements per chunk than one round stages
+    many = coll.layout.staging.large  # more elements per chunk than one round stages
     assert launched(many) == wide
 
 
 def test_lean_fits_names_every_condition():
-    from purlinc.atom.abi import LEAN_LIMIT, KernelABI
+    from purlinc.atom.abi import LEAN_LIMIT, KernelABI, StagingPlacement
 
     abi = KernelABI(kernel_base="k", world_size=2, channels=1, threads=256, shared_bytes=0, itemsize=2,
                     stage_units=8, slices=1, stage_copies=2, signal_pad=2, in_units=(2, 2), out_units=(2, 2),
                     needs_in_peers=False, needs_out_peers=False, stage_align=16, lean=True)
-    assert abi.lean_fits(512, 512, (0x1000, 0x2000, 0))
-    assert not abi.lean_fits(0, 512, (0x1000, 0x2000))  # nothing to launch
-    assert not abi.lean_fits(1024, 512, (0x1000, 0x2000))  # two rounds
-    assert not abi.lean_fits(511, 512, (0x1000, 0x2000))  # 1022-byte chunks
-    assert not abi.lean_fits(512, 512, (0x1000, 0x2004))  # an output 4 bytes off
-    assert not abi.lean_fits(512, 512, (0x1000, 0x2000, 0x3002))  # a registered peer 2 bytes off
+    staging = StagingPlacement.for_space(64 << 20, 8)
+    assert abi.lean_fits(512, 512, (0x1000, 0x2000, 0), staging)
+    assert not abi.lean_fits(0, 512, (0x1000, 0x2000), staging)  # nothing to launch
+    assert not abi.lean_fits(1024, 512, (0x1000, 0x2000), staging)  # two rounds
+    assert not abi.lean_fits(511, 512, (0x1000, 0x2000), staging)  # 1022-byte chunks
+    assert not abi.lean_fits(512, 512, (0x1000, 0x2004), staging)  # an output 4 bytes off
+    assert not abi.lean_fits(512, 512, (0x1000, 0x2000, 0x3002), staging)  # a registered peer 2 bytes off
     big = LEAN_LIMIT // 2 // 2  # elements per chunk: two chunks of 2-byte elements reach the limit
-    assert not abi.lean_fits(big, big, (0x1000, 0x2000))
-    assert abi.lean_fits(big // 8, big // 8, (0x1000, 0x2000))  # staging 8 units of 2^27 bytes: 2^30
+    huge = StagingPlacement.for_space(LEAN_LIMIT, 8)  # 8 units of 2^28 bytes
+    assert not abi.lean_fits(big, big, (0x1000, 0x2000), StagingPlacement.for_space(8 * 2 * big, 8))
+    assert abi.lean_fits(big // 8, big // 8, (0x1000, 0x2000), StagingPlacement.for_space(LEAN_LIMIT // 2, 8))
+    # the same call, its staging units 2^28 bytes apart: 8 of them reach the limit
+    assert not abi.lean_fits(big // 8, big // 8, (0x1000, 0x2000), huge)
     plain = KernelABI(**{**{f: getattr(abi, f) for f in abi.__dataclass_fields__}, "lean": False})
-    assert not plain.lean_fits(512, 512, (0x1000, 0x2000))
+    assert not plain.lean_fits(512, 512, (0x1000, 0x2000), staging)
     with pytest.raises(ValueError, match="no lean entries"):
         plain.lean_entry(0)
 

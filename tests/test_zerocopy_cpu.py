@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from purlinc.atom.abi import StagingPlacement
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.runtime import symmetric, zerocopy
 from purlinc.runtime.collective import layout_sizes, prepare
@@ -406,7 +407,8 @@ def test_twin_kernels_compile_and_want_peer_pointers(name, algorithm, needs):
     coll = FakeCollective(comm=comm, compiled=SimpleNamespace(world_size=2))
     peers = zerocopy.peer_args(coll, shape(x.ptr, out.ptr))
     packed = abi.pack_args(count=64, piece=64, timeout_ns=1, rank=0, in_ptr=x.ptr, out_ptr=out.ptr, counters_ptr=0,
-                           error_ptr=0, stage=[0, 0], signals=[0, 0], **peers)
+                           error_ptr=0, stage=[0, 0], staging=StagingPlacement.for_space(1 << 20, abi.stage_units), signals=[0, 0],
+                           **peers)
     words = __import__("struct").unpack(f"<{len(packed) // 8}Q", packed)
     assert list(words[-4:]) == [x.peer_ptr(0), x.peer_ptr(1), out.peer_ptr(0), out.peer_ptr(1)]
 

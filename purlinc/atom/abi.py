@@ -11,7 +11,7 @@ says which body each rank runs (``KernelABI.entry``).  An entry takes one argume
     8       u64   io_unit      bytes between IN/OUT units: count * itemsize
     16      u64   piece_bytes  bytes of a unit moved per full round: piece * itemsize
     24      u64   last_bytes   bytes of a unit moved by the last round
-    32      u64   stage_unit   bytes between staging units (``KernelABI.stage_unit_bytes``)
+    32      u64   stage_unit   bytes between staging units (``StagingPlacement``)
     40      u64   step         slice stride in bytes (below)
     48      u64   copy_bytes   bytes between the two staging copies (0 with one copy)
     56      u64   timeout_ns   bound on every device-side wait (%globaltimer nanoseconds)
@@ -20,7 +20,7 @@ says which body each rank runs (``KernelABI.entry``).  An entry takes one argume
     80      ptr   out          this rank's output
     88      ptr   counters     this rank's call counters: u64[channels], device memory, start at 0
     96      ptr   error        this rank's error record (``ERROR_RECORD``), host-mapped
-    104     ptr   stage[R]     stage[p]: rank p's staging buffer as mapped on this rank
+    104     ptr   stage[R]     stage[p]: rank p's staging of this call (its region) as mapped here
     ..      ptr   signals[R]   signals[p]: rank p's signal pad (u64[signal_pad]) as mapped here
     ..      ptr   in_peer[R]   registered inputs of every rank (null when not registered)
     ..      ptr   out_peer[R]  registered outputs of every rank (null when not registered)
@@ -42,12 +42,15 @@ the runtime picks it per call (a small call's critical path is mostly those inst
 Launch: grid = (channels, 1, 1), block = (threads, 1, 1), no dynamic shared memory
 unless ``KernelABI.shared_bytes`` says otherwise.
 
-Staging: unit ``u`` of a rank's staging buffer starts at byte ``u * unit_bytes``, with
-``unit_bytes = round_up(piece * itemsize, stage_align)`` (``KernelABI.stage_unit_bytes``);
-the runtime must provide ``stage_units * unit_bytes`` bytes per rank (``stage_bytes``),
-16-byte aligned.  ``stage_align`` is 1, except 16 for modules with packed (LL) stages,
-whose packets must be 16-byte aligned; a packed message takes two consecutive units
-(already counted in ``stage_units``).  Packed modules need the staging buffer zeroed once
+Staging: unit ``u`` of the staging a call addresses (``stage[p]``) starts at byte
+``u * stage_unit``.  Where a unit lies is the same for every call of a loaded collective,
+whatever its count (``StagingPlacement``): a schedule guards the reuse of a unit, not of
+bytes, so a call whose units lay over other units of the call before it (a smaller count
+after a larger one) would overwrite data a slower peer has not read yet.  A call's piece must
+fit its unit: ``round_up(piece * itemsize, stage_align) <= stage_unit``
+(``KernelABI.stage_unit_bytes``).  ``stage_align`` is 1, except 16 for modules with packed
+(LL) stages, whose packets must be 16-byte aligned; a packed message takes two consecutive
+units (already counted in ``stage_units``).  Packed modules need the staging buffer zeroed once
 before the first call (a packet whose flag words hold a stale value equal to an expected
 flag would be taken as arrived; zero never is), and its staging buffer, signal pad and call
 counters must not be shared with a schedule that has a different ``per_call`` (flags are
@@ -88,6 +91,54 @@ ERROR_RECORD_BYTES = 8 * len(ERROR_RECORD)
 LEAN_LIMIT = 1 << 31  # bytes: every offset a lean entry forms (packet offsets are twice a slice's) stays 32-bit
 
 
+# Pieces up to this many bytes (a latency-bound call's: an LL all-reduce of a few KiB has
+# chunks of a few hundred bytes) are staged in a region of their own, units this far apart:
+# every call places a unit at the same bytes, and a small call's units stay within a page or
+# two instead of one large piece's stride apart.
+SMALL_STAGE_UNIT = 64 << 10
+_STAGE_STRIDE_ALIGN = 16  # every unit starts 16-byte aligned (packets; vector loads)
+
+
+@dataclass(frozen=True, slots=True)
+class StagingPlacement:
+    """Where each staging unit of a loaded collective lies, the same for every call.
+
+    The staging space holds two regions, each with every unit at a fixed stride: the small
+    region (``small`` bytes per unit, at the start) takes the calls whose piece fits
+    ``small``, the large one (``large`` bytes per unit, after it) every other call.  A unit's
+    bytes therefore never change with the count: consecutive calls of different counts touch
+    the same unit's bytes or disjoint ones, which is what a schedule's guards (per unit)
+    assume.  A space too small for both holds the large region only (``small == 0``)."""
+
+    units: int  # staging units per rank, every copy
+    small: int  # bytes per unit of the small region (0: no small region)
+    large: int  # bytes per unit of the large region: the largest piece a call stages
+
+    @classmethod
+    def for_space(cls, space: int, units: int) -> "StagingPlacement":
+        """The placement of ``units`` units whose large region is at most ``space`` bytes;
+        the small region comes on top of it (``total_bytes``)."""
+        if units <= 0:
+            return cls(0, 0, 0)
+        large = space // units // _STAGE_STRIDE_ALIGN * _STAGE_STRIDE_ALIGN
+        small = SMALL_STAGE_UNIT if large > 2 * SMALL_STAGE_UNIT else 0
+        return cls(units, small, large)
+
+    @property
+    def total_bytes(self) -> int:
+        """Staging bytes per rank: both regions."""
+        return self.units * (self.small + self.large)
+
+    def unit_of(self, piece_bytes: int) -> tuple[int, int]:
+        """(offset of the region, bytes between its units) for a call staging ``piece_bytes``
+        per unit (rounded up to the module's ``stage_align`` already)."""
+        if piece_bytes > self.large:
+            raise ValueError(f"a piece of {piece_bytes} bytes does not fit a staging unit of {self.large}")
+        if piece_bytes <= self.small:
+            return 0, self.small
+        return self.units * self.small, self.large
+
+
 @dataclass(frozen=True, slots=True)
 class KernelABI:
     kernel_base: str  # entry points are f"{kernel_base}_b{body}" (``entry``)
@@ -111,26 +162,33 @@ class KernelABI:
     row_bytes: int = 0  # an epilogue's row in bytes: slices are cut on rows (0: on 16 bytes)
 
     def stage_unit_bytes(self, piece: int) -> int:
-        """Bytes between staging units for a call moving ``piece`` elements per round."""
+        """Staging bytes a unit of a call moving ``piece`` elements per round takes."""
         raw = piece * self.itemsize
         return -(-raw // self.stage_align) * self.stage_align
 
     def stage_bytes(self, piece: int) -> int:
-        """Staging bytes per rank a call with this ``piece`` needs."""
+        """Staging bytes per rank a call with this ``piece`` needs, its units packed."""
         return self.stage_units * self.stage_unit_bytes(piece)
 
-    def geometry(self, count: int, piece: int) -> tuple[int, int, int, int, int, int, int]:
+    def staged_at(self, piece: int, staging: StagingPlacement) -> tuple[int, int]:
+        """(offset into every rank's staging, bytes between units) of a call moving ``piece``
+        per round: where ``staging`` puts a piece of that size (0, 0 with no staging)."""
+        if not self.stage_units:
+            return 0, 0
+        return staging.unit_of(self.stage_unit_bytes(piece))
+
+    def geometry(self, count: int, piece: int, staging: StagingPlacement) -> tuple[int, int, int, int, int, int, int]:
         """The header's round geometry for a call of ``count`` elements per chunk moving
-        ``piece`` per round: (rounds, io_unit, piece_bytes, last_bytes, stage_unit, step,
-        copy_bytes), as the kernel reads them (the same bounds as
-        ``purlinc.snac.simulate.round_slice_bounds``)."""
+        ``piece`` per round, its units where ``staging`` places them: (rounds, io_unit,
+        piece_bytes, last_bytes, stage_unit, step, copy_bytes), as the kernel reads them (the
+        same bounds as ``purlinc.snac.simulate.round_slice_bounds``)."""
         if count < 0 or piece < 1:
             raise ValueError(f"count={count}, piece={piece}: expected count >= 0 and piece >= 1")
         itemsize = self.itemsize
         rounds = -(-count // piece) if count else 0
         piece_bytes = piece * itemsize
         last_bytes = (count - (rounds - 1) * piece) * itemsize if rounds else 0
-        unit = self.stage_unit_bytes(piece)
+        unit = self.staged_at(piece, staging)[1]
         align = self.row_bytes or 16
         step = -(-(-(-piece_bytes // self.slices)) // align) * align
         copy_bytes = self.stage_units // self.stage_copies * unit if self.stage_copies > 1 else 0
@@ -149,7 +207,7 @@ class KernelABI:
             raise ValueError(f"{self.kernel_base} has no lean entries (only modules with packed stages have them)")
         return f"{self.entry(rank)}_lean"
 
-    def lean_fits(self, count: int, piece: int, pointers: tuple[int, ...]) -> bool:
+    def lean_fits(self, count: int, piece: int, pointers: tuple[int, ...], staging: StagingPlacement) -> bool:
         """Whether a call may take the lean entries: this module has them; the call is one
         round; every IN/OUT extent and the staging it addresses stay below ``LEAN_LIMIT``
         bytes; every chunk is a whole number of packets' data (8 bytes); and every caller
@@ -157,7 +215,7 @@ class KernelABI:
         is 8-byte aligned."""
         if not self.lean or count < 1:
             return False
-        rounds, io_unit, _, _, stage_unit, _, _ = self.geometry(count, piece)
+        rounds, io_unit, _, _, stage_unit, _, _ = self.geometry(count, piece, staging)
         units = max((*self.in_units, *self.out_units, 1))
         return (rounds == 1 and io_unit % 8 == 0 and units * io_unit < LEAN_LIMIT
                 and self.stage_units * stage_unit < LEAN_LIMIT and all(p % 8 == 0 for p in pointers))
@@ -178,13 +236,16 @@ class KernelABI:
         counters_ptr: int,
         error_ptr: int,
         stage: list[int],
+        staging: StagingPlacement,
         signals: list[int],
         in_peer: list[int] | None = None,
         out_peer: list[int] | None = None,
         epilogue: tuple[int, ...] = (),
     ) -> bytes:
-        """The ``purlin_args`` struct as bytes, ready to be passed by value; ``epilogue`` holds
-        the epilogue's operand words (``purlinc.runtime.operands``)."""
+        """The ``purlin_args`` struct as bytes, ready to be passed by value.  ``stage``: every
+        rank's staging space, where ``staging`` places the units (the pointers passed are those
+        of this call's region); ``epilogue``: the epilogue's operand words
+        (``purlinc.runtime.operands``)."""
         world = self.world_size
         self.body(rank)  # a rank of this module
         in_peer = in_peer or [0] * world
@@ -194,9 +255,11 @@ class KernelABI:
                 raise ValueError(f"{name}: expected {world} pointers (one per rank), got {len(values)}")
         if len(epilogue) != self.epilogue_slots:
             raise ValueError(f"epilogue: expected {self.epilogue_slots} operand words, got {len(epilogue)}")
+        region = self.staged_at(piece, staging)[0]
+        stage = [p + region if p else 0 for p in stage]
         return struct.pack(
             f"<{len(HEADER_FIELDS) + 4 * world + self.epilogue_slots}Q",
-            *self.geometry(count, piece), timeout_ns, rank, in_ptr, out_ptr, counters_ptr, error_ptr,
+            *self.geometry(count, piece, staging), timeout_ns, rank, in_ptr, out_ptr, counters_ptr, error_ptr,
             *stage, *signals, *in_peer, *out_peer, *epilogue,
         )
 

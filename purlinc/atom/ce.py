@@ -225,12 +225,13 @@ class Buffers:
     count: int
     piece: int
     itemsize: int
+    stage_unit: int  # bytes between staging units: the same for every call (abi.StagingPlacement)
 
 
 def resolve(region: Region, buffers: Buffers, round_: int, lo: int) -> int:
     b = buffers
     if region.space is Space.STAGE:
-        return b.stage[region.rank] + (region.unit * b.piece + lo) * b.itemsize
+        return b.stage[region.rank] + region.unit * b.stage_unit + lo * b.itemsize
     base = b.in_ptr if region.space is Space.IN else b.out_ptr
     return base + (region.unit * b.count + round_ * b.piece + lo) * b.itemsize
 

@@ -221,9 +221,10 @@ class Collective(Timeouts, Launches):
         if self._ce is not None:
             Buffers = self._host.Buffers
             itemsize = shape.dtype.itemsize
-            piece = choose_piece(shape.count, self.stage_units, itemsize, self.layout.stage_bytes)
-            self._ce.run(Buffers(shape.in_ptr, shape.out_ptr, tuple(self.stage_ptrs), tuple(self.pad_ptrs),
-                                 shape.count, piece, itemsize), stream)
+            piece = choose_piece(shape.count, self.layout.staging, itemsize)
+            region, stride = self.layout.staging.unit_of(piece * itemsize) if self.stage_units else (0, 0)
+            self._ce.run(Buffers(shape.in_ptr, shape.out_ptr, tuple(p + region for p in self.stage_ptrs),
+                                 tuple(self.pad_ptrs), shape.count, piece, itemsize, stride), stream)
             return
         function, grid, block, shared, packed = self.target(shape, epilogue)
         self._driver.launch(function, grid, block, shared, stream, packed)

@@ -165,10 +165,10 @@ class Launches:
             data = variant.abi.pack_args(**peers,
                 count=shape.count, piece=piece, timeout_ns=self.timeout_ns, rank=self.rank, in_ptr=shape.in_ptr,
                 out_ptr=shape.out_ptr, counters_ptr=self.counters_ptr, error_ptr=self.error_dev,
-                stage=self.stage_ptrs, signals=self.pad_ptrs, epilogue=epilogue,
+                stage=self.stage_ptrs, staging=self.layout.staging, signals=self.pad_ptrs, epilogue=epilogue,
             )
             pointers = (shape.in_ptr, shape.out_ptr, *(p for ptrs in peers.values() for p in ptrs))
-            lean = variant.lean is not None and variant.abi.lean_fits(shape.count, piece, pointers)
+            lean = variant.lean is not None and variant.abi.lean_fits(shape.count, piece, pointers, self.layout.staging)
             config = DependentLaunch(variant.grid, variant.block, variant.shared) if self._pdl else None
             hit = self._args[key] = (variant.lean if lean else variant.function, PackedArgs(data, config))
         return hit
@@ -180,7 +180,7 @@ class Launches:
             return None
         if self._zc is not None and self._zc.pick(shape, record=False) is not None:
             return None  # zero-copy calls take the full path: it checks the heap blocks are still live
-        piece = choose_piece(shape.count, self.stage_units, shape.dtype.itemsize, self.layout.stage_bytes, self.row)
+        piece = choose_piece(shape.count, self.layout.staging, shape.dtype.itemsize, self.row)
         variant = self.variant(shape.dtype, shape.op)
         function, packed = self._packed(variant, shape, piece, epilogue)
         return (function, variant.grid, variant.block, variant.shared, packed)

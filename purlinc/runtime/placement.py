@@ -18,6 +18,7 @@ from purlinc.errors import PurlinError
 from purlinc.pipeline import Compiled
 from purlinc.runtime import communicator
 from purlinc.runtime.collective import Collective, GroupCollective, Layout, layout_sizes
+from purlinc.runtime.prepared import staging_placement
 from purlinc.runtime.errors import MismatchError
 from purlinc.runtime.residency import group_shares_a_gpu
 from purlinc.runtime.zerocopy import ZeroCopy, twin_compiled
@@ -29,7 +30,7 @@ def _allocate(comm, compiled: Compiled, stage_bytes: int | None) -> Layout:
     stage_off = heap.alloc(stage, f"{compiled.name} staging") if stage else 0
     pad_off = heap.alloc(pad, f"{compiled.name} signal pad")
     counters_off = heap.alloc(counters, f"{compiled.name} call counters")
-    return Layout(stage_off, stage, pad_off, pad, counters_off, counters)
+    return Layout(stage_off, stage, pad_off, pad, counters_off, counters, staging_placement(compiled, stage_bytes))
 
 
 def zero_space(comm, compiled: Compiled, layout: Layout) -> None:

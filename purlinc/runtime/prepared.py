@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from purlinc import settings
+from purlinc.atom.abi import StagingPlacement
 from purlinc.atom.atoms import DEFAULT_ATOM
 from purlinc.errors import InternalError
 from purlinc.pipeline import Compiled
@@ -60,12 +61,19 @@ class Layout:
     pad_bytes: int
     counters: int
     counters_bytes: int
+    staging: StagingPlacement | None = None  # where every call's staging units lie (abi.py)
+
+
+def staging_placement(compiled: Compiled, stage_bytes: int | None = None) -> StagingPlacement:
+    """Where a load of ``compiled`` places its staging units; ``stage_bytes`` caps the largest
+    piece's region (default PURLIN_STAGE_MB): larger messages run in several rounds."""
+    units = compiled.schedule.staging_units  # every copy (snac/ir.py)
+    return StagingPlacement.for_space(stage_bytes or settings.stage_bytes(), units)
 
 
 def layout_sizes(compiled: Compiled, stage_bytes: int | None = None) -> tuple[int, int, int]:
-    """(staging, signal pad, counters) bytes for one rank; ``stage_bytes`` caps the staging
-    space (default PURLIN_STAGE_MB): larger messages run in several rounds."""
+    """(staging, signal pad, counters) bytes for one rank (``staging_placement``)."""
     schedule = compiled.schedule
-    stage = (stage_bytes or settings.stage_bytes()) if schedule.stage_units else 0
+    stage = staging_placement(compiled, stage_bytes).total_bytes
     words = compiled.plan.pad_words if compiled.plan is not None else schedule.signal_pad_size()
     return stage, 8 * max(words, 1), 8 * schedule.channels

@@ -22,6 +22,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 
+from purlinc.atom.abi import StagingPlacement
 from purlinc.dtypes import DTYPES, DType, ReduceOp
 from purlinc.runtime.errors import ArgumentError, MismatchError
 from purlinc.runtime.interop import ArrayInfo
@@ -215,20 +216,20 @@ def _chunk_count(where: str, x, out, in_units: int, out_units: int, count: int |
     return derived if derived is not None else int(count or 0)
 
 
-def choose_piece(count: int, stage_units: int, itemsize: int, stage_bytes: int, row: int = 1) -> int:
-    """Elements per chunk per round: the whole chunk when it fits the staging space, else the
-    largest 16-byte multiple that fits (``stage_units * piece * itemsize <= stage_bytes``), and
-    a whole number of ``row`` elements (an epilogue's rows: rounds never split a row)."""
+def choose_piece(count: int, staging: StagingPlacement, itemsize: int, row: int = 1) -> int:
+    """Elements per chunk per round: the whole chunk when it fits a staging unit of the large
+    region (``staging.large``), else the largest 16-byte multiple that does, and a whole number
+    of ``row`` elements (an epilogue's rows: rounds never split a row)."""
     if count <= 0:
         return 1
-    if stage_units == 0:
+    if staging.units == 0:
         return count
-    cap = stage_bytes // (stage_units * itemsize)
+    cap = staging.large // itemsize
     cap -= cap % max(1, FAST_ALIGN // itemsize)
     cap -= cap % row
     if cap < 1:
-        raise _err(f"staging space of {stage_bytes} bytes cannot hold {stage_units} units of even 16 bytes",
-                   "raise PURLIN_STAGE_MB")
+        raise _err(f"staging units of {staging.large} bytes ({staging.units} of them) cannot hold a piece of "
+                   f"even {max(FAST_ALIGN, row * itemsize)} bytes", "raise PURLIN_STAGE_MB")
     return min(count, cap)
 
 

@@ -339,7 +339,7 @@ def simulated(runs, spec, inputs, count: int, dtype: DType, op) -> list[np.ndarr
     from purlinc.runtime.validate import choose_piece
     from purlinc.snac.simulate import simulate
 
-    piece = choose_piece(count, runs.stage_units, dtype.itemsize, runs.layout.stage_bytes)
+    piece = choose_piece(count, runs.layout.staging, dtype.itemsize)
     return simulate(runs.compiled.schedule, spec, inputs, count, dtype, op, calls=1, piece=piece)
 
 

@@ -97,6 +97,47 @@ def _run(coll, group, count, dtype, rng, label, empty=None, op="sum", zero_copy=
 
 COUNTS = (1, 7, 1000, 4097, 100_003)
 
+# Calls of different counts back to back: smaller counts after larger ones, pieces of the
+# small staging region and of the large one, and several rounds where a unit of the 4 MiB
+# staging the test loads with holds less than 300,000 float32 (every schedule with over 3 units).
+ALTERNATING = (4096, 64, 2048, 8, 300_000, 16, 4096, 64, 100_003, 1)
+
+
+@pytest.mark.parametrize("options", [dict(algorithm="direct-push"), dict(packed=True), dict(algorithm="ring")],
+                         ids=["direct-push-x2", "packed", "ring"])
+@pytest.mark.parametrize("name", ["allgather.pln", "allreduce.pln", "alltoall.pln"])
+def test_back_to_back_calls_of_alternating_counts(group, name, options, monkeypatch):
+    """Every call of a run of different counts, issued with no synchronisation between calls and
+    each rank delayed at random before each call (so that ranks run ahead of each other), is
+    right bit for bit.  A unit's staging bytes once depended on the call's count: a call with
+    fewer elements than the one before wrote over units a slower peer was still reading
+    (docs/SNAC.md, "Staging placement")."""
+    monkeypatch.setenv("PURLIN_STAGE_MB", "4")
+    coll = _load(group, name, **options)
+    first = coll[0]
+    spec, schedule, dtype = first.compiled.spec, first.compiled.schedule, DType.FLOAT32
+    rng = np.random.default_rng(7)
+    calls = []
+    for count in ALTERNATING * 2:
+        inputs = inputs_for(spec, count, dtype, rng)
+        calls.append((count, inputs, *_buffers(spec, count, dtype, inputs)))
+    delays = rng.integers(0, 20_000, (len(calls), len(group)))
+    current = torch.cuda.current_stream(DEVICE)
+    for s in group.streams:
+        s.wait_stream(current)  # the buffers are ready; the calls below are not waited for
+    for (count, _, xs, outs), delay in zip(calls, delays):
+        for s, cycles in zip(group.streams, delay):
+            with torch.cuda.stream(s):
+                torch.cuda._sleep(int(cycles))
+        coll(xs, outs, op="sum", streams=group.streams)
+    for s in group.streams:
+        current.wait_stream(s)
+    torch.cuda.synchronize(DEVICE)
+    coll.check()
+    for i, (count, inputs, _, outs) in enumerate(calls):
+        want = _want(schedule, spec, inputs, count, dtype, "sum")
+        compare_outputs(spec, outs, want, dtype, f"{name} {options} call {i} (count {count}) of {len(calls)}")
+
 
 @pytest.mark.parametrize("slices", LOOPBACK_SLICES)
 @pytest.mark.parametrize("name", examples())
