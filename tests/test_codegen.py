@@ -161,7 +161,7 @@ def test_runs_of_like_steps_become_loops():
     body = rank_text(kernel.source, 0)
     for index in range(len(schedule.programs[0].steps)):
         assert f"// step {index}: " in body
-    assert re.findall(r"for \(unsigned t = 0; t < (\d+); \+\+t\)", body) == ["56", "8"]
+    assert re.findall(r"for \(int t = 0; t < (\d+); \+\+t\)", body) == ["56", "8"]
     assert "purlin_reduce<8>(purlin_region(args, rd, 1, tab[" in body  # OUT, unit t
     code = rank_code(schedule, 0)
     assert "purlin_copy(purlin_region(args, rd, 4, 1, 0, slice0 + 0), purlin_region(args, rd, 0, 0, 0, slice0 + 0)" in code

@@ -92,7 +92,7 @@ def test_large_tables_go_to_global_memory():
     global memory, and the code is still one body."""
     spec, schedule = _schedule(MANY_UNITS, 16, True)
     kernel = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.BFLOAT16, op=ReduceOp.SUM)
-    assert "__device__ const unsigned" in kernel.source and set(kernel.abi.bodies) == {0}
+    assert "__device__ const int" in kernel.source and set(kernel.abi.bodies) == {0}
 
 
 def test_rooted_collective_shares_the_non_root_ranks():
@@ -110,7 +110,7 @@ def test_traced_module_shares_bodies_but_keeps_a_mark_per_block():
     traced = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.FLOAT32, op=ReduceOp.SUM, trace=True)
     plain = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.FLOAT32, op=ReduceOp.SUM)
     assert traced.abi == plain.abi and traced.abi.bodies == (0, 0, 0, 0)
-    assert "for (unsigned t = 0;" not in traced.source and "for (unsigned t = 0;" in plain.source
+    assert "for (int t = 0;" not in traced.source and "for (int t = 0;" in plain.source
 
 
 def test_cold_compile_of_a_many_unit_packed_all_reduce_at_r8(monkeypatch):
@@ -128,3 +128,18 @@ def test_cold_compile_of_a_many_unit_packed_all_reduce_at_r8(monkeypatch):
     cubin = nvrtc.compile_cubin(kernel.source, kernel.filename, "sm_90")
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     assert cubin and cpu <= 5.0, f"{cpu:.2f} s of CPU ({wall:.2f} s wall)"
+
+
+def test_negative_numbers_keep_their_sign_in_tables_and_loops():
+    """A wait's k is negative where it waits for the last call ("r1.stage[0] free": e*6 - 5).
+    Read from an ``unsigned`` table, -5 widened to a 64-bit target as 2^32 - 5, which no signal
+    reaches: ring all-to-all at R=4 waited until its timeout in its first call.  The table and
+    the loop counter are signed, and such a table really holds negative numbers."""
+    spec, schedule = _schedule(EXAMPLES / "alltoall.pln", 4, False, algorithm="ring")
+    _, module = codegen_generate.bodies_of(schedule)
+    assert any(value < 0 for body in module for row in body.rows for value in row)
+    source = generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.FLOAT32, op=None).source
+    assert re.search(r"\bint purlin_alltoall_\w+_tab\[PURLIN_WORLD\]", source)
+    assert "const int* const tab" in source and "unsigned* const tab" not in source
+    assert "for (unsigned t" not in source
+    assert re.search(r"\{ [0-9, ]*-5[0-9, -]* \},  // rank 0", source)  # the k of rank 0's first wait

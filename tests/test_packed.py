@@ -295,7 +295,7 @@ def test_ll_receive_loops_split_by_shape_size_and_hazard():
     _, kernel = _kernel("allreduce", 8)
     body = _body(kernel.source, 0)
     assert len(re.findall(r"purlin_ll_consume<Geo, 1, 8, true>\(batch, site, tab\[\d+\]\)", body)) == 1
-    assert "for (unsigned t = 0; t < 8; ++t)" in body
+    assert "for (int t = 0; t < 8; ++t)" in body
     # One receive loop in the module (all ranks share the body): inlined.
     assert "__device__ __forceinline__ int purlin_ll_consume(" in kernel.source
     # ... and its 56 packed stages are send loops of at most 16 messages (limits.LL_SEND_MESSAGES:

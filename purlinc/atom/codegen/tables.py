@@ -23,8 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from purlinc.atom.codegen.exprs import MARK
+from purlinc.errors import InternalError
 
 HOLE = "\x02\x03"  # where a number was, in a shape
+INT_MIN, INT_MAX = -(1 << 31), (1 << 31) - 1  # the kernel's table holds C ints (negative k included)
 
 
 class Cell(int):
@@ -103,7 +105,12 @@ class Body:
         return len(self.rows[0]) if self.rows else 0
 
     def table(self, world_size: int) -> list[tuple[int, ...]]:
-        """The body's table as the kernel holds it, a row per rank (empty: a rank of another body)."""
+        """The body's table as the kernel holds it (``int``), a row per rank (empty: a rank of
+        another body)."""
+        for row in self.rows:
+            for value in row:
+                if not INT_MIN <= value <= INT_MAX:
+                    raise InternalError(f"body {self.index}: the number {value} does not fit the table's int")
         rows = dict(zip(self.ranks, self.rows))
         return [rows.get(rank, ()) for rank in range(world_size)]
 
