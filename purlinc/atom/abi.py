@@ -93,9 +93,12 @@ LEAN_LIMIT = 1 << 31  # bytes: every offset a lean entry forms (packet offsets a
 
 # Pieces up to this many bytes (a latency-bound call's: an LL all-reduce of a few KiB has
 # chunks of a few hundred bytes) are staged in a region of their own, units this far apart:
-# every call places a unit at the same bytes, and a small call's units stay within a page or
-# two instead of one large piece's stride apart.
-SMALL_STAGE_UNIT = 64 << 10
+# every call places a unit at the same bytes, and a small call's units stay close together
+# instead of one large piece's stride apart.  16 KiB: at 64 KiB an LL all-reduce of 1 KiB at
+# R=8 (48 units a rank) took 2 us more per call in loopback than units a piece apart did; at
+# 16 KiB it is within the old placement's run-to-run range
+# (benchmarks/results/2026-12-03-h200x1-loopback-staging-placement.md).
+SMALL_STAGE_UNIT = 16 << 10
 _STAGE_STRIDE_ALIGN = 16  # every unit starts 16-byte aligned (packets; vector loads)
 
 
