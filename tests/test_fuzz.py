@@ -169,7 +169,7 @@ def test_the_work_meter_stops_a_check_and_says_what_to_do():
         check(definition, 4, meter=Meter(100))
     assert caught.value.render().splitlines() == [
         "t.pln:3:14: error: this spec takes too much work to check: more than 100 steps (expression steps, "
-        "8 per chunk reference evaluated, 2 per chunk named)",
+        "8 per chunk reference evaluated and one per index, 2 per chunk named)",
         "      out[r] = x[r+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0+0]",
         "                 " + "^" * 80,  # a long underline is cut at half the window
         "note: check fewer world sizes (purlinc check --ranks LO..HI), or write shorter layouts and expressions",
@@ -188,3 +188,42 @@ def test_one_chunk_past_the_budget_is_one_chunk():
         error = _timed(text, world_size=4)
     assert error.message == ("'x2' names 1 chunk, more than this spec may name at R=4 (at most 10 chunks over all "
                              "ranks' layouts; 10 named before it)")
+
+
+ONE_CHUNK_ALLREDUCE = "collective t {\n    in[r] = x\n    out[r] = x\n    reduce\n}\n"
+
+
+def test_a_reductions_sources_are_held_once_per_chunk():
+    """Every rank's output chunk x has the same R producers: the spec holds that tuple once.  A
+    tuple per output position made R x R slots: 2.1 GB at R = 16,384, a MemoryError at 65,536."""
+    import tracemalloc
+
+    tracemalloc.start()
+    spec = check(parse(ONE_CHUNK_ALLREDUCE, "t.pln"), 1 << 16)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert len(spec.sources[0][0]) == 1 << 16 and spec.sources[0][0] is spec.sources[-1][0]
+    assert peak < 200 << 20, f"checking took {peak >> 20} MiB"
+
+
+def test_every_index_of_a_chunk_reference_is_metered():
+    """Indices that are plain numbers were free: a 6 KB spec of x[r][i][0]...[0] (998 zeros) in a
+    loop of 2,048 ran for minutes; now the work meter stops it, at the reference."""
+    zeros = "[0]" * 998
+    source = f"collective t {{\n in[r] = x[r][i]{zeros} for i in 0..2048\n out[r] = x[r][i]{zeros} for i in 0..2048\n copy\n}}\n"
+    started = time.perf_counter()
+    with pytest.raises(PurlinError, match="takes too much work to check") as caught:
+        check(parse(source, "t.pln"), 8)
+    assert caught.value.span.line == 2 and time.perf_counter() - started < 30
+
+
+def test_dump_refuses_to_list_more_sources_than_it_can_print(tmp_path, capsys):
+    from purlinc.cli import main
+
+    path = tmp_path / "t.pln"
+    path.write_text(ONE_CHUNK_ALLREDUCE)
+    assert main(["dump", str(path), "--ranks", "65536"]) == 2
+    err = capsys.readouterr().err
+    assert ("error: the spec of t at R=65536 lists 4,294,967,296 producer slots over its output chunks, more than "
+            "4,194,304 to print") in err
+    assert main(["dump", str(path), "--ranks", "64"]) == 0  # 4,096 slots: listed

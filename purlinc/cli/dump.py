@@ -50,6 +50,21 @@ def check_stage_options(args) -> None:
         raise PurlinError("--param applies to --stage spec, snac and cuda, not --stage ast")
 
 
+# Producer slots the spec stage lists at most (every output chunk's sources, a word or so each:
+# about 60 MB of text).  The spec holds each chunk's sources once, whatever its fan-in, but the
+# listing repeats them per output chunk: a one-chunk all-reduce at R = 65,536 lists 4 x 10^9.
+MAX_LISTED_SOURCES = 1 << 22
+
+
+def _refuse_too_long_a_listing(spec) -> None:
+    listed = sum(len(slots) for rank in spec.sources for slots in rank)
+    if listed > MAX_LISTED_SOURCES:
+        raise PurlinError(f"the spec of {spec.name} at R={spec.world_size} lists {listed:,} producer slots over its "
+                          f"output chunks, more than {MAX_LISTED_SOURCES:,} to print",
+                          notes=("dump a smaller world size (--ranks), or check it without printing "
+                                 "(purlinc check --spec-only)",))
+
+
 def run(args) -> int:
     from purlinc import pipeline
 
@@ -62,6 +77,7 @@ def run(args) -> int:
         return 0
     spec = pipeline.spec_stage(definition, args.ranks, dict(args.param))
     if args.stage == "spec":
+        _refuse_too_long_a_listing(spec)
         _print(args, spec.format, spec.to_json)
         return 0
     if args.gpus_per_node is not None:  # hierarchical: SNAC inside nodes, NCCL between them

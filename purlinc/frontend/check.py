@@ -30,7 +30,7 @@ MAX_CHUNKS = 1 << 19  # chunks named by all layouts of one world size together (
 # Work for one check or one check_all (all its world sizes together): a chunk costs
 # _CHUNK_COST units, an expression step one.  About 10 s of the slowest machine here.
 WORK_LIMIT = 1 << 23
-_ITEM_COST = 8  # a chunk reference evaluated (indices, arity, bookkeeping)
+_ITEM_COST = 8  # a chunk reference evaluated (arity, bookkeeping), and one more per index
 _CHUNK_COST = 2  # each chunk it names
 
 
@@ -46,7 +46,8 @@ class Meter:
         if self.left < 0:
             raise PurlinError(
                 f"this spec takes too much work to check: more than {self.limit:,} steps "
-                f"(expression steps, {_ITEM_COST} per chunk reference evaluated, {_CHUNK_COST} per chunk named)",
+                f"(expression steps, {_ITEM_COST} per chunk reference evaluated and one per index, {_CHUNK_COST} per "
+                "chunk named)",
                 span,
                 ("check fewer world sizes (purlinc check --ranks LO..HI), or write shorter layouts and expressions",),
             )
@@ -295,6 +296,9 @@ class _Checker:
     def _expand_chunk(self, ref: ast.ChunkRef, scope: _Scope, into: list[Chunk]) -> int:
         """Append the chunks ``ref`` names in ``scope`` to ``into``; return how many."""
         self._check_arity(ref)
+        # An index costs a step even where it is a plain number (which _evaluate does not
+        # charge): x[r][i][0]...[0] with a thousand indices in a loop ran for minutes.
+        self.meter.charge(len(ref.indices), ref.span)
         axes: list[range] = []
         for index in ref.indices:
             if isinstance(index, ast.Range):
@@ -427,18 +431,21 @@ class _Checker:
                          "if these inputs hold identical data",),
                     )
 
+        # One tuple per chunk, shared by every output position that receives it: a copy per
+        # position made a one-chunk all-reduce's sources R x R slots (34 GB at R = 65,536).
+        frozen = {chunk: tuple(slots) for chunk, slots in producers.items()}
         sources: list[tuple[tuple[Slot, ...], ...]] = []
         for rank, layout in enumerate(outputs):
             rank_sources = []
             for position, chunk in enumerate(layout):
-                slots = producers.get(chunk)
+                slots = frozen.get(chunk)
                 if not slots:
                     raise PurlinError(
                         f"output chunk {chunk} of rank {rank} has no producer: no input names it",
                         output_spans[rank][position],
                         (_namesakes(chunk, producers),),
                     )
-                rank_sources.append(tuple(slots))
+                rank_sources.append(slots)
             sources.append(tuple(rank_sources))
 
         sizes = self.sizes(inputs, input_spans, outputs, output_spans)
