@@ -52,6 +52,11 @@ class Meter:
                 ("check fewer world sizes (purlinc check --ranks LO..HI), or write shorter layouts and expressions",),
             )
 MAX_VALUE = 2**63 - 1  # index arithmetic beyond this is refused, not computed
+# The Python call passes operands by name (``coll(x, out, residual=h)``, ``coll(x, n=sizes)``),
+# beside its own arguments: an operand named like one of these could not be passed.
+# tests/test_operand_names.py holds every runtime call's signature to this list.
+CALL_KEYWORDS = ("x", "xs", "out", "outs", "op", "stream", "streams", "count", "dtype", "sizes", "out_sizes",
+                 "expected_sizes", "row", "self")
 _SHOWN = 60  # characters of an expression quoted in a message
 
 
@@ -471,7 +476,8 @@ class _Checker:
     def taken_names(self) -> dict[str, str]:
         """Names an operand cannot have, each with what it names (for the message); known
         once the layouts are expanded (chunk names)."""
-        return {RANK_VARIABLE: "the rank", WORLD_VARIABLE: "the world size",
+        return {**{k: "an argument of the Python call" for k in CALL_KEYWORDS},
+                RANK_VARIABLE: "the rank", WORLD_VARIABLE: "the world size",
                 **{p: "a parameter" for p in self.params}, **{v: "a loop variable" for v in self._loop_variables()},
                 **{name: "a chunk" for name in self.arity}}
 
