@@ -1,7 +1,8 @@
 """Operands are passed by name beside the Python call's own arguments (``coll(x, out,
 residual=h)``, ``coll(x, n=sizes)``): an operand named like one of those arguments could not be
 passed (``count=`` bound the call's count; ``x=`` was given twice).  The checker refuses such
-names at the declaration, and every runtime call's arguments are in its list."""
+names at the declaration, and every runtime call's arguments are in its list.  Also what
+``check()`` is given for a parameter: an integer, or a located refusal."""
 
 from __future__ import annotations
 
@@ -76,3 +77,15 @@ def test_every_runtime_call_argument_is_reserved():
     for call in (Collective.__call__, GroupCollective.__call__, SizedCollective.__call__, GroupSized.__call__):
         named = [p.name for p in inspect.signature(call).parameters.values() if p.kind is not p.VAR_KEYWORD]
         assert set(named) <= set(CALL_KEYWORDS), f"{call.__qualname__}: {sorted(set(named) - set(CALL_KEYWORDS))}"
+
+
+@pytest.mark.parametrize("value", [1.9, True, "1", None, "abc"])
+def test_check_refuses_a_parameter_that_is_not_an_integer(value):
+    """check() bound int(value): 1.9 and True became 1, '1' became 1 without a word, and None
+    or 'abc' raised a bare TypeError / ValueError; the pipeline's own refusal now lives here."""
+    from pathlib import Path
+
+    definition = parse((Path(__file__).resolve().parents[1] / "examples" / "broadcast.pln").read_text(), "b.pln")
+    with pytest.raises(PurlinError) as caught:
+        check(definition, 3, {"root": value})
+    assert caught.value.message == f"parameter root must be an integer, got {value!r} ({type(value).__name__})"

@@ -10,6 +10,7 @@ sizes so a spec that only breaks at some R says which.
 from __future__ import annotations
 
 import itertools
+import operator
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Iterator
@@ -242,7 +243,7 @@ class _Checker:
         bound = {}
         for param in self.definition.params:
             if param.name in given:
-                bound[param.name] = int(given[param.name])
+                bound[param.name] = whole_number(f"parameter {param.name}", given[param.name])
             elif param.default is not None:
                 bound[param.name] = param.default
             else:
@@ -564,11 +565,24 @@ def _while_checking(definition: ast.CollectiveDef, world_size: int, params: Mapp
     return f"while checking {definition.name} for R={world_size}{bound}"
 
 
+def whole_number(what: str, value) -> int:
+    """``value`` as an int: an int or a NumPy integer.  A bool, float or string is refused, not
+    converted: ``int(1.5)`` is 1 and ``int(True)`` is 1, which would compile another collective
+    than the one asked for without a word."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise PurlinError(f"{what} must be an integer, got {value!r} ({type(value).__name__})")
+
+
 def check(definition: ast.CollectiveDef, world_size: int, params: Mapping[str, int] | None = None,
           *, meter: Meter | None = None) -> Spec:
     """Resolve ``definition`` for ``world_size`` ranks; raise ``PurlinError`` if ill-formed.
     ``meter`` bounds the work (a fresh one per call unless given: check_all shares one)."""
     params = dict(params or {})
+    world_size = whole_number("the world size", world_size)
     if world_size < 1:
         raise PurlinError(f"the world size must be at least 1, not {world_size}")
     if world_size > MAX_WORLD_SIZE:

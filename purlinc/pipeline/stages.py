@@ -7,13 +7,13 @@ imported by a cache hit)."""
 
 from __future__ import annotations
 
-import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from purlinc.errors import PurlinError
+from purlinc.frontend.check import whole_number
 from purlinc.pipeline.source import SourceText
 from purlinc.pipeline.stats import STATS
 
@@ -49,18 +49,6 @@ def snac_stage(spec: Spec, options: LowerOptions, *, verify: bool = True) -> Sch
         STATS.verifications += 1
         verify_schedule(schedule, spec)
     return schedule
-
-
-def whole_number(what: str, value) -> int:
-    """``value`` as an int: an int or a NumPy integer.  A bool, float or string is refused, not
-    converted: ``int(1.5)`` is 1 and ``int(True)`` is 1, which would compile another collective
-    than the one asked for without a word."""
-    if not isinstance(value, bool):
-        try:
-            return operator.index(value)
-        except TypeError:
-            pass
-    raise PurlinError(f"{what} must be an integer, got {value!r} ({type(value).__name__})")
 
 
 def _params_key(params: Mapping[str, int] | None) -> tuple[tuple[str, int], ...]:
