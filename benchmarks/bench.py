@@ -57,7 +57,7 @@ dist = None
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="1K, 64K, 1M, 16M, 256M and fewer Purlin variants")
+    ap.add_argument("--quick", action="store_true", help="1K, 16K, 64K, 1M, 16M, 256M and fewer Purlin variants")
     ap.add_argument("--out", type=Path, default=None, help="also copy every output file here (e.g. $OUT)")
     ap.add_argument("--results-dir", type=Path, default=HERE / "results")
     ap.add_argument("--machine", default=None, help="machine tag in file names (default: <gpu>x<R>, e.g. h200x2)")

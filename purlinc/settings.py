@@ -34,7 +34,8 @@ DEBUG = Setting(
     "re-raise errors with a traceback (DEBUG and TRACE do too); 0 or unset: no log, no cost",
 )
 CACHE_DIR = Setting(
-    "PURLIN_CACHE_DIR", "", False, "where compiled CUBINs are cached (default ~/.cache/purlin)"
+    "PURLIN_CACHE_DIR", "", False,
+    "where compiled CUBINs are cached (default $XDG_CACHE_HOME/purlin, or ~/.cache/purlin without it)"
 )
 NO_CACHE = Setting("PURLIN_NO_CACHE", "0", False, "1: bypass the compile cache (neither read nor write)")
 WAIT_TIMEOUT_S = Setting(

@@ -255,3 +255,27 @@ def test_check_refuses_a_range_past_the_largest_world_size(capsys, ranks):
     # len() of such a range overflows a C ssize_t: it was an internal error (exit 3)
     err = refused(capsys, "check", ALLGATHER, "--ranks", ranks)
     assert err == "error: the world size 9,999,999,999,999,999,999,999,999,999 is larger than Purlin supports (65,536)\n"
+
+
+# ---- --op: a reduction's, refused where nothing would read it ------------------------------
+
+@pytest.mark.parametrize("argv, message", [
+    (["compile", ALLGATHER, "-R", "2", "--op", "max"], "error: --op applies to reduce collectives; allgather is a copy"),
+    (["dump", ALLGATHER, "-R", "2", "-s", "cuda", "--op", "max"],
+     "error: --op applies to reduce collectives; allgather is a copy"),
+    (["dump", ALLREDUCE, "-R", "2", "-s", "snac", "--op", "max"], "error: --op applies to --stage cuda, not --stage snac"),
+    (["dump", ALLREDUCE, "-R", "2", "-s", "cuda", "--op", "mean"], "mean"),
+])
+def test_op_where_nothing_reads_it_is_refused(capsys, argv, message):
+    assert message in refused(capsys, *argv)
+
+
+def test_op_defaults_to_sum_and_is_taken_on_a_reduction(capsys, tmp_path):
+    import json
+
+    for op, want in ((None, "sum"), ("max", "max")):
+        given = ["--op", op] if op else []
+        code, out, err = cli(capsys, "compile", ALLREDUCE, "-R", "2", "-o", str(tmp_path / want), *given)
+        assert code == 0, err
+        manifest = next((tmp_path / want).glob("*.manifest.json"))
+        assert json.loads(manifest.read_text())["op"] == want

@@ -134,3 +134,11 @@ def test_parse_errors_are_purlin_errors():
     with pytest.raises(PurlinError) as info:
         parse("collective c { in[r] = x }", "bad.pln")
     assert info.value.span is not None and info.value.span.source.name == "bad.pln"
+
+
+def test_a_semicolon_after_the_epilogue():
+    """LANGUAGE.md: "a `;` after any of them is allowed": after the epilogue too."""
+    source = ("collective f(hidden = 16) with rows residual, row weight, scalar eps {\n"
+              "  in[r] = x; out[r] = x; reduce;\n"
+              "  epilogue rows(hidden) { h = out + residual; residual = h; out = rmsnorm(h, weight, eps) };\n}\n")
+    assert parse(source).epilogue is not None

@@ -442,3 +442,15 @@ def test_compiled_all_to_all_vdev_is_ordered_with_the_other_collectives():
     (second,) = _calls(gm, "allreduce_seq")
     assert first in ancestors(second), gm.graph  # only the sequence tensor links them
     assert not _calls(gm, "alltoallv_out")
+
+
+def test_import_purlinc_torch_registers_the_sized_ops():
+    """TORCH.md calls torch.ops.purlin.alltoallv after ``import purlinc.torch``; the ops were
+    registered only by importing purlinc.torch.sized itself."""
+    import subprocess
+    import sys
+
+    code = "import torch, purlinc.torch; print(torch.ops.purlin.alltoallv.default, torch.ops.purlin.alltoallv_out.default)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["purlin.alltoallv.default", "purlin.alltoallv_out.default"]

@@ -116,7 +116,7 @@ def add_lowering(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stage-copies", type=int, choices=(1, 2), default=None,
         help=f"staging copies by call parity ({TWO_COPIES}): 2 takes the consumers' acknowledgements off the "
-             "critical path; default: what the atom can address (2 for kernels, 1 for ce)",
+             "critical path; default: what the atom can address (2 for ldst and tma)",
     )
 
 
@@ -124,7 +124,8 @@ def add_codegen(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", default="sm_90", help="target: sm_80, sm_90, sm_100 (or sm_90a, sm_100a); default sm_90")
     parser.add_argument("--atom", choices=ATOMS, default=DEFAULT_ATOM, help=f"datapath mechanism (default {DEFAULT_ATOM})")
     parser.add_argument("--dtype", default="bfloat16", help=f"element type: {', '.join(DTYPES)}")
-    parser.add_argument("--op", default="sum", help="reduction operator for reduce collectives: sum, prod, max, min")
+    parser.add_argument("--op", default=None,
+                        help="reduction operator of a reduce collective: sum (default), prod, max, min")
 
 
 def add_hierarchy(parser: argparse.ArgumentParser) -> None:
@@ -144,7 +145,18 @@ def check_codegen(args) -> None:
 
     get_atom(args.atom, args.arch)  # the architecture, then the atom on it (PurlinError)
     DType.parse(args.dtype)  # ValueError naming the known ones
-    ReduceOp.parse(args.op)
+    if args.op is not None:
+        ReduceOp.parse(args.op)
+
+
+def check_op(args, spec) -> None:
+    """--op names a reduction: on a copy collective it would be ignored, so it is refused."""
+    if args.op is not None and not spec.is_reduce:
+        raise PurlinError(f"--op applies to reduce collectives; {spec.name} is a copy")
+
+
+def reduce_op(args) -> str:
+    return args.op or "sum"
 
 
 def check_stage_copies(args) -> None:

@@ -67,11 +67,12 @@ def run(args) -> int:
         flag = f"-o {args.output_dir}" if args.output_dir else "the default output directory purlin-out"
         raise PurlinError(f"{flag}: {problem}", None, ("choose another place with -o DIR",))
     source = common.source(args)
+    common.check_op(args, pipeline.spec_of(source, world_size, dict(args.param)))
     if ranks_defaulted:
         print(f"note: --ranks not given: compiling for R={world_size} ranks (the default)", file=sys.stderr)
     artifact = pipeline.compile(
         source, world_size=world_size, params=dict(args.param), arch=args.arch,
-        overrides=changes, atom=args.atom, dtype=args.dtype, op=args.op,
+        overrides=changes, atom=args.atom, dtype=args.dtype, op=common.reduce_op(args),
     )
     out_dir = Path(args.output_dir) if args.output_dir else Path("purlin-out") / artifact.collective
     try:

@@ -63,7 +63,7 @@ def add_parser(commands) -> None:
     parser.add_argument("--all-channels", action="store_true", help="draw every channel even when they are identical")
     parser.add_argument("--trace", default=None, metavar="TRACE.json", help="draw the times of a device trace (coll.trace())")
     parser.add_argument("--width", type=width, default=None,
-                        help=f"width of a timeline in pixels (at least {MIN_WIDTH})")
+                        help=f"width of a timeline in pixels ({MIN_WIDTH} to {MAX_WIDTH:,})")
 
 
 def compare_list(text: str | None) -> tuple[str, ...]:

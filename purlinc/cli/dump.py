@@ -48,6 +48,8 @@ def check_stage_options(args) -> None:
             raise PurlinError(f"{', '.join(given)} {verb} to --stage snac and cuda, not --stage {args.stage}")
     if args.stage == "ast" and args.param:  # the file as parsed: nothing is bound
         raise PurlinError("--param applies to --stage spec, snac and cuda, not --stage ast")
+    if args.stage != "cuda" and args.op is not None:  # only the kernel has a reduction operator
+        raise PurlinError(f"--op applies to --stage cuda, not --stage {args.stage}")
 
 
 # Producer slots the spec stage lists at most (every output chunk's sources, a word or so each:
@@ -76,6 +78,7 @@ def run(args) -> int:
         common.emit(definition.format())
         return 0
     spec = pipeline.spec_stage(definition, args.ranks, dict(args.param))
+    common.check_op(args, spec)
     if args.stage == "spec":
         _refuse_too_long_a_listing(spec)
         _print(args, spec.format, spec.to_json)
@@ -94,6 +97,6 @@ def run(args) -> int:
     from purlinc.dtypes import DType, ReduceOp
 
     kernel = generate(schedule, spec, atom=args.atom, arch=args.arch, dtype=DType.parse(args.dtype),
-                      op=ReduceOp.parse(args.op) if spec.is_reduce else None)
+                      op=ReduceOp.parse(common.reduce_op(args)) if spec.is_reduce else None)
     common.emit(kernel.source)
     return 0

@@ -1,4 +1,4 @@
-"""The runtime's front door: ``purlinc.load`` and the three things it can build, each with its
+"""The runtime's front door: ``purlinc.load`` and the four things it can build, each with its
 own entry point taking a frozen :class:`~purlinc.runtime.options.LoadOptions`:
 
 - ``load_flat``: one pinned schedule for every call (``collective.py`` runs it);

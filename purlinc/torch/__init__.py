@@ -33,6 +33,7 @@ from purlinc.torch.epilogue import FusedAddRMSNorm, fused_add_rmsnorm_op  # noqa
 from purlinc.torch.groups import default_group, group_of, init
 from purlinc.torch.ops import define
 from purlinc.torch.registry import Entry, entry
+from purlinc.torch import sized  # noqa: F401 (registers torch.ops.purlin.alltoallv*, docs/TORCH.md)
 
 if torch.distributed.is_available():  # the backend: dist.init_process_group("cuda:purlin,cpu:gloo")
     from purlinc.torch import backend
