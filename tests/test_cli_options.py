@@ -279,3 +279,20 @@ def test_op_defaults_to_sum_and_is_taken_on_a_reduction(capsys, tmp_path):
         assert code == 0, err
         manifest = next((tmp_path / want).glob("*.manifest.json"))
         assert json.loads(manifest.read_text())["op"] == want
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-R", "1_000"], "argument --ranks/-R: expected a positive integer, got '1_000'"),
+    (["-R", "\u0663"], "argument --ranks/-R: expected a positive integer, got '\u0663'"),  # an Arabic-Indic 3
+    (["-R", " 3"], "argument --ranks/-R: expected a positive integer, got ' 3'"),
+    (["-R", "3", "--param", "root=1_0"], "argument --param/-p: parameter root: '1_0' is not an integer"),
+    (["-R", "3", "--param", "root= 1"], "argument --param/-p: parameter root: ' 1' is not an integer"),
+])
+def test_integers_are_written_as_in_a_pln_file(capsys, argv, message):
+    """int() takes "1_000", " 3" and other scripts' digits; a .pln file does not, nor does the CLI."""
+    assert message in refused(capsys, "dump", BROADCAST, *argv)
+
+
+def test_compare_refuses_an_algorithm_named_twice(capsys):
+    err = refused(capsys, "draw", ALLREDUCE, "-R", "2", "--compare", "ring,direct-push,ring")
+    assert "--compare 'ring,direct-push,ring': ring named twice; name each algorithm once" in err

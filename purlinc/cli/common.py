@@ -4,6 +4,7 @@ arguments into a source and LowerOptions (the same ones ``compile`` would use)."
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -19,12 +20,22 @@ TWO_COPIES = ", ".join(r.name for r in ALGORITHM_REGISTRY.records() if r.stage_c
 FILE_HELP = "the .pln collective (see docs/LANGUAGE.md), or - for standard input"
 
 
+_INTEGER = re.compile(r"-?[0-9]+")  # ASCII digits only: int() also takes "1_000", " 3" and "٣"
+
+
+def integer(text: str) -> int:
+    """A command-line integer as it is written in a .pln file, or ValueError."""
+    if not _INTEGER.fullmatch(text):
+        raise ValueError(text)
+    return int(text)
+
+
 def param(text: str) -> tuple[str, int]:
     name, sep, value = text.partition("=")
     if not sep or not name.isidentifier():
         raise argparse.ArgumentTypeError(f"expected NAME=INTEGER, got {text!r}")
     try:
-        return name, int(value)
+        return name, integer(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"parameter {name}: {value!r} is not an integer") from None
 
@@ -52,7 +63,7 @@ def path(text: str) -> str:
 
 def positive(text: str) -> int:
     try:
-        value = int(text)
+        value = integer(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
@@ -63,7 +74,7 @@ def positive(text: str) -> int:
 def world_sizes(text: str) -> range:
     lo, sep, hi = text.partition("..")
     try:
-        sizes = range(int(lo), int(hi) + 1) if sep else range(int(text), int(text) + 1)
+        sizes = range(integer(lo), integer(hi) + 1) if sep else range(integer(text), integer(text) + 1)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected N or LO..HI (inclusive), got {text!r}") from None
     if not sizes or sizes[0] < 1:
@@ -76,7 +87,7 @@ def byte_size(text: str) -> int:
              "t": 1 << 40, "tib": 1 << 40}
     number = text.rstrip("kKmMgGtTiIbB")
     try:
-        value = int(number) * units[text[len(number):].lower()]
+        value = integer(number) * units[text[len(number):].lower()]
     except (ValueError, KeyError):
         raise argparse.ArgumentTypeError(f"expected a size like 4096, 64KiB or 1MiB, got {text!r}") from None
     if value < 1:  # a timeline of empty messages would be drawn with one element per chunk: a lie
@@ -114,7 +125,7 @@ def add_lowering(parser: argparse.ArgumentParser) -> None:
         help=f"LL packing ({PACKING}): data notifies ride in the staged data, a flag in every 16-byte packet",
     )
     parser.add_argument(
-        "--stage-copies", type=int, choices=(1, 2), default=None,
+        "--stage-copies", type=integer, choices=(1, 2), default=None,
         help=f"staging copies by call parity ({TWO_COPIES}): 2 takes the consumers' acknowledgements off the "
              "critical path; default: what the atom can address (2 for ldst and tma)",
     )

@@ -74,6 +74,9 @@ def compare_list(text: str | None) -> tuple[str, ...]:
     names = tuple(name.strip() for name in text.split(","))
     if not all(names):
         raise PurlinError(f"--compare {text!r}: expected algorithms separated by commas, e.g. ring,direct-push")
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:  # two panels of one schedule compare nothing
+        raise PurlinError(f"--compare {text!r}: {', '.join(twice)} named twice; name each algorithm once")
     return names
 
 
