@@ -454,3 +454,18 @@ def test_import_purlinc_torch_registers_the_sized_ops():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["purlin.alltoallv.default", "purlin.alltoallv_out.default"]
+
+
+def test_a_collective_named_like_another_ops_form_is_refused_by_name():
+    """``define(name)`` registers NAME, NAME_out, NAME_inplace and NAME_seq: a collective called
+    ``<other>_out`` or ``alltoallv`` met torch.library's own RuntimeError at registration."""
+    from purlinc.runtime.errors import ArgumentError
+    from purlinc.torch.ops import define
+
+    define("probe_ag")
+    with pytest.raises(ArgumentError, match=r"op name 'probe_ag_out': torch.ops.purlin.probe_ag_out is already the "
+                                            r"out form of collective 'probe_ag'"):
+        define("probe_ag_out")
+    with pytest.raises(ArgumentError, match=r"op name 'alltoallv': torch.ops.purlin.alltoallv is already registered"):
+        define("alltoallv")
+    assert define("probe_ag") is define("probe_ag")  # a name's own ops: defined once, found again

@@ -394,13 +394,34 @@ def define(name: str) -> Ops:
         return _DEFINED.get(name) or _define(name)
 
 
+_SUFFIXES = ("", "_out", "_inplace", "_seq")  # the ops _define registers for a name
+
+
+def _refuse_taken(name: str) -> None:
+    """Each name registers purlin::NAME, NAME_out, NAME_inplace and NAME_seq: a collective
+    called ``allgather_out`` would take the out form of ``allgather`` (torch.library refused
+    the second registration with its own RuntimeError), and ``alltoallv`` the uneven
+    all-to-all's op (purlinc.torch.sized)."""
+    for suffix in _SUFFIXES:
+        op = name + suffix
+        if not hasattr(getattr(torch.ops, NAMESPACE), op):
+            continue
+        owners = [f"the {s.removeprefix('_') or 'functional'} form of collective {other!r}"
+                  for other in _DEFINED for s in _SUFFIXES if other + s == op]
+        owner = owners[0] if owners else ("registered (purlinc.torch.sized registers alltoallv, alltoallv_out and "
+                                          "alltoallv_seq)")
+        raise ArgumentError(f"op name {name!r}: torch.ops.{NAMESPACE}.{op} is already {owner}",
+                            notes=("rename the collective (its name in the .pln file names its ops)",))
+
+
 def _define(name: str) -> Ops:
     if not _NAME.fullmatch(name):
         raise ArgumentError(f"op name {name!r} is not an identifier (letters, digits, _; a letter first)")
+    _refuse_taken(name)
     impl = _implementations(name)
     lib = f"{NAMESPACE}::{name}"
     ops: list = []
-    for suffix, fn, fake, schema, mutates in (
+    for suffix, fn, fake, schema, mutates in (  # in _SUFFIXES' order
         ("", impl["functional"], impl["functional_fake"], "(Tensor x, int handle, str op, SymInt count) -> Tensor", ()),
         ("_out", impl["out_form"], impl["out_fake"], "(Tensor x, Tensor(a!) out, int handle, str op) -> ()", ("out",)),
         ("_inplace", impl["inplace"], impl["inplace_fake"], "(Tensor(a!) t, int handle, str op) -> ()", ("t",)),
