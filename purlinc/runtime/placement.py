@@ -18,8 +18,8 @@ from purlinc.errors import PurlinError
 from purlinc.pipeline import Compiled
 from purlinc.runtime import communicator
 from purlinc.runtime.collective import Collective, GroupCollective, Layout, layout_sizes
-from purlinc.runtime.prepared import staging_placement
 from purlinc.runtime.errors import MismatchError
+from purlinc.runtime.prepared import staging_placement
 from purlinc.runtime.residency import group_shares_a_gpu
 from purlinc.runtime.zerocopy import ZeroCopy, twin_compiled
 
