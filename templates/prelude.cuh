@@ -15,6 +15,7 @@ struct purlin_args {
     purlin_u64 stage_unit;   // bytes between staging units: the same for every call of a load (abi.StagingPlacement)
     purlin_u64 step;         // slice stride in bytes: round_up(ceil(piece bytes / SLICES), 16)
     purlin_u64 copy_bytes;   // bytes between the two staging copies (0 with one copy)
+    purlin_u64 stage_step;   // bytes between a staging unit's slices: the same for every call of a load
     purlin_u64 timeout_ns;   // bound on every wait
     purlin_u64 rank;         // the rank this launch runs: its row of the body's table
     char* in;                // this rank's input
@@ -54,6 +55,7 @@ struct purlin_round {
     off io_offset;     // byte offset of this round inside an IN/OUT unit: round * piece bytes
     off io_unit;       // bytes between IN/OUT units
     off stage_unit;    // bytes between staging units
+    off stage_step;    // bytes between a staging unit's slices (fixed; `step` follows the count)
     off bytes;         // bytes of one unit moved this round
     off step;          // slice stride in bytes
     off stage_copy;    // byte offset of this round's staging copy (epoch parity; 0 with one copy)
@@ -73,6 +75,7 @@ __device__ __forceinline__ purlin_round<Geo> purlin_round_geometry(const purlin_
     rd.io_offset = Geo::lean ? 0 : (off)(round * args.piece_bytes);  // lean: round 0 of 1
     rd.io_unit = (off)args.io_unit;
     rd.stage_unit = (off)args.stage_unit;
+    rd.stage_step = (off)args.stage_step;
     rd.bytes = (off)(Geo::lean || round + 1 == args.rounds ? args.last_bytes : args.piece_bytes);
     rd.step = (off)args.step;
     rd.stage_copy = 0;
@@ -116,19 +119,21 @@ __device__ __forceinline__ char* purlin_io(char* base, unsigned unit, unsigned s
     return base + (unit * rd.io_unit + rd.io_offset + purlin_slice_lo(rd, s));
 }
 
-// Slice s of unit u of a staging buffer: units are `stage_unit` bytes apart, whatever the count.
+// Slice s of unit u of a staging buffer: units `stage_unit` and slices `stage_step` bytes apart,
+// whatever the count (abi.StagingPlacement): each channel guards its own slices, so a slice must
+// not move onto another channel's between calls.
 template <typename Geo>
 __device__ __forceinline__ char* purlin_stage(char* base, unsigned unit, unsigned s, const purlin_round<Geo>& rd)
 {
-    return base + (rd.stage_copy + unit * rd.stage_unit + purlin_slice_lo(rd, s));
+    return base + (rd.stage_copy + unit * rd.stage_unit + s * rd.stage_step);
 }
 
 // Packets of slice s of a packed message in unit u (and u + 1): data byte o of the slice is in
-// the packet at byte 2 * o from the start of unit u plus twice the slice's start (16-byte aligned).
+// the packet at byte 2 * o from the start of unit u plus twice the slice's fixed start.
 template <typename Geo>
 __device__ __forceinline__ char* purlin_stage_ll(char* base, unsigned unit, unsigned s, const purlin_round<Geo>& rd)
 {
-    return base + (rd.stage_copy + unit * rd.stage_unit + 2 * purlin_slice_lo(rd, s));
+    return base + (rd.stage_copy + unit * rd.stage_unit + 2 * (s * rd.stage_step));
 }
 
 // Slice s of unit `unit` of a region of kind `kind` (codegen/exprs.py numbers them: 0 this

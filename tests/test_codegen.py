@@ -254,12 +254,15 @@ def test_header_geometry_is_the_simulators(itemsize, slices, copies, align):
     from purlinc.snac.simulate import round_slice_bounds
 
     abi = _abi(itemsize, 3, slices, copies, align)
-    staging = StagingPlacement.for_space(3 * copies * 5008 * itemsize, 3 * copies)  # the largest piece fits
+    # the largest piece's slices fit (5000 elements in up to 8 slices of 16-byte multiples)
+    staging = StagingPlacement.for_space(3 * copies * 8 * (5000 * itemsize // slices + 32), 3 * copies, slices)
     for count in (0, 1, 5, 7, 64, 100, 1000, 4099):
         for piece in (1, 3, 16, 64, 1000, 5000):
-            rounds, io_unit, piece_bytes, last_bytes, unit, step, copy_bytes = abi.geometry(count, piece, staging)
+            rounds, io_unit, piece_bytes, last_bytes, unit, step, copy_bytes, stage_step = abi.geometry(
+                count, piece, staging)
             assert rounds == runtime_rounds(count, piece) and io_unit == count * itemsize
-            assert unit == abi.staged_at(piece, staging)[1] >= abi.stage_unit_bytes(piece)
+            assert (unit, stage_step) == abi.staged_at(piece, staging)[1:]
+            assert step <= stage_step and slices * stage_step <= unit  # every slice fits its fixed place
             assert copy_bytes == (3 * unit if copies == 2 else 0)
             for r in range(rounds):
                 nbytes = last_bytes if r + 1 == rounds else piece_bytes  # rd.bytes

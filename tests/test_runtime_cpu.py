@@ -190,7 +190,7 @@ def test_ce_plan_handshake_and_initial_values():
     for i, op in enumerate(ops):
         if op[0] == "wait" and op[1] == 0 and op[2] >= p.signals:  # a gate wait precedes a remote flag write
             assert ops[i + 1][0] == "write" and ops[i + 2][0] == "write"
-    buffers = Buffers(0x1000, 0x9000, (0x100000, 0x200000), (0x300000, 0x400000), 10, 4, 4, 64)
+    buffers = Buffers(0x1000, 0x9000, (0x100000, 0x200000), (0x300000, 0x400000), 10, 4, 4, 64, 16)
     copies = [op for op in expand(p, 0, 0, buffers) if op[0] == "copy"]
     assert sum(op[3] for op in copies) > 0 and len({op[0] for op in expand(p, 0, 0, buffers)}) >= 2
 

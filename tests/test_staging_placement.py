@@ -29,40 +29,48 @@ from purlinc.snac.simulate import POISON_OUT, POISON_STAGE, _Machine, _Run, slic
 from purlinc.snac.verify import verify
 
 
-def _abi(itemsize: int, units: int, copies: int, align: int) -> KernelABI:
+def _abi(itemsize: int, units: int, copies: int, align: int, slices: int = 1) -> KernelABI:
     return KernelABI(kernel_base="k", world_size=2, channels=1, threads=256, shared_bytes=0, itemsize=itemsize,
-                     stage_units=units, slices=1, stage_copies=copies, signal_pad=1, in_units=(1, 1),
+                     stage_units=units, slices=slices, stage_copies=copies, signal_pad=1, in_units=(1, 1),
                      out_units=(1, 1), needs_in_peers=False, needs_out_peers=False, stage_align=align)
 
 
-def _unit_bytes(abi: KernelABI, staging: StagingPlacement, count: int, itemsize: int) -> dict:
-    """(copy, unit) -> the bytes of the staging space a call of ``count`` elements per chunk
-    writes there (a packed message's packets take twice its bytes, into the next unit)."""
+def _slice_bytes(abi: KernelABI, staging: StagingPlacement, count: int, itemsize: int) -> dict:
+    """(copy, unit, slice) -> the bytes of the staging space a call of ``count`` elements per
+    chunk writes there: the slice's length at its fixed place (a packed slice's packets take
+    twice its bytes at twice its offset, into the next unit)."""
     piece = choose_piece(count, staging, itemsize)
-    region, stride = abi.staged_at(piece, staging)
-    copy_bytes = abi.geometry(count, piece, staging)[6]
+    region, stride, step = abi.staged_at(piece, staging)
+    rounds, _, piece_bytes, _, unit, io_step, copy_bytes, stage_step = abi.geometry(count, piece, staging)
+    assert (unit, stage_step) == (stride, step) and io_step <= stage_step
     per_copy = abi.stage_units // abi.stage_copies
-    used = abi.stage_unit_bytes(piece)
-    return {(c, u): (region + c * copy_bytes + u * stride, region + c * copy_bytes + u * stride + used)
-            for c in range(abi.stage_copies) for u in range(per_copy)}
+    placed = {}
+    for c in range(abi.stage_copies):
+        for u in range(per_copy):
+            for s in range(abi.slices):
+                length = max(0, min(io_step, piece_bytes - s * io_step))
+                start = region + c * copy_bytes + u * stride + s * stage_step
+                placed[c, u, s] = (start, start + length)
+    return placed
 
 
 @pytest.mark.parametrize("space, units", [(64 << 20, 16), (64 << 20, 6), (1 << 20, 4), (200 << 10, 3), (4096, 2)])
-@pytest.mark.parametrize("itemsize, copies, align", [(2, 2, 16), (4, 1, 1), (1, 2, 1), (8, 2, 16)])
-def test_a_unit_keeps_its_bytes_whatever_the_count(space, units, itemsize, copies, align):
-    staging = StagingPlacement.for_space(space, units * copies)
-    abi = _abi(itemsize, units * copies, copies, align)
+@pytest.mark.parametrize("itemsize, copies, align, slices", [(2, 2, 16, 1), (4, 1, 1, 3), (1, 2, 1, 2), (8, 2, 16, 4)])
+def test_a_slice_keeps_its_bytes_whatever_the_count(space, units, itemsize, copies, align, slices):
+    staging = StagingPlacement.for_space(space, units * copies, slices)
+    abi = _abi(itemsize, units * copies, copies, align, slices)
     counts = sorted({1, 3, 8, 64, 1000, 4096, SMALL_STAGE_UNIT // itemsize, SMALL_STAGE_UNIT // itemsize + 1,
                      staging.large // itemsize, 10 * staging.large // itemsize})
-    placed = {n: _unit_bytes(abi, staging, n, itemsize) for n in counts}
+    placed = {n: _slice_bytes(abi, staging, n, itemsize) for n in counts}
     for n, here in placed.items():
-        for (c, u), (lo, hi) in here.items():
-            assert 0 <= lo < hi <= staging.total_bytes and lo % 16 == 0, (n, c, u)
+        for key, (lo, hi) in here.items():
+            assert 0 <= lo <= hi <= staging.total_bytes and lo % 16 == 0, (n, key)
         for m, there in placed.items():
             for key, (lo, hi) in here.items():
                 for other, (lo2, hi2) in there.items():
-                    assert key == other or hi <= lo2 or hi2 <= lo, (
-                        f"count {n}'s unit {key} at [{lo}, {hi}) overlaps count {m}'s unit {other} at [{lo2}, {hi2})")
+                    assert key == other or hi <= lo2 or hi2 <= lo or lo == hi or lo2 == hi2, (
+                        f"count {n}'s (copy, unit, slice) {key} at [{lo}, {hi}) overlaps count {m}'s {other} "
+                        f"at [{lo2}, {hi2})")
 
 
 def test_the_large_region_keeps_the_space_asked_for():
@@ -71,20 +79,23 @@ def test_the_large_region_keeps_the_space_asked_for():
     staging = StagingPlacement.for_space(64 << 20, 16)
     assert staging.large == (64 << 20) // 16 and staging.small == SMALL_STAGE_UNIT
     assert staging.total_bytes == 16 * (SMALL_STAGE_UNIT + (64 << 20) // 16)
-    assert staging.unit_of(100) == (0, SMALL_STAGE_UNIT)
-    assert staging.unit_of(SMALL_STAGE_UNIT + 16) == (16 * SMALL_STAGE_UNIT, staging.large)
+    assert staging.place(100) == (0, SMALL_STAGE_UNIT, SMALL_STAGE_UNIT)
+    assert staging.place(SMALL_STAGE_UNIT + 16) == (16 * SMALL_STAGE_UNIT, staging.large, staging.large)
+    assert choose_piece(1 << 40, staging, 2) == staging.large // 2
+    sliced = StagingPlacement.for_space(64 << 20, 16, slices=3)  # slices at a 16-byte multiple each
+    assert sliced.place(100) == (0, SMALL_STAGE_UNIT, 5456) and sliced.largest_step == 1398096
     tight = StagingPlacement.for_space(16 * 2 * SMALL_STAGE_UNIT, 16)
-    assert tight.small == 0 and tight.unit_of(100) == (0, 2 * SMALL_STAGE_UNIT)
-    with pytest.raises(ValueError, match="does not fit a staging unit"):
-        tight.unit_of(2 * SMALL_STAGE_UNIT + 16)
+    assert tight.small == 0 and tight.place(100) == (0, 2 * SMALL_STAGE_UNIT, 2 * SMALL_STAGE_UNIT)
+    with pytest.raises(ValueError, match="do not fit a staging unit"):
+        tight.place(2 * SMALL_STAGE_UNIT + 16)
 
 
 # ---- the kernels' addressing, modelled: calls of different counts back to back ----------------
 
 class _PlacedMachine(_Machine):
-    """The simulator's machine with one count per call (one round each) and the staging units
-    where ``place(piece_bytes) -> (region, stride)`` puts them, in bytes, as the kernels
-    address them."""
+    """The simulator's machine with one count per call (one round each) and staging slices
+    where ``place(step) -> (region, stride, stage_step)`` puts them, in bytes, as the kernels
+    address them (slice s of unit u at region + copy + u * stride + s * stage_step)."""
 
     def __init__(self, schedule, counts, dtype, op, place, space_bytes):
         super().__init__(schedule, max(counts), dtype, op, None)
@@ -98,13 +109,15 @@ class _PlacedMachine(_Machine):
         self.outs[rank] = self._poisoned(self.schedule.out_units[rank] * self.counts[self.call_of[rank]], POISON_OUT)
 
     def view(self, region, round_, epoch=0):
-        n, size = self.counts[epoch], self.dtype.itemsize
-        lo, hi = slice_bounds(n, size, self.schedule.slices, region.slice, self.align)
+        n, size, slices = self.counts[epoch], self.dtype.itemsize, self.schedule.slices
+        lo, hi = slice_bounds(n, size, slices, region.slice, self.align)
         if region.space is Space.STAGE:
-            base, stride = self.place(n * size)
+            step = -(-(-(-n * size // slices)) // self.align) * self.align
+            base, stride, stage_step = self.place(step)
             per_copy = self.schedule.stage_units
-            start = (base + (epoch % self.schedule.stage_copies) * per_copy * stride + region.unit * stride) // size
-            return self.stages[region.rank][start + lo:start + hi]
+            start = (base + (epoch % self.schedule.stage_copies) * per_copy * stride + region.unit * stride
+                     + region.slice * stage_step) // size
+            return self.stages[region.rank][start:start + hi - lo]
         buffer = self.ins[region.rank] if region.space is Space.IN else self.outs[region.rank]
         return buffer[region.unit * n + lo:region.unit * n + hi]
 
@@ -124,28 +137,35 @@ def _wrong_call(spec, schedule, counts, place, space_bytes, seed):
     return None
 
 
+ALLGATHER = "collective allgather { in[r] = x[r] out[r] = x[0..R] copy }"
+ALLREDUCE = "collective allreduce { in[r] = x[0..R] out[r] = x[0..R] reduce }"
+BROADCAST = "collective broadcast { in[0] = x out[r] = x copy }"
 SCHEDULES = [
-    ("allgather", "collective allgather { in[r] = x[r] out[r] = x[0..R] copy }", LowerOptions(stage_copies=2)),
-    ("allreduce", "collective allreduce { in[r] = x[0..R] out[r] = x[0..R] reduce }", LowerOptions(packed=True)),
-    ("allreduce", "collective allreduce { in[r] = x[0..R] out[r] = x[0..R] reduce }",
-     LowerOptions(Algorithm.RING)),
+    ("allgather", ALLGATHER, LowerOptions(stage_copies=2)),
+    ("allreduce", ALLREDUCE, LowerOptions(packed=True)),
+    ("allreduce", ALLREDUCE, LowerOptions(Algorithm.RING)),
+    # one staging copy and two channels: each channel guards its own slices, so a slice that
+    # moved with the count landed on the other channel's, unread
+    ("allgather", ALLGATHER, LowerOptions(stage_copies=1, channels=2)),
+    ("broadcast", BROADCAST, LowerOptions(Algorithm.RING, channels=2)),
+    ("allreduce", ALLREDUCE, LowerOptions(Algorithm.DIRECT_PULL, channels=2)),
 ]
 
 
 @pytest.mark.parametrize("name, source, options", SCHEDULES, ids=[f"{s[0]}-{s[2].key()}" for s in SCHEDULES])
 def test_calls_of_alternating_counts_are_right_in_every_interleaving(name, source, options):
-    R, counts, itemsize = 3, [64, 8, 64, 8], 4
+    R, counts = 3, [64, 8, 64, 8, 64, 8]
     spec = check(parse(source), R)
     schedule = lower(spec, options)
     verify(schedule, spec)
-    staging = StagingPlacement.for_space(1 << 20, schedule.staging_units)
-    wrong = [w for seed in range(40) if (w := _wrong_call(spec, schedule, counts, staging.unit_of,
+    staging = StagingPlacement.for_space(1 << 20, schedule.staging_units, schedule.slices)
+    wrong = [w for seed in range(40) if (w := _wrong_call(spec, schedule, counts, staging.place,
                                                           staging.total_bytes, seed))]
     assert not wrong, f"{len(wrong)} of 40 interleavings wrong, first: {wrong[0]}"
 
-    # The placement before, units a piece apart: the same model finds the race (so the check
-    # above can fail).
-    def compact(piece_bytes):
-        return 0, -(-piece_bytes // 16) * 16
+    # The placement before, units a piece apart and slices a step apart: the same model finds
+    # the race (so the check above can fail).
+    def compact(step):
+        return 0, step * schedule.slices, step
     old = [w for seed in range(40) if (w := _wrong_call(spec, schedule, counts, compact, 1 << 20, seed))]
     assert old, "the model no longer sees the race of a count-dependent placement"

@@ -14,13 +14,14 @@ says which body each rank runs (``KernelABI.entry``).  An entry takes one argume
     32      u64   stage_unit   bytes between staging units (``StagingPlacement``)
     40      u64   step         slice stride in bytes (below)
     48      u64   copy_bytes   bytes between the two staging copies (0 with one copy)
-    56      u64   timeout_ns   bound on every device-side wait (%globaltimer nanoseconds)
-    64      u64   rank         the rank this launch runs (its row of the body's table)
-    72      ptr   in           this rank's input
-    80      ptr   out          this rank's output
-    88      ptr   counters     this rank's call counters: u64[channels], device memory, start at 0
-    96      ptr   error        this rank's error record (``ERROR_RECORD``), host-mapped
-    104     ptr   stage[R]     stage[p]: rank p's staging of this call (its region) as mapped here
+    56      u64   stage_step   bytes between the slices of a staging unit (``StagingPlacement``)
+    64      u64   timeout_ns   bound on every device-side wait (%globaltimer nanoseconds)
+    72      u64   rank         the rank this launch runs (its row of the body's table)
+    80      ptr   in           this rank's input
+    88      ptr   out          this rank's output
+    96      ptr   counters     this rank's call counters: u64[channels], device memory, start at 0
+    104     ptr   error        this rank's error record (``ERROR_RECORD``), host-mapped
+    112     ptr   stage[R]     stage[p]: rank p's staging of this call (its region) as mapped here
     ..      ptr   signals[R]   signals[p]: rank p's signal pad (u64[signal_pad]) as mapped here
     ..      ptr   in_peer[R]   registered inputs of every rank (null when not registered)
     ..      ptr   out_peer[R]  registered outputs of every rank (null when not registered)
@@ -42,13 +43,14 @@ the runtime picks it per call (a small call's critical path is mostly those inst
 Launch: grid = (channels, 1, 1), block = (threads, 1, 1), no dynamic shared memory
 unless ``KernelABI.shared_bytes`` says otherwise.
 
-Staging: unit ``u`` of the staging a call addresses (``stage[p]``) starts at byte
-``u * stage_unit``.  Where a unit lies is the same for every call of a loaded collective,
-whatever its count (``StagingPlacement``): a schedule guards the reuse of a unit, not of
-bytes, so a call whose units lay over other units of the call before it (a smaller count
-after a larger one) would overwrite data a slower peer has not read yet.  A call's piece must
-fit its unit: ``round_up(piece * itemsize, stage_align) <= stage_unit``
-(``KernelABI.stage_unit_bytes``).  ``stage_align`` is 1, except 16 for modules with packed
+Staging: slice ``s`` of unit ``u`` of the staging a call addresses (``stage[p]``) starts at
+byte ``u * stage_unit + s * stage_step``.  Where a unit and its slices lie is the same for
+every call of a loaded collective, whatever its count (``StagingPlacement``): a schedule
+guards the reuse of a (unit, slice), each channel its own, not of bytes, so a call whose
+units or slices lay over others of the call before it (a smaller count after a larger one)
+would overwrite data a slower peer, or a slower channel, has not read yet.  A call's slices
+must fit: ``step <= stage_step`` (and so ``piece * itemsize <= slices * stage_step <=
+stage_unit``).  ``stage_align`` is 1, except 16 for modules with packed
 (LL) stages, whose packets must be 16-byte aligned; a packed message takes two consecutive
 units (already counted in ``stage_units``).  Packed modules need the staging buffer zeroed once
 before the first call (a packet whose flag words hold a stale value equal to an expected
@@ -84,7 +86,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-HEADER_FIELDS = ("rounds", "io_unit", "piece_bytes", "last_bytes", "stage_unit", "step", "copy_bytes",
+HEADER_FIELDS = ("rounds", "io_unit", "piece_bytes", "last_bytes", "stage_unit", "step", "copy_bytes", "stage_step",
                  "timeout_ns", "rank", "in", "out", "counters", "error")
 ERROR_RECORD = ("flag", "rank", "channel", "step", "signal_owner", "signal_index", "expected", "observed")
 ERROR_RECORD_BYTES = 8 * len(ERROR_RECORD)
@@ -104,42 +106,55 @@ _STAGE_STRIDE_ALIGN = 16  # every unit starts 16-byte aligned (packets; vector l
 
 @dataclass(frozen=True, slots=True)
 class StagingPlacement:
-    """Where each staging unit of a loaded collective lies, the same for every call.
+    """Where each staging unit of a loaded collective, and each slice of it, lies: the same
+    for every call.
 
-    The staging space holds two regions, each with every unit at a fixed stride: the small
-    region (``small`` bytes per unit, at the start) takes the calls whose piece fits
-    ``small``, the large one (``large`` bytes per unit, after it) every other call.  A unit's
-    bytes therefore never change with the count: consecutive calls of different counts touch
-    the same unit's bytes or disjoint ones, which is what a schedule's guards (per unit)
-    assume.  A space too small for both holds the large region only (``small == 0``)."""
+    The staging space holds two regions, each with every unit at a fixed stride and every
+    slice at a fixed step within its unit: the small region (``small`` bytes per unit, at the
+    start) takes the calls whose slices fit its step, the large one (``large`` bytes per unit,
+    after it) every other call.  A (unit, slice)'s bytes therefore never change with the
+    count: consecutive calls of different counts touch the same (unit, slice)'s bytes or
+    disjoint ones, which is what a schedule's guards (per unit and channel) assume.  A space
+    too small for both holds the large region only (``small == 0``)."""
 
     units: int  # staging units per rank, every copy
+    slices: int  # slices per unit, every channel
     small: int  # bytes per unit of the small region (0: no small region)
-    large: int  # bytes per unit of the large region: the largest piece a call stages
+    large: int  # bytes per unit of the large region
 
     @classmethod
-    def for_space(cls, space: int, units: int) -> "StagingPlacement":
-        """The placement of ``units`` units whose large region is at most ``space`` bytes;
-        the small region comes on top of it (``total_bytes``)."""
+    def for_space(cls, space: int, units: int, slices: int = 1) -> "StagingPlacement":
+        """The placement of ``units`` units of ``slices`` slices whose large region is at most
+        ``space`` bytes; the small region comes on top of it (``total_bytes``)."""
         if units <= 0:
-            return cls(0, 0, 0)
+            return cls(0, max(slices, 1), 0, 0)
         large = space // units // _STAGE_STRIDE_ALIGN * _STAGE_STRIDE_ALIGN
         small = SMALL_STAGE_UNIT if large > 2 * SMALL_STAGE_UNIT else 0
-        return cls(units, small, large)
+        return cls(units, max(slices, 1), small, large)
 
     @property
     def total_bytes(self) -> int:
         """Staging bytes per rank: both regions."""
         return self.units * (self.small + self.large)
 
-    def unit_of(self, piece_bytes: int) -> tuple[int, int]:
-        """(offset of the region, bytes between its units) for a call staging ``piece_bytes``
-        per unit (rounded up to the module's ``stage_align`` already)."""
-        if piece_bytes > self.large:
-            raise ValueError(f"a piece of {piece_bytes} bytes does not fit a staging unit of {self.large}")
-        if piece_bytes <= self.small:
-            return 0, self.small
-        return self.units * self.small, self.large
+    def step_of(self, stride: int) -> int:
+        """Bytes between a unit's slices in the region of units ``stride`` apart."""
+        return stride // self.slices // _STAGE_STRIDE_ALIGN * _STAGE_STRIDE_ALIGN
+
+    @property
+    def largest_step(self) -> int:
+        """The largest slice a call may stage (in the large region)."""
+        return self.step_of(self.large)
+
+    def place(self, step: int) -> tuple[int, int, int]:
+        """(offset of the region, bytes between its units, bytes between a unit's slices) for a
+        call whose slices are ``step`` bytes apart (``KernelABI.geometry``)."""
+        if step <= self.step_of(self.small):
+            return 0, self.small, self.step_of(self.small)
+        if step <= self.largest_step:
+            return self.units * self.small, self.large, self.largest_step
+        raise ValueError(f"slices of {step} bytes do not fit a staging unit of {self.large} bytes in "
+                         f"{self.slices} slice(s)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,29 +188,34 @@ class KernelABI:
         """Staging bytes per rank a call with this ``piece`` needs, its units packed."""
         return self.stage_units * self.stage_unit_bytes(piece)
 
-    def staged_at(self, piece: int, staging: StagingPlacement) -> tuple[int, int]:
-        """(offset into every rank's staging, bytes between units) of a call moving ``piece``
-        per round: where ``staging`` puts a piece of that size (0, 0 with no staging)."""
-        if not self.stage_units:
-            return 0, 0
-        return staging.unit_of(self.stage_unit_bytes(piece))
+    def step(self, piece: int) -> int:
+        """Bytes between the slices of a round moving ``piece`` elements per unit: the stride
+        of a full round, a multiple of 16 bytes or of the epilogue's row."""
+        align = self.row_bytes or 16
+        return -(-(-(-piece * self.itemsize // self.slices)) // align) * align
 
-    def geometry(self, count: int, piece: int, staging: StagingPlacement) -> tuple[int, int, int, int, int, int, int]:
+    def staged_at(self, piece: int, staging: StagingPlacement) -> tuple[int, int, int]:
+        """(offset into every rank's staging, bytes between units, bytes between a unit's
+        slices) of a call moving ``piece`` per round: where ``staging`` puts slices of its
+        size (zeros with no staging)."""
+        if not self.stage_units:
+            return 0, 0, 0
+        return staging.place(self.step(piece))
+
+    def geometry(self, count: int, piece: int, staging: StagingPlacement) -> tuple[int, ...]:
         """The header's round geometry for a call of ``count`` elements per chunk moving
-        ``piece`` per round, its units where ``staging`` places them: (rounds, io_unit,
-        piece_bytes, last_bytes, stage_unit, step, copy_bytes), as the kernel reads them (the
-        same bounds as ``purlinc.snac.simulate.round_slice_bounds``)."""
+        ``piece`` per round, its units and slices where ``staging`` places them: (rounds,
+        io_unit, piece_bytes, last_bytes, stage_unit, step, copy_bytes, stage_step), as the
+        kernel reads them (the same bounds as ``purlinc.snac.simulate.round_slice_bounds``)."""
         if count < 0 or piece < 1:
             raise ValueError(f"count={count}, piece={piece}: expected count >= 0 and piece >= 1")
         itemsize = self.itemsize
         rounds = -(-count // piece) if count else 0
         piece_bytes = piece * itemsize
         last_bytes = (count - (rounds - 1) * piece) * itemsize if rounds else 0
-        unit = self.staged_at(piece, staging)[1]
-        align = self.row_bytes or 16
-        step = -(-(-(-piece_bytes // self.slices)) // align) * align
+        _, unit, stage_step = self.staged_at(piece, staging)
         copy_bytes = self.stage_units // self.stage_copies * unit if self.stage_copies > 1 else 0
-        return rounds, count * itemsize, piece_bytes, last_bytes, unit, step, copy_bytes
+        return rounds, count * itemsize, piece_bytes, last_bytes, unit, self.step(piece), copy_bytes, stage_step
 
     def body(self, rank: int) -> int:
         if not 0 <= rank < self.world_size:
@@ -218,7 +238,7 @@ class KernelABI:
         is 8-byte aligned."""
         if not self.lean or count < 1:
             return False
-        rounds, io_unit, _, _, stage_unit, _, _ = self.geometry(count, piece, staging)
+        rounds, io_unit, _, _, stage_unit, *_ = self.geometry(count, piece, staging)
         units = max((*self.in_units, *self.out_units, 1))
         return (rounds == 1 and io_unit % 8 == 0 and units * io_unit < LEAN_LIMIT
                 and self.stage_units * stage_unit < LEAN_LIMIT and all(p % 8 == 0 for p in pointers))

@@ -226,12 +226,15 @@ class Buffers:
     piece: int
     itemsize: int
     stage_unit: int  # bytes between staging units: the same for every call (abi.StagingPlacement)
+    stage_step: int  # bytes between a staging unit's slices: the same for every call
 
 
 def resolve(region: Region, buffers: Buffers, round_: int, lo: int) -> int:
+    """The address of ``region`` at its slice's start, ``lo`` elements into the round's unit:
+    a staging slice sits at its fixed step, an IN/OUT slice where its elements are."""
     b = buffers
     if region.space is Space.STAGE:
-        return b.stage[region.rank] + region.unit * b.stage_unit + lo * b.itemsize
+        return b.stage[region.rank] + region.unit * b.stage_unit + region.slice * b.stage_step
     base = b.in_ptr if region.space is Space.IN else b.out_ptr
     return base + (region.unit * b.count + round_ * b.piece + lo) * b.itemsize
 

@@ -222,12 +222,20 @@ class Collective(Timeouts, Launches):
             Buffers = self._host.Buffers
             itemsize = shape.dtype.itemsize
             piece = choose_piece(shape.count, self.layout.staging, itemsize)
-            region, stride = self.layout.staging.unit_of(piece * itemsize) if self.stage_units else (0, 0)
+            region, stride, step = self._ce_staging(piece, itemsize)
             self._ce.run(Buffers(shape.in_ptr, shape.out_ptr, tuple(p + region for p in self.stage_ptrs),
-                                 tuple(self.pad_ptrs), shape.count, piece, itemsize, stride), stream)
+                                 tuple(self.pad_ptrs), shape.count, piece, itemsize, stride, step), stream)
             return
         function, grid, block, shared, packed = self.target(shape, epilogue)
         self._driver.launch(function, grid, block, shared, stream, packed)
+
+    def _ce_staging(self, piece: int, itemsize: int) -> tuple[int, int, int]:
+        """(region, unit stride, slice step) of a ce call: its slices' step as the ce atom cuts
+        them (16-byte multiples), placed as a kernel's would be."""
+        if not self.stage_units:
+            return 0, 0, 0
+        slices = self.layout.staging.slices
+        return self.layout.staging.place(-(-(-(-piece * itemsize // slices)) // 16) * 16)
 
     def __call__(self, x=None, out=None, op="sum", stream=None, *, count: int | None = None, dtype=None,
                  **operands):

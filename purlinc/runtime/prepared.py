@@ -67,8 +67,8 @@ class Layout:
 def staging_placement(compiled: Compiled, stage_bytes: int | None = None) -> StagingPlacement:
     """Where a load of ``compiled`` places its staging units; ``stage_bytes`` caps the largest
     piece's region (default PURLIN_STAGE_MB): larger messages run in several rounds."""
-    units = compiled.schedule.staging_units  # every copy (snac/ir.py)
-    return StagingPlacement.for_space(stage_bytes or settings.stage_bytes(), units)
+    schedule = compiled.schedule  # staging_units: every copy; slices: every channel's (snac/ir.py)
+    return StagingPlacement.for_space(stage_bytes or settings.stage_bytes(), schedule.staging_units, schedule.slices)
 
 
 def layout_sizes(compiled: Compiled, stage_bytes: int | None = None) -> tuple[int, int, int]:

@@ -217,19 +217,20 @@ def _chunk_count(where: str, x, out, in_units: int, out_units: int, count: int |
 
 
 def choose_piece(count: int, staging: StagingPlacement, itemsize: int, row: int = 1) -> int:
-    """Elements per chunk per round: the whole chunk when it fits a staging unit of the large
-    region (``staging.large``), else the largest 16-byte multiple that does, and a whole number
-    of ``row`` elements (an epilogue's rows: rounds never split a row)."""
+    """Elements per chunk per round: the whole chunk when its slices fit the large region's
+    (``staging.largest_step`` each), else the largest piece whose do: a multiple of 16 bytes
+    per slice, or of ``row`` elements (an epilogue's rows: rounds never split a row)."""
     if count <= 0:
         return 1
     if staging.units == 0:
         return count
-    cap = staging.large // itemsize
+    align = row * itemsize if row > 1 else FAST_ALIGN  # as KernelABI.step rounds a slice
+    cap = staging.slices * (staging.largest_step // align * align) // itemsize
     cap -= cap % max(1, FAST_ALIGN // itemsize)
     cap -= cap % row
     if cap < 1:
-        raise _err(f"staging units of {staging.large} bytes ({staging.units} of them) cannot hold a piece of "
-                   f"even {max(FAST_ALIGN, row * itemsize)} bytes", "raise PURLIN_STAGE_MB")
+        raise _err(f"staging units of {staging.large} bytes ({staging.units} of them, {staging.slices} slice(s) each) "
+                   f"cannot hold a piece of even {max(FAST_ALIGN, row * itemsize)} bytes", "raise PURLIN_STAGE_MB")
     return min(count, cap)
 
 

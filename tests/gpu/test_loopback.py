@@ -103,15 +103,16 @@ COUNTS = (1, 7, 1000, 4097, 100_003)
 ALTERNATING = (4096, 64, 2048, 8, 300_000, 16, 4096, 64, 100_003, 1)
 
 
-@pytest.mark.parametrize("options", [dict(algorithm="direct-push"), dict(packed=True), dict(algorithm="ring")],
-                         ids=["direct-push-x2", "packed", "ring"])
+@pytest.mark.parametrize("options", [dict(algorithm="direct-push"), dict(packed=True), dict(algorithm="ring"),
+                                     dict(algorithm="ring", channels=2), dict(algorithm="direct-pull", channels=2)],
+                         ids=["direct-push-x2", "packed", "ring", "ring-c2", "direct-pull-c2"])
 @pytest.mark.parametrize("name", ["allgather.pln", "allreduce.pln", "alltoall.pln"])
 def test_back_to_back_calls_of_alternating_counts(group, name, options, monkeypatch):
     """Every call of a run of different counts, issued with no synchronisation between calls and
     each rank delayed at random before each call (so that ranks run ahead of each other), is
-    right bit for bit.  A unit's staging bytes once depended on the call's count: a call with
-    fewer elements than the one before wrote over units a slower peer was still reading
-    (docs/SNAC.md, "Staging placement")."""
+    right bit for bit.  A unit's staging bytes, and a slice's within it, once depended on the
+    call's count: a call with fewer elements than the one before wrote over units a slower peer,
+    or slices a slower channel, was still reading (docs/SNAC.md, "Staging placement")."""
     monkeypatch.setenv("PURLIN_STAGE_MB", "4")
     coll = _load(group, name, **options)
     first = coll[0]
