@@ -55,7 +55,6 @@ struct purlin_round {
     off io_offset;     // byte offset of this round inside an IN/OUT unit: round * piece bytes
     off io_unit;       // bytes between IN/OUT units
     off stage_unit;    // bytes between staging units
-    off stage_step;    // bytes between a staging unit's slices (fixed; `step` follows the count)
     off bytes;         // bytes of one unit moved this round
     off step;          // slice stride in bytes
     off stage_copy;    // byte offset of this round's staging copy (epoch parity; 0 with one copy)
@@ -75,7 +74,6 @@ __device__ __forceinline__ purlin_round<Geo> purlin_round_geometry(const purlin_
     rd.io_offset = Geo::lean ? 0 : (off)(round * args.piece_bytes);  // lean: round 0 of 1
     rd.io_unit = (off)args.io_unit;
     rd.stage_unit = (off)args.stage_unit;
-    rd.stage_step = (off)args.stage_step;
     rd.bytes = (off)(Geo::lean || round + 1 == args.rounds ? args.last_bytes : args.piece_bytes);
     rd.step = (off)args.step;
     rd.stage_copy = 0;
@@ -121,19 +119,23 @@ __device__ __forceinline__ char* purlin_io(char* base, unsigned unit, unsigned s
 
 // Slice s of unit u of a staging buffer: units `stage_unit` and slices `stage_step` bytes apart,
 // whatever the count (abi.StagingPlacement): each channel guards its own slices, so a slice must
-// not move onto another channel's between calls.
+// not move onto another channel's between calls.  `stage_step` is read from the arguments
+// where it is used (a constant-bank operand), not kept in the round: one more live register
+// across a call made the TMA copy spill.
 template <typename Geo>
-__device__ __forceinline__ char* purlin_stage(char* base, unsigned unit, unsigned s, const purlin_round<Geo>& rd)
+__device__ __forceinline__ char* purlin_stage(char* base, unsigned unit, unsigned s, const purlin_round<Geo>& rd,
+                                              typename Geo::off stage_step)
 {
-    return base + (rd.stage_copy + unit * rd.stage_unit + s * rd.stage_step);
+    return base + (rd.stage_copy + unit * rd.stage_unit + s * stage_step);
 }
 
 // Packets of slice s of a packed message in unit u (and u + 1): data byte o of the slice is in
 // the packet at byte 2 * o from the start of unit u plus twice the slice's fixed start.
 template <typename Geo>
-__device__ __forceinline__ char* purlin_stage_ll(char* base, unsigned unit, unsigned s, const purlin_round<Geo>& rd)
+__device__ __forceinline__ char* purlin_stage_ll(char* base, unsigned unit, unsigned s, const purlin_round<Geo>& rd,
+                                                 typename Geo::off stage_step)
 {
-    return base + (rd.stage_copy + unit * rd.stage_unit + 2 * (s * rd.stage_step));
+    return base + (rd.stage_copy + unit * rd.stage_unit + 2 * (s * stage_step));
 }
 
 // Slice s of unit `unit` of a region of kind `kind` (codegen/exprs.py numbers them: 0 this
@@ -149,8 +151,8 @@ __device__ __forceinline__ char* purlin_region(const purlin_args& args, const pu
     case 1: return purlin_io(args.out, unit, s, rd);
     case 2: return purlin_io(args.in_peer[rank], unit, s, rd);
     case 3: return purlin_io(args.out_peer[rank], unit, s, rd);
-    case 4: return purlin_stage(args.stage[rank], unit, s, rd);
-    default: return purlin_stage_ll(args.stage[rank], unit, s, rd);
+    case 4: return purlin_stage(args.stage[rank], unit, s, rd, (typename Geo::off)args.stage_step);
+    default: return purlin_stage_ll(args.stage[rank], unit, s, rd, (typename Geo::off)args.stage_step);
     }
 }
 
