@@ -26,12 +26,8 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 ALLGATHER = EXAMPLES / "allgather.pln"
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    path = tmp_path / "cache"
-    monkeypatch.setenv("PURLIN_CACHE_DIR", str(path))
-    monkeypatch.delenv("PURLIN_NO_CACHE", raising=False)
-    return path
+# cache_dir: conftest's (an empty cache, and no in-process memo either side of each test, so
+# what one test compiled is not what another reads back).
 
 
 def _work() -> tuple[int, ...]:
