@@ -141,7 +141,18 @@ def test_byte_order_mark_is_accepted(tmp_path):
     path = tmp_path / "bom.pln"
     path.write_bytes(b"\xef\xbb\xbf" + ALLGATHER.encode())
     assert parse_file(path) == parse(ALLGATHER)
-    assert decode_source(b"\xef\xbb\xbf" + ALLGATHER.encode(), "bom.pln") == ALLGATHER
+    # the mark stays in the decoded text; parse() drops it, once
+    assert decode_source(b"\xef\xbb\xbf" + ALLGATHER.encode(), "bom.pln") == "\ufeff" + ALLGATHER
+
+
+def test_a_second_byte_order_mark_is_a_stray_character(tmp_path):
+    """One mark at the start is ignored; the reader and the parser each dropped one, so two
+    were accepted too."""
+    path = tmp_path / "bom2.pln"
+    path.write_bytes(b"\xef\xbb\xbf\xef\xbb\xbf" + ALLGATHER.encode())
+    with pytest.raises(PurlinError) as info:
+        parse_file(path)
+    assert lines(info.value)[0] == f"{path}:1:1: error: unexpected character '\\ufeff'"
 
 
 def test_byte_order_mark_keeps_columns(tmp_path):

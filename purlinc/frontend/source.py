@@ -51,7 +51,9 @@ def decode_source(data: bytes, filename: str) -> str:
     except UnicodeDecodeError as error:
         bad = skip + error.start
     if bad is None and nul < 0:
-        return text
+        # The mark stays in the text: parse() drops one (as it does for a string), so a second
+        # mark is a stray character there, located, not a second one dropped silently.
+        return "\ufeff" * bool(skip) + text
     offset = min(o for o in (bad, nul) if o is not None and o >= 0)
     # Lines and columns count characters of the text decoded up to the bad byte.
     prefix = data[skip:offset].decode("utf-8", "replace")
