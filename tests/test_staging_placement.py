@@ -1,15 +1,16 @@
-"""Where a call's staging units lie (``abi.StagingPlacement``), and why it must not depend on
-the call's count.
+"""Where a call's staging units and slices lie (``abi.StagingPlacement``), and why they must
+not depend on the call's count.
 
-A schedule guards the reuse of a staging *unit*: a producer overwrites unit u of copy c only
-after the consumer has read what the last call put there (a wait, or one implied by the
-calls between).  The kernels address unit u at ``region + copy * copy_bytes + u * stage_unit``.
-When ``stage_unit`` was the call's piece, a call with a smaller count than the call before it
-laid its units over other units of that call, which no guard covers: a rank that ran ahead
-overwrote data a slower peer had not read yet.  Two checks: every (copy, unit) keeps its bytes
-for every piece a load can move, and a model of the kernels' addressing (the simulator, its
-staging placed as the runtime places it) gets every call of alternating counts right in
-every interleaving tried, where the old placement did not."""
+A schedule guards the reuse of a staging slice, per channel: a producer overwrites slice s of
+unit u of copy c only after the consumer's channel has read what the last call put there (a
+wait, or one implied by the calls between).  The kernels address it at ``region + copy *
+copy_bytes + u * stage_unit + s * stage_step``.  When ``stage_unit`` was the call's piece and
+a slice sat at the call's own step, a call with a smaller count than the call before it laid
+its units and slices over others of that call, which no guard covers: a rank or a channel
+that ran ahead overwrote data a slower one had not read yet.  Two checks: every (copy, unit,
+slice) keeps its bytes for every piece a load can move, and a model of the kernels'
+addressing (the simulator, its staging placed as the runtime places it) gets every call of
+alternating counts right in every interleaving tried, where the old placement did not."""
 
 from __future__ import annotations
 
