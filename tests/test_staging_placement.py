@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from purlinc.atom.abi import SMALL_STAGE_UNIT, KernelABI, StagingPlacement
+from purlinc.atom.abi import SMALL_STAGE_UNIT, KernelABI, StagingPlacement, slice_step
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.frontend.check import check
 from purlinc.frontend.evaluate import evaluate
@@ -113,7 +113,7 @@ class _PlacedMachine(_Machine):
         n, size, slices = self.counts[epoch], self.dtype.itemsize, self.schedule.slices
         lo, hi = slice_bounds(n, size, slices, region.slice, self.align)
         if region.space is Space.STAGE:
-            step = -(-(-(-n * size // slices)) // self.align) * self.align
+            step = slice_step(n * size, slices, self.align)
             base, stride, stage_step = self.place(step)
             per_copy = self.schedule.stage_units
             start = (base + (epoch % self.schedule.stage_copies) * per_copy * stride + region.unit * stride

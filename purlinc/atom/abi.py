@@ -104,6 +104,12 @@ SMALL_STAGE_UNIT = 16 << 10
 _STAGE_STRIDE_ALIGN = 16  # every unit starts 16-byte aligned (packets; vector loads)
 
 
+def slice_step(nbytes: int, slices: int, align: int = 16) -> int:
+    """Bytes between the slices of ``nbytes`` cut into ``slices``: ceil(nbytes / slices) rounded
+    up to ``align`` (16, or an epilogue's row), as the kernels and the simulator cut them."""
+    return -(-(-(-nbytes // slices)) // align) * align
+
+
 @dataclass(frozen=True, slots=True)
 class StagingPlacement:
     """Where each staging unit of a loaded collective, and each slice of it, lies: the same
@@ -191,8 +197,7 @@ class KernelABI:
     def step(self, piece: int) -> int:
         """Bytes between the slices of a round moving ``piece`` elements per unit: the stride
         of a full round, a multiple of 16 bytes or of the epilogue's row."""
-        align = self.row_bytes or 16
-        return -(-(-(-piece * self.itemsize // self.slices)) // align) * align
+        return slice_step(piece * self.itemsize, self.slices, self.row_bytes or 16)
 
     def staged_at(self, piece: int, staging: StagingPlacement) -> tuple[int, int, int]:
         """(offset into every rank's staging, bytes between units, bytes between a unit's

@@ -26,7 +26,7 @@ import json
 from collections.abc import Sequence
 
 from purlinc import settings
-from purlinc.atom.abi import ERROR_RECORD_BYTES
+from purlinc.atom.abi import ERROR_RECORD_BYTES, slice_step
 from purlinc.atom.atoms import lookup_atom
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.pipeline import Compiled
@@ -234,8 +234,7 @@ class Collective(Timeouts, Launches):
         them (16-byte multiples), placed as a kernel's would be."""
         if not self.stage_units:
             return 0, 0, 0
-        slices = self.layout.staging.slices
-        return self.layout.staging.place(-(-(-(-piece * itemsize // slices)) // 16) * 16)
+        return self.layout.staging.place(slice_step(piece * itemsize, self.layout.staging.slices))
 
     def __call__(self, x=None, out=None, op="sum", stream=None, *, count: int | None = None, dtype=None,
                  **operands):
