@@ -59,9 +59,8 @@ MAX_LISTED_SOURCES = 1 << 22
 
 
 def _refuse_too_long_a_listing(spec) -> None:
-    listed = sum(len(slots) for rank in spec.sources for slots in rank)
-    if listed > MAX_LISTED_SOURCES:
-        raise PurlinError(f"the spec of {spec.name} at R={spec.world_size} lists {listed:,} producer slots over its "
+    if spec.reads > MAX_LISTED_SOURCES:
+        raise PurlinError(f"the spec of {spec.name} at R={spec.world_size} lists {spec.reads:,} producer slots over its "
                           f"output chunks, more than {MAX_LISTED_SOURCES:,} to print",
                           notes=("dump a smaller world size (--ranks), or check it without printing "
                                  "(purlinc check --spec-only)",))

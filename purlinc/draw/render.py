@@ -8,7 +8,7 @@ from pathlib import Path
 from purlinc.draw import html, svg
 from purlinc.draw.defaults import DEFAULT_DTYPE, DEFAULT_WORLD_SIZE, MAX_BOXES, MAX_TIMELINE_BYTES, MAX_WIDTH, MIN_WIDTH
 from purlinc.draw.model import build, refuse_large
-from purlinc.draw.timeline import CostModel, chunk_bytes_for, schedule_times
+from purlinc.draw.timeline import CostModel, buffer_units, chunk_bytes_for, schedule_times
 from purlinc.errors import PurlinError
 from purlinc.pipeline.source import SourceText
 
@@ -204,7 +204,7 @@ def _check_sizes(request: Request) -> None:
 def _refuse_too_long_a_message(schedule, chunk: int, count: int | None) -> None:
     """--count gives elements per chunk: with the dtype's size and a rank's chunks it may
     still model more than the 1 TiB message that --bytes is held to."""
-    units = max(max(schedule.in_units, default=0), max(schedule.out_units, default=0), 1)
+    units = buffer_units(schedule)
     if count is not None and chunk * units > MAX_TIMELINE_BYTES:
         raise PurlinError(f"count={count}: {units} chunk(s) of {chunk:,} B make a {chunk * units:,} B message, more "
                           f"than {MAX_TIMELINE_BYTES:,} (1 TiB)")

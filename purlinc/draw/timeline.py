@@ -139,12 +139,17 @@ def schedule_times(schedule: Schedule, drawing: Drawing, model: CostModel | None
     return Times("us" if model is not None else "step", spans, total, notes)
 
 
+def buffer_units(schedule: Schedule) -> int:
+    """Chunks in the larger of one rank's input and output, the largest over ranks (at least
+    one): what a message of ``nbytes`` is cut into."""
+    return max(max(schedule.in_units, default=0), max(schedule.out_units, default=0), 1)
+
+
 def chunk_bytes_for(schedule: Schedule, *, nbytes: int | None, count: int | None, itemsize: int) -> int:
     """Bytes of one chunk: from ``count`` (elements per chunk) or ``nbytes`` (the larger of one
     rank's input and output, as nccl-tests and the tuning table count).  A chunk holds whole
     elements, at least one: ``nbytes`` split over the units is rounded down to the item size."""
     if count is not None:
         return max(count, 1) * itemsize
-    units = max(max(schedule.in_units, default=0), max(schedule.out_units, default=0), 1)
-    elements = int(nbytes or 0) // units // itemsize
+    elements = int(nbytes or 0) // buffer_units(schedule) // itemsize
     return max(elements, 1) * itemsize

@@ -77,6 +77,12 @@ class Spec:
     def is_reduce(self) -> bool:
         return self.operation is Operation.REDUCE
 
+    @property
+    def reads(self) -> int:
+        """Producer slots over every rank's output chunks: the chunk reads a schedule of this
+        spec makes (per slice), and the lines ``format`` lists."""
+        return sum(len(slots) for outputs in self.sources for slots in outputs)
+
     def output_line(self, rank: int, position: int) -> int | None:
         """The .pln line an output chunk was named on, if known."""
         if rank < len(self.output_spans) and position < len(self.output_spans[rank]):

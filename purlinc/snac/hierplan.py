@@ -293,9 +293,8 @@ def _check_plannable(spec: Spec) -> None:
     """What the phases cannot express yet: an epilogue (no phase applies it, so the plan would
     drop it) and run-time sizes (the NCCL phases move fixed-size chunks); and a plan too large
     to make in reasonable time."""
-    reads = sum(len(slots) for outputs in spec.sources for slots in outputs)
-    if reads > MAX_PLAN_READS:
-        raise PurlinError(f"{spec.name} for R={spec.world_size} reads {reads:,} chunks across its ranks' outputs, "
+    if spec.reads > MAX_PLAN_READS:
+        raise PurlinError(f"{spec.name} for R={spec.world_size} reads {spec.reads:,} chunks across its ranks' outputs, "
                           f"more than a hierarchical plan covers ({MAX_PLAN_READS:,})",
                           notes=("plan it for fewer ranks",))
     if spec.epilogue is not None:

@@ -73,7 +73,7 @@ def _check_options(spec: Spec, options: LowerOptions) -> None:
         raise PurlinError(f"channels must be at most {MAX_CHANNELS} and slices per channel at most {MAX_SLICES} "
                           f"(got channels={options.channels}, slices={options.slices})",
                           notes=("a channel is a thread block per rank that stays resident for the whole call",))
-    reads = sum(len(slots) for outputs in spec.sources for slots in outputs) * options.slices
+    reads = spec.reads * options.slices
     if reads > MAX_READS:
         raise PurlinError(f"{spec.name} for R={spec.world_size} reads {reads:,} chunks across its ranks' outputs "
                           f"(x {options.slices} slice(s) per channel), more than one schedule holds ({MAX_READS:,})",
