@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from purlinc import cli, pipeline
+from purlinc.atom.abi import StagingPlacement
 from purlinc.atom.codegen import generate
 from purlinc.dtypes import DType, ReduceOp, random_values
 from purlinc.errors import PurlinError
@@ -263,7 +264,9 @@ def test_generated_ll_structure():
     assert "PURLIN_STAGE_ALIGN = 16" in source and kernel.abi.stage_align == 16
     # Two staging copies by epoch parity: the runtime allocates both.
     assert schedule.stage_copies == 2 and "PURLIN_STAGE_COPIES = 2" in source
-    assert kernel.abi.stage_bytes(3) == 2 * schedule.stage_units * 16  # 3 bf16 = 6 bytes -> 16
+    # 3 bf16 = 6 bytes: a slice of 16, at a 16-byte step of a 16-byte-aligned unit
+    staging = StagingPlacement.for_space(1 << 20, kernel.abi.stage_units, kernel.abi.slices)
+    assert kernel.abi.step(3) == 16 and all(v % 16 == 0 for v in kernel.abi.staged_at(3, staging))
     body = _body(source, 0)
     # The two packed stages of a rank are one loop: both chunks' loads, then both stores (the
     # first packets' loads peeled ahead of the loop, the rest at the end of each trip).

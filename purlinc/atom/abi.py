@@ -50,9 +50,10 @@ guards the reuse of a (unit, slice), each channel its own, not of bytes, so a ca
 units or slices lay over others of the call before it (a smaller count after a larger one)
 would overwrite data a slower peer, or a slower channel, has not read yet.  A call's slices
 must fit: ``step <= stage_step`` (and so ``piece * itemsize <= slices * stage_step <=
-stage_unit``).  ``stage_align`` is 1, except 16 for modules with packed
-(LL) stages, whose packets must be 16-byte aligned; a packed message takes two consecutive
-units (already counted in ``stage_units``).  Packed modules need the staging buffer zeroed once
+stage_unit``).  Every unit and slice starts 16-byte aligned, as packed (LL) stages' packets
+must (``stage_align``: 16 for modules with packed stages, which the placement's 16-byte
+strides and steps give every module); a packed message takes two consecutive units (already
+counted in ``stage_units``).  Packed modules need the staging buffer zeroed once
 before the first call (a packet whose flag words hold a stale value equal to an expected
 flag would be taken as arrived; zero never is), and its staging buffer, signal pad and call
 counters must not be shared with a schedule that has a different ``per_call`` (flags are
@@ -184,15 +185,6 @@ class KernelABI:
     bodies: tuple[int, ...] = ()  # per rank, the body (entry) it runs; () = body r for rank r
     epilogue_slots: int = 0  # words of epilogue operands after out_peer (0: no epilogue)
     row_bytes: int = 0  # an epilogue's row in bytes: slices are cut on rows (0: on 16 bytes)
-
-    def stage_unit_bytes(self, piece: int) -> int:
-        """Staging bytes a unit of a call moving ``piece`` elements per round takes."""
-        raw = piece * self.itemsize
-        return -(-raw // self.stage_align) * self.stage_align
-
-    def stage_bytes(self, piece: int) -> int:
-        """Staging bytes per rank a call with this ``piece`` needs, its units packed."""
-        return self.stage_units * self.stage_unit_bytes(piece)
 
     def step(self, piece: int) -> int:
         """Bytes between the slices of a round moving ``piece`` elements per unit: the stride
