@@ -91,6 +91,41 @@ def test_the_large_region_keeps_the_space_asked_for():
         tight.place(2 * SMALL_STAGE_UNIT + 16)
 
 
+@pytest.mark.parametrize("world", (2, 4, 8))
+@pytest.mark.parametrize("hidden", (4096, 4095, 64))
+@pytest.mark.parametrize("max_channels", (None, 8))
+def test_a_plain_load_runs_every_call_of_a_bucket_in_one_round(world, hidden, max_channels):
+    """A plain load sizes each bounded bucket's staging for the bucket's largest call; with an
+    epilogue, its slices are cut in whole rows (a bucket of 4 rows on 8 slices takes a row per
+    slice, not half of one), of bf16, f16 or f32.  Every call the bucket takes must fit one
+    round: a piece no larger than a row's share of the fixed slice step was refused outright."""
+    from pathlib import Path
+
+    from purlinc.runtime import tuning
+    from purlinc.runtime.tuned import prepare_tuned
+
+    source = (Path(__file__).parent.parent / "examples/fused/allreduce_add_rmsnorm.pln").read_text()
+    prepared, units = prepare_tuned(source, world, params={"hidden": hidden}, max_channels=max_channels)
+    checked = 0
+    for bucket in prepared:
+        schedule = bucket.compiled.schedule
+        if bucket.stage_bytes is None or not schedule.staging_units:
+            continue
+        staging = StagingPlacement.for_space(bucket.stage_bytes, schedule.staging_units, schedule.slices)
+        row = schedule.epilogue.row
+        for itemsize in (2, 4):
+            most_rows = bucket.bucket.max_bytes // (row * itemsize * units)
+            for rows in sorted({r for r in (1, 2, 3, most_rows // 2, most_rows - 1, most_rows) if 1 <= r <= most_rows}):
+                if tuning.choose(tuple(p.bucket for p in prepared), rows * row * itemsize * units) \
+                        != prepared.index(bucket):
+                    continue
+                count = rows * row
+                assert choose_piece(count, staging, itemsize, row) == count, (
+                    f"R={world} bucket {bucket.bucket}: {rows} row(s) of {row} x {itemsize} bytes take several rounds")
+                checked += 1
+    assert checked, "no bucket call checked"
+
+
 # ---- the kernels' addressing, modelled: calls of different counts back to back ----------------
 
 class _PlacedMachine(_Machine):

@@ -17,7 +17,9 @@ from pathlib import Path
 
 from purlinc import settings
 from purlinc.log import log
+from purlinc.atom.abi import slice_step
 from purlinc.atom.atoms import DEFAULT_ATOM, lookup_atom
+from purlinc.dtypes import DType
 from purlinc.errors import PurlinError
 from purlinc.pipeline import Compiled
 from purlinc.runtime import communicator, residency, tuning
@@ -31,6 +33,7 @@ from purlinc.snac.algorithms import DEFAULT_ALGORITHM
 from purlinc.snac.ir import LowerOptions
 
 _MIN_STAGE = 64 << 10
+_ITEMSIZES = sorted({d.itemsize for d in DType})
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +65,24 @@ def _prepare_bucket(source, world_size, bucket: tuning.Bucket, params, arch) -> 
         compiled = prepare(source, world_size, **kwargs)
     stage_bytes = None
     if bucket.max_bytes is not None and compiled.schedule.staging_units:
-        # A bucket never moves more than max_bytes per unit, so it needs no more staging.
-        need = compiled.schedule.staging_units * bucket.max_bytes  # every copy (ir.py)
+        need = bucket_stage_bytes(compiled.schedule, bucket.max_bytes)
         stage_bytes = min(settings.stage_bytes(), max(_MIN_STAGE, -(-need // 4096) * 4096))
     return PreparedBucket(bucket, compiled, stage_bytes)
+
+
+def bucket_stage_bytes(schedule, max_bytes: int) -> int:
+    """Staging (large region, every unit) that holds any call of a bucket of at most
+    ``max_bytes`` in one round.  A unit never moves more than max_bytes, but its slices sit a
+    fixed step apart (``StagingPlacement``), each cut as the kernels cut it: ceil(bytes /
+    slices) rounded up to 16 bytes, or to an epilogue's row, which may hold more than its
+    share (a bucket of 4 rows on 8 slices takes a row per slice) and is wider for wider
+    elements (a call's rows are whole rows of its own dtype, if they fit the bucket at all)."""
+    aligns = [16]
+    if schedule.epilogue is not None:
+        aligns += [schedule.epilogue.row * size for size in _ITEMSIZES
+                   if schedule.epilogue.row * size <= max_bytes]
+    step = max(slice_step(max_bytes, schedule.slices, align) for align in aligns)
+    return schedule.staging_units * schedule.slices * -(-step // 16) * 16  # every copy (ir.py)
 
 
 def prepare_tuned(path_or_source, world_size: int, *, params: Mapping[str, int] | None = None,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 
-from purlinc.atom.abi import StagingPlacement
+from purlinc.atom.abi import StagingPlacement, slice_step
 from purlinc.dtypes import DTYPES, DType, ReduceOp
 from purlinc.runtime.errors import ArgumentError, MismatchError
 from purlinc.runtime.interop import ArrayInfo
@@ -225,6 +225,8 @@ def choose_piece(count: int, staging: StagingPlacement, itemsize: int, row: int 
     if staging.units == 0:
         return count
     align = row * itemsize if row > 1 else FAST_ALIGN  # as KernelABI.step rounds a slice
+    if slice_step(count * itemsize, staging.slices, align) <= staging.largest_step:
+        return count  # one round: no later round's start to align
     cap = staging.slices * (staging.largest_step // align * align) // itemsize
     cap -= cap % max(1, FAST_ALIGN // itemsize)
     cap -= cap % row
