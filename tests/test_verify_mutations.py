@@ -159,3 +159,55 @@ def test_mutants_with_channels_slots_and_registered_buffers(name, options):
 def test_default_is_direct_push():
     # The strict test above is about the default algorithm; say which one it is.
     assert default_options(spec_for("allgather", WORLD)).algorithm is Algorithm.DIRECT_PUSH
+
+
+def _reordered(schedule):
+    """(description, mutant) for every Consume of several sources, its sources reversed:
+    the same multiset, another order of rounding."""
+    for p, program in enumerate(schedule.programs):
+        for i, step in enumerate(program.steps):
+            if isinstance(step, Consume) and len(step.srcs) > 1 and step.srcs[::-1] != step.srcs:
+                programs = list(schedule.programs)
+                steps = program.steps[:i] + (replace(step, srcs=step.srcs[::-1]),) + program.steps[i + 1:]
+                programs[p] = replace(program, steps=steps)
+                yield f"r{program.rank}c{program.channel} step {i} sources reversed", replace(schedule, programs=tuple(programs))
+
+
+@pytest.mark.parametrize("algorithm", [Algorithm.DIRECT_PUSH, Algorithm.DIRECT_PULL, Algorithm.TWO_SHOT, Algorithm.RING])
+@pytest.mark.parametrize("world", (3, 4))
+def test_a_reduction_order_that_differs_between_ranks_is_rejected(algorithm, world):
+    """The multiset of a reduced chunk's slots is the same in any order, but its bits are not:
+    a schedule whose ranks sum one chunk in different orders verifies only if every holder
+    still forms it alike.  Each accepted mutant must agree bit for bit in float32 on every
+    holder (the simulator, several interleavings); at least one mutant must be refused, and
+    one refused mutant must really disagree in the simulator, so the check is not vacuous."""
+    spec = spec_for("allreduce", world)
+    schedule = lowered(spec, LowerOptions(algorithm=algorithm))
+    if schedule is None:
+        pytest.skip(f"{algorithm.value} does not lower allreduce at R={world}")
+    verify(schedule, spec)
+    rng = np.random.default_rng(world)
+    count = 64
+    inputs = [(rng.standard_normal(len(spec.inputs[r]) * count) * 1e4).astype(np.float32) for r in range(world)]
+
+    def holders_agree(mutant) -> bool:
+        outs = simulate_calls(mutant, spec, [inputs], count, DType.FLOAT32, "sum", calls=1, seed=0)[0]
+        return all(np.array_equal(outs[0].view(np.uint32), o.view(np.uint32)) for o in outs)
+
+    refused, disagreeing = [], 0
+    for what, mutant in _reordered(schedule):
+        try:
+            verify(mutant, spec)
+        except VerificationError as error:
+            assert "another order" in str(error), f"{what}: refused for another reason: {error}"
+            refused.append(what)
+            disagreeing += not holders_agree(mutant)
+            continue
+        assert holders_agree(mutant), f"verifier accepted '{what}', whose holders differ in float32"
+    if algorithm in (Algorithm.RING, Algorithm.TWO_SHOT):
+        # A ring's Consumes add two values (which commute exactly); two-shot reduces each
+        # chunk once, on its owner, and copies it: either way every holder still agrees.
+        assert not refused, f"{refused[:3]} refused, though every holder forms the chunk alike"
+        return
+    assert refused, "no reordered mutant was refused"
+    assert disagreeing, "no refused mutant disagrees in float32: the data cannot show the check matters"

@@ -52,10 +52,17 @@ How the proof works
    Steps 3 and 4 share one walk of the topological order (each region's accesses come up in
    that order, so no per-region sort is needed); a result error is reported only when no
    race was found, keeping the order of checks above.
-   A schedule with run-time sizes (``Schedule.sizes``) adds its interval obligations
-   (``purlinc.snac.sized.verify_sized``) after step 1, and in step 3 a Consume also reads the
-   size headers of the staging slots that its output's offset sums (``sized.header_reads``):
-   a slot released before such a read could be restaged, its header rewritten, first.
+   Each region also carries the order its value was formed in (``races.Orders``: a slot, or
+   a Consume's sources in their listed order, each rounded where it is stored).
+5. *Agreement* (reductions): every holder of a reduced chunk (each rank's output naming it,
+   each slice) formed it in the same order, so they agree bit for bit: the multiset check of
+   4 cannot tell (a + b) + c from a + (b + c), and a replicated all-reduce's ranks must not
+   differ (a tensor-parallel model's ranks go on from the same values).
+
+A schedule with run-time sizes (``Schedule.sizes``) adds its interval obligations
+(``purlinc.snac.sized.verify_sized``) after step 1, and in step 3 a Consume also reads the size
+headers of the staging slots that its output's offset sums (``sized.header_reads``): a slot
+released before such a read could be restaged, its header rewritten, first.
 """
 
 from __future__ import annotations

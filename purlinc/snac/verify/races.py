@@ -129,12 +129,14 @@ def check_races_and_result(schedule: Schedule, spec: Spec, order: Order, extra_r
     symbolic execution; its errors are raised only if there is no race (races first).
     ``extra_reads``: reads beyond the steps' sources (``_access_table``), or None."""
     table, regions, ids = _access_table(order.programs, extra_reads)
-    found, failure, values, writer = _walk(order, table, regions)
+    found, failure, values, writer, orders = _walk(order, table, regions)
     if found:
         raise min(found, key=lambda item: (item[0], item[1].message))[1]
     if failure is not None:
         raise failure
     _check_outputs(schedule, spec, order, ids, values, writer)
+    if spec.is_reduce:
+        _check_agreement(schedule, spec, order, ids, orders, writer)
 
 
 def _callers_regions(regions: list[Region], world: int) -> list[list[int]]:
@@ -148,15 +150,18 @@ def _callers_regions(regions: list[Region], world: int) -> list[list[int]]:
 
 
 def _walk(order: Order, table, regions: list[Region]):
-    """The walk: (races found, the first result failure, call 0's values, their writers)."""
+    """The walk: (races found, the first result failure, call 0's values, their writers, the
+    orders they were formed in)."""
     nreg = len(regions)
     np_, n, snap = order.np, order.n, order.snap
     last_write: list = [None] * nreg
     reads_since: list = [None] * nreg  # None: no read since the last write
     mine = _callers_regions(regions, order.world)
     found = []
-    # Result state (call 0): region id -> multiset of slots (a sorted tuple) or None (garbage).
+    # Result state (call 0): region id -> multiset of slots (a sorted tuple) or None (garbage),
+    # and the order its value was formed in (``Orders``).
     values: list = [(Slot(r.rank, r.unit),) if r.space is Space.IN else None for r in regions]
+    orders = Orders(regions)
     writer: list = [None] * nreg  # last call-0 writer
     failure = None
 
@@ -211,7 +216,9 @@ def _walk(order: Order, table, regions: list[Region]):
         last_write[w] = node
         if pos < count and failure is None:  # the result: call 0, symbolically
             failure = _execute(order, node, sources, w, values, writer, regions)
-    return found, failure, values, writer
+            if failure is None:
+                orders.formed(w, sources)
+    return found, failure, values, writer, orders
 
 
 def _execute(order: Order, node, sources, w: int, values: list, writer: list, regions) -> VerificationError | None:
@@ -233,6 +240,71 @@ def _execute(order: Order, node, sources, w: int, values: list, writer: list, re
     values[w] = result
     writer[w] = node
     return None
+
+
+class Orders:
+    """How call 0 formed each region's value, as far as its bits depend on it: an input
+    slot, or a reduction of other values in the order its Consume lists them (a kernel
+    combines a Consume's sources in that order and rounds once, where it stores).  Each
+    distinct order is numbered once (hash-consed), so equal orders are equal numbers however
+    deep (a ring's chain of R - 1 partial sums) and comparing two is one comparison."""
+
+    def __init__(self, regions: list[Region]):
+        self.forms: list = []  # number -> a Slot, or a tuple of the numbers it reduces
+        self._numbers: dict = {}
+        self.of: list = [self._number(Slot(r.rank, r.unit)) if r.space is Space.IN else None for r in regions]
+
+    def _number(self, form) -> int:
+        number = self._numbers.get(form)
+        if number is None:
+            number = self._numbers[form] = len(self.forms)
+            self.forms.append(form)
+        return number
+
+    def formed(self, w: int, sources) -> None:
+        """Region ``w`` written from ``sources`` (region ids): a copy keeps its source's order;
+        two operands are taken in either order (a + b and b + a round alike: every reduction
+        op commutes exactly)."""
+        of = self.of
+        if len(sources) == 1:
+            of[w] = of[sources[0]]
+            return
+        form = tuple(of[i] for i in sources)
+        of[w] = self._number(tuple(sorted(form)) if len(form) == 2 else form)
+
+    def format(self, number: int, depth: int = 0) -> str:
+        form = self.forms[number]
+        if isinstance(form, Slot):
+            return str(form)
+        if depth >= 4:
+            return "(...)"
+        return "(" + " + ".join(self.format(n, depth + 1) for n in form) + ")"
+
+
+def _check_agreement(schedule: Schedule, spec: Spec, order: Order, ids: dict, orders: Orders, writer: list) -> None:
+    """5. Agreement: every holder of a reduced chunk (each rank's output that names it, each
+    slice) formed it in the same order, so the holders agree bit for bit, as a replicated
+    all-reduce's ranks must (a tensor-parallel model's ranks go on from the same values).
+    The multiset check above cannot see this: (a + b) + c and a + (b + c) hold the same slots."""
+    first: dict = {}  # (chunk, slice) -> (rank, unit, order number)
+    for rank in range(spec.world_size):
+        for unit, chunk in enumerate(spec.outputs[rank]):
+            for s in range(schedule.slices):
+                i = ids.get(Region(Space.OUT, rank, unit, s))
+                if i is None:
+                    continue  # never written: _check_outputs has refused it
+                number = orders.of[i]
+                seen = first.setdefault((chunk, s), (rank, unit, number))
+                if seen[2] == number:
+                    continue
+                other_rank, other_unit, other = seen
+                text = (f"rank {rank} out[{unit}] ({chunk}) slice {s} is reduced as {orders.format(number)}, but rank "
+                        f"{other_rank} out[{other_unit}] holds it as {orders.format(other)}: the same sources in "
+                        "another order, so the two may differ in their last bits")
+                _, channel, index, _ = order.where(writer[i])
+                call = order.fail.split(rank, channel, index, 0)[1]
+                raise VerificationError(text, rank=rank, channel=channel, step=order.fail.index(rank, channel, index),
+                                        call=call)
 
 
 def _check_outputs(schedule: Schedule, spec: Spec, order: Order, ids: dict, values: list, writer: list) -> None:
