@@ -24,7 +24,7 @@ from purlinc.snac.ir import PACKET_FLAG_PERIOD, Algorithm, Consume, LowerOptions
 from purlinc.snac.packing import PACKED_UNITS, normalized, packed_stages
 from purlinc.snac.simulate import simulate_calls
 from purlinc.snac.verify import VerificationError, verify
-from test_snac_properties import NAMES, definition, spec_for, world_sizes
+from test_snac_properties import EXAMPLES, NAMES, definition, spec_for, world_sizes
 from test_simulate import same_bits
 from test_nvrtc import cache_dir  # noqa: F401 - the session compile cache fixture
 
@@ -583,3 +583,53 @@ def test_packet_flags_are_never_zero_and_consecutive_ones_differ(around):
     assert all(a != b for a, b in zip(flags, flags[1:]))
     assert len(set(flags)) == len(flags)  # no two values within 2^32 - 1 of each other share a flag
     assert packet_flag(around + PACKET_FLAG_PERIOD) == packet_flag(around)
+
+
+# ---------------------------------------------------------------- many sources
+
+def _signed(word: int) -> int:
+    return word - (1 << 32) if word >= 1 << 31 else word
+
+
+def test_a_receive_loop_of_32_sources_takes_its_mask_through_the_signed_table():
+    """At R=32 a reduce-scatter's consume reads its own input plain and 31 peers' packets: the
+    loop's mask (bit j: source j is packets) sets 31 of 32 bits, past a C int.  The ranks share
+    one body, so each rank's mask sits in its table row, as the int with the same 32 bits (the
+    loop's unsigned parameter takes them back); it was refused as an internal error."""
+    world = 32
+    _, kernel = _kernel("reduce_scatter", world)
+    rows = {int(m.group(2)): m.group(1) for m in re.finditer(r"\{ ([-0-9, ]+) \},  // rank (\d+)", kernel.source)}
+    assert sorted(rows) == list(range(world)), "every rank shares the body"
+    assert "purlin_ll_consume<Geo, 1, 32, true>" in kernel.source
+    for rank, row in rows.items():
+        mask = _signed(0xFFFFFFFF & ~(1 << rank))  # every source is packets but the rank's own
+        assert str(mask) in row.split(", "), f"rank {rank}'s row lacks its mask {mask}"
+
+
+def test_packed_stages_past_32_sources_are_refused_and_a_plain_load_does_without():
+    """A 33-source consume would need a 33rd mask bit: lowering refuses packed there (the
+    verifier too, for a schedule made some other way), and a plain load's small-message
+    buckets lower plain instead of failing."""
+    from purlinc.errors import PurlinError
+    from purlinc.runtime.tuned import prepare_tuned
+    from purlinc.snac.direct import direct_push
+    from purlinc.snac.verify import VerificationError, verify
+
+    spec = spec_for("reduce_scatter", 33)
+    with pytest.raises(PurlinError, match="packed .LL. stages combine at most 32 sources per output chunk; "
+                                         "reduce_scatter for R=33 reduces 33"):
+        pipeline.snac_stage(spec, LowerOptions(packed=True))
+    made = direct_push(spec, LowerOptions(packed=True))  # the lowering itself, unchecked
+    with pytest.raises(VerificationError, match="reads packets and 33 sources in all: a consume that reads "
+                                                "packets has at most 32"):
+        verify(made, spec)
+    prepared, _ = prepare_tuned(EXAMPLES / "reduce_scatter.pln", 33)
+    assert not any(p.bucket.packed or p.compiled.schedule.options.packed for p in prepared)
+
+
+@pytest.mark.slow
+def test_a_32_source_receive_loop_compiles(cache_dir):
+    from purlinc.atom import nvrtc
+
+    _, kernel = _kernel("reduce_scatter", 32)
+    assert nvrtc.compile_cubin(kernel.source, kernel.filename, "sm_90")

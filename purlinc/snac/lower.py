@@ -44,6 +44,7 @@ from purlinc.snac.algorithms import ALGORITHMS, DEFAULT_ALGORITHM, applicable, g
 from purlinc.snac.epilogue import place_epilogues
 from purlinc.snac.gcpause import gc_paused
 from purlinc.snac.ir import Algorithm, LowerOptions, Schedule
+from purlinc.snac.packing import MAX_PACKED_SOURCES
 
 
 # Bounds on what a schedule may ask for, so that a mistyped option is an error, not minutes of
@@ -87,6 +88,13 @@ def _check_options(spec: Spec, options: LowerOptions) -> None:
             f"packed (LL) stages are supported for {packing} only, not {options.algorithm.value}",
             notes=(f"LL packing is for small messages, where one-shot {packing} is the algorithm to use",),
         )
+    if options.packed and spec.is_reduce:
+        most = max((len(sources) for rank in spec.sources for sources in rank), default=0)
+        if most > MAX_PACKED_SOURCES:
+            raise PurlinError(
+                f"packed (LL) stages combine at most {MAX_PACKED_SOURCES} sources per output chunk; {spec.name} for "
+                f"R={spec.world_size} reduces {most}",
+                notes=("drop packed: plain direct-push (or two-shot) reduces any number of sources",))
     unknown = set(options.registered) - {"in", "out"}
     if unknown:
         raise PurlinError(f"registered buffers must be 'in' and/or 'out', got {sorted(unknown)}")

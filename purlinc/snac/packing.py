@@ -18,6 +18,7 @@ What the datapath needs on top (``ll_groups``, checked by the verifier, relied o
   and every packet is polled before its consumer says (ACK) the unit may be rewritten.
 - A packed message occupies two STAGE units (``PACKED_UNITS``): the unit a region names and
   the next, which nothing else may touch.
+- A consume that reads packets has at most ``MAX_PACKED_SOURCES`` sources.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ from dataclasses import dataclass, replace
 from purlinc.snac.ir import Consume, Notify, Program, Region, Schedule, Signal, Space, Stage, Step, Wait
 
 PACKED_UNITS = 2  # STAGE units per packed message: packets hold 8 data bytes in 16
+# Sources of one consume that reads packets: the datapath's receive loop marks which of its
+# sources are packets, and which packets it still waits for, one bit each in a 32-bit word
+# (and holds a 16-byte packet per source in registers).  A one-shot all-reduce's consume reads
+# one source per rank, so packed stages serve R <= 32.
+MAX_PACKED_SOURCES = 32
 
 
 def unpack_steps(steps: tuple[Step, ...]) -> tuple[tuple[Step, ...], tuple[int, ...]]:
@@ -176,6 +182,9 @@ def layout_problems(schedule: Schedule) -> list[tuple[int, int, int, str]]:
                 if writers[dst] > 1:
                     problems.append((*at, index, f"{dst.format()} is written by two packed stages"))
                 continue
+            if isinstance(step, Consume) and len(step.srcs) > MAX_PACKED_SOURCES and any(r in packed for r in step.srcs):
+                problems.append((*at, index, f"reads packets and {len(step.srcs)} sources in all: a consume that "
+                                             f"reads packets has at most {MAX_PACKED_SOURCES}"))
             regions = ()
             if isinstance(step, Stage):
                 regions = ((step.src, False), (step.dst, True))

@@ -387,3 +387,23 @@ def test_packet_flags_cross_the_32_bit_wrap(group, before):
         assert seen & boundary, "no packet of the rounds around 2^32 was seen in staging"
     finally:
         coll.close()
+
+
+@pytest.mark.parametrize("name", ["reduce_scatter.pln", "allreduce.pln"])
+def test_packed_receive_loops_of_32_sources(name):
+    """R=32, the most sources a packed (LL) consume takes: each rank's receive loop reads its
+    own input plain and 31 peers' packets, its mask's 32 bits passed through the kernel's
+    signed table.  Three calls of new data, every rank bit for bit against the simulator."""
+    import purlinc
+
+    world = 32
+    group = purlinc.LocalGroup([DEVICE] * world, share_devices=True)
+    try:
+        group.streams = [torch.cuda.Stream(device=DEVICE) for _ in range(world)]
+        coll = _load(group, name, packed=True, channels=1)
+        assert coll[0].compiled.schedule.options.packed
+        rng = np.random.default_rng(32)
+        for count in (1, 1000, 4097):
+            _run(coll, group, count, DType.BFLOAT16, rng, f"{name}/packed/R32/n={count}")
+    finally:
+        group.close()

@@ -96,7 +96,10 @@ def ll_batches(consumes: list[dict]) -> list[dict]:
         if (last is None or (last["reduce"], last["sources"], last["packed"]) != shape
                 or (regions | {consume["dst_region"]}) & written or consume["dst_region"] in read
                 or (len(last["consumes"]) + 1) * shape[1] > limits.LL_BATCH_SOURCES):
-            last = {"reduce": shape[0], "sources": shape[1], "packed": packed, "mask": num(packed), "consumes": []}
+            # The mask's 32 bits as the table's signed int: the loop's `unsigned` parameter
+            # takes them back (R=32: 0xfffffffe).
+            mask = packed - (1 << 32) if packed >= 1 << 31 else packed
+            last = {"reduce": shape[0], "sources": shape[1], "packed": packed, "mask": num(mask), "consumes": []}
             batches.append(last)
             written, read = set(), set()
         last["consumes"].append(consume)
