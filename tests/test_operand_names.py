@@ -7,6 +7,7 @@ names at the declaration, and every runtime call's arguments are in its list.  A
 from __future__ import annotations
 
 import inspect
+import keyword
 
 import pytest
 
@@ -89,3 +90,13 @@ def test_check_refuses_a_parameter_that_is_not_an_integer(value):
     with pytest.raises(PurlinError) as caught:
         check(definition, 3, {"root": value})
     assert caught.value.message == f"parameter root must be an integer, got {value!r} ({type(value).__name__})"
+
+
+@pytest.mark.parametrize("name", sorted(set(keyword.kwlist) - _language_keywords()))
+def test_an_operand_named_like_a_python_keyword_is_refused(name):
+    """``coll(x, out, lambda=s)`` is a syntax error: no call could pass such an operand by name
+    (only through ``**{...}``), so the checker refuses the name where it is declared."""
+    for source, column in ((EPILOGUE, 59), (SIZES, 19)):
+        error = _refusal(source.format(name=name))
+        assert error.message == f"operand '{name}' has the name of a Python keyword (no call could pass it by name)"
+        assert (error.span.line, error.span.column) == (1, column)

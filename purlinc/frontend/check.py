@@ -10,6 +10,7 @@ sizes so a spec that only breaks at some R says which.
 from __future__ import annotations
 
 import itertools
+import keyword
 import operator
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -477,7 +478,8 @@ class _Checker:
     def taken_names(self) -> dict[str, str]:
         """Names an operand cannot have, each with what it names (for the message); known
         once the layouts are expanded (chunk names)."""
-        return {**{k: "an argument of the Python call" for k in CALL_KEYWORDS},
+        return {**{k: "a Python keyword (no call could pass it by name)" for k in keyword.kwlist},
+                **{k: "an argument of the Python call" for k in CALL_KEYWORDS},
                 RANK_VARIABLE: "the rank", WORLD_VARIABLE: "the world size",
                 **{p: "a parameter" for p in self.params}, **{v: "a loop variable" for v in self._loop_variables()},
                 **{name: "a chunk" for name in self.arity}}
