@@ -91,39 +91,75 @@ def test_the_large_region_keeps_the_space_asked_for():
         tight.place(2 * SMALL_STAGE_UNIT + 16)
 
 
+FUSED = "examples/fused/allreduce_add_rmsnorm.pln"
+
+
+def _fused_buckets(world: int, hidden: int, max_channels):
+    """A plain load's buckets of the fused all-reduce + RMSNorm, each with the staging the
+    runtime places for it (``prepared.staging_placement``), and U."""
+    from pathlib import Path
+
+    from purlinc.runtime.prepared import staging_placement
+    from purlinc.runtime.tuned import prepare_tuned
+
+    source = (Path(__file__).parent.parent / FUSED).read_text()
+    prepared, units = prepare_tuned(source, world, params={"hidden": hidden}, max_channels=max_channels)
+    return [(p, staging_placement(p.compiled, p.stage_bytes)) for p in prepared], units
+
+
+def _itemsizes(row: int) -> list[int]:
+    from purlinc.atom.rows import row_bytes_run
+
+    return [size // row for size in row_bytes_run(row)]
+
+
 @pytest.mark.parametrize("world", (2, 4, 8))
-@pytest.mark.parametrize("hidden", (4096, 4095, 64))
+@pytest.mark.parametrize("hidden", (4096, 16384, 4104, 64))
 @pytest.mark.parametrize("max_channels", (None, 8))
 def test_a_plain_load_runs_every_call_of_a_bucket_in_one_round(world, hidden, max_channels):
     """A plain load sizes each bounded bucket's staging for the bucket's largest call; with an
     epilogue, its slices are cut in whole rows (a bucket of 4 rows on 8 slices takes a row per
-    slice, not half of one), of bf16, f16 or f32.  Every call the bucket takes must fit one
-    round: a piece no larger than a row's share of the fixed slice step was refused outright."""
-    from pathlib import Path
-
+    slice, not half of one), of each dtype the epilogue runs.  Every call the bucket takes must
+    fit one round: a piece no larger than a row's share of the fixed slice step was refused
+    outright."""
     from purlinc.runtime import tuning
-    from purlinc.runtime.tuned import prepare_tuned
 
-    source = (Path(__file__).parent.parent / "examples/fused/allreduce_add_rmsnorm.pln").read_text()
-    prepared, units = prepare_tuned(source, world, params={"hidden": hidden}, max_channels=max_channels)
+    buckets, units = _fused_buckets(world, hidden, max_channels)
+    table = tuple(p.bucket for p, _ in buckets)
     checked = 0
-    for bucket in prepared:
-        schedule = bucket.compiled.schedule
-        if bucket.stage_bytes is None or not schedule.staging_units:
+    for index, (bucket, staging) in enumerate(buckets):
+        if bucket.stage_bytes is None or not staging.units:
             continue
-        staging = StagingPlacement.for_space(bucket.stage_bytes, schedule.staging_units, schedule.slices)
-        row = schedule.epilogue.row
-        for itemsize in (2, 4):
+        row = bucket.compiled.schedule.epilogue.row
+        for itemsize in _itemsizes(row):
             most_rows = bucket.bucket.max_bytes // (row * itemsize * units)
             for rows in sorted({r for r in (1, 2, 3, most_rows // 2, most_rows - 1, most_rows) if 1 <= r <= most_rows}):
-                if tuning.choose(tuple(p.bucket for p in prepared), rows * row * itemsize * units) \
-                        != prepared.index(bucket):
+                if tuning.choose(table, rows * row * itemsize * units) != index:
                     continue
                 count = rows * row
                 assert choose_piece(count, staging, itemsize, row) == count, (
                     f"R={world} bucket {bucket.bucket}: {rows} row(s) of {row} x {itemsize} bytes take several rounds")
                 checked += 1
     assert checked, "no bucket call checked"
+
+
+@pytest.mark.parametrize("stage_mb", ("1", "0.0625"))
+@pytest.mark.parametrize("world,hidden", ((2, 4096), (8, 16384), (8, 64)))
+def test_a_small_stage_setting_costs_rounds_not_refusals(world, hidden, stage_mb, monkeypatch):
+    """PURLIN_STAGE_MB caps staging, and larger messages take more rounds; but no load is
+    given less than a row per slice in every dtype its epilogue runs (64 slices of 16,384-element
+    rows refused every call of 33-64 rows at 16 MiB), so every call of every bucket runs, in
+    whole rows."""
+    monkeypatch.setenv("PURLIN_STAGE_MB", stage_mb)
+    buckets, units = _fused_buckets(world, hidden, None)
+    for bucket, staging in buckets:
+        if not staging.units:
+            continue
+        row = bucket.compiled.schedule.epilogue.row
+        for itemsize in _itemsizes(row):
+            for rows in (1, 2, 33, 64, 300):
+                piece = choose_piece(rows * row, staging, itemsize, row)
+                assert piece >= row and piece % row == 0, f"{bucket.bucket}: {rows} rows cut into pieces of {piece}"
 
 
 # ---- the kernels' addressing, modelled: calls of different counts back to back ----------------

@@ -20,14 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from purlinc.atom.codegen.elems import pair_sum, vector_conversions
+from purlinc.atom.rows import VECTOR_BYTES, row_problem
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.errors import PurlinError
 from purlinc.frontend import ast
 from purlinc.frontend.ast import OperandKind
 from purlinc.frontend.epilogue import OUT, Epilogue, _calls, _names
 
-VECTOR_BYTES = 16
-MAX_ROW_VECTORS = 2048  # rows up to 32 KiB (16,384 bf16 elements): at most 8 vectors per thread of 256
 VECTORS_PER_THREAD = 2  # a row's 16-byte vectors per thread (loads in flight per buffer)
 # ... where the fused reduce + epilogue takes more than FEW_SOURCES sources: one vector per thread.
 # Its loads are all issued before any is used (so their latencies overlap), N sources for each of
@@ -64,17 +63,9 @@ def _float_literal(value: float) -> str:
 
 def check_rows(epilogue: Epilogue, dtype: DType) -> None:
     """What this dtype needs of the spec's rows (located at the ``rows(E)`` expression)."""
-    if dtype.info.c_acc != "float":
-        raise PurlinError(f"an epilogue computes in float32; {dtype.value} outputs are not supported",
-                          epilogue.row_span)
-    row_bytes = epilogue.row * dtype.itemsize
-    if row_bytes % VECTOR_BYTES:
-        raise PurlinError(f"a row of {epilogue.row} {dtype.value} elements is {row_bytes} bytes, not a multiple "
-                          f"of {VECTOR_BYTES} (the kernels move 16-byte vectors)", epilogue.row_span)
-    if row_bytes // VECTOR_BYTES > MAX_ROW_VECTORS:
-        raise PurlinError(f"a row of {epilogue.row} {dtype.value} elements is longer than the epilogue supports "
-                          f"({MAX_ROW_VECTORS * VECTOR_BYTES // dtype.itemsize} elements)",
-                          epilogue.row_span)
+    problem = row_problem(epilogue.row, dtype)
+    if problem is not None:
+        raise PurlinError(problem, epilogue.row_span)
 
 
 def slots(epilogue: Epilogue | None) -> int:

@@ -180,8 +180,8 @@ class Launches:
             return None
         if self._zc is not None and self._zc.pick(shape, record=False) is not None:
             return None  # zero-copy calls take the full path: it checks the heap blocks are still live
+        variant = self.variant(shape.dtype, shape.op)  # first: a dtype it cannot run says so
         piece = choose_piece(shape.count, self.layout.staging, shape.dtype.itemsize, self.row)
-        variant = self.variant(shape.dtype, shape.op)
         function, packed = self._packed(variant, shape, piece, epilogue)
         return (function, variant.grid, variant.block, variant.shared, packed)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from purlinc import settings
 from purlinc.atom.abi import StagingPlacement
 from purlinc.atom.atoms import DEFAULT_ATOM
+from purlinc.atom.rows import row_bytes_run
 from purlinc.errors import InternalError
 from purlinc.pipeline import Compiled
 from purlinc.runtime.options import LoadOptions
@@ -66,9 +67,22 @@ class Layout:
 
 def staging_placement(compiled: Compiled, stage_bytes: int | None = None) -> StagingPlacement:
     """Where a load of ``compiled`` places its staging units; ``stage_bytes`` caps the largest
-    piece's region (default PURLIN_STAGE_MB): larger messages run in several rounds."""
+    piece's region (default PURLIN_STAGE_MB): larger messages run in several rounds.  Never
+    less than ``least_stage_bytes``, below which some call could not run at all."""
     schedule = compiled.schedule  # staging_units: every copy; slices: every channel's (snac/ir.py)
-    return StagingPlacement.for_space(stage_bytes or settings.stage_bytes(), schedule.staging_units, schedule.slices)
+    space = max(stage_bytes or settings.stage_bytes(), least_stage_bytes(schedule))
+    return StagingPlacement.for_space(space, schedule.staging_units, schedule.slices)
+
+
+def least_stage_bytes(schedule) -> int:
+    """The large region that lets every call run, in as many rounds as it takes: each slice
+    holds 16 bytes, and with an epilogue a whole row of every dtype it runs in (a round never
+    splits a row; 64 slices of 32 KiB float32 rows take 2 MiB per unit).  A smaller
+    PURLIN_STAGE_MB costs rounds, never a refusal."""
+    per_slice = 16
+    if schedule.epilogue is not None:
+        per_slice = max((per_slice, *(-(-size // 16) * 16 for size in row_bytes_run(schedule.epilogue.row))))
+    return schedule.staging_units * schedule.slices * per_slice
 
 
 def layout_sizes(compiled: Compiled, stage_bytes: int | None = None) -> tuple[int, int, int]:

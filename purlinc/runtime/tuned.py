@@ -19,7 +19,7 @@ from purlinc import settings
 from purlinc.log import log
 from purlinc.atom.abi import slice_step
 from purlinc.atom.atoms import DEFAULT_ATOM, lookup_atom
-from purlinc.dtypes import DType
+from purlinc.atom.rows import row_bytes_run
 from purlinc.errors import PurlinError
 from purlinc.pipeline import Compiled
 from purlinc.runtime import communicator, residency, tuning
@@ -33,7 +33,6 @@ from purlinc.snac.algorithms import DEFAULT_ALGORITHM
 from purlinc.snac.ir import LowerOptions
 
 _MIN_STAGE = 64 << 10
-_ITEMSIZES = sorted({d.itemsize for d in DType})
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +49,7 @@ class PreparedBucket:
         return (self.compiled.key, self.stage_bytes)
 
 
-def _prepare_bucket(source, world_size, bucket: tuning.Bucket, params, arch) -> PreparedBucket:
+def _prepare_bucket(source, world_size, bucket: tuning.Bucket, params, arch, units: int = 1) -> PreparedBucket:
     """Lower one bucket's schedule; a bucket whose options do not apply to the spec falls back
     to plain direct-push with the same channels (deterministic, so every rank agrees)."""
     kwargs = dict(params=params, algorithm=bucket.algorithm, atom=bucket.atom, channels=bucket.channels,
@@ -65,23 +64,24 @@ def _prepare_bucket(source, world_size, bucket: tuning.Bucket, params, arch) -> 
         compiled = prepare(source, world_size, **kwargs)
     stage_bytes = None
     if bucket.max_bytes is not None and compiled.schedule.staging_units:
-        need = bucket_stage_bytes(compiled.schedule, bucket.max_bytes)
+        need = bucket_stage_bytes(compiled.schedule, bucket.max_bytes, units)
         stage_bytes = min(settings.stage_bytes(), max(_MIN_STAGE, -(-need // 4096) * 4096))
     return PreparedBucket(bucket, compiled, stage_bytes)
 
 
-def bucket_stage_bytes(schedule, max_bytes: int) -> int:
+def bucket_stage_bytes(schedule, max_bytes: int, units: int = 1) -> int:
     """Staging (large region, every unit) that holds any call of a bucket of at most
-    ``max_bytes`` in one round.  A unit never moves more than max_bytes, but its slices sit a
-    fixed step apart (``StagingPlacement``), each cut as the kernels cut it: ceil(bytes /
-    slices) rounded up to 16 bytes, or to an epilogue's row, which may hold more than its
-    share (a bucket of 4 rows on 8 slices takes a row per slice) and is wider for wider
-    elements (a call's rows are whole rows of its own dtype, if they fit the bucket at all)."""
+    ``max_bytes`` in one round.  The bucket counts ``count * itemsize * units`` (``units``:
+    the most chunks a rank's buffer holds), so a unit moves at most max_bytes // units; its
+    slices sit a fixed step apart (``StagingPlacement``), each cut as the kernels cut it:
+    ceil(bytes / slices) rounded up to 16 bytes, or to an epilogue's row, which may hold more
+    than its share (a bucket of 4 rows on 8 slices takes a row per slice) and is wider for
+    wider elements (rows of the dtypes the epilogue runs, where a row fits the bucket)."""
+    most = max(1, max_bytes // max(1, units))
     aligns = [16]
     if schedule.epilogue is not None:
-        aligns += [schedule.epilogue.row * size for size in _ITEMSIZES
-                   if schedule.epilogue.row * size <= max_bytes]
-    step = max(slice_step(max_bytes, schedule.slices, align) for align in aligns)
+        aligns += [size for size in row_bytes_run(schedule.epilogue.row) if size <= most]
+    step = max(slice_step(most, schedule.slices, align) for align in aligns)
     return schedule.staging_units * schedule.slices * -(-step // 16) * 16  # every copy (ir.py)
 
 
@@ -100,8 +100,8 @@ def prepare_tuned(path_or_source, world_size: int, *, params: Mapping[str, int] 
     buckets = tuning.buckets_for(spec, packed_supported=packed_supported)
     if max_channels is not None:
         buckets = tuple(replace(b, channels=min(b.channels, max_channels)) for b in buckets)
-    prepared = tuple(_prepare_bucket(source, world_size, bucket, params, arch) for bucket in buckets)
     units = max(max(len(ins), len(outs)) for ins, outs in zip(spec.inputs, spec.outputs))
+    prepared = tuple(_prepare_bucket(source, world_size, bucket, params, arch, units) for bucket in buckets)
     return prepared, units
 
 

@@ -231,8 +231,10 @@ def choose_piece(count: int, staging: StagingPlacement, itemsize: int, row: int 
     cap -= cap % max(1, FAST_ALIGN // itemsize)
     cap -= cap % row
     if cap < 1:
-        raise _err(f"staging units of {staging.large} bytes ({staging.units} of them, {staging.slices} slice(s) each) "
-                   f"cannot hold a piece of even {max(FAST_ALIGN, row * itemsize)} bytes", "raise PURLIN_STAGE_MB")
+        least = max(FAST_ALIGN, row * itemsize)
+        raise _err(f"a staging slice holds {staging.largest_step} bytes ({staging.units} unit(s) of {staging.large} "
+                   f"bytes, {staging.slices} slice(s) each), less than one round's least share of "
+                   f"{least} bytes" + (f" (a row of {row} elements)" if row > 1 else ""), "raise PURLIN_STAGE_MB")
     return min(count, cap)
 
 
