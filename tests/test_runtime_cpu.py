@@ -131,7 +131,7 @@ def test_piece_fits_the_staging_space_and_stays_16_byte_aligned():
     assert rounds(10_000_000, piece) == -(-10_000_000 // piece)
     assert choose_piece(0, Placement.for_space(1 << 20, 2), 4) == 1 and rounds(0, 1) == 0
     assert choose_piece(77, Placement.for_space(0, 0), 4) == 77
-    with pytest.raises(ArgumentError, match="staging units of 0 bytes"):
+    with pytest.raises(ArgumentError, match=r"a staging slice holds 0 bytes \(4 unit\(s\) of 0 bytes, 1 slice\(s\) each\), less than one round.s least share of 16 bytes"):
         choose_piece(100, Placement.for_space(32, 4), 4)
 
 
