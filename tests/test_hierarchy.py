@@ -73,7 +73,18 @@ def _check(spec, gpus_per_node: int, *, count: int = 3, seed: int = 0, options=N
                 # Partials round once per phase: a few ulps of the largest partial sum.
                 tolerance = 1e-5 * spec.world_size
                 np.testing.assert_allclose(g, w, rtol=tolerance, atol=tolerance, err_msg=f"rank {rank}")
+        _holders_agree(spec, got, count, f"{dtype} {op}")
     return plan
+
+
+def _holders_agree(spec, outputs, count: int, label: str) -> None:
+    """Every rank holding a chunk holds the same bits (what verify_plan's agreement proves)."""
+    first: dict = {}
+    for rank, layout in enumerate(spec.outputs):
+        for position, chunk in enumerate(layout):
+            bits = outputs[rank][position * count:(position + 1) * count].tobytes()
+            held = first.setdefault(chunk, (rank, bits))
+            assert held[1] == bits, f"{label}: {chunk} differs between rank {held[0]} and rank {rank}"
 
 
 @pytest.mark.parametrize("nodes,G", SMALL)
@@ -179,6 +190,26 @@ def test_verifier_rejects_a_dropped_contribution(repo_dir):
     bad = _replace_phase(plan, 1, dataclasses.replace(inter, moves=tuple(moves)))
     with pytest.raises(VerificationError, match=r"r0\.out\[0\] should be x\[0\]"):
         verify_plan(bad)
+
+
+def test_verifier_rejects_a_chunk_reduced_in_another_order_on_one_node(repo_dir):
+    """Node 1 adds the three node partials of x[0] in reverse: every holder still has the same
+    multiset, but not the same bits (the simulation shows it), so the plan is refused."""
+    spec = _spec(repo_dir, "allreduce", 6)
+    plan = plan_hierarchical(spec, 2)
+    inter = plan.phases[1]
+    moves = list(inter.moves)
+    i = next(k for k, m in enumerate(moves) if str(m.chunk) == "x[0]" and m.dst.rank == 2)
+    assert len(moves[i].srcs) == 3
+    moves[i] = Move(moves[i].dst, moves[i].srcs[::-1], moves[i].chunk)
+    bad = _replace_phase(plan, 1, dataclasses.replace(inter, moves=tuple(moves)))
+    with pytest.raises(VerificationError, match=r"r2\.out\[0\] \(x\[0\]\) is reduced in another order than "
+                                                r"r0\.out\[0\]"):
+        verify_plan(bad)
+    inputs = _inputs(spec, 1000, "float32", 3)
+    got = simulate_plan(bad, inputs, 1000, "float32", "sum")
+    with pytest.raises(AssertionError, match="x\\[0\\] differs between rank 0 and rank 2"):
+        _holders_agree(spec, got, 1000, "float32 sum")
 
 
 def test_verifier_rejects_a_move_across_local_indices(repo_dir):

@@ -17,6 +17,10 @@ phases by their semantics, and the composition symbolically.
    sub-spec's sources mapped to global units, an NCCL move is its sources; every unit read
    must have been written, and every ``out`` unit must hold what the spec names
    (a reduction: every occurrence exactly once; a copy: one of its producers).
+4. *Agreement* (reductions): beside its multiset, each unit carries the order it was formed
+   in (a move reduces its sources in their order; an intra phase as its proved schedule
+   forms that chunk), and every holder of a reduced chunk must have formed it alike, so
+   replicated outputs agree bit for bit, as ``snac.verify``'s step 5 proves per schedule.
 
 ``simulate_plan`` runs the plan on NumPy buffers: intra phases with ``snac.simulate`` (the
 schedules' own random interleavings), NCCL moves with ``evaluate.reduce_chunks``.  Scratch
@@ -112,20 +116,43 @@ def _check_result(plan: HierPlan) -> None:
     def combine(parts: list[tuple[int, ...]], operation: Operation) -> tuple[int, ...]:
         return parts[0] if operation is Operation.COPY else tuple(chain.from_iterable(parts))
 
+    # How each value was formed, as far as its bits depend on it (snac.verify's step 5 for the
+    # plan): an input slot, or a reduction of other values in its order; numbered once each.
+    numbers: dict = {}  # form -> its number (hash-consed: equal forms, equal numbers)
+    orders: dict[tuple[str, int, int], int] = {
+        key: numbers.setdefault(("in", value[0]), len(numbers)) for key, value in values.items()}
+
+    def formed(how, parts: list[int], operation: Operation) -> int:
+        if operation is Operation.COPY or len(parts) == 1:
+            return parts[0]
+        form = (how, tuple(sorted(parts)) if len(parts) == 2 else tuple(parts))  # a + b rounds as b + a
+        return numbers.setdefault(form, len(numbers))
+
     for index, phase in enumerate(plan.phases):
-        new = {}
+        new, new_orders = {}, {}
         if isinstance(phase, IntraPhase):
             for node, sub in enumerate(phase.specs):
+                schedule = phase.schedules[node]
+                canonical_outputs = plan.canonical[schedule].outputs
                 for local, sources in enumerate(sub.sources):
                     rank = t.rank(node, local)
                     for position, slots in enumerate(sources):
-                        parts = [read(phase.src, t.rank(node, s.rank), s.position, index) for s in slots]
+                        keys = [(phase.src, t.rank(node, s.rank), s.position) for s in slots]
+                        parts = [read(*key, index) for key in keys]
                         new[(phase.dst, rank, position)] = combine(parts, sub.operation)
+                        # One schedule forms one chunk alike on every holder (its own step 5),
+                        # from its sources in the sub-spec's order.
+                        how = ("intra", schedule, canonical_outputs[local][position])
+                        new_orders[(phase.dst, rank, position)] = formed(how, [orders[k] for k in keys], sub.operation)
         else:
             for move in phase.moves:
-                parts = [read(phase.src, s.rank, s.unit, index) for s in move.srcs]
+                keys = [(phase.src, s.rank, s.unit) for s in move.srcs]
+                parts = [read(*key, index) for key in keys]
                 new[(phase.dst, move.dst.rank, move.dst.unit)] = combine(parts, phase.operation)
+                new_orders[(phase.dst, move.dst.rank, move.dst.unit)] = formed(
+                    "move", [orders[k] for k in keys], phase.operation)  # a move reduces in its order
         values.update(new)
+        orders.update(new_orders)
 
     canonical_values: dict[int, tuple[int, ...]] = {}  # id(value) -> sorted (the multiset)
     expected: dict[int, tuple[tuple[int, ...], tuple]] = {}  # id(sources) -> (sorted ids, sources)
@@ -146,6 +173,21 @@ def _check_result(plan: HierPlan) -> None:
                 slot_of = {base[r] + p: Slot(r, p) for r in range(t.world_size) for p in range(len(spec.inputs[r]))}
                 got = " ".join(str(slot_of[i]) for i in held)
                 raise _fail(f"r{rank}.out[{position}] should be {chunk} from {' '.join(map(str, sources))}, holds {got}")
+    if spec.is_reduce:
+        _check_agreement(plan, orders)
+
+
+def _check_agreement(plan: HierPlan, orders: dict) -> None:
+    """Every holder of a reduced chunk formed it in the same order, so replicated outputs agree
+    bit for bit (the multisets above cannot tell (a + b) + c from a + (b + c))."""
+    first: dict = {}
+    for rank in range(plan.topology.world_size):
+        for position, chunk in enumerate(plan.spec.outputs[rank]):
+            number = orders[(OUT, rank, position)]
+            seen = first.setdefault(chunk, (rank, position, number))
+            if seen[2] != number:
+                raise _fail(f"r{rank}.out[{position}] ({chunk}) is reduced in another order than r{seen[0]}.out[{seen[1]}]: "
+                            "the same sources combined in another order, so the two may differ in their last bits")
 
 
 def verify_plan(plan: HierPlan, *, schedules: bool = True) -> None:
