@@ -112,6 +112,18 @@ def test_check_spec_only(capsys, example_paths):
     assert (code, out) == (0, "gather: ok for R=3: spec\n")
 
 
+@pytest.mark.parametrize("options,named", [
+    (["--gpus-per-node", "3"], "--gpus-per-node applies"),
+    (["-a", "ring", "--channels", "2", "--packed"], "--algorithm, --channels, --packed apply"),
+    (["--registered", "out", "--stage-copies", "1", "-j", "2"], "--registered, --stage-copies, --jobs apply"),
+])
+def test_check_spec_only_refuses_what_only_schedules_take(capsys, example_paths, options, named):
+    """--spec-only verifies no schedule, so an option for them would be ignored without a word."""
+    code, out, err = cli(capsys, "check", example_paths["allreduce"], "--spec-only", "-R", "1..8", *options)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"error: {named} to the schedules, which --spec-only does not check\n"), err
+
+
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_check_spec_only_every_example(capsys, example_paths, name):
     code, out, _ = cli(capsys, "check", example_paths[name], "--spec-only", "-R", "1..16")

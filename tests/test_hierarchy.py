@@ -163,6 +163,13 @@ def test_intra_options_apply_where_they_can(repo_dir):
     plan = _check(spec, 4, options=LowerOptions(Algorithm.TWO_SHOT, channels=2))
     # two-shot applies to no phase here (each chunk has one consumer per phase): direct-push
     assert {s.options.key() for s in plan.schedules} == {"direct-push/c2/s1/slotsall/reg-"}
+    # ... with every other option as asked, as if direct-push had been (slots: a bound on
+    # staging the user chose; it was dropped without a word)
+    asked = dict(channels=2, slices=2, slots=1, registered=frozenset({"in"}))
+    fell_back = _check(spec, 4, options=LowerOptions(Algorithm.TWO_SHOT, **asked))
+    direct = _check(spec, 4, options=LowerOptions(Algorithm.DIRECT_PUSH, **asked))
+    assert [s.options for s in fell_back.schedules] == [s.options for s in direct.schedules]
+    assert {s.options.slots for s in fell_back.schedules} == {1}
 
 
 @pytest.mark.parametrize("world_size,G", [(6, 4), (3, 2), (7, 8)])

@@ -64,6 +64,7 @@ def run(args) -> int:
     from purlinc.frontend.check import check_all
 
     common.check_stage_copies(args)
+    _refuse_schedule_options_with_spec_only(args)
     definition = pipeline.parse_stage(common.source(args))
     params = dict(args.param)
     # No len(args.ranks): a range of 10**28 sizes has no length Python can hold (OverflowError);
@@ -124,6 +125,21 @@ def _refuse_pinned(args, sizes, specs) -> None:
         raise error.with_note(f"-a {args.algorithm} applies to none of the sizes checked") from None
     raise PurlinError(f"-a {args.algorithm} applies to none of the sizes checked "
                       f"(R={sizes[0]}..{sizes[-1]}): there is no schedule to verify")
+
+
+def _refuse_schedule_options_with_spec_only(args) -> None:
+    """--spec-only checks no schedule: an option for them would be ignored without a word."""
+    if not args.spec_only:
+        return
+    given = [flag for flag, value in (
+        ("--algorithm", args.algorithm), ("--channels", args.channels), ("--slices", args.slices),
+        ("--slots", args.slots), ("--registered", None if args.registered == "none" else args.registered),
+        ("--packed", args.packed or None), ("--stage-copies", args.stage_copies),
+        ("--gpus-per-node", args.gpus_per_node), ("--jobs", args.jobs)) if value is not None]
+    if given:
+        raise PurlinError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to the schedules, which "
+                          "--spec-only does not check",
+                          notes=(f"drop --spec-only to verify the schedules too, or drop {', '.join(given)}",))
 
 
 def _verify_schedules(args, definition, sizes, params, progress) -> int:

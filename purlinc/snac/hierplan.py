@@ -27,6 +27,8 @@ fail is the topology (``TopologyError``) or lowering a sub-spec under the option
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from purlinc.errors import PurlinError
 from purlinc.frontend.ast import Operation
 from purlinc.frontend.spec import Chunk, Slot, Spec
@@ -94,9 +96,10 @@ class _Builder:
         if self.options.algorithm in applicable_algorithms(spec):
             return self.options
         # e.g. two-shot asked for, but this phase is a copy: the node's phase runs direct-push
-        # with the same channels and slices (documented in docs/HIERARCHY.md).
-        return LowerOptions(DEFAULT_ALGORITHM, self.options.channels, self.options.slices, None,
-                            self.options.registered, False)
+        # with every other option as asked (channels, slices, slots, registered buffers,
+        # staging copies; documented in docs/HIERARCHY.md).  Packed stages are the one thing
+        # direct-push has that the others lack, so none were asked for.
+        return replace(self.options, algorithm=DEFAULT_ALGORITHM, packed=False)
 
     def intra(self, src: str, dst: str, operation: Operation, node_specs: list[Spec], what: str) -> None:
         indices = []
