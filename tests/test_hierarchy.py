@@ -138,6 +138,19 @@ def test_decompositions(repo_dir, name, kinds):
     assert [getattr(p, "nccl", "intra") for p in plan.phases] == kinds
 
 
+@pytest.mark.parametrize("name,world,G,kind", [
+    ("scatter", 4, 2, "scatter"), ("gather", 8, 4, "gather"), ("broadcast", 8, 4, "broadcast"),
+    ("allgather", 4, 2, "all_gather"), ("alltoall", 4, 2, "send_recv"), ("ring_shift", 4, 2, "send_recv"),
+])
+def test_two_node_phases_are_named_by_what_stays_local(repo_dir, name, world, G, kind):
+    """Between two nodes a single transfer fits several NCCL names (every sent unit reaches
+    "all" other nodes): the part that stays on its rank tells them apart (the root keeps what it
+    broadcasts or scatters, the gatherer its own, every rank what it all-gathers; a swap keeps
+    nothing it sends).  They were all broadcast or all_gather."""
+    plan = plan_hierarchical(_spec(repo_dir, name, world), G)
+    assert [p.nccl for p in plan.phases if isinstance(p, InterPhase)] == [kind]
+
+
 def test_allreduce_is_reduce_scatter_all_reduce_all_gather(repo_dir):
     plan = plan_hierarchical(_spec(repo_dir, "allreduce", 8), 4)
     first, middle, last = plan.phases

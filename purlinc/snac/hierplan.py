@@ -158,23 +158,31 @@ def _nccl_kind(t: Topology, operation: Operation, moves: list[Move]) -> str:
             if len(per_rank) == t.world_size and len(set(per_rank.values())) == 1:
                 return "reduce_scatter"
         return "reduce"
-    # Copies, per sub-group: who sends, how far each sent unit fans out, who receives.
+    # Copies, per sub-group: which units are sent, how far each fans out, who sends and who
+    # receives; and what stays on its rank (a collective's own part: the root keeps what it
+    # broadcasts or scatters, a gatherer what it gathers, every rank what it all-gathers).
+    # With two nodes a single transfer fits several names, which the local part tells apart.
     fan: dict[Unit, set[int]] = {}
-    for m in remote:
-        fan.setdefault(m.srcs[0], set()).add(m.dst.rank)
+    units: dict[int, set[Unit]] = {}
     senders: dict[int, set[int]] = {}
     receivers: dict[int, set[int]] = {}
     for m in remote:
-        senders.setdefault(t.local_of(m.dst.rank), set()).add(m.srcs[0].rank)
-        receivers.setdefault(t.local_of(m.dst.rank), set()).add(m.dst.rank)
-    if all(len(d) == everyone - 1 for d in fan.values()):
-        if all(len(s) == 1 for s in senders.values()):
-            return "broadcast"
-        if all(len(s) == everyone for s in senders.values()):
-            return "all_gather"
-    if all(len(r) == 1 for r in receivers.values()):
+        group = t.local_of(m.dst.rank)
+        fan.setdefault(m.srcs[0], set()).add(m.dst.rank)
+        units.setdefault(group, set()).add(m.srcs[0])
+        senders.setdefault(group, set()).add(m.srcs[0].rank)
+        receivers.setdefault(group, set()).add(m.dst.rank)
+    local = [m for m in moves if all(s.rank == m.dst.rank for s in m.srcs)]
+    kept, keeping = {m.srcs[0] for m in local}, {m.dst.rank for m in local}
+    groups = list(units)  # the sub-groups that move anything (a rooted phase: the root's only)
+    if all(len(units[g]) == 1 and all(len(fan[u]) == everyone - 1 and u in kept for u in units[g]) for g in groups):
+        return "broadcast"
+    if all(len(senders[g]) == everyone == len(units[g])
+           and all(len(fan[u]) == everyone - 1 and u in kept for u in units[g]) for g in groups):
+        return "all_gather"
+    if all(len(receivers[g]) == 1 and receivers[g] <= keeping for g in groups):
         return "gather"
-    if all(len(s) == 1 for s in senders.values()):
+    if all(len(senders[g]) == 1 and senders[g] <= keeping for g in groups):
         return "scatter"
     return "send_recv"
 
