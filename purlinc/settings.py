@@ -54,7 +54,8 @@ HEAP_MAX_MB = Setting(
 )
 STAGE_MB = Setting(
     "PURLIN_STAGE_MB", "64", False,
-    "staging space per loaded collective and rank, MiB; larger messages run in several rounds",
+    "staging space per loaded collective and rank, MiB; larger messages run in several rounds "
+    "(never less than a slice per epilogue row: a load above it says so in a warning)",
 )
 
 TRACE = Setting(

@@ -152,10 +152,17 @@ def test_a_small_stage_setting_costs_rounds_not_refusals(world, hidden, stage_mb
     whole rows."""
     monkeypatch.setenv("PURLIN_STAGE_MB", stage_mb)
     buckets, units = _fused_buckets(world, hidden, None)
+    cap = int(float(stage_mb) * 2**20)
     for bucket, staging in buckets:
         if not staging.units:
             continue
         row = bucket.compiled.schedule.epilogue.row
+        # ... and no more than that: the cap, or a row per slice of the widest dtype whose rows
+        # the bucket's calls can hold (a small bucket never sees float32 rows it cannot fit)
+        most = bucket.bucket.max_bytes // units if bucket.bucket.max_bytes is not None else None
+        widest = max(size for size in (16, *(row * i for i in _itemsizes(row))) if most is None or size <= most)
+        assert staging.units * staging.large <= max(cap, staging.units * staging.slices * widest) + 4096, (
+            f"{bucket.bucket}: {staging.units * staging.large} bytes of staging")
         for itemsize in _itemsizes(row):
             for rows in (1, 2, 33, 64, 300):
                 piece = choose_piece(rows * row, staging, itemsize, row)
@@ -241,3 +248,23 @@ def test_calls_of_alternating_counts_are_right_in_every_interleaving(name, sourc
         return 0, step * schedule.slices, step
     old = [w for seed in range(40) if (w := _wrong_call(spec, schedule, counts, compact, 1 << 20, seed))]
     assert old, "the model no longer sees the race of a count-dependent placement"
+
+
+def test_the_staging_floor_counts_the_rows_a_bucket_can_hold():
+    """A row per slice of each dtype the epilogue runs (bf16 and f16 rows of 8 KiB, float32 of
+    16 KiB at 4096 elements), but only of the rows that fit the bytes a unit moves at most: a
+    bucket of one bf16 row never sees a float32 row, and must not pay for one."""
+    from pathlib import Path
+
+    from purlinc.runtime.collective import prepare
+    from purlinc.runtime.prepared import least_stage_bytes
+
+    source = (Path(__file__).parent.parent / FUSED).read_text()
+    schedule = prepare(source, 2, params={"hidden": 4096}, channels=8).schedule
+    per_unit_slices = schedule.staging_units * schedule.slices
+    assert schedule.slices == 8
+    assert least_stage_bytes(schedule) == per_unit_slices * 16384
+    assert least_stage_bytes(schedule, 8192) == per_unit_slices * 8192
+    assert least_stage_bytes(schedule, 100) == per_unit_slices * 16  # no row fits: 16 bytes a slice
+    plain = prepare("collective a { in[r] = x[0..R] out[r] = x[0..R] reduce }", 2, channels=8).schedule
+    assert least_stage_bytes(plain) == plain.staging_units * plain.slices * 16

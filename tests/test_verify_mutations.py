@@ -205,9 +205,33 @@ def test_a_reduction_order_that_differs_between_ranks_is_rejected(algorithm, wor
             continue
         assert holders_agree(mutant), f"verifier accepted '{what}', whose holders differ in float32"
     if algorithm in (Algorithm.RING, Algorithm.TWO_SHOT):
-        # A ring's Consumes add two values (which commute exactly); two-shot reduces each
-        # chunk once, on its owner, and copies it: either way every holder still agrees.
+        # Both form each reduced chunk once (a ring along its hops, two-shot on its owner) and
+        # copy it to every holder: reordered, the chunk changes alike everywhere, and agrees.
         assert not refused, f"{refused[:3]} refused, though every holder forms the chunk alike"
         return
     assert refused, "no reordered mutant was refused"
     assert disagreeing, "no refused mutant disagrees in float32: the data cannot show the check matters"
+
+
+def test_two_sources_swapped_on_one_rank_is_rejected_for_signed_zeros():
+    """Two operands do not commute bit for bit under every op: max and min return the second of
+    two equal values (the kernels' purlin_max_f, and NumPy's), so max(+0, -0) is -0 and
+    max(-0, +0) is +0.  A two-rank all-reduce whose rank 1 swaps its sources must be refused;
+    the simulator shows the ranks' sign bits differ."""
+    spec = spec_for("allreduce", 2)
+    schedule = lowered(spec, LowerOptions())
+    verify(schedule, spec)
+    programs = list(schedule.programs)
+    for p, program in enumerate(programs):
+        if program.rank == 1:
+            steps = tuple(replace(st, srcs=st.srcs[::-1]) if isinstance(st, Consume) and len(st.srcs) == 2 else st
+                          for st in program.steps)
+            assert steps != program.steps
+            programs[p] = replace(program, steps=steps)
+    mutant = replace(schedule, programs=tuple(programs))
+    with pytest.raises(VerificationError, match="another order"):
+        verify(mutant, spec)
+    inputs = [np.array([0.0, -0.0, 1.0, -0.0], np.float32), np.array([-0.0, 0.0, 1.0, -0.0], np.float32)]
+    for op in ("max", "min"):
+        outs = simulate_calls(mutant, spec, [inputs], 2, DType.FLOAT32, op, calls=1, seed=0)[0]
+        assert not np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)), op

@@ -13,8 +13,10 @@ from __future__ import annotations
 import hashlib
 import json
 
+from purlinc import settings
 from purlinc.atom.atoms import lookup_atom
 from purlinc.errors import PurlinError
+from purlinc.log import log
 from purlinc.pipeline import Compiled
 from purlinc.runtime import communicator
 from purlinc.runtime.collective import Collective, GroupCollective, Layout, layout_sizes
@@ -26,11 +28,18 @@ from purlinc.runtime.zerocopy import ZeroCopy, twin_compiled
 
 def _allocate(comm, compiled: Compiled, stage_bytes: int | None) -> Layout:
     stage, pad, counters = layout_sizes(compiled, stage_bytes)
+    staging = staging_placement(compiled, stage_bytes)
+    if staging.units * staging.large > settings.stage_bytes():
+        # The floor (prepared.least_stage_bytes): one epilogue row per slice, whatever the cap.
+        log.warning("%s: staging of %.1f MiB per rank, above %s (%.1f MiB): each of its %d slice(s) per unit "
+                    "holds a whole row of the widest dtype its epilogue runs", compiled.name,
+                    staging.units * staging.large / 2**20, settings.STAGE_MB.name, settings.stage_bytes() / 2**20,
+                    staging.slices)
     heap = comm.heap
     stage_off = heap.alloc(stage, f"{compiled.name} staging") if stage else 0
     pad_off = heap.alloc(pad, f"{compiled.name} signal pad")
     counters_off = heap.alloc(counters, f"{compiled.name} call counters")
-    return Layout(stage_off, stage, pad_off, pad, counters_off, counters, staging_placement(compiled, stage_bytes))
+    return Layout(stage_off, stage, pad_off, pad, counters_off, counters, staging)
 
 
 def zero_space(comm, compiled: Compiled, layout: Layout) -> None:

@@ -66,22 +66,25 @@ class Layout:
 
 
 def staging_placement(compiled: Compiled, stage_bytes: int | None = None) -> StagingPlacement:
-    """Where a load of ``compiled`` places its staging units; ``stage_bytes`` caps the largest
-    piece's region (default PURLIN_STAGE_MB): larger messages run in several rounds.  Never
-    less than ``least_stage_bytes``, below which some call could not run at all."""
+    """Where a load of ``compiled`` places its staging units.  ``stage_bytes``: the large
+    region's size as its caller worked it out (a plain load's bucket: ``tuned._prepare_bucket``);
+    None: PURLIN_STAGE_MB, larger messages running in several rounds, but never less than
+    ``least_stage_bytes``, below which some call could not run at all."""
     schedule = compiled.schedule  # staging_units: every copy; slices: every channel's (snac/ir.py)
-    space = max(stage_bytes or settings.stage_bytes(), least_stage_bytes(schedule))
+    space = stage_bytes if stage_bytes is not None else max(settings.stage_bytes(), least_stage_bytes(schedule))
     return StagingPlacement.for_space(space, schedule.staging_units, schedule.slices)
 
 
-def least_stage_bytes(schedule) -> int:
+def least_stage_bytes(schedule, most: int | None = None) -> int:
     """The large region that lets every call run, in as many rounds as it takes: each slice
     holds 16 bytes, and with an epilogue a whole row of every dtype it runs in (a round never
-    splits a row; 64 slices of 32 KiB float32 rows take 2 MiB per unit).  A smaller
-    PURLIN_STAGE_MB costs rounds, never a refusal."""
+    splits a row; 64 slices of 32 KiB float32 rows take 2 MiB per unit); ``most``: the bytes a
+    unit moves at most (a bucket's calls), so wider rows never come.  A smaller PURLIN_STAGE_MB
+    costs rounds, never a refusal."""
     per_slice = 16
     if schedule.epilogue is not None:
-        per_slice = max((per_slice, *(-(-size // 16) * 16 for size in row_bytes_run(schedule.epilogue.row))))
+        rows = [size for size in row_bytes_run(schedule.epilogue.row) if most is None or size <= most]
+        per_slice = max((per_slice, *(-(-size // 16) * 16 for size in rows)))
     return schedule.staging_units * schedule.slices * per_slice
 
 

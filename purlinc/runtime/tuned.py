@@ -29,6 +29,7 @@ from purlinc.runtime.collective import (
 )
 from purlinc.runtime.options import LoadOptions
 from purlinc.runtime.placement import load_compiled
+from purlinc.runtime.prepared import least_stage_bytes
 from purlinc.snac.algorithms import DEFAULT_ALGORITHM
 from purlinc.snac.ir import LowerOptions
 
@@ -65,7 +66,8 @@ def _prepare_bucket(source, world_size, bucket: tuning.Bucket, params, arch, uni
     stage_bytes = None
     if bucket.max_bytes is not None and compiled.schedule.staging_units:
         need = bucket_stage_bytes(compiled.schedule, bucket.max_bytes, units)
-        stage_bytes = min(settings.stage_bytes(), max(_MIN_STAGE, -(-need // 4096) * 4096))
+        least = least_stage_bytes(compiled.schedule, max(1, bucket.max_bytes // max(1, units)))
+        stage_bytes = max(min(settings.stage_bytes(), max(_MIN_STAGE, -(-need // 4096) * 4096)), least)
     return PreparedBucket(bucket, compiled, stage_bytes)
 
 

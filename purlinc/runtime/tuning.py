@@ -128,12 +128,12 @@ def measured(name: str, world_size: int) -> tuple[Bucket, ...] | None:
 
 
 def buckets_for(spec, *, packed_supported: bool) -> tuple[Bucket, ...]:
+    if spec.is_reduce and max((len(s) for rank in spec.sources for s in rank), default=0) > MAX_PACKED_SOURCES:
+        packed_supported = False  # the lowering refuses packed stages past this many sources
     table = measured(spec.name, spec.world_size)
     if table is not None:
         return tuple(b if packed_supported or not b.packed else Bucket.from_json({**b.to_json(), "packed": False})
                      for b in table)
-    if spec.is_reduce and max((len(s) for rank in spec.sources for s in rank), default=0) > MAX_PACKED_SOURCES:
-        packed_supported = False  # the lowering refuses packed stages past this many sources
     holders = Counter(chunk for outputs in spec.outputs for chunk in set(outputs))
     replicated = spec.is_reduce and any(n > 1 for n in holders.values())
     plain = model(is_reduce=spec.is_reduce, replicated_reduce=replicated, world_size=spec.world_size,

@@ -122,11 +122,10 @@ def _check_result(plan: HierPlan) -> None:
     orders: dict[tuple[str, int, int], int] = {
         key: numbers.setdefault(("in", value[0]), len(numbers)) for key, value in values.items()}
 
-    def formed(how, parts: list[int], operation: Operation) -> int:
-        if operation is Operation.COPY or len(parts) == 1:
-            return parts[0]
-        form = (how, tuple(sorted(parts)) if len(parts) == 2 else tuple(parts))  # a + b rounds as b + a
-        return numbers.setdefault(form, len(numbers))
+    def formed(how, keys: list, operation: Operation) -> int:
+        if operation is Operation.COPY or len(keys) == 1:
+            return orders[keys[0]]  # a copy keeps its source's order
+        return numbers.setdefault((how, tuple(orders[k] for k in keys)), len(numbers))  # in order: see races.Orders
 
     for index, phase in enumerate(plan.phases):
         new, new_orders = {}, {}
@@ -143,14 +142,13 @@ def _check_result(plan: HierPlan) -> None:
                         # One schedule forms one chunk alike on every holder (its own step 5),
                         # from its sources in the sub-spec's order.
                         how = ("intra", schedule, canonical_outputs[local][position])
-                        new_orders[(phase.dst, rank, position)] = formed(how, [orders[k] for k in keys], sub.operation)
+                        new_orders[(phase.dst, rank, position)] = formed(how, keys, sub.operation)
         else:
             for move in phase.moves:
                 keys = [(phase.src, s.rank, s.unit) for s in move.srcs]
                 parts = [read(*key, index) for key in keys]
                 new[(phase.dst, move.dst.rank, move.dst.unit)] = combine(parts, phase.operation)
-                new_orders[(phase.dst, move.dst.rank, move.dst.unit)] = formed(
-                    "move", [orders[k] for k in keys], phase.operation)  # a move reduces in its order
+                new_orders[(phase.dst, move.dst.rank, move.dst.unit)] = formed("move", keys, phase.operation)
         values.update(new)
         orders.update(new_orders)
 

@@ -262,15 +262,12 @@ class Orders:
         return number
 
     def formed(self, w: int, sources) -> None:
-        """Region ``w`` written from ``sources`` (region ids): a copy keeps its source's order;
-        two operands are taken in either order (a + b and b + a round alike: every reduction
-        op commutes exactly)."""
+        """Region ``w`` written from ``sources`` (region ids): a copy keeps its source's order.
+        Even two operands keep theirs: max and min return the second of two equal values, so
+        max(+0, -0) is -0 and max(-0, +0) is +0.  The order is the op's and the dtype's
+        worst case (an int32 sum would agree in any order): one schedule serves every op."""
         of = self.of
-        if len(sources) == 1:
-            of[w] = of[sources[0]]
-            return
-        form = tuple(of[i] for i in sources)
-        of[w] = self._number(tuple(sorted(form)) if len(form) == 2 else form)
+        of[w] = of[sources[0]] if len(sources) == 1 else self._number(tuple(of[i] for i in sources))
 
     def format(self, number: int, depth: int = 0) -> str:
         form = self.forms[number]
