@@ -389,3 +389,26 @@ def test_torchrun_ranks_on_one_gpu_that_cannot_be_resident_are_refused_at_first_
             coll.variant(DType.FLOAT32, None)
     else:
         assert coll.variant(DType.FLOAT32, None).per_sm == 1
+
+
+def test_staging_above_the_setting_for_epilogue_rows_is_allocated_and_said(monkeypatch, caplog):
+    """PURLIN_STAGE_MB=0.0625 (64 KiB) cannot give 8 slices a 16 KiB float32 row each: the load
+    takes what a row per slice needs (rounds never split a row) and says so in a warning;
+    a plain spec under the same setting takes the setting and says nothing."""
+    import logging
+
+    monkeypatch.setenv("PURLIN_STAGE_MB", "0.0625")
+    comm = FakeComm()
+    comm.heap = FakeHeap(2)
+    fused = collective.prepare(EXAMPLES / "fused" / "allreduce_add_rmsnorm.pln", 2, channels=8)
+    with caplog.at_level(logging.WARNING, logger="purlin"):
+        layout = placement._allocate(comm, fused, None)
+    staging = layout.staging
+    assert staging.largest_step == 4096 * 4 and staging.units * staging.large > 64 << 10
+    assert any("above PURLIN_STAGE_MB (0.1 MiB): each of its 8 slice(s) per unit holds 16384 bytes" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    caplog.clear()
+    plain = collective.prepare(EXAMPLES / "allreduce.pln", 2, channels=8)
+    with caplog.at_level(logging.WARNING, logger="purlin"):
+        layout = placement._allocate(comm, plain, None)
+    assert layout.staging.units * layout.staging.large <= 64 << 10 and not caplog.records

@@ -32,9 +32,9 @@ def _allocate(comm, compiled: Compiled, stage_bytes: int | None) -> Layout:
     if staging.units * staging.large > settings.stage_bytes():
         # The floor (prepared.least_stage_bytes): one epilogue row per slice, whatever the cap.
         log.warning("%s: staging of %.1f MiB per rank, above %s (%.1f MiB): each of its %d slice(s) per unit "
-                    "holds a whole row of the widest dtype its epilogue runs", compiled.name,
+                    "holds %d bytes, at least 16 and a whole row of every dtype its epilogue runs", compiled.name,
                     staging.units * staging.large / 2**20, settings.STAGE_MB.name, settings.stage_bytes() / 2**20,
-                    staging.slices)
+                    staging.slices, staging.largest_step)
     heap = comm.heap
     stage_off = heap.alloc(stage, f"{compiled.name} staging") if stage else 0
     pad_off = heap.alloc(pad, f"{compiled.name} signal pad")
