@@ -83,6 +83,11 @@ class Spec:
         spec makes (per slice), and the lines ``format`` lists."""
         return sum(len(slots) for outputs in self.sources for slots in outputs)
 
+    @property
+    def most_sources(self) -> int:
+        """The most producer slots of one output chunk: what a one-shot consume of it reads."""
+        return max((len(slots) for outputs in self.sources for slots in outputs), default=0)
+
     def output_line(self, rank: int, position: int) -> int | None:
         """The .pln line an output chunk was named on, if known."""
         if rank < len(self.output_spans) and position < len(self.output_spans[rank]):

@@ -75,16 +75,19 @@ def staging_placement(compiled: Compiled, stage_bytes: int | None = None) -> Sta
     return StagingPlacement.for_space(space, schedule.staging_units, schedule.slices)
 
 
+def slice_aligns(schedule, most: int | None = None) -> tuple[int, ...]:
+    """What a staging slice holds whole, each a size a slice is cut in multiples of: 16 bytes,
+    and with an epilogue a row of every dtype it runs in (a round never splits a row);
+    ``most``: the bytes a unit moves at most (a bucket's calls), so wider rows never come."""
+    rows = row_bytes_run(schedule.epilogue.row) if schedule.epilogue is not None else ()
+    return (16, *(size for size in rows if most is None or size <= most))
+
+
 def least_stage_bytes(schedule, most: int | None = None) -> int:
-    """The large region that lets every call run, in as many rounds as it takes: each slice
-    holds 16 bytes, and with an epilogue a whole row of every dtype it runs in (a round never
-    splits a row; 64 slices of 32 KiB float32 rows take 2 MiB per unit); ``most``: the bytes a
-    unit moves at most (a bucket's calls), so wider rows never come.  A smaller PURLIN_STAGE_MB
-    costs rounds, never a refusal."""
-    per_slice = 16
-    if schedule.epilogue is not None:
-        rows = [size for size in row_bytes_run(schedule.epilogue.row) if most is None or size <= most]
-        per_slice = max((per_slice, *(-(-size // 16) * 16 for size in rows)))
+    """The large region that lets every call run, in as many rounds as it takes: a slice of
+    every size ``slice_aligns`` names (64 slices of 32 KiB float32 rows take 2 MiB per unit).
+    A smaller PURLIN_STAGE_MB costs rounds, never a refusal."""
+    per_slice = max(-(-size // 16) * 16 for size in slice_aligns(schedule, most))
     return schedule.staging_units * schedule.slices * per_slice
 
 

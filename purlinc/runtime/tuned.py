@@ -19,7 +19,6 @@ from purlinc import settings
 from purlinc.log import log
 from purlinc.atom.abi import slice_step
 from purlinc.atom.atoms import DEFAULT_ATOM, lookup_atom
-from purlinc.atom.rows import row_bytes_run
 from purlinc.errors import PurlinError
 from purlinc.pipeline import Compiled
 from purlinc.runtime import communicator, residency, tuning
@@ -29,7 +28,7 @@ from purlinc.runtime.collective import (
 )
 from purlinc.runtime.options import LoadOptions
 from purlinc.runtime.placement import load_compiled
-from purlinc.runtime.prepared import least_stage_bytes
+from purlinc.runtime.prepared import least_stage_bytes, slice_aligns
 from purlinc.snac.algorithms import DEFAULT_ALGORITHM
 from purlinc.snac.ir import LowerOptions
 
@@ -65,25 +64,21 @@ def _prepare_bucket(source, world_size, bucket: tuning.Bucket, params, arch, uni
         compiled = prepare(source, world_size, **kwargs)
     stage_bytes = None
     if bucket.max_bytes is not None and compiled.schedule.staging_units:
-        need = bucket_stage_bytes(compiled.schedule, bucket.max_bytes, units)
-        least = least_stage_bytes(compiled.schedule, max(1, bucket.max_bytes // max(1, units)))
+        # The bucket counts count * itemsize * units, so a unit moves at most this much.
+        most = max(1, bucket.max_bytes // max(1, units))
+        need = bucket_stage_bytes(compiled.schedule, most)
+        least = least_stage_bytes(compiled.schedule, most)
         stage_bytes = max(min(settings.stage_bytes(), max(_MIN_STAGE, -(-need // 4096) * 4096)), least)
     return PreparedBucket(bucket, compiled, stage_bytes)
 
 
-def bucket_stage_bytes(schedule, max_bytes: int, units: int = 1) -> int:
-    """Staging (large region, every unit) that holds any call of a bucket of at most
-    ``max_bytes`` in one round.  The bucket counts ``count * itemsize * units`` (``units``:
-    the most chunks a rank's buffer holds), so a unit moves at most max_bytes // units; its
-    slices sit a fixed step apart (``StagingPlacement``), each cut as the kernels cut it:
-    ceil(bytes / slices) rounded up to 16 bytes, or to an epilogue's row, which may hold more
-    than its share (a bucket of 4 rows on 8 slices takes a row per slice) and is wider for
-    wider elements (rows of the dtypes the epilogue runs, where a row fits the bucket)."""
-    most = max(1, max_bytes // max(1, units))
-    aligns = [16]
-    if schedule.epilogue is not None:
-        aligns += [size for size in row_bytes_run(schedule.epilogue.row) if size <= most]
-    step = max(slice_step(most, schedule.slices, align) for align in aligns)
+def bucket_stage_bytes(schedule, most: int) -> int:
+    """Staging (large region, every unit) that holds in one round any call whose units move at
+    most ``most`` bytes: its slices sit a fixed step apart (``StagingPlacement``), each cut as
+    the kernels cut it, ceil(bytes / slices) rounded up to one of ``slice_aligns`` (16 bytes,
+    or an epilogue's row, which may hold more than its share: a bucket of 4 rows on 8 slices
+    takes a row per slice, and wider rows for wider elements)."""
+    step = max(slice_step(most, schedule.slices, align) for align in slice_aligns(schedule, most))
     return schedule.staging_units * schedule.slices * -(-step // 16) * 16  # every copy (ir.py)
 
 

@@ -128,7 +128,7 @@ def measured(name: str, world_size: int) -> tuple[Bucket, ...] | None:
 
 
 def buckets_for(spec, *, packed_supported: bool) -> tuple[Bucket, ...]:
-    if spec.is_reduce and max((len(s) for rank in spec.sources for s in rank), default=0) > MAX_PACKED_SOURCES:
+    if spec.is_reduce and spec.most_sources > MAX_PACKED_SOURCES:
         packed_supported = False  # the lowering refuses packed stages past this many sources
     table = measured(spec.name, spec.world_size)
     if table is not None:

@@ -88,13 +88,10 @@ def _check_options(spec: Spec, options: LowerOptions) -> None:
             f"packed (LL) stages are supported for {packing} only, not {options.algorithm.value}",
             notes=(f"LL packing is for small messages, where one-shot {packing} is the algorithm to use",),
         )
-    if options.packed and spec.is_reduce:
-        most = max((len(sources) for rank in spec.sources for sources in rank), default=0)
-        if most > MAX_PACKED_SOURCES:
-            raise PurlinError(
-                f"packed (LL) stages combine at most {MAX_PACKED_SOURCES} sources per output chunk; {spec.name} for "
-                f"R={spec.world_size} reduces {most}",
-                notes=("drop packed: plain direct-push (or two-shot) reduces any number of sources",))
+    if options.packed and spec.is_reduce and spec.most_sources > MAX_PACKED_SOURCES:
+        raise PurlinError(f"packed (LL) stages combine at most {MAX_PACKED_SOURCES} sources per output chunk; "
+                          f"{spec.name} for R={spec.world_size} reduces {spec.most_sources}",
+                          notes=("drop packed: plain direct-push (or two-shot) reduces any number of sources",))
     unknown = set(options.registered) - {"in", "out"}
     if unknown:
         raise PurlinError(f"registered buffers must be 'in' and/or 'out', got {sorted(unknown)}")
