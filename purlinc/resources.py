@@ -9,8 +9,11 @@ top-level folders beside ``purlinc/`` are used instead.
 from __future__ import annotations
 
 import importlib.resources
-from importlib.abc import Traversable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # importlib.abc's name is deprecated from 3.12, importlib.resources.abc's new in 3.11
+    from importlib.resources.abc import Traversable
 
 _SOURCE_TREE = Path(__file__).resolve().parent.parent
 

@@ -47,14 +47,16 @@ def reduce_chunks(chunks: Sequence[np.ndarray], dtype: DType, op: ReduceOp) -> n
     """Reduce equally sized stored chunks in the given order, in float32, rounding once."""
     reducer = _REDUCERS[op]
     accumulator = to_float32(chunks[0], dtype)
-    for chunk in chunks[1:]:
-        accumulator = reducer(accumulator, to_float32(chunk, dtype))
-        if dtype is DType.INT32:
-            accumulator = accumulator.astype(np.int32).astype(np.int64)  # wrap at each step, like int32 math
-        elif dtype.is_float:
-            accumulator = accumulator.astype(np.float32)
-        # int64: NumPy's int64 array arithmetic wraps as the kernels' does
-    return from_float32(accumulator, dtype)
+    # IEEE overflow to infinity and inf - inf = NaN are the semantics the kernels have, not errors
+    with np.errstate(over="ignore", invalid="ignore"):
+        for chunk in chunks[1:]:
+            accumulator = reducer(accumulator, to_float32(chunk, dtype))
+            if dtype is DType.INT32:
+                accumulator = accumulator.astype(np.int32).astype(np.int64)  # wrap at each step, like int32 math
+            elif dtype.is_float:
+                accumulator = accumulator.astype(np.float32)
+            # int64: NumPy's int64 array arithmetic wraps as the kernels' does
+        return from_float32(accumulator, dtype)
 
 
 def check_count(name: str, value, *, least: int = 0) -> None:
