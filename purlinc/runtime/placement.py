@@ -27,8 +27,8 @@ from purlinc.runtime.zerocopy import ZeroCopy, twin_compiled
 
 
 def _allocate(comm, compiled: Compiled, stage_bytes: int | None) -> Layout:
-    stage, pad, counters = layout_sizes(compiled, stage_bytes)
     staging = staging_placement(compiled, stage_bytes)
+    stage, pad, counters = layout_sizes(compiled, staging=staging)
     if staging.units * staging.large > settings.stage_bytes():
         # The floor (prepared.least_stage_bytes): one epilogue row per slice, whatever the cap.
         log.warning("%s: staging of %.1f MiB per rank, above %s (%.1f MiB): each of its %d slice(s) per unit "

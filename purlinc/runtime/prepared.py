@@ -91,9 +91,11 @@ def least_stage_bytes(schedule, most: int | None = None) -> int:
     return schedule.staging_units * schedule.slices * per_slice
 
 
-def layout_sizes(compiled: Compiled, stage_bytes: int | None = None) -> tuple[int, int, int]:
-    """(staging, signal pad, counters) bytes for one rank (``staging_placement``)."""
+def layout_sizes(compiled: Compiled, stage_bytes: int | None = None,
+                 staging: StagingPlacement | None = None) -> tuple[int, int, int]:
+    """(staging, signal pad, counters) bytes for one rank; ``staging`` when the caller has placed it."""
     schedule = compiled.schedule
-    stage = staging_placement(compiled, stage_bytes).total_bytes
+    if staging is None:
+        staging = staging_placement(compiled, stage_bytes)
     words = compiled.plan.pad_words if compiled.plan is not None else schedule.signal_pad_size()
-    return stage, 8 * max(words, 1), 8 * schedule.channels
+    return staging.total_bytes, 8 * max(words, 1), 8 * schedule.channels
