@@ -1,8 +1,9 @@
-"""Faults on two GPUs: disagreements between ranks end in MismatchError before anything is
-launched (group calls; torchrun at first use), a timeout stops the communicator with a clear
-error, the ce watchdog bounds a stuck copy-engine wait, and under torchrun a rank that exits in
-the middle of a loop makes the other raise PurlinTimeoutError and exit, with no hang and no
-process left behind (tests/gpu/fault_check.py, run by torchrun under `timeout`)."""
+"""Faults: disagreements between ranks end in MismatchError before anything is launched
+(group calls, on two GPUs and in loopback on one; torchrun at first use), a timeout stops the
+communicator with a clear error (two GPUs and loopback), the ce watchdog bounds a stuck
+copy-engine wait (two GPUs: the ce atom needs a GPU per rank), and under torchrun a rank that
+exits in the middle of a loop makes the other raise PurlinTimeoutError and exit, with no hang
+and no process left behind (tests/gpu/fault_check.py, run by torchrun under `timeout`)."""
 
 from __future__ import annotations
 
@@ -23,13 +24,16 @@ from _launch import torchrun_command  # noqa: E402
 from _common import EXAMPLES, expected, inputs_for, poison, to_numpy, to_torch  # noqa: E402
 from purlinc.dtypes import DType  # noqa: E402
 
-pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
+pytestmark = pytest.mark.gpu
 HERE = Path(__file__).resolve().parent
 DEVICES = [0, 1]
+# Group faults on two GPUs, and in loopback (two ranks sharing GPU 0: the same kernels,
+# signals and host checks, so they run where one GPU is all there is).
+GROUPS = [pytest.param([0, 1], id="two-gpus", marks=pytest.mark.multigpu), pytest.param([0, 0], id="loopback")]
 
 
-def _sync():
-    for d in DEVICES:
+def _sync(devices=DEVICES):
+    for d in set(devices):
         torch.cuda.synchronize(d)
 
 
@@ -54,11 +58,16 @@ def _record(key, value):
         json.dump(data, open(path, "w"), indent=1)
 
 
-@pytest.fixture()
-def group():
+def _kind(group) -> str:
+    return "loopback" if len(set(group.devices)) == 1 else "two_gpus"
+
+
+@pytest.fixture(params=GROUPS)
+def group(request):
     import purlinc
 
-    g = purlinc.LocalGroup(DEVICES)
+    devices = request.param
+    g = purlinc.LocalGroup(devices, share_devices=devices[0] == devices[1])
     yield g
     g.close()
 
@@ -68,14 +77,15 @@ def test_group_call_mismatch_is_refused_before_launch(group, case):
     from purlinc import MismatchError
 
     coll = _allgather(group, algorithm="direct-push")
+    d0, d1 = group.devices
     try:
-        x0 = torch.randn(1000, device="cuda:0", dtype=torch.bfloat16)
+        x0 = torch.randn(1000, device=f"cuda:{d0}", dtype=torch.bfloat16)
         if case == "dtype":
-            x1 = torch.randn(1000, device="cuda:1", dtype=torch.float32)
-            outs = [_poisoned(2000, torch.bfloat16, 0), _poisoned(2000, torch.float32, 1)]
+            x1 = torch.randn(1000, device=f"cuda:{d1}", dtype=torch.float32)
+            outs = [_poisoned(2000, torch.bfloat16, d0), _poisoned(2000, torch.float32, d1)]
         else:
-            x1 = torch.randn(999, device="cuda:1", dtype=torch.bfloat16)
-            outs = [_poisoned(2000, torch.bfloat16, 0), _poisoned(1998, torch.bfloat16, 1)]
+            x1 = torch.randn(999, device=f"cuda:{d1}", dtype=torch.bfloat16)
+            outs = [_poisoned(2000, torch.bfloat16, d0), _poisoned(1998, torch.bfloat16, d1)]
         start = time.perf_counter()
         with pytest.raises(MismatchError) as caught:
             coll([x0, x1], outs)
@@ -85,22 +95,22 @@ def test_group_call_mismatch_is_refused_before_launch(group, case):
                 else "expected 1000 elements per chunk (as rank 0), but rank 1 passed 999 elements per chunk")
         assert want in text, text
         assert elapsed < 1.0, elapsed  # no 5 s timeout: refused on the host
-        _sync()
+        _sync(group.devices)
         for out in outs:  # nothing was launched: the outputs are still poisoned
             assert bool((out.view(torch.uint8) == 0xFF).all())
         # ... and nothing is out of step: a correct call right after works, on fresh data.
         rng = np.random.default_rng(1)
         spec = coll[0].compiled.spec
         inputs = inputs_for(spec, 1000, DType.BFLOAT16, rng)
-        xs = [to_torch(a, DType.BFLOAT16, r) for r, a in enumerate(inputs)]
-        outs = [_poisoned(2000, torch.bfloat16, r) for r in DEVICES]
+        xs = [to_torch(a, DType.BFLOAT16, d) for d, a in zip(group.devices, inputs)]
+        outs = [_poisoned(2000, torch.bfloat16, d) for d in group.devices]
         coll(xs, outs)
-        _sync()
+        _sync(group.devices)
         coll.check()
         want = expected(spec, inputs, 1000, DType.BFLOAT16, None)
-        for r in DEVICES:
+        for r in range(2):
             assert np.array_equal(to_numpy(outs[r], DType.BFLOAT16).view(np.uint16), want[r].view(np.uint16))
-        _record(f"group_mismatch_{case}", {"message": text.splitlines()[0], "seconds": round(elapsed, 4)})
+        _record(f"group_mismatch_{case}_{_kind(group)}", {"message": text.splitlines()[0], "seconds": round(elapsed, 4)})
     finally:
         coll.close()
 
@@ -111,10 +121,13 @@ def test_timeout_stops_the_communicator(group, monkeypatch):
     monkeypatch.setenv("PURLIN_WAIT_TIMEOUT_S", "0.5")
     coll = _allgather(group, algorithm="direct-push")
     other = _allgather(group, algorithm="direct-pull")
+    d0, d1 = group.devices
     try:
-        x0, o0 = torch.randn(1000, device="cuda:0"), torch.empty(2000, device="cuda:0")
+        x0, o0 = torch.randn(1000, device=f"cuda:{d0}"), torch.empty(2000, device=f"cuda:{d0}")
+        start = time.perf_counter()
         coll[0](x0, o0)  # rank 1 never calls
-        torch.cuda.synchronize(0)
+        torch.cuda.synchronize(d0)
+        assert time.perf_counter() - start < 10  # released by the 0.5 s bound, not a hang
         with pytest.raises(PurlinTimeoutError) as first:
             coll.check()
         # Every later use of the group refuses with a clear error: this collective, another
@@ -122,15 +135,49 @@ def test_timeout_stops_the_communicator(group, monkeypatch):
         with pytest.raises(PurlinTimeoutError, match="timed out"):
             coll[0](x0, o0)
         with pytest.raises(PurlinTimeoutError, match="communicator stopped after an earlier timeout"):
-            other([x0, torch.randn(1000, device="cuda:1")])
+            other([x0, torch.randn(1000, device=f"cuda:{d1}")])
         with pytest.raises(PurlinTimeoutError, match="communicator stopped after an earlier timeout"):
             _allgather(group, algorithm="direct-push")
-        _record("timeout_then_refused", {"first": str(first.value).splitlines()[0]})
+        _record(f"timeout_then_refused_{_kind(group)}", {"first": str(first.value).splitlines()[0]})
     finally:
         coll.close()
         other.close()
 
 
+@pytest.mark.parametrize("options", [dict(packed=True), dict(algorithm="ring"), dict(algorithm="two-shot"),
+                                     dict(algorithm="direct-pull", channels=2)],
+                         ids=["ll", "ring", "two-shot", "direct-pull-c2"])
+def test_loopback_missing_rank_times_out_every_caller(options, monkeypatch):
+    """Four ranks on one GPU, the last never calls: each other rank's kernel gives up within
+    the bound (an LL receive loop, a ring's chain, a two-shot's second shot, a pull), every
+    caller's check names the timeout, and the group closes without a hang."""
+    import purlinc
+    from purlinc import PurlinTimeoutError
+
+    monkeypatch.setenv("PURLIN_WAIT_TIMEOUT_S", "0.5")
+    ranks = 4
+    group = purlinc.LocalGroup([0] * ranks, share_devices=True)
+    try:
+        coll = purlinc.load(EXAMPLES / "allreduce.pln", group, **options)
+        streams = [torch.cuda.Stream(device=0) for _ in range(ranks)]
+        start = time.perf_counter()
+        for r in range(ranks - 1):  # rank 3 never calls
+            with torch.cuda.stream(streams[r]):
+                coll[r](torch.randn(4096, device="cuda:0"), torch.empty(4096, device="cuda:0"))
+        torch.cuda.synchronize(0)
+        elapsed = time.perf_counter() - start
+        assert elapsed < 20, elapsed  # three bounded waits at most, one after another
+        for r in range(ranks - 1):
+            with pytest.raises(PurlinTimeoutError, match=f"rank {r}") as caught:
+                coll[r].check()
+            assert "timed out" in str(caught.value), caught.value
+        _record(f"loopback_missing_rank_{'-'.join(f'{k}={v}' for k, v in options.items())}",
+                {"seconds_until_kernels_returned": round(elapsed, 3)})
+    finally:
+        group.close()
+
+
+@pytest.mark.multigpu
 def test_ce_watchdog_bounds_a_stuck_wait(monkeypatch):
     import purlinc
     from purlinc import PurlinTimeoutError
@@ -164,6 +211,7 @@ def test_ce_watchdog_bounds_a_stuck_wait(monkeypatch):
         group.close()
 
 
+@pytest.mark.multigpu
 def test_ce_watchdog_stays_quiet_on_healthy_calls(monkeypatch):
     import purlinc
 
@@ -207,6 +255,7 @@ def _torchrun(mode: str, limit: int, port: int) -> tuple[subprocess.CompletedPro
     return done, elapsed
 
 
+@pytest.mark.multigpu
 def test_torchrun_rank_exits_mid_loop():
     done, elapsed = _torchrun("exit", 120, 29561)
     assert done.returncode not in (0, 124, 137), done.returncode  # failed, but not by the outer timeout
@@ -217,6 +266,7 @@ def test_torchrun_rank_exits_mid_loop():
                               "lines": [l for l in done.stdout.splitlines() if l.startswith("FAULT")]})
 
 
+@pytest.mark.multigpu
 def test_torchrun_mismatch_at_first_use():
     done, elapsed = _torchrun("mismatch", 150, 29563)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
