@@ -382,6 +382,20 @@ def test_atom_registry():
     assert get_atom("tma", "sm_100").template == "atom_tma.cuh.j2"
 
 
+@pytest.mark.parametrize("arch, accepted", [
+    ("sm_90a", True), ("sm_100a", True), ("sm_120a", True), ("sm_100f", True), ("sm_121f", True),
+    ("sm_80a", False), ("sm_86a", False), ("sm_89a", False), ("sm_80f", False), ("sm_87f", False), ("sm_90f", False),
+])
+def test_arch_suffixes_are_those_nvrtc_knows(arch, accepted):
+    """'a' exists from sm_90, 'f' from sm_100: a target NVRTC would refuse is refused by name."""
+    if accepted:
+        assert parse_arch(arch).name == arch
+        return
+    with pytest.raises(PurlinError) as error:
+        parse_arch(arch)
+    assert f"unknown target architecture {arch!r}" in error.value.render()
+
+
 def test_missing_template_value_is_an_error():
     with pytest.raises(PurlinError, match="has no attribute 'srcs'"):
         render.render("block_copy.cu.j2", block={"dst": "d", "loop": 0})

@@ -357,9 +357,21 @@ def _set(*keys_and_value):
     return edit
 
 
+def test_deeply_nested_json_is_refused_as_not_a_trace(tmp_path, capsys):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    assert main(["draw", str(EXAMPLES / "allreduce.pln"), "--trace", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"trace file {path} is not a Purlin trace: its JSON is nested too deeply" in err, err
+    assert "internal error" not in err
+
+
 @pytest.mark.parametrize("edit, message", [
     (_set("events", 0, "start_ns", "a"), "events[0].start_ns: expected a number, got 'a'"),
     (_set("events", 0, "end_ns", None), "events[0].end_ns: expected a number, got None"),
+    (_set("events", 0, "end_ns", 10**400), "events[0].end_ns: expected a finite number, got 10000000000"),
+    (_set("events", 0, "start_ns", -10**400), "events[0].start_ns: expected a finite number, got -1000000000"),
+    (_set("events", 0, "end_ns", -1), "events[0].end_ns: expected a time at or after start_ns"),
     (_set("events", 0, "steps", 5), "events[0].steps: expected a list, got 5"),
     (_set("events", 0, "steps", [0, "1"]), "events[0].steps[1]: expected an integer, got '1'"),
     (_set("events", 0, "rank", "x"), "events[0].rank: expected an integer, got 'x'"),
@@ -655,3 +667,23 @@ def test_sizes_from_python_are_bounded_as_on_the_command_line(request_args, mess
     with pytest.raises(PurlinError) as caught:
         render(Request(EXAMPLES / "allgather.pln", 2, **request_args), "svg")
     assert caught.value.message.startswith(message)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--count", "7"], "count=7: not a whole number of the epilogue's rows of 4096 elements"),
+    (["--dtype", "int32"], "--dtype int32: an epilogue computes in float32; int32 outputs are not supported"),
+])
+def test_timeline_of_a_fused_call_refuses_what_a_call_would(tmp_path, capsys, argv, message):
+    out = tmp_path / "t.svg"
+    argv = ["draw", str(EXAMPLES / "fused" / "allreduce_add_rmsnorm.pln"), "-R", "4", "--timeline", *argv, "-o", str(out)]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err and not out.exists()
+
+
+def test_timeline_of_a_fused_call_models_whole_rows(tmp_path):
+    """--bytes below a row models one row per chunk, as the smallest call moves."""
+    out = tmp_path / "t.svg"
+    argv = ["draw", str(EXAMPLES / "fused" / "allreduce_add_rmsnorm.pln"), "-R", "4", "--timeline", "--bytes", "100",
+            "-o", str(out)]
+    assert main(argv) == 0
+    assert "8192 B per chunk (bfloat16)" in out.read_text()

@@ -325,7 +325,7 @@ CASES = [
         'arity_mismatch',
         'collective a {\n    in[r] = x[r]\n    out[r] = x[r][0]\n    copy\n}\n',
         (
-            "spec.pln:3:14: error: chunk 'x' is used with 2 indices here but with 1 before (line 2)",
+            "spec.pln:3:14: error: chunk 'x' is used with 2 indices here but with 1 elsewhere (line 2)",
             '        out[r] = x[r][0]',
             '                 ^^^^^^^',
             'note: while checking a for R=4',

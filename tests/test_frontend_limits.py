@@ -262,7 +262,7 @@ def test_assigned_twice_on_one_line_names_the_column():
     error = diagnose("collective a {\n  in[r] = x[r]\n  in[r] = x[r]\n  out[r] = x[0..R]\n  copy\n}\n")
     assert error.message == "in[0] is assigned twice (also at line 2)"
     error = diagnose("collective a { in[r] = x[r] out[r] = x[0..R][0] copy }")
-    assert error.message == "chunk 'x' is used with 2 indices here but with 1 before (line 1, column 24)"
+    assert error.message == "chunk 'x' is used with 2 indices here but with 1 elsewhere (line 1, column 24)"
 
 
 def test_a_collective_name_longer_than_64_characters_is_refused_where_it_is_written():

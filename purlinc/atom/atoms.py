@@ -48,6 +48,9 @@ class Arch:
 
 # Targets the generated code is written and tested for (NVRTC knows more).
 KNOWN_ARCHES = (80, 86, 87, 89, 90, 100, 103, 110, 120, 121)
+# The first target of each suffix: arch-specific ("a") targets begin with Hopper, family ("f")
+# targets with Blackwell; NVRTC refuses sm_80a or sm_90f, so they are refused here, by name.
+SUFFIX_FROM = {"a": 90, "f": 100}
 
 
 def parse_arch(text: str) -> Arch:
@@ -58,7 +61,14 @@ def parse_arch(text: str) -> Arch:
             f"unknown target architecture {text!r}",
             notes=(f"expected sm_NN (optionally with an 'a' or 'f' suffix) with NN one of: {known}",),
         )
-    return Arch(int(match.group(1)), match.group(2))
+    number, suffix = int(match.group(1)), match.group(2)
+    if suffix and number < SUFFIX_FROM[suffix]:
+        kind = "arch-specific" if suffix == "a" else "family"
+        raise PurlinError(
+            f"unknown target architecture {text!r}: sm_{number} has no {kind} ('{suffix}') variant",
+            notes=(f"the '{suffix}' suffix exists from sm_{SUFFIX_FROM[suffix]} on; use sm_{number}",),
+        )
+    return Arch(number, suffix)
 
 
 @dataclass(frozen=True, slots=True)

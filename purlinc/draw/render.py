@@ -156,6 +156,7 @@ def panels_for(request: Request) -> list[svg.Panel]:
         timed = request.timeline or bool(request.compare)
         if timed:
             nbytes = request.nbytes if request.nbytes is not None or request.count is not None else 65536
+            _refuse_what_a_call_would(schedule, dtype, request.count)
             chunk = chunk_bytes_for(schedule, nbytes=nbytes, count=request.count, itemsize=itemsize)
             _refuse_too_long_a_message(schedule, chunk, request.count)
             times = schedule_times(schedule, drawing, CostModel(), chunk_bytes=chunk)
@@ -199,6 +200,23 @@ def _check_sizes(request: Request) -> None:
     for name, value in (("nbytes", request.nbytes), ("count", request.count)):
         if value is not None and not 1 <= value <= MAX_TIMELINE_BYTES:
             raise PurlinError(f"{name}={value}: expected 1 to {MAX_TIMELINE_BYTES:,} (a 1 TiB message at most)")
+
+
+def _refuse_what_a_call_would(schedule, dtype: str, count: int | None) -> None:
+    """A timeline models a call: one the runtime would refuse (an epilogue's dtype or rows)
+    is refused here too, with the same reason, rather than drawn."""
+    from purlinc.atom.rows import row_problem
+    from purlinc.dtypes import DType
+
+    epilogue = schedule.epilogue
+    if epilogue is None:
+        return
+    problem = row_problem(epilogue.row, DType.parse(dtype))
+    if problem is not None:
+        raise PurlinError(f"--dtype {dtype}: {problem}", notes=("a call of this collective would be refused",))
+    if count is not None and count % epilogue.row:
+        raise PurlinError(f"count={count}: not a whole number of the epilogue's rows of {epilogue.row} elements",
+                          notes=("a call's chunks hold whole rows; a call with this count would be refused",))
 
 
 def _refuse_too_long_a_message(schedule, chunk: int, count: int | None) -> None:

@@ -148,8 +148,10 @@ def buffer_units(schedule: Schedule) -> int:
 def chunk_bytes_for(schedule: Schedule, *, nbytes: int | None, count: int | None, itemsize: int) -> int:
     """Bytes of one chunk: from ``count`` (elements per chunk) or ``nbytes`` (the larger of one
     rank's input and output, as nccl-tests and the tuning table count).  A chunk holds whole
-    elements, at least one: ``nbytes`` split over the units is rounded down to the item size."""
+    elements, at least one: ``nbytes`` split over the units is rounded down to the item size,
+    and with an epilogue to whole rows (a call's chunks hold whole rows), at least one."""
     if count is not None:
         return max(count, 1) * itemsize
-    elements = int(nbytes or 0) // buffer_units(schedule) // itemsize
-    return max(elements, 1) * itemsize
+    row = schedule.epilogue.row if schedule.epilogue is not None else 1
+    elements = int(nbytes or 0) // buffer_units(schedule) // itemsize // row * row
+    return max(elements, row) * itemsize

@@ -117,6 +117,9 @@ def load(path: str) -> dict:
         data = json.loads(text)
     except ValueError as error:
         raise PurlinError(f"trace file {path} is not JSON: {error}") from None
+    except RecursionError:  # the decoder recurses once per level: a trace is a few levels deep
+        raise PurlinError(f"trace file {path} is not a Purlin trace: its JSON is nested too deeply to read",
+                          notes=("a trace is what coll.trace() returns, written with json.dump",)) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise PurlinError(
@@ -188,7 +191,11 @@ def _integer(value, where: str, least: int | None = 0) -> int:
 
 def _number(value, where: str) -> float:
     _expect(isinstance(value, (int, float)) and not isinstance(value, bool), where, "a number", value)
-    _expect(math.isfinite(value), where, "a finite number", value)
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an integer past float's range: JSON has no limit on its digits
+        finite = False
+    _expect(finite, where, "a finite number", value)
     return value
 
 
@@ -233,8 +240,8 @@ def _check_event(event, where: str) -> None:
         _integer(event["round"], f"{where}.round")
     for j, step in enumerate(_array(_field(event, "steps", where), f"{where}.steps")):
         _integer(step, f"{where}.steps[{j}]")
-    for name in ("start_ns", "end_ns"):
-        _number(_field(event, name, where), f"{where}.{name}")
+    start, end = (_number(_field(event, name, where), f"{where}.{name}") for name in ("start_ns", "end_ns"))
+    _expect(end >= start, f"{where}.end_ns", f"a time at or after start_ns ({_shown(start)})", end)
 
 
 def _check_fields(data: dict) -> None:

@@ -283,7 +283,7 @@ class _Checker:
             where = f" ({where})" if where else ""
             raise PurlinError(
                 f"chunk '{ref.name}' is used with {len(ref.indices)} "
-                f"{'index' if len(ref.indices) == 1 else 'indices'} here but with {first[0]} before{where}",
+                f"{'index' if len(ref.indices) == 1 else 'indices'} here but with {first[0]} elsewhere{where}",
                 ref.span,
             )
 
