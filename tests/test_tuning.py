@@ -84,6 +84,34 @@ def test_measured_table_overrides_the_model_and_is_closed_at_the_top(monkeypatch
     assert tuning.buckets_for(_spec("allgather", 8), packed_supported=False)[0].channels == 1
 
 
+def _with_table(monkeypatch, tmp_path, name, world_size="2"):
+    table = {"tables": {name: {world_size: [
+        {"max_bytes": 4096, "algorithm": "direct-pull", "atom": "ldst", "channels": 3, "slices": 1}]}}}
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setattr(tuning, "TABLE_PATH", path)
+    tuning._measured.cache_clear()
+
+
+@pytest.mark.parametrize("text, measured", [
+    ("collective allreduce { in[r] = x[0..R]  out[r] = x[0..R]  reduce }", True),
+    ("collective allreduce { in[r] = y[0..R]  out[r] = y[0..R]  reduce }", True),  # another chunk name
+    ("collective allreduce { in[r] = x[0..R]  out[r] = x[r]  reduce }", False),  # a reduce-scatter's shape
+    ("collective allreduce { in[r] = x[r]  out[r] = x[0..R]  copy }", False),  # an all-gather's
+    ("collective allreduce(hidden = 64) with rows residual, row weight, scalar eps {\n"
+     "  in[r] = x[0..R]  out[r] = x[0..R]  reduce\n"
+     "  epilogue rows(hidden) { h = out + residual  residual = h  out = rmsnorm(h, weight, eps) } }", False),
+])
+def test_a_measured_table_serves_the_standard_collective_of_its_name_only(monkeypatch, tmp_path, text, measured):
+    """A user's collective named like a standard one but of another shape (or with an
+    epilogue) was not measured: it gets the model's buckets."""
+    _with_table(monkeypatch, tmp_path, "allreduce")
+    source = pipeline.load_source(text)
+    spec = pipeline.spec_stage(pipeline.parse_stage(source), 2, None)
+    buckets = tuning.buckets_for(spec, packed_supported=False)
+    assert (buckets[0].channels == 3 and buckets[0].algorithm == "direct-pull") == measured, buckets
+
+
 def test_bucket_json_round_trip():
     bucket = tuning.Bucket(1 << 20, "two-shot", "ldst", 32, 2, False)
     assert tuning.Bucket.from_json(bucket.to_json()) == bucket

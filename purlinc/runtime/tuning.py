@@ -127,10 +127,44 @@ def measured(name: str, world_size: int) -> tuple[Bucket, ...] | None:
     return buckets
 
 
+def layout_shape(spec) -> tuple:
+    """What a spec moves, whatever its chunks are called: its operation and every rank's
+    layouts, each chunk numbered in the order it first appears."""
+    numbers: dict = {}
+    layouts = tuple(tuple(tuple(numbers.setdefault(chunk, len(numbers)) for chunk in row) for row in rows)
+                    for rows in (spec.inputs, spec.outputs))
+    return (spec.operation, spec.replicated, *layouts)
+
+
+@lru_cache(maxsize=256)
+def _standard_shape(name: str, world_size: int, params: tuple) -> tuple | None:
+    from purlinc.errors import PurlinError
+    from purlinc.pipeline import load_source, spec_of
+    from purlinc.standard import SOURCES
+
+    if name not in SOURCES:
+        return None
+    try:
+        return layout_shape(spec_of(load_source(SOURCES[name]), world_size, dict(params)))
+    except PurlinError:  # parameters the standard collective does not take
+        return None
+
+
+def measured_for(spec) -> tuple[Bucket, ...] | None:
+    """The measured table of the standard collective ``spec`` is: its name, and the layouts
+    that name stands for.  A user's collective that only shares the name (another shape, an
+    epilogue, run-time sizes) was not measured and gets the model."""
+    if spec.epilogue is not None or spec.sizes is not None:
+        return None
+    if _standard_shape(spec.name, spec.world_size, spec.params) != layout_shape(spec):
+        return None
+    return measured(spec.name, spec.world_size)
+
+
 def buckets_for(spec, *, packed_supported: bool) -> tuple[Bucket, ...]:
     if spec.is_reduce and spec.most_sources > MAX_PACKED_SOURCES:
         packed_supported = False  # the lowering refuses packed stages past this many sources
-    table = measured(spec.name, spec.world_size)
+    table = measured_for(spec)
     if table is not None:
         return tuple(b if packed_supported or not b.packed else Bucket.from_json({**b.to_json(), "packed": False})
                      for b in table)
@@ -138,7 +172,7 @@ def buckets_for(spec, *, packed_supported: bool) -> tuple[Bucket, ...]:
     replicated = spec.is_reduce and any(n > 1 for n in holders.values())
     plain = model(is_reduce=spec.is_reduce, replicated_reduce=replicated, world_size=spec.world_size,
                   packed_supported=packed_supported)
-    if getattr(spec, "epilogue", None) is None:
+    if spec.epilogue is None:
         return plain
     return epilogue_model(spec.epilogue.row, large_algorithm=plain[-1].algorithm, packed_supported=packed_supported)
 

@@ -1,17 +1,5 @@
-"""The eight standard collectives as .pln text, carried inside the package (``examples/``
-is not installed).  A test checks each against ``examples/<name>.pln``.  No torch here."""
+"""The standard collectives' sources (``purlinc.standard``), where purlinc.torch reads them."""
 
-from __future__ import annotations
+from purlinc.standard import ROOTED, SOURCES
 
-SOURCES: dict[str, str] = {
-    "allreduce": "collective allreduce { in[r] = x[0..R]  out[r] = x[0..R]  reduce }",
-    "allgather": "collective allgather { in[r] = x[r]  out[r] = x[0..R]  copy }",
-    "reduce_scatter": "collective reduce_scatter { in[r] = x[0..R]  out[r] = x[r]  reduce }",
-    "alltoall": "collective alltoall { in[r] = x[r][0..R]  out[r] = x[0..R][r]  copy }",
-    "broadcast": "collective broadcast(root = 0) { in[root] = x  out[r] = x  copy }",
-    "reduce": "collective reduce(root = 0) { in[r] = x  out[root] = x  reduce }",
-    "gather": "collective gather(root = 0) { in[r] = x[r]  out[root] = x[0..R]  copy }",
-    "scatter": "collective scatter(root = 0) { in[root] = x[0..R]  out[r] = x[r]  copy }",
-}
-
-ROOTED = ("broadcast", "reduce", "gather", "scatter")  # take a ``root`` parameter
+__all__ = ["ROOTED", "SOURCES"]
