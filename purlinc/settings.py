@@ -75,7 +75,7 @@ PRECOMPILE = Setting(
     "PURLIN_PRECOMPILE", "float32,bfloat16,float16", False,
     "element types whose kernels a tuned load() compiles for every size bucket before it returns "
     "(op sum for reductions; comma-separated dtype names), so a first call of one of them does not "
-    "wait for NVRTC; 0 or none: compile each kernel at its first call instead",
+    "wait for NVRTC; 0, none, off, false or no: compile each kernel at its first call instead",
 )
 
 GRAPH_BUFFERS = Setting(
@@ -131,7 +131,7 @@ def _number(setting: Setting, low: float, high: float, *, zero: bool = False) ->
     """A finite number in [low, high] (or 0 where ``zero`` says 0 means none)."""
     raw = setting.raw().strip()
     try:
-        value = float(raw)
+        value = float(raw) if "_" not in raw else float("nan")  # float() reads 1_000; a shell user means no such thing
     except ValueError:
         value = float("nan")
     if value == value and ((zero and value == 0) or low <= value <= high):
@@ -197,7 +197,7 @@ def heap_max_bytes() -> int:
 
 
 def stage_bytes() -> int:
-    return int(_number(STAGE_MB, 1 / 16, _MOST_MB) * (1 << 20))  # at least 64 KiB
+    return int(_number(STAGE_MB, 1 / 16, _MOST_MB) * (1 << 20)) // 16 * 16  # at least 64 KiB, in 16-byte vectors
 
 
 def codegen_settings() -> dict[str, str]:
@@ -208,6 +208,6 @@ def codegen_settings() -> dict[str, str]:
 def precompile_dtypes() -> tuple[str, ...]:
     """The dtype names of PURLIN_PRECOMPILE, as written (the runtime checks them); () when off."""
     raw = PRECOMPILE.raw().strip()
-    if raw.lower() in ("0", "none", "off"):
+    if raw.lower() in ("none", *_FALSE):  # off as every switch spells it
         return ()
     return tuple(dict.fromkeys(name.strip() for name in raw.split(",") if name.strip()))

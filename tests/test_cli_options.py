@@ -60,6 +60,13 @@ def test_check_without_a_pinned_algorithm_is_unchanged(capsys):
     assert code == 0 and "ok for R=2..3" in out, err
 
 
+def test_check_with_slots_verifies_the_algorithms_that_use_them(capsys):
+    """--slots without -a: the algorithms without slots would refuse it, so only ring is
+    checked (as --packed checks the algorithms that pack)."""
+    code, out, err = cli(capsys, "check", ALLGATHER, "-R", "1..8", "--slots", "8")
+    assert code == 0 and "spec and 8 schedules verified" in out, err
+
+
 # ---- draw: sizes and widths ---------------------------------------------------------------
 
 @pytest.mark.parametrize("argv, message", [

@@ -29,7 +29,7 @@ def test_numbers_read(monkeypatch, name, read, value, expected):
     assert read() == expected
 
 
-BAD = ["abc", "nan", "inf", "1e400", "-1", "99999999999999999999", "0"]
+BAD = ["abc", "nan", "inf", "1e400", "-1", "99999999999999999999", "0", "1_000"]
 REFUSED = [(name, read, value) for name, read in sorted({(n, r) for n, r, _, _ in NUMBERS}, key=lambda item: item[0])
            for value in BAD if (name, value) != ("PURLIN_HEAP_MAX_MB", "0")]  # 0 means no bound there
 
@@ -41,6 +41,17 @@ def test_numbers_refused(monkeypatch, name, read, value):
         read()
     assert caught.value.message.startswith(f"{name}={value!r}: expected a number from "), caught.value.message
     assert caught.value.notes and caught.value.notes[0].startswith(f"{name}: ")
+
+
+def test_stage_mb_is_read_in_whole_vectors(monkeypatch):
+    monkeypatch.setenv("PURLIN_STAGE_MB", "0.1")
+    assert settings.stage_bytes() == 104_848  # 0.1 MiB is 104,857.6 bytes: rounded down to 16
+
+
+@pytest.mark.parametrize("value", ["0", "none", "off", "False", "no"])
+def test_precompile_is_turned_off_as_every_switch_is(monkeypatch, value):
+    monkeypatch.setenv("PURLIN_PRECOMPILE", value)
+    assert settings.precompile_dtypes() == ()
 
 
 @pytest.mark.parametrize("name, read, on", [

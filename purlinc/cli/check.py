@@ -96,7 +96,8 @@ def run(args) -> int:
 
 def _units(args, sizes, specs) -> list:
     """(world size, algorithm) to verify, in the order they are verified and reported: every
-    applicable algorithm (or the one asked for); with --packed, those that lower packed."""
+    applicable algorithm (or the one asked for); with --packed, those that lower packed; with
+    --slots, those that stage through slots (the others would refuse the option)."""
     from purlinc.snac.algorithms import applicable, get_algorithm
 
     units = []
@@ -105,6 +106,8 @@ def _units(args, sizes, specs) -> list:
             if args.algorithm and algorithm.value != args.algorithm:
                 continue
             if args.packed and not args.algorithm and not get_algorithm(algorithm).packed:
+                continue
+            if args.slots is not None and not args.algorithm and not get_algorithm(algorithm).uses_slots:
                 continue
             units.append((world_size, algorithm))
     if args.algorithm and not units:
