@@ -40,11 +40,26 @@ def test_the_page_lists_names():
     assert len(names) > 40 and len(set(names)) == len(names), "a table row lost its name, or one is listed twice"
 
 
+_NEEDS_TORCH = (["purlinc", "torch"], ["purlinc", "moe"])  # the modules that import torch
+
+
 @pytest.mark.parametrize("dotted", _names())
 def test_every_listed_name_imports(dotted):
-    if dotted.split(".")[:2] == ["purlinc", "torch"] and importlib.util.find_spec("torch") is None:
+    if dotted.split(".")[:2] in _NEEDS_TORCH and importlib.util.find_spec("torch") is None:
         pytest.skip("torch is not installed (the torch CPU tests import these)")
     assert _resolve(dotted) is not None
+
+
+def test_the_listed_purlinc_torch_names_are_its_public_names():
+    """purlinc.torch.__all__ lacked fused_add_rmsnorm_op and FusedAddRMSNorm, which the page and
+    docs/TORCH.md document."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed")
+    import purlinc.torch
+
+    listed = {name.split(".")[2] for name in _names() if name.startswith("purlinc.torch.")}
+    assert listed <= set(purlinc.torch.__all__) | {"backend", "groups", "serving"}, \
+        listed - set(purlinc.torch.__all__)
 
 
 def test_the_resolver_fails_on_a_missing_name():

@@ -192,7 +192,7 @@ def test_ops_register_with_schemas():
             f"purlin::{name}_seq(Tensor x, Tensor(a!) seq, int handle, str op, SymInt count) -> Tensor"
     assert pt.define("allreduce") is pt.define("allreduce")  # defined once per process
     assert ops_module.ORDERED  # the functional ops are ordered effects on this torch
-    with pytest.raises(ArgumentError, match="op name 'not-a-name' is not an identifier"):
+    with pytest.raises(ArgumentError, match="define: name 'not-a-name' is not an identifier"):
         pt.define("not-a-name")
 
 
@@ -1119,7 +1119,7 @@ def test_uneven_all_to_all_without_input_sizes_needs_equal_rows():
     list the caller never passed."""
     g = StandInWorlds(2).groups()[0]
     for x, rows in ((torch.tensor(1.0), 1), (torch.ones(5), 5)):
-        with pytest.raises(ArgumentError, match=rf"all_to_all_single: input has {rows} rows \(dim 0\) and no "
+        with pytest.raises(ArgumentError, match=rf"all_to_all_single: x has {rows} rows \(dim 0\) and no "
                                                 r"input_split_sizes; expected a multiple of 2 \(one equal slice per rank\)"):
             pt.functional.all_to_all_single(x, [rows, 0], None, group=g)
     assert not any(e.loaded for e in g._entries.values())
@@ -1455,3 +1455,225 @@ def test_functional_op_checks_count_and_the_handles_collective():
     with pytest.raises(ArgumentError, match=r"count=4611686018427387904 elements per chunk is too large: rank 0 "
                                             r"receives 1 chunks of 4-byte elements"):
         pt.define("broadcast").functional(empty, broadcast, "sum", 2**62)
+
+
+# ---------------------------------------------------------------------------------------------
+# regressions of the CPU probe (docs/TORCH.md's promises, traced against eager)
+
+
+def _list_program(g, rank):
+    def f(x):
+        ins = list(x.chunk(g.world_size))
+        outs = [torch.empty_like(t) for t in ins]
+        pt.all_to_all(outs, ins, group=g)
+        return torch.cat(outs) * 2
+    return f
+
+
+def test_all_to_all_lists_of_one_size_trace_whole():
+    """pt.all_to_all(out_list, in_list) always went through all_to_all_single with split lists,
+    which a trace refuses: FakeTensorMode, make_fx and torch.compile (fullgraph or not) all
+    failed on a call TORCH.md lists as one custom op.  Traced, lists of one size run the equal
+    all-to-all; compiled on threaded ranks it gives the eager (run-time sizes) answer."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    g = StandInWorlds(1).groups()[0]
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(_list_program(g, 0))(torch.empty(4, 3, device="meta"))
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
+    names = {str(n.target) for gm in explanation.graphs for n in gm.graph.nodes if n.op == "call_function"}
+    assert "purlin.alltoall_seq" in names, names
+    x = rand(0, 4, 3)
+    traced = make_fx(_list_program(g, 0), tracing_mode="fake")(x)
+    assert [n for n in traced.graph.nodes if "alltoall_seq" in str(n.target)]
+    R = 2
+    xs = [[rand(r, 4, 3, seed=8), rand(r, 6, 2, seed=9)] for r in range(R)]
+    _compiled_equals_eager(R, lambda g, r: (lambda f: lambda x: (f(x),))(_list_program(g, r)), xs,
+                           lambda f: torch.compile(f, fullgraph=True, backend="aot_eager"))
+
+
+def test_all_to_all_lists_of_several_sizes_are_refused_while_traced_in_their_terms():
+    """Unequal sizes are host split lists, which a graph cannot hold: refused by all_to_all's own
+    names (not all_to_all_single's split lists, which the caller never passed), pointing to
+    all_to_all_vdev, under FakeTensorMode and torch.compile(fullgraph=True) alike."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    g = StandInWorlds(2).groups()[0]
+    message = (r"all_to_all: output_tensor_list holds tensors of 2, 2 elements; input_tensor_list holds tensors of "
+               r"1, 3 elements; while traced \(torch.compile, FakeTensorMode, make_fx\) expected one size for every "
+               r"tensor of both lists .*use all_to_all_vdev")
+
+    def f(x):
+        outs = [torch.empty(2), torch.empty(2)]
+        pt.all_to_all(outs, [x[:1], x[1:]], group=g)
+        return outs[0]
+    with FakeTensorMode():
+        with pytest.raises(ArgumentError, match=message):
+            f(torch.empty(4))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=message):
+        torch.compile(f, fullgraph=True, backend="aot_eager")(torch.zeros(4))
+    assert not any(e.loaded for e in g._entries.values())
+
+
+def _refusals(g, t):
+    """(what, call) of calls eager refuses before anything runs: a strided output, a strided
+    tensor on a rank that gives no input, a float64 reduction."""
+    def strided(*shape):
+        return t(*shape[::-1]).t()
+    return [
+        ("all_gather_into_tensor strided output", lambda: g.all_gather_into_tensor(strided(2, 2), t(2))),
+        ("reduce_scatter_tensor strided output", lambda: g.reduce_scatter_tensor(strided(2, 2), t(8))),
+        ("all_to_all_single strided output", lambda: g.all_to_all_single(strided(2, 2), t(4))),
+        ("broadcast strided", lambda: g.broadcast(strided(2, 2), src=0)),
+        ("reduce strided", lambda: g.reduce(strided(2, 2), dst=0)),
+        ("gather strided", lambda: g.gather(strided(2, 2), [t(2, 2), t(2, 2)] if g.rank == 0 else None, dst=0)),
+        ("scatter strided", lambda: g.scatter(strided(2, 2), [t(2, 2), t(2, 2)] if g.rank == 1 else None, src=1)),
+        ("all_reduce float64", lambda: g.all_reduce(t(4, dtype=torch.float64))),
+        ("reduce float64", lambda: g.reduce(t(4, dtype=torch.float64), dst=1)),
+        ("reduce_scatter_tensor float64", lambda: g.reduce_scatter_tensor(t(2, dtype=torch.float64),
+                                                                          t(4, dtype=torch.float64))),
+    ]
+
+
+def test_traced_calls_refuse_what_eager_calls_refuse_on_every_rank():
+    """Under FakeTensorMode a strided output (filled by copy_ after the op, so its fake never
+    saw it) was accepted where eager calls refuse it, a strided broadcast was refused on its
+    root only (the others entered the collective and waited), and a float64 reduction was
+    refused as "purlin::allreduce on rank 1: x ... does not support; expected one of ...
+    float8_e4m3" (fp8 is not reduced, and the caller passed no x).  Now every rank refuses
+    each, traced, with the eager message."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    groups = StandInWorlds(2).groups()
+    for g in groups:
+        eager = {}
+        for what, call in _refusals(g, torch.randn):
+            with pytest.raises(ArgumentError) as caught:
+                call()
+            eager[what] = str(caught.value)
+        with FakeTensorMode():
+            for what, call in _refusals(g, torch.randn):
+                with pytest.raises(ArgumentError) as caught:
+                    call()
+                assert str(caught.value) == eager[what], (g.rank, what)
+        assert "cannot reduce" in eager["all_reduce float64"] and "float8" not in eager["all_reduce float64"]
+        assert eager["broadcast strided"].startswith("error: broadcast: tensor is not contiguous")
+        assert not any(e.loaded for e in g._entries.values())
+
+
+def test_op_objects_check_out_and_t_while_traced_as_eagerly():
+    """pt.op(...)(x, out=strided) and .inplace(strided) on a rank without input traced where
+    the eager calls refuse: the traced op never sees out, nor t where x is empty."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    worlds = StandInWorlds(2)
+    shift = pt.op(worlds.loader(1)(SOURCES["gather"], {"root": 0}), name="gather")  # rank 1 gives, receives nothing
+    ring = pt.op(worlds.loader(0)((REPO / "examples" / "ring_shift.pln").read_text(), None), name="ring_shift")
+    calls = [(ring, lambda t: ring(t(4), out=t(2, 2).t())), (shift, lambda t: shift.inplace(t(2, 2).t()))]
+    for tc, call in calls:
+        with pytest.raises(ArgumentError) as eager:
+            call(torch.randn)
+        with FakeTensorMode():
+            with pytest.raises(ArgumentError) as traced:
+                call(torch.randn)
+        assert str(traced.value) == str(eager.value) and "is not contiguous" in str(eager.value)
+
+
+def test_list_forms_name_their_own_arguments():
+    """The list forms reported the internal call they delegate to: g.all_gather(...) said
+    "all_gather_into_tensor: input_tensor is on cpu", g.all_to_all(...) "all_to_all_single:
+    input is on cpu"."""
+    g = StandInWorlds(2).groups(device=torch.device("meta"))[0]
+    cases = [
+        (lambda: g.all_gather([torch.empty(2), torch.empty(2)], torch.empty(2)), "all_gather: tensor is on cpu"),
+        (lambda: g.all_to_all([torch.empty(2), torch.empty(2)], [torch.empty(2), torch.empty(2)]),
+         r"all_to_all: output_tensor_list\[0\] is on cpu"),
+        (lambda: g.reduce_scatter(torch.empty(2), [torch.empty(2), torch.empty(2)]),
+         "reduce_scatter: input_list is on cpu"),
+    ]
+    here = StandInWorlds(2).groups()[0]
+    doubles = torch.empty(2, dtype=torch.float64)
+    cases.append((lambda: here.reduce_scatter(doubles, [doubles.clone(), doubles.clone()]),
+                  "reduce_scatter: input_list has dtype float64, which Purlin cannot reduce"))
+    for call, message in cases:
+        with pytest.raises(ArgumentError, match=message):
+            call()
+
+
+def test_functional_uneven_all_to_all_checks_its_own_list_and_x_before_the_exchange():
+    """functional.all_to_all_single(x, None, splits) exchanged the split sizes first: rank 0's
+    [5, -1] made rank 1 raise "output_split_sizes=[-1, 2]", a list it never gave; and x on
+    another device than the group's raised a bare AssertionError from the exchange."""
+    def exchanged(*_):
+        pytest.fail("the split sizes were exchanged (a collective) before this rank's own were checked")
+    g = pt.Group(Comm(0, 2), loader=exchanged)
+    x = torch.arange(8.0).view(4, 2)
+    with pytest.raises(ArgumentError, match=r"all_to_all_single: input_split_sizes=\[5, -1\], expected 2 sizes >= 0 "
+                                            r"summing to the 4 rows \(dim 0\) of x"):
+        pt.functional.all_to_all_single(x, None, [5, -1], group=g)
+    with pytest.raises(ArgumentError, match=r"all_to_all_single: output_split_sizes=\[3, -1\], expected 2 sizes >= 0"):
+        pt.functional.all_to_all_single(x, [3, -1], [2, 2], group=g)
+    elsewhere = pt.Group(Comm(0, 2, device="meta"), loader=exchanged)
+    with pytest.raises(ArgumentError, match=r"all_to_all_single: x is on cpu, expected meta"):
+        pt.functional.all_to_all_single(x, None, [2, 2], group=elsewhere)
+    from purlinc.torch import sized
+
+    sized.configure(g, capacity=4, loader=exchanged)
+    with pytest.raises(ArgumentError, match=r"all_to_all_single: input_split_sizes\[1\] = 3 rows \(6 elements, rank 0 "
+                                            r"to rank 1\) exceeds the capacity of 2 rows"):
+        pt.functional.all_to_all_single(x, None, [1, 3], group=g)
+
+
+def test_reserved_op_names_are_refused_naming_their_owner_in_a_fresh_process():
+    """pt.op(coll, name=...) took names purlinc.torch's own ops need: "allgather_out" made every
+    later Group fail, "fused_add_rmsnorm" had its schema replaced by fused_add_rmsnorm_op, and
+    "name" or "no_gradient" were refused as "registered (purlinc.torch.sized registers
+    alltoallv...)".  In a fresh process (nothing defined yet), each is refused up front, naming
+    its owner, and the owner's ops still register."""
+    code = r'''
+import torch, purlinc.torch as pt
+from purlinc.frontend.check import check
+from purlinc.frontend.parse import parse, parse_file
+from purlinc.runtime.errors import ArgumentError
+class Comm: rank, world_size, device = 0, 2, "cpu"
+class Loaded:
+    def __init__(self, spec): self.spec, self.comm = spec, Comm()
+ring = Loaded(check(parse(open("examples/ring_shift.pln").read()), 2))
+for name in ("allgather_out", "reduce_seq", "fused_add_rmsnorm", "no_gradient", "name", "alltoallv_seq"):
+    try:
+        pt.op(ring, name=name)
+    except ArgumentError as e:
+        print(str(e).splitlines()[0])
+g = pt.Group(Comm(), loader=lambda *a: None)
+fused = pt.fused_add_rmsnorm_op(Loaded(check(parse_file("examples/fused/allreduce_add_rmsnorm.pln"), 2)), device="cpu")
+print(torch.ops.purlin.fused_add_rmsnorm.default._schema)
+'''
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    owners = ["the out form of the standard collective 'allgather'", "the seq form of the standard collective 'reduce'",
+              "purlinc.torch.fused_add_rmsnorm_op's fused all-reduce", "purlinc.torch's no-gradient marker",
+              "an attribute of torch's op namespace object", "purlinc.torch.sized's uneven all-to-all"]
+    for line, name, owner in zip(lines, ("allgather_out", "reduce_seq", "fused_add_rmsnorm", "no_gradient", "name",
+                                         "alltoallv_seq"), owners):
+        assert line.startswith(f"error: op: name '{name}': torch.ops.purlin.{name} is already {owner}"), line
+    assert lines[6].startswith("purlin::fused_add_rmsnorm(Tensor x, Tensor(a!) residual, Tensor weight"), lines
+
+
+def test_a_users_collectives_names_collide_in_either_order():
+    """NAME registers NAME, NAME_out, NAME_inplace and NAME_seq: "p2_out" after "p2" and "p3"
+    after "p3_out" are refused naming the collective whose form the name is; a name's own ops
+    are found again."""
+    src = (REPO / "examples" / "ring_shift.pln").read_text()
+    coll = StandInWorlds(2).loader(0)(src, None)
+    pt.op(coll, name="p2")
+    with pytest.raises(ArgumentError, match=r"op: name 'p2_out': torch.ops.purlin.p2_out is already the out form "
+                                            r"of collective 'p2'"):
+        pt.op(coll, name="p2_out")
+    pt.op(coll, name="p3_out")
+    with pytest.raises(ArgumentError, match=r"op: name 'p3': torch.ops.purlin.p3_out is already the functional form "
+                                            r"of collective 'p3_out'"):
+        pt.op(coll, name="p3")
+    assert pt.op(coll, name="p2").ops is pt.op(coll, name="p2").ops
+    assert pt.op(coll, name="allgather").ops is pt.define("allgather")  # a standard name: its own family

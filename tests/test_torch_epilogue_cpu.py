@@ -135,6 +135,14 @@ def _bad_calls(row):
         ("eps inf", (x(4, row), x(4, row), x(row), float("inf")), "eps=inf"),
         ("eps negative", (x(4, row), x(4, row), x(row), -1e-6), "eps=-1e-06"),
         ("eps past float32", (x(4, row), x(4, row), x(row), 1e39), r"eps=1e\+39, expected .* that float32 holds"),
+        # an int past any float: float() raised a bare OverflowError
+        ("eps past any float", (x(4, row), x(4, row), x(row), 10**400),
+         r"fused_add_rmsnorm: eps=100000000000\.\.\.0000 \(401 characters\), expected a finite number >= 0"),
+        # the epilogue reads residual and weight as 16-byte vectors: the runtime refused these only
+        # inside the call, after the load (and the fake passed them)
+        ("residual misaligned", (x(4, row), x(4 * row + 1)[1:].view(4, row), x(row), 1e-6),
+         r"residual starts 4 bytes past a 16-byte boundary; expected a 16-byte aligned tensor"),
+        ("weight misaligned", (x(4, row), x(4, row), x(row + 2)[2:], 1e-6), r"weight starts 8 bytes past a 16-byte"),
     ]
 
 
@@ -297,3 +305,15 @@ def test_a_handle_without_the_epilogue_is_refused():
                                             r"epilogue"):
         torch.ops.purlin.fused_add_rmsnorm(x, torch.empty_like(x), torch.empty(64, device="meta"), 1e-6,
                                            torch.zeros(1, dtype=torch.int32, device="meta"), handle)
+
+
+def test_op_objects_refuse_a_collective_with_an_epilogue():
+    """pt.op(coll) over a collective with an epilogue was accepted, though its calls cannot pass
+    residual, weight or eps: it could only fail at run time, after the others loaded theirs."""
+    import purlinc.torch as pt
+
+    spec = check(parse_file(EXAMPLE), 2, {"hidden": 64})
+    with pytest.raises(ArgumentError, match=r"purlin::allreduce_add_rmsnorm: allreduce_add_rmsnorm has an epilogue "
+                                            r"\(taking rows residual \(written\), row weight, scalar eps\); expected a "
+                                            r"collective without one"):
+        pt.op(_Loaded(spec))

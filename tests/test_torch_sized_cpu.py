@@ -157,6 +157,37 @@ def test_output_split_sizes_that_disagree_with_the_senders_are_not_written():
     assert torch.equal(out[3:5], inputs[1][2:4])  # rank 1's own rows, at the offset its lists give them
 
 
+def test_host_lists_count_each_tensors_own_rows():
+    """As torch's: output_split_sizes count rows of output's dim 0, input_split_sizes of input's.
+    An output of 8 rows of 1 from inputs of 4 rows of 2 ([4, 4] and [2, 2]) was read in input's
+    rows: nothing written, an "expected" error per pair.  And rows of one length but another
+    shape ((4, 2, 3) against (4, 6)) were refused, where torch takes them."""
+    R = 2
+    gs = groups(R)
+
+    def flat(rank, g):
+        x = (torch.arange(8.0) + 100 * rank).view(4, 2)
+        out = torch.full((8,), -1.0)
+        pt.all_to_all_single(out, x, [4, 4], [2, 2], group=g)
+        return out.tolist(), sized.state_of(g)._collective.errors
+    got = on_ranks(gs, flat)
+    assert got[0] == ([0.0, 1.0, 2.0, 3.0, 100.0, 101.0, 102.0, 103.0], [])
+    assert got[1] == ([4.0, 5.0, 6.0, 7.0, 104.0, 105.0, 106.0, 107.0], [])
+
+    def reshaped(rank, g):
+        x = (torch.arange(24.0) + 100 * rank).view(4, 2, 3)
+        out = torch.full((4, 6), -1.0)
+        splits = [1, 3] if rank == 0 else [3, 1]  # received from 0 and 1 (out), sent to 0 and 1 (in): alike here
+        pt.all_to_all_single(out, x, splits, splits, group=g)
+        return out
+    outs = on_ranks(gs, reshaped)
+    xs = [(torch.arange(24.0) + 100 * r).view(4, 6) for r in range(R)]
+    assert torch.equal(outs[0], torch.cat([xs[0][:1], xs[1][:3]]))
+    assert torch.equal(outs[1], torch.cat([xs[0][1:], xs[1][3:]]))
+    with pytest.raises(ArgumentError, match=r"all_to_all_single: output has rows of 0 elements \(shape \(4, 0\)\)"):
+        pt.all_to_all_single(torch.empty(4, 0), torch.ones(4, 2), [2, 2], [2, 2], group=gs[0])
+
+
 def test_split_lists_choose_the_sized_all_to_all():
     """On every rank alike: a rank whose lists happen to be equal cannot know the others' are."""
     g = pt.Group(Comm(0, 2), loader=lambda *a: pytest.fail("nothing should load"))
@@ -205,7 +236,7 @@ def test_host_list_errors_name_the_pair():
         pt.all_to_all_single(out, torch.zeros(2, 4), [1, 1], [1, 1], group=g)
     with pytest.raises(ArgumentError, match="output has dtype int32, expected float32"):
         pt.all_to_all_single(torch.zeros(6, 4, dtype=torch.int32), x, [1, 5], [5, 1], group=g)
-    with pytest.raises(ArgumentError, match="in_splits must be int64 with 2 entries"):
+    with pytest.raises(ArgumentError, match="in_splits must be 1-D int64 with 2 entries"):
         pt.all_to_all_vdev(x, out, torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int64), group=g)
 
 
@@ -327,12 +358,39 @@ def test_op_objects_refuse_a_collective_with_run_time_sizes():
         pt.op(Loaded())
 
 
-def test_configure_after_load_is_refused():
+def test_configure_after_load_is_refused_and_the_same_values_change_nothing():
+    """configure(group, capacity=<the same>) after the first call closed the loaded collective and
+    made a new state (a new handle: compiled graphs held the old one; the next call loaded again,
+    a collective); loader= did the same.  Now the same values are a no-op, a change is refused."""
     gs = groups(1)
     x = torch.ones(2, 2)
-    on_ranks(gs, lambda r, g: pt.all_to_all_vdev(x, torch.zeros(32, 2), torch.tensor([2]), torch.zeros(1, dtype=torch.int64), group=g))
-    with pytest.raises(ArgumentError, match="configure\\(capacity=...\\) must come before its first call"):
+
+    def call(rank, g):
+        pt.all_to_all_vdev(x, torch.zeros(32, 2), torch.tensor([2]), torch.zeros(1, dtype=torch.int64), group=g)
+    on_ranks(gs, call)
+    state = sized.state_of(gs[0])
+    loaded, handle = state._collective, state.handle
+    assert sized.configure(gs[0], capacity=CAPACITY) is state
+    assert sized.configure(gs[0], loader=state._loader) is state and sized.configure(gs[0]) is state
+    assert state._collective is loaded and not loaded.closed and state.handle == handle
+    with pytest.raises(ArgumentError, match=r"sized.configure: capacity=128 \(it has 64\) after the first uneven "
+                                            r"all-to-all of .*, which loaded it with capacity 64; expected "
+                                            r"configure\(...\) before that call"):
         sized.configure(gs[0], capacity=128)
+    with pytest.raises(ArgumentError, match=r"sized.configure: loader=.* after the first uneven all-to-all"):
+        sized.configure(gs[0], loader=lambda *a: None)
+    assert sized.state_of(gs[0]) is state and not loaded.closed
+    on_ranks(gs, call)  # still the same collective, loaded once
+    assert loaded.world.loads == 1
+
+
+def test_configure_before_the_first_call_keeps_what_it_is_not_given():
+    """A loader= alone (before any call) reset the capacity to the default."""
+    g = pt.Group(Comm(0, 1), loader=lambda *a: pytest.fail("plain collective loaded"))
+    first = sized.configure(g, capacity=48)
+    second = sized.configure(g, loader=lambda *a: None)
+    assert second is not first and second.capacity == 48 and second.handle != first.handle
+    g.close()
 
 
 def test_all_to_all_vdev_compiles_whole():
@@ -366,7 +424,7 @@ def test_fakes_check_splits_and_dtypes_as_the_real_ops_do():
 
     g = groups(2)[0]
     handle = sized.state_of(g).handle
-    splits = "must be int64 with 2 entries on cpu, got"
+    splits = "must be 1-D int64 with 2 entries on cpu, got"
     with FakeTensorMode():
         x = torch.empty(8, 4)
         out, out_splits = torch.ops.purlin.alltoallv(x, torch.zeros(2, dtype=torch.int64), handle)
@@ -379,6 +437,8 @@ def test_fakes_check_splits_and_dtypes_as_the_real_ops_do():
         with pytest.raises(ArgumentError, match=rf"purlin::alltoallv_seq: in_splits {splits} float32"):
             torch.ops.purlin.alltoallv_seq(x, torch.zeros(2), torch.empty(8, 4), torch.zeros(2, dtype=torch.int64),
                                            torch.zeros(1, dtype=torch.int32), handle)
+        with pytest.raises(ArgumentError, match=rf"purlin::alltoallv: in_splits {splits} int64 \(1, 2\)"):
+            torch.ops.purlin.alltoallv(x, torch.zeros(1, 2, dtype=torch.int64), handle)  # R entries, but no list
         strided = torch.zeros(4, dtype=torch.int64)[::2]  # the runtime refused it; the fakes traced it
         with pytest.raises(ArgumentError, match=r"purlin::alltoallv: in_splits must be contiguous, got strides \(2,\)"):
             torch.ops.purlin.alltoallv(x, strided, handle)
@@ -389,7 +449,10 @@ def test_fakes_check_splits_and_dtypes_as_the_real_ops_do():
                                                 "one of float32, float16, bfloat16, int32, int64, float8"):
             torch.ops.purlin.alltoallv(torch.empty(8, 4, dtype=torch.float64), torch.zeros(2, dtype=torch.int64),
                                        handle)
-    with pytest.raises(ArgumentError, match=rf"all_to_all_vdev: in_splits {splits} int32 \(2,\)"):  # the real one
+    with pytest.raises(ArgumentError, match=rf"all_to_all_vdev: out_splits {splits} int64 \(1, 2\)"):  # the real one
+        pt.all_to_all_vdev(torch.empty(8, 4), torch.empty(8, 4), torch.zeros(2, dtype=torch.int64),
+                           torch.zeros(1, 2, dtype=torch.int64), group=g)
+    with pytest.raises(ArgumentError, match=rf"all_to_all_vdev: in_splits {splits} int32 \(2,\)"):
         pt.all_to_all_vdev(torch.empty(8, 4), torch.empty(8, 4), torch.zeros(2, dtype=torch.int32),
                            torch.zeros(2, dtype=torch.int64), group=g)
     with pytest.raises(ArgumentError, match="output is on meta, expected cpu"):  # meta: the fakes' only
@@ -463,9 +526,10 @@ def test_a_collective_named_like_another_ops_form_is_refused_by_name():
     from purlinc.torch.ops import define
 
     define("probe_ag")
-    with pytest.raises(ArgumentError, match=r"op name 'probe_ag_out': torch.ops.purlin.probe_ag_out is already the "
-                                            r"out form of collective 'probe_ag'"):
+    with pytest.raises(ArgumentError, match=r"define: name 'probe_ag_out': torch.ops.purlin.probe_ag_out is already "
+                                            r"the out form of collective 'probe_ag'"):
         define("probe_ag_out")
-    with pytest.raises(ArgumentError, match=r"op name 'alltoallv': torch.ops.purlin.alltoallv is already registered"):
+    with pytest.raises(ArgumentError, match=r"define: name 'alltoallv': torch.ops.purlin.alltoallv is already "
+                                            r"purlinc.torch.sized's uneven all-to-all"):
         define("alltoallv")
     assert define("probe_ag") is define("probe_ag")  # a name's own ops: defined once, found again

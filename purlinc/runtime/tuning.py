@@ -139,13 +139,14 @@ def layout_shape(spec) -> tuple:
 @lru_cache(maxsize=256)
 def _standard_shape(name: str, world_size: int, params: tuple) -> tuple | None:
     from purlinc.errors import PurlinError
-    from purlinc.pipeline import load_source, spec_of
-    from purlinc.standard import SOURCES
+    from purlinc.frontend.check import check
+    from purlinc.frontend.parse import parse
+    from purlinc.frontend.standard import SOURCES
 
     if name not in SOURCES:
         return None
-    try:
-        return layout_shape(spec_of(load_source(SOURCES[name]), world_size, dict(params)))
+    try:  # the front end itself, not the pipeline's memos: a reference, not the user's load
+        return layout_shape(check(parse(SOURCES[name], f"<standard {name}>"), world_size, dict(params)))
     except PurlinError:  # parameters the standard collective does not take
         return None
 

@@ -29,11 +29,11 @@ import torch
 from purlinc.runtime.errors import ArgumentError
 from purlinc.torch import functional, ops
 from purlinc.torch.distributed import Group, Work
-from purlinc.torch.epilogue import FusedAddRMSNorm, fused_add_rmsnorm_op  # noqa: F401 (API)
+from purlinc.torch.epilogue import FusedAddRMSNorm, fused_add_rmsnorm_op
 from purlinc.torch.groups import default_group, group_of, init
 from purlinc.torch.ops import define
 from purlinc.torch.registry import Entry, entry
-from purlinc.torch import sized  # noqa: F401 (registers torch.ops.purlin.alltoallv*, docs/TORCH.md)
+from purlinc.torch import sized  # registers torch.ops.purlin.alltoallv* (docs/TORCH.md)
 
 if torch.distributed.is_available():  # the backend: dist.init_process_group("cuda:purlin,cpu:gloo")
     from purlinc.torch import backend
@@ -41,9 +41,10 @@ if torch.distributed.is_available():  # the backend: dist.init_process_group("cu
     backend.register()
 
 __all__ = [
-    "Group", "TorchCollective", "Work", "all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all",
-    "all_to_all_single", "all_to_all_vdev", "barrier", "broadcast", "default_group", "define", "entry", "functional", "gather",
-    "group_of", "init", "op", "ops", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
+    "FusedAddRMSNorm", "Group", "TorchCollective", "Work", "all_gather", "all_gather_into_tensor", "all_reduce",
+    "all_to_all", "all_to_all_single", "all_to_all_vdev", "barrier", "broadcast", "default_group", "define", "entry",
+    "functional", "fused_add_rmsnorm_op", "gather", "group_of", "init", "op", "ops", "reduce", "reduce_scatter",
+    "reduce_scatter_tensor", "scatter", "sized",
 ]
 
 _group = group_of
@@ -108,20 +109,16 @@ class TorchCollective:
 
     def __init__(self, coll, name: str | None = None, *, device=None):
         spec = coll.spec if hasattr(coll, "spec") else coll.compiled.spec
-        name = name or spec.name
-        if spec.sizes is not None:  # its call is coll(x, sizes, out, out_sizes): out would arrive as its sizes
-            raise ArgumentError(f"purlin::{name}: {spec.name} has run-time sizes ({spec.sizes.format()}); expected a "
-                                "collective of fixed sizes",
-                                notes=("an all-to-all with run-time sizes: purlinc.torch.all_to_all_vdev, or "
-                                       "all_to_all_single with split sizes",))
+        name = spec.name if name is None else name
+        _callable_as_ops(spec, name)
         comm = coll.comm
         dev = comm.device if device is None else device
         dev = torch.device("cuda", dev) if isinstance(dev, int) else torch.device(dev)
+        self.ops = define(name, "op")  # first: a refused name leaves no entry behind
         self.collective = coll
         self.name = name
         self.entry = Entry(name, spec, comm, dev, collective=coll)
         self.handle = self.entry.handle
-        self.ops = define(name)
         self._seq = ops.sequence(comm, dev)  # compiled calls stay in program order (ops._keep_in_order)
 
     def __repr__(self) -> str:
@@ -139,7 +136,7 @@ class TorchCollective:
                 return self.ops.sequenced(x, ops.traced(self._seq), self.handle, op, count)
             return self.ops.eager_functional(x, self.handle, op, count)
         if ops.tracing():  # the ordered functional op, then a copy (see ops._keep_in_order)
-            self._check_out(x, out)
+            self._check_out(x, out, op)
             n = out.numel() // self.entry.out_units if self.entry.out_units else 0
             y = self.ops.sequenced(x, ops.traced(self._seq), self.handle, op, -1 if self.entry.in_units else n)
             if self.entry.out_units:
@@ -151,8 +148,10 @@ class TorchCollective:
     def inplace(self, t, op="sum"):
         e = self.entry
         self._no_grad("t", t)
-        if ops.tracing():
-            ops._inplace_units(f"purlin::{self.name} on rank {e.rank}", e, t)  # unequal sizes: a clear error
+        if ops.tracing():  # what the eager in-place op checks of t (the functional op may not see t: x is empty
+            where = f"purlin::{self.name} on rank {ops.shown(e.rank)}"  # on a rank without input)
+            ops.check_tensor(where, "t", t, e, ops.normalize_op(op, where), fake=True)
+            ops._inplace_units(where, e, t)  # unequal sizes: a clear error
             x = t if e.in_units else t.new_empty(0)
             n = -1 if e.in_units else t.numel() // max(e.out_units, 1)
             y = self.ops.sequenced(x, ops.traced(self._seq), self.handle, op, n)
@@ -162,13 +161,17 @@ class TorchCollective:
             self.ops.eager_inplace(t, self.handle, op)
         return t
 
-    def _check_out(self, x, out) -> None:
-        """What the eager out form checks of ``out`` (ops.check_out), for the traced call, whose
-        functional op never sees it: a wrong size would fail in view(), unnamed, and another dtype
-        would be cast into silently."""
+    def _check_out(self, x, out, op) -> None:
+        """What the eager out form checks of ``out`` (check_tensor, ops.check_out), for the traced
+        call, whose functional op never sees it: a wrong size would fail in view(), unnamed,
+        another dtype would be cast into silently, and a strided out written by copy_ where the
+        eager call refuses it."""
         e = self.entry
         where = f"purlin::{self.name} on rank {ops.shown(e.rank)}"  # dynamic=True reads e.rank as a symbol
         ops.require_tensors(where, [("x", x), ("out", out)])
+        op = ops.normalize_op(op, where)
+        for label, t in (("x", x), ("out", out)):
+            ops.check_tensor(where, label, t, e, op, fake=True)
         count = x.numel() // e.in_units if e.in_units else (out.numel() // e.out_units if e.out_units else 0)
         ops.check_out(where, e, x, out, count)
 
@@ -182,6 +185,23 @@ class TorchCollective:
 
     def close(self) -> None:
         self.entry.close()
+
+
+def _callable_as_ops(spec, name: str) -> None:
+    """The ops call ``coll(x, out, op=...)``: a collective whose call takes more is refused when
+    the object is made, not at its first call (after the others have loaded theirs)."""
+    if spec.sizes is not None:  # its call is coll(x, sizes, out, out_sizes): out would arrive as its sizes
+        raise ArgumentError(f"purlin::{name}: {spec.name} has run-time sizes ({spec.sizes.format()}); expected a "
+                            "collective of fixed sizes",
+                            notes=("an all-to-all with run-time sizes: purlinc.torch.all_to_all_vdev, or "
+                                   "all_to_all_single with split sizes",))
+    epilogue = getattr(spec, "epilogue", None)
+    if epilogue is not None:  # its call needs the epilogue's operands, which these ops have no place for
+        operands = ", ".join(o.format() for o in epilogue.operands)
+        raise ArgumentError(f"purlin::{name}: {spec.name} has an epilogue (taking {operands}); expected a collective "
+                            "without one (these ops pass only x, out and op)",
+                            notes=("an all-reduce with the add + RMSNorm epilogue: "
+                                   "purlinc.torch.fused_add_rmsnorm_op",))
 
 
 def op(coll, name: str | None = None, *, device=None) -> TorchCollective:

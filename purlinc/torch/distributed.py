@@ -228,8 +228,14 @@ class Group:
         return Work(event, self.device, list(result))
 
     def _check(self, where, e, named, op=None):
+        """Each tensor's device, dtype and layout, by the caller's names, before anything is
+        launched or recorded: eagerly and traced alike (traced, as a fake implementation, meta
+        tensors pass the device check).  Traced, the op's fake sees only what reaches it: not
+        the tensor a copy_ fills afterwards, nor a rooted call's tensor on the ranks that give
+        no input, so a call would trace on some ranks and be refused on others."""
+        fake = _ops.tracing()
         for label, t in named:
-            _ops.check_tensor(where, label, t, e, op)
+            _ops.check_tensor(where, label, t, e, op, fake=fake)
 
     @staticmethod
     def _bytes(where, named):
@@ -242,14 +248,11 @@ class Group:
         _ops.require_tensors(where, [("tensor", tensor)])
         op = _ops.normalize_op(op, where)
         handle = self._handle("allreduce")
-        if not _ops.tracing():  # (compiled calls: the op's fake implementation checks)
-            _ops.carrier(where, "tensor", tensor, reduce=True)
-            self._check(where, entry(handle), [("tensor", tensor)], op)
+        # strides included: a count R does not divide is padded below, and the padded copy would
+        # hide them (refused as torch.distributed's NCCL backend does, padded or not)
+        self._check(where, entry(handle), [("tensor", tensor)], op)
         n = tensor.numel()
         if n % self.world_size:  # the spec splits x into R chunks: pad to a multiple of R, as torch takes any size
-            # the padded copy would hide the caller's strides: refused here as on the unpadded path
-            # (and as torch.distributed's NCCL backend does), compiled or not
-            _ops.check_contiguous(where, "tensor", tensor)
             padded = tensor.new_zeros(-(-n // self.world_size) * self.world_size)
             padded[:n].copy_(tensor.reshape(-1))
             return self._then(lambda: self.all_reduce(padded, op), lambda: tensor.copy_(padded[:n].view(tensor.shape)),
@@ -261,20 +264,23 @@ class Group:
         return self._issue(lambda: body(tensor, handle, op), [tensor], async_op, [tensor])
 
     def reduce_scatter_tensor(self, output, input, op="sum", async_op=False):
-        _ops.require_tensors("reduce_scatter_tensor", [("output", output), ("input", input)])
-        op = _ops.normalize_op(op, "reduce_scatter_tensor")
+        return self._reduce_scatter("reduce_scatter_tensor", ("output", output), ("input", input), op, async_op)
+
+    def _reduce_scatter(self, where, named_out, named_in, op, async_op):
+        """reduce_scatter_tensor, its messages naming ``where``'s arguments (the list form's too)."""
+        (out_label, output), (in_label, input) = named_out, named_in
+        _ops.require_tensors(where, [named_out, named_in])
+        op = _ops.normalize_op(op, where)
         handle = self._handle("reduce_scatter")
-        where = "reduce_scatter_tensor"
-        self._same_dtype(where, output, input, "output", "input")
+        self._same_dtype(where, output, input, out_label, in_label)
         _ops.require(input.numel() == self.world_size * output.numel(),
-                 lambda: f"{where}: input has {_ops.shown(input.numel())} elements (shape "
+                 lambda: f"{where}: {in_label} has {_ops.shown(input.numel())} elements (shape "
                  f"{_ops.shape_shown(input)}), expected {_ops.shown(self.world_size * output.numel())} "
-                 f"({_ops.shown(self.world_size)} ranks x the {_ops.shown(output.numel())} of output)")
+                 f"({_ops.shown(self.world_size)} ranks x the {_ops.shown(output.numel())} of {out_label})")
+        self._check(where, entry(handle), [named_in, named_out], op)
         if _ops.tracing():
             output.copy_(torch.ops.purlin.reduce_scatter_seq(input, self._seq, handle, op, -1).view(output.shape))
             return _DONE if async_op else None
-        _ops.carrier(where, "input", input, reduce=True)
-        self._check(where, entry(handle), [("input", input), ("output", output)], op)
         body = _ops.define("reduce_scatter").eager_out
         return self._issue(lambda: body(input, output, handle, op), [input, output], async_op, [output])
 
@@ -283,21 +289,22 @@ class Group:
         dst = self._root("reduce", "dst", dst, group_dst)
         op = _ops.normalize_op(op, "reduce")
         handle = self._handle("reduce", dst)
+        self._check("reduce", entry(handle), [("tensor", tensor)], op)
         if _ops.tracing():
             y = torch.ops.purlin.reduce_seq(tensor, self._seq, handle, op, -1)
             if self.rank == dst:  # elsewhere y is empty and tensor keeps its value
                 tensor.copy_(y.view(tensor.shape))
             return _DONE if async_op else None
-        _ops.carrier("reduce", "tensor", tensor, reduce=True)
-        self._check("reduce", entry(handle), [("tensor", tensor)], op)
         body = _ops.define("reduce").eager_inplace
         return self._issue(lambda: body(tensor, handle, op), [tensor], async_op, [tensor])
 
     def reduce_scatter(self, output, input_list, op="sum", async_op=False):
         """``input_list[j]`` (one tensor per rank, each like ``output``) reduced over the ranks into rank j's ``output``."""
-        _ops.require_tensors("reduce_scatter", [("output", output)])
-        self._list_like("reduce_scatter", "input_list", input_list, output)
-        return self.reduce_scatter_tensor(output, torch.cat([t.reshape(-1) for t in input_list]).view(-1), op, async_op)
+        where = "reduce_scatter"
+        _ops.require_tensors(where, [("output", output)])
+        self._list_like(where, "input_list", input_list, output)
+        flat = torch.cat([t.reshape(-1) for t in input_list]).view(-1)
+        return self._reduce_scatter(where, ("output", output), ("input_list", flat), op, async_op)
 
     def barrier(self, async_op=False):
         """Every rank has reached it: a tiny all-reduce; on a GPU the host then waits for it."""
@@ -309,19 +316,24 @@ class Group:
 
     # ------------------------------------------------------------------------------- copies
     def all_gather_into_tensor(self, output_tensor, input_tensor, async_op=False):
-        where = "all_gather_into_tensor"
-        _ops.require_tensors(where, [("output_tensor", output_tensor), ("input_tensor", input_tensor)])
+        return self._all_gather("all_gather_into_tensor", ("output_tensor", output_tensor),
+                                ("input_tensor", input_tensor), async_op)
+
+    def _all_gather(self, where, named_out, named_in, async_op):
+        """all_gather_into_tensor, its messages naming ``where``'s arguments (the list form's too)."""
+        (out_label, output_tensor), (in_label, input_tensor) = named_out, named_in
+        _ops.require_tensors(where, [named_out, named_in])
         handle = self._handle("allgather")
-        output, input = self._bytes(where, [("output_tensor", output_tensor), ("input_tensor", input_tensor)])
-        self._same_dtype(where, output_tensor, input_tensor, "output_tensor", "input_tensor")
+        output, input = self._bytes(where, [named_out, named_in])
+        self._same_dtype(where, output_tensor, input_tensor, out_label, in_label)
         _ops.require(output_tensor.numel() == self.world_size * input_tensor.numel(),
-                 lambda: f"{where}: output_tensor has {_ops.shown(output_tensor.numel())} elements (shape "
+                 lambda: f"{where}: {out_label} has {_ops.shown(output_tensor.numel())} elements (shape "
                  f"{_ops.shape_shown(output_tensor)}), expected {_ops.shown(self.world_size * input_tensor.numel())} "
-                 f"({_ops.shown(self.world_size)} ranks x the {_ops.shown(input_tensor.numel())} of input_tensor)")
+                 f"({_ops.shown(self.world_size)} ranks x the {_ops.shown(input_tensor.numel())} of {in_label})")
+        self._check(where, entry(handle), [(in_label, input), (out_label, output)])
         if _ops.tracing():
             output.copy_(torch.ops.purlin.allgather_seq(input, self._seq, handle, "sum", -1).view(output.shape))
             return _DONE if async_op else None
-        self._check(where, entry(handle), [("input_tensor", input), ("output_tensor", output)])
         body = _ops.define("allgather").eager_out
         return self._issue(lambda: body(input, output, handle, "sum"),
                            [input, output], async_op, [output_tensor])
@@ -333,37 +345,47 @@ class Group:
         self._list_like(where, "tensor_list", tensor_list, tensor)
         flat = tensor.new_empty(self.world_size * tensor.numel())
         src = tensor.contiguous()
-        return self._then(lambda: self.all_gather_into_tensor(flat, src), lambda: self._split_into(where, flat, tensor_list),
+        return self._then(lambda: self._all_gather(where, ("tensor_list", flat), ("tensor", src), False),
+                          lambda: self._split_into(where, flat, tensor_list),
                           [flat, src, *tensor_list], async_op, tensor_list)
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False):
         """Slice j (along dim 0) of ``input`` to rank j; ``output`` holds every rank's slice for this rank.
-        Split sizes (rows of dim 0 per rank) may differ; equal slices when they are not given."""
+        Split sizes (rows of each tensor's dim 0 per rank) may differ; equal slices when they are not given."""
         where = "all_to_all_single"
         _ops.require_tensors(where, [("output", output), ("input", input)])
         splits = self._splits(where, output, input, output_split_sizes, input_split_sizes)
         if splits is not None:
             return self._all_to_all_uneven(where, output, input, *splits, async_op)
+        return self._all_to_all_equal(where, ("output", output), ("input", input), async_op)
+
+    def _all_to_all_equal(self, where, named_out, named_in, async_op):
+        """The all-to-all of equal slices of dim 0, its messages naming ``where``'s arguments."""
+        (out_label, output), (in_label, input) = named_out, named_in
         handle = self._handle("alltoall")
-        out, inp = self._bytes(where, [("output", output), ("input", input)])
-        self._same_dtype(where, output, input, "output", "input")
+        out, inp = self._bytes(where, [named_out, named_in])
+        self._same_dtype(where, output, input, out_label, in_label)
         _ops.require(output.numel() == input.numel(),
-                 lambda: f"{where}: output has {_ops.shown(output.numel())} elements, expected "
-                 f"{_ops.shown(input.numel())} (as many as input)")
+                 lambda: f"{where}: {out_label} has {_ops.shown(output.numel())} elements, expected "
+                 f"{_ops.shown(input.numel())} (as many as {in_label})")
         _ops.require(input.dim() == 0 or input.shape[0] % self.world_size == 0,
-                 lambda: f"{where}: input has {_ops.shown(input.shape[0] if input.dim() else 0)} rows (dim 0), "
+                 lambda: f"{where}: {in_label} has {_ops.shown(input.shape[0] if input.dim() else 0)} rows (dim 0), "
                  f"expected a multiple of {_ops.shown(self.world_size)} (one equal slice per rank)")
+        self._check(where, entry(handle), [(in_label, inp), (out_label, out)])
         if _ops.tracing():
             out.copy_(torch.ops.purlin.alltoall_seq(inp, self._seq, handle, "sum", -1).view(out.shape))
             return _DONE if async_op else None
-        self._check(where, entry(handle), [("input", inp), ("output", out)])
         body = _ops.define("alltoall").eager_out
         return self._issue(lambda: body(inp, out, handle, "sum"), [inp, out], async_op, [output])
 
     def all_to_all(self, output_tensor_list, input_tensor_list, async_op=False):
-        """``input_tensor_list[j]`` to rank j, into its ``output_tensor_list[i]`` (i: this rank); sizes may differ."""
+        """``input_tensor_list[j]`` to rank j, into its ``output_tensor_list[i]`` (i: this rank).  Sizes
+        may differ eagerly (the all-to-all with run-time sizes, as all_to_all_single with split
+        lists); traced, every tensor of both lists has one size (the equal all-to-all: split sizes
+        are host values, which a graph cannot hold)."""
         where = "all_to_all"
-        for label, tensors in (("output_tensor_list", output_tensor_list), ("input_tensor_list", input_tensor_list)):
+        lists = (("output_tensor_list", output_tensor_list), ("input_tensor_list", input_tensor_list))
+        for label, tensors in lists:
             if tensors is not None:
                 _ops.require_list(where, label, tensors)
             if tensors is None or len(tensors) != self.world_size:
@@ -373,11 +395,25 @@ class Group:
         dtypes = {t.dtype for t in (*output_tensor_list, *input_tensor_list)}
         if len(dtypes) != 1:
             raise ArgumentError(f"{where}: the tensors have dtypes {sorted(str(d) for d in dtypes)}, expected one")
+        fake = _ops.tracing()
+        for label, tensors in lists:  # by the caller's names, before the concatenations hide them
+            for i, t in enumerate(tensors):
+                _ops.check_device(where, f"{label}[{i}]", t, self.device, self.rank, self.world_size, fake=fake)
         flat_in = torch.cat([t.reshape(-1) for t in input_tensor_list])
-        flat_out = flat_in.new_empty(sum(t.numel() for t in output_tensor_list))
-        sizes = [t.numel() for t in output_tensor_list], [t.numel() for t in input_tensor_list]
-        return self._then(lambda: self.all_to_all_single(flat_out, flat_in, *sizes),
-                          lambda: self._split_into(where, flat_out, output_tensor_list),
+        if fake:
+            _one_size(where, lists)
+            flat_out = flat_in.new_empty(flat_in.numel())
+
+            def run():
+                self._all_to_all_equal(where, ("output_tensor_list", flat_out), ("input_tensor_list", flat_in), False)
+        else:
+            flat_out = flat_in.new_empty(sum(t.numel() for t in output_tensor_list))
+            sizes = [t.numel() for t in output_tensor_list], [t.numel() for t in input_tensor_list]
+
+            def run():
+                self._all_to_all_uneven(where, flat_out, flat_in, *sizes, False,
+                                        labels=("output_tensor_list", "input_tensor_list"))
+        return self._then(run, lambda: self._split_into(where, flat_out, output_tensor_list),
                           [flat_in, flat_out, *output_tensor_list], async_op, output_tensor_list)
 
     def broadcast(self, tensor, src=None, async_op=False, *, group_src=None):
@@ -385,11 +421,11 @@ class Group:
         src = self._root("broadcast", "src", src, group_src)
         handle = self._handle("broadcast", src)
         (t,) = self._bytes("broadcast", [("tensor", tensor)])
+        self._check("broadcast", entry(handle), [("tensor", t)])
         if _ops.tracing():
             x = t if self.rank == src else t.new_empty(0)
             t.copy_(torch.ops.purlin.broadcast_seq(x, self._seq, handle, "sum", t.numel()).view(t.shape))
             return _DONE if async_op else None
-        self._check("broadcast", entry(handle), [("tensor", t)])
         body = _ops.define("broadcast").eager_inplace
         return self._issue(lambda: body(t, handle, "sum"), [t], async_op, [tensor])
 
@@ -400,12 +436,12 @@ class Group:
         self._lists(where, "gather_list", gather_list, tensor, self.rank == dst, "dst")
         handle = self._handle("gather", dst)
         (x,) = self._bytes(where, [("tensor", tensor)])
+        self._check(where, entry(handle), [("tensor", x)])
         if _ops.tracing():
             y = torch.ops.purlin.gather_seq(x, self._seq, handle, "sum", -1)
             if self.rank == dst:
                 self._split_into(where, y, gather_list)
             return _DONE if async_op else None
-        self._check(where, entry(handle), [("tensor", x)])
         body = _ops.define("gather").eager_out
         out = x.new_empty(self.world_size * x.numel() if self.rank == dst else 0)
 
@@ -422,6 +458,7 @@ class Group:
         self._lists(where, "scatter_list", scatter_list, tensor, self.rank == src, "src")
         handle = self._handle("scatter", src)
         (t,) = self._bytes(where, [("tensor", tensor)])
+        self._check(where, entry(handle), [("tensor", t)])
 
         def source():
             if self.rank != src:
@@ -431,7 +468,6 @@ class Group:
         if _ops.tracing():
             t.copy_(torch.ops.purlin.scatter_seq(source(), self._seq, handle, "sum", t.numel()).view(t.shape))
             return _DONE if async_op else None
-        self._check(where, entry(handle), [("tensor", t)])
         body = _ops.define("scatter").eager_out
         # under async_op the concatenation is made on the side stream too
         return self._issue(lambda: body(source(), t, handle, "sum"), [t, *(scatter_list or [])], async_op, [tensor])
@@ -462,42 +498,40 @@ class Group:
             offset += t.numel()
 
     def _splits(self, where, output, input, output_split_sizes, input_split_sizes):
-        """``None`` for equal slices of dim 0 (no sizes given), else both lists as ints.  Given
-        lists take the all-to-all with run-time sizes even where they are equal here: another
-        rank's may not be, and every rank must run the same collective."""
-        R = self.world_size
-        given, lists = [], []  # lists: the sizes as read once (a generator is spent by reading it)
-        for label, sizes, t in (("output_split_sizes", output_split_sizes, output),
-                                ("input_split_sizes", input_split_sizes, input)):
-            rows = t.shape[0] if t.dim() else t.numel()
-            sizes = None if sizes is None else _ops.split_sizes(where, label, sizes, R)
-            lists.append(sizes)
-            if not sizes:
-                if rows % R:
-                    raise ArgumentError(f"{where}: {label.split('_')[0]} has {rows} rows (dim 0) and no {label}; "
-                                        f"expected a multiple of {R} (one equal slice per rank)")
-                given.append([rows // R] * R)
-                continue
-            if len(sizes) != R or min(sizes) < 0 or sum(sizes) != rows:
-                raise ArgumentError(f"{where}: {label}={sizes}, expected {R} sizes >= 0 summing to the {rows} "
-                                    f"rows (dim 0) of {label.split('_')[0]}")
-            given.append(sizes)
-        if not any(lists):
-            return None
-        return given[0], given[1]
+        """``None`` for equal slices of dim 0 (no sizes given), else both lists as ints, each
+        checked against its own tensor's rows (sized.host_splits).  Given lists take the
+        all-to-all with run-time sizes even where they are equal here: another rank's may not
+        be, and every rank must run the same collective."""
+        from purlinc.torch import sized
 
-    def _all_to_all_uneven(self, where, output, input, out_splits, in_splits, async_op):
+        read = [None if sizes is None else _ops.split_sizes(where, label, sizes, self.world_size)
+                for label, sizes in (("output_split_sizes", output_split_sizes),
+                                     ("input_split_sizes", input_split_sizes))]  # once: a generator is spent by it
+        if not any(read):
+            return None
+        return tuple(sized.host_splits(where, label, sizes, tensor, t, self.world_size)
+                     for label, sizes, tensor, t in (("output_split_sizes", read[0], "output", output),
+                                                     ("input_split_sizes", read[1], "input", input)))
+
+    def _refuse_traced_lists(self, where: str, what: str) -> None:
+        """Host split lists cannot be graph values: refused while traced (torch.compile,
+        FakeTensorMode, make_fx) by name, before anything is exchanged or recorded.  ``require``:
+        dynamo reports the message (it cannot trace building an ArgumentError)."""
+        _ops.require(not _ops.tracing(),
+                     f"{where}: {what} while traced (torch.compile, FakeTensorMode, make_fx); expected all_to_all_vdev "
+                     "there, with the split sizes in device tensors (host lists are not graph values)")
+
+    def _all_to_all_uneven(self, where, output, input, out_splits, in_splits, async_op, *, labels=None):
         """Split sizes: the all-to-all with run-time sizes (purlinc.torch.sized), sizes copied to
-        the GPU; a dtype Purlin lacks travels as the bytes of each row (ops.carrier)."""
+        the GPU; a dtype Purlin lacks travels as the bytes of each row (ops.carrier).  ``labels``:
+        the caller's names of the two lists (default: all_to_all_single's)."""
         from purlinc.torch import sized
 
         self._require_open(where)
-        if _ops.tracing():
-            raise ArgumentError(f"{where}: split size lists while tracing (torch.compile, FakeTensorMode, make_fx); "
-                                "expected all_to_all_vdev there "
-                                "(split sizes on the GPU)", notes=("host lists are not graph values",))
+        self._refuse_traced_lists(where, "split size lists")
         out, inp = (_rows_carrier(where, label, t) for label, t in (("output", output), ("input", input)))
-        return self._run(lambda: sized.all_to_all_single(self, out, inp, out_splits, in_splits),
+        kwargs = {"where": where} if labels is None else {"where": where, "labels": labels}
+        return self._run(lambda: sized.all_to_all_single(self, out, inp, out_splits, in_splits, **kwargs),
                          [input, output], async_op, [output])
 
     def all_to_all_vdev(self, input, out, in_splits, out_splits, out_offsets=None, async_op=False):
@@ -588,6 +622,32 @@ def _rank_number(where: str, label: str, value) -> int:
         return integer(value)
     except TypeError:
         raise ArgumentError(f"{where}: {label}={value!r}, expected an int (a rank)") from None
+
+
+def _one_size(where: str, lists) -> None:
+    """Traced, the list form of all_to_all runs the equal all-to-all: every tensor of both lists
+    (``(label, tensors)`` pairs) has one size, or the call is refused in the list form's terms."""
+    n = lists[1][1][0].numel()
+    same = True
+    for _, tensors in lists:
+        for t in tensors:
+            if t.numel() != n:
+                same = False
+
+    def message():
+        held = "; ".join(f"{label} holds tensors of {_numels_shown(tensors)} elements" for label, tensors in lists)
+        return (f"{where}: {held}; while traced (torch.compile, FakeTensorMode, make_fx) expected one size for every "
+                "tensor of both lists (unequal sizes are split sizes, host values a graph cannot hold: use "
+                "all_to_all_vdev, with the split sizes in device tensors)")
+    _ops.require(same, message)
+
+
+def _numels_shown(tensors) -> str:
+    """The tensors' element counts for a message, as plain ints (ops.shape_shown says why)."""
+    text = ""
+    for t in tensors:
+        text = f"{text}, {int(t.numel())}" if text else f"{int(t.numel())}"
+    return text
 
 
 def _rows_carrier(where: str, label: str, t):

@@ -31,7 +31,11 @@ from purlinc.torch.registry import Entry, entry
 _SIGNATURE = (("residual", OperandKind.ROWS, True), ("weight", OperandKind.ROW, False), ("eps", OperandKind.SCALAR, False))
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what the epilogue's kernels compute in
 _FLOAT32_MAX = torch.finfo(torch.float32).max  # eps reaches the kernel as a float32
+_ALIGN = 16  # bytes: the epilogue's vectors (purlinc.runtime.validate.FAST_ALIGN)
 _OP = None
+_NAME = "fused_add_rmsnorm"
+# reserved at import: a user's collective may not take the name before the op is first defined
+_ops.reserve(_NAME, "purlinc.torch.fused_add_rmsnorm_op's fused all-reduce + add + RMSNorm")
 
 
 def _name(dtype) -> str:
@@ -57,12 +61,26 @@ def _check(where: str, e: Entry, x, residual, weight, eps, *, fake: bool = False
                             f"{_name(x.dtype)} ({e.row},) (one row, x's dtype)")
     for label, t in named:
         _ops.check_contiguous(where, label, t)
+    for label, t in (("residual", residual), ("weight", weight)):
+        _check_aligned(where, label, t, fake=fake)
     for label, t in (("x", x), ("weight", weight)):
         if _ops.overlap(residual, t, fake=fake):
             raise ArgumentError(f"{where}: residual overlaps {label} in memory, expected a tensor of its own",
                                 notes=("the op writes residual while it reads x and weight; pass a copy "
                                        "(residual.clone())",))
     _check_eps(where, eps)
+
+
+def _check_aligned(where: str, label: str, t, *, fake: bool) -> None:
+    """The epilogue reads residual and weight as 16-byte vectors, with no scalar path: the runtime
+    refuses a misaligned operand (operands.operand_words), but only inside the call, after the
+    load.  Real: the address; fake (no address): the offset into its storage, which torch's
+    allocator aligns (to 512 bytes), so both give the same answer for tensors torch made."""
+    offset = t.storage_offset() * t.element_size() if fake else t.data_ptr()
+    if t.numel() and offset % _ALIGN:
+        raise ArgumentError(f"{where}: {label} starts {offset % _ALIGN} bytes past a {_ALIGN}-byte boundary; expected "
+                            f"a {_ALIGN}-byte aligned tensor (the epilogue reads it as {_ALIGN}-byte vectors)",
+                            notes=(f"pass a fresh tensor or {label}.clone(), not a view at an offset",))
 
 
 def _check_x(where: str, e: Entry, x) -> None:
@@ -102,18 +120,31 @@ def _define():
         return torch.empty_like(x)
 
     schema = "(Tensor x, Tensor(a!) residual, Tensor weight, float eps, Tensor(b!) seq, int handle) -> Tensor"
-    _OP = torch.library.custom_op("purlin::fused_add_rmsnorm", real, mutates_args=("residual", "seq"), schema=schema)
+    _ops.require_unregistered(_NAME, "fused_add_rmsnorm_op")  # torch.library would replace another's silently
+    _OP = torch.library.custom_op(f"purlin::{_NAME}", real, mutates_args=("residual", "seq"), schema=schema)
     _OP.register_fake(fake)
     # a collective: never dropped, whatever uses its results (as ops._keep_in_order marks mutating ops)
     torch.fx.node.has_side_effect(torch.ops.purlin.fused_add_rmsnorm.default)
     return _OP
 
 
-def _check_number(eps) -> None:
-    """eps a number before float() reads it: float() would take the string "1e-6", and raises a
-    bare TypeError for None (a SymFloat is a number being traced)."""
+def _as_float(eps) -> float:
+    """eps a number before float() reads it: float() would take the string "1e-6", raises a bare
+    TypeError for None and an OverflowError for an int past any float (a SymFloat is a number
+    being traced).  The op's checks then say what of a float is refused (_check_eps)."""
     if isinstance(eps, (bool, str, bytes)) or not isinstance(eps, (numbers.Real, torch.SymFloat, torch.SymInt)):
         raise ArgumentError(f"fused_add_rmsnorm: eps={eps!r}, expected a number (a float, the RMSNorm epsilon)")
+    try:
+        return float(eps)
+    except OverflowError:
+        raise ArgumentError(f"fused_add_rmsnorm: eps={_shown(eps)}, expected a finite number >= 0 that float32 holds "
+                            f"(at most {_FLOAT32_MAX:.6g})") from None
+
+
+def _shown(value) -> str:
+    """A number for a message: an int of hundreds of digits cut short."""
+    text = repr(value)
+    return text if len(text) <= 24 else f"{text[:12]}...{text[-4:]} ({len(text)} characters)"
 
 
 class FusedAddRMSNorm:
@@ -143,8 +174,7 @@ class FusedAddRMSNorm:
             _ops.require(not (grad and t.requires_grad),
                          f"fused_add_rmsnorm: {label} requires grad, and the op has no gradient (it writes residual "
                          "in place); call it under torch.no_grad() or torch.inference_mode(), or detach the tensors")
-        _check_number(eps)
-        return self.op(x, residual, weight, float(eps), self._sequence(x), self.entry.handle)
+        return self.op(x, residual, weight, _as_float(eps), self._sequence(x), self.entry.handle)
 
     def _sequence(self, x):
         from torch._subclasses.fake_tensor import FakeTensor

@@ -119,19 +119,7 @@ class _Uneven(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group, output_split_sizes, input_split_sizes):
-        R = group.world_size
-        where = "all_to_all_single"
-        rows = x.shape[0] if x.dim() else 1
-        if input_split_sizes is None and rows % R:  # equal slices of dim 0, as Group._splits says it
-            raise ArgumentError(f"{where}: input has {rows} rows (dim 0) and no input_split_sizes; expected a "
-                                f"multiple of {R} (one equal slice per rank)")
-        ins = (_ops.split_sizes(where, "input_split_sizes", input_split_sizes, R) if input_split_sizes is not None
-               else [rows // R] * R)
-        outs = (_ops.split_sizes(where, "output_split_sizes", output_split_sizes, R) if output_split_sizes is not None
-                else None)
-        if outs is None:  # the receivers learn their sizes from the senders
-            table = group._split_table(ins)
-            outs = [table[j][group.rank] for j in range(group.world_size)]
+        ins, outs = _uneven_sizes(group, x, output_split_sizes, input_split_sizes)
         y = x.new_empty(sum(outs), *x.shape[1:])
         group.all_to_all_single(y, x.contiguous(), outs, ins)
         ctx.group, ctx.sizes = group, (outs, ins)
@@ -143,3 +131,29 @@ class _Uneven(torch.autograd.Function):
         dx = grad.new_empty(sum(ins), *grad.shape[1:])
         ctx.group.all_to_all_single(dx, grad.contiguous(), ins, outs)
         return dx, None, None, None
+
+
+def _uneven_sizes(group, x, output_split_sizes, input_split_sizes):
+    """Both split lists of the functional form, this rank's checked on the host before the
+    ranks exchange anything (an exchange is a collective: a rank must be refused for its own
+    list, not a peer for what it sent, nor the exchange reach a device x is not on); without
+    ``output_split_sizes`` the receivers learn theirs from the senders."""
+    from purlinc.torch import sized
+    from purlinc.torch.distributed import _rows_carrier
+
+    where = "all_to_all_single"
+    group._require_open(where)
+    group._refuse_traced_lists(where, "split size lists")
+    _ops.check_device(where, "x", x, group.device, group.rank, group.world_size)
+    R = group.world_size
+    ins = sized.host_splits(where, "input_split_sizes", input_split_sizes, "x", x, R)
+    state = sized.state_of(group)
+    row = sized._row_elements(where, _rows_carrier(where, "x", x.contiguous()), "x")  # the elements the kernel moves
+    sized.check_capacity(where, state, "input_split_sizes", ins, row, sending=True)
+    outs = None if output_split_sizes is None else _ops.split_sizes(where, "output_split_sizes", output_split_sizes, R)
+    if outs:  # the result is made of their sum: all_to_all_single checks them against it, not their signs
+        if len(outs) != R or min(outs) < 0:
+            raise ArgumentError(f"{where}: output_split_sizes={outs}, expected {R} sizes >= 0 (rows from each rank)")
+        return ins, outs
+    table = group._split_table(ins)
+    return ins, [table[j][group.rank] for j in range(R)]

@@ -33,6 +33,7 @@ from purlinc.dtypes import DType, ReduceOp
 from purlinc.runtime.errors import ArgumentError
 from purlinc.runtime.validate import integer
 from purlinc.torch.registry import Entry, entry
+from purlinc.torch.standard import SOURCES
 
 NAMESPACE = "purlin"
 REDUCE_OPS = ("sum", "avg", "prod", "max", "min")
@@ -115,15 +116,15 @@ def carrier(where: str, label: str, t, *, reduce: bool):
         return t
     name = str(t.dtype).removeprefix("torch.")
     if reduce:
-        raise ArgumentError(f"{where}: {label} has dtype {name}, which Purlin cannot reduce; expected one of "
-                            f"{supported_dtypes(reducible=True)}",
-                            notes=("copy collectives (all_gather, all_to_all, broadcast, gather, scatter) take "
-                                   "every fixed-size dtype",))
+        fail(f"{where}: {label} has dtype {name}, which Purlin cannot reduce; expected one of "
+             f"{supported_dtypes(reducible=True)}",
+             notes=("copy collectives (all_gather, all_to_all, broadcast, gather, scatter) take every "
+                    "fixed-size dtype",))
     check_contiguous(where, label, t)
     width = _carrier_width(t.element_size())
     if width is None:
-        raise ArgumentError(f"{where}: {label} has dtype {name} ({t.element_size()} bytes), which no Purlin dtype "
-                            f"divides; expected one of {supported_dtypes()}")
+        fail(f"{where}: {label} has dtype {name} ({t.element_size()} bytes), which no Purlin dtype divides; expected "
+             f"one of {supported_dtypes()}")
     return t.reshape(-1).view(width)
 
 
@@ -171,9 +172,9 @@ def split_sizes(where: str, label: str, sizes, world_size: int) -> list[int]:
 def check_contiguous(where: str, label: str, t) -> None:
     """``t``'s memory holds its values, in order: contiguous, and no lazy conjugate or negative
     bit (the kernels read and write memory, where such a view keeps the values un-negated)."""
-    if not t.is_contiguous():
-        raise ArgumentError(f"{where}: {label} is not contiguous (shape {tuple(t.shape)}, strides "
-                            f"{tuple(t.stride())})", notes=("pass .contiguous() (a copy)",))
+    if not t.is_contiguous():  # (the sizes as plain ints: dynamo cannot format symbolic ones, see shown)
+        fail(f"{where}: {label} is not contiguous (shape {shape_shown(t)}, strides {ints_shown(t.stride())})",
+             notes=("pass .contiguous() (a copy)",))
     if torch.compiler.is_compiling():  # dynamo cannot trace is_conj/is_neg (a graph break): the real ops check at run time
         return
     for kind, lazy, resolve in (("conjugate", t.is_conj(), "resolve_conj"), ("negative", t.is_neg(), "resolve_neg")):
@@ -188,11 +189,9 @@ def check_device(where: str, label: str, t, device, rank: int, world_size: int, 
     nothing runs); a real one refuses it like any other device, before anything is launched."""
     if t.device == device or (fake and t.device.type == "meta"):
         return
-    raise ArgumentError(
-        f"{where}: {label} is on {t.device}, expected {device} (the device of this Purlin communicator, "
-        f"rank {rank} of {world_size})",
-        notes=("a tensor of another device or communicator cannot take part in this one's collectives",),
-    )
+    fail(f"{where}: {label} is on {t.device}, expected {device} (the device of this Purlin communicator, "
+         f"rank {shown(rank)} of {shown(world_size)})",
+         notes=("a tensor of another device or communicator cannot take part in this one's collectives",))
 
 
 def overlap(a, b, *, fake: bool) -> bool:
@@ -215,17 +214,19 @@ def check_tensor(where: str, label: str, t, e: Entry, op: str | None = None, *, 
     require_tensors(where, [(label, t)])
     check_device(where, label, t, e.device, e.rank, e.world_size, fake=fake)
     dtype = dtype_of(t)
+    if dtype is None and e.is_reduce:  # no carrier for a reduction: the message lists what Purlin reduces
+        carrier(where, label, t, reduce=True)
     if dtype is None:
-        raise ArgumentError(f"{where}: {label} has dtype {str(t.dtype).removeprefix('torch.')}, which Purlin does "
-                            f"not support; expected one of {supported_dtypes()} (the torch.distributed-shaped "
-                            f"calls carry other fixed-size dtypes' bytes in copies)")
+        fail(f"{where}: {label} has dtype {str(t.dtype).removeprefix('torch.')}, which Purlin does not support; "
+             f"expected one of {supported_dtypes()} (the torch.distributed-shaped calls carry other fixed-size "
+             f"dtypes' bytes in copies)")
     if e.is_reduce and t.numel():
         if not dtype.reducible:
-            raise ArgumentError(f"{where}: {label} has dtype {dtype.value}, which cannot be reduced; expected "
-                                f"one of {supported_dtypes(reducible=True)}")
+            fail(f"{where}: {label} has dtype {dtype.value}, which cannot be reduced; expected one of "
+                 f"{supported_dtypes(reducible=True)}")
         if op == "avg" and not dtype.is_float:
-            raise ArgumentError(f"{where}: op='avg' needs a floating dtype, {label} has {dtype.value}",
-                                notes=("use op='sum' and divide (integer averages would truncate)",))
+            fail(f"{where}: op='avg' needs a floating dtype, {label} has {dtype.value}",
+                 notes=("use op='sum' and divide (integer averages would truncate)",))
     check_contiguous(where, label, t)
 
 
@@ -383,41 +384,86 @@ def _entry_of(name: str, handle: int) -> Entry:
     return e
 
 
-def define(name: str) -> Ops:
+def define(name: str, where: str = "define") -> Ops:
     """The functional, out and in-place ops for collectives called ``name``; defined once per
     process, under a lock: ranks on threads (or two Groups made at once) register a name's ops
-    once, not twice at the same time (torch.library refuses, or tears down, the second)."""
+    once, not twice at the same time (torch.library refuses, or tears down, the second).
+    ``where`` names the caller's call in a refusal (``op`` for ``purlinc.torch.op``)."""
     hit = _DEFINED.get(name)
     if hit is not None:
         return hit
     with _DEFINING:
-        return _DEFINED.get(name) or _define(name)
+        return _DEFINED.get(name) or _define(name, where)
 
 
 _SUFFIXES = ("", "_out", "_inplace", "_seq")  # the ops _define registers for a name
+# Who owns each op name of the namespace: (the family whose define() may register it, or None;
+# the owner, as a refusal names it).  purlinc.torch's own ops are reserved here up front, at
+# import, before any user op can take one of their names (the standard collectives' families
+# are defined only when a Group is made, the fused op when fused_add_rmsnorm_op is first
+# called): a collective called ``allgather_out`` would otherwise take the out form of
+# ``allgather`` and make every later Group fail, and one called ``fused_add_rmsnorm`` would
+# have its schema replaced.  Each family define() registers is recorded too.
+_OWNERS: dict[str, tuple[str | None, str]] = {}
 
 
-def _refuse_taken(name: str) -> None:
-    """Each name registers purlin::NAME, NAME_out, NAME_inplace and NAME_seq: a collective
-    called ``allgather_out`` would take the out form of ``allgather`` (torch.library refused
-    the second registration with its own RuntimeError), and ``alltoallv`` the uneven
-    all-to-all's op (purlinc.torch.sized)."""
+def reserve(op: str, owner: str) -> None:
+    """Reserve ``purlin::op`` for one of purlinc.torch's own ops (``owner`` says whose, for the
+    message), before it is registered: define() refuses a collective whose ops would take it."""
+    _OWNERS.setdefault(op, (None, owner))
+
+
+def _reserve_family(name: str, owner: str) -> None:
     for suffix in _SUFFIXES:
-        op = name + suffix
-        if not hasattr(getattr(torch.ops, NAMESPACE), op):
-            continue
-        owners = [f"the {s.removeprefix('_') or 'functional'} form of collective {other!r}"
-                  for other in _DEFINED for s in _SUFFIXES if other + s == op]
-        owner = owners[0] if owners else ("registered (purlinc.torch.sized registers alltoallv, alltoallv_out and "
-                                          "alltoallv_seq)")
-        raise ArgumentError(f"op name {name!r}: torch.ops.{NAMESPACE}.{op} is already {owner}",
-                            notes=("rename the collective (its name in the .pln file names its ops)",))
+        _OWNERS[name + suffix] = (name, f"the {suffix.removeprefix('_') or 'functional'} form of {owner}")
 
 
-def _define(name: str) -> Ops:
-    if not _NAME.fullmatch(name):
-        raise ArgumentError(f"op name {name!r} is not an identifier (letters, digits, _; a letter first)")
-    _refuse_taken(name)
+for _kind in SOURCES:  # a Group defines these families when it is made; pt.op(coll, name=kind) shares them
+    _reserve_family(_kind, f"the standard collective {_kind!r} (purlinc.torch's torch.distributed-shaped calls)")
+reserve("no_gradient", "purlinc.torch's no-gradient marker (purlin::no_gradient: a compiled backward of max, "
+                       "min or prod)")
+
+
+def _owner(op: str, name: str) -> str | None:
+    """Who holds ``purlin::op`` other than ``name``'s own family: an owner of the table, or, for an
+    op registered outside purlinc.torch (or a name torch's namespace object holds, like ``name``,
+    whose torch.ops.purlin.<op> could never reach an op), what that is; None where it is free."""
+    family, owner = _OWNERS.get(op, (None, None))
+    if owner is not None:
+        return None if family == name else owner
+    found = getattr(getattr(torch.ops, NAMESPACE), op, None)  # a lookup of torch's registry (None: free)
+    if found is None:
+        return None
+    if isinstance(found, torch._ops.OpOverloadPacket):
+        return "registered, outside purlinc.torch"
+    return (f"an attribute of torch's op namespace object ({type(found).__name__}), so torch.ops.{NAMESPACE}.{op} "
+            "could never reach an op of that name")
+
+
+def _refuse_taken(name: str, where: str) -> None:
+    """Each name registers purlin::NAME, NAME_out, NAME_inplace and NAME_seq: each must be free,
+    or this family's own (torch.library refused a second registration with its own
+    RuntimeError, or replaced it silently)."""
+    for suffix in _SUFFIXES:
+        owner = _owner(name + suffix, name)
+        if owner is not None:
+            raise ArgumentError(f"{where}: name {name!r}: torch.ops.{NAMESPACE}.{name + suffix} is already {owner}",
+                                notes=("rename the collective (pt.op(coll, name=...), or its name in the .pln file, "
+                                       "which names its ops by default)",))
+
+
+def require_unregistered(op: str, where: str) -> None:
+    """Before purlinc.torch registers one of its own reserved ops (``reserve``) lazily: refuse if
+    something else registered ``purlin::op`` first (torch.library would replace it silently)."""
+    if getattr(getattr(torch.ops, NAMESPACE), op, None) is not None:
+        raise ArgumentError(f"{where}: torch.ops.{NAMESPACE}.{op} is already registered, outside purlinc.torch; "
+                            f"expected it free (purlinc.torch reserves it for {_OWNERS[op][1]})")
+
+
+def _define(name: str, where: str) -> Ops:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ArgumentError(f"{where}: name {name!r} is not an identifier (letters, digits, _; a letter first)")
+    _refuse_taken(name, where)
     impl = _implementations(name)
     lib = f"{NAMESPACE}::{name}"
     ops: list = []
@@ -435,6 +481,8 @@ def _define(name: str) -> Ops:
         overload = getattr(getattr(torch.ops, NAMESPACE), name + suffix).default
         _keep_in_order(overload, mutable=bool(mutates))
         ops.append(overload)
+    if name not in SOURCES:
+        _reserve_family(name, f"collective {name!r}")
     _DEFINED[name] = hit = Ops(*ops, impl["functional"], impl["out_form"], impl["inplace"])
     return hit
 
@@ -609,6 +657,21 @@ def _active_mode(name: str):
     return torch._C._get_dispatch_mode(key) if key is not None else None
 
 
+def fail(message: str, notes=()) -> None:
+    """Refuse a caller's mistake: an ArgumentError; under torch.compile ``torch._check(False)``
+    with the same text (and notes), as :func:`require` does: dynamo cannot trace building an
+    ArgumentError, and with fullgraph=True reported only "Attempted to call a super()
+    attribute".  Without fullgraph=True dynamo then runs the call eagerly, which raises the
+    ArgumentError itself.  For checks that run in the Python calls while traced (the
+    torch.distributed-shaped calls check their tensors before they record an op)."""
+    if torch.compiler.is_compiling():
+        text = message
+        for note in notes:
+            text = f"{text}\nnote: {note}"
+        torch._check(False, lambda: text)
+    raise ArgumentError(message, notes=tuple(notes))
+
+
 def require(condition, message) -> None:
     """A caller's mistake: an ArgumentError, and under torch.compile ``torch._check`` (dynamo traces
     it where it cannot trace building an ArgumentError: the message still reaches the caller,
@@ -639,10 +702,15 @@ def shape_shown(t) -> str:
     """``t``'s shape for a :func:`require` message, as ``tuple(t.shape)`` prints (see :func:`shown`).
     Built of f-strings of ints: dynamo keeps a formatted tuple, or str() of an int, a traced
     value, and then refuses it in the message ("Can't convert torch._check*() message closure")."""
+    return ints_shown(t.shape)
+
+
+def ints_shown(values) -> str:
+    """A tuple of sizes (a shape, strides) as ``tuple(...)`` prints it, built as shape_shown says."""
     text = ""
-    for n in t.shape:
+    for n in values:
         text = f"{text}, {int(n)}" if text else f"{int(n)}"
-    return f"({text},)" if t.dim() == 1 else f"({text})"
+    return f"({text},)" if len(values) == 1 else f"({text})"
 
 
 def traced(seq):

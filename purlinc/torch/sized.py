@@ -33,11 +33,15 @@ import weakref
 import torch
 
 from purlinc.runtime.errors import ArgumentError
+from purlinc.torch.ops import require_unregistered, reserve
 from purlinc.torch.registry import new_handle
 
 SOURCE = "collective alltoallv with sizes n[R][R] of x { in[r] = x[r][0..R]  out[r] = x[0..R][r]  copy }"
 DEFAULT_CAPACITY = 1 << 20  # elements per (source, destination) pair: 8 MiB of staging per pair (widest dtype)
 NAMESPACE = "purlin"
+OPS = ("alltoallv", "alltoallv_out", "alltoallv_seq")
+for _op in OPS:  # up front: a user's collective may not take these names (ops.define refuses, naming us)
+    reserve(_op, "purlinc.torch.sized's uneven all-to-all (all_to_all_vdev; all_to_all_single with split lists)")
 
 
 class SizedState:
@@ -99,21 +103,35 @@ def _load(source, comm, capacity):
 
 
 def configure(group, *, capacity: int | None = None, loader=None) -> SizedState:
-    """Set ``group``'s all-to-all capacity (elements per pair; before its first uneven call)
-    and, for tests, a ``loader(source, comm, capacity)`` in place of ``purlinc.load``."""
+    """Set ``group``'s all-to-all capacity (elements per pair) and, for tests, a
+    ``loader(source, comm, capacity)`` in place of ``purlinc.load``.  What is given and differs
+    from the group's state makes a new state (a new handle), before its first uneven call only;
+    after it, a change is refused (the loaded collective is staged for its capacity, and
+    another state would load again: a collective) and the same values leave the state as it is."""
     state = _BY_GROUP.get(group)
-    if state is not None and state._collective is not None and capacity not in (None, state.capacity):
-        raise ArgumentError(f"the uneven all-to-all of {group} is loaded with capacity {state.capacity}; "
-                            f"configure(capacity=...) must come before its first call")
-    if state is None or capacity is not None or loader is not None:
-        if state is not None:
-            state.close()
-        cap = capacity if capacity is not None else DEFAULT_CAPACITY
-        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
-            raise ArgumentError(f"capacity={cap!r}, expected a positive number of elements per (source, destination) pair")
-        state = _BY_GROUP[group] = SizedState(group, cap, loader or (state._loader if state else None))
-        group._sized_state = state  # what a compiled graph reads (an attribute: a constant to dynamo)
+    if capacity is not None:
+        _check_capacity_value(capacity)
+    if state is not None:
+        changes = [f"{label}={value!r} (it has {current!r})" for label, value, current in
+                   (("capacity", capacity, state.capacity), ("loader", loader, state._loader))
+                   if value is not None and value != current]
+        if not changes:
+            return state
+        if state._collective is not None:
+            raise ArgumentError(f"sized.configure: {', '.join(changes)} after the first uneven all-to-all of {group}, "
+                                f"which loaded it with capacity {state.capacity}; expected configure(...) before "
+                                "that call (or the same values, which change nothing)")
+        state.close()
+    cap = capacity if capacity is not None else state.capacity if state is not None else DEFAULT_CAPACITY
+    state = _BY_GROUP[group] = SizedState(group, cap, loader or (state._loader if state else None))
+    group._sized_state = state  # what a compiled graph reads (an attribute: a constant to dynamo)
     return state
+
+
+def _check_capacity_value(capacity) -> None:
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+        raise ArgumentError(f"sized.configure: capacity={capacity!r}, expected a positive number of elements per "
+                            "(source, destination) pair")
 
 
 def state_of(group) -> SizedState:
@@ -135,19 +153,19 @@ def _rows(t) -> int:
     return math.prod(t.shape[1:]) if t.dim() > 1 else 1
 
 
-def _row_elements(where: str, x) -> int:
-    """``_rows(x)`` of an input whose rows hold something: rows of no elements are refused (split
+def _row_elements(where: str, x, label: str = "input") -> int:
+    """``_rows(x)`` of a tensor whose rows hold something: rows of no elements are refused (split
     sizes would count rows that carry nothing, and the capacity in rows has no answer)."""
     row = _rows(x)
     if row == 0:
-        raise ArgumentError(f"{where}: input has rows of 0 elements (shape {tuple(x.shape)}); expected rows of at "
+        raise ArgumentError(f"{where}: {label} has rows of 0 elements (shape {tuple(x.shape)}); expected rows of at "
                             "least one element")
     return row
 
 
-def _check(where: str, s: SizedState, x, out, *, fake: bool = False) -> int:
-    """The data tensors, in the real and the fake implementations alike; ``fake``: meta tensors
-    pass the device check (shape inference only)."""
+def _check_data(where: str, s: SizedState, x, out, *, fake: bool = False) -> None:
+    """The data tensors' kind, device, dtype and layout, in every form alike; ``fake``: meta
+    tensors pass the device check (shape inference only)."""
     from purlinc.torch.ops import check_contiguous, check_device, dtype_of, require_tensors, supported_dtypes
 
     require_tensors(where, [("input", x), ("output", out)])
@@ -161,13 +179,23 @@ def _check(where: str, s: SizedState, x, out, *, fake: bool = False) -> int:
     if out.dtype != x.dtype:
         raise ArgumentError(f"{where}: output has dtype {str(out.dtype).removeprefix('torch.')}, expected "
                             f"{str(x.dtype).removeprefix('torch.')} (the dtype of input)")
+
+
+def _row_within_capacity(where: str, s: SizedState, label: str, row: int) -> None:
+    if row > s.capacity:
+        raise ArgumentError(f"{where}: a row of {label} has {row} elements, more than the capacity {s.capacity} "
+                            "(elements per pair)", notes=("purlinc.torch.sized.configure(group, capacity=...)",))
+
+
+def _check(where: str, s: SizedState, x, out, *, fake: bool = False) -> int:
+    """The device form's tensors (split sizes on the GPU count rows of one shape, input's), in
+    the real and the fake implementations alike: ``_check_data``, then the rows."""
+    _check_data(where, s, x, out, fake=fake)
     row = _row_elements(where, x)
     if x.dim() > 1 and out.dim() > 1 and tuple(out.shape[1:]) != tuple(x.shape[1:]):
         raise ArgumentError(f"{where}: output rows have shape {tuple(out.shape[1:])}, expected {tuple(x.shape[1:])} "
                             "(those of input)")
-    if row > s.capacity:
-        raise ArgumentError(f"{where}: a row of input has {row} elements, more than the capacity {s.capacity} "
-                            "(elements per pair)", notes=("purlinc.torch.sized.configure(group, capacity=...)",))
+    _row_within_capacity(where, s, "input", row)
     return row
 
 
@@ -193,9 +221,9 @@ def _check_splits(where: str, s: SizedState, x, named) -> None:
 
     named = [(label, t) for label, t in named if t is not None]
     require_tensors(where, named)
-    for label, t in named:
-        if t.dtype != torch.int64 or t.numel() != s.world_size or t.device != x.device:
-            raise ArgumentError(f"{where}: {label} must be int64 with {s.world_size} entries on {x.device}, got "
+    for label, t in named:  # 1-D: a [1, R] tensor has R entries, but is no list of R sizes
+        if t.dtype != torch.int64 or t.dim() != 1 or t.numel() != s.world_size or t.device != x.device:
+            raise ArgumentError(f"{where}: {label} must be 1-D int64 with {s.world_size} entries on {x.device}, got "
                                 f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)} on {t.device}")
         if not t.is_contiguous():  # the runtime reads them as one int64 array (an int64 view stays 8-byte aligned)
             raise ArgumentError(f"{where}: {label} must be contiguous, got strides {tuple(t.stride())}")
@@ -230,47 +258,71 @@ def _on_device(values: list[int], like):
     return torch.tensor(values, dtype=torch.int64, pin_memory=True).to(like.device, non_blocking=True)
 
 
-def all_to_all_single(group, output, input, output_split_sizes=None, input_split_sizes=None):
-    """``torch.distributed.all_to_all_single`` with host split lists (rows of dim 0): checked
-    on the host against the tensors and the capacity, then run through the device form, which
-    also checks ``output_split_sizes`` against what the peers send: ``output`` is laid out by
-    them, and rows from a peer that sends another count than expected are not written but
-    raised as a ``SizeError`` by the next call (or ``state_of(group).collective().check()``)."""
+def host_splits(where: str, label: str, sizes, tensor: str, t, world_size: int) -> list[int]:
+    """One host split list as torch takes it: rows of ``t``'s own dim 0 per rank (``tensor``
+    names t), R integers >= 0 summing to its rows; None or empty: equal slices, so t's rows
+    must divide by R.  Checked before anything is exchanged, by every form that takes lists,
+    so each rank is refused for its own list."""
     from purlinc.torch.ops import split_sizes
 
-    where = "all_to_all_single"
-    s = state_of(group)
-    R = s.world_size
-    row = _check(where, s, input, output)
-    _check_apart(where, [("output", output)], [("input", input)], fake=False)  # as the device form does
-    splits = {}
-    for label, given, t in (("input_split_sizes", input_split_sizes, input), ("output_split_sizes", output_split_sizes, output)):
-        rows = t.shape[0] if t.dim() else t.numel()
-        given = None if given is None else split_sizes(where, label, given, R)
-        if not given:
-            if rows % R:
-                raise ArgumentError(f"{where}: {label} not given, so {rows} rows must split evenly over {R} ranks")
-            given = [rows // R] * R
-        if len(given) != R or any(v < 0 for v in given) or sum(given) != rows:
-            raise ArgumentError(f"{where}: {label}={given}, expected {R} sizes >= 0 summing to the {rows} rows of "
-                                f"{label.split('_')[0]}")
-        big = [(peer, v) for peer, v in enumerate(given) if v * row > s.capacity]
-        if big:
-            peer, v = big[0]
-            pair = f"rank {s.rank} to rank {peer}" if label.startswith("input") else f"rank {peer} to rank {s.rank}"
+    R = world_size
+    rows = t.shape[0] if t.dim() else t.numel()
+    given = None if sizes is None else split_sizes(where, label, sizes, R)
+    if not given:
+        if rows % R:
+            raise ArgumentError(f"{where}: {tensor} has {rows} rows (dim 0) and no {label}; expected a multiple of "
+                                f"{R} (one equal slice per rank)")
+        return [rows // R] * R
+    if len(given) != R or min(given) < 0 or sum(given) != rows:
+        raise ArgumentError(f"{where}: {label}={given}, expected {R} sizes >= 0 summing to the {rows} rows (dim 0) "
+                            f"of {tensor}")
+    return given
+
+
+def check_capacity(where: str, s: SizedState, label: str, splits: list[int], row: int, *, sending: bool) -> None:
+    """Each pair's rows (of ``row`` elements) within the capacity, naming the pair: what this rank
+    sends (``sending``) or expects to receive.  Before anything is exchanged, as host_splits."""
+    for peer, v in enumerate(splits):
+        if v * row > s.capacity:
+            pair = f"rank {s.rank} to rank {peer}" if sending else f"rank {peer} to rank {s.rank}"
             raise ArgumentError(f"{where}: {label}[{peer}] = {v} rows ({v * row} elements, {pair}) exceeds the "
                                 f"capacity of {s.capacity // row} rows ({s.capacity} elements per pair)",
                                 notes=("purlinc.torch.sized.configure(group, capacity=...) before the first call",))
-        splits[label] = given
+
+
+def all_to_all_single(group, output, input, output_split_sizes=None, input_split_sizes=None, *,
+                      where: str = "all_to_all_single", labels=("output_split_sizes", "input_split_sizes")):
+    """``torch.distributed.all_to_all_single`` with host split lists: each counts rows of its own
+    tensor's dim 0, as torch's do (``output`` may hold rows of another shape than ``input``:
+    only the elements a pair moves must agree).  Checked on the host against the tensors and
+    the capacity, then run through the device form, which also checks ``output_split_sizes``
+    against what the peers send: ``output`` is laid out by them, and rows from a peer that
+    sends another count than expected are not written but raised as a ``SizeError`` by the
+    next call (or ``state_of(group).collective().check()``).  ``where`` and ``labels`` (the
+    two lists') name the caller's call and arguments in a refusal (the list form's)."""
+    s = state_of(group)
+    R = s.world_size
+    _check_data(where, s, input, output)
+    _check_apart(where, [("output", output)], [("input", input)], fake=False)  # as the device form does
+    in_row, out_row = _row_elements(where, input), _row_elements(where, output, "output")
+    _row_within_capacity(where, s, "input", in_row)
+    _row_within_capacity(where, s, "output", out_row)
+    ins = host_splits(where, labels[1], input_split_sizes, "input", input, R)
+    check_capacity(where, s, labels[1], ins, in_row, sending=True)
+    outs = host_splits(where, labels[0], output_split_sizes, "output", output, R)
+    check_capacity(where, s, labels[0], outs, out_row, sending=False)
     if _capturing(input):
         raise ArgumentError(f"{where}: split lists given while a CUDA graph is captured; a capture cannot copy host "
                             "lists to the GPU", notes=("use all_to_all_vdev with the splits in device tensors (a "
                                                        "replay then sends whatever splits they hold)",))
+    # The kernel counts sizes in units of one length: input's rows where output's are alike (so a
+    # SizeError names rows), else the largest length that divides both, each list scaled to it.
+    unit = math.gcd(in_row, out_row)
     # Fresh tensors per call: a kernel launched earlier may not have read the last ones yet.
-    sizes = _on_device(splits["input_split_sizes"], input)
-    expected = _on_device(splits["output_split_sizes"], input)
+    sizes = _on_device([v * (in_row // unit) for v in ins], input)
+    expected = _on_device([v * (out_row // unit) for v in outs], input)
     received = s.scratch("received", R, input)  # written by the kernel, never read here
-    run(s, input, sizes, output, received, row, expected)
+    run(s, input, sizes, output, received, unit, expected)
     return output
 
 
@@ -341,6 +393,8 @@ def define():
     def sequenced_fake(x, in_splits, out, out_splits, seq, handle):
         check_out_form("purlin::alltoallv_seq", x, in_splits, out, out_splits, handle)
 
+    for op in OPS:
+        require_unregistered(op, "purlinc.torch.sized")
     ops = []
     for suffix, fn, fake, schema, mutates in (
         ("", functional, functional_fake, "(Tensor x, Tensor in_splits, int handle) -> (Tensor, Tensor)", ()),

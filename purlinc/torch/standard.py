@@ -1,5 +1,5 @@
-"""The standard collectives' sources (``purlinc.standard``), where purlinc.torch reads them."""
+"""The standard collectives' sources (``purlinc.frontend.standard``), where purlinc.torch reads them."""
 
-from purlinc.standard import ROOTED, SOURCES
+from purlinc.frontend.standard import ROOTED, SOURCES
 
 __all__ = ["ROOTED", "SOURCES"]
