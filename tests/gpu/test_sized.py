@@ -366,6 +366,44 @@ def test_all_to_all_single_checks_output_split_sizes():
         group.close()
 
 
+def test_all_to_all_single_counts_each_tensors_own_rows():
+    """torch's rule: input_split_sizes count input's rows (8 elements here), output_split_sizes
+    output's (4 elements: another shape, the same bytes per pair); R=3 loopback ranks, every
+    output element written with its source rows' values."""
+    import purlinc
+    from purlinc.torch import sized
+
+    R, H = 3, 8
+    group = _group(R)
+    a2a = purlinc.load(SIZED / "alltoallv.pln", group, capacity=CAPACITY * H)
+    for r in range(R):
+        a2a[r].warm("float32")
+    ranks = [_TorchRank(r, R) for r in range(R)]
+    for r, g in enumerate(ranks):
+        sized.configure(g, capacity=CAPACITY * H, loader=lambda source, comm, cap, r=r: a2a[r])
+    rng = np.random.default_rng(29)
+    try:
+        splits = [[int(v) for v in rng.integers(0, 5, R)] for _ in range(R)]  # splits[src][dst], rows of H
+        inputs = [torch.randn(sum(row), H, device=f"cuda:{DEVICE}") for row in splits]
+        out_splits = [[2 * v for v in o] for o in _expected_rows(splits, R)]  # rows of H // 2
+        outs = [torch.full((sum(o), H // 2), float("nan"), device=f"cuda:{DEVICE}") for o in out_splits]
+
+        def issue():
+            for r in range(R):
+                with torch.cuda.stream(group.streams[r]):
+                    sized.all_to_all_single(ranks[r], outs[r], inputs[r], out_splits[r], splits[r])
+        on_rank_streams(group.streams, DEVICE, issue)
+        a2a.check()
+        for r in range(R):
+            want = torch.cat([inputs[src][sum(splits[src][:r]):sum(splits[src][:r + 1])] for src in range(R)])
+            assert torch.equal(outs[r].reshape(-1), want.reshape(-1)), f"rank {r}"
+    finally:
+        for g in ranks:
+            sized.state_of(g).close()
+        a2a.close()
+        group.close()
+
+
 def test_all_to_all_single_does_not_wait_for_the_gpu_and_refuses_a_capture():
     """Host split lists reach the GPU by a copy that does not block the host: a call issued
     behind 50 ms of queued work returns while that work still runs (a copy from pageable memory
