@@ -38,7 +38,8 @@
 #   zerocopy          heap buffers -> registered schedules, LocalGroup
 #   zerocopy_torchrun the same under torchrun
 #   graph_buffers_torchrun  captured calls on ordinary tensors under torchrun (CUDA IPC at capture)
-#   faults            mismatches before launch; a rank that dies mid-loop -> PurlinTimeoutError
+#   faults            mismatches before launch and timeouts (two GPUs and loopback); a rank that
+#                     dies mid-loop -> PurlinTimeoutError (torchrun, two GPUs)
 #   torch             purlinc.torch: custom ops, eager / torch.compile / CUDA graphs vs NCCL
 #   torch_backend     the `purlin` torch.distributed backend, one process per GPU (one GPU is enough:
 #                     a world of one) and two processes sharing cuda:0; purlinc.torch on an NCCL
