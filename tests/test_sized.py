@@ -258,6 +258,75 @@ def test_allgatherv_simulated():
                 np.testing.assert_array_equal(a, b)
 
 
+def _bad_call(case: str):
+    """A call of alltoallv at R=3, capacity 5, with one thing wrong (``case``)."""
+    R, cap = 3, 5
+    ins = [np.arange(R * cap, dtype=np.int32) for _ in range(R)]
+    outs = [np.zeros(R * cap, dtype=np.int32) for _ in range(R)]
+    sizes = [[1, 2, 3] for _ in range(R)]
+    expected = None
+    if case == "dtypes":
+        outs[1] = outs[1].astype(np.int16)
+    elif case == "2-D":
+        ins[0] = ins[0].reshape(R, cap)
+    elif case == "ranks":
+        sizes = sizes[:2]
+    elif case == "extra rank":
+        sizes = sizes + [[0, 0, 0]]
+    elif case == "float size":
+        sizes[1][0] = 1.7
+    elif case == "bool size":
+        sizes[2][2] = True
+    elif case == "short row":
+        sizes[0] = [1, 2]
+    elif case == "nested":
+        sizes[0] = [[1], [2], [3]]
+    elif case == "expected":
+        expected = [[1, 1, 1]] * 2
+    elif case == "capacity":
+        cap = -1
+    elif case == "float capacity":
+        cap = 2.5
+    return ins, sizes, cap, outs, expected
+
+
+@pytest.mark.parametrize("case, message", [
+    ("dtypes", "output of rank 1: dtype int16, expected int32 (that of rank 0's input)"),
+    ("2-D", "input of rank 0: expected a 1-D NumPy array (the rank's whole buffer), got (3, 5)"),
+    ("ranks", "sizes: expected one per rank (3), got 2"),
+    ("extra rank", "sizes: expected one per rank (3), got 4"),
+    ("float size", "sizes of rank 1[0]: expected an integer, got 1.7 (float)"),
+    ("bool size", "sizes of rank 2[2]: expected an integer, got True (bool)"),
+    ("short row", "sizes of rank 0: expected 3 integers, got 2"),
+    ("nested", "sizes of rank 0[0]: expected an integer, got [1] (list)"),
+    ("expected", "expected: expected one per rank (3), got 2"),
+    ("capacity", "capacity must be >= 0, got -1"),
+    ("float capacity", "capacity must be an integer, got 2.5 (float)"),
+])
+def test_a_sized_call_no_kernel_could_be_given_is_refused_alike(case, message):
+    """The evaluator and the simulator check a call's arguments the same way (one function):
+    a wrong one is a ValueError naming it, not a truncated size, a bare IndexError or two
+    different answers."""
+    spec = _spec("alltoallv", 3)
+    schedule = lower(spec, LowerOptions())
+    ins, sizes, cap, outs, expected = _bad_call(case)
+    with pytest.raises(ValueError) as evaluated:
+        evaluate_sized(spec, ins, sizes, cap, outs, expected)
+    with pytest.raises(ValueError) as simulated:
+        simulate_sized(schedule, spec, [(ins, sizes, outs, expected)], cap)
+    assert message in str(evaluated.value), evaluated.value
+    assert str(simulated.value) == str(evaluated.value)
+
+
+def test_sizes_as_numpy_integers_are_sizes():
+    spec = _spec("alltoallv", 3)
+    ins, sizes, cap, outs, _ = _bad_call("none")
+    as_lists = evaluate_sized(spec, ins, sizes, cap, outs)
+    for kind in (np.int32, np.int64):
+        got = evaluate_sized(spec, ins, [np.array(row, dtype=kind) for row in sizes], cap, outs)
+        assert got[1] == as_lists[1] and all(np.array_equal(a, b) for a, b in zip(got[0], as_lists[0]))
+
+
 DUPLICATED = {  # an output that holds a run-time-sized chunk twice
     "own": "collective s with sizes n[R] of x {\n    in[r] = x[r]\n    out[r] = x[r], x[r]\n    copy\n}\n",
     "all": "collective s with sizes n[R] of x {\n    in[r] = x[r]\n    out[r] = x[0..R], x[0..R]\n    copy\n}\n",

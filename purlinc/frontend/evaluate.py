@@ -245,6 +245,58 @@ def arriving_sizes(spec: Spec, sent: Sequence[Sequence[int]]) -> list[list[int]]
     return [[sent[slot.rank][slot.position] for (slot, *_) in spec.sources[rank]] for rank in range(spec.world_size)]
 
 
+def _integers(name: str, values, length: int) -> list[int]:
+    """``values`` as ``length`` Python ints: integers only (NumPy's too), since a float or a
+    bool size would be truncated into a size nobody gave."""
+    if isinstance(values, np.ndarray):
+        if values.ndim != 1 or not np.issubdtype(values.dtype, np.integer):
+            raise ValueError(f"{name}: expected a 1-D array of {length} integers, got {values.dtype} {values.shape}")
+        values = values.tolist()
+    if not isinstance(values, Sequence) or isinstance(values, (str, bytes)):
+        raise ValueError(f"{name}: expected a sequence of {length} integers, got {type(values).__name__}")
+    if len(values) != length:
+        raise ValueError(f"{name}: expected {length} integers, got {len(values)}")
+    for i, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ValueError(f"{name}[{i}]: expected an integer, got {value!r} ({type(value).__name__})")
+    return [int(v) for v in values]
+
+
+def _per_rank(name: str, values, world_size: int) -> None:
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)) or len(values) != world_size:
+        got = len(values) if isinstance(values, (Sequence, np.ndarray)) else type(values).__name__
+        raise ValueError(f"{name}: expected one per rank ({world_size}), got {got}")
+
+
+def check_sized_call(spec: Spec, inputs, sizes, capacity, outputs, expected=None):
+    """A sized call's arguments as ``evaluate_sized`` and the simulator take them, checked and
+    normalized: (inputs, sizes, outputs, expected), buffers 1-D arrays of one dtype, sizes and
+    expected sizes Python ints.  Sizes may be negative or past the capacity (the call reports
+    those as size errors); what is refused is what no call could be given."""
+    R = spec.world_size
+    check_count("capacity", capacity)
+    for name, values in (("inputs", inputs), ("outputs", outputs), ("sizes", sizes)):
+        _per_rank(name, values, R)
+    buffers = {}
+    for name, values in (("input", inputs), ("output", outputs)):
+        for rank, array in enumerate(values):
+            if not isinstance(array, np.ndarray) or array.ndim != 1:
+                shape = array.shape if isinstance(array, np.ndarray) else type(array).__name__
+                raise ValueError(f"{name} of rank {rank}: expected a 1-D NumPy array (the rank's whole buffer), got {shape}")
+            buffers[(name, rank)] = array
+    first = inputs[0].dtype
+    for (name, rank), array in buffers.items():
+        if array.dtype != first:
+            raise ValueError(f"{name} of rank {rank}: dtype {array.dtype}, expected {first} (that of rank 0's input): "
+                             "a call moves one dtype")
+    sizes = [_integers(f"sizes of rank {r}", sizes[r], len(spec.inputs[r])) for r in range(R)]
+    if expected is not None:
+        _per_rank("expected", expected, R)
+        expected = [None if expected[r] is None else
+                    _integers(f"expected sizes of rank {r}", expected[r], len(spec.outputs[r])) for r in range(R)]
+    return list(inputs), sizes, list(outputs), expected
+
+
 def evaluate_sized(spec: Spec, inputs: Sequence[np.ndarray], sizes: Sequence[Sequence[int]], capacity: int,
                    outputs: Sequence[np.ndarray], expected: Sequence[Sequence[int] | None] | None = None,
                    ) -> tuple[list[np.ndarray], list[list[int]], list[list[tuple]]]:
@@ -259,10 +311,7 @@ def evaluate_sized(spec: Spec, inputs: Sequence[np.ndarray], sizes: Sequence[Seq
     if spec.sizes is None:
         raise ValueError(f"{spec.name} has no run-time sizes: use evaluate()")
     R = spec.world_size
-    for rank in range(R):
-        if len(sizes[rank]) != len(spec.inputs[rank]):
-            raise ValueError(f"sizes of rank {rank}: expected {len(spec.inputs[rank])} (its input chunks), "
-                             f"got {len(sizes[rank])}")
+    inputs, sizes, outputs, expected = check_sized_call(spec, inputs, sizes, capacity, outputs, expected)
     sent = [sent_sizes(sizes[r], capacity, len(inputs[r])) for r in range(R)]
     arriving = arriving_sizes(spec, [s[1] for s in sent])
     results, out_sizes, errors = [], [], []

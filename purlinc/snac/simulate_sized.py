@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from purlinc.frontend.evaluate import received_sizes, sent_sizes
+from purlinc.frontend.evaluate import check_sized_call, received_sizes, sent_sizes
 from purlinc.frontend.spec import Spec
 from purlinc.snac.ir import Consume, Notify, Schedule, Space, Stage, Wait
 from purlinc.snac.simulate import SimulationError
@@ -42,6 +42,7 @@ class _Call:
     """One call's buffers and sizes (bytes), shared by every (rank, channel) of that call."""
 
     def __init__(self, spec: Spec, inputs, sizes, outputs, expected=None, *, capacity: int):
+        inputs, sizes, outputs, expected = check_sized_call(spec, inputs, sizes, capacity, outputs, expected)
         self.capacity = capacity
         self.expected = expected  # per rank: the sizes its output is laid out by, or None
         self.inputs = [np.ascontiguousarray(x).view(np.uint8) for x in inputs]
@@ -113,9 +114,13 @@ def simulate_sized(schedule: Schedule, spec: Spec, calls: Sequence[tuple], capac
     if schedule.sizes is None:
         raise SimulationError(f"{schedule.collective} has no run-time sizes: use simulate()")
     rng = random.Random(seed)
-    itemsize = np.asarray(calls[0][2][0]).itemsize
-    machine = _SizedMachine(schedule, capacity, itemsize)
-    states = [_Call(spec, *call, capacity=capacity) for call in calls]
+    if not calls:
+        return []
+    states = [_Call(spec, *call, capacity=capacity) for call in calls]  # each call's arguments checked here
+    sizes = {s.itemsize for s in states}
+    if len(sizes) > 1:  # the machine's staging slots are laid out for one element size
+        raise ValueError(f"calls of elements of {sorted(sizes)} bytes: one simulation runs calls of one element size")
+    machine = _SizedMachine(schedule, capacity, states[0].itemsize)
     G = schedule.channels
     programs = {(r, c): schedule.program(r, c).steps for r in range(schedule.world_size) for c in range(G)}
     out_sources = {r: {s.dst.unit: s.srcs[0] for s in schedule.programs[r].steps if isinstance(s, Consume)}
