@@ -26,6 +26,7 @@ capacity=capacity_for(...))`` (a Communicator's, or one rank of a LocalGroup's),
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -48,8 +49,9 @@ def row_elements(hidden: int, top_k: int, dtype: torch.dtype) -> int:
 def capacity_for(hidden: int, top_k: int, max_tokens: int, dtype: torch.dtype = torch.bfloat16) -> int:
     """The all-to-all capacity (elements per rank pair) dispatch and combine need: at most
     ``max_tokens`` rows from one rank to another, each ``row_elements`` wide."""
-    for label, value in (("hidden", hidden), ("top_k", top_k), ("max_tokens", max_tokens)):
-        _at_least(label, value, 1, where="capacity_for")  # as the Dispatcher: a capacity of 0 or less loads nothing
+    hidden, top_k, max_tokens = (_at_least(label, value, 1, where="capacity_for")  # a capacity of 0 loads nothing
+                                 for label, value in (("hidden", hidden), ("top_k", top_k), ("max_tokens", max_tokens)))
+    _float_dtype("capacity_for", "dtype", dtype)
     return max_tokens * row_elements(hidden, top_k, dtype)
 
 
@@ -65,9 +67,23 @@ class Dispatched:
     rows: torch.Tensor  # [] int64: rows received (counts.sum())
 
 
-def _at_least(label: str, value, low: int, *, where: str = "Dispatcher") -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+def _at_least(label: str, value, low: int, *, where: str = "Dispatcher") -> int:
+    """``value`` as a Python int of at least ``low`` (a NumPy integer too: a config read from an
+    array is one); a bool or a float is refused, as nobody means a size by them."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
         raise ArgumentError(f"{where}: {label}={value!r}, expected an int >= {low}")
+    return int(value)
+
+
+def _float_dtype(where: str, label: str, dtype) -> None:
+    """A floating torch.dtype: combine sums partials in float32 and scales by the routing
+    weights, so an integer dtype would round its values there without a word."""
+    if not isinstance(dtype, torch.dtype):
+        raise ArgumentError(f"{where}: {label}={dtype!r} ({type(dtype).__name__}), expected a torch.dtype such as "
+                            "torch.bfloat16")
+    if not dtype.is_floating_point or dtype.is_complex:
+        raise ArgumentError(f"{where}: {label}={str(dtype).removeprefix('torch.')}, expected a floating dtype "
+                            "(combine sums the experts' partials in float32 and weighs them)")
 
 
 def _tensors(where: str, named, device) -> None:
@@ -98,11 +114,13 @@ def _check_shape(rank, world_size, num_experts, hidden, top_k, max_tokens, dtype
     if rank >= world_size:
         raise ArgumentError(f"Dispatcher: rank={rank}, expected a rank in [0, {world_size})")
     if num_experts % world_size:  # expert e lives on rank e // (E / R): every rank holds as many
-        raise ArgumentError(f"num_experts={num_experts} does not split over {world_size} ranks")
+        raise ArgumentError(f"Dispatcher: num_experts={num_experts} does not split over world_size={world_size} "
+                            "ranks; expected a multiple of it (every rank holds as many experts)")
     if top_k > num_experts:  # a token's top-k experts are distinct
         raise ArgumentError(f"Dispatcher: top_k={top_k}, expected at most num_experts={num_experts}")
     from purlinc.runtime.interop import _torch_dtype_map
 
+    _float_dtype("Dispatcher", "dtype", dtype)
     if dtype not in _torch_dtype_map():  # what the all-to-all moves (warm() loads that dtype's kernel)
         names = ", ".join(str(d).removeprefix("torch.") for d in _torch_dtype_map())
         raise ArgumentError(f"Dispatcher: dtype={dtype}, expected one of {names}")
@@ -179,6 +197,8 @@ class Dispatcher:
     def __init__(self, coll, *, rank: int, world_size: int, num_experts: int, hidden: int, top_k: int,
                  max_tokens: int, dtype: torch.dtype = torch.bfloat16, device=None):
         _check_shape(rank, world_size, num_experts, hidden, top_k, max_tokens, dtype)
+        rank, world_size, num_experts, hidden, top_k, max_tokens = (
+            int(v) for v in (rank, world_size, num_experts, hidden, top_k, max_tokens))  # NumPy integers too
         _check_capacity(coll, hidden, top_k, max_tokens, dtype)
         _same_group(coll, rank, world_size)
         _agree(coll, {"world_size": world_size, "num_experts": num_experts, "hidden": hidden, "top_k": top_k,
@@ -299,9 +319,14 @@ class Dispatcher:
         dispatch's dtype).  Returns [T, H]: every token's sum of its partials, in token order."""
         N, H, T = self.recv.shape[0], self.hidden, self._tokens
         _tensors("combine", [("partial", partial)], self.recv.device)
-        if tuple(partial.shape) != (N, H) or partial.dtype != self.dtype or not partial.is_contiguous():
-            raise ArgumentError(f"combine: partial is {tuple(partial.shape)} {partial.dtype}, expected a contiguous "
-                                f"({N}, {H}) {self.dtype} (one row per received row)")
+        if tuple(partial.shape) != (N, H) or partial.dtype != self.dtype:
+            raise ArgumentError(f"combine: partial is {tuple(partial.shape)} {partial.dtype}, expected ({N}, {H}) "
+                                f"{self.dtype} (one row per received row)")
+        if not partial.is_contiguous():  # (Dispatched.tokens is a view of wider rows: copy it, or write a new one)
+            raise ArgumentError(f"combine: partial is not contiguous (strides {tuple(partial.stride())}), expected a "
+                                f"contiguous ({N}, {H}) tensor", notes=("pass partial.contiguous()",))
+        if out_dtype is not None:
+            _float_dtype("combine", "out_dtype", out_dtype)
         self.coll(partial, self.recv_counts, self.back, self.back_counts, row=H)
         return self._sum_back(partial, T, out_dtype)
 

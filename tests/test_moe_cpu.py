@@ -113,7 +113,7 @@ def test_bad_arguments():
         d.dispatch(torch.zeros(4, 4, dtype=torch.bfloat16), torch.zeros(4, 2, dtype=torch.int64), torch.zeros(4, 2))
     with pytest.raises(ArgumentError, match=r"topk_ids is \(2, 3\)"):
         d.dispatch(torch.zeros(2, 4, dtype=torch.bfloat16), torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, 2))
-    with pytest.raises(ArgumentError, match="does not split over 3 ranks"):
+    with pytest.raises(ArgumentError, match="Dispatcher: num_experts=4 does not split over world_size=3 ranks"):
         moe.Dispatcher(None, rank=0, world_size=3, num_experts=4, hidden=4, top_k=1, max_tokens=1)
     assert moe.row_elements(7168, 8, torch.bfloat16) == 7168 + 32
     assert moe.capacity_for(7168, 8, 4096) == 4096 * 7200
@@ -179,13 +179,39 @@ def test_capacity_for_refuses_sizes_the_dispatcher_refuses(args, message):
     ({"max_tokens": -1}, r"max_tokens=-1, expected an int >= 1"),
     ({"hidden": 0}, r"hidden=0, expected an int >= 1"),
     ({"rank": 2}, r"rank=2, expected a rank in \[0, 2\)"),
-    ({"num_experts": 3}, "num_experts=3 does not split over 2 ranks"),
+    ({"num_experts": 3}, "num_experts=3 does not split over world_size=2 ranks"),
     ({"dtype": torch.float64}, r"dtype=torch.float64, expected one of float32, float16, bfloat16"),
+    ({"dtype": torch.int32}, r"Dispatcher: dtype=int32, expected a floating dtype \(combine sums"),
+    ({"dtype": "bfloat16"}, r"Dispatcher: dtype='bfloat16' \(str\), expected a torch.dtype such as torch.bfloat16"),
+    ({"num_experts": 4.0}, r"num_experts=4.0, expected an int >= 1"),
 ])
 def test_bad_sizes_are_refused_before_anything_is_allocated(change, message):
     args = dict(rank=0, world_size=2, num_experts=4, hidden=8, top_k=2, max_tokens=4)
     with pytest.raises(ArgumentError, match=message):
         moe.Dispatcher(None, **{**args, **change})
+
+
+def test_numpy_integers_are_sizes():
+    import numpy as np
+
+    d = moe.Dispatcher(None, rank=np.int64(0), world_size=np.int32(2), num_experts=np.int64(4), hidden=8, top_k=2,
+                       max_tokens=4, device="meta")
+    assert type(d.num_experts) is int and d.local_experts == 2
+    assert moe.capacity_for(np.int64(8), 2, 4) == moe.capacity_for(8, 2, 4)
+
+
+def test_combine_says_what_is_wrong_with_partial_and_out_dtype():
+    d = moe.Dispatcher(Coll(World(moe.SOURCE, 1), 0, 1 << 20), rank=0, world_size=1, num_experts=4, hidden=8,
+                       top_k=2, max_tokens=4)
+    got = d.dispatch(torch.zeros(3, 8, dtype=torch.bfloat16), torch.tensor([[0, 1], [2, 3], [1, 2]]), torch.ones(3, 2))
+    with pytest.raises(ArgumentError, match=r"combine: partial is not contiguous \(strides"):
+        d.combine(got.tokens)  # a view of the wider received rows
+    partial = got.tokens.contiguous()
+    with pytest.raises(ArgumentError, match=r"combine: out_dtype='float32' \(str\), expected a torch.dtype"):
+        d.combine(partial, out_dtype="float32")
+    with pytest.raises(ArgumentError, match=r"combine: out_dtype=int32, expected a floating dtype"):
+        d.combine(partial, out_dtype=torch.int32)
+    assert d.combine(partial, out_dtype=torch.float32).dtype == torch.float32
 
 
 def test_expert_ids_out_of_range_are_refused_on_the_host():
