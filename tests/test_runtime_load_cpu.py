@@ -33,6 +33,9 @@ class FakeHeap:
     def ptr(self, rank: int, offset: int) -> int:
         return (rank + 1) << 40 | offset
 
+    def free(self, offset: int) -> None:
+        pass
+
     def ptrs(self, offset: int) -> list[int]:
         return [self.ptr(r, offset) for r in range(self.world_size)]
 
@@ -173,6 +176,22 @@ def test_plain_load_prepares_every_bucket_once(fake):
         assert variant.compiled.options.channels == bucket.channels
     small = tuned.variant_for(16, 2)
     assert small is tuned.variants[0] and tuned.sms_for(16, 2) == tuned.buckets[0].channels
+
+
+def test_a_plain_load_closed_with_its_communicator_reads_no_freed_record(fake):
+    """Closing a communicator closes its collectives and frees their host-mapped error
+    records; a plain (tuned) load's call read its buckets' flags there first (a read of freed
+    host memory; a garbage word reported a timeout that never was).  It now says it is closed,
+    and check() has nothing to report."""
+    comm = FakeComm()
+    tuned = load(EXAMPLES / "allreduce.pln", comm)
+    for variant in tuned._distinct:  # what Communicator.close does to each of its collectives
+        variant.close()
+        ctypes.memset(variant.error_host, 0xFF, 8)  # freed memory holds anything: here a raised flag
+    with pytest.raises(ArgumentError, match="allreduce: this collective was closed"):
+        tuned(None, None)
+    tuned.check()  # no PurlinTimeoutError from the garbage word
+    assert not any(v.timed_out() for v in tuned._distinct)
 
 
 def test_heap_space_is_zeroed_only_after_the_ranks_exchange(fake):

@@ -94,7 +94,10 @@ class SizedCollective:
     def check(self) -> None:
         """Raise what an earlier call recorded on the device: a wait that timed out
         (PurlinTimeoutError; the collective is then out of step) or a size error (SizeError,
-        cleared once raised).  Reads host-mapped memory only: no synchronisation."""
+        cleared once raised).  Reads host-mapped memory only: no synchronisation.  A closed
+        collective has nothing to report (its records are freed host memory)."""
+        if self.closed:
+            return
         record = decode_error(self._words(self.error_host, ERROR_RECORD))
         if record["flag"]:
             error = PurlinTimeoutError(

@@ -23,7 +23,10 @@ class Timeouts:
         return decode_error(words)
 
     def check(self) -> None:
-        """Raise PurlinTimeoutError if a device-side wait of this rank timed out (no sync needed)."""
+        """Raise PurlinTimeoutError if a device-side wait of this rank timed out (no sync needed).
+        A closed collective has nothing to report: its error record is freed host memory."""
+        if self.closed:
+            return
         if self._flag.value:
             self._raise_timeout()
         if self._zc is not None:
@@ -31,6 +34,8 @@ class Timeouts:
 
     def timed_out(self) -> bool:
         """Whether a wait of this collective (or of its zero-copy twin) has timed out."""
+        if self.closed:
+            return False
         return bool(self._flag.value or (self._zc is not None and self._zc.twin._flag.value))
 
     def _ce_timed_out(self, waits, seconds: float) -> None:

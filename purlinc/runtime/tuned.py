@@ -26,6 +26,7 @@ from purlinc.runtime.collective import (
     Collective, FastPath, GroupCollective, check_residency, group_operand_words, prepare, prepare_group,
     relay_needs_count,
 )
+from purlinc.runtime.errors import ArgumentError
 from purlinc.runtime.options import LoadOptions
 from purlinc.runtime.placement import load_compiled
 from purlinc.runtime.prepared import least_stage_bytes, slice_aligns
@@ -232,6 +233,9 @@ class Tuned:
                  **operands):
         """As ``Collective.__call__`` (a rank without chunks passes ``count=`` and ``dtype=``;
         an epilogue's operands come by name)."""
+        if self.variants[0].closed:  # closed with its communicator: the flags below are freed memory
+            self._fast = None
+            raise ArgumentError(f"{self.name}: this collective was closed")
         for flag in self._flags:  # the host-mapped error flags: a word read each, no call
             if flag.value:
                 self.check()  # raises the timeout (a bucket's or its zero-copy twin's)
