@@ -458,6 +458,8 @@ def test_a_tuned_call_passes_count_and_dtype_of_a_rank_without_chunks():
     seen = []
 
     class Variant(SimpleNamespace):
+        closed = False
+
         def prepare_call(self, x, out, op, stream, count, dtype=None):
             seen.append((count, dtype))
             return CallShape(DType.BFLOAT16, None, count, 0, 0), 0, None
@@ -490,6 +492,8 @@ def test_a_tuned_call_sees_a_timeout_of_any_bucket_or_zero_copy_twin():
         pass
 
     class Variant(SimpleNamespace):
+        closed = False
+
         def check(self):
             for collective in (self, getattr(self._zc, "twin", None)):
                 if collective is not None and collective._flag.value:
