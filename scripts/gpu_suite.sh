@@ -38,6 +38,9 @@
 #   zerocopy          heap buffers -> registered schedules, LocalGroup
 #   zerocopy_torchrun the same under torchrun
 #   graph_buffers_torchrun  captured calls on ordinary tensors under torchrun (CUDA IPC at capture)
+#   edges             scripts/probe_edges.py: ~360 runtime edge cases in loopback (counts, misaligned and
+#                     strided views, aliasing, wrong arguments, special values per op, tuned buckets
+#                     1 B-64 MiB, graphs, lifecycle after close and timeout); fails on any unexpected
 #   faults            mismatches before launch and timeouts (two GPUs and loopback); a rank that
 #                     dies mid-loop -> PurlinTimeoutError (torchrun, two GPUs)
 #   torch             purlinc.torch: custom ops, eager / torch.compile / CUDA graphs vs NCCL
@@ -54,7 +57,7 @@ mkdir -p "$OUT"
 export OUT PURLIN_RESULTS="$OUT" PURLIN_CACHE_DIR=${PURLIN_CACHE_DIR:-/tmp/purlin_cache}
 export PURLIN_WAIT_TIMEOUT_S=${PURLIN_WAIT_TIMEOUT_S:-5} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
-STEPS=${PURLIN_STEPS:-"precompile loopback loopback_scale fuzz_specs sized moe moe_bench graph_buffers insitu epilogue epilogue_bench insitu_bench e2e_loopback local local_ce trace torchrun zerocopy zerocopy_torchrun graph_buffers_torchrun faults torch torch_backend hier"}
+STEPS=${PURLIN_STEPS:-"precompile loopback loopback_scale fuzz_specs sized edges moe moe_bench graph_buffers insitu epilogue epilogue_bench insitu_bench e2e_loopback local local_ce trace torchrun zerocopy zerocopy_torchrun graph_buffers_torchrun faults torch torch_backend hier"}
 T0=$(date +%s)
 . scripts/source_links.sh  # grammar/ and templates/ linked into purlinc/ for the run
 RAN=()
@@ -94,6 +97,7 @@ wanted fuzz_specs && STEPS="$STEPS fuzz_specs_precompile"
 step fuzz_specs_precompile $(( PURLIN_FUZZ_COMPILE_S + 30 )) python3 tests/gpu/fuzz_specs.py precompile
 PURLIN_PRECOMPILE=0 pytest_step fuzz_specs $(( PURLIN_FUZZ_RUN_S + 120 )) tests/gpu/test_fuzz_specs.py
 pytest_step sized 420 tests/gpu/test_sized.py
+OUT="$OUT" step edges 330 python3 scripts/probe_edges.py
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
 if wanted sized && [ -n "$SAN" ]; then
   STEPS="$STEPS sized_memcheck"
