@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from _common import expected, inputs_for, poison, to_numpy, to_torch
+from benchlib.rows import finite_only
 
 
 def issue(work, devices, streams) -> None:
@@ -104,7 +105,8 @@ def write_results(out: str | Path, stem: str, meta: dict, rows: list[dict], colu
     ``columns``: (header, row key) in table order; the key ``range`` stands for min-max."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}))
+    # strict JSON: a NaN or infinite number (a failed timing, a NaN error) is written as null
+    (out / f"{stem}.json").write_text(json.dumps(finite_only({"meta": meta, "rows": rows}), allow_nan=False))
 
     def cell(row, key):
         return f"{row['min_us']}-{row['max_us']}" if key == "range" else f"{row[key]}"

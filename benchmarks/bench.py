@@ -37,10 +37,11 @@ for p in (str(HERE), str(ROOT)):
         sys.path.insert(0, p)
 
 import report  # noqa: E402
+from benchlib import argtypes, needs  # noqa: E402
 from benchlib.affinity import cpu_cores_for  # noqa: E402,F401  (re-exported)
 from benchlib.plan import (  # noqa: E402,F401  (re-exported)
-    HIER, NCCL_SYMM_COLLECTIVES, NCCL_VARIANTS, SYSTEMS, Plan, describe_plan, estimate_s, hier_gpus_per_node,
-    make_plan,
+    HIER, NCCL_SYMM_COLLECTIVES, NCCL_VARIANTS, SYSTEMS, Plan, PlanError, describe_plan, estimate_s,
+    hier_gpus_per_node, make_plan, plan_world,
 )
 
 # Multicast (NVLS) can take the host's GPUs down: never let it be enabled, whatever the caller set.
@@ -72,36 +73,37 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--modes", default="eager,graph",
                     help="eager, graph (calls back to back in a CUDA graph) and insitu (each call between a "
                          "producer and a consumer kernel, plain launches: the time it adds; benchlib/insitu.py)")
-    ap.add_argument("--calls-per-graph", default="20,100",
+    ap.add_argument("--calls-per-graph", type=argtypes.positive_int_list, default="20,100",
                     help="calls captured per CUDA graph, the same for every system (one graph row each)")
-    ap.add_argument("--many-calls-max-bytes", type=report.parse_bytes, default=None,
+    ap.add_argument("--many-calls-max-bytes", type=argtypes.positive_byte_size, default=None,
                     help="graphs with the later --calls-per-graph values only up to this size, for every system "
                          "(default 1M with --quick, 16M otherwise: above it launches are noise and replays long)")
     ap.add_argument("--nccl-variants", default="default,nomix,symm",
                     help="NCCL rows: default (the environment as given), nomix (NCCL_GRAPH_MIXING_SUPPORT=0), "
                          "symm (mixing off + NCCL symmetric buffers); nomix/symm run in a child process group")
-    ap.add_argument("--child-timeout-s", type=float, default=None,
+    ap.add_argument("--child-timeout-s", type=argtypes.positive_float, default=None,
                     help="bound on the NCCL child run (default 150, quick 110)")
     ap.add_argument("--nccl-child", action="store_true", help=argparse.SUPPRESS)  # internal: the child
     ap.add_argument("--child-out", type=Path, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--sizes", default=None, help="explicit comma-separated sizes, e.g. 1K,64K,1M")
-    ap.add_argument("--min-bytes", type=report.parse_bytes, default=0)
-    ap.add_argument("--max-bytes", type=report.parse_bytes, default=None)
-    ap.add_argument("--peak-bytes", type=report.parse_bytes, default=1 * report.GiB,
+    ap.add_argument("--sizes", type=argtypes.byte_size_list, default=None,
+                    help="explicit comma-separated sizes, e.g. 1K,64K,1M")
+    ap.add_argument("--min-bytes", type=argtypes.byte_size, default=0)
+    ap.add_argument("--max-bytes", type=argtypes.positive_byte_size, default=None)
+    ap.add_argument("--peak-bytes", type=argtypes.positive_byte_size, default=1 * report.GiB,
                     help="largest size of the one-way peer peak measurement")
     ap.add_argument("--no-peak", action="store_true")
-    ap.add_argument("--reps", type=int, default=5, help="timed repeats per mode (the median is kept)")
-    ap.add_argument("--target-rep-us", type=float, default=None,
+    ap.add_argument("--reps", type=argtypes.positive_int, default=5, help="timed repeats per mode (the median is kept)")
+    ap.add_argument("--target-rep-us", type=argtypes.positive_float, default=None,
                     help="calls per repeat fill about this long (default 5000, quick 3000)")
-    ap.add_argument("--budget-s", type=float, default=None,
+    ap.add_argument("--budget-s", type=argtypes.positive_float, default=None,
                     help="stop adding sizes once this much wall time has passed (default 330, quick 200)")
-    ap.add_argument("--timeout-s", type=float, default=450.0,
+    ap.add_argument("--timeout-s", type=argtypes.positive_float, default=450.0,
                     help="global guard: write what was measured and exit after this long")
-    ap.add_argument("--pg-timeout-s", type=float, default=600.0, help="torch.distributed timeout")
+    ap.add_argument("--pg-timeout-s", type=argtypes.positive_float, default=600.0, help="torch.distributed timeout")
     ap.add_argument("--no-precompile", action="store_true",
                     help="skip warming Purlin's compile cache in parallel before loading")
-    ap.add_argument("--precompile-workers", type=int, default=8)
-    ap.add_argument("--precompile-timeout-s", type=float, default=120.0)
+    ap.add_argument("--precompile-workers", type=argtypes.positive_int, default=8)
+    ap.add_argument("--precompile-timeout-s", type=argtypes.positive_float, default=120.0)
     ap.add_argument("--merge", type=Path, action="append", default=[],
                     help="results JSON of an earlier (split) run to merge in; this run's rows win")
     ap.add_argument("--no-plots", action="store_true")
@@ -111,7 +113,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--git-commit", default=None, help="recorded when the tree has no .git (device copies)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the time estimate; no GPU")
-    ap.add_argument("--world-size", type=int, default=None, help="for --dry-run")
+    ap.add_argument("--world-size", type=argtypes.positive_int, default=None,
+                    help="for --dry-run (default: torchrun's WORLD_SIZE, else 2)")
     args = ap.parse_args(argv)
     if args.target_rep_us is None:
         args.target_rep_us = 3000.0 if args.quick else 5000.0
@@ -123,12 +126,27 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.reps = 3
     if args.child_timeout_s is None:
         args.child_timeout_s = 110.0 if args.quick else 150.0
-    args.calls_list = [int(c) for c in str(args.calls_per_graph).split(",") if c.strip()]
-    args.nccl_list = [v.strip() for v in args.nccl_variants.split(",") if v.strip()]
-    bad = [v for v in args.nccl_list if v not in NCCL_VARIANTS]
-    if bad:
-        raise SystemExit(f"unknown NCCL variants {bad}; choose from {NCCL_VARIANTS}")
+    args.calls_list = list(args.calls_per_graph)  # positive integers (argtypes.positive_int_list)
+    try:
+        args.nccl_list = _nccl_variants(args.nccl_variants)
+        _check_files(args)
+        make_plan(args)  # every choice checked now, before torch, a GPU or the run's time is spent
+    except ValueError as error:  # PlanError, ResultsError: one line naming the option or file
+        ap.error(str(error))
     return args
+
+
+def _nccl_variants(text: str) -> list[str]:
+    try:
+        return argtypes.names(text, NCCL_VARIANTS, "NCCL variants")
+    except ValueError as error:
+        raise ValueError(f"--nccl-variants: {error}") from None
+
+
+def _check_files(args) -> None:
+    """--merge files are read at the end of the run: a missing or unreadable one is found now."""
+    for path in args.merge:
+        report.load_results(path)
 
 
 
@@ -136,13 +154,16 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     plan = make_plan(args)
     if args.dry_run:
-        world = args.world_size or int(os.environ.get("WORLD_SIZE", "2"))
+        world = plan_world(args)
         print(describe_plan(plan, args, world))
         for c in plan.collectives:
             lays = [report.layout(c, world, s) for s in plan.sizes]
             print(f"  {c:>14}: count per size " + ", ".join(f"{report.fmt_bytes(l.bytes)}={l.count}" for l in lays))
         return 0
 
+    # before the first CUDA call: one line, exit 2, where torch, a GPU or torchrun is missing
+    needs.require("bench.py", "torchrun --nproc_per_node=2 benchmarks/bench.py; --dry-run plans without them",
+                  torchrun=True)
     global torch, dist
     import torch as _torch
     import torch.distributed as _dist

@@ -34,6 +34,7 @@ for p in (str(HERE), str(HERE.parent)):
 
 import purlin_api  # noqa: E402
 import report  # noqa: E402
+from benchlib import argtypes, needs  # noqa: E402
 
 DEVICE = 0
 SIZES = "1K,16K,64K,1M,16M"
@@ -41,13 +42,13 @@ SIZES = "1K,16K,64K,1M,16M"
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ranks", type=int, default=2, help="ranks sharing cuda:0")
+    ap.add_argument("--ranks", type=argtypes.positive_int, default=2, help="ranks sharing cuda:0")
     ap.add_argument("--collectives", default="allreduce,allgather,reduce_scatter")
-    ap.add_argument("--sizes", default=SIZES)
+    ap.add_argument("--sizes", type=argtypes.byte_size_list, default=SIZES)
     ap.add_argument("--variants", default="default,zerocopy,graph-staged")
-    ap.add_argument("--calls", type=int, default=20, help="steps per CUDA graph")
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--target-rep-us", type=float, default=3000.0)
+    ap.add_argument("--calls", type=argtypes.positive_int, default=20, help="steps per CUDA graph")
+    ap.add_argument("--reps", type=argtypes.positive_int, default=5)
+    ap.add_argument("--target-rep-us", type=argtypes.positive_float, default=3000.0)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--results-dir", type=Path, default=HERE / "results")
     ap.add_argument("--out", type=Path, default=None, help="also copy the files here")
@@ -56,17 +57,27 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="list every point's device activities per in-situ step (torch.profiler), in the rows")
     args = ap.parse_args(argv)
     by_name = {v.name: v for v in purlin_api.VARIANTS}
-    args.variant_list = [by_name[n.strip()] for n in args.variants.split(",") if n.strip()]
-    args.size_list = [report.parse_bytes(s) for s in args.sizes.split(",") if s.strip()]
-    args.collective_list = [c.strip() for c in args.collectives.split(",") if c.strip()]
-    bad = [c for c in args.collective_list if c not in report.COLLECTIVES]
-    if bad:
-        raise SystemExit(f"unknown collectives {bad}; choose from {report.COLLECTIVES}")
+    args.size_list = list(args.sizes)  # bytes, each at least 1 (argtypes.byte_size_list)
+    try:
+        args.variant_list = [by_name[n] for n in _names(args.variants, list(by_name), "variants")]
+        args.collective_list = _names(args.collectives, report.COLLECTIVES, "collectives")
+    except ValueError as error:
+        ap.error(str(error))
     return args
+
+
+def _names(text: str, known, what: str) -> list[str]:
+    try:
+        return argtypes.names(text, known, what)
+    except ValueError as error:
+        raise ValueError(f"--{what}: {error}") from None
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # before the first CUDA call: one line, exit 2, where torch or the GPU is missing
+    needs.require("insitu_loopback.py", "python benchmarks/insitu_loopback.py, every rank on cuda:0",
+                  torchrun=False, devices=DEVICE + 1)
     import torch
 
     from benchlib.loopback import Point, run_point

@@ -18,6 +18,7 @@ the slowest rank's, over the time.  Writes DIR/moe_dispatch.json and .md.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -26,11 +27,19 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))  # _common: the GPU tests' helpers (via _graph_timing)
 
-import torch  # noqa: E402
+from benchlib import argtypes, needs  # noqa: E402  (no torch: the arguments are checked without it)
+from benchlib.sizes import valid_time  # noqa: E402
 
-import purlinc  # noqa: E402
-from purlinc import moe  # noqa: E402
-from _graph_timing import replay_us, spread, write_results  # noqa: E402
+try:  # the measuring half; main() says in one line what is missing (torch, a GPU) before using it
+    import torch  # noqa: E402
+
+    import purlinc  # noqa: E402
+    from purlinc import moe  # noqa: E402
+    from _graph_timing import replay_us, spread, write_results  # noqa: E402
+except ImportError as error:
+    _IMPORT_ERROR: ImportError | None = error
+else:
+    _IMPORT_ERROR = None
 
 
 def routings(R, T, H, E, k, devices, seed):
@@ -75,7 +84,7 @@ def check(disps, devices, streams, T, H, E, k) -> float:
         factor = ((ids % L) % 4 + 1).to(torch.float32) * w
         want = (factor.sum(1, keepdim=True) * x.to(torch.float32))
         err = ((y.to(torch.float32) - want).abs().max() / want.abs().max().clamp(min=1e-6)).item()
-        worst = max(worst, err)
+        worst = err if math.isnan(err) or err > worst else worst  # max() would drop a NaN: keep it
     return worst
 
 
@@ -105,26 +114,50 @@ def sent_bytes(disps) -> int:
     return most
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--devices", default="0,0")
-    parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--hidden", type=int, default=7168)
-    parser.add_argument("--top-k", type=int, default=8)
-    parser.add_argument("--local-experts", type=int, default=8)
-    parser.add_argument("--channels", default="16,32")
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--replays", type=int, default=10)
-    args = parser.parse_args()
-    devices = [int(d) for d in args.devices.split(",")]
+    parser.add_argument("--devices", type=argtypes.device_list, default="0,0",
+                        help="rank r's CUDA device, comma-separated (0,0: both ranks on cuda:0)")
+    parser.add_argument("--tokens", type=argtypes.positive_int, default=4096)
+    parser.add_argument("--hidden", type=argtypes.positive_int, default=7168)
+    parser.add_argument("--top-k", type=argtypes.positive_int, default=8)
+    parser.add_argument("--local-experts", type=argtypes.positive_int, default=8)
+    parser.add_argument("--channels", type=argtypes.positive_int_list, default="16,32")
+    parser.add_argument("--reps", type=argtypes.positive_int, default=5)
+    parser.add_argument("--replays", type=argtypes.positive_int, default=10)
+    args = parser.parse_args(argv)
+    experts = args.local_experts * len(args.devices)
+    if args.top_k > experts:  # each token picks top_k distinct experts
+        parser.error(f"--top-k {args.top_k} is more than the {experts} experts "
+                     f"({args.local_experts} local x {len(args.devices)} ranks)")
+    return args
+
+
+def timing_row(row: dict, nbytes: float) -> dict:
+    """``row`` with its bandwidth; a median that is not a finite positive time makes it an
+    error row (no bandwidth): a NaN or zero time is no measurement."""
+    if not valid_time(row.get("median_us")):
+        return {**row, "GBps": None, "error": f"bad timing: median {row.get('median_us')!r} us is not a finite "
+                                              "positive number"}
+    return {**row, "GBps": round(nbytes / (row["median_us"] * 1e3), 1)}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    devices = args.devices
+    # before the first CUDA call: one line, exit 2, where torch or the GPUs are missing
+    needs.require("moe_dispatch.py", "python benchmarks/moe_dispatch.py --out DIR [--devices 0,0]",
+                  torchrun=False, devices=max(devices) + 1)
+    if _IMPORT_ERROR is not None:  # torch is there, so this is something else: show it whole
+        raise _IMPORT_ERROR
     R = len(devices)
     group = purlinc.LocalGroup(devices, share_devices=len(set(devices)) < R)
     streams = [torch.cuda.Stream(device=d) for d in devices]
     rows, meta = [], {"devices": devices, "tokens": args.tokens, "hidden": args.hidden, "top_k": args.top_k,
                       "local_experts": args.local_experts, "gpu": torch.cuda.get_device_name(devices[0]),
                       "torch": torch.__version__}
-    for channels in [int(c) for c in args.channels.split(",")]:
+    for channels in args.channels:
         for tokens in (args.tokens, 1):
             disps = moe.dispatchers(group, num_experts=args.local_experts * R, hidden=args.hidden,
                                     top_k=args.top_k, max_tokens=tokens, channels=channels, expert=scale)
@@ -133,9 +166,9 @@ def main() -> None:
                 args_t = argparse.Namespace(**{**vars(args), "tokens": tokens})
                 times = time_phase(disps, devices, streams, phase, args_t)
                 nbytes = sent_bytes(disps) * (1 if phase == "dispatch" else args.hidden / disps[0].width)
-                row = {"phase": phase, "channels": channels, "tokens": tokens, "max_rel_error": round(error, 5),
-                       "bytes_sent": int(nbytes), **spread(times)}
-                row["GBps"] = round(nbytes / (row["median_us"] * 1e3), 1) if row["median_us"] else 0.0
+                row = timing_row({"phase": phase, "channels": channels, "tokens": tokens,
+                                  "max_rel_error": round(error, 5), "bytes_sent": int(nbytes), **spread(times)},
+                                 nbytes)
                 rows.append(row)
                 print(row, flush=True)
             for d in disps:
@@ -144,7 +177,8 @@ def main() -> None:
     write_results(args.out, "moe_dispatch", meta, rows,
                   [("phase", "phase"), ("channels", "channels"), ("tokens", "tokens"), ("median us", "median_us"),
                    ("range", "range"), ("GB/s sent", "GBps"), ("max rel. error", "max_rel_error")])
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

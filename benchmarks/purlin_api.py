@@ -94,21 +94,80 @@ def load_key(variant: Variant) -> tuple:
     return tuple(sorted((k, str(v)) for k, v in variant.options.items()))
 
 
+SPEC_FORM = "'NAME:algorithm=ring,atom=ldst,channels=8,slices=2,packed=true' (at least one option)"
+SPEC_KEYS = tuple(k for k in OPTION_KEYS if k != "params")
+TRUE, FALSE = ("1", "true", "yes"), ("0", "false", "no")
+
+
+def _registry(kind: str):
+    """The runtime's registry of ``kind`` ('algorithm' or 'atom'): the one list of names."""
+    if kind == "algorithm":
+        from purlinc.snac.algorithms import ALGORITHMS
+
+        return ALGORITHMS
+    from purlinc.atom.atoms import ATOMS
+
+    return ATOMS
+
+
+def _registry_names(kind: str) -> tuple[str, ...]:
+    return _registry(kind).names()
+
+
+def _check_packing(opts: dict, where: str) -> None:
+    """packed=true needs an algorithm and an atom whose records say they carry packed (LL)
+    stages (the runtime's defaults where the spec names none)."""
+    if not opts.get("packed"):
+        return
+    from purlinc.atom.atoms import DEFAULT_ATOM
+    from purlinc.snac.algorithms import DEFAULT_ALGORITHM
+
+    for kind, default in (("algorithm", DEFAULT_ALGORITHM.value), ("atom", DEFAULT_ATOM)):
+        name = opts.get(kind, default)
+        if not _registry(kind).get(name).packed:
+            able = [r.name for r in _registry(kind).records() if r.packed]
+            raise ValueError(f"{where}: packed=true needs an {kind} that packs ({', '.join(able)}), not {name!r}")
+
+
+def _spec_value(key: str, value: str, where: str):
+    """One --variant-spec option's value, checked; ValueError saying what it takes."""
+    if key in ("channels", "slices"):
+        if not (value.isascii() and value.isdigit() and int(value) >= 1):
+            raise ValueError(f"{where}: {key} {value!r} should be a positive integer")
+        return int(value)
+    if key == "packed":
+        if value.lower() not in TRUE + FALSE:
+            raise ValueError(f"{where}: packed {value!r} should be one of {', '.join(TRUE + FALSE)}")
+        return value.lower() in TRUE
+    known = _registry_names(key)
+    if value not in known:
+        raise ValueError(f"{where}: unknown {key} {value!r}; choose from {', '.join(known)}")
+    return value
+
+
 def parse_variant(text: str) -> Variant:
-    """'name:algorithm=ring,atom=ldst,channels=8[,slices=2]' -> Variant (for --variant-spec)."""
-    name, _, rest = text.partition(":")
+    """'name:algorithm=ring,atom=ldst,channels=8[,slices=2]' -> Variant (for --variant-spec);
+    ValueError naming what is wrong: no name, no options (a spec that pins nothing would run
+    as the default under another name), an unknown option, algorithm or atom, a bad number."""
+    where = f"--variant-spec {text!r}"
+    name, colon, rest = text.partition(":")
+    if not colon or not name.strip():
+        raise ValueError(f"{where}: expected {SPEC_FORM}")
     opts: dict = {}
-    for item in filter(None, rest.split(",")):
-        key, _, value = item.partition("=")
-        key = key.strip()
-        if key not in OPTION_KEYS or key == "params":
-            raise ValueError(f"--variant-spec {text!r}: unknown option {key!r}")
-        if key in ("channels", "slices"):
-            opts[key] = int(value)
-        elif key == "packed":
-            opts[key] = value.strip().lower() in ("1", "true", "yes")
-        else:
-            opts[key] = value.strip()
+    for item in (i.strip() for i in rest.split(",")):
+        if not item:
+            continue
+        key, eq, value = (part.strip() for part in item.partition("="))
+        if key not in SPEC_KEYS:
+            raise ValueError(f"{where}: unknown option {key!r}; options: {', '.join(SPEC_KEYS)}")
+        if not eq or not value:
+            raise ValueError(f"{where}: option {key!r} has no value; expected {key}=VALUE")
+        if key in opts:
+            raise ValueError(f"{where}: option {key!r} given twice")
+        opts[key] = _spec_value(key, value, where)
+    if not opts:
+        raise ValueError(f"{where}: no options; expected {SPEC_FORM}")
+    _check_packing(opts, where)
     return Variant(name.strip(), opts)
 
 

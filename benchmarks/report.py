@@ -41,7 +41,6 @@ The code lives in ``benchlib``: ``sizes`` (sizes, layouts, bandwidth, the wire m
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -53,12 +52,12 @@ from benchlib.sizes import (  # noqa: F401  (re-exported)
     algbw_gbps, ALIGN_BYTES, BANDWIDTH_BOUND, busbw_factor, busbw_gbps, COLLECTIVES, estimate_case_s,
     estimate_run_s, fmt_bytes, full_sizes, GiB, HIER, INSITU, KiB, LAUNCH_US, Layout, layout, limit_us, MiB, MODES,
     ONE_WAY_GBPS, parse_bytes, parse_cpu_list, pct_of_limit, quick_sizes, REDUCE_COLLECTIVES, ROOTED,
-    select_sizes, SIGNAL_US, SYSTEMS, TWO_WAY, TWO_WAY_GBPS, wire_bytes,
+    select_sizes, SIGNAL_US, SYSTEMS, TWO_WAY, TWO_WAY_GBPS, wire_bytes, finite_positive, valid_time,
 )
 from benchlib.rows import (  # noqa: F401  (re-exported)
-    best_nccl, best_of, best_purlin, collectives_of, graph_counts, merge, normalize, NOT_SCHEDULES, ok, one,
-    prepared, PRIMARY_CALLS_PER_GRAPH, ratio, rows_for, select, sizes_of, tuning_table, variant_options, views,
-    with_limits, world_size_of,
+    best_nccl, best_of, best_purlin, collectives_of, finite_only, graph_counts, merge, normalize, NOT_SCHEDULES, ok, one,
+    prepared, PRIMARY_CALLS_PER_GRAPH, ratio, rows_for, select, sizes_of, timing_checked, tuning_table,
+    variant_options, views, with_limits, world_size_of,
 )
 from benchlib.targets import (  # noqa: F401  (re-exported)
     measured_peak_gbps, Target, targets, _fmt_ratio, _num,
@@ -71,23 +70,35 @@ from benchlib.plots import (  # noqa: F401  (re-exported)
     plot, _series,
 )
 from benchlib.files import (  # noqa: F401  (re-exported)
-    median, write_all, _atomic_write,
+    check_shape, load_results, median, ResultsError, results_json, write_all, _atomic_write,
 )
+from benchlib.rows import bad_timings  # noqa: F401  (re-exported)
+from benchlib.tables import bad_timing_line  # noqa: F401  (re-exported)
+
+PROG = "report.py"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Rebuild (and merge) benchmark reports from results JSON files.")
+    ap = argparse.ArgumentParser(prog=PROG, description="Rebuild (and merge) benchmark reports from results JSON files.")
     ap.add_argument("json", nargs="+", type=Path, help="results JSON files; later ones win on equal keys")
     ap.add_argument("--out-dir", type=Path, default=None, help="default: the first file's directory")
     ap.add_argument("--stem", default=None, help="output name stem (default: the first file's)")
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
-    doc = merge([json.loads(p.read_text()) for p in args.json])
+    try:
+        docs = [load_results(p) for p in args.json]
+    except ResultsError as error:  # a user's file, not a bug: one line, no traceback
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    doc = merge(docs)
     out_dir = args.out_dir or args.json[0].parent
     stem = args.stem or (args.json[0].stem if len(args.json) == 1 else args.json[0].stem + "-merged")
     paths = write_all(doc, out_dir, stem, plots=not args.no_plots)
     print(markdown(doc))
     print("wrote: " + ", ".join(str(p) for p in paths.values()))
+    bad = bad_timings(prepared(doc)["rows"])
+    if bad:
+        print(f"{PROG}: {bad_timing_line(bad)}", file=sys.stderr)
     return 0
 
 

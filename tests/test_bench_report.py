@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -87,9 +88,15 @@ def test_sizes():
 
 
 @pytest.mark.parametrize("text,value", [("1K", KiB), ("64KiB", 64 * KiB), ("1M", MiB), ("1G", GiB),
-                                        ("4096", 4096), ("256MiB", 256 * MiB), ("1.5K", 1536)])
+                                        ("4096", 4096), ("256MiB", 256 * MiB), ("1.5K", 1536), ("0", 0)])
 def test_parse_bytes(text, value):
     assert report.parse_bytes(text) == value
+
+
+@pytest.mark.parametrize("text", ["12Q", "", "K", "nan", "inf", "-1K", "1e400", "abc"])
+def test_parse_bytes_says_what_a_size_is(text):
+    with pytest.raises(ValueError, match=f"^{re.escape(repr(text))} is not a size: expected a number of bytes"):
+        report.parse_bytes(text)
 
 
 def test_fmt_bytes():
@@ -323,6 +330,161 @@ def test_partial_run_is_flagged():
     assert any("partial run" in line for line in t.lines)
 
 
+# --------------------------------------------------------------------------- times that are no timing
+
+
+NAN, INF = float("nan"), float("inf")
+BAD_TIMES = [NAN, INF, -INF, 0.0, -8.0, "8.0", True, [3.0]]
+
+
+def timed(system, variant, time_us, *, coll="allreduce", nbytes=KiB, mode="graph", options=None):
+    """A row whose time_us is exactly ``time_us`` (row() would compute bandwidth from it)."""
+    r = row(system, variant, coll, nbytes, mode, 1.0, options=options)
+    r.update(time_us=time_us, calls_per_graph=20 if mode == "graph" else None)
+    return r
+
+
+def strict_json(text: str):
+    """json.loads that refuses NaN and Infinity, as strict readers do."""
+    def refuse(token):
+        raise ValueError(f"not strict JSON: {token}")
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("bad", BAD_TIMES, ids=repr)
+def test_a_bad_time_is_an_error_row_never_the_best(bad):
+    """The probe's rows: the NaN (inf, 0, negative, string...) variant first.  It is an error row
+    that names what was given; the best and the tuning table are the real times' only."""
+    rows = [timed("nccl", "default", 8.0), timed("purlin", "push-ldst-c16", bad, options=PUSH16),
+            timed("purlin", "push-ldst-c1", 3.0, options=PUSH1), timed("purlin", "default", 3.1)]
+    assert report.best_purlin(rows, "allreduce", KiB, "graph")["variant"] == "push-ldst-c1"  # raw rows too
+    doc = {"meta": {"world_size": 2}, "rows": rows}
+    prepared = report.prepared(doc)["rows"]
+    bad_row = prepared[1]
+    assert bad_row["time_us"] is None and bad_row["bad_time"] == repr(bad) and not report.ok(bad_row)
+    assert bad_row["error"] == f"bad timing: time_us {bad!r} is not a finite positive number"
+    assert report.bad_timings(prepared) == 1
+    table = report.tuning_table(doc)
+    assert table == {"allreduce": {"2": [{"max_bytes": None, "variant": "push-ldst-c1", **PUSH1, "time_us": 3.0,
+                                          "mode": "graph"}]}}
+    md = report.markdown(doc)
+    cells = [l for l in md.splitlines() if l.startswith("|")]
+    assert not any(word in l.lower() for l in cells for word in ("nan", "inf")), "a table shows a bad number"
+    assert "- 1 row with a time that is not a finite positive number" in md
+    assert "purlin/push-ldst-c16 allreduce (1 rows): bad timing: time_us" in md
+    line = next(l for l in md.split("## allreduce, graph")[1].splitlines() if l.startswith("| 1 KiB"))
+    assert "| push-ldst-c1 | 3.00 |" in line  # the best explicit variant is the real one
+
+
+@pytest.mark.parametrize("bad", [NAN, INF, 0.0, -8.0, "8.0"], ids=repr)
+def test_a_bad_nccl_time_is_never_the_baseline_and_meets_no_target(bad):
+    rows = [timed("nccl", "nomix", bad), timed("nccl", "default", 8.0), timed("purlin", "default", 2.0)]
+    assert report.best_nccl(report.prepared({"rows": rows})["rows"], "allreduce", KiB, "graph")["variant"] == "default"
+    assert report.best_nccl(rows, "allreduce", KiB, "graph")["variant"] == "default"
+    alone = [timed("nccl", "default", bad), timed("purlin", "default", 2.0)]  # no real NCCL time at all
+    small = _target({"meta": {"world_size": 2}, "rows": alone}, "graph, 1 KiB and 16 KiB")
+    assert small.status == "missed" and small.points[0][2]["x best NCCL"] is None
+    assert "nanx" not in report.markdown({"rows": alone}) and "infx" not in report.markdown({"rows": alone})
+
+
+@pytest.mark.parametrize("bad", [NAN, INF, 0.0, -1.0], ids=repr)
+def test_default_vs_best_is_judged_on_real_times(bad):
+    """default 3.5 us against the best real variant's 3.0 is more than 10% off, whatever bad
+    row comes first (a NaN best made every comparison false: 'met')."""
+    rows = [timed("purlin", "push-ldst-c16", bad, options=PUSH16), timed("purlin", "push-ldst-c1", 3.0, options=PUSH1),
+            timed("purlin", "default", 3.5)]
+    target = _target({"meta": {"world_size": 2}, "rows": rows}, "default within 10%")
+    assert target.status == "missed" and target.lines[0] == "allreduce 1 KiB graph: default 3.50 us vs push-ldst-c1 3.00 us"
+
+
+def test_a_bad_purlin_default_misses_its_targets():
+    rows = [timed("nccl", "default", 8.0), timed("purlin", "default", NAN),
+            timed("purlin", "push-ldst-c1", 3.0, options=PUSH1)]
+    doc = {"meta": {"world_size": 2}, "rows": rows}
+    assert _target(doc, "graph, 1 KiB and 16 KiB").status == "missed"
+    assert _target(doc, "default within 10%").status == "missed"
+
+
+def test_ratio_and_ok_need_real_times():
+    assert report.ratio(8.0, 2.0) == 4.0
+    for a, b in ((NAN, 2.0), (8.0, NAN), (INF, 2.0), (8.0, 0.0), (-8.0, 2.0), (None, 2.0), ("8", 2.0)):
+        assert report.ratio(a, b) is None, (a, b)
+    assert report.ok(timed("nccl", "default", 8.0)) and not report.ok(timed("nccl", "default", NAN))
+    assert report.algbw_gbps(KiB, NAN) is None and report.pct_of_limit("allreduce", 2, KiB, INF) is None
+
+
+def test_bad_numbers_never_reach_the_files(tmp_path):
+    """Strict JSON out: the bad time becomes null beside its error; other NaNs (a bandwidth, a
+    peak) null too; the tuning table holds no bad row."""
+    rows = [timed("nccl", "default", 8.0), timed("purlin", "push-ldst-c16", NAN, options=PUSH16),
+            timed("purlin", "push-ldst-c1", 3.0, options=PUSH1)]
+    rows[0]["busbw_gbps"] = NAN
+    doc = {"meta": {"world_size": 2, "peaks": {"ce": {"points": [{"bytes": GiB, "gbps": NAN}]}}}, "rows": rows}
+    paths = report.write_all(doc, tmp_path, "run", plots=False)
+    written = strict_json(paths["json"].read_text())
+    assert written["rows"][1]["time_us"] is None and written["rows"][1]["bad_time"] == "nan"
+    assert written["rows"][0]["busbw_gbps"] is None and written["meta"]["peaks"]["ce"]["points"][0]["gbps"] is None
+    assert strict_json(paths["tuning"].read_text())["allreduce"]["2"][0]["variant"] == "push-ldst-c1"
+    assert strict_json(report.results_json(doc))["rows"][1]["error"].startswith("bad timing")
+    again = report.prepared(report.load_results(paths["json"]))["rows"]  # re-read: still counted
+    assert report.bad_timings(again) == 1 and report.best_purlin(again, "allreduce", KiB, "graph")["time_us"] == 3.0
+
+
+def test_report_cli_says_how_many_rows_had_bad_times(tmp_path, capsys):
+    src = tmp_path / "in.json"
+    src.write_text(json.dumps({"meta": {"world_size": 2}, "rows": [
+        timed("nccl", "default", 8.0), timed("purlin", "push-ldst-c16", 0.0, options=PUSH16),
+        timed("purlin", "default", -1.0), timed("purlin", "push-ldst-c1", 3.0, options=PUSH1)]}))
+    assert report.main([str(src), "--out-dir", str(tmp_path), "--stem", "x", "--no-plots"]) == 0
+    captured = capsys.readouterr()
+    assert "- 2 rows with a time that is not a finite positive number" in captured.out
+    assert captured.err.strip().startswith("report.py: 2 rows with a time that is not a finite positive number")
+    assert "-8.00x" not in captured.out and "ZeroDivision" not in captured.err
+
+
+@pytest.mark.parametrize("text,says", [
+    ("", "the results file is empty"),
+    ("   \n", "the results file is empty"),
+    ("{not json", "not JSON (Expecting property name enclosed in double quotes at line 1 column 2)"),
+    ("[]", "got a list"),
+    ("{}", 'got no "rows"'),
+    ('{"rows": {}}', 'got "rows" an object'),
+    ('{"rows": [], "meta": []}', '"meta" should be an object, not a list'),
+    ('{"rows": [1]}', "row 0: expected an object, got an integer"),
+    ('{"rows": [{"bytes": "1K"}]}', "row 0: bytes '1K' should be an integer (or null), not a string"),
+    ('{"rows": [{"collective": 3}]}', "row 0: collective 3 should be a string (or null), not an integer"),
+    ('{"rows": [{"world_size": 0}]}', "row 0: world_size 0 should be at least 1"),
+    ('{"rows": [{"bytes": true}]}', "row 0: bytes True should be an integer (or null), not a boolean"),
+    ('{"rows": [], "meta": {"world_size": "2"}}', "meta world_size '2' should be a positive integer"),
+    ('{"rows": [], "meta": {"peaks": {"ce": {"points": 3}}}}', "meta peaks 'ce' points should be a list of objects"),
+])
+def test_report_cli_rejects_a_file_it_cannot_read(tmp_path, capsys, text, says):
+    """One line on stderr naming the file and what is wrong, exit status 2, no traceback."""
+    src = tmp_path / "in.json"
+    src.write_text(text)
+    assert report.main([str(src), "--out-dir", str(tmp_path / "out"), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"report.py: error: {src}: ") and says in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_report_cli_rejects_a_missing_file(tmp_path, capsys):
+    assert report.main([str(tmp_path / "absent.json")]) == 2
+    assert capsys.readouterr().err == (f"report.py: error: {tmp_path / 'absent.json'}: cannot read the results "
+                                       "file (No such file or directory)\n")
+
+
+def test_every_stored_results_file_reads():
+    """The shape check accepts what bench.py has written (benchmarks/results)."""
+    files = sorted((BENCH / "results").glob("*.json"))
+    docs = [f for f in files if not f.name.endswith("-tuning.json") and '"rows"' in f.read_text()[:200000]]
+    for f in docs:
+        doc = json.loads(f.read_text())
+        if isinstance(doc, dict) and isinstance(doc.get("rows"), list) and doc["rows"] \
+                and isinstance(doc["rows"][0], dict) and "system" in doc["rows"][0]:
+            report.load_results(f)
+
+
 # --------------------------------------------------------------------------- markdown, files, plots
 
 
@@ -398,8 +560,33 @@ def test_variant_spec():
     api = _load("purlin_api")
     v = api.parse_variant("ring8:algorithm=ring,atom=ldst,channels=8,slices=2")
     assert v.name == "ring8" and v.options == {"algorithm": "ring", "atom": "ldst", "channels": 8, "slices": 2}
+    assert api.parse_variant("ll: packed = yes , channels=4").options == {"packed": True, "channels": 4}
     with pytest.raises(ValueError):
         api.parse_variant("bad:colour=blue")
+
+
+@pytest.mark.parametrize("spec,says", [
+    ("garbage", "expected 'NAME:algorithm=ring"),  # was: silently the default variant
+    (":atom=ldst", "expected 'NAME:algorithm=ring"),
+    ("x:", "no options"),
+    ("x:algorithm=nope", "unknown algorithm 'nope'; choose from direct-push, direct-pull, two-shot, ring"),
+    ("x:atom=foo", "unknown atom 'foo'; choose from ldst, tma, ce"),
+    ("x:channels=0", "channels '0' should be a positive integer"),
+    ("x:slices=two", "slices 'two' should be a positive integer"),
+    ("x:packed=maybe", "packed 'maybe' should be one of 1, true, yes, 0, false, no"),
+    ("x:channels", "option 'channels' has no value"),
+    ("x:channels=2,channels=4", "option 'channels' given twice"),
+    ("x:params=a", "unknown option 'params'"),
+    ("x:atom=ce,packed=true", "packed=true needs an atom that packs (ldst, tma), not 'ce'"),
+    ("x:algorithm=ring,packed=1", "packed=true needs an algorithm that packs (direct-push), not 'ring'"),
+])
+def test_variant_spec_errors_name_what_is_wrong(spec, says):
+    """The names come from the runtime's registries (purlinc.snac.algorithms, purlinc.atom.atoms)."""
+    api = _load("purlin_api")
+    with pytest.raises(ValueError) as error:
+        api.parse_variant(spec)
+    assert str(error.value) == f"--variant-spec {spec!r}: " + str(error.value).split(": ", 1)[1]
+    assert says in str(error.value)
     names = [v.name for v in api.VARIANTS]
     assert names[0] == "default" and len(set(names)) == len(names)
     assert set(api.QUICK_VARIANTS) <= set(names)
@@ -483,7 +670,7 @@ def test_hierarchical_plan_and_flags():
     assert bench.hier_gpus_per_node("2,R,2, 1", 8) == (2, 8, 1)
     assert bench.hier_gpus_per_node("R,1", 1) == (1,)
     assert bench.hier_gpus_per_node("3", 4) == (3,)  # kept: its load records the TopologyError
-    with pytest.raises(SystemExit, match="not a positive number"):
+    with pytest.raises(bench.PlanError, match="not a positive number"):
         bench.hier_gpus_per_node("0", 2)
     off = bench.make_plan(bench.parse_args(["--quick", "--systems", "nccl,symm_mem,purlin"]))
     assert off.hier_loads() == 0 and off.cases("allreduce") == bench.make_plan(bench.parse_args(
@@ -713,13 +900,14 @@ def test_loopback_rows_are_never_a_tuned_choice():
     assert report.best_purlin(report.prepared(doc)["rows"], "allreduce", KiB, "graph")["variant"] != loop["variant"]
 
 
-def test_insitu_loopback_arguments_without_torch():
+def test_insitu_loopback_arguments_without_torch(capsys):
     tool = _load("insitu_loopback")
     args = tool.parse_args(["--ranks", "4", "--sizes", "1K,1M", "--variants", "default,graph-staged,push-ll-c1"])
     assert args.ranks == 4 and args.size_list == [KiB, MiB]
     assert [v.name for v in args.variant_list] == ["default", "graph-staged", "push-ll-c1"]
-    with pytest.raises(SystemExit, match="unknown collectives"):
+    with pytest.raises(SystemExit) as stop:
         tool.parse_args(["--collectives", "allreduce,allthings"])
+    assert stop.value.code == 2 and "--collectives: unknown collectives 'allthings'" in capsys.readouterr().err
 
 
 def test_insitu_kernels_write_the_input_and_read_the_output():
@@ -771,3 +959,19 @@ def test_every_benchmark_script_starts(script):
     done = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True,
                           timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(BENCH.parent)})
     assert done.returncode == 0 and "usage" in done.stdout, done.stderr[-2000:]
+
+
+def test_an_in_situ_time_at_or_below_zero_is_a_measurement_not_an_error():
+    """An in-situ row's time is a difference of two steps: noise may put it at or below zero,
+    which says the call added nothing measurable; only a non-finite one is no timing."""
+    from benchlib import rows
+
+    base = {"system": "purlin", "variant": "default", "collective": "allreduce", "nbytes": 1024, "mode": "insitu",
+            "calls_per_graph": 20, "checked": True, "error": None}
+    for t in (-0.4, 0.0, 1.5):
+        row = rows.normalize({**base, "time_us": t})
+        assert row["time_us"] == t and rows.ok(row), row
+    bad = rows.normalize({**base, "time_us": float("nan")})
+    assert bad["time_us"] is None and not rows.ok(bad) and "is not a finite number" in bad["error"]
+    graph = rows.normalize({**base, "mode": "graph", "time_us": 0.0})
+    assert graph["time_us"] is None and "is not a finite positive number" in graph["error"]

@@ -81,20 +81,28 @@ class SumOne(model.Comm):
         return x
 
 
-def test_arguments():
+def _usage_error(capsys, argv) -> str:
+    """parse_args(argv) stops as argparse does for a bad command line: exit 2, one error line."""
+    with pytest.raises(SystemExit) as stop:
+        run.parse_args(argv)
+    assert stop.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_arguments(capsys):
     args = run.parse_args(["--loopback", "4", "--batches", "1,16", "--layers", "3", "--systems", "purlin,purlin-heap"])
     assert args.loopback == 4 and args.batch_list == [1, 16] and args.layers == 3
     assert args.system_list == ["none", "reference", "purlin", "purlin-heap"]  # baseline and reference always run
     full = run.parse_args([])
     assert full.batch_list == [1, 16, 128] and full.loopback == 0 and full.kv_len == 1024
     assert full.system_list[0] == "none" and "nccl-symm" in full.system_list and "purlin-fused" in full.system_list
-    with pytest.raises(SystemExit, match="unknown systems"):
-        run.parse_args(["--systems", "mpi"])
+    assert "--systems: unknown systems 'mpi'" in _usage_error(capsys, ["--systems", "mpi"])
     # loopback runs Purlin (and the reference) only: NCCL and torch symmetric memory need a process per GPU
     assert run.parse_args(["--loopback", "2"]).system_list == ["none", "reference", "purlin", "purlin-heap",
                                                                 "purlin-fused"]
-    with pytest.raises(SystemExit, match="nccl needs one process per GPU"):
-        run.parse_args(["--loopback", "2", "--systems", "nccl"])
+    assert "nccl needs one process per GPU" in _usage_error(capsys, ["--loopback", "2", "--systems", "nccl"])
+    # the NCCL child gets the same batches back as one argument
+    assert run.child_command(args, ["nccl-nomix"], Path("/tmp/x.json"))[3] == "1,16"
 
 
 def test_results_rows_and_report(tmp_path):

@@ -1,4 +1,5 @@
-"""Writing a run's files: JSON (one row per line), Markdown, tuning table, plots."""
+"""Reading and writing a run's files: JSON (one row per line, strict: no NaN), Markdown,
+tuning table, plots."""
 
 from __future__ import annotations
 
@@ -7,8 +8,110 @@ import statistics
 from pathlib import Path
 
 from benchlib.plots import plot
-from benchlib.rows import prepared, tuning_table
+from benchlib.rows import finite_only, normalize, prepared, tuning_table
 from benchlib.tables import markdown
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class ResultsError(ValueError):
+    """A results file that cannot be read as ``{"meta": {...}, "rows": [{...}, ...]}``; the
+    message is one line naming the file and what is wrong."""
+
+
+# Row fields the report sorts, matches or computes with: their JSON type when present.
+ROW_TYPES = {"system": str, "variant": str, "collective": str, "mode": str, "dtype": str,
+             "bytes": int, "count": int, "world_size": int, "calls_per_graph": int}
+POSITIVE = ("world_size", "calls_per_graph")  # counts of ranks and calls: 0 or less is no run
+SHAPE = 'a JSON object {"meta": {...}, "rows": [{...}, ...]} as benchmarks/bench.py writes it'
+
+
+def _json_type(value) -> str:
+    """How JSON names the type of ``value`` (what the error messages say was given)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    for kind, name in ((dict, "an object"), (list, "a list"), (str, "a string"), (int, "an integer"),
+                       (float, "a number")):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
+
+
+def _is(value, kind: type) -> bool:
+    return isinstance(value, kind) and not isinstance(value, bool)  # JSON true is no integer
+
+
+def _check_row(row, where: str) -> None:
+    if not isinstance(row, dict):
+        raise ResultsError(f"{where}: expected an object, got {_json_type(row)}")
+    for key, kind in ROW_TYPES.items():
+        value = row.get(key)
+        if value is not None and not _is(value, kind):
+            want = "an integer" if kind is int else "a string"
+            raise ResultsError(f"{where}: {key} {value!r} should be {want} (or null), not {_json_type(value)}")
+    for key in POSITIVE:
+        if row.get(key) is not None and row[key] < 1:
+            raise ResultsError(f"{where}: {key} {row[key]} should be at least 1")
+    if row.get("bytes") is not None and row["bytes"] < 0:
+        raise ResultsError(f"{where}: bytes {row['bytes']} should be at least 0")
+
+
+def _check_meta(meta, where: str) -> None:
+    if not isinstance(meta, dict):
+        raise ResultsError(f"{where}: \"meta\" should be an object, not {_json_type(meta)}")
+    ws = meta.get("world_size")
+    if ws is not None and not (_is(ws, int) and ws >= 1):
+        raise ResultsError(f"{where}: meta world_size {ws!r} should be a positive integer")
+    peaks = meta.get("peaks")
+    if peaks is not None and not isinstance(peaks, dict):
+        raise ResultsError(f"{where}: meta peaks should be an object, not {_json_type(peaks)}")
+    for method, m in (peaks or {}).items():
+        points = m.get("points", []) if isinstance(m, dict) else []
+        if not isinstance(points, list) or not all(isinstance(p, dict) for p in points):
+            raise ResultsError(f"{where}: meta peaks {method!r} points should be a list of objects")
+
+
+def check_shape(doc, where: str) -> dict:
+    """``doc`` if it has the shape the report reads (``rows`` a list of row objects whose key
+    fields have their types; ``meta`` an object, optional); ResultsError otherwise.  A row's
+    time is not checked here: a bad one makes an error row (benchlib.rows.timing_checked)."""
+    if not isinstance(doc, dict):
+        raise ResultsError(f"{where}: expected {SHAPE}, got {_json_type(doc)}")
+    if not isinstance(doc.get("rows"), list):
+        got = "no \"rows\"" if "rows" not in doc else f"\"rows\" {_json_type(doc['rows'])}"
+        raise ResultsError(f"{where}: expected {SHAPE}, got {got}")
+    _check_meta(doc.get("meta", {}), where)
+    for i, row in enumerate(doc["rows"]):
+        _check_row(row, f"{where}: row {i}")
+    return doc
+
+
+def load_results(path: Path) -> dict:
+    """The results document in ``path``, its shape checked; ResultsError (one line) when the
+    file cannot be read, is empty, is not JSON or has another shape."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        why = error.strerror if isinstance(error, OSError) and error.strerror else type(error).__name__
+        raise ResultsError(f"{path}: cannot read the results file ({why})") from None
+    if not text.strip():
+        raise ResultsError(f"{path}: the results file is empty; expected {SHAPE}")
+    try:
+        doc = json.loads(text)  # NaN and Infinity are read (older files): their rows become error rows
+    except json.JSONDecodeError as error:
+        raise ResultsError(f"{path}: not JSON ({error.msg} at line {error.lineno} column {error.colno}); "
+                           f"expected {SHAPE}") from None
+    return check_shape(doc, str(path))
+
+
+def results_json(doc: dict, **dump_options) -> str:
+    """A results document as strict JSON: rows normalised (a bad time is an error row), every
+    other non-finite number null, so any JSON reader takes the file."""
+    clean = {**doc, "meta": finite_only(doc.get("meta", {})), "rows": [normalize(r) for r in doc.get("rows", [])]}
+    return json.dumps(finite_only(clean), allow_nan=False, default=str, **dump_options)
 
 
 # --------------------------------------------------------------------------- writing
@@ -20,12 +123,13 @@ def write_all(doc: dict, results_dir: Path, stem: str, *, plots: bool = True) ->
     paths = {"json": results_dir / f"{stem}.json", "md": results_dir / f"{stem}.md",
              "tuning": results_dir / f"{stem}-tuning.json"}
     doc = prepared(doc)
-    # Compact JSON: one row per line keeps the file small and diffable.
-    rows = ",\n".join(json.dumps(r, separators=(",", ":"), default=str) for r in doc["rows"])
-    meta = json.dumps(doc["meta"], separators=(",", ":"), default=str)
+    # Compact JSON: one row per line keeps the file small and diffable.  Strict (allow_nan
+    # off): prepared() made bad times error rows and every other non-finite number None.
+    rows = ",\n".join(json.dumps(r, separators=(",", ":"), default=str, allow_nan=False) for r in doc["rows"])
+    meta = json.dumps(finite_only(doc["meta"]), separators=(",", ":"), default=str, allow_nan=False)
     _atomic_write(paths["json"], '{"meta":' + meta + ',\n"rows":[\n' + rows + "\n]}\n")
     _atomic_write(paths["md"], markdown(doc))
-    _atomic_write(paths["tuning"], json.dumps(tuning_table(doc), indent=1))
+    _atomic_write(paths["tuning"], json.dumps(tuning_table(doc), indent=1, allow_nan=False))
     if plots:
         for i, p in enumerate(plot(doc, results_dir, stem)):
             paths[f"png{i}"] = p

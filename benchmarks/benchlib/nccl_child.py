@@ -3,7 +3,6 @@ child process group; its rows are merged into the parent's."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -64,7 +63,7 @@ def run_nccl_child(ctx: Ctx) -> None:
     ctx.meta["nccl_variants"] = {"default": f"this process, env {nccl_env() or '(NCCL defaults)'}"}
     if ctx.rank == 0:
         try:
-            child = json.loads(out.read_text())
+            child = report.load_results(out)  # its shape checked: a broken file is this run's error note
             for row in child.get("rows", []):
                 ctx.add(row)
                 if row.get("checked") is False:

@@ -3,7 +3,6 @@ global timeout, SIGTERM) that write what was measured before exiting."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -22,11 +21,22 @@ def document(ctx: Ctx) -> dict:
     meta = {k: v for k, v in ctx.meta.items() if not k.startswith("_")}
     doc = {"meta": dict(meta, elapsed_s=round(time.time() - ctx.t0, 1)), "rows": rows}
     if ctx.args.merge:
-        olds = [json.loads(p.read_text()) for p in ctx.args.merge if p.exists()]
-        doc = report.merge(olds + [doc])
+        doc = report.merge(_merged_files(ctx) + [doc])
         doc["meta"] = dict(meta, elapsed_s=round(time.time() - ctx.t0, 1),
                            merged_from=[str(p) for p in ctx.args.merge])
     return doc
+
+
+def _merged_files(ctx: Ctx) -> list[dict]:
+    """The --merge documents (checked when the run started); one that has gone bad since is
+    left out with a line on stderr: the rows this run measured are written either way."""
+    docs = []
+    for path in ctx.args.merge:
+        try:
+            docs.append(report.load_results(path))
+        except report.ResultsError as error:
+            print(f"bench: not merged: {error}", file=sys.stderr)
+    return docs
 
 
 def write_partial(ctx: Ctx) -> None:
@@ -34,12 +44,12 @@ def write_partial(ctx: Ctx) -> None:
         return
     if ctx.args.nccl_child:
         if ctx.args.child_out:
-            report._atomic_write(ctx.args.child_out, json.dumps(document(ctx), default=str))
+            report._atomic_write(ctx.args.child_out, report.results_json(document(ctx)))
         return
     try:
         ctx.args.results_dir.mkdir(parents=True, exist_ok=True)
         path = ctx.args.results_dir / f"{ctx.stem}.json"
-        report._atomic_write(path, json.dumps(document(ctx), indent=1, default=str))
+        report._atomic_write(path, report.results_json(document(ctx), indent=1))
         if ctx.args.out:
             ctx.args.out.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, ctx.args.out / path.name)
@@ -64,7 +74,7 @@ def _finish(ctx: Ctx, status: str) -> None:
     doc = document(ctx)
     if ctx.args.nccl_child:  # the parent merges these rows and writes the reports
         if ctx.args.child_out:
-            report._atomic_write(ctx.args.child_out, json.dumps(doc, default=str))
+            report._atomic_write(ctx.args.child_out, report.results_json(doc))
         return
     try:
         paths = report.write_all(doc, ctx.args.results_dir, ctx.stem, plots=not ctx.args.no_plots)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import purlin_api
 import report
+from benchlib import argtypes
 
 
 HIER = "purlin/hierarchical"  # Purlin inside nodes of G ranks, NCCL between them (docs/HIERARCHY.md)
@@ -63,41 +64,92 @@ class Plan:
         return len(keys)
 
 
-def make_plan(args) -> Plan:
-    colls = [c.strip() for c in args.collectives.split(",") if c.strip()]
-    bad = [c for c in colls if c not in report.COLLECTIVES]
-    if bad:
-        raise SystemExit(f"unknown collectives {bad}; choose from {report.COLLECTIVES}")
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    bad = [s for s in systems if s not in SYSTEMS]
-    if bad:
-        raise SystemExit(f"unknown systems {bad}; choose from {SYSTEMS}")
+class PlanError(ValueError):
+    """A plan the options cannot make (unknown names, nothing to measure); the message names
+    the option, what it was given and what it takes (bench.py's parser.error shows it)."""
+
+
+MODES = report.MODES + (report.INSITU,)
+
+
+def _names(text: str, known, what: str, option: str) -> list[str]:
+    try:
+        return argtypes.names(text, known, what)
+    except ValueError as error:
+        raise PlanError(f"{option}: {error}") from None
+
+
+def plan_world(args) -> int:
+    """The world the plan is for: --world-size, else torchrun's WORLD_SIZE, else 2."""
+    if args.world_size:
+        return args.world_size
+    text = os.environ.get("WORLD_SIZE", "2")
+    if not (text.isascii() and text.isdigit() and int(text) >= 1):
+        raise PlanError(f"the environment's WORLD_SIZE {text!r} is not a positive number of ranks")
+    return int(text)
+
+
+def _variants(args) -> list[purlin_api.Variant]:
     by_name = {v.name: v for v in purlin_api.VARIANTS}
     if args.variants:
-        names = [n.strip() for n in args.variants.split(",") if n.strip()]
+        names = _names(args.variants, list(by_name), "Purlin variants", "--variants")
     else:
         names = list(purlin_api.QUICK_VARIANTS if args.quick else by_name)
-    unknown = [n for n in names if n not in by_name]
-    if unknown:
-        raise SystemExit(f"unknown variants {unknown}; known: {list(by_name)} (or use --variant-spec)")
-    variants = [by_name[n] for n in names] + [purlin_api.parse_variant(s) for s in args.variant_spec]
-    explicit = [report.parse_bytes(s) for s in args.sizes.split(",")] if args.sizes else None
+    extra = []
+    for text in args.variant_spec:
+        try:
+            extra.append(purlin_api.parse_variant(text))
+        except ValueError as error:
+            raise PlanError(str(error)) from None
+    clash = [v.name for v in extra if v.name in names or [e.name for e in extra].count(v.name) > 1]
+    if clash:
+        raise PlanError(f"--variant-spec: the name {clash[0]!r} is taken (a variant's rows are keyed by name); "
+                        "give each spec a name of its own")
+    return [by_name[n] for n in names] + extra
+
+
+def _sizes(args) -> list[int]:
+    explicit = args.sizes if args.sizes else None  # bytes already (argtypes.byte_size_list)
     sizes = report.select_sizes(quick=args.quick, min_bytes=args.min_bytes, max_bytes=args.max_bytes,
                                 explicit=explicit)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip() in report.MODES + (report.INSITU,)]
-    world = args.world_size or int(os.environ.get("WORLD_SIZE", "2"))
-    return Plan(colls, systems, variants, sizes, modes, tuple(args.nccl_list), tuple(args.calls_list),
-                args.many_calls_max_bytes, hier_gpus_per_node(args.hier_gpus_per_node, world))
+    if not sizes:
+        given = [f"--min-bytes {report.fmt_bytes(args.min_bytes)}"]
+        if args.max_bytes is not None:
+            given.append(f"--max-bytes {report.fmt_bytes(args.max_bytes)}")
+        source = "--sizes" if explicit else ("the --quick sizes" if args.quick else "the default sizes")
+        raise PlanError(f"no sizes to measure: none of {source} lies within {' and '.join(given)}")
+    return sizes
+
+
+def make_plan(args) -> Plan:
+    """The plan of ``args`` (bench.py's parsed options); PlanError when they make none."""
+    colls = _names(args.collectives, report.COLLECTIVES, "collectives", "--collectives")
+    systems = _names(args.systems, SYSTEMS, "systems", "--systems")
+    variants = _variants(args)
+    modes = _names(args.modes, MODES, "modes", "--modes")
+    hier = hier_gpus_per_node(args.hier_gpus_per_node, plan_world(args))
+    if HIER in systems and not hier:
+        raise PlanError(f"--hier-gpus-per-node: no GPUs-per-node values for {HIER} ({args.hier_gpus_per_node!r})")
+    return Plan(colls, systems, variants, _sizes(args), modes, tuple(args.nccl_list), tuple(args.calls_list),
+                args.many_calls_max_bytes, hier)
 
 
 def hier_gpus_per_node(text: str, world: int) -> tuple[int, ...]:
-    """'R,1' -> (R, 1) for this world, duplicates dropped; a G that does not divide R stays
-    (its load fails with the TopologyError, recorded as the variant's error row)."""
+    """'R,1' -> (R, 1) for this world, duplicates dropped.  A G above R is no node of this
+    world (PlanError); a G that does not divide R stays (its load fails with the runtime's
+    TopologyError, recorded as the variant's error row: the runtime owns that rule)."""
     out: list[int] = []
     for token in filter(None, (t.strip() for t in text.split(","))):
-        g = world if token.upper() == "R" else int(token)
+        if token.upper() == "R":
+            g = world
+        elif token.isascii() and token.lstrip("+-").isdigit():
+            g = int(token)
+        else:
+            raise PlanError(f"--hier-gpus-per-node: {token!r} is not a number of GPUs (an integer, or R for the world)")
         if g < 1:
-            raise SystemExit(f"--hier-gpus-per-node: {token!r} is not a positive number of GPUs")
+            raise PlanError(f"--hier-gpus-per-node: {token!r} is not a positive number of GPUs")
+        if g > world:
+            raise PlanError(f"--hier-gpus-per-node: {g} GPUs per node is more than the world's {world} ranks")
         if g not in out:
             out.append(g)
     return tuple(out)

@@ -3,7 +3,9 @@ table.  No GPU, no torch."""
 
 from __future__ import annotations
 
-from benchlib.sizes import COLLECTIVES, limit_us
+import math
+
+from benchlib.sizes import COLLECTIVES, INSITU, limit_us, valid_time
 
 
 # --------------------------------------------------------------------------- row access
@@ -11,18 +13,64 @@ from benchlib.sizes import COLLECTIVES, limit_us
 PRIMARY_CALLS_PER_GRAPH = 20  # graph rows the tables and targets quote first
 
 
+# What a row's time implies: cleared with it when the time is no timing.
+DERIVED_FROM_TIME = ("time_us_min", "time_us_max", "algbw_gbps", "busbw_gbps", "pct_of_limit")
+BAD_TIME = "bad timing"  # how an error row made from a bad time_us starts
+
+
+def finite_only(value):
+    """``value`` with every NaN or infinite float (at any depth) replaced by None: results
+    files are strict JSON, and a number that is not finite says nothing."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_only(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_only(v) for v in value]
+    return value
+
+
+def row_time_valid(row: dict) -> bool:
+    """A measured time: finite and above zero; an in-situ row's is a difference (the step with
+    the call minus the step without), which noise may put at or below zero: finite is enough."""
+    t = row.get("time_us")
+    if row.get("mode") == INSITU:
+        return isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
+    return valid_time(t)
+
+
+def timing_checked(row: dict) -> dict:
+    """A row whose ``time_us`` is there but is no timing (``row_time_valid``) becomes an error
+    row (the time and what was derived from it cleared; ``bad_time`` keeps what was given), so
+    it is never a best row, never meets a target and never reaches the tuning table."""
+    t = row.get("time_us")
+    if t is None or row_time_valid(row):
+        return row
+    given = repr(t)
+    kind = "a finite number" if row.get("mode") == INSITU else "a finite positive number"
+    why = f"{BAD_TIME}: time_us {given} is not {kind}"
+    return {**row, **{k: None for k in DERIVED_FROM_TIME if k in row}, "time_us": None, "bad_time": given,
+            "error": row.get("error") or why}
+
+
 def normalize(row: dict) -> dict:
-    """Rows of older runs: NCCL's plain row was variant ``nccl``; no calls_per_graph."""
+    """Rows of older runs: NCCL's plain row was variant ``nccl``; no calls_per_graph.  Every
+    row: a bad time made an error row (``timing_checked``), other non-finite numbers None."""
     if row.get("system") == "nccl" and row.get("variant") == "nccl":
         row = {**row, "variant": "default"}
     if "calls_per_graph" not in row:
         row = {**row, "calls_per_graph": None}
-    return row
+    return finite_only(timing_checked(row))
+
+
+def bad_timings(rows: list[dict]) -> int:
+    """How many rows had a time that is not a finite positive number (now error rows)."""
+    return sum(1 for r in rows if r.get("bad_time") is not None)
 
 
 def ok(row: dict) -> bool:
-    """A row that ran and was not found wrong."""
-    return row.get("error") is None and row.get("time_us") is not None and row.get("checked") is not False
+    """A row that ran, has a real time (``row_time_valid``) and was not found wrong."""
+    return row.get("error") is None and row_time_valid(row) and row.get("checked") is not False
 
 
 def rows_for(rows: list[dict], **match) -> list[dict]:
@@ -97,7 +145,8 @@ def world_size_of(doc: dict) -> int:
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
-    return None if not a or not b else a / b
+    """a / b of two times; None unless both are real times (a ratio of NaN, inf or 0 means nothing)."""
+    return a / b if valid_time(a) and valid_time(b) else None
 
 
 def with_limits(row: dict) -> dict:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -50,11 +51,20 @@ def select_sizes(*, quick: bool, min_bytes: int = 0, max_bytes: int | None = Non
 
 
 def parse_bytes(text: str) -> int:
-    """'64K', '1MiB', '1G', '4096' -> bytes (binary units)."""
+    """'64K', '1MiB', '1G', '4096' -> bytes (binary units); ValueError saying what was given
+    and what a size looks like otherwise (negative, not finite or not a number)."""
     t = text.strip().upper().removesuffix("B").removesuffix("I")
     scale = {"K": KiB, "M": MiB, "G": GiB}.get(t[-1:], 1)
     number = t[:-1] if scale != 1 else t
-    return int(float(number) * scale)
+    try:
+        value = float(number) * scale
+    except ValueError:
+        value = math.nan
+    # float() also reads 'nan', 'inf' and '-1': none of them is a number of bytes
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{text!r} is not a size: expected a number of bytes >= 0 with an optional "
+                         "K, M or G suffix (e.g. 4096, 64K, 1MiB)")
+    return int(value)
 
 
 def parse_cpu_list(text: str) -> list[int]:
@@ -129,8 +139,19 @@ def busbw_factor(collective: str, world_size: int) -> float:
     return (r - 1) / r  # allgather, reduce_scatter, alltoall, gather, scatter
 
 
+def finite_positive(x) -> bool:
+    """A real number (not a bool, not a string), finite and above zero."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def valid_time(time_us) -> bool:
+    """A measured time: a finite number above zero.  Anything else (None, NaN, inf, 0, a
+    negative, a string) is no timing: its row is an error row, never a best or a target."""
+    return finite_positive(time_us)
+
+
 def algbw_gbps(nbytes: int, time_us: float | None) -> float | None:
-    if not time_us or time_us <= 0:
+    if not valid_time(time_us):
         return None
     return nbytes / (time_us * 1e3)  # bytes / (us * 1e-6) / 1e9
 
@@ -188,7 +209,7 @@ def limit_us(collective: str, world_size: int, nbytes: int) -> float:
 
 def pct_of_limit(collective: str, world_size: int, nbytes: int, time_us: float | None) -> float | None:
     """100 = at the wire limit; lower is slower."""
-    if not time_us or time_us <= 0:
+    if not valid_time(time_us):
         return None
     return 100.0 * limit_us(collective, world_size, nbytes) / time_us
 

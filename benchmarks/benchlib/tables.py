@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from benchlib.rows import best_nccl, best_of, best_purlin, collectives_of, ok, one, prepared, ratio, rows_for, select, sizes_of, views, world_size_of
+from benchlib.rows import (
+    bad_timings, best_nccl, best_of, best_purlin, collectives_of, ok, one, prepared, ratio, rows_for, select, sizes_of,
+    views, world_size_of,
+)
 from benchlib.sizes import fmt_bytes, HIER, INSITU, LAUNCH_US, limit_us, ONE_WAY_GBPS, SIGNAL_US, TWO_WAY_GBPS
 from benchlib.targets import _default, _fmt_ratio, _num, targets
 
@@ -191,6 +194,12 @@ def hier_load_errors(rows: list[dict]) -> dict:
             if r.get("system") == HIER and r.get("phase") == "load" and r.get("error")}
 
 
+def bad_timing_line(n: int) -> str:
+    """The report's count of rows whose time was no timing (benchlib.rows.timing_checked)."""
+    return (f"{n} row{'' if n == 1 else 's'} with a time that is not a finite positive number (NaN, "
+            "infinite, zero, negative or not a number): error rows, never a best, a target or a tuning entry")
+
+
 def _meta_lines(meta: dict) -> list[str]:
     keys = ("date", "machine", "world_size", "gpus", "nvidia_driver", "torch", "nccl", "cuda_bindings",
             "purlinc", "git_commit", "quick", "elapsed_s", "estimate_s", "status", "stopped_by_budget")
@@ -274,6 +283,9 @@ def markdown(doc: dict) -> str:
     errors = [r for r in rows if r.get("error")]
     if errors:
         out += ["## Errors", ""]
+        bad = bad_timings(rows)
+        if bad:
+            out += [f"- {bad_timing_line(bad)}"]
         seen = set()
         for r in errors:
             msg = str(r["error"]).strip().splitlines()[-1][:160] if str(r["error"]).strip() else "?"

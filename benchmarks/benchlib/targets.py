@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from benchlib.rows import best_nccl, best_purlin, collectives_of, ok, one, prepared, ratio, rows_for, select, sizes_of
-from benchlib.sizes import BANDWIDTH_BOUND, COLLECTIVES, GiB, KiB, MODES, MiB, fmt_bytes
+from benchlib.sizes import BANDWIDTH_BOUND, COLLECTIVES, GiB, KiB, MODES, MiB, finite_positive, fmt_bytes
 
 
 # --------------------------------------------------------------------------- targets
@@ -154,7 +154,7 @@ def measured_peak_gbps(meta: dict) -> tuple[float | None, str]:
             continue
         for point in m.get("points", []):
             g = point.get("gbps")
-            if g and (best is None or g > best):
+            if finite_positive(g) and (best is None or g > best):
                 best, how = g, f"{method} at {fmt_bytes(point.get('bytes'))}"
     return best, how
 

@@ -13,6 +13,9 @@ import json
 import statistics
 from pathlib import Path
 
+from benchlib.rows import BAD_TIME, finite_only
+from benchlib.sizes import valid_time
+
 # bf16 through every layer, partial sums added in different orders by different systems: the
 # largest difference relative to the largest reference value.
 TOLERANCE = 2e-2
@@ -21,10 +24,32 @@ NCCL = ("nccl", "nccl-nomix", "nccl-symm")
 
 def row(system: str, batch: int, world: int, step_us: float | None, reps: list[float] | None, *,
         agree: tuple[bool, str] | None = None, error: str | None = None, **extra) -> dict:
-    return {"system": system, "batch": batch, "world_size": world, "step_us": step_us,
-            "step_us_min": min(reps) if reps else None, "step_us_max": max(reps) if reps else None,
-            "agrees": None if agree is None else agree[0], "agree_note": None if agree is None else agree[1],
-            "error": error, **extra}
+    """A result row; one whose time (or any repeat's) is not a finite positive number is an
+    error row (``timing_checked``)."""
+    return timing_checked({
+        "system": system, "batch": batch, "world_size": world, "step_us": step_us,
+        "step_us_min": min(reps) if reps and all(map(valid_time, reps)) else None,
+        "step_us_max": max(reps) if reps and all(map(valid_time, reps)) else None,
+        "agrees": None if agree is None else agree[0], "agree_note": None if agree is None else agree[1],
+        "error": error, **extra}, reps)
+
+
+def timing_checked(r: dict, reps: list | None = None) -> dict:
+    """``r`` as an error row when its ``step_us`` (or one of ``reps``) is there but is not a
+    finite positive number: a NaN, infinite, zero or negative step is no measurement, so it is
+    never a baseline, never the best NCCL and never compared.  ``bad_time`` keeps what was given."""
+    given = [t for t in [r.get("step_us"), *(reps or [])] if t is not None]
+    bad = [t for t in given if not valid_time(t)]
+    if not bad:
+        return r
+    why = f"{BAD_TIME}: step time {bad[0]!r} is not a finite positive number"
+    return {**r, "step_us": None, "step_us_min": None, "step_us_max": None, "comm_us": None,
+            "comm_vs_best_nccl": None, "bad_time": repr(bad[0]), "error": r.get("error") or why}
+
+
+def bad_timings(rows: list[dict]) -> int:
+    """How many rows had a step time that is not a finite positive number (error rows now)."""
+    return sum(1 for r in rows if r.get("bad_time") is not None)
 
 
 def median(values: list[float]) -> float:
@@ -43,20 +68,28 @@ def agree(got, want, tolerance: float) -> tuple[bool, str]:
     return err <= tolerance, f"max rel err {err:.1e}"
 
 
+def _timed(r: dict) -> bool:
+    return r.get("error") is None and valid_time(r.get("step_us"))
+
+
 def add_comm_time(rows: list[dict]) -> None:
     """``comm_us`` and ``comm_vs_best_nccl`` on every row with a time, from the ``none`` row of
-    its batch and the lowest NCCL ``comm_us`` of that batch."""
+    its batch and the lowest NCCL ``comm_us`` of that batch.  Rows whose step time is not a
+    finite positive number become error rows first (in place: rows read back from the NCCL
+    child's file too), so none of them is a baseline or the best NCCL."""
+    rows[:] = [timing_checked(r) for r in rows]
     for batch in {r["batch"] for r in rows}:
         here = [r for r in rows if r["batch"] == batch]
-        bare = next((r["step_us"] for r in here if r["system"] == "none" and r["step_us"] is not None), None)
+        bare = next((r["step_us"] for r in here if r["system"] == "none" and _timed(r)), None)
         for r in here:
-            if r["system"] != "none" and r["step_us"] is not None and bare is not None:
+            if r["system"] != "none" and _timed(r) and bare is not None:
                 r["comm_us"] = r["step_us"] - bare
         nccl = [r["comm_us"] for r in here if r["system"] in NCCL and r.get("comm_us") is not None
                 and r.get("agrees") is not False]
         best = min(nccl) if nccl else None
         for r in here:
-            if r.get("comm_us") is not None and best:
+            # comm_us at or below zero (the step within the noise of the bare one) has no ratio
+            if valid_time(r.get("comm_us")) and valid_time(best):
                 r["comm_vs_best_nccl"] = r["comm_us"] / best
 
 
@@ -75,6 +108,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
            "lowest NCCL setting's (default, nomix = NCCL_GRAPH_MIXING_SUPPORT=0, symm = symmetric windows); "
            "'agrees': final hidden states against the reference system's.", "",
            "| batch | system | step us | comm us | vs best NCCL | agrees |", "|---|---|---|---|---|---|"]
+    rows = [timing_checked(r) for r in rows]
     for r in sorted(rows, key=lambda r: (r["batch"], _order(r["system"]))):
         if r.get("error"):
             out.append(f"| {r['batch']} | {r['system']} | - | - | - | {r['error'][:160]} |")
@@ -83,6 +117,10 @@ def markdown(rows: list[dict], meta: dict) -> str:
         agrees = "-" if r.get("agrees") is None else ("yes" if r["agrees"] else f"NO ({r.get('agree_note')})")
         out.append(f"| {r['batch']} | {r['system']} | {_num(r['step_us'])} | {_num(r.get('comm_us'))} | "
                    f"{'-' if ratio is None else f'{ratio:.2f}x'} | {agrees} |")
+    bad = bad_timings(rows)
+    if bad:
+        out += ["", f"{bad} row{'' if bad == 1 else 's'} with a step time that is not a finite positive number "
+                "(NaN, infinite, zero or negative): error rows, never a baseline or the best NCCL."]
     out.append("")
     return "\n".join(out)
 
@@ -98,7 +136,12 @@ def _order(system: str) -> int:
 def write(rows: list[dict], meta: dict, out_dir: Path, stem: str) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / f"{stem}.json", "md": out_dir / f"{stem}.md"}
-    body = ",\n".join(json.dumps(r, separators=(",", ":"), default=str) for r in rows)
-    paths["json"].write_text('{"meta":' + json.dumps(meta, default=str) + ',\n"rows":[\n' + body + "\n]}\n")
+    body = ",\n".join(strict_json(timing_checked(r), separators=(",", ":")) for r in rows)
+    paths["json"].write_text('{"meta":' + strict_json(meta) + ',\n"rows":[\n' + body + "\n]}\n")
     paths["md"].write_text(markdown(rows, meta))
     return paths
+
+
+def strict_json(value, **options) -> str:
+    """JSON any reader takes: no NaN or Infinity (those numbers say nothing: null)."""
+    return json.dumps(finite_only(value), default=str, allow_nan=False, **options)

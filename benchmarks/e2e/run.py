@@ -30,6 +30,8 @@ for p in (str(HERE.parent), str(HERE.parents[1])):  # benchmarks/ (the e2e packa
     if p not in sys.path:
         sys.path.insert(0, p)
 
+from benchlib import argtypes, needs  # noqa: E402  (no torch: parsing and the checks run without it)
+
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}  # never multicast
 SYSTEMS = ("none", "reference", "nccl", "nccl-nomix", "nccl-symm", "symm-one-shot", "symm-two-shot",
            "purlin", "purlin-heap", "purlin-fused")
@@ -39,31 +41,44 @@ CHILD_SYSTEMS = ("nccl-nomix", "nccl-symm")  # NCCL_GRAPH_MIXING_SUPPORT=0: a pr
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--loopback", type=int, default=0, metavar="R", help="R ranks on cuda:0 in one process")
-    ap.add_argument("--batches", default="1,16,128")
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--kv-len", type=int, default=1024, help="tokens in every KV cache (fixed)")
+    ap.add_argument("--loopback", type=argtypes.positive_int, default=0, metavar="R",
+                    help="R ranks on cuda:0 in one process")
+    ap.add_argument("--batches", type=argtypes.positive_int_list, default="1,16,128",
+                    help="comma-separated batch sizes (tokens per decode step)")
+    ap.add_argument("--layers", type=argtypes.positive_int, default=2)
+    ap.add_argument("--kv-len", type=argtypes.positive_int, default=1024, help="tokens in every KV cache (fixed)")
     ap.add_argument("--systems", default=None, help=f"comma-separated subset of {','.join(SYSTEMS)}")
-    ap.add_argument("--replays", type=int, default=20, help="graph replays per timed repeat")
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--replays", type=argtypes.positive_int, default=20, help="graph replays per timed repeat")
+    ap.add_argument("--reps", type=argtypes.positive_int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--results-dir", type=Path, default=HERE.parent / "results")
     ap.add_argument("--out", type=Path, default=None, help="also copy the files here")
     ap.add_argument("--child-out", type=Path, default=None, help=argparse.SUPPRESS)  # internal: the NCCL child
     args = ap.parse_args(argv)
-    args.batch_list = [int(b) for b in args.batches.split(",") if b.strip()]
-    allowed = LOOPBACK_SYSTEMS if args.loopback else SYSTEMS
-    wanted = [s.strip() for s in (args.systems or ",".join(allowed)).split(",") if s.strip()]
-    unknown = [s for s in wanted if s not in SYSTEMS]
-    if unknown:
-        raise SystemExit(f"unknown systems {unknown}; choose from {SYSTEMS}")
-    elsewhere = [s for s in wanted if s not in allowed]
-    if elsewhere:
-        raise SystemExit(f"{', '.join(elsewhere)} needs one process per GPU (torchrun); loopback runs "
-                         f"{', '.join(allowed)}")
+    args.batch_list = list(args.batches)  # positive integers (argtypes.positive_int_list)
+    try:
+        wanted = _systems(args.systems, LOOPBACK_SYSTEMS if args.loopback else SYSTEMS)
+    except ValueError as error:
+        ap.error(str(error))
     # the no-communication step is every comm_us's baseline; the reference every check's
     args.system_list = ["none", "reference"] + [s for s in wanted if s not in ("none", "reference")]
     return args
+
+
+def _systems(text: str | None, allowed: tuple[str, ...]) -> list[str]:
+    """--systems (None: every system this launcher runs); ValueError for unknown names, an
+    empty list, or systems that need a process per GPU asked for in loopback."""
+    if text is None:
+        return list(allowed)
+    try:
+        wanted = argtypes.names(text, SYSTEMS, "systems")
+    except ValueError as error:
+        raise ValueError(f"--systems: {error}") from None
+    elsewhere = [s for s in wanted if s not in allowed]
+    if elsewhere:
+        raise ValueError(f"{', '.join(elsewhere)} needs one process per GPU (torchrun); loopback runs "
+                         f"{', '.join(allowed)}")
+    return wanted
 
 
 def config_of(args):
@@ -101,6 +116,12 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     for k, v in SAFE_ENV.items():
         os.environ[k] = v
+    # before the first CUDA call: one line, exit 2, where torch, the GPU or torchrun is missing
+    if args.loopback:
+        needs.require("e2e/run.py", "python benchmarks/e2e/run.py --loopback R", torchrun=False)
+    else:
+        needs.require("e2e/run.py", "torchrun --nproc_per_node=2 benchmarks/e2e/run.py, or --loopback R on one GPU",
+                      torchrun=True)
     if args.loopback:
         from e2e import loopback
 
@@ -111,7 +132,9 @@ def main(argv=None) -> int:
     rows, world, rank = torchrun.run(args, config_of(args))
     if args.child_out is not None:  # the NCCL child: the parent writes
         if rank == 0:
-            args.child_out.write_text(json.dumps(rows))
+            from e2e import results
+
+            args.child_out.write_text(results.strict_json(rows))
         return 0
     if rank != 0:
         return 0
@@ -120,7 +143,8 @@ def main(argv=None) -> int:
 
 def child_command(args, systems: list[str], out: Path) -> list[str]:
     """The command every rank runs for the NCCL child (the same options, only ``systems``)."""
-    return [sys.executable, str(Path(__file__).resolve()), "--batches", args.batches, "--layers", str(args.layers),
+    return [sys.executable, str(Path(__file__).resolve()), "--batches", ",".join(map(str, args.batch_list)),
+            "--layers", str(args.layers),
             "--kv-len", str(args.kv_len), "--systems", ",".join(["reference", *systems]),
             "--replays", str(args.replays), "--reps", str(args.reps), "--seed", str(args.seed),
             "--child-out", str(out)]
@@ -146,12 +170,20 @@ def run_child(args, rank: int, world: int, systems: list[str], exchange) -> list
     if rank != 0:
         return []
     try:
-        rows = json.loads(Path(info["out"]).read_text())
+        rows = _child_rows(Path(info["out"]))
     except (OSError, ValueError) as error:
         return [{"system": s, "batch": b, "world_size": world, "step_us": None, "agrees": None,
-                 "error": f"the NCCL child wrote no results ({type(error).__name__})"} for s in systems
-                for b in args.batch_list]
+                 "error": f"the NCCL child wrote no results ({type(error).__name__}: {str(error)[:200]})"}
+                for s in systems for b in args.batch_list]
     return [r for r in rows if r["system"] in systems]
+
+
+def _child_rows(path: Path) -> list[dict]:
+    """The NCCL child's rows: a JSON list of row objects with a system and a batch; ValueError otherwise."""
+    rows = json.loads(path.read_text())
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and "system" in r and "batch" in r for r in rows):
+        raise ValueError(f"{path}: expected a JSON list of rows, each with a system and a batch")
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,0 +1,100 @@
+"""Argument types shared by the benchmark scripts' command lines.
+
+Each is an argparse ``type=``: a bad value becomes argparse's own one-line error (``argument
+--reps: expected a positive integer, got '0'``, exit status 2) instead of a traceback or a
+value that silently means something else.  No GPU, no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+
+from benchlib.sizes import parse_bytes
+
+_INTEGER = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: int() also takes "1_000" and "٣"
+
+
+def _integer(text: str, what: str) -> int:
+    if not _INTEGER.fullmatch(text.strip()):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return int(text)
+
+
+def positive_int(text: str) -> int:
+    """An integer of at least 1 (ranks, repeats, replays, layers, tokens...)."""
+    value = _integer(text, "a positive integer")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    """An integer of at least 0 (a device index)."""
+    value = _integer(text, "an integer >= 0")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number above 0 (seconds, microseconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number above 0, got {text!r}")
+    return value
+
+
+def _list(text: str, item, what: str) -> list:
+    """Comma-separated ``item`` values, at least one (blank items between commas are skipped)."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {what}, got {text!r}")
+    return [item(p) for p in parts]
+
+
+def positive_int_list(text: str) -> list[int]:
+    """'1,16,128' -> [1, 16, 128]: positive integers, at least one."""
+    return _list(text, positive_int, "positive integers")
+
+
+def device_list(text: str) -> list[int]:
+    """'0,0' or '0,1' -> CUDA device indices, at least one."""
+    return _list(text, nonnegative_int, "CUDA device indices (integers >= 0)")
+
+
+def byte_size(text: str) -> int:
+    """'0', '64K', '1MiB' -> bytes (0 allowed: a lower bound)."""
+    try:
+        return parse_bytes(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def positive_byte_size(text: str) -> int:
+    """'64K', '1MiB' -> bytes, at least 1 (a size to measure, an upper bound)."""
+    value = byte_size(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a size of at least 1 byte, got {text!r}")
+    return value
+
+
+def byte_size_list(text: str) -> list[int]:
+    """'1K,64K,1M' -> sizes in bytes, each at least 1, at least one."""
+    return _list(text, positive_byte_size, "sizes (e.g. 1K,64K,1M)")
+
+
+def names(text: str, known, what: str) -> list[str]:
+    """Comma-separated names, each one of ``known``, at least one; ValueError naming the
+    unknown ones and the choices otherwise (callers turn it into parser.error)."""
+    given = [n.strip() for n in text.split(",") if n.strip()]
+    if not given:
+        raise ValueError(f"no {what} given ({text!r}); choose from {', '.join(known)}")
+    unknown = [n for n in given if n not in known]
+    if unknown:
+        raise ValueError(f"unknown {what} {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
+    return given
