@@ -28,12 +28,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # benchlib
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))  # _common: the GPU tests' helpers (via _graph_timing)
 
 # Captured calls on ordinary buffers would otherwise run each collective's registered twin
 # (runtime graph buffers): stage them, so both sides time the schedule the row names.
 os.environ.setdefault("PURLIN_GRAPH_BUFFERS", "stage")
 
+from benchlib import argtypes  # noqa: E402
 import torch  # noqa: E402
 
 import purlinc  # noqa: E402
@@ -184,15 +186,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--label", default="run")
-    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
-    parser.add_argument("--rows", type=int, nargs="+", default=[16])
-    parser.add_argument("--calls", type=int, default=20)
-    parser.add_argument("--replays", type=int, default=10)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--ranks", type=argtypes.positive_int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--rows", type=argtypes.positive_int, nargs="+", default=[16])
+    parser.add_argument("--calls", type=argtypes.positive_int, default=20)
+    parser.add_argument("--replays", type=argtypes.positive_int, default=10)
+    parser.add_argument("--reps", type=argtypes.positive_int, default=5)
     parser.add_argument("--schedules", type=_schedule, nargs="+", default=list(SCHEDULES),
                         help="ALGORITHM[-ll]:CHANNELS each (default: LL c1 and c8, direct-push c8 and c16, two-shot c8)")
     parser.add_argument("--parts", action="store_true", help="also time the epilogue's parts (PARTS), each alone")
-    parser.add_argument("--cycles", type=int, default=0, metavar="CALLS",
+    parser.add_argument("--cycles", type=argtypes.nonnegative_int, default=0, metavar="CALLS",
                         help="also trace CALLS calls of each variant (traced builds) and report the device cycles of "
                              "the reduce block (with the epilogue, when fused) and of the whole round, medians")
     args = parser.parse_args(argv)

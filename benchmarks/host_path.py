@@ -22,7 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # benchlib
 
+from benchlib import argtypes  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
@@ -70,9 +72,9 @@ EMPTY_KERNEL = 'extern "C" __global__ void purlin_empty(const unsigned long long
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--bytes", type=int, default=1024)
-    ap.add_argument("--iters", type=int, default=2000)
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--bytes", type=argtypes.positive_int, default=1024)
+    ap.add_argument("--iters", type=argtypes.positive_int, default=2000)
+    ap.add_argument("--reps", type=argtypes.positive_int, default=5)
     args = ap.parse_args()
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(rank)

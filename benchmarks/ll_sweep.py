@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import numpy as np  # noqa: E402
+from benchlib import argtypes  # noqa: E402
 import torch  # noqa: E402
 
 import purlinc  # noqa: E402
@@ -63,11 +64,11 @@ def main() -> int:
                     help="comma-separated values of limits.LL_INLINE_LOOPS (0: receive loops out of line)")
     ap.add_argument("--messages", default=str(limits.LL_SEND_MESSAGES),
                     help="comma-separated values of limits.LL_SEND_MESSAGES (messages per fused send loop)")
-    ap.add_argument("--loopback", type=int, default=0,
+    ap.add_argument("--loopback", type=argtypes.nonnegative_int, default=0,
                     help="R > 0: R ranks on cuda:0 (a loopback group, one stream each): compares generated code "
                          "on one GPU, says nothing of NVLink")
-    ap.add_argument("--calls", type=int, default=100)
-    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--calls", type=argtypes.positive_int, default=100)
+    ap.add_argument("--reps", type=argtypes.positive_int, default=7)
     args = ap.parse_args()
     devices = [0] * args.loopback if args.loopback else list(range(torch.cuda.device_count()))
     group = purlinc.LocalGroup(devices, share_devices=bool(args.loopback))

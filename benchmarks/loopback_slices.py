@@ -22,9 +22,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # benchlib
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))  # _common: the GPU tests' reference and data helpers
 
 import numpy as np  # noqa: E402
+from benchlib import argtypes  # noqa: E402
 import torch  # noqa: E402
 
 import purlinc  # noqa: E402
@@ -53,13 +55,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--label", default="run")
-    parser.add_argument("--bytes", type=int, default=16 << 20)
+    parser.add_argument("--bytes", type=argtypes.positive_int, default=16 << 20)
     parser.add_argument("--collectives", default="allgather,allreduce,alltoall")
     parser.add_argument("--slices", default="1,2,4")
-    parser.add_argument("--channels", type=int, default=64)
-    parser.add_argument("--calls", type=int, default=20)
-    parser.add_argument("--replays", type=int, default=10)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--channels", type=argtypes.positive_int, default=64)
+    parser.add_argument("--calls", type=argtypes.positive_int, default=20)
+    parser.add_argument("--replays", type=argtypes.positive_int, default=10)
+    parser.add_argument("--reps", type=argtypes.positive_int, default=5)
     args = parser.parse_args()
     group = purlinc.LocalGroup(DEVICES, share_devices=True)
     streams = [torch.cuda.Stream(device=d) for d in DEVICES]

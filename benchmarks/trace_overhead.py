@@ -19,7 +19,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # benchlib
 
+from benchlib import argtypes  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
@@ -61,8 +63,8 @@ def graph_us(call, calls: int, repeats: int) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/purlin_trace")
-    ap.add_argument("--calls", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--calls", type=argtypes.positive_int, default=20)
+    ap.add_argument("--repeats", type=argtypes.positive_int, default=20)
     args = ap.parse_args()
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
