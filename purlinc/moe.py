@@ -104,13 +104,15 @@ def _tensors(where: str, named, device) -> None:
                                 f"{label}.detach())")
 
 
-def _check_shape(rank, world_size, num_experts, hidden, top_k, max_tokens, dtype) -> None:
-    """The sizes the buffers and the routing are built from, before anything is allocated."""
-    for label, value in (("world_size", world_size), ("num_experts", num_experts), ("hidden", hidden),
-                         ("top_k", top_k), ("max_tokens", max_tokens)):
-        # max_tokens >= 1: the capacity is max_tokens rows per pair, and a load refuses a capacity of 0
-        _at_least(label, value, 1)
-    _at_least("rank", rank, 0)
+def _check_shape(rank, world_size, num_experts, hidden, top_k, max_tokens, dtype) -> tuple[int, ...]:
+    """The sizes the buffers and the routing are built from, before anything is allocated:
+    (rank, world_size, num_experts, hidden, top_k, max_tokens) as Python ints."""
+    # max_tokens >= 1: the capacity is max_tokens rows per pair, and a load refuses a capacity of 0
+    world_size, num_experts, hidden, top_k, max_tokens = (
+        _at_least(label, value, 1) for label, value in (("world_size", world_size), ("num_experts", num_experts),
+                                                         ("hidden", hidden), ("top_k", top_k),
+                                                         ("max_tokens", max_tokens)))
+    rank = _at_least("rank", rank, 0)
     if rank >= world_size:
         raise ArgumentError(f"Dispatcher: rank={rank}, expected a rank in [0, {world_size})")
     if num_experts % world_size:  # expert e lives on rank e // (E / R): every rank holds as many
@@ -124,6 +126,7 @@ def _check_shape(rank, world_size, num_experts, hidden, top_k, max_tokens, dtype
     if dtype not in _torch_dtype_map():  # what the all-to-all moves (warm() loads that dtype's kernel)
         names = ", ".join(str(d).removeprefix("torch.") for d in _torch_dtype_map())
         raise ArgumentError(f"Dispatcher: dtype={dtype}, expected one of {names}")
+    return rank, world_size, num_experts, hidden, top_k, max_tokens
 
 
 def _check_capacity(coll, hidden: int, top_k: int, max_tokens: int, dtype) -> None:
@@ -196,9 +199,8 @@ class Dispatcher:
 
     def __init__(self, coll, *, rank: int, world_size: int, num_experts: int, hidden: int, top_k: int,
                  max_tokens: int, dtype: torch.dtype = torch.bfloat16, device=None):
-        _check_shape(rank, world_size, num_experts, hidden, top_k, max_tokens, dtype)
-        rank, world_size, num_experts, hidden, top_k, max_tokens = (
-            int(v) for v in (rank, world_size, num_experts, hidden, top_k, max_tokens))  # NumPy integers too
+        rank, world_size, num_experts, hidden, top_k, max_tokens = _check_shape(  # NumPy integers too
+            rank, world_size, num_experts, hidden, top_k, max_tokens, dtype)
         _check_capacity(coll, hidden, top_k, max_tokens, dtype)
         _same_group(coll, rank, world_size)
         _agree(coll, {"world_size": world_size, "num_experts": num_experts, "hidden": hidden, "top_k": top_k,

@@ -290,22 +290,32 @@ def simulated(coll, spec, inputs, count, dtype, op):
     return simulate(runs.compiled.schedule, spec, inputs, count, dtype, op, calls=1, piece=piece)
 
 
+def on_streams(streams, work):
+    """``work()`` with every stream of ``streams`` ordered after the current stream and the
+    current stream after them, then the device synchronized (a raise included)."""
+    import torch
+    cur = torch.cuda.current_stream(DEVICE)
+    for s in streams:
+        s.wait_stream(cur)
+    try:
+        return work()
+    finally:
+        for s in streams:
+            cur.wait_stream(s)
+        torch.cuda.synchronize(DEVICE)
+
+
+def issue_group_calls(calls, streams) -> None:
+    """Each (collective, xs, outs, ...) of ``calls`` called in order on ``streams``, nothing between."""
+    for coll, xs, outs, *_ in calls:
+        coll(xs, outs, streams=streams)
+
+
 def gcall(coll, g, xs, outs, op="sum", streams="rank", **kw):
     """One group call, every rank on its own stream ordered after (and before) the current
     stream; the device synchronized and the collective's error record checked."""
-    import torch
-    cur = torch.cuda.current_stream(DEVICE)
     st = g.streams if isinstance(streams, str) and streams == "rank" else streams
-    if st is not None:
-        for s in st:
-            s.wait_stream(cur)
-    try:
-        result = coll(xs, outs, op=op, streams=st, **kw)
-    finally:
-        if st is not None:
-            for s in st:
-                cur.wait_stream(s)
-        torch.cuda.synchronize(DEVICE)
+    result = on_streams(st or (), lambda: coll(xs, outs, op=op, streams=st, **kw))
     coll.check()
     return result
 
@@ -654,14 +664,10 @@ def c_concurrent_streams(env):
             inputs = make_inputs(spec, count, dtype, rng, "int" if spec.is_reduce else "bits")
             xs, outs = buffers(spec, count, dtype, inputs)
             calls.append((coll, streams, xs, outs, reference(spec, inputs, count, dtype)))
-    cur = torch.cuda.current_stream(DEVICE)
-    for s in (*g.streams, *second):
-        s.wait_stream(cur)
-    for coll, streams, xs, outs, _ in calls:
-        coll(xs, outs, streams=streams)
-    for s in (*g.streams, *second):
-        cur.wait_stream(s)
-    torch.cuda.synchronize(DEVICE)
+    def issue():
+        for coll, streams, xs, outs, _ in calls:
+            coll(xs, outs, streams=streams)
+    on_streams((*g.streams, *second), issue)
     ar.check()
     ag.check()
     for i, (coll, _, _, outs, want) in enumerate(calls):
@@ -1272,7 +1278,6 @@ def c_graph_whole_group(R, name, mode, dt, count, warm=True, replays=10, tag="")
 
 
 def c_same_spec_twice(env):
-    import torch
     a, g = env.load(2, "allreduce.pln")
     b, _ = env.load(2, "allreduce.pln", tag="second load")
     spec, dtype = a[0].compiled.spec, dtype_of(F32)
@@ -1283,14 +1288,7 @@ def c_same_spec_twice(env):
         inputs = make_inputs(spec, count, dtype, rng, "int")
         xs, outs = buffers(spec, count, dtype, inputs)
         calls.append((a if i % 2 == 0 else b, xs, outs, reference(spec, inputs, count, dtype)))
-    cur = torch.cuda.current_stream(DEVICE)
-    for s in g.streams:
-        s.wait_stream(cur)
-    for coll, xs, outs, _ in calls:
-        coll(xs, outs, streams=g.streams)
-    for s in g.streams:
-        cur.wait_stream(s)
-    torch.cuda.synchronize(DEVICE)
+    on_streams(g.streams, lambda: issue_group_calls(calls, g.streams))
     a.check()
     b.check()
     for i, (_, _, outs, want) in enumerate(calls):
@@ -1299,7 +1297,6 @@ def c_same_spec_twice(env):
 
 
 def c_two_collectives(env):
-    import torch
     ar, g = env.load(4, "allreduce.pln")
     ag, _ = env.load(4, "allgather.pln")
     rng = _np().random.default_rng(37)
@@ -1311,14 +1308,7 @@ def c_two_collectives(env):
         inputs = make_inputs(spec, count, dtype, rng, "int" if spec.is_reduce else "bits")
         xs, outs = buffers(spec, count, dtype, inputs)
         calls.append((coll, xs, outs, reference(spec, inputs, count, dtype)))
-    cur = torch.cuda.current_stream(DEVICE)
-    for s in g.streams:
-        s.wait_stream(cur)
-    for coll, xs, outs, _ in calls:
-        coll(xs, outs, streams=g.streams)
-    for s in g.streams:
-        cur.wait_stream(s)
-    torch.cuda.synchronize(DEVICE)
+    on_streams(g.streams, lambda: issue_group_calls(calls, g.streams))
     ar.check()
     ag.check()
     for i, (coll, _, outs, want) in enumerate(calls):

@@ -26,9 +26,9 @@ from purlinc.dtypes import DType, ReduceOp  # noqa: E402
 from purlinc.frontend.check import check  # noqa: E402
 from purlinc.frontend.evaluate import evaluate  # noqa: E402
 from purlinc.frontend.parse import parse  # noqa: E402
+from purlinc.frontend.standard import SOURCES  # noqa: E402
 from purlinc.runtime.errors import ArgumentError  # noqa: E402
 from purlinc.torch import ops as ops_module  # noqa: E402
-from purlinc.torch.standard import SOURCES  # noqa: E402
 from rank_threads import on_threads  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent

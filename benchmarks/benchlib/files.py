@@ -110,7 +110,7 @@ def load_results(path: Path) -> dict:
 def results_json(doc: dict, **dump_options) -> str:
     """A results document as strict JSON: rows normalised (a bad time is an error row), every
     other non-finite number null, so any JSON reader takes the file."""
-    clean = {**doc, "meta": finite_only(doc.get("meta", {})), "rows": [normalize(r) for r in doc.get("rows", [])]}
+    clean = {**doc, "rows": [normalize(r) for r in doc.get("rows", [])]}
     return json.dumps(finite_only(clean), allow_nan=False, default=str, **dump_options)
 
 

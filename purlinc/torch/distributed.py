@@ -20,11 +20,11 @@ import math
 
 import torch
 
+from purlinc.frontend.standard import ROOTED, SOURCES
 from purlinc.runtime.errors import ArgumentError
 from purlinc.runtime.validate import integer
 from purlinc.torch import ops as _ops
 from purlinc.torch.registry import Entry, entry
-from purlinc.torch.standard import ROOTED, SOURCES
 
 _DEFINITIONS: dict = {}
 

@@ -30,10 +30,10 @@ from typing import NamedTuple
 import torch
 
 from purlinc.dtypes import DType, ReduceOp
+from purlinc.frontend.standard import SOURCES
 from purlinc.runtime.errors import ArgumentError
 from purlinc.runtime.validate import integer
 from purlinc.torch.registry import Entry, entry
-from purlinc.torch.standard import SOURCES
 
 NAMESPACE = "purlin"
 REDUCE_OPS = ("sum", "avg", "prod", "max", "min")

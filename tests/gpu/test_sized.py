@@ -14,6 +14,8 @@ Every output is compared bit for bit, the whole buffer, with the evaluator
 
 from __future__ import annotations
 
+import contextlib
+
 from pathlib import Path
 
 import numpy as np
@@ -310,25 +312,49 @@ class _TorchRank:
         self.rank, self.world_size, self.device, self.comm = rank, world_size, torch.device(f"cuda:{DEVICE}"), None
 
 
+@contextlib.contextmanager
+def _torch_ranks(R: int, capacity: int, **options):
+    """R loopback ranks as purlinc.torch.sized sees them, their uneven all-to-all loaded with
+    ``capacity`` (``options`` to the load), every kernel loaded first: (group, a2a, ranks)."""
+    import purlinc
+    from purlinc.torch import sized
+
+    group = _group(R)
+    a2a = purlinc.load(SIZED / "alltoallv.pln", group, capacity=capacity, **options)
+    ranks = [_TorchRank(r, R) for r in range(R)]
+    try:
+        for r in range(R):  # every kernel loaded before any rank's call spins (a module load waits for it)
+            a2a[r].warm("float32")
+        for r, g in enumerate(ranks):
+            sized.configure(g, capacity=capacity, loader=lambda source, comm, cap, r=r: a2a[r])
+        yield group, a2a, ranks
+    finally:
+        for g in ranks:
+            sized.state_of(g).close()
+        a2a.close()
+        group.close()
+
+
+def _all_to_all_single_on_ranks(group, ranks, outs, inputs, out_splits, splits) -> None:
+    """Every rank's all_to_all_single on its own stream, the device synchronized after."""
+    from purlinc.torch import sized
+
+    def issue():
+        for r, rank in enumerate(ranks):
+            with torch.cuda.stream(group.streams[r]):
+                sized.all_to_all_single(rank, outs[r], inputs[r], out_splits[r], splits[r])
+    on_rank_streams(group.streams, DEVICE, issue)
+
+
 def test_all_to_all_single_checks_output_split_sizes():
     """purlinc.torch.sized.all_to_all_single (host split lists) on R=3 loopback ranks: with
     output_split_sizes that agree with what the peers send, every output equals the rows
     packed by source; where rank 0 expects one row less from rank 1 and one more from rank 2
     (the same total), those rows are not written, rank 0's own rows lie where its lists put
     them, and the next call raises a SizeError naming the first pair."""
-    import purlinc
-    from purlinc.torch import sized
-
     R, H = 3, 8
-    group = _group(R)
-    a2a = purlinc.load(SIZED / "alltoallv.pln", group, capacity=CAPACITY * H, channels=2)
-    for r in range(R):  # every kernel loaded before any rank's call spins (a module load waits for it)
-        a2a[r].warm("float32")
-    ranks = [_TorchRank(r, R) for r in range(R)]
-    for r, g in enumerate(ranks):
-        sized.configure(g, capacity=CAPACITY * H, loader=lambda source, comm, cap, r=r: a2a[r])
     rng = np.random.default_rng(23)
-    try:
+    with _torch_ranks(R, CAPACITY * H, channels=2) as (group, a2a, ranks):
         for case in ("agree", "disagree", "agree again"):
             splits = [[int(v) for v in rng.integers(1, 6, R)] for _ in range(R)]  # splits[src][dst] rows
             inputs = [torch.randn(sum(row), H, device=f"cuda:{DEVICE}") for row in splits]
@@ -337,12 +363,7 @@ def test_all_to_all_single_checks_output_split_sizes():
                 out_splits[0][1] -= 1
                 out_splits[0][2] += 1
             outs = [torch.full((sum(o), H), float("nan"), device=f"cuda:{DEVICE}") for o in out_splits]
-
-            def issue():
-                for r in range(R):
-                    with torch.cuda.stream(group.streams[r]):
-                        sized.all_to_all_single(ranks[r], outs[r], inputs[r], out_splits[r], splits[r])
-            on_rank_streams(group.streams, DEVICE, issue)
+            _all_to_all_single_on_ranks(group, ranks, outs, inputs, out_splits, splits)
             for r in range(R):
                 offset = 0
                 for src in range(R):
@@ -359,49 +380,24 @@ def test_all_to_all_single_checks_output_split_sizes():
                                                     rf"size {splits[1][0]} differs from the {splits[1][0] - 1}"):
                     a2a[0].check()
             a2a.check()
-    finally:
-        for g in ranks:
-            sized.state_of(g).close()
-        a2a.close()
-        group.close()
 
 
 def test_all_to_all_single_counts_each_tensors_own_rows():
     """torch's rule: input_split_sizes count input's rows (8 elements here), output_split_sizes
     output's (4 elements: another shape, the same bytes per pair); R=3 loopback ranks, every
     output element written with its source rows' values."""
-    import purlinc
-    from purlinc.torch import sized
-
     R, H = 3, 8
-    group = _group(R)
-    a2a = purlinc.load(SIZED / "alltoallv.pln", group, capacity=CAPACITY * H)
-    for r in range(R):
-        a2a[r].warm("float32")
-    ranks = [_TorchRank(r, R) for r in range(R)]
-    for r, g in enumerate(ranks):
-        sized.configure(g, capacity=CAPACITY * H, loader=lambda source, comm, cap, r=r: a2a[r])
     rng = np.random.default_rng(29)
-    try:
+    with _torch_ranks(R, CAPACITY * H) as (group, a2a, ranks):
         splits = [[int(v) for v in rng.integers(0, 5, R)] for _ in range(R)]  # splits[src][dst], rows of H
         inputs = [torch.randn(sum(row), H, device=f"cuda:{DEVICE}") for row in splits]
         out_splits = [[2 * v for v in o] for o in _expected_rows(splits, R)]  # rows of H // 2
         outs = [torch.full((sum(o), H // 2), float("nan"), device=f"cuda:{DEVICE}") for o in out_splits]
-
-        def issue():
-            for r in range(R):
-                with torch.cuda.stream(group.streams[r]):
-                    sized.all_to_all_single(ranks[r], outs[r], inputs[r], out_splits[r], splits[r])
-        on_rank_streams(group.streams, DEVICE, issue)
+        _all_to_all_single_on_ranks(group, ranks, outs, inputs, out_splits, splits)
         a2a.check()
         for r in range(R):
             want = torch.cat([inputs[src][sum(splits[src][:r]):sum(splits[src][:r + 1])] for src in range(R)])
             assert torch.equal(outs[r].reshape(-1), want.reshape(-1)), f"rank {r}"
-    finally:
-        for g in ranks:
-            sized.state_of(g).close()
-        a2a.close()
-        group.close()
 
 
 def test_all_to_all_single_does_not_wait_for_the_gpu_and_refuses_a_capture():
