@@ -15,6 +15,8 @@
 #                     (one GPU is enough: PURLIN_STEPS=sized)
 #   moe               purlinc.moe dispatch/combine in loopback on cuda:0 (R=2..8, graphs) against a
 #                     plain torch exchange
+#   moe_stress        scripts/stress_moe.py: the moe step repeated for 20 s at each of R = 2, 3, 4, 8, each
+#                     exchange (dispatched rows, counts, result) checked against the routing itself
 #   moe_bench         benchmarks/moe_dispatch.py in loopback (writes $OUT)
 #   graph_buffers     loopback too: captured calls on ordinary buffers run without staging
 #   insitu            loopback too: the in-situ benchmark and the e2e decode step run, checked
@@ -57,7 +59,7 @@ mkdir -p "$OUT"
 export OUT PURLIN_RESULTS="$OUT" PURLIN_CACHE_DIR=${PURLIN_CACHE_DIR:-/tmp/purlin_cache}
 export PURLIN_WAIT_TIMEOUT_S=${PURLIN_WAIT_TIMEOUT_S:-5} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
-STEPS=${PURLIN_STEPS:-"precompile loopback loopback_scale fuzz_specs sized edges moe moe_bench graph_buffers insitu epilogue epilogue_bench insitu_bench e2e_loopback local local_ce trace torchrun zerocopy zerocopy_torchrun graph_buffers_torchrun faults torch torch_backend hier"}
+STEPS=${PURLIN_STEPS:-"precompile loopback loopback_scale fuzz_specs sized edges moe moe_stress moe_bench graph_buffers insitu epilogue epilogue_bench insitu_bench e2e_loopback local local_ce trace torchrun zerocopy zerocopy_torchrun graph_buffers_torchrun faults torch torch_backend hier"}
 T0=$(date +%s)
 . scripts/source_links.sh  # grammar/ and templates/ linked into purlinc/ for the run
 RAN=()
@@ -104,6 +106,7 @@ if wanted sized && [ -n "$SAN" ]; then
   PURLIN_WAIT_TIMEOUT_S=30 step sized_memcheck 300 "$SAN" --tool memcheck --error-exitcode 3 python3 tests/gpu/sized_sanitize.py
 fi
 pytest_step moe 420 tests/gpu/test_moe.py
+step moe_stress 240 python3 scripts/stress_moe.py --seconds 20 --worlds 2 3 4 8 --json "$OUT/moe_stress.json"
 step moe_bench 300 python3 benchmarks/moe_dispatch.py --out "$OUT" --devices 0,0 --channels 16 --reps 3
 pytest_step graph_buffers 300 tests/gpu/test_graph_buffers.py
 pytest_step insitu 400 -s tests/gpu/test_insitu_loopback.py

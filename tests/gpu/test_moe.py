@@ -82,7 +82,11 @@ def _reference(a2a, streams, R, E, inputs):
     def body(r):
         with torch.cuda.stream(streams[r]):
             x, ids, w = inputs[r]
-            return reference_moe(a2a_of(r), R, x, ids, w, scale_expert, E)
+            want = reference_moe(a2a_of(r), R, x, ids, w, scale_expert, E)
+        # its last kernels (the weighted sum after the last exchange) are queued on rank r's
+        # stream: done before the caller compares on its own stream
+        streams[r].synchronize()
+        return want
     return on_threads(R, body, barrier.abort, timeout=120)
 
 

@@ -1,0 +1,229 @@
+"""Repeat purlinc.moe's loopback step many times and check each exchange on its own: the rows
+and counts every rank receives from dispatch, what combine brings back, and the step's result,
+against what the routing says (computed on the host from every rank's inputs), not against
+another exchange.  For a wrong result that shows only now and then (the GPU shared with other
+work): it says which exchange and which rows went wrong.
+
+    python3 scripts/stress_moe.py --worlds 3 4 --seconds 60 --seed 7     # exit 1 on any mismatch
+    python3 scripts/stress_moe.py --worlds 4 --reference   # also tests/gpu/test_moe.py's plain exchange
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # moe_reference, rank_threads
+from moe_reference import routing, scale_expert  # noqa: E402
+
+from purlinc import moe  # noqa: E402
+
+DEVICE = 0
+
+
+def expected_rows(inputs, R, L, rank):
+    """The rows `rank` receives from each source, in the Dispatcher's order (tokens in order,
+    each once per destination rank): (token rows [n, H], local ids [n, k] with -1 elsewhere)."""
+    got = []
+    for x, ids, _w in inputs:
+        dest = (ids // L)
+        take = (dest == rank).any(1)
+        local = torch.where(dest == rank, ids % L, torch.full_like(ids, -1))
+        got.append((x[take], local[take].to(torch.int32)))
+    return got
+
+
+def truth(x, ids, w, L):
+    """y[t] = sum_j w[t, j] * expert(ids[t, j] % L, x[t]) in float32 (exact for the small
+    integers): experts are numbered on their own rank, as expert_weighted_sum calls them."""
+    y = torch.zeros(x.shape, dtype=torch.float32)
+    for j in range(ids.shape[1]):
+        for e in ids[:, j].unique().tolist():
+            sel = ids[:, j] == e
+            y[sel] += w[sel, j, None] * scale_expert(e % L, x[sel].to(torch.float32))
+    return y.to(x.dtype)
+
+
+def plain_reference(a2a, streams, R, E, inputs):
+    """tests/gpu/test_moe.py's reference: tests/moe_reference.py's host-list exchange through
+    ``a2a`` (another sized all-to-all on the same group), each rank on its own thread, the
+    ranks' calls issued in lock step.  Returns (results, problems): problems name each call
+    whose received chunk differs from what its source rank sent."""
+    import threading
+
+    from moe_reference import reference_moe
+    from rank_threads import on_threads
+
+    barrier = threading.Barrier(R, timeout=60)
+    calls = [[] for _ in range(R)]
+
+    def a2a_of(r):
+        def call(out, inp, out_splits, in_splits):
+            sizes = torch.tensor(in_splits, dtype=torch.int64, device=f"cuda:{DEVICE}")
+            got = torch.empty(R, dtype=torch.int64, device=f"cuda:{DEVICE}")
+            row = math.prod(inp.shape[1:])
+            if inp.dtype == torch.int64:
+                inp, out, row = inp.view(torch.int32), out.view(torch.int32), 2 * row
+            barrier.wait()
+            with torch.cuda.stream(streams[r]):
+                a2a[r](inp.reshape(-1).contiguous(), sizes, out.reshape(-1), got, row=row)
+            barrier.wait()
+            streams[r].synchronize()
+            calls[r].append((inp.reshape(-1).cpu(), list(in_splits), out.reshape(-1).cpu(), list(out_splits),
+                             got.cpu().tolist(), row))
+        return call
+
+    def body(r):
+        with torch.cuda.stream(streams[r]):
+            x, ids, w = (t.to(f"cuda:{DEVICE}") for t in inputs[r])
+            return reference_moe(a2a_of(r), R, x, ids, w, scale_expert, E).cpu()
+    results = on_threads(R, body, barrier.abort, timeout=120)
+    problems = []
+    for k in range(len(calls[0])):
+        for r in range(R):
+            _inp, _, out, out_splits, got, row = calls[r][k]
+            if got != out_splits:
+                problems.append(f"plain call {k} rank {r}: out_sizes {got}, expected {out_splits}")
+            at = 0
+            for s in range(R):
+                inp_s, in_splits_s = calls[s][k][0], calls[s][k][1]
+                start = sum(in_splits_s[:r]) * row
+                sent = inp_s[start:start + in_splits_s[r] * row]
+                mine = out[at:at + out_splits[s] * row]
+                if not torch.equal(sent, mine):
+                    bad = (sent != mine).nonzero().flatten()
+                    problems.append(f"plain call {k} rank {r} from {s}: {len(bad)} of {len(sent)} elements wrong, "
+                                    f"first at {bad[:4].tolist()} (row {row})")
+                at += out_splits[s] * row
+    return results, problems
+
+
+def on_streams(streams, fns):
+    current = torch.cuda.current_stream(DEVICE)
+    out = []
+    for s, fn in zip(streams, fns):
+        s.wait_stream(current)
+        with torch.cuda.stream(s):
+            out.append(fn())
+    for s in streams:
+        current.wait_stream(s)
+    torch.cuda.synchronize(DEVICE)
+    return out
+
+
+def check_step(disps, streams, inputs, R, E, H, T, a2a=None):
+    L = E // R
+    problems = []
+    gpu = [tuple(t.to(f"cuda:{DEVICE}") for t in inp) for inp in inputs]
+
+    def step(r):  # as a model issues it: the whole step on the rank's stream, then the next rank's
+        got = disps[r].dispatch(*gpu[r])
+        partial = moe.expert_weighted_sum(got, scale_expert, L)
+        return got, disps[r].combine(partial)
+    done = on_streams(streams, [lambda r=r: step(r) for r in range(R)])
+    for r in range(R):
+        disps[r].coll.check()
+        want = expected_rows(inputs, R, L, r)
+        counts = disps[r].recv_counts.cpu().tolist()
+        if counts != [len(rows) for rows, _ in want]:
+            problems.append(f"dispatch rank {r}: recv_counts {counts}, expected {[len(rows) for rows, _ in want]}")
+            continue
+        at = 0
+        tokens, ids = done[r][0].tokens.cpu(), done[r][0].expert_ids.cpu()
+        for s, (rows, local) in enumerate(want):
+            n = len(rows)
+            bad = ((tokens[at:at + n] != rows).any(1) | (ids[at:at + n] != local).any(1)).nonzero().flatten()
+            if len(bad):
+                problems.append(f"dispatch rank {r} from {s}: {len(bad)} of {n} rows wrong, first {bad[:8].tolist()}")
+            at += n
+    ys = [y for _got, y in done]
+    for r in range(R):
+        disps[r].coll.check()
+        x, ids, w = inputs[r]
+        # what combine must bring back: from each rank s, the partials s computed for r's rows, in order
+        sent = disps[r].counts.cpu().tolist()
+        back = disps[r].back_counts.cpu().tolist()
+        if back != sent:
+            problems.append(f"combine rank {r}: back_counts {back}, expected {sent}")
+        want = truth(x, ids, w, L)
+        y = ys[r].cpu()
+        if not torch.equal(y, want):
+            bad = (y != want).any(1).nonzero().flatten()
+            problems.append(f"result rank {r}: {len(bad)} of {len(y)} tokens wrong, first {bad[:8].tolist()}")
+    if a2a is not None:
+        results, plain = plain_reference(a2a, streams, R, E, inputs)
+        problems += plain
+        for r in range(R):
+            want = truth(*inputs[r], L)
+            if not torch.equal(results[r], want):
+                bad = (results[r] != want).any(1).nonzero().flatten()
+                problems.append(f"plain reference rank {r}: {len(bad)} tokens wrong, first {bad[:8].tolist()}")
+    return problems
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--worlds", type=int, nargs="+", default=[2, 3, 4, 8])
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--channels", type=int, default=2)
+    p.add_argument("--seconds", type=float, default=1e9,
+                   help="per world size: start no new step after this long")
+    p.add_argument("--json", help="write the findings here")
+    p.add_argument("--reference", action="store_true",
+                   help="also run tests/gpu/test_moe.py's plain exchange (a second sized all-to-all, R threads)")
+    a = p.parse_args(argv)
+    import purlinc
+
+    H, K, T = 256, 4, 64
+    findings, ran, began = [], 0, time.monotonic()
+    for R in a.worlds:
+        start = time.monotonic()
+        E = 2 * R
+        group = purlinc.LocalGroup([DEVICE] * R, share_devices=True)
+        streams = [torch.cuda.Stream(device=DEVICE) for _ in range(R)]
+        disps = moe.dispatchers(group, num_experts=E, hidden=H, top_k=K, max_tokens=T, channels=a.channels,
+                                expert=scale_expert)
+        a2a = None
+        if a.reference:  # loaded as test_moe.py loads it
+            a2a = purlinc.load(moe.SOURCE, group, capacity=T * K * H, channels=1)
+            for r in range(R):
+                a2a[r].warm("bfloat16")
+                a2a[r].warm("int32")
+        try:
+            for step in range(a.steps):
+                if time.monotonic() - start > a.seconds:
+                    break
+                skew = ("random", "one", "random", "empty")[step % 4]
+                inputs = []
+                for r in range(R):
+                    gen = torch.Generator().manual_seed(a.seed * 100003 + step * 97 + r)
+                    tokens = 0 if skew == "empty" and r == 1 else T - 3 * r
+                    inputs.append(routing(gen, tokens, H, E, K, torch.bfloat16, "cpu",
+                                          "one" if skew == "one" else "random"))
+                problems = check_step(disps, streams, inputs, R, E, H, T, a2a)
+                ran += 1
+                if problems:
+                    findings.append({"R": R, "step": step, "skew": skew, "problems": problems})
+                    print(f"R={R} step {step} ({skew}):", *problems, sep="\n  ", flush=True)
+        finally:
+            if a2a is not None:
+                a2a.close()
+            group.close()
+    print(f"{ran} steps, {len(findings)} with a mismatch, {time.monotonic() - began:.0f} s")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"steps": ran, "findings": findings}, indent=1))
+    if not ran:
+        print("no step ran (--steps or --seconds too small)")
+        return 1
+    return 1 if findings else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
