@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # moe_reference, rank_threads
-from moe_reference import routing, scale_expert  # noqa: E402
+from moe_reference import exchange_problems, loopback_reference, routing, scale_expert  # noqa: E402
 
 from purlinc import moe  # noqa: E402
 
@@ -48,60 +47,6 @@ def truth(x, ids, w, L):
             sel = ids[:, j] == e
             y[sel] += w[sel, j, None] * scale_expert(e % L, x[sel].to(torch.float32))
     return y.to(x.dtype)
-
-
-def plain_reference(a2a, streams, R, E, inputs):
-    """tests/gpu/test_moe.py's reference: tests/moe_reference.py's host-list exchange through
-    ``a2a`` (another sized all-to-all on the same group), each rank on its own thread, the
-    ranks' calls issued in lock step.  Returns (results, problems): problems name each call
-    whose received chunk differs from what its source rank sent."""
-    import threading
-
-    from moe_reference import reference_moe
-    from rank_threads import on_threads
-
-    barrier = threading.Barrier(R, timeout=60)
-    calls = [[] for _ in range(R)]
-
-    def a2a_of(r):
-        def call(out, inp, out_splits, in_splits):
-            sizes = torch.tensor(in_splits, dtype=torch.int64, device=f"cuda:{DEVICE}")
-            got = torch.empty(R, dtype=torch.int64, device=f"cuda:{DEVICE}")
-            row = math.prod(inp.shape[1:])
-            if inp.dtype == torch.int64:
-                inp, out, row = inp.view(torch.int32), out.view(torch.int32), 2 * row
-            barrier.wait()
-            with torch.cuda.stream(streams[r]):
-                a2a[r](inp.reshape(-1).contiguous(), sizes, out.reshape(-1), got, row=row)
-            barrier.wait()
-            streams[r].synchronize()
-            calls[r].append((inp.reshape(-1).cpu(), list(in_splits), out.reshape(-1).cpu(), list(out_splits),
-                             got.cpu().tolist(), row))
-        return call
-
-    def body(r):
-        with torch.cuda.stream(streams[r]):
-            x, ids, w = (t.to(f"cuda:{DEVICE}") for t in inputs[r])
-            return reference_moe(a2a_of(r), R, x, ids, w, scale_expert, E).cpu()
-    results = on_threads(R, body, barrier.abort, timeout=120)
-    problems = []
-    for k in range(len(calls[0])):
-        for r in range(R):
-            _inp, _, out, out_splits, got, row = calls[r][k]
-            if got != out_splits:
-                problems.append(f"plain call {k} rank {r}: out_sizes {got}, expected {out_splits}")
-            at = 0
-            for s in range(R):
-                inp_s, in_splits_s = calls[s][k][0], calls[s][k][1]
-                start = sum(in_splits_s[:r]) * row
-                sent = inp_s[start:start + in_splits_s[r] * row]
-                mine = out[at:at + out_splits[s] * row]
-                if not torch.equal(sent, mine):
-                    bad = (sent != mine).nonzero().flatten()
-                    problems.append(f"plain call {k} rank {r} from {s}: {len(bad)} of {len(sent)} elements wrong, "
-                                    f"first at {bad[:4].tolist()} (row {row})")
-                at += out_splits[s] * row
-    return results, problems
 
 
 def on_streams(streams, fns):
@@ -157,11 +102,12 @@ def check_step(disps, streams, inputs, R, E, H, T, a2a=None):
             bad = (y != want).any(1).nonzero().flatten()
             problems.append(f"result rank {r}: {len(bad)} of {len(y)} tokens wrong, first {bad[:8].tolist()}")
     if a2a is not None:
-        results, plain = plain_reference(a2a, streams, R, E, inputs)
-        problems += plain
+        record = [[] for _ in range(R)]
+        results = loopback_reference(a2a, streams, R, E, inputs, DEVICE, scale_expert, record)
+        problems += exchange_problems(record)
         for r in range(R):
             want = truth(*inputs[r], L)
-            if not torch.equal(results[r], want):
+            if not torch.equal(results[r].cpu(), want):
                 bad = (results[r] != want).any(1).nonzero().flatten()
                 problems.append(f"plain reference rank {r}: {len(bad)} tokens wrong, first {bad[:8].tolist()}")
     return problems

@@ -9,7 +9,12 @@ sum is exact in float32 and in bfloat16."""
 
 from __future__ import annotations
 
+import math
+import threading
+
 import torch
+
+from rank_threads import on_threads
 
 
 def reference_moe(a2a, world_size: int, x, topk_ids, topk_weights, expert, num_experts: int):
@@ -41,6 +46,66 @@ def reference_moe(a2a, world_size: int, x, topk_ids, topk_weights, expert, num_e
     out = torch.zeros(T, x.shape[1], dtype=torch.float32, device=dev)
     out.index_add_(0, token, back.to(torch.float32) * weights[:, None])
     return out.to(x.dtype)
+
+
+def loopback_reference(a2a, streams, world_size: int, num_experts: int, inputs, device: int, expert,
+                       record: list | None = None) -> list:
+    """Every rank's :func:`reference_moe` in a loopback group: ``a2a[r]`` is rank r's loaded
+    all-to-all with run-time sizes (host split lists made into size tensors), each rank on its
+    own thread and ``streams[r]``, the ranks' calls issued in lock step.  Returns the results
+    (on the GPU), each finished: its last kernels ran on rank r's stream, not the caller's.
+    ``record``: a list per rank, given every call as (input, input splits, output, output
+    splits, out_sizes, row) on the host, for :func:`exchange_problems`."""
+    R = world_size
+    barrier = threading.Barrier(R, timeout=60)
+
+    def a2a_of(r):
+        def call(out, inp, out_splits, in_splits):
+            sizes = torch.tensor(in_splits, dtype=torch.int64, device=f"cuda:{device}")
+            got = torch.empty(R, dtype=torch.int64, device=f"cuda:{device}")
+            row = math.prod(inp.shape[1:])  # elements per split unit (a rank may send no rows)
+            if inp.dtype == torch.int64:  # not a Purlin dtype: its bytes as int32 pairs
+                inp, out, row = inp.view(torch.int32), out.view(torch.int32), 2 * row
+            barrier.wait()  # every rank issues its call before any waits for the result
+            with torch.cuda.stream(streams[r]):
+                a2a[r](inp.reshape(-1).contiguous(), sizes, out.reshape(-1), got, row=row)
+            barrier.wait()
+            streams[r].synchronize()
+            if record is not None:
+                record[r].append((inp.reshape(-1).cpu(), list(in_splits), out.reshape(-1).cpu(), list(out_splits),
+                                  got.cpu().tolist(), row))
+        return call
+
+    def body(r):
+        with torch.cuda.stream(streams[r]):
+            x, ids, w = (t.to(f"cuda:{device}") for t in inputs[r])
+            want = reference_moe(a2a_of(r), R, x, ids, w, expert, num_experts)
+        streams[r].synchronize()  # its weighted sum after the last exchange is queued on this stream
+        return want
+    return on_threads(R, body, barrier.abort, timeout=120)
+
+
+def exchange_problems(record: list) -> list[str]:
+    """What :func:`loopback_reference`'s recorded calls got wrong: for every call, each rank's
+    out_sizes against its output splits, and each chunk it received against what its source
+    sent it."""
+    problems, R = [], len(record)
+    for k in range(len(record[0])):
+        for r in range(R):
+            _, _, out, out_splits, got, row = record[r][k]
+            if got != out_splits:
+                problems.append(f"plain call {k} rank {r}: out_sizes {got}, expected {out_splits}")
+            at = 0
+            for s in range(R):
+                inp, in_splits = record[s][k][0], record[s][k][1]
+                start = sum(in_splits[:r]) * row
+                sent, mine = inp[start:start + in_splits[r] * row], out[at:at + out_splits[s] * row]
+                if not torch.equal(sent, mine):
+                    bad = (sent != mine).nonzero().flatten()
+                    problems.append(f"plain call {k} rank {r} from {s}: {len(bad)} of {len(sent)} elements wrong, "
+                                    f"first at {bad[:4].tolist()} (row {row})")
+                at += out_splits[s] * row
+    return problems
 
 
 def routing(generator, T: int, H: int, num_experts: int, top_k: int, dtype, device, skew: str = "random"):

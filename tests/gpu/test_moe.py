@@ -10,7 +10,6 @@ whole step replayed with new routings written into the same input tensors.
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -19,8 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from moe_reference import reference_moe, routing, scale_expert  # noqa: E402
-from rank_threads import on_threads  # noqa: E402
+from moe_reference import loopback_reference, routing, scale_expert  # noqa: E402
 
 pytestmark = [pytest.mark.gpu]
 DEVICE = 0
@@ -61,33 +59,7 @@ def _on_streams(streams, fns):
 
 def _reference(a2a, streams, R, E, inputs):
     """Each rank's reference, the ranks' host-list all-to-alls issued in lock step."""
-    import threading
-
-    def a2a_of(r):
-        def call(out, inp, out_splits, in_splits):
-            sizes = torch.tensor(in_splits, dtype=torch.int64, device=f"cuda:{DEVICE}")
-            got = torch.empty(R, dtype=torch.int64, device=f"cuda:{DEVICE}")
-            row = math.prod(inp.shape[1:])  # elements per split unit (a rank may send no rows)
-            if inp.dtype == torch.int64:  # not a Purlin dtype: its bytes as int32 pairs
-                inp, out, row = inp.view(torch.int32), out.view(torch.int32), 2 * row
-            barrier.wait()  # every rank issues its call before any waits for the result
-            with torch.cuda.stream(streams[r]):
-                a2a[r](inp.reshape(-1).contiguous(), sizes, out.reshape(-1), got, row=row)
-            barrier.wait()
-            streams[r].synchronize()
-        return call
-
-    barrier = threading.Barrier(R, timeout=60)
-
-    def body(r):
-        with torch.cuda.stream(streams[r]):
-            x, ids, w = inputs[r]
-            want = reference_moe(a2a_of(r), R, x, ids, w, scale_expert, E)
-        # its last kernels (the weighted sum after the last exchange) are queued on rank r's
-        # stream: done before the caller compares on its own stream
-        streams[r].synchronize()
-        return want
-    return on_threads(R, body, barrier.abort, timeout=120)
+    return loopback_reference(a2a, streams, R, E, inputs, DEVICE, scale_expert)
 
 
 def _step(d, x, ids, w):
