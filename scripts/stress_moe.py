@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # moe_reference, rank_threads
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))  # _common
+from _common import each_on_own_stream  # noqa: E402
 from moe_reference import exchange_problems, loopback_reference, routing, scale_expert  # noqa: E402
 
 from purlinc import moe  # noqa: E402
@@ -49,19 +51,6 @@ def truth(x, ids, w, L):
     return y.to(x.dtype)
 
 
-def on_streams(streams, fns):
-    current = torch.cuda.current_stream(DEVICE)
-    out = []
-    for s, fn in zip(streams, fns):
-        s.wait_stream(current)
-        with torch.cuda.stream(s):
-            out.append(fn())
-    for s in streams:
-        current.wait_stream(s)
-    torch.cuda.synchronize(DEVICE)
-    return out
-
-
 def check_step(disps, streams, inputs, R, E, H, T, a2a=None):
     L = E // R
     problems = []
@@ -71,7 +60,7 @@ def check_step(disps, streams, inputs, R, E, H, T, a2a=None):
         got = disps[r].dispatch(*gpu[r])
         partial = moe.expert_weighted_sum(got, scale_expert, L)
         return got, disps[r].combine(partial)
-    done = on_streams(streams, [lambda r=r: step(r) for r in range(R)])
+    done = each_on_own_stream(streams, DEVICE, [lambda r=r: step(r) for r in range(R)])
     for r in range(R):
         disps[r].coll.check()
         want = expected_rows(inputs, R, L, r)

@@ -302,6 +302,21 @@ def on_rank_streams(streams, device: int, work) -> None:
     torch.cuda.synchronize(device)
 
 
+def each_on_own_stream(streams, device: int, fns) -> list:
+    """``fns[r]()`` on rank r's stream, all issued before any is waited for (a loopback group's
+    ranks wait for each other), then the device synchronized; returns their results."""
+    import torch
+
+    results = []
+
+    def issue():
+        for s, fn in zip(streams, fns):
+            with torch.cuda.stream(s):
+                results.append(fn())
+    on_rank_streams(streams, device, issue)
+    return results
+
+
 def replay_per_rank(graphs, streams, device: int) -> None:
     """Every rank's graph replayed on its own stream, after the work before it and waited for
     (the ranks wait for each other on the device)."""

@@ -18,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import each_on_own_stream  # noqa: E402
 from moe_reference import loopback_reference, routing, scale_expert  # noqa: E402
 
 pytestmark = [pytest.mark.gpu]
@@ -44,17 +45,7 @@ def _setup(R, E, channels=2):
 
 
 def _on_streams(streams, fns):
-    """fns[r]() on rank r's stream, all issued before any is waited for (they wait for each other)."""
-    current = torch.cuda.current_stream(DEVICE)
-    results = []
-    for s, fn in zip(streams, fns):
-        s.wait_stream(current)
-        with torch.cuda.stream(s):
-            results.append(fn())
-    for s in streams:
-        current.wait_stream(s)
-    torch.cuda.synchronize(DEVICE)
-    return results
+    return each_on_own_stream(streams, DEVICE, fns)
 
 
 def _reference(a2a, streams, R, E, inputs):
