@@ -426,6 +426,50 @@ CASES = [
         ),
         R=4,
     ),
+    Case(  # lark's lookahead set listed ')', ',' and '..' here, which cannot follow 'where R'
+        'single_equals_in_a_condition',
+        'collective a where R = 2 {\n    in[r] = x[r]\n    out[r] = x[0..R]\n    copy\n}\n',
+        (
+            "spec.pln:1:22: error: unexpected '='; expected '%', '*', '+', '-', '/', a comparison (==, !=, <, <=, >, >=)",
+            '    collective a where R = 2 {',
+            '                         ^',
+            "note: a condition compares with '==' ('=' assigns, in statements)",
+        ),
+        R=4,
+    ),
+    Case(
+        'with_after_where',
+        'collective a where R > 1 with sizes n[R] of x {\n    in[r] = x[r]\n    out[r] = x[0..R]\n    copy\n}\n',
+        (
+            "spec.pln:1:26: error: unexpected keyword 'with'; expected '%', '*', '+', ',', '-', '/', '{'",
+            '    collective a where R > 1 with sizes n[R] of x {',
+            '                             ^^^^',
+            "note: the header's clauses come in this order: collective NAME(PARAMS) with OPERANDS where CONDITIONS {",
+        ),
+        R=4,
+    ),
+    Case(
+        'two_with_clauses',
+        'collective a with sizes n[R] of x with sizes m[R] of x {\n    in[r] = x[r]\n    out[r] = x[0..R]\n    copy\n}\n',
+        (
+            "spec.pln:1:35: error: unexpected keyword 'with'; expected ',', 'where', '{'",
+            '    collective a with sizes n[R] of x with sizes m[R] of x {',
+            '                                      ^^^^',
+            "note: declare every operand in one 'with' clause, separated by commas",
+        ),
+        R=4,
+    ),
+    Case(  # an epilogue's statements: ')' and ',' were offered, with no call open
+        'operator_an_epilogue_lacks',
+        'collective a with rows q {\n    in[r] = x\n    out[r] = x\n    reduce\n'
+        '    epilogue rows(8) {\n        out = out % q\n    }\n}\n',
+        (
+            "spec.pln:6:19: error: unexpected '%'; expected '*', '+', '-', '/', ';', 'out', '}', a name",
+            '            out = out % q',
+            '                      ^',
+        ),
+        R=4,
+    ),
 ]
 
 

@@ -132,6 +132,25 @@ def test_carriage_returns_alone_do_not_end_lines():
     assert lines(other)[0].startswith("spec.pln:1:46: error: output chunk y[0]")
 
 
+def test_a_comment_that_hides_the_rest_of_a_carriage_return_file_says_so():
+    """With '\\r' line ends the first '//' comment takes the rest of the file; the end of the
+    file then came "early" with nothing to say why the statements an editor shows are gone."""
+    source = "collective a {\r    in[r] = x[r]  // gives x[r]\r    out[r] = x[0..R]\r    copy\r}\r"
+    assert lines(diagnose(source)) == [
+        "spec.pln:1:32: error: unexpected end of file; expected ',', ';', '[', 'copy', 'for', 'in', 'out', 'reduce'",
+        "    collective a {\ufffd    in[r] = x[r]  // gives x[r]\ufffd    out[r] = x[0..R]\ufffd    copy\ufffd}",
+        "                                   ^",
+        "note: the '//' comment at 1:34 runs on past the carriage return at 1:47 to the next '\\n', hiding the text "
+        "after it (only '\\n' or '\\r\\n' ends a line)",
+    ]
+
+
+@pytest.mark.parametrize("tail", ["  // done\r\n", "  // done\r\r\n", "  // done\r  \n"], ids=["crlf", "cr-crlf", "cr-blank"])
+def test_a_comment_ending_in_carriage_returns_hides_nothing(tail):
+    error = diagnose("collective a {\r\n    in[r] = x[r]\r\n    out[r] = x[0..R]\r\n    copy" + tail)
+    assert error.message.startswith("unexpected end of file") and error.notes == ()
+
+
 # --- 3. a UTF-8 byte-order mark ----------------------------------------------------------
 
 ALLGATHER = "collective a {\n    in[r] = x[r]\n    out[r] = x[0..R]\n    copy\n}\n"
@@ -291,3 +310,20 @@ def test_a_literal_float32_would_make_zero_is_refused_where_it_is_written():
 
 def test_a_byte_order_mark_at_the_start_of_a_string_source_is_dropped():
     assert parse("\ufeffcollective a { in[r] = x[r] out[r] = x[0..R] copy }").name == "a"
+
+
+# --- 4. the chunk budget's message counts every index -------------------------------------
+
+def test_a_chunk_over_the_budget_is_counted_over_all_its_indices():
+    """The count stopped at the first index past the budget: x[0..600000][0..2] was said to
+    name 600,000 chunks, not 1,200,000."""
+    error = diagnose("collective a { in[r] = x[0..600000][0..2] out[r] = x[0][0] copy }", 1)
+    assert error.message.startswith("'x[0..600000][0..2]' names 1,200,000 chunks, more than this spec may name at R=1")
+    assert (error.span.line, error.span.column) == (1, 24)
+
+
+def test_a_chunk_count_beyond_any_integer_is_capped_in_the_message():
+    huge = "[0..9223372036854775807]" * 40  # a product of 2,520 bits, not printed whole
+    error = diagnose(f"collective a {{ in[r] = x{huge} out[r] = x{'[0]' * 40} copy }}", 1)
+    assert error.message.startswith("'x[0..9223372036854775807][0..9223372036854775807]")
+    assert "names more than 9,223,372,036,854,775,807 chunks, more than this spec may name at R=1" in error.message

@@ -293,6 +293,8 @@ class _Checker:
         if count > self.chunks_left:
             named = MAX_CHUNKS - self.chunks_left
             chunks = "1 chunk" if count == 1 else f"{count:,} chunks"
+            if count > MAX_VALUE:  # a capped product (_expand_chunk)
+                chunks = f"more than {MAX_VALUE:,} chunks"
             raise PurlinError(
                 f"{what} {chunks}, more than this spec may name at R={self.world_size} "
                 f"(at most {MAX_CHUNKS:,} chunks over all ranks' layouts; {named:,} named before it)",
@@ -318,11 +320,12 @@ class _Checker:
                         index.span,
                     )
                 axes.append(range(value, value + 1))
+        # The whole product, for the message (stopping at the first factor past the budget
+        # reported x[0..600000][0..2] as 600,000 chunks); capped just past MAX_VALUE, so a
+        # thousand huge ranges stay a small number ("more than 9,223,372,036,854,775,807").
         count = 1
         for axis in axes:
-            count *= axis.stop - axis.start  # not len(): a range may be longer than sys.maxsize
-            if count > self.chunks_left:
-                break
+            count = min(count * (axis.stop - axis.start), MAX_VALUE + 1)  # not len(): may pass sys.maxsize
         if count > self.chunks_left:
             self._spend(count, ref.span, f"'{_short(ref)}' names")
         self.chunks_left -= count

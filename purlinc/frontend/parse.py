@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import struct
 from pathlib import Path
 
@@ -100,6 +101,21 @@ def _end_of_text(source: Source) -> Span:
     return _point(source, len(lines), len(lines[-1]) + 1)
 
 
+def _expected(error: lark.exceptions.UnexpectedToken) -> set[str]:
+    """The tokens that could stand where ``error``'s token does.
+
+    lark's ``expected`` is the LALR state's lookahead set, which merges every context the
+    state serves: after ``where R`` it offered ')', ',' and '..' (an index's followers), none
+    of which can follow there.  Feeding each candidate to a copy of the parser keeps only the
+    ones it would take."""
+    parser = getattr(error, "interactive_parser", None)
+    try:
+        accepted = parser.accepts() if parser is not None else set()
+    except lark.exceptions.LarkError:  # a message is still owed; lark's set is a superset
+        accepted = set()
+    return set(accepted) or set(error.expected)
+
+
 def _translate(error: lark.exceptions.LarkError, source: Source) -> PurlinError:
     if isinstance(error, lark.exceptions.UnexpectedCharacters):
         char = source.text[error.pos_in_stream] if error.pos_in_stream < len(source.text) else ""
@@ -109,14 +125,15 @@ def _translate(error: lark.exceptions.LarkError, source: Source) -> PurlinError:
                            _end_of_text(source))
     if isinstance(error, lark.exceptions.UnexpectedToken):
         token = error.token
+        expected = _expected(error)
         if token.type == "$END":
-            if set(error.expected) == {"COLLECTIVE"}:
+            if expected == {"COLLECTIVE"}:
                 return PurlinError("the file holds no collective, only comments", _point(source, 1, 1))
             # lark gives $END the position of the last token: point just past it, where the
             # missing text belongs (not past trailing comments and blank lines).
             end = _point(source, token.end_line, token.end_column) if token.end_line else _end_of_text(source)
-            return PurlinError(f"unexpected end of file; expected {_expected_words(set(error.expected))}", end)
-        expected = set(error.expected)
+            return PurlinError(f"unexpected end of file; expected {_expected_words(expected)}", end,
+                               _hidden_by_a_comment(source, token.end_pos or 0))
         span = _point(source, token.line, token.column, len(str(token)))
         if token.type == "RBRACE" and {"COPY", "REDUCE"} <= expected:
             return PurlinError("missing the operation: a collective ends with 'copy' or 'reduce'", span)
@@ -140,8 +157,41 @@ def _translate(error: lark.exceptions.LarkError, source: Source) -> PurlinError:
             found = f"keyword '{token}'"  # reserved words cannot name chunks or variables
         else:
             found = f"'{token}'"  # the text itself reads better than the terminal's description
-        return PurlinError(f"unexpected {found}; expected {_expected_words(expected)}", span)
+        return PurlinError(f"unexpected {found}; expected {_expected_words(expected)}", span,
+                           _header_hints(token, expected))
     return PurlinError(str(error))
+
+
+# Characters an editor may show as a line break but the lexer does not (str.splitlines's, less
+# '\n'): a '//' comment runs past them, to the next '\n'.
+_LONE_BREAKS = re.compile(r"[\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029](?!\n)[^\n]*?\S")
+_BREAK_NAMES = {"\r": "carriage return", "\x0c": "form feed", "\x0b": "vertical tab"}
+
+
+def _hidden_by_a_comment(source: Source, after: int) -> tuple[str, ...]:
+    """A note when the end of the file came early because a '//' comment after offset
+    ``after`` swallowed text behind a lone carriage return (a file with '\r' line ends shows
+    its statements, but the lexer reads one line: the first '//' comment takes the rest)."""
+    for comment in re.finditer(r"//[^\n]*", source.text[after:]):
+        hidden = _LONE_BREAKS.search(comment.group())
+        if hidden is not None:
+            comment_at = located(source, after + comment.start())
+            break_at = located(source, after + comment.start() + hidden.start())
+            return (f"the '//' comment at {comment_at.line}:{comment_at.column} runs on past the "
+                    f"{_BREAK_NAMES.get(hidden.group()[0], 'line separator')} at {break_at.line}:{break_at.column} "
+                    "to the next '\\n', hiding the text after it (only '\\n' or '\\r\\n' ends a line)",)
+    return ()
+
+
+def _header_hints(token: Token, expected: set[str]) -> tuple[str, ...]:
+    """A note for two slips in a header that the token lists alone do not explain."""
+    if token.type == "EQUAL" and "COMPARE" in expected:
+        return ("a condition compares with '==' ('=' assigns, in statements)",)
+    if token.type == "WITH" and "LBRACE" in expected:
+        if "WHERE" in expected:  # right after a `with` clause
+            return ("declare every operand in one 'with' clause, separated by commas",)
+        return ("the header's clauses come in this order: collective NAME(PARAMS) with OPERANDS where CONDITIONS {",)
+    return ()
 
 
 # Integer literals: 2**63 is far beyond any chunk index, and Python refuses to convert
