@@ -435,6 +435,18 @@ def test_codegen_refusals_are_located():
         lower(_example(2), LowerOptions(Algorithm.DIRECT_PUSH, registered=frozenset({"in", "out"})))
 
 
+@pytest.mark.parametrize("hidden, words", [
+    (16392, "a row of 16,392 bfloat16 elements"),  # 32,784 bytes: whole vectors, too many of them
+    (2**63 - 1, "a row of 9,223,372,036,854,775,807 bfloat16 elements"),  # odd bytes too: the length is the reason
+])
+def test_a_row_past_the_registers_is_refused_as_too_long(hidden, words):
+    with pytest.raises(PurlinError) as info:
+        spec = check(parse(FUSED.replace("hidden = 4096", f"hidden = {hidden}"), "f.pln"), 2)
+        generate(lower(spec, LowerOptions()), spec, atom="ldst", arch="sm_90", dtype=BF16, op=ReduceOp.SUM)
+    assert info.value.message == f"{words} is longer than the epilogue supports (16,384 elements)"
+    assert (info.value.span.line, info.value.span.column) == (8, 19)
+
+
 def test_verifier_rejects_misplaced_epilogues():
     spec = _example(2)
     schedule = lower(spec, LowerOptions(Algorithm.DIRECT_PUSH))

@@ -15,12 +15,14 @@ def row_problem(row: int, dtype: DType) -> str | None:
     if dtype.info.c_acc != "float":
         return f"an epilogue computes in float32; {dtype.value} outputs are not supported"
     row_bytes = row * dtype.itemsize
+    # the length first: of a row of 2**63 - 1 elements, "not a multiple of 16 bytes" is true but
+    # suggests one element more would do
+    if row_bytes > MAX_ROW_VECTORS * VECTOR_BYTES:
+        return (f"a row of {row:,} {dtype.value} elements is longer than the epilogue supports "
+                f"({MAX_ROW_VECTORS * VECTOR_BYTES // dtype.itemsize:,} elements)")
     if row_bytes % VECTOR_BYTES:
         return (f"a row of {row} {dtype.value} elements is {row_bytes} bytes, not a multiple of {VECTOR_BYTES} "
                 "(the kernels move 16-byte vectors)")
-    if row_bytes // VECTOR_BYTES > MAX_ROW_VECTORS:
-        return (f"a row of {row} {dtype.value} elements is longer than the epilogue supports "
-                f"({MAX_ROW_VECTORS * VECTOR_BYTES // dtype.itemsize} elements)")
     return None
 
 
