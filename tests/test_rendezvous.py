@@ -388,3 +388,202 @@ def test_communicator_arguments_are_checked_before_the_driver(tmp_path, monkeypa
         LocalGroup(**group_kwargs)
     assert info.value.message == message.replace("device:", "LocalGroup device 0:")
     assert "mem_alloc" not in touched
+
+
+def _gather_in_threads(exchanges, objs):
+    """Run one round of every exchange in threads; each rank's result or exception."""
+    results: dict[int, object] = {}
+
+    def run(i):
+        try:
+            results[i] = exchanges[i](objs[i])
+        except Exception as error:  # noqa: BLE001 -- the test looks at it
+            results[i] = error
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(exchanges))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return [results[i] for i in range(len(exchanges))]
+
+
+def test_a_peer_of_another_world_size_is_refused_not_gathered(tmp_path):
+    """Rank 0 started with WORLD_SIZE=2, ranks 1 and 2 with 3: rank 0 gathered [0, 1] and the
+    others [0, 1, 2], every process content.  Now each record says its world."""
+    from purlinc.runtime.errors import MismatchError
+    from purlinc.runtime.rendezvous import RendezvousMismatch
+
+    store = FileStore(tmp_path, timeout=2)
+    exchanges = [Exchange(store, 0, 2, timeout=2), Exchange(store, 1, 3, timeout=2), Exchange(store, 2, 3, timeout=2)]
+    started = time.monotonic()
+    got = _gather_in_threads(exchanges, ["a", "b", "c"])
+    assert time.monotonic() - started < 1.5  # refused at the first record read, not after a timeout
+    assert all(isinstance(e, RendezvousMismatch) and isinstance(e, MismatchError) for e in got)
+    assert got[0].message == ("rendezvous round 0: rank 1 belongs to a world of 3 ranks, but rank 0 to one of 2: "
+                              "expected WORLD_SIZE=2 on every rank")
+    assert got[1].message.startswith("rendezvous round 0: rank 0 belongs to a world of 2 ranks, but rank 1 to one of 3")
+
+
+def test_a_foreign_value_under_an_exchange_key_is_named(tmp_path):
+    from purlinc.runtime.rendezvous import RendezvousMismatch
+
+    store = FileStore(tmp_path, timeout=1)
+    ex = Exchange(store, 0, 2, timeout=1)
+    store.set(f"{ex.base}/0/1", b"not a pickle")
+    with pytest.raises(RendezvousMismatch, match=r"rendezvous round 0: the store's key purlin/g1/0/1 \(rank 1's\) "
+                                                 r"holds b'not a pickle', not a Purlin rendezvous record"):
+        ex("mine")
+
+
+def test_a_second_process_as_the_same_rank_is_named_on_timeout(tmp_path):
+    """Two processes started as rank 1: the second counted generation 2 and waited for rank 0
+    there, then said rank 0 'never arrived' though rank 0 had gathered with the first."""
+    store = FileStore(tmp_path, timeout=1)
+    first = [Exchange(store, 0, 2, timeout=1), Exchange(store, 1, 2, timeout=1)]
+    duplicate = Exchange(store, 1, 2, timeout=0.3)
+    assert _gather_in_threads(first, ["a", "b"]) == [["a", "b"], ["a", "b"]]
+    with pytest.raises(RendezvousTimeout) as info:
+        duplicate("c")
+    assert info.value.message.startswith(
+        "rendezvous round 0: rank 1 waited 0.3 s for rank 0 of 2, which joined another generation of this store: "
+        "rank 0 made 1 exchange(s) on it, rank 1 2 (two processes started as one rank, a store an earlier run left")
+
+
+@pytest.fixture
+def listener():
+    """A TCP listener that is not a rendezvous store: ``reply`` is what it answers to a request
+    (None: nothing, ever)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    state = {"reply": None, "conns": []}
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            state["conns"].append(conn)
+            try:
+                conn.recv(4096)
+                if state["reply"] is not None:
+                    conn.sendall(state["reply"])
+            except OSError:
+                pass
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], state
+    server.close()
+    for conn in state["conns"]:
+        conn.close()
+
+
+@pytest.mark.parametrize("reply, error, words", [
+    (b"HTTP/1.1 400 Bad Request\r\n\r\n", RendezvousError,
+     r"did not answer a request for 'k' as a Purlin rendezvous store does \(its reply began b'HTTP/1.1 '\)"),
+    (b"K" + (1 << 40).to_bytes(8, "big"), RendezvousError, "as a Purlin rendezvous store does"),
+    (None, RendezvousTimeout, r"did not answer a request for 'k' within 0.5 s"),
+    (b"K\x00\x00", RendezvousTimeout, r"did not answer a request for 'k' within 0.5 s"),
+])
+def test_a_port_held_by_another_service_is_named_within_the_bound(listener, reply, error, words):
+    """An HTTP server's answer was read as a length of 6 * 10^18 bytes (MemoryError, no message);
+    a listener that never answers held the client 30 s past its timeout, then said the store
+    'went away'."""
+    port, state = listener
+    state["reply"] = reply
+    store = TCPStore("127.0.0.1", port, timeout=0.5)
+    started = time.monotonic()
+    with pytest.raises(error, match=words):
+        store.set("k", b"v")
+    assert time.monotonic() - started < 3
+    with pytest.raises(RendezvousError, match="was dropped after an earlier failure"):
+        store.add("k", 1)  # the half-read connection is not reused
+    store.close()
+
+
+def _raw_request(port: int, payload: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as sock:
+        sock.sendall(payload)
+        return sock.recv(300)
+
+
+def _frame(op: bytes, key: bytes, value: bytes) -> bytes:
+    import struct
+
+    return op + struct.pack("!I", len(key)) + key + struct.pack("!Q", len(value)) + value
+
+
+@pytest.mark.parametrize("payload, words", [
+    (b"S" + (0xFFFFFFFF).to_bytes(4, "big") + b"abc", b"key of 4,294,967,295 bytes is past the store's limit"),
+    (b"S\x00\x00\x00\x01k" + (1 << 62).to_bytes(8, "big"), b"value of 4,611,686,018,427,387,904 bytes is past"),
+    (_frame(b"S", b"\xff\xfe", b"v"), b"UnicodeDecodeError"),
+    (_frame(b"G", b"k", b"nan"), b"a GET waits 0 to 1e+06 s, not b'nan'"),
+    (_frame(b"G", b"k", b"1e300"), b"a GET waits 0 to 1e+06 s, not b'1e300'"),
+])
+def test_the_server_answers_garbage_without_a_traceback_or_a_spin(payload, words, capfd):
+    """Rank 0's server allocated a claimed 2^62-byte value (MemoryError traceback), printed a
+    UnicodeDecodeError traceback for a non-UTF-8 key, and spun forever on a GET of NaN seconds
+    (which also kept rank 0's exit waiting for that client)."""
+    server = TCPStore("127.0.0.1", 0, is_server=True, timeout=2)
+    try:
+        started = time.monotonic()
+        reply = _raw_request(server.port, payload)
+        assert reply[:1] == b"E" and words in reply
+        assert time.monotonic() - started < 2
+        server.set("still", b"serving")
+        assert server.get("still") == b"serving"
+    finally:
+        started = time.monotonic()
+        server.close()
+        assert time.monotonic() - started < 1.5  # no handler left holding the exit
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_timeouts_and_values_have_an_upper_bound(tmp_path, monkeypatch):
+    """A timeout of 1e300 s passed the check and reached the server's clock (OverflowError)."""
+    from purlinc.runtime import rendezvous
+
+    with pytest.raises(RendezvousError, match=r"timeout must be a finite number of seconds above 0, at most 1e\+06"):
+        TCPStore("127.0.0.1", 0, is_server=True, timeout=1e300)
+    assert FileStore(tmp_path, timeout=1e6).timeout == 1e6
+    monkeypatch.setattr(rendezvous, "MAX_VALUE_BYTES", 1000)
+    for store in (FileStore(tmp_path), TCPStore("127.0.0.1", 0, is_server=True, timeout=2)):
+        with pytest.raises(RendezvousError, match="a store value is at most 1,000 bytes, got 1,001"):
+            store.set("k", bytes(1001))
+        store.close(wait=False)
+
+
+def test_a_check_exchange_a_peer_never_joins_is_its_mismatch_and_stops_the_communicator(tmp_path):
+    """The zero-copy / graph-buffer agreement checks: the check exchange's timeout (a Purlin
+    error) passed through bare instead of the check's own message, and left the communicator
+    running with its check rounds ahead of its peers' (their next check read this rank's
+    stale record)."""
+    from purlinc.runtime.communicator import Communicator, check_exchange
+    from purlinc.runtime.errors import MismatchError, PurlinTimeoutError
+
+    comm = Communicator(0, 2, 0, None, lambda obj: [obj, obj])
+    comm._check_exchange = Exchange(FileStore(tmp_path, timeout=0.2), 0, 2, timeout=0.2)
+    with pytest.raises(MismatchError, match="zc: a peer did not join the check: RendezvousTimeout"):
+        check_exchange(comm, ("zero-copy", 1), lambda error: MismatchError(
+            f"zc: a peer did not join the check: {type(error).__name__}"))
+    assert comm.failed is not None
+    with pytest.raises(PurlinTimeoutError, match="check exchange: rank 0's communicator stopped after an earlier "
+                                                 "timeout .*a peer did not join the check"):
+        check_exchange(comm, ("zero-copy", 2), lambda error: MismatchError("unused"))
+
+
+def test_a_store_that_fails_at_once_is_not_reported_as_a_peer_that_never_arrived(tmp_path):
+    """torch's store, when rank 0 (its server) exits, fails a wait at once and TorchStore calls
+    that a timeout: Exchange said rank 0 'never arrived' after 'waiting 2 s' (0.05 s in truth)."""
+    class Gone(FileStore):
+        def get(self, key, timeout=None):
+            raise RendezvousTimeout(f"key {key!r} did not appear within {timeout:g} s (Connection reset by peer)")
+
+    ex = Exchange(Gone(tmp_path, timeout=2), 1, 2, timeout=2)
+    started = time.monotonic()
+    with pytest.raises(RendezvousTimeout) as info:
+        ex("x")
+    assert time.monotonic() - started < 1
+    assert info.value.message.startswith("rendezvous round 0: rank 1's wait for rank 0 of 2 ended after ")
+    assert "of its 2 s bound, when the store failed: key 'purlin/g1/0/0' did not appear" in info.value.message

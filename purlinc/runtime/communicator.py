@@ -55,6 +55,10 @@ def _reporting(exchange, rank: int, bound: float, holder: list):
             comm.refuse("exchange")
         try:
             return exchange(obj)
+        except MismatchError as error:  # a peer of another world: named as it is, and the ranks are out of step
+            if comm is not None:
+                comm.fail(PurlinTimeoutError(f"rank {rank}: the host-side exchange failed: {error.message}"))
+            raise
         except (RendezvousError, RuntimeError) as error:
             text = getattr(error, "message", None) or str(error)  # a PurlinError's own text, not its rendering
             failure = PurlinTimeoutError(
@@ -74,14 +78,27 @@ def check_exchange(comm, obj, joined_not: Callable[[Exception], MismatchError]) 
     """Every rank's ``obj`` through ``comm``'s check exchange (a short timeout: under torchrun a
     peer that does not come made a mistake, it is not slow to start; a communicator without
     one uses its allgather).  The exchange failing (a peer never joined) raises the MismatchError
-    ``joined_not(error)`` makes; Purlin's own errors pass through."""
+    ``joined_not(error)`` makes and stops the communicator: this rank's check rounds are now
+    ahead of the peers', whose next check would read this one's stale record, and they wait
+    on the device for a call this rank will not launch.  Purlin's other errors pass through."""
+    from purlinc.runtime.rendezvous import RendezvousError
+
+    if getattr(comm, "failed", None) is not None:
+        comm.refuse("check exchange")
     exchange = getattr(comm, "_check_exchange", None) or comm.allgather
     try:
         return exchange(obj)
+    except MismatchError:
+        raise
+    except (PurlinTimeoutError, RendezvousError, RuntimeError) as error:  # the store's wait ran out, or the store is gone
+        mismatch, cause = joined_not(error), error
     except PurlinError:
         raise
-    except Exception as error:  # a gloo timeout: a peer never came
-        raise joined_not(error) from error
+    except Exception as error:  # noqa: BLE001 -- a gloo timeout: a peer never came
+        mismatch, cause = joined_not(error), error
+    if hasattr(comm, "fail") and getattr(comm, "failed", None) is None:
+        comm.fail(PurlinTimeoutError(f"rank {comm.rank}: {mismatch.message}"))
+    raise mismatch from cause
 
 
 class Communicator:

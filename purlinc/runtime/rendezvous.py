@@ -39,8 +39,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from purlinc.errors import PurlinError
+from purlinc.runtime.errors import MismatchError
 
 DEFAULT_TIMEOUT_S = 300.0
+MOST_TIMEOUT_S = 1e6  # about 11 days, as PURLIN_WAIT_TIMEOUT_S (time_t and the socket module refuse far more)
+
+# A frame's key and value are bounded, on both ends: a length read from a stranger's bytes (an
+# HTTP server on MASTER_PORT answered b"HTTP/1.1 ...", a length of 6 * 10^18) was allocated as
+# given (MemoryError), and garbage sent to rank 0's server did the same there.
+MAX_KEY_BYTES = 1 << 16
+MAX_VALUE_BYTES = 1 << 30
 
 # one request: op (1 byte), key length (4), key, value length (8), value
 _SET, _GET, _ADD, _DELETE, _PING = b"S", b"G", b"A", b"D", b"P"
@@ -54,6 +62,11 @@ class RendezvousError(PurlinError):
 
 class RendezvousTimeout(RendezvousError, TimeoutError):
     """A bounded wait of the rendezvous ran out (a rank never arrived or never wrote its key)."""
+
+
+class RendezvousMismatch(RendezvousError, MismatchError):
+    """A peer's record says it belongs to another world (another WORLD_SIZE, another rank), or
+    the store holds something that is not a Purlin record under the exchange's keys."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,14 +140,14 @@ def loads(data: bytes):
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    chunks, got = [], 0
+    buffer = bytearray(n)
+    view, got = memoryview(buffer), 0
     while got < n:
-        chunk = sock.recv(n - got)
-        if not chunk:
+        size = sock.recv_into(view[got:], min(n - got, 1 << 24))
+        if not size:
             raise ConnectionError("the rendezvous peer closed the connection")
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
+        got += size
+    return bytes(buffer)
 
 
 class _Table:
@@ -198,13 +211,19 @@ class _Handler(socketserver.BaseRequestHandler):
                 if not op:
                     return
                 (klen,) = struct.unpack("!I", _recv_exact(sock, 4))
-                key = _recv_exact(sock, klen).decode()
-                (vlen,) = struct.unpack("!Q", _recv_exact(sock, 8))
+                too_big = _too_big("key", klen, MAX_KEY_BYTES)
+                if not too_big:
+                    key = _recv_exact(sock, klen)
+                    (vlen,) = struct.unpack("!Q", _recv_exact(sock, 8))
+                    too_big = _too_big("value", vlen, MAX_VALUE_BYTES)
+                if too_big:  # not a request of ours: say so and hang up (the stream cannot be resynchronized)
+                    sock.sendall(_BAD + struct.pack("!Q", len(too_big)) + too_big)
+                    return
                 value = _recv_exact(sock, vlen)
             except (ConnectionError, OSError):
                 return
             try:
-                status, reply = _serve(table, op, key, value)
+                status, reply = _serve(table, op, key.decode(), value)
             except Exception as error:  # noqa: BLE001 -- a bad request (add to a non-number, a bad frame):
                 # answered, not fatal to the connection, so the client hears why
                 status, reply = _BAD, f"{type(error).__name__}: {error}".encode()
@@ -214,12 +233,19 @@ class _Handler(socketserver.BaseRequestHandler):
                 return
 
 
+def _too_big(what: str, n: int, most: int) -> bytes:
+    return f"a request's {what} of {n:,} bytes is past the store's limit of {most:,}".encode() if n > most else b""
+
+
 def _serve(table: "_Table", op: bytes, key: str, value: bytes) -> tuple[bytes, bytes]:
     """One request's (status, reply)."""
     if op == _SET:
         table.set(key, value)
     elif op == _GET:
-        found = table.get(key, float(value.decode()))
+        wait = float(value.decode())
+        if not 0 <= wait <= MOST_TIMEOUT_S:  # NaN spun the handler forever (a wait of NaN never ends)
+            raise ValueError(f"a GET waits 0 to {MOST_TIMEOUT_S:g} s, not {value[:40]!r}")
+        found = table.get(key, wait)
         return (_MISSING, b"") if found is None else (_OK, found)
     elif op == _ADD:
         return _OK, str(table.add(key, int(value.decode()))).encode()
@@ -237,13 +263,15 @@ class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
 
 def _seconds(what: str, value) -> float:
     """A timeout: a finite number of seconds above 0 (NaN never compares past a deadline, so a
-    wait bounded by it would never end; 0 or less would fail before trying)."""
+    wait bounded by it would never end; 0 or less would fail before trying), at most
+    MOST_TIMEOUT_S (1e300 s reached the server's clock as an OverflowError)."""
     try:
         seconds = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         seconds = float("nan")
-    if isinstance(value, bool) or not (0 < seconds < float("inf")):
-        raise RendezvousError(f"{what} must be a finite number of seconds above 0, got {value!r}")
+    if isinstance(value, bool) or not (0 < seconds <= MOST_TIMEOUT_S):
+        raise RendezvousError(f"{what} must be a finite number of seconds above 0, at most {MOST_TIMEOUT_S:g} "
+                              f"(11 days), got {value!r}")
     return seconds
 
 
@@ -251,6 +279,8 @@ def _key(key) -> str:
     """A store key: a non-empty string (FileStore makes a file name of it, TCPStore a frame)."""
     if not isinstance(key, str) or not key or "\0" in key:
         raise RendezvousError(f"a store key is a non-empty string without NUL, got {key!r}")
+    if len(key.encode(errors="surrogatepass")) > MAX_KEY_BYTES:
+        raise RendezvousError(f"a store key is at most {MAX_KEY_BYTES:,} bytes, got {len(key.encode(errors='surrogatepass')):,}")
     return key
 
 
@@ -262,9 +292,13 @@ def _keys(keys) -> list[str]:
 
 
 def _value(value) -> bytes:
-    """A store value: bytes (``bytes(3)`` would store three zero bytes, not "3")."""
+    """A store value: bytes (``bytes(3)`` would store three zero bytes, not "3"), at most MAX_VALUE_BYTES."""
     if not isinstance(value, (bytes, bytearray, memoryview)):
         raise RendezvousError(f"a store value is bytes, got {type(value).__name__}")
+    size = memoryview(value).nbytes
+    if size > MAX_VALUE_BYTES:  # before any copy
+        raise RendezvousError(f"a store value is at most {MAX_VALUE_BYTES:,} bytes, got {size:,}",
+                              notes=("the rendezvous carries small host-side records; send data through a collective",))
     return bytes(value)
 
 
@@ -274,6 +308,10 @@ def _port(value, *, server: bool) -> int:
         allowed = "0 (any free port) or 1..65535" if server else "1..65535"
         raise RendezvousError(f"port must be an integer in {allowed}, got {value!r}")
     return value
+
+
+class _Foreign(Exception):
+    """A reply that no rendezvous store sends (the bytes it began with)."""
 
 
 class TCPStore:
@@ -302,6 +340,7 @@ class TCPStore:
             atexit.register(self.close)
         self.port = port
         self._lock = threading.Lock()
+        self._broken: str | None = None  # why the connection was dropped (a half-read reply leaves it unusable)
         try:
             self._sock = self._connect()
         except BaseException:
@@ -332,15 +371,38 @@ class TCPStore:
 
     def _request(self, op: bytes, key: str, value: bytes = b"", wait: float = 0.0) -> tuple[bytes, bytes]:
         k = key.encode()
+        # The server answers a GET within ``wait``, anything else at once; the socket's bound
+        # allows that plus a margin (30 s, or the store's timeout if shorter: a listener that
+        # never answers held a rank 30 s past a 3 s timeout).
+        bound = wait + min(self.timeout, 30.0)
         with self._lock:
-            # The server answers a GET within ``wait``; the socket bound is a safety net over it.
-            self._sock.settimeout(wait + 30.0)
+            if self._broken is not None:
+                raise RendezvousError(f"the connection to the rendezvous store at {self.host}:{self.port} was "
+                                      f"dropped after an earlier failure ({self._broken}); a request for {key!r} "
+                                      "cannot be made on it")
             try:
+                self._sock.settimeout(bound)
                 self._sock.sendall(op + struct.pack("!I", len(k)) + k + struct.pack("!Q", len(value)) + value)
-                status = _recv_exact(self._sock, 1)
-                (n,) = struct.unpack("!Q", _recv_exact(self._sock, 8))
+                status = _recv_exact(self._sock, 9)
+                status, (n,) = status[:1], struct.unpack("!Q", status[1:])
+                if status not in (_OK, _MISSING, _BAD) or n > MAX_VALUE_BYTES + MAX_KEY_BYTES:
+                    raise _Foreign(status + struct.pack("!Q", n))
                 reply = _recv_exact(self._sock, n)
+            except _Foreign as foreign:
+                self._drop("its answer was not a rendezvous store's")
+                raise RendezvousError(
+                    f"{self.host}:{self.port} did not answer a request for {key!r} as a Purlin rendezvous store "
+                    f"does (its reply began {foreign.args[0]!r})",
+                    notes=("another service may listen on MASTER_ADDR:MASTER_PORT: pick a free port",)) from None
+            except (socket.timeout, TimeoutError):
+                self._drop(f"no answer within {bound:g} s")
+                raise RendezvousTimeout(
+                    f"the rendezvous store at {self.host}:{self.port} did not answer a request for {key!r} "
+                    f"within {bound:g} s",
+                    notes=("rank 0 serves the store: is it stopped, or does another service listen on "
+                           "MASTER_ADDR:MASTER_PORT?",)) from None
             except (OSError, ConnectionError) as error:
+                self._drop(str(error))
                 raise RendezvousError(f"the rendezvous store at {self.host}:{self.port} went away during "
                                       f"a request for {key!r}: {error}",
                                       notes=("rank 0 serves the store: did it exit or crash?",)) from None
@@ -348,6 +410,10 @@ class TCPStore:
             raise RendezvousError(f"the rendezvous store at {self.host}:{self.port} refused a request for "
                                   f"{key!r}: {reply.decode(errors='replace')}")
         return status, reply
+
+    def _drop(self, why: str) -> None:
+        self._broken = why
+        self._sock.close()
 
     def set(self, key: str, value: bytes) -> None:
         self._request(_SET, _key(key), _value(value))
@@ -467,6 +533,9 @@ class FileStore:
 # all-gather over a store
 
 
+_RECORD = "purlin-rdv-1"  # the first field of every Exchange record
+
+
 class Exchange:
     """``exchange(obj)``: every rank's ``obj`` in rank order (the communicator's host collective)."""
 
@@ -500,19 +569,74 @@ class Exchange:
             # all of round n-1: our round n-2 key is dead.  (No request after a round's last
             # read, so rank 0 -- the server -- may leave as soon as it has read.)
             self.store.delete([f"{self.base}/{n - 2}/{self.rank}"])
-        self.store.set(f"{base}/{self.rank}", dumps(obj))
+        # Each record says whose it is: a peer started with another WORLD_SIZE (or writing
+        # under another rank's key) was gathered as if it belonged to this world.
+        self.store.set(f"{base}/{self.rank}", dumps((_RECORD, self.world_size, self.rank, obj)))
         gathered = []
         for peer in range(self.world_size):
+            started = time.monotonic()
             try:
-                gathered.append(loads(self.store.get(f"{base}/{peer}", self.timeout)))
-            except RendezvousTimeout:
+                data = self.store.get(f"{base}/{peer}", self.timeout)
+            except RendezvousTimeout as error:
+                waited = time.monotonic() - started
+                if waited < 0.9 * self.timeout - 0.05:
+                    # Not the bound running out: a store that reports its failures as timeouts
+                    # (torch's, when its server -- rank 0's process -- exits) said "never arrived"
+                    # of a peer that had written its record, in a wait that lasted 0.05 s of 2.
+                    raise RendezvousTimeout(
+                        f"rendezvous round {n}: rank {self.rank}'s wait for rank {peer} of {self.world_size} ended "
+                        f"after {waited:.2g} s of its {self.timeout:g} s bound, when the store failed: "
+                        f"{error.message.splitlines()[0]}",
+                        notes=("the store's server runs in rank 0's process: did it exit or crash?",)) from None
                 raise RendezvousTimeout(
                     f"rendezvous round {n}: rank {self.rank} waited {self.timeout:g} s for rank {peer} of "
-                    f"{self.world_size}, which never arrived (store {self.store!r})",
+                    f"{self.world_size}, {self._absence(peer)} (store {self.store!r})",
                     notes=("every rank must make the same sequence of communicator calls (creation, loads, "
                            "first calls of each dtype)",),
                 ) from None
+            gathered.append(self._unwrap(n, peer, data))
         return gathered
+
+    def _unwrap(self, n: int, peer: int, data: bytes):
+        """The object in ``peer``'s record of round ``n``, once the record is shown to be a
+        record of this world written by ``peer``."""
+        try:
+            record = loads(data)
+        except Exception:  # noqa: BLE001 -- a truncated or foreign value: named below
+            record = None
+        if not (isinstance(record, tuple) and len(record) == 4 and record[0] == _RECORD):
+            raise RendezvousMismatch(
+                f"rendezvous round {n}: the store's key {self.base}/{n}/{peer} (rank {peer}'s) holds "
+                f"{data[:60]!r}{'...' if len(data) > 60 else ''}, not a Purlin rendezvous record "
+                f"(store {self.store!r})",
+                notes=("another program uses this store and prefix: give Purlin a store (or prefix) of its own",))
+        _, world, rank, obj = record
+        if world != self.world_size:
+            raise RendezvousMismatch(
+                f"rendezvous round {n}: rank {peer} belongs to a world of {world} ranks, but rank {self.rank} "
+                f"to one of {self.world_size}: expected WORLD_SIZE={self.world_size} on every rank",
+                notes=("every rank must be started with the same WORLD_SIZE",))
+        if rank != peer:
+            raise RendezvousMismatch(
+                f"rendezvous round {n}: rank {peer}'s key holds a record of rank {rank}: expected rank {peer}",
+                notes=("another program writes this store's keys",))
+        return obj
+
+    def _absence(self, peer: int) -> str:
+        """Why ``peer`` is not in this generation, as far as the store's counters say: its key of
+        this round never came, or it joined another generation (a second process started as one
+        rank, or a store left by an earlier run on the same address or directory)."""
+        try:
+            theirs = int(self.store.add(f"{self.prefix}/generation/{peer}", 0))
+        except Exception:  # noqa: BLE001 -- the diagnosis is best effort; the timeout stands
+            return "which never arrived"
+        if theirs == 0:
+            return "which never arrived (it never joined this store)"
+        if theirs == self.generation:
+            return "which never arrived"
+        return (f"which joined another generation of this store: rank {peer} made {theirs} exchange(s) on it, "
+                f"rank {self.rank} {self.generation} (two processes started as one rank, a store an earlier "
+                "run left on this address or directory, or ranks that made different numbers of communicators)")
 
     def barrier(self) -> None:
         self(None)
