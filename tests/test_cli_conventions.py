@@ -234,3 +234,58 @@ def test_internal_errors_still_exit_3(monkeypatch, capsys):
     code, out, err = cli(capsys, "dump", EXAMPLES / "allgather.pln")
     assert (code, out) == (3, "")
     assert err.startswith("internal error (a bug in purlinc, not in your input): KeyError: 'oops'\n")
+
+
+# ---- a failed compile leaves no output place behind ----------------------------------------
+
+@pytest.mark.parametrize("output", [None, "new/a/b"])
+def test_a_failed_compile_creates_no_directory(tmp_path, capsys, monkeypatch, output):
+    """The output place is checked (and made) before compiling; a compile that then fails --
+    a missing file, an algorithm that does not apply -- took it back only now: before, it left
+    an empty ./purlin-out (or every missing parent of -o)."""
+    monkeypatch.chdir(tmp_path)
+    flags = [] if output is None else ["-o", output]
+    code, out, err = cli(capsys, "compile", tmp_path / "missing.pln", *flags)
+    assert (code, out, err) == (2, "", f"error: no such file: {tmp_path / 'missing.pln'}\n")
+    code, out, err = cli(capsys, "compile", EXAMPLES / "allgather.pln", "-R", "2", "-a", "two-shot", *flags)
+    assert code == 2 and out == "" and "two-shot applies to reductions only" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_compile_keeps_a_directory_that_was_there(tmp_path, capsys):
+    (tmp_path / "kept").mkdir()
+    code, _, _ = cli(capsys, "compile", tmp_path / "missing.pln", "-o", tmp_path / "kept" / "new")
+    assert code == 2 and [p.name for p in tmp_path.iterdir()] == ["kept"] and not list((tmp_path / "kept").iterdir())
+
+
+def test_output_is_a_device(capsys, monkeypatch):
+    _no_compile(monkeypatch)
+    code, out, err = cli(capsys, "compile", EXAMPLES / "allgather.pln", "-o", "/dev/null")
+    assert (code, out) == (2, "")
+    assert err == "error: -o /dev/null: /dev/null is not a directory\nnote: choose another place with -o DIR\n"
+
+
+# ---- standard output that cannot be written --------------------------------------------------
+
+@pytest.mark.parametrize("argv", [["dump", EXAMPLES / "allgather.pln"], ["check", EXAMPLES / "allgather.pln", "-R", "2"]])
+def test_closed_standard_output_is_a_user_error(argv):
+    """`purlinc dump x.pln >&-`: an internal error (exit 3, AttributeError on None) before."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "purlinc", *map(str, argv)], capture_output=False, env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120,
+                          preexec_fn=lambda: os.close(1))
+    assert done.returncode == 2
+    assert done.stderr.decode() == ("error: standard output is closed: purlinc prints its results (or the paths it "
+                                    "wrote) there\nnote: redirect it to a file or /dev/null instead of closing it\n")
+
+
+def test_full_standard_output_says_so(capsys, monkeypatch):
+    """`purlinc dump x.pln > /dev/full`: 'error: No space left on device' named nothing."""
+    class Full(io.StringIO):
+        def flush(self):
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sys, "stdout", Full())
+    code = main(["dump", str(EXAMPLES / "allgather.pln")])
+    assert code == 2
+    assert capsys.readouterr().err == "error: cannot write to standard output: No space left on device\n"

@@ -303,3 +303,45 @@ def test_integers_are_written_as_in_a_pln_file(capsys, argv, message):
 def test_compare_refuses_an_algorithm_named_twice(capsys):
     err = refused(capsys, "draw", ALLREDUCE, "-R", "2", "--compare", "ring,direct-push,ring")
     assert "--compare 'ring,direct-push,ring': ring named twice; name each algorithm once" in err
+
+
+# ---- --slots where the algorithm has none ------------------------------------------------
+
+@pytest.mark.parametrize("argv, algorithm", [
+    (["dump", ALLGATHER, "-R", "4", "-s", "snac", "--slots", "2"], "direct-push (the spec's default algorithm)"),
+    (["dump", ALLGATHER, "-R", "4", "-s", "cuda", "--slots", "2", "-a", "direct-pull"], "direct-pull"),
+    (["compile", ALLGATHER, "-R", "4", "--slots", "2"], "direct-push (the spec's default algorithm)"),
+    (["check", ALLGATHER, "-R", "2..4", "--slots", "2", "-a", "direct-push"], "direct-push"),
+    (["draw", ALLGATHER, "-R", "4", "--slots", "2"], "direct-push"),
+])
+def test_slots_are_refused_where_the_algorithm_has_none(capsys, tmp_path, monkeypatch, argv, algorithm):
+    """Direct-push, direct-pull and two-shot give every message its own unit: --slots N went
+    into the options' key (and the kernel's name) and changed nothing else."""
+    monkeypatch.chdir(tmp_path)
+    err = refused(capsys, *argv)
+    assert err.startswith(f"error: --slots 2 does not apply to {algorithm}: it gives every message its own "
+                          "staging unit\nnote: --slots applies to ring"), err
+    assert list(tmp_path.iterdir()) == []  # compile wrote nothing, made no purlin-out
+
+
+def test_slots_on_ring_and_in_a_comparison_with_ring(capsys):
+    code, out, err = cli(capsys, "dump", ALLGATHER, "-R", "4", "-s", "snac", "--slots", "2", "-a", "ring")
+    assert code == 0 and "slots 2" in out, err
+    code, out, err = cli(capsys, "draw", ALLGATHER, "-R", "3", "--slots", "2", "--compare", "ring,direct-push")
+    assert code == 0 and out.startswith("<svg"), err
+    err = refused(capsys, "draw", ALLGATHER, "-R", "3", "--slots", "2", "--compare", "direct-pull,direct-push")
+    assert err == ("error: --slots 2 does not apply to direct-pull, direct-push: they give every message its own "
+                   "staging unit\nnote: --slots applies to ring (pick one with -a or --compare), or leave --slots out\n")
+
+
+# ---- --arch and --atom are named in their errors -----------------------------------------
+
+@pytest.mark.parametrize("arch", ["sm_75", "SM_90", "compute_90", "sm_999", ""])
+def test_a_bad_arch_names_the_flag(capsys, arch):
+    err = refused(capsys, "dump", ALLGATHER, "-R", "2", "--arch", arch)
+    assert err.startswith(f"error: --arch: unknown target architecture {arch!r}\nnote: expected sm_NN"), err
+
+
+def test_an_atom_the_arch_lacks_names_both_flags(capsys):
+    err = refused(capsys, "dump", ALLGATHER, "-R", "2", "-s", "cuda", "--atom", "tma", "--arch", "sm_80")
+    assert err == "error: --atom tma needs sm_90 or newer, not --arch sm_80\nnote: atoms for sm_80: ldst\n"

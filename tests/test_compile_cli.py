@@ -80,8 +80,9 @@ def test_compile_params(tmp_path, capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--atom", "tma", "--arch", "sm_80"], "error: atom 'tma' needs sm_90 or newer, not sm_80"),
-        (["--arch", "sm_9"], "error: unknown target architecture 'sm_9'"),
+        (["--atom", "tma", "--arch", "sm_80"], "error: --atom tma needs sm_90 or newer, not --arch sm_80\n"
+                                               "note: atoms for sm_80: ldst"),
+        (["--arch", "sm_9"], "error: --arch: unknown target architecture 'sm_9'"),
         (["--dtype", "float8_e4m3"], "error: float8_e4m3 cannot be reduced"),
         (["--dtype", "float64"], "error: unknown dtype 'float64'"),
     ],
@@ -132,3 +133,16 @@ def test_compiles_for_two_archs_share_a_directory(tmp_path, capsys):
         assert {name for name in manifest["files"].values()} | {manifest_name} == set(written)
         assert written[manifest["files"]["cubin"]][:4] == b"\x7fELF"
     assert sets["sm_90"][f"{manifest['kernel_base']}.sm_90.cubin"] != sets["sm_100"][f"{manifest['kernel_base']}.sm_100.cubin"]
+
+
+def test_a_cache_dir_that_is_a_file_is_warned_of(tmp_path, capsys, monkeypatch):
+    """PURLIN_CACHE_DIR naming a file: the cache skipped itself with no word (a log line at INFO)."""
+    (tmp_path / "cache").write_text("")
+    monkeypatch.setenv("PURLIN_CACHE_DIR", str(tmp_path / "cache"))
+    status, out, err = _compile(capsys, EXAMPLES / "allgather.pln", "-R", "2", "-o", tmp_path / "out")
+    assert status == 0 and len(out.splitlines()) == 4
+    assert err == (f"warning: the compile cache {tmp_path / 'cache'} cannot be used ({tmp_path / 'cache'} is not a "
+                   "directory): compiling without it (set PURLIN_CACHE_DIR, or PURLIN_NO_CACHE=1)\n")
+    monkeypatch.setenv("PURLIN_NO_CACHE", "1")  # asked for no cache: nothing to warn of
+    status, out, err = _compile(capsys, EXAMPLES / "allgather.pln", "-R", "2", "-o", tmp_path / "out")
+    assert (status, err) == (0, "")

@@ -687,3 +687,97 @@ def test_timeline_of_a_fused_call_models_whole_rows(tmp_path):
             "-o", str(out)]
     assert main(argv) == 0
     assert "8192 B per chunk (bfloat16)" in out.read_text()
+
+
+# ---- the output file ------------------------------------------------------------------------
+
+def test_draw_refuses_to_overwrite_its_input(tmp_path, capsys):
+    """`purlinc draw x.svg -o x.svg` (or -o a link to the input) replaced the .pln with its drawing."""
+    source = tmp_path / "spec.svg"
+    source.write_text((EXAMPLES / "allgather.pln").read_text())
+    (tmp_path / "link.svg").symlink_to(source)
+    for output in (source, tmp_path / "link.svg"):
+        assert main(["draw", str(source), "-R", "2", "-o", str(output)]) == 2
+        assert capsys.readouterr().err == (f"error: -o {output}: is the input file {source}; writing the drawing "
+                                           "there would overwrite it\n")
+    assert source.read_text() == (EXAMPLES / "allgather.pln").read_text()
+
+
+@pytest.mark.parametrize("output, message", [
+    ("missing/x.svg", "the directory {tmp}/missing does not exist"),
+    ("file.txt/x.svg", "{tmp}/file.txt is not a directory"),
+    ("folder", "is a directory; name a file in it, e.g. schedule.svg"),
+])
+def test_draw_checks_the_output_place_first(tmp_path, capsys, monkeypatch, output, message):
+    """Named with -o, and before the drawing is made (before, after it: 'error: x.svg: No such file')."""
+    (tmp_path / "file.txt").write_text("")
+    (tmp_path / "folder").mkdir()
+    monkeypatch.setattr("purlinc.draw.render.render", lambda *a: pytest.fail("drawn before the output was checked"))
+    assert main(["draw", str(EXAMPLES / "allgather.pln"), "-o", str(tmp_path / output), "-f", "svg"]) == 2
+    assert capsys.readouterr().err == f"error: -o {tmp_path / output}: {message.format(tmp=tmp_path)}\n"
+
+
+def test_a_failed_write_leaves_the_old_file_whole(tmp_path):
+    """A write cut short (here a file size limit: Python ignores SIGXFSZ, so the write fails with
+    EFBIG) left the first 4 KiB of the drawing in place of the old file; now the old file stays as
+    it was and no temporary file is left.  In a child process: the limit would also cut the test
+    runner's own output files."""
+    resource = pytest.importorskip("resource")
+    out = tmp_path / "x.svg"
+    out.write_text("old")
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    done = subprocess.run([sys.executable, "-m", "purlinc", "draw", str(EXAMPLES / "allgather.pln"), "-R", "2",
+                           "-o", str(out)], capture_output=True, text=True, preexec_fn=limit, timeout=120)  # ~8 KiB
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == f"error: -o {out}: cannot write the drawing: File too large\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["x.svg"] and out.read_text() == "old"
+
+
+def test_draw_writes_through_a_device_and_keeps_a_file_mode(tmp_path, capsys):
+    assert main(["draw", str(EXAMPLES / "allgather.pln"), "-R", "2", "-o", "/dev/null", "-f", "svg"]) == 0
+    assert capsys.readouterr().out == ""  # no path printed: `-o /dev/stdout` would get it inside the drawing
+    out = tmp_path / "x.svg"
+    out.write_text("old")
+    out.chmod(0o640)
+    assert main(["draw", str(EXAMPLES / "allgather.pln"), "-R", "2", "-o", str(out)]) == 0
+    assert out.read_text().startswith("<svg") and (out.stat().st_mode & 0o777) == 0o640
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--format", ""], "error: unknown drawing format '' (from --format ''): expected svg or html\n"),  # was 'from None'
+    (["-o", "{tmp}/x"], "error: unknown drawing format '' (from -o {tmp}/x, a name without an extension): expected "
+                        "svg or html\n"),
+    (["-o", "{tmp}/x.svg", "--format", "html"], "error: --format html does not agree with -o {tmp}/x.svg, a .svg file\n"
+                                                "note: give one of them, or name the file for the format\n"),
+])
+def test_draw_format_errors_say_where_the_format_came_from(tmp_path, capsys, argv, message):
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    assert main(["draw", str(EXAMPLES / "allgather.pln"), *argv]) == 2
+    assert capsys.readouterr().err.startswith(message.format(tmp=tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_draw_format_may_name_a_file_of_another_extension(tmp_path, capsys):
+    out = tmp_path / "x.txt"
+    assert main(["draw", str(EXAMPLES / "allgather.pln"), "-R", "2", "-o", str(out), "--format", "svg"]) == 0
+    assert out.read_text().startswith("<svg")
+
+
+def test_plan_title_clears_the_phase_labels():
+    """The 14 px title (baseline 18) and the phase labels (11 px) touched: 'GPUs (R=8)' ran into
+    '0: SNAC reduce'.  A phase label's capitals start at least 8 px below the title's descenders."""
+    from purlinc.draw.hier import plan_svg
+    from purlinc.snac.hierplan import plan_hierarchical
+
+    spec = pipeline.spec_stage(pipeline.parse_stage(pipeline.load_source(EXAMPLES / "allreduce.pln")), 8, {})
+    text = plan_svg(plan_hierarchical(spec, 4, pipeline.default_options(spec)))
+    root = ET.fromstring(text)
+    texts = root.findall(NS + "text")
+    title = float(texts[0].get("y"))
+    phases = [float(t.get("y")) for t in texts if re.match(r"\d+: ", t.text or "")]
+    buffers = [float(t.get("y")) for t in texts if t.get("font-weight") == "bold" and t is not texts[0]]
+    assert phases and buffers
+    assert min(phases) - 8 >= title + 4 + 8  # capitals 8 px above the baseline, descenders 4 px below
+    assert min(buffers) - 8 >= max(phases) + 3 + 3

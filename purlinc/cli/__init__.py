@@ -10,7 +10,7 @@ import shlex
 import sys
 
 from purlinc import __version__, settings
-from purlinc.cli import check, compile, draw, dump
+from purlinc.cli import check, common, compile, draw, dump
 from purlinc.errors import PurlinError
 
 # Subcommands in the order ``purlinc --help`` lists them: each module adds its parser and runs it.
@@ -69,8 +69,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings.log_level()  # a PURLIN_DEBUG the runtime's log would refuse is refused here too
+        if sys.stdout is None:  # `purlinc ... >&-`: every subcommand prints what it did there
+            raise PurlinError("standard output is closed: purlinc prints its results (or the paths it wrote) "
+                              "there", notes=("redirect it to a file or /dev/null instead of closing it",))
         status = SUBCOMMANDS[args.command].run(args)
-        sys.stdout.flush()  # inside the try: a closed pipe shows up here
+        try:
+            sys.stdout.flush()  # inside the try: a closed pipe shows up here
+        except BrokenPipeError:
+            raise
+        except OSError as error:
+            raise common.stdout_error(error) from None
         return status
     except BrokenPipeError:
         # `purlinc dump ... | head`: the reader has gone; stop quietly, as cat and grep do.

@@ -64,6 +64,8 @@ def run(args) -> int:
     from purlinc.frontend.check import check_all
 
     common.check_stage_copies(args)
+    if args.algorithm is not None:  # without -a, --slots checks the algorithms that take it
+        common.check_slots(args, args.algorithm)
     _refuse_schedule_options_with_spec_only(args)
     definition = pipeline.parse_stage(common.source(args))
     params = dict(args.param)
@@ -90,7 +92,7 @@ def run(args) -> int:
     if definition.constraints and len(sizes) > 1:  # the sizes may have gaps: say which were skipped
         sizes_text += " where " + ", ".join(c.format() for c in definition.constraints)
     what = "spec" if args.spec_only else hier_text or f"spec and {verified} schedules verified"
-    print(f"{definition.name}: ok for {sizes_text}: {what}")
+    common.emit(f"{definition.name}: ok for {sizes_text}: {what}\n")
     return 0
 
 

@@ -4,7 +4,11 @@ arguments into a source and LowerOptions (the same ones ``compile`` would use)."
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import re
+import secrets
+import stat
 import sys
 from pathlib import Path
 
@@ -16,6 +20,7 @@ from purlinc.snac.algorithms import ALGORITHMS as ALGORITHM_REGISTRY
 ATOMS = kernel_atoms()  # the atom registry's atoms with kernels (compile and dump write CUDA)
 ALGORITHMS = ALGORITHM_REGISTRY.names()
 PACKING = ", ".join(r.name for r in ALGORITHM_REGISTRY.records() if r.packed)  # algorithms that lower packed
+SLOTTED = ", ".join(r.name for r in ALGORITHM_REGISTRY.records() if r.uses_slots)  # algorithms that honour --slots
 TWO_COPIES = ", ".join(r.name for r in ALGORITHM_REGISTRY.records() if r.stage_copies > 1)
 FILE_HELP = "the .pln collective (see docs/LANGUAGE.md), or - for standard input"
 
@@ -151,10 +156,18 @@ def check_codegen(args) -> None:
     """Refuse a bad --arch, --atom for it, --dtype or --op before any work, whatever is asked
     for: a dump of an early stage or a copy collective (which has no reduction) would
     otherwise accept them silently, and the same command would fail once it reached codegen."""
-    from purlinc.atom.atoms import get_atom
+    from purlinc.atom.atoms import applicable_atoms, get_atom, lookup_atom, parse_arch
     from purlinc.dtypes import DType, ReduceOp
 
-    get_atom(args.atom, args.arch)  # the architecture, then the atom on it (PurlinError)
+    try:
+        target = parse_arch(args.arch)
+    except PurlinError as error:  # the message names the value; the flag is named here
+        raise PurlinError(f"--arch: {error.message}", notes=error.notes) from None
+    atom = lookup_atom(args.atom)
+    if not atom.supports(target):
+        raise PurlinError(f"--atom {args.atom} needs sm_{atom.min_arch} or newer, not --arch {args.arch}",
+                          notes=(f"atoms for {target.name}: {', '.join(applicable_atoms(target))}",))
+    get_atom(args.atom, target)  # what else the code generator checks (PurlinError)
     DType.parse(args.dtype)  # ValueError naming the known ones
     if args.op is not None:
         ReduceOp.parse(args.op)
@@ -189,6 +202,20 @@ def check_stage_copies(args) -> None:
                           notes=(f"two staging copies apply to {TWO_COPIES} only",))
 
 
+def check_slots(args, algorithm) -> None:
+    """--slots with an algorithm that gives every message its own staging unit: the lowering
+    takes the number into the options' key and ignores it, so it is refused instead."""
+    from purlinc.snac.algorithms import get_algorithm
+
+    slots = getattr(args, "slots", None)
+    if slots is None or get_algorithm(algorithm).uses_slots:
+        return
+    name = getattr(algorithm, "value", algorithm)
+    chosen = "" if getattr(args, "algorithm", None) else " (the spec's default algorithm)"
+    raise PurlinError(f"--slots {slots} does not apply to {name}{chosen}: it gives every message its own staging unit",
+                      notes=(f"--slots applies to {SLOTTED} (pick one with -a), or leave --slots out",))
+
+
 def overrides(args) -> dict:
     """The LowerOptions fields the command line sets (applied over the spec's defaults)."""
     from purlinc.snac.ir import Algorithm
@@ -216,7 +243,9 @@ def options(args, spec, **more):
     from purlinc.pipeline import resolve_options, with_atom_defaults
 
     changes = with_atom_defaults({**overrides(args), **more}, getattr(args, "atom", None))
-    return resolve_options(spec, overrides=changes)
+    resolved = resolve_options(spec, overrides=changes)
+    check_slots(args, resolved.algorithm)
+    return resolved
 
 
 def source(args):
@@ -238,17 +267,93 @@ _PIECE = 1 << 16
 
 
 def emit(text: str) -> None:
-    """``text`` on standard output as it is (no newline added), flushed piece by piece."""
-    for start in range(0, len(text), _PIECE):
-        sys.stdout.write(text[start:start + _PIECE])
-        sys.stdout.flush()
+    """``text`` on standard output as it is (no newline added), flushed piece by piece.  A
+    standard output that cannot be written (a full disk, /dev/full) is said to be that."""
+    try:
+        for start in range(0, len(text), _PIECE):
+            sys.stdout.write(text[start:start + _PIECE])
+            sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        raise stdout_error(error) from None
+
+
+def stdout_error(error: OSError) -> PurlinError:
+    return PurlinError(f"cannot write to standard output: {error.strerror or error}")
+
+
+def output_file_problem(output: str, source: str | None = None) -> str | None:
+    """Why the file ``output`` (``draw -o``) cannot be written, or None; checked before the
+    drawing is made, which may take seconds.  ``source``: the input's path, never overwritten."""
+    if os.path.isdir(output):
+        return "is a directory; name a file in it, e.g. schedule.svg"
+    if _device(output):  # /dev/null, /dev/stdout, a named pipe: written as they are
+        return None if os.access(output, os.W_OK) else "is not writable"
+    target = Path(os.path.realpath(output))  # a symbolic link: the file it names
+    if source not in (None, "-") and os.path.exists(source) and target.exists() and os.path.samefile(source, target):
+        return f"is the input file {source}; writing the drawing there would overwrite it"
+    folder = target.parent
+    if not folder.exists():
+        return f"the directory {folder} does not exist"
+    if not folder.is_dir():
+        return f"{folder} is not a directory"
+    if target.exists() and not os.access(target, os.W_OK):
+        return "is not writable"
+    if not target.exists() and not os.access(folder, os.W_OK | os.X_OK):
+        return f"the directory {folder} is not writable"
+    return None
+
+
+def _device(path: str) -> bool:
+    """Whether ``path`` names something other than a file or a directory (following links)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def check_output_file(output: str | None, source: str | None = None) -> None:
+    problem = None if output is None else output_file_problem(output, source)
+    if problem is not None:
+        raise PurlinError(f"-o {output}: {problem}")
+
+
+def write_file(output: str, text: str) -> None:
+    """``text`` into ``output``, whole or not at all: a regular file is written beside itself and
+    renamed into place, so a failure (a full disk, a size limit, Ctrl-C) leaves the file as it was
+    and no part-written drawing.  A device or a pipe (/dev/null, /dev/stdout) is written as it is."""
+    data = text.encode("utf-8")
+    try:
+        if _device(output):
+            with open(output, "wb") as handle:
+                handle.write(data)
+            return
+        target = Path(os.path.realpath(output))  # a symbolic link: the file it names is replaced
+        temp = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to open()
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            if target.exists():  # keep the mode of the file replaced
+                os.chmod(temp, target.stat().st_mode & 0o7777)
+            os.replace(temp, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+            raise
+    except OSError as error:
+        raise PurlinError(f"-o {output}: cannot write the drawing: {error.strerror or error}") from None
 
 
 def write_drawing(text: str, output: str | None) -> int:
     """A drawing to ``output`` (its path is printed), or to standard output."""
     if output:
-        Path(output).write_text(text, encoding="utf-8")
-        print(output)
+        device = _device(output)
+        write_file(output, text)
+        if not device:  # `-o /dev/stdout`: the path would end up inside the drawing
+            emit(f"{output}\n")
     else:
         emit(text)
     return 0

@@ -32,9 +32,10 @@ def output_dir_problem(path: Path) -> str | None:
     while not os.path.lexists(existing) and existing != existing.parent:
         existing = existing.parent
     if existing.exists() and not existing.is_dir():
+        what = "a file" if existing.is_file() else "not a directory"  # /dev/null, a named pipe
         if existing == path:
-            return f"{path} is a file, not a directory"
-        return f"{existing} is a file, so {path} cannot be created under it"
+            return f"{path} is a file, not a directory" if existing.is_file() else f"{path} is not a directory"
+        return f"{existing} is {what}, so {path} cannot be created under it"
     if not existing.exists():  # a dangling symbolic link
         return f"{existing} is a broken symbolic link"
     if not os.access(existing, os.W_OK | os.X_OK):
@@ -48,7 +49,54 @@ def output_dir_problem(path: Path) -> str | None:
     return None
 
 
+def cache_problem() -> str | None:
+    """Why the compile cache cannot be written, or None.  The cache skips itself quietly (it
+    only saves time), but a PURLIN_CACHE_DIR that names a file is a mistake to be told of."""
+    from purlinc import settings
+
+    if not settings.cache_enabled():
+        return None
+    folder = settings.cache_dir()
+    existing = folder
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
+
+
+def missing_dirs(path: Path) -> list[Path]:
+    """The directories ``path`` needs that do not exist yet, outermost first (what a
+    ``mkdir(parents=True)`` of it would create)."""
+    missing = []
+    while not os.path.lexists(path) and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing[::-1]
+
+
+def remove_created(created: list[Path]) -> None:
+    """Take back the directories a failed compile created (innermost first), where they are
+    still empty: a compile that wrote nothing leaves nothing behind, not even ./purlin-out."""
+    for folder in reversed(created):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (another compile wrote into it), or gone already
+            pass
+
+
 def run(args) -> int:
+    created: list[Path] = []
+    try:
+        return _run(args, created)
+    except BaseException:
+        remove_created(created)
+        raise
+
+
+def _run(args, created: list[Path]) -> int:
     from purlinc import pipeline
     from purlinc.atom.emit import write_artifacts
 
@@ -62,12 +110,22 @@ def run(args) -> int:
     # The output place is checked before any compile work (the default's parent here, the
     # collective's own folder under it once the name is known).
     chosen = Path(args.output_dir) if args.output_dir else Path("purlin-out")
+    created.extend(missing_dirs(chosen))
     problem = output_dir_problem(chosen)
     if problem is not None:
         flag = f"-o {args.output_dir}" if args.output_dir else "the default output directory purlin-out"
         raise PurlinError(f"{flag}: {problem}", None, ("choose another place with -o DIR",))
     source = common.source(args)
-    common.check_op(args, pipeline.spec_of(source, world_size, dict(args.param)))
+    spec = pipeline.spec_of(source, world_size, dict(args.param))
+    common.check_op(args, spec)
+    if args.slots is not None:  # refused for an algorithm without slots (the spec's default one too)
+        common.options(args, spec)
+    problem = cache_problem()
+    if problem is not None:
+        from purlinc import settings
+
+        print(f"warning: the compile cache {settings.cache_dir()} cannot be used ({problem}): compiling without it "
+              f"(set {settings.CACHE_DIR.name}, or {settings.NO_CACHE.name}=1)", file=sys.stderr)
     if ranks_defaulted:
         print(f"note: --ranks not given: compiling for R={world_size} ranks (the default)", file=sys.stderr)
     artifact = pipeline.compile(
@@ -75,11 +133,11 @@ def run(args) -> int:
         overrides=changes, atom=args.atom, dtype=args.dtype, op=common.reduce_op(args),
     )
     out_dir = Path(args.output_dir) if args.output_dir else Path("purlin-out") / artifact.collective
+    created.extend(missing_dirs(out_dir))
     try:
         written = write_artifacts(artifact, out_dir, ranks_defaulted=ranks_defaulted)
     except OSError as error:
         where = error.filename or out_dir
         raise PurlinError(f"cannot write the artifacts into {out_dir}: {where}: {error.strerror or error}") from None
-    for path in written:
-        print(path)
+    common.emit("".join(f"{path}\n" for path in written))
     return 0

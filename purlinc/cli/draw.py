@@ -98,6 +98,7 @@ def run(args) -> int:
     from purlinc.draw.render import Request, output_format, render
 
     fmt = output_format(args.output, args.format)
+    common.check_output_file(args.output, args.file)  # before the drawing, which may take seconds
     compare = compare_list(args.compare)
     _refuse_unused(args, compare)
     if args.gpus_per_node is not None:  # a hierarchical plan: phases, NCCL lines (purlinc/draw/hier.py)

@@ -13,7 +13,7 @@ from xml.sax.saxutils import escape
 
 from purlinc.snac.hierarchy import HierPlan, IntraPhase
 
-ROW, COL, LEFT, TOP = 18, 230, 90, 56
+ROW, COL, LEFT, TOP = 18, 230, 90, 62  # TOP: the title (y 18), the phase labels, the buffer names
 EM = 0.64  # a character's width in em, at most (DejaVu Sans digits; most letters are narrower)
 
 
@@ -90,7 +90,7 @@ def plan_svg(plan: HierPlan) -> str:
                 color = COLORS[t.local_of(a) % len(COLORS)]
                 out.append(f'<line x1="{left}" y1="{y(a)}" x2="{right}" y2="{y(b)}" stroke="{color}" '
                            f'stroke-opacity="0.7"><title>r{a} -> r{b}: {n} units</title></line>')
-        out.append(f'<text x="{(x(index) + x(index + 1)) / 2}" y="{TOP - 26}" text-anchor="middle">'
+        out.append(f'<text x="{(x(index) + x(index + 1)) / 2}" y="{TOP - 24}" text-anchor="middle">'
                    f'{index}: {escape(label)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"

@@ -31,19 +31,28 @@ class Request:
     width: int | None = None
 
 
+def _suffix_format(path: str) -> str:
+    fmt = Path(path).suffix.lstrip(".").lower()
+    return "html" if fmt == "htm" else fmt
+
+
 def output_format(path: str | None, requested: str | None) -> str:
-    """``--format`` if given, else the output file's extension."""
+    """``--format`` if given, else the output file's extension.  Both given must agree where
+    the extension names a format (``-o x.svg --format html`` wrote a page into x.svg)."""
     if requested is not None:
-        fmt = requested.lower()
+        fmt, where = requested.strip().lower(), f"--format {requested!r}"
+        named = _suffix_format(path) if path else ""
+        if fmt in FORMATS and named in FORMATS and named != fmt:
+            raise PurlinError(f"--format {fmt} does not agree with -o {path}, a .{Path(path).suffix.lstrip('.')} "
+                              "file", notes=("give one of them, or name the file for the format",))
     elif path:
-        fmt = Path(path).suffix.lstrip(".").lower()
-        if fmt in ("htm",):
-            fmt = "html"
+        fmt = _suffix_format(path)
+        where = f"-o {path}" if fmt else f"-o {path}, a name without an extension"
     else:
         fmt = "svg"
     if fmt not in FORMATS:
         raise PurlinError(
-            f"unknown drawing format {fmt!r} (from {'--format' if requested else path}): expected svg or html",
+            f"unknown drawing format {fmt!r} (from {where}): expected svg or html",
             notes=("name the output file .svg or .html, or pass --format svg|html",),
         )
     return fmt
@@ -147,7 +156,10 @@ def panels_for(request: Request) -> list[svg.Panel]:
                 raise PurlinError(f"unknown algorithm {algorithm!r} in --compare: expected {names}") from None
             if not get_algorithm(algorithm).packed:  # packing applies where the record says
                 changes.pop("packed", None)
+            if not get_algorithm(algorithm).uses_slots:  # so do slots
+                changes.pop("slots", None)
         lowered.append(schedule_for(request.file, world_size, request.params, changes, verify=False))
+    _refuse_unused_slots(overrides.get("slots"), [schedule for _, schedule in lowered], bool(request.compare))
     _refuse_too_big_to_lower([schedule for _, schedule in lowered])
     panels = []
     for spec, schedule in lowered:
@@ -166,6 +178,21 @@ def panels_for(request: Request) -> list[svg.Panel]:
             heading = f"{schedule.collective} {schedule.options.algorithm.value}"
         panels.append(svg.Panel(drawing, times, heading))
     return panels
+
+
+def _refuse_unused_slots(slots, schedules, compare: bool) -> None:
+    """--slots where no drawn schedule stages through slots: the lowering would take the number
+    into the options' key and draw every message in its own unit, as if it were not given."""
+    from purlinc.snac.algorithms import ALGORITHMS, get_algorithm
+
+    if slots is None or any(get_algorithm(s.options.algorithm).uses_slots for s in schedules):
+        return
+    names = ", ".join(s.options.algorithm.value for s in schedules)
+    users = ", ".join(r.name for r in ALGORITHMS.records() if r.uses_slots)
+    raise PurlinError(f"--slots {slots} does not apply to {names}: {'they give' if compare else 'it gives'} every "
+                      "message its own staging unit",
+                      notes=(f"--slots applies to {users} (pick one with -a{' or --compare' if compare else ''}), "
+                             "or leave --slots out",))
 
 
 _DRAW_LESS = ("draw fewer ranks (--ranks), one channel (leave out --all-channels) or fewer slices, or an algorithm "
