@@ -587,3 +587,44 @@ def test_a_store_that_fails_at_once_is_not_reported_as_a_peer_that_never_arrived
     assert time.monotonic() - started < 1
     assert info.value.message.startswith("rendezvous round 0: rank 1's wait for rank 0 of 2 ended after ")
     assert "of its 2 s bound, when the store failed: key 'purlin/g1/0/0' did not appear" in info.value.message
+
+
+def test_ranks_in_different_exchanges_are_a_mismatch_that_stops_the_communicator():
+    """Rank 0 allocating a heap block while rank 1 makes the first call of a new shape: each read
+    the other's record as its own (symmetric.alloc formatted a 'call' record's missing third
+    field: IndexError; a 'zeroed' barrier passed with a peer doing something else)."""
+    from purlinc.runtime import symmetric
+    from purlinc.runtime.communicator import Communicator, check_exchange
+    from purlinc.runtime.errors import MismatchError, PurlinTimeoutError
+
+    class Heap:
+        freed = []
+
+        def alloc_user(self, nbytes, what):
+            return 4096
+
+        def ptr(self, rank, offset):
+            return 1 << 40 | offset
+
+        def free_user(self, offset):
+            self.freed.append(offset)
+
+    peer = ("call", ("allreduce", "float32", "sum", 1024))
+    comm = Communicator(0, 2, 0, Heap(), lambda obj: [obj, peer])
+    with pytest.raises(MismatchError) as info:
+        symmetric.alloc(comm, 64)
+    assert info.value.message == ("rank 0: the ranks made different host-side exchanges at the same point "
+                                  "(rank 0: heap-block, rank 1: call)")
+    assert Heap.freed == [4096] and comm.failed is not None
+    with pytest.raises(PurlinTimeoutError, match="stopped after an earlier timeout"):
+        comm.allgather(("zeroed", "x"))
+    same = Communicator(0, 2, 0, None, lambda obj: [obj, {"host": "b"}])  # a record of no kind against one of a kind
+    with pytest.raises(MismatchError, match=r"\(rank 0: zeroed, rank 1: another object\)"):
+        same.allgather(("zeroed", "x"))
+    plain = Communicator(0, 2, 0, None, lambda obj: [obj, {"host": "b"}])  # bootstrap's records name no kind
+    assert plain.allgather({"host": "a"}) == [{"host": "a"}, {"host": "b"}]
+    checked = Communicator(0, 2, 0, None, lambda obj: [obj, obj])
+    checked._check_exchange = lambda obj: [obj, ("graph-buffers", "x")]
+    with pytest.raises(MismatchError, match=r"\(rank 0: zero-copy, rank 1: graph-buffers\)"):
+        check_exchange(checked, ("zero-copy", "x", 1), lambda error: MismatchError("unused"))
+    assert checked.failed is not None

@@ -87,7 +87,11 @@ def check_exchange(comm, obj, joined_not: Callable[[Exception], MismatchError]) 
         comm.refuse("check exchange")
     exchange = getattr(comm, "_check_exchange", None) or comm.allgather
     try:
-        return exchange(obj)
+        everyone = exchange(obj)
+        problem = different_exchanges(comm.rank, everyone)
+        if problem is None:
+            return everyone
+        mismatch, cause = problem, None
     except MismatchError:
         raise
     except (PurlinTimeoutError, RendezvousError, RuntimeError) as error:  # the store's wait ran out, or the store is gone
@@ -99,6 +103,25 @@ def check_exchange(comm, obj, joined_not: Callable[[Exception], MismatchError]) 
     if hasattr(comm, "fail") and getattr(comm, "failed", None) is None:
         comm.fail(PurlinTimeoutError(f"rank {comm.rank}: {mismatch.message}"))
     raise mismatch from cause
+
+
+def exchange_kind(record) -> str | None:
+    """The kind a runtime record names (its first field), or None for another object."""
+    return record[0] if isinstance(record, tuple) and record and isinstance(record[0], str) else None
+
+
+def different_exchanges(rank: int, everyone: list) -> MismatchError | None:
+    """A MismatchError when the gathered records name different kinds of exchange: the ranks
+    made different communicator calls at the same point (rank 0 a heap allocation, rank 1 the
+    first call of a new shape), and each would read the others' records as its own (a
+    barrier passed by a rank doing something else, or an IndexError on a record's fields)."""
+    kinds = [exchange_kind(e) for e in everyone]
+    if len(set(kinds)) <= 1:
+        return None
+    shown = ", ".join(f"rank {r}: {k or 'another object'}" for r, k in enumerate(kinds))
+    return MismatchError(f"rank {rank}: the ranks made different host-side exchanges at the same point ({shown})",
+                         notes=("every rank must make the same communicator calls in the same order (loads, heap "
+                                "allocations, first calls of each dtype, op and count)",))
 
 
 class Communicator:
@@ -243,10 +266,20 @@ class Communicator:
 
     # -----------------------------------------------------------------------------------------
     def allgather(self, obj) -> list:
-        """Every rank's ``obj``, in rank order (a collective over the host)."""
+        """Every rank's ``obj``, in rank order (a collective over the host).  The runtime's
+        records are tuples that begin with the exchange's kind ("load", "call", "heap-block",
+        ...): ranks whose records name different kinds made different calls at the same point,
+        and are refused (MismatchError; the communicator stops)."""
         if self._exchange is None:
             raise RuntimeError("a LocalGroup member exchanges through its group (use the group's calls)")
-        return self._exchange(obj)
+        if self.failed is not None:  # its peers' rounds are not this one's any more
+            self.refuse("exchange")
+        everyone = self._exchange(obj)
+        problem = different_exchanges(self.rank, everyone)
+        if problem is not None:
+            self.fail(PurlinTimeoutError(problem.message))
+            raise problem
+        return everyone
 
     def register(self, collective) -> None:
         with self._lock:

@@ -112,9 +112,10 @@ def load_compiled(compiled: Compiled, comm, comms: list, stage_bytes: int | None
 
     layout = layouts[0]
     fp = fingerprint(compiled, layout)
-    everyone = comm.allgather((fp, {**compiled.identity(), "layout": (layout.stage, layout.pad, layout.counters)}))
-    if len({e[0] for e in everyone}) != 1:
-        raise load_mismatch(compiled.name, [e[0] for e in everyone], [e[1] for e in everyone])
+    everyone = comm.allgather(("load", fp, {**compiled.identity(),
+                                            "layout": (layout.stage, layout.pad, layout.counters)}))
+    if len({e[1] for e in everyone}) != 1:
+        raise load_mismatch(compiled.name, [e[1] for e in everyone], [e[2] for e in everyone])
     # Zero only after the exchange: the space may have belonged to a collective closed just
     # before, and a peer's last call of it can still write into it (its final notify lands in
     # our pad) until that peer has closed it too -- which it has, once it reached this

@@ -381,9 +381,9 @@ def load_sized(compiled: Compiled, comm, comms: list, *, capacity: int, dtype=No
                               8 * compiled.schedule.channels))
     if not isinstance(comm, LocalGroup):
         fp = fingerprint(compiled, layouts[0]) + f"/c{capacity}/i{itemsize}"
-        everyone = comm.allgather((fp, {**compiled.identity(), "capacity": capacity, "itemsize": itemsize}))
-        if len({e[0] for e in everyone}) != 1:
-            raise load_mismatch(compiled.name, [e[0] for e in everyone], [e[1] for e in everyone])
+        everyone = comm.allgather(("load", fp, {**compiled.identity(), "capacity": capacity, "itemsize": itemsize}))
+        if len({e[1] for e in everyone}) != 1:
+            raise load_mismatch(compiled.name, [e[1] for e in everyone], [e[2] for e in everyone])
     for c, layout in zip(comms, layouts):
         zero_space(c, compiled, layout)
         driver.synchronize(c.device)

@@ -97,7 +97,11 @@ def alloc(comm, nbytes: int, what: str = "comm.alloc") -> HeapBlock:
     offset = comm.heap.alloc_user(max(nbytes, 1), f"{what}({nbytes} bytes)")
     block = HeapBlock(comm, offset, nbytes)
     if comm._exchange is not None:  # torchrun: every rank must have the block at the same offset
-        everyone = comm.allgather(("heap-block", offset, nbytes))
+        try:
+            everyone = comm.allgather(("heap-block", offset, nbytes))
+        except BaseException:  # the peers are elsewhere (a mismatch, a timeout): the block is not theirs
+            block.free()
+            raise
         if len({tuple(e[1:]) for e in everyone}) != 1:
             block.free()
             raise MismatchError(
