@@ -28,12 +28,12 @@ from purlinc import moe  # noqa: E402
 DEVICE = 0
 
 
-def expected_rows(inputs, R, L, rank):
+def expected_rows(inputs, L, rank):
     """The rows `rank` receives from each source, in the Dispatcher's order (tokens in order,
     each once per destination rank): (token rows [n, H], local ids [n, k] with -1 elsewhere)."""
     got = []
     for x, ids, _w in inputs:
-        dest = (ids // L)
+        dest = ids // L
         take = (dest == rank).any(1)
         local = torch.where(dest == rank, ids % L, torch.full_like(ids, -1))
         got.append((x[take], local[take].to(torch.int32)))
@@ -51,7 +51,8 @@ def truth(x, ids, w, L):
     return y.to(x.dtype)
 
 
-def check_step(disps, streams, inputs, R, E, H, T, a2a=None):
+def check_step(disps, streams, inputs, R, E, a2a=None):
+    """What went wrong in one step of every rank (empty: nothing)."""
     L = E // R
     problems = []
     gpu = [tuple(t.to(f"cuda:{DEVICE}") for t in inp) for inp in inputs]
@@ -63,7 +64,7 @@ def check_step(disps, streams, inputs, R, E, H, T, a2a=None):
     done = each_on_own_stream(streams, DEVICE, [lambda r=r: step(r) for r in range(R)])
     for r in range(R):
         disps[r].coll.check()
-        want = expected_rows(inputs, R, L, r)
+        want = expected_rows(inputs, L, r)
         counts = disps[r].recv_counts.cpu().tolist()
         if counts != [len(rows) for rows, _ in want]:
             problems.append(f"dispatch rank {r}: recv_counts {counts}, expected {[len(rows) for rows, _ in want]}")
@@ -95,9 +96,9 @@ def check_step(disps, streams, inputs, R, E, H, T, a2a=None):
         results = loopback_reference(a2a, streams, R, E, inputs, DEVICE, scale_expert, record)
         problems += exchange_problems(record)
         for r in range(R):
-            want = truth(*inputs[r], L)
-            if not torch.equal(results[r].cpu(), want):
-                bad = (results[r] != want).any(1).nonzero().flatten()
+            want, got = truth(*inputs[r], L), results[r].cpu()
+            if not torch.equal(got, want):
+                bad = (got != want).any(1).nonzero().flatten()
                 problems.append(f"plain reference rank {r}: {len(bad)} tokens wrong, first {bad[:8].tolist()}")
     return problems
 
@@ -142,7 +143,7 @@ def main(argv=None) -> int:
                     tokens = 0 if skew == "empty" and r == 1 else T - 3 * r
                     inputs.append(routing(gen, tokens, H, E, K, torch.bfloat16, "cpu",
                                           "one" if skew == "one" else "random"))
-                problems = check_step(disps, streams, inputs, R, E, H, T, a2a)
+                problems = check_step(disps, streams, inputs, R, E, a2a)
                 ran += 1
                 if problems:
                     findings.append({"R": R, "step": step, "skew": skew, "problems": problems})
