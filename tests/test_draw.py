@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import shutil
 import struct
@@ -715,6 +716,19 @@ def test_draw_checks_the_output_place_first(tmp_path, capsys, monkeypatch, outpu
     monkeypatch.setattr("purlinc.draw.render.render", lambda *a: pytest.fail("drawn before the output was checked"))
     assert main(["draw", str(EXAMPLES / "allgather.pln"), "-o", str(tmp_path / output), "-f", "svg"]) == 2
     assert capsys.readouterr().err == f"error: -o {tmp_path / output}: {message.format(tmp=tmp_path)}\n"
+
+
+def test_draw_into_a_file_of_a_read_only_directory_is_refused_first(tmp_path, capsys, monkeypatch):
+    """The drawing is written beside its file and renamed, so the directory must be writable even
+    where the file already is (os.access is patched: root may write anywhere)."""
+    out = tmp_path / "x.svg"
+    out.write_text("old")
+    real = os.access
+    monkeypatch.setattr("purlinc.cli.common.os.access", lambda path, mode: Path(path) != tmp_path and real(path, mode))
+    monkeypatch.setattr("purlinc.draw.render.render", lambda *a: pytest.fail("drawn before the output was checked"))
+    assert main(["draw", str(EXAMPLES / "allgather.pln"), "-o", str(out)]) == 2
+    assert capsys.readouterr().err == f"error: -o {out}: the directory {tmp_path} is not writable\n"
+    assert out.read_text() == "old"
 
 
 def test_a_failed_write_leaves_the_old_file_whole(tmp_path):

@@ -300,7 +300,7 @@ def output_file_problem(output: str, source: str | None = None) -> str | None:
         return f"{folder} is not a directory"
     if target.exists() and not os.access(target, os.W_OK):
         return "is not writable"
-    if not target.exists() and not os.access(folder, os.W_OK | os.X_OK):
+    if not os.access(folder, os.W_OK | os.X_OK):  # the drawing is written beside the file, then renamed
         return f"the directory {folder} is not writable"
     return None
 
