@@ -87,11 +87,7 @@ def check_exchange(comm, obj, joined_not: Callable[[Exception], MismatchError]) 
         comm.refuse("check exchange")
     exchange = getattr(comm, "_check_exchange", None) or comm.allgather
     try:
-        everyone = exchange(obj)
-        problem = different_exchanges(comm.rank, everyone)
-        if problem is None:
-            return everyone
-        mismatch, cause = problem, None
+        return same_exchange(comm, exchange(obj))
     except MismatchError:
         raise
     except (PurlinTimeoutError, RendezvousError, RuntimeError) as error:  # the store's wait ran out, or the store is gone
@@ -122,6 +118,17 @@ def different_exchanges(rank: int, everyone: list) -> MismatchError | None:
     return MismatchError(f"rank {rank}: the ranks made different host-side exchanges at the same point ({shown})",
                          notes=("every rank must make the same communicator calls in the same order (loads, heap "
                                 "allocations, first calls of each dtype, op and count)",))
+
+
+def same_exchange(comm, everyone: list) -> list:
+    """``everyone`` when the ranks made the same kind of exchange; else ``comm`` stops (the
+    ranks' rounds are out of step from here on) and the MismatchError is raised."""
+    problem = different_exchanges(comm.rank, everyone)
+    if problem is None:
+        return everyone
+    if hasattr(comm, "fail") and getattr(comm, "failed", None) is None:
+        comm.fail(PurlinTimeoutError(problem.message))
+    raise problem
 
 
 class Communicator:
@@ -274,12 +281,7 @@ class Communicator:
             raise RuntimeError("a LocalGroup member exchanges through its group (use the group's calls)")
         if self.failed is not None:  # its peers' rounds are not this one's any more
             self.refuse("exchange")
-        everyone = self._exchange(obj)
-        problem = different_exchanges(self.rank, everyone)
-        if problem is not None:
-            self.fail(PurlinTimeoutError(problem.message))
-            raise problem
-        return everyone
+        return same_exchange(self, self._exchange(obj))
 
     def register(self, collective) -> None:
         with self._lock:
