@@ -145,6 +145,7 @@ def _shown(x: float) -> str:
 
 
 _MOST_MB = float(1 << 24)  # 16 TiB: more than any device holds
+MOST_WAIT_S = 1e6  # about 11 days: the longest wait any timeout may name (time_t and sockets refuse far more)
 
 
 def debug() -> bool:
@@ -168,7 +169,7 @@ def cache_dir() -> Path:
 
 
 def wait_timeout_ns() -> int:
-    return int(_number(WAIT_TIMEOUT_S, 0.001, 1e6) * 1e9)  # a millisecond to about 11 days
+    return int(_number(WAIT_TIMEOUT_S, 0.001, MOST_WAIT_S) * 1e9)  # a millisecond to about 11 days
 
 
 def heap_bytes() -> int:

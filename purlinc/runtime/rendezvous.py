@@ -38,11 +38,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from purlinc import settings
 from purlinc.errors import PurlinError
 from purlinc.runtime.errors import MismatchError
 
 DEFAULT_TIMEOUT_S = 300.0
-MOST_TIMEOUT_S = 1e6  # about 11 days, as PURLIN_WAIT_TIMEOUT_S (time_t and the socket module refuse far more)
+MOST_TIMEOUT_S = settings.MOST_WAIT_S  # as PURLIN_WAIT_TIMEOUT_S
 
 # A frame's key and value are bounded, on both ends: a length read from a stranger's bytes (an
 # HTTP server on MASTER_PORT answered b"HTTP/1.1 ...", a length of 6 * 10^18) was allocated as
@@ -279,8 +280,9 @@ def _key(key) -> str:
     """A store key: a non-empty string (FileStore makes a file name of it, TCPStore a frame)."""
     if not isinstance(key, str) or not key or "\0" in key:
         raise RendezvousError(f"a store key is a non-empty string without NUL, got {key!r}")
-    if len(key.encode(errors="surrogatepass")) > MAX_KEY_BYTES:
-        raise RendezvousError(f"a store key is at most {MAX_KEY_BYTES:,} bytes, got {len(key.encode(errors='surrogatepass')):,}")
+    size = len(key.encode(errors="surrogatepass"))
+    if size > MAX_KEY_BYTES:
+        raise RendezvousError(f"a store key is at most {MAX_KEY_BYTES:,} bytes, got {size:,}")
     return key
 
 
