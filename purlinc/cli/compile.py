@@ -25,16 +25,21 @@ def add_parser(commands) -> None:
                         help="output directory (default ./purlin-out/<name>, <name> the collective's)")
 
 
+def nearest_existing(path: Path) -> Path:
+    """``path`` or its closest ancestor that exists (a dangling symbolic link counts)."""
+    while not os.path.lexists(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
 def output_dir_problem(path: Path) -> str | None:
     """Why ``path`` cannot be (or be created as) a directory to write into, or None.
     Checked before compiling: a bad -o should not cost a whole compile."""
-    existing = path
-    while not os.path.lexists(existing) and existing != existing.parent:
-        existing = existing.parent
+    existing = nearest_existing(path)
     if existing.exists() and not existing.is_dir():
         what = "a file" if existing.is_file() else "not a directory"  # /dev/null, a named pipe
         if existing == path:
-            return f"{path} is a file, not a directory" if existing.is_file() else f"{path} is not a directory"
+            return f"{path} is {what}{', not a directory' if existing.is_file() else ''}"
         return f"{existing} is {what}, so {path} cannot be created under it"
     if not existing.exists():  # a dangling symbolic link
         return f"{existing} is a broken symbolic link"
@@ -56,10 +61,7 @@ def cache_problem() -> str | None:
 
     if not settings.cache_enabled():
         return None
-    folder = settings.cache_dir()
-    existing = folder
-    while not os.path.lexists(existing) and existing != existing.parent:
-        existing = existing.parent
+    existing = nearest_existing(settings.cache_dir())
     if not existing.is_dir():
         return f"{existing} is not a directory"
     if not os.access(existing, os.W_OK | os.X_OK):
