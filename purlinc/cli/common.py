@@ -320,16 +320,17 @@ def check_output_file(output: str | None, source: str | None = None) -> None:
         raise PurlinError(f"-o {output}: {problem}")
 
 
-def write_file(output: str, text: str) -> None:
+def write_file(output: str, text: str) -> bool:
     """``text`` into ``output``, whole or not at all: a regular file is written beside itself and
     renamed into place, so a failure (a full disk, a size limit, Ctrl-C) leaves the file as it was
-    and no part-written drawing.  A device or a pipe (/dev/null, /dev/stdout) is written as it is."""
+    and no part-written drawing.  A device or a pipe (/dev/null, /dev/stdout) is written as it is.
+    Returns whether ``output`` was a file (not a device)."""
     data = text.encode("utf-8")
     try:
         if _device(output):
             with open(output, "wb") as handle:
                 handle.write(data)
-            return
+            return False
         target = Path(os.path.realpath(output))  # a symbolic link: the file it names is replaced
         temp = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to open()
@@ -345,14 +346,13 @@ def write_file(output: str, text: str) -> None:
             raise
     except OSError as error:
         raise PurlinError(f"-o {output}: cannot write the drawing: {error.strerror or error}") from None
+    return True
 
 
 def write_drawing(text: str, output: str | None) -> int:
     """A drawing to ``output`` (its path is printed), or to standard output."""
     if output:
-        device = _device(output)
-        write_file(output, text)
-        if not device:  # `-o /dev/stdout`: the path would end up inside the drawing
+        if write_file(output, text):  # not for `-o /dev/stdout`: the path would end up inside the drawing
             emit(f"{output}\n")
     else:
         emit(text)
