@@ -175,6 +175,21 @@ def test_lowering_overrides_are_checked_not_coerced(overrides, message):
     assert info.value.message == message
 
 
+@pytest.mark.parametrize("overrides, said", [
+    ({"slots": 2}, "direct-push (the spec's default algorithm)"),
+    ({"slots": 2, "algorithm": "two-shot"}, "two-shot"),
+])
+def test_slots_for_an_algorithm_without_slots_are_refused(overrides, said):
+    """The lowering would put the number into the schedule's key and ignore it: the caller
+    would get another schedule than the one asked for, silently."""
+    with pytest.raises(PurlinError) as info:
+        pipeline.prepare(EXAMPLES / "allreduce.pln", world_size=2, overrides=overrides).schedule
+    assert info.value.message == f"slots=2 does not apply to {said}: it gives every message its own staging unit"
+    assert "slots applies to ring" in info.value.notes[0]
+    ring = pipeline.prepare(EXAMPLES / "allreduce.pln", world_size=2, overrides={**overrides, "algorithm": "ring"})
+    assert ring.schedule.options.slots == 2
+
+
 def test_an_unknown_reduce_op_is_a_purlin_error():
     with pytest.raises(PurlinError, match="unknown reduce op 'avg'; expected one of sum, prod, max, min"):
         pipeline.prepare(EXAMPLES / "allreduce.pln", world_size=2).kernel("float32", "avg")

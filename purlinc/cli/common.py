@@ -243,9 +243,9 @@ def options(args, spec, **more):
     from purlinc.pipeline import resolve_options, with_atom_defaults
 
     changes = with_atom_defaults({**overrides(args), **more}, getattr(args, "atom", None))
-    resolved = resolve_options(spec, overrides=changes)
-    check_slots(args, resolved.algorithm)
-    return resolved
+    if "slots" in changes:  # refused in the command line's words before resolve_options refuses it in the API's
+        check_slots(args, resolve_options(spec, overrides={k: v for k, v in changes.items() if k != "slots"}).algorithm)
+    return resolve_options(spec, overrides=changes)
 
 
 def source(args):

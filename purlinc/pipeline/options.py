@@ -74,4 +74,21 @@ def resolve_options(spec: Spec, *, options: LowerOptions | None = None,
 
     base = options if options is not None else default_options(spec)
     changes = normalize_overrides(overrides)
-    return replace(base, **changes) if changes else base
+    resolved = replace(base, **changes) if changes else base
+    if "slots" in changes:
+        _check_slots(resolved.algorithm, changes["slots"], chosen=options is not None or "algorithm" in changes)
+    return resolved
+
+
+def _check_slots(algorithm, slots: int, *, chosen: bool) -> None:
+    """``slots`` given for an algorithm that gives every message its own staging unit: the
+    lowering would take the number into the schedule's key and ignore it, so it is refused."""
+    from purlinc.snac.algorithms import ALGORITHMS, get_algorithm
+
+    if get_algorithm(algorithm).uses_slots:
+        return
+    users = ", ".join(r.name for r in ALGORITHMS.records() if r.uses_slots)
+    default = "" if chosen else " (the spec's default algorithm)"
+    raise PurlinError(f"slots={slots} does not apply to {get_algorithm(algorithm).name}{default}: it gives every "
+                      "message its own staging unit",
+                      notes=(f"slots applies to {users} (choose one with algorithm=...), or leave slots out",))
