@@ -26,7 +26,9 @@
 #                     kernels compiled in parallel first within PURLIN_SCALE_COMPILE_S (240), the cases
 #                     run within PURLIN_SCALE_RUN_S (300); summary in loopback_scale.{json,md}
 #   epilogue          fused all-reduce + add + RMSNorm (and its fp8 variant), loopback R=2..8,
-#                     against torch's unfused reference (one GPU)
+#                     against torch's unfused reference (one GPU); then the epilogue's row loop at
+#                     R=1 under compute-sanitizer memcheck, racecheck and synccheck
+#                     (tests/gpu/epilogue_sanitize.py, each output against the evaluator)
 #   epilogue_bench    benchmarks/epilogue_overhead.py in loopback: what the fused epilogue adds over
 #                     the plain all-reduce at [1 and 16 x 4096] bf16, R = 2, 4, 8 (writes $OUT)
 #   insitu_bench      benchmarks/insitu_loopback.py, all-reduce 1 KiB-4 MiB at R=2 and 4: captured calls
@@ -111,6 +113,15 @@ step moe_bench 300 python3 benchmarks/moe_dispatch.py --out "$OUT" --devices 0,0
 pytest_step graph_buffers 300 tests/gpu/test_graph_buffers.py
 pytest_step insitu 400 -s tests/gpu/test_insitu_loopback.py
 pytest_step epilogue 560 tests/gpu/test_epilogue.py  # fused all-reduce + add + RMSNorm, loopback R=2..8
+if wanted epilogue && [ -n "$SAN" ]; then  # the epilogue's row loop at R=1 under each sanitizer
+  STEPS="$STEPS epilogue_memcheck epilogue_racecheck epilogue_synccheck"
+  PURLIN_WAIT_TIMEOUT_S=30 step epilogue_memcheck 300 "$SAN" --tool memcheck --error-exitcode 3 \
+    python3 tests/gpu/epilogue_sanitize.py
+  PURLIN_WAIT_TIMEOUT_S=30 step epilogue_racecheck 400 "$SAN" --tool racecheck --racecheck-report hazard \
+    --error-exitcode 3 python3 tests/gpu/epilogue_sanitize.py
+  PURLIN_WAIT_TIMEOUT_S=30 step epilogue_synccheck 300 "$SAN" --tool synccheck --error-exitcode 3 \
+    python3 tests/gpu/epilogue_sanitize.py
+fi
 step epilogue_bench 240 python3 benchmarks/epilogue_overhead.py --out "$OUT" --ranks 2 4 8 --rows 1 16 --parts --label loopback
 for R in 2 4; do
   wanted insitu_bench && STEPS="$STEPS insitu_bench_r$R"
