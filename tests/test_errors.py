@@ -470,6 +470,173 @@ CASES = [
         ),
         R=4,
     ),
+    Case(  # the next statement's target was taken as the value: reported at its '=' on line 7
+        'epilogue_value_missing_at_the_end_of_its_line',
+        'collective f(hidden = 8) with rows res {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n        h =\n        res = h\n        out = h\n    }\n}\n',
+        (
+            "spec.pln:6:12: error: missing a value after '=' at the end of the line; expected '(', '-', 'out', a decimal number, a name, a number",
+            '            h =',
+            '               ^',
+        ),
+        R=4,
+    ),
+    Case(  # reported at the '}' on the next line
+        'epilogue_value_missing_before_the_brace',
+        'collective f(hidden = 8) with rows res {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n        res = out\n        out =\n    }\n}\n',
+        (
+            "spec.pln:7:14: error: missing a value after '=' at the end of the line; expected '(', '-', 'out', a decimal number, a name, a number",
+            '            out =',
+            '                 ^',
+        ),
+        R=4,
+    ),
+    Case(  # reported at the next statement's '=' on line 7
+        'epilogue_operand_missing_after_an_operator',
+        'collective f(hidden = 8) with rows res {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n        h = out *\n        res = h\n        out = h\n    }\n}\n',
+        (
+            "spec.pln:6:18: error: missing a value after '*' at the end of the line; expected '(', '-', 'out', a decimal number, a name, a number",
+            '            h = out *',
+            '                     ^',
+        ),
+        R=4,
+    ),
+    Case(  # 'res' began a statement: "unexpected '}'; expected '='" at 7:5
+        'epilogue_operator_missing_between_operands',
+        'collective f(hidden = 8) with rows res {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n        out = out res\n    }\n}\n',
+        (
+            "spec.pln:6:19: error: missing an operator before 'res'; expected '*', '+', '-', '/'",
+            '            out = out res',
+            '                      ^^^',
+            "note: or, if 'res' starts a new statement, '=' after it",
+        ),
+        R=4,
+    ),
+    Case(  # '1e' is 1 then a name: "unexpected '}'; expected '='" at 7:5
+        'epilogue_exponent_without_digits',
+        'collective f(hidden = 8) with rows res {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n        out = out * 1e\n    }\n}\n',
+        (
+            "spec.pln:6:21: error: '1e' is not a number",
+            '            out = out * 1e',
+            '                        ^^',
+            'note: an exponent needs digits, as in 1e-6',
+        ),
+        R=4,
+    ),
+    Case(  # was "unexpected '}'; expected 'out', a name"
+        'empty_epilogue',
+        'collective f(hidden = 8) with rows res {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n\n    }\n}\n',
+        (
+            'spec.pln:5:5: error: the epilogue is empty: assign out or a rows operand, or remove the epilogue',
+            '        epilogue rows(hidden) {',
+            '        ^^^^^^^^',
+        ),
+        R=4,
+    ),
+    Case(  # reported at the 'out' of line 3
+        'layout_missing_at_the_end_of_its_line',
+        'collective a {\n    in[r] =\n    out[r] = x[0..R]\n    copy\n}\n',
+        (
+            "spec.pln:2:12: error: missing a value after '=' at the end of the line; expected a name",
+            '        in[r] =',
+            '               ^',
+        ),
+        R=4,
+    ),
+    Case(  # reported at the 'out' of line 3
+        'layout_cut_after_a_comma',
+        'collective a {\n    in[r] = x[r],\n    out[r] = x[0..R]\n    copy\n}\n',
+        (
+            "spec.pln:2:18: error: missing a value after ',' at the end of the line; expected a name",
+            '        in[r] = x[r],',
+            '                     ^',
+        ),
+        R=4,
+    ),
+    Case(  # reported at the '{' of line 2
+        'condition_cut_after_a_comma',
+        'collective a where R > 1,\n{\n    in[r] = x[r]\n    out[r] = x[0..R]\n    copy\n}\n',
+        (
+            "spec.pln:1:26: error: missing a value after ',' at the end of the line; expected '(', '-', a name, a number",
+            '    collective a where R > 1,',
+            '                             ^',
+        ),
+        R=4,
+    ),
+    Case(  # reported at the 'copy' of line 4
+        'loop_cut_after_for',
+        'collective a {\n    in[r] = x[r]\n    out[r] = x[i] for\n    copy\n}\n',
+        (
+            "spec.pln:3:22: error: the line ends after 'for'; expected a name",
+            '        out[r] = x[i] for',
+            '                         ^',
+        ),
+        R=4,
+    ),
+    Case(  # '[r]' read as an index of the x above: "unexpected '='" at 3:9
+        'statement_without_its_buffer',
+        'collective a {\n    in[r] = x[r]\n    [r] = x[0..R]\n    copy\n}\n',
+        (
+            "spec.pln:3:5: error: missing 'in' or 'out' before '['; a statement reads 'in[RANK] = LAYOUT' or 'out[RANK] = LAYOUT'",
+            '        [r] = x[0..R]',
+            '        ^',
+        ),
+        R=4,
+    ),
+    Case(
+        'epilogue_before_the_operation',
+        'collective f(hidden = 8) with rows res {\n    in[r] = x\n    out[r] = x\n    epilogue rows(hidden) {\n        res = out\n    }\n    reduce\n}\n',
+        (
+            "spec.pln:4:5: error: unexpected keyword 'epilogue'; expected ',', ';', '[', 'copy', 'for', 'in', 'out', 'reduce'",
+            '        epilogue rows(hidden) {',
+            '        ^^^^^^^^',
+            "note: the epilogue comes after the operation: '... reduce  epilogue rows(E) { ... }'",
+        ),
+        R=4,
+    ),
+    Case(
+        'statement_after_the_operation',
+        'collective a {\n    in[r] = x[r]\n    copy\n    out[r] = x[0..R]\n}\n',
+        (
+            "spec.pln:4:5: error: unexpected keyword 'out'; expected ';', 'epilogue', 'replicated', '}'",
+            '        out[r] = x[0..R]',
+            '        ^^^',
+            "note: the operation ('copy' or 'reduce') comes after every 'in[...]' and 'out[...]' statement",
+        ),
+        R=4,
+    ),
+    Case(
+        'non_ascii_letter_in_a_name',
+        'collective a {\n    in[r] = xé[r]\n    out[r] = x[0..R]\n    copy\n}\n',
+        (
+            "spec.pln:2:14: error: unexpected character 'é'",
+            '        in[r] = xé[r]',
+            '                 ^',
+            "note: names are ASCII: a letter or '_', then letters, digits or '_'",
+        ),
+        R=4,
+    ),
+    Case(
+        'decimal_point_without_digits',
+        'collective f(hidden = 8) with rows res {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n        out = out * 1.\n    }\n}\n',
+        (
+            "spec.pln:6:22: error: unexpected character '.'",
+            '            out = out * 1.',
+            '                         ^',
+            'note: a decimal number has digits after its point, as in 1.0',
+        ),
+        R=4,
+    ),
+    Case(
+        'range_with_one_point',
+        'collective a {\n    in[r] = x[r]\n    out[r] = x[0.R]\n    copy\n}\n',
+        (
+            "spec.pln:3:17: error: unexpected character '.'",
+            '        out[r] = x[0.R]',
+            '                    ^',
+            'note: a range has two points, as in 0..R',
+        ),
+        R=4,
+    ),
 ]
 
 

@@ -327,3 +327,34 @@ def test_a_chunk_count_beyond_any_integer_is_capped_in_the_message():
     error = diagnose(f"collective a {{ in[r] = x{huge} out[r] = x{'[0]' * 40} copy }}", 1)
     assert error.message.startswith("'x[0..9223372036854775807][0..9223372036854775807]")
     assert "names more than 9,223,372,036,854,775,807 chunks, more than this spec may name at R=1" in error.message
+
+
+# --- 6. a statement cut at the end of its line ----------------------------------------------
+
+CUT = ("collective e(hidden = 8) with rows residual, row weight, scalar eps {\n    in[r] = x\n    out[r] = x\n"
+       "    reduce\n    epilogue rows(hidden) {\n        h = \n        residual = h\n"
+       "        out = rmsnorm(h, weight, eps)\n    }\n}\n")
+CUT_MESSAGE = ("error: missing a value after '=' at the end of the line; "
+               "expected '(', '-', 'out', a decimal number, a name, a number")
+
+
+@pytest.mark.parametrize("argv", [["check", "--spec-only", "-R", "1..4"], ["dump", "--stage", "spec", "-R", "2"],
+                                  ["dump", "--stage", "ast"]], ids=["check", "dump-spec", "dump-ast"])
+def test_an_epilogue_value_missing_is_reported_on_its_own_line(tmp_path, capsys, argv):
+    """`h = ` then `residual = h`: the parser took 'residual' as the value and stopped at the next
+    line's '=' (7:18, "unexpected '='"); the value is missing just after the first '='."""
+    path = tmp_path / "cut.pln"
+    path.write_text(CUT)
+    assert main([argv[0], str(path), *argv[1:]]) == 2
+    assert capsys.readouterr().err.splitlines()[:3] == [f"{path}:6:12: {CUT_MESSAGE}", "            h = ",
+                                                        "               ^"]
+
+
+@pytest.mark.parametrize("variant", ["crlf", "tabs", "comment"])
+def test_an_epilogue_value_missing_under_crlf_tabs_and_comments(variant):
+    source = {"crlf": CUT.replace("\n", "\r\n"), "tabs": CUT.replace("        h = ", "\t\th = "),
+              "comment": CUT.replace("h = \n", "h = // to do\n\n")}[variant]
+    error = diagnose(source)
+    column = {"crlf": 12, "tabs": 6, "comment": 12}[variant]
+    assert lines(error)[0] == f"spec.pln:6:{column}: {CUT_MESSAGE}"
+    assert lines(error)[2] == "               ^"  # just past the '=', a tab being 4 cells

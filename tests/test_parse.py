@@ -142,3 +142,22 @@ def test_a_semicolon_after_the_epilogue():
               "  in[r] = x; out[r] = x; reduce;\n"
               "  epilogue rows(hidden) { h = out + residual; residual = h; out = rmsnorm(h, weight, eps) };\n}\n")
     assert parse(source).epilogue is not None
+
+
+FUSED_LINES = ("collective f(hidden = 8) with rows res, row w, scalar eps {\n  in[r] = x[0..R]\n  out[r] = x[0..R]\n"
+               "  reduce\n  epilogue rows(hidden) {\n    h = out + res\n    res = h\n    out = rmsnorm(h, w, eps)\n  }\n}\n")
+
+
+def test_statements_of_every_kind_may_share_a_line():
+    """LANGUAGE.md, "Syntax": no statement needs a separator, an epilogue's included: one rule for
+    the whole language, whose documented one-liners (`{ in[r] = x out[r] = x copy }`) need it."""
+    shared = parse("collective f(hidden = 8) with rows res, row w, scalar eps { in[r] = x[0..R] out[r] = x[0..R] "
+                   "reduce epilogue rows(hidden) { h = out + res res = h out = rmsnorm(h, w, eps) } }")
+    assert shared == parse(FUSED_LINES)
+    assert [s.format() for s in shared.epilogue.statements] == ["h = out + res", "res = h", "out = rmsnorm(h, w, eps)"]
+
+
+def test_a_statement_may_run_on_over_several_lines():
+    split = FUSED_LINES.replace("h = out + res", "h = out\n      + res")
+    split = split.replace("rmsnorm(h, w, eps)", "rmsnorm(h,\n  w, eps)")
+    assert parse(split.replace("out[r] = x[0..R]", "out[r] =\n    x[0..R]")) == parse(FUSED_LINES)

@@ -119,7 +119,8 @@ def _expected(error: lark.exceptions.UnexpectedToken) -> set[str]:
 def _translate(error: lark.exceptions.LarkError, source: Source) -> PurlinError:
     if isinstance(error, lark.exceptions.UnexpectedCharacters):
         char = source.text[error.pos_in_stream] if error.pos_in_stream < len(source.text) else ""
-        return PurlinError(f"unexpected character {char!r}", _point(source, error.line, error.column))
+        return PurlinError(f"unexpected character {char!r}", _point(source, error.line, error.column),
+                           _character_hints(source, error.pos_in_stream))
     if isinstance(error, lark.exceptions.UnexpectedEOF):
         return PurlinError(f"unexpected end of file; expected {_expected_words(set(error.expected))}",
                            _end_of_text(source))
@@ -150,16 +151,22 @@ def _translate(error: lark.exceptions.LarkError, source: Source) -> PurlinError:
                 span,
                 (f"the reduction operator ({', '.join(_REDUCE_OPS)}) is chosen at call time; write 'reduce'",),
             )
-        if token.type in ("NAME", "INT", "FLOAT"):
-            word = {"NAME": "name", "INT": "number", "FLOAT": "decimal number"}[token.type]
-            found = f"{word} '{token}'"
-        elif str(token).isidentifier():
-            found = f"keyword '{token}'"  # reserved words cannot name chunks or variables
-        else:
-            found = f"'{token}'"  # the text itself reads better than the terminal's description
-        return PurlinError(f"unexpected {found}; expected {_expected_words(expected)}", span,
-                           _header_hints(token, expected))
+        located_better = _misplaced(token, source, expected)
+        if located_better is not None:
+            return located_better
+        return PurlinError(f"unexpected {_found(token)}; expected {_expected_words(expected)}", span,
+                           _header_hints(token, expected) + _order_hints(token, expected))
     return PurlinError(str(error))
+
+
+def _found(token: Token) -> str:
+    """A token as a message names it: `name 'x'`, `keyword 'copy'`, `'='`."""
+    if token.type in ("NAME", "INT", "FLOAT"):
+        word = {"NAME": "name", "INT": "number", "FLOAT": "decimal number"}[token.type]
+        return f"{word} '{token}'"
+    if str(token).isidentifier():
+        return f"keyword '{token}'"  # reserved words cannot name chunks or variables
+    return f"'{token}'"  # the text itself reads better than the terminal's description
 
 
 # Characters an editor may show as a line break but the lexer does not (str.splitlines's, less
@@ -192,6 +199,153 @@ def _header_hints(token: Token, expected: set[str]) -> tuple[str, ...]:
             return ("declare every operand in one 'with' clause, separated by commas",)
         return ("the header's clauses come in this order: collective NAME(PARAMS) with OPERANDS where CONDITIONS {",)
     return ()
+
+
+def _order_hints(token: Token, expected: set[str]) -> tuple[str, ...]:
+    """A note when the body's parts come in the wrong order (statements, operation, epilogue)."""
+    if token.type == "EPILOGUE" and {"COPY", "REDUCE"} <= expected:
+        return ("the epilogue comes after the operation: '... reduce  epilogue rows(E) { ... }'",)
+    if token.type in ("IN", "OUT") and "EPILOGUE" in expected:
+        return ("the operation ('copy' or 'reduce') comes after every 'in[...]' and 'out[...]' statement",)
+    return ()
+
+
+def _character_hints(source: Source, offset: int) -> tuple[str, ...]:
+    """A note for a character that is part of a name or number to the eye but not to the lexer:
+    a letter outside ASCII (`hé`), a point with no digit after it (`1.`)."""
+    char = source.text[offset] if offset < len(source.text) else ""
+    if char.isidentifier() and not char.isascii():
+        return ("names are ASCII: a letter or '_', then letters, digits or '_'",)
+    if char == "." and offset > 0 and source.text[offset - 1].isdigit():
+        after = source.text[offset + 1:offset + 2]
+        if after.isidentifier():  # `0.R`: a range short of a point
+            return ("a range has two points, as in 0..R",)
+        return ("a decimal number has digits after its point, as in 1.0",)
+    return ()
+
+
+def _tokens_before(source: Source, offset: int) -> list[Token]:
+    """The tokens of ``source`` that start before character ``offset``, or as many as lex (the
+    text before a parse error always does; a bad character later on ends the list)."""
+    tokens: list[Token] = []
+    try:
+        for token in _parser().lex(source.text):
+            if token.start_pos >= offset:
+                break
+            tokens.append(token)
+    except lark.exceptions.LarkError:
+        pass
+    return tokens
+
+
+# Tokens that something must follow: a line that ends with one was cut short, whatever the next
+# line holds.  After an operator, '=', ',' or an opening bracket, what is missing is a value; after
+# a keyword ('for', 'with', ...) or the ':' of a dtype, the message lists what may follow.
+# Punctuation by its text: lark names the grammar's '..' an anonymous terminal (__ANON_<n>, by
+# the order it meets literals), so its type is no name to rely on.
+_BEFORE_A_VALUE_TEXT = {"=", ",", "+", "-", "*", "/", "%", "..", "(", "["}
+_NEEDS_MORE = {"COLON", "COLLECTIVE", "WITH", "WHERE", "SIZES", "OF", "IN", "FOR", "EPILOGUE", "ROWS", "ROW", "SCALAR"}
+_VALUE_STARTS = {"NAME", "INT", "FLOAT", "OUT", "LPAR", "MINUS"}  # what an expression or a layout starts with
+_VALUE_ENDS = {"NAME", "INT", "FLOAT", "OUT", "RPAR"}  # and what an epilogue expression ends with
+
+
+def _misplaced(token: Token, source: Source, expected: set[str]) -> PurlinError | None:
+    """A better message and place than "unexpected TOKEN" for the slips where the parser stops
+    after the mistake: a line cut short, an operator missing in an epilogue, a statement
+    without its buffer, an empty epilogue.  None where the plain message stands."""
+    before = _tokens_before(source, token.start_pos)
+    for diagnose in (_cut_at_line_end, _missing_operator, _missing_buffer, _empty_epilogue):
+        error = diagnose(token, before, source, expected)
+        if error is not None:
+            return error
+    return None
+
+
+def _cut_at_line_end(token: Token, before: list[Token], source: Source, expected: set[str]) -> PurlinError | None:
+    """`h =` with its value missing, then `residual = h` on the next line.
+
+    Statements need no separator, so the parser reads on into the next line and stops at its
+    first token that cannot continue the value (the `out` of `out[r] = ...`) or, in an epilogue,
+    only at the next statement's '=', having taken its target (`residual`) as the value.  The
+    text is missing at the end of the earlier line, after its '=', operator or ','; point there."""
+    if before and _cut_before(before[-1], token):
+        return _missing_after(before[-1], source, expected)
+    if token.type == "EQUAL" and len(before) >= 2 and before[-1].type in ("NAME", "OUT") \
+            and _cut_before(before[-2], before[-1]):
+        return _missing_after(before[-2], source, _accepts_after(source, before[-2]))
+    return None
+
+
+def _cut_before(last: Token, following: Token) -> bool:
+    return (_before_a_value(last) or last.type in _NEEDS_MORE) and following.line > last.end_line
+
+
+def _before_a_value(token: Token) -> bool:
+    return str(token) in _BEFORE_A_VALUE_TEXT or token.type == "COMPARE"
+
+
+def _accepts_after(source: Source, token: Token) -> set[str]:
+    """The tokens the parser would take right after ``token``, the text before it being valid."""
+    try:
+        parser = _parser().parse_interactive(source.text[:token.end_pos])
+        parser.exhaust_lexer()
+        return set(parser.accepts()) - {"$END"}
+    except lark.exceptions.LarkError:
+        return set()
+
+
+def _missing_after(last: Token, source: Source, expected: set[str]) -> PurlinError | None:
+    if not expected:
+        return None
+    span = _point(source, last.end_line, last.end_column)  # just past the token, where the text is missing
+    words = _expected_words(expected)
+    if _before_a_value(last) and expected <= _VALUE_STARTS:
+        return PurlinError(f"missing a value after '{last}' at the end of the line; expected {words}", span)
+    return PurlinError(f"the line ends after '{last}'; expected {words}", span)
+
+
+def _missing_operator(token: Token, before: list[Token], source: Source, expected: set[str]) -> PurlinError | None:
+    """`out = out residual`: an epilogue's statements need no separator, so a name after a
+    complete expression starts the next statement, and the parser stops only after it, where
+    '=' does not follow (often on the next line).  The slip is between the two operands."""
+    if expected != {"EQUAL"} or len(before) < 2:
+        return None
+    last, target = before[-2], before[-1]
+    if target.type not in ("NAME", "OUT") or last.type not in _VALUE_ENDS or target.line != last.end_line:
+        return None
+    if last.type in ("INT", "FLOAT") and last.end_pos == target.start_pos:
+        return _not_a_number(last, target, source)
+    return PurlinError(f"missing an operator before '{target}'; expected '*', '+', '-', '/'",
+                       _point(source, target.line, target.column, len(target)),
+                       (f"or, if '{target}' starts a new statement, '=' after it",))
+
+
+def _not_a_number(number: Token, name: Token, source: Source) -> PurlinError:
+    """`1e` or `2x`: a number run into a name, which the lexer splits in two."""
+    text = f"{number}{name}"
+    notes = ("an exponent needs digits, as in 1e-6",) if name[0] in "eE" else ()
+    return PurlinError(f"'{text}' is not a number", _point(source, number.line, number.column, len(text)), notes)
+
+
+def _missing_buffer(token: Token, before: list[Token], source: Source, expected: set[str]) -> PurlinError | None:
+    """`[r] = x` on a line of its own: without its 'in' or 'out', the index reads as one more
+    index of the chunk that ends the line above, and the parser stops only at the '='."""
+    if token.type != "EQUAL" or "COPY" not in expected:
+        return None
+    line = [t for t in before if t.line == token.line]
+    if not line or line[0].type != "LSQB" or len(line) == len(before):
+        return None
+    return PurlinError("missing 'in' or 'out' before '['; a statement reads 'in[RANK] = LAYOUT' or "
+                       "'out[RANK] = LAYOUT'", _point(source, line[0].line, line[0].column))
+
+
+def _empty_epilogue(token: Token, before: list[Token], source: Source, expected: set[str]) -> PurlinError | None:
+    """`epilogue rows(E) { }`: a '}' stands where the first statement's target does."""
+    if token.type != "RBRACE" or expected != {"NAME", "OUT"}:
+        return None
+    keyword = next((t for t in reversed(before) if t.type == "EPILOGUE"), token)
+    return PurlinError("the epilogue is empty: assign out or a rows operand, or remove the epilogue",
+                       _point(source, keyword.line, keyword.column, len(keyword)))
 
 
 # Integer literals: 2**63 is far beyond any chunk index, and Python refuses to convert
