@@ -111,6 +111,13 @@ def environment(env: dict):
 def capture_steps(step: Callable[[], object], iters: int, env: dict | None = None):
     """A CUDA graph of ``iters`` calls of ``step`` (after two warm-up calls on a side stream, as
     torch recommends before a capture), captured with ``env`` set."""
+    graph, _ = capture_with_result(step, iters, env)
+    return graph
+
+
+def capture_with_result(step: Callable[[], object], iters: int, env: dict | None = None) -> tuple[object, object]:
+    """(graph, what the last captured call of ``step`` returned): ``capture_steps`` for a step
+    whose result is read after each replay (the tensors the graph writes, e.g. a decode step's)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with environment(env or {}):
@@ -120,11 +127,15 @@ def capture_steps(step: Callable[[], object], iters: int, env: dict | None = Non
         torch.cuda.current_stream().wait_stream(side)
         sync()
         graph = torch.cuda.CUDAGraph()
+        result = None
         # thread_local: NCCL's watchdog thread keeps querying events while we capture.
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             for _ in range(iters):
-                step()
-    return graph
+                # Drop the previous call's result first: its memory is free for the next call
+                # to reuse, as when the results are not kept (the graph's pool stays as small).
+                result = None
+                result = step()
+    return graph, result
 
 
 def graph_replays(replay_us: float, target_rep_us: float) -> int:

@@ -4,23 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from benchlib.timing import replays_us
+from benchlib.timing import capture_with_result, replays_us
 
 
 def capture(step):
     """(graph, what the captured step returned): two warm-up steps on a side stream first, as
-    torch recommends (they also compile and load every kernel the step uses)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        out = step()
-    return graph, out
+    torch recommends (they also compile and load every kernel the step uses).  One step per
+    graph: a replay is one decode step."""
+    return capture_with_result(step, 1)
 
 
 def replay_us(graph, replays: int, reps: int, label: str) -> list[float]:
