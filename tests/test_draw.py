@@ -795,3 +795,229 @@ def test_plan_title_clears_the_phase_labels():
     assert phases and buffers
     assert min(phases) - 8 >= title + 4 + 8  # capitals 8 px above the baseline, descenders 4 px below
     assert min(buffers) - 8 >= max(phases) + 3 + 3
+
+
+def _subtitle(text: str) -> str:
+    """The first panel's second line (the schedule's options)."""
+    return ET.fromstring(text).find(f"{NS}g[@class='panel']").findall(NS + "text")[1].text
+
+
+@pytest.mark.parametrize("path, argv, says", [
+    ("allreduce.pln", ["-a", "ring", "--registered", "both"], "registered in+out"),
+    ("allgather.pln", ["-a", "ring", "--slots", "1"], "1 staging slot per edge"),
+    ("sized/alltoallv.pln", [], "run-time sizes n[4][4] of x"),
+    ("fused/allreduce_add_rmsnorm.pln", [], "epilogue rows(4096)"),
+])
+def test_subtitle_names_every_option_that_changes_the_schedule(tmp_path, path, argv, says):
+    """The subtitle said nothing of slots, registered buffers, run-time sizes or an epilogue: a
+    ring allreduce --registered both (other steps) and alltoallv read as the plain schedules."""
+    out = tmp_path / "d.svg"
+    assert main(["draw", str(EXAMPLES / path), "-R", "4", *argv, "-o", str(out)]) == 0
+    subtitle = _subtitle(out.read_text())
+    assert says in subtitle
+    root = ET.fromstring(out.read_text())  # and the canvas is wide enough for it (11 px monospace)
+    assert 10 + 0.602 * 11 * len(subtitle) <= float(root.get("width"))
+    plain = tmp_path / "plain.svg"
+    assert main(["draw", str(EXAMPLES / "allreduce.pln"), "-R", "4", "-o", str(plain)]) == 0
+    assert not re.search(r"slot|registered|sizes|epilogue", _subtitle(plain.read_text()))
+
+
+@pytest.mark.parametrize("timeline", [False, True])
+def test_previous_call_mark_points_at_its_own_wait(tmp_path, timeline):
+    """The red mark sat left of the wait, on the top-right corner of the step before it (3 px
+    away in the schedule view), and read as that step's.  It now points down at the wait's
+    own first pixels from the lane's margin, and touches no other box."""
+    out = tmp_path / "d.svg"
+    argv = ["draw", str(EXAMPLES / "allgather.pln"), "-R", "4", "-a", "ring", "--slots", "1", "-o", str(out)]
+    assert main(argv + (["--timeline"] if timeline else [])) == 0
+    root = ET.fromstring(out.read_text())
+    marks = 0
+    for lane in _find(root, "g", "lane"):
+        boxes = [(g, g.find(NS + "rect")) for g in _find(lane, "g", "step")]
+        for g, rect in boxes:
+            mark = g.find(f"{NS}g[@class='prev-call']")
+            if mark is None:
+                continue
+            marks += 1
+            m = re.fullmatch(r"M([\d.]+),([\d.]+) h6 l-3,([\d.]+) z", mark.find(NS + "path").get("d"))
+            left, top, height = (float(v) for v in m.groups())
+            x, y, w = (float(rect.get(k)) for k in ("x", "y", "width"))
+            tip_x, tip_y = left + 3, top + height
+            assert x <= tip_x <= x + w and y <= tip_y <= y + 2  # at the wait's top edge
+            assert top >= y - (svg.LANE_H - svg.BOX_H) / 2  # inside its own lane
+            # Below the boxes' top edge (y) the triangle is tip_x +- half; that part lies on the
+            # wait (above it, the lane's margin is empty): over no other step's box.
+            half = 3 * (tip_y - y) / height
+            for other, orect in boxes:
+                if other is not g:
+                    ox, ow = float(orect.get("x")), float(orect.get("width"))
+                    assert tip_x + half <= ox + 0.01 or tip_x - half >= ox + ow - 0.01
+    assert marks == 4  # each rank's first slot wait: for the previous call's reader (k <= 0)
+
+
+def _labels(root) -> dict[tuple[int, int, int], list[str]]:
+    return {(int(g.get("data-rank")), int(g.get("data-channel")), int(g.get("data-index"))):
+            [t.text for t in g.findall(NS + "text")] for g in _find(root, "g", "step")}
+
+
+def test_a_stage_to_a_two_digit_rank_keeps_its_peer_in_the_label():
+    """At R >= 10 'x[0][12]>r12' did not fit a column and was cut to 'x[0][12]>…', losing the
+    rank it goes to.  The chunk keeps its row and the peer leads the last one; every label
+    still fits its box (9.5 px monospace, 0.602 em a character, from 3 px in)."""
+    schedule = _schedule("alltoall", 16)
+    root = ET.fromstring(_svg_of(schedule))
+    labels = _labels(root)
+    stages = [rows for key, rows in labels.items() if key[0] == 0 and rows[0] == "stage"]
+    assert ["stage", "x[0][1]>r1", "L4"] in stages  # fits: as before
+    assert ["stage", "x[0][12]", ">r12 L4"] in stages
+    signals = [rows for key, rows in labels.items() if key[0] == 12 and rows[0] in ("notify ack", "wait ack")]
+    assert ["notify ack", "r9.sig[26]"] in signals and ["notify ack", "sig[26]", ">r10"] in signals  # 'r10.sig[26]'
+    assert ["wait ack", "sig[15]"] in signals  # 'r12.sig[15]': the lane is rank 12's
+    for g in _find(root, "g", "step"):
+        box = g.find(NS + "rect")
+        right = float(box.get("x")) + float(box.get("width"))
+        for text in g.findall(NS + "text"):
+            assert "\u2026" not in text.text
+            assert float(text.get("x")) + 0.602 * 9.5 * len(text.text) <= right
+
+
+def test_slices_of_one_chunk_are_told_apart():
+    """With --slices 2 the two stages of x[0] to r1 had the same label: read as the same data
+    moved twice.  Each data step names its slice (absolute: channel 1's are S..2S-1)."""
+    source = pipeline.load_source(EXAMPLES / "allreduce.pln")
+    spec = pipeline.spec_stage(pipeline.parse_stage(source), 2, {})
+    schedule = pipeline.snac_stage(spec, LowerOptions(algorithm=Algorithm.TWO_SHOT, channels=2, slices=2))
+    labels = _labels(ET.fromstring(_svg_of(schedule, collapse=False)))
+    by_channel = {c: {rows[-1] for key, rows in labels.items() if key[1] == c and rows[0] == "stage"} for c in (0, 1)}
+    assert by_channel == {0: {"s0 L4", "s1 L4"}, 1: {"s2 L4", "s3 L4"}}
+    assert all(not rows[-1].startswith("s") for rows in labels.values() if rows[0] in ("notify", "wait"))
+    one = _labels(ET.fromstring(_svg_of(_schedule("allreduce", 2, channels=2))))  # 1 slice a channel: no slice
+    assert all(rows[-1] == "L4" for rows in one.values() if rows[0] in ("stage", "reduce", "copy"))
+
+
+def test_the_legend_explains_the_epilogue_border_where_there_is_one(tmp_path):
+    """An epilogue step's box has no chunk colour, only a green border the legend did not
+    explain.  The legend does where the drawing has one (and its line fits the canvas)."""
+    def legend_note(path, *argv):
+        out = tmp_path / "d.svg"
+        assert main(["draw", str(EXAMPLES / path), "-R", "2", *argv, "-o", str(out)]) == 0
+        root = ET.fromstring(out.read_text())
+        epilogues = [g for g in _find(root, "g", "step") if g.get("data-verb") == "epilogue"]
+        note = [t for t in _find(root, "g", "legend")[0].findall(NS + "text") if "arrow:" in (t.text or "")][0]
+        assert float(note.get("x")) + 0.602 * 10 * len(note.text) <= float(root.get("width"))
+        return note.text, epilogues
+
+    note, epilogues = legend_note("fused/allreduce_add_rmsnorm.pln")
+    assert epilogues and all(g.find(NS + "rect").get("stroke") == svg._STROKE["epilogue"] for g in epilogues)
+    assert "green border: epilogue" in note
+    note, epilogues = legend_note("fused/allreduce_add_rmsnorm.pln", "--compare", "ring,direct-push")
+    assert epilogues and "green border: epilogue" in note
+    note, epilogues = legend_note("allreduce.pln")
+    assert not epilogues and "epilogue" not in note
+
+
+def test_plan_drawing_says_what_each_schedule_box_is(tmp_path):
+    """A plan's boxes said only 'schedule #1' (its options and size in a hover, which a PNG or
+    print lacks) and nothing said what the NCCL lines' colours mean.  A key under the rows
+    says both, inside the canvas."""
+    from purlinc.draw.hier import EM, ROW, TOP
+
+    out = tmp_path / "plan.svg"
+    argv = ["draw", str(EXAMPLES / "allreduce.pln"), "-R", "8", "--gpus-per-node", "2", "-a", "ring", "--channels", "2"]
+    assert main(argv + ["-o", str(out)]) == 0
+    root = ET.fromstring(out.read_text())
+    width, height = float(root.get("width")), float(root.get("height"))
+    boxes = {t.text for t in root.findall(NS + "text") if re.fullmatch(r"schedule #\d+", t.text or "")}
+    key = [t for t in root.findall(NS + "text") if "key" in _classes(t)]
+    assert boxes == {"schedule #0", "schedule #1"}
+    assert [t.text.split(":")[0] for t in key[:2]] == ["schedule #0", "schedule #1"]
+    assert all("ring/c2/s1" in t.text and "steps in all" in t.text for t in key[:2])
+    assert "NCCL lines" in key[-1].text and "coloured by" in key[-1].text
+    for t in key:
+        assert float(t.get("y")) - 11 >= TOP + ROW * 8  # under the last rank's row
+        assert float(t.get("y")) + 4 <= height and float(t.get("x")) + EM * 11 * len(t.text) <= width
+
+
+def test_a_timeline_of_run_time_sizes_says_every_chunk_is_modelled_full(tmp_path):
+    """alltoallv's timeline drew every chunk the same length with nothing to say the sizes
+    are the call's (on the device): a note under the lanes says the model takes them full."""
+    out = tmp_path / "t.svg"
+    assert main(["draw", str(EXAMPLES / "sized/alltoallv.pln"), "-R", "4", "--timeline", "--bytes", "1MiB",
+                 "-o", str(out)]) == 0
+    root = ET.fromstring(out.read_text())
+    notes = [t.text for t in _find(root, "text", "note")]
+    assert notes == ["run-time sizes: every chunk modelled full (262144 B); a call moves the sizes n gives, at most that"]
+    assert 10 + 0.602 * 11 * len(notes[0]) <= float(root.get("width"))
+    plain = tmp_path / "p.svg"
+    assert main(["draw", str(EXAMPLES / "sized/alltoallv.pln"), "-R", "4", "-o", str(plain)]) == 0  # no model: no note
+    assert not _find(ET.fromstring(plain.read_text()), "text", "note")
+
+
+def test_a_long_note_under_the_lanes_fits_the_canvas():
+    """The canvas took the lanes, the legend and the subtitle, not the notes: a trace's note
+    lists every rank's call number ('call [3, 3, ...]', 3 characters a rank), past the edge
+    at R=64.  A note of any length is now inside."""
+    from dataclasses import replace
+
+    schedule = _schedule("allreduce", 2)
+    drawing = build(schedule)
+    times = schedule_times(schedule, drawing, CostModel(), chunk_bytes=1024)
+    note = "measured on the GPU, call " + str([3] * 64) + ", round 0; timebase globaltimer; clocks aligned by ping-pong"
+    root = ET.fromstring(svg.render([svg.Panel(drawing, replace(times, notes=(note,)))], width=400))
+    shown = [t for t in _find(root, "text", "note") if t.text == note]
+    assert shown and float(shown[0].get("x")) + 0.602 * 11 * len(note) <= float(root.get("width"))
+
+
+def test_compared_timelines_tick_at_the_same_times(tmp_path):
+    """The panels share one x scale but each chose its tick step from its own length: 5 us
+    apart over ring's panel, 10 us over direct-push's, so equal times had unequal marks.  The
+    ticks of a shorter panel are now those of the longest, as far as it goes."""
+    out = tmp_path / "cmp.svg"
+    assert main(["draw", str(EXAMPLES / "allreduce.pln"), "-R", "4", "--compare", "ring,direct-push,two-shot",
+                 "--bytes", "1MiB", "-o", str(out)]) == 0
+    root = ET.fromstring(out.read_text())
+    panels = [[(float(t.get("x")), t.text) for t in axis.findall(NS + "text")]
+              for axis in _find(root, "g", "axis")]
+    assert len(panels) == 3
+    longest = max(panels, key=len)
+    assert all(ticks == longest[:len(ticks)] and len(ticks) >= 3 for ticks in panels), panels
+
+
+def test_an_acknowledgement_is_labelled_ack_not_as_data_sent():
+    """Ring scatter's rank 1, done with x[1], notifies r0 that its slot is free: the box read
+    'notify x[1]>r0', the label of x[1] being sent to r0.  Notifies and waits of ack signals
+    say 'ack'; data ones do not."""
+    from purlinc.snac.ir import Role
+
+    schedule = _schedule("scatter", 4, algorithm="ring")
+    acks = {d.signal for d in schedule.signal_decls() if d.role is Role.ACK}
+    root = ET.fromstring(_svg_of(schedule))
+    seen = set()
+    for g in _find(root, "g", "step"):
+        step = schedule.program(int(g.get("data-rank")), 0).steps[int(g.get("data-index"))]
+        if isinstance(step, (Notify, Wait)):
+            head = g.findall(NS + "text")[0].text
+            assert head == f"{g.get('data-verb')}{' ack' if step.signal in acks else ''}"
+            seen.add(head)
+    assert seen == {"notify", "notify ack", "wait", "wait ack"}
+    assert ["notify ack", "x[1]>r0", "L4"] in _labels(root).values()
+
+
+# The drawings docs/DRAW.md shows, each with the command line that makes it: the docs show what
+# the code draws today (three of them had gone stale as the drawing gained labels and marks).
+DOC_IMAGES = {
+    "allreduce_r4_ring.svg": ["examples/allreduce.pln", "-R", "4", "-a", "ring", "--channels", "4"],
+    "allreduce_r4_compare.svg": ["examples/allreduce.pln", "-R", "4", "--compare", "direct-push,two-shot,ring",
+                                 "--bytes", "1048576", "--dtype", "bfloat16", "--channels", "8"],
+    "allreduce_traced_h200x2.svg": ["examples/allreduce.pln", "--trace", "docs/img/allreduce_traced_h200x2.json"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(DOC_IMAGES))
+def test_the_docs_drawings_are_what_the_code_draws(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / name
+    assert main(["draw", *DOC_IMAGES[name], "-o", str(out)]) == 0
+    assert out.read_text() == (ROOT / "docs" / "img" / name).read_text(), (
+        f"docs/img/{name} is stale: purlinc draw {' '.join(DOC_IMAGES[name])} -o docs/img/{name}")
+    assert f"(img/{name})" in (ROOT / "docs" / "DRAW.md").read_text()

@@ -31,6 +31,27 @@ def plan_title(plan: HierPlan) -> str:
     t = plan.topology
     nodes = f"{t.nodes} node{'s' if t.nodes != 1 else ''}"
     return f"{plan.spec.name}: {nodes} x {t.gpus_per_node} GPUs (R={t.world_size}), {plan.spec.operation.value}"
+
+
+KEY_H = 15  # a line of the key under the rows
+
+
+def plan_key(plan: HierPlan) -> list[str]:
+    """What the boxes and lines stand for, under the rows: a box said only 'schedule #1', its
+    options and size were in a hover alone (and nowhere in a PNG), and nothing said what the
+    colours of the NCCL lines mean."""
+    lines = []
+    for which, schedule in enumerate(plan.schedules):
+        steps = sum(len(p.steps) for p in schedule.programs)
+        # Not the sub-collective's name: the planner's (".scatter" for a node's copy phase
+        # that gathers to one rank) would contradict the phase label above the box.
+        lines.append(f"schedule #{which}: {schedule.world_size} ranks, {schedule.options.key()}, "
+                     f"{steps} steps in all")
+    if any(not isinstance(phase, IntraPhase) for phase in plan.phases):
+        lines.append("NCCL lines: one per (sending rank, receiving rank), coloured by the sender's GPU in its node")
+    return lines
+
+
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
@@ -38,10 +59,11 @@ def plan_svg(plan: HierPlan) -> str:
     t = plan.topology
     R = t.world_size
     buffers = [plan.phases[0].src] + [p.dst for p in plan.phases]
-    left_edge, title = _left(t), plan_title(plan)
+    left_edge, title, key = _left(t), plan_title(plan), plan_key(plan)
     # the title (14 px bold) may be the widest thing: a collective's name has up to 64 characters
-    width = round(max(left_edge + COL * len(plan.phases) + 120, 8 + _text_px(title, 14) + 8))
-    height = TOP + ROW * R + 30
+    width = round(max(left_edge + COL * len(plan.phases) + 120, 8 + _text_px(title, 14) + 8,
+                      *(8 + _text_px(line) + 8 for line in key)))
+    height = TOP + ROW * R + 30 + KEY_H * len(key)
 
     def y(rank: int) -> float:
         return TOP + ROW * rank + ROW / 2
@@ -92,5 +114,7 @@ def plan_svg(plan: HierPlan) -> str:
                            f'stroke-opacity="0.7"><title>r{a} -> r{b}: {n} units</title></line>')
         out.append(f'<text x="{(x(index) + x(index + 1)) / 2}" y="{TOP - 24}" text-anchor="middle">'
                    f'{index}: {escape(label)}</text>')
+    for n, line in enumerate(key):
+        out.append(f'<text class="key" x="8" y="{TOP + ROW * R + 22 + KEY_H * n}" fill="#333">{escape(line)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"

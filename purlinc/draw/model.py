@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 
 from purlinc.frontend.ast import Operation
-from purlinc.snac.ir import Consume, Epilogue, Notify, Region, Schedule, Signal, Stage, Wait
+from purlinc.snac.ir import Consume, Epilogue, Notify, Region, Role, Schedule, Signal, Stage, Wait
 
 _INDEXED = r"(?<![\w.])[A-Za-z_]\w*(?:\[[^\]\s]+\])+"  # x[3], not r0.stage[3]
 _CHUNK = re.compile(_INDEXED)
@@ -34,7 +34,7 @@ class StepBox:
     rank: int
     channel: int
     index: int  # position in the program's steps
-    verb: str  # stage | stage+notify | notify | wait | copy | reduce
+    verb: str  # stage | stage+notify | notify | wait | copy | reduce | epilogue
     chunk: str  # the chunk the step moves or announces ("" when none, e.g. an ack)
     chunks: tuple[str, ...]  # every chunk its note names
     line: int | None  # .pln line of the chunk's output, when known
@@ -44,6 +44,12 @@ class StepBox:
     k: int = 0
     previous_call: bool = False  # a wait for an earlier call's notify
     peer: int | None = None  # the other rank a stage writes to / a notify raises (None: local)
+    # The slice of its unit a data step moves, where a chunk has several slices per channel
+    # (None otherwise): without it the S boxes of one chunk read as the same data moved S times.
+    slice: int | None = None
+    # A notify / wait of an acknowledgement ("done with x[1]": the slot is free again).  Its
+    # note names the chunk, so 'notify x[1]>r0' read as x[1] sent to r0; the label says 'ack'.
+    ack: bool = False
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -140,7 +146,16 @@ def _verb(step) -> str:
     raise TypeError(f"not a SNAC step: {step!r}")
 
 
-def _box(rank: int, channel: int, index: int, step, lines: dict[str, int], pattern: re.Pattern) -> StepBox:
+def _slice_of(step) -> int | None:
+    if isinstance(step, (Stage, Consume)):
+        return step.dst.slice
+    if isinstance(step, Epilogue):
+        return step.region.slice
+    return None
+
+
+def _box(rank: int, channel: int, index: int, step, lines: dict[str, int], pattern: re.Pattern,
+         slices: bool = False, acks: frozenset[Signal] = frozenset()) -> StepBox:
     note = " ".join(str(getattr(step, "note", "") or "").split())
     chunks = chunks_of(note, pattern)
     chunk = chunks[0] if len(set(chunks)) == 1 else ""
@@ -157,7 +172,8 @@ def _box(rank: int, channel: int, index: int, step, lines: dict[str, int], patte
     return StepBox(
         rank=rank, channel=channel, index=index, verb=_verb(step), chunk=chunk, chunks=chunks, line=line,
         operands=_operands(step), note=note, signal=signal, k=k,
-        previous_call=isinstance(step, Wait) and step.k <= 0, peer=peer,
+        previous_call=isinstance(step, Wait) and step.k <= 0, peer=peer, slice=_slice_of(step) if slices else None,
+        ack=isinstance(step, (Notify, Wait)) and step.signal in acks,
     )
 
 
@@ -246,6 +262,24 @@ def refuse_large(schedule: Schedule) -> None:
         )
 
 
+def _subtitle_extras(schedule: Schedule) -> str:
+    """The rest of what makes this schedule the one drawn, each only where it applies: slots,
+    registered buffers, run-time sizes and an epilogue.  Without them a drawing of ring
+    ``--registered both`` (other steps) and one of alltoallv (packed buffers, size headers)
+    read exactly like the plain schedule's."""
+    o = schedule.options
+    extras = ""
+    if o.slots is not None:
+        extras += f", {o.slots} staging slot{'s' if o.slots != 1 else ''} per edge"
+    if o.registered:
+        extras += f", registered {'+'.join(sorted(o.registered))}"
+    if schedule.sizes is not None:
+        extras += f", run-time {schedule.sizes.format()}"
+    if schedule.epilogue is not None:
+        extras += f", epilogue rows({schedule.epilogue.row})"
+    return extras
+
+
 def build(schedule: Schedule, *, collapse: bool = True, channels: tuple[int, ...] | None = None,
           title: str | None = None, bare_chunks: frozenset[str] = frozenset()) -> Drawing:
     """The drawing of ``schedule``.  ``collapse``: draw channel 0 alone when every channel is
@@ -271,10 +305,12 @@ def build(schedule: Schedule, *, collapse: bool = True, channels: tuple[int, ...
     lines = _chunk_lines(schedule, range(nchan) if not collapsed else range(1), pattern)
     lanes = []
     all_chunks: set[str] = set()
+    acks = frozenset(d.signal for d in schedule.signal_decls() if d.role is Role.ACK)
     for rank in range(world):
         for channel in drawn:
             program = schedule.program(rank, channel)
-            boxes = tuple(_box(rank, channel, i, step, lines, pattern) for i, step in enumerate(program.steps))
+            boxes = tuple(_box(rank, channel, i, step, lines, pattern, slices=schedule.options.slices > 1, acks=acks)
+                          for i, step in enumerate(program.steps))
             for box in boxes:
                 all_chunks.update(box.chunks)
             if collapsed:
@@ -288,7 +324,8 @@ def build(schedule: Schedule, *, collapse: bool = True, channels: tuple[int, ...
     o = schedule.options
     subtitle = (f"R={world}, {schedule.operation.value}, {o.algorithm.value}, channels {nchan}, "
                 f"slices {o.slices} per channel" + (", packed (LL)" if o.packed else "")
-                + (", 2 staging copies by call parity" if schedule.stage_copies == 2 else ""))
+                + (", 2 staging copies by call parity" if schedule.stage_copies == 2 else "")
+                + _subtitle_extras(schedule))
     notes = []
     if collapsed:
         notes.append(f"channels 0..{nchan - 1} identical up to slice offset: channel 0 drawn for all {nchan}")

@@ -25,6 +25,7 @@ from purlinc.draw.timeline import Times
 LABEL_W = 170  # lane labels
 LANE_H = 44
 BOX_H = 36
+PREV_MARK_H = (LANE_H - BOX_H) / 2 + 1  # the previous-call mark: the lane's margin above a box, 1 px into it
 COL_W = 64  # one step in the schedule view
 RANK_GAP = 8
 HEAD_H = 46
@@ -32,6 +33,8 @@ AXIS_H = 22
 LEGEND_WRAP = 1200  # the legend wraps at the lanes' width, or this where the lanes are narrower
 LEGEND_ROW_H = 16
 _LEGEND_NOTE = "arrow: notify -> the wait it releases; dashed: wait; red mark: waits for the previous call"
+# Added where a drawing has epilogue steps: their box has no chunk colour, only this border.
+_LEGEND_EPILOGUE = "; green border: epilogue (on rows of out)"
 FONT = "DejaVu Sans Mono, Menlo, Consolas, monospace"
 
 _STROKE = {
@@ -73,6 +76,9 @@ class Scale:
     (a step, or a microsecond)."""
     left: float
     px: float
+    # The longest panel's total: every panel's ticks are spaced for it, so that compared
+    # timelines' ticks fall at the same times (they were 2 us apart in one panel, 5 in the next).
+    span: float = 0.0
 
     def at(self, value: float) -> float:
         return self.left + value * self.px
@@ -88,14 +94,14 @@ def _label_column(panels: list[Panel]) -> float:
 def _scale(panels: list[Panel], width: int | None) -> Scale:
     """The x axis, shared by every panel (so compared timelines line up)."""
     left = _label_column(panels)
-    if all(p.times.unit == "step" for p in panels):
-        return Scale(left, COL_W)
     longest = max((p.times.total for p in panels), default=1.0) or 1.0
+    if all(p.times.unit == "step" for p in panels):
+        return Scale(left, COL_W, longest)
     target = width or max(1200, min(4000, 40 * max(len(l.steps) for p in panels for l in p.drawing.lanes)))
     # Never narrower than MIN_WIDTH (and the time axis never shorter than in MIN_WIDTH with
     # the usual label column): below left + 30 the scale turns negative and time runs
     # backwards (the CLI refuses such widths; a caller of render() gets the minimum).
-    return Scale(left, (max(target, MIN_WIDTH, left + MIN_WIDTH - LABEL_W) - left - 30) / longest)
+    return Scale(left, (max(target, MIN_WIDTH, left + MIN_WIDTH - LABEL_W) - left - 30) / longest, longest)
 
 
 def _panel_height(panel: Panel) -> int:
@@ -109,9 +115,21 @@ def _box_label(box: StepBox, w: float) -> list[str]:
         return []
     chars = max(int((w - 4) / 5.6), 1)
     what = box.chunk or (box.signal.format() if box.signal is not None else "")
+    last = [f"s{box.slice}"] if box.slice is not None else []
+    if box.line is not None:
+        last.append(f"L{box.line}")
+    sig = f"sig[{box.signal.index}]" if box.signal is not None else ""
     if box.peer is not None and box.verb != "wait":
-        what = f"{box.chunk}>r{box.peer}" if box.chunk else f"r{box.peer}.sig[{box.signal.index}]" if box.signal else what
-    rows = [_SHORT[box.verb], what, f"L{box.line}" if box.line is not None else ""]
+        what = f"{box.chunk}>r{box.peer}" if box.chunk else f"r{box.peer}.{sig}" if sig else what
+        if len(what) > chars and (box.chunk or sig):
+            # From R=10 on, 'x[0][12]>r12' was cut to 'x[0][12]>…' and 'r10.sig[11]' to
+            # 'r10.sig[1…': the rank it goes to, or the signal, was lost.  The chunk (or the
+            # signal) keeps its row; the peer leads the last one.
+            what = box.chunk or sig
+            last.insert(0, f">r{box.peer}")
+    elif not box.chunk and sig and len(what) > chars:
+        what = sig  # a wait polls its own rank's signal: the lane names the rank
+    rows = [_SHORT[box.verb] + (" ack" if box.ack else ""), what, " ".join(last)]
     return [_fit(r, chars) for r in rows if r]
 
 
@@ -174,8 +192,9 @@ def _tick_label(value: float, tick: float, unit: str) -> str:
 def _ticks(t, scale: Scale) -> list[tuple[float, str]]:
     """(x, label) of every tick: about ten, spaced wide enough for their labels (at the
     narrowest --width, ten ticks over 200 px of axis overlapped)."""
-    tick = max(_nice(t.total / 10 if t.total else 1), 1.0 if t.unit == "step" else 0.0)
-    while tick * scale.px < TICK_CHAR_PX * len(_tick_label(t.total, tick, t.unit)) + TICK_GAP_PX:
+    span = max(t.total, scale.span)
+    tick = max(_nice(span / 10 if span else 1), 1.0 if t.unit == "step" else 0.0)
+    while tick * scale.px < TICK_CHAR_PX * len(_tick_label(span, tick, t.unit)) + TICK_GAP_PX:
         tick = _nice(tick * 1.5)  # the next of 1, 2, 5 x 10^n
     count = int(t.total / tick + 1e-9)
     return [(scale.at(n * tick), _tick_label(n * tick, tick, t.unit)) for n in range(count + 1)]
@@ -224,8 +243,12 @@ def _step_box(parts: list[str], panel: Panel, box, y: float, scale: Scale, colou
         parts.append(f'<text x="{_fmt(x + 3)}" y="{_fmt(by + 11 + 11 * row)}" font-size="9.5"{weight}>'
                      f'{escape(text)}</text>')
     if box.previous_call:
-        parts.append(f'<g class="prev-call"><path d="M{_fmt(x - 1)},{_fmt(by + 4)} l-5,-3 v6 z" '
-                     f'fill="#b8401a"/></g>')
+        # Above the wait, pointing down at its first pixels (the lane's margin over the boxes):
+        # left of the wait, as it was, the mark lay on the corner of the step *before* it (3 px
+        # away in the schedule view, touching in time) and read as that step's.
+        tip = x + min(w, 6) / 2
+        parts.append(f'<g class="prev-call"><path d="M{_fmt(tip - 3)},{_fmt(by + 1 - PREV_MARK_H)} h6 '
+                     f'l-3,{PREV_MARK_H} z" fill="#b8401a"/></g>')
     parts.append("</g>")
     return (x, x + w, by + BOX_H / 2)
 
@@ -237,8 +260,9 @@ def _arrows(parts: list[str], d, t, anchors: dict) -> None:
             continue
         nx0, nx1, ny = anchors[pair.notify]
         wx0, wx1, wy = anchors[pair.wait]
-        # Schedule view: into the wait's start (it runs after the notify).  In time, a wait
-        # starts whenever its lane gets there and *ends* when released: point at its end.
+        # Schedule view: into the wait's start (it runs after the notify).  In time a wait ends
+        # when released -- a measured one spans its polling; a modelled one is drawn from its
+        # release on, the lane blank while it waits: point at its end.
         sx, ex = nx1, (wx0 if t.unit == "step" else wx1)
         bend = max(abs(ex - sx) / 2, 12)
         parts.append(
@@ -261,20 +285,21 @@ def _nice(raw: float) -> float:
     return 10 * exp
 
 
-def _legend(chunks: list[str], colours: dict, top: float, limit: float) -> tuple[list[str], float, float]:
+def _legend(chunks: list[str], colours: dict, top: float, limit: float,
+            note: str = _LEGEND_NOTE) -> tuple[list[str], float, float]:
     """The chunk colours, then what the marks mean, in rows that wrap at ``limit`` pixels (the
     lanes' width, or LEGEND_WRAP): in one row, the 4,096 chunks of an alltoall at R=64 made
     the canvas 311,000 px wide.  Returns the elements, the right end and the height."""
     parts = [f'<g class="legend"><text x="10" y="{_fmt(top + 11)}" font-size="11">chunks:</text>']
     x, y, right = 66.0, top, 66.0
     # (swatch and name) per chunk, then the explanation: about 6.2 px a character at 10 px
-    items = [(name, 22 + 6.2 * len(name)) for name in chunks] + [(None, 10 + 6.2 * len(_LEGEND_NOTE))]
+    items = [(name, 22 + 6.2 * len(name)) for name in chunks] + [(None, 10 + 6.2 * len(note))]
     for name, w in items:
         if x + w > limit and x > 66:
             x, y = 66.0, y + LEGEND_ROW_H
         if name is None:
             parts.append(f'<text x="{_fmt(x + 10)}" y="{_fmt(y + 11)}" font-size="10" fill="#1f4fbf">'
-                         f'{escape(_LEGEND_NOTE)}</text>')
+                         f'{escape(note)}</text>')
         else:
             parts.append(f'<rect x="{_fmt(x)}" y="{_fmt(y + 1)}" width="12" height="12" fill="{colours[name]}" '
                          f'stroke="#555"/><text x="{_fmt(x + 15)}" y="{_fmt(y + 11)}" font-size="10">{escape(name)}</text>')
@@ -298,11 +323,15 @@ def render(panels: list[Panel], *, width: int | None = None) -> str:
     for panel in panels:
         y, _ = _render_panel(panel, y, scale, colours, parts)
     lanes_px = max(scale.at(max(p.times.total for p in panels)) + 30, _ticks_right(panels, scale))
-    legend, legend_right, legend_h = _legend(chunks, colours, y + 6, max(lanes_px, LEGEND_WRAP))
+    epilogue = any(box.verb == "epilogue" for p in panels for lane in p.drawing.lanes for box in lane.steps)
+    note = _LEGEND_NOTE + (_LEGEND_EPILOGUE if epilogue else "")
+    legend, legend_right, legend_h = _legend(chunks, colours, y + 6, max(lanes_px, LEGEND_WRAP), note)
     # Wide enough for the lanes, the legend and every panel's subtitle line (11 px monospace,
     # about 6.7 px a character: a long option list must not be clipped by the canvas).
     subtitle_px = max(10 + 6.7 * (len(p.drawing.subtitle) + 40) for p in panels)
-    width_px = max(lanes_px, legend_right, subtitle_px)
+    # and every note under the lanes (the same size): a narrow --width clipped a long one
+    notes_px = max((10 + 6.7 * len(note) for p in panels for note in p.drawing.notes + p.times.notes), default=0)
+    width_px = max(lanes_px, legend_right, subtitle_px, notes_px)
     height_px = y + 6 + legend_h
     head = (
         f'<svg xmlns="http://www.w3.org/2000/svg" class="purlin-schedule" width="{_fmt(width_px)}" '

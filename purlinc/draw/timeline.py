@@ -136,6 +136,11 @@ def schedule_times(schedule: Schedule, drawing: Drawing, model: CostModel | None
             forced += 1
     total = max((end for _, end in spans.values()), default=0.0)
     notes = (f"{forced} wait(s) could not be ordered after their notify (a cycle)",) if forced else ()
+    if model is not None and schedule.sizes is not None:
+        # A call's sizes are known only on the device: the model cannot know them, and a
+        # reader of equal boxes should not take them for measured or equal sizes.
+        notes += (f"run-time sizes: every chunk modelled full ({chunk_bytes} B); a call moves the sizes "
+                  f"{schedule.sizes.operand} gives, at most that",)
     return Times("us" if model is not None else "step", spans, total, notes)
 
 
