@@ -1677,3 +1677,102 @@ def test_a_users_collectives_names_collide_in_either_order():
         pt.op(coll, name="p3")
     assert pt.op(coll, name="p2").ops is pt.op(coll, name="p2").ops
     assert pt.op(coll, name="allgather").ops is pt.define("allgather")  # a standard name: its own family
+
+
+# ---------------------------------------------------------------------------------------------
+# regressions of the probe of compiled refusals (ops.fail where an ArgumentError was raised)
+
+
+def _compiled_refusals(g):
+    """(what, call of a meta tensor t of 6 elements, the eager message) on rank 1 of three."""
+    return [
+        ("op", lambda t: g.all_reduce(t, op="bxor"), "all_reduce: op=BXOR is not supported; expected one of sum"),
+        ("not a tensor", lambda t: g.all_reduce([t]), "all_reduce: tensor must be a torch.Tensor, got list"),
+        ("src", lambda t: g.broadcast(t, src=5),
+         "broadcast: src=5 is not a rank of this group; expected one of its global ranks [0, 1, 2]"),
+        ("src float", lambda t: g.broadcast(t, src=1.0), "broadcast: src=1.0, expected an int (a rank)"),
+        ("group_src", lambda t: g.broadcast(t, group_src=9), "broadcast: group_src=9, expected a rank in [0, 3)"),
+        ("gather_list", lambda t: g.gather(t, [t], dst=1),
+         "gather: gather_list on the dst rank must hold 3 tensors (one per rank), got 1 tensors"),
+        ("tensor_list", lambda t: g.all_gather([t, t, t[:2]], t),
+         "all_gather: tensor_list[2] is float32 x 2 on meta, expected float32 x 6 on meta (like tensor)"),
+        ("lists", lambda t: g.all_to_all([t], [t, t, t]),
+         "all_to_all: output_tensor_list holds 1 tensors, expected 3 (one per rank)"),
+        ("split sizes", lambda t: g.all_to_all_single(t, t.clone(), [2, 2, 1.5]),
+         "all_to_all_single: output_split_sizes=[2, 2, 1.5], expected a list of 3 integers"),
+        ("scatter_dim", lambda t: pt.functional.reduce_scatter_tensor(t, scatter_dim=1, group=g),
+         "reduce_scatter_tensor: scatter_dim=1, expected 0"),
+        ("rows", lambda t: pt.functional.reduce_scatter_tensor(t[:5], group=g),
+         "reduce_scatter_tensor: x has shape (5,), expected dim 0 a multiple of 3 (the world size)"),
+        ("equal rows", lambda t: pt.functional.all_to_all_single(t[:4], group=g),
+         "all_to_all_single: x has shape (4,), expected dim 0 a multiple of 3 (the world size)"),
+        ("gather_dim", lambda t: pt.functional.all_gather_tensor(t, 1, group=g),
+         "all_gather_tensor: gather_dim=1, expected 0 (transpose around the call)"),
+        ("group", lambda t: pt.functional.all_reduce(t, group="tp"),
+         "group='tp': expected a purlinc.torch.Group or a torch.distributed ProcessGroup"),
+    ]
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compiled_refusals_carry_the_eager_message(dynamic):
+    """The Python calls' own refusals (a reduction, a root, a list, a functional form's dim or
+    rows, the group) raised an ArgumentError, which dynamo cannot build: compiled with
+    fullgraph=True the caller got only "Attempted to call a super() attribute that is not a
+    function or method".  Now each is torch._check's error with the eager message (ops.fail),
+    under dynamic sizes too, and the eager call still raises the ArgumentError."""
+    g = StandInWorlds(3).groups()[1]
+    for what, call, message in _compiled_refusals(g):
+        with pytest.raises(ArgumentError, match=re.escape(message)):
+            call(torch.empty(6, device="meta"))
+        torch._dynamo.reset()
+        with pytest.raises(Exception) as caught:
+            torch.compile(call, fullgraph=True, backend="aot_eager", dynamic=dynamic)(torch.empty(6, device="meta"))
+        assert message in str(caught.value), (what, str(caught.value)[-2000:])
+        assert "super()" not in str(caught.value), what
+    assert not any(e.loaded for e in g._entries.values())
+
+
+def test_an_equal_all_to_all_of_0_d_tensors_is_refused_in_the_callers_terms():
+    """A 0-d tensor is one row: it passed the rows check, and the op refused it as
+    "purlin::alltoall on rank 1: x has 1 elements, expected a multiple of 3"."""
+    g = StandInWorlds(3).groups()[1]
+    message = r"all_to_all_single: input has 1 rows \(dim 0\), expected a multiple of 3 \(one equal slice per rank\)"
+    with pytest.raises(ArgumentError, match=message):
+        g.all_to_all_single(torch.empty(()), torch.empty(()))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(), pytest.raises(ArgumentError, match=message):
+        g.all_to_all_single(torch.empty(()), torch.empty(()))
+
+
+@pytest.mark.parametrize("kind", ["all_reduce", "all_reduce_avg", "all_gather", "reduce_scatter", "all_to_all",
+                                  "all_to_all_lists"])
+def test_functional_double_backward_matches_autograd_of_a_reference(kind):
+    """With create_graph=True the backward ran the bare op body, whose dx has no history: a
+    second derivative through a functional collective (a gradient penalty) came out zero,
+    silently.  Now the backward is itself the differentiable collective."""
+    R = 3
+    xs = [rand(r, 6, 2, seed=9) for r in range(R)]
+    reference = "all_to_all" if kind == "all_to_all_lists" else kind
+    outs = _reference(reference, xs, R)
+    ws = [rand(r, *outs[r].shape, seed=10) for r in range(R)]
+    vs = [rand(r, 6, 2, seed=11) for r in range(R)]
+    ref_xs = [x.clone().requires_grad_() for x in xs]
+    total = sum((y * y * w).sum() for y, w in zip(_reference(reference, ref_xs, R), ws))  # not linear in x
+    firsts = torch.autograd.grad(total, ref_xs, create_graph=True)
+    sum((d * v).sum() for d, v in zip(firsts, vs)).backward()
+
+    def body(rank, g):
+        x = xs[rank].clone().requires_grad_()
+        if kind == "all_to_all_lists":  # the uneven form (_Uneven), with equal lists
+            y = pt.functional.all_to_all_single(x, [2] * R, [2] * R, group=g)
+        else:
+            y = _distributed(kind, x, g)
+        (first,) = torch.autograd.grad((y * y * ws[rank]).sum(), x, create_graph=True)
+        assert first.requires_grad
+        (first * vs[rank]).sum().backward()
+        return first.detach(), x.grad
+
+    for rank, (first, second) in enumerate(on_ranks(StandInWorlds(R).groups(), body)):
+        torch.testing.assert_close(first, firsts[rank].detach())
+        torch.testing.assert_close(second, ref_xs[rank].grad)

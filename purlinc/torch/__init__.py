@@ -127,9 +127,9 @@ class TorchCollective:
     def __call__(self, x, out=None, op="sum", *, count: int = -1):
         """This rank's output (1-D), or ``out`` filled.  ``x`` is an empty tensor on ranks that
         give no input (it says the dtype and device); ``count`` then says the chunk size."""
-        if x is None:
-            raise ArgumentError(f"purlin::{self.name}: x is None; expected a tensor (an empty one on ranks without "
-                                f"input: its dtype and device say what to allocate)")
+        if x is None:  # ops.fail: compiled too, by name (dynamo cannot build an ArgumentError)
+            ops.fail(f"purlin::{self.name}: x is None; expected a tensor (an empty one on ranks without input: its "
+                     f"dtype and device say what to allocate)")
         self._no_grad("x", x)
         if out is None:
             if ops.tracing():

@@ -112,9 +112,10 @@ class PurlinProcessGroup(dist.ProcessGroup):
                 return "AVG of integers"
         return None
 
-    def _fallback(self, call: str, tensors, why: str):
-        """The fallback backend of these tensors' device, made on first use; says so once per (call, why)."""
-        device = tensors[0].device.type if tensors else self.device_type
+    def _fallback(self, call: str, tensors, why: str, device: str | None = None):
+        """The fallback backend of these tensors' device (or of ``device``, for a call without
+        tensors), made on first use; says so once per (call, why)."""
+        device = device or (tensors[0].device.type if tensors else self.device_type)
         backend = self._fallbacks.get(device)
         if backend is None:
             backend = self._fallbacks[device] = self._make_fallback(device)
@@ -130,6 +131,11 @@ class PurlinProcessGroup(dist.ProcessGroup):
         if name == "gloo":
             return dist.ProcessGroupGloo(store, self.rank(), self.size(), self._timeout)
         if name == "nccl":
+            if not hasattr(dist, "ProcessGroupNCCL"):  # a CPU build of torch: torch's AttributeError said nothing
+                raise ArgumentError(f"purlin backend: the fallback for tensors on {device} is nccl, which this torch "
+                                    "lacks (built without NCCL)",
+                                    notes=("name another in the backend string, e.g. 'cuda:purlin,cpu:gloo', or use a "
+                                           "torch built with CUDA",))
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = self._timeout
             return dist.ProcessGroupNCCL(store, self.rank(), self.size(), options)
@@ -237,7 +243,9 @@ class PurlinProcessGroup(dist.ProcessGroup):
     # ------------------------------------------------------------------------------ the rest
     def barrier(self, opts):
         if self.device_type == "cuda" and not torch.cuda.is_available():
-            return self._fallback("barrier", [], "no CUDA device").barrier(opts)
+            # no device for Purlin's all-reduce, nor for NCCL (a CPU build of torch has none: its
+            # AttributeError was the barrier's result): the CPU fallback holds it, as on gloo
+            return self._fallback("barrier", [], "no CUDA device", device="cpu").barrier(opts)
         self.purlin_group().barrier()  # blocks the host until every rank's all-reduce is done
         from purlinc.torch.distributed import Work
 

@@ -166,15 +166,16 @@ class Group:
         """A closed group has no handles or states left: a call is refused by name (an uneven
         all-to-all would otherwise make and load a new state on this rank alone)."""
         if self.closed:
-            raise ArgumentError(f"{where}: {self!r} was closed; expected an open group",
-                                notes=("make a new Group, or call purlinc.torch.group_of(pg) again for a process "
-                                       "group",))
+            _ops.fail(f"{where}: {self!r} was closed; expected an open group",
+                      notes=("make a new Group, or call purlinc.torch.group_of(pg) again for a process group",))
 
     def _root(self, where: str, label: str, root, group_root=None) -> int:
         """The group rank of a root given as a global rank (``src``/``dst``) or a group rank
-        (``group_src``/``group_dst``); group rank 0 when neither is given."""
+        (``group_src``/``group_dst``); group rank 0 when neither is given.  Refusals go through
+        ``_ops.fail``: compiled with fullgraph=True, a raised ArgumentError reached the caller as
+        dynamo's "Attempted to call a super() attribute", without the reason."""
         if root is not None and group_root is not None:
-            raise ArgumentError(f"{where}: {label}={root!r} and group_{label}={group_root!r}; expected one of them")
+            _ops.fail(f"{where}: {label}={root!r} and group_{label}={group_root!r}; expected one of them")
         root, group_root = (None if r is None else _rank_number(where, name, r)
                             for name, r in ((label, root), (f"group_{label}", group_root)))
         if group_root is None:
@@ -186,10 +187,11 @@ class Group:
             for group_rank, member in enumerate(self.ranks):
                 if member == root:
                     return group_rank
-            raise ArgumentError(f"{where}: {label}={root!r} is not a rank of this group; expected one of its "
-                                f"global ranks {self.ranks}", notes=(f"group_{label}= takes a rank within the group",))
+            _ops.fail(f"{where}: {label}={_ops.shown(root)} is not a rank of this group; expected one of its global "
+                      f"ranks {_ranks_shown(self.ranks)}", notes=(f"group_{label}= takes a rank within the group",))
         if not 0 <= group_root < self.world_size:
-            raise ArgumentError(f"{where}: group_{label}={group_root!r}, expected a rank in [0, {self.world_size})")
+            _ops.fail(f"{where}: group_{label}={_ops.shown(group_root)}, expected a rank in "
+                      f"[0, {_ops.shown(self.world_size)})")
         return group_root
 
     def close(self) -> None:
@@ -368,8 +370,11 @@ class Group:
         _ops.require(output.numel() == input.numel(),
                  lambda: f"{where}: {out_label} has {_ops.shown(output.numel())} elements, expected "
                  f"{_ops.shown(input.numel())} (as many as {in_label})")
-        _ops.require(input.dim() == 0 or input.shape[0] % self.world_size == 0,
-                 lambda: f"{where}: {in_label} has {_ops.shown(input.shape[0] if input.dim() else 0)} rows (dim 0), "
+        # a 0-d tensor is one row (as sized.host_splits counts it): it passed here, and the op then
+        # refused it as "purlin::alltoall: x has 1 elements", in neither the caller's terms nor names
+        rows = input.shape[0] if input.dim() else input.numel()
+        _ops.require(rows % self.world_size == 0,
+                 lambda: f"{where}: {in_label} has {_ops.shown(rows)} rows (dim 0), "
                  f"expected a multiple of {_ops.shown(self.world_size)} (one equal slice per rank)")
         self._check(where, entry(handle), [(in_label, inp), (out_label, out)])
         if _ops.tracing():
@@ -389,12 +394,12 @@ class Group:
             if tensors is not None:
                 _ops.require_list(where, label, tensors)
             if tensors is None or len(tensors) != self.world_size:
-                raise ArgumentError(f"{where}: {label} holds {0 if tensors is None else len(tensors)} tensors, "
-                                    f"expected {self.world_size} (one per rank)")
+                _ops.fail(f"{where}: {label} holds {0 if tensors is None else len(tensors)} tensors, "
+                          f"expected {_ops.shown(self.world_size)} (one per rank)")
             _ops.require_tensors(where, [(f"{label}[{i}]", t) for i, t in enumerate(tensors)])
         dtypes = {t.dtype for t in (*output_tensor_list, *input_tensor_list)}
         if len(dtypes) != 1:
-            raise ArgumentError(f"{where}: the tensors have dtypes {sorted(str(d) for d in dtypes)}, expected one")
+            _ops.fail(f"{where}: the tensors have dtypes {', '.join(sorted(str(d) for d in dtypes))}, expected one")
         fake = _ops.tracing()
         for label, tensors in lists:  # by the caller's names, before the concatenations hide them
             for i, t in enumerate(tensors):
@@ -509,6 +514,7 @@ class Group:
                                      ("input_split_sizes", input_split_sizes))]  # once: a generator is spent by it
         if not any(read):
             return None
+        self._refuse_traced_lists(where, "split size lists")  # first: host_splits' refusals raise, which dynamo cannot
         return tuple(sized.host_splits(where, label, sizes, tensor, t, self.world_size)
                      for label, sizes, tensor, t in (("output_split_sizes", read[0], "output", output),
                                                      ("input_split_sizes", read[1], "input", input)))
@@ -572,27 +578,26 @@ class Group:
             _ops.require_list(where, label, tensors)
         if tensors is None or len(tensors) != self.world_size:
             got = "None" if tensors is None else f"{len(tensors)} tensors"
-            raise ArgumentError(f"{where}: {label} must hold {self.world_size} tensors (one per rank), got {got}")
+            _ops.fail(f"{where}: {label} must hold {_ops.shown(self.world_size)} tensors (one per rank), got {got}")
         _ops.require_tensors(where, [(f"{label}[{i}]", t) for i, t in enumerate(tensors)])
         for i, t in enumerate(tensors):
             if t.numel() != tensor.numel() or t.dtype != tensor.dtype or t.device != tensor.device:
-                raise ArgumentError(
-                    f"{where}: {label}[{i}] is {str(t.dtype).removeprefix('torch.')} x {t.numel()} on {t.device}, "
-                    f"expected {str(tensor.dtype).removeprefix('torch.')} x {tensor.numel()} on {tensor.device} "
-                    f"(like tensor)")
+                _ops.fail(f"{where}: {label}[{i}] is {str(t.dtype).removeprefix('torch.')} x {_ops.shown(t.numel())} "
+                          f"on {t.device}, expected {str(tensor.dtype).removeprefix('torch.')} x "
+                          f"{_ops.shown(tensor.numel())} on {tensor.device} (like tensor)")
 
     def _lists(self, where, label, tensors, tensor, is_root, root_label):
         if tensors is not None:
             _ops.require_list(where, label, tensors)
         if not is_root:
             if tensors:
-                raise ArgumentError(f"{where}: {label} must be None or empty on ranks other than {root_label}; "
-                                    f"rank {self.rank} got {len(tensors)} tensors")
+                _ops.fail(f"{where}: {label} must be None or empty on ranks other than {root_label}; "
+                          f"rank {_ops.shown(self.rank)} got {len(tensors)} tensors")
             return
         if tensors is None or len(tensors) != self.world_size:
             got = "None" if tensors is None else f"{len(tensors)} tensors"
-            raise ArgumentError(f"{where}: {label} on the {root_label} rank must hold {self.world_size} tensors "
-                                f"(one per rank), got {got}")
+            _ops.fail(f"{where}: {label} on the {root_label} rank must hold {_ops.shown(self.world_size)} tensors "
+                      f"(one per rank), got {got}")
         self._list_like(where, label, tensors, tensor)
 
 
@@ -621,7 +626,8 @@ def _rank_number(where: str, label: str, value) -> int:
     try:
         return integer(value)
     except TypeError:
-        raise ArgumentError(f"{where}: {label}={value!r}, expected an int (a rank)") from None
+        pass
+    _ops.fail(f"{where}: {label}={value!r}, expected an int (a rank)")
 
 
 def _one_size(where: str, lists) -> None:
@@ -640,6 +646,15 @@ def _one_size(where: str, lists) -> None:
                 "tensor of both lists (unequal sizes are split sizes, host values a graph cannot hold: use "
                 "all_to_all_vdev, with the split sizes in device tensors)")
     _ops.require(same, message)
+
+
+def _ranks_shown(ranks) -> str:
+    """A group's global ranks for a message, as a list prints them, of plain ints (ops.shape_shown
+    says why: under dynamic=True dynamo reads them as symbols, which it cannot format)."""
+    text = ""
+    for r in ranks:
+        text = f"{text}, {int(r)}" if text else f"{int(r)}"
+    return f"[{text}]"
 
 
 def _numels_shown(tensors) -> str:

@@ -133,12 +133,14 @@ def _as_float(eps) -> float:
     TypeError for None and an OverflowError for an int past any float (a SymFloat is a number
     being traced).  The op's checks then say what of a float is refused (_check_eps)."""
     if isinstance(eps, (bool, str, bytes)) or not isinstance(eps, (numbers.Real, torch.SymFloat, torch.SymInt)):
-        raise ArgumentError(f"fused_add_rmsnorm: eps={eps!r}, expected a number (a float, the RMSNorm epsilon)")
+        # _ops.fail: compiled too, by name (dynamo cannot build an ArgumentError)
+        _ops.fail(f"fused_add_rmsnorm: eps={eps!r}, expected a number (a float, the RMSNorm epsilon)")
     try:
         return float(eps)
     except OverflowError:
-        raise ArgumentError(f"fused_add_rmsnorm: eps={_shown(eps)}, expected a finite number >= 0 that float32 holds "
-                            f"(at most {_FLOAT32_MAX:.6g})") from None
+        pass
+    _ops.fail(f"fused_add_rmsnorm: eps={_shown(eps)}, expected a finite number >= 0 that float32 holds "
+              f"(at most {_FLOAT32_MAX:.6g})")
 
 
 def _shown(value) -> str:

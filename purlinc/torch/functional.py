@@ -40,15 +40,23 @@ class _Collective(torch.autograd.Function):
     def forward(ctx, x, kind, inverse_kind, handle, inverse, op, world_size):
         # the sequence tensor is not an argument: the backward finds it from the handle (a tensor
         # kept on ctx and mutated in the backward trips the compiled graph's partitioner)
-        ctx.args = kind, inverse_kind, inverse, op, world_size
+        ctx.args = kind, inverse_kind, handle, inverse, op, world_size
         ctx.shape = x.shape
         return _run(kind, x, None, handle, op)
 
     @staticmethod
     def backward(ctx, grad):
-        kind, inverse_kind, inverse, op, world_size = ctx.args
-        dx = _ops.differentiate(kind, op, world_size, grad,
-                                lambda g, inverse_op: _run(inverse_kind, g.contiguous(), None, inverse, inverse_op))
+        kind, inverse_kind, handle, inverse, op, world_size = ctx.args
+
+        def collective(g, inverse_op):
+            g = g.contiguous()
+            if torch.is_grad_enabled() and g.requires_grad:
+                # create_graph=True: the backward is differentiated too (its derivative is this
+                # collective again); the bare op body left dx with no history, so a second
+                # derivative came out zero, silently
+                return _Collective.apply(g, inverse_kind, kind, inverse, handle, inverse_op, world_size)
+            return _run(inverse_kind, g, None, inverse, inverse_op)
+        dx = _ops.differentiate(kind, op, world_size, grad, collective)
         return dx.reshape(ctx.shape), None, None, None, None, None, None
 
 
@@ -80,8 +88,8 @@ def all_gather_tensor(x, gather_dim: int = 0, group=None):
     """Every rank's ``x`` concatenated along dim 0: shape ``(R * x.shape[0], *x.shape[1:])``."""
     _ops.require_tensors("all_gather_tensor", [("x", x)])
     group = _group(group)
-    if gather_dim != 0:
-        raise ArgumentError(f"all_gather_tensor: gather_dim={gather_dim}, expected 0 (transpose around the call)")
+    if gather_dim != 0:  # fail, not raise: these forms are what compiled code calls (see ops.fail)
+        _ops.fail(f"all_gather_tensor: gather_dim={gather_dim!r}, expected 0 (transpose around the call)")
     y = _call(group, "allgather", x, "sum")
     return y.view(group.world_size * x.shape[0], *x.shape[1:]) if x.dim() else y
 
@@ -91,10 +99,8 @@ def reduce_scatter_tensor(x, op="sum", scatter_dim: int = 0, group=None):
     _ops.require_tensors("reduce_scatter_tensor", [("x", x)])
     group = _group(group)
     if scatter_dim != 0:
-        raise ArgumentError(f"reduce_scatter_tensor: scatter_dim={scatter_dim}, expected 0")
-    if x.dim() == 0 or x.shape[0] % group.world_size:
-        raise ArgumentError(f"reduce_scatter_tensor: x has shape {tuple(x.shape)}, expected dim 0 a multiple of "
-                            f"{group.world_size} (the world size)")
+        _ops.fail(f"reduce_scatter_tensor: scatter_dim={scatter_dim!r}, expected 0")
+    _rows_divide("reduce_scatter_tensor", x, group.world_size)
     y = _call(group, "reduce_scatter", x, _ops.normalize_op(op, "reduce_scatter_tensor"))
     return y.view(x.shape[0] // group.world_size, *x.shape[1:])
 
@@ -106,11 +112,18 @@ def all_to_all_single(x, output_split_sizes=None, input_split_sizes=None, group=
     _ops.require_tensors("all_to_all_single", [("x", x)])
     group = _group(group)
     if output_split_sizes is None and input_split_sizes is None:
-        if x.dim() == 0 or x.shape[0] % group.world_size:
-            raise ArgumentError(f"all_to_all_single: x has shape {tuple(x.shape)}, expected dim 0 a multiple of "
-                                f"{group.world_size} (the world size)")
+        _rows_divide("all_to_all_single", x, group.world_size)
         return _call(group, "alltoall", x, "sum").view(x.shape)
     return _Uneven.apply(x, group, output_split_sizes, input_split_sizes)
+
+
+def _rows_divide(where: str, x, world_size: int) -> None:
+    """x's dim 0 splits into one equal slice per rank.  ``ops.fail`` with sizes as plain ints
+    (``ops.shape_shown``): compiled with fullgraph=True a raised ArgumentError reached the caller
+    as dynamo's "Attempted to call a super() attribute", without the reason."""
+    if x.dim() == 0 or x.shape[0] % world_size:
+        _ops.fail(f"{where}: x has shape {_ops.shape_shown(x)}, expected dim 0 a multiple of "
+                  f"{_ops.shown(world_size)} (the world size)")
 
 
 class _Uneven(torch.autograd.Function):
@@ -128,6 +141,8 @@ class _Uneven(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         outs, ins = ctx.sizes
+        if torch.is_grad_enabled() and grad.requires_grad:  # create_graph=True: differentiable, as _Collective's
+            return _Uneven.apply(grad, ctx.group, ins, outs), None, None, None
         dx = grad.new_empty(sum(ins), *grad.shape[1:])
         ctx.group.all_to_all_single(dx, grad.contiguous(), ins, outs)
         return dx, None, None, None

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from purlinc.runtime.errors import ArgumentError
+from purlinc.torch import ops as _ops
 from purlinc.torch.distributed import Group
 
 _GROUPS: dict[int, tuple[object, object]] = {}  # id(process group) -> (the group, its Purlin Group)
@@ -38,7 +39,25 @@ def real_communicator(pg, ranks):
     (``purlinc.load``).  ``factory`` names this; tests put a CPU stand-in in its place."""
     from purlinc.runtime.communicator import Communicator
 
+    _require_cuda(pg)
     return Communicator.from_torch(pg), None
+
+
+def _require_cuda(pg) -> None:
+    """A Purlin communicator lives on a CUDA device: without one, say so before anything is
+    exchanged (every rank refuses alike), where torch.cuda.init() deep in the communicator raised
+    "Torch not compiled with CUDA enabled" (an AssertionError) or "No CUDA GPUs are available"."""
+    if torch.cuda.is_available():
+        return
+    why = "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+    try:
+        name = pg.group_name
+    except RuntimeError:  # a group without a name
+        name = "?"
+    raise ArgumentError(f"group {name!r}: a Purlin communicator needs a CUDA device, and {why} "
+                        f"(torch.cuda.is_available() is False)",
+                        notes=("on the purlin backend, CPU tensors go to its CPU fallback (gloo); purlinc.torch's "
+                               "own calls and pt.functional need CUDA tensors",))
 
 
 factory = real_communicator
@@ -71,11 +90,11 @@ def made_for(pg):
     the group's name (a trace reads that; it cannot make a communicator, which is a collective)."""
     release_destroyed()  # a name torch gave again after a destroy must not find the old group
     hit = _BY_NAME.get(pg.group_name)
-    if hit is None:
-        raise ArgumentError(f"group {pg.group_name!r} has no Purlin communicator yet, and a compiled region "
-                            f"cannot make one (that is a collective of its members)",
-                            notes=("call purlinc.torch.group_of(group) once outside the compiled region "
-                                   "(every member of the group), or make one eager call on it first",))
+    if hit is None:  # fail, not raise: dynamo cannot build an ArgumentError (see ops.fail)
+        _ops.fail(f"group {pg.group_name!r} has no Purlin communicator yet, and a compiled region cannot make one "
+                  f"(that is a collective of its members)",
+                  notes=("call purlinc.torch.group_of(group) once outside the compiled region (every member of the "
+                         "group), or make one eager call on it first",))
     return hit
 
 
@@ -141,15 +160,13 @@ def group_of(group=None) -> Group:
     if group is None:
         if _DEFAULT:
             return _DEFAULT[0]
-        if not (dist.is_available() and dist.is_initialized()):
-            raise ArgumentError("no default Purlin group: call purlinc.torch.init(comm) or "
-                                "torch.distributed.init_process_group first, or pass group=")
+        if not (dist.is_available() and dist.is_initialized()):  # (traced too: ops.fail)
+            _ops.fail("no default Purlin group: call purlinc.torch.init(comm) or torch.distributed.init_process_group "
+                      "first, or pass group=")
         group = dist.group.WORLD
-    if torch.compiler.is_compiling():  # a trace cannot make a communicator (a collective): find the one made
-        return made_for(group)
-    purlin = getattr(group, "purlin_group", None)  # a process group of the purlin backend
-    if purlin is not None:
-        return purlin()
-    if isinstance(group, dist.ProcessGroup):
-        return for_process_group(group)
-    raise ArgumentError(f"group={group!r}: expected a purlinc.torch.Group or a torch.distributed ProcessGroup")
+    if isinstance(group, dist.ProcessGroup):  # checked first: traced, anything else has no group_name to read
+        if torch.compiler.is_compiling():  # a trace cannot make a communicator (a collective): find the one made
+            return made_for(group)
+        purlin = getattr(group, "purlin_group", None)  # a process group of the purlin backend
+        return purlin() if purlin is not None else for_process_group(group)
+    _ops.fail(f"group={group!r}: expected a purlinc.torch.Group or a torch.distributed ProcessGroup")

@@ -88,11 +88,12 @@ def normalize_op(op, where: str) -> str:
     name = getattr(op, "name", None) or getattr(op, "value", None) or op
     name = str(name).lower().removeprefix("redoptype.").removeprefix("reduceop.")
     name = "prod" if name == "product" else name
+    # fail(), not raise: these run in the Python calls while dynamo traces them too
     if name in _REFUSED_OPS:
-        raise ArgumentError(f"{where}: op={name.upper()} is not supported; expected one of "
-                            f"{', '.join(REDUCE_OPS)}", notes=(_REFUSED_OPS[name],))
+        fail(f"{where}: op={name.upper()} is not supported; expected one of {', '.join(REDUCE_OPS)}",
+             notes=(_REFUSED_OPS[name],))
     if name not in REDUCE_OPS:
-        raise ArgumentError(f"{where}: op={op!r} is not supported; expected one of {', '.join(REDUCE_OPS)}")
+        fail(f"{where}: op={op!r} is not supported; expected one of {', '.join(REDUCE_OPS)}")
     return name
 
 
@@ -146,16 +147,17 @@ def _carrier_width(itemsize: int):
 
 def require_tensors(where: str, named) -> None:
     """Each ``(label, value)`` a torch.Tensor: checked before anything reads a tensor attribute,
-    so a list or a NumPy array is an ArgumentError, not an AttributeError from deep inside."""
+    so a list or a NumPy array is an ArgumentError, not an AttributeError from deep inside
+    (compiled, :func:`fail`'s torch._check with the same text)."""
     for label, t in named:
         if not isinstance(t, torch.Tensor):
-            raise ArgumentError(f"{where}: {label} must be a torch.Tensor, got {type(t).__name__}")
+            fail(f"{where}: {label} must be a torch.Tensor, got {type(t).__name__}")
 
 
 def require_list(where: str, label: str, value) -> None:
     """``value`` a list or tuple (of tensors, checked apart): ``5`` gave len()'s TypeError."""
     if not isinstance(value, (list, tuple)):
-        raise ArgumentError(f"{where}: {label} must be a list of tensors, got {type(value).__name__}")
+        fail(f"{where}: {label} must be a list of tensors, got {type(value).__name__}")
 
 
 def split_sizes(where: str, label: str, sizes, world_size: int) -> list[int]:
@@ -165,8 +167,8 @@ def split_sizes(where: str, label: str, sizes, world_size: int) -> list[int]:
     try:
         return [integer(s) for s in sizes]
     except TypeError:
-        raise ArgumentError(f"{where}: {label}={sizes!r}, expected a list of {world_size} integers (rows of dim 0 "
-                            f"per rank)") from None
+        pass
+    fail(f"{where}: {label}={sizes!r}, expected a list of {shown(world_size)} integers (rows of dim 0 per rank)")
 
 
 def check_contiguous(where: str, label: str, t) -> None:
