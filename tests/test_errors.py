@@ -29,12 +29,13 @@ def diagnose(source: str, world_size: int, params: dict | None = None, filename:
 
 CASES = [
     Case(
-        'missing_bracket',
+        'missing_bracket',  # reported at the next line's 'out' before, where the '[' was left open
         'collective a {\n    in[r] = x[r\n    out[r] = x[0..R]\n    copy\n}\n',
         (
-            "spec.pln:3:5: error: unexpected keyword 'out'; expected '..', ']'",
-            '        out[r] = x[0..R]',
-            '        ^^^',
+            "spec.pln:2:16: error: the '[' at 2:14 is not closed at the end of the line; expected '..', ']'",
+            '        in[r] = x[r',
+            '                   ^',
+            "note: a ']' goes here, or the line goes on",
         ),
         R=4,
     ),
@@ -623,6 +624,28 @@ CASES = [
             '            out = out * 1.',
             '                         ^',
             'note: a decimal number has digits after its point, as in 1.0',
+        ),
+        R=4,
+    ),
+    Case(  # reported at the next statement's 'out' before
+        'epilogue_parenthesis_left_open',
+        'collective f(hidden = 8) with rows res, row w {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n        h = (out + res\n        out = rmsnorm(h, w, 1e-6)\n    }\n}\n',
+        (
+            "spec.pln:6:23: error: the '(' at 6:13 is not closed at the end of the line; expected ')'",
+            '            h = (out + res',
+            '                          ^',
+            "note: a ')' goes here, or the line goes on",
+        ),
+        R=4,
+    ),
+    Case(  # the innermost bracket open: rmsnorm's, not one closed before it on the line
+        'epilogue_call_left_open',
+        'collective f(hidden = 8) with rows res, row w {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n        out = rmsnorm((out), w, 1e-6\n        res = out\n    }\n}\n',
+        (
+            "spec.pln:6:37: error: the '(' at 6:22 is not closed at the end of the line; expected ')', ','",
+            '            out = rmsnorm((out), w, 1e-6',
+            '                                        ^',
+            "note: a ')' goes here, or the line goes on",
         ),
         R=4,
     ),

@@ -254,7 +254,7 @@ def _misplaced(token: Token, source: Source, expected: set[str]) -> PurlinError 
     after the mistake: a line cut short, an operator missing in an epilogue, a statement
     without its buffer, an empty epilogue.  None where the plain message stands."""
     before = _tokens_before(source, token.start_pos)
-    for diagnose in (_cut_at_line_end, _missing_operator, _missing_buffer, _empty_epilogue):
+    for diagnose in (_cut_at_line_end, _unclosed_at_line_end, _missing_operator, _missing_buffer, _empty_epilogue):
         error = diagnose(token, before, source, expected)
         if error is not None:
             return error
@@ -274,6 +274,30 @@ def _cut_at_line_end(token: Token, before: list[Token], source: Source, expected
             and _cut_before(before[-2], before[-1]):
         return _missing_after(before[-2], source, _accepts_after(source, before[-2]))
     return None
+
+
+_CLOSING = {"LSQB": "RSQB", "LPAR": "RPAR", "LBRACE": "RBRACE"}
+
+
+def _unclosed_at_line_end(token: Token, before: list[Token], source: Source, expected: set[str]) -> PurlinError | None:
+    """`in[r] = x[0..R` with its ']' (or an epilogue's ')') missing: the next line's first token
+    is where the parser stops, but the bracket was left open on the line above; point at the
+    end of that line and name the bracket that is open."""
+    if not before or token.line <= before[-1].end_line:
+        return None
+    opened: list[Token] = []
+    for t in before:  # the brackets still open where the parser stopped, innermost last
+        if t.type in _CLOSING:
+            opened.append(t)
+        elif opened and t.type == _CLOSING[opened[-1].type]:
+            opened.pop()
+    if not opened or opened[-1].type == "LBRACE" or _CLOSING[opened[-1].type] not in expected:
+        return None
+    bracket, last = opened[-1], before[-1]
+    closing = "]" if bracket.type == "LSQB" else ")"
+    return PurlinError(f"the '{bracket}' at {bracket.line}:{bracket.column} is not closed at the end of the line; "
+                       f"expected {_expected_words(expected)}", _point(source, last.end_line, last.end_column),
+                       (f"a '{closing}' goes here, or the line goes on",))
 
 
 def _cut_before(last: Token, following: Token) -> bool:
