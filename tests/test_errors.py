@@ -649,6 +649,28 @@ CASES = [
         ),
         R=4,
     ),
+    Case(  # a keyword in capitals is a name to the lexer: the note says case is the difference
+        'keyword_in_capitals',
+        'collective a {\n    in[r] = x[r]\n    out[r] = x[0..R]\n    Copy\n}\n',
+        (
+            "spec.pln:4:5: error: unexpected name 'Copy'; expected ',', ';', '[', 'copy', 'for', 'in', 'out', 'reduce'",
+            '        Copy',
+            '        ^^^^',
+            "note: keywords are lower case: 'copy'",
+        ),
+        R=4,
+    ),
+    Case(
+        'operand_kind_in_capitals',
+        'collective f(hidden = 8) with Rows res {\n    in[r] = x\n    out[r] = x\n    reduce\n}\n',
+        (
+            "spec.pln:1:31: error: unexpected name 'Rows'; expected 'row', 'rows', 'scalar', 'sizes'",
+            '    collective f(hidden = 8) with Rows res {',
+            '                                  ^^^^',
+            "note: keywords are lower case: 'rows'",
+        ),
+        R=4,
+    ),
     Case(
         'range_with_one_point',
         'collective a {\n    in[r] = x[r]\n    out[r] = x[0.R]\n    copy\n}\n',

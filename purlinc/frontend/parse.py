@@ -155,7 +155,7 @@ def _translate(error: lark.exceptions.LarkError, source: Source) -> PurlinError:
         if located_better is not None:
             return located_better
         return PurlinError(f"unexpected {_found(token)}; expected {_expected_words(expected)}", span,
-                           _header_hints(token, expected) + _order_hints(token, expected))
+                           _case_hints(token, expected) + _header_hints(token, expected) + _order_hints(token, expected))
     return PurlinError(str(error))
 
 
@@ -198,6 +198,17 @@ def _header_hints(token: Token, expected: set[str]) -> tuple[str, ...]:
         if "WHERE" in expected:  # right after a `with` clause
             return ("declare every operand in one 'with' clause, separated by commas",)
         return ("the header's clauses come in this order: collective NAME(PARAMS) with OPERANDS where CONDITIONS {",)
+    return ()
+
+
+def _case_hints(token: Token, expected: set[str]) -> tuple[str, ...]:
+    """`Copy`, `IN`, `Rows`: a keyword in other letters' case is a name to the lexer, and the
+    message listing 'copy' beside the name does not say that case is the difference."""
+    if token.type != "NAME":
+        return ()
+    word = f"'{str(token).lower()}'"
+    if word != f"'{token}'" and word in {_describe(t) for t in expected}:
+        return (f"keywords are lower case: {word}",)
     return ()
 
 
