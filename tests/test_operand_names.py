@@ -31,7 +31,7 @@ SIZES = "collective v with sizes {name}[R] of y {{ in[r] = y[r]  out[r] = y[0..R
 
 def _language_keywords() -> set[str]:
     """Words the grammar reserves ('out', 'row', 'sizes', ...): the parser refuses them as names."""
-    from purlinc.frontend.parse import _parser
+    from purlinc.frontend.lalr import parser as _parser
 
     return {t.pattern.value for t in _parser().terminals if t.pattern.type == "str" and t.pattern.value.isidentifier()}
 

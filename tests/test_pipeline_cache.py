@@ -110,7 +110,8 @@ import json, sys
 from purlinc import pipeline
 from purlinc.atom import nvrtc
 artifact = pipeline.compile({str(ALLGATHER)!r}, world_size=2, arch="sm_90")
-heavy = ("lark", "jinja2", "numpy", "cuda.bindings", "purlinc.frontend.parse", "purlinc.snac.lower",
+heavy = ("lark", "jinja2", "numpy", "cuda.bindings", "purlinc.frontend.parse", "purlinc.frontend.lalr",
+         "purlinc.frontend.syntax_errors", "purlinc.snac.lower",
          "purlinc.snac.verify", "purlinc.atom.codegen")
 print(json.dumps({{"stats": [pipeline.STATS.front_hits, pipeline.STATS.front_misses, pipeline.STATS.lowerings,
                    pipeline.STATS.verifications, pipeline.STATS.generations, nvrtc.STATS.compiles,
