@@ -188,6 +188,9 @@ def test_slots_for_an_algorithm_without_slots_are_refused(overrides, said):
     assert "slots applies to ring" in info.value.notes[0]
     ring = pipeline.prepare(EXAMPLES / "allreduce.pln", world_size=2, overrides={**overrides, "algorithm": "ring"})
     assert ring.schedule.options.slots == 2
+    if "algorithm" in overrides:  # known before the spec is read: refused before any cache lookup
+        with pytest.raises(PurlinError, match="does not apply to two-shot"):
+            pipeline.prepare(EXAMPLES / "allreduce.pln", world_size=2, overrides=overrides)
 
 
 def test_an_unknown_reduce_op_is_a_purlin_error():

@@ -792,3 +792,23 @@ def test_empty_file_on_disk(tmp_path):
     with pytest.raises(PurlinError) as info:
         parse_file(path)
     assert info.value.render().startswith(f"{path}:1:1: error: the file is empty")
+
+
+# A continuation line with a slip of its own keeps the plain message at that slip: only a line
+# that starts something new (a statement, the operation, '}') moves the report back to the end
+# of a line cut short.  And a '.' after a name ending in digits (`x1.5`) is no number's point.
+@pytest.mark.parametrize("source, line, column, message, notes", [
+    ("collective a {\n  in[r] = x[r]\n  out[r] = x[0],\n           [1]\n  copy\n}", 4, 12, "unexpected '['", ()),
+    ("collective a {\n  in[r] =\n      = x[r]\n  out[r] = x copy\n}", 3, 7, "unexpected '='", ()),
+    ("collective a(E=4) with rows res {\n  in[r] = x out[r] = x reduce\n  epilogue rows(E) {\n    out = out *\n"
+     "        * res\n  }\n}", 5, 9, "unexpected '*'", ()),
+    ("collective a {\n  in[r] = x1.5\n  out[r] = x copy\n}", 2, 13, "unexpected character '.'", ()),
+    ("collective a(E=4) { in[r] = x out[r] = x reduce epilogue rows(E) { out = out * 1.e-3 } }", 1, 81,
+     "unexpected character '.'", ("a decimal number has digits after its point, as in 1.0e-3",)),
+])
+def test_a_continuation_keeps_its_own_location(source, line, column, message, notes):
+    with pytest.raises(PurlinError) as info:
+        parse(source)
+    error = info.value
+    assert (error.span.line, error.span.column) == (line, column)
+    assert error.message.startswith(message) and tuple(error.notes) == notes

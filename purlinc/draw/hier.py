@@ -14,6 +14,7 @@ from xml.sax.saxutils import escape
 from purlinc.snac.hierarchy import HierPlan, IntraPhase
 
 ROW, COL, LEFT, TOP = 18, 230, 90, 62  # TOP: the title (y 18), the phase labels, the buffer names
+KEY_H = 15  # a line of the key under the rows
 EM = 0.64  # a character's width in em, at most (DejaVu Sans digits; most letters are narrower)
 
 
@@ -31,9 +32,6 @@ def plan_title(plan: HierPlan) -> str:
     t = plan.topology
     nodes = f"{t.nodes} node{'s' if t.nodes != 1 else ''}"
     return f"{plan.spec.name}: {nodes} x {t.gpus_per_node} GPUs (R={t.world_size}), {plan.spec.operation.value}"
-
-
-KEY_H = 15  # a line of the key under the rows
 
 
 def plan_key(plan: HierPlan) -> list[str]:

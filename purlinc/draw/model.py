@@ -46,7 +46,7 @@ class StepBox:
     peer: int | None = None  # the other rank a stage writes to / a notify raises (None: local)
     # The slice of its unit a data step moves, where a chunk has several slices per channel
     # (None otherwise): without it the S boxes of one chunk read as the same data moved S times.
-    slice: int | None = None
+    slice_index: int | None = None
     # A notify / wait of an acknowledgement ("done with x[1]": the slot is free again).  Its
     # note names the chunk, so 'notify x[1]>r0' read as x[1] sent to r0; the label says 'ack'.
     ack: bool = False
@@ -172,7 +172,8 @@ def _box(rank: int, channel: int, index: int, step, lines: dict[str, int], patte
     return StepBox(
         rank=rank, channel=channel, index=index, verb=_verb(step), chunk=chunk, chunks=chunks, line=line,
         operands=_operands(step), note=note, signal=signal, k=k,
-        previous_call=isinstance(step, Wait) and step.k <= 0, peer=peer, slice=_slice_of(step) if slices else None,
+        previous_call=isinstance(step, Wait) and step.k <= 0, peer=peer,
+        slice_index=_slice_of(step) if slices else None,
         ack=isinstance(step, (Notify, Wait)) and step.signal in acks,
     )
 

@@ -115,7 +115,7 @@ def _box_label(box: StepBox, w: float) -> list[str]:
         return []
     chars = max(int((w - 4) / 5.6), 1)
     what = box.chunk or (box.signal.format() if box.signal is not None else "")
-    last = [f"s{box.slice}"] if box.slice is not None else []
+    last = [f"s{box.slice_index}"] if box.slice_index is not None else []
     if box.line is not None:
         last.append(f"L{box.line}")
     sig = f"sig[{box.signal.index}]" if box.signal is not None else ""

@@ -38,7 +38,6 @@ _TOKEN_WORDS = {
     "STAR": "'*'",
     "SLASH": "'/'",
     "PERCENT": "'%'",
-    "__ANON_0": "'..'",
     "FLOAT": "a decimal number",
     "COLON": "':'",
     "$END": "the end of the file",
@@ -205,12 +204,21 @@ def _character_hints(source: Source, offset: int) -> tuple[str, ...]:
     char = source.text[offset] if offset < len(source.text) else ""
     if char.isidentifier() and not char.isascii():
         return ("names are ASCII: a letter or '_', then letters, digits or '_'",)
-    if char == "." and offset > 0 and source.text[offset - 1].isdigit():
-        after = source.text[offset + 1:offset + 2]
-        if after.isidentifier():  # `0.R`: a range short of a point
+    if char == "." and _number_before(source.text, offset):
+        after = source.text[offset + 1:]
+        if re.match(r"[eE][-+]?\d", after):  # `1.e-3`
+            return ("a decimal number has digits after its point, as in 1.0e-3",)
+        if after[:1].isidentifier():  # `0.R`: a range short of a point
             return ("a range has two points, as in 0..R",)
         return ("a decimal number has digits after its point, as in 1.0",)
     return ()
+
+
+def _number_before(text: str, offset: int) -> bool:
+    """Whether the word that ends at ``offset`` is a number (`12`), not a name ending in digits
+    (`x1`): only a number's point has these readings."""
+    word = re.search(r"\w*$", text[:offset]).group()
+    return word != "" and word.isdigit()
 
 
 def _tokens_before(source: Source, offset: int) -> list[Token]:
@@ -256,13 +264,20 @@ def _cut_at_line_end(token: Token, before: list[Token], source: Source, expected
     Statements need no separator, so the parser reads on into the next line and stops at its
     first token that cannot continue the value (the `out` of `out[r] = ...`) or, in an epilogue,
     only at the next statement's '=', having taken its target (`residual`) as the value.  The
-    text is missing at the end of the earlier line, after its '=', operator or ','; point there."""
-    if before and _cut_before(before[-1], token):
+    text is missing at the end of the earlier line, after its '=', operator or ','; point there.
+    Only where the next line starts something new: a continuation with a slip of its own
+    (`x[0],` then `[1]`) keeps the plain message at that slip."""
+    if before and token.type in _STARTS_SOMETHING and _cut_before(before[-1], token):
         return _missing_after(before[-1], source, expected)
     if token.type == "EQUAL" and len(before) >= 2 and before[-1].type in ("NAME", "OUT") \
-            and _cut_before(before[-2], before[-1]):
+            and _before_a_value(before[-2]) and _cut_before(before[-2], before[-1]):
         return _missing_after(before[-2], source, _accepts_after(source, before[-2]))
     return None
+
+
+# Tokens that begin a statement, the operation, the epilogue, the body or its end: the first
+# token of a line that is not the continuation of the line above.
+_STARTS_SOMETHING = {"IN", "OUT", "COPY", "REDUCE", "EPILOGUE", "LBRACE", "RBRACE"}
 
 
 _CLOSING = {"LSQB": "RSQB", "LPAR": "RPAR", "LBRACE": "RBRACE"}

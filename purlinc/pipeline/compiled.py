@@ -18,7 +18,7 @@ from purlinc.pipeline.entries import (
     Kernel, _dtype, _front_inputs, _kernel_entry, _kernel_from_entry, _kernel_inputs, _op, _op_text,
     _schedule_entry, _schedule_from_entry,
 )
-from purlinc.pipeline.options import resolve_options, with_atom_defaults
+from purlinc.pipeline.options import check_slots, resolve_options, with_atom_defaults
 from purlinc.pipeline.source import SourceText, load_source
 from purlinc.pipeline.stages import (
     _definitions, _frontend_lock, _params_key, _remember, _specs, definition_of, spec_of, whole_number,
@@ -251,6 +251,10 @@ def prepare(
         changes["algorithm"] = algorithm
     if options is None:  # lowerings other than direct-push have one copy whatever this says
         changes = with_atom_defaults(changes, record.name)
+    if "slots" in changes and (options is not None or "algorithm" in changes):
+        # refused here too, not only when the schedule is lowered: a cached schedule skips that
+        check_slots((options.algorithm if "algorithm" not in changes else changes["algorithm"]), changes["slots"],
+                    chosen=True)
     if not record.generates_kernels and definition_of(source).epilogue is not None:
         raise PurlinError(f"the {record.name} atom moves data with the copy engines and cannot compute an epilogue",
                           definition_of(source).epilogue.keyword_span, ("use a kernel atom: ldst or tma",))

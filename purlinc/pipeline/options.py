@@ -76,11 +76,11 @@ def resolve_options(spec: Spec, *, options: LowerOptions | None = None,
     changes = normalize_overrides(overrides)
     resolved = replace(base, **changes) if changes else base
     if "slots" in changes:
-        _check_slots(resolved.algorithm, changes["slots"], chosen=options is not None or "algorithm" in changes)
+        check_slots(resolved.algorithm, changes["slots"], chosen=options is not None or "algorithm" in changes)
     return resolved
 
 
-def _check_slots(algorithm, slots: int, *, chosen: bool) -> None:
+def check_slots(algorithm, slots, *, chosen: bool) -> None:
     """``slots`` given for an algorithm that gives every message its own staging unit: the
     lowering would take the number into the schedule's key and ignore it, so it is refused."""
     from purlinc.snac.algorithms import ALGORITHMS, get_algorithm

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import torch
 
@@ -659,7 +659,7 @@ def _active_mode(name: str):
     return torch._C._get_dispatch_mode(key) if key is not None else None
 
 
-def fail(message: str, notes=()) -> None:
+def fail(message: str, notes=()) -> NoReturn:
     """Refuse a caller's mistake: an ArgumentError; under torch.compile ``torch._check(False)``
     with the same text (and notes), as :func:`require` does: dynamo cannot trace building an
     ArgumentError, and with fullgraph=True reported only "Attempted to call a super()
