@@ -76,6 +76,9 @@ ERRORS = [
     ('unused',
      'collective f(hidden = 8) with rows residual, row weight, scalar eps {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n        out = out + residual * eps\n    }\n}\n',
      ("fused.pln:1:46: error: operand 'weight' is declared but the epilogue never uses it", '    collective f(hidden = 8) with rows residual, row weight, scalar eps {', '                                                 ^^^^^^^^^^', 'note: while checking f for R=2')),
+    ('local_unused',  # a misspelt target: the local is computed, nothing reads it
+     'collective f(hidden = 8) with rows residual, row weight, scalar eps {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n        h = out + residual\n        hh = rmsnorm(h, weight, eps)\n        residual = h\n    }\n}\n',
+     ("fused.pln:7:9: error: local 'hh' is assigned but never used", '            hh = rmsnorm(h, weight, eps)', '            ^^', 'note: use it in a later statement, assign out or a rows operand instead, or remove it', 'note: while checking f for R=2')),
     ('no_epilogue',
      'collective f with row weight {\n    in[r] = x\n    out[r] = x\n    reduce\n}\n',
      ("fused.pln:1:19: error: operand 'weight' is an epilogue operand, but f has no epilogue", '    collective f with row weight {', '                      ^^^^^^^^^^', "note: add 'epilogue rows(E) { ... }' after the operation, or remove the operand", 'note: while checking f for R=2')),

@@ -230,7 +230,18 @@ def _check_statements(epilogue: ast.EpilogueDef, declared: Mapping[str, ast.Oper
         _check_target(statement, declared, locals_, written)
     if not written:
         raise PurlinError("the epilogue writes nothing: assign out or a rows operand", epilogue.keyword_span)
+    _check_locals_read(epilogue, locals_)
     return written
+
+
+def _check_locals_read(epilogue: ast.EpilogueDef, locals_: set[str]) -> None:
+    """A local no later statement reads computes nothing that is stored: a slip (a misspelt
+    target, a statement left behind), refused as an operand the epilogue never uses is."""
+    read = {n.name for s in epilogue.statements for n in _names(s.value)}
+    for statement in epilogue.statements:
+        if statement.target in locals_ and statement.target not in read:
+            raise PurlinError(f"local '{statement.target}' is assigned but never used", statement.target_span,
+                              ("use it in a later statement, assign out or a rows operand instead, or remove it",))
 
 
 def _check_depth(expr: ast.FExpr) -> None:
