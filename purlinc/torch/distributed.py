@@ -651,10 +651,7 @@ def _one_size(where: str, lists) -> None:
 def _ranks_shown(ranks) -> str:
     """A group's global ranks for a message, as a list prints them, of plain ints (ops.shape_shown
     says why: under dynamic=True dynamo reads them as symbols, which it cannot format)."""
-    text = ""
-    for r in ranks:
-        text = f"{text}, {int(r)}" if text else f"{int(r)}"
-    return f"[{text}]"
+    return _ops.ints_shown(list(ranks), "[]")
 
 
 def _numels_shown(tensors) -> str:

@@ -707,12 +707,15 @@ def shape_shown(t) -> str:
     return ints_shown(t.shape)
 
 
-def ints_shown(values) -> str:
-    """A tuple of sizes (a shape, strides) as ``tuple(...)`` prints it, built as shape_shown says."""
+def ints_shown(values, brackets: str = "()") -> str:
+    """A tuple of sizes (a shape, strides) as ``tuple(...)`` prints it, or with ``brackets="[]"``
+    a list as ``list(...)`` does, built as shape_shown says."""
     text = ""
     for n in values:
         text = f"{text}, {int(n)}" if text else f"{int(n)}"
-    return f"({text},)" if len(values) == 1 else f"({text})"
+    if brackets == "()" and len(values) == 1:
+        return f"({text},)"
+    return f"{brackets[0]}{text}{brackets[1]}"
 
 
 def traced(seq):
