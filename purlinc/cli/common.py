@@ -15,12 +15,12 @@ from pathlib import Path
 from purlinc.atom.atoms import DEFAULT_ATOM, kernel_atoms
 from purlinc.dtypes import DTYPES
 from purlinc.errors import PurlinError
-from purlinc.snac.algorithms import ALGORITHMS as ALGORITHM_REGISTRY
+from purlinc.snac.algorithms import ALGORITHMS as ALGORITHM_REGISTRY, slotted_names
 
 ATOMS = kernel_atoms()  # the atom registry's atoms with kernels (compile and dump write CUDA)
 ALGORITHMS = ALGORITHM_REGISTRY.names()
 PACKING = ", ".join(r.name for r in ALGORITHM_REGISTRY.records() if r.packed)  # algorithms that lower packed
-SLOTTED = ", ".join(r.name for r in ALGORITHM_REGISTRY.records() if r.uses_slots)  # algorithms that honour --slots
+SLOTTED = slotted_names()  # algorithms that honour --slots
 TWO_COPIES = ", ".join(r.name for r in ALGORITHM_REGISTRY.records() if r.stage_copies > 1)
 FILE_HELP = "the .pln collective (see docs/LANGUAGE.md), or - for standard input"
 
@@ -243,9 +243,13 @@ def options(args, spec, **more):
     from purlinc.pipeline import resolve_options, with_atom_defaults
 
     changes = with_atom_defaults({**overrides(args), **more}, getattr(args, "atom", None))
-    if "slots" in changes:  # refused in the command line's words before resolve_options refuses it in the API's
-        check_slots(args, resolve_options(spec, overrides={k: v for k, v in changes.items() if k != "slots"}).algorithm)
-    return resolve_options(spec, overrides=changes)
+    if "slots" not in changes:
+        return resolve_options(spec, overrides=changes)
+    # --slots refused in the command line's words before resolve_options would refuse it in the
+    # API's: the options without it first, then slots on those (the spec's defaults chosen once)
+    resolved = resolve_options(spec, overrides={k: v for k, v in changes.items() if k != "slots"})
+    check_slots(args, resolved.algorithm)
+    return resolve_options(spec, options=resolved, overrides={"slots": changes["slots"]})
 
 
 def source(args):

@@ -183,12 +183,12 @@ def panels_for(request: Request) -> list[svg.Panel]:
 def _refuse_unused_slots(slots, schedules, compare: bool) -> None:
     """--slots where no drawn schedule stages through slots: the lowering would take the number
     into the options' key and draw every message in its own unit, as if it were not given."""
-    from purlinc.snac.algorithms import ALGORITHMS, get_algorithm
+    from purlinc.snac.algorithms import get_algorithm, slotted_names
 
     if slots is None or any(get_algorithm(s.options.algorithm).uses_slots for s in schedules):
         return
     names = ", ".join(s.options.algorithm.value for s in schedules)
-    users = ", ".join(r.name for r in ALGORITHMS.records() if r.uses_slots)
+    users = slotted_names()
     raise PurlinError(f"--slots {slots} does not apply to {names}: {'they give' if compare else 'it gives'} every "
                       "message its own staging unit",
                       notes=(f"--slots applies to {users} (pick one with -a{' or --compare' if compare else ''}), "

@@ -253,7 +253,7 @@ def prepare(
         changes = with_atom_defaults(changes, record.name)
     if "slots" in changes and (options is not None or "algorithm" in changes):
         # refused here too, not only when the schedule is lowered: a cached schedule skips that
-        check_slots((options.algorithm if "algorithm" not in changes else changes["algorithm"]), changes["slots"],
+        check_slots(changes["algorithm"] if "algorithm" in changes else options.algorithm, changes["slots"],
                     chosen=True)
     if not record.generates_kernels and definition_of(source).epilogue is not None:
         raise PurlinError(f"the {record.name} atom moves data with the copy engines and cannot compute an epilogue",

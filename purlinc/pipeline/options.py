@@ -83,12 +83,11 @@ def resolve_options(spec: Spec, *, options: LowerOptions | None = None,
 def check_slots(algorithm, slots, *, chosen: bool) -> None:
     """``slots`` given for an algorithm that gives every message its own staging unit: the
     lowering would take the number into the schedule's key and ignore it, so it is refused."""
-    from purlinc.snac.algorithms import ALGORITHMS, get_algorithm
+    from purlinc.snac.algorithms import get_algorithm, slotted_names
 
     if get_algorithm(algorithm).uses_slots:
         return
-    users = ", ".join(r.name for r in ALGORITHMS.records() if r.uses_slots)
     default = "" if chosen else " (the spec's default algorithm)"
     raise PurlinError(f"slots={slots} does not apply to {get_algorithm(algorithm).name}{default}: it gives every "
                       "message its own staging unit",
-                      notes=(f"slots applies to {users} (choose one with algorithm=...), or leave slots out",))
+                      notes=(f"slots applies to {slotted_names()} (choose one with algorithm=...), or leave slots out",))

@@ -71,6 +71,11 @@ def get_algorithm(name: str | Algorithm) -> AlgorithmInfo:
     return ALGORITHMS.get(name.value if isinstance(name, Algorithm) else name)
 
 
+def slotted_names() -> str:
+    """The algorithms that honour ``slots``, for a message refusing it elsewhere."""
+    return ", ".join(record.name for record in ALGORITHMS.records() if record.uses_slots)
+
+
 def applicable(spec) -> tuple[Algorithm, ...]:
     """The algorithms that apply to ``spec``, in registry order (a spec with run-time sizes:
     those whose record lowers them)."""
