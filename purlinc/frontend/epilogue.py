@@ -199,19 +199,21 @@ def check_epilogue(definition: ast.CollectiveDef, row: int, params: Mapping[str,
                           epilogue.keyword_span)
     if len(epilogue.statements) > MAX_STATEMENTS:
         raise PurlinError(f"an epilogue has at most {MAX_STATEMENTS} statements", epilogue.keyword_span)
-    written = _check_statements(epilogue, declared)
+    written, locals_ = _check_statements(epilogue, declared)
+    read = {n.name for s in epilogue.statements for n in _names(s.value)}
+    _check_locals_read(epilogue, locals_, read)
     operands = []
     for name, decl in declared.items():
-        if not any(n.name == name for s in epilogue.statements for n in _names(s.value)) and name not in written:
+        if name not in read and name not in written:
             raise PurlinError(f"operand '{name}' is declared but the epilogue never uses it", decl.span)
         dtype = _operand_dtype(decl) if decl.dtype is not None else None
         operands.append(Operand(name, decl.kind, dtype, name in written, decl.span))
     return Epilogue(row, tuple(operands), epilogue.statements, epilogue.span, epilogue.row.span)
 
 
-def _check_statements(epilogue: ast.EpilogueDef, declared: Mapping[str, ast.OperandDecl]) -> set[str]:
+def _check_statements(epilogue: ast.EpilogueDef, declared: Mapping[str, ast.OperandDecl]) -> tuple[set[str], set[str]]:
     """Walk the statements in order: names defined before use, targets assignable once,
-    function calls well formed.  Returns the buffers written."""
+    function calls well formed.  Returns the buffers written and the locals."""
     locals_: set[str] = set()
     written: set[str] = set()
     norms: list[ast.FCall] = []
@@ -230,14 +232,13 @@ def _check_statements(epilogue: ast.EpilogueDef, declared: Mapping[str, ast.Oper
         _check_target(statement, declared, locals_, written)
     if not written:
         raise PurlinError("the epilogue writes nothing: assign out or a rows operand", epilogue.keyword_span)
-    _check_locals_read(epilogue, locals_)
-    return written
+    return written, locals_
 
 
-def _check_locals_read(epilogue: ast.EpilogueDef, locals_: set[str]) -> None:
+def _check_locals_read(epilogue: ast.EpilogueDef, locals_: set[str], read: set[str]) -> None:
     """A local no later statement reads computes nothing that is stored: a slip (a misspelt
-    target, a statement left behind), refused as an operand the epilogue never uses is."""
-    read = {n.name for s in epilogue.statements for n in _names(s.value)}
+    target, a statement left behind), refused as an operand the epilogue never uses is
+    (``read``: every name the statements read; a local is read only after it is defined)."""
     for statement in epilogue.statements:
         if statement.target in locals_ and statement.target not in read:
             raise PurlinError(f"local '{statement.target}' is assigned but never used", statement.target_span,
