@@ -656,10 +656,7 @@ def _ranks_shown(ranks) -> str:
 
 def _numels_shown(tensors) -> str:
     """The tensors' element counts for a message, as plain ints (ops.shape_shown says why)."""
-    text = ""
-    for t in tensors:
-        text = f"{text}, {int(t.numel())}" if text else f"{int(t.numel())}"
-    return text
+    return _ops.ints_joined(t.numel() for t in tensors)
 
 
 def _rows_carrier(where: str, label: str, t):

@@ -707,12 +707,18 @@ def shape_shown(t) -> str:
     return ints_shown(t.shape)
 
 
-def ints_shown(values, brackets: str = "()") -> str:
-    """A tuple of sizes (a shape, strides) as ``tuple(...)`` prints it, or with ``brackets="[]"``
-    a list as ``list(...)`` does, built as shape_shown says."""
+def ints_joined(values) -> str:
+    """Integers (sizes, ranks) joined by ", ", each a plain int, built as shape_shown says."""
     text = ""
     for n in values:
         text = f"{text}, {int(n)}" if text else f"{int(n)}"
+    return text
+
+
+def ints_shown(values, brackets: str = "()") -> str:
+    """A tuple of sizes (a shape, strides) as ``tuple(...)`` prints it, or with ``brackets="[]"``
+    a list as ``list(...)`` does, built as shape_shown says."""
+    text = ints_joined(values)
     if brackets == "()" and len(values) == 1:
         return f"({text},)"
     return f"{brackets[0]}{text}{brackets[1]}"
