@@ -53,9 +53,23 @@ CASES = [
         'unexpected_eof',
         'collective a {\n    in[r] = x[r]\n    out[r] = x[0..R]\n    copy\n',
         (
-            "spec.pln:4:9: error: unexpected end of file; expected ';', 'epilogue', 'replicated', '}'",
+            "spec.pln:4:9: error: the '{' at 1:14 is not closed at the end of the file; expected ';', 'epilogue', "
+            "'replicated', '}'",
             '        copy',
             '            ^',
+            "note: a '}' goes here",
+        ),
+        R=4,
+    ),
+    Case(
+        'body_not_closed_before_the_next_collective',  # the parser stops at 'collective', the '}' is missing above
+        'collective a {\n    in[r] = x[r]\n    out[r] = x[0..R]\n    copy\n\ncollective b { in[r] = y[r] out[r] = y[0..R] copy }\n',
+        (
+            "spec.pln:4:9: error: the '{' at 1:14 is not closed before the next collective (at 6:1); expected ';', "
+            "'epilogue', 'replicated', '}'",
+            '        copy',
+            '            ^',
+            "note: a '}' goes here",
         ),
         R=4,
     ),

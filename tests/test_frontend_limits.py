@@ -107,18 +107,21 @@ def test_end_of_file_after_other_line_separators(separator):
     source = f"// a{separator} b\ncollective a {{\n    in[r] = x[r]\n    out[r] = x[0..R]\n    copy\n"
     error = diagnose(source)
     assert lines(error) == [
-        "spec.pln:5:9: error: unexpected end of file; expected ';', 'epilogue', 'replicated', '}'",
+        "spec.pln:5:9: error: the '{' at 2:14 is not closed at the end of the file; expected ';', 'epilogue', 'replicated', '}'",
         "        copy",
         "            ^",
+        "note: a '}' goes here",
     ]
 
 
 def test_end_of_file_points_after_the_last_token_not_a_comment():
     source = "collective a {\n    in[r] = x[r]\n    out[r] = x[0..R]\n    copy  // done\n\n\n"
-    assert lines(diagnose(source))[:3] == [
-        "spec.pln:4:9: error: unexpected end of file; expected ';', 'epilogue', 'replicated', '}'",
+    assert lines(diagnose(source)) == [
+        "spec.pln:4:9: error: the '{' at 1:14 is not closed at the end of the file; expected ';', 'epilogue', "
+        "'replicated', '}'",
         "        copy  // done",
         "            ^",
+        "note: a '}' goes here",
     ]
 
 
@@ -126,7 +129,7 @@ def test_carriage_returns_alone_do_not_end_lines():
     """A file of '\\r' line ends is one line to the lexer and to every message (not 3:9 for
     one error and 1:N for the next)."""
     eof = diagnose("collective a {\r    in[r] = x[r]\r    out[r] = x[0..R]\r    copy\r")
-    assert lines(eof)[0] == ("spec.pln:1:62: error: unexpected end of file; "
+    assert lines(eof)[0] == ("spec.pln:1:62: error: the '{' at 1:14 is not closed at the end of the file; "
                              "expected ';', 'epilogue', 'replicated', '}'")
     other = diagnose("collective a {\r    in[r] = x[r]\r    out[r] = y[0..R]\r    copy\r}\r")
     assert lines(other)[0].startswith("spec.pln:1:46: error: output chunk y[0]")
@@ -148,7 +151,8 @@ def test_a_comment_that_hides_the_rest_of_a_carriage_return_file_says_so():
 @pytest.mark.parametrize("tail", ["  // done\r\n", "  // done\r\r\n", "  // done\r  \n"], ids=["crlf", "cr-crlf", "cr-blank"])
 def test_a_comment_ending_in_carriage_returns_hides_nothing(tail):
     error = diagnose("collective a {\r\n    in[r] = x[r]\r\n    out[r] = x[0..R]\r\n    copy" + tail)
-    assert error.message.startswith("unexpected end of file") and error.notes == ()
+    assert error.message.startswith("the '{' at 1:14 is not closed at the end of the file")
+    assert error.notes == ("a '}' goes here",)
 
 
 # --- 3. a UTF-8 byte-order mark ----------------------------------------------------------

@@ -110,6 +110,11 @@ def translate(error: lark.exceptions.LarkError, source: Source) -> PurlinError:
             # lark gives $END the position of the last token: point just past it, where the
             # missing text belongs (not past trailing comments and blank lines).
             end = point(source, token.end_line, token.end_column) if token.end_line else _end_of_text(source)
+            unclosed = _unclosed_brace(_tokens_before(source, len(source.text)), expected)
+            if unclosed is not None:
+                return PurlinError(f"the '{{' at {unclosed.line}:{unclosed.column} is not closed at the end of the file; "
+                                   f"expected {_expected_words(expected)}", end,
+                                   ("a '}' goes here",) + _hidden_by_a_comment(source, token.end_pos or 0))
             return PurlinError(f"unexpected end of file; expected {_expected_words(expected)}", end,
                                _hidden_by_a_comment(source, token.end_pos or 0))
         span = point(source, token.line, token.column, len(str(token)))
@@ -251,7 +256,7 @@ def _misplaced(token: Token, source: Source, expected: set[str]) -> PurlinError 
     after the mistake: a line cut short, an operator missing in an epilogue, a statement
     without its buffer, an empty epilogue.  None where the plain message stands."""
     before = _tokens_before(source, token.start_pos)
-    for diagnose in (_cut_at_line_end, _unclosed_at_line_end, _missing_operator, _missing_buffer, _empty_epilogue):
+    for diagnose in (_cut_at_line_end, _unclosed_at_line_end, _unclosed_before_collective, _missing_operator, _missing_buffer, _empty_epilogue):
         error = diagnose(token, before, source, expected)
         if error is not None:
             return error
@@ -302,6 +307,34 @@ def _unclosed_at_line_end(token: Token, before: list[Token], source: Source, exp
     return PurlinError(f"the '{bracket}' at {bracket.line}:{bracket.column} is not closed at the end of the line; "
                        f"expected {_expected_words(expected)}", point(source, last.end_line, last.end_column),
                        (f"a '{closing}' goes here, or the line goes on",))
+
+
+def _unclosed_brace(before: list[Token], expected: set[str]) -> Token | None:
+    """The '{' still open after ``before`` (the innermost), where a '}' may come next; None if none is."""
+    if "RBRACE" not in expected:
+        return None
+    opened = []
+    for t in before:
+        if t.type == "LBRACE":
+            opened.append(t)
+        elif t.type == "RBRACE" and opened:
+            opened.pop()
+    return opened[-1] if opened else None
+
+
+def _unclosed_before_collective(token: Token, before: list[Token], source: Source,
+                                expected: set[str]) -> PurlinError | None:
+    """A body whose '}' is missing, then the next `collective`: the parser stops at that keyword,
+    but the '}' belongs at the end of the text before it."""
+    if token.type != "COLLECTIVE" or not before:
+        return None
+    brace = _unclosed_brace(before, expected)
+    if brace is None:
+        return None
+    last = before[-1]
+    return PurlinError(f"the '{{' at {brace.line}:{brace.column} is not closed before the next collective "
+                       f"(at {token.line}:{token.column}); expected {_expected_words(expected)}",
+                       point(source, last.end_line, last.end_column), ("a '}' goes here",))
 
 
 def _cut_before(last: Token, following: Token) -> bool:
