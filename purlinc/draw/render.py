@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from purlinc.draw import html, svg
@@ -60,11 +60,18 @@ def output_format(path: str | None, requested: str | None) -> str:
 
 def schedule_for(file: str | Path | SourceText, world_size: int, params, overrides: dict, *, verify: bool = True):
     from purlinc import pipeline
+    from purlinc.snac.algorithms import get_algorithm
 
     source = pipeline.load_source(file)
     spec = pipeline.spec_stage(pipeline.parse_stage(source), world_size, dict(params))
-    # What `purlinc compile` would build with the default atom (its staging copies).
-    options = replace(pipeline.default_options(spec), **pipeline.with_atom_defaults(overrides))
+    # What `purlinc compile` would build with the default atom (its staging copies).  Slots go on
+    # only where the algorithm stages through them: the caller refuses them elsewhere, in the
+    # command line's words (_refuse_unused_slots), after seeing every schedule drawn.
+    changes = pipeline.with_atom_defaults(overrides)
+    slots = changes.pop("slots", None)
+    options = pipeline.resolve_options(spec, overrides=changes)
+    if slots is not None and get_algorithm(options.algorithm).uses_slots:
+        options = pipeline.resolve_options(spec, options=options, overrides={"slots": slots})
     return spec, pipeline.snac_stage(spec, options, verify=verify)
 
 
@@ -156,8 +163,6 @@ def panels_for(request: Request) -> list[svg.Panel]:
                 raise PurlinError(f"unknown algorithm {algorithm!r} in --compare: expected {names}") from None
             if not get_algorithm(algorithm).packed:  # packing applies where the record says
                 changes.pop("packed", None)
-            if not get_algorithm(algorithm).uses_slots:  # so do slots
-                changes.pop("slots", None)
         lowered.append(schedule_for(request.file, world_size, request.params, changes, verify=False))
     _refuse_unused_slots(overrides.get("slots"), [schedule for _, schedule in lowered], bool(request.compare))
     _refuse_too_big_to_lower([schedule for _, schedule in lowered])
