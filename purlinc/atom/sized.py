@@ -143,6 +143,16 @@ def _kernel_values(schedule: Schedule, abi: KernelABI) -> list[dict]:
     return kernels
 
 
+def check_atom(atom: str) -> None:
+    """Run-time sizes run on the ldst atom only: refused by name (before anything is lowered, by
+    the loader, as well as here)."""
+    if atom != "ldst":
+        why = ("the copy engines take sizes from the host, which would need a synchronisation" if atom == "ce" else
+               "the sized kernels are generated for ldst only: their copy loops take bounds read on the device")
+        raise PurlinError(f"run-time sizes run on the 'ldst' atom only, not '{atom}'",
+                          notes=(why, 'use the ldst atom (--atom ldst, or atom="ldst")'))
+
+
 def generate(schedule: Schedule, spec, *, atom: str, arch: str, dtype: DType, op=None, trace: bool = False):
     """The CUDA module of a sized schedule for one dtype (copies only): one entry per rank."""
     from purlinc.atom.codegen.elems import elem_values
@@ -152,11 +162,7 @@ def generate(schedule: Schedule, spec, *, atom: str, arch: str, dtype: DType, op
 
     if schedule.sizes is None:
         raise PurlinError(f"{schedule.collective} has no run-time sizes: use purlinc.atom.codegen.generate")
-    if atom != "ldst":
-        why = ("the copy engines take sizes from the host, which would need a synchronisation" if atom == "ce" else
-               "the sized kernels are generated for ldst only: their copy loops take bounds read on the device")
-        raise PurlinError(f"run-time sizes run on the 'ldst' atom only, not '{atom}'",
-                          notes=(why, 'use the ldst atom (--atom ldst, or atom="ldst")'))
+    check_atom(atom)
     if trace:
         raise PurlinError("tracing is not available for collectives with run-time sizes")
     target = parse_arch(arch)

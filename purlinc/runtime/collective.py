@@ -130,12 +130,7 @@ class Collective(Timeouts, Launches):
     # -------------------------------------------------------------------------------- calls
     def _describe(self, label: str, value):
         """``interop.describe``, its refusal of a non-array named as the argument it was."""
-        if value is None:
-            return None
-        try:
-            return interop.describe(value)
-        except TypeError as error:
-            raise ArgumentError(f"{self.name} on rank {self.rank}: {label}: {error}") from None
+        return None if value is None else interop.described(f"{self.name} on rank {self.rank}", label, value)
 
     def prepare_call(self, x, out, op, stream, count, dtype=None):
         """Validate and resolve everything a launch needs (raises before anything is launched)."""
@@ -165,13 +160,15 @@ class Collective(Timeouts, Launches):
             self._shapes[key] = shape
         if self.relays and count is None and not shape.count:
             raise relay_needs_count(self)
-        if self._agree:
-            self._agree_on(shape)
+        # The stream before the ranks' agreement: a rank refused for its own argument after its
+        # peers agreed would leave them launched, waiting for it until their timeout.
         if stream is not None:
             handle = interop.stream_handle(stream)
         else:
             kind = xi.kind if xi is not None else (oi.kind if oi is not None else interop.TORCH)
             handle = interop.current_stream(kind, self.device)
+        if self._agree:
+            self._agree_on(shape)
         return shape, handle, (out if self.out_units else None)
 
     def _agree_on(self, shape: CallShape) -> None:

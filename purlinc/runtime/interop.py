@@ -26,6 +26,7 @@ class ArrayInfo:
     device: int  # CUDA ordinal; -1 when the array is not on a CUDA device
     contiguous: bool
     kind: str  # TORCH, CUPY, CAI or DLPACK
+    place: str = "the host"  # where a non-CUDA array lies, as messages name it (torch's "meta", say)
 
     @property
     def nbytes(self) -> int:
@@ -64,6 +65,7 @@ def _describe_torch(x) -> ArrayInfo:
     return ArrayInfo(
         x.data_ptr(), x.numel(), dtype, str(x.dtype).replace("torch.", ""),
         device.index if device.type == "cuda" else -1, x.is_contiguous(), TORCH,
+        "the host" if device.type == "cpu" else str(device),
     )
 
 
@@ -192,6 +194,19 @@ def describe(x) -> ArrayInfo:
         f"expected a torch tensor, a CuPy array, or an object with __cuda_array_interface__ or "
         f"DLPack (__dlpack__/__dlpack_device__), got {type(x).__name__}"
     )
+
+
+def described(where: str, label: str, value) -> ArrayInfo:
+    """``describe(value)``, its refusal of a non-array (or of one DLPack cannot export: a read-only
+    NumPy array's BufferError) an ArgumentError naming the argument."""
+    from purlinc.runtime.errors import ArgumentError
+
+    if value is None:
+        raise ArgumentError(f"{where}: {label} is required, got None")
+    try:
+        return describe(value)
+    except (TypeError, BufferError) as error:
+        raise ArgumentError(f"{where}: {label}: {error}") from None
 
 
 # ---------------------------------------------------------------------------------------------

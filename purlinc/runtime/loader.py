@@ -85,6 +85,10 @@ def load_sized(path_or_source: str | Path, comm, options: LoadOptions = LoadOpti
     staged for ``options.capacity`` elements per chunk (``dtype``: the widest the calls use)."""
     if options.trace:  # asked for by this call (not the PURLIN_TRACE setting, which None defers to)
         raise PurlinError("trace=True: tracing is not available for collectives with run-time sizes")
+    if options.atom is not None:  # before the lowering, whose checks speak of another atom's options
+        from purlinc.atom.sized import check_atom
+
+        check_atom(options.atom)
     comms = _members(comm)
     options = options.with_arch(comms[0].device)
     # Sized kernels are never traced (their generator refuses it): the PURLIN_TRACE setting is not theirs.

@@ -169,22 +169,24 @@ class SizedCollective:
         chunk) and ``out_sizes`` when not given.  Sizes count units of ``row`` elements (torch's
         splits count rows).  Returns (dtype, shape, stream, out, out_sizes)."""
         self._check_usable()
-        if not isinstance(row, int) or not 1 <= row <= self.capacity:
+        if not isinstance(row, int) or isinstance(row, bool) or not 1 <= row <= self.capacity:
             raise ArgumentError(f"{self.name}: row={row!r}, expected elements per size unit in 1..{self.capacity} "
                                 "(the capacity)")
-        xi = interop.describe(x)
+        where = f"{self.name} on rank {self.rank}"
+        xi = interop.described(where, "x", x)
         dtype = _check_data(self, "x", xi, None, row)
         if out is None:
             out = interop.empty_like_kind(xi.kind, self.out_units * (self.capacity // row) * row, dtype, self.device)
-        oi = interop.describe(out)
+        oi = interop.described(where, "out", out)
         _check_data(self, "out", oi, dtype, row)
         if out_sizes is None:
             out_sizes = _empty_int64(xi.kind, self.out_units, self.device)
-        si = _check_sizes(self, "sizes", interop.describe(sizes), self.in_units)
-        osi = _check_sizes(self, "out_sizes", interop.describe(out_sizes), self.out_units)
+        si = _check_sizes(self, "sizes", interop.described(where, "sizes", sizes), self.in_units)
+        osi = _check_sizes(self, "out_sizes", interop.described(where, "out_sizes", out_sizes), self.out_units)
         read = [("x", xi), ("sizes", si)]
         if expected_sizes is not None:
-            ei = _check_sizes(self, "expected_sizes", interop.describe(expected_sizes), self.out_units)
+            ei = _check_sizes(self, "expected_sizes", interop.described(where, "expected_sizes", expected_sizes),
+                              self.out_units)
             read.append(("expected_sizes", ei))
         _check_apart(self, read + [("out", oi), ("out_sizes", osi)], written=("out", "out_sizes"))
         handle = interop.stream_handle(stream) if stream is not None else interop.current_stream(xi.kind, self.device)
@@ -253,7 +255,7 @@ def _check_data(coll: SizedCollective, label: str, info, dtype: DType | None, ro
     if dtype is not None and info.dtype is not dtype:
         raise ArgumentError(f"{where} has dtype {info.dtype.value}, expected {dtype.value} (the dtype of x)")
     if info.device != coll.device:
-        raise ArgumentError(f"{where} is on {'cuda:%d' % info.device if info.device >= 0 else 'the host'}, "
+        raise ArgumentError(f"{where} is on {'cuda:%d' % info.device if info.device >= 0 else info.place}, "
                             f"expected cuda:{coll.device}")
     if not info.contiguous:
         raise ArgumentError(f"{where} is not contiguous")
@@ -286,7 +288,7 @@ def _check_sizes(coll: SizedCollective, label: str, info, count: int):
         raise ArgumentError(f"{where} has {info.numel} entries, expected {count} (one per chunk of this rank's "
                             f"{'input' if label == 'sizes' else 'output'})")
     if info.device != coll.device:
-        raise ArgumentError(f"{where} is on {'cuda:%d' % info.device if info.device >= 0 else 'the host'}, "
+        raise ArgumentError(f"{where} is on {'cuda:%d' % info.device if info.device >= 0 else info.place}, "
                             f"expected cuda:{coll.device} (sizes stay on the GPU)")
     if not info.contiguous or info.ptr % 8:
         raise ArgumentError(f"{where} must be contiguous and 8-byte aligned")

@@ -182,6 +182,12 @@ def _bucket_text(p: PreparedBucket) -> str:
     return (f"<= {b.max_bytes if b.max_bytes is not None else 'any'} B: {p.compiled.options.key()}")
 
 
+def raise_untraced(name: str):
+    raise PurlinError(f"{name}: not loaded with trace=True: this load picks a schedule per call size, and "
+                      "nothing was recorded", notes=("load(..., trace=True) pins one schedule and records its "
+                                                     "blocks' times for trace()",))
+
+
 class Tuned:
     """``coll(x, out=None, op="sum", stream=None)``: each call runs its size bucket's schedule."""
 
@@ -213,6 +219,10 @@ class Tuned:
     def compiled(self):
         """The smallest bucket's compiled collective (all buckets share the spec and layouts)."""
         return self.variants[0].compiled
+
+    def trace(self):
+        """Refused: a tuned load runs one of several schedules per call; a traced load pins one."""
+        raise_untraced(self.name)
 
     def variant_for(self, count: int, itemsize: int) -> Collective:
         key = (count, itemsize)
@@ -299,6 +309,10 @@ class TunedGroup:
 
     def __getitem__(self, rank: int) -> Tuned:
         return self.ranks[rank]
+
+    def trace(self):
+        """Refused, as Tuned.trace."""
+        raise_untraced(self.name)
 
     def __len__(self) -> int:
         return len(self.ranks)

@@ -97,10 +97,15 @@ def validate_call(
     count = _count_argument(where, count)
     x = _check_presence(where, x, out, in_units, out_units)
     dtype = _buffers_dtype(where, x, out, device)
+    hinted = _parsed_hint(where, dtype_hint)
+    if dtype is not None and hinted is not None and hinted is not dtype:
+        raise _err(f"{where}: dtype={hinted.value}, but the buffers have dtype {dtype.value}",
+                   "leave dtype= out where the call passes buffers (it is for a rank that passes none)")
     if dtype is None:
-        if count in (None, 0):
-            return CallShape(DType.FLOAT32, reduce_op, 0, 0, out.ptr if out else 0)
-        dtype = _hinted_dtype(where, count, dtype_hint)
+        if count in (None, 0):  # an empty call: its dtype is what the empty buffers (or dtype=) say
+            dtype = hinted or _empty_buffers_dtype(x, out) or DType.FLOAT32
+            return CallShape(dtype, reduce_op, 0, 0, out.ptr if out else 0)
+        dtype = _hinted_dtype(where, count, hinted)
         # On through the checks below: a rank that receives chunks still needs its `out`.
     if reduce_op is not None and not dtype.reducible:
         raise _err(f"{where}: {dtype.value} cannot be reduced (fp8 is supported for copies only)")
@@ -172,7 +177,7 @@ def _buffers_dtype(where: str, x, out, device: int) -> DType | None:
         elif info.dtype is not dtype:
             raise _err(f"{where}: out has dtype {info.dtype.value}, expected {dtype.value} (the dtype of x)")
         if info.device != device:
-            actual = f"cuda:{info.device}" if info.device >= 0 else "the host (not a CUDA device)"
+            actual = f"cuda:{info.device}" if info.device >= 0 else f"{info.place} (not a CUDA device)"
             raise _err(f"{where}: {label} is on {actual}, expected cuda:{device} (this rank's device)")
         if not info.contiguous:
             raise _err(f"{where}: {label} is not contiguous", _CONTIGUOUS[label])
@@ -183,17 +188,30 @@ def _buffers_dtype(where: str, x, out, device: int) -> DType | None:
     return dtype
 
 
-def _hinted_dtype(where: str, count: int, dtype_hint) -> DType:
-    """The dtype of a rank that passes no buffer but a count: its ``dtype=``."""
-    if dtype_hint is None:
-        raise _err(f"{where}: count={count} but no buffer on this rank says what dtype it has", "pass dtype= too")
+def _parsed_hint(where: str, dtype_hint) -> DType | None:
+    """``dtype=`` as a DType (None: not given)."""
+    if dtype_hint is None or isinstance(dtype_hint, DType):
+        return dtype_hint
     try:
-        dtype = DType.parse(dtype_hint if isinstance(dtype_hint, DType) else str(dtype_hint))
+        return DType.parse(str(dtype_hint))
     except ValueError:
-        raise _err(f"{where}: dtype={dtype_hint!r} is not a dtype Purlin knows") from None
+        raise _err(f"{where}: dtype={dtype_hint!r} is not a dtype Purlin knows",
+                   f"supported: {supported_dtypes_text()}") from None
+
+
+def _empty_buffers_dtype(x, out) -> DType | None:
+    """The dtype of a call's empty buffers (x first), where Purlin has it: an empty batch of a
+    call with bf16 operands is a bf16 call, which its operands' checks compare against."""
+    return next((info.dtype for info in (x, out) if info is not None and info.dtype is not None), None)
+
+
+def _hinted_dtype(where: str, count: int, hinted: DType | None) -> DType:
+    """The dtype of a rank that passes no buffer but a count: its ``dtype=``."""
+    if hinted is None:
+        raise _err(f"{where}: count={count} but no buffer on this rank says what dtype it has", "pass dtype= too")
     if count < 0:
         raise _err(f"{where}: count={count} is negative")
-    return dtype
+    return hinted
 
 
 def _chunk_count(where: str, x, out, in_units: int, out_units: int, count: int | None) -> int:

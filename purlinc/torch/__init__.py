@@ -108,12 +108,12 @@ class TorchCollective:
     ``tc.inplace(t)``; the ops are ``torch.ops.purlin.<name>[_out|_inplace]``."""
 
     def __init__(self, coll, name: str | None = None, *, device=None):
+        ops.require_loaded("purlinc.torch.op", coll)
         spec = coll.spec if hasattr(coll, "spec") else coll.compiled.spec
         name = spec.name if name is None else name
         _callable_as_ops(spec, name)
         comm = coll.comm
-        dev = comm.device if device is None else device
-        dev = torch.device("cuda", dev) if isinstance(dev, int) else torch.device(dev)
+        dev = ops.torch_device("purlinc.torch.op", comm.device if device is None else device)
         self.ops = define(name, "op")  # first: a refused name leaves no entry behind
         self.collective = coll
         self.name = name

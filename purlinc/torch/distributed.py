@@ -39,10 +39,6 @@ def _definition(kind: str):
     return hit
 
 
-def _torch_device(device) -> torch.device:
-    return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-
-
 try:  # torch.distributed's Work, so a Work of ours is one wherever torch expects one (a backend's returns)
     from torch._C._distributed_c10d import Work as _C10dWork
 except ImportError:  # a torch built without distributed support
@@ -92,6 +88,25 @@ class Work(_C10dWork):
 _DONE = Work()
 
 
+# purlinc.load's options a Group passes to every load: the schedule's.  Not params (each
+# collective's own), capacity and dtype (the uneven all-to-all's: sized.configure) or
+# gpus_per_node (a Group stands on one communicator).
+GROUP_LOAD_OPTIONS = ("algorithm", "atom", "channels", "slices", "packed", "arch", "trace")
+
+
+def _check_load_options(options: dict) -> None:
+    """Names and the trace flag checked when the Group is made, not at its first collective."""
+    from purlinc.runtime.options import LoadOptions
+
+    unknown = sorted(set(options) - set(GROUP_LOAD_OPTIONS))
+    if unknown:
+        raise ArgumentError(f"Group: unknown load option(s) {', '.join(unknown)}; expected some of "
+                            f"{', '.join(GROUP_LOAD_OPTIONS)}",
+                            notes=("the uneven all-to-all's capacity: purlinc.torch.sized.configure(group, "
+                                   "capacity=...)",))
+    LoadOptions.of(**options)
+
+
 class Group:
     """torch.distributed-shaped calls on one Purlin communicator (one rank's view).
 
@@ -104,13 +119,15 @@ class Group:
     """
 
     def __init__(self, comm, *, ranks=None, loader=None, device=None, **load_options):
+        _ops.require_communicator("Group", comm)
+        _check_load_options(load_options)
         self.comm = comm
         self.rank, self.world_size = comm.rank, comm.world_size
         self.ranks = list(range(self.world_size)) if ranks is None else _global_ranks(ranks, self.world_size)
         if len(self.ranks) != self.world_size:
             raise ArgumentError(f"Group: ranks={self.ranks} names {len(self.ranks)} ranks, expected "
                                 f"{self.world_size} (the communicator's world size)")
-        self.device = _torch_device(comm.device if device is None else device)
+        self.device = _ops.torch_device("Group", comm.device if device is None else device)
         # A loader of the caller's (a CPU stand-in) also loads the all-to-all with run-time
         # sizes (purlinc.torch.sized); the default one is purlinc.load with a capacity there.
         self.custom_loader = loader is not None

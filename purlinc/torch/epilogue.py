@@ -153,6 +153,7 @@ class FusedAddRMSNorm:
     """``f(x, residual, weight, eps) -> y`` over a loaded collective with such an epilogue."""
 
     def __init__(self, coll, *, device=None):
+        _ops.require_loaded("fused_add_rmsnorm_op", coll)
         spec = coll.spec if hasattr(coll, "spec") else coll.compiled.spec
         epilogue = spec.epilogue
         shape = tuple((o.name, o.kind, o.written) for o in epilogue.operands) if epilogue else None
@@ -160,8 +161,7 @@ class FusedAddRMSNorm:
             have = ", ".join(o.format() for o in epilogue.operands) if epilogue else "no epilogue"
             raise ArgumentError(f"fused_add_rmsnorm: {spec.name} must have an epilogue taking rows residual "
                                 f"(written), row weight and scalar eps; it has {have}")
-        dev = coll.comm.device if device is None else device
-        dev = torch.device("cuda", dev) if isinstance(dev, int) else torch.device(dev)
+        dev = _ops.torch_device("fused_add_rmsnorm_op", coll.comm.device if device is None else device)
         self.entry = Entry(spec.name, spec, coll.comm, dev, collective=coll)
         # the communicator's sequence tensor, shared with its other collectives (Group, op()):
         # the chain that keeps them all in program order

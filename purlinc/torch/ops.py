@@ -152,6 +152,56 @@ def require_tensors(where: str, named) -> None:
     for label, t in named:
         if not isinstance(t, torch.Tensor):
             fail(f"{where}: {label} must be a torch.Tensor, got {type(t).__name__}")
+        _require_dense(where, label, t)
+
+
+def _require_dense(where: str, label: str, t) -> None:
+    """A dense tensor, whose memory is its values: a quantized tensor's bytes lack its scale and
+    zero point (carried as bytes, its view crashed torch), a sparse one's are an index."""
+    if t.is_quantized:
+        fail(f"{where}: {label} is a quantized tensor ({str(t.dtype).removeprefix('torch.')}); expected a dense "
+             "tensor of plain values", notes=("pass t.int_repr() (its integers) and carry the scale apart, or "
+                                              "t.dequantize()",))
+    if t.layout != torch.strided:
+        fail(f"{where}: {label} has layout {str(t.layout).removeprefix('torch.')}; expected a dense (strided) tensor",
+             notes=("pass t.to_dense()",))
+
+
+def torch_device(where: str, device) -> "torch.device":
+    """``device=`` as a torch.device: an int is a CUDA ordinal; torch's own refusal of a bad
+    string ("Invalid device string") named by the argument."""
+    if isinstance(device, torch.device):
+        return device
+    if isinstance(device, int) and not isinstance(device, bool):
+        return torch.device("cuda", device)
+    if isinstance(device, str):
+        try:
+            return torch.device(device)
+        except RuntimeError:
+            pass
+    raise ArgumentError(f"{where}: device={device!r}, expected a torch.device, a device string such as 'cuda:0', "
+                        "or a CUDA ordinal")
+
+
+def require_communicator(where: str, comm) -> None:
+    """``comm`` what a Group stands on: a Purlin communicator (rank, world size, device)."""
+    if not all(hasattr(comm, attr) for attr in ("rank", "world_size", "device")):
+        raise ArgumentError(f"{where}: comm must be a Purlin communicator (purlinc.Communicator.from_env(), "
+                            f"from_store(...)), got {type(comm).__name__}")
+
+
+def require_loaded(where: str, coll) -> None:
+    """``coll`` one rank's loaded collective (``purlinc.load(...)`` on a Communicator): a LocalGroup's
+    takes a list per call, which these ops cannot pass, and a path or text is not loaded yet."""
+    if isinstance(coll, (str, bytes)) or hasattr(coll, "__fspath__"):
+        raise ArgumentError(f"{where}: expected a loaded collective, got {type(coll).__name__} {coll!r}",
+                            notes=("load it first: purlinc.load(path, comm)",))
+    if hasattr(coll, "ranks") and hasattr(coll, "__getitem__"):  # GroupCollective, TunedGroup
+        raise ArgumentError(f"{where}: expected one rank's collective, got a LocalGroup's ({type(coll).__name__}), "
+                            "whose calls take a list of tensors", notes=("pass one rank's: coll[rank]",))
+    if not hasattr(coll, "comm") or not (hasattr(coll, "spec") or hasattr(coll, "compiled")):
+        raise ArgumentError(f"{where}: expected a loaded collective (purlinc.load(path, comm)), "
+                            f"got {type(coll).__name__}")
 
 
 def require_list(where: str, label: str, value) -> None:

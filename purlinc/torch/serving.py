@@ -34,7 +34,7 @@ class PurlinAllReduce:
         from purlinc.torch import group_of
 
         self.group = group_of(group)
-        self.max_bytes = int(max_bytes)
+        self.max_bytes = _max_bytes(max_bytes)
         self.disabled = False
         self._capturing = False
 
@@ -44,6 +44,7 @@ class PurlinAllReduce:
     def should_custom_ar(self, inp: torch.Tensor) -> bool:
         """Whether ``custom_all_reduce(inp)`` takes this tensor: the group's device, a dtype Purlin
         reduces, contiguous, a multiple of 16 bytes, under ``max_bytes``."""
+        _ops.require_tensors("PurlinAllReduce.should_custom_ar", [("inp", inp)])
         if self.disabled or inp.device != self.group.device or not inp.is_contiguous() or inp.is_neg():
             return False
         dtype = _ops.dtype_of(inp)
@@ -83,6 +84,20 @@ class PurlinAllReduce:
 
     def close(self) -> None:
         self.disabled = True
+
+
+def _max_bytes(value) -> int:
+    """``max_bytes=`` as a whole number of bytes >= 0: int() read "8" as 8 and cut 1.5 to 1."""
+    from purlinc.runtime.errors import ArgumentError
+    from purlinc.runtime.validate import integer
+
+    try:
+        n = integer(value)
+    except TypeError:
+        n = -1
+    if n < 0:
+        raise ArgumentError(f"PurlinAllReduce: max_bytes={value!r}, expected a whole number of bytes >= 0")
+    return n
 
 
 def _like(where: str, out, inp) -> None:

@@ -20,7 +20,8 @@ Custom ops (all taking a handle of :func:`handle`):
         what a compiled ``all_to_all_vdev`` calls
 
 The functional form's output has the capacity's shape, ``[R * capacity_rows, *x.shape[1:]]``
-(its fake implementation says so without a GPU); rows past the received ones are not written.
+(its fake implementation says so without a GPU); rows past the received ones are zeros (the
+out forms leave them as they were).
 The fake implementations check what the real ones check (``_check``, ``_check_splits``).
 """
 
@@ -303,7 +304,10 @@ def all_to_all_single(group, output, input, output_split_sizes=None, input_split
     s = state_of(group)
     R = s.world_size
     _check_data(where, s, input, output)
-    _check_apart(where, [("output", output)], [("input", input)], fake=False)  # as the device form does
+    from purlinc.torch.ops import overlap
+
+    if overlap(output, input, fake=False):  # in place: read from a copy, as the equal form does (the kernel
+        input = input.clone()               # reads input while it writes output)
     in_row, out_row = _row_elements(where, input), _row_elements(where, output, "output")
     _row_within_capacity(where, s, "input", in_row)
     _row_within_capacity(where, s, "output", out_row)
@@ -363,7 +367,9 @@ def define():
 
     def functional(x, in_splits, handle):
         s = state(handle)
-        out = x.new_empty((s.world_size * capacity_rows(s, x), *x.shape[1:]))
+        # zeros, not empty: rows past the received ones are the op's output too, and a functional
+        # op's output is a value (AOT and inductor may compute it twice and compare or reuse it)
+        out = x.new_zeros((s.world_size * capacity_rows(s, x), *x.shape[1:]))
         out_splits = in_splits.new_empty(s.world_size)
         all_to_all_vdev(s.group_ref(), x, out, in_splits, out_splits)
         return out, out_splits
