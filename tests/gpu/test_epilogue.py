@@ -110,9 +110,10 @@ def test_long_rows_at_many_ranks(world, hidden, schedule):
 def test_default_schedule_for_every_row_count(world):
     """A plain load (no options): each call runs the bucket its rows fall in (tuning.epilogue_model:
     LL on one block, LL on 8, the fused pass on 32 and 64 channels, capped for ranks that share
-    the GPU), every size against the reference."""
+    the GPU), every size against the reference; an empty batch (0 rows: a bf16 call with
+    nothing to move, which the operands' checks once took for float32) first and between."""
     with _loopback(SPEC, world, 200 + world) as (coll, streams, gen):
-        for rows in (1, 2, 4, 5, 16, 33, 64, 300):
+        for rows in (0, 1, 2, 4, 5, 16, 0, 33, 64, 300):
             _run_and_check(coll, streams, world, rows, gen, f"R={world} default schedule, rows={rows},")
 
 

@@ -400,6 +400,22 @@ def test_all_to_all_single_counts_each_tensors_own_rows():
             assert torch.equal(outs[r].reshape(-1), want.reshape(-1)), f"rank {r}"
 
 
+def test_all_to_all_single_in_place_reads_from_a_copy():
+    """Split lists with output = input (the equal form's in-place call): the kernel reads a copy
+    of input, so no rank reads rows a peer has already overwritten; R=4 loopback ranks, even
+    lists (in place needs each rank to receive as many rows as it sends)."""
+    R, H = 4, 8
+    with _torch_ranks(R, CAPACITY * H) as (group, a2a, ranks):
+        splits = [[3] * R for _ in range(R)]
+        inputs = [torch.randn(3 * R, H, device=f"cuda:{DEVICE}") for _ in range(R)]
+        before = [x.clone() for x in inputs]
+        _all_to_all_single_on_ranks(group, ranks, inputs, inputs, splits, splits)
+        a2a.check()
+        for r in range(R):
+            want = torch.cat([before[src][3 * r:3 * r + 3] for src in range(R)])
+            assert torch.equal(inputs[r], want), f"rank {r}"
+
+
 def test_all_to_all_single_does_not_wait_for_the_gpu_and_refuses_a_capture():
     """Host split lists reach the GPU by a copy that does not block the host: a call issued
     behind 50 ms of queued work returns while that work still runs (a copy from pageable memory
