@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from purlinc.runtime.rendezvous import (
@@ -628,3 +629,97 @@ def test_ranks_in_different_exchanges_are_a_mismatch_that_stops_the_communicator
     with pytest.raises(MismatchError, match=r"\(rank 0: zero-copy, rank 1: graph-buffers\)"):
         check_exchange(checked, ("zero-copy", "x", 1), lambda error: MismatchError("unused"))
     assert checked.failed is not None
+
+
+@pytest.mark.parametrize("obj, where, kind", [
+    ({"count": np.int64(3)}, "obj['count']", "numpy.int64"),
+    (lambda: 0, "obj", "function"),
+    (("load", [1, {2.5: {b"k", 1j}}]), "a member of obj[1][1][2.5]", "complex"),
+])
+def test_an_object_that_is_not_plain_data_is_refused_before_it_is_sent(tmp_path, obj, where, kind):
+    """The sender pickled it, then its own read-back called the record "not a Purlin rendezvous
+    record" of "another program" (a NumPy integer), or pickle failed bare (a lambda)."""
+    from purlinc.runtime.communicator import Communicator, _reporting
+    from purlinc.runtime.errors import ArgumentError
+
+    store = FileStore(tmp_path, timeout=1)
+    holder: list = []
+    holder.append(Communicator(0, 1, 0, None, _reporting(Exchange(store, 0, 1), 0, 1.0, holder)))
+    with pytest.raises(ArgumentError) as info:
+        holder[0].allgather(obj)
+    assert not isinstance(info.value, RendezvousError)  # which would stop the communicator
+    assert info.value.message.startswith(f"allgather: {where} is a {kind} (")
+    assert info.value.message.endswith("which the ranks cannot exchange: expected plain data only (None, bool, "
+                                       "int, float, str, bytes, bytearray, and tuples, lists, dicts, sets and "
+                                       "frozensets of them)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "purlin%2Fgeneration%2F0"]  # nothing written
+    assert holder[0].failed is None and holder[0].allgather({"count": 3}) == [{"count": 3}]  # still round 0's turn
+    assert (tmp_path / "purlin%2Fg1%2F0%2F0").exists()
+
+
+@pytest.mark.parametrize("directory", [None, "", 5, b"/tmp"])
+def test_a_file_store_directory_must_be_a_path(directory):
+    from purlinc.runtime.errors import ArgumentError
+
+    with pytest.raises(ArgumentError) as info:  # a bare TypeError from Path(None) before
+        FileStore(directory)
+    assert isinstance(info.value, RendezvousError)
+    assert info.value.message == ("FileStore: directory must be a path (a non-empty str or os.PathLike) every rank "
+                                  f"can see, got {directory!r}")
+
+
+def test_a_key_whose_file_is_a_directory_is_named_with_its_path(tmp_path):
+    """get, add and delete raised a bare IsADirectoryError, which named neither the key nor the store."""
+    store = FileStore(tmp_path, timeout=1)
+    (tmp_path / "k").mkdir()
+    for op, call in (("get", lambda: store.get("k")), ("add", lambda: store.add("k", 1)),
+                     ("set", lambda: store.set("k", b"v")), ("delete", lambda: store.delete(["k"]))):
+        with pytest.raises(RendezvousError) as info:
+            call()
+        assert info.value.message.startswith(f"{op}: key 'k' of the file store {tmp_path} cannot be used: its file "
+                                             f"{tmp_path / 'k'} cannot be read or written (")
+        assert "is something else in its place (a directory" in info.value.notes[0]
+
+
+def test_a_key_that_is_not_utf8_is_refused_by_the_key_check(tmp_path):
+    """A lone surrogate passed the check, then failed as a UnicodeEncodeError in the store."""
+    for store in (FileStore(tmp_path, timeout=1), TCPStore("127.0.0.1", 0, is_server=True, timeout=5)):
+        try:
+            for call in (lambda: store.set("a\udcff", b"x"), lambda: store.get("a\udcff"),
+                         lambda: store.add("a\udcff", 1)):
+                with pytest.raises(RendezvousError) as info:
+                    call()
+                assert info.value.message == ("a store key is UTF-8 text, got 'a\\udcff' with the lone surrogate "
+                                              "'\\udcff' at index 1")
+        finally:
+            store.close(wait=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("delta, shown", [("5", "'5' (str)"), (1.5, "1.5 (float)"), (True, "True (bool)"),
+                                          (None, "None (NoneType)")])
+def test_add_takes_an_integer_delta(tmp_path, delta, shown):
+    """int() read "5" as 5 and cut 1.5 to 1."""
+    from purlinc.runtime.errors import ArgumentError
+
+    for store in (FileStore(tmp_path, timeout=1), TCPStore("127.0.0.1", 0, is_server=True, timeout=5)):
+        try:
+            with pytest.raises(ArgumentError) as info:
+                store.add("c", delta)
+            assert info.value.message == f"add: delta must be an integer, got {shown}"
+            assert store.add("c", np.int64(2)) == 2  # nothing was added by the refused call
+        finally:
+            store.close(wait=False)
+
+
+@pytest.mark.parametrize("name, raw", [("RANK", "1_0"), ("WORLD_SIZE", "1" + "0" * 23), ("RANK", "+1"),
+                                       ("LOCAL_RANK", "-1"), ("WORLD_SIZE", "\u0663"), ("MASTER_PORT", "9" * 5000),
+                                       ("WORLD_SIZE", str((1 << 20) + 1))])
+def test_env_integers_are_digits_up_to_a_bound(name, raw):
+    """int() read RANK=1_0 as 10 and took WORLD_SIZE=10**23 as given."""
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "29500", name: raw}
+    with pytest.raises(RendezvousError) as info:
+        env_info(env)
+    assert info.value.message == (f"environment variable {name} must be an integer, got {raw!r}: expected decimal "
+                                  "digits only, a number from 0 to 1,048,576")
+    assert env_info({**env, name: " 1 " if name != "WORLD_SIZE" else str(1 << 20)})  # spaces and the bound itself pass

@@ -276,7 +276,9 @@ class Communicator:
         """Every rank's ``obj``, in rank order (a collective over the host).  The runtime's
         records are tuples that begin with the exchange's kind ("load", "call", "heap-block",
         ...): ranks whose records name different kinds made different calls at the same point,
-        and are refused (MismatchError; the communicator stops)."""
+        and are refused (MismatchError; the communicator stops).  ``obj`` is plain data
+        (``rendezvous.PLAIN_DATA``); anything else is refused before it is sent (ArgumentError;
+        the communicator goes on)."""
         if self._exchange is None:
             raise RuntimeError("a LocalGroup member exchanges through its group (use the group's calls)")
         if self.failed is not None:  # its peers' rounds are not this one's any more

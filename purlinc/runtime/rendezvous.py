@@ -15,8 +15,9 @@ can form a communicator:
 round ``n - 2`` (which every peer has read by then).  The generation counts the Exchanges a
 rank made on the store, so a communicator made again on one store never reads its
 predecessor's rounds.
-Objects travel as pickles of plain data only (tuples, lists, dicts, str, bytes, numbers): the
-unpickler refuses every global, so a peer cannot make this process import or call anything.
+Objects travel as pickles of plain data only (tuples, lists, dicts, sets, str, bytes, numbers): the
+unpickler refuses every global, so a peer cannot make this process import or call anything, and
+the sender refuses anything else (an ArgumentError) before it writes.
 
 Every wait is bounded (``timeout`` seconds; :func:`purlinc.runtime.rendezvous.env_info` reads
 the usual variables ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``)
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import io
+import operator
 import os
 import pickle
 import socket
@@ -40,7 +42,7 @@ from pathlib import Path
 
 from purlinc import settings
 from purlinc.errors import PurlinError
-from purlinc.runtime.errors import MismatchError
+from purlinc.runtime.errors import ArgumentError, MismatchError
 
 DEFAULT_TIMEOUT_S = 300.0
 MOST_TIMEOUT_S = settings.MOST_WAIT_S  # as PURLIN_WAIT_TIMEOUT_S
@@ -59,6 +61,12 @@ _OK, _MISSING, _BAD = b"K", b"M", b"E"
 
 class RendezvousError(PurlinError):
     """The ranks could not meet: bad environment variables, an unreachable store, bad data."""
+
+
+class RendezvousArgumentError(RendezvousError, ArgumentError):
+    """A store's or an Exchange's argument is wrong (a directory, key, value, delta, timeout, port,
+    rank); nothing was written.  Both classes: a launcher script catches RendezvousError around its
+    set-up, and the runtime's callers catch ArgumentError for every bad argument."""
 
 
 class RendezvousTimeout(RendezvousError, TimeoutError):
@@ -85,16 +93,33 @@ class EnvInfo:
     master_port: int
 
 
+# The most ranks (and the largest LOCAL_RANK or MASTER_PORT) the environment may name: a million,
+# ten times the largest jobs run; WORLD_SIZE=10**23 was taken as given.
+MOST_RANKS = 1 << 20
+
+
 def _int_var(environ: Mapping[str, str], name: str, default: str | None = None) -> int:
+    """A whole number in decimal digits, as the PURLIN_* settings read theirs: int() alone read
+    RANK=1_0 as 10 (and "+3", or Unicode digits), which no shell user means."""
     raw = environ.get(name, default)
     if raw is None:
         raise RendezvousError(f"environment variable {name} is not set",
                               notes=("a launcher (torchrun, mpirun, a script) sets RANK, WORLD_SIZE, LOCAL_RANK, "
                                      "MASTER_ADDR and MASTER_PORT for every process",))
-    try:
-        return int(raw)
-    except ValueError:
-        raise RendezvousError(f"environment variable {name} must be an integer, got {raw!r}") from None
+    digits = raw.strip()
+    if not _small_digits(digits):
+        raise RendezvousError(f"environment variable {name} must be an integer, got {raw!r}: expected decimal "
+                              f"digits only, a number from 0 to {MOST_RANKS:,}")
+    return int(digits)
+
+
+def _small_digits(text: str) -> bool:
+    """Whether ``text`` is ASCII digits of a number at most MOST_RANKS (its length checked first:
+    int() refuses strings of more than 4,300 digits with a ValueError of its own)."""
+    if not (text.isascii() and text.isdigit()):
+        return False
+    significant = text.lstrip("0") or "0"
+    return len(significant) <= len(str(MOST_RANKS)) and int(significant) <= MOST_RANKS
 
 
 def env_info(environ: Mapping[str, str] | None = None) -> EnvInfo:
@@ -109,8 +134,6 @@ def env_info(environ: Mapping[str, str] | None = None) -> EnvInfo:
         raise RendezvousError(f"WORLD_SIZE must be at least 1, got {world}")
     if not 0 <= rank < world:
         raise RendezvousError(f"RANK must be in [0, {world}) (WORLD_SIZE={world}), got {rank}")
-    if local < 0:
-        raise RendezvousError(f"LOCAL_RANK must be >= 0, got {local}")
     if not 0 <= port < 65536:
         raise RendezvousError(f"MASTER_PORT must be a TCP port (0..65535), got {port}")
     if port == 0 and world > 1:  # rank 0 would serve on a port of the system's choosing, which no peer knows
@@ -130,6 +153,73 @@ class _PlainUnpickler(pickle.Unpickler):
 
 def dumps(obj) -> bytes:
     return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+# What pickles without a global, and so what loads() reads back (bytearray, set and frozenset
+# have opcodes of their own since protocol 4 and 5).  Exact types: a subclass of int or dict (an
+# IntEnum, a namedtuple, an OrderedDict) pickles as a reference to its class.
+_PLAIN_VALUES = (type(None), bool, int, float, str, bytes, bytearray)
+_PLAIN_CONTAINERS = (tuple, list, dict, set, frozenset)
+PLAIN_DATA = ("None, bool, int, float, str, bytes, bytearray, and tuples, lists, dicts, sets and frozensets "
+              "of them")
+
+
+def check_plain(obj) -> None:
+    """Refuse ``obj`` (ArgumentError) unless every value in it is plain data: a peer's loads()
+    refuses the rest, and the sender's own read-back called its record "not a Purlin record"
+    (a NumPy integer), or pickle failed with a bare AttributeError (a lambda)."""
+    found = _first_unplain(obj)
+    if found is None:
+        return
+    where, value = found
+    raise ArgumentError(
+        f"allgather: {where} is a {_type_name(value)} ({_shown(value)}), which the ranks cannot exchange: "
+        f"expected plain data only ({PLAIN_DATA})",
+        notes=("convert it first (int(x), float(x), array.tolist(), bytes(buffer)): the ranks read each other's "
+               "records with an unpickler that refuses every class, so a peer cannot make them import or call "
+               "anything",))
+
+
+def _first_unplain(obj) -> tuple[str, object] | None:
+    """Where the first value that is not plain data sits in ``obj`` (a path such as
+    "obj['count'][2]") and the value; None when there is none.  A walk with a stack, not
+    recursion, and each container visited once: a list that holds itself pickles (the memo)."""
+    stack, seen = [("obj", obj)], set()
+    while stack:
+        where, value = stack.pop()
+        kind = type(value)
+        if kind in _PLAIN_VALUES:
+            continue
+        if kind not in _PLAIN_CONTAINERS:
+            return where, value
+        if id(value) not in seen:
+            seen.add(id(value))
+            stack.extend(reversed(list(_members(where, value))))  # reversed: the first in order is found first
+    return None
+
+
+def _members(where: str, container):
+    """(path, value) of each member of a plain container; a dict gives each key, then its value."""
+    if type(container) is dict:
+        for key, value in container.items():
+            yield f"a key of {where}", key
+            yield f"{where}[{_shown(key)}]", value
+    elif type(container) in (tuple, list):
+        for index, value in enumerate(container):
+            yield f"{where}[{index}]", value
+    else:
+        for value in container:
+            yield f"a member of {where}", value
+
+
+def _type_name(value) -> str:
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _shown(value, most: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= most else text[:most] + "..."
 
 
 def loads(data: bytes):
@@ -271,44 +361,61 @@ def _seconds(what: str, value) -> float:
     except (TypeError, ValueError, OverflowError):
         seconds = float("nan")
     if isinstance(value, bool) or not (0 < seconds <= MOST_TIMEOUT_S):
-        raise RendezvousError(f"{what} must be a finite number of seconds above 0, at most {MOST_TIMEOUT_S:g} "
-                              f"(11 days), got {value!r}")
+        raise RendezvousArgumentError(f"{what} must be a finite number of seconds above 0, at most "
+                                      f"{MOST_TIMEOUT_S:g} (11 days), got {value!r}")
     return seconds
 
 
 def _key(key) -> str:
-    """A store key: a non-empty string (FileStore makes a file name of it, TCPStore a frame)."""
+    """A store key: a non-empty string of UTF-8 text (FileStore makes a file name of it, TCPStore a
+    frame; both encode it as UTF-8, which a lone surrogate such as '\\udcff' fails)."""
     if not isinstance(key, str) or not key or "\0" in key:
-        raise RendezvousError(f"a store key is a non-empty string without NUL, got {key!r}")
-    size = len(key.encode(errors="surrogatepass"))
+        raise RendezvousArgumentError(f"a store key is a non-empty string without NUL, got {key!r}")
+    try:
+        size = len(key.encode())
+    except UnicodeEncodeError as error:
+        raise RendezvousArgumentError(
+            f"a store key is UTF-8 text, got {_shown(key)} with the lone surrogate {key[error.start]!r} at index "
+            f"{error.start}") from None
     if size > MAX_KEY_BYTES:
-        raise RendezvousError(f"a store key is at most {MAX_KEY_BYTES:,} bytes, got {size:,}")
+        raise RendezvousArgumentError(f"a store key is at most {MAX_KEY_BYTES:,} bytes, got {size:,}")
     return key
 
 
 def _keys(keys) -> list[str]:
     """Keys to delete: a list of keys (a bare string would be read as its characters)."""
     if isinstance(keys, (str, bytes)):
-        raise RendezvousError(f"delete takes a list of keys, got the string {keys!r}")
+        raise RendezvousArgumentError(f"delete takes a list of keys, got the string {keys!r}")
     return [_key(k) for k in keys]
 
 
 def _value(value) -> bytes:
     """A store value: bytes (``bytes(3)`` would store three zero bytes, not "3"), at most MAX_VALUE_BYTES."""
     if not isinstance(value, (bytes, bytearray, memoryview)):
-        raise RendezvousError(f"a store value is bytes, got {type(value).__name__}")
+        raise RendezvousArgumentError(f"a store value is bytes, got {type(value).__name__}")
     size = memoryview(value).nbytes
     if size > MAX_VALUE_BYTES:  # before any copy
-        raise RendezvousError(f"a store value is at most {MAX_VALUE_BYTES:,} bytes, got {size:,}",
-                              notes=("the rendezvous carries small host-side records; send data through a collective",))
+        raise RendezvousArgumentError(f"a store value is at most {MAX_VALUE_BYTES:,} bytes, got {size:,}",
+                                      notes=("the rendezvous carries small host-side records; send data through a "
+                                             "collective",))
     return bytes(value)
+
+
+def _delta(delta) -> int:
+    """add's delta: an integer (int() read "5" as 5 and cut 1.5 to 1; a bool is no count)."""
+    try:
+        if not isinstance(delta, bool):
+            return operator.index(delta)  # an int, or a NumPy integer
+    except TypeError:
+        pass
+    raise RendezvousArgumentError(f"add: delta must be an integer, got {_shown(delta)} ({_type_name(delta)})")
 
 
 def _port(value, *, server: bool) -> int:
     """A TCP port: 1..65535 (0 too for a server: the system picks a free one)."""
     if isinstance(value, bool) or not isinstance(value, int) or not (0 if server else 1) <= value <= 65535:
         allowed = "0 (any free port) or 1..65535" if server else "1..65535"
-        raise RendezvousError(f"port must be an integer in {allowed}, got {value!r}")
+        raise RendezvousArgumentError(f"port must be an integer in {allowed}, got {value!r}")
     return value
 
 
@@ -324,7 +431,7 @@ class TCPStore:
 
     def __init__(self, host: str, port: int, *, is_server: bool = False, timeout: float = DEFAULT_TIMEOUT_S):
         if not isinstance(host, str) or not host.strip():
-            raise RendezvousError(f"host must be a host name or address, got {host!r}")
+            raise RendezvousArgumentError(f"host must be a host name or address, got {host!r}")
         self.host, self.timeout = host, _seconds("timeout", timeout)
         port = _port(port, server=is_server)
         self._server: _Server | None = None
@@ -429,7 +536,7 @@ class TCPStore:
         return value
 
     def add(self, key: str, delta: int) -> int:
-        return int(self._request(_ADD, _key(key), str(int(delta)).encode())[1])
+        return int(self._request(_ADD, _key(key), str(_delta(delta)).encode())[1])
 
     def delete(self, keys: list[str]) -> None:
         self._request(_DELETE, "", dumps(_keys(keys)))
@@ -455,12 +562,22 @@ class TCPStore:
 # file store
 
 
+def _directory(directory) -> Path:
+    """FileStore's directory: a str or os.PathLike (Path(None) was a bare TypeError, and Path("")
+    the working directory, which no rank means)."""
+    path = os.fspath(directory) if isinstance(directory, os.PathLike) else directory
+    if not isinstance(path, str) or not path:
+        raise RendezvousArgumentError(f"FileStore: directory must be a path (a non-empty str or os.PathLike) every "
+                                      f"rank can see, got {_shown(directory)}")
+    return Path(path)
+
+
 class FileStore:
     """Keys as files under ``directory`` (created if missing); every rank must see the same one."""
 
     def __init__(self, directory: str | os.PathLike, *, timeout: float = DEFAULT_TIMEOUT_S):
         self.timeout = _seconds("timeout", timeout)
-        self.directory = Path(directory)
+        self.directory = _directory(directory)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as error:  # a file there, a missing mount, no permission
@@ -481,12 +598,32 @@ class FileStore:
             name = name[:100] + "%%" + hashlib.sha256(name.encode()).hexdigest()
         return self.directory / name
 
+    def _unusable(self, op: str, key: str, path: Path, error: OSError) -> RendezvousError:
+        """The error for a key whose file cannot be read or written (a directory in its place, a
+        full disk): IsADirectoryError and the like named neither the key nor the store."""
+        return RendezvousError(
+            f"{op}: key {key!r} of the file store {self.directory} cannot be used: its file {path} cannot be read "
+            f"or written ({error.strerror or error})",
+            notes=("is something else in its place (a directory, another user's file)? Give Purlin a directory of its "
+                   "own; or is the directory's file system full or gone?",))
+
+    def _read(self, op: str, key: str, path: Path) -> bytes | None:
+        """The key's value, or None while its file is missing."""
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            raise self._unusable(op, key, path, error) from None
+
     def set(self, key: str, value: bytes) -> None:
         path, data = self._path(key), _value(value)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             tmp.write_bytes(data)
             os.replace(tmp, path)  # readers see the whole value or nothing
+        except OSError as error:
+            raise self._unusable("set", key, path, error) from None
         finally:
             tmp.unlink(missing_ok=True)  # after a failed write or rename; gone already after a good one
 
@@ -495,26 +632,27 @@ class FileStore:
         deadline = time.monotonic() + wait
         path, delay = self._path(key), 0.001
         while True:
-            try:
-                return path.read_bytes()
-            except FileNotFoundError:
-                if time.monotonic() >= deadline:
-                    raise RendezvousTimeout(f"key {key!r} did not appear in {self.directory} within {wait:g} s") from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.05)
+            value = self._read("get", key, path)
+            if value is not None:
+                return value
+            if time.monotonic() >= deadline:
+                raise RendezvousTimeout(f"key {key!r} did not appear in {self.directory} within {wait:g} s")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
 
     def add(self, key: str, delta: int) -> int:
         import fcntl
 
+        path, delta = self._path(key), _delta(delta)
         with open(self.directory / ".lock", "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                path = self._path(key)
+                held = self._read("add", key, path)
                 try:
-                    value = int(path.read_bytes()) if path.exists() else 0
+                    value = 0 if held is None else int(held)
                 except ValueError:
-                    raise RendezvousError(f"add: key {key!r} holds {path.read_bytes()[:40]!r}, not a number") from None
-                value += int(delta)
+                    raise RendezvousError(f"add: key {key!r} holds {held[:40]!r}, not a number") from None
+                value += delta
                 self.set(key, str(value).encode())
                 return value
             finally:
@@ -522,10 +660,13 @@ class FileStore:
 
     def delete(self, keys: list[str]) -> None:
         for key in _keys(keys):
+            path = self._path(key)
             try:
-                self._path(key).unlink()
+                path.unlink()
             except FileNotFoundError:
                 pass
+            except OSError as error:
+                raise self._unusable("delete", key, path, error) from None
 
     def close(self, *, wait: bool = True) -> None:
         pass
@@ -544,13 +685,13 @@ class Exchange:
     def __init__(self, store, rank: int, world_size: int, *, prefix: str = "purlin", timeout: float | None = None):
         for name, value in (("rank", rank), ("world_size", world_size)):
             if isinstance(value, bool) or not isinstance(value, int):
-                raise RendezvousError(f"{name} must be an integer, got {value!r}")
+                raise RendezvousArgumentError(f"{name} must be an integer, got {value!r}")
         if not 0 <= rank < world_size:
-            raise RendezvousError(f"rank {rank} is outside the world of {world_size} ranks")
+            raise RendezvousArgumentError(f"rank {rank} is outside the world of {world_size} ranks")
         missing = [op for op in ("set", "get", "add", "delete") if not callable(getattr(store, op, None))]
         if missing:
-            raise RendezvousError(f"store {store!r} lacks {', '.join(missing)}: expected a TCPStore, a FileStore "
-                                  f"or another object with set, get, add and delete")
+            raise RendezvousArgumentError(f"store {store!r} lacks {', '.join(missing)}: expected a TCPStore, a "
+                                          "FileStore or another object with set, get, add and delete")
         self.store, self.rank, self.world_size, self.prefix = store, rank, world_size, prefix
         self.timeout = _seconds("timeout", timeout if timeout is not None else getattr(store, "timeout", DEFAULT_TIMEOUT_S))
         self.round = 0
@@ -563,6 +704,11 @@ class Exchange:
         self.base = f"{prefix}/g{self.generation}"
 
     def __call__(self, obj) -> list:
+        # Refused before anything is written or counted: the ranks stay in step, and the error is
+        # an ArgumentError, not a RendezvousError (which stops a communicator: its peers' state
+        # would be unknown).  Each record says whose it is: a peer started with another
+        # WORLD_SIZE (or writing under another rank's key) was gathered as if it belonged here.
+        record = self._record(obj)
         n = self.round
         self.round += 1
         base = f"{self.base}/{n}"
@@ -571,9 +717,7 @@ class Exchange:
             # all of round n-1: our round n-2 key is dead.  (No request after a round's last
             # read, so rank 0 -- the server -- may leave as soon as it has read.)
             self.store.delete([f"{self.base}/{n - 2}/{self.rank}"])
-        # Each record says whose it is: a peer started with another WORLD_SIZE (or writing
-        # under another rank's key) was gathered as if it belonged to this world.
-        self.store.set(f"{base}/{self.rank}", dumps((_RECORD, self.world_size, self.rank, obj)))
+        self.store.set(f"{base}/{self.rank}", record)
         gathered = []
         for peer in range(self.world_size):
             started = time.monotonic()
@@ -598,6 +742,18 @@ class Exchange:
                 ) from None
             gathered.append(self._unwrap(n, peer, data))
         return gathered
+
+    def _record(self, obj) -> bytes:
+        """This rank's record of ``obj``, once ``obj`` is shown to be plain data of a size the
+        store takes."""
+        check_plain(obj)
+        data = dumps((_RECORD, self.world_size, self.rank, obj))
+        if len(data) > MAX_VALUE_BYTES:
+            raise ArgumentError(f"allgather: obj pickles to {len(data):,} bytes, past the store's limit of "
+                                f"{MAX_VALUE_BYTES:,}",
+                                notes=("the rendezvous carries small host-side records; send data through a "
+                                       "collective",))
+        return data
 
     def _unwrap(self, n: int, peer: int, data: bytes):
         """The object in ``peer``'s record of round ``n``, once the record is shown to be a
