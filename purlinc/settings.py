@@ -207,8 +207,13 @@ def codegen_settings() -> dict[str, str]:
 
 
 def precompile_dtypes() -> tuple[str, ...]:
-    """The dtype names of PURLIN_PRECOMPILE, as written (the runtime checks them); () when off."""
+    """The dtype names of PURLIN_PRECOMPILE, as written (the runtime parses them); () when off.
+    An empty name is refused, not skipped: "," read as no names at all turned precompiling off."""
     raw = PRECOMPILE.raw().strip()
     if raw.lower() in ("none", *_FALSE):  # off as every switch spells it
         return ()
-    return tuple(dict.fromkeys(name.strip() for name in raw.split(",") if name.strip()))
+    names = tuple(name.strip() for name in raw.split(","))
+    if not all(names):
+        raise _refuse(PRECOMPILE, "dtype names separated by commas, none of them empty (e.g. float32,bf16), "
+                                  "or 0, none or off")
+    return tuple(dict.fromkeys(names))

@@ -196,3 +196,63 @@ def test_slots_for_an_algorithm_without_slots_are_refused(overrides, said):
 def test_an_unknown_reduce_op_is_a_purlin_error():
     with pytest.raises(PurlinError, match="unknown reduce op 'avg'; expected one of sum, prod, max, min"):
         pipeline.prepare(EXAMPLES / "allreduce.pln", world_size=2).kernel("float32", "avg")
+
+
+def test_a_path_is_text_only_with_both_words_and_no_such_file(cache_dir, tmp_path):
+    """A str path through a directory called run{1} was parsed as .pln text ("unexpected '/'"):
+    text is what contains 'collective' and '{' and names no file; a NUL byte in a path raised
+    a bare ValueError from open()."""
+    braces = tmp_path / "run{1}" / "ag.pln"
+    named = tmp_path / "collective{1}.pln"  # both words, but a file that exists: read it
+    for path in (braces, named):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text((EXAMPLES / "allgather.pln").read_text())
+        source = pipeline.load_source(str(path))
+        assert source.filename == str(path) and source.text == path.read_text()
+    assert pipeline.prepare(str(braces), world_size=2).schedule.collective == "allgather"
+    missing = str(tmp_path / "run{2}" / "ag.pln")
+    with pytest.raises(PurlinError) as info:
+        pipeline.load_source(missing)
+    assert info.value.message == f"no such file: {missing}"
+    with pytest.raises(PurlinError) as info:
+        pipeline.compile("exa\x00mples.pln", world_size=2)
+    assert info.value.message == "cannot read 'exa\\x00mples.pln': a path cannot contain a NUL byte"
+
+
+@pytest.mark.parametrize("trace", ["no", "0", 1, None])
+def test_prepare_refuses_a_trace_that_is_not_a_bool_as_a_load_does(trace):
+    """bool("no") is True: prepare(trace="no") built traced kernels, where load() refuses it."""
+    from purlinc.runtime.options import LoadOptions
+
+    with pytest.raises(PurlinError) as info:
+        pipeline.prepare(EXAMPLES / "allgather.pln", world_size=2, trace=trace)
+    assert info.value.message == f"trace must be True or False, got {trace!r}"
+    if trace is not None:  # None is the load's "not given" (PURLIN_TRACE decides)
+        with pytest.raises(PurlinError) as info_load:
+            LoadOptions.of(trace=trace)
+        assert info_load.value.message == info.value.message
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"overrides": "abc"}, "overrides must map lowering option names to values, e.g. {'channels': 2}; got 'abc' (str)"),
+    ({"overrides": 5}, "overrides must map lowering option names to values, e.g. {'channels': 2}; got 5 (int)"),
+    ({"overrides": {1: 2}}, "overrides must map lowering option names (strings) to values, e.g. {'channels': 2}; "
+                            "got the name 1 (int)"),
+    ({"options": 5}, "options must be a LowerOptions (purlinc.snac.ir), got 5 (int)"),
+    ({"options": {"channels": 2}}, "options must be a LowerOptions (purlinc.snac.ir), got {'channels': 2} (dict)"),
+    ({"options": LowerOptions(algorithm="rign")}, "unknown algorithm 'rign'"),
+])
+def test_pipeline_arguments_of_the_wrong_type_are_named(kw, message):
+    """A ValueError from dict(), a TypeError from sorting or an AttributeError from .key() said
+    nothing of which argument was wrong."""
+    with pytest.raises(PurlinError) as info:
+        pipeline.prepare(EXAMPLES / "allgather.pln", world_size=2, **kw)
+    assert info.value.message == message
+
+
+def test_options_may_name_their_algorithm(cache_dir):
+    """LowerOptions(algorithm="ring") is built without complaint: the pipeline looks the name up."""
+    compiled = pipeline.prepare(EXAMPLES / "allgather.pln", world_size=2, options=LowerOptions(algorithm="ring"))
+    assert compiled.schedule.options.algorithm is Algorithm.RING
+    assert compiled.key == pipeline.prepare(EXAMPLES / "allgather.pln", world_size=2,
+                                            options=LowerOptions(algorithm=Algorithm.RING)).key

@@ -1,9 +1,15 @@
 """The frontend at its edges: epilogue expressions too deep for any later stage, line breaks
 other than '\\n', a byte-order mark, wide characters before a caret, and the messages of
 mistakes in ``with`` clauses and literals.  Every case is a located ``PurlinError`` (or, from
-the CLI, exit status 2 and no traceback)."""
+the CLI, exit status 2 and no traceback).  And the parser's tables in the cache directory: a
+damaged file, or something other than a file, is rebuilt, never a crash or a hang."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +19,8 @@ from purlinc.frontend.check import check
 from purlinc.frontend.epilogue import MAX_DEPTH
 from purlinc.frontend.parse import parse, parse_file
 from purlinc.frontend.source import decode_source
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def diagnose(source: str, world_size: int = 2, filename: str = "spec.pln") -> PurlinError:
@@ -362,3 +370,73 @@ def test_an_epilogue_value_missing_under_crlf_tabs_and_comments(variant):
     column = {"crlf": 12, "tabs": 6, "comment": 12}[variant]
     assert lines(error)[0] == f"spec.pln:6:{column}: {CUT_MESSAGE}"
     assert lines(error)[2] == "               ^"  # just past the '=', a tab being 4 cells
+
+
+# --- 7. the parser's tables in the cache directory follow the cache's rules ----------------
+
+@pytest.fixture
+def tables(tmp_path, monkeypatch):
+    """The path of the parser's tables in an empty cache, and a parser built afresh on each
+    ``lalr.parser()`` after ``lalr.parser.cache_clear()`` (cleared again afterwards, so later
+    tests build theirs from their own cache)."""
+    from purlinc.frontend import lalr
+
+    monkeypatch.setenv("PURLIN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("PURLIN_NO_CACHE", raising=False)
+    lalr.parser.cache_clear()
+    yield lalr.tables_path()
+    lalr.parser.cache_clear()
+
+
+def _parser_builds(monkeypatch) -> list:
+    """Each time lark builds the tables (a cache miss), one entry."""
+    from purlinc.frontend import lalr
+
+    builds, build = [], lalr._build
+    monkeypatch.setattr(lalr, "_build", lambda *args: builds.append(1) or build(*args))
+    return builds
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "empty", "garbage", "other_grammar", "too_large",
+                                    "directory"])
+def test_damaged_parser_tables_are_rebuilt_and_replaced(tables, monkeypatch, damage):
+    """lark's own cache= loaded a pickle without a checksum and wrote it in place."""
+    from purlinc.frontend import lalr
+
+    lalr.parser()
+    data = tables.read_bytes()
+    if damage == "directory":
+        tables.unlink()
+        tables.mkdir()
+    elif damage == "other_grammar":  # sound tables of another grammar (a checksum over another key)
+        lalr._store_tables(tables, b"\x00" * 32, lalr.parser())
+    else:
+        tables.write_bytes({"truncated": data[: len(data) // 2], "flipped": data[:-40] + bytes([data[-40] ^ 1]) + data[-39:],
+                            "empty": b"", "garbage": b"not tables" * 100,
+                            "too_large": data + b"\x00" * lalr.MAX_TABLES_BYTES}[damage])
+    builds = _parser_builds(monkeypatch)
+    lalr.parser.cache_clear()
+    assert parse("collective a { in[r] = x[r] out[r] = x[0..R] copy }").name == "a"
+    assert len(builds) == 1
+    assert not [p for p in tables.parent.iterdir() if p.name.startswith(".tmp-")]
+    if damage != "directory":  # a directory in the way is left alone: the tables are then not kept
+        assert tables.is_file() and len(tables.read_bytes()) < lalr.MAX_TABLES_BYTES
+        lalr.parser.cache_clear()
+        lalr.parser()
+        assert len(builds) == 1  # read back: no second build
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+def test_a_named_pipe_at_the_parser_tables_is_a_miss_not_a_hang(tables):
+    """lark opened it and waited for a writer: every parse hung.  In a child process, bounded."""
+    tables.parent.mkdir(parents=True)
+    os.mkfifo(tables)
+    try:
+        done = subprocess.run([sys.executable, "-m", "purlinc", "dump", str(EXAMPLES / "allgather.pln"), "-R", "2"],
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PURLIN_CACHE_DIR": str(tables.parent)})
+    except subprocess.TimeoutExpired:
+        pytest.fail("a parse with a named pipe at the parser's tables hung")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("collective allgather (R=2, copy)")
+    assert tables.is_file()  # replaced by the tables, renamed into place

@@ -13,7 +13,10 @@ from purlinc.dtypes import DType, ReduceOp
 from purlinc.errors import PurlinError
 from purlinc.runtime import tuned as tuned_module
 from purlinc.runtime.loader import load
-from test_runtime_load_cpu import EXAMPLES, FakeComm, fake  # noqa: F401 - the fake driver fixture
+import test_runtime_load_cpu
+from test_runtime_load_cpu import EXAMPLES, FakeComm
+
+fake = test_runtime_load_cpu.fake  # the fake driver fixture (an assignment, not an unused import)
 
 
 def _first_calls(coll, dtypes) -> int:
@@ -57,6 +60,22 @@ def test_a_reduction_skips_dtypes_it_cannot_reduce_and_bad_names_are_refused(mon
     monkeypatch.setenv("PURLIN_PRECOMPILE", "float32,bf17")
     with pytest.raises(PurlinError, match="PURLIN_PRECOMPILE='float32,bf17': not a list of element types"):
         tuned_module._precompile_jobs(prepared)
+
+
+def test_dtype_aliases_are_read_as_everywhere_else(monkeypatch):
+    """DType(name) refused bf16, BFLOAT16 and torch.float16, which DType.parse (every other
+    dtype argument) accepts; a dtype named twice is compiled once."""
+    prepared, _ = tuned_module.prepare_tuned(EXAMPLES / "allgather.pln", 2)
+    monkeypatch.setenv("PURLIN_PRECOMPILE", "bf16, BFLOAT16,torch.float16")
+    jobs = tuned_module._precompile_jobs(prepared)
+    distinct = len({c.key for c, _, _ in jobs})
+    assert [dtype for _, dtype, _ in jobs] == [DType.BFLOAT16, DType.FLOAT16] * distinct
+    monkeypatch.setenv("PURLIN_PRECOMPILE", "float32;bfloat16")
+    with pytest.raises(PurlinError) as info:
+        tuned_module._precompile_jobs(prepared)
+    assert info.value.message == ("PURLIN_PRECOMPILE='float32;bfloat16': not a list of element types: "
+                                  "'float32;bfloat16' is not one")
+    assert "(or aliases such as bf16), separated by commas" in info.value.notes[0]
 
 
 def test_ranks_in_processes_split_the_compiles_then_meet(monkeypatch):

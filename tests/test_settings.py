@@ -54,6 +54,16 @@ def test_precompile_is_turned_off_as_every_switch_is(monkeypatch, value):
     assert settings.precompile_dtypes() == ()
 
 
+@pytest.mark.parametrize("value", [",", "float32,", " , bfloat16", "float32,,float16"])
+def test_precompile_refuses_an_empty_name(monkeypatch, value):
+    """"," was read as a list of no names: precompiling silently off."""
+    monkeypatch.setenv("PURLIN_PRECOMPILE", value)
+    with pytest.raises(PurlinError) as caught:
+        settings.precompile_dtypes()
+    assert caught.value.message == (f"PURLIN_PRECOMPILE={value!r}: expected dtype names separated by commas, none "
+                                    "of them empty (e.g. float32,bf16), or 0, none or off")
+
+
 @pytest.mark.parametrize("name, read, on", [
     ("PURLIN_NO_CACHE", settings.cache_enabled, False), ("PURLIN_TRACE", settings.trace, True),
     ("PURLIN_PDL", settings.pdl, True),

@@ -18,7 +18,9 @@ from purlinc.pipeline.entries import (
     Kernel, _dtype, _front_inputs, _kernel_entry, _kernel_from_entry, _kernel_inputs, _op, _op_text,
     _schedule_entry, _schedule_from_entry,
 )
-from purlinc.pipeline.options import check_slots, resolve_options, with_atom_defaults
+from purlinc.pipeline.options import (
+    check_bool, check_slots, checked_options, given_overrides, resolve_options, with_atom_defaults,
+)
 from purlinc.pipeline.source import SourceText, load_source
 from purlinc.pipeline.stages import (
     _definitions, _frontend_lock, _params_key, _remember, _specs, definition_of, spec_of, whole_number,
@@ -239,6 +241,7 @@ def prepare(
     from purlinc.atom import cache
 
     source = load_source(path_or_source)
+    options, trace = checked_options(options), check_bool("trace", trace)
     target = parse_arch(arch)
     record = lookup_atom(atom)
     if not record.supports(target):
@@ -246,7 +249,7 @@ def prepare(
 
         raise PurlinError(f"atom {record.name!r} needs sm_{record.min_arch} or newer, not {target.name}",
                           notes=(f"atoms for {target.name}: {', '.join(applicable_atoms(target, kernels=False))}",))
-    changes = {k: v for k, v in dict(overrides or {}).items() if v is not None}
+    changes = given_overrides(overrides)
     if algorithm is not None:
         changes["algorithm"] = algorithm
     if options is None:  # lowerings other than direct-push have one copy whatever this says
@@ -261,7 +264,7 @@ def prepare(
     if trace and not record.generates_kernels:
         raise PurlinError(f"trace=True needs a kernel atom: the {record.name} atom runs no kernel to stamp")
     request = Request(source, whole_number("the world size", world_size), _params_key(params), target.name, record.name, options,
-                      tuple(sorted(changes.items(), key=lambda kv: kv[0])), bool(trace))
+                      tuple(sorted(changes.items(), key=lambda kv: kv[0])), trace)
     key = cache.front_key(_front_inputs(source, world_size=request.world_size, params=params, arch=request.arch,
                                         options=options, overrides=changes, atom=request.atom))
     if trace:  # the same schedule, other kernels: a key of its own (kernel entries hang off it)

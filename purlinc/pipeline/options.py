@@ -3,8 +3,9 @@ defaults, a full ``LowerOptions`` and overrides, and the atom's defaults under a
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Mapping
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import TYPE_CHECKING
 
 from purlinc.errors import PurlinError
@@ -39,7 +40,7 @@ def normalize_overrides(overrides: Mapping[str, object] | None) -> dict[str, obj
     from purlinc.snac.ir import LowerOptions
 
     known = [f.name for f in fields(LowerOptions)]
-    changes = {k: v for k, v in dict(overrides or {}).items() if v is not None}
+    changes = given_overrides(overrides)
     unknown = sorted(set(changes) - set(known))
     if unknown:
         raise PurlinError(f"unknown lowering option(s): {', '.join(unknown)}",
@@ -50,11 +51,60 @@ def normalize_overrides(overrides: Mapping[str, object] | None) -> dict[str, obj
         if name in changes:  # 2.7 or "2" would be truncated or parsed into another schedule
             changes[name] = whole_number(name, changes[name])
     if "packed" in changes:
-        if not isinstance(changes["packed"], bool):  # bool("no") is True
-            raise PurlinError(f"packed must be True or False, got {changes['packed']!r}")
+        check_bool("packed", changes["packed"])
     if "registered" in changes:
         changes["registered"] = _registered(changes["registered"])
     return changes
+
+
+def given_overrides(overrides: Mapping[str, object] | None) -> dict[str, object]:
+    """The overrides that are set (``None`` means "not given"), their names checked to be
+    strings: a str or a list would fail deep in dict() and a number key in sorting the key."""
+    if overrides is None:
+        return {}
+    if not isinstance(overrides, Mapping):
+        raise PurlinError(f"overrides must map lowering option names to values, e.g. {{'channels': 2}}; "
+                          f"got {_shown(overrides)}")
+    for name in overrides:
+        if not isinstance(name, str):
+            raise PurlinError(f"overrides must map lowering option names (strings) to values, e.g. "
+                              f"{{'channels': 2}}; got the name {_shown(name)}")
+    return {k: v for k, v in overrides.items() if v is not None}
+
+
+def checked_options(options: LowerOptions | None) -> LowerOptions | None:
+    """``options`` as a full LowerOptions, or None; an algorithm given by name is looked up in
+    the registry (``LowerOptions(algorithm="ring")`` is built without complaint, but its key
+    needs an Algorithm)."""
+    if options is None:
+        return None
+    from purlinc.snac.ir import Algorithm, LowerOptions
+
+    if not isinstance(options, LowerOptions):
+        raise PurlinError(f"options must be a LowerOptions (purlinc.snac.ir), got {_shown(options)}",
+                          notes=("to change a few fields of the default, pass overrides={'channels': 2}",))
+    if isinstance(options.algorithm, Algorithm):
+        return options
+    from purlinc.snac.algorithms import get_algorithm
+
+    try:
+        algorithm = get_algorithm(options.algorithm).algorithm
+    except PurlinError as error:  # "unknown algorithm 'rign'": say it came from options
+        raise error.with_note(f"in options=LowerOptions(algorithm={options.algorithm!r}, ...)") from None
+    return replace(options, algorithm=algorithm)
+
+
+def check_bool(name: str, value) -> bool:
+    """``value``, refused unless it is True or False: bool("no") is True, so a string or a
+    number would switch on what it meant to switch off."""
+    if not isinstance(value, bool):
+        raise PurlinError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def _shown(value) -> str:
+    """A value and its type, for a message (long values cut)."""
+    return f"{reprlib.repr(value)} ({type(value).__name__})"
 
 
 def _registered(value) -> frozenset:
@@ -70,8 +120,7 @@ def resolve_options(spec: Spec, *, options: LowerOptions | None = None,
                     overrides: Mapping[str, object] | None = None) -> LowerOptions:
     """The LowerOptions a compile uses: ``options`` (default: chosen per spec) with
     ``overrides`` applied on top."""
-    from dataclasses import replace
-
+    options = checked_options(options)
     base = options if options is not None else default_options(spec)
     changes = normalize_overrides(overrides)
     resolved = replace(base, **changes) if changes else base

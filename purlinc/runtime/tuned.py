@@ -117,18 +117,29 @@ def compile_tuned_kernels(prepared: tuple[PreparedBucket, ...], dtype, op="sum")
 def _precompile_jobs(prepared: tuple[PreparedBucket, ...]) -> list[tuple]:
     """(Compiled, dtype, "sum") for every distinct kernel-atom bucket and every PURLIN_PRECOMPILE
     dtype it can run (a reduction skips dtypes that cannot be reduced)."""
-    from purlinc.dtypes import DType
     from purlinc.frontend.ast import Operation
 
-    names = settings.precompile_dtypes()
-    try:
-        dtypes = [DType(name) for name in names]
-    except ValueError:
-        raise PurlinError(f"{settings.PRECOMPILE.name}={settings.PRECOMPILE.raw()!r}: not a list of element types",
-                          notes=(f"expected names among {', '.join(d.value for d in DType)}, or 0 to switch it off",)) from None
+    dtypes = _precompile_dtypes()
     compileds = [c for c in {p.compiled.key: p.compiled for p in prepared}.values() if c.plan is None]
     return [(c, dtype, "sum") for c in compileds for dtype in dtypes
             if dtype.reducible or c.schedule.operation is not Operation.REDUCE]
+
+
+def _precompile_dtypes() -> list:
+    """PURLIN_PRECOMPILE's dtypes, each once, read by ``DType.parse`` as a dtype is everywhere
+    else (bf16, BFLOAT16 and torch.float16 are names for it too)."""
+    from purlinc.dtypes import DType
+
+    dtypes = []
+    for name in settings.precompile_dtypes():
+        try:
+            dtypes.append(DType.parse(name))
+        except PurlinError:
+            raise PurlinError(f"{settings.PRECOMPILE.name}={settings.PRECOMPILE.raw()!r}: not a list of element "
+                              f"types: {name!r} is not one",
+                              notes=(f"expected names among {', '.join(d.value for d in DType)} (or aliases such "
+                                     "as bf16), separated by commas, or 0 to switch it off",)) from None
+    return list(dict.fromkeys(dtypes))
 
 
 def precompile(prepared: tuple[PreparedBucket, ...], comm) -> int:
