@@ -35,12 +35,11 @@ class LoadOptions:
     @classmethod
     def of(cls, *, params: Mapping[str, int] | None = None, **pins) -> "LoadOptions":
         """From ``load()``'s keywords."""
-        from purlinc.errors import PurlinError
+        from purlinc.pipeline.options import check_bool
         from purlinc.pipeline.stages import _params_key  # names and integer values checked once, here
 
-        trace = pins.get("trace")
-        if trace is not None and not isinstance(trace, bool):  # bool("no") is True: a traced load, pinned
-            raise PurlinError(f"trace must be True or False, got {trace!r}")
+        if pins.get("trace") is not None:  # None defers to PURLIN_TRACE; bool("no") is True: a traced load
+            check_bool("trace", pins["trace"])
         return cls(params=_params_key(params), **pins)
 
     @property
