@@ -41,3 +41,12 @@ def test_linked_documents_exist():
             target = part.split(")", 1)[0]
             if not target.startswith("http"):
                 assert (ROOT / target).exists(), target
+
+
+def test_ci_runs_every_test_file_that_needs_torch():
+    """The default install has no torch, so a test file that skips without it runs only where
+    .ci/run names it on its torch line: a new one left off would be skipped in CI for good."""
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    needing = sorted(p.name for p in (ROOT / "tests").glob("test_*.py")
+                     if 'importorskip("torch")' in p.read_text(encoding="utf-8"))
+    assert needing and [name for name in needing if f"tests/{name}" not in ci] == []
