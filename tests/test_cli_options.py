@@ -67,6 +67,51 @@ def test_check_with_slots_verifies_the_algorithms_that_use_them(capsys):
     assert code == 0 and "spec and 8 schedules verified" in out, err
 
 
+SLOTS_NOT_DIRECT_PUSH = ("error: --slots {n} does not apply to direct-push (the spec's default algorithm): it gives "
+                         "every message its own staging unit\n"
+                         "note: --slots applies to ring (pick one with -a), or leave --slots out\n")
+
+
+@pytest.mark.parametrize("argv, why", [
+    # no algorithm both packs (direct-push) and stages through slots (ring)
+    ([ALLREDUCE, "-R", "1..4", "--packed", "--slots", "1"],
+     "--packed and --slots 1 leave no algorithm to verify at R=1..4"),
+    ([ALLGATHER, "-R", "2..4", "--packed", "--slots", "2"],
+     "--packed and --slots 2 leave no algorithm to verify at R=2..4"),
+    # ring does not lower run-time sizes
+    ([ALLTOALLV, "-R", "2..4", "--slots", "3"], "--slots 3 leaves no algorithm to verify at R=2..4"),
+])
+def test_check_refuses_options_that_leave_no_schedule(capsys, argv, why):
+    """Printed "ok ... 0 schedules verified" (exit 0) where dump and compile refuse the options:
+    refused in dump's words, with what left nothing to verify."""
+    slots = argv[argv.index("--slots") + 1]
+    assert refused(capsys, "check", *argv) == SLOTS_NOT_DIRECT_PUSH.format(n=slots) + f"note: {why}\n"
+    assert refused(capsys, "dump", *argv[:2], argv[2].split("..")[-1], "-s", "snac", *argv[3:]) == \
+        SLOTS_NOT_DIRECT_PUSH.format(n=slots)
+
+
+def test_check_with_no_applicable_algorithm_is_refused(capsys, monkeypatch):
+    """Where the registry leaves nothing to verify and the lowering takes the options, the
+    registry's word stands: there is no schedule to verify."""
+    from purlinc.snac import algorithms
+
+    monkeypatch.setattr(algorithms, "applicable", lambda spec: ())
+    assert refused(capsys, "check", ALLGATHER, "-R", "2..3") == \
+        "error: no algorithm applies to R=2..3: there is no schedule to verify\n"
+
+
+def test_check_never_reports_ok_for_no_schedule_verified(capsys, monkeypatch):
+    """Whatever the cause, a check that verified no schedule is not a pass."""
+    from purlinc.cli import check
+
+    monkeypatch.setattr(check, "_verify_schedules", lambda *args: 0)
+    err = refused(capsys, "check", ALLGATHER, "-R", "2..3")
+    assert err == ("error: no schedule was verified for R=2..3 (2 sizes): there is nothing to report as ok\n"
+                   "note: check the spec alone with --spec-only\n")
+    code, out, err = cli(capsys, "check", ALLGATHER, "-R", "2..3", "--spec-only")
+    assert code == 0 and out == "allgather: ok for R=2..3 (2 sizes): spec\n", err
+
+
 # ---- draw: sizes and widths ---------------------------------------------------------------
 
 @pytest.mark.parametrize("argv, message", [
@@ -253,6 +298,64 @@ def test_an_unknown_dtype_in_draw_is_one_error_not_two(capsys):
     err = refused(capsys, "draw", str(EXAMPLES / "allreduce.pln"), "-R", "2", "--timeline", "--dtype", "bogus",
                   "-o", "/tmp/never-written.svg")
     assert err.startswith("error: unknown dtype 'bogus'") and "error: error:" not in err
+
+
+# ---- compile and dump: what the code generator refuses, refused with the spec ----------------
+
+FP8_REDUCE = ("error: --dtype float8_e4m3: float8_e4m3 cannot be reduced, and the collective {name} is a reduction\n"
+              "note: a reduction takes float32, float16, bfloat16, int32, int64; fp8 is supported for copies only\n")
+SIZED_TMA = ("error: run-time sizes run on the 'ldst' atom only, not 'tma'\n"
+             "note: the sized kernels are generated for ldst only: their copy loops take bounds read on the device\n"
+             "note: use the ldst atom (--atom ldst, or atom=\"ldst\")\n")
+RS2 = "collective rs2(k = 3) {\n    in[r]  = x[0..R][0..k]\n    out[r] = x[r][0..k]\n    reduce\n}\n"
+
+
+def test_compile_refuses_fp8_for_a_reduction_with_one_note(capsys, tmp_path):
+    """Both the generator ("while generating rs2") and the pipeline ("while generating rs2's
+    float8_e4m3 kernels for R=3") added a note; compile now refuses the dtype with the spec."""
+    source = tmp_path / "rs2.pln"
+    source.write_text(RS2)
+    err = refused(capsys, "compile", source, "-R", "3", "--dtype", "float8_e4m3", "-o", tmp_path / "out")
+    assert err == FP8_REDUCE.format(name="rs2")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("stage", ["spec", "snac", "cuda"])
+def test_dump_refuses_a_dtype_a_reduction_cannot_reduce(capsys, stage):
+    """--stage snac printed a schedule compile refuses to make a kernel of."""
+    err = refused(capsys, "dump", str(EXAMPLES / "reduce.pln"), "-R", "3", "-s", stage, "--dtype", "float8_e4m3")
+    assert err == FP8_REDUCE.format(name="reduce")
+
+
+def test_dump_takes_fp8_for_a_copy_and_at_the_parsed_stage(capsys):
+    """fp8 is for copies; at --stage ast no spec is resolved, and the name alone is checked."""
+    for argv in ([ALLGATHER, "-R", "3", "-s", "snac"], [str(EXAMPLES / "reduce.pln"), "-s", "ast"]):
+        code, out, err = cli(capsys, "dump", *argv, "--dtype", "float8_e4m3")
+        assert code == 0 and out, err
+
+
+@pytest.mark.parametrize("command", [["dump", "-s", "spec"], ["dump", "-s", "snac"], ["dump", "-s", "cuda"],
+                                     ["compile"]])
+def test_run_time_sizes_refuse_the_tma_atom(capsys, tmp_path, command):
+    """--stage snac printed a schedule for --atom tma, which compile refuses for run-time sizes."""
+    extra = ["-o", tmp_path / "out"] if command == ["compile"] else []
+    assert refused(capsys, *command, ALLTOALLV, "-R", "2", "--atom", "tma", *extra) == SIZED_TMA
+
+
+@pytest.mark.parametrize("argv, flag", [([], "the default dtype bfloat16 (--dtype)"),
+                                        (["--dtype", "bf16"], "--dtype bf16")])
+@pytest.mark.parametrize("command", [["dump", "-s", "snac"], ["compile"]])
+def test_epilogue_rows_name_the_dtype_as_given(capsys, tmp_path, command, argv, flag):
+    """Rows of 4 run in float32 only: without --dtype the default is named as the default."""
+    source = tmp_path / "four.pln"
+    source.write_text("collective four(hidden = 4) {\n  in[r] = x\n  out[r] = x\n  reduce\n"
+                      "  epilogue rows(hidden) { out = out * 2.0 }\n}\n")
+    extra = ["-o", tmp_path / "out"] if command == ["compile"] else []
+    err = refused(capsys, *command, source, "-R", "2", *argv, *extra)
+    assert err.startswith(f"{source}:5:17: error: {flag}: a row of 4 bfloat16 elements is 8 bytes, not a multiple "
+                          "of 16 (the kernels move 16-byte vectors)\n"), err
+    code, out, err = cli(capsys, "dump", source, "-R", "2", "-s", "snac", "--dtype", "float32")
+    assert code == 0, err
 
 
 # ---- check --ranks: a range past the limit --------------------------------------------------

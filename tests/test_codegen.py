@@ -171,6 +171,21 @@ def test_runs_of_like_steps_become_loops():
     assert "purlin_region(args, rd, 4, 0, 55, slice0 + 0)," in code
 
 
+def test_a_body_too_large_to_compile_is_refused_at_once():
+    """Each slice's steps are code of their own: allreduce R=3 at 256 slices per channel made a
+    body NVRTC took minutes over (109 s; with an epilogue, past 15 minutes).  The generator
+    refuses it before any NVRTC call; 64 slices (a body of 513) is generated."""
+    spec, schedule = schedule_of("allreduce", 3, slices=256)
+    with pytest.raises(PurlinError) as info:
+        generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.FLOAT32, op=ReduceOp.SUM)
+    assert re.match(r"allreduce for R=3 \(direct-push, 256 slice\(s\) per channel\): its kernel body would hold "
+                    rf"2,0\d\d blocks and operands, and a generated function holds at most {limits.MAX_BODY_SIZE:,} ",
+                    info.value.message), info.value.message
+    assert "use fewer slices" in info.value.notes[0]
+    spec, schedule = schedule_of("allreduce", 3, slices=64)
+    generate(schedule, spec, atom="ldst", arch="sm_90", dtype=DType.FLOAT32, op=ReduceOp.SUM)
+
+
 def _copy_block(src: Region, dst: Region) -> dict:
     return {"kind": "copy", "comments": [f"step {dst.unit}: copy"], "dst": dst.format(), "srcs": [src.format()],
             "slice": "s", "regions": (dst, src), "reads": frozenset({src}), "writes": frozenset({dst})}

@@ -681,6 +681,45 @@ def test_timeline_of_a_fused_call_refuses_what_a_call_would(tmp_path, capsys, ar
     assert message in capsys.readouterr().err and not out.exists()
 
 
+@pytest.mark.parametrize("dtype", ["float8_e5m2", "float8_e4m3"])
+@pytest.mark.parametrize("modes", [["--timeline"], ["--compare", "ring,two-shot"]])
+def test_timeline_of_a_reduction_refuses_a_dtype_it_cannot_reduce(tmp_path, capsys, dtype, modes):
+    """fp8 is for copies only: compile refuses it for a reduction, and a call would be refused,
+    so a timeline of one is refused too rather than drawn."""
+    out = tmp_path / "t.svg"
+    assert main(["draw", str(EXAMPLES / "allreduce.pln"), "-R", "4", *modes, "--dtype", dtype, "-o", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --dtype {dtype}: {dtype} cannot be reduced, and the collective allreduce is a reduction\n"
+        "note: a call of this collective would be refused\n"
+        "note: a reduction takes float32, float16, bfloat16, int32, int64; fp8 is supported for copies only\n")
+    assert not out.exists()
+
+
+def test_timeline_of_a_copy_takes_fp8(tmp_path, capsys):
+    out = tmp_path / "t.svg"
+    assert main(["draw", str(EXAMPLES / "allgather.pln"), "-R", "4", "--timeline", "--dtype", "float8_e5m2",
+                 "-o", str(out)]) == 0
+    assert "(float8_e5m2)" in out.read_text()
+
+
+ROWS_OF_4 = ("collective four(hidden = 4) {\n  in[r] = x\n  out[r] = x\n  reduce\n"
+             "  epilogue rows(hidden) { out = out * 2.0 }\n}\n")  # rows that run in float32 only
+
+
+@pytest.mark.parametrize("argv, flag", [([], "the default dtype bfloat16 (--dtype)"),
+                                        (["--dtype", "bf16"], "--dtype bf16")])
+def test_timeline_error_names_the_dtype_as_given(tmp_path, capsys, argv, flag):
+    """Rows of 4 run in float32 only: without --dtype the error names the default as the
+    default, not as a --dtype the command line does not have."""
+    source, out = tmp_path / "four.pln", tmp_path / "t.svg"
+    source.write_text(ROWS_OF_4)
+    assert main(["draw", str(source), "-R", "2", "--timeline", *argv, "-o", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {flag}: a row of 4 bfloat16 elements is 8 bytes, not a multiple of 16 (the kernels move 16-byte "
+        "vectors)\nnote: a call of this collective would be refused\n")
+    assert main(["draw", str(source), "-R", "2", "--timeline", "--dtype", "float32", "-o", str(out)]) == 0
+
+
 def test_timeline_of_a_fused_call_models_whole_rows(tmp_path):
     """--bytes below a row models one row per chunk, as the smallest call moves."""
     out = tmp_path / "t.svg"

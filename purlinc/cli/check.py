@@ -91,6 +91,9 @@ def run(args) -> int:
     sizes_text = f"R={sizes[0]}" if len(sizes) == 1 else f"R={sizes[0]}..{sizes[-1]} ({len(sizes)} sizes)"
     if definition.constraints and len(sizes) > 1:  # the sizes may have gaps: say which were skipped
         sizes_text += " where " + ", ".join(c.format() for c in definition.constraints)
+    if not args.spec_only and not verified:  # whatever the cause, nothing proven is no pass
+        raise PurlinError(f"no schedule was verified for {sizes_text}: there is nothing to report as ok",
+                          notes=("check the spec alone with --spec-only",))
     what = "spec" if args.spec_only else hier_text or f"spec and {verified} schedules verified"
     common.emit(f"{definition.name}: ok for {sizes_text}: {what}\n")
     return 0
@@ -112,24 +115,37 @@ def _units(args, sizes, specs) -> list:
             if args.slots is not None and not args.algorithm and not get_algorithm(algorithm).uses_slots:
                 continue
             units.append((world_size, algorithm))
-    if args.algorithm and not units:
-        _refuse_pinned(args, sizes, specs)
+    if not units:
+        _refuse_nothing_to_verify(args, sizes, specs)
     return units
 
 
-def _refuse_pinned(args, sizes, specs) -> None:
-    """An algorithm asked for with -a that applies to none of the sizes: "ok, 0 schedules
-    verified" would read as a pass, while compile and dump refuse it.  Lowering it for the
-    first size gives the reason they give; the registry's word stands if the lowering takes it."""
+def _why_none(args, sizes) -> str:
+    """What left no algorithm to verify, in the options' words: -a one that applies to none of
+    the sizes, or --packed and --slots, which no algorithm takes together."""
+    where = f"R={sizes[0]}" if len(sizes) == 1 else f"R={sizes[0]}..{sizes[-1]}"
+    if args.algorithm:
+        return f"-a {args.algorithm} applies to none of the sizes checked ({where})"
+    given = [text for text, value in (("--packed", args.packed), (f"--slots {args.slots}", args.slots is not None))
+             if value]
+    if not given:
+        return f"no algorithm applies to {where}"
+    return f"{' and '.join(given)} leave{'' if len(given) > 1 else 's'} no algorithm to verify at {where}"
+
+
+def _refuse_nothing_to_verify(args, sizes, specs) -> None:
+    """No (size, algorithm) left to verify: "ok, 0 schedules verified" would read as a pass,
+    while compile and dump refuse the same options.  Lowering for the first size as dump does
+    gives the reason they give; the registry's word stands if the lowering takes it."""
     from purlinc import pipeline
 
     world_size = sizes[0]
+    why = _why_none(args, sizes)
     try:
         pipeline.snac_stage(specs[world_size], common.options(args, specs[world_size]))
     except PurlinError as error:
-        raise error.with_note(f"-a {args.algorithm} applies to none of the sizes checked") from None
-    raise PurlinError(f"-a {args.algorithm} applies to none of the sizes checked "
-                      f"(R={sizes[0]}..{sizes[-1]}): there is no schedule to verify")
+        raise error.with_note(why) from None
+    raise PurlinError(f"{why}: there is no schedule to verify")
 
 
 def _refuse_schedule_options_with_spec_only(args) -> None:

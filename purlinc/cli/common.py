@@ -23,6 +23,7 @@ PACKING = ", ".join(r.name for r in ALGORITHM_REGISTRY.records() if r.packed)  #
 SLOTTED = slotted_names()  # algorithms that honour --slots
 TWO_COPIES = ", ".join(r.name for r in ALGORITHM_REGISTRY.records() if r.stage_copies > 1)
 FILE_HELP = "the .pln collective (see docs/LANGUAGE.md), or - for standard input"
+DEFAULT_DTYPE = "bfloat16"  # compile's and dump's without --dtype (pipeline.compile's default)
 
 
 _INTEGER = re.compile(r"-?[0-9]+")  # ASCII digits only: int() also takes "1_000", " 3" and "٣"
@@ -139,7 +140,8 @@ def add_lowering(parser: argparse.ArgumentParser) -> None:
 def add_codegen(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", default="sm_90", help="target: sm_80, sm_90, sm_100 (or sm_90a, sm_100a); default sm_90")
     parser.add_argument("--atom", choices=ATOMS, default=DEFAULT_ATOM, help=f"datapath mechanism (default {DEFAULT_ATOM})")
-    parser.add_argument("--dtype", default="bfloat16", help=f"element type: {', '.join(DTYPES)}")
+    # None until read (dtype_name): an error about the default must not blame a flag never given
+    parser.add_argument("--dtype", default=None, help=f"element type: {', '.join(DTYPES)} (default {DEFAULT_DTYPE})")
     parser.add_argument("--op", default=None,
                         help="reduction operator of a reduce collective: sum (default), prod, max, min")
 
@@ -168,7 +170,7 @@ def check_codegen(args) -> None:
         raise PurlinError(f"--atom {args.atom} needs sm_{atom.min_arch} or newer, not --arch {args.arch}",
                           notes=(f"atoms for {target.name}: {', '.join(applicable_atoms(target))}",))
     get_atom(args.atom, target)  # what else the code generator checks (PurlinError)
-    DType.parse(args.dtype)  # ValueError naming the known ones
+    DType.parse(dtype_name(args))  # ValueError naming the known ones
     if args.op is not None:
         ReduceOp.parse(args.op)
 
@@ -177,6 +179,55 @@ def check_op(args, spec) -> None:
     """--op names a reduction: on a copy collective it would be ignored, so it is refused."""
     if args.op is not None and not spec.is_reduce:
         raise PurlinError(f"--op applies to reduce collectives; {spec.name} is a copy")
+
+
+def check_spec(args, spec) -> None:
+    """What the code generator would refuse of --op, --dtype and --atom for this spec, refused
+    as soon as the spec is known: by compile before its work (one error, not the generator's
+    with the pipeline's note on it), and by a dump of any stage past ast, which would otherwise
+    print a schedule for options no kernel can be made with."""
+    check_op(args, spec)
+    check_dtype(args, spec)
+    check_sized_atom(args, spec)
+
+
+def check_dtype(args, spec) -> None:
+    """--dtype that a reduction cannot reduce (fp8, a storage format), or that the spec's
+    epilogue rows cannot run in: the same reasons the code generator gives, naming the flag."""
+    from purlinc.atom.rows import row_problem
+    from purlinc.dtypes import DType
+
+    dtype = DType.parse(dtype_name(args))
+    # The epilogue first, as the generator checks it (atom.epilogue.check_rows): its reason is
+    # the more precise; located at the rows(E) expression as there.
+    problem = None if spec.epilogue is None else row_problem(spec.epilogue.row, dtype)
+    if problem is not None:
+        raise PurlinError(f"{dtype_flag(args)}: {problem}", spec.epilogue.row_span)
+    if spec.is_reduce and not dtype.reducible:
+        reducible = ", ".join(d.value for d in DType if d.reducible)
+        raise PurlinError(f"{dtype_flag(args)}: {dtype.value} cannot be reduced, and the collective {spec.name} is a "
+                          "reduction",
+                          notes=(f"a reduction takes {reducible}; fp8 is supported for copies only",))
+
+
+def dtype_name(args) -> str:
+    """The element type: --dtype as given, or the default."""
+    return args.dtype if args.dtype is not None else DEFAULT_DTYPE
+
+
+def dtype_flag(args) -> str:
+    """The element type as an error names it: "--dtype int32" where given, "the default dtype
+    bfloat16 (--dtype)" where not (blaming a flag the command line does not have misleads)."""
+    return f"--dtype {args.dtype}" if args.dtype is not None else f"the default dtype {DEFAULT_DTYPE} (--dtype)"
+
+
+def check_sized_atom(args, spec) -> None:
+    """Run-time sizes (``with sizes``) run on the ldst atom only: --atom tma is refused in the
+    sized code generator's words (its note names the flag)."""
+    from purlinc.atom.sized import check_atom
+
+    if spec.sizes is not None and getattr(args, "atom", None) is not None:
+        check_atom(args.atom)
 
 
 def reduce_op(args) -> str:

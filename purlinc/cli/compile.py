@@ -119,7 +119,7 @@ def _run(args, created: list[Path]) -> int:
         raise PurlinError(f"{flag}: {problem}", None, ("choose another place with -o DIR",))
     source = common.source(args)
     spec = pipeline.spec_of(source, world_size, dict(args.param))
-    common.check_op(args, spec)
+    common.check_spec(args, spec)
     if args.slots is not None:  # refused for an algorithm without slots (the spec's default one too)
         common.options(args, spec)
     problem = cache_problem()
@@ -132,7 +132,7 @@ def _run(args, created: list[Path]) -> int:
         print(f"note: --ranks not given: compiling for R={world_size} ranks (the default)", file=sys.stderr)
     artifact = pipeline.compile(
         source, world_size=world_size, params=dict(args.param), arch=args.arch,
-        overrides=changes, atom=args.atom, dtype=args.dtype, op=common.reduce_op(args),
+        overrides=changes, atom=args.atom, dtype=common.dtype_name(args), op=common.reduce_op(args),
     )
     out_dir = Path(args.output_dir) if args.output_dir else Path("purlin-out") / artifact.collective
     created.extend(missing_dirs(out_dir))

@@ -77,7 +77,7 @@ def run(args) -> int:
         common.emit(definition.format())
         return 0
     spec = pipeline.spec_stage(definition, args.ranks, dict(args.param))
-    common.check_op(args, spec)
+    common.check_spec(args, spec)  # what compile would refuse, whichever stage is printed
     if args.stage == "spec":
         _refuse_too_long_a_listing(spec)
         _print(args, spec.format, spec.to_json)
@@ -95,7 +95,7 @@ def run(args) -> int:
     from purlinc.atom.codegen import generate
     from purlinc.dtypes import DType, ReduceOp
 
-    kernel = generate(schedule, spec, atom=args.atom, arch=args.arch, dtype=DType.parse(args.dtype),
+    kernel = generate(schedule, spec, atom=args.atom, arch=args.arch, dtype=DType.parse(common.dtype_name(args)),
                       op=ReduceOp.parse(common.reduce_op(args)) if spec.is_reduce else None)
     common.emit(kernel.source)
     return 0

@@ -173,7 +173,7 @@ def panels_for(request: Request) -> list[svg.Panel]:
         timed = request.timeline or bool(request.compare)
         if timed:
             nbytes = request.nbytes if request.nbytes is not None or request.count is not None else 65536
-            _refuse_what_a_call_would(schedule, dtype, request.count)
+            _refuse_what_a_call_would(schedule, dtype, _dtype_flag(request), request.count)
             chunk = chunk_bytes_for(schedule, nbytes=nbytes, count=request.count, itemsize=itemsize)
             _refuse_too_long_a_message(schedule, chunk, request.count)
             times = schedule_times(schedule, drawing, CostModel(), chunk_bytes=chunk)
@@ -234,19 +234,33 @@ def _check_sizes(request: Request) -> None:
             raise PurlinError(f"{name}={value}: expected 1 to {MAX_TIMELINE_BYTES:,} (a 1 TiB message at most)")
 
 
-def _refuse_what_a_call_would(schedule, dtype: str, count: int | None) -> None:
-    """A timeline models a call: one the runtime would refuse (an epilogue's dtype or rows)
-    is refused here too, with the same reason, rather than drawn."""
+def _dtype_flag(request: Request) -> str:
+    """The timeline's element type as an error names it: "--dtype int32" where given, "the
+    default dtype bfloat16 (--dtype)" where not (blaming a flag the command line does not have
+    misleads)."""
+    if request.dtype is not None:
+        return f"--dtype {request.dtype}"
+    return f"the default dtype {DEFAULT_DTYPE} (--dtype)"
+
+
+def _refuse_what_a_call_would(schedule, dtype: str, flag: str, count: int | None) -> None:
+    """A timeline models a call: one the runtime would refuse (a reduction in a dtype that
+    cannot be reduced, an epilogue's dtype or rows) is refused here too, with the same reason,
+    rather than drawn.  ``flag``: the dtype as the error names it (_dtype_flag)."""
     from purlinc.atom.rows import row_problem
     from purlinc.dtypes import DType
+    from purlinc.frontend.ast import Operation
 
-    epilogue = schedule.epilogue
-    if epilogue is None:
-        return
-    problem = row_problem(epilogue.row, DType.parse(dtype))
-    if problem is not None:
-        raise PurlinError(f"--dtype {dtype}: {problem}", notes=("a call of this collective would be refused",))
-    if count is not None and count % epilogue.row:
+    epilogue, parsed = schedule.epilogue, DType.parse(dtype)
+    problem = None if epilogue is None else row_problem(epilogue.row, parsed)
+    if problem is not None:  # first, as the code generator checks it: the more precise reason
+        raise PurlinError(f"{flag}: {problem}", notes=("a call of this collective would be refused",))
+    if schedule.operation is Operation.REDUCE and not parsed.reducible:
+        reducible = ", ".join(d.value for d in DType if d.reducible)
+        raise PurlinError(f"{flag}: {parsed.value} cannot be reduced, and the collective {schedule.collective} is a "
+                          "reduction", notes=("a call of this collective would be refused",
+                                              f"a reduction takes {reducible}; fp8 is supported for copies only"))
+    if epilogue is not None and count is not None and count % epilogue.row:
         raise PurlinError(f"count={count}: not a whole number of the epilogue's rows of {epilogue.row} elements",
                           notes=("a call's chunks hold whole rows; a call with this count would be refused",))
 

@@ -43,10 +43,9 @@ def _check_types(schedule: Schedule, dtype: DType, op: ReduceOp | None) -> Reduc
     if op is None:
         raise PurlinError(f"{schedule.collective} is a reduction: give an operator (sum, prod, max or min)")
     if not dtype.reducible:
-        raise PurlinError(
-            f"{dtype.value} cannot be reduced: fp8 is supported for copies only",
-            notes=(f"while generating {schedule.collective}",),
-        )
+        # the collective named in the message, not a note: the pipeline adds its own ("while
+        # generating NAME's DTYPE kernels"), and two notes said it twice
+        raise PurlinError(f"{schedule.collective}: {dtype.value} cannot be reduced: fp8 is supported for copies only")
     return op
 
 
@@ -85,6 +84,24 @@ def _bodies(kernels: list[dict], trace: bool) -> tuple[Body, ...]:
     does (the same entries), but keeps one item per block: its marks are numbered by block
     (purlinc.atom.trace)."""
     return tables.bodies(block_texts(kernels), [kernel["steps"] for kernel in kernels], share=True, roll=not trace)
+
+
+def body_size(body: Body) -> int:
+    """What ``limits.MAX_BODY_SIZE`` bounds: the body's items, their sources and destinations."""
+    return sum(1 + len(item.first.get("srcs") or ()) + len(item.first.get("dsts") or ()) for item in body.items)
+
+
+def _check_body_size(schedule: Schedule, module: tuple[Body, ...]) -> None:
+    """Refuse a module whose largest body NVRTC would take minutes over (limits.MAX_BODY_SIZE)."""
+    largest = max(module, key=body_size, default=None)
+    if largest is None or body_size(largest) <= limits.MAX_BODY_SIZE:
+        return
+    o = schedule.options
+    raise PurlinError(f"{schedule.collective} for R={schedule.world_size} ({o.algorithm.value}, {o.slices} slice(s) "
+                      f"per channel): its kernel body would hold {body_size(largest):,} blocks and operands, and a "
+                      f"generated function holds at most {limits.MAX_BODY_SIZE:,} (NVRTC's time grows with the "
+                      "square of a function's size: minutes past this)",
+                      notes=("use fewer slices: each slice's steps are code of their own (the tuning table uses at most 4)",))
 
 
 def bodies_of(schedule: Schedule, *, trace: bool = False) -> tuple[list[dict], tuple[Body, ...]]:
@@ -198,6 +215,7 @@ def generate(
     trace_values = trace_template_values(kernels, schedule.channels) if trace else None
     threads = limits.THREADS_PACKED if packed else limits.THREADS
     module = _bodies(kernels, trace)
+    _check_body_size(schedule, module)
     fused = [len(item.first["srcs"]) for body in module for item in body.items if item.first["kind"] == "reduce_epilogue"]
     epilogue = module_values(schedule.epilogue, dtype, threads, fused_sources=max(fused, default=0),
                              op=op)  # None without one

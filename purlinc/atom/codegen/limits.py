@@ -22,3 +22,11 @@ LL_IN_FLIGHT = 4  # packets per thread a send or receive loop keeps in flight (i
 # keeps NVRTC time flat (when every rank had its own entry, an 8-GPU all-reduce had 64 loops:
 # 12 s inlined, 4 s shared, measured 2026-11-30; as one body it has one).
 LL_INLINE_LOOPS = 16
+
+# The code one kernel body may hold, counted as its items (a block of code, rolled over the ranks'
+# tables) plus their sources and destinations: NVRTC's time grows with the square of a function's
+# size, and a body grows with slices per channel (each slice's steps are their own code).  An
+# all-reduce at R=3 measured 513 -> 8 s, 1,025 -> 27 s, 2,049 -> 109 s (slices 64, 128, 256);
+# at R=8, 833 -> 34 s (slices 64); a ring all-reduce at R=64 has 885.  Past the bound a compile
+# is refused at once instead of running for minutes.
+MAX_BODY_SIZE = 1024
