@@ -177,6 +177,17 @@ def test_check_all_when_no_size_is_admitted():
         check_all(definition, range(1, 9))
 
 
+def test_check_all_names_the_parameter_values_the_conditions_use():
+    definition = parse("collective ag(k = 1, m = 0) where k > 5, R > 0 { in[r] = x[r] out[r] = x[(r + k + m) % R] copy }")
+    with pytest.raises(PurlinError) as info:
+        check_all(definition, range(3, 4))
+    assert info.value.message == "ag is defined for no world size in 3..3"
+    assert info.value.notes == ("with k=1 (its default)",)  # m: not in a condition
+    with pytest.raises(PurlinError) as info:
+        check_all(definition, range(1, 9), {"k": 2})
+    assert info.value.notes == ("with k=2",)  # no "while checking" note here to show a given value
+
+
 def test_world_size_must_be_positive(example_paths):
     with pytest.raises(PurlinError, match="the world size must be at least 1, not 0"):
         check(load(example_paths, "allgather"), 0)

@@ -448,3 +448,16 @@ def test_a_bad_arch_names_the_flag(capsys, arch):
 def test_an_atom_the_arch_lacks_names_both_flags(capsys):
     err = refused(capsys, "dump", ALLGATHER, "-R", "2", "-s", "cuda", "--atom", "tma", "--arch", "sm_80")
     assert err == "error: --atom tma needs sm_90 or newer, not --arch sm_80\nnote: atoms for sm_80: ldst\n"
+
+
+def test_a_spec_refused_at_the_default_world_size_says_it_was_the_default(capsys, tmp_path):
+    """"small is not defined for R=8" read as if 8 had been asked for; given -R 8, no note."""
+    source = tmp_path / "small.pln"
+    source.write_text("collective small where R <= 4 {\n  in[r] = x[r]\n  out[r] = x[0..R]\n  copy\n}\n")
+    note = "note: --ranks not given: R=8 is the default (choose one with --ranks N)"
+    for argv in (["dump", source], ["compile", source, "-o", tmp_path / "out"]):
+        err = refused(capsys, *argv)
+        assert "error: small is not defined for R=8: it requires R <= 4" in err and err.rstrip().endswith(note), err
+        assert note not in refused(capsys, *argv, "-R", "8")
+    code, out, err = cli(capsys, "dump", source, "-R", "2")
+    assert code == 0 and out.startswith("collective small (R=2, copy)"), err

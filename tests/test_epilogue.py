@@ -14,6 +14,7 @@ from purlinc.dtypes import DType, from_float32, to_float32
 from purlinc.errors import PurlinError
 from purlinc.frontend import ast
 from purlinc.frontend.check import check
+from purlinc.frontend.epilogue import row_problem
 from purlinc.frontend.evaluate import evaluate
 from purlinc.frontend.parse import parse
 
@@ -103,6 +104,11 @@ ERRORS = [
     ('dtype',
      'collective f with rows q: int32 {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(8) {\n        q = out\n    }\n}\n',
      ('fused.pln:1:27: error: an epilogue cannot write or read int32: rows operands take bfloat16, float16, float32, float8_e4m3', '    collective f with rows q: int32 {', '                              ^^^^^', 'note: while checking f for R=2')),
+    ('dtype_unknown',  # the names --dtype takes; the ones an epilogue cannot use are refused by name
+     'collective f with rows q: bogus {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(8) {\n        q = out\n    }\n}\n',
+     ("fused.pln:1:27: error: unknown dtype 'bogus'", '    collective f with rows q: bogus {', '                              ^^^^^',
+      'note: expected one of: float32, float16, bfloat16, int32, int64, float8_e4m3, float8_e5m2',
+      'note: rows operands take bfloat16, float16, float32, float8_e4m3', 'note: while checking f for R=2')),
     ('dtype_row',
      'collective f with row w: float32 {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(8) {\n        out = out * w\n    }\n}\n',
      ("fused.pln:1:26: error: a row operand has the call's dtype (only rows operands declare a dtype)", '    collective f with row w: float32 {', '                             ^^^^^^^', 'note: while checking f for R=2')),
@@ -116,6 +122,39 @@ ERRORS = [
      'collective f {\n    in[r] = x[1.5]\n    out[r] = x\n    reduce\n}\n',
      ("fused.pln:2:15: error: unexpected decimal number '1.5'; expected '(', '-', a name, a number", '        in[r] = x[1.5]', '                  ^^^')),
 ]
+
+
+# A local follows the operands' naming rule (one table: check.taken_names): each name below is
+# refused at the local, as it is at an operand.
+LOCAL = ('collective c(hidden = 8) with row w, scalar e {{\n    in[r] = x[r][0..1] for i in 0..1\n    out[r] = x[r][0]\n'
+         '    reduce\n    epilogue rows(hidden) {{\n        {name} = out * 2\n        out = rmsnorm({name}, w, e)\n'
+         '    }}\n}}\n')
+
+
+@pytest.mark.parametrize("name, what", [
+    ("rmsnorm", "a function"), ("R", "the world size"), ("r", "the rank"), ("hidden", "a parameter"),
+    ("x", "a chunk"), ("i", "a loop variable"), ("count", "an argument of the Python call"),
+    ("lambda", "a Python keyword (no call could pass it by name)"),
+])
+def test_a_local_named_like_something_else_is_refused(name, what):
+    with pytest.raises(PurlinError) as info:
+        check(parse(LOCAL.format(name=name), "fused.pln"), 2, {})
+    assert info.value.render().splitlines() == [
+        f"fused.pln:6:9: error: local '{name}' has the name of {what}", f"            {name} = out * 2",
+        "            " + "^" * len(name), "note: while checking c for R=2"]
+    # ... and an operand of that name is refused the same way
+    operand = LOCAL.format(name="h").replace("scalar e", f"scalar {name}").replace("w, e)", f"w, {name})")
+    with pytest.raises(PurlinError) as info:
+        check(parse(operand, "fused.pln"), 2, {})
+    assert info.value.message == f"operand '{name}' has the name of {what}"
+
+
+def test_other_local_names_and_dtype_aliases_are_accepted():
+    spec = check(parse(LOCAL.format(name="c"), "fused.pln"), 2, {})  # the collective's own name: no clash
+    assert [s.target for s in spec.epilogue.statements] == ["c", "out"]
+    for alias, dtype in (("bf16", DType.BFLOAT16), ("half", DType.FLOAT16), ("fp32", DType.FLOAT32)):
+        source = FUSED.replace("rows residual", f"rows residual: {alias}")
+        assert check(parse(source), 2).epilogue.operand("residual").dtype is dtype
 
 
 @pytest.mark.parametrize("name, source, expected", ERRORS, ids=[case[0] for case in ERRORS])
@@ -438,16 +477,50 @@ def test_codegen_refusals_are_located():
         lower(_example(2), LowerOptions(Algorithm.DIRECT_PUSH, registered=frozenset({"in", "out"})))
 
 
-@pytest.mark.parametrize("hidden, words", [
-    (16392, "a row of 16,392 bfloat16 elements"),  # 32,784 bytes: whole vectors, too many of them
-    (2**63 - 1, "a row of 9,223,372,036,854,775,807 bfloat16 elements"),  # odd bytes too: the length is the reason
-])
-def test_a_row_past_the_registers_is_refused_as_too_long(hidden, words):
+def test_a_row_past_the_registers_is_refused_as_too_long():
+    # 16,384 elements: bfloat16's longest row (so the checker passes it), past float32's
     with pytest.raises(PurlinError) as info:
-        spec = check(parse(FUSED.replace("hidden = 4096", f"hidden = {hidden}"), "f.pln"), 2)
-        generate(lower(spec, LowerOptions()), spec, atom="ldst", arch="sm_90", dtype=BF16, op=ReduceOp.SUM)
-    assert info.value.message == f"{words} is longer than the epilogue supports (16,384 elements)"
+        spec = check(parse(FUSED.replace("hidden = 4096", "hidden = 16384"), "f.pln"), 2)
+        generate(lower(spec, LowerOptions()), spec, atom="ldst", arch="sm_90", dtype=DType.FLOAT32, op=ReduceOp.SUM)
+    assert info.value.message == "a row of 16,384 float32 elements is longer than the epilogue supports (8,192 elements)"
     assert (info.value.span.line, info.value.span.column) == (8, 19)
+    # odd bytes too: the length is the reason (a row no dtype runs; the checker refuses it first)
+    assert row_problem(2**63 - 1, BF16) == ("a row of 9,223,372,036,854,775,807 bfloat16 elements is longer than "
+                                            "the epilogue supports (16,384 elements)")
+
+
+ROW_RULE = ("note: that is a multiple of 4 elements, at most 8,192, in float32; a multiple of 8 elements, "
+            "at most 16,384, in float16 and bfloat16")
+
+
+@pytest.mark.parametrize("hidden, message, nearest", [
+    (6, "a row of 6 elements", "the nearest lengths that run: 4 (float32) and 8 (float32, float16, bfloat16)"),
+    (1, "a row of 1 element", "the nearest length that runs: 4 (float32)"),
+    (8196, "a row of 8,196 elements",  # float32's 16-byte vectors, past its length; not bf16's vectors
+     "the nearest lengths that run: 8,192 (float32, float16, bfloat16) and 8,200 (float16, bfloat16)"),
+    (16392, "a row of 16,392 elements", "the nearest length that runs: 16,384 (float16, bfloat16)"),
+    (2**63 - 1, "a row of 9,223,372,036,854,775,807 elements", "the nearest length that runs: 16,384 (float16, bfloat16)"),
+])
+def test_a_row_no_dtype_runs_is_refused_by_the_checker(hidden, message, nearest):
+    """Every compile of these would fail, whatever the dtype: check says so, at rows(E)."""
+    source = f"collective six(hidden = {hidden}) {{\n    in[r] = x\n    out[r] = x\n    reduce\n" \
+             "    epilogue rows(hidden) { out = out * 2.0 }\n}\n"
+    with pytest.raises(PurlinError) as info:
+        check(parse(source, "six.pln"), 2)
+    assert info.value.render().splitlines() == [
+        f"six.pln:5:19: error: {message} runs in no dtype: a row is a whole number of 16-byte vectors, at most "
+        "32 KiB (the kernels move rows as vectors held in registers)",
+        "        epilogue rows(hidden) { out = out * 2.0 }", "                      ^^^^^^",
+        ROW_RULE, f"note: {nearest}", "note: while checking six for R=2"]
+
+
+@pytest.mark.parametrize("hidden, runs", [(4, {DType.FLOAT32}), (12, {DType.FLOAT32}),
+                                          (8, {DType.FLOAT32, DType.FLOAT16, BF16}), (16384, {DType.FLOAT16, BF16})])
+def test_a_row_some_dtypes_run_is_valid(hidden, runs):
+    """The checker refuses only lengths no dtype runs; the call's dtype is checked at generation."""
+    spec = check(parse(FUSED.replace("hidden = 4096", f"hidden = {hidden}")), 2)
+    assert spec.epilogue.row == hidden
+    assert {d for d in DType if row_problem(hidden, d) is None} == runs
 
 
 def test_verifier_rejects_misplaced_epilogues():

@@ -391,6 +391,54 @@ CASES = [
         ),
         R=3,
     ),
+    Case(  # a default is a value in use too: without it the message has no 'k' to explain it
+        'where_fails_for_a_default',
+        'collective ag(k = 1) where k > 5 {\n    in[r] = x[r]\n    out[r] = x[(r + k) % R]\n    copy\n}\n',
+        (
+            'spec.pln:1:28: error: ag is not defined for R=3: it requires k > 5',
+            '    collective ag(k = 1) where k > 5 {',
+            '                               ^^^^^',
+            'note: with k=1 (its default)',
+            'note: while checking ag for R=3',
+        ),
+        R=3,
+    ),
+    Case(  # a given value is in the last note already
+        'where_fails_for_a_given_value',
+        'collective ag(k = 1, m = 0) where k > 5, m >= 0 {\n    in[r] = x[r]\n    out[r] = x[(r + k + m) % R]\n    copy\n}\n',
+        (
+            'spec.pln:1:35: error: ag is not defined for R=3: it requires k > 5',
+            '    collective ag(k = 1, m = 0) where k > 5, m >= 0 {',
+            '                                      ^^^^^',
+            'note: while checking ag for R=3, k=2',
+        ),
+        R=3,
+        params={'k': 2},
+    ),
+    Case(  # a loop's range starts at 0 like an index's: the note shows the shifted loop
+        'negative_loop_range',
+        'collective a {\n    in[r] = x[r]\n    out[r] = x[(r + v) % R] for v in -1..2\n    copy\n}\n',
+        (
+            'spec.pln:3:38: error: loop range -1..2 starts at -1: a loop range starts at 0 or above',
+            '        out[r] = x[(r + v) % R] for v in -1..2',
+            '                                         ^^^^^',
+            "note: count from 0 and shift the uses: 'for v in 0..3' with 'v - 1' in place of 'v' ('%' wraps below 0: "
+            "(r + v - 1) % R)",
+            'note: while checking a for R=3',
+        ),
+        R=3,
+    ),
+    Case(  # empty as well: no shifted loop to suggest
+        'negative_empty_loop_range',
+        'collective a {\n    in[r] = x[r]\n    out[r] = x[r] for v in -1..-R\n    copy\n}\n',
+        (
+            'spec.pln:3:28: error: loop range -1..-R starts at -1: a loop range starts at 0 or above',
+            '        out[r] = x[r] for v in -1..-R',
+            '                               ^^^^^^',
+            'note: while checking a for R=3',
+        ),
+        R=3,
+    ),
     Case(
         'loop_hides_parameter',
         'collective a(k = 2) {\n    in[r] = x[r][k] for k in 0..2\n    out[r] = x[0][0]\n    copy\n}\n',

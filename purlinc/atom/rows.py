@@ -6,24 +6,11 @@ from __future__ import annotations
 
 from purlinc.dtypes import DType
 
-VECTOR_BYTES = 16
-MAX_ROW_VECTORS = 2048  # rows up to 32 KiB (16,384 bf16 elements): at most 8 vectors per thread of 256
+# The rule itself is the front end's (a row no dtype runs is refused when a spec is checked);
+# the atom layer, the runtime and draw read it from here, beside what staging makes of it.
+from purlinc.frontend.epilogue import MAX_ROW_VECTORS, VECTOR_BYTES, row_problem
 
-
-def row_problem(row: int, dtype: DType) -> str | None:
-    """Why rows of ``row`` elements of ``dtype`` cannot run an epilogue, or None."""
-    if dtype.info.c_acc != "float":
-        return f"an epilogue computes in float32; {dtype.value} outputs are not supported"
-    row_bytes = row * dtype.itemsize
-    # the length first: of a row of 2**63 - 1 elements, "not a multiple of 16 bytes" is true but
-    # suggests one element more would do
-    if row_bytes > MAX_ROW_VECTORS * VECTOR_BYTES:
-        return (f"a row of {row:,} {dtype.value} elements is longer than the epilogue supports "
-                f"({MAX_ROW_VECTORS * VECTOR_BYTES // dtype.itemsize:,} elements)")
-    if row_bytes % VECTOR_BYTES:
-        return (f"a row of {row} {dtype.value} elements is {row_bytes} bytes, not a multiple of {VECTOR_BYTES} "
-                "(the kernels move 16-byte vectors)")
-    return None
+__all__ = ["MAX_ROW_VECTORS", "VECTOR_BYTES", "row_bytes_run", "row_problem"]
 
 
 def row_bytes_run(row: int) -> tuple[int, ...]:

@@ -110,6 +110,18 @@ def add_common(parser: argparse.ArgumentParser, ranks_default: int | None) -> No
     add_params(parser)
 
 
+@contextlib.contextmanager
+def default_ranks_noted(world_size: int, defaulted: bool):
+    """An error inside says R was the default: "small is not defined for R=8" alone reads as if
+    8 had been asked for."""
+    try:
+        yield
+    except PurlinError as error:
+        if not defaulted:
+            raise
+        raise error.with_note(f"--ranks not given: R={world_size} is the default (choose one with --ranks N)") from None
+
+
 def add_params(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--param", "-p", type=param, action=ParamAction, default=[], metavar="NAME=N",

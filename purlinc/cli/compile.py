@@ -118,7 +118,8 @@ def _run(args, created: list[Path]) -> int:
         flag = f"-o {args.output_dir}" if args.output_dir else "the default output directory purlin-out"
         raise PurlinError(f"{flag}: {problem}", None, ("choose another place with -o DIR",))
     source = common.source(args)
-    spec = pipeline.spec_of(source, world_size, dict(args.param))
+    with common.default_ranks_noted(world_size, ranks_defaulted):
+        spec = pipeline.spec_of(source, world_size, dict(args.param))
     common.check_spec(args, spec)
     if args.slots is not None:  # refused for an algorithm without slots (the spec's default one too)
         common.options(args, spec)

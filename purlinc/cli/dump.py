@@ -16,7 +16,8 @@ def add_parser(commands) -> None:
         description="Print a stage of the pipeline: ast (the parsed file), spec (resolved layouts and where "
         "each output chunk comes from), snac (the per-rank schedule) or cuda (the generated source).",
     )
-    common.add_common(parser, 8)
+    common.add_common(parser, DEFAULT_RANKS)
+    parser.set_defaults(ranks=None)  # None until run(): an error then says R was the default
     parser.add_argument("--stage", "-s", choices=STAGES, default="spec", help="which stage to print (default spec)")
     parser.add_argument("--json", action="store_true", help="JSON instead of text (spec and snac stages)")
     common.add_lowering(parser)
@@ -52,6 +53,8 @@ def check_stage_options(args) -> None:
         raise PurlinError(f"--op applies to --stage cuda, not --stage {args.stage}")
 
 
+DEFAULT_RANKS = 8  # the world size of a dump without --ranks
+
 # Producer slots the spec stage lists at most (every output chunk's sources, a word or so each:
 # about 60 MB of text).  The spec holds each chunk's sources once, whatever its fan-in, but the
 # listing repeats them per output chunk: a one-chunk all-reduce at R = 65,536 lists 4 x 10^9.
@@ -76,7 +79,9 @@ def run(args) -> int:
     if args.stage == "ast":
         common.emit(definition.format())
         return 0
-    spec = pipeline.spec_stage(definition, args.ranks, dict(args.param))
+    with common.default_ranks_noted(DEFAULT_RANKS, args.ranks is None):
+        args.ranks = DEFAULT_RANKS if args.ranks is None else args.ranks
+        spec = pipeline.spec_stage(definition, args.ranks, dict(args.param))
     common.check_spec(args, spec)  # what compile would refuse, whichever stage is printed
     if args.stage == "spec":
         _refuse_too_long_a_listing(spec)

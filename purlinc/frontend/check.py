@@ -18,7 +18,7 @@ from typing import Iterator
 
 from purlinc.errors import PurlinError, Span
 from purlinc.frontend import ast
-from purlinc.frontend.epilogue import Epilogue, check_epilogue
+from purlinc.frontend.epilogue import FUNCTIONS, Epilogue, check_epilogue, check_name
 from purlinc.frontend.spec import Chunk, Sizes, Slot, Spec
 
 RANK_VARIABLE = "r"
@@ -187,14 +187,28 @@ def _evaluate(expr: ast.Expr, scope: _Scope) -> int:
     return values[0]
 
 
-def _evaluate_range(rng: ast.Range, scope: _Scope) -> range:
+def _evaluate_range(rng: ast.Range, scope: _Scope, variable: str | None = None) -> range:
+    """The range's values in ``scope``; ``variable``: the loop variable it binds, if a loop's."""
     lo = _evaluate(rng.lo, scope)
     hi = _evaluate(rng.hi, scope)
+    if lo < 0 and variable is not None:
+        raise PurlinError(f"loop range {_short(rng)} starts at {lo}: a loop range starts at 0 or above", rng.span,
+                          _shifted_loop(variable, lo, hi))
     if lo < 0:
         raise PurlinError(f"range {_short(rng)} starts at {lo}, below 0 (chunk indices start at 0)", rng.span)
     if hi <= lo:
         raise PurlinError(f"range {_short(rng)} is empty ({lo}..{hi})", rng.span)
     return range(lo, hi)  # a range object holds two ints, whatever its length
+
+
+def _shifted_loop(variable: str, lo: int, hi: int) -> tuple[str, ...]:
+    """How to write a loop from ``lo`` < 0 (empty where the range is empty too): from 0, with
+    the uses shifted; '%' is floor modulo, so a rank index below 0 still wraps."""
+    if hi <= lo:
+        return ()
+    shift = f"{variable} - {-lo}"
+    return (f"count from 0 and shift the uses: 'for {variable} in 0..{hi - lo}' with '{shift}' in place of "
+            f"'{variable}' ('%' wraps below 0: (r + {shift}) % R)",)
 
 
 def _compare(condition: ast.Condition, scope: _Scope) -> bool:
@@ -363,7 +377,7 @@ class _Checker:
                     f"of the same name",
                     loop.span,
                 )
-            values = _evaluate_range(loop.range, inner)
+            values = _evaluate_range(loop.range, inner, loop.variable)
             # Every iteration names at least one chunk (ranges are never empty): a loop longer
             # than the budget is refused before it runs.
             if values.stop - values.start > self.chunks_left:
@@ -479,13 +493,13 @@ class _Checker:
         return {loop.variable for a in self.definition.assignments for item in a.layout for loop in item.loops}
 
     def taken_names(self) -> dict[str, str]:
-        """Names an operand cannot have, each with what it names (for the message); known
-        once the layouts are expanded (chunk names)."""
+        """Names an operand or an epilogue local cannot have, each with what it names (for the
+        message); known once the layouts are expanded (chunk names)."""
         return {**{k: "a Python keyword (no call could pass it by name)" for k in keyword.kwlist},
                 **{k: "an argument of the Python call" for k in CALL_KEYWORDS},
                 RANK_VARIABLE: "the rank", WORLD_VARIABLE: "the world size",
                 **{p: "a parameter" for p in self.params}, **{v: "a loop variable" for v in self._loop_variables()},
-                **{name: "a chunk" for name in self.arity}}
+                **{name: "a chunk" for name in self.arity}, **{f: "a function" for f in FUNCTIONS}}
 
     def sizes(self, inputs, input_spans, outputs, output_spans) -> Sizes | None:
         """The ``with sizes`` operand resolved for this R, or None; every rule of
@@ -496,9 +510,7 @@ class _Checker:
         if len(operands) > 1:
             raise PurlinError("a collective has at most one 'sizes' operand", operands[1].span)
         operand = operands[0]
-        taken = self.taken_names()
-        if operand.name in taken:
-            raise PurlinError(f"operand '{operand.name}' has the name of {taken[operand.name]}", operand.span)
+        check_name("operand", operand.name, operand.span, self.taken_names())
         self._check_operation(operand)
         if operand.chunk not in self.arity:
             raise PurlinError(f"'sizes {operand.name} ... of {operand.chunk}': no layout names a chunk "
@@ -565,6 +577,26 @@ def _namesakes(chunk: Chunk, producers: Mapping[Chunk, list[Slot]]) -> str:
     return f"the inputs name {len(same)} chunk{'s' if len(same) > 1 else ''} called '{chunk.name}': {shown}"
 
 
+def _parameters_named(conditions: Iterable[ast.Condition], bound: Mapping[str, int], given: Mapping[str, int],
+                      *, defaults_only: bool = False) -> tuple[str, ...]:
+    """A note giving the parameters ``conditions`` name and their values ("with k=1 (its
+    default)"): a 'where' that fails because of a default is otherwise a puzzle.
+    ``defaults_only``: leave out the given ones (a "while checking" note shows them)."""
+    named: set[str] = set()
+    stack: list[ast.Expr] = [side for condition in conditions for side in (condition.left, condition.right)]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Name):
+            named.add(node.name)
+        elif isinstance(node, ast.Negate):
+            stack.append(node.operand)
+        elif isinstance(node, ast.Binary):
+            stack += [node.left, node.right]
+    values = [f"{name}={value}" + ("" if name in given else " (its default)")
+              for name, value in bound.items() if name in named and not (defaults_only and name in given)]
+    return (f"with {', '.join(values)}",) if values else ()
+
+
 def _while_checking(definition: ast.CollectiveDef, world_size: int, params: Mapping[str, int]) -> str:
     bound = "".join(f", {k}={v}" for k, v in sorted(params.items()))
     return f"while checking {definition.name} for R={world_size}{bound}"
@@ -599,6 +631,7 @@ def check(definition: ast.CollectiveDef, world_size: int, params: Mapping[str, i
             raise PurlinError(
                 f"{definition.name} is not defined for R={world_size}: it requires {_short(failed)}",
                 failed.span,
+                _parameters_named((failed,), checker.params, params, defaults_only=True),
             )
         return checker.resolve()
     except PurlinError as error:
@@ -646,9 +679,10 @@ def check_all(
         check(definition, world_size, params, meter=meter)
         admitted.append(world_size)
     if not admitted:
-        sizes = list(world_sizes)
+        bound = _Checker(definition, world_sizes[0], params, meter).params  # bound for every size before
         raise PurlinError(
-            f"{definition.name} is defined for no world size in {sizes[0]}..{sizes[-1]}",
+            f"{definition.name} is defined for no world size in {world_sizes[0]}..{world_sizes[-1]}",
             definition.constraints[0].span if definition.constraints else definition.span,
+            _parameters_named(definition.constraints, bound, params),
         )
     return admitted

@@ -16,6 +16,7 @@ from purlinc.dtypes import DType
 from purlinc.errors import PurlinError, Span
 from purlinc.frontend import ast
 from purlinc.frontend.ast import OperandKind
+from purlinc.registry import UnknownNameError
 
 OUT = "out"  # the reduced output, in every epilogue
 # Functions an epilogue may call: name -> number of arguments.  rmsnorm(V, W, EPS) is
@@ -29,6 +30,12 @@ MAX_STATEMENTS = 64  # keeps generated code and checking small for any input
 # expression recursively, so a deeper one (a flat sum of 1000 terms) is refused here, where it
 # gets a location, instead of overflowing Python's stack there.
 MAX_DEPTH = 64
+# What the kernels need of a row (docs/LANGUAGE.md, "Rows"): whole 16-byte vectors, at most
+# MAX_ROW_VECTORS of them (a row's vectors are held in registers).  The language states the rule,
+# so it lives here: the checker refuses a length no dtype meets, code generation
+# (``purlinc.atom.epilogue.check_rows``) the length the call's dtype does not meet.
+VECTOR_BYTES = 16
+MAX_ROW_VECTORS = 2048  # rows up to 32 KiB (16,384 bf16 elements): at most 8 vectors per thread of 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,17 +140,95 @@ def _names(expr: ast.FExpr):
             stack.append(node.operand)
 
 
+# --- rows --------------------------------------------------------------------------------------
+
+
+def row_problem(row: int, dtype: DType) -> str | None:
+    """Why rows of ``row`` elements of ``dtype`` cannot run an epilogue, or None."""
+    if dtype.info.c_acc != "float":
+        return f"an epilogue computes in float32; {dtype.value} outputs are not supported"
+    row_bytes = row * dtype.itemsize
+    # the length first: of a row of 2**63 - 1 elements, "not a multiple of 16 bytes" is true but
+    # suggests one element more would do
+    if row_bytes > MAX_ROW_VECTORS * VECTOR_BYTES:
+        return (f"a row of {row:,} {dtype.value} elements is longer than the epilogue supports "
+                f"({MAX_ROW_VECTORS * VECTOR_BYTES // dtype.itemsize:,} elements)")
+    if row_bytes % VECTOR_BYTES:
+        return (f"a row of {row} {dtype.value} elements is {row_bytes} bytes, not a multiple of {VECTOR_BYTES} "
+                "(the kernels move 16-byte vectors)")
+    return None
+
+
+def _row_dtypes() -> tuple[DType, ...]:
+    """The dtypes an epilogue computes on (those ``row_problem`` can accept)."""
+    return tuple(d for d in DType if d.info.c_acc == "float")
+
+
+def _check_row_length(row: int, span: Span | None) -> None:
+    """Refuse a row length that no dtype can run, so ``check`` does not pass a spec every
+    compile refuses.  A length some dtypes run is valid: the kernel's dtype is checked when
+    one is generated (``row_problem``), and that error names it."""
+    dtypes = _row_dtypes()
+    if any(row_problem(row, d) is None for d in dtypes):
+        return
+    limit = MAX_ROW_VECTORS * VECTOR_BYTES
+    elements = f"{row:,} element{'' if row == 1 else 's'}"
+    raise PurlinError(f"a row of {elements} runs in no dtype: a row is a whole number of {VECTOR_BYTES}-byte "
+                      f"vectors, at most {limit // 1024} KiB (the kernels move rows as vectors held in registers)", span,
+                      (_row_rule(dtypes), _nearest_rows(row, dtypes)))
+
+
+def _row_rule(dtypes: tuple[DType, ...]) -> str:
+    """The rule in elements, per element size ("a multiple of 4 elements, at most 8,192, in
+    float32; ...")."""
+    sizes = sorted({d.itemsize for d in dtypes}, reverse=True)
+    parts = []
+    for size in sizes:
+        names = " and ".join(d.value for d in dtypes if d.itemsize == size)
+        parts.append(f"a multiple of {VECTOR_BYTES // size} elements, at most "
+                     f"{MAX_ROW_VECTORS * VECTOR_BYTES // size:,}, in {names}")
+    return "that is " + "; ".join(parts)
+
+
+def _nearest_rows(row: int, dtypes: tuple[DType, ...]) -> str:
+    """The valid lengths nearest ``row``, below and above, each with the dtypes that run it."""
+    candidates = set()
+    for d in dtypes:
+        step, most = VECTOR_BYTES // d.itemsize, MAX_ROW_VECTORS * VECTOR_BYTES // d.itemsize
+        candidates |= {min(row // step * step, most), -(-row // step) * step}
+    valid = [n for n in candidates if n >= 1 and any(row_problem(n, d) is None for d in dtypes)]
+    below, above = [n for n in valid if n < row], [n for n in valid if n > row]
+    nearest = ([max(below)] if below else []) + ([min(above)] if above else [])
+    shown = [f"{n:,} ({', '.join(d.value for d in dtypes if row_problem(n, d) is None)})" for n in nearest]
+    return ("the nearest lengths that run: " if len(shown) > 1 else "the nearest length that runs: ") + " and ".join(shown)
+
+
 # --- checking -----------------------------------------------------------------------------------
+
+
+def check_name(what: str, name: str, span: Span | None, taken: Mapping[str, str]) -> None:
+    """One naming rule for every name a spec declares beside its chunks, parameters and loop
+    variables (operands of every kind, epilogue locals): none may take a name ``taken`` holds
+    (name -> what it names, e.g. "a chunk"), so a name in a spec means one thing."""
+    if name in taken:
+        raise PurlinError(f"{what} '{name}' has the name of {taken[name]}", span)
+
+
+def default_taken(params: Mapping[str, int]) -> dict[str, str]:
+    """The names an operand or local cannot have where no checker gives the full table
+    (``check.taken_names``, which adds chunks, loop variables and the Python call's names)."""
+    return {"r": "the rank", "R": "the world size", **{p: "a parameter" for p in params},
+            **{f: "a function" for f in FUNCTIONS}}
 
 
 def check_operands(definition: ast.CollectiveDef, params: Mapping[str, int],
                    taken: Mapping[str, str] | None = None) -> dict[str, ast.OperandDecl]:
     """The ``with`` clause's epilogue operands by name: no two operands of one name (of any
     kind), none named like something else (``taken``: name -> what it is, e.g. "a chunk";
-    by default ``r``, ``R`` and the parameters), dtypes only on ``rows`` and only the ones an
-    epilogue can read and write."""
+    by default ``default_taken``), dtypes only on ``rows`` and only the ones an epilogue can
+    read and write."""
     if taken is None:
-        taken = {"r": "the rank", "R": "the world size", **{p: "a parameter" for p in params}}
+        taken = default_taken(params)
     seen: set[str] = set()
     declared: dict[str, ast.OperandDecl] = {}
     for decl in definition.operands:
@@ -152,8 +237,7 @@ def check_operands(definition: ast.CollectiveDef, params: Mapping[str, int],
         seen.add(decl.name)
         if not isinstance(decl, ast.OperandDecl):
             continue  # another section's operand kind (its own checker checks its name)
-        if decl.name in taken:
-            raise PurlinError(f"operand '{decl.name}' has the name of {taken[decl.name]}", decl.span)
+        check_name("operand", decl.name, decl.span, taken)
         if decl.dtype is not None:
             _operand_dtype(decl)
         declared[decl.name] = decl
@@ -171,20 +255,22 @@ def _operand_dtype(decl: ast.OperandDecl) -> DType:
         what = "is always float32" if decl.kind is OperandKind.SCALAR else "has the call's dtype"
         raise PurlinError(f"a {decl.kind.value} operand {what} (only rows operands declare a dtype)",
                           decl.dtype_span)
+    takes = "rows operands take " + ", ".join(d.value for d in ROWS_DTYPES)
     try:
-        dtype = DType.parse(decl.dtype)
-    except (KeyError, ValueError):
-        dtype = None
+        dtype = DType.parse(decl.dtype)  # the names and aliases --dtype and the Python call take
+    except UnknownNameError as error:  # its notes list the known names
+        raise PurlinError(error.message, decl.dtype_span, (*error.notes, takes)) from None
     if dtype not in ROWS_DTYPES:
-        raise PurlinError(f"an epilogue cannot write or read {decl.dtype}: rows operands take "
-                          + ", ".join(d.value for d in ROWS_DTYPES), decl.dtype_span)
+        raise PurlinError(f"an epilogue cannot write or read {dtype.value}: {takes}", decl.dtype_span)
     return dtype
 
 
 def check_epilogue(definition: ast.CollectiveDef, row: int, params: Mapping[str, int],
                    taken: Mapping[str, str] | None = None) -> Epilogue | None:
     """The checked epilogue of ``definition`` (None without one); ``row`` is its row
-    expression's value for the world size being checked; ``taken`` as for ``check_operands``."""
+    expression's value for the world size being checked; ``taken`` as for ``check_operands``
+    (locals follow the operands' naming rule)."""
+    taken = taken if taken is not None else default_taken(params)
     declared = check_operands(definition, params, taken)
     epilogue = definition.epilogue
     if epilogue is None:
@@ -194,12 +280,13 @@ def check_epilogue(definition: ast.CollectiveDef, row: int, params: Mapping[str,
                           epilogue.keyword_span)
     if row < 1:
         raise PurlinError(f"a row must hold at least one element, not {row}", epilogue.row.span)
+    _check_row_length(row, epilogue.row.span)
     if definition.sizes is not None:
         raise PurlinError("an epilogue needs chunks of the call's count: run-time sizes cannot carry one yet",
                           epilogue.keyword_span)
     if len(epilogue.statements) > MAX_STATEMENTS:
         raise PurlinError(f"an epilogue has at most {MAX_STATEMENTS} statements", epilogue.keyword_span)
-    written, locals_ = _check_statements(epilogue, declared)
+    written, locals_ = _check_statements(epilogue, declared, taken)
     read = {n.name for s in epilogue.statements for n in _names(s.value)}
     _check_locals_read(epilogue, locals_, read)
     operands = []
@@ -211,9 +298,11 @@ def check_epilogue(definition: ast.CollectiveDef, row: int, params: Mapping[str,
     return Epilogue(row, tuple(operands), epilogue.statements, epilogue.span, epilogue.row.span)
 
 
-def _check_statements(epilogue: ast.EpilogueDef, declared: Mapping[str, ast.OperandDecl]) -> tuple[set[str], set[str]]:
+def _check_statements(epilogue: ast.EpilogueDef, declared: Mapping[str, ast.OperandDecl],
+                      taken: Mapping[str, str]) -> tuple[set[str], set[str]]:
     """Walk the statements in order: names defined before use, targets assignable once,
-    function calls well formed.  Returns the buffers written and the locals."""
+    locals named as operands may be (``taken``), function calls well formed.  Returns the
+    buffers written and the locals."""
     locals_: set[str] = set()
     written: set[str] = set()
     norms: list[ast.FCall] = []
@@ -229,7 +318,7 @@ def _check_statements(epilogue: ast.EpilogueDef, declared: Mapping[str, ast.Oper
             norms.append(call)
         if len(norms) > 1:
             raise PurlinError("an epilogue has at most one rmsnorm (one reduction over the row)", norms[1].span)
-        _check_target(statement, declared, locals_, written)
+        _check_target(statement, declared, locals_, written, taken)
     if not written:
         raise PurlinError("the epilogue writes nothing: assign out or a rows operand", epilogue.keyword_span)
     return written, locals_
@@ -254,7 +343,8 @@ def _check_depth(expr: ast.FExpr) -> None:
                            "split it with locals: 'a = ...', then 'out = a + ...'",))
 
 
-def _check_target(statement: ast.EpilogueAssign, declared, locals_: set[str], written: set[str]) -> None:
+def _check_target(statement: ast.EpilogueAssign, declared, locals_: set[str], written: set[str],
+                  taken: Mapping[str, str]) -> None:
     target, span = statement.target, statement.target_span
     decl = declared.get(target)
     if target == OUT or (decl is not None and decl.kind is OperandKind.ROWS):
@@ -268,6 +358,7 @@ def _check_target(statement: ast.EpilogueAssign, declared, locals_: set[str], wr
     elif target in locals_:
         raise PurlinError(f"local '{target}' is assigned twice (locals are defined once)", span)
     else:
+        check_name("local", target, span, taken)
         locals_.add(target)
 
 
