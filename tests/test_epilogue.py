@@ -124,8 +124,8 @@ ERRORS = [
 ]
 
 
-# A local follows the operands' naming rule (one table: check.taken_names): each name below is
-# refused at the local, as it is at an operand.
+# A local follows the operands' naming rule for the spec's names (check.spec_names): each name
+# below is refused at the local, as it is at an operand.
 LOCAL = ('collective c(hidden = 8) with row w, scalar e {{\n    in[r] = x[r][0..1] for i in 0..1\n    out[r] = x[r][0]\n'
          '    reduce\n    epilogue rows(hidden) {{\n        {name} = out * 2\n        out = rmsnorm({name}, w, e)\n'
          '    }}\n}}\n')
@@ -133,8 +133,7 @@ LOCAL = ('collective c(hidden = 8) with row w, scalar e {{\n    in[r] = x[r][0..
 
 @pytest.mark.parametrize("name, what", [
     ("rmsnorm", "a function"), ("R", "the world size"), ("r", "the rank"), ("hidden", "a parameter"),
-    ("x", "a chunk"), ("i", "a loop variable"), ("count", "an argument of the Python call"),
-    ("lambda", "a Python keyword (no call could pass it by name)"),
+    ("x", "a chunk"), ("i", "a loop variable"),
 ])
 def test_a_local_named_like_something_else_is_refused(name, what):
     with pytest.raises(PurlinError) as info:
@@ -152,6 +151,14 @@ def test_a_local_named_like_something_else_is_refused(name, what):
 def test_other_local_names_and_dtype_aliases_are_accepted():
     spec = check(parse(LOCAL.format(name="c"), "fused.pln"), 2, {})  # the collective's own name: no clash
     assert [s.target for s in spec.epilogue.statements] == ["c", "out"]
+    # the Python call's names bind operands (keyword arguments), never a local: a local may take them
+    for name, what in (("count", "an argument of the Python call"),
+                       ("lambda", "a Python keyword (no call could pass it by name)")):
+        assert check(parse(LOCAL.format(name=name), "fused.pln"), 2, {}).epilogue is not None
+        operand = LOCAL.format(name="h").replace("scalar e", f"scalar {name}").replace("w, e)", f"w, {name})")
+        with pytest.raises(PurlinError) as info:
+            check(parse(operand, "fused.pln"), 2, {})
+        assert info.value.message == f"operand '{name}' has the name of {what}"
     for alias, dtype in (("bf16", DType.BFLOAT16), ("half", DType.FLOAT16), ("fp32", DType.FLOAT32)):
         source = FUSED.replace("rows residual", f"rows residual: {alias}")
         assert check(parse(source), 2).epilogue.operand("residual").dtype is dtype

@@ -428,7 +428,7 @@ class _Checker:
         """The checked epilogue (its row length evaluated for this world size), or None."""
         epilogue = self.definition.epilogue
         row = _evaluate(epilogue.row, self.base_scope()) if epilogue is not None else 0
-        return check_epilogue(self.definition, row, self.params, self.taken_names())
+        return check_epilogue(self.definition, row, self.params, self.taken_names(), self.spec_names())
 
     # --- producers ---------------------------------------------------------------------
     def resolve(self) -> Spec:
@@ -492,14 +492,18 @@ class _Checker:
     def _loop_variables(self) -> set[str]:
         return {loop.variable for a in self.definition.assignments for item in a.layout for loop in item.loops}
 
-    def taken_names(self) -> dict[str, str]:
-        """Names an operand or an epilogue local cannot have, each with what it names (for the
-        message); known once the layouts are expanded (chunk names)."""
-        return {**{k: "a Python keyword (no call could pass it by name)" for k in keyword.kwlist},
-                **{k: "an argument of the Python call" for k in CALL_KEYWORDS},
-                RANK_VARIABLE: "the rank", WORLD_VARIABLE: "the world size",
+    def spec_names(self) -> dict[str, str]:
+        """Names that mean something in the spec (for the message: what each names), which no
+        operand or epilogue local may take; known once the layouts are expanded (chunk names)."""
+        return {RANK_VARIABLE: "the rank", WORLD_VARIABLE: "the world size",
                 **{p: "a parameter" for p in self.params}, **{v: "a loop variable" for v in self._loop_variables()},
                 **{name: "a chunk" for name in self.arity}, **{f: "a function" for f in FUNCTIONS}}
+
+    def taken_names(self) -> dict[str, str]:
+        """Names an operand cannot have: the spec's (``spec_names``), and those a Python call
+        could not pass it by (operands are keyword arguments; a local is never passed)."""
+        return {**{k: "a Python keyword (no call could pass it by name)" for k in keyword.kwlist},
+                **{k: "an argument of the Python call" for k in CALL_KEYWORDS}, **self.spec_names()}
 
     def sizes(self, inputs, input_spans, outputs, output_spans) -> Sizes | None:
         """The ``with sizes`` operand resolved for this R, or None; every rule of

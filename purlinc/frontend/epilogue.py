@@ -266,11 +266,14 @@ def _operand_dtype(decl: ast.OperandDecl) -> DType:
 
 
 def check_epilogue(definition: ast.CollectiveDef, row: int, params: Mapping[str, int],
-                   taken: Mapping[str, str] | None = None) -> Epilogue | None:
+                   taken: Mapping[str, str] | None = None,
+                   local_taken: Mapping[str, str] | None = None) -> Epilogue | None:
     """The checked epilogue of ``definition`` (None without one); ``row`` is its row
-    expression's value for the world size being checked; ``taken`` as for ``check_operands``
-    (locals follow the operands' naming rule)."""
+    expression's value for the world size being checked; ``taken`` as for ``check_operands``;
+    ``local_taken``: the names a local cannot have (the spec's names, not the Python call's: a
+    local is never passed by name; default ``taken``)."""
     taken = taken if taken is not None else default_taken(params)
+    local_taken = local_taken if local_taken is not None else taken
     declared = check_operands(definition, params, taken)
     epilogue = definition.epilogue
     if epilogue is None:
@@ -286,7 +289,7 @@ def check_epilogue(definition: ast.CollectiveDef, row: int, params: Mapping[str,
                           epilogue.keyword_span)
     if len(epilogue.statements) > MAX_STATEMENTS:
         raise PurlinError(f"an epilogue has at most {MAX_STATEMENTS} statements", epilogue.keyword_span)
-    written, locals_ = _check_statements(epilogue, declared, taken)
+    written, locals_ = _check_statements(epilogue, declared, local_taken)
     read = {n.name for s in epilogue.statements for n in _names(s.value)}
     _check_locals_read(epilogue, locals_, read)
     operands = []
