@@ -70,7 +70,7 @@ from benchlib.plots import (  # noqa: F401  (re-exported)
     plot, _series,
 )
 from benchlib.files import (  # noqa: F401  (re-exported)
-    check_shape, load_results, median, ResultsError, results_json, write_all, _atomic_write,
+    check_mergeable, check_shape, load_results, median, ResultsError, results_json, write_all, _atomic_write,
 )
 from benchlib.rows import bad_timings  # noqa: F401  (re-exported)
 from benchlib.tables import bad_timing_line  # noqa: F401  (re-exported)
@@ -85,21 +85,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stem", default=None, help="output name stem (default: the first file's)")
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
+    out_dir = args.out_dir or args.json[0].parent
+    stem = args.stem or (args.json[0].stem if len(args.json) == 1 else args.json[0].stem + "-merged")
     try:
         docs = [load_results(p) for p in args.json]
+        check_mergeable(docs, args.json)
+        _check_output(out_dir, stem)
     except ResultsError as error:  # a user's file, not a bug: one line, no traceback
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
     doc = merge(docs)
-    out_dir = args.out_dir or args.json[0].parent
-    stem = args.stem or (args.json[0].stem if len(args.json) == 1 else args.json[0].stem + "-merged")
-    paths = write_all(doc, out_dir, stem, plots=not args.no_plots)
+    try:
+        paths = write_all(doc, out_dir, stem, plots=not args.no_plots)
+    except OSError as error:
+        print(f"{PROG}: error: {error.filename or out_dir}: cannot write the report ({error.strerror or error})",
+              file=sys.stderr)
+        return 2
     print(markdown(doc))
     print("wrote: " + ", ".join(str(p) for p in paths.values()))
     bad = bad_timings(prepared(doc)["rows"])
     if bad:
         print(f"{PROG}: {bad_timing_line(bad)}", file=sys.stderr)
     return 0
+
+
+def _check_output(out_dir: Path, stem: str) -> None:
+    """Where the report goes: a folder (made if missing) and a plain file name stem."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ResultsError(f"{out_dir}: --out-dir is a file, not a folder")
+    if not stem or stem in (".", "..") or "/" in stem or "\\" in stem or "\0" in stem:
+        raise ResultsError(f"--stem {stem!r}: should be a file name stem, without a folder")
 
 
 if __name__ == "__main__":

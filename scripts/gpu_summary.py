@@ -1,8 +1,14 @@
 """Summarise a GPU suite run (scripts/gpu_suite.sh): $OUT/steps.tsv, the JUnit files of the
-pytest steps and the JSON results the tests leave in $OUT -> summary.json and summary.md."""
+pytest steps and the JSON results the tests leave in $OUT -> summary.json and summary.md.
+
+    python3 scripts/gpu_summary.py [OUT]     (default: $OUT)
+
+A summary is written whatever the suite left: a bad line of steps.tsv is listed (and skipped),
+a JUnit file that cannot be parsed is reported as unreadable."""
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -41,15 +47,26 @@ def versions() -> dict:
     return found
 
 
+PROG = "gpu_summary.py"
+
+
 def junit(path: str) -> dict | None:
+    """The counts and failures of one JUnit file; None when there is none; ``{"unreadable":
+    why}`` when it cannot be read or parsed (a step cut short leaves a truncated file)."""
     if not os.path.exists(path):
         return None
-    root = ET.parse(path).getroot()
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError) as error:
+        return {"unreadable": f"{type(error).__name__}: {error}"}
     suites = [root] if root.tag == "testsuite" else list(root)
     result = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "failed": []}
     for suite in suites:
         for key in ("tests", "failures", "errors", "skipped"):
-            result[key] += int(suite.get(key, 0))
+            try:
+                result[key] += int(float(suite.get(key, 0)))
+            except ValueError:
+                return {"unreadable": f"{key}={suite.get(key)!r} is not a number"}
         for case in suite.iter("testcase"):
             bad = case.find("failure") if case.find("failure") is not None else case.find("error")
             if bad is not None:
@@ -58,13 +75,38 @@ def junit(path: str) -> dict | None:
     return result
 
 
+def _seconds(text: str) -> int | float:
+    value = float(text)
+    return int(value) if value.is_integer() else round(value, 1)
+
+
+def read_steps(path: str) -> tuple[list[dict], list[str]]:
+    """The steps of steps.tsv (name, rc, seconds; tab-separated) and a note per line that is
+    not one (blank lines are skipped silently); a missing or unreadable file is one note."""
+    steps, bad = [], []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as file:
+            lines = file.read().splitlines()
+    except OSError as error:
+        return [], [f"{path}: cannot read it ({error.strerror or error})"]
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        try:
+            if len(fields) != 3:
+                raise ValueError(f"{len(fields)} columns, expected 3 (name, rc, seconds)")
+            name, rc, seconds = fields
+            step = {"name": name, "rc": int(rc), "seconds": _seconds(seconds)}
+        except ValueError as error:
+            bad.append(f"{path} line {number}: {line[:200]!r}: {error}")
+            continue
+        steps.append({**step, "junit": junit(f"/tmp/purlin_{step['name']}.xml")})
+    return steps, bad
+
+
 def main(out: str) -> None:
-    steps = []
-    with open(os.path.join(out, "steps.tsv")) as file:
-        for line in file:
-            name, rc, seconds = line.rstrip("\n").split("\t")
-            steps.append({"name": name, "rc": int(rc), "seconds": int(seconds),
-                          "junit": junit(f"/tmp/purlin_{name}.xml")})
+    steps, bad_lines = read_steps(os.path.join(out, "steps.tsv"))
     results = {}
     for name in sorted(os.listdir(out)):
         if name.endswith(".json") and name != "summary.json":
@@ -85,6 +127,7 @@ def main(out: str) -> None:
         "versions": versions(),
         "seconds": int(os.environ.get("SUITE_SECONDS", 0)),
         "steps": steps,
+        "bad_steps_lines": bad_lines,
         "results": results,
     }
     with open(os.path.join(out, "summary.json"), "w") as file:
@@ -95,13 +138,19 @@ def main(out: str) -> None:
           "| step | rc | seconds | passed | failed | errors | skipped |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for s in steps:
         j = s["junit"] or {}
+        if "unreadable" in j:
+            md.append(f"| {s['name']} | {s['rc']} | {s['seconds']} | JUnit XML unreadable ({j['unreadable'][:200]}) "
+                      "| | | |")
+            continue
         md.append(f"| {s['name']} | {s['rc']} | {s['seconds']} | {j.get('passed', '')} | {j.get('failures', '')} "
                   f"| {j.get('errors', '')} | {j.get('skipped', '')} |")
+    if bad_lines:
+        md += ["", "Lines of steps.tsv skipped:"] + [f"- {line}" for line in bad_lines]
     for name, data in results.items():
         if isinstance(data, dict) and "passed" in data and "total" in data:
             md.append(f"\n{name}: {data['passed']}/{data['total']} checks passed")
     for s in steps:
-        if s["junit"] and s["junit"]["failed"]:
+        if s["junit"] and s["junit"].get("failed"):
             md += ["", f"## {s['name']} failures"] + [f"- {f}" for f in s["junit"]["failed"][:60]]
     md += ["", "```", summary["topology"], "```"]
     with open(os.path.join(out, "summary.md"), "w") as file:
@@ -109,5 +158,21 @@ def main(out: str) -> None:
     print("\n".join(md[:60]))
 
 
+def cli(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=PROG, description="Summarise a GPU suite run (scripts/gpu_suite.sh) into "
+                                 "OUT/summary.json and OUT/summary.md.")
+    ap.add_argument("out", nargs="?", default=None, help="the suite's output folder (default: $OUT)")
+    args = ap.parse_args(argv)
+    out = args.out or os.environ.get("OUT")
+    if not out:
+        print(f"{PROG}: error: no output folder: give it as the argument or set $OUT", file=sys.stderr)
+        return 2
+    if not os.path.isdir(out):
+        print(f"{PROG}: error: {out}: not a folder", file=sys.stderr)
+        return 2
+    main(out)
+    return 0
+
+
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else os.environ["OUT"])
+    sys.exit(cli())

@@ -2,7 +2,9 @@
 
     python3 scripts/readme_table.py [benchmarks/results/<stem>.json]
 
-Without an argument: the newest run in benchmarks/results/runs.csv whose JSON is there.
+Without an argument: the newest run in benchmarks/results/runs.csv whose JSON is there.  Only
+rows that ran, have a real time and were not found wrong are quoted (benchmarks/report.py's
+``ok``).
 
 Per collective: Purlin's default call beside the fastest NCCL setting of each size (named),
 graph mode with 100 calls per graph up to 1 MiB and 20 above (the largest count the run has
@@ -12,13 +14,21 @@ for that size), times in us up to 1 MiB and bus bandwidth above; every cell is
 
 from __future__ import annotations
 
+import argparse
 import csv
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+if str(BENCHMARKS) not in sys.path:  # benchlib: the one reader of a bench.py result
+    sys.path.insert(0, str(BENCHMARKS))
+
+from benchlib.files import load_results, ResultsError  # noqa: E402
+from benchlib.rows import normalize, ok  # noqa: E402
+
+PROG = "readme_table.py"
+RESULTS = BENCHMARKS / "results"
 
 SIZES = (1024, 65536, 1 << 20, 16 << 20, 256 << 20)
 HEADERS = ("1 KiB graph, us", "64 KiB graph, us", "1 MiB graph, us", "16 MiB busbw GB/s", "256 MiB busbw GB/s")
@@ -30,7 +40,7 @@ def _number(value: float) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    graph = [r for r in rows if r.get("mode") == "graph" and r.get("time_us") and not r.get("error")]
+    graph = [r for r in map(normalize, rows) if r.get("mode") == "graph" and ok(r)]
     calls = defaultdict(int)  # (collective, bytes) -> most calls per graph measured
     for r in graph:
         calls[r["collective"], r["bytes"]] = max(calls[r["collective"], r["bytes"]], r.get("calls_per_graph") or 0)
@@ -56,6 +66,8 @@ def table(rows: list[dict]) -> str:
             ratio = best["time_us"] / mine["time_us"]
             if size <= 1 << 20:
                 cells.append(f"{_number(mine['time_us'])} / {_number(best['time_us'])} {name} ({ratio:.2f}x)")
+            elif mine.get("busbw_gbps") is None or best.get("busbw_gbps") is None:
+                cells.append("-")  # a timed row without its bandwidth: nothing to quote
             else:
                 cells.append(f"{mine['busbw_gbps']:.0f} / {best['busbw_gbps']:.0f} {name} ({ratio:.2f}x)")
         lines.append(f"| {collective} | " + " | ".join(cells) + " |")
@@ -64,12 +76,15 @@ def table(rows: list[dict]) -> str:
 
 def newest() -> Path:
     """The newest run (runs.csv is in date and run order) whose JSON is committed."""
-    runs = list(csv.DictReader((RESULTS / "runs.csv").open(encoding="utf-8")))
+    try:
+        runs = list(csv.DictReader((RESULTS / "runs.csv").open(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise ResultsError(f"{RESULTS / 'runs.csv'}: cannot read the list of runs ({error})") from None
     for run in reversed(runs):
-        path = RESULTS / f"{run['run']}.json"
-        if path.exists():
+        path = RESULTS / f"{run.get('run')}.json"
+        if run.get("run") and path.exists():
             return path
-    raise SystemExit(f"no run of {RESULTS / 'runs.csv'} has its JSON in {RESULTS}")
+    raise ResultsError(f"{RESULTS / 'runs.csv'}: no run has its JSON in {RESULTS}")
 
 
 def caption(path: Path, meta: dict) -> str:
@@ -83,9 +98,18 @@ def caption(path: Path, meta: dict) -> str:
             "bandwidth by nccl-tests' conventions.")
 
 
-def main() -> int:
-    path = Path(sys.argv[1]) if len(sys.argv) > 1 else newest()
-    doc = json.loads(path.read_text(encoding="utf-8"))
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=PROG, description="The README's results table from a benchmarks/bench.py "
+                                 "results JSON, as Markdown.")
+    ap.add_argument("json", nargs="?", type=Path, default=None,
+                    help="a results JSON (default: the newest run of benchmarks/results/runs.csv whose JSON is there)")
+    args = ap.parse_args(argv)
+    try:
+        path = args.json or newest()
+        doc = load_results(path)
+    except ResultsError as error:  # a user's file, not a bug: one line, no traceback
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
     print(caption(path, doc.get("meta", {})) + "\n")
     print(table(doc["rows"]))
     return 0

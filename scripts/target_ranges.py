@@ -11,13 +11,15 @@ that point's count (the count says "of N").
 
 from __future__ import annotations
 
-import json
+import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import report  # noqa: E402
+
+PROG = "target_ranges.py"
 
 
 def _span(values: list[float]) -> str:
@@ -55,11 +57,16 @@ def ranges(docs: list[dict]) -> str:
     return "\n".join(out)
 
 
-def main() -> int:
-    if len(sys.argv) < 2:
-        print(__doc__, file=sys.stderr)
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=PROG, description="Issue #11's targets over several benchmarks/bench.py "
+                                 "runs, as Markdown.")
+    ap.add_argument("json", nargs="+", type=Path, help="results JSON files, one per run")
+    args = ap.parse_args(argv)
+    try:
+        docs = [report.load_results(path) for path in args.json]
+    except report.ResultsError as error:  # a user's file, not a bug: one line, no traceback
+        print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
-    docs = [json.loads(Path(path).read_text()) for path in sys.argv[1:]]
     print(ranges(docs))
     return 0
 

@@ -475,14 +475,22 @@ def test_report_cli_rejects_a_missing_file(tmp_path, capsys):
 
 
 def test_every_stored_results_file_reads():
-    """The shape check accepts what bench.py has written (benchmarks/results)."""
+    """The shape check accepts what bench.py has written (benchmarks/results) and refuses the
+    other tools' results there (e2e, moe_dispatch, epilogue: rows without a collective)."""
     files = sorted((BENCH / "results").glob("*.json"))
     docs = [f for f in files if not f.name.endswith("-tuning.json") and '"rows"' in f.read_text()[:200000]]
+    read = 0
     for f in docs:
         doc = json.loads(f.read_text())
         if isinstance(doc, dict) and isinstance(doc.get("rows"), list) and doc["rows"] \
-                and isinstance(doc["rows"][0], dict) and "system" in doc["rows"][0]:
-            report.load_results(f)
+                and isinstance(doc["rows"][0], dict):
+            if {"system", "variant", "collective"} <= set(doc["rows"][0]):
+                report.load_results(f)
+                read += 1
+            else:
+                with pytest.raises(report.ResultsError, match="not a benchmarks/bench.py result"):
+                    report.load_results(f)
+    assert read >= 3  # run21 and the two in-situ runs
 
 
 # --------------------------------------------------------------------------- markdown, files, plots
@@ -975,3 +983,166 @@ def test_an_in_situ_time_at_or_below_zero_is_a_measurement_not_an_error():
     assert bad["time_us"] is None and not rows.ok(bad) and "is not a finite number" in bad["error"]
     graph = rows.normalize({**base, "mode": "graph", "time_us": 0.0})
     assert graph["time_us"] is None and "is not a finite positive number" in graph["error"]
+
+
+# --------------------------------------------------------------------------- only bench.py results
+
+
+SCRIPTS = BENCH.parent / "scripts"
+
+
+def _bench_file(tmp_path, name="run.json", *, world=2, rows=None) -> Path:
+    path = tmp_path / name
+    doc = {"meta": {"world_size": world}, "rows": rows if rows is not None else [
+        row("nccl", "default", "allreduce", KiB, "graph", 8.0, world=world),
+        row("purlin", "default", "allreduce", KiB, "graph", 3.0, world=world)]}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("name", ["2026-12-02-h200x1-loopback-moe.json", "2026-12-02-h200x1-loopback-e2e-r4.json",
+                                  "2026-12-02-h200x1-loopback-epilogue.json"])
+def test_report_refuses_another_tools_result_and_leaves_it_alone(tmp_path, capsys, name):
+    src = tmp_path / name
+    src.write_text((BENCH / "results" / name).read_text())
+    before = src.read_text()
+    assert report.main([str(src), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"report.py: error: {src}: row 0: no ") \
+        and "not a benchmarks/bench.py result" in err, err
+    assert src.read_text() == before and sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def test_two_rows_with_one_key_are_an_error_naming_the_key(tmp_path, capsys):
+    twice = row("nccl", "default", "allreduce", KiB, "graph", 8.0)
+    src = _bench_file(tmp_path, rows=[twice, dict(twice, time_us=9.0)])
+    assert report.main([str(src), "--no-plots"]) == 2
+    assert capsys.readouterr().err == (f"report.py: error: {src}: rows 0 and 1 have the same key (system nccl, "
+                                       "variant default, collective allreduce, bytes 1024, mode graph, "
+                                       "calls_per_graph None)\n")
+
+
+def test_merging_runs_of_different_world_sizes_is_refused(tmp_path, capsys):
+    two, four = _bench_file(tmp_path, "r2.json"), _bench_file(tmp_path, "r4.json", world=4)
+    assert report.main([str(two), str(four), "--out-dir", str(tmp_path / "out"), "--no-plots"]) == 2
+    assert capsys.readouterr().err == (f"report.py: error: {four}: world size 4, but {two} has world size 2; runs "
+                                       "of different world sizes cannot be merged into one report\n")
+    assert not (tmp_path / "out").exists()
+    assert report.main([str(two), str(_bench_file(tmp_path, "again.json")), "--out-dir", str(tmp_path / "out"),
+                        "--no-plots"]) == 0
+
+
+@pytest.mark.parametrize("change,says", [
+    (lambda d: d["rows"][0].update(variant=None), "row 0: no variant: not a benchmarks/bench.py result"),
+    (lambda d: d["rows"][1].update(world_size=4), "row 1: world_size 4 differs from the run's 2"),
+    (lambda d: d["meta"].update(purlin_footprint="x"), "meta purlin_footprint should be an object, not a string"),
+    (lambda d: d["meta"].update(peaks={"ce": {"points": [{"bytes": "1K", "gbps": 3.0}]}}),
+     "meta peaks 'ce' point bytes '1K' should be an integer (or null), not a string"),
+    (lambda d: d["rows"][0].update(checked="no"), "row 0: checked 'no' should be a boolean (or null)"),
+    (lambda d: d["rows"][0].update(options="x"), "row 0: options 'x' should be an object (or null)"),
+    (lambda d: d["rows"][0].update(busbw_gbps="x"), "row 0: busbw_gbps 'x' should be a number (or null)"),
+])
+def test_report_rejects_bad_fields_in_one_line(tmp_path, capsys, change, says):
+    src = _bench_file(tmp_path)
+    doc = json.loads(src.read_text())
+    change(doc)
+    src.write_text(json.dumps(doc))
+    assert report.main([str(src), "--out-dir", str(tmp_path / "out"), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"report.py: error: {src}: ") and says in err, err
+
+
+def test_report_rejects_deeply_nested_json(tmp_path, capsys):
+    src = tmp_path / "deep.json"
+    src.write_text("[" * 100000 + "]" * 100000)
+    assert report.main([str(src), "--no-plots"]) == 2
+    assert capsys.readouterr().err.startswith(f"report.py: error: {src}: JSON nested too deeply to read")
+
+
+def test_report_rejects_a_bad_out_dir_or_stem(tmp_path, capsys):
+    src, afile = _bench_file(tmp_path), tmp_path / "afile"
+    afile.write_text("")
+    assert report.main([str(src), "--out-dir", str(afile), "--no-plots"]) == 2
+    assert capsys.readouterr().err == f"report.py: error: {afile}: --out-dir is a file, not a folder\n"
+    assert report.main([str(src), "--out-dir", str(tmp_path), "--stem", "a/b", "--no-plots"]) == 2
+    assert capsys.readouterr().err == "report.py: error: --stem 'a/b': should be a file name stem, without a folder\n"
+
+
+@pytest.mark.parametrize("script", ["target_ranges", "results_history", "readme_table"])
+@pytest.mark.parametrize("text,says", [
+    ("", "the results file is empty"),
+    ('{"meta": {}, "rows": [', "not JSON"),
+    ("[]", "got a list"),
+    ('{"meta": {}}', 'got no "rows"'),
+    ('{"meta": {}, "rows": null}', 'got "rows" null'),
+    (None, "cannot read the results file"),
+])
+def test_scripts_reject_a_file_they_cannot_read_in_one_line(tmp_path, capsys, script, text, says):
+    """The scripts read results through benchlib.files.load_results: one line, exit 2."""
+    module = _load(script, SCRIPTS)
+    src = tmp_path / "in.json"
+    if text is not None:
+        src.write_text(text)
+    assert module.main([str(src)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"{script}.py: error: {src}: " + err.split(f"{src}: ", 1)[1] and says in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("script", ["target_ranges", "results_history", "readme_table"])
+def test_scripts_have_help(capsys, script):
+    with pytest.raises(SystemExit) as stop:
+        _load(script, SCRIPTS).main(["--help"])
+    assert stop.value.code == 0 and capsys.readouterr().out.startswith(f"usage: {script}.py")
+
+
+def test_results_history_skips_unchecked_rows_and_refuses_other_files(tmp_path, monkeypatch, capsys):
+    history = _load("results_history", SCRIPTS)
+    monkeypatch.setattr(history, "HISTORY", tmp_path / "history.csv")
+    monkeypatch.setattr(history, "RUNS", tmp_path / "runs.csv")
+    rows = [row("nccl", "default", "allreduce", KiB, "graph", 8.0),
+            row("purlin", "default", "allreduce", KiB, "graph", 0.5, checked=False),
+            row("purlin", "default", "allreduce", MiB, "graph", 30.0)]
+    src = _bench_file(tmp_path, "2026-12-09-h200x2.json", rows=rows)
+    assert history.main([str(src)]) == 0
+    kept = (tmp_path / "history.csv").read_text().splitlines()[1:]
+    assert [line.split(",")[5:7] + [line.split(",")[2]] for line in kept] == [
+        ["nccl", "default", "1024"], ["purlin", "default", "1048576"]]
+    e2e = BENCH / "results" / "2026-12-02-h200x1-loopback-e2e-r4.json"
+    assert history.main([str(e2e)]) == 2
+    assert "not a benchmarks/bench.py result" in capsys.readouterr().err
+    assert len((tmp_path / "runs.csv").read_text().splitlines()) == 2  # header and the one bench run
+
+
+def _summary(tmp_path, steps: str, monkeypatch):
+    gpu = _load("gpu_summary", SCRIPTS)
+    monkeypatch.setattr(gpu, "sh", lambda cmd: "")
+    monkeypatch.setattr(gpu, "versions", lambda: {})
+    (tmp_path / "steps.tsv").write_text(steps)
+    assert gpu.cli([str(tmp_path)]) == 0
+    return json.loads((tmp_path / "summary.json").read_text()), (tmp_path / "summary.md").read_text()
+
+
+def test_gpu_summary_skips_and_lists_bad_steps_lines(tmp_path, monkeypatch, capsys):
+    summary, md = _summary(tmp_path, "zz_a\t0\t12\n\nzz_b\t1\t2.5\nzz_c\t0\nzz_d\tx\t3\n", monkeypatch)
+    assert [(s["name"], s["rc"], s["seconds"]) for s in summary["steps"]] == [("zz_a", 0, 12), ("zz_b", 1, 2.5)]
+    assert [line.split(": ", 1)[0].rsplit(" ", 2)[1:] for line in summary["bad_steps_lines"]] == [
+        ["line", "4"], ["line", "5"]]
+    assert "2 columns, expected 3" in md and "Lines of steps.tsv skipped:" in md
+
+
+def test_gpu_summary_reports_an_unreadable_junit_file(tmp_path, monkeypatch, capsys):
+    name = f"zz_gpu_summary_{tmp_path.name}"
+    xml = Path(f"/tmp/purlin_{name}.xml")
+    xml.write_text('<testsuite tests="3"')
+    try:
+        summary, md = _summary(tmp_path, f"{name}\t0\t3\n", monkeypatch)
+    finally:
+        xml.unlink()
+    assert summary["steps"][0]["junit"]["unreadable"].startswith("ParseError")
+    assert f"| {name} | 0 | 3 | JUnit XML unreadable (ParseError" in md
+
+
+def test_gpu_summary_without_a_folder_says_so(monkeypatch, capsys):
+    monkeypatch.delenv("OUT", raising=False)
+    assert _load("gpu_summary", SCRIPTS).cli([]) == 2
+    assert capsys.readouterr().err == "gpu_summary.py: error: no output folder: give it as the argument or set $OUT\n"

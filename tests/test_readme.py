@@ -51,3 +51,31 @@ def test_ci_runs_every_test_file_that_needs_torch():
     skips = re.compile(r'^(\w+ = )?pytest\.importorskip\("torch"\)', re.M)  # at module level
     needing = sorted(p.name for p in (ROOT / "tests").glob("test_*.py") if skips.search(p.read_text(encoding="utf-8")))
     assert needing and [name for name in needing if f"tests/{name}" not in ci] == []
+
+
+def _readme_table():
+    spec = importlib.util.spec_from_file_location("readme_table", ROOT / "scripts" / "readme_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_results_table_skips_rows_found_wrong():
+    """A Purlin row whose check failed is never quoted (report.py's ``ok``), however fast."""
+    def timed(system, variant, time_us, checked=True):
+        return {"system": system, "variant": variant, "collective": "allreduce", "bytes": 1024, "mode": "graph",
+                "calls_per_graph": 100, "time_us": time_us, "busbw_gbps": 1.0, "checked": checked, "error": None}
+    module = _readme_table()
+    good = module.table([timed("nccl", "default", 6.0), timed("purlin", "default", 3.0)])
+    assert "| allreduce | 3 / 6 default (2.00x) |" in good
+    wrong = module.table([timed("nccl", "default", 6.0), timed("purlin", "default", 0.5, checked=False)])
+    assert "| allreduce | - |" in wrong
+
+
+def test_results_table_refuses_another_tools_result():
+    made = subprocess.run([sys.executable, str(ROOT / "scripts" / "readme_table.py"),
+                           str(ROOT / "benchmarks" / "results" / "2026-12-02-h200x1-loopback-moe.json")],
+                          capture_output=True, text=True)
+    assert made.returncode == 2 and made.stdout == ""
+    assert made.stderr.startswith("readme_table.py: error: ") and "not a benchmarks/bench.py result" in made.stderr
+    assert made.stderr.count("\n") == 1

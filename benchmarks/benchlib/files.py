@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 
 from benchlib.plots import plot
-from benchlib.rows import finite_only, normalize, prepared, tuning_table
+from benchlib.rows import finite_only, KEY_FIELDS, normalize, prepared, row_key, tuning_table, world_size_of
 from benchlib.tables import markdown
 
 
@@ -24,6 +24,12 @@ class ResultsError(ValueError):
 ROW_TYPES = {"system": str, "variant": str, "collective": str, "mode": str, "dtype": str,
              "bytes": int, "count": int, "world_size": int, "calls_per_graph": int}
 POSITIVE = ("world_size", "calls_per_graph")  # counts of ranks and calls: 0 or less is no run
+# Every row bench.py writes names these, error rows too: a file whose rows do not is another
+# tool's result (moe_dispatch, e2e, epilogue ...), which the report would collapse and rewrite.
+REQUIRED = ("system", "variant", "collective")
+ROW_KINDS = {"checked": (bool, "a boolean"), "options": (dict, "an object"),
+             "algbw_gbps": ((int, float), "a number"), "busbw_gbps": ((int, float), "a number")}
+META_OBJECTS = ("peaks", "purlin_footprint", "nccl_variants")  # meta fields the report reads as objects
 SHAPE = 'a JSON object {"meta": {...}, "rows": [{...}, ...]} as benchmarks/bench.py writes it'
 
 
@@ -57,6 +63,14 @@ def _check_row(row, where: str) -> None:
             raise ResultsError(f"{where}: {key} {row[key]} should be at least 1")
     if row.get("bytes") is not None and row["bytes"] < 0:
         raise ResultsError(f"{where}: bytes {row['bytes']} should be at least 0")
+    for key, (kind, want) in ROW_KINDS.items():
+        value = row.get(key)
+        if value is not None and (not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))):
+            raise ResultsError(f"{where}: {key} {value!r} should be {want} (or null), not {_json_type(value)}")
+    missing = [key for key in REQUIRED if row.get(key) is None]
+    if missing:
+        raise ResultsError(f"{where}: no {' or '.join(missing)}: not a benchmarks/bench.py result (its rows "
+                           f"name {', '.join(REQUIRED)})")
 
 
 def _check_meta(meta, where: str) -> None:
@@ -65,13 +79,20 @@ def _check_meta(meta, where: str) -> None:
     ws = meta.get("world_size")
     if ws is not None and not (_is(ws, int) and ws >= 1):
         raise ResultsError(f"{where}: meta world_size {ws!r} should be a positive integer")
-    peaks = meta.get("peaks")
-    if peaks is not None and not isinstance(peaks, dict):
-        raise ResultsError(f"{where}: meta peaks should be an object, not {_json_type(peaks)}")
-    for method, m in (peaks or {}).items():
+    for key in META_OBJECTS:
+        value = meta.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise ResultsError(f"{where}: meta {key} should be an object, not {_json_type(value)}")
+    for method, m in (meta.get("peaks") or {}).items():
         points = m.get("points", []) if isinstance(m, dict) else []
         if not isinstance(points, list) or not all(isinstance(p, dict) for p in points):
             raise ResultsError(f"{where}: meta peaks {method!r} points should be a list of objects")
+        for point in points:
+            for key, kind, want in (("bytes", int, "an integer"), ("gbps", (int, float), "a number")):
+                value = point.get(key)
+                if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+                    raise ResultsError(f"{where}: meta peaks {method!r} point {key} {value!r} should be {want} "
+                                       f"(or null), not {_json_type(value)}")
 
 
 def check_shape(doc, where: str) -> dict:
@@ -86,12 +107,46 @@ def check_shape(doc, where: str) -> dict:
     _check_meta(doc.get("meta", {}), where)
     for i, row in enumerate(doc["rows"]):
         _check_row(row, f"{where}: row {i}")
+    _check_world(doc, where)
+    seen: dict[tuple, int] = {}
+    for i, row in enumerate(doc["rows"]):
+        key = row_key(normalize(row))
+        if key in seen:  # a merge would keep one of them without a word
+            named = ", ".join(f"{k} {v}" for k, v in zip(KEY_FIELDS, key))
+            raise ResultsError(f"{where}: rows {seen[key]} and {i} have the same key ({named})")
+        seen[key] = i
     return doc
 
 
+def _check_world(doc: dict, where: str) -> None:
+    """One world size per run: the rows' (where given) are the meta's."""
+    ws = doc.get("meta", {}).get("world_size")
+    for i, row in enumerate(doc["rows"]):
+        if row.get("world_size") is None:
+            continue
+        if ws is None:
+            ws = row["world_size"]
+        elif row["world_size"] != ws:
+            raise ResultsError(f"{where}: row {i}: world_size {row['world_size']} differs from the run's {ws}; "
+                               "one results file is one world size")
+
+
+def check_mergeable(docs: list[dict], paths: list) -> None:
+    """Runs merged into one report share a world size (the tables, targets and tuning table
+    are per world size); ResultsError naming both files otherwise.  A run that states none is
+    taken as any."""
+    known = [(world_size_of(doc), path) for doc, path in zip(docs, paths) if world_size_of(doc)]
+    for ws, path in known[1:]:
+        if ws != known[0][0]:
+            raise ResultsError(f"{path}: world size {ws}, but {known[0][1]} has world size {known[0][0]}; "
+                               "runs of different world sizes cannot be merged into one report")
+
+
 def load_results(path: Path) -> dict:
-    """The results document in ``path``, its shape checked; ResultsError (one line) when the
-    file cannot be read, is empty, is not JSON or has another shape."""
+    """The results document in ``path``, validated (``check_shape``): the one reader of a
+    bench.py result for the report and the scripts (readme_table, results_history,
+    target_ranges).  ResultsError (one line naming the file) when the file cannot be read, is
+    empty, is not JSON, has another shape or is another tool's result."""
     try:
         text = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as error:
@@ -104,6 +159,8 @@ def load_results(path: Path) -> dict:
     except json.JSONDecodeError as error:
         raise ResultsError(f"{path}: not JSON ({error.msg} at line {error.lineno} column {error.colno}); "
                            f"expected {SHAPE}") from None
+    except RecursionError:
+        raise ResultsError(f"{path}: JSON nested too deeply to read; expected {SHAPE}") from None
     return check_shape(doc, str(path))
 
 

@@ -158,8 +158,17 @@ def with_limits(row: dict) -> dict:
     return row
 
 
+KEY_FIELDS = ("system", "variant", "collective", "bytes", "mode", "calls_per_graph")
+
+
+def row_key(row: dict) -> tuple:
+    """What names a measurement: a run has one row per key, and a merge keeps the later one."""
+    return tuple(row.get(k) for k in KEY_FIELDS)
+
+
 def merge(docs: list[dict]) -> dict:
-    """Later documents win for the same (system, variant, collective, bytes, mode, calls) key."""
+    """Later documents win for the same (system, variant, collective, bytes, mode, calls) key
+    (``row_key``; one document has one row per key: benchlib.files.check_shape)."""
     if not docs:
         return {"meta": {}, "rows": []}
     meta = dict(docs[0].get("meta", {}))
@@ -167,9 +176,7 @@ def merge(docs: list[dict]) -> dict:
     for doc in docs:
         for row in doc.get("rows", []):
             row = normalize(row)
-            key = (row.get("system"), row.get("variant"), row.get("collective"), row.get("bytes"), row.get("mode"),
-                   row.get("calls_per_graph"))
-            keyed[key] = row
+            keyed[row_key(row)] = row
     if len(docs) > 1:
         meta["merged_from"] = [d.get("meta", {}).get("run_id") for d in docs]
         for d in docs[1:]:  # keep the best peak measurements any run made
