@@ -127,6 +127,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.child_timeout_s is None:
         args.child_timeout_s = 110.0 if args.quick else 150.0
     args.calls_list = list(args.calls_per_graph)  # positive integers (argtypes.positive_int_list)
+    if args.variants is not None and not args.variants.strip():  # '' is no list, not "all" (leave it out)
+        ap.error(f"--variants: no Purlin variants given ({args.variants!r}); leave --variants out for all")
+    if HIER not in _selected(args.systems):  # the option only shapes the purlin/hierarchical rows
+        args.hier_gpus_per_node = ""
     try:
         args.nccl_list = _nccl_variants(args.nccl_variants)
         _check_files(args)
@@ -134,6 +138,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     except ValueError as error:  # PlanError, ResultsError: one line naming the option or file
         ap.error(str(error))
     return args
+
+
+def _selected(systems: str) -> list[str]:
+    """--systems' names, or every system where the list is bad (make_plan says what is wrong)."""
+    try:
+        return argtypes.names(systems, SYSTEMS, "systems")
+    except ValueError:
+        return list(SYSTEMS)
 
 
 def _nccl_variants(text: str) -> list[str]:

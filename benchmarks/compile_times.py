@@ -40,6 +40,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))  # benchlib
+
+from benchlib import argtypes  # noqa: E402
+
 EXAMPLES = REPO / "examples"
 STANDARD = ("allgather", "allreduce", "alltoall", "broadcast", "gather", "reduce", "reduce_scatter", "scatter")
 TARGETS = (("sm_80", "ldst"), ("sm_90", "ldst"), ("sm_90", "tma"), ("sm_100", "ldst"), ("sm_100", "tma"))
@@ -344,7 +348,8 @@ def main() -> int:
     parser.add_argument("--kernels", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="which figures to measure")
     parser.add_argument("--targets", action="store_true", help="also per-target compile times (allgather, allreduce)")
-    parser.add_argument("--limit-scale", type=float, default=1.0, help="multiply every time limit")
+    parser.add_argument("--limit-scale", type=argtypes.positive_float, default=1.0,
+                        help="multiply every time limit (a finite number above 0)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     args = parser.parse_args()
     if args.child:

@@ -35,11 +35,17 @@ sys.path.insert(0, str(ROOT / "tests" / "gpu"))  # _common: the GPU tests' helpe
 # (runtime graph buffers): stage them, so both sides time the schedule the row names.
 os.environ.setdefault("PURLIN_GRAPH_BUFFERS", "stage")
 
-from benchlib import argtypes  # noqa: E402
-import torch  # noqa: E402
+from benchlib import argtypes, needs  # noqa: E402  (no torch: the arguments are checked without it)
 
-import purlinc  # noqa: E402
-from _graph_timing import capture, issue, replay_us, spread, write_results  # noqa: E402
+try:  # the measuring half; main() says in one line what is missing (torch, a GPU) before using it
+    import torch  # noqa: E402
+
+    import purlinc  # noqa: E402
+    from _graph_timing import capture, issue, replay_us, spread, write_results  # noqa: E402
+except ImportError as error:
+    _IMPORT_ERROR: ImportError | None = error
+else:
+    _IMPORT_ERROR = None
 
 FUSED = ROOT / "examples" / "fused" / "allreduce_add_rmsnorm.pln"
 PLAIN = "collective allreduce_one_chunk { in[r] = x  out[r] = x  reduce }"  # the same, without the epilogue
@@ -54,7 +60,7 @@ def _schedule(text: str) -> tuple:
     """--schedules item: ALGORITHM[-ll]:CHANNELS, e.g. direct-push-ll:8 or two-shot:8."""
     name, _, channels = text.partition(":")
     packed = name.endswith("-ll")
-    return (name[:-3] if packed else name, packed, int(channels or 1))
+    return (name[:-3] if packed else name, packed, argtypes.positive_int(channels or "1"))
 
 
 # --parts: the fused epilogue taken apart, each part its own spec timed like the whole (what
@@ -198,6 +204,11 @@ def main(argv=None) -> int:
                         help="also trace CALLS calls of each variant (traced builds) and report the device cycles of "
                              "the reduce block (with the epilogue, when fused) and of the whole round, medians")
     args = parser.parse_args(argv)
+    # before the first CUDA call (not after every point, losing the rows): one line, exit 2
+    needs.require("epilogue_overhead.py", "python benchmarks/epilogue_overhead.py, every rank on cuda:0",
+                  torchrun=False)
+    if _IMPORT_ERROR is not None:  # torch is there, so this is something else: show it whole
+        raise _IMPORT_ERROR
     rows, errors = [], []
     for world in args.ranks:
         for n in args.rows:

@@ -24,13 +24,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # benchlib
 
-from benchlib import argtypes  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+from benchlib import argtypes, needs  # noqa: E402  (no torch: the arguments are checked without it)
 
-import purlinc  # noqa: E402
-from purlinc.runtime import driver, interop  # noqa: E402
-from cuda.bindings import driver as cu  # noqa: E402
+try:  # the measuring half; main() says in one line what is missing (torch, a GPU) before using it
+    import torch  # noqa: E402
+    import torch.distributed as dist  # noqa: E402
+
+    import purlinc  # noqa: E402
+    from purlinc.runtime import driver, interop  # noqa: E402
+    from cuda.bindings import driver as cu  # noqa: E402
+except ImportError as error:
+    _IMPORT_ERROR: ImportError | None = error
+else:
+    _IMPORT_ERROR = None
 
 EXAMPLES = ROOT / "examples"
 
@@ -69,13 +75,21 @@ def gpu_per_call_us(fn, iters: int, reps: int) -> list[float]:
 EMPTY_KERNEL = 'extern "C" __global__ void purlin_empty(const unsigned long long* args) {}'
 
 
-def main() -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--bytes", type=argtypes.positive_int, default=1024)
     ap.add_argument("--iters", type=argtypes.positive_int, default=2000)
     ap.add_argument("--reps", type=argtypes.positive_int, default=5)
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    # before the first CUDA call: one line, exit 2, where torchrun, torch or the GPUs are missing
+    needs.require("host_path.py", "torchrun --nproc_per_node=2 benchmarks/host_path.py --out DIR", torchrun=True)
+    if _IMPORT_ERROR is not None:  # torch is there, so this is something else: show it whole
+        raise _IMPORT_ERROR
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))

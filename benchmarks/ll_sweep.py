@@ -17,6 +17,7 @@ behind the choice of ``THREADS_PACKED`` (see purlinc/atom/codegen/limits.py).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -30,16 +31,24 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import numpy as np  # noqa: E402
-from benchlib import argtypes  # noqa: E402
-import torch  # noqa: E402
+from benchlib import argtypes, needs  # noqa: E402  (no torch: the arguments are checked without it)
 
-import purlinc  # noqa: E402
-from purlinc.atom.codegen import limits  # noqa: E402
-from purlinc.dtypes import DType  # noqa: E402
-from _graph_timing import capture, checked_call, replay_us, spread, write_results  # noqa: E402
+try:  # the measuring half; main() says in one line what is missing (torch, a GPU) before using it
+    import numpy as np  # noqa: E402
+    import torch  # noqa: E402
+
+    import purlinc  # noqa: E402
+    from purlinc.dtypes import DType  # noqa: E402
+    from _graph_timing import capture, checked_call, replay_us, spread, write_results  # noqa: E402
+except ImportError as error:
+    _IMPORT_ERROR: ImportError | None = error
+else:
+    _IMPORT_ERROR = None
+from purlinc.atom.codegen import limits  # noqa: E402  (the defaults below; no torch)
 
 EXAMPLES = ROOT / "examples"
+COLLECTIVES = sorted(p.stem for p in EXAMPLES.glob("*.pln"))
+ALGORITHMS = ("direct-push", "direct-pull")
 
 
 def per_call_us(coll, xs, outs, devices, calls: int, reps: int, streams=None) -> list[float]:
@@ -47,41 +56,62 @@ def per_call_us(coll, xs, outs, devices, calls: int, reps: int, streams=None) ->
     return [replay_us(graphs, devices, calls, streams) for _ in range(reps)]
 
 
-def main() -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--collectives", default="allreduce,allgather,reduce_scatter")
-    ap.add_argument("--bytes", default="1024,16384,65536")
+    ap.add_argument("--collectives", default="allreduce,allgather,reduce_scatter",
+                    help=f"comma-separated examples/*.pln names: {', '.join(COLLECTIVES)}")
+    ap.add_argument("--bytes", type=argtypes.byte_size_list, default="1024,16384,65536",
+                    help="comma-separated sizes (e.g. 1K,16K,64K)")
     ap.add_argument("--algorithms", default="direct-push", help="comma-separated: direct-push, direct-pull "
                     "(pull stages are never packed: --packed 0)")
-    ap.add_argument("--threads", default="64,128,256,512")
-    ap.add_argument("--channels", default="1", help="comma-separated channel counts")
-    ap.add_argument("--packed", default="1",
+    ap.add_argument("--threads", type=argtypes.positive_int_list, default="64,128,256,512")
+    ap.add_argument("--channels", type=argtypes.positive_int_list, default="1", help="comma-separated channel counts")
+    ap.add_argument("--packed", type=argtypes.switch_list, default="1",
                     help="comma-separated 1 (LL packets; --threads sets THREADS_PACKED) and/or 0 (plain "
                          "ldst staging; --threads sets THREADS)")
-    ap.add_argument("--slices", default="1", help="comma-separated slices per channel")
-    ap.add_argument("--inline-loops", default=str(limits.LL_INLINE_LOOPS),
+    ap.add_argument("--slices", type=argtypes.positive_int_list, default="1", help="comma-separated slices per channel")
+    ap.add_argument("--inline-loops", type=argtypes.nonnegative_int_list, default=str(limits.LL_INLINE_LOOPS),
                     help="comma-separated values of limits.LL_INLINE_LOOPS (0: receive loops out of line)")
-    ap.add_argument("--messages", default=str(limits.LL_SEND_MESSAGES),
+    ap.add_argument("--messages", type=argtypes.positive_int_list, default=str(limits.LL_SEND_MESSAGES),
                     help="comma-separated values of limits.LL_SEND_MESSAGES (messages per fused send loop)")
     ap.add_argument("--loopback", type=argtypes.nonnegative_int, default=0,
                     help="R > 0: R ranks on cuda:0 (a loopback group, one stream each): compares generated code "
                          "on one GPU, says nothing of NVLink")
     ap.add_argument("--calls", type=argtypes.positive_int, default=100)
     ap.add_argument("--reps", type=argtypes.positive_int, default=7)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    try:
+        args.collective_list = _names(args.collectives, COLLECTIVES, "collectives")
+        args.algorithm_list = _names(args.algorithms, ALGORITHMS, "algorithms")
+    except ValueError as error:
+        ap.error(str(error))
+    return args
+
+
+def _names(text: str, known, what: str) -> list[str]:
+    try:
+        return argtypes.names(text, known, what)
+    except ValueError as error:
+        raise ValueError(f"--{what}: {error}") from None
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    # before the first CUDA call: one line, exit 2, where torch or the GPU is missing
+    needs.require("ll_sweep.py", "python benchmarks/ll_sweep.py --out DIR [--loopback R]", torchrun=False)
+    if _IMPORT_ERROR is not None:  # torch is there, so this is something else: show it whole
+        raise _IMPORT_ERROR
     devices = [0] * args.loopback if args.loopback else list(range(torch.cuda.device_count()))
     group = purlinc.LocalGroup(devices, share_devices=bool(args.loopback))
     streams = [torch.cuda.Stream(device=d) for d in devices] if args.loopback else None
     rng = np.random.default_rng(11)
     dtype = DType.BFLOAT16
     rows = []
-    for name in args.collectives.split(","):
-        for algorithm, packed, threads, channels, slices, inline, messages in (
-                (a, bool(p), t, c, s, i, m) for a in args.algorithms.split(",") for p in map(int, args.packed.split(","))
-                for t in map(int, args.threads.split(",")) for c in map(int, args.channels.split(","))
-                for s in map(int, args.slices.split(",")) for i in map(int, args.inline_loops.split(","))
-                for m in map(int, args.messages.split(","))):
+    for name in args.collective_list:
+        for algorithm, packed, threads, channels, slices, inline, messages in itertools.product(
+                args.algorithm_list, args.packed, args.threads, args.channels, args.slices, args.inline_loops,
+                args.messages):
             if packed:
                 limits.THREADS_PACKED = threads
             else:
@@ -91,7 +121,7 @@ def main() -> int:
             coll = purlinc.load(EXAMPLES / f"{name}.pln", group, algorithm=algorithm, packed=packed,
                                 channels=channels, slices=slices)
             try:
-                for nbytes in map(int, args.bytes.split(",")):
+                for nbytes in args.bytes:
                     xs, outs, ok = checked_call(coll, nbytes, dtype, rng, devices, streams)
                     times = per_call_us(coll, xs, outs, devices, args.calls, args.reps, streams)
                     _, _, still_ok = checked_call(coll, nbytes, dtype, rng, devices, streams)

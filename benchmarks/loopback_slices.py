@@ -25,15 +25,22 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # benchlib
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))  # _common: the GPU tests' reference and data helpers
 
-import numpy as np  # noqa: E402
-from benchlib import argtypes  # noqa: E402
-import torch  # noqa: E402
+from benchlib import argtypes, needs  # noqa: E402  (no torch: the arguments are checked without it)
 
-import purlinc  # noqa: E402
-from purlinc.dtypes import DType  # noqa: E402
-from _graph_timing import capture, checked_call, replay_us, spread, write_results  # noqa: E402
+try:  # the measuring half; main() says in one line what is missing (torch, a GPU) before using it
+    import numpy as np  # noqa: E402
+    import torch  # noqa: E402
+
+    import purlinc  # noqa: E402
+    from purlinc.dtypes import DType  # noqa: E402
+    from _graph_timing import capture, checked_call, replay_us, spread, write_results  # noqa: E402
+except ImportError as error:
+    _IMPORT_ERROR: ImportError | None = error
+else:
+    _IMPORT_ERROR = None
 
 DEVICES = [0, 0]  # rank r's GPU: both on cuda:0
+COLLECTIVES = sorted(p.stem for p in (ROOT / "examples").glob("*.pln"))
 
 
 def time_point(group, streams, name, channels, slices, nbytes, args, rng):
@@ -51,25 +58,40 @@ def time_point(group, streams, name, channels, slices, nbytes, args, rng):
         coll.close()
 
 
-def main() -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--label", default="run")
-    parser.add_argument("--bytes", type=argtypes.positive_int, default=16 << 20)
-    parser.add_argument("--collectives", default="allgather,allreduce,alltoall")
-    parser.add_argument("--slices", default="1,2,4")
+    parser.add_argument("--bytes", type=argtypes.positive_byte_size, default=16 << 20, help="e.g. 16777216 or 16M")
+    parser.add_argument("--collectives", default="allgather,allreduce,alltoall",
+                        help=f"comma-separated examples/*.pln names: {', '.join(COLLECTIVES)}")
+    parser.add_argument("--slices", type=argtypes.positive_int_list, default="1,2,4")
     parser.add_argument("--channels", type=argtypes.positive_int, default=64)
     parser.add_argument("--calls", type=argtypes.positive_int, default=20)
     parser.add_argument("--replays", type=argtypes.positive_int, default=10)
     parser.add_argument("--reps", type=argtypes.positive_int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    try:
+        args.collective_list = argtypes.names(args.collectives, COLLECTIVES, "collectives")
+    except ValueError as error:
+        parser.error(f"--collectives: {error}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    # before the first CUDA call: one line, exit 2, where torch or the GPU is missing
+    needs.require("loopback_slices.py", "python benchmarks/loopback_slices.py --out DIR, both ranks on cuda:0",
+                  torchrun=False, devices=max(DEVICES) + 1)
+    if _IMPORT_ERROR is not None:  # torch is there, so this is something else: show it whole
+        raise _IMPORT_ERROR
     group = purlinc.LocalGroup(DEVICES, share_devices=True)
     streams = [torch.cuda.Stream(device=d) for d in DEVICES]
     rng = np.random.default_rng(17)
     rows = []
     try:
-        for name in args.collectives.split(","):
-            for slices in map(int, args.slices.split(",")):
+        for name in args.collective_list:
+            for slices in args.slices:
                 try:
                     rows.append(time_point(group, streams, name, args.channels, slices, args.bytes, args, rng))
                 except Exception as error:  # one point's failure is recorded, the others still run

@@ -21,11 +21,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # benchlib
 
-from benchlib import argtypes  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+from benchlib import argtypes, needs  # noqa: E402  (no torch: the arguments are checked without it)
 
-import purlinc  # noqa: E402
+try:  # the measuring half; main() says in one line what is missing (torch, a GPU) before using it
+    import torch  # noqa: E402
+    import torch.distributed as dist  # noqa: E402
+
+    import purlinc  # noqa: E402
+except ImportError as error:
+    _IMPORT_ERROR: ImportError | None = error
+else:
+    _IMPORT_ERROR = None
 
 CASES = {
     "allreduce": {"algorithm": "direct-push", "channels": 1, "packed": True},
@@ -60,12 +66,21 @@ def graph_us(call, calls: int, repeats: int) -> float:
     return float(mine.item())
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="/tmp/purlin_trace")
     ap.add_argument("--calls", type=argtypes.positive_int, default=20)
     ap.add_argument("--repeats", type=argtypes.positive_int, default=20)
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    # before the first CUDA call: one line, exit 2, where torchrun, torch or the GPUs are missing
+    needs.require("trace_overhead.py", "torchrun --nproc_per_node=2 benchmarks/trace_overhead.py --out DIR",
+                  torchrun=True)
+    if _IMPORT_ERROR is not None:  # torch is there, so this is something else: show it whole
+        raise _IMPORT_ERROR
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(rank)

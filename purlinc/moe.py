@@ -51,7 +51,7 @@ def capacity_for(hidden: int, top_k: int, max_tokens: int, dtype: torch.dtype = 
     ``max_tokens`` rows from one rank to another, each ``row_elements`` wide."""
     hidden, top_k, max_tokens = (_at_least(label, value, 1, where="capacity_for")  # a capacity of 0 loads nothing
                                  for label, value in (("hidden", hidden), ("top_k", top_k), ("max_tokens", max_tokens)))
-    _float_dtype("capacity_for", "dtype", dtype)
+    _exchange_dtype("capacity_for", dtype)  # only what a Dispatcher takes
     return max_tokens * row_elements(hidden, top_k, dtype)
 
 
@@ -84,6 +84,18 @@ def _float_dtype(where: str, label: str, dtype) -> None:
     if not dtype.is_floating_point or dtype.is_complex:
         raise ArgumentError(f"{where}: {label}={str(dtype).removeprefix('torch.')}, expected a floating dtype "
                             "(combine sums the experts' partials in float32 and weighs them)")
+
+
+def _exchange_dtype(where: str, dtype) -> None:
+    """A dtype the exchange carries: floating (``_float_dtype``) and one the all-to-all moves
+    (warm() loads that dtype's kernel); the refusal lists only dtypes that are both."""
+    from purlinc.runtime.interop import _torch_dtype_map
+
+    _float_dtype(where, "dtype", dtype)
+    if dtype not in _torch_dtype_map():
+        names = ", ".join(str(d).removeprefix("torch.") for d in _torch_dtype_map()
+                          if d.is_floating_point and not d.is_complex)
+        raise ArgumentError(f"{where}: dtype={dtype}, expected one of {names}")
 
 
 def _tensors(where: str, named, device) -> None:
@@ -120,12 +132,7 @@ def _check_shape(rank, world_size, num_experts, hidden, top_k, max_tokens, dtype
                             "ranks; expected a multiple of it (every rank holds as many experts)")
     if top_k > num_experts:  # a token's top-k experts are distinct
         raise ArgumentError(f"Dispatcher: top_k={top_k}, expected at most num_experts={num_experts}")
-    from purlinc.runtime.interop import _torch_dtype_map
-
-    _float_dtype("Dispatcher", "dtype", dtype)
-    if dtype not in _torch_dtype_map():  # what the all-to-all moves (warm() loads that dtype's kernel)
-        names = ", ".join(str(d).removeprefix("torch.") for d in _torch_dtype_map())
-        raise ArgumentError(f"Dispatcher: dtype={dtype}, expected one of {names}")
+    _exchange_dtype("Dispatcher", dtype)
     return rank, world_size, num_experts, hidden, top_k, max_tokens
 
 
@@ -224,6 +231,7 @@ class Dispatcher:
         self._send_rows = torch.arange(self.slots + 1, device=dev)
         self._recv_rows = torch.arange(R * max_tokens, device=dev)
         self._tokens = 0
+        self._dispatched = False  # combine sends back what the last dispatch received: none yet
 
     def warm(self, expert=None) -> None:
         """Load this rank's kernel, then run the step's own tensor kernels once with no exchange
@@ -299,6 +307,7 @@ class Dispatcher:
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         self._tokens = self._pack(x, topk_ids, topk_weights)
         self.coll(self.send, self.counts, self.recv, self.recv_counts, row=self.width)
+        self._dispatched = True
         return self._received()
 
     def _pack(self, x, topk_ids, topk_weights) -> int:
@@ -329,6 +338,9 @@ class Dispatcher:
                                 f"contiguous ({N}, {H}) tensor", notes=("pass partial.contiguous()",))
         if out_dtype is not None:
             _float_dtype("combine", "out_dtype", out_dtype)
+        if not self._dispatched:  # there is nothing to send back: an exchange now would return (0, H)
+            raise ArgumentError("combine: no dispatch() has run on this Dispatcher; combine returns the partials "
+                                "of the rows the last dispatch received", notes=("call dispatch() first",))
         self.coll(partial, self.recv_counts, self.back, self.back_counts, row=H)
         return self._sum_back(partial, T, out_dtype)
 

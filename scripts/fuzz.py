@@ -28,7 +28,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))  # benchlib: the benchmarks' argument types
 
+from benchlib import argtypes  # noqa: E402
 from purlinc.errors import PurlinError  # noqa: E402
 
 # Every token the grammar knows, plus some it does not.
@@ -120,12 +122,19 @@ def run_one(data: bytes, *, lower: bool = False) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--count", type=int, default=100_000)
+    parser.add_argument("--count", type=argtypes.positive_int, default=100_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--lower", action="store_true", help="also lower and verify specs that check (R=2)")
     parser.add_argument("--out", type=Path, help="write the counts as JSON here")
     parser.add_argument("--crash-dir", type=Path, default=Path("fuzz-crashes"))
     args = parser.parse_args(argv)
+    if args.out:  # before the inputs run, not after: a path that cannot be written is a usage error
+        try:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            with open(args.out, "a"):
+                pass
+        except OSError as error:
+            parser.error(f"--out {args.out}: cannot write there ({error.strerror or error})")
 
     rng = random.Random(args.seed)
     seeds = examples()

@@ -27,6 +27,7 @@ as its first case).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -1840,16 +1841,27 @@ def parent_main() -> int:
     return 1 if s["unexpected"] or s["skipped"] else 0  # a suite step fails on either
 
 
+def parse_args(argv) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--list", action="store_true", help="list the cases and exit (no GPU needed)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # internal: the process running cases
+    ap.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--rows", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child and (args.rows is None or args.deadline is None):
+        ap.error("--child needs --rows and --deadline (it is started by the probe itself)")
+    return args
+
+
 def main(argv) -> int:
-    if "--list" in argv:
+    args = parse_args(argv)
+    if args.list:
         for i, case in enumerate(build_cases()):
             print(f"{i:4d} {case.group:20s} {case.name}  [{case.bound}s]  expect: {case.expected}")
         return 0
-    if "--child" in argv:
-        start = int(argv[argv.index("--start") + 1])
-        rows_path = argv[argv.index("--rows") + 1]
-        deadline = float(argv[argv.index("--deadline") + 1])
-        return child_main(start, rows_path, deadline)
+    if args.child:
+        return child_main(args.start, args.rows, args.deadline)
     return parent_main()
 
 

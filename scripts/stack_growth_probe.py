@@ -16,6 +16,7 @@ Each mode runs in a fresh process (the stack never shrinks).  Writes $OUT/stack_
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -84,9 +85,12 @@ def run(mode: str) -> dict:
             "waiter_saw_flag": seen, "total_s": round(time.time() - start, 3)}
 
 
-def main() -> None:
-    if sys.argv[1:2] == ["--mode"]:
-        print(json.dumps(run(sys.argv[2])))
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", choices=("grow", "reserve"), help=argparse.SUPPRESS)  # internal: one mode's process
+    args = ap.parse_args(argv)
+    if args.mode:
+        print(json.dumps(run(args.mode)))
         return
     results = []
     for mode in ("grow", "reserve"):

@@ -16,16 +16,37 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # moe_reference, rank_threads
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))  # _common
+sys.path.insert(0, str(ROOT / "benchmarks"))  # benchlib
+from benchlib import argtypes, needs  # noqa: E402  (no torch: the arguments are checked without it)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # moe_reference, rank_threads
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))  # _common
-from _common import each_on_own_stream  # noqa: E402
-from moe_reference import exchange_problems, loopback_reference, routing, scale_expert  # noqa: E402
+try:  # the measuring half; main() says in one line what is missing (torch, a GPU) before using it
+    import torch  # noqa: E402
 
-from purlinc import moe  # noqa: E402
+    from _common import each_on_own_stream  # noqa: E402
+    from moe_reference import exchange_problems, loopback_reference, routing, scale_expert  # noqa: E402
+
+    from purlinc import moe  # noqa: E402
+except ImportError as error:
+    _IMPORT_ERROR: ImportError | None = error
+else:
+    _IMPORT_ERROR = None
 
 DEVICE = 0
+H, K, T = 256, 4, 64  # hidden, top-k, tokens of rank 0 (rank r sends T - 3 r); 2 R experts
+WORLDS = (K // 2, (T // 3) + 1)  # the world sizes that fit: 2 R >= K experts, T - 3 (R - 1) >= 0 tokens
+
+
+def world(text: str) -> int:
+    """--worlds item: a world size in WORLDS."""
+    R = argtypes.positive_int(text)
+    if not WORLDS[0] <= R <= WORLDS[1]:
+        raise argparse.ArgumentTypeError(
+            f"world size {R} is outside {WORLDS[0]}..{WORLDS[1]}: each token picks {K} distinct experts of the 2 R, "
+            f"and rank r sends {T} - 3 r tokens")
+    return R
 
 
 def expected_rows(inputs, L, rank):
@@ -103,21 +124,30 @@ def check_step(disps, streams, inputs, R, E, a2a=None):
     return problems
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--worlds", type=int, nargs="+", default=[2, 3, 4, 8])
-    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--worlds", type=world, nargs="+", default=[2, 3, 4, 8],
+                   help=f"ranks on cuda:0, each {WORLDS[0]}..{WORLDS[1]}")
+    p.add_argument("--steps", type=argtypes.positive_int, default=100)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--channels", type=int, default=2)
-    p.add_argument("--seconds", type=float, default=1e9,
+    p.add_argument("--channels", type=argtypes.positive_int, default=2)
+    p.add_argument("--seconds", type=argtypes.positive_float, default=1e9,
                    help="per world size: start no new step after this long")
     p.add_argument("--json", help="write the findings here")
     p.add_argument("--reference", action="store_true",
                    help="also run tests/gpu/test_moe.py's plain exchange (a second sized all-to-all, R threads)")
-    a = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    # before the first CUDA call: one line, exit 2, where torch or the GPU is missing
+    needs.require("stress_moe.py", "python scripts/stress_moe.py, every rank on cuda:0", torchrun=False,
+                  devices=DEVICE + 1)
+    if _IMPORT_ERROR is not None:  # torch is there, so this is something else: show it whole
+        raise _IMPORT_ERROR
     import purlinc
 
-    H, K, T = 256, 4, 64
     findings, ran, began = [], 0, time.monotonic()
     for R in a.worlds:
         start = time.monotonic()

@@ -53,7 +53,8 @@ def usage_error(capsys, parse, argv) -> str:
     (argtypes.positive_int, "3", 3), (argtypes.positive_int, "+7", 7), (argtypes.nonnegative_int, "0", 0),
     (argtypes.positive_float, "2.5", 2.5), (argtypes.positive_int_list, "1, 16,128,", [1, 16, 128]),
     (argtypes.device_list, "0,0", [0, 0]), (argtypes.byte_size, "0", 0), (argtypes.positive_byte_size, "64K", 65536),
-    (argtypes.byte_size_list, "1K,1M", [1024, 1 << 20]),
+    (argtypes.byte_size_list, "1K,1M", [1024, 1 << 20]), (argtypes.nonnegative_int_list, "0,4", [0, 4]),
+    (argtypes.switch_list, "1,0", [True, False]), (argtypes.byte_size, "1024G", 1 << 40),
 ])
 def test_argument_types_read_good_values(kind, text, value):
     assert kind(text) == value
@@ -74,6 +75,10 @@ def test_argument_types_read_good_values(kind, text, value):
     (argtypes.positive_byte_size, "0", "expected a size of at least 1 byte, got '0'"),
     (argtypes.byte_size, "12Q", "'12Q' is not a size"),
     (argtypes.byte_size, "inf", "'inf' is not a size"),
+    (argtypes.byte_size_list, "1e30", "'1e30' is more than 1 TiB, more than a GPU holds"),
+    (argtypes.nonnegative_int_list, "0,-1", "expected an integer >= 0, got '-1'"),
+    (argtypes.switch_list, "2", "expected 0 or 1, got '2'"),
+    (argtypes.switch_list, "", "expected a comma-separated list of 0 (off) and/or 1 (on), got ''"),
 ])
 def test_argument_types_refuse_bad_values(kind, text, says):
     with pytest.raises(argparse.ArgumentTypeError) as error:
@@ -155,9 +160,20 @@ def test_needs_require_is_one_line_and_exit_2(monkeypatch, capsys):
     (["--variants", "bogus"], "--variants: unknown Purlin variants 'bogus'"),
     (["--nccl-variants", "bogus"], "--nccl-variants: unknown NCCL variants 'bogus'; choose from default, nomix, symm"),
     (["--merge", "/nonexistent/run.json"], "/nonexistent/run.json: cannot read the results file"),
+    (["--sizes", "1e30"], "argument --sizes: '1e30' is more than 1 TiB, more than a GPU holds"),  # was: planned
+    (["--variants", ""], "--variants: no Purlin variants given (''); leave --variants out for all"),  # was: all
 ])
 def test_bench_refuses_bad_options(capsys, argv, says):
     assert says in usage_error(capsys, bench.parse_args, ["--dry-run", *argv])
+
+
+def test_bench_hier_gpus_per_node_matters_only_with_the_hierarchical_system(capsys):
+    """It was refused for a world of 2 even where no hierarchical row is measured."""
+    args = bench.parse_args(["--dry-run", "--world-size", "2", "--systems", "nccl", "--hier-gpus-per-node", "5"])
+    assert bench.make_plan(args).hier == ()
+    assert "--hier-gpus-per-node: 5 GPUs per node is more than the world's 2 ranks" in usage_error(
+        capsys, bench.parse_args, ["--dry-run", "--world-size", "2", "--systems", "purlin/hierarchical",
+                                   "--hier-gpus-per-node", "5"])
 
 
 def test_bench_checks_merge_files_before_the_run(tmp_path, capsys):
@@ -220,6 +236,94 @@ def test_insitu_loopback_arguments(capsys):
         assert says in usage_error(capsys, tool.parse_args, argv)
 
 
+# --------------------------------------------------------------------------- the other benchmarks and scripts
+
+
+def script_error(script: str, argv: list[str]) -> str:
+    """``script argv`` run as a user would: exit 2, no traceback, argparse's error last."""
+    done = subprocess.run([sys.executable, str(ROOT / script), *argv], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    return done.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv,says", [
+    # each was read with int() inside the GPU loop (a traceback mid-run) or measured as given
+    (["--bytes", "1024,1Q"], "argument --bytes: '1Q' is not a size"),
+    (["--bytes", ""], "argument --bytes: expected a comma-separated list of sizes"),
+    (["--bytes", "-4"], "argument --bytes: '-4' is not a size"),
+    (["--packed", "2"], "argument --packed: expected 0 or 1, got '2'"),
+    (["--channels", "0"], "argument --channels: expected a positive integer, got '0'"),
+    (["--slices", "-1"], "argument --slices: expected a positive integer, got '-1'"),
+    (["--threads", "x"], "argument --threads: expected a positive integer, got 'x'"),
+    (["--inline-loops", "-1"], "argument --inline-loops: expected an integer >= 0, got '-1'"),
+    (["--collectives", "foo"], "--collectives: unknown collectives 'foo'; choose from allgather,"),
+    (["--algorithms", "push"], "--algorithms: unknown algorithms 'push'; choose from direct-push, direct-pull"),
+])
+def test_ll_sweep_checks_its_lists_before_the_run(argv, says):
+    assert says in script_error("benchmarks/ll_sweep.py", ["--out", "/tmp/unused", *argv])
+
+
+def test_loopback_slices_arguments(capsys):
+    tool = _load("bench_cli_loopback_slices", BENCH / "loopback_slices.py")
+    args = tool.parse_args(["--out", "x", "--slices", "1,2", "--bytes", "1M"])
+    assert args.slices == [1, 2] and args.bytes == 1 << 20 and args.collective_list == ["allgather", "allreduce",
+                                                                                       "alltoall"]
+    assert "argument --slices: expected a positive integer, got 'x'" in usage_error(
+        capsys, tool.parse_args, ["--out", "x", "--slices", "1,x"])  # was: ValueError mid-run
+    assert "--collectives: unknown collectives 'foo'" in usage_error(
+        capsys, tool.parse_args, ["--out", "x", "--collectives", "foo"])
+
+
+def test_e2e_run_checks_the_world_against_the_model(capsys):
+    """--loopback 3 or 16 failed after the GPU check, with a traceback."""
+    pytest.importorskip("torch")  # the model's sizes are checked where the model can be imported
+    run = _load("bench_cli_e2e_run", BENCH / "e2e" / "run.py")
+    assert "tensor parallelism over 3 ranks needs heads (32) divisible by 3" in usage_error(
+        capsys, run.parse_args, ["--loopback", "3"])
+    assert "tensor parallelism over 16 ranks needs kv_heads (8) divisible by 16" in usage_error(
+        capsys, run.parse_args, ["--loopback", "16"])
+    assert run.parse_args(["--loopback", "2"]).loopback == 2
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--worlds", "1"], "argument --worlds: world size 1 is outside 2..22"),  # was: 2 experts for top-k 4
+    (["--worlds", "23"], "argument --worlds: world size 23 is outside 2..22"),  # was: negative token counts
+    (["--worlds", "0"], "argument --worlds: expected a positive integer, got '0'"),
+    (["--channels", "0"], "argument --channels: expected a positive integer, got '0'"),
+    (["--steps", "0"], "argument --steps: expected a positive integer, got '0'"),
+])
+def test_stress_moe_arguments(capsys, argv, says):
+    tool = _load("bench_cli_stress_moe", ROOT / "scripts" / "stress_moe.py")
+    assert tool.parse_args(["--worlds", "2", "22"]).worlds == [2, 22]
+    assert says in usage_error(capsys, tool.parse_args, argv)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_compile_times_limit_scale_is_a_finite_number_above_0(value):
+    """0 or -1 recorded every figure as a timeout (over that day's results); nan was a ValueError."""
+    assert f"argument --limit-scale: expected a finite number above 0, got '{value}'" in script_error(
+        "benchmarks/compile_times.py", ["--limit-scale", value])
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--count", "0"], "argument --count: expected a positive integer, got '0'"),
+    (["--count", "-5"], "argument --count: expected a positive integer, got '-5'"),
+    (["--count", "1", "--out", "/proc/no/such/dir/fuzz.json"], "--out /proc/no/such/dir/fuzz.json: cannot write there"),
+])
+def test_fuzz_arguments_are_checked_before_the_inputs_run(argv, says):
+    assert says in script_error("scripts/fuzz.py", argv)
+
+
+@pytest.mark.parametrize("script", ["scripts/probe_edges.py", "scripts/stack_growth_probe.py"])
+def test_probes_know_help_and_refuse_unknown_options(script):
+    """They ignored --help and started the whole GPU probe."""
+    done = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.startswith("usage: "), done.stderr[-2000:]
+    assert "unrecognized arguments: --bogus" in script_error(script, ["--bogus"])
+
+
 # --------------------------------------------------------------------------- the scripts themselves
 
 
@@ -230,6 +334,12 @@ def test_insitu_loopback_arguments(capsys):
     ("benchmarks/moe_dispatch.py", ["--out", "/tmp/unused"], "moe_dispatch.py: needs CUDA GPUs and torch"),
     ("benchmarks/insitu_loopback.py", [], "insitu_loopback.py: needs CUDA GPUs and torch"),
     ("examples/tp_mlp.py", [], "tp_mlp.py: needs torchrun and CUDA GPUs (and torch)"),
+    ("benchmarks/host_path.py", ["--out", "/tmp/unused"], "host_path.py: needs torchrun, CUDA GPUs and torch"),
+    ("benchmarks/trace_overhead.py", ["--out", "/tmp/unused"], "trace_overhead.py: needs torchrun, CUDA GPUs and torch"),
+    ("benchmarks/ll_sweep.py", ["--out", "/tmp/unused"], "ll_sweep.py: needs CUDA GPUs and torch"),
+    ("benchmarks/loopback_slices.py", ["--out", "/tmp/unused"], "loopback_slices.py: needs CUDA GPUs and torch"),
+    ("benchmarks/epilogue_overhead.py", ["--out", "/tmp/unused"], "epilogue_overhead.py: needs CUDA GPUs and torch"),
+    ("scripts/stress_moe.py", [], "stress_moe.py: needs CUDA GPUs and torch"),
 ])
 def test_scripts_without_a_gpu_say_so_in_one_line(script, argv, says):
     """Run as a user would, without torchrun's variables and with no GPU visible (whatever
@@ -240,3 +350,14 @@ def test_scripts_without_a_gpu_say_so_in_one_line(script, argv, says):
                           env=env, cwd=ROOT)
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.count("\n") == 1 and done.stderr.startswith(says), done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("script", ["benchmarks/host_path.py", "benchmarks/trace_overhead.py", "benchmarks/ll_sweep.py",
+                                    "benchmarks/loopback_slices.py", "benchmarks/epilogue_overhead.py",
+                                    "scripts/stress_moe.py"])
+def test_help_works_without_torch(script):
+    """--help was ModuleNotFoundError where torch is not installed: torch is imported after parsing."""
+    done = subprocess.run([sys.executable, "-c", "import sys, runpy; sys.modules['torch'] = None; "
+                           f"sys.argv = [{script!r}, '--help']; runpy.run_path({script!r}, run_name='__main__')"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0 and done.stdout.startswith("usage: "), done.stderr[-2000:]

@@ -164,6 +164,8 @@ def test_a_collective_too_small_for_max_tokens_is_refused_when_the_dispatcher_is
     ((-8, 2, 4), r"capacity_for: hidden=-8, expected an int >= 1"),
     ((8, 0, 4), r"capacity_for: top_k=0, expected an int >= 1"),
     ((8, 2, 0), r"capacity_for: max_tokens=0, expected an int >= 1"),
+    ((8, 2, 4, torch.float64), r"capacity_for: dtype=torch.float64, expected one of float32, float16, bfloat16"),
+    ((8, 2, 4, torch.int32), r"capacity_for: dtype=int32, expected a floating dtype"),
 ])
 def test_capacity_for_refuses_sizes_the_dispatcher_refuses(args, message):
     with pytest.raises(ArgumentError, match=message):
@@ -180,7 +182,7 @@ def test_capacity_for_refuses_sizes_the_dispatcher_refuses(args, message):
     ({"hidden": 0}, r"hidden=0, expected an int >= 1"),
     ({"rank": 2}, r"rank=2, expected a rank in \[0, 2\)"),
     ({"num_experts": 3}, "num_experts=3 does not split over world_size=2 ranks"),
-    ({"dtype": torch.float64}, r"dtype=torch.float64, expected one of float32, float16, bfloat16"),
+    ({"dtype": torch.float64}, r"dtype=torch.float64, expected one of float32, float16, bfloat16(, float8_\w+)*$"),
     ({"dtype": torch.int32}, r"Dispatcher: dtype=int32, expected a floating dtype \(combine sums"),
     ({"dtype": "bfloat16"}, r"Dispatcher: dtype='bfloat16' \(str\), expected a torch.dtype such as torch.bfloat16"),
     ({"num_experts": 4.0}, r"num_experts=4.0, expected an int >= 1"),
@@ -198,6 +200,17 @@ def test_numpy_integers_are_sizes():
                        max_tokens=4, device="meta")
     assert type(d.num_experts) is int and d.local_experts == 2
     assert moe.capacity_for(np.int64(8), 2, 4) == moe.capacity_for(8, 2, 4)
+
+
+def test_combine_before_any_dispatch_is_refused():
+    """It was: an exchange of nothing and a (0, H) result, without a word."""
+    d = moe.Dispatcher(Coll(World(moe.SOURCE, 1), 0, 1 << 20), rank=0, world_size=1, num_experts=4, hidden=8,
+                       top_k=2, max_tokens=4)
+    d.warm()  # leaves no routing behind, so still nothing to combine
+    with pytest.raises(ArgumentError, match=r"combine: no dispatch\(\) has run on this Dispatcher"):
+        d.combine(torch.zeros(4, 8, dtype=torch.bfloat16))
+    got = d.dispatch(torch.ones(1, 8, dtype=torch.bfloat16), torch.tensor([[0, 1]]), torch.ones(1, 2))
+    assert tuple(d.combine(got.tokens.contiguous()).shape) == (1, 8)
 
 
 def test_combine_says_what_is_wrong_with_partial_and_out_dtype():

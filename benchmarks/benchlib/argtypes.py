@@ -13,6 +13,8 @@ import re
 
 from benchlib.sizes import parse_bytes
 
+MAX_BYTES = 1 << 40  # 1 TiB: more than any GPU holds, so a larger size is a typo (1e30, 1T for 1G)
+
 _INTEGER = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: int() also takes "1_000" and "٣"
 
 
@@ -62,17 +64,36 @@ def positive_int_list(text: str) -> list[int]:
     return _list(text, positive_int, "positive integers")
 
 
+def nonnegative_int_list(text: str) -> list[int]:
+    """'0,1,4' -> [0, 1, 4]: integers of at least 0, at least one."""
+    return _list(text, nonnegative_int, "integers >= 0")
+
+
+def _switch(text: str) -> bool:
+    if text not in ("0", "1"):
+        raise argparse.ArgumentTypeError(f"expected 0 or 1, got {text!r}")
+    return text == "1"
+
+
+def switch_list(text: str) -> list[bool]:
+    """'1,0' -> [True, False]: each 0 (off) or 1 (on), at least one."""
+    return _list(text, _switch, "0 (off) and/or 1 (on)")
+
+
 def device_list(text: str) -> list[int]:
     """'0,0' or '0,1' -> CUDA device indices, at least one."""
     return _list(text, nonnegative_int, "CUDA device indices (integers >= 0)")
 
 
 def byte_size(text: str) -> int:
-    """'0', '64K', '1MiB' -> bytes (0 allowed: a lower bound)."""
+    """'0', '64K', '1MiB' -> bytes (0 allowed: a lower bound), at most ``MAX_BYTES``."""
     try:
-        return parse_bytes(text)
+        value = parse_bytes(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+    if value > MAX_BYTES:
+        raise argparse.ArgumentTypeError(f"{text!r} is more than 1 TiB, more than a GPU holds")
+    return value
 
 
 def positive_byte_size(text: str) -> int:

@@ -62,7 +62,28 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error(str(error))
     # the no-communication step is every comm_us's baseline; the reference every check's
     args.system_list = ["none", "reference"] + [s for s in wanted if s not in ("none", "reference")]
+    try:
+        _check_world(args)
+    except ValueError as error:
+        ap.error(str(error))
     return args
+
+
+def _check_world(args) -> None:
+    """The model's heads, KV heads and MLP blocks must split over the ranks (--loopback R, or
+    torchrun's WORLD_SIZE where set): ValueError with the model's own message, before any GPU
+    work.  Without torch the model cannot be imported; the run then stops at needs.require."""
+    world = args.loopback
+    if not world:
+        text = os.environ.get("WORLD_SIZE", "")
+        world = int(text) if text.isascii() and text.isdigit() and int(text) > 0 else 0
+    if not world:
+        return
+    try:
+        config = config_of(args)
+    except ImportError:
+        return
+    config.shard(world)
 
 
 def _systems(text: str | None, allowed: tuple[str, ...]) -> list[str]:
