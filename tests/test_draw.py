@@ -395,12 +395,37 @@ def test_deeply_nested_json_is_refused_as_not_a_trace(tmp_path, capsys):
     (_set("options", "channels", "2"), "options.channels: expected an integer, got '2'"),
     (_set("options", "stage_copies", 3), "options.stage_copies: expected 1 or 2, got 3"),
     (_set("options", "packed", "no"), "options.packed: expected true or false, got 'no'"),
+    # times before the first stamp or past an hour: all negative crashed the axis (log10 of 0)
+    (_set("events", 0, "start_ns", -5.0), "events[0].start_ns: expected a time from 0 (the call's first stamp)"),
+    (_set("events", 0, "end_ns", 1e300), "events[0].end_ns: expected a time at or after start_ns (0.0), at most"),
+    (lambda d: d["options"].pop("key"), "options.key is missing"),
 ])
 def test_malformed_trace_names_the_file_and_field(tmp_path, capsys, edit, message):
     path = _edited_trace(tmp_path, edit)
     assert main(["draw", str(EXAMPLES / "allreduce.pln"), "--trace", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"{path}: {message}" in err and "internal error" not in err
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_set("world_size", 4), "ranks 2, 3 of its world size 4 have no stamped step in round 0"),
+    (lambda d: [e.update(round=1) for e in d["events"]], "ranks 0, 1 of its world size 2 have no stamped step"),
+    (lambda d: [e.update(steps=[]) for e in d["events"]], "ranks 0, 1 of its world size 2 have no stamped step"),
+])
+def test_a_trace_whose_ranks_have_nothing_to_draw_is_refused(tmp_path, capsys, edit, message):
+    """world_size 4 over an R=2 run drew the R=2 times at R=4's steps and two empty columns;
+    nothing in round 0 drew only empty boxes."""
+    path = _edited_trace(tmp_path, edit)
+    assert main(["draw", str(EXAMPLES / "allreduce.pln"), "--trace", str(path)]) == 2
+    assert f"trace {path}: {message}" in capsys.readouterr().err
+
+
+def test_a_trace_parameter_the_spec_lacks_names_the_trace(tmp_path, capsys):
+    path = _edited_trace(tmp_path, _set("params", {"root": 1}))
+    assert main(["draw", str(EXAMPLES / "allreduce.pln"), "--trace", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "allreduce has no parameter 'root'" in err
+    assert f"note: the world size, parameters and options come from the trace {path}" in err
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -131,7 +131,10 @@ def _trace_panel(request: Request) -> svg.Panel:
     data = tracing.load(request.trace)
     _refuse_against_trace(request, data)
     overrides = {**dict(request.overrides), **tracing.options_of(data)}
-    spec, schedule = schedule_for(request.file, data["world_size"], tuple(data["params"].items()), overrides)
+    try:
+        spec, schedule = schedule_for(request.file, data["world_size"], tuple(data["params"].items()), overrides)
+    except PurlinError as error:  # R, parameters and options came from the trace, not the command line
+        raise error.with_note(f"the world size, parameters and options come from the trace {request.trace}") from None
     tracing.check_matches(data, schedule, request.trace)
     drawing = build(schedule, collapse=False, channels=tracing.channels_of(data), bare_chunks=bare_chunks(spec))
     times, measured = tracing.times(data, drawing)

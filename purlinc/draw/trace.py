@@ -45,6 +45,9 @@ _REQUIRED = ("collective", "world_size", "params", "options", "clock", "events")
 # events, far more than a drawing shows, is this much.  A path that never ends (/dev/zero) or a
 # file that is no trace is refused after this many bytes instead of being read until memory runs out.
 MAX_TRACE_BYTES = 256 << 20
+# The longest time a trace may give, in ns: an hour, far past any call (a bad clock alignment
+# gave 1e300 and a heading of 300 digits).  Times start at 0: from_stamps subtracts the first.
+MAX_TRACE_NS = 3600e9
 
 
 # ---- building ---------------------------------------------------------------------------
@@ -218,8 +221,7 @@ def _check_options(options) -> None:
     if "stage_copies" in options:  # traces from before staging copies have none (one copy)
         _expect(options["stage_copies"] in (1, 2) and not isinstance(options["stage_copies"], bool),
                 "options.stage_copies", "1 or 2", options["stage_copies"])
-    if "key" in options:
-        _string(options["key"], "options.key")
+    _string(_field(options, "key", "options"), "options.key")  # what check_matches compares
 
 
 def _check_clock(clock) -> None:
@@ -241,7 +243,10 @@ def _check_event(event, where: str) -> None:
     for j, step in enumerate(_array(_field(event, "steps", where), f"{where}.steps")):
         _integer(step, f"{where}.steps[{j}]")
     start, end = (_number(_field(event, name, where), f"{where}.{name}") for name in ("start_ns", "end_ns"))
-    _expect(end >= start, f"{where}.end_ns", f"a time at or after start_ns ({_shown(start)})", end)
+    _expect(0 <= start <= MAX_TRACE_NS, f"{where}.start_ns",
+            f"a time from 0 (the call's first stamp) to {MAX_TRACE_NS:,.0f} ns (an hour)", start)
+    _expect(start <= end <= MAX_TRACE_NS, f"{where}.end_ns",
+            f"a time at or after start_ns ({_shown(start)}), at most {MAX_TRACE_NS:,.0f} ns (an hour)", end)
 
 
 def _check_fields(data: dict) -> None:
@@ -286,7 +291,26 @@ def check_matches(data: dict, schedule, path: str) -> None:
         bad = [s for s in e["steps"] if not 0 <= int(s) < steps]
         if bad:
             raise PurlinError(f"trace {path}: rank {rank} channel {channel} names step {bad[0]}, "
-                              f"but its program has {steps} steps")
+                              f"but its program has {steps} step{'' if steps == 1 else 's'}")
+    _check_every_rank_drawn(data, schedule, path)
+
+
+def _check_every_rank_drawn(data: dict, schedule, path: str) -> None:
+    """Every rank with steps has a stamped step in the drawn round (0): a trace whose world_size
+    disagrees with its events (R=4 over an R=2 run) drew its ranks at the wrong steps and the
+    rest as empty columns; one with nothing in round 0 drew only empty boxes."""
+    world_size = schedule.world_size
+    stamped = {int(e["rank"]) for e in data["events"] if e.get("round", 0) == 0 and e["steps"]}
+    working = {rank for rank in range(world_size)
+               if any(schedule.program(rank, c).steps for c in range(schedule.channels))}
+    missing = sorted(working - stamped)
+    if not missing:
+        return
+    shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+    raise PurlinError(f"trace {path}: rank{'s' if len(missing) > 1 else ''} {shown} of its world size "
+                      f"{world_size} {'have' if len(missing) > 1 else 'has'} no stamped step in round 0",
+                      notes=("a trace holds every rank's stamps (coll.trace() on every rank); its world_size "
+                             "must be the ranks it was recorded on",))
 
 
 def times(data: dict, drawing, round_: int = 0) -> tuple[Times, dict]:
