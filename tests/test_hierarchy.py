@@ -292,7 +292,9 @@ def test_cli_errors(capsys, repo_dir):
     assert main(["dump", path, "-R", "4", "-s", "cuda", "--gpus-per-node", "2"]) == 2
     assert "--gpus-per-node applies to --stage snac" in capsys.readouterr().err
     assert main(["check", path, "-R", "5", "--gpus-per-node", "2"]) == 2
-    assert "no world size in R=5..5 is a multiple of --gpus-per-node 2" in capsys.readouterr().err
+    assert "world size R=5 is not a multiple of --gpus-per-node 2" in capsys.readouterr().err  # dump's words
+    assert main(["check", path, "-R", "5..7", "--gpus-per-node", "4"]) == 2
+    assert "no world size in R=5..7 is a multiple of --gpus-per-node 4" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", STANDARD + USER)

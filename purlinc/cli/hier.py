@@ -53,8 +53,10 @@ def check(args, definition, sizes, params) -> tuple[int, str]:
 
     G = args.gpus_per_node
     usable = [R for R in sizes if R % G == 0]
-    if not usable:
-        raise PurlinError(f"no world size in R={sizes[0]}..{sizes[-1]} is a multiple of --gpus-per-node {G}")
+    if not usable:  # in dump's and draw's words (Topology.of) where one size is checked
+        what = f"world size R={sizes[0]} is not" if len(sizes) == 1 else f"no world size in R={sizes[0]}..{sizes[-1]} is"
+        raise PurlinError(f"{what} a multiple of --gpus-per-node {G}",
+                          notes=("ranks are grouped into nodes of gpus_per_node ranks each: R = nodes x gpus_per_node",))
     for R in usable:
         spec = pipeline.spec_stage(definition, R, params)
         try:
