@@ -461,3 +461,12 @@ def test_a_spec_refused_at_the_default_world_size_says_it_was_the_default(capsys
         assert note not in refused(capsys, *argv, "-R", "8")
     code, out, err = cli(capsys, "dump", source, "-R", "2")
     assert code == 0 and out.startswith("collective small (R=2, copy)"), err
+
+
+def test_compile_refuses_gpus_per_node_saying_where_plans_are_made(capsys, tmp_path):
+    """argparse's "unrecognized arguments" came under the top-level usage."""
+    err = refused(capsys, "compile", str(EXAMPLES / "allreduce.pln"), "-R", "8", "--gpus-per-node", "4",
+                  "-o", tmp_path / "out")
+    assert err.startswith("error: --gpus-per-node 4: compile writes one flat collective's kernels; a hierarchical "
+                          "plan is made when it is loaded\nnote: purlinc.load(path, None, gpus_per_node=G)"), err
+    assert not (tmp_path / "out").exists()

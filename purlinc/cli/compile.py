@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -23,6 +24,9 @@ def add_parser(commands) -> None:
     common.add_codegen(parser)
     parser.add_argument("-o", "--output-dir", type=common.path, default=None,
                         help="output directory (default ./purlin-out/<name>, <name> the collective's)")
+    # Taken only to be refused in words: argparse's "unrecognized arguments" came under the
+    # top-level usage, which does not say where hierarchical plans are made.
+    parser.add_argument("--gpus-per-node", default=None, help=argparse.SUPPRESS)
 
 
 def nearest_existing(path: Path) -> Path:
@@ -103,6 +107,11 @@ def _run(args, created: list[Path]) -> int:
     from purlinc.atom.emit import write_artifacts
 
     # Option mistakes first: before the output place is created and before any compile work.
+    if args.gpus_per_node is not None:
+        raise PurlinError(f"--gpus-per-node {args.gpus_per_node}: compile writes one flat collective's kernels; a "
+                          "hierarchical plan is made when it is loaded",
+                          notes=("purlinc.load(path, None, gpus_per_node=G) under torchrun (docs/HIERARCHY.md); "
+                                 "purlinc dump -s snac, check or draw --gpus-per-node G show and verify its plan",))
     common.check_codegen(args)
     # Options go in as overrides, not as options computed from a checked spec: on a compile
     # cache hit nothing is parsed, lowered or generated (see pipeline.compile).
