@@ -23,12 +23,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 import struct
-import tempfile
 from pathlib import Path
 
 from purlinc import settings
+from purlinc.cachefiles import read_regular, write_atomically
 
 SCHEMA_VERSION = 2  # 2: a CUBIN entry ends with its sha256
 FRONT_SCHEMA_VERSION = 1
@@ -101,30 +100,12 @@ def _path(key: str) -> Path:
     return settings.cache_dir() / key[:2] / f"{key}.cubin"
 
 
-def _read(path: Path) -> bytes | None:
-    """A regular file's bytes, or None (missing, unreadable, or something else at the path: a
-    named pipe would block the read forever)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            return handle.read()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
 def load(key: str) -> bytes | None:
     """The CUBIN stored under ``key``, or None: missing, or not as stored (a truncated or damaged
     file was handed to the driver, and sealed into a front entry, before it had a checksum)."""
     if not settings.cache_enabled():
         return None
-    data = _read(_path(key))
+    data = read_regular(_path(key))
     if data is None or len(data) <= 32 or hashlib.sha256(data[:-32]).digest() != data[-32:]:
         return None
     return data[:-32]
@@ -134,19 +115,10 @@ _UNWRITABLE_LOGGED = False
 
 
 def _write_atomically(path: Path, chunks: tuple[bytes, ...]) -> None:
-    """Temporary file + rename; a cache that cannot be written is not an error (just slower)."""
+    """cachefiles.write_atomically; a cache that cannot be written is not an error (just slower)."""
     global _UNWRITABLE_LOGGED
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                for chunk in chunks:
-                    handle.write(chunk)
-            os.replace(temp, path)
-        except BaseException:
-            os.unlink(temp)
-            raise
+        write_atomically(path, chunks)
     except OSError as error:
         if not _UNWRITABLE_LOGGED:
             _UNWRITABLE_LOGGED = True
@@ -185,7 +157,7 @@ def load_front(key: str) -> tuple[dict, dict[str, bytes]] | None:
     are blobs, not JSON strings, so a hit decodes only the small header."""
     if not settings.cache_enabled():
         return None
-    data = _read(_front_path(key))
+    data = read_regular(_front_path(key))
     if data is None:
         return None
     try:

@@ -7,8 +7,8 @@ directory (``PURLIN_CACHE_DIR``) by the rules of the compile cache (docs/RELIABI
 file ends with a sha256 of its bytes and names the grammar it was built from; one that is not a
 regular file (a named pipe would block the read), is larger than any tables, or does not read
 back as written is a miss, rebuilt and replaced by a temporary file renamed into place.  lark's
-own ``cache=`` does none of that (a FIFO there made every parse hang).  The frontend sits below
-``purlinc.atom.cache``, so the few lines of reading and writing are its own.
+own ``cache=`` does none of that (a FIFO there made every parse hang).  Reading and writing are
+``purlinc.cachefiles``'s, as the compile cache's are.
 """
 
 from __future__ import annotations
@@ -16,16 +16,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
-import os
-import stat
 import sys
-import tempfile
 from pathlib import Path
 
 import lark
 from lark import Lark
 
 from purlinc import settings
+from purlinc.cachefiles import read_regular, write_atomically
 from purlinc.resources import grammar_dir
 
 # The tables are ~70 KB; a file much larger is not one this module wrote, and is not read whole.
@@ -70,7 +68,7 @@ def _tables_key(grammar: str, options: dict) -> bytes:
 def _load_tables(path: Path, key: bytes) -> Lark | None:
     """The parser stored at ``path`` for ``key``, or None: missing, not a regular file, too
     large, damaged, or built from another grammar."""
-    data = _read_bounded(path)
+    data = read_regular(path, MAX_TABLES_BYTES)
     head = len(_MAGIC) + len(key)
     if data is None or len(data) < head + _SHA or data[:head] != _MAGIC + key:
         return None
@@ -82,24 +80,6 @@ def _load_tables(path: Path, key: bytes) -> Lark | None:
         return None
 
 
-def _read_bounded(path: Path) -> bytes | None:
-    """A regular file's bytes, at most MAX_TABLES_BYTES of them, or None."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, then fails the check
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            data = handle.read(MAX_TABLES_BYTES + 1)
-        return data if len(data) <= MAX_TABLES_BYTES else None
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
 def _store_tables(path: Path, key: bytes, built: Lark) -> None:
     """Write the tables to a temporary file and rename it into place, so a concurrent parse
     (torchrun ranks sharing a cache) reads whole tables or none.  A cache that cannot be
@@ -108,15 +88,6 @@ def _store_tables(path: Path, key: bytes, built: Lark) -> None:
     built.save(stream)
     body = _MAGIC + key + stream.getvalue()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(body)
-                handle.write(hashlib.sha256(body).digest())
-            os.replace(temp, path)
-        except BaseException:
-            os.unlink(temp)
-            raise
+        write_atomically(path, (body, hashlib.sha256(body).digest()))
     except OSError:
         pass
