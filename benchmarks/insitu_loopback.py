@@ -59,18 +59,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     by_name = {v.name: v for v in purlin_api.VARIANTS}
     args.size_list = list(args.sizes)  # bytes, each at least 1 (argtypes.byte_size_list)
     try:
-        args.variant_list = [by_name[n] for n in _names(args.variants, list(by_name), "variants")]
-        args.collective_list = _names(args.collectives, report.COLLECTIVES, "collectives")
+        args.variant_list = [by_name[n] for n in argtypes.flag_names(args.variants, list(by_name), "variants")]
+        args.collective_list = argtypes.flag_names(args.collectives, report.COLLECTIVES, "collectives")
     except ValueError as error:
         ap.error(str(error))
     return args
-
-
-def _names(text: str, known, what: str) -> list[str]:
-    try:
-        return argtypes.names(text, known, what)
-    except ValueError as error:
-        raise ValueError(f"--{what}: {error}") from None
 
 
 def main(argv=None) -> int:

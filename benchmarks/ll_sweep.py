@@ -82,18 +82,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--reps", type=argtypes.positive_int, default=7)
     args = ap.parse_args(argv)
     try:
-        args.collective_list = _names(args.collectives, COLLECTIVES, "collectives")
-        args.algorithm_list = _names(args.algorithms, ALGORITHMS, "algorithms")
+        args.collective_list = argtypes.flag_names(args.collectives, COLLECTIVES, "collectives")
+        args.algorithm_list = argtypes.flag_names(args.algorithms, ALGORITHMS, "algorithms")
     except ValueError as error:
         ap.error(str(error))
     return args
-
-
-def _names(text: str, known, what: str) -> list[str]:
-    try:
-        return argtypes.names(text, known, what)
-    except ValueError as error:
-        raise ValueError(f"--{what}: {error}") from None
 
 
 def main(argv=None) -> int:

@@ -80,6 +80,14 @@ def switch_list(text: str) -> list[bool]:
     return _list(text, _switch, "0 (off) and/or 1 (on)")
 
 
+def flag_names(text: str, known, what: str) -> list[str]:
+    """``names``, its ValueError naming the option --WHAT (a script's --collectives, --variants)."""
+    try:
+        return names(text, known, what)
+    except ValueError as error:
+        raise ValueError(f"--{what}: {error}") from None
+
+
 def device_list(text: str) -> list[int]:
     """'0,0' or '0,1' -> CUDA device indices, at least one."""
     return _list(text, nonnegative_int, "CUDA device indices (integers >= 0)")
