@@ -156,9 +156,12 @@ def _nccl_variants(text: str) -> list[str]:
 
 
 def _check_files(args) -> None:
-    """--merge files are read at the end of the run: a missing or unreadable one is found now."""
-    for path in args.merge:
-        report.load_results(path)
+    """--merge files are read at the end of the run: a missing or unreadable one, or one of
+    another world size than this run's (one report is one world size), is found now."""
+    docs = [report.load_results(path) for path in args.merge]
+    if docs:
+        this_run = {"meta": {"world_size": plan_world(args)}, "rows": []}
+        report.check_mergeable([this_run, *docs], ["this run", *args.merge])
 
 
 

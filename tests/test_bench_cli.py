@@ -184,6 +184,19 @@ def test_bench_checks_merge_files_before_the_run(tmp_path, capsys):
     assert bench.parse_args(["--merge", str(empty)]).merge == [empty]
 
 
+def test_bench_refuses_to_merge_a_run_of_another_world_size(tmp_path, capsys):
+    """A merged R=4 file's rows stood in this R=2 run's tables and tuning table."""
+    four = tmp_path / "r4.json"
+    four.write_text('{"meta": {"world_size": 4}, "rows": []}')
+    says = usage_error(capsys, bench.parse_args, ["--world-size", "2", "--merge", str(four)])
+    assert f"{four}: world size 4, but this run has world size 2" in says
+    assert bench.parse_args(["--world-size", "4", "--merge", str(four)]).merge == [four]
+    two = tmp_path / "r2.json"
+    two.write_text('{"meta": {"world_size": 2}, "rows": []}')
+    assert "world size 2, but this run has world size 4" in usage_error(
+        capsys, bench.parse_args, ["--world-size", "4", "--merge", str(four), "--merge", str(two)])
+
+
 def test_bench_world_from_the_environment(monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "4")
     assert bench.make_plan(bench.parse_args(["--dry-run"])).hier == (4, 1)
