@@ -123,7 +123,10 @@ class _Blocks:
         block = data_block(index, self.program.steps[index], self.program.rank, self.flags)
         if block["kind"] == "epilogue" and self._fuse_epilogue(block):
             return
-        if block["reads"] & self.writes or block["writes"] & (self.reads | self.writes):
+        # isdisjoint, not a union: these sets grow over a run of copies with no barrier (a spec of
+        # thousands of small chunks), and building reads | writes per step made that quadratic
+        if not (block["reads"].isdisjoint(self.writes) and block["writes"].isdisjoint(self.reads)
+                and block["writes"].isdisjoint(self.writes)):
             self.blocks.append({"kind": "barrier", "comments": [f"barrier: step {index} touches a region an earlier step just used"]})
             self.barrier_passed()
         self.reads.update(block["reads"])
