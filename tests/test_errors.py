@@ -874,3 +874,15 @@ def test_a_continuation_keeps_its_own_location(source, line, column, message, no
     error = info.value
     assert (error.span.line, error.span.column) == (line, column)
     assert error.message.startswith(message) and tuple(error.notes) == notes
+
+
+def test_a_long_chunk_name_is_cut_in_messages():
+    """Chunk names went into messages whole: 1,000 indices made a 3,000-character first line."""
+    deep = "[0]" * 200
+    for text, says in ((f"collective c {{ in[r] = x[r] out[r] = y{deep} copy }}", "output chunk y[0][0]"),
+                       (f"collective c {{ in[r] = y{deep}[r] out[r] = y{deep}[r + 1] copy }}", "output chunk y[0]")):
+        with pytest.raises(PurlinError) as caught:
+            check(parse(text, "long.pln"), 2)
+        first = caught.value.message
+        assert first.startswith(says) and "..." in first and len(first) < 160, first
+        assert all(len(note) < 200 for note in caught.value.notes)

@@ -448,7 +448,7 @@ class _Checker:
                 if len(slots) > 1:
                     first, second = slots[0], slots[1]
                     raise PurlinError(
-                        f"conflicting producers under 'copy': {chunk} is given by rank {first.rank} "
+                        f"conflicting producers under 'copy': {_chunk_text(chunk)} is given by rank {first.rank} "
                         f"(in[{first.position}]) and by rank {second.rank} (in[{second.position}])",
                         input_spans[second.rank][second.position],
                         ("under 'copy' a chunk has exactly one producer; write 'copy replicated' "
@@ -465,7 +465,7 @@ class _Checker:
                 slots = frozen.get(chunk)
                 if not slots:
                     raise PurlinError(
-                        f"output chunk {chunk} of rank {rank} has no producer: no input names it",
+                        f"output chunk {_chunk_text(chunk)} of rank {rank} has no producer: no input names it",
                         output_spans[rank][position],
                         (_namesakes(chunk, producers),),
                     )
@@ -559,7 +559,7 @@ class _Checker:
                 ("a mix of fixed-count and sized chunks has no call-time meaning",))
         if any(i >= e for i, e in zip(chunk.index, extents)):
             shape = "".join(f"[{e}]" for e in extents)
-            raise PurlinError(f"chunk {chunk} of {where} lies outside the extents of '{operand.name}{shape}'", span)
+            raise PurlinError(f"chunk {_chunk_text(chunk)} of {where} lies outside the extents of '{operand.name}{shape}'", span)
 
 
 def _elsewhere(earlier: Span | None, here: Span | None) -> str:
@@ -572,12 +572,19 @@ def _elsewhere(earlier: Span | None, here: Span | None) -> str:
     return f"line {earlier.line}"
 
 
+def _chunk_text(chunk: Chunk) -> str:
+    """A chunk's name for a message, cut as an expression is (a chunk of 1,000 indices made a
+    3,000-character first line)."""
+    text = str(chunk)
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
+
+
 def _namesakes(chunk: Chunk, producers: Mapping[Chunk, list[Slot]]) -> str:
     """A note saying which chunks of the same name the inputs do hold (an index off by one?)."""
     same = sorted(c for c in producers if c.name == chunk.name)
     if not same:
         return f"no input names any chunk called '{chunk.name}'"
-    shown = ", ".join(map(str, same[:6])) + (", ..." if len(same) > 6 else "")
+    shown = ", ".join(map(_chunk_text, same[:6])) + (", ..." if len(same) > 6 else "")
     return f"the inputs name {len(same)} chunk{'s' if len(same) > 1 else ''} called '{chunk.name}': {shown}"
 
 

@@ -159,7 +159,7 @@ def _verify(schedule: Schedule, spec: Spec) -> None:
 # all-gather's schedule grows as R^2 steps over R programs, so its proof as R^3 (R=300: 0.65
 # billion entries, 6 s and 1.5 GB; R=600: 5.2 billion, 140 s and 16 GB).  2^30 admits every
 # schedule under the read cap measured (all-reduce R=101: 0.44 billion) and all-gathers to R=322
-# (direct-push, two staging copies: each call proved as two) or R=354 (one copy, ring).
+# (direct-push, two staging copies: each call proved as two) or R=355 (one copy, ring).
 MAX_CLOCK_ENTRIES = 1 << 30
 
 
