@@ -9,12 +9,21 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 
-def read_regular(path: Path, most: int | None = None) -> bytes | None:
-    """A regular file's bytes, or None: missing, unreadable, something else at the path, or (with
-    ``most``) longer than ``most`` bytes, which is then not read whole."""
+TEMP_PREFIX = ".tmp-"
+# A temporary file older than this was left by a writer that was killed before its rename (a
+# write takes milliseconds to seconds): the next write into its folder removes it.
+STALE_TEMP_S = 3600
+
+
+def read_regular(path: Path, most: int | None = None, starts: bytes = b"") -> bytes | None:
+    """A regular file's bytes, or None: missing, unreadable, something else at the path, not
+    starting with ``starts`` (checked before the rest is read: a file of zeros or another kind
+    of entry costs a few bytes, not its length in memory), or (with ``most``) longer than
+    ``most`` bytes, which is then not read whole."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, then fails the check
     except OSError:
@@ -23,7 +32,11 @@ def read_regular(path: Path, most: int | None = None) -> bytes | None:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
         with os.fdopen(fd, "rb", closefd=False) as handle:
-            data = handle.read() if most is None else handle.read(most + 1)
+            head = handle.read(len(starts))
+            if head != starts:
+                return None
+            rest = handle.read() if most is None else handle.read(most + 1 - len(head))
+        data = head + rest
         return data if most is None or len(data) <= most else None
     except OSError:
         return None
@@ -33,14 +46,32 @@ def read_regular(path: Path, most: int | None = None) -> bytes | None:
 
 def write_atomically(path: Path, chunks: tuple[bytes, ...]) -> None:
     """``chunks`` written to a temporary file beside ``path``, then renamed onto it; OSError where
-    the directory cannot be written (the caller decides whether that matters)."""
+    the directory cannot be written (the caller decides whether that matters), or where
+    something other than a file is in the entry's way (a directory: the error names ``path``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=TEMP_PREFIX, suffix=path.suffix)
     try:
         with os.fdopen(fd, "wb") as handle:
             for chunk in chunks:
                 handle.write(chunk)
-        os.replace(temp, path)
+        try:
+            os.replace(temp, path)
+        except OSError as error:  # its filename was the temporary file's, not the entry in the way
+            raise OSError(error.errno, error.strerror, str(path)) from None
     except BaseException:
         os.unlink(temp)
         raise
+    _remove_stale_temps(path.parent)
+
+
+def _remove_stale_temps(folder: Path) -> None:
+    """Temporary files of killed writers in ``folder`` (nothing else reads or removes them)."""
+    cutoff = time.time() - STALE_TEMP_S
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.name.startswith(TEMP_PREFIX) and entry.is_file(follow_symlinks=False) \
+                        and entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                    os.unlink(entry.path)
+    except OSError:  # another writer removed it first, or the folder cannot be listed: harmless
+        pass

@@ -164,8 +164,11 @@ def cache_dir() -> Path:
             return Path(raw).expanduser()  # ~ as a shell would (a Dockerfile's ENV does not)
         except RuntimeError:  # ~someone of no known home: a user error, not an internal one
             raise _refuse(CACHE_DIR, "a directory (a leading ~ names the home directory of a known user)") from None
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "purlin"
+    # The XDG base directory rules: an unset, empty or relative XDG_CACHE_HOME is ignored (a
+    # relative one, or a quoted '~/.cache', made a folder under the working directory)
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "purlin"
 
 
 def wait_timeout_ns() -> int:

@@ -145,8 +145,42 @@ def test_a_cache_dir_that_is_a_file_is_warned_of(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PURLIN_CACHE_DIR", str(tmp_path / "cache"))
     status, out, err = _compile(capsys, EXAMPLES / "allgather.pln", "-R", "2", "-o", tmp_path / "out")
     assert status == 0 and len(out.splitlines()) == 4
-    assert err == (f"warning: the compile cache {tmp_path / 'cache'} cannot be used ({tmp_path / 'cache'} is not a "
+    assert err == (f"warning: the compile cache {tmp_path / 'cache'} cannot be written ({tmp_path / 'cache'} is not a "
                    "directory): compiling without it (set PURLIN_CACHE_DIR, or PURLIN_NO_CACHE=1)\n")
     monkeypatch.setenv("PURLIN_NO_CACHE", "1")  # asked for no cache: nothing to warn of
     status, out, err = _compile(capsys, EXAMPLES / "allgather.pln", "-R", "2", "-o", tmp_path / "out")
     assert (status, err) == (0, "")
+
+
+def test_a_read_only_cache_is_said_to_serve_its_entries(tmp_path, monkeypatch):
+    """A cache that cannot be written still serves what it holds: the warning said "compiling
+    without it" while every compile hit."""
+    from purlinc.cli.compile import cache_warning
+
+    monkeypatch.setenv("PURLIN_CACHE_DIR", str(tmp_path))
+    assert cache_warning(f"{tmp_path} is not writable") == (
+        f"warning: the compile cache {tmp_path} cannot be written ({tmp_path} is not writable): entries it holds "
+        "are used, new ones are not stored (set PURLIN_CACHE_DIR, or PURLIN_NO_CACHE=1)")
+    monkeypatch.setenv("PURLIN_CACHE_DIR", str(tmp_path / "missing" / "cache"))
+    assert "compiling without it" in cache_warning("x")
+
+
+def test_an_unreachable_cache_or_output_dir_is_a_problem_not_a_crash(tmp_path, monkeypatch):
+    """A path through a folder this user cannot search: Path.is_dir() raised PermissionError,
+    and compile failed instead of warning (the cache) or naming -o (the output)."""
+    import pathlib
+
+    from purlinc.cli.compile import cache_problem, output_dir_problem
+
+    blocked = tmp_path / "noexec" / "sub"
+
+    def denied(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setenv("PURLIN_CACHE_DIR", str(blocked))
+    monkeypatch.delenv("PURLIN_NO_CACHE", raising=False)
+    monkeypatch.setattr(pathlib.Path, "is_dir", denied)
+    monkeypatch.setattr(pathlib.Path, "exists", denied)
+    monkeypatch.setattr("os.path.lexists", lambda path: True)
+    assert cache_problem() == f"{blocked} cannot be reached (Permission denied)"
+    assert output_dir_problem(blocked) == f"{blocked} cannot be reached: Permission denied"

@@ -325,3 +325,74 @@ def test_a_kernel_error_keeps_its_location_when_the_schedule_comes_from_the_cach
     assert rendered[0] == rendered[1]
     assert rendered[1].startswith("<string>:5:19: error: a row of 4 bfloat16 elements is 8 bytes")
     assert rendered[1].endswith("note: while generating e's bfloat16 kernels for R=2")
+
+
+def test_a_cubin_stored_under_another_key_is_a_miss(cache_dir):
+    """A CUBIN entry held only its checksum: one copied (or linked) under another key was
+    launched as the artifact, and sealed into a new front entry."""
+    ours = pipeline.compile(ALLGATHER, world_size=2, arch="sm_90")
+    (mine,) = cache_dir.glob("*/*.cubin")
+    other = pipeline.compile(EXAMPLES / "alltoall.pln", world_size=2, arch="sm_90")
+    (theirs,) = set(cache_dir.glob("*/*.cubin")) - {mine}
+    assert other.cubin != ours.cubin
+    mine.write_bytes(theirs.read_bytes())
+    for entry in _entries(cache_dir):
+        entry.unlink()
+    pipeline.forget()
+    assert pipeline.compile(ALLGATHER, world_size=2, arch="sm_90").cubin == ours.cubin
+
+
+def test_a_killed_writers_temporary_file_is_removed_later(cache_dir):
+    """Nothing removed the .tmp-* file of a compiler killed between its write and its rename."""
+    from purlinc import cachefiles
+
+    pipeline.compile(ALLGATHER, world_size=2, arch="sm_90")
+    (cubin,) = cache_dir.glob("*/*.cubin")
+    stale, fresh = cubin.parent / ".tmp-stale.cubin", cubin.parent / ".tmp-fresh.cubin"
+    for path in (stale, fresh):
+        path.write_bytes(b"half an entry")
+    old = os.stat(stale).st_mtime - cachefiles.STALE_TEMP_S - 60
+    os.utime(stale, (old, old))
+    cubin.unlink()
+    for entry in _entries(cache_dir):
+        entry.unlink()
+    pipeline.forget()
+    pipeline.compile(ALLGATHER, world_size=2, arch="sm_90")  # rewrites the CUBIN into that folder
+    assert not stale.exists() and fresh.exists()  # a writer of now may still rename its own
+
+
+def test_cache_files_check_their_start_before_reading_the_rest(tmp_path):
+    from purlinc import cachefiles
+
+    path = tmp_path / "entry"
+    path.write_bytes(bytes(1 << 20))  # a file of zeros (a truncate -s): refused on its first bytes
+    assert cachefiles.read_regular(path, starts=b"MAGIC") is None
+    path.write_bytes(b"MAGIC and the rest")
+    assert cachefiles.read_regular(path, starts=b"MAGIC") == b"MAGIC and the rest"
+    assert cachefiles.read_regular(path, most=5, starts=b"MAGIC") is None
+
+
+def test_a_directory_at_an_entry_path_is_named_in_the_error(tmp_path):
+    """The log named the writer's temporary file, not the entry that was in the way."""
+    from purlinc import cachefiles
+
+    entry = tmp_path / "ab" / "key.entry"
+    (entry / "inside").mkdir(parents=True)
+    with pytest.raises(OSError) as caught:
+        cachefiles.write_atomically(entry, (b"data",))
+    assert caught.value.filename == str(entry)
+    assert [p.name for p in entry.parent.iterdir()] == ["key.entry"]  # no temporary file left
+
+
+def test_from_cache_is_this_calls_own_answer(cache_dir, monkeypatch):
+    """from_cache compared the process-wide hit counter before and after: another thread's hit
+    during a fresh compile made it say True."""
+    real = cache.load_front
+
+    def another_threads_hit(key):
+        pipeline.STATS.front_hits += 1
+        return real(key)
+
+    monkeypatch.setattr(cache, "load_front", another_threads_hit)
+    assert not pipeline.compile(ALLGATHER, world_size=2, arch="sm_90", emit_cubin=False).from_cache
+    assert pipeline.compile(ALLGATHER, world_size=2, arch="sm_90", emit_cubin=False).from_cache

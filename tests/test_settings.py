@@ -101,6 +101,18 @@ def test_cache_dir_expands_the_home_directory(monkeypatch, tmp_path):
     assert settings.cache_dir() == tmp_path / ".cache" / "purlin-test"
 
 
+def test_xdg_cache_home_counts_only_when_absolute(monkeypatch, tmp_path):
+    """A relative XDG_CACHE_HOME (or a quoted '~/.cache') made a cache folder under the working
+    directory; the XDG rules say to ignore it, as an empty one."""
+    monkeypatch.delenv("PURLIN_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert settings.cache_dir() == tmp_path / "xdg" / "purlin"
+    for ignored in ("~/.cache", "rel", ""):
+        monkeypatch.setenv("XDG_CACHE_HOME", ignored)
+        assert settings.cache_dir() == tmp_path / ".cache" / "purlin"
+
+
 def test_a_cache_dir_of_an_unknown_user_is_refused_by_name(monkeypatch, tmp_path):
     """~nosuchuser/... raised Path.expanduser's RuntimeError: the command line's internal error."""
     monkeypatch.setenv("PURLIN_CACHE_DIR", "~no-such-user-purlin/cache")

@@ -29,7 +29,8 @@ from pathlib import Path
 from purlinc import settings
 from purlinc.cachefiles import read_regular, write_atomically
 
-SCHEMA_VERSION = 2  # 2: a CUBIN entry ends with its sha256
+SCHEMA_VERSION = 3  # 2: a CUBIN entry ends with its sha256; 3: and starts with its key
+_CUBIN_MAGIC = b"PURLIN-CUBIN\x00\x03"
 FRONT_SCHEMA_VERSION = 1
 _FRONT_MAGIC = b"PURLIN-FRONT\x00\x02"
 _LENGTH = struct.Struct("<Q")  # header JSON bytes
@@ -100,15 +101,23 @@ def _path(key: str) -> Path:
     return settings.cache_dir() / key[:2] / f"{key}.cubin"
 
 
+def _cubin_head(key: str) -> bytes:
+    """What a CUBIN entry starts with: a magic and its own key, so that an entry copied or linked
+    under another key is a miss (its checksum alone held: another module was launched)."""
+    return _CUBIN_MAGIC + key.encode("ascii")
+
+
 def load(key: str) -> bytes | None:
-    """The CUBIN stored under ``key``, or None: missing, or not as stored (a truncated or damaged
-    file was handed to the driver, and sealed into a front entry, before it had a checksum)."""
+    """The CUBIN stored under ``key``, or None: missing, stored under another key, or not as
+    stored (a truncated or damaged file was handed to the driver, and sealed into a front
+    entry, before it had a checksum)."""
     if not settings.cache_enabled():
         return None
-    data = read_regular(_path(key))
-    if data is None or len(data) <= 32 or hashlib.sha256(data[:-32]).digest() != data[-32:]:
+    head = _cubin_head(key)
+    data = read_regular(_path(key), starts=head)
+    if data is None or len(data) <= len(head) + 32 or hashlib.sha256(data[:-32]).digest() != data[-32:]:
         return None
-    return data[:-32]
+    return data[len(head):-32]
 
 
 _UNWRITABLE_LOGGED = False
@@ -130,7 +139,8 @@ def _write_atomically(path: Path, chunks: tuple[bytes, ...]) -> None:
 
 def store(key: str, data: bytes) -> None:
     if settings.cache_enabled():
-        _write_atomically(_path(key), (data, hashlib.sha256(data).digest()))
+        head = _cubin_head(key)
+        _write_atomically(_path(key), (head, data, hashlib.sha256(head + data).digest()))
 
 
 # ---- level 1: the front cache, keyed on compile()'s inputs -----------------------------
@@ -157,7 +167,7 @@ def load_front(key: str) -> tuple[dict, dict[str, bytes]] | None:
     are blobs, not JSON strings, so a hit decodes only the small header."""
     if not settings.cache_enabled():
         return None
-    data = read_regular(_front_path(key))
+    data = read_regular(_front_path(key), starts=_FRONT_MAGIC)
     if data is None:
         return None
     try:

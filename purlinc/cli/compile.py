@@ -39,6 +39,13 @@ def nearest_existing(path: Path) -> Path:
 def output_dir_problem(path: Path) -> str | None:
     """Why ``path`` cannot be (or be created as) a directory to write into, or None.
     Checked before compiling: a bad -o should not cost a whole compile."""
+    try:
+        return _output_dir_problem(path)
+    except OSError as error:  # a path through a folder this user cannot search: exists() and is_dir() raise
+        return f"{error.filename or path} cannot be reached: {error.strerror or error}"
+
+
+def _output_dir_problem(path: Path) -> str | None:
     existing = nearest_existing(path)
     if existing.exists() and not existing.is_dir():
         what = "a file" if existing.is_file() else "not a directory"  # /dev/null, a named pipe
@@ -65,12 +72,29 @@ def cache_problem() -> str | None:
 
     if not settings.cache_enabled():
         return None
-    existing = nearest_existing(settings.cache_dir())
-    if not existing.is_dir():
-        return f"{existing} is not a directory"
+    try:
+        existing = nearest_existing(settings.cache_dir())
+        if not existing.is_dir():
+            return f"{existing} is not a directory"
+    except OSError as error:  # a path through a folder this user cannot search
+        return f"{error.filename or settings.cache_dir()} cannot be reached ({error.strerror or error})"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{existing} is not writable"
     return None
+
+
+def cache_warning(problem: str) -> str:
+    """The warning for ``cache_problem``: a cache that cannot be written still serves the
+    entries it holds (reads need no write access), so "without it" is said only where it
+    cannot be read either."""
+    from purlinc import settings
+
+    where = settings.cache_dir()
+    readable = os.path.isdir(where) and os.access(where, os.R_OK | os.X_OK)
+    what = ("entries it holds are used, new ones are not stored" if readable
+            else "compiling without it")
+    return (f"warning: the compile cache {where} cannot be written ({problem}): {what} "
+            f"(set {settings.CACHE_DIR.name}, or {settings.NO_CACHE.name}=1)")
 
 
 def missing_dirs(path: Path) -> list[Path]:
@@ -134,10 +158,7 @@ def _run(args, created: list[Path]) -> int:
         common.options(args, spec)
     problem = cache_problem()
     if problem is not None:
-        from purlinc import settings
-
-        print(f"warning: the compile cache {settings.cache_dir()} cannot be used ({problem}): compiling without it "
-              f"(set {settings.CACHE_DIR.name}, or {settings.NO_CACHE.name}=1)", file=sys.stderr)
+        print(cache_warning(problem), file=sys.stderr)
     if ranks_defaulted:
         print(f"note: --ranks not given: compiling for R={world_size} ranks (the default)", file=sys.stderr)
     artifact = pipeline.compile(

@@ -10,7 +10,6 @@ from purlinc.atom.atoms import DEFAULT_ATOM
 from purlinc.pipeline.compiled import DEFAULT_WORLD_SIZE, Compiled, prepare
 from purlinc.pipeline.entries import Kernel
 from purlinc.pipeline.source import SourceText
-from purlinc.pipeline.stats import STATS
 
 if TYPE_CHECKING:
     from purlinc.dtypes import DType, ReduceOp
@@ -80,6 +79,5 @@ def compile(
     """Compile one collective for one world size, target, dtype and op: ``prepare`` + ``kernel``."""
     compiled = prepare(path_or_source, world_size=world_size, params=params, arch=arch, atom=atom, options=options,
                        overrides=overrides, algorithm=algorithm)
-    hits = STATS.front_hits
-    kernel = compiled.kernel(dtype, op, emit_cubin=emit_cubin)
-    return Artifact(compiled, kernel, from_cache=STATS.front_hits > hits)
+    kernel, hit = compiled.kernel_and_hit(dtype, op, emit_cubin=emit_cubin)
+    return Artifact(compiled, kernel, from_cache=hit)

@@ -160,6 +160,13 @@ class Compiled:
     def kernel(self, dtype: DType | str, op: ReduceOp | str | None = None, *, emit_cubin: bool = True) -> Kernel:
         """The kernel of one (dtype, op): generated and compiled on first use, then kept.
         ``op`` is ignored for copy collectives."""
+        return self.kernel_and_hit(dtype, op, emit_cubin=emit_cubin)[0]
+
+    def kernel_and_hit(self, dtype: DType | str, op: ReduceOp | str | None = None, *,
+                       emit_cubin: bool = True) -> tuple[Kernel, bool]:
+        """``kernel``, and whether this call found it made (in this process, or in the disk
+        cache): this call's own answer, which the process-wide STATS counters cannot give
+        while other threads compile."""
         dtype = _dtype(dtype)
         memo_key = (dtype, _op_text(op))
         with self._lock:
@@ -167,10 +174,10 @@ class Compiled:
             if hit is not None and (hit.cubin is not None or not emit_cubin):
                 STATS.memo_hits += 1
                 STATS.front_hits += 1
-                return hit
+                return hit, True
             kernel = self._kernel(dtype, op, emit_cubin)
             self._kernels[memo_key] = kernel
-            return kernel
+            return kernel, kernel.from_cache
 
     def _kernel(self, dtype: DType, op, emit_cubin: bool) -> Kernel:
         from purlinc.atom import cache
