@@ -6,7 +6,6 @@ exactly the text the rank's own blocks have."""
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import time
