@@ -68,9 +68,9 @@ def _tables_key(grammar: str, options: dict) -> bytes:
 def _load_tables(path: Path, key: bytes) -> Lark | None:
     """The parser stored at ``path`` for ``key``, or None: missing, not a regular file, too
     large, damaged, or built from another grammar."""
-    data = read_regular(path, MAX_TABLES_BYTES)
+    data = read_regular(path, MAX_TABLES_BYTES, starts=_MAGIC + key)
     head = len(_MAGIC) + len(key)
-    if data is None or len(data) < head + _SHA or data[:head] != _MAGIC + key:
+    if data is None or len(data) < head + _SHA:
         return None
     if hashlib.sha256(memoryview(data)[:-_SHA]).digest() != data[-_SHA:]:
         return None
