@@ -211,9 +211,15 @@ def test_evaluator_needs_operands_of_the_right_shape():
     bad = [{"residual": np.zeros(16, np.uint16), "weight": np.zeros(4, np.uint16), "eps": 1e-5}] * 2
     with pytest.raises(ValueError, match=r"operand 'weight': expected uint16 \(8,\), got uint16 \(4,\)"):
         evaluate(spec, xs, 16, BF16, "sum", bad)
-    with pytest.raises(ValueError, match=r"elements \[0, 12\) are not whole rows of 8"):
+    with pytest.raises(ValueError, match=r"count=12 is not a whole number of rows of 8 elements"):
         evaluate(spec, [np.zeros(12, np.uint16)] * 2, 12, BF16, "sum",
                  [{"residual": np.zeros(12, np.uint16), "weight": np.zeros(8, np.uint16), "eps": 1e-5}] * 2)
+    # Rows never straddle chunks: the oracle normalised 8-element rows across two 4-element
+    # chunks, which the simulator and the runtime refuse
+    chunked = check(parse(ALLREDUCE_CHUNKS), 2, {"hidden": 8})
+    with pytest.raises(ValueError, match=r"count=4 is not a whole number of rows of 8 elements"):
+        evaluate(chunked, [np.zeros(8, np.uint16)] * 2, 4, BF16, "sum",
+                 [{"residual": np.zeros(8, np.uint16), "weight": np.zeros(8, np.uint16), "eps": 1e-5}] * 2)
 
 
 # --- the schedule: placement, proof, simulation -------------------------------------------------
@@ -480,8 +486,15 @@ def test_codegen_refusals_are_located():
     assert info.value.message == "an epilogue computes in float32; int32 outputs are not supported"
     with pytest.raises(PurlinError, match="the ce atom moves data with the copy engines and cannot compute an epilogue"):
         pipeline.prepare(EXAMPLE, world_size=2, arch="sm_90", atom="ce")
-    with pytest.raises(PurlinError, match="an epilogue needs staged outputs"):
-        lower(_example(2), LowerOptions(Algorithm.DIRECT_PUSH, registered=frozenset({"in", "out"})))
+    for algorithm in (Algorithm.TWO_SHOT, Algorithm.RING):  # the owner or a neighbour writes a peer's rows
+        with pytest.raises(PurlinError, match="an epilogue needs outputs no peer writes: with registered outputs, "
+                                              f"{algorithm.value} has rank 0 write r1.out"):
+            lower(_example(2), LowerOptions(algorithm, registered=frozenset({"in", "out"})))
+    # Registered outputs change nothing in a one-shot reduction (it was refused for them)
+    for algorithm in (Algorithm.DIRECT_PUSH, Algorithm.DIRECT_PULL):
+        plain = lower(_example(3), LowerOptions(algorithm))
+        registered = lower(_example(3), LowerOptions(algorithm, registered=frozenset({"out"})))
+        assert registered.programs == plain.programs
 
 
 def test_a_row_past_the_registers_is_refused_as_too_long():

@@ -75,6 +75,13 @@ def check_epilogue_dtype(spec: Spec, dtype: DType) -> None:
         raise ValueError(f"an epilogue computes in float32; {dtype.value} outputs are not supported")
 
 
+def check_rows_count(epilogue: Epilogue | None, count: int) -> None:
+    """An epilogue's rows lie inside chunks (docs/LANGUAGE.md, "Rows"): a count that is not a
+    whole number of rows is refused, as the runtime refuses the call."""
+    if epilogue is not None and count % epilogue.row:
+        raise ValueError(f"count={count} is not a whole number of rows of {epilogue.row} elements")
+
+
 def evaluate(
     spec: Spec,
     inputs: Sequence[np.ndarray],
@@ -95,6 +102,7 @@ def evaluate(
     dtype = DType.parse(dtype.value if isinstance(dtype, DType) else dtype)
     check_count("count", count)
     check_epilogue_dtype(spec, dtype)
+    check_rows_count(spec.epilogue, count)  # rows that straddled chunks were normalised across them
     _check_inputs(spec, inputs, count, dtype)
 
     def chunk_of(slot) -> np.ndarray:

@@ -11,8 +11,9 @@ later slices are in flight.
 
 ``epilogue_problem`` is the verifier's part: every slice of every output chunk of every
 rank gets exactly one Epilogue step, in its own rank's program, and no step touches the
-slice after it.  Outputs of these schedules are touched by their own rank only (registered
-outputs are refused), so program order alone orders the epilogue after every write of the
+slice after it.  Outputs of these schedules are touched by their own rank only (a schedule
+whose peers write a rank's output, as registered outputs let some lowerings do, is refused),
+so program order alone orders the epilogue after every write of the
 slice; the verifier's result check proves the value written last is the full reduction, and
 it is that value the epilogue sees.
 """
@@ -41,14 +42,28 @@ def _out_regions(schedule: Schedule, rank: int) -> list[Region]:
     return [Region(Space.OUT, rank, unit, s) for unit in range(schedule.out_units[rank]) for s in range(S)]
 
 
+def _refuse_peer_written_outputs(schedule: Schedule) -> None:
+    """A rank sees when its rows are final only where no peer touches its output.  That is
+    what registered outputs let some lowerings do (ring, two-shot, a copy's direct-push), not
+    what the option says: a direct-push or direct-pull reduction lowers to the same programs
+    with it or without it, and was refused for nothing."""
+    for program in schedule.programs:
+        for step in program.steps:
+            for region in _touched(step):
+                if region.space is Space.OUT and region.rank != program.rank:
+                    raise PurlinError(
+                        f"an epilogue needs outputs no peer writes: with registered outputs, "
+                        f"{schedule.options.algorithm.value} has rank {program.rank} write {region.format()} "
+                        f"directly, and rank {region.rank} cannot see when its rows are final",
+                        notes=("use a schedule without registered out",))
+
+
 def place_epilogues(schedule: Schedule, spec: Spec) -> Schedule:
     """``schedule`` with the spec's epilogue placed (unchanged when the spec has none)."""
     epilogue = spec.epilogue
     if epilogue is None:
         return schedule
-    if "out" in schedule.options.registered:
-        raise PurlinError("an epilogue needs staged outputs: with registered outputs peers write a rank's rows "
-                          "directly, and it cannot see when they are final (use a schedule without registered out)")
+    _refuse_peer_written_outputs(schedule)
     line = epilogue.span.line if epilogue.span is not None else None
     programs = []
     for program in schedule.programs:

@@ -29,7 +29,7 @@ import numpy as np
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.errors import PurlinError
 from purlinc.frontend.ast import Operation
-from purlinc.frontend.evaluate import check_count, check_epilogue_dtype, reduce_chunks, run_epilogue
+from purlinc.frontend.evaluate import check_count, check_epilogue_dtype, check_rows_count, reduce_chunks, run_epilogue
 from purlinc.frontend.spec import Spec
 from purlinc.snac.ir import Consume, Epilogue, Notify, Region, Schedule, Space, Stage, Wait
 from purlinc.snac.packing import normalized
@@ -224,9 +224,9 @@ def _check_rows(schedule: Schedule, count: int, piece: int | None, operands) -> 
     row = schedule.epilogue.row
     if operands is None or len(operands) != schedule.world_size:
         raise ValueError(f"{schedule.collective} has an epilogue: give operands, one dict per rank")
-    for name, value in (("count", count), ("piece", piece)):
-        if value is not None and value % row:
-            raise ValueError(f"{name}={value} is not a whole number of rows of {row} elements")
+    check_rows_count(schedule.epilogue, count)
+    if piece is not None and piece % row:
+        raise ValueError(f"piece={piece} is not a whole number of rows of {row} elements")
 
 
 def _checked_args(schedule: Schedule, spec: Spec, count: int, dtype, op, calls: int):
