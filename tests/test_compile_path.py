@@ -109,6 +109,33 @@ def test_resolve_options_is_the_one_place(cache_dir):
     assert pipeline.resolve_options(spec, options=full, overrides={"slices": 2}) == LowerOptions(channels=5, slices=2)
 
 
+def test_slots_are_checked_however_they_come(cache_dir):
+    """slots in options= (or kept there past an algorithm override) skipped the check that
+    overrides get, and keyed one direct-push schedule as slots2 beside slotsall."""
+    spec = pipeline.spec_of(pipeline.load_source(EXAMPLES / "allgather.pln"), 2, None)
+    says = "slots=2 does not apply to direct-push: it gives every message its own staging unit"
+    for options, overrides in ((LowerOptions(slots=2), None), (LowerOptions(slots=None), {"slots": 2}),
+                               (LowerOptions(Algorithm.RING, slots=2), {"algorithm": "direct-push"})):
+        with pytest.raises(PurlinError, match=says):
+            pipeline.resolve_options(spec, options=options, overrides=overrides)
+    assert pipeline.resolve_options(spec, options=LowerOptions(Algorithm.RING, slots=2)).slots == 2
+
+
+def test_lower_refuses_options_of_the_wrong_type():
+    """lower() called directly: an algorithm by name crashed in options.key(), a registered
+    string was read as its letters, and stage_copies=True or 2.0 passed for 1 and 2."""
+    from purlinc.snac.lower import lower
+
+    spec = pipeline.spec_of(pipeline.load_source(EXAMPLES / "allgather.pln"), 2, None)
+    with pytest.raises(PurlinError, match="algorithm must be an Algorithm .* got 'ring'"):
+        lower(spec, LowerOptions(algorithm="ring"))
+    with pytest.raises(PurlinError, match="registered must be a set of 'in' and/or 'out', got 'in'"):
+        lower(spec, LowerOptions(registered="in"))
+    for copies in (True, 2.0, 3):
+        with pytest.raises(PurlinError, match=f"stage_copies={copies!r}: staging has 1 or 2 copies"):
+            LowerOptions(stage_copies=copies)
+
+
 def test_no_cache_means_no_memo_either(cache_dir, monkeypatch):
     monkeypatch.setenv("PURLIN_NO_CACHE", "1")
     a = pipeline.prepare(EXAMPLES / "allgather.pln", world_size=2)

@@ -124,8 +124,9 @@ def resolve_options(spec: Spec, *, options: LowerOptions | None = None,
     base = options if options is not None else default_options(spec)
     changes = normalize_overrides(overrides)
     resolved = replace(base, **changes) if changes else base
-    if "slots" in changes:
-        check_slots(resolved.algorithm, changes["slots"], chosen=options is not None or "algorithm" in changes)
+    if resolved.slots is not None:  # from overrides, or from options= (it bypassed the check, and keyed
+        # one schedule twice: slots2 and slotsall lowered to the same programs)
+        check_slots(resolved.algorithm, resolved.slots, chosen=options is not None or "algorithm" in changes)
     return resolved
 
 

@@ -264,10 +264,11 @@ class LowerOptions:
     stage_copies: int = 1
 
     def __post_init__(self):
-        if self.stage_copies not in (1, 2):
+        if isinstance(self.stage_copies, bool) or self.stage_copies not in (1, 2) \
+                or not isinstance(self.stage_copies, int):  # True and 2.0 compared equal to 1 and 2
             from purlinc.errors import PurlinError
 
-            raise PurlinError(f"stage_copies={self.stage_copies}: staging has 1 or 2 copies")
+            raise PurlinError(f"stage_copies={self.stage_copies!r}: staging has 1 or 2 copies")
 
     def key(self) -> str:
         reg = ",".join(sorted(self.registered)) or "-"

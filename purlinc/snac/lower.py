@@ -62,6 +62,11 @@ MAX_READS = 1 << 20
 
 
 def _check_options(spec: Spec, options: LowerOptions) -> None:
+    if not isinstance(options.algorithm, Algorithm):  # its key (and every note naming it) needs one
+        raise PurlinError(f"algorithm must be an Algorithm (purlinc.snac.ir), got {options.algorithm!r}",
+                          notes=("the pipeline's resolve_options also takes names: algorithm='ring'",))
+    if isinstance(options.registered, str) or not isinstance(options.registered, (set, frozenset)):
+        raise PurlinError(f"registered must be a set of 'in' and/or 'out', got {options.registered!r}")
     for name in ("channels", "slices", "slots"):
         value = getattr(options, name)
         if (value is not None or name != "slots") and (isinstance(value, bool) or not isinstance(value, int)):
