@@ -254,3 +254,98 @@ def test_a_chunk_that_differs_from_the_expected_size_is_a_size_error(fake):
                                         r"from the 5 rank 0 expects \(its expected sizes\); it was not written"):
         coll.check()
     coll.check()
+
+
+class _DLPackOnDevice:
+    """An int64 array exported by DLPack as if on cuda:0 (NumPy memory, the device faked)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__()
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+def test_sizes_are_int64_by_their_dtype_not_its_name(fake, on_device_zero, monkeypatch):
+    """"uint64" contains "int64": such out_sizes were taken, and (no itemsize known) their
+    overlap with out was not checked; a DLPack int64, named by its type code, was refused."""
+    import numpy as np
+
+    from purlinc.runtime import driver
+
+    launches = []
+    monkeypatch.setattr(driver, "launch", lambda *args: launches.append(args))
+    coll = load(SIZED / "alltoallv.pln", FakeComm(), capacity=64)
+    x, n, out = Device(0x100000, (100,), "<f4"), Device(0x300000, (2,), "<i8"), Device(0x200000, (128,), "<f4")
+    with pytest.raises(ArgumentError, match="out_sizes has dtype uint64, expected int64"):
+        coll(x, n, out, Device(0x200000, (2,), "<u8"), stream=1)
+    coll(x, _DLPackOnDevice(np.array([1, 2], np.int64)), out, Device(0x400000, (2,), "<i8"), stream=1)
+    assert len(launches) == 1
+
+
+@pytest.mark.parametrize("sizes,says", [
+    ((0x300000, (2,), "<i8", (16,)), "sizes is not contiguous"),
+    ((0x300004, (2,), "<i8", None), "sizes at 0x300004 is not aligned to 8 bytes (int64 sizes)"),
+])
+def test_sizes_layout_refusals_say_which(fake, on_device_zero, sizes, says):
+    """Both cases said "must be contiguous and 8-byte aligned", neither which nor where."""
+    ptr, shape, typestr, strides = sizes
+    n = Device(ptr, shape, typestr)
+    n.__cuda_array_interface__["strides"] = strides
+    coll = load(SIZED / "alltoallv.pln", FakeComm(), capacity=64)
+    with pytest.raises(ArgumentError, match=re.escape(f"alltoallv on rank 0: {says}")):
+        coll(Device(0x100000, (100,), "<f4"), n, Device(0x200000, (128,), "<f4"), Device(0x400000, (2,), "<i8"),
+             stream=1)
+
+
+SCATTERV = "collective sv(root = 1) with sizes n[R] of x { in[root] = x[0..R] out[r] = x[r] copy }"
+GATHERV = "collective gv(root = 1) with sizes n[R] of x { in[r] = x[r] out[root] = x[0..R] copy }"
+
+
+def test_a_rank_without_chunks_passes_none_or_empty_buffers(fake, on_device_zero, monkeypatch):
+    """An empty CUDA-array-interface buffer reports no device and was refused as "on the host";
+    a rank that gives (or receives) nothing could not pass None for it either."""
+    from purlinc.runtime import driver
+
+    launches = []
+    monkeypatch.setattr(driver, "launch", lambda *args: launches.append(args))
+    out, none = Device(0x200000, (64,), "<f4"), Device(0x300000, (0,), "<i8")
+    scatter = load(SCATTERV, FakeComm(), capacity=64)  # rank 0 of 2: gives nothing, receives x[0]
+    scatter(None, none, out, Device(0x400000, (1,), "<i8"), stream=1)
+    scatter(Device(0x100000, (0,), "<f4"), none, out, Device(0x400000, (1,), "<i8"), stream=1)
+    with pytest.raises(ArgumentError, match="this rank gives no chunks and x is None: pass out="):
+        scatter(None, none, None, Device(0x400000, (1,), "<i8"), stream=1)
+    gather = load(GATHERV, FakeComm(), capacity=64)  # rank 0 of 2: gives x[0], receives nothing
+    x, n = Device(0x100000, (10,), "<f4"), Device(0x300000, (1,), "<i8")
+    assert gather(x, n, stream=1) == (None, None)  # nothing to allocate, and no library to do it with
+    gather(x, n, Device(0x200000, (0,), "<f4"), none, stream=1)
+    assert len(launches) == 4
+
+
+def test_numpy_integers_are_whole_numbers(fake, on_device_zero, monkeypatch):
+    """np.int64(2) was refused as row=np.int64(2), "expected ... in 1..64" (and capacity alike)."""
+    import numpy as np
+
+    from purlinc.runtime import driver
+
+    monkeypatch.setattr(driver, "launch", lambda *args: None)
+    coll = load(SIZED / "alltoallv.pln", FakeComm(), capacity=np.int64(64))
+    assert coll.capacity == 64 and type(coll.capacity) is int
+    coll(Device(0x100000, (100,), "<f4"), Device(0x300000, (2,), "<i8"), Device(0x200000, (128,), "<f4"),
+         Device(0x400000, (2,), "<i8"), stream=1, row=np.int64(2))
+    with pytest.raises(ArgumentError, match="row=True, expected elements per size unit"):
+        coll(Device(0x100000, (100,), "<f4"), Device(0x300000, (2,), "<i8"), stream=1, row=True)
+
+
+def test_a_size_error_of_a_chunk_no_output_names_says_so():
+    """"to ranks : size ..." with an empty list of destinations."""
+    from purlinc import pipeline
+    from purlinc.atom.sized import describe_size_error
+
+    spec = pipeline.spec_of(pipeline.load_source(
+        "collective u with sizes n[R][2] of x { in[r] = x[r][0], x[r][1]  out[r] = x[0..R][0]  copy }"), 2, None)
+    assert describe_size_error((1, 1, 0, 1, 99, 8, 0, 0), spec).startswith(
+        "rank 1, call 0: chunk x[1][1] of rank 1 (no output names it): size n[1][1] = 99 outside 0..8")

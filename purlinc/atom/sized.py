@@ -88,7 +88,8 @@ def describe_size_error(words, spec) -> str:
     if record["buffer"] == 0:
         chunk = spec.inputs[rank][position]
         to = sorted({r for r, layout in enumerate(spec.outputs) for c in layout if c == chunk})
-        pair = f"chunk {chunk} from rank {rank} to rank{'s' if len(to) != 1 else ''} {', '.join(map(str, to))}"
+        pair = (f"chunk {chunk} from rank {rank} to rank{'s' if len(to) != 1 else ''} {', '.join(map(str, to))}"
+                if to else f"chunk {chunk} of rank {rank} (no output names it)")
         what = f"size {sizes.size_name(chunk)} = {size}"
     else:
         chunk = spec.outputs[rank][position]

@@ -73,7 +73,9 @@ def _describe_torch(x) -> ArrayInfo:
 # __cuda_array_interface__ (CuPy, Numba, ...)
 
 _TYPESTR = {r.typestr: r.dtype for r in DTYPES.records() if r.typestr}
-_TYPESTR_NAMES = {"<f4": "float32", "<f2": "float16", "<i4": "int32", "<i8": "int64", "<u2": "uint16", "<u1": "uint8"}
+_TYPESTR_NAMES = {"<f4": "float32", "<f2": "float16", "<f8": "float64", "<i4": "int32", "<i8": "int64",
+                  "<i2": "int16", "|i1": "int8", "<u8": "uint64", "<u4": "uint32", "<u2": "uint16", "<u1": "uint8",
+                  "|u1": "uint8"}
 
 
 def _c_contiguous(shape, strides, itemsize: int) -> bool:

@@ -22,6 +22,7 @@ collective stays usable: no signal is out of step).
 from __future__ import annotations
 
 import ctypes
+import numbers
 from collections.abc import Sequence
 
 from purlinc import settings
@@ -169,20 +170,31 @@ class SizedCollective:
         chunk) and ``out_sizes`` when not given.  Sizes count units of ``row`` elements (torch's
         splits count rows).  Returns (dtype, shape, stream, out, out_sizes)."""
         self._check_usable()
-        if not isinstance(row, int) or isinstance(row, bool) or not 1 <= row <= self.capacity:
+        if not _whole(row) or not 1 <= row <= self.capacity:
             raise ArgumentError(f"{self.name}: row={row!r}, expected elements per size unit in 1..{self.capacity} "
                                 "(the capacity)")
+        row = int(row)  # a NumPy integer too (it keyed the launch cache apart from the int)
         where = f"{self.name} on rank {self.rank}"
-        xi = interop.described(where, "x", x)
-        dtype = _check_data(self, "x", xi, None, row)
-        if out is None:
-            out = interop.empty_like_kind(xi.kind, self.out_units * (self.capacity // row) * row, dtype, self.device)
-        oi = interop.described(where, "out", out)
-        _check_data(self, "out", oi, dtype, row)
-        if out_sizes is None:
+        if x is None and not self.in_units:  # a rank that gives nothing: the call's dtype is its out's
+            if out is None:
+                raise ArgumentError(f"{where}: this rank gives no chunks and x is None: pass out= (its dtype is the "
+                                    "call's), or an empty x")
+            oi = interop.described(where, "out", out)
+            dtype = _check_data(self, "out", oi, None, row)
+            xi = _nothing(oi.kind, dtype, self.device)
+        else:
+            xi = interop.described(where, "x", x)
+            dtype = _check_data(self, "x", xi, None, row)
+            if out is None and (self.out_units or xi.kind in (interop.TORCH, interop.CUPY)):
+                out = interop.empty_like_kind(xi.kind, self.out_units * (self.capacity // row) * row, dtype,
+                                              self.device)
+            oi = _nothing(xi.kind, dtype, self.device) if out is None else interop.described(where, "out", out)
+            _check_data(self, "out", oi, dtype, row)
+        if out_sizes is None and (self.out_units or xi.kind in (interop.TORCH, interop.CUPY)):
             out_sizes = _empty_int64(xi.kind, self.out_units, self.device)
         si = _check_sizes(self, "sizes", interop.described(where, "sizes", sizes), self.in_units)
-        osi = _check_sizes(self, "out_sizes", interop.described(where, "out_sizes", out_sizes), self.out_units)
+        osi = (_nothing(xi.kind, DType.INT64, self.device) if out_sizes is None else
+               _check_sizes(self, "out_sizes", interop.described(where, "out_sizes", out_sizes), self.out_units))
         read = [("x", xi), ("sizes", si)]
         if expected_sizes is not None:
             ei = _check_sizes(self, "expected_sizes", interop.described(where, "expected_sizes", expected_sizes),
@@ -254,9 +266,7 @@ def _check_data(coll: SizedCollective, label: str, info, dtype: DType | None, ro
         raise ArgumentError(f"{where} has dtype {info.dtype_name}, which Purlin does not support")
     if dtype is not None and info.dtype is not dtype:
         raise ArgumentError(f"{where} has dtype {info.dtype.value}, expected {dtype.value} (the dtype of x)")
-    if info.device != coll.device:
-        raise ArgumentError(f"{where} is on {'cuda:%d' % info.device if info.device >= 0 else info.place}, "
-                            f"expected cuda:{coll.device}")
+    _check_device(coll, where, info)
     if not info.contiguous:
         raise ArgumentError(f"{where} is not contiguous")
     if info.ptr % info.dtype.itemsize:  # the kernel moves whole elements (as validate_call checks)
@@ -280,19 +290,39 @@ def _check_apart(coll: SizedCollective, named, *, written) -> None:
                                     notes=(f"the kernel writes {label} while it reads or writes {other}",))
 
 
+def _whole(value) -> bool:
+    """An integer of any kind (a NumPy one was refused as "not in 1..64" while in range), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _nothing(kind: str, dtype: DType, device: int) -> interop.ArrayInfo:
+    """An empty buffer where a rank passes none (it gives or receives no chunks)."""
+    return interop.ArrayInfo(0, 0, dtype, dtype.value, device, True, kind)
+
+
 def _check_sizes(coll: SizedCollective, label: str, info, count: int):
     where = f"{coll.name} on rank {coll.rank}: {label}"
-    if "int64" not in info.dtype_name and info.dtype_name not in ("<i8", "i8", "long"):
+    # By the dtype, not its name: "uint64" contains "int64" (and then, itemsize unknown, its
+    # overlap check was skipped), and a DLPack int64 is named by its type code
+    if info.dtype is not DType.INT64:
         raise ArgumentError(f"{where} has dtype {info.dtype_name}, expected int64 (one size per chunk)")
     if info.numel != count:
         raise ArgumentError(f"{where} has {info.numel} entries, expected {count} (one per chunk of this rank's "
                             f"{'input' if label == 'sizes' else 'output'})")
-    if info.device != coll.device:
-        raise ArgumentError(f"{where} is on {'cuda:%d' % info.device if info.device >= 0 else info.place}, "
-                            f"expected cuda:{coll.device} (sizes stay on the GPU)")
-    if not info.contiguous or info.ptr % 8:
-        raise ArgumentError(f"{where} must be contiguous and 8-byte aligned")
+    _check_device(coll, where, info, " (sizes stay on the GPU)")
+    if not info.contiguous:
+        raise ArgumentError(f"{where} is not contiguous")
+    if info.ptr % 8:
+        raise ArgumentError(f"{where} at {info.ptr:#x} is not aligned to 8 bytes (int64 sizes)")
     return info
+
+
+def _check_device(coll: SizedCollective, where: str, info, why: str = "") -> None:
+    """An empty buffer has no device to check (an empty CUDA array interface reports none), so a
+    rank that gives or receives no chunks can pass empty arrays of any kind."""
+    if info.numel and info.device != coll.device:
+        raise ArgumentError(f"{where} is on {'cuda:%d' % info.device if info.device >= 0 else info.place}, "
+                            f"expected cuda:{coll.device}{why}")
 
 
 def _empty_int64(kind: str, numel: int, device: int):
@@ -369,8 +399,9 @@ def load_sized(compiled: Compiled, comm, comms: list, *, capacity: int, dtype=No
     from purlinc.runtime.placement import fingerprint, load_mismatch, zero_space
     from purlinc.runtime.communicator import LocalGroup
 
-    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+    if not _whole(capacity) or capacity < 1:
         raise ArgumentError(f"{compiled.name}: capacity must be a positive number of elements per chunk, got {capacity!r}")
+    capacity = int(capacity)  # a NumPy integer too
     itemsize = DType.parse(dtype).itemsize if dtype is not None else WIDEST
     stage = staging_bytes(compiled, capacity, itemsize)
     layouts = []
