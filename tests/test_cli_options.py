@@ -259,6 +259,16 @@ def test_two_stage_copies_name_the_algorithm(capsys, tmp_path, command):
     assert "two staging copies apply to direct-push only" in err
 
 
+@pytest.mark.parametrize("command", ["compile", "dump", "check", "draw"])
+def test_one_stage_copy_is_refused_for_run_time_sizes(capsys, tmp_path, command):
+    """Sized schedules always run two copies: --stage-copies 1 was dropped without a word."""
+    extra = {"compile": ["-o", tmp_path / "out"], "dump": ["-s", "snac"], "draw": ["-o", tmp_path / "d.svg"]}
+    err = refused(capsys, command, EXAMPLES / "sized" / "alltoallv.pln", "-R", "2", "--stage-copies", "1",
+                  *extra.get(command, []))
+    assert ("--stage-copies 1 does not apply to a collective with run-time sizes: its schedules always run two "
+            "staging copies") in err
+
+
 def test_two_stage_copies_with_direct_push(capsys):
     code, _, err = cli(capsys, "dump", ALLGATHER, "-R", "2", "-s", "snac", "-a", "direct-push", "--stage-copies", "2")
     assert code == 0, err

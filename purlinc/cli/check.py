@@ -68,6 +68,7 @@ def run(args) -> int:
         common.check_slots(args, args.algorithm)
     _refuse_schedule_options_with_spec_only(args)
     definition = pipeline.parse_stage(common.source(args))
+    common.check_sized_copies(args, definition)
     params = dict(args.param)
     # No len(args.ranks): a range of 10**28 sizes has no length Python can hold (OverflowError);
     # check_all refuses it by its largest size.

@@ -201,6 +201,7 @@ def check_spec(args, spec) -> None:
     check_op(args, spec)
     check_dtype(args, spec)
     check_sized_atom(args, spec)
+    check_sized_copies(args, spec)
 
 
 def check_dtype(args, spec) -> None:
@@ -240,6 +241,16 @@ def check_sized_atom(args, spec) -> None:
 
     if spec.sizes is not None and getattr(args, "atom", None) is not None:
         check_atom(args.atom)
+
+
+def check_sized_copies(args, spec) -> None:
+    """--stage-copies 1 for run-time sizes: their lowering always takes two copies (a size
+    header and data per slot, written while the consumer may read the last call's), so the
+    flag was silently dropped; asked for explicitly, it is refused as --packed refuses it.
+    ``spec``: a Spec or the parsed definition (``sizes`` is on both)."""
+    if getattr(args, "stage_copies", None) == 1 and spec.sizes is not None:
+        raise PurlinError("--stage-copies 1 does not apply to a collective with run-time sizes: its schedules "
+                          "always run two staging copies", notes=('docs/SNAC.md, "Run-time sizes"',))
 
 
 def reduce_op(args) -> str:

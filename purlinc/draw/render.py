@@ -64,6 +64,9 @@ def schedule_for(file: str | Path | SourceText, world_size: int, params, overrid
 
     source = pipeline.load_source(file)
     spec = pipeline.spec_stage(pipeline.parse_stage(source), world_size, dict(params))
+    if spec.sizes is not None and overrides.get("stage_copies") == 1:  # as compile refuses it
+        raise PurlinError(f"{_shown('stage_copies', 1)} does not apply to a collective with run-time sizes: its "
+                          "schedules always run two staging copies", notes=('docs/SNAC.md, "Run-time sizes"',))
     # What `purlinc compile` would build with the default atom (its staging copies).  Slots go on
     # only where the algorithm stages through them: the caller refuses them elsewhere, in the
     # command line's words (_refuse_unused_slots), after seeing every schedule drawn.
