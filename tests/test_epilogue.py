@@ -636,3 +636,35 @@ def test_fp8_variant_compiles_with_nvrtc():
                       atom="ldst", arch="sm_90", dtype=BF16, op=ReduceOp.SUM)
     assert "purlin_acc_to_e4m3" in kernel.source and kernel.abi.epilogue_slots == 5
     assert nvrtc.compile_cubin(kernel.source, kernel.filename, "sm_90")
+
+
+def test_a_rows_value_does_not_depend_on_how_many_rows_are_evaluated_together():
+    """A local that does not vary along the row (h = w) was broadcast into Fortran order, and
+    NumPy summed a row's squares in another order when several rows were evaluated at once:
+    the simulator (one slice at a time) then differed from the evaluator in float32 bits."""
+    spec = check(parse("collective p6 with row w { in[r] = x out[r] = x reduce\n"
+                       "epilogue rows(64) { h = w  out = rmsnorm(h, w, 0) + out } }", "p6.pln"), 2)
+    rng = np.random.default_rng(0)
+    out = rng.standard_normal(3 * 64).astype(np.float32)
+    operands = {"w": rng.standard_normal(64).astype(np.float32)}
+    together, one_by_one = out.copy(), out.copy()
+    run_epilogue(spec.epilogue, together, dict(operands), DType.FLOAT32)
+    for lo in range(0, out.size, 64):
+        run_epilogue(spec.epilogue, one_by_one, dict(operands), DType.FLOAT32, lo, lo + 64)
+    assert together.tobytes() == one_by_one.tobytes()
+
+
+def test_the_oracle_refuses_a_row_the_dtype_cannot_run():
+    """rows(12) in bf16 (24 bytes, not whole 16-byte vectors): the evaluator computed a result no
+    kernel makes, and the simulator failed in its slicing with a bare message."""
+    spec = check(parse("collective e(hidden = 12) with row w { in[r] = x out[r] = x reduce\n"
+                       "epilogue rows(hidden) { out = out * w } }", "e.pln"), 2)
+    says = "a row of 12 bfloat16 elements is 24 bytes, not a multiple of 16"
+    operands = [{"w": np.zeros(12, np.uint16)}] * 2
+    with pytest.raises(ValueError, match=says):
+        evaluate(spec, [np.zeros(12, np.uint16)] * 2, 12, BF16, "sum", operands)
+    with pytest.raises(ValueError, match=says):
+        simulate_calls(lower(spec, LowerOptions()), spec, [np.zeros(12, np.uint16)] * 2, 12, BF16, "sum",
+                       operands=operands)
+    assert len(evaluate(spec, [np.zeros(12, np.float32)] * 2, 12, "float32", "sum",
+                        [{"w": np.zeros(12, np.float32)}] * 2)) == 2  # 48 bytes: float32 runs it

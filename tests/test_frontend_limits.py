@@ -16,7 +16,7 @@ import pytest
 from purlinc.cli import main
 from purlinc.errors import PurlinError, Source, Span
 from purlinc.frontend.check import check
-from purlinc.frontend.epilogue import MAX_DEPTH
+from purlinc.frontend.epilogue import MAX_DEPTH, MAX_OPERATIONS
 from purlinc.frontend.parse import parse, parse_file
 from purlinc.frontend.source import decode_source
 
@@ -106,6 +106,20 @@ def test_depth_counts_calls_and_parentheses_add_nothing():
     assert f"nests {MAX_DEPTH + 1} operations deep" in error.message
     parenthesized = fused("out = " + "(" * 200 + "out" + ")" * 200)
     assert check(parse(parenthesized), 2).epilogue is not None
+
+
+def test_an_epilogue_holds_a_bounded_number_of_operations():
+    """Each statement within the depth and statement bounds, yet 8,000 operations in all: NVRTC
+    took over five minutes on such an epilogue's kernels."""
+    def body(locals_: int) -> str:  # a0 = 1 operation, each later local 63 (32 products summed)
+        chain = [f"a{i} = " + " + ".join([f"a{i - 1} * out"] * 32) for i in range(1, locals_)]
+        return "\n        ".join(["a0 = out * 2", *chain, f"out = a{locals_ - 1}"])
+
+    assert 1 + 16 * 63 <= MAX_OPERATIONS < 1 + 17 * 63
+    assert check(parse(fused(body(17))), 2).epilogue is not None  # 1,009 operations
+    error = diagnose(fused(body(18)))
+    assert error.message == f"the epilogue holds more than {MAX_OPERATIONS:,} operations (1,072 up to this statement)"
+    assert (error.span.line, error.span.column) == (6 + 17, 15)  # the statement that crosses it, a17's value
 
 
 # --- 2. line breaks: only '\n' ends a line, as the lexer and Source count ------------------

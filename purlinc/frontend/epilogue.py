@@ -30,6 +30,11 @@ MAX_STATEMENTS = 64  # keeps generated code and checking small for any input
 # expression recursively, so a deeper one (a flat sum of 1000 terms) is refused here, where it
 # gets a location, instead of overflowing Python's stack there.
 MAX_DEPTH = 64
+# Operators and calls in all the statements together: the generated row loop holds every one
+# once per kernel entry it is fused into, and NVRTC's time grows with them (measured, R=8 packed,
+# 8 channels, 4 slices, rows of 16,384: 1,024 operations 17 s, 2,048 30 s, 8,000 over 5 minutes).
+# A fused epilogue is a few dozen.
+MAX_OPERATIONS = 1024
 # What the kernels need of a row (docs/LANGUAGE.md, "Rows"): whole 16-byte vectors, at most
 # MAX_ROW_VECTORS of them (a row's vectors are held in registers).  The language states the rule,
 # so it lives here: the checker refuses a length no dtype meets, code generation
@@ -123,6 +128,23 @@ def _depth(expr: ast.FExpr) -> int:
         elif isinstance(node, ast.FNeg):
             stack.append((node.operand, depth + 1))
     return deepest
+
+
+def _operations(expr: ast.FExpr) -> int:
+    """Operators and calls in ``expr`` (iterative, as ``_depth``)."""
+    count, stack = 0, [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.FCall):
+            count += 1
+            stack.extend(node.args)
+        elif isinstance(node, ast.FBinary):
+            count += 1
+            stack += [node.left, node.right]
+        elif isinstance(node, ast.FNeg):
+            count += 1
+            stack.append(node.operand)
+    return count
 
 
 def _names(expr: ast.FExpr):
@@ -309,8 +331,14 @@ def _check_statements(epilogue: ast.EpilogueDef, declared: Mapping[str, ast.Oper
     locals_: set[str] = set()
     written: set[str] = set()
     norms: list[ast.FCall] = []
+    operations = 0
     for statement in epilogue.statements:
         _check_depth(statement.value)
+        operations += _operations(statement.value)
+        if operations > MAX_OPERATIONS:
+            raise PurlinError(f"the epilogue holds more than {MAX_OPERATIONS:,} operations ({operations:,} up to this "
+                              "statement)", statement.value.span,
+                              ("each operator and call counts; the kernels' compile time grows with them",))
         for name in _names(statement.value):
             if name.name != OUT and name.name not in declared and name.name not in locals_:
                 known = ", ".join([OUT, *declared, *sorted(locals_)])
@@ -402,7 +430,9 @@ def apply_rows(epilogue: Epilogue, out, operands: Mapping[str, object]) -> dict[
     results: dict[str, object] = {}
     for statement in epilogue.statements:
         value = _evaluate(statement.value, env)
-        value = np.broadcast_to(value, out.shape).astype(np.float32)
+        # C order: a broadcast local (h = w) came out of astype in Fortran order, and NumPy then
+        # summed a row's squares in another order by the number of rows evaluated together
+        value = np.ascontiguousarray(np.broadcast_to(value, out.shape), dtype=np.float32)
         if statement.target == OUT or statement.target in operands:
             results[statement.target] = value
         else:
@@ -426,7 +456,8 @@ def _evaluate(expr: ast.FExpr, env: Mapping[str, object]):
         return op(left, right, dtype=np.float32)
     value, weight, eps = (_evaluate(arg, env) for arg in expr.args)
     # a value that does not vary along the row (a scalar, a literal) is still a row of them
-    value = np.broadcast_to(np.asarray(value, dtype=np.float32), np.shape(env[OUT]))
+    # C order, as above: each row's squares summed in one order however many rows there are
+    value = np.ascontiguousarray(np.broadcast_to(np.asarray(value, dtype=np.float32), np.shape(env[OUT])))
     mean = np.mean(value * value, axis=-1, keepdims=True, dtype=np.float32)
     inv = np.float32(1.0) / np.sqrt(mean + np.float32(eps), dtype=np.float32)
     return (value * inv) * weight

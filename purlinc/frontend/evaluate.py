@@ -15,7 +15,7 @@ import numpy as np
 
 from purlinc.dtypes import DType, ReduceOp, e4m3_from_float32, e4m3_to_float32, from_float32, to_float32
 from purlinc.frontend.ast import OperandKind
-from purlinc.frontend.epilogue import OUT, Epilogue, apply_rows
+from purlinc.frontend.epilogue import OUT, Epilogue, apply_rows, row_problem
 from purlinc.frontend.spec import Spec
 
 _REDUCERS = {
@@ -71,8 +71,9 @@ def check_count(name: str, value, *, least: int = 0) -> None:
 def check_epilogue_dtype(spec: Spec, dtype: DType) -> None:
     """An epilogue computes in float32 (docs/LANGUAGE.md, "Epilogues"): what the kernels refuse,
     the oracle refuses too, rather than defining results no kernel produces."""
-    if spec.epilogue is not None and dtype.info.c_acc != "float":
-        raise ValueError(f"an epilogue computes in float32; {dtype.value} outputs are not supported")
+    problem = None if spec.epilogue is None else row_problem(spec.epilogue.row, dtype)
+    if problem is not None:  # an int32 output, or rows(12) in bf16 (the kernels move 16-byte vectors)
+        raise ValueError(problem)
 
 
 def check_rows_count(epilogue: Epilogue | None, count: int) -> None:
