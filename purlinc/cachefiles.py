@@ -24,6 +24,8 @@ def read_regular(path: Path, most: int | None = None, starts: bytes = b"") -> by
     starting with ``starts`` (checked before the rest is read: a file of zeros or another kind
     of entry costs a few bytes, not its length in memory), or (with ``most``) longer than
     ``most`` bytes, which is then not read whole."""
+    if most is not None and len(starts) > most:
+        return None  # nothing that long can start so
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, then fails the check
     except OSError:
@@ -69,9 +71,12 @@ def _remove_stale_temps(folder: Path) -> None:
     cutoff = time.time() - STALE_TEMP_S
     try:
         with os.scandir(folder) as entries:
-            for entry in entries:
-                if entry.name.startswith(TEMP_PREFIX) and entry.is_file(follow_symlinks=False) \
-                        and entry.stat(follow_symlinks=False).st_mtime < cutoff:
-                    os.unlink(entry.path)
-    except OSError:  # another writer removed it first, or the folder cannot be listed: harmless
-        pass
+            stale = [entry.path for entry in entries if entry.name.startswith(TEMP_PREFIX)
+                     and entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < cutoff]
+    except OSError:  # the folder cannot be listed, or an entry went while it was read: next time
+        return
+    for path in stale:
+        try:
+            os.unlink(path)
+        except OSError:  # another writer removed it first, or it is not ours to remove: the others still go
+            pass

@@ -361,6 +361,25 @@ def test_a_killed_writers_temporary_file_is_removed_later(cache_dir):
     assert not stale.exists() and fresh.exists()  # a writer of now may still rename its own
 
 
+def test_one_temporary_file_that_cannot_be_removed_does_not_keep_the_others(tmp_path, monkeypatch):
+    from purlinc import cachefiles
+
+    old = os.stat(tmp_path).st_mtime - cachefiles.STALE_TEMP_S - 60
+    for name in (".tmp-a.entry", ".tmp-b.entry", ".tmp-c.entry"):
+        (tmp_path / name).write_bytes(b"x")
+        os.utime(tmp_path / name, (old, old))
+    unlink = os.unlink
+
+    def refuse_one(path, *args, **kwargs):
+        if str(path).endswith(".tmp-b.entry"):
+            raise PermissionError(13, "Permission denied", str(path))
+        unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", refuse_one)
+    cachefiles.write_atomically(tmp_path / "key.entry", (b"data",))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-b.entry", "key.entry"]
+
+
 def test_cache_files_check_their_start_before_reading_the_rest(tmp_path):
     from purlinc import cachefiles
 
@@ -370,6 +389,7 @@ def test_cache_files_check_their_start_before_reading_the_rest(tmp_path):
     path.write_bytes(b"MAGIC and the rest")
     assert cachefiles.read_regular(path, starts=b"MAGIC") == b"MAGIC and the rest"
     assert cachefiles.read_regular(path, most=5, starts=b"MAGIC") is None
+    assert cachefiles.read_regular(path, most=2, starts=b"MAGIC") is None  # was a ValueError from read(-2)
 
 
 def test_a_directory_at_an_entry_path_is_named_in_the_error(tmp_path):

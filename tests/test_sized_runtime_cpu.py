@@ -318,6 +318,11 @@ def test_a_rank_without_chunks_passes_none_or_empty_buffers(fake, on_device_zero
     scatter(Device(0x100000, (0,), "<f4"), none, out, Device(0x400000, (1,), "<i8"), stream=1)
     with pytest.raises(ArgumentError, match="this rank gives no chunks and x is None: pass out="):
         scatter(None, none, None, Device(0x400000, (1,), "<i8"), stream=1)
+    with pytest.raises(ArgumentError, match="sv on rank 0: out_sizes is required: Purlin allocates it with torch or "
+                                            "CuPy, like the call's buffers, and these are cuda_array_interface arrays"):
+        scatter(None, none, out, stream=1)  # was a TypeError naming an "input" this rank did not pass
+    with pytest.raises(ArgumentError, match="sv on rank 0: out is required: cannot allocate an output"):
+        scatter(Device(0x100000, (0,), "<f4"), none, None, Device(0x400000, (1,), "<i8"), stream=1)
     gather = load(GATHERV, FakeComm(), capacity=64)  # rank 0 of 2: gives x[0], receives nothing
     x, n = Device(0x100000, (10,), "<f4"), Device(0x300000, (1,), "<i8")
     assert gather(x, n, stream=1) == (None, None)  # nothing to allocate, and no library to do it with
@@ -334,8 +339,10 @@ def test_numpy_integers_are_whole_numbers(fake, on_device_zero, monkeypatch):
     monkeypatch.setattr(driver, "launch", lambda *args: None)
     coll = load(SIZED / "alltoallv.pln", FakeComm(), capacity=np.int64(64))
     assert coll.capacity == 64 and type(coll.capacity) is int
-    coll(Device(0x100000, (100,), "<f4"), Device(0x300000, (2,), "<i8"), Device(0x200000, (128,), "<f4"),
-         Device(0x400000, (2,), "<i8"), stream=1, row=np.int64(2))
+    for row in (np.int64(2), 2):  # one launch-argument entry for both: the row is an int once checked
+        coll(Device(0x100000, (100,), "<f4"), Device(0x300000, (2,), "<i8"), Device(0x200000, (128,), "<f4"),
+             Device(0x400000, (2,), "<i8"), stream=1, row=row)
+    assert len(coll._args) == 1
     with pytest.raises(ArgumentError, match="row=True, expected elements per size unit"):
         coll(Device(0x100000, (100,), "<f4"), Device(0x300000, (2,), "<i8"), stream=1, row=True)
 

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from purlinc import pipeline
 from purlinc.atom.abi import StagingPlacement
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.runtime import symmetric, zerocopy
@@ -204,6 +205,15 @@ def test_push_reductions_fall_back_to_pull_twins(name):
     twin = zerocopy.twin_compiled(compiled)
     assert twin.options.algorithm.value == "direct-pull" and twin.options.registered == {"in"}
     assert twin.options.channels == 4 and layout_sizes(twin)[0] == 0
+
+
+@pytest.mark.parametrize("name", ["reduce", "reduce_scatter", "fused/allreduce_add_rmsnorm"])
+def test_a_ring_with_slots_falls_back_to_a_pull_twin_without_them(name):
+    """The direct-pull fallback kept the ring's slots, which direct-pull refuses: the twin's
+    prepare raised instead of returning the pull twin."""
+    compiled = pipeline.prepare(EXAMPLES / f"{name}.pln", world_size=2, overrides={"algorithm": "ring", "slots": 2})
+    twin = zerocopy.twin_compiled(compiled)
+    assert twin.options.algorithm.value == "direct-pull" and twin.options.slots is None
 
 
 @pytest.mark.parametrize("algorithm", ["two-shot", "ring"])

@@ -133,8 +133,9 @@ def _write_atomically(path: Path, chunks: tuple[bytes, ...]) -> None:
             _UNWRITABLE_LOGGED = True
             from purlinc.log import get
 
-            get("cache").info("the compile cache cannot be written (%s: %s): compiling without it",
-                              error.filename or path, error.strerror or error)
+            get("cache").info("a compile cache entry could not be stored (%s: %s): entries the cache holds "
+                              "are still used (this is said once per process)", error.filename or path,
+                              error.strerror or error)
 
 
 def store(key: str, data: bytes) -> None:

@@ -186,12 +186,15 @@ class SizedCollective:
             xi = interop.described(where, "x", x)
             dtype = _check_data(self, "x", xi, None, row)
             if out is None and (self.out_units or xi.kind in (interop.TORCH, interop.CUPY)):
-                out = interop.empty_like_kind(xi.kind, self.out_units * (self.capacity // row) * row, dtype,
-                                              self.device)
+                try:
+                    out = interop.empty_like_kind(xi.kind, self.out_units * (self.capacity // row) * row, dtype,
+                                                  self.device)
+                except TypeError as error:  # no library to allocate with: an argument mistake like the others
+                    raise ArgumentError(f"{where}: out is required: {error}") from None
             oi = _nothing(xi.kind, dtype, self.device) if out is None else interop.described(where, "out", out)
             _check_data(self, "out", oi, dtype, row)
         if out_sizes is None and (self.out_units or xi.kind in (interop.TORCH, interop.CUPY)):
-            out_sizes = _empty_int64(xi.kind, self.out_units, self.device)
+            out_sizes = _empty_int64(where, xi.kind, self.out_units, self.device)
         si = _check_sizes(self, "sizes", interop.described(where, "sizes", sizes), self.in_units)
         osi = (_nothing(xi.kind, DType.INT64, self.device) if out_sizes is None else
                _check_sizes(self, "out_sizes", interop.described(where, "out_sizes", out_sizes), self.out_units))
@@ -325,7 +328,7 @@ def _check_device(coll: SizedCollective, where: str, info, why: str = "") -> Non
                             f"expected cuda:{coll.device}{why}")
 
 
-def _empty_int64(kind: str, numel: int, device: int):
+def _empty_int64(where: str, kind: str, numel: int, device: int):
     if kind == interop.TORCH:
         import torch
 
@@ -335,7 +338,9 @@ def _empty_int64(kind: str, numel: int, device: int):
 
         with cupy.cuda.Device(device):
             return cupy.zeros(numel, dtype="int64")
-    raise TypeError(f"cannot allocate out_sizes for a {kind} input: pass out_sizes=")
+    raise ArgumentError(f"{where}: out_sizes is required: Purlin allocates it with torch or CuPy, like the "
+                        f"call's buffers, and these are {kind} arrays", notes=("pass out_sizes= (int64, one per "
+                                                                               "output chunk)",))
 
 
 class GroupSized:

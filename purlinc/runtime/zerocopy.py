@@ -87,7 +87,8 @@ def _candidates(options):
             yield replace(options, packed=False, registered=registered)
     if options.algorithm is not Algorithm.DIRECT_PULL:
         unpacked = replace(options, packed=False) if hasattr(options, "packed") else options
-        yield replace(unpacked, algorithm=Algorithm.DIRECT_PULL, registered=frozenset({"in"}))
+        # slots=None: a ring's slots would be refused for direct-pull (they do not apply to it)
+        yield replace(unpacked, algorithm=Algorithm.DIRECT_PULL, registered=frozenset({"in"}), slots=None)
 
 
 def twin_compiled(compiled):
