@@ -158,6 +158,20 @@ def _same_group(coll, rank: int, world_size: int) -> None:
                             f"of {own_world}")
 
 
+def _device_of(coll, device):
+    """The Dispatcher's device: the collective's own GPU (where it says), which ``device=`` may
+    name but not contradict; buffers elsewhere failed at the first dispatch, in the runtime's
+    words about an internal send buffer."""
+    own = getattr(coll, "device", None)
+    if not isinstance(own, int) or isinstance(own, bool):
+        return device  # a stand-in without a device (tests): as given
+    given = None if device is None else torch.device(device)
+    if given is not None and (given.type != "cuda" or given.index not in (None, own)):
+        raise ArgumentError(f"Dispatcher: device={device!r}, but the collective runs on cuda:{own}",
+                            notes=("leave device= out: the Dispatcher takes the collective's",))
+    return torch.device("cuda", own)  # "cuda" (the current device) is the collective's too
+
+
 def _agree(coll, sizes: dict) -> None:
     """Under torchrun, every rank's sizes are the same (a host-side exchange, once per
     Dispatcher): a rank built with a larger ``max_tokens`` or another ``hidden`` or ``top_k``
@@ -210,6 +224,7 @@ class Dispatcher:
             rank, world_size, num_experts, hidden, top_k, max_tokens, dtype)
         _check_capacity(coll, hidden, top_k, max_tokens, dtype)
         _same_group(coll, rank, world_size)
+        device = _device_of(coll, device)
         _agree(coll, {"world_size": world_size, "num_experts": num_experts, "hidden": hidden, "top_k": top_k,
                       "max_tokens": max_tokens, "dtype": str(dtype).removeprefix("torch.")})
         self.coll, self.rank, self.world_size = coll, rank, world_size
@@ -259,6 +274,7 @@ class Dispatcher:
             torch.cuda.synchronize(dev)
         self.counts.zero_()
         self._tokens = 0
+        self._dispatched = False  # its routing replaced the last dispatch's: a combine now has none to follow
 
     # ---- routing
     def _route(self, topk_ids: torch.Tensor, T: int):
@@ -404,8 +420,11 @@ def expert_weighted_sum(got: Dispatched, expert, local_experts: int) -> torch.Te
     acc = torch.zeros(got.tokens.shape, dtype=torch.float32, device=got.tokens.device)
     tokens = got.tokens.contiguous()
     for e in range(local_experts):
-        w = torch.where(got.expert_ids == e, got.weights, torch.zeros_like(got.weights)).sum(1)
-        acc += w[:, None] * expert(e, tokens).to(torch.float32)
+        picked = got.expert_ids == e
+        w = torch.where(picked, got.weights, torch.zeros_like(got.weights)).sum(1)
+        # where, not a product by 0: an expert's inf or NaN on a row that did not pick it made the
+        # row NaN (0 * inf)
+        acc += torch.where(picked.any(1)[:, None], w[:, None] * expert(e, tokens).to(torch.float32), 0.0)
     return acc.to(tokens.dtype)
 
 
@@ -423,6 +442,9 @@ def dispatchers(group, *, num_experts: int, hidden: int, top_k: int, max_tokens:
     block moves about 46 GB/s over NVLink; 16 is a start, not a measured optimum)."""
     import purlinc
 
+    # Every size checked before the load, which takes staging on every rank and loads a kernel
+    # (a Dispatcher's own check came after it, and left the load behind)
+    _check_shape(0, len(group), num_experts, hidden, top_k, max_tokens, dtype)
     coll = purlinc.load(SOURCE, group, capacity=capacity_for(hidden, top_k, max_tokens, dtype),
                         dtype=_purlin_dtype(dtype).value, channels=channels)
     made = [Dispatcher(coll[r], rank=r, world_size=len(group), num_experts=num_experts, hidden=hidden, top_k=top_k,

@@ -330,3 +330,60 @@ def test_a_rank_or_world_size_other_than_the_collectives_is_refused():
         moe.Dispatcher(coll, rank=0, world_size=2, **SIZES)
     with pytest.raises(ArgumentError, match=r"Dispatcher: rank=1, world_size=4, but the collective is rank 1 of 2"):
         moe.Dispatcher(coll, rank=1, world_size=4, **SIZES)
+
+
+def test_an_unpicked_experts_inf_does_not_reach_the_sum():
+    """expert_weighted_sum multiplied every expert's output by a weight of 0 where a row had not
+    picked it: an expert that gave inf there made the row NaN."""
+    gs, (d,) = _setup(1, 2, 4, 1, 2)
+
+    def step(rank, g):
+        got = d.dispatch(torch.ones(2, 4, dtype=torch.bfloat16), torch.tensor([[0], [0]]), torch.ones(2, 1))
+        partial = moe.expert_weighted_sum(got, lambda e, rows: rows * 2 if e == 0 else rows * float("inf"), 2)
+        return d.combine(partial)
+
+    (y,) = on_ranks(gs, step)
+    assert torch.equal(y, torch.full((2, 4), 2.0, dtype=torch.bfloat16))
+
+
+def test_warm_between_dispatch_and_combine_leaves_no_dispatch_to_combine():
+    """warm() replaced the routing but left the dispatch flag: combine returned (0, H) without a word."""
+    gs, (d,) = _setup(1, 4, 8, 2, 4)
+
+    def step(rank, g):
+        got = d.dispatch(torch.ones(3, 8, dtype=torch.bfloat16), torch.tensor([[0, 1], [2, 3], [1, 2]]),
+                         torch.ones(3, 2))
+        partial = moe.expert_weighted_sum(got, scale_expert, 4)
+        d.warm()
+        with pytest.raises(ArgumentError, match="no dispatch"):
+            d.combine(partial)
+        return True
+
+    assert on_ranks(gs, step) == [True]
+
+
+def test_dispatchers_check_every_size_before_loading(monkeypatch):
+    """num_experts that does not split over the ranks was refused by the Dispatcher, after the
+    load had taken staging and loaded a kernel on every rank (and nothing closed it)."""
+    import purlinc
+
+    monkeypatch.setattr(purlinc, "load", lambda *args, **kwargs: pytest.fail("loaded before the sizes were checked"))
+    group = type("Group", (), {"__len__": lambda self: 2, "comms": ()})()
+    with pytest.raises(ArgumentError, match="num_experts=3 does not split over world_size=2 ranks"):
+        moe.dispatchers(group, num_experts=3, hidden=8, top_k=2, max_tokens=4)
+    with pytest.raises(ArgumentError, match="top_k=5, expected at most num_experts=4"):
+        moe.dispatchers(group, num_experts=4, hidden=8, top_k=5, max_tokens=4)
+
+
+def test_the_dispatcher_takes_the_collectives_device():
+    """With device=None its buffers were on the CPU beside a collective on cuda:0: the first
+    dispatch failed, naming an internal send buffer "x"."""
+    class OnCuda1(Coll):
+        device = 1
+
+    coll = OnCuda1(World(moe.SOURCE, 1), 0, 1 << 20)
+    with pytest.raises(ArgumentError, match=r"Dispatcher: device='cpu', but the collective runs on cuda:1"):
+        moe.Dispatcher(coll, rank=0, world_size=1, num_experts=2, hidden=4, top_k=1, max_tokens=2, device="cpu")
+    with pytest.raises(ArgumentError, match=r"device='cuda:0', but the collective runs on cuda:1"):
+        moe.Dispatcher(coll, rank=0, world_size=1, num_experts=2, hidden=4, top_k=1, max_tokens=2, device="cuda:0")
+    assert moe._device_of(coll, None) == moe._device_of(coll, "cuda") == torch.device("cuda", 1)
