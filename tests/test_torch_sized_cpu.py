@@ -547,3 +547,56 @@ def test_a_collective_named_like_another_ops_form_is_refused_by_name():
                                             r"purlinc.torch.sized's uneven all-to-all"):
         define("alltoallv")
     assert define("probe_ag") is define("probe_ag")  # a name's own ops: defined once, found again
+
+
+def test_a_compiled_all_to_all_vdev_checks_out_offsets_as_eager_does():
+    """out_offsets is written beside the op, so its fake never saw it: compiled, an out_offsets
+    over out_splits overwrote the received sizes, and a float32 one was cast without a word."""
+    g = groups(1, capacity=64)[0]
+
+    def step(x, ins, out, outs, offs):
+        pt.all_to_all_vdev(x, out, ins, outs, offs, group=g)
+        return out
+
+    outs = torch.zeros(1, dtype=torch.int64)
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    for offsets, says in ((outs, "out_splits overlaps out_offsets in memory"),
+                          (torch.zeros(3), "out_offsets must be 1-D int64 with 1 entries")):
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=says):
+            compiled(torch.ones(8, 2), torch.tensor([8]), torch.zeros(32, 2), outs, offsets)
+        with pytest.raises(ArgumentError, match=says):
+            step(torch.ones(8, 2), torch.tensor([8]), torch.zeros(32, 2), outs, offsets)
+
+
+def test_rows_of_input_and_output_agree_when_one_is_flat():
+    """A 1-D input into a 2-D out (or the reverse) passed the row check, which compared shapes
+    only when both had rows of more than one dimension: rows were read back in the wrong place."""
+    g = groups(1, capacity=64)[0]
+    outs = torch.zeros(1, dtype=torch.int64)
+    with pytest.raises(ArgumentError, match=r"output rows have shape \(2,\), expected \(\) \(those of input\)"):
+        pt.all_to_all_vdev(torch.arange(1.0, 9.0), torch.zeros(8, 2), torch.tensor([8]), outs, group=g)
+    with pytest.raises(ArgumentError, match=r"output rows have shape \(\), expected \(2,\)"):
+        pt.all_to_all_vdev(torch.zeros(4, 2), torch.zeros(16), torch.tensor([4]), outs, group=g)
+
+
+@pytest.mark.parametrize("sizes", [torch.tensor([True]), torch.tensor([[1]])])
+def test_split_lists_of_bools_or_of_more_dimensions_are_refused(sizes):
+    g = groups(1, capacity=64)[0]
+    with pytest.raises(ArgumentError, match="expected a list of 1 integers"):
+        pt.all_to_all_single(torch.zeros(1, 2), torch.ones(1, 2), sizes, sizes, group=g)
+
+
+def test_configure_takes_a_numpy_capacity():
+    import numpy as np
+
+    g = pt.Group(Comm(0, 1), loader=lambda *a: pytest.fail("plain collective loaded"))
+    assert sized.configure(g, capacity=np.int64(64)).capacity == 64
+
+
+def test_what_a_rank_sends_itself_must_match_what_it_expects_from_itself():
+    """Known on the host, yet left to the next call's SizeError; the rows stayed unwritten."""
+    g = groups(1, capacity=64)[0]
+    with pytest.raises(ArgumentError, match=r"input_split_sizes\[0\] = 3 rows of 2 element\(s\) go to this rank "
+                                            r"itself, but output_split_sizes\[0\] = 5 rows of 2 expect 10 elements"):
+        pt.all_to_all_single(torch.zeros(5, 2), torch.ones(3, 2), [5], [3], group=g)

@@ -58,8 +58,10 @@ def integer(value) -> int:
     """``value`` as an int, from any integer type (``operator.index``: Python's, NumPy's, a 0-d
     integer tensor) but a bool; TypeError for anything else.  Not int(), which cuts 1.5 to 1
     and reads "2" as 2.  Every count, size and rank argument is read through this."""
-    if isinstance(value, bool):
+    if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")):  # a bool tensor or NumPy bool too
         raise TypeError(f"{value!r} is a bool, not a number")
+    if getattr(value, "ndim", 0) != 0:  # a one-element array or tensor of more dimensions is no number
+        raise TypeError(f"{value!r} has {value.ndim} dimension(s), not a number")
     return operator.index(value)
 
 

@@ -567,6 +567,10 @@ class Group:
         named = [("input", input), ("out", out), ("in_splits", in_splits), ("out_splits", out_splits)]
         _ops.require_tensors("all_to_all_vdev", named + [("out_offsets", out_offsets)] * (out_offsets is not None))
         if _ops.tracing():  # the state and the ops exist already (Group.__init__, sized's import)
+            # out_offsets is written here, not by the op, so its fake does not see it: the eager
+            # call's checks of it, made at trace time (a compiled call cast it, or wrote it over
+            # out_splits where the two shared memory)
+            sized.check_offsets("all_to_all_vdev", self._sized_state, input, out, in_splits, out_splits, out_offsets)
             # the ordered form: it "writes" the communicator's sequence tensor, as the other
             # collectives' NAME_seq ops do, so no compiler drops it or moves it past them
             torch.ops.purlin.alltoallv_seq(input, in_splits, out, out_splits, self._seq, self._sized_state.handle)

@@ -111,7 +111,7 @@ def configure(group, *, capacity: int | None = None, loader=None) -> SizedState:
     another state would load again: a collective) and the same values leave the state as it is."""
     state = _BY_GROUP.get(group)
     if capacity is not None:
-        _check_capacity_value(capacity)
+        capacity = _check_capacity_value(capacity)
     if state is not None:
         changes = [f"{label}={value!r} (it has {current!r})" for label, value, current in
                    (("capacity", capacity, state.capacity), ("loader", loader, state._loader))
@@ -129,10 +129,18 @@ def configure(group, *, capacity: int | None = None, loader=None) -> SizedState:
     return state
 
 
-def _check_capacity_value(capacity) -> None:
-    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+def _check_capacity_value(capacity) -> int:
+    """``capacity`` as an int: any integer type but a bool (a NumPy one too, as load takes it)."""
+    from purlinc.runtime.validate import integer
+
+    try:
+        value = integer(capacity)
+    except TypeError:
+        value = 0
+    if value < 1:
         raise ArgumentError(f"sized.configure: capacity={capacity!r}, expected a positive number of elements per "
                             "(source, destination) pair")
+    return value
 
 
 def state_of(group) -> SizedState:
@@ -193,7 +201,8 @@ def _check(where: str, s: SizedState, x, out, *, fake: bool = False) -> int:
     the real and the fake implementations alike: ``_check_data``, then the rows."""
     _check_data(where, s, x, out, fake=fake)
     row = _row_elements(where, x)
-    if x.dim() > 1 and out.dim() > 1 and tuple(out.shape[1:]) != tuple(x.shape[1:]):
+    # 1-D against 2-D too: rows of 2 elements into a flat out were read back as rows of one
+    if tuple(out.shape[1:]) != tuple(x.shape[1:]):
         raise ArgumentError(f"{where}: output rows have shape {tuple(out.shape[1:])}, expected {tuple(x.shape[1:])} "
                             "(those of input)")
     _row_within_capacity(where, s, "input", row)
@@ -315,6 +324,12 @@ def all_to_all_single(group, output, input, output_split_sizes=None, input_split
     check_capacity(where, s, labels[1], ins, in_row, sending=True)
     outs = host_splits(where, labels[0], output_split_sizes, "output", output, R)
     check_capacity(where, s, labels[0], outs, out_row, sending=False)
+    me = s.rank
+    if ins[me] * in_row != outs[me] * out_row:  # what this rank sends itself is known here: no need to wait
+        raise ArgumentError(f"{where}: {labels[1]}[{me}] = {ins[me]} rows of {in_row} element(s) go to this rank "
+                            f"itself, but {labels[0]}[{me}] = {outs[me]} rows of {out_row} expect "
+                            f"{outs[me] * out_row} elements", notes=("the rows rank r sends itself are the rows it "
+                                                                     "receives from itself",))
     if _capturing(input):
         raise ArgumentError(f"{where}: split lists given while a CUDA graph is captured; a capture cannot copy host "
                             "lists to the GPU", notes=("use all_to_all_vdev with the splits in device tensors (a "
@@ -328,6 +343,25 @@ def all_to_all_single(group, output, input, output_split_sizes=None, input_split
     received = s.scratch("received", R, input)  # written by the kernel, never read here
     run(s, input, sizes, output, received, unit, expected)
     return output
+
+
+def check_offsets(where: str, s: SizedState, x, out, in_splits, out_splits, out_offsets) -> None:
+    """What ``all_to_all_vdev`` checks of ``out_offsets``, for a traced call (the op's fake
+    checks the rest): a split tensor like the others, and not one of the call's other tensors.
+    Dynamo cannot trace a comparison of storages, so a view that overlaps another tensor only
+    in part is refused by the eager call alone."""
+    from purlinc.torch.ops import fail  # torch._check under dynamo, which cannot build an ArgumentError
+
+    t = out_offsets
+    if t is None:
+        return
+    if t.dtype != torch.int64 or t.dim() != 1 or t.numel() != s.world_size or t.device != x.device:
+        fail(f"{where}: out_offsets must be 1-D int64 with {s.world_size} entries on {x.device}, got "
+             f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)} on {t.device}")
+    for label, other in (("out_splits", out_splits), ("out", out), ("in_splits", in_splits), ("input", x)):
+        if other is t:
+            fail(f"{where}: {label} overlaps out_offsets in memory, expected a tensor of its own",
+                 (f"the call writes out_offsets while it reads or writes {label}",))
 
 
 def all_to_all_vdev(group, input, out, in_splits, out_splits, out_offsets=None):
