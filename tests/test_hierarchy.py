@@ -285,6 +285,26 @@ def test_cli_check_hierarchical(capsys, repo_dir):
     assert "4 hierarchical plans (2 GPUs per node) verified" in capsys.readouterr().out
 
 
+def test_one_node_one_plan_one_gpu_are_singular(capsys, repo_dir):
+    """"1 nodes x 4 GPUs", "1 hierarchical plans", "(1 GPUs per node)"."""
+    path = str(repo_dir / "examples/allreduce.pln")
+    assert main(["dump", path, "-R", "4", "-s", "snac", "--gpus-per-node", "4"]) == 0
+    assert "hierarchical allreduce (R=4 = 1 node x 4 GPUs, reduce): 3 phases," in capsys.readouterr().out
+    assert main(["check", path, "-R", "4", "--gpus-per-node", "4"]) == 0
+    assert "ok for R=4: 1 hierarchical plan (4 GPUs per node) verified" in capsys.readouterr().out
+    assert main(["check", path, "-R", "2", "--gpus-per-node", "1"]) == 0
+    assert "1 hierarchical plan (1 GPU per node) verified" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", [["check"], ["dump", "-s", "snac"]])
+def test_packed_with_an_algorithm_that_has_none_is_refused_over_nodes_too(capsys, repo_dir, command):
+    """Phases where two-shot does not apply ran direct-push with the packing dropped: the flat
+    lowering refuses the combination, the plan said ok."""
+    path = str(repo_dir / "examples/allreduce.pln")
+    assert main([*command[:1], path, *command[1:], "-R", "4", "-a", "two-shot", "--packed", "--gpus-per-node", "2"]) == 2
+    assert "error: packed (LL) stages are supported for direct-push only, not two-shot" in capsys.readouterr().err
+
+
 def test_cli_errors(capsys, repo_dir):
     path = str(repo_dir / "examples/allreduce.pln")
     assert main(["dump", path, "-R", "6", "-s", "snac", "--gpus-per-node", "4"]) == 2

@@ -7,6 +7,7 @@ import json
 
 from purlinc.cli import common
 from purlinc.errors import PurlinError
+from purlinc.snac.hierarchy import Topology, plural
 
 
 def _plan(spec, options, gpus_per_node: int):
@@ -62,8 +63,9 @@ def check(args, definition, sizes, params) -> tuple[int, str]:
         try:
             _plan(spec, common.options(args, spec), G)
         except PurlinError as error:
-            raise error.with_note(f"while verifying the hierarchical plan for R={R} ({R // G} nodes x {G} GPUs)") from None
-    return len(usable), f"{len(usable)} hierarchical plans ({G} GPUs per node) verified"
+            raise error.with_note(f"while verifying the hierarchical plan for R={R} "
+                                  f"({Topology.of(R, G).format()})") from None
+    return len(usable), f"{plural(len(usable), 'hierarchical plan')} ({plural(G, 'GPU')} per node) verified"
 
 
 def _refuse_unused(args) -> None:

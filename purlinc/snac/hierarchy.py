@@ -57,6 +57,10 @@ class Topology:
             )
         return cls(world_size // gpus_per_node, gpus_per_node)
 
+    def format(self) -> str:
+        """``2 nodes x 4 GPUs`` (``1 node x 1 GPU``): as the dumps and messages name it."""
+        return f"{plural(self.nodes, 'node')} x {plural(self.gpus_per_node, 'GPU')}"
+
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
@@ -151,12 +155,17 @@ def _chunks(chunks: tuple[Chunk, ...], limit: int = 8) -> str:
     return text + (f" ... ({len(chunks)} units)" if len(chunks) > limit else "") if chunks else "(empty)"
 
 
+def plural(n: int, word: str) -> str:
+    """``1 node``, ``2 nodes``."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def format_plan(plan: HierPlan, *, max_moves: int = 64) -> str:
     """A human-readable dump: buffers, then phases (intra: per-node schedule; inter: NCCL moves)."""
     t = plan.topology
     lines = [
-        f"hierarchical {plan.spec.name} (R={t.world_size} = {t.nodes} nodes x {t.gpus_per_node} GPUs, "
-        f"{plan.spec.operation.value}): {len(plan.phases)} phases, {len(plan.schedules)} distinct intra-node schedules",
+        f"hierarchical {plan.spec.name} (R={t.world_size} = {t.format()}, {plan.spec.operation.value}): "
+        f"{plural(len(plan.phases), 'phase')}, {plural(len(plan.schedules), 'distinct intra-node schedule')}",
         "buffers:",
     ]
     for layout in plan.layouts:

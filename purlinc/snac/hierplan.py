@@ -35,7 +35,7 @@ from purlinc.frontend.spec import Chunk, Slot, Spec
 from purlinc.snac.algorithms import DEFAULT_ALGORITHM
 from purlinc.snac.hierarchy import IN, OUT, HierPlan, InterPhase, IntraPhase, Layout, Move, Topology, Unit
 from purlinc.snac.ir import LowerOptions, Schedule
-from purlinc.snac.lower import applicable_algorithms, default_options, lower
+from purlinc.snac.lower import applicable_algorithms, check_packed, default_options, lower
 from purlinc.snac.verify import verify
 
 
@@ -97,9 +97,10 @@ class _Builder:
             return self.options
         # e.g. two-shot asked for, but this phase is a copy: the node's phase runs direct-push
         # with every other option as asked (channels, slices, slots, registered buffers,
-        # staging copies; documented in docs/HIERARCHY.md).  Packed stages are the one thing
-        # direct-push has that the others lack, so none were asked for.
-        return replace(self.options, algorithm=DEFAULT_ALGORITHM, packed=False)
+        # staging copies; documented in docs/HIERARCHY.md).  Packed stages are refused with the
+        # algorithms that have none, as a flat lowering refuses them (they were dropped here).
+        check_packed(self.options)
+        return replace(self.options, algorithm=DEFAULT_ALGORITHM)
 
     def intra(self, src: str, dst: str, operation: Operation, node_specs: list[Spec], what: str) -> None:
         indices = []
@@ -114,7 +115,7 @@ class _Builder:
                 except PurlinError as error:
                     raise error.with_note(
                         f"while building the intra-node {what} phase of node {node} "
-                        f"({self.t.nodes} nodes x {self.t.gpus_per_node} GPUs)"
+                        f"({self.t.format()})"
                     ) from None
                 index = self._by_shape[shape] = len(self.schedules)
                 self.schedules.append(schedule)

@@ -87,12 +87,7 @@ def _check_options(spec: Spec, options: LowerOptions) -> None:
                                  "or with fewer slices"))
     if options.slots is not None and options.slots < 1:
         raise PurlinError(f"slots must be >= 1 (got {options.slots})")
-    if options.packed and not get_algorithm(options.algorithm).packed:
-        packing = " or ".join(r.name for r in ALGORITHMS.records() if r.packed)
-        raise PurlinError(
-            f"packed (LL) stages are supported for {packing} only, not {options.algorithm.value}",
-            notes=(f"LL packing is for small messages, where one-shot {packing} is the algorithm to use",),
-        )
+    check_packed(options)
     if options.packed and spec.is_reduce and spec.most_sources > MAX_PACKED_SOURCES:
         raise PurlinError(f"packed (LL) stages combine at most {MAX_PACKED_SOURCES} sources per output chunk; "
                           f"{spec.name} for R={spec.world_size} reduces {spec.most_sources}",
@@ -100,6 +95,17 @@ def _check_options(spec: Spec, options: LowerOptions) -> None:
     unknown = set(options.registered) - {"in", "out"}
     if unknown:
         raise PurlinError(f"registered buffers must be 'in' and/or 'out', got {sorted(unknown)}")
+
+
+def check_packed(options: LowerOptions) -> None:
+    """Packed (LL) stages asked of an algorithm that has none (a hierarchical plan checks it
+    too: its phases fall back to direct-push where the algorithm does not apply)."""
+    if options.packed and not get_algorithm(options.algorithm).packed:
+        packing = " or ".join(r.name for r in ALGORITHMS.records() if r.packed)
+        raise PurlinError(
+            f"packed (LL) stages are supported for {packing} only, not {options.algorithm.value}",
+            notes=(f"LL packing is for small messages, where one-shot {packing} is the algorithm to use",),
+        )
 
 
 def lower(spec: Spec, options: LowerOptions) -> Schedule:
