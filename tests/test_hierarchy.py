@@ -305,16 +305,20 @@ def test_packed_with_an_algorithm_that_has_none_is_refused_over_nodes_too(capsys
     assert "error: packed (LL) stages are supported for direct-push only, not two-shot" in capsys.readouterr().err
 
 
-def test_cli_errors(capsys, repo_dir):
+def test_cli_errors(capsys, repo_dir, tmp_path):
     path = str(repo_dir / "examples/allreduce.pln")
-    assert main(["dump", path, "-R", "6", "-s", "snac", "--gpus-per-node", "4"]) == 2
-    assert "R=6 is not a multiple of gpus_per_node=4" in capsys.readouterr().err
+    for command in (["dump", path, "-s", "snac"], ["draw", path, "-o", str(tmp_path / "never.svg")], ["check", path]):
+        assert main([*command, "-R", "6", "--gpus-per-node", "4"]) == 2  # one wording, the flag's, in all three
+        assert "error: world size R=6 is not a multiple of --gpus-per-node 4" in capsys.readouterr().err
     assert main(["dump", path, "-R", "4", "-s", "cuda", "--gpus-per-node", "2"]) == 2
     assert "--gpus-per-node applies to --stage snac" in capsys.readouterr().err
     assert main(["check", path, "-R", "5", "--gpus-per-node", "2"]) == 2
-    assert "world size R=5 is not a multiple of --gpus-per-node 2" in capsys.readouterr().err  # dump's words
+    assert "world size R=5 is not a multiple of --gpus-per-node 2" in capsys.readouterr().err
     assert main(["check", path, "-R", "5..7", "--gpus-per-node", "4"]) == 2
     assert "no world size in R=5..7 is a multiple of --gpus-per-node 4" in capsys.readouterr().err
+    assert main(["draw", str(repo_dir / "examples/gather.pln"), "--gpus-per-node", "3", "-o",
+                 str(tmp_path / "never.svg")]) == 2  # R=8 was draw's default, not asked for
+    assert "note: --ranks not given: R=8 is the default" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", STANDARD + USER)

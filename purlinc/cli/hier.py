@@ -10,10 +10,19 @@ from purlinc.errors import PurlinError
 from purlinc.snac.hierarchy import Topology, plural
 
 
+def _divides(what: str, G: int) -> None:
+    """``what`` ("world size R=6 is not", or several sizes) in the command line's words: the
+    plan's own message names the API's gpus_per_node=G."""
+    raise PurlinError(f"{what} a multiple of --gpus-per-node {G}",
+                      notes=("ranks are grouped into nodes of gpus_per_node ranks each: R = nodes x gpus_per_node",))
+
+
 def _plan(spec, options, gpus_per_node: int):
     from purlinc.snac.hiercheck import verify_plan
     from purlinc.snac.hierplan import plan_hierarchical
 
+    if spec.world_size % gpus_per_node:  # dump and draw as check words it
+        _divides(f"world size R={spec.world_size} is not", gpus_per_node)
     plan = plan_hierarchical(spec, gpus_per_node, options)  # proves every intra-node schedule
     verify_plan(plan, schedules=False)  # and the composition
     return plan
@@ -54,10 +63,9 @@ def check(args, definition, sizes, params) -> tuple[int, str]:
 
     G = args.gpus_per_node
     usable = [R for R in sizes if R % G == 0]
-    if not usable:  # in dump's and draw's words (Topology.of) where one size is checked
-        what = f"world size R={sizes[0]} is not" if len(sizes) == 1 else f"no world size in R={sizes[0]}..{sizes[-1]} is"
-        raise PurlinError(f"{what} a multiple of --gpus-per-node {G}",
-                          notes=("ranks are grouped into nodes of gpus_per_node ranks each: R = nodes x gpus_per_node",))
+    if not usable:  # in dump's and draw's words where one size is checked
+        _divides(f"world size R={sizes[0]} is not" if len(sizes) == 1 else
+                 f"no world size in R={sizes[0]}..{sizes[-1]} is", G)
     for R in usable:
         spec = pipeline.spec_stage(definition, R, params)
         try:
@@ -91,8 +99,9 @@ def draw(args, fmt: str, source) -> int:
 
     _refuse_unused(args)
     world_size = args.ranks if args.ranks is not None else DEFAULT_WORLD_SIZE
-    spec = pipeline.spec_stage(pipeline.parse_stage(source), world_size, dict(args.param))
-    plan = _plan(spec, common.options(args, spec), args.gpus_per_node)
+    with common.default_ranks_noted(world_size, args.ranks is None):  # "R=8" alone reads as asked for
+        spec = pipeline.spec_stage(pipeline.parse_stage(source), world_size, dict(args.param))
+        plan = _plan(spec, common.options(args, spec), args.gpus_per_node)
     text = plan_svg(plan)
     if fmt == "html":
         title = escape(plan_title(plan))
