@@ -133,6 +133,16 @@ DTYPES: Registry[DTypeInfo] = Registry(
 )
 
 
+def reduction_problem(dtype: DType, collective: str) -> tuple[str, str] | None:
+    """(reason, note) where the reduction ``collective`` cannot run in ``dtype`` (fp8, a storage
+    format), or None: the words the command line's --dtype check and draw's timeline share."""
+    if dtype.reducible:
+        return None
+    reducible = ", ".join(d.value for d in DType if d.reducible)
+    return (f"{dtype.value} cannot be reduced, and the collective {collective} is a reduction",
+            f"a reduction takes {reducible}; fp8 is supported for copies only")
+
+
 def to_float32(bits: np.ndarray, dtype: DType) -> np.ndarray:
     """Exact widening of stored values to float32 (int32 and int64 are returned as int64)."""
     import numpy as np

@@ -208,7 +208,7 @@ def check_dtype(args, spec) -> None:
     """--dtype that a reduction cannot reduce (fp8, a storage format), or that the spec's
     epilogue rows cannot run in: the same reasons the code generator gives, naming the flag."""
     from purlinc.atom.rows import row_problem
-    from purlinc.dtypes import DType
+    from purlinc.dtypes import DType, reduction_problem
 
     dtype = DType.parse(dtype_name(args))
     # The epilogue first, as the generator checks it (atom.epilogue.check_rows): its reason is
@@ -216,11 +216,10 @@ def check_dtype(args, spec) -> None:
     problem = None if spec.epilogue is None else row_problem(spec.epilogue.row, dtype)
     if problem is not None:
         raise PurlinError(f"{dtype_flag(args)}: {problem}", spec.epilogue.row_span)
-    if spec.is_reduce and not dtype.reducible:
-        reducible = ", ".join(d.value for d in DType if d.reducible)
-        raise PurlinError(f"{dtype_flag(args)}: {dtype.value} cannot be reduced, and the collective {spec.name} is a "
-                          "reduction",
-                          notes=(f"a reduction takes {reducible}; fp8 is supported for copies only",))
+    unreducible = reduction_problem(dtype, spec.name) if spec.is_reduce else None
+    if unreducible is not None:
+        reason, note = unreducible
+        raise PurlinError(f"{dtype_flag(args)}: {reason}", notes=(note,))
 
 
 def dtype_name(args) -> str:
@@ -249,8 +248,9 @@ def check_sized_copies(args, spec) -> None:
     flag was silently dropped; asked for explicitly, it is refused as --packed refuses it.
     ``spec``: a Spec or the parsed definition (``sizes`` is on both)."""
     if getattr(args, "stage_copies", None) == 1 and spec.sizes is not None:
-        raise PurlinError("--stage-copies 1 does not apply to a collective with run-time sizes: its schedules "
-                          "always run two staging copies", notes=('docs/SNAC.md, "Run-time sizes"',))
+        from purlinc.snac.sized import ONE_COPY_NOTE, ONE_COPY_REFUSED
+
+        raise PurlinError(f"--stage-copies 1 {ONE_COPY_REFUSED}", notes=(ONE_COPY_NOTE,))
 
 
 def reduce_op(args) -> str:

@@ -65,8 +65,9 @@ def schedule_for(file: str | Path | SourceText, world_size: int, params, overrid
     source = pipeline.load_source(file)
     spec = pipeline.spec_stage(pipeline.parse_stage(source), world_size, dict(params))
     if spec.sizes is not None and overrides.get("stage_copies") == 1:  # as compile refuses it
-        raise PurlinError(f"{_shown('stage_copies', 1)} does not apply to a collective with run-time sizes: its "
-                          "schedules always run two staging copies", notes=('docs/SNAC.md, "Run-time sizes"',))
+        from purlinc.snac.sized import ONE_COPY_NOTE, ONE_COPY_REFUSED
+
+        raise PurlinError(f"{_shown('stage_copies', 1)} {ONE_COPY_REFUSED}", notes=(ONE_COPY_NOTE,))
     # What `purlinc compile` would build with the default atom (its staging copies).  Slots go on
     # only where the algorithm stages through them: the caller refuses them elsewhere, in the
     # command line's words (_refuse_unused_slots), after seeing every schedule drawn.
@@ -254,18 +255,17 @@ def _refuse_what_a_call_would(schedule, dtype: str, flag: str, count: int | None
     cannot be reduced, an epilogue's dtype or rows) is refused here too, with the same reason,
     rather than drawn.  ``flag``: the dtype as the error names it (_dtype_flag)."""
     from purlinc.atom.rows import row_problem
-    from purlinc.dtypes import DType
+    from purlinc.dtypes import DType, reduction_problem
     from purlinc.frontend.ast import Operation
 
     epilogue, parsed = schedule.epilogue, DType.parse(dtype)
     problem = None if epilogue is None else row_problem(epilogue.row, parsed)
     if problem is not None:  # first, as the code generator checks it: the more precise reason
         raise PurlinError(f"{flag}: {problem}", notes=("a call of this collective would be refused",))
-    if schedule.operation is Operation.REDUCE and not parsed.reducible:
-        reducible = ", ".join(d.value for d in DType if d.reducible)
-        raise PurlinError(f"{flag}: {parsed.value} cannot be reduced, and the collective {schedule.collective} is a "
-                          "reduction", notes=("a call of this collective would be refused",
-                                              f"a reduction takes {reducible}; fp8 is supported for copies only"))
+    unreducible = reduction_problem(parsed, schedule.collective) if schedule.operation is Operation.REDUCE else None
+    if unreducible is not None:
+        reason, note = unreducible
+        raise PurlinError(f"{flag}: {reason}", notes=("a call of this collective would be refused", note))
     if epilogue is not None and count is not None and count % epilogue.row:
         raise PurlinError(f"count={count}: not a whole number of the epilogue's rows of {epilogue.row} elements",
                           notes=("a call's chunks hold whole rows; a call with this count would be refused",))

@@ -37,6 +37,14 @@ def header_bytes(channels: int) -> int:
     return -(-8 * channels // 16) * 16
 
 
+# Why --stage-copies 1 is refused for run-time sizes (the command line and draw name the flag):
+# their lowering always takes two copies, a size header and data per slot written while the
+# consumer may still read the last call's.
+ONE_COPY_REFUSED = ("does not apply to a collective with run-time sizes: its schedules always run two staging "
+                    "copies")
+ONE_COPY_NOTE = 'docs/SNAC.md, "Run-time sizes"'
+
+
 def check_sized_options(options: LowerOptions) -> None:
     """Sized schedules are direct-push through staging, one slice per channel (any channels)."""
     problems = []
