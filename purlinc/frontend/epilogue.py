@@ -99,6 +99,20 @@ class Epilogue:
         }
 
 
+def _children(node: ast.FExpr) -> tuple[ast.FExpr, ...]:
+    """A node's operands in source order: the one place the walks below know the node kinds."""
+    if isinstance(node, ast.FCall):
+        return tuple(node.args)
+    if isinstance(node, ast.FBinary):
+        return (node.left, node.right)
+    if isinstance(node, ast.FNeg):
+        return (node.operand,)
+    return ()
+
+
+_OPERATIONS = (ast.FCall, ast.FBinary, ast.FNeg)  # what the depth and size bounds count
+
+
 def _calls(expr: ast.FExpr):
     """Every function call in ``expr`` (pre-order)."""
     stack = [expr]
@@ -106,11 +120,7 @@ def _calls(expr: ast.FExpr):
         node = stack.pop()
         if isinstance(node, ast.FCall):
             yield node
-            stack.extend(reversed(node.args))
-        elif isinstance(node, ast.FBinary):
-            stack += [node.right, node.left]
-        elif isinstance(node, ast.FNeg):
-            stack.append(node.operand)
+        stack.extend(reversed(_children(node)))
 
 
 def _depth(expr: ast.FExpr) -> int:
@@ -121,12 +131,7 @@ def _depth(expr: ast.FExpr) -> int:
     while stack:
         node, depth = stack.pop()
         deepest = max(deepest, depth)
-        if isinstance(node, ast.FCall):
-            stack.extend((arg, depth + 1) for arg in node.args)
-        elif isinstance(node, ast.FBinary):
-            stack += [(node.left, depth + 1), (node.right, depth + 1)]
-        elif isinstance(node, ast.FNeg):
-            stack.append((node.operand, depth + 1))
+        stack.extend((child, depth + 1) for child in _children(node))
     return deepest
 
 
@@ -135,15 +140,8 @@ def _operations(expr: ast.FExpr) -> int:
     count, stack = 0, [expr]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.FCall):
-            count += 1
-            stack.extend(node.args)
-        elif isinstance(node, ast.FBinary):
-            count += 1
-            stack += [node.left, node.right]
-        elif isinstance(node, ast.FNeg):
-            count += 1
-            stack.append(node.operand)
+        count += isinstance(node, _OPERATIONS)
+        stack.extend(_children(node))
     return count
 
 
@@ -154,12 +152,7 @@ def _names(expr: ast.FExpr):
         node = stack.pop()
         if isinstance(node, ast.FName):
             yield node
-        elif isinstance(node, ast.FCall):
-            stack.extend(node.args)
-        elif isinstance(node, ast.FBinary):
-            stack += [node.left, node.right]
-        elif isinstance(node, ast.FNeg):
-            stack.append(node.operand)
+        stack.extend(_children(node))
 
 
 # --- rows --------------------------------------------------------------------------------------
