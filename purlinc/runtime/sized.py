@@ -22,7 +22,6 @@ collective stays usable: no signal is out of step).
 from __future__ import annotations
 
 import ctypes
-import numbers
 from collections.abc import Sequence
 
 from purlinc import settings
@@ -35,7 +34,7 @@ from purlinc.runtime import interop, residency
 from purlinc.runtime.errors import ArgumentError, MismatchError, PurlinTimeoutError, issued_by_one_thread
 from purlinc.runtime.group import per_rank
 from purlinc.runtime.residency import Blocks
-from purlinc.runtime.validate import overlapping
+from purlinc.runtime.validate import integer, overlapping
 
 WIDEST = max(d.itemsize for d in DType)
 
@@ -170,10 +169,11 @@ class SizedCollective:
         chunk) and ``out_sizes`` when not given.  Sizes count units of ``row`` elements (torch's
         splits count rows).  Returns (dtype, shape, stream, out, out_sizes)."""
         self._check_usable()
-        if not _whole(row) or not 1 <= row <= self.capacity:
+        whole = _whole(row)  # a NumPy integer too, as an int (it keyed the launch cache apart from the int)
+        if whole is None or not 1 <= whole <= self.capacity:
             raise ArgumentError(f"{self.name}: row={row!r}, expected elements per size unit in 1..{self.capacity} "
                                 "(the capacity)")
-        row = int(row)  # a NumPy integer too (it keyed the launch cache apart from the int)
+        row = whole
         where = f"{self.name} on rank {self.rank}"
         if x is None and not self.in_units:  # a rank that gives nothing: the call's dtype is its out's
             if out is None:
@@ -293,9 +293,13 @@ def _check_apart(coll: SizedCollective, named, *, written) -> None:
                                     notes=(f"the kernel writes {label} while it reads or writes {other}",))
 
 
-def _whole(value) -> bool:
-    """An integer of any kind (a NumPy one was refused as "not in 1..64" while in range), not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+def _whole(value) -> int | None:
+    """``value`` as an int, read as every count is (``validate.integer``: any integer type but a
+    bool; a NumPy one was refused as "not in 1..64" while in range), or None."""
+    try:
+        return integer(value)
+    except TypeError:
+        return None
 
 
 def _nothing(kind: str, dtype: DType, device: int) -> interop.ArrayInfo:
@@ -404,9 +408,10 @@ def load_sized(compiled: Compiled, comm, comms: list, *, capacity: int, dtype=No
     from purlinc.runtime.placement import fingerprint, load_mismatch, zero_space
     from purlinc.runtime.communicator import LocalGroup
 
-    if not _whole(capacity) or capacity < 1:
+    whole = _whole(capacity)  # a NumPy integer too
+    if whole is None or whole < 1:
         raise ArgumentError(f"{compiled.name}: capacity must be a positive number of elements per chunk, got {capacity!r}")
-    capacity = int(capacity)  # a NumPy integer too
+    capacity = whole
     itemsize = DType.parse(dtype).itemsize if dtype is not None else WIDEST
     stage = staging_bytes(compiled, capacity, itemsize)
     layouts = []
