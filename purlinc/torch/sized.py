@@ -226,17 +226,18 @@ def _check_apart(where: str, written, read, *, fake: bool) -> None:
 
 def _check_splits(where: str, s: SizedState, x, named) -> None:
     """Split tensors (``(label, tensor)``; None: not given): int64, R entries, on x's device, contiguous.
-    One check for the real and the fake implementations."""
-    from purlinc.torch.ops import require_tensors
+    One check for the real and the fake implementations, and for a traced call (``fail``: an
+    ArgumentError, under dynamo the torch._check it can trace)."""
+    from purlinc.torch.ops import fail, require_tensors
 
     named = [(label, t) for label, t in named if t is not None]
     require_tensors(where, named)
     for label, t in named:  # 1-D: a [1, R] tensor has R entries, but is no list of R sizes
         if t.dtype != torch.int64 or t.dim() != 1 or t.numel() != s.world_size or t.device != x.device:
-            raise ArgumentError(f"{where}: {label} must be 1-D int64 with {s.world_size} entries on {x.device}, got "
-                                f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)} on {t.device}")
+            fail(f"{where}: {label} must be 1-D int64 with {s.world_size} entries on {x.device}, got "
+                 f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)} on {t.device}")
         if not t.is_contiguous():  # the runtime reads them as one int64 array (an int64 view stays 8-byte aligned)
-            raise ArgumentError(f"{where}: {label} must be contiguous, got strides {tuple(t.stride())}")
+            fail(f"{where}: {label} must be contiguous, got strides {tuple(t.stride())}")
 
 
 def _capturing(t) -> bool:
@@ -352,14 +353,11 @@ def check_offsets(where: str, s: SizedState, x, out, in_splits, out_splits, out_
     in part is refused by the eager call alone."""
     from purlinc.torch.ops import fail  # torch._check under dynamo, which cannot build an ArgumentError
 
-    t = out_offsets
-    if t is None:
+    if out_offsets is None:
         return
-    if t.dtype != torch.int64 or t.dim() != 1 or t.numel() != s.world_size or t.device != x.device:
-        fail(f"{where}: out_offsets must be 1-D int64 with {s.world_size} entries on {x.device}, got "
-             f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)} on {t.device}")
+    _check_splits(where, s, x, [("out_offsets", out_offsets)])
     for label, other in (("out_splits", out_splits), ("out", out), ("in_splits", in_splits), ("input", x)):
-        if other is t:
+        if other is out_offsets:
             fail(f"{where}: {label} overlaps out_offsets in memory, expected a tensor of its own",
                  (f"the call writes out_offsets while it reads or writes {label}",))
 
