@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "purlinc"
 # decides a module's layer (``purlinc`` itself is the public front, forwarding to the runtime).
 LAYERS = (
     ("base", ("purlinc.errors", "purlinc.registry", "purlinc.settings", "purlinc.dtypes", "purlinc.resources",
-              "purlinc.version", "purlinc.log", "purlinc.cachefiles")),
+              "purlinc.version", "purlinc.log", "purlinc.cachefiles", "purlinc.jsontext")),
     ("frontend", ("purlinc.frontend",)),
     ("snac", ("purlinc.snac",)),
     ("atom", ("purlinc.atom",)),

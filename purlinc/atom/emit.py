@@ -7,12 +7,12 @@ compiler: entry points, launch geometry, the ABI, buffer sizes and the versions 
 from __future__ import annotations
 
 import errno
-import json
 import os
 import tempfile
 from importlib import metadata
 from pathlib import Path
 
+from purlinc import jsontext
 from purlinc.atom.nvrtc import nvrtc_version
 from purlinc.version import __version__
 
@@ -159,4 +159,4 @@ def write_artifacts(artifact, out_dir: Path, *, ranks_defaulted: bool) -> list[P
 
 
 def _json_bytes(value) -> bytes:
-    return (json.dumps(value, indent=2) + "\n").encode()
+    return (jsontext.dumps(value) + "\n").encode()

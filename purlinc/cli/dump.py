@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import json
-
+from purlinc import jsontext
 from purlinc.cli import common
 from purlinc.errors import PurlinError
 
@@ -28,7 +27,7 @@ def add_parser(commands) -> None:
 def _print(args, text, to_json) -> None:
     """One stage's dump: its text, or with ``--json`` its JSON (both made only when asked for)."""
     if args.json:
-        common.emit(json.dumps(to_json(), indent=2) + "\n")
+        common.emit(jsontext.dumps(to_json()) + "\n")
     else:
         common.emit(text())
 

@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-import json
-
+from purlinc import jsontext
 from purlinc.cli import common
 from purlinc.errors import PurlinError
 from purlinc.snac.hierarchy import Topology, plural
@@ -49,11 +48,11 @@ def dump(args, spec, options) -> int:
                            "operation": phase.operation.value,
                            "moves": [{"dst": [m.dst.rank, m.dst.unit], "srcs": [[s.rank, s.unit] for s in m.srcs],
                                       "chunk": str(m.chunk)} for m in phase.moves]})
-    common.emit(json.dumps({
+    common.emit(jsontext.dumps({
         "collective": spec.name, "nodes": plan.topology.nodes, "gpus_per_node": plan.topology.gpus_per_node,
         "buffers": {layout.name: [[str(c) for c in units] for units in layout.units] for layout in plan.layouts},
         "phases": phases, "schedules": [schedule_to_json(s) for s in plan.schedules],
-    }, indent=2) + "\n")
+    }) + "\n")
     return 0
 
 
