@@ -188,6 +188,42 @@ def test_check_all_names_the_parameter_values_the_conditions_use():
     assert info.value.notes == ("with k=2",)  # no "while checking" note here to show a given value
 
 
+def test_check_all_points_at_the_condition_that_refused_the_sizes():
+    """Not at the first condition: 'R > 0' admits every size and explains nothing."""
+    text = "collective c where R > 0, R > 100 { in[r] = x[r] out[r] = x[r] copy }"
+    with pytest.raises(PurlinError) as info:
+        check_all(parse(text), range(1, 9))
+    assert info.value.span.column == text.index("R > 100") + 1
+    assert info.value.notes == ()
+    text = "collective c where R > 3, R < 3 { in[r] = x[r] out[r] = x[r] copy }"
+    with pytest.raises(PurlinError) as info:
+        check_all(parse(text), range(1, 9))
+    assert info.value.span.column == text.index("R < 3") + 1  # refused 5 of the 8
+    assert info.value.notes == ("world sizes each condition refused: 'R < 3' 5, 'R > 3' 3",)
+
+
+def test_an_index_error_names_the_rank_and_loop_values_it_arose_at():
+    with pytest.raises(PurlinError) as info:
+        check(parse("collective c { in[r] = x[r] out[r] = x[r + 2 - i] for i in 0..4 copy }"), 4)
+    assert info.value.message == "index 'r + 2 - i' is -1, out of bounds (chunk indices start at 0)"
+    assert info.value.notes == ("at r=0, i=3", "while checking c for R=4")
+    with pytest.raises(PurlinError) as info:  # a loop's own range, at the outer loop's value
+        check(parse("collective c { in[r] = x[r] out[r] = x[j] for i in 0..2 for j in 0..(r - i) copy }"), 4)
+    assert info.value.message == "range 0..(r - i) is empty (0..0)"
+    assert info.value.notes == ("at r=0, i=0", "while checking c for R=4")
+    with pytest.raises(PurlinError) as info:  # nothing bound: the message says all
+        check(parse("collective c { in[0] = x[0 - 1] out[0] = x[0] copy }"), 2)
+    assert info.value.notes == ("while checking c for R=2",)
+
+
+@pytest.mark.parametrize(("name", "word"), [("R", "--ranks"), ("r", "each rank's own index")])
+def test_a_parameter_named_like_a_bound_variable_says_what_that_variable_is(name, word):
+    with pytest.raises(PurlinError) as info:
+        check(parse("collective c { in[r] = x[r] out[r] = x[0..R] copy }"), 2, {name: 2})
+    assert info.value.message == f"c has no parameter '{name}' (its parameters: none)"
+    assert word in info.value.notes[0]
+
+
 def test_world_size_must_be_positive(example_paths):
     with pytest.raises(PurlinError, match="the world size must be at least 1, not 0"):
         check(load(example_paths, "allgather"), 0)

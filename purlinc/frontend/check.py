@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import keyword
 import operator
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Iterator
 
@@ -88,17 +88,21 @@ def _short(expr) -> str:
     return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
 
 
+class _NameError(PurlinError):
+    """A name with no value where it is used: wrong at every rank and loop value alike."""
+
+
 def _lookup(expr: ast.Name, scope: _Scope) -> int:
     if expr.name in scope.values:
         return scope.values[expr.name]
     if expr.name == RANK_VARIABLE:
-        raise PurlinError(
+        raise _NameError(
             "'r' (the rank) is only defined on the right-hand side of a statement for every rank, "
             "such as 'out[r] = ...'",
             expr.span,
         )
     known = ", ".join(f"{name} ({scope.kinds[name]})" for name in sorted(scope.values))
-    raise PurlinError(f"unknown name '{expr.name}'", expr.span, (f"names defined here: {known}",))
+    raise _NameError(f"unknown name '{expr.name}'", expr.span, (f"names defined here: {known}",))
 
 
 def _apply(expr: ast.Binary, left: int, right: int) -> int:
@@ -224,9 +228,48 @@ def _compare(condition: ast.Condition, scope: _Scope) -> bool:
     }[condition.compare]
 
 
+def _at_bindings(error: PurlinError, scope: _Scope, expr) -> PurlinError:
+    """``error`` in ``expr`` with a note naming the rank and loop values it arose at ("at r=0,
+    i=3"): the caret shows the expression, not which of its evaluations failed.  Unchanged
+    where ``expr`` uses neither, or where the error is a name's: it fails at every value alike."""
+    if isinstance(error, _NameError):
+        return error
+    varying = [name for name, kind in scope.kinds.items() if kind in ("rank", "loop variable")]
+    if not _names_in((expr,)) & set(varying):
+        return error
+    return error.with_note("at " + ", ".join(f"{name}={scope.values[name]}" for name in varying))
+
+
+def _axes(ref: ast.ChunkRef, scope: _Scope) -> list[range]:
+    """Each index of ``ref`` as the range of values it names (one value for a plain index)."""
+    axes: list[range] = []
+    for index in ref.indices:
+        try:
+            axes.append(_axis(index, scope))
+        except PurlinError as error:
+            raise _at_bindings(error, scope, index) from None
+    return axes
+
+
+def _axis(index, scope: _Scope) -> range:
+    if isinstance(index, ast.Range):
+        return _evaluate_range(index, scope)
+    value = _evaluate(index, scope)
+    if value < 0:
+        raise PurlinError(f"index '{_short(index)}' is {value}, out of bounds (chunk indices start at 0)", index.span)
+    return range(value, value + 1)
+
+
 def _bound_scopes(scope: _Scope, variable: str, values: range) -> Iterator[_Scope]:
     for value in values:
         yield scope.bind(variable, value, "loop variable")
+
+
+# What a parameter named like a bound variable was likely meant to set.
+_RESERVED_NOTES = {
+    WORLD_VARIABLE: (f"{WORLD_VARIABLE} is the world size: give it with --ranks (world_size= in Python)",),
+    RANK_VARIABLE: (f"{RANK_VARIABLE} is each rank's own index: every rank's layout is written with it",),
+}
 
 
 class _Checker:
@@ -246,7 +289,7 @@ class _Checker:
                 names = ", ".join(declared) or "none"
                 raise PurlinError(
                     f"{self.definition.name} has no parameter '{name}' (its parameters: {names})",
-                    self.definition.span,
+                    self.definition.span, _RESERVED_NOTES.get(name, ()),
                 )
         seen = set()
         for param in self.definition.params:  # declaration mistakes first, before any binding
@@ -322,18 +365,7 @@ class _Checker:
         # An index costs a step even where it is a plain number (which _evaluate does not
         # charge): x[r][i][0]...[0] with a thousand indices in a loop ran for minutes.
         self.meter.charge(len(ref.indices), ref.span)
-        axes: list[range] = []
-        for index in ref.indices:
-            if isinstance(index, ast.Range):
-                axes.append(_evaluate_range(index, scope))
-            else:
-                value = _evaluate(index, scope)
-                if value < 0:
-                    raise PurlinError(
-                        f"index '{_short(index)}' is {value}, out of bounds (chunk indices start at 0)",
-                        index.span,
-                    )
-                axes.append(range(value, value + 1))
+        axes = _axes(ref, scope)
         # The whole product, for the message (stopping at the first factor past the budget
         # reported x[0..600000][0..2] as 600,000 chunks); capped just past MAX_VALUE, so a
         # thousand huge ranges stay a small number ("more than 9,223,372,036,854,775,807").
@@ -377,7 +409,10 @@ class _Checker:
                     f"of the same name",
                     loop.span,
                 )
-            values = _evaluate_range(loop.range, inner, loop.variable)
+            try:
+                values = _evaluate_range(loop.range, inner, loop.variable)
+            except PurlinError as error:
+                raise _at_bindings(error, inner, loop.range) from None
             # Every iteration names at least one chunk (ranges are never empty): a loop longer
             # than the budget is refused before it runs.
             if values.stop - values.start > self.chunks_left:
@@ -593,8 +628,16 @@ def _parameters_named(conditions: Iterable[ast.Condition], bound: Mapping[str, i
     """A note giving the parameters ``conditions`` name and their values ("with k=1 (its
     default)"): a 'where' that fails because of a default is otherwise a puzzle.
     ``defaults_only``: leave out the given ones (a "while checking" note shows them)."""
+    named = _names_in(side for condition in conditions for side in (condition.left, condition.right))
+    values = [f"{name}={value}" + ("" if name in given else " (its default)")
+              for name, value in bound.items() if name in named and not (defaults_only and name in given)]
+    return (f"with {', '.join(values)}",) if values else ()
+
+
+def _names_in(exprs: Iterable) -> set[str]:
+    """The names the expressions (or ranges) use."""
     named: set[str] = set()
-    stack: list[ast.Expr] = [side for condition in conditions for side in (condition.left, condition.right)]
+    stack = list(exprs)
     while stack:
         node = stack.pop()
         if isinstance(node, ast.Name):
@@ -603,9 +646,9 @@ def _parameters_named(conditions: Iterable[ast.Condition], bound: Mapping[str, i
             stack.append(node.operand)
         elif isinstance(node, ast.Binary):
             stack += [node.left, node.right]
-    values = [f"{name}={value}" + ("" if name in given else " (its default)")
-              for name, value in bound.items() if name in named and not (defaults_only and name in given)]
-    return (f"with {', '.join(values)}",) if values else ()
+        elif isinstance(node, ast.Range):
+            stack += [node.lo, node.hi]
+    return named
 
 
 def _while_checking(definition: ast.CollectiveDef, world_size: int, params: Mapping[str, int]) -> str:
@@ -679,21 +722,36 @@ def check_all(
         raise PurlinError(f"the world size {largest:,} is larger than Purlin supports ({MAX_WORLD_SIZE:,})")
     meter = Meter()
     admitted = []
+    refused: Counter[int] = Counter()  # sizes each constraint (by position) refused
     for world_size in world_sizes:
         if progress is not None:
             progress(world_size)
         try:
-            if not supports(definition, world_size, params, meter=meter):
-                continue
+            failed = _Checker(definition, world_size, params, meter).failed_constraint()
         except PurlinError as error:
             raise error.with_note(_while_checking(definition, world_size, params)) from None
+        if failed is not None:
+            refused[next(n for n, c in enumerate(definition.constraints) if c is failed)] += 1
+            continue
         check(definition, world_size, params, meter=meter)
         admitted.append(world_size)
     if not admitted:
-        bound = _Checker(definition, world_sizes[0], params, meter).params  # bound for every size before
-        raise PurlinError(
-            f"{definition.name} is defined for no world size in {world_sizes[0]}..{world_sizes[-1]}",
-            definition.constraints[0].span if definition.constraints else definition.span,
-            _parameters_named(definition.constraints, bound, params),
-        )
+        _refuse_every_size(definition, world_sizes, params, refused)
     return admitted
+
+
+def _refuse_every_size(definition: ast.CollectiveDef, world_sizes, params: Mapping[str, int],
+                       refused: Counter[int]) -> None:
+    """No size was admitted: point at the 'where' condition that refused the most of them (a
+    condition every size meets is no answer), and name the others that refused some."""
+    ranked = sorted(refused.items(), key=lambda item: (-item[1], item[0]))
+    first = definition.constraints[ranked[0][0]]
+    bound = _Checker(definition, world_sizes[0], params).params  # bound for every size before
+    notes = _parameters_named((first,), bound, params)
+    if len(ranked) > 1:
+        counts = ", ".join(f"'{_short(definition.constraints[n])}' {count}" for n, count in ranked)
+        notes += (f"world sizes each condition refused: {counts}",)
+    raise PurlinError(
+        f"{definition.name} is defined for no world size in {world_sizes[0]}..{world_sizes[-1]}",
+        first.span, notes,
+    )
