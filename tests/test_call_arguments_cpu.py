@@ -86,6 +86,54 @@ def test_a_meta_tensor_and_a_read_only_array_are_named(on_cuda0):
         coll(read_only)
 
 
+class _ArrayInterface:
+    def __init__(self, ptr: int, shape: tuple, typestr: str = "<f4"):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, False), "version": 3,
+                                         "strides": None}
+
+
+@pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")  # torch's, then ours
+def test_arrays_whose_memory_does_not_hold_their_values_are_refused(on_cuda0, monkeypatch):
+    """A lazily negated view (the kernel would read the un-negated memory), a fake tensor and an
+    array interface at address 0 (a kernel on a null pointer faults the context), and one that
+    runs past the address space: each named, before a launch."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    launches = []
+    monkeypatch.setattr(driver, "launch", lambda *args: launches.append(args))
+    coll = load(EXAMPLES / "allreduce.pln", FakeComm(), channels=1)
+    with pytest.raises(ArgumentError, match=r"allreduce on rank 0: x is a lazily negated view: its memory holds the "
+                                            r"negation of its values"):
+        coll(torch.ones(8)._neg_view(), torch.empty(8))
+    with FakeTensorMode():
+        fake_x, fake_out = torch.empty(8), torch.empty(8)
+    with pytest.raises(ArgumentError, match=r"allreduce on rank 0: x has 8 elements at address 0, expected memory "
+                                            r"on the GPU"):
+        coll(fake_x, fake_out)
+    with pytest.raises(ArgumentError, match=r"x has 8 elements at address 0"):
+        coll(_ArrayInterface(0, (8,)), _ArrayInterface(1 << 20, (8,)))
+    with pytest.raises(ArgumentError, match=r"x spans \[0xfffffffffffffff0, 0x10000000000000010\), past the end of "
+                                            r"the 64-bit address space"):
+        coll(_ArrayInterface((1 << 64) - 16, (8,)), _ArrayInterface(1 << 20, (8,)))
+    with pytest.raises(ArgumentError, match=r"allreduce on rank 0: x: __cuda_array_interface__ has shape \(-8,\), "
+                                            r"expected no negative dimension"):
+        coll(_ArrayInterface(1 << 20, (-8,)), _ArrayInterface(1 << 21, (8,)))
+    assert not launches
+    coll(torch.ones(8), torch.empty(8))  # nothing was left half-changed
+    assert len(launches) == 1
+
+
+def test_epilogue_operands_get_the_same_memory_checks(on_cuda0):
+    coll = load(FUSED, FakeComm(), params={"hidden": 64}, channels=1)
+    x = torch.ones(2, 64)
+    with pytest.raises(ArgumentError, match=r"operand 'weight': is a lazily negated view"):
+        coll(x, residual=torch.ones(2, 64), weight=torch.ones(64)._neg_view(), eps=1e-6)
+    read_only = np.ones(64, dtype=np.float32)
+    read_only.setflags(write=False)
+    with pytest.raises(ArgumentError, match=r"operand 'weight': .*readonly"):  # not a bare BufferError
+        coll(x, residual=torch.ones(2, 64), weight=read_only, eps=1e-6)
+
+
 def test_a_dtype_that_contradicts_the_buffers_is_refused(on_cuda0):
     """dtype= is for a rank that passes no buffer; beside buffers of another dtype it was ignored."""
     coll = load(EXAMPLES / "allreduce.pln", FakeComm(), channels=1)
@@ -121,6 +169,63 @@ def test_a_bad_stream_is_refused_before_the_ranks_agree(on_cuda0, monkeypatch):
     monkeypatch.setattr(coll, "_agree_on", lambda shape: pytest.fail("the ranks agreed before the stream was checked"))
     with pytest.raises(ArgumentError, match=r"stream='7': expected a CUDA stream"):
         coll(torch.ones(8), stream="7")
+
+
+FUSED = EXAMPLES / "fused" / "allreduce_add_rmsnorm.pln"
+
+
+@pytest.mark.parametrize("tuned", [False, True], ids=["pinned", "tuned"])
+def test_operands_are_refused_before_the_ranks_agree(on_cuda0, monkeypatch, tuned):
+    """As a stream: an operand refused after the peers agreed left them waiting for this rank."""
+    pin = {} if tuned else {"channels": 1}
+    plain = load(EXAMPLES / "allreduce.pln", FakeComm(), **pin)
+    fused = load(FUSED, FakeComm(), params={"hidden": 64}, **pin)
+    for coll in (plain, fused):
+        first = coll.variants[0] if tuned else coll
+        first._agree = True
+        monkeypatch.setattr(first, "_agree_on", lambda shape: pytest.fail("the ranks agreed before the operands "
+                                                                          "were checked"))
+    with pytest.raises(ArgumentError, match=r"allreduce: unknown operand 'bogus'"):
+        plain(torch.ones(8), torch.empty(8), bogus=1)
+    x = torch.ones(2, 64)
+    with pytest.raises(ArgumentError, match=r"operand 'eps': expected a finite float32 value, got nan"):
+        fused(x, residual=torch.ones(2, 64), weight=torch.ones(64), eps=float("nan"))
+
+
+@pytest.mark.parametrize("tuned", [False, True], ids=["pinned", "tuned"])
+def test_the_replayed_call_does_not_take_operands_it_would_refuse(on_cuda0, tuned):
+    """After one good call the fast path replays it: it ignored operands, so an unknown one
+    passed silently from the second call on."""
+    coll = load(EXAMPLES / "allreduce.pln", FakeComm(), **({} if tuned else {"channels": 1}))
+    x, out = torch.ones(8), torch.empty(8)
+    coll(x, out)
+    coll(x, out)
+    assert coll._fast is not None
+    with pytest.raises(ArgumentError, match=r"allreduce: unknown operand 'bogus'"):
+        coll(x, out, bogus=1)
+
+
+def test_a_group_call_refuses_an_output_another_rank_also_uses(on_cuda0):
+    """One process holds every rank's buffers: two ranks writing one buffer, or one writing what
+    another reads, race (within one rank the same overlap was already refused)."""
+    from types import SimpleNamespace
+
+    from purlinc.runtime.collective import GroupCollective
+
+    comms = [FakeComm(), FakeComm()]
+    comms[1].rank = 1
+    for comm in comms:
+        comm.local_group = SimpleNamespace(devices=[0, 0], comms=[])
+    group = GroupCollective([load(EXAMPLES / "allreduce.pln", comm, channels=1) for comm in comms])
+    xs, streams = [torch.ones(8), torch.ones(8)], [1, 2]
+    shared = torch.empty(8)
+    with pytest.raises(ArgumentError, match=r"allreduce: rank 0's out overlaps rank 1's out in memory, expected a "
+                                            r"buffer of its own"):
+        group(xs, [shared, shared], streams=streams)
+    with pytest.raises(ArgumentError, match=r"allreduce: rank 0's out overlaps rank 1's x in memory"):
+        group([torch.ones(8), shared], [shared, torch.empty(8)], streams=streams)
+    one_input = torch.ones(8)  # read by both: allowed
+    group([one_input, one_input], [torch.empty(8), torch.empty(8)], streams=streams)
 
 
 def test_a_tuned_load_refuses_trace_by_name(on_cuda0):
@@ -181,7 +286,10 @@ def test_a_device_string_torch_cannot_read_is_named():
     assert _group(device="cpu").device == torch.device("cpu")
 
 
-def test_group_refuses_a_communicator_it_cannot_use_and_unknown_load_options():
+def test_group_refuses_a_communicator_it_cannot_use_and_unknown_load_options(monkeypatch):
+    from purlinc.torch import groups
+
+    monkeypatch.setattr(groups, "_DEFAULT", [])  # init() below sets the default group: this test's alone
     for comm in (None, "comm"):
         with pytest.raises(ArgumentError, match=rf"Group: comm must be a Purlin communicator .* got "
                                                 rf"{type(comm).__name__}"):
@@ -195,6 +303,22 @@ def test_group_refuses_a_communicator_it_cannot_use_and_unknown_load_options():
     with pytest.raises(PurlinError, match="trace must be True or False, got 'no'"):
         _group(trace="no")
     assert _group(channels=2, algorithm="ring")
+    group = _group()
+    with pytest.raises(ArgumentError, match=r"init: load options \(bogus_option, channels\) beside a Group: the "
+                                            r"group was made with its own"):
+        pt.init(group, bogus_option=1, channels=4)  # were dropped without a word
+    assert pt.init(group) is group
+
+
+def test_a_closed_collective_loads_nothing_more(on_cuda0):
+    """warm() after close() loaded a module never unloaded (and, under torchrun, exchanged)."""
+    for pin in ({"channels": 1}, {}):
+        coll = load(EXAMPLES / "allreduce.pln", FakeComm(), **pin)
+        coll.close()
+        loads = len([call for call in on_cuda0 if call[0] == "module_load"])
+        with pytest.raises(ArgumentError, match=r"allreduce: this collective was closed"):
+            coll.warm("float32")
+        assert len([call for call in on_cuda0 if call[0] == "module_load"]) == loads
 
 
 @pytest.mark.parametrize("value", ["8", 1.5, -1, True, None])

@@ -460,11 +460,14 @@ def test_a_tuned_call_passes_count_and_dtype_of_a_rank_without_chunks():
     class Variant(SimpleNamespace):
         closed = False
 
-        def prepare_call(self, x, out, op, stream, count, dtype=None):
+        def prepare_call(self, x, out, op, stream, count, dtype=None, *, agree=True):
             seen.append((count, dtype))
             return CallShape(DType.BFLOAT16, None, count, 0, 0), 0, None
 
-        def launch(self, shape, handle):
+        def agree(self, shape):
+            seen.append("agree")
+
+        def launch(self, shape, handle, epilogue=()):
             seen.append("launch")
 
         def replay_target(self, shape):
@@ -476,7 +479,7 @@ def test_a_tuned_call_passes_count_and_dtype_of_a_rank_without_chunks():
     variant = Variant(name="h", comm=None, rank=1, out_units=0)
     tuned = Tuned([Bucket(None)], [variant], 1)
     tuned(None, None, count=1000, dtype="bfloat16")
-    assert seen == [(1000, "bfloat16"), "launch"]
+    assert seen == [(1000, "bfloat16"), "agree", "launch"]
 
 
 def test_a_tuned_call_sees_a_timeout_of_any_bucket_or_zero_copy_twin():

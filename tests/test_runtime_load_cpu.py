@@ -24,6 +24,7 @@ class FakeHeap:
     def __init__(self, world_size: int):
         self.world_size = world_size
         self.used = 0
+        self.generation = 0  # as Heap's: the zero-copy fast path keys on it
 
     def alloc(self, nbytes: int, what: str) -> int:
         offset = self.used

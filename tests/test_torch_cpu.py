@@ -444,6 +444,19 @@ def test_user_collective_through_op():
     assert torch.ops.purlin.ring_shift.default._schema.name == "purlin::ring_shift"
 
 
+def test_a_copy_ignores_op_avg():
+    """The ops' ``op`` is ignored by copies: avg must not divide an all-gather's output."""
+    R = 2
+    world = World(SOURCES["allgather"], R, None)
+    colls = [pt.op(StandIn(world, r), name="allgather_avg_ignored") for r in range(R)]
+
+    class G:
+        _entries: dict = {}
+    results = on_ranks([G(), G()], lambda rank, _: colls[rank](torch.full((2,), float(rank + 1)), op="avg"))
+    for got in results:
+        np.testing.assert_array_equal(got.numpy(), [1, 1, 2, 2])
+
+
 # ---------------------------------------------------------------------------------------------
 # torch.compile: traced whole, run through the custom ops
 

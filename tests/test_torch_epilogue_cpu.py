@@ -78,6 +78,38 @@ def test_needs_the_add_rmsnorm_epilogue():
         fused_add_rmsnorm_op(_Loaded(plain), device="cpu")
 
 
+SPLIT_ROWS = """collective ar2(hidden = 64) with rows residual, row weight, scalar eps {
+    in[r]  = x[0..R]
+    out[r] = x[0..R]
+    reduce
+    epilogue rows(hidden) {
+        h = out + residual
+        residual = h
+        out = rmsnorm(h, weight, eps)
+    }
+}"""
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_fake_refuses_rows_that_straddle_chunks_as_the_runtime_does(rows):
+    """x[0..R] splits x into R chunks: R=2 needs an even number of rows (operands.check_rows);
+    a trace must fail where the call would, not pass and fail at run time."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fused = fused_add_rmsnorm_op(_Loaded(check(parse(SPLIT_ROWS), 2)), device="cpu")
+    message = (rf"x has {rows} rows?, expected a multiple of 2: ar2 splits x into 2 chunks, and a row never "
+               "straddles two")
+    try:
+        with FakeTensorMode():
+            x = torch.empty(rows, 64)
+            with pytest.raises(ArgumentError, match=message):
+                fused(x, torch.empty_like(x), torch.empty(64), 1e-6)
+            x = torch.empty(2 * rows, 64)
+            assert fused(x, torch.empty_like(x), torch.empty(64), 1e-6).shape == (2 * rows, 64)
+    finally:
+        fused.close()
+
+
 def test_traces_whole_with_fake_tensors():
     """make_fx in fake mode runs only the fake implementation: the op stays one node, with its
     in-place residual visible to functionalization."""

@@ -132,8 +132,10 @@ class Collective(Timeouts, Launches):
         """``interop.describe``, its refusal of a non-array named as the argument it was."""
         return None if value is None else interop.described(f"{self.name} on rank {self.rank}", label, value)
 
-    def prepare_call(self, x, out, op, stream, count, dtype=None):
-        """Validate and resolve everything a launch needs (raises before anything is launched)."""
+    def prepare_call(self, x, out, op, stream, count, dtype=None, *, agree: bool = True):
+        """Validate and resolve everything a launch needs (raises before anything is launched).
+        ``agree=False`` leaves the ranks' agreement to the caller (``agree``), for checks of
+        its own to come first."""
         if self.closed:
             raise ArgumentError(f"{self.name}: this collective was closed")
         if self._flag.value:
@@ -146,10 +148,17 @@ class Collective(Timeouts, Launches):
         oi = self._describe("out", out)
         if oi is None and self.out_units and xi is not None and self.in_units and xi.dtype is not None \
                 and xi.numel % self.in_units == 0 and xi.device == self.device:
-            out = interop.empty_like_kind(xi.kind, self.out_units * (xi.numel // self.in_units), xi.dtype, self.device)
+            try:
+                out = interop.empty_like_kind(xi.kind, self.out_units * (xi.numel // self.in_units), xi.dtype,
+                                              self.device)
+            except TypeError as error:  # no library to allocate with: an argument mistake like the others
+                raise ArgumentError(f"{self.name} on rank {self.rank}: out is required: {error}") from None
             oi = interop.describe(out)
         key = (xi, oi, op, count, dtype)
-        shape = self._shapes.get(key)
+        try:
+            shape = self._shapes.get(key)
+        except TypeError:  # an unhashable op, count or dtype: validate_call names it
+            key, shape = None, None
         if shape is None:
             shape = validate_call(
                 xi, oi, name=self.name, rank=self.rank, device=self.device, in_units=self.in_units,
@@ -157,7 +166,8 @@ class Collective(Timeouts, Launches):
             )
             if len(self._shapes) >= _ARGS_CACHE_LIMIT:
                 self._shapes.clear()
-            self._shapes[key] = shape
+            if key is not None:
+                self._shapes[key] = shape
         if self.relays and count is None and not shape.count:
             raise relay_needs_count(self)
         # The stream before the ranks' agreement: a rank refused for its own argument after its
@@ -167,9 +177,16 @@ class Collective(Timeouts, Launches):
         else:
             kind = xi.kind if xi is not None else (oi.kind if oi is not None else interop.TORCH)
             handle = interop.current_stream(kind, self.device)
+        if agree:
+            self.agree(shape)
+        return shape, handle, (out if self.out_units else None)
+
+    def agree(self, shape: CallShape) -> None:
+        """The ranks' agreement on the call (under torchrun; nothing in one process).  Every
+        check of a rank's own arguments comes first: a rank refused after its peers agreed
+        would leave them launched, waiting for it until their timeout."""
         if self._agree:
             self._agree_on(shape)
-        return shape, handle, (out if self.out_units else None)
 
     def _agree_on(self, shape: CallShape) -> None:
         """Under torchrun: the first call of each (dtype, op, count) exchanges it with the other
@@ -242,11 +259,13 @@ class Collective(Timeouts, Launches):
         agreement on each new count (otherwise they wait for it, up to the exchange's bound).
         A collective with an epilogue takes its operands by name (``residual=``, ``eps=``...)."""
         fast = self._fast
-        if fast is not None and stream is None and dtype is None and fast.matches(x, out, op, count) \
+        if fast is not None and not operands and stream is None and dtype is None and fast.matches(x, out, op, count) \
                 and not self.timed_out() and fast.launch(self):
             return out
-        shape, handle, result = self.prepare_call(x, out, op, stream, count, dtype)
-        self.launch(shape, handle, self.operand_words(shape, operands))
+        shape, handle, result = self.prepare_call(x, out, op, stream, count, dtype, agree=False)
+        words = self.operand_words(shape, operands)
+        self.agree(shape)
+        self.launch(shape, handle, words)
         if stream is None and self.epilogue is None:  # operands change per call: the full path checks them
             target, heap = self.replay_target(shape)
             self._fast = FastPath.make(x, out, result, op, count, target, self.out_units, heap)

@@ -34,7 +34,7 @@ from purlinc import settings
 from purlinc.errors import PurlinError
 from purlinc.log import log
 from purlinc.runtime import bootstrap
-from purlinc.runtime.errors import MismatchError, PurlinTimeoutError
+from purlinc.runtime.errors import ArgumentError, MismatchError, PurlinTimeoutError
 from purlinc.runtime.heap import SymmetricHeap
 
 EXCHANGE_TIMEOUT_S = 300.0  # host-side exchanges (loads, first use of a call signature)
@@ -337,14 +337,14 @@ class LocalGroup:
         devices = [bootstrap.checked_device(d, f"LocalGroup device {i}") for i, d in enumerate(devices)]
         size = bootstrap.heap_size(heap_bytes)
         if not devices:
-            raise ValueError("LocalGroup needs at least one device")
+            raise ArgumentError("LocalGroup needs at least one device, got none")
         if len(set(devices)) != len(devices) and not share_devices:
-            raise ValueError(f"LocalGroup needs distinct devices, got {devices} "
+            raise ArgumentError(f"LocalGroup needs distinct devices, got {devices} "
                              "(share_devices=True runs several ranks on one GPU: a loopback group for tests)")
         count = driver.device_count()
         for d in devices:
             if not 0 <= d < count:
-                raise ValueError(f"cuda:{d} does not exist (this process sees {count} device(s))")
+                raise ArgumentError(f"LocalGroup: cuda:{d} does not exist (this process sees {count} device(s))")
         for d in devices:
             for p in devices:
                 if d != p:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from purlinc.runtime import residency, zerocopy
 from purlinc.runtime.errors import ArgumentError
-from purlinc.runtime.validate import call_signature, disagreement
+from purlinc.runtime.validate import call_signature, disagreement, overlapping
 
 
 def prepare_group(name: str, ranks: Sequence, xs, outs, op, streams, count):
@@ -25,8 +25,29 @@ def prepare_group(name: str, ranks: Sequence, xs, outs, op, streams, count):
     if problem is not None:
         raise problem
     _check_streams(name, ranks, prepared)
+    _check_apart(name, ranks, prepared)
     zerocopy.agree_group(ranks, prepared)  # heap buffers: every rank takes the same path
     return prepared
+
+
+def _check_apart(name: str, ranks: Sequence, prepared) -> None:
+    """Each rank's output apart in memory from every other rank's buffers (one process holds
+    them all, and a loopback group shares one GPU): two ranks' kernels writing one buffer, or
+    one writing what another reads, race.  Inputs may be shared: they are only read."""
+    extents = []
+    for rank, (c, (shape, _, _)) in enumerate(zip(ranks, prepared)):
+        itemsize = shape.dtype.itemsize
+        extents.append((rank, "x", shape.in_ptr, shape.in_ptr + c.in_units * shape.count * itemsize))
+        extents.append((rank, "out", shape.out_ptr, shape.out_ptr + c.out_units * shape.count * itemsize))
+    for rank, label, start, end in extents:
+        if label != "out":
+            continue
+        for other, other_label, other_start, other_end in extents:
+            if other != rank and overlapping((start, end), (other_start, other_end)):
+                raise ArgumentError(f"{name}: rank {rank}'s out overlaps rank {other}'s {other_label} in memory, "
+                                    "expected a buffer of its own",
+                                    notes=(f"rank {rank}'s kernel writes its out while rank {other}'s "
+                                           f"{'writes' if other_label == 'out' else 'reads'} its {other_label}",))
 
 
 def per_rank(name: str, label: str, values, world: int) -> list:

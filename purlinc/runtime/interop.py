@@ -27,6 +27,7 @@ class ArrayInfo:
     contiguous: bool
     kind: str  # TORCH, CUPY, CAI or DLPACK
     place: str = "the host"  # where a non-CUDA array lies, as messages name it (torch's "meta", say)
+    negated: bool = False  # a torch view whose memory holds the negation of its values (x.is_neg())
 
     @property
     def nbytes(self) -> int:
@@ -65,7 +66,7 @@ def _describe_torch(x) -> ArrayInfo:
     return ArrayInfo(
         x.data_ptr(), x.numel(), dtype, str(x.dtype).replace("torch.", ""),
         device.index if device.type == "cuda" else -1, x.is_contiguous(), TORCH,
-        "the host" if device.type == "cpu" else str(device),
+        "the host" if device.type == "cpu" else str(device), x.is_neg(),
     )
 
 
@@ -104,6 +105,8 @@ def _describe_cai(x, kind: str = CAI) -> ArrayInfo:
         dtype = DType.BFLOAT16
     ptr = int(cai["data"][0] or 0)
     shape = tuple(cai["shape"])
+    if any(dim < 0 for dim in shape):
+        raise TypeError(f"__cuda_array_interface__ has shape {shape}, expected no negative dimension")
     itemsize = int(typestr[2:]) if typestr[2:].isdigit() else 1
     numel = _numel(shape)
     if kind == CUPY:

@@ -16,6 +16,7 @@ from purlinc.dtypes import DType, ReduceOp
 from purlinc.errors import InternalError
 from purlinc.log import log
 from purlinc.runtime import interop, residency, zerocopy
+from purlinc.runtime.errors import ArgumentError
 from purlinc.runtime.residency import Blocks
 from purlinc.runtime.validate import CallShape, CallSignature, choose_piece, disagreement
 
@@ -113,6 +114,8 @@ class Launches:
         hit = self._variants.get(key)
         if hit is not None:
             return hit
+        if self.closed:  # a module loaded now would never be unloaded, nor its peers' exchange answered
+            raise ArgumentError(f"{self.name}: this collective was closed")
         driver = self._driver
         source, cubin = self.compiled.kernel(dtype, op)  # cached per (dtype, op) by the pipeline
         abi = source.abi

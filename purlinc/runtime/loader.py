@@ -39,7 +39,8 @@ def _members(comm) -> list:
     elif isinstance(comm, communicator.Communicator):
         members = [comm]
     else:
-        raise TypeError(f"load: comm must be a Communicator or a LocalGroup, got {type(comm).__name__}")
+        raise ArgumentError(f"load: comm must be a Communicator or a LocalGroup, got {type(comm).__name__}",
+                            notes=("a hierarchical plan takes None with gpus_per_node=G",) if comm is None else ())
     for c in members:  # close() freed its heap: a load would take space in it and zero that memory
         if getattr(c, "closed", False):
             raise ArgumentError(f"load: the communicator of rank {c.rank} is closed; expected an open one",

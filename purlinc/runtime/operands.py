@@ -17,7 +17,7 @@ from purlinc.frontend.ast import OperandKind
 from purlinc.frontend.epilogue import Epilogue
 from purlinc.runtime.errors import ArgumentError
 from purlinc.runtime.interop import ArrayInfo, describe
-from purlinc.runtime.validate import FAST_ALIGN, CallShape
+from purlinc.runtime.validate import FAST_ALIGN, CallShape, unreadable
 
 
 FLOAT32_MAX = 3.4028234663852886e38
@@ -65,7 +65,7 @@ def operand_words(name: str, epilogue: Epilogue, operands: Mapping[str, object],
             continue
         try:
             info = describe(value)
-        except TypeError as error:  # not an array at all: the operand's name says which argument
+        except (TypeError, BufferError) as error:  # not an array (or a read-only one): named by the operand
             raise _err(f"{name}: operand {operand.name!r}: {error}") from None
         numel = out_numel if operand.kind is OperandKind.ROWS else epilogue.row
         _check_tensor(name, operand, info, operand.dtype or shape.dtype, numel, device)
@@ -104,6 +104,9 @@ def _check_tensor(name: str, operand, info: ArrayInfo, dtype, numel: int, device
         raise _err(f"{what}: expected {numel} elements ({shape}), got {info.numel}")
     if not info.contiguous:
         raise _err(f"{what}: expected a contiguous tensor, got a strided one", "pass .contiguous()")
+    memory_problem = unreadable(info)
+    if memory_problem:
+        raise _err(f"{what}: {memory_problem[0]}", memory_problem[1])
     if info.ptr % FAST_ALIGN:
         raise _err(f"{what}: expected a {FAST_ALIGN}-byte aligned address, got {info.ptr:#x}")
 

@@ -261,26 +261,27 @@ class Tuned:
             if flag.value:
                 self.check()  # raises the timeout (a bucket's or its zero-copy twin's)
         fast = self._fast
-        if fast is not None and stream is None and dtype is None and fast.matches(x, out, op, count) \
-                and fast.launch(self.variants[0]):
+        if fast is not None and not operands and stream is None and dtype is None \
+                and fast.matches(x, out, op, count) and fast.launch(self.variants[0]):
             return out
         if self._relay is not None and count is None:
             raise relay_needs_count(self._relay)
         # Buffers are validated once (every variant has the same layouts), then launched by
         # the bucket's variant.
-        shape, handle, result = self.variants[0].prepare_call(x, out, op, stream, count, dtype)
+        shape, handle, result = self.variants[0].prepare_call(x, out, op, stream, count, dtype, agree=False)
         variant = self.variant_for(shape.count, shape.dtype.itemsize)
         fused = operands or getattr(variant, "epilogue", None) is not None
-        if fused:
-            variant.launch(shape, handle, variant.operand_words(shape, operands))
-        else:
-            variant.launch(shape, handle)
+        words = variant.operand_words(shape, operands) if fused else ()
+        self.variants[0].agree(shape)
+        variant.launch(shape, handle, words)
         if stream is None and not fused:  # operands change per call: the full path checks them
             target, heap = variant.replay_target(shape)
             self._fast = FastPath.make(x, out, result, op, count, target, variant.out_units, heap)
         return result
 
     def warm(self, dtype, op="sum") -> None:
+        if self.variants[0].closed:
+            raise ArgumentError(f"{self.name}: this collective was closed")
         _compile_all(self._distinct, dtype, op)  # every bucket's kernel at once, then load each
         for variant in self._distinct:
             variant.warm(dtype, op)

@@ -183,11 +183,35 @@ def _buffers_dtype(where: str, x, out, device: int) -> DType | None:
             raise _err(f"{where}: {label} is on {actual}, expected cuda:{device} (this rank's device)")
         if not info.contiguous:
             raise _err(f"{where}: {label} is not contiguous", _CONTIGUOUS[label])
+        memory_problem = unreadable(info)
+        if memory_problem:
+            raise _err(f"{where}: {label} {memory_problem[0]}", memory_problem[1])
         if info.ptr % info.dtype.itemsize:
             raise _err(
                 f"{where}: {label} at {info.ptr:#x} is not aligned to its element size ({info.dtype.itemsize} bytes)"
             )
     return dtype
+
+
+ADDRESS_LIMIT = 1 << 64
+
+
+def unreadable(info) -> tuple[str, str] | None:
+    """Why a non-empty array's memory does not hold its values (the problem, then what to do),
+    or None: a kernel reads memory, not a torch view's lazy negation, and a fake tensor has no
+    memory at all (its address is 0: a kernel would fault, and the context with it)."""
+    if not info.numel:
+        return None
+    if info.ptr + info.nbytes > ADDRESS_LIMIT:
+        return (f"spans [{info.ptr:#x}, {info.ptr + info.nbytes:#x}), past the end of the 64-bit address space",
+                "an array interface that describes it is wrong: check its pointer and shape")
+    if info.negated:
+        return ("is a lazily negated view: its memory holds the negation of its values",
+                "resolve it first: .resolve_neg() makes a copy holding the values")
+    if not info.ptr:
+        return (f"has {info.numel} elements at address 0, expected memory on the GPU",
+                "a fake or meta tensor has no memory: trace collectives through purlinc.torch's ops")
+    return None
 
 
 def _parsed_hint(where: str, dtype_hint) -> DType | None:

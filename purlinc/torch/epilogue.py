@@ -90,6 +90,11 @@ def _check_x(where: str, e: Entry, x) -> None:
     if x.dim() < 1 or x.shape[-1] != e.row:
         raise ArgumentError(f"{where}: x has shape {tuple(x.shape)}, expected whole rows of {e.row} elements "
                             f"(the last dimension; the spec's rows({e.row}))")
+    rows = x.numel() // e.row
+    if e.in_units > 1 and rows % e.in_units:  # what the runtime's check_rows refuses, found when traced
+        raise ArgumentError(f"{where}: x has {rows} row{'' if rows == 1 else 's'}, expected a multiple of "
+                            f"{e.in_units}: {e.name} splits x into {e.in_units} chunks, and a row never straddles two",
+                            notes=("use a spec whose input and output are one chunk (x) for any number of rows",))
 
 
 def _check_eps(where: str, eps) -> None:

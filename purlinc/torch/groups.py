@@ -138,7 +138,11 @@ _DEFAULT: list[Group] = []
 
 
 def init(comm, **load_options) -> Group:
-    """Make ``Group(comm, **load_options)`` the default of the module-level calls, and return it."""
+    """Make ``Group(comm, **load_options)`` the default of the module-level calls, and return it.
+    A Group is taken as it is: options beside it would go unread, so they are refused."""
+    if isinstance(comm, Group) and load_options:
+        raise ArgumentError(f"init: load options ({', '.join(sorted(load_options))}) beside a Group: the group was "
+                            "made with its own; pass a communicator, or make the Group with them")
     group = comm if isinstance(comm, Group) else Group(comm, **load_options)
     _DEFAULT[:] = [group]
     return group

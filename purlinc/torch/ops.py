@@ -412,7 +412,7 @@ def run(e: Entry, x, out, op: str, *, count: int | None = None, like=None) -> No
         variant = _variant(coll, count, dtype.itemsize)
         if getattr(variant, "_ce", None) is not None:
             e.warmed.add(id(variant))
-    if op == "avg" and out is not None and out.numel():
+    if op == "avg" and e.is_reduce and out is not None and out.numel():  # a copy ignores op
         out.div_(e.world_size)
 
 
