@@ -190,9 +190,7 @@ def pdl() -> bool:
 def graph_buffers() -> str:
     raw = GRAPH_BUFFERS.raw().strip().lower()
     if raw not in GRAPH_BUFFER_MODES:
-        from purlinc.errors import PurlinError
-
-        raise PurlinError(f"{GRAPH_BUFFERS.name}={raw!r}: expected one of {', '.join(GRAPH_BUFFER_MODES)}")
+        raise _refuse(GRAPH_BUFFERS, f"one of {', '.join(GRAPH_BUFFER_MODES)}")
     return raw
 
 

@@ -167,7 +167,7 @@ def test_a_bad_stream_is_refused_before_the_ranks_agree(on_cuda0, monkeypatch):
     coll = load(EXAMPLES / "allreduce.pln", FakeComm(), channels=1)
     coll._agree = True
     monkeypatch.setattr(coll, "_agree_on", lambda shape: pytest.fail("the ranks agreed before the stream was checked"))
-    with pytest.raises(ArgumentError, match=r"stream='7': expected a CUDA stream"):
+    with pytest.raises(ArgumentError, match=r"allreduce on rank 0: stream='7': expected a CUDA stream"):
         coll(torch.ones(8), stream="7")
 
 

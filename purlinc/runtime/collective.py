@@ -173,7 +173,10 @@ class Collective(Timeouts, Launches):
         # The stream before the ranks' agreement: a rank refused for its own argument after its
         # peers agreed would leave them launched, waiting for it until their timeout.
         if stream is not None:
-            handle = interop.stream_handle(stream)
+            try:
+                handle = interop.stream_handle(stream)
+            except ArgumentError as error:  # named as the other arguments are: the collective and rank
+                raise ArgumentError(f"{self.name} on rank {self.rank}: {error.message}", notes=error.notes) from None
         else:
             kind = xi.kind if xi is not None else (oi.kind if oi is not None else interop.TORCH)
             handle = interop.current_stream(kind, self.device)
