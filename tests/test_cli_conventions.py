@@ -189,6 +189,47 @@ def test_default_output_under_a_file(tmp_path, capsys, monkeypatch):
                    "note: choose another place with -o DIR\n")
 
 
+@pytest.mark.parametrize("kind", ["file", "broken link"])
+def test_default_output_folder_of_the_collective_is_checked_before_compiling(tmp_path, capsys, monkeypatch, kind):
+    """./purlin-out/<name>: known once the spec is read, and checked then, not after NVRTC."""
+    from purlinc import pipeline
+
+    monkeypatch.setattr(pipeline, "compile", lambda *args, **kwargs: pytest.fail("compiled before checking the "
+                                                                                "output directory"))
+    (tmp_path / "purlin-out").mkdir()
+    if kind == "file":
+        (tmp_path / "purlin-out" / "allgather").write_text("")
+    else:
+        (tmp_path / "purlin-out" / "allgather").symlink_to(tmp_path / "nowhere")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli(capsys, "compile", EXAMPLES / "allgather.pln", "--ranks", "2")
+    problem = "is a file, not a directory" if kind == "file" else "is a broken symbolic link"
+    assert (code, out) == (2, "")
+    assert err == (f"error: the default output directory purlin-out/allgather: purlin-out/allgather {problem}\n"
+                   "note: choose another place with -o DIR\n")
+
+
+def test_an_output_its_encoding_cannot_write_says_so(monkeypatch):
+    """A UnicodeEncodeError (a ValueError) reached the generic handler and read as a spec error."""
+    import io
+
+    from purlinc.cli import common
+    from purlinc.errors import PurlinError
+
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(io.BytesIO(), encoding="ascii"))
+    with pytest.raises(PurlinError) as info:
+        common.emit("purlin-out/\u00fc/a.cu\n")
+    assert info.value.message == "cannot write to standard output: its encoding, ascii, cannot write '\u00fc'"
+    assert info.value.notes == ("set PYTHONIOENCODING=utf-8 (or a UTF-8 locale) and run again",)
+
+
+def test_a_missing_file_named_dash_is_not_standard_input_in_the_message(tmp_path, capsys, monkeypatch):
+    """./- is a file named "-": "no such file: -" read as if standard input were missing."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli(capsys, "dump", "./-")
+    assert (code, out, err) == (2, "", "error: no such file: ./-\n")
+
+
 def test_too_large_input(tmp_path, capsys):
     path = tmp_path / "big.pln"
     path.write_bytes(b"// " + b"x" * (10 * 1024 * 1024) + b"\n")

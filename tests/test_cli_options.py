@@ -3,6 +3,7 @@ naming the option and what is allowed), never ignored, and never an internal err
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,21 @@ def test_check_with_slots_verifies_the_algorithms_that_use_them(capsys):
     checked (as --packed checks the algorithms that pack)."""
     code, out, err = cli(capsys, "check", ALLGATHER, "-R", "1..8", "--slots", "8")
     assert code == 0 and "spec and 8 schedules verified" in out, err
+
+
+def test_check_with_two_stage_copies_verifies_the_algorithms_that_lower_two(capsys):
+    """ring and two-shot lower to one copy: counted as verified with --stage-copies 2, they were
+    verified without it (as --slots checks only the algorithms with slots)."""
+    code, out, err = cli(capsys, "check", ALLREDUCE, "-R", "2..4", "--stage-copies", "2")
+    assert code == 0 and "spec and 3 schedules verified" in out, err  # direct-push alone, R=2, 3, 4
+    code, out, err = cli(capsys, "check", ALLREDUCE, "-R", "2..4", "--stage-copies", "1")
+    assert code == 0 and "spec and 12 schedules verified" in out, err  # every algorithm takes one copy
+
+
+def test_check_refuses_jobs_for_hierarchical_plans(capsys):
+    assert refused(capsys, "check", ALLREDUCE, "-R", "8", "--gpus-per-node", "4", "-j", "2") == (
+        "error: --jobs 2 applies to flat schedules: the hierarchical plans of --gpus-per-node are verified in one "
+        "process\nnote: drop --jobs\n")
 
 
 SLOTS_NOT_DIRECT_PUSH = ("error: --slots {n} does not apply to direct-push (the spec's default algorithm): it gives "
@@ -219,7 +235,8 @@ def test_unknown_op_is_refused_for_a_copy_collective(capsys, tmp_path):
 
 @pytest.mark.parametrize("stage", ["ast", "spec", "snac"])
 def test_dump_checks_the_target_at_every_stage(capsys, stage):
-    err = refused(capsys, "dump", ALLGATHER, "-R", "2", "-s", stage, "--arch", "bogus")
+    ranks = () if stage == "ast" else ("-R", "2")  # ast takes none (test_dump_ast_refuses_ranks_it_would_not_use)
+    err = refused(capsys, "dump", ALLGATHER, *ranks, "-s", stage, "--arch", "bogus")
     assert "unknown target architecture 'bogus'" in err and "sm_90" in err
 
 
@@ -480,3 +497,19 @@ def test_compile_refuses_gpus_per_node_saying_where_plans_are_made(capsys, tmp_p
     assert err.startswith("error: --gpus-per-node 4: compile writes one flat collective's kernels; a hierarchical "
                           "plan is made when it is loaded\nnote: purlinc.load(path, None, gpus_per_node=G)"), err
     assert not (tmp_path / "out").exists()
+
+
+def test_compile_states_its_default_world_size_and_it_is_the_apis():
+    from purlinc import pipeline
+    from purlinc.cli import compile as compile_cli
+
+    assert compile_cli.DEFAULT_RANKS == pipeline.DEFAULT_WORLD_SIZE
+    from purlinc.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert "world size (number of ranks); default 8" in " ".join(commands.choices["compile"].format_help().split())
+
+
+def test_dump_ast_refuses_ranks_it_would_not_use(capsys):
+    assert refused(capsys, "dump", ALLGATHER, "-s", "ast", "-R", "5") == \
+        "error: --ranks 5 applies to --stage spec, snac and cuda, not --stage ast\n"

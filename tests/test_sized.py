@@ -90,7 +90,7 @@ def test_lowered_and_verified(name, R, channels):
 
 @pytest.mark.parametrize("options, words", [
     (LowerOptions(slices=2), "2 slices per channel"),
-    (LowerOptions(registered=frozenset({"out"})), "registered ['out']"),
+    (LowerOptions(registered=frozenset({"out"})), "registered out buffers"),
     (LowerOptions(packed=True), "packed (LL) stages"),
 ])
 def test_options_refused(options, words):

@@ -67,6 +67,9 @@ def run(args) -> int:
     if args.algorithm is not None:  # without -a, --slots checks the algorithms that take it
         common.check_slots(args, args.algorithm)
     _refuse_schedule_options_with_spec_only(args)
+    if args.gpus_per_node is not None and args.jobs is not None:
+        raise PurlinError(f"--jobs {args.jobs} applies to flat schedules: the hierarchical plans of --gpus-per-node "
+                          "are verified in one process", notes=("drop --jobs",))
     definition = pipeline.parse_stage(common.source(args))
     common.check_sized_copies(args, definition)
     params = dict(args.param)
@@ -103,7 +106,8 @@ def run(args) -> int:
 def _units(args, sizes, specs) -> list:
     """(world size, algorithm) to verify, in the order they are verified and reported: every
     applicable algorithm (or the one asked for); with --packed, those that lower packed; with
-    --slots, those that stage through slots (the others would refuse the option)."""
+    --slots, those that stage through slots; with --stage-copies 2, those that lower to two (the
+    others would refuse the option)."""
     from purlinc.snac.algorithms import applicable, get_algorithm
 
     units = []
@@ -115,6 +119,8 @@ def _units(args, sizes, specs) -> list:
                 continue
             if args.slots is not None and not args.algorithm and not get_algorithm(algorithm).uses_slots:
                 continue
+            if args.stage_copies and not args.algorithm and args.stage_copies > get_algorithm(algorithm).stage_copies:
+                continue  # lowered with fewer copies: verifying it would not check the option
             units.append((world_size, algorithm))
     if not units:
         _refuse_nothing_to_verify(args, sizes, specs)
@@ -127,8 +133,8 @@ def _why_none(args, sizes) -> str:
     where = f"R={sizes[0]}" if len(sizes) == 1 else f"R={sizes[0]}..{sizes[-1]}"
     if args.algorithm:
         return f"-a {args.algorithm} applies to none of the sizes checked ({where})"
-    given = [text for text, value in (("--packed", args.packed), (f"--slots {args.slots}", args.slots is not None))
-             if value]
+    given = [text for text, value in (("--packed", args.packed), (f"--slots {args.slots}", args.slots is not None),
+                                      (f"--stage-copies {args.stage_copies}", (args.stage_copies or 0) > 1)) if value]
     if not given:
         return f"no algorithm applies to {where}"
     return f"{' and '.join(given)} leave{'' if len(given) > 1 else 's'} no algorithm to verify at {where}"

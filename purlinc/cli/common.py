@@ -355,6 +355,10 @@ def emit(text: str) -> None:
         raise
     except OSError as error:
         raise stdout_error(error) from None
+    except UnicodeEncodeError as error:  # a path or name its encoding lacks (PYTHONIOENCODING=ascii, a C locale)
+        raise PurlinError(f"cannot write to standard output: its encoding, {error.encoding}, cannot write "
+                          f"{error.object[error.start:error.end]!r}",
+                          notes=("set PYTHONIOENCODING=utf-8 (or a UTF-8 locale) and run again",)) from None
 
 
 def stdout_error(error: OSError) -> PurlinError:

@@ -19,7 +19,8 @@ def add_parser(commands) -> None:
         "the prefix of the CUBIN's entry points; the arch keeps compiles for several targets apart). "
         "Needs no GPU.",
     )
-    common.add_common(parser, None)
+    common.add_common(parser, DEFAULT_RANKS)
+    parser.set_defaults(ranks=None)  # None until run(): the compile then notes that R was the default
     common.add_lowering(parser)
     common.add_codegen(parser)
     parser.add_argument("-o", "--output-dir", type=common.path, default=None,
@@ -27,6 +28,9 @@ def add_parser(commands) -> None:
     # Taken only to be refused in words: argparse's "unrecognized arguments" came under the
     # top-level usage, which does not say where hierarchical plans are made.
     parser.add_argument("--gpus-per-node", default=None, help=argparse.SUPPRESS)
+
+
+DEFAULT_RANKS = 8  # the world size of a compile without --ranks (the API's default too: pipeline.DEFAULT_WORLD_SIZE)
 
 
 def nearest_existing(path: Path) -> Path:
@@ -117,6 +121,16 @@ def remove_created(created: list[Path]) -> None:
             pass
 
 
+def _check_output_dir(args, path: Path, created: list[Path]) -> None:
+    """Refuse an output place that cannot be a directory, before any compile work; the folders
+    it creates go in ``created`` (taken back if the compile fails)."""
+    created.extend(missing_dirs(path))
+    problem = output_dir_problem(path)
+    if problem is not None:
+        flag = f"-o {args.output_dir}" if args.output_dir else f"the default output directory {path}"
+        raise PurlinError(f"{flag}: {problem}", None, ("choose another place with -o DIR",))
+
+
 def run(args) -> int:
     created: list[Path] = []
     try:
@@ -141,18 +155,16 @@ def _run(args, created: list[Path]) -> int:
     # cache hit nothing is parsed, lowered or generated (see pipeline.compile).
     changes = common.overrides(args)
     ranks_defaulted = args.ranks is None
-    world_size = pipeline.DEFAULT_WORLD_SIZE if ranks_defaulted else args.ranks
+    world_size = DEFAULT_RANKS if ranks_defaulted else args.ranks
     # The output place is checked before any compile work (the default's parent here, the
     # collective's own folder under it once the name is known).
     chosen = Path(args.output_dir) if args.output_dir else Path("purlin-out")
-    created.extend(missing_dirs(chosen))
-    problem = output_dir_problem(chosen)
-    if problem is not None:
-        flag = f"-o {args.output_dir}" if args.output_dir else "the default output directory purlin-out"
-        raise PurlinError(f"{flag}: {problem}", None, ("choose another place with -o DIR",))
+    _check_output_dir(args, chosen, created)
     source = common.source(args)
     with common.default_ranks_noted(world_size, ranks_defaulted):
         spec = pipeline.spec_of(source, world_size, dict(args.param))
+    if not args.output_dir:
+        _check_output_dir(args, chosen / spec.name, created)
     common.check_spec(args, spec)
     if args.slots is not None:  # refused for an algorithm without slots (the spec's default one too)
         common.options(args, spec)

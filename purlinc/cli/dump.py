@@ -48,6 +48,8 @@ def check_stage_options(args) -> None:
             raise PurlinError(f"{', '.join(given)} {verb} to --stage snac and cuda, not --stage {args.stage}")
     if args.stage == "ast" and args.param:  # the file as parsed: nothing is bound
         raise PurlinError("--param applies to --stage spec, snac and cuda, not --stage ast")
+    if args.stage == "ast" and args.ranks is not None:  # nor checked for any world size
+        raise PurlinError(f"--ranks {args.ranks} applies to --stage spec, snac and cuda, not --stage ast")
     if args.stage != "cuda" and args.op is not None:  # only the kernel has a reduction operator
         raise PurlinError(f"--op applies to --stage cuda, not --stage {args.stage}")
 

@@ -84,7 +84,8 @@ def read_source(path: str | Path) -> str:
         with path.open("rb") as stream:
             return read_bounded(stream, str(path))
     except FileNotFoundError:
-        raise PurlinError(f"no such file: {path}") from None
+        shown = f"./{path}" if str(path) == "-" else path  # Path("./-") prints as "-", which reads as stdin
+        raise PurlinError(f"no such file: {shown}") from None
     except IsADirectoryError:
         raise PurlinError(f"{path} is a directory, not a .pln file") from None
     except NotADirectoryError:

@@ -51,7 +51,8 @@ def check_sized_options(options: LowerOptions) -> None:
     if options.algorithm is not Algorithm.DIRECT_PUSH:
         problems.append(f"algorithm {options.algorithm.value} (only direct-push)")
     if options.registered:
-        problems.append(f"registered {sorted(options.registered)} (sizes travel through staging)")
+        problems.append(f"registered {' and '.join(sorted(options.registered))} buffers (sizes travel through "
+                        "staging)")
     if options.packed:
         problems.append("packed (LL) stages")
     if options.slices != 1:
