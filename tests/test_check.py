@@ -257,3 +257,16 @@ def test_language_reference_examples_check(repo_dir):
     assert len(one_liners) >= 12
     for line in one_liners:
         assert check_all(parse(line), range(1, 9))
+
+
+@pytest.mark.parametrize(("text", "what"), [
+    ("collective c(x = 1) { in[r] = x[r] out[r] = x[x] copy }", "a parameter"),
+    ("collective c { in[r] = i[r] out[r] = i[i] for i in 0..R copy }", "a loop variable"),
+    ("collective c { in[r] = R[r] out[r] = R[r] copy }", "the world size"),
+])
+def test_a_chunk_may_not_take_another_names_name(text, what):
+    with pytest.raises(PurlinError) as info:
+        check(parse(text), 2)
+    name = info.value.message.split("'")[1]
+    assert info.value.message == f"chunk '{name}' has the name of {what}"
+    assert info.value.span.column == text.index(f"{name}[") + 1

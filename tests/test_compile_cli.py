@@ -49,6 +49,9 @@ def test_compile_allgather_default_ranks(tmp_path, capsys):
     ).args_bytes
     assert (manifest["abi"]["slices"], manifest["abi"]["stage_copies"]) == (1, 2)
     assert manifest["buffers"]["out_units"] == [8] * 8 and manifest["buffers"]["in_units"] == [1] * 8
+    # stage_units is per staging copy: the ABI's is both copies together
+    buffers, abi = manifest["buffers"], manifest["abi"]
+    assert buffers["stage_units"] * buffers["stage_copies"] == abi["stage_units"]
     assert set(manifest["versions"]) == {"purlinc", "nvrtc", "cuda-bindings"}
     assert all(manifest["versions"].values())
 

@@ -50,6 +50,29 @@ def test_same_inputs_same_compiled_object(cache_dir):
     assert a is b and a is not c and a.key != c.key
 
 
+def test_a_kernel_request_is_checked_even_where_it_is_ignored(cache_dir):
+    """A copy ignores op, but a misspelt one was taken (and keyed the cache); emit_cubin='no'
+    made a CUBIN, as bool('no') is True."""
+    compiled = pipeline.prepare(EXAMPLES / "allgather.pln", world_size=2)
+    with pytest.raises(PurlinError, match=r"unknown reduce op 'bogus'; expected one of sum, prod, max, min"):
+        compiled.kernel("float32", "bogus", emit_cubin=False)
+    with pytest.raises(PurlinError, match=r"emit_cubin must be True or False, got 'no'"):
+        compiled.kernel("float32", emit_cubin="no")
+    assert compiled.kernel("float32", None, emit_cubin=False).cubin is None
+
+
+def test_stage_copies_asked_for_where_the_lowering_would_not_take_them_is_refused(cache_dir):
+    """The lowering caps a request (an atom's default asks every algorithm for two), so ring
+    kept one copy and run-time sizes two, whatever was asked for by name; the command line
+    refused both."""
+    with pytest.raises(PurlinError, match=r"stage_copies=2 does not apply to ring: it lowers to 1 staging copy"):
+        pipeline.prepare(EXAMPLES / "allreduce.pln", world_size=2, algorithm="ring", overrides={"stage_copies": 2})
+    with pytest.raises(PurlinError, match=r"stage_copies=1 does not apply to a collective with run-time sizes"):
+        pipeline.prepare(EXAMPLES / "sized" / "alltoallv.pln", world_size=2, overrides={"stage_copies": 1})
+    two = pipeline.prepare(EXAMPLES / "allreduce.pln", world_size=2, algorithm="direct-push", overrides={"stage_copies": 2})
+    assert two.options.stage_copies == 2
+
+
 def test_kernels_are_made_once_per_dtype_and_op(cache_dir):
     compiled = pipeline.prepare(EXAMPLES / "allreduce.pln", world_size=2)
     before = _stats()

@@ -88,7 +88,7 @@ def test_tuned_warm_compiles_every_bucket_first(monkeypatch):
     class Variant:
         def __init__(self, name, ce=None):
             self.name, self.comm, self.rank, self._ce = name, None, 0, ce
-            self.compiled = f"compiled {name}"
+            self.compiled, self.closed = f"compiled {name}", False
 
         def warm(self, dtype, op):
             events.append(("warm", self.name, dtype, op))

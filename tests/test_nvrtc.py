@@ -15,6 +15,7 @@ every atom it supports, plus one R=8 module per atom.  The rest is marked ``slow
 from __future__ import annotations
 
 import importlib.util
+import logging
 import multiprocessing
 import os
 import shutil
@@ -27,6 +28,7 @@ import pytest
 
 from purlinc import pipeline
 from purlinc.atom import nvrtc
+from purlinc.log import log as purlin_log
 from purlinc.atom.atoms import applicable_atoms
 from purlinc.atom.codegen import generate
 from purlinc.dtypes import DType, ReduceOp
@@ -104,8 +106,31 @@ def _case_id(case) -> str:
     return f"{name}-R{world_size}-{algorithm}-{arch}-{atom}-{dtype}" + (f"-{op}" if op else "")
 
 
+class _NvrtcLog(logging.Handler):
+    """What NVRTC said about the compiles made while it is attached (nvrtc.py logs a
+    successful compile's warnings at DEBUG)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record) -> None:
+        self.lines += [line for line in record.getMessage().splitlines() if "warning" in line]
+
+    def __enter__(self):
+        self.level = purlin_log.level
+        purlin_log.addHandler(self)
+        purlin_log.setLevel(logging.DEBUG)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        purlin_log.removeHandler(self)
+        purlin_log.setLevel(self.level)
+
+
 def _compile_case(case) -> tuple:
-    """Worker: (case, error text or None, entry names, cubin bytes)."""
+    """Worker: (case, error text or None, entry names, cubin bytes); NVRTC's warnings are an
+    error too: a narrowing one is ill-formed C++ that another compiler version may refuse."""
     name, world_size, algorithm, arch, atom, dtype, op = case
     try:
         spec = _spec(name, world_size)
@@ -113,7 +138,10 @@ def _compile_case(case) -> tuple:
         options = replace(pipeline.default_options(spec), algorithm=Algorithm(algorithm.removesuffix("+ll")), packed=packed)
         schedule = pipeline.snac_stage(spec, options)
         kernel = generate(schedule, spec, atom=atom, arch=arch, dtype=DType(dtype), op=op and ReduceOp(op))
-        cubin = nvrtc.compile_cubin(kernel.source, kernel.filename, arch)
+        with _NvrtcLog() as warnings:
+            cubin = nvrtc.compile_cubin(kernel.source, kernel.filename, arch)
+        if warnings.lines:
+            return case, "NVRTC warned:\n" + "\n".join(warnings.lines[:10]), [], b""
         entries = [kernel.abi.entry(rank) for rank in range(world_size)]
         if kernel.abi.lean:  # packed modules: each rank's lean entry too (abi.KernelABI.lean_entry)
             entries += [kernel.abi.lean_entry(rank) for rank in range(world_size)]
@@ -173,6 +201,31 @@ def test_int64_reductions_compile(cache_dir, algorithm, arch, atom):
     case, error, entries, cubin = _compile_case(("allreduce", 2, algorithm, arch, atom, "int64", "sum"))
     assert error is None, error
     assert cubin[:4] == b"\x7fELF" and all(entry.encode() in cubin for entry in entries)
+
+
+@pytest.mark.parametrize("example,overrides", [
+    ("fused/allreduce_add_rmsnorm.pln", {"algorithm": "two-shot"}),
+    ("fused/allreduce_add_rmsnorm_fp8.pln", {"packed": True}),
+    ("sized/alltoallv.pln", {}),
+])
+def test_fused_and_sized_modules_compile_without_warnings(tmp_path, monkeypatch, example, overrides):
+    """The matrix above covers the plain examples; these are the other templates' modules."""
+    monkeypatch.setenv("PURLIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PURLIN_NO_CACHE", "1")
+    with _NvrtcLog() as warnings:
+        artifact = pipeline.compile(EXAMPLES / example, world_size=2, arch="sm_90", overrides=overrides)
+        assert artifact.cubin[:4] == b"\x7fELF"
+    assert warnings.lines == []
+
+
+def test_reading_an_empty_log_writes_no_shared_object(tmp_path, monkeypatch):
+    """An empty NVRTC log is one NUL byte; read into b" " * 1 (the interpreter's shared
+    one-byte object), it turned every b" " in the process into b"\\x00" (an environment
+    variable set to " " then failed with "embedded null byte")."""
+    monkeypatch.setenv("PURLIN_NO_CACHE", "1")
+    with _NvrtcLog():  # at DEBUG a successful compile reads its log
+        nvrtc.compile_cubin(TINY % 7, "tiny.cu", "sm_90")
+    assert ord(" ".encode()) == 32 and ord(bytes([32])) == 32
 
 
 # ---- the cache -------------------------------------------------------------------------

@@ -69,7 +69,9 @@ def manifest(artifact, *, ranks_defaulted: bool) -> dict:
             "unit": "chunks (count elements) for in/out; pieces (piece elements) for stage",
             "in_units": list(schedule.in_units),
             "out_units": list(schedule.out_units),
+            # per staging copy: a rank's staging holds stage_copies x stage_units pieces (the ABI's stage_units)
             "stage_units": schedule.stage_units,
+            "stage_copies": schedule.stage_copies,
             "signal_pad": schedule.signal_pad_size(),
         },
         "files": {name: path.name if path else None for name, path in artifact_paths(artifact, Path()).items()},

@@ -7,6 +7,7 @@ cuda-bindings 13.3 and 13.5 are used.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
@@ -16,6 +17,7 @@ from functools import lru_cache
 from purlinc.atom import cache
 from purlinc.atom.atoms import parse_arch
 from purlinc.errors import PurlinError
+from purlinc.log import log
 
 BASE_OPTIONS = ("-std=c++17", "-default-device", "-lineinfo")
 
@@ -143,9 +145,11 @@ def normalize_options(arch: str, options: tuple[str, ...] = ()) -> tuple[str, ..
 
 def _program_log(nvrtc, program) -> str:
     size = _call(nvrtc.nvrtcGetProgramLogSize, "nvrtcGetProgramLogSize", program)
-    buffer = b" " * size
+    # A buffer of its own: b" " * 1 is the interpreter's shared one-byte object, and an empty
+    # log (size 1, its NUL) written into it turned every b" " in the process into b"\x00".
+    buffer = bytearray(size)
     _call(nvrtc.nvrtcGetProgramLog, "nvrtcGetProgramLog", program, buffer)
-    return buffer.rstrip(b"\x00").decode("utf-8", "replace")
+    return bytes(buffer).rstrip(b"\x00").decode("utf-8", "replace")
 
 
 def _compile(source: str, filename: str, options: tuple[str, ...]) -> bytes:
@@ -158,10 +162,14 @@ def _compile(source: str, filename: str, options: tuple[str, ...]) -> bytes:
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             _check(result, f"compilation of {filename} ({' '.join(options)})",
                    log=_program_log(nvrtc, program), source=source, filename=filename)
+        if log.isEnabledFor(logging.DEBUG):  # a compile that succeeded may still have warned
+            warnings = _program_log(nvrtc, program).strip()
+            if warnings:
+                log.debug("NVRTC's log for %s:\n%s", filename, warnings)
         size = _call(nvrtc.nvrtcGetCUBINSize, "nvrtcGetCUBINSize", program)
-        cubin = b" " * size
+        cubin = bytearray(size)  # written by NVRTC: never a shared bytes object (see _program_log)
         _call(nvrtc.nvrtcGetCUBIN, "nvrtcGetCUBIN", program, cubin)
-        return cubin
+        return bytes(cubin)
     finally:
         nvrtc.nvrtcDestroyProgram(program)
 

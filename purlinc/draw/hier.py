@@ -9,8 +9,10 @@ it carries (local copies are not drawn).
 
 from __future__ import annotations
 
+import colorsys
 from xml.sax.saxutils import escape
 
+from purlinc.draw.model import params_text
 from purlinc.snac.hierarchy import HierPlan, IntraPhase
 
 ROW, COL, LEFT, TOP = 18, 230, 90, 62  # TOP: the title (y 18), the phase labels, the buffer names
@@ -31,7 +33,9 @@ def _left(t) -> float:
 def plan_title(plan: HierPlan) -> str:
     t = plan.topology
     nodes = f"{t.nodes} node{'s' if t.nodes != 1 else ''}"
-    return f"{plan.spec.name}: {nodes} x {t.gpus_per_node} GPUs (R={t.world_size}), {plan.spec.operation.value}"
+    bound = f"{params_text(plan.spec.params)}, " if plan.spec.params else ""  # root=5: not root 0's plan
+    return (f"{plan.spec.name}: {nodes} x {t.gpus_per_node} GPUs (R={t.world_size}), {bound}"
+            f"{plan.spec.operation.value}")
 
 
 def plan_key(plan: HierPlan) -> list[str]:
@@ -45,12 +49,41 @@ def plan_key(plan: HierPlan) -> list[str]:
         # that gathers to one rank) would contradict the phase label above the box.
         lines.append(f"schedule #{which}: {schedule.world_size} ranks, {schedule.options.key()}, "
                      f"{steps} steps in all")
-    if any(not isinstance(phase, IntraPhase) for phase in plan.phases):
+    # Only where lines are drawn: a single node's NCCL phase moves nothing between ranks, and
+    # the key explained lines the drawing did not have.
+    nccl = [(index, phase) for index, phase in enumerate(plan.phases) if not isinstance(phase, IntraPhase)]
+    if any(nccl_pairs(phase) for _, phase in nccl):
         lines.append("NCCL lines: one per (sending rank, receiving rank), coloured by the sender's GPU in its node")
+    for index, phase in nccl:
+        if not nccl_pairs(phase):
+            lines.append(f"phase {index} (NCCL {phase.nccl}): nothing moves between ranks (local copies, not drawn)")
     return lines
 
 
+def nccl_pairs(phase) -> dict[tuple[int, int], int]:
+    """An NCCL phase's lines: (sending rank, receiving rank) -> units, local copies left out."""
+    pairs: dict[tuple[int, int], int] = {}
+    for move in phase.moves:
+        for src in move.srcs:
+            if src.rank != move.dst.rank:
+                pairs[(src.rank, move.dst.rank)] = pairs.get((src.rank, move.dst.rank), 0) + 1
+    return pairs
+
+
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
+def gpu_colours(gpus_per_node: int) -> tuple[str, ...]:
+    """One line colour per GPU of a node, all different: COLORS up to 8 GPUs; past them (16
+    GPUs a node drew GPU 8's lines in GPU 0's colour, which the key says tells senders
+    apart) hues spread evenly, in two lightnesses taken in turn so that neighbours differ."""
+    if gpus_per_node <= len(COLORS):
+        return COLORS
+    colours = []
+    for i in range(gpus_per_node):
+        r, g, b = colorsys.hls_to_rgb(i / gpus_per_node, 0.38 if i % 2 == 0 else 0.48, 0.75)
+        colours.append(f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}")
+    return tuple(colours)
 
 
 def plan_svg(plan: HierPlan) -> str:
@@ -58,6 +91,7 @@ def plan_svg(plan: HierPlan) -> str:
     R = t.world_size
     buffers = [plan.phases[0].src] + [p.dst for p in plan.phases]
     left_edge, title, key = _left(t), plan_title(plan), plan_key(plan)
+    colours = gpu_colours(t.gpus_per_node)
     # the title (14 px bold) may be the widest thing: a collective's name has up to 64 characters
     width = round(max(left_edge + COL * len(plan.phases) + 120, 8 + _text_px(title, 14) + 8,
                       *(8 + _text_px(line) + 8 for line in key)))
@@ -101,13 +135,8 @@ def plan_svg(plan: HierPlan) -> str:
                                f'text-anchor="middle" fill="#1f77b4">schedule #{which}</text>')
         else:
             label = f"NCCL {phase.nccl}"
-            pairs: dict[tuple[int, int], int] = {}
-            for move in phase.moves:
-                for src in move.srcs:
-                    if src.rank != move.dst.rank:
-                        pairs[(src.rank, move.dst.rank)] = pairs.get((src.rank, move.dst.rank), 0) + 1
-            for (a, b), n in sorted(pairs.items()):
-                color = COLORS[t.local_of(a) % len(COLORS)]
+            for (a, b), n in sorted(nccl_pairs(phase).items()):
+                color = colours[t.local_of(a)]
                 out.append(f'<line x1="{left}" y1="{y(a)}" x2="{right}" y2="{y(b)}" stroke="{color}" '
                            f'stroke-opacity="0.7"><title>r{a} -> r{b}: {n} units</title></line>')
         out.append(f'<text x="{(x(index) + x(index + 1)) / 2}" y="{TOP - 24}" text-anchor="middle">'

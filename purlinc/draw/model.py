@@ -62,9 +62,21 @@ class StepBox:
         where = f"rank {self.rank} channel {self.channel} step {self.index}"
         line = f", line {self.line}" if self.line is not None else ""
         text = f"{where}: {self.verb} {self.operands}"
-        if self.note:
-            text += f"  ({self.note})"
+        if self.note:  # a note already in parentheses ("(x[0] from r3)") is not put in more
+            text += f"  {self.note}" if _parenthesized(self.note) else f"  ({self.note})"
         return text + line
+
+
+def _parenthesized(text: str) -> bool:
+    """``text`` is one parenthesized group: "(x from r3)", not "(a) and (b)"."""
+    if not (text.startswith("(") and text.endswith(")")):
+        return False
+    depth = 0
+    for position, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0:
+            return position == len(text) - 1
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,12 +293,19 @@ def _subtitle_extras(schedule: Schedule) -> str:
     return extras
 
 
+def params_text(params) -> str:
+    """The spec's bound parameters as the line under a heading names them (``root=5``): the
+    schedule of broadcast at root 5 is another than at root 0, and nothing else says which."""
+    return ", ".join(f"{name}={value}" for name, value in params)
+
+
 def build(schedule: Schedule, *, collapse: bool = True, channels: tuple[int, ...] | None = None,
-          title: str | None = None, bare_chunks: frozenset[str] = frozenset()) -> Drawing:
+          title: str | None = None, bare_chunks: frozenset[str] = frozenset(), params=()) -> Drawing:
     """The drawing of ``schedule``.  ``collapse``: draw channel 0 alone when every channel is
     identical up to the slice shift; ``channels``: draw exactly these channels instead.
     ``bare_chunks``: the spec's chunk names that carry no index (``render.bare_chunks``),
-    so that steps moving them get their colour and label too."""
+    so that steps moving them get their colour and label too.  ``params``: the spec's bound
+    parameters (``Spec.params``), named in the subtitle."""
     world, nchan = schedule.world_size, schedule.channels
     refuse_large(schedule)
     identical = channels_identical(schedule)
@@ -323,7 +342,8 @@ def build(schedule: Schedule, *, collapse: bool = True, channels: tuple[int, ...
             lanes.append(Lane(rank, channel, label, boxes))
     pairs, unmatched = match_pairs(lanes)
     o = schedule.options
-    subtitle = (f"R={world}, {schedule.operation.value}, {o.algorithm.value}, channels {nchan}, "
+    bound = f"{params_text(params)}, " if params else ""
+    subtitle = (f"R={world}, {bound}{schedule.operation.value}, {o.algorithm.value}, channels {nchan}, "
                 f"slices {o.slices} per channel" + (", packed (LL)" if o.packed else "")
                 + (", 2 staging copies by call parity" if schedule.stage_copies == 2 else "")
                 + _subtitle_extras(schedule))

@@ -92,13 +92,18 @@ def _refuse_with_trace(request: Request) -> None:
         raise PurlinError("--compare draws modelled timelines; a --trace draws one measured schedule: give one of them")
     if request.nbytes is not None or request.count is not None:
         raise PurlinError("--bytes and --count size the modelled timeline; a --trace has measured times: leave them out")
+    if request.timeline:
+        raise PurlinError("--timeline lays the steps out by the cost model; a --trace lays them out by measured "
+                          "times: leave --timeline out")
 
 
 def _shown(name: str, value) -> str:
     """An option as its command-line flag (``--packed``, ``--channels 2``)."""
     flag = f"--{name.replace('_', '-')}"
-    if isinstance(value, bool):
+    if isinstance(value, bool) or value is None:  # None: --slots not given (a unit per message)
         return flag if value else f"no {flag}"
+    if name == "registered":  # a set of buffers, as --registered in|out|both|none names it
+        return f"{flag} {'both' if value == {'in', 'out'} else next(iter(value), 'none')}"
     return f"{flag} {getattr(value, 'value', value)}"  # an Algorithm by its name
 
 
@@ -140,7 +145,8 @@ def _trace_panel(request: Request) -> svg.Panel:
     except PurlinError as error:  # R, parameters and options came from the trace, not the command line
         raise error.with_note(f"the world size, parameters and options come from the trace {request.trace}") from None
     tracing.check_matches(data, schedule, request.trace)
-    drawing = build(schedule, collapse=False, channels=tracing.channels_of(data), bare_chunks=bare_chunks(spec))
+    drawing = build(schedule, collapse=False, channels=tracing.channels_of(data), bare_chunks=bare_chunks(spec),
+                    params=spec.params)
     times, measured = tracing.times(data, drawing)
     heading = f"{schedule.collective}: measured on the GPU ({data.get('device', 'device')})"
     return svg.Panel(drawing, times, heading, measured)
@@ -159,15 +165,19 @@ def panels_for(request: Request) -> list[svg.Panel]:
     dtype = request.dtype or DEFAULT_DTYPE
     itemsize = DType.parse(dtype).itemsize  # an unknown name: a PurlinError listing the known ones
     variants = [None] if not request.compare else list(request.compare)
+    for algorithm in request.compare:
+        try:
+            Algorithm(algorithm)
+        except ValueError:
+            names = ", ".join(a.value for a in Algorithm)
+            raise PurlinError(f"unknown algorithm {algorithm!r} in --compare: expected {names}") from None
+    if request.compare:
+        _refuse_unused_in_compare(overrides, request.compare)
     lowered = []
     for algorithm in variants:
         changes = dict(overrides)
         if algorithm is not None:
-            try:
-                changes["algorithm"] = Algorithm(algorithm)
-            except ValueError:
-                names = ", ".join(a.value for a in Algorithm)
-                raise PurlinError(f"unknown algorithm {algorithm!r} in --compare: expected {names}") from None
+            changes["algorithm"] = Algorithm(algorithm)
             if not get_algorithm(algorithm).packed:  # packing applies where the record says
                 changes.pop("packed", None)
         lowered.append(schedule_for(request.file, world_size, request.params, changes, verify=False))
@@ -176,7 +186,7 @@ def panels_for(request: Request) -> list[svg.Panel]:
     panels = []
     for spec, schedule in lowered:
         verify_schedule(schedule, spec)
-        drawing = build(schedule, collapse=request.collapse, bare_chunks=bare_chunks(spec))
+        drawing = build(schedule, collapse=request.collapse, bare_chunks=bare_chunks(spec), params=spec.params)
         timed = request.timeline or bool(request.compare)
         if timed:
             nbytes = request.nbytes if request.nbytes is not None or request.count is not None else 65536
@@ -190,6 +200,29 @@ def panels_for(request: Request) -> list[svg.Panel]:
             heading = f"{schedule.collective} {schedule.options.algorithm.value}"
         panels.append(svg.Panel(drawing, times, heading))
     return panels
+
+
+def _refuse_unused_in_compare(overrides: dict, compare: tuple[str, ...]) -> None:
+    """--packed or --stage-copies 2 where no compared algorithm takes them: each panel would
+    drop the option, and the drawing would equal the one without it.  Refused in the words of
+    the refusals of ``-a ring --packed`` and ``-a ring --stage-copies 2`` (lower.check_packed,
+    cli.common.check_stage_copies); where one compared algorithm takes it, it applies there."""
+    from purlinc.snac.algorithms import ALGORITHMS, get_algorithm
+
+    names = ", ".join(compare)
+    if overrides.get("packed") and not any(get_algorithm(a).packed for a in compare):
+        packing = " or ".join(r.name for r in ALGORITHMS.records() if r.packed)
+        raise PurlinError(f"--packed does not apply to {names}: packed (LL) stages are supported for {packing} only",
+                          notes=(f"LL packing is for small messages, where one-shot {packing} is the algorithm to "
+                                 "use: add it to --compare, or leave --packed out",))
+    copies = overrides.get("stage_copies")
+    most = max(get_algorithm(a).stage_copies for a in compare)
+    if copies is not None and copies > most:
+        two = ", ".join(r.name for r in ALGORITHMS.records() if r.stage_copies > 1)
+        raise PurlinError(f"--stage-copies {copies} does not apply to {names}: they lower to {most} staging "
+                          f"cop{'y' if most == 1 else 'ies'}",
+                          notes=(f"two staging copies apply to {two} only: add one to --compare, or leave "
+                                 "--stage-copies out",))
 
 
 def _refuse_unused_slots(slots, schedules, compare: bool) -> None:

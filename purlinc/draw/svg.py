@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from xml.sax.saxutils import escape, quoteattr
 
+from purlinc.draw import route
 from purlinc.draw.defaults import MIN_WIDTH
 from purlinc.draw.model import Drawing, StepBox
 from purlinc.draw.timeline import Times
@@ -151,6 +152,7 @@ def _render_panel(panel: Panel, y0: float, scale: Scale, colours: dict, parts: l
     right = _axis(parts, t, scale, y)
     y += AXIS_H
     anchors: dict = {}
+    spans: list[route.LaneSpan] = []  # every drawn lane, top to bottom: where the arrows may run
     by_rank: dict[int, list] = {}
     for lane in d.lanes:
         by_rank.setdefault(lane.rank, []).append(lane)
@@ -161,15 +163,22 @@ def _render_panel(panel: Panel, y0: float, scale: Scale, colours: dict, parts: l
             parts.append(f'<g class="lane" data-rank="{lane.rank}" data-channel="{lane.channel}">')
             parts.append(f'<rect x="0" y="{_fmt(y)}" width="{_fmt(right + 20)}" height="{LANE_H}" fill="{shade}"/>')
             parts.append(f'<text x="8" y="{_fmt(y + LANE_H / 2 + 4)}" font-size="12">{escape(lane.label)}</text>')
+            xs = []
             for box in lane.steps:
-                anchors[box.key] = _step_box(parts, panel, box, y, scale, colours)
+                x0, x1 = _step_box(parts, panel, box, y, scale, colours)
+                anchors[box.key] = route.End(x0, x1, len(spans))
+                xs.append((x0, x1))
+            top = y + (LANE_H - BOX_H) / 2
+            spans.append(route.LaneSpan(top, top + BOX_H, tuple(sorted(xs))))
             parts.append("</g>")
             y += LANE_H
         parts.append("</g>")
         y += RANK_GAP
-    _arrows(parts, d, t, anchors)
+    _arrows(parts, d, t, anchors, spans)
     for note in d.notes + t.notes:
-        parts.append(f'<text class="note" x="10" y="{_fmt(y + 12)}" font-size="11" fill="#333">{escape(note)}</text>')
+        # A warning (a trace whose clocks contradict its own order) in red: it says what not to trust
+        fill = "#b00020" if note.startswith("warning:") else "#333"
+        parts.append(f'<text class="note" x="10" y="{_fmt(y + 12)}" font-size="11" fill="{fill}">{escape(note)}</text>')
         y += 14
     parts.append("</g>")
     return y0 + _panel_height(panel), anchors
@@ -216,9 +225,9 @@ def _axis(parts: list[str], t, scale: Scale, y: float) -> float:
     return right
 
 
-def _step_box(parts: list[str], panel: Panel, box, y: float, scale: Scale, colours: dict) -> tuple[float, float, float]:
-    """One step's box (with its hover detail and label) on the lane at ``y``; its anchor
-    (left, right, middle height) for the arrows."""
+def _step_box(parts: list[str], panel: Panel, box, y: float, scale: Scale, colours: dict) -> tuple[float, float]:
+    """One step's box (with its hover detail and label) on the lane at ``y``; its left and
+    right ends, for the arrows."""
     t = panel.times
     start, end = t.spans[box.key]
     x, w = scale.at(start), max((end - start) * scale.px - (3 if t.unit == "step" else 0), 1.5)
@@ -250,27 +259,25 @@ def _step_box(parts: list[str], panel: Panel, box, y: float, scale: Scale, colou
         parts.append(f'<g class="prev-call"><path d="M{_fmt(tip - 3)},{_fmt(by + 1 - PREV_MARK_H)} h6 '
                      f'l-3,{PREV_MARK_H} z" fill="#b8401a"/></g>')
     parts.append("</g>")
-    return (x, x + w, by + BOX_H / 2)
+    return (x, x + w)
 
 
-def _arrows(parts: list[str], d, t, anchors: dict) -> None:
-    """An arrow from each notify to the wait it releases (both drawn)."""
-    for pair in d.pairs:
+def _arrows(parts: list[str], d, t, anchors: dict, lanes: list) -> None:
+    """An arrow from each notify to the wait it releases (both drawn), along the gaps between
+    lanes and boxes (purlinc/draw/route.py): never through a label."""
+    for n, pair in enumerate(d.pairs):
         if pair.notify not in anchors or pair.wait not in anchors:
             continue
-        nx0, nx1, ny = anchors[pair.notify]
-        wx0, wx1, wy = anchors[pair.wait]
         # Schedule view: into the wait's start (it runs after the notify).  In time a wait ends
         # when released -- a measured one spans its polling; a modelled one is drawn from its
-        # release on, the lane blank while it waits: point at its end.
-        sx, ex = nx1, (wx0 if t.unit == "step" else wx1)
-        bend = max(abs(ex - sx) / 2, 12)
+        # release on, the lane blank while it waits: into its end.
+        points = route.route(lanes, anchors[pair.notify], anchors[pair.wait], into_end=t.unit != "step", track=n)
+        path = "M" + " L".join(f"{_fmt(x)},{_fmt(y)}" for x, y in points)
         parts.append(
             f'<path class="arrow" data-notify="{",".join(map(str, pair.notify))}" '
             f'data-wait="{",".join(map(str, pair.wait))}" data-signal="{escape(pair.signal.format())}" '
-            f'data-k="{pair.k}" d="M{_fmt(sx)},{_fmt(ny)} C{_fmt(sx + bend)},{_fmt(ny)} {_fmt(ex - bend)},{_fmt(wy)} '
-            f'{_fmt(ex)},{_fmt(wy)}" fill="none" stroke="#1f4fbf" stroke-opacity="0.55" stroke-width="1.2" '
-            f'marker-end="url(#head)"/>'
+            f'data-k="{pair.k}" d="{path}" fill="none" stroke="#1f4fbf" stroke-opacity="0.55" stroke-width="1.2" '
+            f'stroke-linejoin="round" marker-end="url(#head)"/>'
         )
 
 
@@ -331,12 +338,14 @@ def render(panels: list[Panel], *, width: int | None = None) -> str:
     subtitle_px = max(10 + 6.7 * (len(p.drawing.subtitle) + 40) for p in panels)
     # and every note under the lanes (the same size): a narrow --width clipped a long one
     notes_px = max((10 + 6.7 * len(note) for p in panels for note in p.drawing.notes + p.times.notes), default=0)
-    width_px = max(lanes_px, legend_right, subtitle_px, notes_px)
+    # and every heading (15 px bold monospace, about 9.1 px a character): a narrow --width clipped it
+    heading_px = max(10 + 9.1 * len(p.heading or p.drawing.title) + 10 for p in panels)
+    width_px = max(lanes_px, legend_right, subtitle_px, notes_px, heading_px)
     height_px = y + 6 + legend_h
     head = (
         f'<svg xmlns="http://www.w3.org/2000/svg" class="purlin-schedule" width="{_fmt(width_px)}" '
         f'height="{_fmt(height_px)}" viewBox="0 0 {_fmt(width_px)} {_fmt(height_px)}" font-family="{FONT}">\n'
-        '<defs><marker id="head" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
+        '<defs><marker id="head" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="5.5" markerHeight="5.5" '
         'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#1f4fbf"/></marker></defs>\n'
         f'<rect x="0" y="0" width="{_fmt(width_px)}" height="{_fmt(height_px)}" fill="white"/>\n'
     )

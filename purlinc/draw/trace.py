@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -221,7 +222,9 @@ def _check_options(options) -> None:
     if "stage_copies" in options:  # traces from before staging copies have none (one copy)
         _expect(options["stage_copies"] in (1, 2) and not isinstance(options["stage_copies"], bool),
                 "options.stage_copies", "1 or 2", options["stage_copies"])
-    _string(_field(options, "key", "options"), "options.key")  # what check_matches compares
+    key = _string(_field(options, "key", "options"), "options.key")  # what check_matches compares
+    _expect(_KEY.fullmatch(key) is not None, "options.key",
+            "an options key like 'direct-push/c1/s1/slotsall/reg-' (LowerOptions.key())", key)
 
 
 def _check_clock(clock) -> None:
@@ -260,14 +263,24 @@ def _check_fields(data: dict) -> None:
         _check_event(event, f"events[{n}]")
 
 
+# LowerOptions.key(): "algorithm/cC/sS/slots(all|N)/reg(-|in|in,out|out)[/ll][/x2]".  Slots and
+# registered buffers are in the key alone (the options object has no field of its own for them).
+_KEY = re.compile(r"[a-z-]+/c\d+/s\d+/slots(?P<slots>all|\d+)/reg(?P<registered>-|[a-z,]+)(?:/ll)?(?:/x2)?")
+
+
 def options_of(data: dict) -> dict:
-    """The LowerOptions fields the trace fixes (load() has checked their types)."""
+    """The LowerOptions fields the trace fixes (load() has checked their types and the key's
+    shape): slots and registered buffers from the options' key, where alone they are."""
     from purlinc.snac.ir import Algorithm
 
     o = data["options"]
+    key = _KEY.fullmatch(o["key"])
+    slots = None if key["slots"] == "all" else int(key["slots"])
+    registered = frozenset() if key["registered"] == "-" else frozenset(key["registered"].split(","))
     # A trace from before staging copies existed ran one copy (its key has no /x2).
     return {"algorithm": Algorithm(o["algorithm"]), "channels": o["channels"], "slices": o["slices"],
-            "packed": o.get("packed", False), "stage_copies": o.get("stage_copies", 1)}
+            "packed": o.get("packed", False), "stage_copies": o.get("stage_copies", 1),
+            "slots": slots, "registered": registered}
 
 
 def channels_of(data: dict) -> tuple[int, ...]:
@@ -315,7 +328,7 @@ def _check_every_rank_drawn(data: dict, schedule, path: str) -> None:
 
 def times(data: dict, drawing, round_: int = 0) -> tuple[Times, dict]:
     """Measured spans (us) of every drawn step, from one round; and the hover text per step."""
-    spans, measured = {}, {}
+    spans, measured, blocks = {}, {}, {}
     clock = {r["rank"]: r for r in data["clock"]["ranks"]}
     for e in data["events"]:
         if e.get("round", 0) != round_ or not e["steps"]:
@@ -326,6 +339,7 @@ def times(data: dict, drawing, round_: int = 0) -> tuple[Times, dict]:
         for j, step in enumerate(e["steps"]):
             key = (int(e["rank"]), int(e["channel"]), int(step))
             spans[key] = (start + (end - start) * j / n, start + (end - start) * (j + 1) / n)
+            blocks[key] = (start, end)
             measured[key] = (f"measured: block {e['block']} (steps {', '.join(map(str, e['steps']))}) "
                              f"{start:.3f} .. {end:.3f} us (rank 0's clock, +-{skew:.0f} ns)")
     missing = 0
@@ -342,4 +356,25 @@ def times(data: dict, drawing, round_: int = 0) -> tuple[Times, dict]:
              f"timebase {data.get('timebase')}; clocks aligned by {data['clock'].get('method')}"]
     if missing:
         notes.append(f"{missing} step(s) have no stamp (drawn with no width)")
+    early, gap = acausal_waits(drawing, blocks, clock)
+    if early:
+        notes.append(f"warning: {early} wait{'s end' if early != 1 else ' ends'} before the notify that releases "
+                     f"{'them' if early != 1 else 'it'} by more than the clocks' uncertainty (by up to {gap:.2f} us): "
+                     "the ranks' clocks are misaligned, so cross-rank order in this drawing is not reliable")
     return Times("us", spans, total, tuple(notes)), measured
+
+
+def acausal_waits(drawing, blocks: dict, clock: dict) -> tuple[int, float]:
+    """Notify -> wait pairs whose wait ends before its notify starts, by more than the two
+    ranks' clock uncertainty together: a wait cannot end before the store that releases it, so
+    the aligned clocks are wrong there.  Compared by the blocks' stamps (a block's time split
+    among its steps is drawn, not measured).  (How many, the largest gap in us.)"""
+    count, worst = 0, 0.0
+    for pair in drawing.pairs:
+        if pair.notify not in blocks or pair.wait not in blocks:
+            continue
+        bound = sum(clock.get(key[0], {}).get("uncertainty_ns", 0.0) for key in (pair.notify, pair.wait)) / 1e3
+        gap = blocks[pair.notify][0] - blocks[pair.wait][1]
+        if gap > bound:
+            count, worst = count + 1, max(worst, gap)
+    return count, worst

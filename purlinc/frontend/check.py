@@ -36,6 +36,11 @@ _ITEM_COST = 8  # a chunk reference evaluated (arity, bookkeeping), and one more
 _CHUNK_COST = 2  # each chunk it names
 
 
+class _SpecWideError(PurlinError):
+    """An error about the spec as a whole (its work, a name), not about the values an
+    expression took: no rank or loop values are noted for it (``_at_bindings``)."""
+
+
 class Meter:
     """The work left to a check (shared by every world size of a check_all)."""
 
@@ -46,7 +51,7 @@ class Meter:
     def charge(self, units: int, span: Span | None) -> None:
         self.left -= units
         if self.left < 0:
-            raise PurlinError(
+            raise _SpecWideError(
                 f"this spec takes too much work to check: more than {self.limit:,} steps "
                 f"(expression steps, {_ITEM_COST} per chunk reference evaluated and one per index, {_CHUNK_COST} per "
                 "chunk named)",
@@ -88,7 +93,7 @@ def _short(expr) -> str:
     return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
 
 
-class _NameError(PurlinError):
+class _NameError(_SpecWideError):
     """A name with no value where it is used: wrong at every rank and loop value alike."""
 
 
@@ -232,7 +237,7 @@ def _at_bindings(error: PurlinError, scope: _Scope, expr) -> PurlinError:
     """``error`` in ``expr`` with a note naming the rank and loop values it arose at ("at r=0,
     i=3"): the caret shows the expression, not which of its evaluations failed.  Unchanged
     where ``expr`` uses neither, or where the error is a name's: it fails at every value alike."""
-    if isinstance(error, _NameError):
+    if isinstance(error, _SpecWideError):
         return error
     varying = [name for name, kind in scope.kinds.items() if kind in ("rank", "loop variable")]
     if not _names_in((expr,)) & set(varying):
@@ -469,6 +474,7 @@ class _Checker:
     def resolve(self) -> Spec:
         inputs, input_spans = self.layouts(ast.Buffer.IN)
         outputs, output_spans = self.layouts(ast.Buffer.OUT)
+        self._check_chunk_names()
         if not any(outputs):
             raise PurlinError("the collective names no output chunk (add 'out[r] = ...')", self.definition.span)
 
@@ -526,6 +532,15 @@ class _Checker:
     # --- run-time sizes ----------------------------------------------------------------
     def _loop_variables(self) -> set[str]:
         return {loop.variable for a in self.definition.assignments for item in a.layout for loop in item.loops}
+
+    def _check_chunk_names(self) -> None:
+        """A chunk may not take the name of the rank, the world size, a parameter or a loop
+        variable: in 'x[x]' with a parameter x, which x is which is a puzzle (the rule operands
+        and locals follow too)."""
+        taken = {RANK_VARIABLE: "the rank", WORLD_VARIABLE: "the world size",
+                 **{p: "a parameter" for p in self.params}, **{v: "a loop variable" for v in self._loop_variables()}}
+        for name, (_, span) in self.arity.items():
+            check_name("chunk", name, span, taken)
 
     def spec_names(self) -> dict[str, str]:
         """Names that mean something in the spec (for the message: what each names), which no

@@ -19,7 +19,8 @@ from purlinc.pipeline.entries import (
     _schedule_entry, _schedule_from_entry,
 )
 from purlinc.pipeline.options import (
-    check_bool, check_slots, checked_options, given_overrides, resolve_options, with_atom_defaults,
+    check_bool, check_slots, check_stage_copies, checked_options, given_overrides, resolve_options,
+    with_atom_defaults,
 )
 from purlinc.pipeline.source import SourceText, load_source
 from purlinc.pipeline.stages import (
@@ -168,6 +169,9 @@ class Compiled:
         cache): this call's own answer, which the process-wide STATS counters cannot give
         while other threads compile."""
         dtype = _dtype(dtype)
+        check_bool("emit_cubin", emit_cubin)  # bool("no") is True: a CUBIN made where none was asked for
+        if op is not None:  # ignored by a copy, but a misspelt one is still a mistake
+            op = _op(op)
         memo_key = (dtype, _op_text(op))
         with self._lock:
             hit = self._kernels.get(memo_key)
@@ -259,6 +263,9 @@ def prepare(
     changes = given_overrides(overrides)
     if algorithm is not None:
         changes["algorithm"] = algorithm
+    if "stage_copies" in changes:  # asked for by the caller (an atom's default is a request the lowering caps)
+        check_stage_copies(changes.get("algorithm", options.algorithm if options is not None else None),
+                           changes["stage_copies"], definition_of(source).sizes is not None)
     if options is None:  # lowerings other than direct-push have one copy whatever this says
         changes = with_atom_defaults(changes, record.name)
     if "slots" in changes and (options is not None or "algorithm" in changes):

@@ -130,6 +130,25 @@ def resolve_options(spec: Spec, *, options: LowerOptions | None = None,
     return resolved
 
 
+def check_stage_copies(algorithm, copies, sized: bool) -> None:
+    """``stage_copies`` given explicitly where the lowering would lower fewer (an algorithm of
+    one copy) or more (run-time sizes always take two): asked for by name, it is refused, as
+    the command line's --stage-copies is.  ``algorithm``: None where the spec's default will
+    decide (checked by the lowering's own cap only)."""
+    from purlinc.snac.algorithms import get_algorithm
+
+    if sized and copies == 1:
+        from purlinc.snac.sized import ONE_COPY_NOTE, ONE_COPY_REFUSED
+
+        raise PurlinError(f"stage_copies=1 {ONE_COPY_REFUSED}", notes=(ONE_COPY_NOTE,))
+    if algorithm is None or isinstance(copies, bool) or not isinstance(copies, int):
+        return  # a value that is not a count is LowerOptions' to refuse
+    record = get_algorithm(algorithm)
+    if copies > record.stage_copies:
+        raise PurlinError(f"stage_copies={copies} does not apply to {record.name}: it lowers to {record.stage_copies} "
+                          f"staging cop{'y' if record.stage_copies == 1 else 'ies'}")
+
+
 def check_slots(algorithm, slots, *, chosen: bool) -> None:
     """``slots`` given for an algorithm that gives every message its own staging unit: the
     lowering would take the number into the schedule's key and ignore it, so it is refused."""

@@ -36,9 +36,9 @@ def _check_apart(name: str, ranks: Sequence, prepared) -> None:
     one writing what another reads, race.  Inputs may be shared: they are only read."""
     extents = []
     for rank, (c, (shape, _, _)) in enumerate(zip(ranks, prepared)):
-        itemsize = shape.dtype.itemsize
-        extents.append((rank, "x", shape.in_ptr, shape.in_ptr + c.in_units * shape.count * itemsize))
-        extents.append((rank, "out", shape.out_ptr, shape.out_ptr + c.out_units * shape.count * itemsize))
+        bytes_per_unit = shape.count * shape.dtype.itemsize
+        extents.append((rank, "x", shape.in_ptr, shape.in_ptr + c.in_units * bytes_per_unit))
+        extents.append((rank, "out", shape.out_ptr, shape.out_ptr + c.out_units * bytes_per_unit))
     for rank, label, start, end in extents:
         if label != "out":
             continue
