@@ -561,3 +561,53 @@ def test_a_schedule_whose_proof_is_too_big_is_refused_before_it(monkeypatch):
                                     f"hold {entries:,} clock entries, more than one verification holds "
                                     f"({entries - 1:,})")
     assert caught.value.notes == ("lower it over nodes (gpus_per_node=G: a hierarchical plan of smaller phases)",)
+
+
+# ---- schedules that were never lowered: loaded or built by hand ------------------------------
+
+def _allgather_with(rank, change):
+    from purlinc.snac.lower import lower
+
+    spec = spec_of("allgather")
+    schedule = lower(spec, LowerOptions())
+    programs = list(schedule.programs)
+    programs[rank] = replace(programs[rank], steps=tuple(change(programs[rank].steps)))
+    return replace(schedule, programs=tuple(programs)), spec
+
+
+@pytest.mark.parametrize("stray", [None, "stage everything"])
+def test_an_object_that_is_no_step_is_refused(stray):
+    """simulate() skipped it: the schedule verified and ran without whatever it stood for."""
+    schedule, spec = _allgather_with(0, lambda steps: (stray, *steps))
+    with pytest.raises(VerificationError, match=r"rank 0, channel 0, step 0 \(not a step: \w+\): .* is not a SNAC "
+                                                r"step \(Stage, Notify, Wait, Consume, Epilogue\)"):
+        verify(schedule, spec)
+
+
+def test_positions_and_signal_numbers_that_are_not_integers_are_refused():
+    """0.0 passed every bound (and failed the simulator's indexing); k=0.5 failed the proof's
+    lookups with a KeyError."""
+    def float_unit(steps):
+        return [replace(s, srcs=(replace(s.srcs[0], unit=0.0),)) if isinstance(s, Consume) else s for s in steps]
+
+    schedule, spec = _allgather_with(1, float_unit)
+    with pytest.raises(VerificationError, match=r"a region's rank, unit and slice are integers, not 1, 0.0 and 0"):
+        verify(schedule, spec)
+    schedule, spec = _allgather_with(1, lambda steps: [replace(s, k=0.5) if isinstance(s, Wait) else s for s in steps])
+    with pytest.raises(VerificationError, match=r"\(wait r1.sig\[\d\] k=0.5\): k=0.5 is not an integer"):
+        verify(schedule, spec)
+
+
+def test_stage_copies_the_kernels_cannot_address_are_refused():
+    schedule, spec = _allgather_with(0, lambda steps: steps)
+    with pytest.raises(VerificationError, match=r"stage_copies = 3 \(staging has 1 or 2 copies\)"):
+        verify(replace(schedule, stage_copies=3), spec)
+
+
+def test_a_missing_notify_list_is_cut_short():
+    schedule, spec = _allgather_with(0, lambda steps: steps)
+    many = replace(schedule, signals=tuple(replace(d, per_call=10**6) for d in schedule.signals))
+    with pytest.raises(VerificationError) as info:
+        verify(many, spec)
+    assert "no notify with k=2, 3, 4, 5, 6, 7, 8, 9, ... (999,999 in all)" in info.value.message
+    assert len(info.value.message) < 200

@@ -180,6 +180,8 @@ class _Machine:
                 self.view(step.dst, round_, epoch)[:] = reduce_chunks(chunks, self.dtype, self.op)
         elif isinstance(step, Epilogue):
             self.apply_epilogue(step.region, round_)
+        elif not isinstance(step, Wait):  # a Wait moves no data; anything else is no step (verify refuses it)
+            raise ValueError(f"{type(step).__name__} is not a SNAC step: the schedule cannot run")
 
     def apply_epilogue(self, region: Region, round_: int) -> None:
         """The epilogue on the whole rows of ``region`` in this round, in place."""

@@ -79,7 +79,9 @@ from purlinc.snac.parity import unrolled, unrolled_reads
 from purlinc.snac.verify.common import CALLS, Failure, VerificationError, describe
 from purlinc.snac.verify.order import Order, check_monotone
 from purlinc.snac.verify.races import check_races_and_result
-from purlinc.snac.verify.wellformed import check_shape, check_signal_counts, check_signals_declared, check_steps
+from purlinc.snac.verify.wellformed import (
+    check_shape, check_signal_counts, check_signals_declared, check_step_types, check_steps,
+)
 
 
 __all__ = ["CALLS", "VerificationError", "describe", "verify"]
@@ -119,6 +121,7 @@ def verify(schedule: Schedule, spec: Spec) -> None:
 
 
 def _verify(schedule: Schedule, spec: Spec) -> None:
+    check_step_types(schedule, Failure(schedule))
     _check_proof_size(schedule)
     check_shape(schedule, spec)
     problem = epilogue_problem(schedule, spec)

@@ -45,6 +45,8 @@ def describe(step: Step) -> str:
         return f"wait {step.signal.format()} k={step.k}"
     if isinstance(step, Epilogue):
         return f"epilogue {step.region.format()}"
+    if not isinstance(step, Consume):  # a loaded or hand-built schedule's stray object
+        return f"not a step: {type(step).__name__}"
     if step.operation is Operation.REDUCE:
         return f"reduce {' + '.join(r.format() for r in step.srcs)} -> {step.dst.format()}"
     return f"consume {' + '.join(r.format() for r in step.srcs)} -> {step.dst.format()}"

@@ -3,12 +3,26 @@ regions, waits and notify counts."""
 
 from __future__ import annotations
 
+import reprlib
 from collections import defaultdict
 
 from purlinc.frontend.ast import Operation
 from purlinc.frontend.spec import Spec
-from purlinc.snac.ir import Consume, Notify, Region, Schedule, Space, Stage, Step, Wait
+from purlinc.snac.ir import Consume, Epilogue, Notify, Region, Schedule, Space, Stage, Step, Wait
 from purlinc.snac.verify.common import Failure, VerificationError, reads_of, writes_of
+
+
+STEP_TYPES = (Stage, Notify, Wait, Consume, Epilogue)
+
+
+def check_step_types(schedule: Schedule, fail: Failure) -> None:
+    """Every step is one of the IR's (a loaded or hand-built schedule may hold anything):
+    simulate() skipped another object, and the checks below would fail on it obscurely."""
+    for program in schedule.programs:
+        for index, step in enumerate(program.steps):
+            if not isinstance(step, STEP_TYPES):
+                raise fail.at(program.rank, program.channel, index,
+                              f"{reprlib.repr(step)} is not a SNAC step ({', '.join(t.__name__ for t in STEP_TYPES)})")
 
 
 def check_shape(schedule: Schedule, spec: Spec) -> None:
@@ -34,6 +48,8 @@ def check_shape(schedule: Schedule, spec: Spec) -> None:
         problems.append("its programs are not one per rank (channel-relative, channel 0), in rank order")
     if schedule.channel_signals < 0:
         problems.append(f"channel_signals = {schedule.channel_signals} (must be >= 0)")
+    if type(schedule.stage_copies) is not int or schedule.stage_copies not in (1, 2):
+        problems.append(f"stage_copies = {schedule.stage_copies!r} (staging has 1 or 2 copies)")
     if problems:
         raise VerificationError(f"schedule {schedule.collective} does not fit its spec: " + "; ".join(problems))
 
@@ -62,6 +78,10 @@ def _region_problem(schedule: Schedule, region: Region, rank: int, channel: int,
 
 def _region_fault(schedule: Schedule, region: Region, rank: int, channel: int, writes: bool) -> str | None:
     """What is wrong with ``region`` (``@`` stands for its name, formatted only on failure)."""
+    if type(region.rank) is not int or type(region.unit) is not int or type(region.slice) is not int:
+        # 0.0 passed every bound below and failed in the simulator's indexing (a loaded schedule)
+        return (f"a region's rank, unit and slice are integers, not {region.rank!r}, {region.unit!r} and "
+                f"{region.slice!r}")
     if not 0 <= region.rank < schedule.world_size:
         return f"@ names no rank (R={schedule.world_size})"
     space = region.space
@@ -84,6 +104,8 @@ def _region_fault(schedule: Schedule, region: Region, rank: int, channel: int, w
 
 
 def _step_problem(schedule: Schedule, step: Step, rank: int, channel: int, per_call: dict) -> str | None:
+    if isinstance(step, (Stage, Notify, Wait)) and step.k is not None and type(step.k) is not int:
+        return f"k={step.k!r} is not an integer"
     if isinstance(step, Stage) and step.packed:
         if step.signal not in per_call:
             return f"{step.signal.format()} is not declared"
@@ -137,7 +159,8 @@ def check_steps(schedule: Schedule, fail: Failure) -> None:
                     total = known[id(signal)] = per_call[signal]
                 if total is not None:
                     k = step.k
-                    if (1 <= k <= total) if kind is Notify else (signal.owner == rank and -total < k <= total):
+                    in_range = (1 <= k <= total) if kind is Notify else (signal.owner == rank and -total < k <= total)
+                    if type(k) is int and in_range:  # 0.5 is in range (and fails the proof's lookups)
                         continue
             if type(step) is Stage and step.signal is None:  # the common case, quickly
                 src, dst = step.src, step.dst
@@ -200,8 +223,13 @@ def check_signal_counts(schedule: Schedule, fail: Failure) -> None:
                 )
         missing = [k for k in range(1, decl.per_call + 1) if k not in by_k]
         if missing:
+            shown = ", ".join(map(str, missing[:_SHOWN_KS])) + (f", ... ({len(missing):,} in all)"
+                                                               if len(missing) > _SHOWN_KS else "")
             raise VerificationError(
                 f"{decl.signal.format()} is notified {len(by_k)} times per call, but declared "
-                f"per_call = {decl.per_call} (no notify with k={', '.join(map(str, missing))})",
+                f"per_call = {decl.per_call} (no notify with k={shown})",
                 rank=decl.signal.owner,
             )
+
+
+_SHOWN_KS = 8  # missing notify numbers a message lists (per_call = 10**6 listed them all: 7.9 MB)
