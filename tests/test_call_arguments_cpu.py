@@ -123,6 +123,15 @@ def test_arrays_whose_memory_does_not_hold_their_values_are_refused(on_cuda0, mo
     assert len(launches) == 1
 
 
+def test_a_negative_eps_is_refused_as_the_torch_op_and_the_language_refuse_it(on_cuda0):
+    coll = load(FUSED, FakeComm(), params={"hidden": 64}, channels=1)
+    x = torch.ones(2, 64)
+    with pytest.raises(ArgumentError, match=r"allreduce_add_rmsnorm: operand 'eps' is rmsnorm's eps: expected a "
+                                            r"number >= 0, got -1.0"):
+        coll(x, residual=torch.ones(2, 64), weight=torch.ones(64), eps=-1.0)
+    coll(x, residual=torch.ones(2, 64), weight=torch.ones(64), eps=0.0)
+
+
 def test_epilogue_operands_get_the_same_memory_checks(on_cuda0):
     coll = load(FUSED, FakeComm(), params={"hidden": 64}, channels=1)
     x = torch.ones(2, 64)
@@ -329,3 +338,17 @@ def test_serving_max_bytes_is_a_whole_number_of_bytes(value):
     assert PurlinAllReduce(_group(), max_bytes=np.int64(1024)).max_bytes == 1024
     with pytest.raises(ArgumentError, match=r"should_custom_ar: inp must be a torch.Tensor, got str"):
         PurlinAllReduce(_group()).should_custom_ar("x")
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"channels": True}, r"channels must be an integer, got True"),
+    ({"channels": 0}, r"channels and slices must be >= 1 \(got channels=0\)"),
+    ({"slices": 2.0}, r"slices must be an integer, got 2.0"),
+    ({"algorithm": "rign"}, r"unknown algorithm 'rign'"),
+    ({"atom": "x"}, r"unknown atom 'x'"),
+    ({"packed": "no"}, r"packed must be True or False, got 'no'"),
+])
+def test_a_groups_load_options_are_checked_when_it_is_made(options, message):
+    """Their values waited for the group's first collective, where the names and trace did not."""
+    with pytest.raises(PurlinError, match=message):
+        _group(**options)

@@ -13,7 +13,7 @@ import numbers
 import struct
 from collections.abc import Mapping
 
-from purlinc.frontend.ast import OperandKind
+from purlinc.frontend.ast import FName, OperandKind
 from purlinc.frontend.epilogue import Epilogue
 from purlinc.runtime.errors import ArgumentError
 from purlinc.runtime.interop import ArrayInfo, describe
@@ -61,7 +61,7 @@ def operand_words(name: str, epilogue: Epilogue, operands: Mapping[str, object],
             raise _err(f"{name}: missing operand {operand.name!r} ({operand.format()})")
         value = operands[operand.name]
         if operand.kind is OperandKind.SCALAR:
-            words.append(_scalar_word(name, operand, value))
+            words.append(_scalar_word(name, operand, value, is_eps=operand.name == _eps_name(epilogue)))
             continue
         try:
             info = describe(value)
@@ -75,10 +75,18 @@ def operand_words(name: str, epilogue: Epilogue, operands: Mapping[str, object],
     return tuple(words)
 
 
-def _scalar_word(name: str, operand, value) -> int:
+def _eps_name(epilogue: Epilogue) -> str | None:
+    """The scalar operand the epilogue's rmsnorm takes as its eps, if one does."""
+    norm = epilogue.norm
+    eps = norm.args[2] if norm is not None else None
+    return eps.name if isinstance(eps, FName) else None
+
+
+def _scalar_word(name: str, operand, value, *, is_eps: bool = False) -> int:
     """A scalar's float32 bits.  A finite float32 only: a value float32 cannot hold would be
     packed as infinity (or overflow the packing), and a NaN or infinity would poison every row
-    the epilogue computes, silently."""
+    the epilogue computes, silently.  ``is_eps``: rmsnorm's eps, which is >= 0 too (as a literal
+    eps must be): a negative one makes the root's argument 0 or negative on small rows."""
     what = f"{name}: operand {operand.name!r}"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise _err(f"{what}: expected a number (float32), got {type(value).__name__}")
@@ -89,6 +97,9 @@ def _scalar_word(name: str, operand, value) -> int:
     if packed is None or not math.isfinite(struct.unpack("<f", packed)[0]):
         raise _err(f"{what}: expected a finite float32 value, got {float(value)!r}",
                    f"float32 holds magnitudes up to {FLOAT32_MAX:.6g}")
+    if is_eps and value < 0:
+        raise _err(f"{what} is rmsnorm's eps: expected a number >= 0, got {float(value)!r}",
+                   "a negative eps makes rows whose mean square is below it NaN")
     return struct.unpack("<I", packed)[0]
 
 

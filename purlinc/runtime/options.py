@@ -14,6 +14,23 @@ if TYPE_CHECKING:
     from purlinc.snac.ir import Algorithm
 
 
+def _check_pins(algorithm, atom, channels, slices, packed) -> None:
+    """The schedule pins' values, checked when given (a torch Group's options wait for its first
+    collective otherwise): what each may be does not depend on the spec."""
+    from purlinc.atom.atoms import lookup_atom
+    from purlinc.pipeline.options import check_bool
+    from purlinc.snac.algorithms import get_algorithm
+    from purlinc.snac.lower import check_counts
+
+    if algorithm is not None:
+        get_algorithm(algorithm)  # an unknown name: a PurlinError listing the algorithms
+    if atom is not None:
+        lookup_atom(atom)
+    check_counts(channels, slices)
+    if packed is not None:
+        check_bool("packed", packed)
+
+
 @dataclass(frozen=True, slots=True)
 class LoadOptions:
     """``params`` binds the collective's parameters; ``algorithm``, ``atom``, ``channels``,
@@ -40,6 +57,7 @@ class LoadOptions:
 
         if pins.get("trace") is not None:  # None defers to PURLIN_TRACE; bool("no") is True: a traced load
             check_bool("trace", pins["trace"])
+        _check_pins(**{name: pins.get(name) for name in ("algorithm", "atom", "channels", "slices", "packed")})
         return cls(params=_params_key(params), **pins)
 
     @property

@@ -61,24 +61,37 @@ MAX_SLICES = 256
 MAX_READS = 1 << 20
 
 
+def check_integer(name: str, value) -> None:
+    """True and 2.0 lowered and verified, then keyed the cache as "cTrue" / "c2.0" and failed
+    in the simulator: counts are ints."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PurlinError(f"{name} must be an integer, got {value!r}")
+
+
+def check_counts(channels, slices) -> None:
+    """Channels and slices per channel: integers in 1..MAX_CHANNELS and 1..MAX_SLICES (None:
+    not given, for a load's pins checked before any spec is read)."""
+    given = [(name, value) for name, value in (("channels", channels), ("slices", slices)) if value is not None]
+    for name, value in given:
+        check_integer(name, value)
+    got = ", ".join(f"{name}={value}" for name, value in given)
+    if any(value < 1 for _, value in given):
+        raise PurlinError(f"channels and slices must be >= 1 (got {got})")
+    if (channels or 0) > MAX_CHANNELS or (slices or 0) > MAX_SLICES:
+        raise PurlinError(f"channels must be at most {MAX_CHANNELS} and slices per channel at most {MAX_SLICES} "
+                          f"(got {got})",
+                          notes=("a channel is a thread block per rank that stays resident for the whole call",))
+
+
 def _check_options(spec: Spec, options: LowerOptions) -> None:
     if not isinstance(options.algorithm, Algorithm):  # its key (and every note naming it) needs one
         raise PurlinError(f"algorithm must be an Algorithm (purlinc.snac.ir), got {options.algorithm!r}",
                           notes=("the pipeline's resolve_options also takes names: algorithm='ring'",))
     if isinstance(options.registered, str) or not isinstance(options.registered, (set, frozenset)):
         raise PurlinError(f"registered must be a set of 'in' and/or 'out', got {options.registered!r}")
-    for name in ("channels", "slices", "slots"):
-        value = getattr(options, name)
-        if (value is not None or name != "slots") and (isinstance(value, bool) or not isinstance(value, int)):
-            # True and 2.0 lowered and verified, then keyed the cache as "cTrue" / "c2.0" and
-            # failed in the simulator: counts are ints
-            raise PurlinError(f"{name} must be an integer, got {value!r}")
-    if options.channels < 1 or options.slices < 1:
-        raise PurlinError(f"channels and slices must be >= 1 (got channels={options.channels}, slices={options.slices})")
-    if options.channels > MAX_CHANNELS or options.slices > MAX_SLICES:
-        raise PurlinError(f"channels must be at most {MAX_CHANNELS} and slices per channel at most {MAX_SLICES} "
-                          f"(got channels={options.channels}, slices={options.slices})",
-                          notes=("a channel is a thread block per rank that stays resident for the whole call",))
+    if options.slots is not None:
+        check_integer("slots", options.slots)
+    check_counts(options.channels, options.slices)
     reads = spec.reads * options.slices
     if reads > MAX_READS:
         raise PurlinError(f"{spec.name} for R={spec.world_size} reads {reads:,} chunks across its ranks' outputs "
