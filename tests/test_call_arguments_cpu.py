@@ -135,7 +135,7 @@ def test_a_negative_eps_is_refused_as_the_torch_op_and_the_language_refuse_it(on
 def test_epilogue_operands_get_the_same_memory_checks(on_cuda0):
     coll = load(FUSED, FakeComm(), params={"hidden": 64}, channels=1)
     x = torch.ones(2, 64)
-    with pytest.raises(ArgumentError, match=r"operand 'weight': is a lazily negated view"):
+    with pytest.raises(ArgumentError, match=r"operand 'weight' is a lazily negated view"):
         coll(x, residual=torch.ones(2, 64), weight=torch.ones(64)._neg_view(), eps=1e-6)
     read_only = np.ones(64, dtype=np.float32)
     read_only.setflags(write=False)

@@ -340,7 +340,7 @@ class LocalGroup:
             raise ArgumentError("LocalGroup needs at least one device, got none")
         if len(set(devices)) != len(devices) and not share_devices:
             raise ArgumentError(f"LocalGroup needs distinct devices, got {devices} "
-                             "(share_devices=True runs several ranks on one GPU: a loopback group for tests)")
+                                "(share_devices=True runs several ranks on one GPU: a loopback group for tests)")
         count = driver.device_count()
         for d in devices:
             if not 0 <= d < count:

@@ -56,12 +56,13 @@ def operand_words(name: str, epilogue: Epilogue, operands: Mapping[str, object],
                    f"writes its rows as {FAST_ALIGN}-byte vectors",
                    "pass an aligned tensor (a fresh one: torch's allocator aligns to 512 bytes), not a view at an offset")
     words, extents = [], []
+    eps = _eps_name(epilogue)
     for operand in epilogue.operands:
         if operand.name not in operands or operands[operand.name] is None:
             raise _err(f"{name}: missing operand {operand.name!r} ({operand.format()})")
         value = operands[operand.name]
         if operand.kind is OperandKind.SCALAR:
-            words.append(_scalar_word(name, operand, value, is_eps=operand.name == _eps_name(epilogue)))
+            words.append(_scalar_word(name, operand, value, is_eps=operand.name == eps))
             continue
         try:
             info = describe(value)
@@ -117,7 +118,7 @@ def _check_tensor(name: str, operand, info: ArrayInfo, dtype, numel: int, device
         raise _err(f"{what}: expected a contiguous tensor, got a strided one", "pass .contiguous()")
     memory_problem = unreadable(info)
     if memory_problem:
-        raise _err(f"{what}: {memory_problem[0]}", memory_problem[1])
+        raise _err(f"{what} {memory_problem[0]}", memory_problem[1])
     if info.ptr % FAST_ALIGN:
         raise _err(f"{what}: expected a {FAST_ALIGN}-byte aligned address, got {info.ptr:#x}")
 
