@@ -441,3 +441,15 @@ def test_dump_cuda_stage(capsys):
     assert main(["dump", str(EXAMPLES / "allgather.pln"), "--ranks", "2", "--stage", "cuda", "--atom", "tma"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("// purlin_allgather_") and "atom 'tma'" in out
+
+
+def test_parameters_that_lower_alike_still_name_their_own_kernels():
+    """The source names the bound parameters: two values with one schedule wrote one set of
+    files, the second compile's manifest naming its value over the first's."""
+    from purlinc import pipeline
+
+    text = "collective noop_param(k = 1) { in[r] = x[r]  out[r] = x[0..R]  copy }\n"
+    one, two = (pipeline.compile(pipeline.SourceText(text, "n.pln"), world_size=2, params={"k": k}, emit_cubin=False)
+                for k in (1, 2))
+    assert one.schedule.programs == two.schedule.programs
+    assert one.cuda.kernel_base != two.cuda.kernel_base

@@ -168,7 +168,7 @@ def generate(schedule: Schedule, spec, *, atom: str, arch: str, dtype: DType, op
         raise PurlinError("tracing is not available for collectives with run-time sizes")
     target = parse_arch(arch)
     atom_def = get_atom(atom, target)
-    base = kernel_base(schedule, atom, dtype, None)
+    base = kernel_base(schedule, atom, dtype, None, tuple(getattr(spec, "params", ())))
     abi = KernelABI(
         kernel_base=base, world_size=schedule.world_size, channels=schedule.channels, threads=THREADS,
         shared_bytes=0, itemsize=dtype.itemsize, stage_units=schedule.staging_units, slices=schedule.slices,

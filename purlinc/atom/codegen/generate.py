@@ -204,7 +204,7 @@ def generate(
     target = parse_arch(arch)
     atom_def = get_atom(atom, target)
     op = _check_types(schedule, dtype, op)
-    base = kernel_base(schedule, atom, dtype, op)
+    base = kernel_base(schedule, atom, dtype, op, tuple(getattr(spec, "params", ())))
     packed = packed_stages(schedule)
     reduce = op is not None
 
