@@ -352,3 +352,23 @@ def test_a_groups_load_options_are_checked_when_it_is_made(options, message):
     """Their values waited for the group's first collective, where the names and trace did not."""
     with pytest.raises(PurlinError, match=message):
         _group(**options)
+
+
+def test_load_tuned_refuses_the_pins_it_would_ignore(on_cuda0):
+    """Its buckets pin the schedules: channels=4 (or a trace) was accepted and dropped."""
+    from purlinc.runtime.loader import load_tuned
+    from purlinc.runtime.options import LoadOptions
+
+    for options, named in ((LoadOptions.of(channels=4), "channels"), (LoadOptions.of(trace=True), "trace"),
+                           (LoadOptions.of(algorithm="ring", packed=False), "algorithm, packed")):
+        with pytest.raises(PurlinError, match=rf"load_tuned takes params and arch only; {named} given"):
+            load_tuned(EXAMPLES / "allreduce.pln", FakeComm(), options)
+
+
+def test_a_call_of_part_rows_on_a_one_chunk_output_gets_no_note_about_chunks(on_cuda0):
+    coll = load(FUSED, FakeComm(), params={"hidden": 64}, channels=1)
+    with pytest.raises(ArgumentError) as info:
+        coll(torch.ones(65), residual=torch.ones(65), weight=torch.ones(64), eps=1e-6)
+    assert info.value.message.endswith("out has 65 elements per chunk, not a whole number of rows of 64 (the "
+                                       "epilogue's rows(64))")
+    assert info.value.notes == ()

@@ -155,3 +155,62 @@ def test_selection_size_is_rank_independent():
     assert tuned._chosen == {}
     tuned.variant_for(4096, 2)
     assert tuned._chosen[(4096, 2)] == tuning.choose(buckets, 4096 * 2 * 4) == 1
+
+
+GOOD_ROW = {"max_bytes": 4096, "algorithm": "direct-push", "atom": "ldst", "channels": 2, "slices": 1, "packed": True}
+
+
+@pytest.mark.parametrize("rows, problem", [
+    ([{**GOOD_ROW, "packed": "false"}], r"allgather\.4\[0\]: packed='false', expected true or false"),
+    ([{**GOOD_ROW, "algorithm": "direct-pusj"}], r"allgather\.4\[0\]: unknown algorithm 'direct-pusj'"),
+    ([{**GOOD_ROW, "atom": "ldsx"}], r"allgather\.4\[0\]: unknown atom 'ldsx'"),
+    ([{**GOOD_ROW, "max_bytes": 1 << 20}, GOOD_ROW], r"allgather\.4\[1\]: max_bytes=4096, expected a whole number of "
+                                                      r"bytes above the bucket before's \(1048576\)"),
+    ([{**GOOD_ROW, "max_bytes": None}, GOOD_ROW], r"allgather\.4\[0\]: max_bytes is missing \(unbounded\) before the "
+                                                  r"last bucket"),
+    ([{**GOOD_ROW, "max_bytes": "1KiB"}], r"allgather\.4\[0\]: max_bytes='1KiB', expected a whole number of bytes"),
+    ([{**GOOD_ROW, "channels": 0}], r"allgather\.4\[0\]: channels and slices must be >= 1"),
+    ([{**GOOD_ROW, "chanels": 2}], r"allgather\.4\[0\]: unknown field\(s\) chanels"),
+    ([3], r"allgather\.4\[0\]: expected a bucket \(an object\), got int"),
+    ([], r"allgather\.4: expected a non-empty list of buckets"),
+])
+def test_a_bad_table_is_refused_naming_the_file_and_the_row(monkeypatch, tmp_path, rows, problem):
+    """Read as it was, "packed": "false" ran every size packed, an unknown algorithm fell back to
+    direct-push silently, and a middle row without max_bytes served every size after it."""
+    from purlinc.errors import PurlinError
+
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps({"tables": {"allgather": {"4": rows}}}))
+    monkeypatch.setattr(tuning, "TABLE_PATH", path)
+    tuning._measured.cache_clear()
+    with pytest.raises(PurlinError, match=rf"tuning table {path}: {problem}"):
+        tuning.buckets_for(_spec("allgather", 4), packed_supported=True)
+
+
+@pytest.mark.parametrize("text, problem", [("{", "is not JSON"), ("[1, 2]", "expected {collective: {world size")])
+def test_a_table_that_is_not_one_is_refused(monkeypatch, tmp_path, text, problem):
+    from purlinc.errors import PurlinError
+
+    path = tmp_path / "tuning.json"
+    path.write_text(text)
+    monkeypatch.setattr(tuning, "TABLE_PATH", path)
+    tuning._measured.cache_clear()
+    with pytest.raises(PurlinError, match=rf"tuning table {path}.*{problem}"):
+        tuning.buckets_for(_spec("allgather", 4), packed_supported=True)
+
+
+def test_the_committed_table_passes_the_loads_own_checks(monkeypatch):
+    monkeypatch.setattr(tuning, "TABLE_PATH", COMMITTED_TABLE)
+    tuning._measured.cache_clear()
+    assert len(tuning._measured()) == 8
+
+
+def test_an_epilogue_of_a_reduce_scatter_shape_counts_its_rows_not_its_input():
+    """A call counts as its largest buffer (R chunks of input) while a rank computes one
+    chunk's rows: without the factor, one row per rank at R=8 ran on 32 channels unpacked."""
+    text = ("collective rs(hidden = 4096) with rows residual, row weight, scalar eps { in[r] = x[0..R] out[r] = x[r] "
+            "reduce epilogue rows(hidden) { h = out + residual residual = h out = rmsnorm(h, weight, eps) } }")
+    spec = pipeline.spec_stage(pipeline.parse_stage(pipeline.SourceText(text, "rs.pln")), 8, None)
+    buckets = tuning.buckets_for(spec, packed_supported=True)
+    one_row_per_rank = 4096 * 2 * 8  # bf16, as Tuned counts it: count x itemsize x U (U = 8)
+    assert tuning.choose(buckets, one_row_per_rank) == 0 and buckets[0].packed

@@ -58,7 +58,15 @@ def load_flat(path_or_source: str | Path, comm, options: LoadOptions = LoadOptio
 
 def load_tuned(path_or_source: str | Path, comm, options: LoadOptions = LoadOptions()):
     """A schedule per message-size bucket (``purlinc.runtime.tuning``), chosen per call: a
-    Tuned (a TunedGroup for a LocalGroup).  ``options`` gives the params and target only."""
+    Tuned (a TunedGroup for a LocalGroup).  ``options`` gives the params and target only: the
+    table pins each bucket's schedule, so a pin (or a trace, which pins one) is refused, as
+    are the sizes of a collective with run-time sizes."""
+    pinned = options.orchestration()
+    if pinned or options.capacity is not None or options.dtype is not None:
+        given = [*pinned, *(name for name in ("capacity", "dtype") if getattr(options, name) is not None)]
+        raise PurlinError(f"load_tuned takes params and arch only; {', '.join(given)} given",
+                          notes=("a pinned schedule: load_flat (or load(..., channels=...)); run-time sizes: "
+                                 "load_sized",))
     comms = _members(comm)
     return tuned.load_tuned(path_or_source, comm, comms, options.on_device(comms[0].device))
 

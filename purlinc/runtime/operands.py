@@ -27,13 +27,15 @@ def _err(message: str, *notes: str) -> ArgumentError:
     return ArgumentError(message, None, notes)
 
 
-def check_rows(name: str, epilogue: Epilogue, count: int) -> None:
-    """Every chunk must hold whole rows (rows never straddle chunks)."""
+def check_rows(name: str, epilogue: Epilogue, count: int, out_chunks: int = 1) -> None:
+    """Every chunk must hold whole rows (rows never straddle chunks).  ``out_chunks``: how many
+    chunks the output is cut into (the note on fewer rows than chunks applies only past one)."""
     if count % epilogue.row:
+        notes = () if out_chunks <= 1 else (
+            f"with an output of {out_chunks} chunks (out[r] = x[0..R]) a chunk is numel / {out_chunks} elements: use "
+            "a spec whose output is one chunk (out[r] = x) for fewer rows than chunks",)
         raise _err(f"{name}: out has {count} elements per chunk, not a whole number of rows of {epilogue.row} "
-                   f"(the epilogue's rows({epilogue.row}))",
-                   "with out[r] = x[0..R] a chunk is numel / R elements: use a spec whose output is one chunk "
-                   "(out[r] = x) for fewer rows than ranks")
+                   f"(the epilogue's rows({epilogue.row}))", *notes)
 
 
 def operand_words(name: str, epilogue: Epilogue, operands: Mapping[str, object], shape: CallShape,
@@ -48,7 +50,7 @@ def operand_words(name: str, epilogue: Epilogue, operands: Mapping[str, object],
     if unknown:
         declared = ", ".join(o.name for o in epilogue.operands)
         raise _err(f"{name}: unknown operand {unknown[0]!r}; the epilogue takes {declared}")
-    check_rows(name, epilogue, shape.count)
+    check_rows(name, epilogue, shape.count, out_numel // shape.count if shape.count else 1)
     if shape.out_ptr % FAST_ALIGN:
         # The epilogue reads and writes out's rows as 16-byte vectors (epilogue_rows.cuh.j2),
         # with no scalar path: a misaligned out would fault the kernel (and the context).

@@ -59,7 +59,10 @@ def _prepare_bucket(source, world_size, bucket: tuning.Bucket, params, arch, uni
         kwargs["packed"] = bucket.packed
     try:
         compiled = prepare(source, world_size, **kwargs)
-    except PurlinError:
+    except PurlinError as error:
+        if log.isEnabledFor(logging.INFO):
+            log.info("size bucket %s does not apply (%s): plain direct-push on %d channels instead",
+                     tuning.Bucket.to_json(bucket), error.message, bucket.channels)
         kwargs.update(algorithm=DEFAULT_ALGORITHM.value, atom=DEFAULT_ATOM, slices=1)
         kwargs.pop("packed", None)
         compiled = prepare(source, world_size, **kwargs)

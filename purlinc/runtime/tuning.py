@@ -1,17 +1,20 @@
 """Which schedule a plain call runs: a size-bucketed table, measured or modelled.
 
 ``load(path, comm)`` with no orchestration options loads one variant per size bucket and
-each call runs the variant of the first bucket whose ``max_bytes`` covers the call's bytes
-(the larger of this rank's input and output, as nccl-tests counts).  Buckets come from:
+each call runs the variant of the first bucket whose ``max_bytes`` covers the call's bytes:
+count x itemsize x U, U the most chunks any rank's input or output holds (the largest buffer
+of the call, as nccl-tests counts, and the same on every rank so that all pick one bucket).
+Buckets come from:
 
 1. a tuning table measured by ``benchmarks/bench.py`` on a machine and committed as
    ``purlinc/runtime/tuning.json`` ({"tables": {collective: {world_size: [bucket, ...]}}});
-   used when the collective's name and world size are in it;
+   used when the collective's name and world size are in it and its layouts are that
+   standard collective's (``measured_for``); every row is checked when the table is read;
 2. otherwise the cost model below (``epilogue_model`` for a collective with an epilogue), which
-   encodes what the measurements showed on H200 NVLink: latency is dominated by signalling up
-   to ~64 KiB (one thread block, and the packed LL protocol where the schedule supports it),
-   bandwidth needs many thread blocks (one block moves ~46 GB/s over NVLink, so 1 MiB wants
-   ~16 and 16 MiB+ wants 32 or more).
+   encodes what the measurements showed on H200 NVLink: latency is dominated by signalling for
+   small messages (one thread block up to 16 KiB, eight to 128 KiB, with the packed LL
+   protocol where the schedule supports it), bandwidth needs many thread blocks (one block
+   moves ~46 GB/s over NVLink, so 1 MiB wants ~16 and 16 MiB+ wants 32 or more).
 """
 
 from __future__ import annotations
@@ -88,7 +91,8 @@ def model(*, is_reduce: bool, replicated_reduce: bool, world_size: int, packed_s
 EPILOGUE_ITEMSIZE = 2
 
 
-def epilogue_model(row_elements: int, *, large_algorithm: str, packed_supported: bool) -> tuple[Bucket, ...]:
+def epilogue_model(row_elements: int, *, large_algorithm: str, packed_supported: bool,
+                   counted_per_row: int = 1) -> tuple[Bucket, ...]:
     """The buckets of a collective with an epilogue: its rows, not the all-reduce's bytes, set the
     channels, because a block computes the epilogue of whole rows.  Measured in loopback (local
     work, R=2, [rows x 4096] bf16, benchmarks/results/2026-12-02-h200x1-loopback-epilogue-
@@ -96,8 +100,13 @@ def epilogue_model(row_elements: int, *, large_algorithm: str, packed_supported:
     direct-push pass); up to four, LL on 8 blocks (4.6-4.7 against 5.1-5.3); beyond, LL's
     separate epilogue pass falls behind the fused pass (16 rows: 7.4 against 5.4 us) and the
     fused pass wants about a row per block (64 rows: 6.1 us on 64 blocks, 6.6 on 32, 8.6 on 16:
-    the plain model's 16 channels)."""
-    row = row_elements * EPILOGUE_ITEMSIZE
+    the plain model's 16 channels).
+
+    ``counted_per_row``: the rows a call's size counts for each row a rank computes.  A call is
+    counted as its largest buffer (``tuned``: count x itemsize x U, U the most chunks a rank
+    holds) while rows are its output's: an output of one chunk of an input of R (a reduce-scatter
+    shape) counts R rows per row computed."""
+    row = row_elements * EPILOGUE_ITEMSIZE * counted_per_row
     return (
         Bucket(row, channels=1, packed=packed_supported),
         Bucket(4 * row, channels=8, packed=packed_supported),
@@ -108,23 +117,87 @@ def epilogue_model(row_elements: int, *, large_algorithm: str, packed_supported:
 
 
 @lru_cache(maxsize=None)
-def _measured() -> dict:
+def _measured() -> dict[str, dict[str, tuple[Bucket, ...]]]:
+    """The measured table, every row checked (``_checked_rows``); {} where there is none.  A
+    table that is there but wrong is refused, naming the file and the row: read as it was, a
+    "packed": "false" ran every size packed and an unknown algorithm fell back silently."""
+    from purlinc.errors import PurlinError
+
     try:
-        data = json.loads(TABLE_PATH.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
+        text = TABLE_PATH.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}  # no table: the cost model for every collective
+    except (OSError, ValueError) as error:
+        raise PurlinError(f"tuning table {TABLE_PATH} cannot be read: {getattr(error, 'strerror', None) or error}")
+    try:
+        data = json.loads(text)
+    except ValueError as error:
+        raise PurlinError(f"tuning table {TABLE_PATH} is not JSON: {error}") from None
     # Either {"tables": {...}, ...notes} or the harness's own file ({collective: {R: [...]}}).
-    return data.get("tables", data) if isinstance(data, dict) else {}
+    tables = data.get("tables", data) if isinstance(data, dict) else data
+    if not isinstance(tables, dict):
+        raise PurlinError(f"tuning table {TABLE_PATH}: expected {{collective: {{world size: [bucket, ...]}}}}, "
+                          f"got {type(tables).__name__}")
+    checked: dict[str, dict[str, tuple[Bucket, ...]]] = {}
+    for name, by_size in tables.items():
+        if not isinstance(by_size, dict):
+            raise PurlinError(f"tuning table {TABLE_PATH}: {name}: expected {{world size: [bucket, ...]}}, "
+                              f"got {type(by_size).__name__}")
+        checked[name] = {size: _checked_rows(f"{name}.{size}", size, rows) for size, rows in by_size.items()}
+    return checked
+
+
+# What a table's row may hold: a bucket's fields, and what the harness notes beside them.
+_ROW_FIELDS = frozenset({"max_bytes", "algorithm", "atom", "channels", "slices", "packed", "measured_us", "variant"})
+
+
+def _checked_rows(where: str, size: str, rows) -> tuple[Bucket, ...]:
+    """One world size's rows as Buckets: each field of its type and a name the registries
+    know, ascending max_bytes, only the last row unbounded."""
+    from purlinc.atom.atoms import lookup_atom
+    from purlinc.errors import PurlinError
+    from purlinc.snac.algorithms import get_algorithm
+    from purlinc.snac.lower import check_counts
+
+    def refuse(problem: str, row: int | None = None):
+        at = where if row is None else f"{where}[{row}]"
+        return PurlinError(f"tuning table {TABLE_PATH}: {at}: {problem}")
+
+    if not (size.isdigit() and int(size) >= 1):
+        raise refuse(f"the world size {size!r} is not a whole number >= 1")
+    if not isinstance(rows, list) or not rows:
+        raise refuse("expected a non-empty list of buckets")
+    buckets, last = [], 0
+    for n, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise refuse(f"expected a bucket (an object), got {type(row).__name__}", n)
+        unknown = sorted(set(row) - _ROW_FIELDS)
+        if unknown:
+            raise refuse(f"unknown field(s) {', '.join(unknown)}; a bucket has {', '.join(sorted(_ROW_FIELDS))}", n)
+        limit = row.get("max_bytes")
+        if limit is None and n != len(rows) - 1:
+            raise refuse("max_bytes is missing (unbounded) before the last bucket: the buckets after it would "
+                         "never run", n)
+        if limit is not None and (type(limit) is not int or limit <= last):
+            raise refuse(f"max_bytes={limit!r}, expected a whole number of bytes above the bucket before's "
+                         f"({last})", n)
+        if type(row.get("packed", False)) is not bool:
+            raise refuse(f"packed={row['packed']!r}, expected true or false", n)
+        try:
+            get_algorithm(row.get("algorithm", DEFAULT_ALGORITHM.value))
+            lookup_atom(row.get("atom", DEFAULT_ATOM))
+            check_counts(row.get("channels", 1), row.get("slices", 1))
+        except PurlinError as error:
+            raise refuse(error.message, n) from None
+        buckets.append(Bucket.from_json(row))
+        last = limit or last
+    if buckets[-1].max_bytes is not None:  # the table must cover every size
+        buckets.append(Bucket.from_json({**buckets[-1].to_json(), "max_bytes": None}))
+    return tuple(buckets)
 
 
 def measured(name: str, world_size: int) -> tuple[Bucket, ...] | None:
-    rows = _measured().get(name, {}).get(str(world_size))
-    if not rows:
-        return None
-    buckets = tuple(Bucket.from_json(row) for row in rows)
-    if buckets[-1].max_bytes is not None:  # the table must cover every size
-        buckets = (*buckets, Bucket.from_json({**buckets[-1].to_json(), "max_bytes": None}))
-    return buckets
+    return _measured().get(name, {}).get(str(world_size))
 
 
 def layout_shape(spec) -> tuple:
@@ -175,7 +248,10 @@ def buckets_for(spec, *, packed_supported: bool) -> tuple[Bucket, ...]:
                   packed_supported=packed_supported)
     if spec.epilogue is None:
         return plain
-    return epilogue_model(spec.epilogue.row, large_algorithm=plain[-1].algorithm, packed_supported=packed_supported)
+    counted = max(max(len(ins), len(outs)) for ins, outs in zip(spec.inputs, spec.outputs))
+    computed = max(len(outs) for outs in spec.outputs)  # the rank with the most rows sets the pace
+    return epilogue_model(spec.epilogue.row, large_algorithm=plain[-1].algorithm, packed_supported=packed_supported,
+                          counted_per_row=-(-counted // computed))
 
 
 def choose(buckets: tuple[Bucket, ...], nbytes: int) -> int:
