@@ -126,8 +126,8 @@ def test_arrays_whose_memory_does_not_hold_their_values_are_refused(on_cuda0, mo
 def test_a_negative_eps_is_refused_as_the_torch_op_and_the_language_refuse_it(on_cuda0):
     coll = load(FUSED, FakeComm(), params={"hidden": 64}, channels=1)
     x = torch.ones(2, 64)
-    with pytest.raises(ArgumentError, match=r"allreduce_add_rmsnorm: operand 'eps' is rmsnorm's eps: expected a "
-                                            r"number >= 0, got -1.0"):
+    with pytest.raises(ArgumentError, match=r"allreduce_add_rmsnorm: operand 'eps': rmsnorm's eps must be >= 0, "
+                                            r"got -1.0"):
         coll(x, residual=torch.ones(2, 64), weight=torch.ones(64), eps=-1.0)
     coll(x, residual=torch.ones(2, 64), weight=torch.ones(64), eps=0.0)
 

@@ -202,13 +202,21 @@ def test_numpy_integers_are_integers():
 
 
 @pytest.mark.parametrize("pins, named", [
-    ({"packed": False}, ("packed",)), ({"channels": 0}, ("channels",)), ({"trace": False}, ()),
+    ({"packed": False}, ("packed",)), ({"trace": False}, ()),
     ({"algorithm": "ring", "trace": True}, ("algorithm", "trace")),
 ])
 def test_a_pin_set_to_a_false_value_is_still_a_pin(pins, named):
     from purlinc.runtime.options import LoadOptions
 
     assert LoadOptions.of(**pins).orchestration() == named
+
+
+def test_a_pin_of_no_channels_is_refused_when_given():
+    """channels=0 counted as a pin and failed later, in the lowering; it is refused at once."""
+    from purlinc.runtime.options import LoadOptions
+
+    with pytest.raises(PurlinError, match=r"channels and slices must be >= 1 \(got channels=0\)"):
+        LoadOptions.of(channels=0)
 
 
 @pytest.mark.parametrize("overrides, message", [

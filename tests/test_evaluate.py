@@ -343,3 +343,74 @@ def test_a_scalar_operand_is_any_real_number_but_a_bool(eps, ok):
     else:
         with pytest.raises(ValueError, match="operand 'eps': expected a number"):
             run()
+
+
+# ---- NaN bits, one source, epilogue scalars (what the simulator and the runtime do too) ------
+
+def _lowered(text, world_size, **options):
+    from purlinc.snac.ir import Algorithm, LowerOptions
+    from purlinc.snac.lower import lower
+
+    spec = check(parse(text), world_size)
+    algorithm = Algorithm(options.pop("algorithm", "direct-push"))
+    return spec, lower(spec, LowerOptions(algorithm, **options))
+
+
+@pytest.mark.parametrize("count", [1, 16, 17, 33])
+def test_a_reduced_nan_is_the_canonical_one_whatever_the_count(count):
+    """NumPy's SIMD loop and its remainder keep different operands' NaN payloads, so the
+    evaluator's bits depended on the count and the simulator (other slice lengths) disagreed."""
+    from purlinc.snac.simulate import simulate
+
+    spec, schedule = _lowered("collective ar { in[r] = x out[r] = x reduce }", 2, channels=2)
+    for dtype, bits in (("float32", (0x7FC00000, 0xFFC00000, np.uint32)), ("float16", (0x7E00, 0xFE01, np.uint16))):
+        storage = DType.parse(dtype).storage
+        xs = [np.full(count, bits[2](bits[0])).view(storage), np.full(count, bits[2](bits[1])).view(storage)]
+        want = evaluate(spec, xs, count, dtype, "sum")
+        got = simulate(schedule, spec, xs, count, dtype, "sum")
+        canonical = np.array([np.nan], storage).view(bits[2])[0]
+        for out in (*want, *got):
+            assert (out.view(bits[2]) == canonical).all(), (dtype, [hex(v) for v in out.view(bits[2])])
+
+
+def test_one_source_is_its_own_reduction_bit_for_bit():
+    """The lowerings copy a chunk with one source; the evaluator rounded it through float32,
+    which canonicalized a NaN's payload."""
+    from purlinc.snac.simulate import simulate
+
+    spec, schedule = _lowered("collective s { in[r] = x[r]  out[r] = x[(r + 1) % R]  reduce }", 2)
+    xs = [np.array([0x7F81, 0xFFC1], np.uint16)] * 2  # bf16 NaNs with payloads
+    want = evaluate(spec, xs, 2, "bfloat16", "sum")
+    got = simulate(schedule, spec, xs, 2, "bfloat16", "sum")
+    for out in (*want, *got):
+        assert [hex(v) for v in out] == ["0x7f81", "0xffc1"]
+
+
+FUSED = Path(__file__).resolve().parent.parent / "examples" / "fused" / "allreduce_add_rmsnorm.pln"
+
+
+@pytest.mark.parametrize("eps, problem", [
+    (-1.0, "rmsnorm's eps must be >= 0, got -1.0"),
+    (float("nan"), "expected a finite float32 value, got nan"),
+    (1e39, "expected a finite float32 value, got 1e\\+39"),
+    (10**400, "expected a finite float32 value, got 1000"),
+    ("1e-6", "expected a number \\(float32\\), got str"),
+])
+def test_the_oracle_refuses_the_scalars_the_runtime_refuses(eps, problem):
+    spec = check(parse_file(FUSED), 1, {"hidden": 8})
+    operands = [{"residual": np.zeros(8, np.float32), "weight": np.ones(8, np.float32), "eps": eps}]
+    with pytest.raises(ValueError, match=rf"operand 'eps': {problem}"):
+        evaluate(spec, [np.full(8, 0.5, np.float32)], 8, "float32", "sum", operands)
+
+
+def test_the_epilogue_oracle_warns_of_nothing_the_kernels_compute(recwarn):
+    """A zero row with eps=0 is 0 * inf = NaN, as in the kernels (rsqrtf(0) = inf): NumPy's
+    warnings were errors under -W error, as the reductions' are not."""
+    import warnings
+
+    spec = check(parse_file(FUSED), 1, {"hidden": 8})
+    operands = [{"residual": np.zeros(8, np.float32), "weight": np.ones(8, np.float32), "eps": 0.0}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = evaluate(spec, [np.zeros(8, np.float32)], 8, "float32", "sum", operands)[0]
+    assert np.isnan(out).all()

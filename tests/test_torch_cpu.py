@@ -32,7 +32,7 @@ from purlinc.torch import ops as ops_module  # noqa: E402
 from rank_threads import on_threads  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-_TORCH_TO_DTYPE = {torch.float32: DType.FLOAT32, torch.int32: DType.INT32}
+_TORCH_TO_DTYPE = {torch.float32: DType.FLOAT32, torch.float16: DType.FLOAT16, torch.int32: DType.INT32}
 
 
 class Comm:
@@ -442,6 +442,22 @@ def test_user_collective_through_op():
         for got in (y, out, t):
             np.testing.assert_array_equal(got.numpy(), want)
     assert torch.ops.purlin.ring_shift.default._schema.name == "purlin::ring_shift"
+
+
+def test_avg_scales_before_it_sums_so_a_float16_average_that_fits_is_kept():
+    """Summed first, two fp16 ranks of 60000 rounded to infinity before the division: NCCL
+    scales floats before the sum, and so does Purlin now."""
+    R = 2
+    world = World(SOURCES["allreduce"], R, None)
+    colls = [pt.op(StandIn(world, r), name="allreduce_avg_fp16") for r in range(R)]
+
+    class G:
+        _entries: dict = {}
+    results = on_ranks([G(), G()], lambda rank, _: colls[rank](torch.full((4,), 60000.0, dtype=torch.float16),
+                                                               op="avg"))
+    for got in results:
+        assert got.dtype == torch.float16
+        np.testing.assert_array_equal(got.float().numpy(), [60000.0] * 4)
 
 
 def test_a_copy_ignores_op_avg():

@@ -9,10 +9,14 @@ reference evaluator and the SNAC simulator alike; the code generator
 
 from __future__ import annotations
 
+import math
+import numbers
+import reprlib
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from purlinc.dtypes import DType
+from purlinc.dtypes import FLOAT32_MAX, DType
 from purlinc.errors import PurlinError, Span
 from purlinc.frontend import ast
 from purlinc.frontend.ast import OperandKind
@@ -411,6 +415,33 @@ def _check_call(call: ast.FCall, declared: Mapping[str, ast.OperandDecl]) -> Non
 # --- meaning ------------------------------------------------------------------------------------
 
 
+def eps_operand(epilogue: Epilogue) -> str | None:
+    """The scalar operand the epilogue's rmsnorm takes as its eps, if one does."""
+    norm = epilogue.norm
+    eps = norm.args[2] if norm is not None else None
+    return eps.name if isinstance(eps, ast.FName) else None
+
+
+def scalar_problem(value, *, is_eps: bool) -> tuple[str, str | None] | None:
+    """Why a scalar operand's value cannot run (what is wrong, and a note), or None: the one rule
+    for the runtime and the oracle alike.  A finite float32 only (a value float32 cannot hold
+    would be packed as infinity, and a NaN or infinity poisons every row silently); rmsnorm's
+    eps also >= 0, as a literal eps must be (a negative one makes small rows' roots NaN)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return f"expected a number (float32), got {type(value).__name__}", None
+    try:
+        as_float32 = struct.unpack("<f", struct.pack("<f", float(value)))[0]
+    except OverflowError:  # past float32's range (or, an int, past float64's)
+        as_float32 = math.inf
+    if not math.isfinite(as_float32):
+        return (f"expected a finite float32 value, got {reprlib.repr(value)}",
+                f"float32 holds magnitudes up to {FLOAT32_MAX:.6g}")
+    if is_eps and value < 0:
+        return (f"rmsnorm's eps must be >= 0, got {reprlib.repr(value)}",
+                "a negative eps makes rows whose mean square is below it NaN")
+    return None
+
+
 def apply_rows(epilogue: Epilogue, out, operands: Mapping[str, object]) -> dict[str, object]:
     """Run the epilogue on float32 rows: ``out`` is ``[n, row]`` (the reduced output, already
     rounded to the call's dtype), ``operands`` maps each operand's name to ``[n, row]``
@@ -421,15 +452,18 @@ def apply_rows(epilogue: Epilogue, out, operands: Mapping[str, object]) -> dict[
 
     env = {OUT: out, **{name: (np.float32(v) if np.isscalar(v) else v) for name, v in operands.items()}}
     results: dict[str, object] = {}
-    for statement in epilogue.statements:
-        value = _evaluate(statement.value, env)
-        # C order: a broadcast local (h = w) came out of astype in Fortran order, and NumPy then
-        # summed a row's squares in another order by the number of rows evaluated together
-        value = np.ascontiguousarray(np.broadcast_to(value, out.shape), dtype=np.float32)
-        if statement.target == OUT or statement.target in operands:
-            results[statement.target] = value
-        else:
-            env[statement.target] = value
+    # IEEE overflow, 1 / 0 = inf and 0 * inf = NaN are the kernels' semantics, not errors (as in
+    # the reductions: evaluate.reduce_chunks); NumPy's warnings would be errors under -W error
+    with np.errstate(all="ignore"):
+        for statement in epilogue.statements:
+            value = _evaluate(statement.value, env)
+            # C order: a broadcast local (h = w) came out of astype in Fortran order, and NumPy
+            # then summed a row's squares in another order by the number of rows evaluated together
+            value = np.ascontiguousarray(np.broadcast_to(value, out.shape), dtype=np.float32)
+            if statement.target == OUT or statement.target in operands:
+                results[statement.target] = value
+            else:
+                env[statement.target] = value
     return results
 
 

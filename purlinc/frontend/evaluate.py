@@ -15,7 +15,7 @@ import numpy as np
 
 from purlinc.dtypes import DType, ReduceOp, e4m3_from_float32, e4m3_to_float32, from_float32, to_float32
 from purlinc.frontend.ast import OperandKind
-from purlinc.frontend.epilogue import OUT, Epilogue, apply_rows, row_problem
+from purlinc.frontend.epilogue import OUT, Epilogue, apply_rows, eps_operand, row_problem, scalar_problem
 from purlinc.frontend.spec import Spec
 
 _REDUCERS = {
@@ -44,7 +44,10 @@ def _check_inputs(spec: Spec, inputs: Sequence[np.ndarray], count: int, dtype: D
 
 
 def reduce_chunks(chunks: Sequence[np.ndarray], dtype: DType, op: ReduceOp) -> np.ndarray:
-    """Reduce equally sized stored chunks in the given order, in float32, rounding once."""
+    """Reduce equally sized stored chunks in the given order, in float32, rounding once.  One
+    chunk is its own reduction, bit for bit: the lowerings copy it (a Consume of one source)."""
+    if len(chunks) == 1:
+        return np.array(chunks[0], copy=True)
     reducer = _REDUCERS[op]
     accumulator = to_float32(chunks[0], dtype)
     # IEEE overflow to infinity and inf - inf = NaN are the semantics the kernels have, not errors
@@ -179,13 +182,15 @@ def _narrow(values: np.ndarray, dtype: DType) -> np.ndarray:
 
 def check_operands(epilogue: Epilogue, operands: dict, numel: int, dtype: DType) -> None:
     """Every operand present, with its storage dtype and shape (``numel``: the rank's output)."""
+    eps = eps_operand(epilogue)
     for operand in epilogue.operands:
         if operand.name not in operands:
             raise ValueError(f"missing epilogue operand '{operand.name}'")
         value = operands[operand.name]
-        if operand.kind is OperandKind.SCALAR:
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise ValueError(f"operand '{operand.name}': expected a number, got {type(value).__name__}")
+        if operand.kind is OperandKind.SCALAR:  # what the runtime refuses, the oracle refuses too
+            problem = scalar_problem(value, is_eps=operand.name == eps)
+            if problem is not None:
+                raise ValueError(f"operand '{operand.name}': {problem[0]}")
             continue
         want = (operand.dtype or dtype).storage
         shape = (numel,) if operand.kind is OperandKind.ROWS else (epilogue.row,)

@@ -8,19 +8,14 @@ or a float32's bits (scalars).  Pure functions over ``ArrayInfo``: testable with
 
 from __future__ import annotations
 
-import math
-import numbers
 import struct
 from collections.abc import Mapping
 
-from purlinc.frontend.ast import FName, OperandKind
-from purlinc.frontend.epilogue import Epilogue
+from purlinc.frontend.ast import OperandKind
+from purlinc.frontend.epilogue import Epilogue, eps_operand, scalar_problem
 from purlinc.runtime.errors import ArgumentError
 from purlinc.runtime.interop import ArrayInfo, describe
 from purlinc.runtime.validate import FAST_ALIGN, CallShape, unreadable
-
-
-FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _err(message: str, *notes: str) -> ArgumentError:
@@ -58,7 +53,7 @@ def operand_words(name: str, epilogue: Epilogue, operands: Mapping[str, object],
                    f"writes its rows as {FAST_ALIGN}-byte vectors",
                    "pass an aligned tensor (a fresh one: torch's allocator aligns to 512 bytes), not a view at an offset")
     words, extents = [], []
-    eps = _eps_name(epilogue)
+    eps = eps_operand(epilogue)
     for operand in epilogue.operands:
         if operand.name not in operands or operands[operand.name] is None:
             raise _err(f"{name}: missing operand {operand.name!r} ({operand.format()})")
@@ -78,32 +73,13 @@ def operand_words(name: str, epilogue: Epilogue, operands: Mapping[str, object],
     return tuple(words)
 
 
-def _eps_name(epilogue: Epilogue) -> str | None:
-    """The scalar operand the epilogue's rmsnorm takes as its eps, if one does."""
-    norm = epilogue.norm
-    eps = norm.args[2] if norm is not None else None
-    return eps.name if isinstance(eps, FName) else None
-
-
 def _scalar_word(name: str, operand, value, *, is_eps: bool = False) -> int:
-    """A scalar's float32 bits.  A finite float32 only: a value float32 cannot hold would be
-    packed as infinity (or overflow the packing), and a NaN or infinity would poison every row
-    the epilogue computes, silently.  ``is_eps``: rmsnorm's eps, which is >= 0 too (as a literal
-    eps must be): a negative one makes the root's argument 0 or negative on small rows."""
-    what = f"{name}: operand {operand.name!r}"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise _err(f"{what}: expected a number (float32), got {type(value).__name__}")
-    try:
-        packed = struct.pack("<f", float(value))
-    except OverflowError:
-        packed = None
-    if packed is None or not math.isfinite(struct.unpack("<f", packed)[0]):
-        raise _err(f"{what}: expected a finite float32 value, got {float(value)!r}",
-                   f"float32 holds magnitudes up to {FLOAT32_MAX:.6g}")
-    if is_eps and value < 0:
-        raise _err(f"{what} is rmsnorm's eps: expected a number >= 0, got {float(value)!r}",
-                   "a negative eps makes rows whose mean square is below it NaN")
-    return struct.unpack("<I", packed)[0]
+    """A scalar's float32 bits, once ``scalar_problem`` (the oracle's rule too) finds nothing."""
+    problem = scalar_problem(value, is_eps=is_eps)
+    if problem is not None:
+        text, note = problem
+        raise _err(f"{name}: operand {operand.name!r}: {text}", *((note,) if note else ()))
+    return struct.unpack("<I", struct.pack("<f", float(value)))[0]
 
 
 def _check_tensor(name: str, operand, info: ArrayInfo, dtype, numel: int, device: int) -> None:

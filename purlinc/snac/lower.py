@@ -26,8 +26,10 @@ read the packets (``purlinc.snac.packing``).
 
 ``options.slots`` shapes the ring only (the one algorithm that forwards through staging);
 direct-push, direct-pull and two-shot give every message its own unit, reused across calls.
-Ring reductions add in ring order and round at each hop: close to the spec's evaluator but
-not bitwise equal to it (direct-push, direct-pull and two-shot are bitwise equal).
+Ring reductions add in ring order and round at each hop: not bitwise equal to the spec's
+evaluator, usually in the last bits, but a rounded partial can overflow or cancel where the
+evaluator's float32 sum does not (docs/LANGUAGE.md, "Operations"); direct-push, direct-pull
+and two-shot are bitwise equal.
 
 Channels: the lowering builds one *template* channel over local slices ``0..S-1`` and
 symbolic signals, then instantiates it per channel by shifting slices by ``c * S`` and

@@ -10,8 +10,8 @@
 ``x`` is this rank's input (an empty tensor on ranks that give none: it still carries the
 dtype and device); the functional form returns this rank's output, 1-D, and takes ``count``
 (elements per chunk) only where x cannot say it (``-1`` otherwise).  ``op`` is a reduction
-(``sum``, ``prod``, ``max``, ``min``, or ``avg``: sum, then a division by the world size, for
-floating dtypes) and is ignored by copies.  Any contiguous shape is accepted: a collective
+(``sum``, ``prod``, ``max``, ``min``, or ``avg``: the inputs scaled by 1 / world size, then
+summed, for floating dtypes) and is ignored by copies.  Any contiguous shape is accepted: a collective
 sees a tensor as its elements in order, so "chunk i" of a tensor is its i-th slice along
 dim 0 when dim 0 splits evenly, which is how torch.distributed concatenates.
 
@@ -404,6 +404,10 @@ def run(e: Entry, x, out, op: str, *, count: int | None = None, like=None) -> No
                    "agree on it; a graph can capture neither",
                    "torch.compile(mode='reduce-overhead') makes that call by itself"),
         )
+    if op == "avg" and e.is_reduce and x is not None and x.numel():
+        # Scaled before the sum, as NCCL's AVG scales floats: the sum of R fp16 values of 60000
+        # rounded to infinity before a division after it could bring it back.
+        x = x * (1.0 / e.world_size)
     if chunkless:
         coll(None, None, op=purlin_op, count=count, dtype=dtype)
     else:
@@ -412,8 +416,6 @@ def run(e: Entry, x, out, op: str, *, count: int | None = None, like=None) -> No
         variant = _variant(coll, count, dtype.itemsize)
         if getattr(variant, "_ce", None) is not None:
             e.warmed.add(id(variant))
-    if op == "avg" and e.is_reduce and out is not None and out.numel():  # a copy ignores op
-        out.div_(e.world_size)
 
 
 # ---------------------------------------------------------------------------------------------
