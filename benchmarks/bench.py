@@ -59,9 +59,10 @@ dist = None
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1K, 16K, 64K, 1M, 16M, 256M and fewer Purlin variants")
-    ap.add_argument("--out", type=Path, default=None, help="also copy every output file here (e.g. $OUT)")
-    ap.add_argument("--results-dir", type=Path, default=HERE / "results")
-    ap.add_argument("--machine", default=None, help="machine tag in file names (default: <gpu>x<R>, e.g. h200x2)")
+    ap.add_argument("--out", type=argtypes.output_dir, default=None,
+                    help="also copy every output file here (e.g. $OUT)")
+    ap.add_argument("--results-dir", type=argtypes.output_dir, default=HERE / "results")
+    ap.add_argument("--machine", type=argtypes.file_tag, default=None, help="machine tag in file names (default: <gpu>x<R>, e.g. h200x2)")
     ap.add_argument("--collectives", default=",".join(report.COLLECTIVES), help="comma-separated subset")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
     ap.add_argument("--hier-gpus-per-node", default="R,1",
@@ -92,11 +93,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--peak-bytes", type=argtypes.positive_byte_size, default=1 * report.GiB,
                     help="largest size of the one-way peer peak measurement")
     ap.add_argument("--no-peak", action="store_true")
-    ap.add_argument("--reps", type=argtypes.positive_int, default=5, help="timed repeats per mode (the median is kept)")
+    ap.add_argument("--reps", type=argtypes.positive_int, default=None,
+                    help="timed repeats per mode, the median kept (default 5, quick 3)")
     ap.add_argument("--target-rep-us", type=argtypes.positive_float, default=None,
                     help="calls per repeat fill about this long (default 5000, quick 3000)")
     ap.add_argument("--budget-s", type=argtypes.positive_float, default=None,
-                    help="stop adding sizes once this much wall time has passed (default 330, quick 200)")
+                    help="stop adding sizes once this much wall time has passed (default 330, quick 230)")
     ap.add_argument("--timeout-s", type=argtypes.positive_float, default=450.0,
                     help="global guard: write what was measured and exit after this long")
     ap.add_argument("--pg-timeout-s", type=argtypes.positive_float, default=600.0, help="torch.distributed timeout")
@@ -122,8 +124,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.budget_s = 230.0 if args.quick else 330.0
     if args.many_calls_max_bytes is None:
         args.many_calls_max_bytes = report.MiB if args.quick else 16 * report.MiB
-    if args.quick and args.reps == 5:
-        args.reps = 3
+    if args.reps is None:  # an explicit --reps is kept, --quick or not
+        args.reps = 3 if args.quick else 5
     if args.child_timeout_s is None:
         args.child_timeout_s = 110.0 if args.quick else 150.0
     args.calls_list = list(args.calls_per_graph)  # positive integers (argtypes.positive_int_list)

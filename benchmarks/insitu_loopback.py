@@ -50,8 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--reps", type=argtypes.positive_int, default=5)
     ap.add_argument("--target-rep-us", type=argtypes.positive_float, default=3000.0)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--results-dir", type=Path, default=HERE / "results")
-    ap.add_argument("--out", type=Path, default=None, help="also copy the files here")
+    ap.add_argument("--results-dir", type=argtypes.output_dir, default=HERE / "results")
+    ap.add_argument("--out", type=argtypes.output_dir, default=None, help="also copy the files here")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--profile", action="store_true",
                     help="list every point's device activities per in-situ step (torch.profiler), in the rows")

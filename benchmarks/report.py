@@ -9,8 +9,9 @@ that document, so a report can be rebuilt (or several split runs merged) on any 
 Row fields (one row per system, variant, collective, size, mode and calls per graph):
     system, variant, collective, dtype, bytes, count, world_size, mode ("eager" | "graph"),
     calls_per_graph (graph rows: calls captured in one graph, the same for every system;
-    eager rows: None), time_us (max over ranks of each rank's median), time_us_min /
-    time_us_max (spread of the repeats on the slowest rank), iters, reps, replays (graph rows:
+    eager rows: None), time_us (max over ranks of each rank's median over its repeats),
+    time_us_min / time_us_max (max over ranks of each rank's fastest / slowest repeat: each
+    taken separately, so the three may come from different ranks), iters, reps, replays (graph rows:
     back-to-back replays of the graph per timed repeat, benchlib.timing.graph_replays), algbw_gbps,
     busbw_gbps, limit_us and pct_of_limit (the wire model below), sms, sms_note,
     checked (True | False | None = not checkable), check_note, error (None or text),

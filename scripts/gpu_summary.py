@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import subprocess
@@ -76,8 +77,33 @@ def junit(path: str) -> dict | None:
 
 
 def _seconds(text: str) -> int | float:
+    """'12' -> 12, '2.54' -> 2.5; ValueError for what is no finite number of seconds >= 0."""
     value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{text.strip()!r} is not a finite number of seconds >= 0")
     return int(value) if value.is_integer() else round(value, 1)
+
+
+def suite_seconds(text: str | None) -> tuple[int | float | None, list[str]]:
+    """$SUITE_SECONDS (the suite's wall time) and a note when it is there but no number."""
+    if text is None or not text.strip():
+        return None, []
+    try:
+        return _seconds(text), []
+    except ValueError:
+        return None, [f"SUITE_SECONDS={text!r} is not a finite number of seconds >= 0"]
+
+
+def finite_only(value):
+    """``value`` with every NaN or infinite float (at any depth) None: summary.json is strict
+    JSON (a result file read with json.load may carry NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_only(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_only(v) for v in value]
+    return value
 
 
 def read_steps(path: str) -> tuple[list[dict], list[str]]:
@@ -107,6 +133,7 @@ def read_steps(path: str) -> tuple[list[dict], list[str]]:
 
 def main(out: str) -> None:
     steps, bad_lines = read_steps(os.path.join(out, "steps.tsv"))
+    seconds, notes = suite_seconds(os.environ.get("SUITE_SECONDS"))
     results = {}
     for name in sorted(os.listdir(out)):
         if name.endswith(".json") and name != "summary.json":
@@ -125,16 +152,17 @@ def main(out: str) -> None:
         "topology": sh("nvidia-smi topo -m"),
         "git_commit": os.environ.get("PURLIN_GIT_COMMIT", ""),
         "versions": versions(),
-        "seconds": int(os.environ.get("SUITE_SECONDS", 0)),
+        "seconds": seconds,
         "steps": steps,
         "bad_steps_lines": bad_lines,
+        "notes": notes,
         "results": results,
     }
     with open(os.path.join(out, "summary.json"), "w") as file:
-        json.dump(summary, file, indent=1)
+        json.dump(finite_only(summary), file, indent=1, allow_nan=False)
     md = [f"# Purlin GPU suite, {summary['date']}", "", f"Machine: {summary['machine']}", "",
           f"Commit: {summary['git_commit'] or '(not given)'}", "", f"Versions: {json.dumps(summary['versions'])}", "",
-          f"Total {summary['seconds']} s", "",
+          f"Total {'?' if summary['seconds'] is None else summary['seconds']} s", "",
           "| step | rc | seconds | passed | failed | errors | skipped |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for s in steps:
         j = s["junit"] or {}
@@ -146,6 +174,8 @@ def main(out: str) -> None:
                   f"| {j.get('errors', '')} | {j.get('skipped', '')} |")
     if bad_lines:
         md += ["", "Lines of steps.tsv skipped:"] + [f"- {line}" for line in bad_lines]
+    if notes:
+        md += [""] + [f"Note: {note}" for note in notes]
     for name, data in results.items():
         if isinstance(data, dict) and "passed" in data and "total" in data:
             md.append(f"\n{name}: {data['passed']}/{data['total']} checks passed")

@@ -7,9 +7,9 @@ rows that ran, have a real time and were not found wrong are quoted (benchmarks/
 ``ok``).
 
 Per collective: Purlin's default call beside the fastest NCCL setting of each size (named),
-graph mode with 100 calls per graph up to 1 MiB and 20 above (the largest count the run has
-for that size), times in us up to 1 MiB and bus bandwidth above; every cell is
-"Purlin / best NCCL setting (speed-up)".  Prints Markdown.
+graph mode with the largest calls per graph the run has for that size (the caption says which,
+and the repeats, from the rows quoted), times in us up to 1 MiB and bus bandwidth above; every
+cell is "Purlin / best NCCL setting (speed-up)".  Prints Markdown.
 """
 
 from __future__ import annotations
@@ -39,7 +39,10 @@ def _number(value: float) -> str:
     return f"{value:.3g}" if value < 100 else f"{value:.0f}"
 
 
-def table(rows: list[dict]) -> str:
+def quoted(rows: list[dict]) -> dict[tuple[str, int], tuple[dict, str, dict]]:
+    """(collective, bytes) -> (Purlin's default row, the best NCCL variant's name, its row) for
+    every cell the table fills: graph rows that are ``ok``, at the most calls per graph measured
+    for that collective and size."""
     graph = [r for r in map(normalize, rows) if r.get("mode") == "graph" and ok(r)]
     calls = defaultdict(int)  # (collective, bytes) -> most calls per graph measured
     for r in graph:
@@ -53,16 +56,24 @@ def table(rows: list[dict]) -> str:
             purlin[key] = r
         elif r["system"] == "nccl":
             nccl[key][r["variant"]] = r
+    out = {}
+    for key, mine in purlin.items():
+        if key[0] in ORDER and key[1] in SIZES and nccl.get(key):
+            name, best = min(nccl[key].items(), key=lambda kv: kv[1]["time_us"])
+            out[key] = (mine, name, best)
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    cells_of = quoted(rows)
     lines = ["| collective | " + " | ".join(HEADERS) + " |", "|---" * (len(HEADERS) + 1) + "|"]
     for collective in ORDER:
         cells = []
         for size in SIZES:
-            key = (collective, size)
-            mine, theirs = purlin.get(key), nccl.get(key)
-            if mine is None or not theirs:
+            if (collective, size) not in cells_of:
                 cells.append("-")
                 continue
-            name, best = min(theirs.items(), key=lambda kv: kv[1]["time_us"])
+            mine, name, best = cells_of[collective, size]
             ratio = best["time_us"] / mine["time_us"]
             if size <= 1 << 20:
                 cells.append(f"{_number(mine['time_us'])} / {_number(best['time_us'])} {name} ({ratio:.2f}x)")
@@ -72,6 +83,43 @@ def table(rows: list[dict]) -> str:
                 cells.append(f"{mine['busbw_gbps']:.0f} / {best['busbw_gbps']:.0f} {name} ({ratio:.2f}x)")
         lines.append(f"| {collective} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _fmt_size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def calls_text(cells: dict) -> str:
+    """The calls per graph the quoted cells were timed with, as the caption says it: "100 calls
+    per graph up to 1 MiB, 20 above" where one count serves the small sizes and another the rest."""
+    per_size: dict[int, set] = defaultdict(set)
+    for (_, size), (mine, _, best) in cells.items():
+        per_size[size] |= {mine.get("calls_per_graph"), best.get("calls_per_graph")}
+    if not per_size:
+        return "no graph rows quoted"
+    sizes = sorted(per_size)
+    if any(len(c) > 1 or None in c for c in per_size.values()):
+        known = sorted(c for cs in per_size.values() for c in cs if c is not None)
+        return (f"{'/'.join(map(str, sorted(set(known))))} calls per graph (the most each size has)" if known
+                else "calls per graph not recorded")
+    counts = [next(iter(per_size[s])) for s in sizes]
+    if len(set(counts)) == 1:
+        return f"{counts[0]} calls per graph"
+    split = next(i for i in range(1, len(counts)) if counts[i] != counts[0])
+    if len(set(counts[split:])) == 1:
+        return f"{counts[0]} calls per graph up to {_fmt_size(sizes[split - 1])}, {counts[split]} above"
+    return "calls per graph: " + ", ".join(f"{c} at {_fmt_size(s)}" for s, c in zip(sizes, counts))
+
+
+def reps_text(cells: dict) -> str:
+    """The repeats the quoted medians are of ("median of 3 repeats"), from the rows themselves."""
+    reps = sorted({r.get("reps") for mine, _, best in cells.values() for r in (mine, best)} - {None})
+    if not reps:
+        return "median over repeats"
+    return f"median of {reps[0] if len(reps) == 1 else f'{reps[0]}-{reps[-1]}'} repeats"
 
 
 def newest() -> Path:
@@ -87,14 +135,16 @@ def newest() -> Path:
     raise ResultsError(f"{RESULTS / 'runs.csv'}: no run has its JSON in {RESULTS}")
 
 
-def caption(path: Path, meta: dict) -> str:
-    """Which run the table is, and the baselines' settings."""
+def caption(path: Path, meta: dict, rows: list[dict]) -> str:
+    """Which run the table is, the baselines' settings, and how the quoted cells were timed
+    (calls per graph and repeats, read from the rows the table quotes)."""
+    cells = quoted(rows)
     return (f"From `benchmarks/results/{path.stem}.md` (commit {meta.get('git_commit', '?')}, "
             f"{meta.get('date', '?')}, {meta.get('machine', '?')}, {meta.get('world_size', '?')} ranks, "
             f"{meta.get('dtype', '?')}): Purlin's default call / the fastest NCCL {meta.get('nccl', '?')} setting "
             f"(torch {meta.get('torch', '?')}; `default`, `nomix` = NCCL_GRAPH_MIXING_SUPPORT=0, `symm` = "
-            "mixing off and NCCL symmetric buffers; NCCL_NVLS_ENABLE=0) and the speed-up. Graph replay, "
-            "100 calls per graph up to 1 MiB, 20 above; the slowest rank's median of 3 repeats; bus "
+            f"mixing off and NCCL symmetric buffers; NCCL_NVLS_ENABLE=0) and the speed-up. Graph replay, "
+            f"{calls_text(cells)}; the slowest rank's {reps_text(cells)}; bus "
             "bandwidth by nccl-tests' conventions.")
 
 
@@ -110,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     except ResultsError as error:  # a user's file, not a bug: one line, no traceback
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
-    print(caption(path, doc.get("meta", {})) + "\n")
+    print(caption(path, doc.get("meta", {}), doc["rows"]) + "\n")
     print(table(doc["rows"]))
     return 0
 

@@ -8,8 +8,8 @@ The history keeps the rows a comparison needs: Purlin's default call and its zer
 every NCCL setting and torch symmetric memory (the explicit Purlin variants and the
 hierarchical rows stay in each run's JSON), and of those only the rows that ran, have a real
 time and were not found wrong (benchmarks/report.py's ``ok``).  Every file must be a bench.py
-result (benchmarks/benchlib/files.py's ``load_results``).  Rows already there (same run and key) are
-replaced, so adding the newest run is one command; older runs' full JSON and reports stay in
+result (benchmarks/benchlib/files.py's ``load_results``).  A run already there is replaced whole
+(its rows the new file lacks go too), so adding the newest run, or re-adding a run, is one command; older runs' full JSON and reports stay in
 git's history.  Times are the slowest rank's median in us, bus bandwidth in GB/s.
 """
 
@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = merge(old_runs, [run for run, _ in loaded], ("run",))
     runs.sort(key=lambda r: (r["date"], [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", r["run"])]))
     order = {r["run"]: i for i, r in enumerate(runs)}
-    rows = merge(old_rows, [row for _, rows in loaded for row in rows], KEY)
+    added = {run["run"] for run, _ in loaded}  # a run given again replaces all of its rows
+    rows = merge([r for r in old_rows if r["run"] not in added], [row for _, rows in loaded for row in rows], KEY)
     rows.sort(key=lambda r: (order[r["run"]], r["collective"], int(r["bytes"]), r["mode"], str(r["calls_per_graph"]),
                              r["system"], r["variant"]))
     _write(RUNS, RUN_COLUMNS, runs)

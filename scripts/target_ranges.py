@@ -5,7 +5,8 @@ every checked point's numbers (benchmarks/bench.py's <stem>.json files, one per 
 
 One section per target (``benchmarks/report.targets``, the same checks as each run's report):
 in how many runs it held, then per point (collective and size) how many runs met it and each
-measure as "min-max" over the runs.  Prints Markdown.  A run without a point leaves it out of
+measure as "min-max" over the runs.  Prints Markdown.  The runs must share a world size (the
+targets are per world size), as for a merged report.  A run without a point leaves it out of
 that point's count (the count says "of N").
 """
 
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         docs = [report.load_results(path) for path in args.json]
+        report.check_mergeable(docs, args.json)  # the targets are per world size: never pool R=2 with R=4
     except report.ResultsError as error:  # a user's file, not a bug: one line, no traceback
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
+from pathlib import Path
 
 from benchlib.sizes import parse_bytes
 
@@ -115,6 +117,38 @@ def positive_byte_size(text: str) -> int:
 def byte_size_list(text: str) -> list[int]:
     """'1K,64K,1M' -> sizes in bytes, each at least 1, at least one."""
     return _list(text, positive_byte_size, "sizes (e.g. 1K,64K,1M)")
+
+
+_TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def file_tag(text: str) -> str:
+    """A word that goes into file names (``--machine h200x2``): letters, digits, '.', '_' and
+    '-', starting with a letter or digit; no '/' (a tag that names a folder loses the results
+    when they are written, after the run)."""
+    if not _TAG.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"expected a name for files (letters, digits, '.', '_', '-'; no '/'), got {text!r}")
+    return text
+
+
+def output_dir(text: str) -> Path:
+    """A folder results are written into (created when the run writes): an existing folder, or
+    a path whose nearest existing parent is a folder this process may write.  Checked when the
+    arguments are read, not after a GPU run whose results it would lose."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a folder, got ''")
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file, not a folder")
+    parent = path if path.exists() else path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: {str(parent)!r} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text!r}: cannot write into {str(parent)!r}")
+    return path
 
 
 def names(text: str, known, what: str) -> list[str]:

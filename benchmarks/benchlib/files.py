@@ -9,6 +9,7 @@ from pathlib import Path
 
 from benchlib.plots import plot
 from benchlib.rows import finite_only, KEY_FIELDS, normalize, prepared, row_key, tuning_table, world_size_of
+from benchlib.sizes import COLLECTIVES, INSITU, MODES
 from benchlib.tables import markdown
 
 
@@ -27,7 +28,9 @@ POSITIVE = ("world_size", "calls_per_graph")  # counts of ranks and calls: 0 or 
 # Every row bench.py writes names these, error rows too: a file whose rows do not is another
 # tool's result (moe_dispatch, e2e, epilogue ...), which the report would collapse and rewrite.
 REQUIRED = ("system", "variant", "collective")
-ROW_KINDS = {"checked": (bool, "a boolean"), "options": (dict, "an object"),
+MEASURED = ("bytes", "mode")  # what every row that is no error row names besides
+ROW_MODES = (*MODES, INSITU)
+ROW_KINDS = {"checked": (bool, "a boolean"), "options": (dict, "an object"), "sms": (int, "an integer"),
              "algbw_gbps": ((int, float), "a number"), "busbw_gbps": ((int, float), "a number")}
 META_OBJECTS = ("peaks", "purlin_footprint", "nccl_variants")  # meta fields the report reads as objects
 SHAPE = 'a JSON object {"meta": {...}, "rows": [{...}, ...]} as benchmarks/bench.py writes it'
@@ -71,6 +74,15 @@ def _check_row(row, where: str) -> None:
     if missing:
         raise ResultsError(f"{where}: no {' or '.join(missing)}: not a benchmarks/bench.py result (its rows "
                            f"name {', '.join(REQUIRED)})")
+    if row["collective"] not in COLLECTIVES:
+        raise ResultsError(f"{where}: unknown collective {row['collective']!r}; expected one of {', '.join(COLLECTIVES)}")
+    if row.get("mode") is not None and row["mode"] not in ROW_MODES:
+        raise ResultsError(f"{where}: unknown mode {row['mode']!r}; expected one of {', '.join(ROW_MODES)}")
+    if row.get("error") is None:  # only an error row (a failed load) may lack what it measured
+        unnamed = [key for key in MEASURED if row.get(key) is None]
+        if unnamed:
+            raise ResultsError(f"{where}: no {' or '.join(unnamed)} in a row without an error; every measured "
+                               f"row names its {' and '.join(MEASURED)}")
 
 
 def _check_meta(meta, where: str) -> None:

@@ -6,8 +6,11 @@ Back to back (``graph`` rows), programmatic dependent launch lets a call's block
 the previous call runs; here the producer is an ordinary kernel, so the collective starts only
 when it ends, and the consumer only when the collective ends.  Two graphs of ``calls`` steps
 are timed alternately: producer -> collective -> consumer, and producer -> consumer.  A row's
-``time_us`` is what the collective *adds* per step (with minus without, repeat by repeat, the
-slowest rank's median); ``step_us`` and ``base_us`` are the two per-step times.
+``time_us`` is what the collective *adds* per step (with minus without, repeat by repeat; the
+max over ranks of each rank's median of those differences; ``time_us_min``/``_max``: the max
+over ranks of each rank's smallest / largest, taken separately); ``step_us`` and ``base_us`` are
+the max over ranks of each rank's median step with and without the call, so ``time_us`` need not
+equal their difference.
 
 The producer rewrites the input from a source tensor on every step, so every system's step is
 repeatable (in-place all-reduces included) and the graph is checked: one replay on fresh
@@ -83,14 +86,14 @@ def time_pair(graphs, calls: int, reps: int, replays: int) -> tuple[list[float],
 def check_graph(ctx: Ctx, lay: report.Layout, case: Case, kernels: Around, graph, salt: int) -> tuple[bool, str]:
     """One replay on fresh source data: the output against every rank's reference."""
     x = fresh_input(ctx, lay.in_elems, salt)
-    ref = reference(ctx, lay, x)
+    ref = reference(ctx, lay, salt)
     kernels.source.copy_(x)
     poison(case.output())
     graph.replay()
     sync()
     if case.after:
         case.after()
-    return compare(case.output(), ref, lay.collective in report.REDUCE_COLLECTIVES)
+    return compare(case.output(), ref)
 
 
 def insitu_row(ctx: Ctx, lay: report.Layout, case: Case, calls: int, salt: int, base: dict) -> dict:

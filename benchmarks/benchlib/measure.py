@@ -79,7 +79,9 @@ def run_case(ctx: Ctx, lay: report.Layout, case: Case, x_time, salt: int) -> lis
             measured[(mode, calls)] = value
         else:
             errors[(mode, calls)] = err
-    # One collective for all numbers: the slowest rank's median (and its spread).
+    # One collective for all numbers: per view, the max over ranks of each rank's median, of its
+    # min and of its max over the repeats (three maxima taken separately: time_us_min and
+    # time_us_max need not be the slowest-median rank's own).
     flat = []
     for view in views:
         v = measured.get(view)

@@ -21,9 +21,12 @@ def document(ctx: Ctx) -> dict:
     meta = {k: v for k, v in ctx.meta.items() if not k.startswith("_")}
     doc = {"meta": dict(meta, elapsed_s=round(time.time() - ctx.t0, 1)), "rows": rows}
     if ctx.args.merge:
-        doc = report.merge(_merged_files(ctx) + [doc])
-        doc["meta"] = dict(meta, elapsed_s=round(time.time() - ctx.t0, 1),
-                           merged_from=[str(p) for p in ctx.args.merge])
+        # rows: this run's win; meta: this run's, with the best peaks of all and what it lacks
+        # (a split run measures the peaks and the footprint once) from the merged files
+        others = _merged_files(ctx)
+        merged_meta = report.merge([doc, *others])["meta"]
+        doc = {"meta": dict(merged_meta, merged_from=[str(p) for p in ctx.args.merge]),
+               "rows": report.merge([*others, doc])["rows"]}
     return doc
 
 

@@ -106,11 +106,13 @@ def select(rows: list[dict], mode: str, calls: int | None = None) -> list[dict]:
     return [r for r in rows if r.get("mode") == mode and (mode != "graph" or r.get("calls_per_graph") == calls)]
 
 
-NOT_SCHEDULES = ("default", "zerocopy", "graph-staged")  # Purlin rows that are a choice, not one pinned schedule
+# Purlin rows that are a choice, not one pinned schedule: the default load (called on ordinary
+# tensors, on heap buffers, or captured with PURLIN_GRAPH_BUFFERS=stage|register).
+NOT_SCHEDULES = ("default", "zerocopy", "graph-staged", "graph-registered")
 
 
 def best_purlin(rows: list[dict], collective: str, nbytes: int, mode: str) -> dict | None:
-    """The fastest correct explicit Purlin variant (``default``/``zerocopy`` excluded: choices;
+    """The fastest correct explicit Purlin variant (``NOT_SCHEDULES`` excluded: choices;
     loopback rows too: one GPU says nothing about the link a schedule is tuned for)."""
     cands = [r for r in rows_for(rows, system="purlin", collective=collective, bytes=nbytes, mode=mode)
              if r.get("variant") not in NOT_SCHEDULES and not r.get("loopback") and ok(r) and r.get("checked") is True]
@@ -166,22 +168,49 @@ def row_key(row: dict) -> tuple:
     return tuple(row.get(k) for k in KEY_FIELDS)
 
 
+def peak_gbps(measurement) -> float | None:
+    """The highest finite GB/s of one peak measurement (``meta.peaks[method]``); None for an
+    error or no points."""
+    points = measurement.get("points") if isinstance(measurement, dict) else None
+    speeds = [p.get("gbps") for p in points or [] if isinstance(p, dict)]
+    speeds = [g for g in speeds if isinstance(g, (int, float)) and not isinstance(g, bool) and math.isfinite(g) and g > 0]
+    return max(speeds) if speeds else None
+
+
+def best_peaks(metas: list[dict]) -> dict:
+    """Per peak method, the best measurement any run made: one with points over an error, the
+    higher GB/s between two (the first on a tie)."""
+    best: dict = {}
+    for meta in metas:
+        for method, m in (meta.get("peaks") or {}).items():
+            if method not in best or (peak_gbps(m) or -1.0) > (peak_gbps(best[method]) or -1.0):
+                best[method] = m
+    return best
+
+
 def merge(docs: list[dict]) -> dict:
     """Later documents win for the same (system, variant, collective, bytes, mode, calls) key
-    (``row_key``; one document has one row per key: benchlib.files.check_shape)."""
+    (``row_key``; one document has one row per key: benchlib.files.check_shape).  The meta is
+    the first document's, with each peak the best any run measured (``best_peaks``) and what
+    the first lacks (the footprint, say) taken from the others."""
     if not docs:
         return {"meta": {}, "rows": []}
-    meta = dict(docs[0].get("meta", {}))
+    metas = [d.get("meta", {}) for d in docs]
+    meta = dict(metas[0])
     keyed: dict[tuple, dict] = {}
     for doc in docs:
         for row in doc.get("rows", []):
             row = normalize(row)
             keyed[row_key(row)] = row
     if len(docs) > 1:
-        meta["merged_from"] = [d.get("meta", {}).get("run_id") for d in docs]
-        for d in docs[1:]:  # keep the best peak measurements any run made
-            for k, v in (d.get("meta", {}).get("peaks") or {}).items():
-                meta.setdefault("peaks", {}).setdefault(k, v)
+        meta["merged_from"] = [m.get("run_id") for m in metas]
+        for m in metas[1:]:
+            for k, v in m.items():
+                if meta.get(k) is None and v is not None:
+                    meta[k] = v
+        peaks = best_peaks(metas)
+        if peaks:
+            meta["peaks"] = peaks
     return {"meta": meta, "rows": list(keyed.values())}
 
 

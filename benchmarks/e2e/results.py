@@ -1,7 +1,8 @@
 """Rows, agreement and the report of the end-to-end decode benchmark (no GPU needed).
 
-One row per (system, batch): ``step_us`` (the whole decode step, one CUDA graph replay, the
-slowest rank's median), ``comm_us`` (``step_us`` minus the no-communication step's), and
+One row per (system, batch): ``step_us`` (the whole decode step, one CUDA graph replay: per
+repeat the slowest rank's time, then the median of those per-repeat maxima; ``step_us_min`` /
+``step_us_max``: their smallest and largest), ``comm_us`` (``step_us`` minus the no-communication step's), and
 ``comm_vs_best_nccl`` (``comm_us`` over the lowest NCCL setting's at that batch: below 1 is less
 communication time than NCCL at its best), ``agrees`` (the final hidden states against the
 reference system's, within ``TOLERANCE``) and ``error``.
@@ -93,6 +94,19 @@ def add_comm_time(rows: list[dict]) -> None:
                 r["comm_vs_best_nccl"] = r["comm_us"] / best
 
 
+def unchecked_batches(rows: list[dict]) -> list[int]:
+    """The batches at which some system ran but nothing could be compared: the ``reference`` row
+    is missing or failed.  A run with any is a failure (``run.write``): no agreement was shown."""
+    out = []
+    for batch in sorted({r["batch"] for r in rows}):
+        here = [r for r in rows if r["batch"] == batch]
+        ref = next((r for r in here if r["system"] == "reference"), None)
+        ran = [r for r in here if r["system"] not in ("none", "reference") and r.get("error") is None]
+        if ran and (ref is None or ref.get("error") is not None):
+            out.append(batch)
+    return out
+
+
 def _num(x) -> str:
     return "-" if x is None else f"{x:.2f}"
 
@@ -117,6 +131,10 @@ def markdown(rows: list[dict], meta: dict) -> str:
         agrees = "-" if r.get("agrees") is None else ("yes" if r["agrees"] else f"NO ({r.get('agree_note')})")
         out.append(f"| {r['batch']} | {r['system']} | {_num(r['step_us'])} | {_num(r.get('comm_us'))} | "
                    f"{'-' if ratio is None else f'{ratio:.2f}x'} | {agrees} |")
+    missing = unchecked_batches(rows)
+    if missing:
+        out += ["", f"NOT CHECKED: the reference failed or is missing at batch {', '.join(map(str, missing))}, so no "
+                "system's output was compared there (the run's exit status is 1)."]
     bad = bad_timings(rows)
     if bad:
         out += ["", f"{bad} row{'' if bad == 1 else 's'} with a step time that is not a finite positive number "
