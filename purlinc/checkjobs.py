@@ -15,6 +15,7 @@ R^3), the caller keeps the one-process loop.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 from collections.abc import Callable, Sequence
@@ -48,11 +49,46 @@ def _spec(world_size: int):
     return cached[1]
 
 
-def _ignore_interrupts() -> None:
-    """Ctrl-C is the parent's to handle (it stops the pool); workers would each print a traceback."""
+def _start_worker(parent: int) -> None:
+    """Ctrl-C is the parent's to handle (it stops the pool); workers would each print a
+    traceback.  A worker also dies with its parent, however the parent ends: killed (SIGTERM
+    from timeout or a CI runner, or SIGKILL), it left its workers computing, orphaned, until
+    their jobs ended, then printing broken-pipe tracebacks."""
+    import ctypes
+    import os
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:  # Linux: the kernel sends this signal when the parent exits
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (AttributeError, OSError):  # another system: the parent's SIGTERM handler still stops the pool
+        pass
+    if os.getppid() != parent:  # the parent died before the request was made
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+@contextlib.contextmanager
+def _terminated_as_interrupted():
+    """SIGTERM in the parent raises, as Ctrl-C does, so the pool is stopped on the way out
+    (only the main thread may take signals; elsewhere the workers' own request stands)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _job(unit: tuple[int, str]):
@@ -82,7 +118,8 @@ def verify_parallel(definition, params, units: Sequence[tuple[int, str]], option
     sizes_done = 0
     try:
         context = multiprocessing.get_context("fork")
-        with context.Pool(min(jobs, len(units)), initializer=_ignore_interrupts) as pool:
+        with _terminated_as_interrupted(), \
+                context.Pool(min(jobs, len(units)), initializer=_start_worker, initargs=(os.getpid(),)) as pool:
             for i, ((world_size, algorithm), error) in enumerate(zip(units, pool.imap(_job, units))):
                 if error is not None:
                     raise error.with_note(f"while verifying {algorithm} for R={world_size}") from None

@@ -29,7 +29,13 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 
-import torch
+try:
+    import torch
+except ModuleNotFoundError as error:  # the [torch] extra, as for purlinc.torch
+    if error.name != "torch":
+        raise
+    raise ModuleNotFoundError("purlinc.moe needs PyTorch: pip install 'purlinc[torch]' (or torch itself)",
+                              name="torch") from None
 
 from purlinc.runtime.errors import ArgumentError
 

@@ -69,3 +69,59 @@ def test_first_error_in_order(capsys, monkeypatch):
     code, out, err = two
     assert code == 2 and out == ""
     assert err == "error: the first failure\nnote: a note\nnote: while verifying direct-pull for R=31\n"
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc for the workers")
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGKILL"])
+def test_the_workers_end_with_a_killed_parent(tmp_path, signal_name):
+    """SIGTERM (timeout, a CI runner, kill) or SIGKILL left the workers computing, orphaned, then
+    printing broken-pipe tracebacks: they now die with the parent."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(EXAMPLES.parent), "PURLIN_CACHE_DIR": str(tmp_path / "cache")}
+    parent = subprocess.Popen([sys.executable, "-m", "purlinc", "check", str(EXAMPLES / "alltoall.pln"), "--ranks",
+                               "100..128", "-j", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                              start_new_session=True)
+    workers: list[str] = []
+    try:
+        deadline = time.time() + 60
+        while len(workers) < 2 and time.time() < deadline and parent.poll() is None:
+            time.sleep(0.2)
+            workers = [p for p in os.listdir("/proc") if p.isdigit() and _parent_of(p) == parent.pid]
+        assert len(workers) == 2, "the check never started its workers"
+        parent.send_signal(getattr(signal, signal_name))
+        _, err = parent.communicate(timeout=30)
+        deadline = time.time() + 10
+        while any(_running(p) for p in workers) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in workers if _running(p)], "workers outlived their parent"
+        assert b"Traceback" not in err
+        if signal_name == "SIGTERM":
+            assert parent.returncode == 128 + signal.SIGTERM
+    finally:
+        for p in workers:
+            if _running(p):
+                os.kill(int(p), signal.SIGKILL)
+        if parent.poll() is None:
+            parent.kill()
+
+
+def _stat(pid: str) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _parent_of(pid: str) -> int | None:
+    fields = _stat(pid)
+    return int(fields[1]) if fields else None
+
+
+def _running(pid: str) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"

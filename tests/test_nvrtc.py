@@ -228,6 +228,23 @@ def test_reading_an_empty_log_writes_no_shared_object(tmp_path, monkeypatch):
     assert ord(" ".encode()) == 32 and ord(bytes([32])) == 32
 
 
+def test_an_nvrtc_that_cannot_be_loaded_is_a_user_error(monkeypatch):
+    """cuda.bindings loads the library at its first call: a missing or mismatched one (cuda-
+    bindings 12.8 asks for libnvrtc.so.12) came out as 'internal error (a bug in purlinc)'."""
+    from cuda.bindings import nvrtc as bindings
+
+    from purlinc.errors import PurlinError
+
+    def missing():
+        raise RuntimeError("Failed to dlopen libnvrtc.so.12")
+
+    monkeypatch.setattr(nvrtc, "_LOADED", False)
+    monkeypatch.setattr(bindings, "nvrtcVersion", missing)
+    with pytest.raises(PurlinError, match=r"cannot load NVRTC: RuntimeError: Failed to dlopen libnvrtc.so.12") as info:
+        nvrtc._nvrtc()
+    assert "pip install cuda-bindings nvidia-cuda-nvrtc" in info.value.notes[0]
+
+
 # ---- the cache -------------------------------------------------------------------------
 
 TINY = 'extern "C" __global__ void purlin_tiny(int* p) { p[threadIdx.x] = %d; }\n'

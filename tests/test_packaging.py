@@ -51,3 +51,22 @@ def test_wheel_has_package_data(wheel):
 def test_wheel_declares_the_console_script(wheel):
     entry_points = next(n for n in wheel.namelist() if n.endswith("entry_points.txt"))
     assert "purlinc = purlinc.cli:main" in wheel.read(entry_points).decode()
+
+
+def test_every_module_of_the_tree_ships(wheel):
+    """The wheel's packages are a hand-written list (pyproject.toml): a new subpackage left off
+    it would ship missing, and only an installed run would notice."""
+    names = set(wheel.namelist())
+    for package in ("purlin", "purlinc"):
+        for module in (REPO / package).rglob("*.py"):
+            assert module.relative_to(REPO).as_posix() in names, module.relative_to(REPO)
+
+
+def test_the_version_is_written_once_in_effect():
+    """pyproject.toml and purlinc.version both hold it; --version prints the second."""
+    from purlinc.version import __version__
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 on
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["version"] == __version__

@@ -33,14 +33,27 @@ class Stats:
 STATS = Stats()
 
 
+_INSTALL = "install cuda-bindings and nvidia-cuda-nvrtc (pip install cuda-bindings nvidia-cuda-nvrtc)"
+_LOADED = False
+
+
 def _nvrtc():
+    global _LOADED
     try:
         from cuda.bindings import nvrtc
     except ImportError as error:  # pragma: no cover - a broken install
-        raise PurlinError(
-            f"cannot import cuda.bindings.nvrtc: {error}",
-            notes=("install cuda-bindings and nvidia-cuda-nvrtc (pip install cuda-bindings nvidia-cuda-nvrtc)",),
-        ) from None
+        raise PurlinError(f"cannot import cuda.bindings.nvrtc: {error}", notes=(_INSTALL,)) from None
+    if not _LOADED:
+        # cuda.bindings loads the library at its first call: one it cannot find (no
+        # nvidia-cuda-nvrtc) or cannot use (cuda-bindings 12.8 asks for libnvrtc.so.12 where
+        # the wheel brings .so.13) raised from deep inside, reported as a bug in purlinc
+        try:
+            nvrtc.nvrtcVersion()
+        except Exception as error:  # noqa: BLE001 - RuntimeError, OSError, the pathfinder's own
+            raise PurlinError(f"cannot load NVRTC: {type(error).__name__}: {error}",
+                              notes=(_INSTALL, "cuda-bindings 12.9.1 or newer loads the NVRTC of "
+                                               "nvidia-cuda-nvrtc 13")) from None
+        _LOADED = True
     return nvrtc
 
 

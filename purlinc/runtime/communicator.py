@@ -187,8 +187,14 @@ class Communicator:
         CUDA stream is involved (safe during graph capture), and no group is created, so a
         sub-group's members alone can make theirs.
         """
-        import torch
-        import torch.distributed as dist
+        try:
+            import torch
+            import torch.distributed as dist
+        except ModuleNotFoundError as error:
+            if error.name != "torch":
+                raise
+            raise PurlinError("Communicator.from_torch needs PyTorch: pip install 'purlinc[torch]' (or torch "
+                              "itself); Communicator.from_env() needs none") from None
 
         from purlinc.runtime.rendezvous import Exchange
         from purlinc.runtime.torchstore import store_for

@@ -24,7 +24,13 @@ no graph break) and in CUDA graphs (after one warm-up call per dtype and op, whi
 
 from __future__ import annotations
 
-import torch
+try:
+    import torch
+except ModuleNotFoundError as error:  # the [torch] extra: the base install keeps torch out (several GB)
+    if error.name != "torch":
+        raise
+    raise ModuleNotFoundError("purlinc.torch needs PyTorch: pip install 'purlinc[torch]' (or torch itself)",
+                              name="torch") from None
 
 from purlinc.runtime.errors import ArgumentError
 from purlinc.torch import functional, ops
