@@ -372,3 +372,11 @@ def test_a_call_of_part_rows_on_a_one_chunk_output_gets_no_note_about_chunks(on_
     assert info.value.message.endswith("out has 65 elements per chunk, not a whole number of rows of 64 (the "
                                        "epilogue's rows(64))")
     assert info.value.notes == ()
+
+
+def test_a_strided_tensor_is_refused_with_its_shape_and_strides(on_cuda0):
+    """As purlinc.torch's refusal says them: 'x is not contiguous' alone left the caller to find which view."""
+    coll = load(EXAMPLES / "allreduce.pln", FakeComm(), channels=1)
+    with pytest.raises(ArgumentError, match=r"allreduce on rank 0: x is not contiguous \(shape \(4, 2\), strides "
+                                            r"\(1, 4\)\)"):
+        coll(torch.ones(2, 4).t(), torch.empty(8))

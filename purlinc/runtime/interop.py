@@ -28,6 +28,7 @@ class ArrayInfo:
     kind: str  # TORCH, CUPY, CAI or DLPACK
     place: str = "the host"  # where a non-CUDA array lies, as messages name it (torch's "meta", say)
     negated: bool = False  # a torch view whose memory holds the negation of its values (x.is_neg())
+    layout: str = ""  # a strided torch view's shape and strides, for the refusal that names it
 
     @property
     def nbytes(self) -> int:
@@ -63,10 +64,12 @@ def _is_cupy(x) -> bool:
 def _describe_torch(x) -> ArrayInfo:
     dtype = _torch_dtype_map().get(x.dtype)
     device = x.device
+    contiguous = x.is_contiguous()
     return ArrayInfo(
         x.data_ptr(), x.numel(), dtype, str(x.dtype).replace("torch.", ""),
-        device.index if device.type == "cuda" else -1, x.is_contiguous(), TORCH,
+        device.index if device.type == "cuda" else -1, contiguous, TORCH,
         "the host" if device.type == "cpu" else str(device), x.is_neg(),
+        "" if contiguous else f"shape {tuple(x.shape)}, strides {x.stride()}",
     )
 
 

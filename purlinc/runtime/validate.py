@@ -182,7 +182,8 @@ def _buffers_dtype(where: str, x, out, device: int) -> DType | None:
             actual = f"cuda:{info.device}" if info.device >= 0 else f"{info.place} (not a CUDA device)"
             raise _err(f"{where}: {label} is on {actual}, expected cuda:{device} (this rank's device)")
         if not info.contiguous:
-            raise _err(f"{where}: {label} is not contiguous", _CONTIGUOUS[label])
+            shown = f" ({info.layout})" if info.layout else ""
+            raise _err(f"{where}: {label} is not contiguous{shown}", _CONTIGUOUS[label])
         memory_problem = unreadable(info)
         if memory_problem:
             raise _err(f"{where}: {label} {memory_problem[0]}", memory_problem[1])
