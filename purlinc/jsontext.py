@@ -2,7 +2,7 @@
 
 ``json.dumps(value, indent=2)`` puts every number of a list on a line of its own and encodes
 through the json module's pure-Python path (the C encoder serves compact output only): a
-schedule of 150,000 steps came to 50 MB and 4.6 s that way.  Here a container that fits in
+schedule of 313,000 steps came to 51 MB and 1.4 s that way, against 20 MB and 0.4 s here.  Here a container that fits in
 ``width`` columns at its depth is one line, encoded by the C encoder, and only larger ones are
 opened up, an item or a key a line.  The text parses to the same value as ``json.dumps``'s.
 """
