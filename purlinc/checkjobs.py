@@ -59,6 +59,7 @@ def _start_worker(parent: int) -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's raising handler: Pool.terminate() kills
     try:  # Linux: the kernel sends this signal when the parent exits
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (AttributeError, OSError):  # another system: the parent's SIGTERM handler still stops the pool
@@ -72,23 +73,26 @@ _PR_SET_PDEATHSIG = 1
 
 @contextlib.contextmanager
 def _terminated_as_interrupted():
-    """SIGTERM in the parent raises, as Ctrl-C does, so the pool is stopped on the way out
-    (only the main thread may take signals; elsewhere the workers' own request stands)."""
+    """SIGTERM in the parent raises, as Ctrl-C does, so the pool is stopped on the way out.
+    Only where SIGTERM would end the process anyway (its default action) and only in the main
+    thread (the one that may set handlers): a program's own handler, or one installed outside
+    Python, is left as it is, and the workers' request to die with the parent still stands."""
     import signal
     import threading
 
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         yield
         return
 
     def stop(signum, frame):
         raise SystemExit(128 + signum)
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGTERM, stop)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _job(unit: tuple[int, str]):

@@ -158,20 +158,23 @@ def to_float32(bits: np.ndarray, dtype: DType) -> np.ndarray:
     raise ValueError(f"{dtype.value} cannot be reduced (fp8 is supported for copies only)")
 
 
-def from_float32(values: np.ndarray, dtype: DType) -> np.ndarray:
-    """Round float32 (or int64 for int32) values to ``dtype``'s storage, round-to-nearest-even."""
+def from_float32(values: np.ndarray, dtype: DType, *, canonical_nan: bool = True) -> np.ndarray:
+    """Round float32 (or int64 for int32) values to ``dtype``'s storage, round-to-nearest-even.
+
+    A result's NaN leaves as the canonical quiet NaN, whatever NumPy's loops made of its
+    operands' payloads (its SIMD loop and its remainder keep different ones, so the bits
+    depended on the count); the kernels' NaN payloads are the GPU's own, which no test
+    compares.  ``canonical_nan=False`` keeps float32 and float16 payloads (inputs made to carry
+    them, as the GPU tests' are); bfloat16's NaN is 0x7fc0 either way, as the kernels make it."""
     import numpy as np
 
-    # A NaN leaves as the canonical quiet NaN, whatever NumPy's loops made of its operands'
-    # payloads (its SIMD loop and its remainder keep different ones, so the bits depended on
-    # the count); the kernels' NaN payloads are the GPU's own, which no test compares.
     if dtype is DType.FLOAT32:
         values = values.astype(np.float32)
-        return np.where(np.isnan(values), np.float32(np.nan), values)
+        return np.where(np.isnan(values), np.float32(np.nan), values) if canonical_nan else values
     if dtype is DType.FLOAT16:
         with np.errstate(over="ignore"):  # past 65504 rounds to infinity, as the GPU's conversion does
             values = values.astype(np.float32).astype(np.float16)
-        return np.where(np.isnan(values), np.float16(np.nan), values)
+        return np.where(np.isnan(values), np.float16(np.nan), values) if canonical_nan else values
     if dtype is DType.BFLOAT16:
         bits = values.astype(np.float32).view(np.uint32)
         nan = np.isnan(values)

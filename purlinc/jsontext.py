@@ -24,7 +24,7 @@ _MEASURED_DEPTH = 3
 def dumps(value, *, width: int = WIDTH) -> str:
     """``value`` as JSON text, without a trailing newline."""
     lines: list[str] = []
-    _write(value, 0, "", "", width, lines)
+    _write(value, 0, "", "", width, lines, set())
     return "\n".join(lines)
 
 
@@ -37,6 +37,8 @@ def _key(key) -> str:
 
 def _lower_bound(value, limit: int) -> int:
     """At most the length of ``value``'s compact text, counted until it passes ``limit``."""
+    if limit < 0:  # past it already: a container that holds itself ends here too
+        return 1
     if isinstance(value, dict):
         value = [item for pair in value.items() for item in pair]
     if not isinstance(value, list):
@@ -63,22 +65,27 @@ def _one_line(value, depth: int, room: int) -> str | None:
     return text if len(text) <= room else None
 
 
-def _write(value, depth: int, head: str, tail: str, width: int, lines: list[str]) -> None:
+def _write(value, depth: int, head: str, tail: str, width: int, lines: list[str], opened: set[int]) -> None:
     """Append ``value``'s lines: the first starts with the indent and ``head`` (a key, or
-    nothing), the last ends with ``tail`` (a comma, or nothing)."""
+    nothing), the last ends with ``tail`` (a comma, or nothing).  ``opened``: the containers
+    being written around this one (one that holds itself is refused, as json.dumps refuses it)."""
     indent = INDENT * depth
     text = _one_line(value, depth, width - len(indent) - len(head) - len(tail))
     if text is not None:
         lines.append(f"{indent}{head}{text}{tail}")
         return
+    if id(value) in opened:
+        raise ValueError("Circular reference detected")
+    opened.add(id(value))
     last = len(value) - 1
     if isinstance(value, dict):
         lines.append(f"{indent}{head}{{")
         for n, (key, item) in enumerate(value.items()):
-            _write(item, depth + 1, _key(key) + _KEY, "," if n < last else "", width, lines)
+            _write(item, depth + 1, _key(key) + _KEY, "," if n < last else "", width, lines, opened)
         lines.append(f"{indent}}}{tail}")
     else:
         lines.append(f"{indent}{head}[")
         for n, item in enumerate(value):
-            _write(item, depth + 1, "", "," if n < last else "", width, lines)
+            _write(item, depth + 1, "", "," if n < last else "", width, lines, opened)
         lines.append(f"{indent}]{tail}")
+    opened.discard(id(value))

@@ -233,7 +233,7 @@ def make_inputs(spec, count, dtype, rng, kind):
             payload = np.array([0x7FA00001, 0xFF800003], dtype=np.uint32).view(np.float32)
             where = rng.random(n) < 0.1
             f[where] = rng.choice(np.concatenate([specials, payload]), size=int(where.sum()))
-            a = from_float32(f, dtype)
+            a = from_float32(f, dtype, canonical_nan=False)  # the NaN payloads are the point
         else:  # normal
             a = random_values(rng, n, dtype)
         out.append(a)

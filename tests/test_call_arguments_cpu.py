@@ -380,3 +380,8 @@ def test_a_strided_tensor_is_refused_with_its_shape_and_strides(on_cuda0):
     with pytest.raises(ArgumentError, match=r"allreduce on rank 0: x is not contiguous \(shape \(4, 2\), strides "
                                             r"\(1, 4\)\)"):
         coll(torch.ones(2, 4).t(), torch.empty(8))
+
+
+def test_a_groups_integer_options_may_be_numpy_integers():
+    """Read as the pipeline reads them: the early check refused np.int64(4), which loads."""
+    assert _group(channels=np.int64(4), slices=np.int32(2))

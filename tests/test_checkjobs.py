@@ -125,3 +125,24 @@ def _parent_of(pid: str) -> int | None:
 def _running(pid: str) -> bool:
     fields = _stat(pid)
     return fields is not None and fields[0] != "Z"
+
+
+def test_a_programs_own_sigterm_handler_is_left_alone(monkeypatch):
+    """A library user's handler ran no more while a check verified (SystemExit instead), and a
+    handler installed outside Python could not be restored (signal.signal refused None)."""
+    import signal
+
+    def mine(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        with checkjobs._terminated_as_interrupted():
+            assert signal.getsignal(signal.SIGTERM) is mine
+        assert signal.getsignal(signal.SIGTERM) is mine
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        with checkjobs._terminated_as_interrupted():
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, mine)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -414,3 +414,14 @@ def test_the_epilogue_oracle_warns_of_nothing_the_kernels_compute(recwarn):
         warnings.simplefilter("error")
         out = evaluate(spec, [np.zeros(8, np.float32)], 8, "float32", "sum", operands)[0]
     assert np.isnan(out).all()
+
+
+def test_inputs_may_keep_their_nan_payloads():
+    """The GPU tests' special inputs are built through from_float32 to carry payload NaNs: the
+    canonical rounding of results must not take them away from inputs."""
+    payload = np.array([0x7FA00001, 0xFF800003], np.uint32).view(np.float32)
+    kept = from_float32(payload, DType.FLOAT32, canonical_nan=False).view(np.uint32)
+    assert [hex(v) for v in kept] == ["0x7fa00001", "0xff800003"]
+    assert (from_float32(payload, DType.FLOAT32).view(np.uint32) == 0x7FC00000).all()
+    half = from_float32(payload, DType.FLOAT16, canonical_nan=False).view(np.uint16)
+    assert np.isnan(half.view(np.float16)).all() and (half != 0x7E00).any()

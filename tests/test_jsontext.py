@@ -93,3 +93,15 @@ def test_a_large_container_is_not_encoded_whole_before_it_is_opened(monkeypatch)
     text = jsontext.dumps(value)
     assert json.loads(text) == value
     assert sum(map(len, encoded)) < 1.2 * len(text)
+
+
+def test_a_container_that_holds_itself_is_refused_as_json_refuses_it():
+    looped = [1, 2]
+    looped.append(looped)
+    nested = {"x": [1] * 100}
+    nested["self"] = nested
+    for value in (looped, nested):
+        with pytest.raises(ValueError, match="Circular reference detected"):
+            json.dumps(value)
+        with pytest.raises(ValueError, match="Circular reference detected"):
+            jsontext.dumps(value, width=20)

@@ -1805,3 +1805,29 @@ def test_functional_double_backward_matches_autograd_of_a_reference(kind):
     for rank, (first, second) in enumerate(on_ranks(StandInWorlds(R).groups(), body)):
         torch.testing.assert_close(first, firsts[rank].detach())
         torch.testing.assert_close(second, ref_xs[rank].grad)
+
+
+@pytest.mark.parametrize("dtype, scaled", [(torch.float32, False), (torch.bfloat16, False), (torch.float16, True)])
+def test_avg_hands_the_collective_the_callers_buffer_except_in_float16(dtype, scaled):
+    """A heap tensor (comm.empty) takes the zero-copy path only if it is what the collective
+    gets: float32 and bfloat16 divide the output; float16 scales a copy first (its sum could
+    overflow where the average fits)."""
+    from types import SimpleNamespace
+
+    from purlinc.torch.registry import Entry
+
+    seen = []
+
+    class Recorder:
+        _variants: dict = {}
+
+        def __call__(self, x, out=None, op="sum", **kwargs):
+            seen.append((x.data_ptr(), op))
+            out.copy_(x * 2)  # two ranks' identical inputs summed
+
+    spec = check(parse(SOURCES["allreduce"]), 2)
+    entry = Entry("allreduce", spec, SimpleNamespace(rank=0, world_size=2), torch.device("cpu"), collective=Recorder())
+    x, out = torch.full((8,), 3.0, dtype=dtype), torch.empty(8, dtype=dtype)
+    ops_module.run(entry, x, out, "avg")
+    assert (seen[0][0] != x.data_ptr()) == scaled and seen[0][1] == "sum"
+    np.testing.assert_array_equal(out.float().numpy(), [3.0] * 8)

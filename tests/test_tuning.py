@@ -214,3 +214,25 @@ def test_an_epilogue_of_a_reduce_scatter_shape_counts_its_rows_not_its_input():
     buckets = tuning.buckets_for(spec, packed_supported=True)
     one_row_per_rank = 4096 * 2 * 8  # bf16, as Tuned counts it: count x itemsize x U (U = 8)
     assert tuning.choose(buckets, one_row_per_rank) == 0 and buckets[0].packed
+
+
+def test_the_benchmarks_own_table_passes_the_loads_checks(monkeypatch, tmp_path):
+    """bench.py writes <stem>-tuning.json with rows.tuning_table; the load reads that shape too
+    ({collective: {R: [...]}}), and its rows carry time_us and mode beside a bucket's fields."""
+    import importlib
+    import sys
+
+    monkeypatch.syspath_prepend(str(COMMITTED_TABLE.parent.parent.parent / "benchmarks"))
+    rows = importlib.import_module("benchlib.rows")
+    doc = json.loads((COMMITTED_TABLE.parent.parent.parent / "benchmarks" / "results" /
+                      "2026-12-01-h200x2-run21.json").read_text())
+    table = rows.tuning_table(doc)
+    assert table and all("time_us" in row and "mode" in row for by_size in table.values()
+                         for entries in by_size.values() for row in entries)
+    for shape in (table, {"tables": table}):
+        path = tmp_path / "tuning.json"
+        path.write_text(json.dumps(shape))
+        monkeypatch.setattr(tuning, "TABLE_PATH", path)
+        tuning._measured.cache_clear()
+        assert tuning.buckets_for(_spec("allreduce", 2), packed_supported=True)
+    sys.modules.pop("benchlib.rows", None)

@@ -277,6 +277,8 @@ class Collective(Timeouts, Launches):
     def warm(self, dtype: DType | str, op: ReduceOp | str | None = "sum", *, zero_copy: bool = False) -> None:
         """Compile and load the kernel for (dtype, op) now (a collective under torchrun);
         ``zero_copy=True`` also the zero-copy twin's (otherwise its first heap call does)."""
+        if self.closed:  # a host-driven (ce) collective loads nothing here, but is closed all the same
+            raise ArgumentError(f"{self.name}: this collective was closed")
         if self._ce is None:
             dtype = dtype if isinstance(dtype, DType) else DType.parse(dtype)
             self.variant(dtype, ReduceOp.parse(op) if self.is_reduce else None)

@@ -19,6 +19,7 @@ def _check_pins(algorithm, atom, channels, slices, packed) -> None:
     collective otherwise): what each may be does not depend on the spec."""
     from purlinc.atom.atoms import lookup_atom
     from purlinc.pipeline.options import check_bool
+    from purlinc.pipeline.stages import whole_number
     from purlinc.snac.algorithms import get_algorithm
     from purlinc.snac.lower import check_counts
 
@@ -26,7 +27,9 @@ def _check_pins(algorithm, atom, channels, slices, packed) -> None:
         get_algorithm(algorithm)  # an unknown name: a PurlinError listing the algorithms
     if atom is not None:
         lookup_atom(atom)
-    check_counts(channels, slices)
+    # read as the pipeline reads them (a NumPy integer is one), then bounded
+    check_counts(*(None if value is None else whole_number(name, value)
+                   for name, value in (("channels", channels), ("slices", slices))))
     if packed is not None:
         check_bool("packed", packed)
 

@@ -347,6 +347,8 @@ class TunedGroup:
         return [out for _, _, out in prepared]
 
     def warm(self, dtype, op="sum") -> None:
+        if self.ranks[0].variants[0].closed:  # refused before NVRTC runs, as a rank's own warm() is
+            raise ArgumentError(f"{self.name}: this collective was closed")
         _compile_all([v for tuned in self.ranks for v in tuned._distinct], dtype, op)
         for tuned in self.ranks:
             tuned.warm(dtype, op)

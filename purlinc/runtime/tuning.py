@@ -147,8 +147,10 @@ def _measured() -> dict[str, dict[str, tuple[Bucket, ...]]]:
     return checked
 
 
-# What a table's row may hold: a bucket's fields, and what the harness notes beside them.
-_ROW_FIELDS = frozenset({"max_bytes", "algorithm", "atom", "channels", "slices", "packed", "measured_us", "variant"})
+# What a table's row may hold: a bucket's fields, and what the harness notes beside them (the
+# committed table's measured_us; benchmarks/benchlib/rows.tuning_table's own file's time_us, mode).
+_ROW_FIELDS = frozenset({"max_bytes", "algorithm", "atom", "channels", "slices", "packed", "measured_us", "variant",
+                         "time_us", "mode"})
 
 
 def _checked_rows(where: str, size: str, rows) -> tuple[Bucket, ...]:

@@ -10,8 +10,8 @@
 ``x`` is this rank's input (an empty tensor on ranks that give none: it still carries the
 dtype and device); the functional form returns this rank's output, 1-D, and takes ``count``
 (elements per chunk) only where x cannot say it (``-1`` otherwise).  ``op`` is a reduction
-(``sum``, ``prod``, ``max``, ``min``, or ``avg``: the inputs scaled by 1 / world size, then
-summed, for floating dtypes) and is ignored by copies.  Any contiguous shape is accepted: a collective
+(``sum``, ``prod``, ``max``, ``min``, or ``avg``: the sum divided by the world size, float16
+inputs scaled first (``run``), for floating dtypes) and is ignored by copies.  Any contiguous shape is accepted: a collective
 sees a tensor as its elements in order, so "chunk i" of a tensor is its i-th slice along
 dim 0 when dim 0 splits evenly, which is how torch.distributed concatenates.
 
@@ -404,9 +404,13 @@ def run(e: Entry, x, out, op: str, *, count: int | None = None, like=None) -> No
                    "agree on it; a graph can capture neither",
                    "torch.compile(mode='reduce-overhead') makes that call by itself"),
         )
-    if op == "avg" and e.is_reduce and x is not None and x.numel():
-        # Scaled before the sum, as NCCL's AVG scales floats: the sum of R fp16 values of 60000
-        # rounded to infinity before a division after it could bring it back.
+    # avg: a float16 sum rounds to infinity past 65504 before a division after it could bring it
+    # back (two ranks of 60000), so float16 inputs are scaled first, as NCCL scales floats; the
+    # others keep the caller's buffers (a heap tensor's zero-copy path) and divide the output.
+    # The choice is the dtype's, the same on every rank: a rank that only receives divides too.
+    avg = op == "avg" and e.is_reduce
+    scale_first = avg and dtype is DType.FLOAT16
+    if scale_first and x is not None and x.numel():
         x = x * (1.0 / e.world_size)
     if chunkless:
         coll(None, None, op=purlin_op, count=count, dtype=dtype)
@@ -416,6 +420,8 @@ def run(e: Entry, x, out, op: str, *, count: int | None = None, like=None) -> No
         variant = _variant(coll, count, dtype.itemsize)
         if getattr(variant, "_ce", None) is not None:
             e.warmed.add(id(variant))
+    if avg and not scale_first and out is not None and out.numel():
+        out.div_(e.world_size)
 
 
 # ---------------------------------------------------------------------------------------------
