@@ -55,7 +55,6 @@ def _start_worker(parent: int) -> None:
     from timeout or a CI runner, or SIGKILL), it left its workers computing, orphaned, until
     their jobs ended, then printing broken-pipe tracebacks."""
     import ctypes
-    import os
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
