@@ -17,6 +17,13 @@ import platform
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+if str(BENCHMARKS) not in sys.path:  # benchlib: finite_only, as the results files use it
+    sys.path.insert(0, str(BENCHMARKS))
+
+from benchlib.rows import finite_only  # noqa: E402
 
 
 def sh(cmd: str) -> str:
@@ -92,18 +99,6 @@ def suite_seconds(text: str | None) -> tuple[int | float | None, list[str]]:
         return _seconds(text), []
     except ValueError:
         return None, [f"SUITE_SECONDS={text!r} is not a finite number of seconds >= 0"]
-
-
-def finite_only(value):
-    """``value`` with every NaN or infinite float (at any depth) None: summary.json is strict
-    JSON (a result file read with json.load may carry NaN)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite_only(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite_only(v) for v in value]
-    return value
 
 
 def read_steps(path: str) -> tuple[list[dict], list[str]]:

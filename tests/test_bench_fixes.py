@@ -6,24 +6,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from test_bench_report import BENCH, _load, report  # report: loaded there, which put benchmarks/ on sys.path
+
 ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "benchmarks"
-
-
-def _load(name: str, folder: Path = BENCH):
-    spec = importlib.util.spec_from_file_location(f"benchfix_{name}", folder / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-report = _load("report")  # puts benchmarks/ on sys.path
 KiB, MiB = report.KiB, report.MiB
 
 

@@ -15,7 +15,7 @@ from purlinc.frontend.ast import OperandKind
 from purlinc.frontend.epilogue import Epilogue, eps_operand, scalar_problem
 from purlinc.runtime.errors import ArgumentError
 from purlinc.runtime.interop import ArrayInfo, describe
-from purlinc.runtime.validate import FAST_ALIGN, CallShape, unreadable
+from purlinc.runtime.validate import FAST_ALIGN, CallShape, check_readable
 
 
 def _err(message: str, *notes: str) -> ArgumentError:
@@ -94,9 +94,7 @@ def _check_tensor(name: str, operand, info: ArrayInfo, dtype, numel: int, device
         raise _err(f"{what}: expected {numel} elements ({shape}), got {info.numel}")
     if not info.contiguous:
         raise _err(f"{what}: expected a contiguous tensor, got a strided one", "pass .contiguous()")
-    memory_problem = unreadable(info)
-    if memory_problem:
-        raise _err(f"{what} {memory_problem[0]}", memory_problem[1])
+    check_readable(what, info)
     if info.ptr % FAST_ALIGN:
         raise _err(f"{what}: expected a {FAST_ALIGN}-byte aligned address, got {info.ptr:#x}")
 

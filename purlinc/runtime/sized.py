@@ -34,7 +34,7 @@ from purlinc.runtime import interop, residency
 from purlinc.runtime.errors import ArgumentError, MismatchError, PurlinTimeoutError, issued_by_one_thread
 from purlinc.runtime.group import per_rank
 from purlinc.runtime.residency import Blocks
-from purlinc.runtime.validate import integer, overlapping, unreadable
+from purlinc.runtime.validate import check_readable, integer, overlapping
 
 WIDEST = max(d.itemsize for d in DType)
 
@@ -274,7 +274,7 @@ def _check_data(coll: SizedCollective, label: str, info, dtype: DType | None, ro
     _check_device(coll, where, info)
     if not info.contiguous:
         raise ArgumentError(f"{where} is not contiguous")
-    _check_readable(where, info)
+    check_readable(where, info)
     if info.ptr % info.dtype.itemsize:  # the kernel moves whole elements (as validate_call checks)
         raise ArgumentError(f"{where} at {info.ptr:#x} is not aligned to its element size ({info.dtype.itemsize} bytes)")
     if info.numel % row:
@@ -322,16 +322,10 @@ def _check_sizes(coll: SizedCollective, label: str, info, count: int):
     _check_device(coll, where, info, " (sizes stay on the GPU)")
     if not info.contiguous:
         raise ArgumentError(f"{where} is not contiguous")
-    _check_readable(where, info)
+    check_readable(where, info)
     if info.ptr % 8:
         raise ArgumentError(f"{where} at {info.ptr:#x} is not aligned to 8 bytes (int64 sizes)")
     return info
-
-
-def _check_readable(where: str, info) -> None:
-    problem = unreadable(info)
-    if problem:
-        raise ArgumentError(f"{where} {problem[0]}", notes=(problem[1],))
 
 
 def _check_device(coll: SizedCollective, where: str, info, why: str = "") -> None:

@@ -184,9 +184,7 @@ def _buffers_dtype(where: str, x, out, device: int) -> DType | None:
         if not info.contiguous:
             shown = f" ({info.layout})" if info.layout else ""
             raise _err(f"{where}: {label} is not contiguous{shown}", _CONTIGUOUS[label])
-        memory_problem = unreadable(info)
-        if memory_problem:
-            raise _err(f"{where}: {label} {memory_problem[0]}", memory_problem[1])
+        check_readable(f"{where}: {label}", info)
         if info.ptr % info.dtype.itemsize:
             raise _err(
                 f"{where}: {label} at {info.ptr:#x} is not aligned to its element size ({info.dtype.itemsize} bytes)"
@@ -195,6 +193,14 @@ def _buffers_dtype(where: str, x, out, device: int) -> DType | None:
 
 
 ADDRESS_LIMIT = 1 << 64
+
+
+def check_readable(what: str, info) -> None:
+    """Refuse ``info`` (named ``what``: "allreduce on rank 0: x") where its memory does not
+    hold its values (``unreadable``)."""
+    problem = unreadable(info)
+    if problem is not None:
+        raise _err(f"{what} {problem[0]}", problem[1])
 
 
 def unreadable(info) -> tuple[str, str] | None:

@@ -100,11 +100,7 @@ def _check_x(where: str, e: Entry, x) -> None:
 def _check_eps(where: str, eps) -> None:
     if isinstance(eps, torch.SymFloat):  # traced as a symbol: the real implementation checks the value
         return
-    try:
-        usable = math.isfinite(eps) and 0 <= eps <= _FLOAT32_MAX
-    except OverflowError:  # an int past float64's range
-        usable = False
-    if not usable:
+    if not (math.isfinite(eps) and 0 <= eps <= _FLOAT32_MAX):  # a float: _as_float read it
         raise ArgumentError(f"{where}: eps={eps!r}, expected a finite number >= 0 that float32 holds "
                             f"(at most {_FLOAT32_MAX:.6g})")
 
