@@ -373,3 +373,16 @@ def test_lowering_options_are_checked(options, message):
     with pytest.raises(PurlinError) as caught:
         lower(spec_of("allgather", 2), LowerOptions(**options))
     assert caught.value.message.startswith(message)
+
+
+def test_the_options_key_pattern_reads_every_key_the_options_write():
+    """draw --trace reads slots and registered buffers back from a trace's key with it."""
+    from purlinc.snac.ir import KEY_PATTERN
+
+    for options in (LowerOptions(), LowerOptions(Algorithm.RING, channels=3, slices=2, slots=4),
+                    LowerOptions(registered=frozenset({"in", "out"}), packed=True),
+                    LowerOptions(registered=frozenset({"out"}), stage_copies=2)):
+        match = KEY_PATTERN.fullmatch(options.key())
+        assert match is not None, options.key()
+        assert match["slots"] == ("all" if options.slots is None else str(options.slots))
+        assert match["registered"] == (",".join(sorted(options.registered)) or "-")

@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import stat
 from pathlib import Path
 
@@ -223,7 +222,9 @@ def _check_options(options) -> None:
         _expect(options["stage_copies"] in (1, 2) and not isinstance(options["stage_copies"], bool),
                 "options.stage_copies", "1 or 2", options["stage_copies"])
     key = _string(_field(options, "key", "options"), "options.key")  # what check_matches compares
-    _expect(_KEY.fullmatch(key) is not None, "options.key",
+    from purlinc.snac.ir import KEY_PATTERN
+
+    _expect(KEY_PATTERN.fullmatch(key) is not None, "options.key",
             "an options key like 'direct-push/c1/s1/slotsall/reg-' (LowerOptions.key())", key)
 
 
@@ -263,18 +264,13 @@ def _check_fields(data: dict) -> None:
         _check_event(event, f"events[{n}]")
 
 
-# LowerOptions.key(): "algorithm/cC/sS/slots(all|N)/reg(-|in|in,out|out)[/ll][/x2]".  Slots and
-# registered buffers are in the key alone (the options object has no field of its own for them).
-_KEY = re.compile(r"[a-z-]+/c\d+/s\d+/slots(?P<slots>all|\d+)/reg(?P<registered>-|[a-z,]+)(?:/ll)?(?:/x2)?")
-
-
 def options_of(data: dict) -> dict:
     """The LowerOptions fields the trace fixes (load() has checked their types and the key's
     shape): slots and registered buffers from the options' key, where alone they are."""
-    from purlinc.snac.ir import Algorithm
+    from purlinc.snac.ir import KEY_PATTERN, Algorithm
 
     o = data["options"]
-    key = _KEY.fullmatch(o["key"])
+    key = KEY_PATTERN.fullmatch(o["key"])
     slots = None if key["slots"] == "all" else int(key["slots"])
     registered = frozenset() if key["registered"] == "-" else frozenset(key["registered"].split(","))
     # A trace from before staging copies existed ran one copy (its key has no /x2).

@@ -71,6 +71,7 @@ proves either case (``purlinc.snac.parity``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -276,6 +277,11 @@ class LowerOptions:
         ll = "/ll" if self.packed else ""  # absent when off: keys (and caches) of plain schedules unchanged
         x2 = "/x2" if self.stage_copies == 2 and not self.packed else ""  # packed: always two
         return f"{self.algorithm.value}/c{self.channels}/s{self.slices}/slots{slots}/reg{reg}{ll}{x2}"
+
+
+# What ``LowerOptions.key()`` writes, read back (a trace carries slots and registered buffers in
+# its key alone): kept beside the writer, so that one cannot change without the other.
+KEY_PATTERN = re.compile(r"[a-z-]+/c\d+/s\d+/slots(?P<slots>all|\d+)/reg(?P<registered>-|[a-z,]+)(?:/ll)?(?:/x2)?")
 
 
 @dataclass(frozen=True, slots=True)
