@@ -263,9 +263,28 @@ def test_notify_k_out_of_range_and_wait_k_too_large():
     assert error.message.endswith("k=-1 reaches back more than one call (per_call = 1)")
 
 
-def test_notified_too_few_times():
+def test_notified_too_few_times_points_at_the_wait_that_would_hang():
     error = fails(*allgather2(lambda p: p[0].pop(3)))
-    assert error.message == "r1.sig[0] is notified 0 times per call, but declared per_call = 1 (no notify with k=1)"
+    assert (error.rank, error.channel, error.step) == (1, 0, 4)
+    assert error.message == ("rank 1, channel 0, step 4 (wait r1.sig[0] k=1): would wait forever: r1.sig[0] is "
+                             "notified 0 times per call, but declared per_call = 1 (no notify with k=1)")
+    assert error.notes == ()
+
+
+def test_notified_too_few_times_names_who_notifies_the_rest():
+    spec = spec_of("allgather")
+    programs = allgather2_programs()
+    programs[1].insert(5, Wait(sig(1, 0), 2))  # waits for a second notify that rank 0 never sends
+    signals = [SignalDecl(d.signal, 2 if d.signal == sig(1, 0) else 1, d.role) for d in allgather2_signals()]
+    error = fails(spec, schedule_of(spec, programs, signals))
+    assert (error.rank, error.step) == (1, 5)
+    assert "would wait forever: r1.sig[0] is notified 1 times per call, but declared per_call = 2 (no notify with k=2)" in error.message
+    assert error.notes == ("notified with k=1 by rank 0 channel 0 step 3",)
+
+
+def test_notified_too_few_times_with_no_waiter_names_the_signal():
+    error = fails(*allgather2(lambda p: (p[0].pop(6), p[1].__setitem__(1, Consume(COPY, (IN(1, 0),), OUT(1, 1))))))
+    assert error.message == "r1.sig[1] is notified 0 times per call, but declared per_call = 1 (no notify with k=1)"
     assert error.rank == 1 and error.step is None
 
 

@@ -8,7 +8,7 @@ from collections import defaultdict
 
 from purlinc.frontend.ast import Operation
 from purlinc.frontend.spec import Spec
-from purlinc.snac.ir import Consume, Epilogue, Notify, Region, Schedule, Space, Stage, Step, Wait
+from purlinc.snac.ir import Consume, Epilogue, Notify, Region, Schedule, SignalDecl, Space, Stage, Step, Wait
 from purlinc.snac.verify.common import Failure, VerificationError, reads_of, writes_of
 
 
@@ -223,13 +223,48 @@ def check_signal_counts(schedule: Schedule, fail: Failure) -> None:
                 )
         missing = [k for k in range(1, decl.per_call + 1) if k not in by_k]
         if missing:
-            shown = ", ".join(map(str, missing[:_SHOWN_KS])) + (f", ... ({len(missing):,} in all)"
-                                                               if len(missing) > _SHOWN_KS else "")
-            raise VerificationError(
-                f"{decl.signal.format()} is notified {len(by_k)} times per call, but declared "
-                f"per_call = {decl.per_call} (no notify with k={shown})",
-                rank=decl.signal.owner,
-            )
+            raise _missing_notifies(schedule, decl, by_k, missing, fail)
+
+
+def _missing_notifies(schedule: Schedule, decl: SignalDecl, by_k: dict, missing: list, fail: Failure) -> VerificationError:
+    """The error for a signal notified fewer times than declared.  It points at a wait that
+    can never be satisfied where there is one (the step that would hang), and names the
+    steps that do notify the signal, so the reader sees whose notify is missing."""
+    shown = ", ".join(map(str, missing[:_SHOWN_KS])) + (f", ... ({len(missing):,} in all)"
+                                                       if len(missing) > _SHOWN_KS else "")
+    summary = (f"{decl.signal.format()} is notified {len(by_k)} times per call, but declared "
+               f"per_call = {decl.per_call} (no notify with k={shown})")
+    notes = _notifier_notes(schedule, by_k, fail)
+    stuck = _first_unmet_wait(schedule, decl, set(missing))
+    if stuck is None:
+        return VerificationError(summary, notes=notes, rank=decl.signal.owner)
+    channel, index = stuck
+    error = fail.at(decl.signal.owner, channel, index, f"would wait forever: {summary}")
+    error.notes = notes
+    return error
+
+
+def _first_unmet_wait(schedule: Schedule, decl: SignalDecl, missing: set) -> tuple[int, int] | None:
+    """(channel, step index) of the owner's first wait for a notify that never comes."""
+    owner, per_call = decl.signal.owner, decl.per_call
+    for channel in range(schedule.channels):
+        for index, step in enumerate(schedule.program(owner, channel).steps):
+            if type(step) is Wait and step.signal == decl.signal:
+                k = step.k if step.k > 0 else step.k + per_call  # k <= 0: the previous call's
+                if k in missing:
+                    return channel, index
+    return None
+
+
+def _notifier_notes(schedule: Schedule, by_k: dict, fail: Failure) -> tuple[str, ...]:
+    """Who notifies the signal now, with which k (at most _SHOWN_KS of them)."""
+    channels = schedule.channels
+    sites = sorted((p, index, k) for k, places in by_k.items() for p, index in places)
+    notes = [f"notified with k={k} by {fail.short(p // channels, p % channels, index)}"
+             for p, index, k in sites[:_SHOWN_KS]]
+    if len(sites) > _SHOWN_KS:
+        notes.append(f"... and {len(sites) - _SHOWN_KS:,} more notifies")
+    return tuple(notes)
 
 
 _SHOWN_KS = 8  # missing notify numbers a message lists (per_call = 10**6 listed them all: 7.9 MB)
