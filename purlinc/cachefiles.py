@@ -7,10 +7,12 @@ tables (``purlinc.frontend.lalr``); checksums and keys are theirs."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 
 TEMP_PREFIX = ".tmp-"
@@ -63,15 +65,23 @@ def write_atomically(path: Path, chunks: tuple[bytes, ...]) -> None:
     except BaseException:
         os.unlink(temp)
         raise
-    _remove_stale_temps(path.parent)
+    ours = re.compile(re.escape(TEMP_PREFIX) + TEMP_RANDOM + re.escape(path.suffix)).fullmatch
+    remove_stale_temps(path.parent, ours)
 
 
-def _remove_stale_temps(folder: Path) -> None:
-    """Temporary files of killed writers in ``folder`` (nothing else reads or removes them)."""
+# What mkstemp puts between prefix and suffix (its names' alphabet, eight of them)
+TEMP_RANDOM = r"[a-z0-9_]{8}"
+
+
+def remove_stale_temps(folder: Path, ours: Callable[[str], object]) -> None:
+    """Temporary files of killed writers in ``folder`` (nothing else reads or removes them):
+    those older than STALE_TEMP_S whose name ``ours`` accepts.  Only names our mkstemp calls
+    give: the folder may be one the user named (PURLIN_CACHE_DIR=~, compile -o), holding a file
+    of their own that starts like ours."""
     cutoff = time.time() - STALE_TEMP_S
     try:
         with os.scandir(folder) as entries:
-            stale = [entry.path for entry in entries if entry.name.startswith(TEMP_PREFIX)
+            stale = [entry.path for entry in entries if ours(entry.name)
                      and entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < cutoff]
     except OSError:  # the folder cannot be listed, or an entry went while it was read: next time
         return

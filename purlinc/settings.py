@@ -1,12 +1,15 @@
 """Every environment setting Purlin reads, in one place.
 
 Each setting says whether it affects generated code (and is then part of the compile
-cache key).  Nothing else in the package reads ``os.environ``.
+cache key).  Elsewhere the package reads only the launcher's variables (RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR, ...: torchrun's contract, not Purlin's settings), in
+``purlinc.runtime.rendezvous`` and ``purlinc.runtime.hierarchical``.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,21 +157,54 @@ def debug() -> bool:
 
 
 def cache_enabled() -> bool:
-    return not _flag(NO_CACHE)
+    """Whether the compile caches are used: not switched off, and there is a place for them."""
+    return not cache_switched_off() and unplaced_cache() is None
+
+
+def cache_switched_off() -> bool:
+    return _flag(NO_CACHE)
+
+
+def unplaced_cache() -> str | None:
+    """Why the cache has no place (then it is skipped), or None.  A container run as a user
+    with no passwd entry and no HOME has no home directory to put it under."""
+    if CACHE_DIR.raw() or _default_cache_base() is not None:
+        return None
+    return ("no home directory is known (HOME is unset or not an absolute path, and the user has no "
+            "passwd entry), so the cache has no default place")
 
 
 def cache_dir() -> Path:
+    """Where the caches are; only asked where ``cache_enabled()``."""
     raw = CACHE_DIR.raw()
     if raw:
         try:
             return Path(raw).expanduser()  # ~ as a shell would (a Dockerfile's ENV does not)
         except RuntimeError:  # ~someone of no known home: a user error, not an internal one
             raise _refuse(CACHE_DIR, "a directory (a leading ~ names the home directory of a known user)") from None
-    # The XDG base directory rules: an unset, empty or relative XDG_CACHE_HOME is ignored (a
-    # relative one, or a quoted '~/.cache', made a folder under the working directory)
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    base = _default_cache_base()
+    if base is None:
+        from purlinc.errors import PurlinError
+
+        raise PurlinError(f"the compile cache has no place: {unplaced_cache()} (set {CACHE_DIR.name})")
     return base / "purlin"
+
+
+def _default_cache_base() -> Path | None:
+    """$XDG_CACHE_HOME, else ~/.cache; None where neither is an absolute path.  The XDG base
+    directory rules ignore an unset, empty or relative XDG_CACHE_HOME (a relative one, or a
+    quoted '~/.cache', made a folder under the working directory); an empty or relative HOME
+    is passed over the same way, for the passwd entry's home."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(xdg):
+        return Path(xdg)
+    home = os.environ.get("HOME", "")
+    if not os.path.isabs(home):
+        try:
+            home = pwd.getpwuid(os.getuid()).pw_dir
+        except KeyError:  # no passwd entry (a container's --user 12345)
+            return None
+    return Path(home) / ".cache" if os.path.isabs(home) else None
 
 
 def wait_timeout_ns() -> int:

@@ -121,6 +121,49 @@ def test_artifacts_are_written_all_or_none(tmp_path, capsys):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+def test_an_interrupt_between_renames_leaves_no_temporary_file(tmp_path, capsys, monkeypatch):
+    """Ctrl-C at the second rename: the other artifacts' temporary files stayed in -o for ever
+    (only an OSError removed them)."""
+    import os
+
+    replace, calls = os.replace, []
+
+    def interrupted(src, dst):
+        if Path(dst).parent == tmp_path:  # the artifacts' renames, not the caches'
+            calls.append(dst)
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    status, _, _ = _compile(capsys, EXAMPLES / "allreduce.pln", "-R", "2", "-o", tmp_path)
+    assert status == 130  # 128 + SIGINT, as a shell reports it
+    assert [p.name for p in tmp_path.iterdir()] == [Path(calls[0]).name]
+
+
+def test_a_killed_compiles_temporary_files_are_removed_by_a_later_one(tmp_path, capsys):
+    """A compile killed between its writes and its renames leaves .<artifact>.XXXXXXXX files;
+    the next compile into the folder removes those an hour old, and nothing of the user's."""
+    import os
+
+    from purlinc import cachefiles
+
+    status, out, err = _compile(capsys, EXAMPLES / "allreduce.pln", "-R", "2", "-o", tmp_path)
+    assert status == 0, err
+    artifacts = [Path(line).name for line in out.splitlines()]
+    stale = [tmp_path / f".{name}.ab_cd012" for name in artifacts]
+    fresh = tmp_path / f".{artifacts[0]}.zz_zz999"  # a concurrent compile's, about to be renamed
+    users = [tmp_path / ".notes.txt.abcdefgh", tmp_path / f".{artifacts[0]}.mine"]
+    old = os.stat(tmp_path).st_mtime - cachefiles.STALE_TEMP_S - 60
+    for path in (*stale, fresh, *users):
+        path.write_bytes(b"half")
+        if path is not fresh:
+            os.utime(path, (old, old))
+    status, out, err = _compile(capsys, EXAMPLES / "allreduce.pln", "-R", "2", "-o", tmp_path)
+    assert status == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*artifacts, fresh.name, *(p.name for p in users)])
+
+
 def test_compiles_for_two_archs_share_a_directory(tmp_path, capsys):
     """Two targets into one -o: each keeps its own CUDA source, CUBIN, schedule and manifest.
     Before, the files were named by the kernel alone, so the second compile replaced the
@@ -187,3 +230,48 @@ def test_an_unreachable_cache_or_output_dir_is_a_problem_not_a_crash(tmp_path, m
     monkeypatch.setattr("os.path.lexists", lambda path: True)
     assert cache_problem() == f"{blocked} cannot be reached (Permission denied)"
     assert output_dir_problem(blocked) == f"{blocked} cannot be reached: Permission denied"
+
+
+@pytest.mark.parametrize("blocker", ["name too long", "a file where front goes"])
+def test_compile_warns_of_a_cache_the_permission_check_passes_but_no_write_can_reach(tmp_path, monkeypatch, blocker):
+    """access() said yes to these, so compile warned of nothing and every entry was lost."""
+    from purlinc.cli.compile import cache_problem, cache_warning
+
+    monkeypatch.delenv("PURLIN_NO_CACHE", raising=False)
+    if blocker == "name too long":
+        where = tmp_path / ("x" * 300) / "c"
+        expected = "File name too long"
+    else:
+        where = tmp_path / "cache"
+        where.mkdir()
+        (where / "front").write_text("a file of the user's")
+        expected = "File exists"
+    monkeypatch.setenv("PURLIN_CACHE_DIR", str(where))
+    problem = cache_problem()
+    assert problem is not None and expected in problem
+    assert cache_warning(problem).startswith(f"warning: the compile cache {where} cannot be written")
+
+
+def test_no_home_directory_skips_the_cache_with_a_warning(tmp_path, monkeypatch):
+    """A container run as a uid with no passwd entry and no HOME: Path.home() raised, and every
+    command stopped with an internal error."""
+    import pwd
+
+    from purlinc import settings
+    from purlinc.cli.compile import cache_problem, cache_warning
+
+    for name in ("PURLIN_CACHE_DIR", "PURLIN_NO_CACHE", "XDG_CACHE_HOME", "HOME"):
+        monkeypatch.delenv(name, raising=False)
+
+    def no_entry(uid):
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    assert not settings.cache_enabled()
+    problem = cache_problem()
+    assert problem.startswith("no home directory is known")
+    assert cache_warning(problem).startswith("warning: the compile cache cannot be used (no home directory")
+    monkeypatch.setenv("HOME", "relative/home")  # not a place either (it made ./relative/home/.cache)
+    assert not settings.cache_enabled()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert settings.cache_enabled() and settings.cache_dir() == tmp_path / ".cache" / "purlin"

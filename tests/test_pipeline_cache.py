@@ -348,7 +348,7 @@ def test_a_killed_writers_temporary_file_is_removed_later(cache_dir):
 
     pipeline.compile(ALLGATHER, world_size=2, arch="sm_90")
     (cubin,) = cache_dir.glob("*/*.cubin")
-    stale, fresh = cubin.parent / ".tmp-stale.cubin", cubin.parent / ".tmp-fresh.cubin"
+    stale, fresh = cubin.parent / ".tmp-stale_01.cubin", cubin.parent / ".tmp-fresh_01.cubin"  # mkstemp's shape
     for path in (stale, fresh):
         path.write_bytes(b"half an entry")
     old = os.stat(stale).st_mtime - cachefiles.STALE_TEMP_S - 60
@@ -365,19 +365,33 @@ def test_one_temporary_file_that_cannot_be_removed_does_not_keep_the_others(tmp_
     from purlinc import cachefiles
 
     old = os.stat(tmp_path).st_mtime - cachefiles.STALE_TEMP_S - 60
-    for name in (".tmp-a.entry", ".tmp-b.entry", ".tmp-c.entry"):
+    for name in (".tmp-aaaaaaaa.entry", ".tmp-bbbbbbbb.entry", ".tmp-cccccccc.entry"):
         (tmp_path / name).write_bytes(b"x")
         os.utime(tmp_path / name, (old, old))
     unlink = os.unlink
 
     def refuse_one(path, *args, **kwargs):
-        if str(path).endswith(".tmp-b.entry"):
+        if str(path).endswith(".tmp-bbbbbbbb.entry"):
             raise PermissionError(13, "Permission denied", str(path))
         unlink(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "unlink", refuse_one)
     cachefiles.write_atomically(tmp_path / "key.entry", (b"data",))
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-b.entry", "key.entry"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-bbbbbbbb.entry", "key.entry"]
+
+
+def test_the_sweep_of_temporary_files_leaves_the_users_own_files(tmp_path):
+    """PURLIN_CACHE_DIR may name a folder of the user's: an old file of theirs that starts .tmp-
+    is not a killed writer's (those are mkstemp's .tmp-XXXXXXXX plus the entry's suffix)."""
+    from purlinc import cachefiles
+
+    old = os.stat(tmp_path).st_mtime - cachefiles.STALE_TEMP_S - 60
+    names = (".tmp-notes.txt", ".tmp-abcdefgh.txt", ".tmp-abcdefghi.entry", ".tmp-abc.entry", ".tmp-abcdefgh.entry")
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+        os.utime(tmp_path / name, (old, old))
+    cachefiles.write_atomically(tmp_path / "key.entry", (b"data",))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({*names, "key.entry"} - {".tmp-abcdefgh.entry"})
 
 
 def test_cache_files_check_their_start_before_reading_the_rest(tmp_path):

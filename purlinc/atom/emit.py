@@ -6,13 +6,16 @@ compiler: entry points, launch geometry, the ABI, buffer sizes and the versions 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import re
 import tempfile
 from importlib import metadata
 from pathlib import Path
 
 from purlinc import jsontext
+from purlinc.cachefiles import TEMP_RANDOM, remove_stale_temps
 from purlinc.atom.nvrtc import nvrtc_version
 from purlinc.version import __version__
 
@@ -142,6 +145,8 @@ def write_artifacts(artifact, out_dir: Path, *, ranks_defaulted: bool) -> list[P
                   _json_bytes(manifest(artifact, ranks_defaulted=ranks_defaulted))))
     for path, _ in files:
         _check_replaceable(path)
+    names = {f".{path.name}." for path, _ in files}
+    remove_stale_temps(out_dir, lambda name: name[:-8] in names and re.fullmatch(TEMP_RANDOM, name[-8:]))
     temps: list[str] = []
     try:
         for path, data in files:
@@ -150,13 +155,18 @@ def write_artifacts(artifact, out_dir: Path, *, ranks_defaulted: bool) -> list[P
         for temp in temps:
             os.unlink(temp)
         raise
-    for n, (temp, (path, _)) in enumerate(zip(temps, files)):
-        try:
+    renamed = 0
+    try:
+        for temp, (path, _) in zip(temps, files):
             os.replace(temp, path)
-        except OSError as error:
-            for left in temps[n:]:
+            renamed += 1
+    except BaseException as error:  # Ctrl-C between two renames too: no temporary file is left
+        for left in temps[renamed:]:
+            with contextlib.suppress(FileNotFoundError):  # renamed just before the interrupt
                 os.unlink(left)
-            raise OSError(error.errno, error.strerror, str(path)) from None
+        if isinstance(error, OSError):
+            raise OSError(error.errno, error.strerror, str(files[renamed][0])) from None
+        raise
     return [path for path, _ in files]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from purlinc.cli import common
@@ -71,19 +72,33 @@ def _output_dir_problem(path: Path) -> str | None:
 
 def cache_problem() -> str | None:
     """Why the compile cache cannot be written, or None.  The cache skips itself quietly (it
-    only saves time), but a PURLIN_CACHE_DIR that names a file is a mistake to be told of."""
+    only saves time), but a PURLIN_CACHE_DIR that names a file is a mistake to be told of.
+    The folders are made and a file written in the front cache's, as the compile will: a
+    permission check says yes to root where the kernel says no (/proc, read-only mounts), and
+    says nothing of a name too long or a file where a folder goes."""
     from purlinc import settings
 
-    if not settings.cache_enabled():
+    if settings.cache_switched_off():
         return None
+    unplaced = settings.unplaced_cache()
+    if unplaced is not None:
+        return unplaced
+    where = settings.cache_dir()
+    front = where / "front"
     try:
-        existing = nearest_existing(settings.cache_dir())
+        existing = nearest_existing(where)
         if not existing.is_dir():
             return f"{existing} is not a directory"
     except OSError as error:  # a path through a folder this user cannot search
-        return f"{error.filename or settings.cache_dir()} cannot be reached ({error.strerror or error})"
+        return f"{error.filename or where} cannot be reached ({error.strerror or error})"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{existing} is not writable"
+    try:
+        front.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=front):
+            pass
+    except OSError as error:  # too long a name, a file where a folder goes, a read-only mount
+        return f"{error.filename or front} cannot be written ({error.strerror or error})"
     return None
 
 
@@ -93,6 +108,9 @@ def cache_warning(problem: str) -> str:
     cannot be read either."""
     from purlinc import settings
 
+    if settings.unplaced_cache() is not None:
+        return (f"warning: the compile cache cannot be used ({problem}): compiling without it "
+                f"(set {settings.CACHE_DIR.name}, or {settings.NO_CACHE.name}=1)")
     where = settings.cache_dir()
     readable = os.path.isdir(where) and os.access(where, os.R_OK | os.X_OK)
     what = ("entries it holds are used, new ones are not stored" if readable
