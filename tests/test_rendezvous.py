@@ -723,3 +723,28 @@ def test_env_integers_are_digits_up_to_a_bound(name, raw):
     assert info.value.message == (f"environment variable {name} must be an integer, got {raw!r}: expected decimal "
                                   "digits only, a number from 0 to 1,048,576")
     assert env_info({**env, name: " 1 " if name != "WORLD_SIZE" else str(1 << 20)})  # spaces and the bound itself pass
+
+
+def test_a_named_pipe_in_a_keys_place_is_refused_not_waited_on(tmp_path):
+    """get() opened a named pipe at the key's path and blocked there past its own timeout."""
+    store = FileStore(tmp_path, timeout=1)
+    os.mkfifo(store._path("k"))
+    started = time.monotonic()
+    with pytest.raises(RendezvousError, match=r"key 'k' of the file store .* cannot be read or written \(not a regular file\)"):
+        store.get("k")
+    assert time.monotonic() - started < 1
+
+
+def test_a_directory_in_the_lock_files_place_is_a_store_error(tmp_path):
+    """add() raised a bare IsADirectoryError, where get and set name the store."""
+    store = FileStore(tmp_path, timeout=1)
+    (tmp_path / ".lock").mkdir()
+    with pytest.raises(RendezvousError, match=r"add: key 'n' of the file store .* its file .*\.lock cannot be read"):
+        store.add("n", 1)
+
+
+def test_a_file_store_on_a_file_says_so(tmp_path):
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(RendezvousError) as info:
+        FileStore(tmp_path / "afile")
+    assert info.value.message == f"cannot use {tmp_path / 'afile'} as a file store: it is a file, not a directory"

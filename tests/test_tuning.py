@@ -171,6 +171,10 @@ GOOD_ROW = {"max_bytes": 4096, "algorithm": "direct-push", "atom": "ldst", "chan
     ([{**GOOD_ROW, "max_bytes": "1KiB"}], r"allgather\.4\[0\]: max_bytes='1KiB', expected a whole number of bytes"),
     ([{**GOOD_ROW, "channels": 0}], r"allgather\.4\[0\]: channels and slices must be >= 1"),
     ([{**GOOD_ROW, "chanels": 2}], r"allgather\.4\[0\]: unknown field\(s\) chanels"),
+    ([{**GOOD_ROW, "channels": None}], r"allgather\.4\[0\]: channels=null, expected a whole number >= 1"),
+    ([{**GOOD_ROW, "slices": None}], r"allgather\.4\[0\]: slices=null, expected a whole number >= 1"),
+    ([{**GOOD_ROW, "atom": "ce"}], r"allgather\.4\[0\]: packed=true, but the ce atom runs no packed \(LL\) schedule"),
+    ([{**GOOD_ROW, "algorithm": "ring"}], r"allgather\.4\[0\]: packed=true, but the ring algorithm runs no packed"),
     ([3], r"allgather\.4\[0\]: expected a bucket \(an object\), got int"),
     ([], r"allgather\.4: expected a non-empty list of buckets"),
 ])
@@ -187,7 +191,12 @@ def test_a_bad_table_is_refused_naming_the_file_and_the_row(monkeypatch, tmp_pat
         tuning.buckets_for(_spec("allgather", 4), packed_supported=True)
 
 
-@pytest.mark.parametrize("text, problem", [("{", "is not JSON"), ("[1, 2]", "expected {collective: {world size")])
+@pytest.mark.parametrize("text, problem", [
+    ("{", "is not JSON"),
+    ("[1, 2]", "expected {collective: {world size"),
+    ("[" * 100_000, "is not JSON"),  # nested past the parser's depth: a RecursionError escaped
+    (json.dumps({"tables": {"allgather": {"\u0662": [GOOD_ROW]}}}), "the world size '\u0662' is not a whole number"),
+])
 def test_a_table_that_is_not_one_is_refused(monkeypatch, tmp_path, text, problem):
     from purlinc.errors import PurlinError
 

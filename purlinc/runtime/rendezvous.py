@@ -27,12 +27,14 @@ and ends in :class:`RendezvousTimeout` naming the key, the rank waited for and t
 from __future__ import annotations
 
 import atexit
+import errno
 import io
 import operator
 import os
 import pickle
 import socket
 import socketserver
+import stat
 import struct
 import threading
 import time
@@ -581,7 +583,9 @@ class FileStore:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as error:  # a file there, a missing mount, no permission
-            raise RendezvousError(f"cannot use {self.directory} as a file store: {error.strerror or error}") from None
+            why = ("it is a file, not a directory" if error.errno == errno.EEXIST and self.directory.exists()
+                   else error.strerror or str(error))
+            raise RendezvousError(f"cannot use {self.directory} as a file store: {why}") from None
 
     def __repr__(self) -> str:
         return f"FileStore({self.directory})"
@@ -608,13 +612,23 @@ class FileStore:
                    "own; or is the directory's file system full or gone?",))
 
     def _read(self, op: str, key: str, path: Path) -> bytes | None:
-        """The key's value, or None while its file is missing."""
+        """The key's value, or None while its file is missing.  Opened without blocking and read
+        only if it is a regular file: a named pipe in its place blocked the read past any timeout."""
         try:
-            return path.read_bytes()
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
         except OSError as error:
             raise self._unusable(op, key, path, error) from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
+            with os.fdopen(fd, "rb", closefd=False) as handle:
+                return handle.read()
+        except OSError as error:
+            raise self._unusable(op, key, path, error) from None
+        finally:
+            os.close(fd)
 
     def set(self, key: str, value: bytes) -> None:
         path, data = self._path(key), _value(value)
@@ -644,7 +658,11 @@ class FileStore:
         import fcntl
 
         path, delta = self._path(key), _delta(delta)
-        with open(self.directory / ".lock", "a+") as lock:
+        try:
+            lock = open(self.directory / ".lock", "a+")
+        except OSError as error:  # a directory in its place, a full or gone file system
+            raise self._unusable("add", key, self.directory / ".lock", error) from None
+        with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 held = self._read("add", key, path)

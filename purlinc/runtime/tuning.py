@@ -131,7 +131,7 @@ def _measured() -> dict[str, dict[str, tuple[Bucket, ...]]]:
         raise PurlinError(f"tuning table {TABLE_PATH} cannot be read: {getattr(error, 'strerror', None) or error}")
     try:
         data = json.loads(text)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:  # RecursionError: nested past the parser's depth
         raise PurlinError(f"tuning table {TABLE_PATH} is not JSON: {error}") from None
     # Either {"tables": {...}, ...notes} or the harness's own file ({collective: {R: [...]}}).
     tables = data.get("tables", data) if isinstance(data, dict) else data
@@ -165,7 +165,7 @@ def _checked_rows(where: str, size: str, rows) -> tuple[Bucket, ...]:
         at = where if row is None else f"{where}[{row}]"
         return PurlinError(f"tuning table {TABLE_PATH}: {at}: {problem}")
 
-    if not (size.isdigit() and int(size) >= 1):
+    if not (size.isascii() and size.isdigit() and int(size) >= 1):  # "٢" is a digit, never a world size
         raise refuse(f"the world size {size!r} is not a whole number >= 1")
     if not isinstance(rows, list) or not rows:
         raise refuse("expected a non-empty list of buckets")
@@ -185,12 +185,19 @@ def _checked_rows(where: str, size: str, rows) -> tuple[Bucket, ...]:
                          f"({last})", n)
         if type(row.get("packed", False)) is not bool:
             raise refuse(f"packed={row['packed']!r}, expected true or false", n)
+        for count in ("channels", "slices"):
+            if count in row and row[count] is None:  # read as 1 before, where 0 was refused
+                raise refuse(f"{count}=null, expected a whole number >= 1 (or leave it out for 1)", n)
         try:
-            get_algorithm(row.get("algorithm", DEFAULT_ALGORITHM.value))
-            lookup_atom(row.get("atom", DEFAULT_ATOM))
+            algorithm = get_algorithm(row.get("algorithm", DEFAULT_ALGORITHM.value))
+            atom = lookup_atom(row.get("atom", DEFAULT_ATOM))
             check_counts(row.get("channels", 1), row.get("slices", 1))
         except PurlinError as error:
             raise refuse(error.message, n) from None
+        if row.get("packed") and not (algorithm.packed and atom.packed):
+            # it could never run: the load replaced the whole bucket by the default, saying so at INFO only
+            who = f"the {atom.name} atom" if not atom.packed else f"the {algorithm.name} algorithm"
+            raise refuse(f"packed=true, but {who} runs no packed (LL) schedule", n)
         buckets.append(Bucket.from_json(row))
         last = limit or last
     if buckets[-1].max_bytes is not None:  # the table must cover every size
