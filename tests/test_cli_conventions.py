@@ -122,6 +122,34 @@ def test_an_error_into_a_closed_pipe_keeps_its_status(tmp_path):
     assert child.wait(timeout=120) == 2
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
+def test_an_error_into_a_full_stderr_keeps_its_status(tmp_path):
+    """``purlinc compile missing.pln 2>/dev/full``: the print of the error failed with ENOSPC,
+    which escaped main, and the status was 1 (names nothing) where it should be 2."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "purlinc", "dump", str(tmp_path / "missing.pln")],
+                              stdout=subprocess.DEVNULL, stderr=full, env={**os.environ, "PYTHONPATH": str(REPO)},
+                              timeout=120)
+    assert done.returncode == 2
+
+
+def test_the_console_script_takes_a_ctrl_c_during_its_imports_as_status_130(monkeypatch):
+    """A Ctrl-C in the first few tenths of a second (the imports) printed a traceback and exited 1."""
+    import builtins
+
+    from purlinc import __main__ as entry
+
+    real_import = builtins.__import__
+
+    def interrupted(name, *args, **kwargs):
+        if name == "purlinc.cli":
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", interrupted)
+    assert entry.run() == 130
+
+
 def test_compile_writes_0644_and_says_the_default_world_size(tmp_path, capsys):
     old = os.umask(0o022)
     try:

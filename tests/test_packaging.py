@@ -50,7 +50,7 @@ def test_wheel_has_package_data(wheel):
 
 def test_wheel_declares_the_console_script(wheel):
     entry_points = next(n for n in wheel.namelist() if n.endswith("entry_points.txt"))
-    assert "purlinc = purlinc.cli:main" in wheel.read(entry_points).decode()
+    assert "purlinc = purlinc.__main__:run" in wheel.read(entry_points).decode()
 
 
 def test_every_module_of_the_tree_ships(wheel):

@@ -47,12 +47,13 @@ def _silence(stream=None) -> None:
 
 
 def _report(text: str) -> None:
-    """``text`` on stderr; a reader that has gone (``purlinc check ... 2>&1 | head -1``) ends
-    it quietly: the status still says what happened (a BrokenPipeError here escaped main)."""
+    """``text`` on stderr; a reader that has gone (``purlinc check ... 2>&1 | head -1``) or a
+    full disk ends it quietly: the status still says what happened (the OSError here escaped
+    main, and a user error exited 1)."""
     try:
         print(text, file=sys.stderr)
         sys.stderr.flush()
-    except BrokenPipeError:
+    except OSError:  # a closed pipe, or a full disk (2>/dev/full): the status must still say what happened
         _silence(sys.stderr)
 
 

@@ -139,12 +139,12 @@ class TorchCollective:
         self._no_grad("x", x)
         if out is None:
             if ops.tracing():
-                return self.ops.sequenced(x, ops.traced(self._seq), self.handle, op, count)
+                return self.ops.sequenced(x, ops.traced(self._seq, x), self.handle, op, count)
             return self.ops.eager_functional(x, self.handle, op, count)
         if ops.tracing():  # the ordered functional op, then a copy (see ops._keep_in_order)
             self._check_out(x, out, op)
             n = out.numel() // self.entry.out_units if self.entry.out_units else 0
-            y = self.ops.sequenced(x, ops.traced(self._seq), self.handle, op, -1 if self.entry.in_units else n)
+            y = self.ops.sequenced(x, ops.traced(self._seq, x), self.handle, op, -1 if self.entry.in_units else n)
             if self.entry.out_units:
                 out.copy_(y.view(out.shape))
         else:
@@ -160,7 +160,7 @@ class TorchCollective:
             ops._inplace_units(where, e, t)  # unequal sizes: a clear error
             x = t if e.in_units else t.new_empty(0)
             n = -1 if e.in_units else t.numel() // max(e.out_units, 1)
-            y = self.ops.sequenced(x, ops.traced(self._seq), self.handle, op, n)
+            y = self.ops.sequenced(x, ops.traced(self._seq, x), self.handle, op, n)
             if e.out_units:
                 t.copy_(y.view(t.shape))
         else:

@@ -170,10 +170,10 @@ class Group:
             self._entries[key] = hit
         return hit
 
-    @property
-    def _seq(self):
-        """The communicator's sequence tensor, as an active FakeTensorMode sees it (ops.traced)."""
-        return _ops.traced(self._sequence)
+    def _seq(self, like):
+        """The communicator's sequence tensor, as an active FakeTensorMode sees it (ops.traced;
+        ``like``: a tensor of the call, whose device a stand-in takes where there is none)."""
+        return _ops.traced(self._sequence, like)
 
     def _handle(self, kind: str, root: int = 0) -> int:
         self._require_open(kind)
@@ -277,7 +277,7 @@ class Group:
             return self._then(lambda: self.all_reduce(padded, op), lambda: tensor.copy_(padded[:n].view(tensor.shape)),
                               [tensor, padded], async_op, [tensor])
         if _ops.tracing():
-            tensor.copy_(torch.ops.purlin.allreduce_seq(tensor, self._seq, handle, op, -1).view(tensor.shape))
+            tensor.copy_(torch.ops.purlin.allreduce_seq(tensor, self._seq(tensor), handle, op, -1).view(tensor.shape))
             return _DONE if async_op else None
         body = _ops.define("allreduce").eager_inplace
         return self._issue(lambda: body(tensor, handle, op), [tensor], async_op, [tensor])
@@ -298,7 +298,7 @@ class Group:
                  f"({_ops.shown(self.world_size)} ranks x the {_ops.shown(output.numel())} of {out_label})")
         self._check(where, entry(handle), [named_in, named_out], op)
         if _ops.tracing():
-            output.copy_(torch.ops.purlin.reduce_scatter_seq(input, self._seq, handle, op, -1).view(output.shape))
+            output.copy_(torch.ops.purlin.reduce_scatter_seq(input, self._seq(input), handle, op, -1).view(output.shape))
             return _DONE if async_op else None
         body = _ops.define("reduce_scatter").eager_out
         return self._issue(lambda: body(input, output, handle, op), [input, output], async_op, [output])
@@ -310,7 +310,7 @@ class Group:
         handle = self._handle("reduce", dst)
         self._check("reduce", entry(handle), [("tensor", tensor)], op)
         if _ops.tracing():
-            y = torch.ops.purlin.reduce_seq(tensor, self._seq, handle, op, -1)
+            y = torch.ops.purlin.reduce_seq(tensor, self._seq(tensor), handle, op, -1)
             if self.rank == dst:  # elsewhere y is empty and tensor keeps its value
                 tensor.copy_(y.view(tensor.shape))
             return _DONE if async_op else None
@@ -351,7 +351,7 @@ class Group:
                  f"({_ops.shown(self.world_size)} ranks x the {_ops.shown(input_tensor.numel())} of {in_label})")
         self._check(where, entry(handle), [(in_label, input), (out_label, output)])
         if _ops.tracing():
-            output.copy_(torch.ops.purlin.allgather_seq(input, self._seq, handle, "sum", -1).view(output.shape))
+            output.copy_(torch.ops.purlin.allgather_seq(input, self._seq(input), handle, "sum", -1).view(output.shape))
             return _DONE if async_op else None
         body = _ops.define("allgather").eager_out
         return self._issue(lambda: body(input, output, handle, "sum"),
@@ -395,7 +395,7 @@ class Group:
                  f"expected a multiple of {_ops.shown(self.world_size)} (one equal slice per rank)")
         self._check(where, entry(handle), [(in_label, inp), (out_label, out)])
         if _ops.tracing():
-            out.copy_(torch.ops.purlin.alltoall_seq(inp, self._seq, handle, "sum", -1).view(out.shape))
+            out.copy_(torch.ops.purlin.alltoall_seq(inp, self._seq(inp), handle, "sum", -1).view(out.shape))
             return _DONE if async_op else None
         body = _ops.define("alltoall").eager_out
         return self._issue(lambda: body(inp, out, handle, "sum"), [inp, out], async_op, [output])
@@ -446,7 +446,7 @@ class Group:
         self._check("broadcast", entry(handle), [("tensor", t)])
         if _ops.tracing():
             x = t if self.rank == src else t.new_empty(0)
-            t.copy_(torch.ops.purlin.broadcast_seq(x, self._seq, handle, "sum", t.numel()).view(t.shape))
+            t.copy_(torch.ops.purlin.broadcast_seq(x, self._seq(x), handle, "sum", t.numel()).view(t.shape))
             return _DONE if async_op else None
         body = _ops.define("broadcast").eager_inplace
         return self._issue(lambda: body(t, handle, "sum"), [t], async_op, [tensor])
@@ -460,7 +460,7 @@ class Group:
         (x,) = self._bytes(where, [("tensor", tensor)])
         self._check(where, entry(handle), [("tensor", x)])
         if _ops.tracing():
-            y = torch.ops.purlin.gather_seq(x, self._seq, handle, "sum", -1)
+            y = torch.ops.purlin.gather_seq(x, self._seq(x), handle, "sum", -1)
             if self.rank == dst:
                 self._split_into(where, y, gather_list)
             return _DONE if async_op else None
@@ -488,7 +488,7 @@ class Group:
             return torch.cat([_ops.carrier(where, "scatter_list", s.contiguous(), reduce=False).reshape(-1)
                               for s in scatter_list])
         if _ops.tracing():
-            t.copy_(torch.ops.purlin.scatter_seq(source(), self._seq, handle, "sum", t.numel()).view(t.shape))
+            t.copy_(torch.ops.purlin.scatter_seq(source(), self._seq(t), handle, "sum", t.numel()).view(t.shape))
             return _DONE if async_op else None
         body = _ops.define("scatter").eager_out
         # under async_op the concatenation is made on the side stream too
@@ -573,7 +573,8 @@ class Group:
             sized.check_offsets("all_to_all_vdev", self._sized_state, input, out, in_splits, out_splits, out_offsets)
             # the ordered form: it "writes" the communicator's sequence tensor, as the other
             # collectives' NAME_seq ops do, so no compiler drops it or moves it past them
-            torch.ops.purlin.alltoallv_seq(input, in_splits, out, out_splits, self._seq, self._sized_state.handle)
+            torch.ops.purlin.alltoallv_seq(input, in_splits, out, out_splits, self._seq(input),
+                                          self._sized_state.handle)
             if out_offsets is not None:
                 out_offsets.copy_(torch.cumsum(out_splits, 0) - out_splits)
             return _DONE if async_op else None

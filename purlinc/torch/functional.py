@@ -28,7 +28,7 @@ def _run(kind: str, x, seq, handle: int, op: str):
     if _ops.tracing():  # torch.compile, FakeTensorMode or make_fx: record the op, launch nothing
         if seq is None:  # in a backward: the communicator's sequence tensor, found from the handle
             e = _ops.entry(handle)
-            seq = _ops.traced(_ops.sequence(e.comm, e.device))
+            seq = _ops.traced(_ops.sequence(e.comm, e.device), x)
         return getattr(torch.ops.purlin, kind + "_seq")(x, seq, handle, op, -1)
     return _ops.define(kind).eager_functional(x, handle, op, -1)
 
@@ -65,7 +65,7 @@ def _call(group, kind: str, x, op: str):
     if torch.is_grad_enabled() and x.requires_grad:
         inverse_kind = _ops.INVERSES[kind]
         return _Collective.apply(x, kind, inverse_kind, handle, group._handle(inverse_kind), op, group.world_size)
-    return _run(kind, x, group._seq, handle, op)
+    return _run(kind, x, group._seq(x), handle, op)
 
 
 def all_reduce(x, op="sum", group=None):

@@ -88,8 +88,12 @@ def for_process_group(pg):
 def made_for(pg):
     """Inside ``torch.compile``: the Purlin Group already made for process group ``pg``, found by
     the group's name (a trace reads that; it cannot make a communicator, which is a collective)."""
-    release_destroyed()  # a name torch gave again after a destroy must not find the old group
     hit = _BY_NAME.get(pg.group_name)
+    # A name torch gave again after a destroy must not find the old group.  Compared here, not
+    # released (release_destroyed): closing a group takes locks, which dynamo cannot enter, and
+    # freeing a communicator has no place in a trace; the next eager call releases it.
+    if hit is not None and _GROUPS.get(id(pg), (None,))[0] is not pg:
+        hit = None
     if hit is None:  # fail, not raise: dynamo cannot build an ArgumentError (see ops.fail)
         _ops.fail(f"group {pg.group_name!r} has no Purlin communicator yet, and a compiled region cannot make one "
                   f"(that is a collective of its members)",

@@ -782,10 +782,14 @@ def ints_shown(values, brackets: str = "()") -> str:
     return f"{brackets[0]}{text}{brackets[1]}"
 
 
-def traced(seq):
+def traced(seq, like):
     """The sequence tensor as the active FakeTensorMode sees it (it refuses real tensors);
-    itself under torch.compile and eagerly."""
-    if seq is None or torch.compiler.is_compiling():  # dynamo lifts the real tensor itself
+    itself under torch.compile and eagerly.  Without one (``seq`` None: a device this torch
+    cannot reach, so nothing can run) a fresh stand-in on ``like``'s device, never cached: the
+    trace still records the ordered op, and its checks still name the caller's tensors."""
+    if seq is None:
+        return torch.zeros(1, dtype=torch.int32, device=like.device)
+    if torch.compiler.is_compiling():  # dynamo lifts the real tensor itself
         return seq
     mode = _active_mode("FAKE")
     if mode is None:
@@ -798,21 +802,39 @@ def traced(seq):
 def sequence(comm, device) -> "torch.Tensor | None":
     """The communicator's sequence tensor: what NAME_seq ops "write", so compiled collectives of
     one communicator stay in program order.  Static (``mark_static_address``): CUDA graphs
-    (reduce-overhead) accept mutations of static inputs.  Made eagerly, outside any trace."""
+    (reduce-overhead) accept mutations of static inputs.  Made eagerly, outside any trace; None
+    where this torch cannot make a tensor on ``device``."""
     key = (id(comm), str(device))
     hit = _SEQUENCES.get(key)  # the common case, also inside traced code (which cannot enter a lock)
-    if hit is not None:
+    if hit is not None or torch.compiler.is_compiling():
+        # dynamo cannot enter the lock, and a tensor made in the trace is a graph value, not
+        # the communicator's: without one the caller's trace takes a stand-in (traced)
         return hit
     with _SEQUENCING:  # one tensor per communicator, whichever thread makes its Groups and ops first
         hit = _SEQUENCES.get(key)
         if hit is None:
-            try:
-                hit = torch.zeros(1, dtype=torch.int32, device=device)
-            except (RuntimeError, AssertionError):  # a device this torch cannot reach: eager checks still work
+            hit = _new_sequence(device)
+            if hit is None:  # a device this torch cannot reach: eager checks still work
                 return None
-            torch._dynamo.mark_static_address(hit)
             _SEQUENCES[key] = hit
     return hit
+
+
+def _new_sequence(device) -> "torch.Tensor | None":
+    """A real, ordinary tensor, whatever mode the caller is in: it is cached and shared by every
+    later call on the communicator, so one made under inference_mode (an inference tensor: a
+    compiled call's update of it is refused outside that mode), a FakeTensorMode (a fake
+    tensor: later traces refused it, or mixed two fake modes) or make_fx (a proxy) broke every
+    later compiled call; and a fake mode made a fake cuda:0 tensor where no CUDA exists."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    try:
+        with torch.inference_mode(False), _disable_current_modes():
+            seq = torch.zeros(1, dtype=torch.int32, device=device)
+    except (RuntimeError, AssertionError):  # "Torch not compiled with CUDA enabled", no such device
+        return None
+    torch._dynamo.mark_static_address(seq)
+    return seq
 
 
 def _inplace_units(where: str, e: Entry, t) -> None:
