@@ -69,6 +69,25 @@ def write_atomically(path: Path, chunks: tuple[bytes, ...]) -> None:
     remove_stale_temps(path.parent, ours)
 
 
+_UNWRITABLE_LOGGED = False
+
+
+def store_quietly(path: Path, chunks: tuple[bytes, ...]) -> None:
+    """``write_atomically`` for a cache: one that cannot be written is no error (just slower),
+    but it is said once per process at INFO (``PURLIN_DEBUG=INFO``), naming the path."""
+    global _UNWRITABLE_LOGGED
+    try:
+        write_atomically(path, chunks)
+    except OSError as error:
+        if not _UNWRITABLE_LOGGED:
+            _UNWRITABLE_LOGGED = True
+            from purlinc.log import get
+
+            get("cache").info("a compile cache entry could not be stored (%s: %s): entries the cache holds "
+                              "are still used (this is said once per process)", error.filename or path,
+                              error.strerror or error)
+
+
 # What mkstemp puts between prefix and suffix (its names' alphabet, eight of them)
 TEMP_RANDOM = r"[a-z0-9_]{8}"
 

@@ -89,9 +89,10 @@ def main_(argv=None) -> int:
 
     os.chdir(ROOT)  # example paths are written relative to the checkout
     count = 0
-    for example in sorted((ROOT / "examples").glob("*.pln")):
-        folder = args.out / example.stem
-        folder.mkdir(exist_ok=True)
+    examples = ROOT / "examples"
+    for example in sorted(examples.rglob("*.pln")):  # fused/ and sized/ too: epilogues, run-time sizes
+        folder = args.out / example.relative_to(examples).with_suffix("")
+        folder.mkdir(parents=True, exist_ok=True)
         for name, command in _commands(example.relative_to(ROOT), args.quick):
             (folder / name).write_text(_run(command), encoding="utf-8")
             count += 1

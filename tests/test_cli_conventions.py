@@ -213,7 +213,7 @@ def test_default_output_under_a_file(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out, err = cli(capsys, "compile", EXAMPLES / "allgather.pln")
     assert (code, out) == (2, "")
-    assert err == ("error: the default output directory purlin-out: purlin-out is a file, not a directory\n"
+    assert err == ("error: the default output directory purlin-out/<collective>: purlin-out is a file, not a directory\n"
                    "note: choose another place with -o DIR\n")
 
 

@@ -371,18 +371,34 @@ def test_run_time_sizes_refuse_the_tma_atom(capsys, tmp_path, command):
 
 @pytest.mark.parametrize("argv, flag", [([], "the default dtype bfloat16 (--dtype)"),
                                         (["--dtype", "bf16"], "--dtype bf16")])
-@pytest.mark.parametrize("command", [["dump", "-s", "snac"], ["compile"]])
+@pytest.mark.parametrize("command", [["dump", "-s", "cuda"], ["compile"]])
 def test_epilogue_rows_name_the_dtype_as_given(capsys, tmp_path, command, argv, flag):
     """Rows of 4 run in float32 only: without --dtype the default is named as the default."""
-    source = tmp_path / "four.pln"
-    source.write_text("collective four(hidden = 4) {\n  in[r] = x\n  out[r] = x\n  reduce\n"
-                      "  epilogue rows(hidden) { out = out * 2.0 }\n}\n")
+    source = _rows_of_four(tmp_path)
     extra = ["-o", tmp_path / "out"] if command == ["compile"] else []
     err = refused(capsys, *command, source, "-R", "2", *argv, *extra)
     assert err.startswith(f"{source}:5:17: error: {flag}: a row of 4 bfloat16 elements is 8 bytes, not a multiple "
                           "of 16 (the kernels move 16-byte vectors)\n"), err
     code, out, err = cli(capsys, "dump", source, "-R", "2", "-s", "snac", "--dtype", "float32")
     assert code == 0, err
+
+
+def _rows_of_four(tmp_path):
+    source = tmp_path / "four.pln"
+    source.write_text("collective four(hidden = 4) {\n  in[r] = x\n  out[r] = x\n  reduce\n"
+                      "  epilogue rows(hidden) { out = out * 2.0 }\n}\n")
+    return source
+
+
+@pytest.mark.parametrize("stage", ["spec", "snac"])
+def test_a_spec_whose_rows_only_float32_meets_dumps_without_a_dtype(capsys, tmp_path, stage):
+    """LANGUAGE.md calls such a spec valid (a kernel for another dtype is refused): its spec
+    and schedule, which no dtype changes, were refused for the default bfloat16 nobody chose."""
+    source = _rows_of_four(tmp_path)
+    code, out, err = cli(capsys, "dump", source, "-R", "2", "-s", stage)
+    assert code == 0 and out, err
+    err = refused(capsys, "dump", source, "-R", "2", "-s", stage, "--dtype", "bf16")  # chosen: refused
+    assert err.startswith(f"{source}:5:17: error: --dtype bf16: a row of 4 bfloat16 elements is 8 bytes"), err
 
 
 # ---- check --ranks: a range past the limit --------------------------------------------------

@@ -440,6 +440,23 @@ def test_damaged_parser_tables_are_rebuilt_and_replaced(tables, monkeypatch, dam
         assert len(builds) == 1  # read back: no second build
 
 
+def test_parser_tables_that_cannot_be_stored_are_said_at_info(tables, monkeypatch, caplog):
+    """RELIABILITY.md: a directory at an entry's path stays a miss and PURLIN_DEBUG=INFO names
+    it; the parser's tables were dropped without a word (the CUBIN and front entries said it)."""
+    import logging
+
+    from purlinc import cachefiles
+    from purlinc.frontend import lalr
+
+    tables.mkdir(parents=True)
+    monkeypatch.setattr(cachefiles, "_UNWRITABLE_LOGGED", False)
+    monkeypatch.setattr(logging.getLogger("purlin"), "propagate", True)
+    with caplog.at_level(logging.INFO, logger="purlin.cache"):
+        lalr.parser()
+    (record,) = [r for r in caplog.records if r.name == "purlin.cache"]
+    assert f"could not be stored ({tables}: " in record.getMessage()
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
 def test_a_named_pipe_at_the_parser_tables_is_a_miss_not_a_hang(tables):
     """lark opened it and waited for a writer: every parse hung.  In a child process, bounded."""

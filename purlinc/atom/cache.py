@@ -27,7 +27,7 @@ import struct
 from pathlib import Path
 
 from purlinc import settings
-from purlinc.cachefiles import read_regular, write_atomically
+from purlinc.cachefiles import read_regular, store_quietly
 
 SCHEMA_VERSION = 3  # 2: a CUBIN entry ends with its sha256; 3: and starts with its key
 _CUBIN_MAGIC = b"PURLIN-CUBIN\x00\x03"
@@ -120,28 +120,10 @@ def load(key: str) -> bytes | None:
     return data[len(head):-32]
 
 
-_UNWRITABLE_LOGGED = False
-
-
-def _write_atomically(path: Path, chunks: tuple[bytes, ...]) -> None:
-    """cachefiles.write_atomically; a cache that cannot be written is not an error (just slower)."""
-    global _UNWRITABLE_LOGGED
-    try:
-        write_atomically(path, chunks)
-    except OSError as error:
-        if not _UNWRITABLE_LOGGED:
-            _UNWRITABLE_LOGGED = True
-            from purlinc.log import get
-
-            get("cache").info("a compile cache entry could not be stored (%s: %s): entries the cache holds "
-                              "are still used (this is said once per process)", error.filename or path,
-                              error.strerror or error)
-
-
 def store(key: str, data: bytes) -> None:
     if settings.cache_enabled():
         head = _cubin_head(key)
-        _write_atomically(_path(key), (head, data, hashlib.sha256(head + data).digest()))
+        store_quietly(_path(key), (head, data, hashlib.sha256(head + data).digest()))
 
 
 # ---- level 1: the front cache, keyed on compile()'s inputs -----------------------------
@@ -200,4 +182,4 @@ def store_front(key: str, header: dict, blobs: dict[str, bytes]) -> None:
     header = {**header, "key": key, "blobs": [[name, len(blob)] for name, blob in blobs.items()]}
     encoded = json.dumps(header, separators=(",", ":")).encode()
     body = b"".join((_FRONT_MAGIC, _LENGTH.pack(len(encoded)), encoded, *blobs.values()))
-    _write_atomically(_front_path(key), (body, hashlib.sha256(body).digest()))
+    store_quietly(_front_path(key), (body, hashlib.sha256(body).digest()))

@@ -193,13 +193,16 @@ def check_op(args, spec) -> None:
         raise PurlinError(f"--op applies to reduce collectives; {spec.name} is a copy")
 
 
-def check_spec(args, spec) -> None:
+def check_spec(args, spec, *, kernel: bool = True) -> None:
     """What the code generator would refuse of --op, --dtype and --atom for this spec, refused
     as soon as the spec is known: by compile before its work (one error, not the generator's
     with the pipeline's note on it), and by a dump of any stage past ast, which would otherwise
-    print a schedule for options no kernel can be made with."""
+    print a schedule for options no kernel can be made with.  ``kernel``: a kernel is made (not
+    only a spec or schedule printed); without one the default dtype is nobody's choice, and a
+    spec whose rows only float32 meets (docs/LANGUAGE.md) prints as it is."""
     check_op(args, spec)
-    check_dtype(args, spec)
+    if kernel or args.dtype is not None:
+        check_dtype(args, spec)
     check_sized_atom(args, spec)
     check_sized_copies(args, spec)
 

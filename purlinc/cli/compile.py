@@ -139,13 +139,14 @@ def remove_created(created: list[Path]) -> None:
             pass
 
 
-def _check_output_dir(args, path: Path, created: list[Path]) -> None:
+def _check_output_dir(args, path: Path, created: list[Path], default: str | None = None) -> None:
     """Refuse an output place that cannot be a directory, before any compile work; the folders
-    it creates go in ``created`` (taken back if the compile fails)."""
+    it creates go in ``created`` (taken back if the compile fails).  ``default``: the default
+    output directory as the error names it (``path`` where not given)."""
     created.extend(missing_dirs(path))
     problem = output_dir_problem(path)
     if problem is not None:
-        flag = f"-o {args.output_dir}" if args.output_dir else f"the default output directory {path}"
+        flag = f"-o {args.output_dir}" if args.output_dir else f"the default output directory {default or path}"
         raise PurlinError(f"{flag}: {problem}", None, ("choose another place with -o DIR",))
 
 
@@ -177,7 +178,7 @@ def _run(args, created: list[Path]) -> int:
     # The output place is checked before any compile work (the default's parent here, the
     # collective's own folder under it once the name is known).
     chosen = Path(args.output_dir) if args.output_dir else Path("purlin-out")
-    _check_output_dir(args, chosen, created)
+    _check_output_dir(args, chosen, created, default=f"{chosen}/<collective>")  # the name is not known yet
     source = common.source(args)
     with common.default_ranks_noted(world_size, ranks_defaulted):
         spec = pipeline.spec_of(source, world_size, dict(args.param))

@@ -83,7 +83,7 @@ def run(args) -> int:
     with common.default_ranks_noted(DEFAULT_RANKS, args.ranks is None):
         args.ranks = DEFAULT_RANKS if args.ranks is None else args.ranks
         spec = pipeline.spec_stage(definition, args.ranks, dict(args.param))
-    common.check_spec(args, spec)  # what compile would refuse, whichever stage is printed
+    common.check_spec(args, spec, kernel=args.stage == "cuda")  # what compile would refuse, whichever stage is printed
     if args.stage == "spec":
         _refuse_too_long_a_listing(spec)
         _print(args, spec.format, spec.to_json)

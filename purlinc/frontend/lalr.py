@@ -23,7 +23,7 @@ import lark
 from lark import Lark
 
 from purlinc import settings
-from purlinc.cachefiles import read_regular, write_atomically
+from purlinc.cachefiles import read_regular, store_quietly
 from purlinc.resources import grammar_dir
 
 # The tables are ~70 KB; a file much larger is not one this module wrote, and is not read whole.
@@ -83,11 +83,8 @@ def _load_tables(path: Path, key: bytes) -> Lark | None:
 def _store_tables(path: Path, key: bytes, built: Lark) -> None:
     """Write the tables to a temporary file and rename it into place, so a concurrent parse
     (torchrun ranks sharing a cache) reads whole tables or none.  A cache that cannot be
-    written is no error: the next process builds the tables again."""
+    written is no error (the next process builds the tables again); PURLIN_DEBUG=INFO says so."""
     stream = io.BytesIO()
     built.save(stream)
     body = _MAGIC + key + stream.getvalue()
-    try:
-        write_atomically(path, (body, hashlib.sha256(body).digest()))
-    except OSError:
-        pass
+    store_quietly(path, (body, hashlib.sha256(body).digest()))

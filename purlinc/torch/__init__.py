@@ -137,6 +137,7 @@ class TorchCollective:
             ops.fail(f"purlin::{self.name}: x is None; expected a tensor (an empty one on ranks without input: its "
                      f"dtype and device say what to allocate)")
         self._no_grad("x", x)
+        op = self._op(op)
         if out is None:
             if ops.tracing():
                 return self.ops.sequenced(x, ops.traced(self._seq, x), self.handle, op, count)
@@ -154,9 +155,10 @@ class TorchCollective:
     def inplace(self, t, op="sum"):
         e = self.entry
         self._no_grad("t", t)
+        op = self._op(op)
         if ops.tracing():  # what the eager in-place op checks of t (the functional op may not see t: x is empty
-            where = f"purlin::{self.name} on rank {ops.shown(e.rank)}"  # on a rank without input)
-            ops.check_tensor(where, "t", t, e, ops.normalize_op(op, where), fake=True)
+            where = self._where()  # on a rank without input)
+            ops.check_tensor(where, "t", t, e, op, fake=True)
             ops._inplace_units(where, e, t)  # unequal sizes: a clear error
             x = t if e.in_units else t.new_empty(0)
             n = -1 if e.in_units else t.numel() // max(e.out_units, 1)
@@ -173,13 +175,21 @@ class TorchCollective:
         another dtype would be cast into silently, and a strided out written by copy_ where the
         eager call refuses it."""
         e = self.entry
-        where = f"purlin::{self.name} on rank {ops.shown(e.rank)}"  # dynamic=True reads e.rank as a symbol
+        where = self._where()
         ops.require_tensors(where, [("x", x), ("out", out)])
-        op = ops.normalize_op(op, where)
         for label, t in (("x", x), ("out", out)):
             ops.check_tensor(where, label, t, e, op, fake=True)
         count = x.numel() // e.in_units if e.in_units else (out.numel() // e.out_units if e.out_units else 0)
         ops.check_out(where, e, x, out, count)
+
+    def _where(self) -> str:
+        return f"purlin::{self.name} on rank {ops.shown(self.entry.rank)}"  # dynamic=True reads rank as a symbol
+
+    def _op(self, op) -> str:
+        """``op`` as the ops' schema takes it, a name (ops.normalize_op), as the Group calls pass
+        it: a torch.distributed.ReduceOp passed through ran eagerly (the op bodies normalize it)
+        but not traced, where the dispatcher refuses it for the schema's ``str op``."""
+        return ops.normalize_op(op, self._where())
 
     def _no_grad(self, label: str, t) -> None:
         """These ops have no gradient (eagerly they skip the dispatcher, so one would not flow,

@@ -16,6 +16,7 @@ happens on the first real call.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -82,6 +83,20 @@ class Work(_C10dWork):
             self.wait()
         future.set_result(list(self._result))
         return future
+
+
+def _unseen_by_autograd(method):
+    """A Group call runs under ``torch.no_grad()``: invisible to autograd, as torch.distributed's
+    in-place calls are (a tensor it writes keeps its history, so its gradient flows as if the
+    call had not happened), eagerly and compiled alike.  Eagerly the kernels write memory,
+    which autograd never sees; traced, the custom op of a tensor that requires grad had no
+    formula (torch's "no autograd formula was registered" at compile or backward time).  The
+    differentiable forms are purlinc.torch.functional's."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with torch.no_grad():
+            return method(self, *args, **kwargs)
+    return call
 
 
 # Inside a compiled graph a call is already ordered on the current stream: its Work is done.
@@ -262,6 +277,7 @@ class Group:
         return [_ops.carrier(where, label, t, reduce=False) for label, t in named]
 
     # ------------------------------------------------------------------------------- reductions
+    @_unseen_by_autograd
     def all_reduce(self, tensor, op="sum", async_op=False):
         where = "all_reduce"
         _ops.require_tensors(where, [("tensor", tensor)])
@@ -282,6 +298,7 @@ class Group:
         body = _ops.define("allreduce").eager_inplace
         return self._issue(lambda: body(tensor, handle, op), [tensor], async_op, [tensor])
 
+    @_unseen_by_autograd
     def reduce_scatter_tensor(self, output, input, op="sum", async_op=False):
         return self._reduce_scatter("reduce_scatter_tensor", ("output", output), ("input", input), op, async_op)
 
@@ -303,6 +320,7 @@ class Group:
         body = _ops.define("reduce_scatter").eager_out
         return self._issue(lambda: body(input, output, handle, op), [input, output], async_op, [output])
 
+    @_unseen_by_autograd
     def reduce(self, tensor, dst=None, op="sum", async_op=False, *, group_dst=None):
         _ops.require_tensors("reduce", [("tensor", tensor)])
         dst = self._root("reduce", "dst", dst, group_dst)
@@ -317,6 +335,7 @@ class Group:
         body = _ops.define("reduce").eager_inplace
         return self._issue(lambda: body(tensor, handle, op), [tensor], async_op, [tensor])
 
+    @_unseen_by_autograd
     def reduce_scatter(self, output, input_list, op="sum", async_op=False):
         """``input_list[j]`` (one tensor per rank, each like ``output``) reduced over the ranks into rank j's ``output``."""
         where = "reduce_scatter"
@@ -325,6 +344,7 @@ class Group:
         flat = torch.cat([t.reshape(-1) for t in input_list]).view(-1)
         return self._reduce_scatter(where, ("output", output), ("input_list", flat), op, async_op)
 
+    @_unseen_by_autograd
     def barrier(self, async_op=False):
         """Every rank has reached it: a tiny all-reduce; on a GPU the host then waits for it."""
         token = torch.zeros(self.world_size, dtype=torch.int32, device=self.device)
@@ -334,6 +354,7 @@ class Group:
         return work
 
     # ------------------------------------------------------------------------------- copies
+    @_unseen_by_autograd
     def all_gather_into_tensor(self, output_tensor, input_tensor, async_op=False):
         return self._all_gather("all_gather_into_tensor", ("output_tensor", output_tensor),
                                 ("input_tensor", input_tensor), async_op)
@@ -357,6 +378,7 @@ class Group:
         return self._issue(lambda: body(input, output, handle, "sum"),
                            [input, output], async_op, [output_tensor])
 
+    @_unseen_by_autograd
     def all_gather(self, tensor_list, tensor, async_op=False):
         """Rank j's ``tensor`` into ``tensor_list[j]`` on every rank."""
         where = "all_gather"
@@ -368,6 +390,7 @@ class Group:
                           lambda: self._split_into(where, flat, tensor_list),
                           [flat, src, *tensor_list], async_op, tensor_list)
 
+    @_unseen_by_autograd
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, async_op=False):
         """Slice j (along dim 0) of ``input`` to rank j; ``output`` holds every rank's slice for this rank.
         Split sizes (rows of each tensor's dim 0 per rank) may differ; equal slices when they are not given."""
@@ -400,6 +423,7 @@ class Group:
         body = _ops.define("alltoall").eager_out
         return self._issue(lambda: body(inp, out, handle, "sum"), [inp, out], async_op, [output])
 
+    @_unseen_by_autograd
     def all_to_all(self, output_tensor_list, input_tensor_list, async_op=False):
         """``input_tensor_list[j]`` to rank j, into its ``output_tensor_list[i]`` (i: this rank).  Sizes
         may differ eagerly (the all-to-all with run-time sizes, as all_to_all_single with split
@@ -438,6 +462,7 @@ class Group:
         return self._then(run, lambda: self._split_into(where, flat_out, output_tensor_list),
                           [flat_in, flat_out, *output_tensor_list], async_op, output_tensor_list)
 
+    @_unseen_by_autograd
     def broadcast(self, tensor, src=None, async_op=False, *, group_src=None):
         _ops.require_tensors("broadcast", [("tensor", tensor)])
         src = self._root("broadcast", "src", src, group_src)
@@ -451,6 +476,7 @@ class Group:
         body = _ops.define("broadcast").eager_inplace
         return self._issue(lambda: body(t, handle, "sum"), [t], async_op, [tensor])
 
+    @_unseen_by_autograd
     def gather(self, tensor, gather_list=None, dst=None, async_op=False, *, group_dst=None):
         where = "gather"
         _ops.require_tensors(where, [("tensor", tensor)])
@@ -473,6 +499,7 @@ class Group:
                 self._split_into(where, out, gather_list)
         return self._issue(run, [x, out, *(gather_list or [])], async_op, gather_list or [])
 
+    @_unseen_by_autograd
     def scatter(self, tensor, scatter_list=None, src=None, async_op=False, *, group_src=None):
         where = "scatter"
         _ops.require_tensors(where, [("tensor", tensor)])
@@ -557,6 +584,7 @@ class Group:
         return self._run(lambda: sized.all_to_all_single(self, out, inp, out_splits, in_splits, **kwargs),
                          [input, output], async_op, [output])
 
+    @_unseen_by_autograd
     def all_to_all_vdev(self, input, out, in_splits, out_splits, out_offsets=None, async_op=False):
         """All-to-all with split sizes on the GPU (rows of dim 0): ``in_splits`` read and
         ``out_splits`` (and ``out_offsets``) written by the kernel, no host synchronisation;

@@ -229,11 +229,25 @@ def check_contiguous(where: str, label: str, t) -> None:
              notes=("pass .contiguous() (a copy)",))
     if torch.compiler.is_compiling():  # dynamo cannot trace is_conj/is_neg (a graph break): the real ops check at run time
         return
-    for kind, lazy, resolve in (("conjugate", t.is_conj(), "resolve_conj"), ("negative", t.is_neg(), "resolve_neg")):
+    for kind, lazy, resolve in _lazy_bits(t):
         if lazy:
             raise ArgumentError(f"{where}: {label} is a lazy {kind} view (torch's {kind} bit): its memory holds "
                                 f"other values than it reads as; expected a resolved tensor",
                                 notes=(f"pass .{resolve}() (a copy)",))
+
+
+def _lazy_bits(t):
+    """(kind, set, how to resolve) of ``t``'s lazy conjugate and negative bits."""
+    return (("conjugate", t.is_conj(), "resolve_conj"), ("negative", t.is_neg(), "resolve_neg"))
+
+
+def is_lazy_view(t) -> bool:
+    """Whether ``t`` is a lazy conjugate or negative view, as :func:`check_contiguous` refuses;
+    False under torch.compile, where dynamo cannot trace is_conj/is_neg (a graph break under
+    fullgraph=True) and the real ops check at run time."""
+    if torch.compiler.is_compiling():
+        return False
+    return any(lazy for _, lazy, _ in _lazy_bits(t))
 
 
 def check_device(where: str, label: str, t, device, rank: int, world_size: int, *, fake: bool = False) -> None:
@@ -287,30 +301,32 @@ _MAX_BYTES = 2**63 - 1  # the most bytes one torch storage holds (its size is an
 
 def count_of(where: str, e: Entry, x, out=None, count: int = -1, names=("x", "out")):
     """Elements per chunk: from x (ranks with input), else from out, else the ``count`` argument.
-    A ``count`` given where x says the count must agree with it (-1: not given)."""
+    A ``count`` given where x says the count must agree with it (-1: not given).  Sizes in the
+    messages through :func:`shown`: traced with dynamic shapes they are symbols, which printed
+    as "s77" and "(s77//3)" (the fakes raise these; the caller knows its sizes, not symbols)."""
     count = _count_argument(where, count)
     if e.in_units:
         n = x.numel()
         if n % e.in_units:
-            raise ArgumentError(f"{where}: {names[0]} has {n} elements, expected a multiple of {e.in_units} "
+            raise ArgumentError(f"{where}: {names[0]} has {shown(n)} elements, expected a multiple of {e.in_units} "
                                 f"(rank {e.rank} gives {e.in_units} chunks)")
         if count != -1 and count != n // e.in_units:
-            raise ArgumentError(f"{where}: count={count}, expected -1 or {n // e.in_units} (what {names[0]} says: "
-                                f"{n} elements in {e.in_units} chunks)")
+            raise ArgumentError(f"{where}: count={shown(count)}, expected -1 or {shown(n // e.in_units)} (what "
+                                f"{names[0]} says: {shown(n)} elements in {e.in_units} chunks)")
         _check_output_bytes(where, e, x, n // e.in_units)  # an all-gather of a huge x: more than a tensor holds
         return n // e.in_units
     if x is not None and x.numel():
-        raise ArgumentError(f"{where}: rank {e.rank} gives no input, but {names[0]} has {x.numel()} elements; "
+        raise ArgumentError(f"{where}: rank {e.rank} gives no input, but {names[0]} has {shown(x.numel())} elements; "
                             f"expected an empty tensor")
     if out is not None and e.out_units:
         n = out.numel()
         if n % e.out_units:
-            raise ArgumentError(f"{where}: {names[1]} has {n} elements, expected a multiple of {e.out_units} "
+            raise ArgumentError(f"{where}: {names[1]} has {shown(n)} elements, expected a multiple of {e.out_units} "
                                 f"(rank {e.rank} receives {e.out_units} chunks)")
         return n // e.out_units
     if count < 0:
         raise ArgumentError(f"{where}: rank {e.rank} gives no input, so count (elements per chunk) is needed; "
-                            f"got {count}")
+                            f"got {shown(count)}")
     _check_output_bytes(where, e, x, count)
     return count
 

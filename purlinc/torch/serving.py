@@ -45,7 +45,8 @@ class PurlinAllReduce:
         """Whether ``custom_all_reduce(inp)`` takes this tensor: the group's device, a dtype Purlin
         reduces, contiguous, a multiple of 16 bytes, under ``max_bytes``."""
         _ops.require_tensors("PurlinAllReduce.should_custom_ar", [("inp", inp)])
-        if self.disabled or inp.device != self.group.device or not inp.is_contiguous() or inp.is_neg():
+        # ops.is_lazy_view, not inp.is_neg(): dynamo cannot trace that (a graph break under fullgraph=True)
+        if self.disabled or inp.device != self.group.device or not inp.is_contiguous() or _ops.is_lazy_view(inp):
             return False
         dtype = _ops.dtype_of(inp)
         nbytes = inp.numel() * inp.element_size()

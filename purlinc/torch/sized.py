@@ -34,7 +34,7 @@ import weakref
 import torch
 
 from purlinc.runtime.errors import ArgumentError
-from purlinc.torch.ops import require_unregistered, reserve
+from purlinc.torch.ops import ints_shown, require_unregistered, reserve, shape_shown, shown
 from purlinc.torch.registry import new_handle
 
 SOURCE = "collective alltoallv with sizes n[R][R] of x { in[r] = x[r][0..R]  out[r] = x[0..R][r]  copy }"
@@ -167,7 +167,7 @@ def _row_elements(where: str, x, label: str = "input") -> int:
     sizes would count rows that carry nothing, and the capacity in rows has no answer)."""
     row = _rows(x)
     if row == 0:
-        raise ArgumentError(f"{where}: {label} has rows of 0 elements (shape {tuple(x.shape)}); expected rows of at "
+        raise ArgumentError(f"{where}: {label} has rows of 0 elements (shape {shape_shown(x)}); expected rows of at "
                             "least one element")
     return row
 
@@ -192,7 +192,7 @@ def _check_data(where: str, s: SizedState, x, out, *, fake: bool = False) -> Non
 
 def _row_within_capacity(where: str, s: SizedState, label: str, row: int) -> None:
     if row > s.capacity:
-        raise ArgumentError(f"{where}: a row of {label} has {row} elements, more than the capacity {s.capacity} "
+        raise ArgumentError(f"{where}: a row of {label} has {shown(row)} elements, more than the capacity {s.capacity} "
                             "(elements per pair)", notes=("purlinc.torch.sized.configure(group, capacity=...)",))
 
 
@@ -203,7 +203,8 @@ def _check(where: str, s: SizedState, x, out, *, fake: bool = False) -> int:
     row = _row_elements(where, x)
     # 1-D against 2-D too: rows of 2 elements into a flat out were read back as rows of one
     if tuple(out.shape[1:]) != tuple(x.shape[1:]):
-        raise ArgumentError(f"{where}: output rows have shape {tuple(out.shape[1:])}, expected {tuple(x.shape[1:])} "
+        raise ArgumentError(f"{where}: output rows have shape {ints_shown(out.shape[1:])}, expected "
+                            f"{ints_shown(x.shape[1:])} "
                             "(those of input)")
     _row_within_capacity(where, s, "input", row)
     return row
@@ -235,9 +236,9 @@ def _check_splits(where: str, s: SizedState, x, named) -> None:
     for label, t in named:  # 1-D: a [1, R] tensor has R entries, but is no list of R sizes
         if t.dtype != torch.int64 or t.dim() != 1 or t.numel() != s.world_size or t.device != x.device:
             fail(f"{where}: {label} must be 1-D int64 with {s.world_size} entries on {x.device}, got "
-                 f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)} on {t.device}")
+                 f"{str(t.dtype).removeprefix('torch.')} {shape_shown(t)} on {t.device}")
         if not t.is_contiguous():  # the runtime reads them as one int64 array (an int64 view stays 8-byte aligned)
-            fail(f"{where}: {label} must be contiguous, got strides {tuple(t.stride())}")
+            fail(f"{where}: {label} must be contiguous, got strides {ints_shown(t.stride())}")
 
 
 def _capturing(t) -> bool:
