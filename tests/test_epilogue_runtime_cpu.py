@@ -38,6 +38,11 @@ def test_words_are_pointers_and_float_bits():
     assert words(GOOD) == (0x30000, 0x40000, struct.unpack("<I", struct.pack("<f", 1e-6))[0])
 
 
+def test_a_read_operand_may_share_the_input():
+    """Only the output is written while operands are read: a weight inside x is sound."""
+    assert words({**GOOD, "weight": tensor(0x10000, 64)})[1] == 0x10000
+
+
 def test_numpy_scalars_and_the_float32_maximum_are_numbers():
     import numpy as np
 
@@ -71,6 +76,9 @@ def test_an_operand_that_is_no_array_is_named():
     ({"residual": tensor(0x30008, 128)}, "fused: operand 'residual': expected a 16-byte aligned address, got 0x30008"),
     ({"residual": tensor(0x20000, 128)}, "fused: operand 'residual' is written by the epilogue and overlaps the output"),
     ({"residual": tensor(0x40000, 128)}, "fused: operand 'residual' is written by the epilogue and overlaps operand 'weight'"),
+    # a read operand inside the output: blocks write out's rows while others read the weight
+    ({"weight": tensor(0x20000, 64)}, "fused: operand 'weight' is read by the epilogue and overlaps the output"),
+    ({"weight": tensor(0x20080, 64)}, "fused: operand 'weight' is read by the epilogue and overlaps the output"),
 ])
 def test_operand_errors(change, message):
     operands = {**GOOD, **change}

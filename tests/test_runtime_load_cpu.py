@@ -432,3 +432,30 @@ def test_staging_above_the_setting_for_epilogue_rows_is_allocated_and_said(monke
     with caplog.at_level(logging.WARNING, logger="purlin"):
         layout = placement._allocate(comm, plain, None)
     assert layout.staging.units * layout.staging.large <= 64 << 10 and not caplog.records
+
+
+def test_a_group_call_refuses_epilogue_operands_two_ranks_write(fake, monkeypatch):
+    """Each rank's operands were checked against its own buffers only: one residual for two
+    ranks (both write it), or rank 1's residual on rank 0's out, launched and raced."""
+    from purlinc.runtime.validate import CallShape
+    from test_sized_runtime_cpu import Device
+
+    launches = []
+    monkeypatch.setattr(driver, "launch", lambda *a: launches.append(a))
+    monkeypatch.setattr(driver, "pointer_device", lambda ptr: 0)
+    coll = load(EXAMPLES / "fused" / "allreduce_add_rmsnorm.pln", FakeComm(), channels=1, params={"hidden": 8})
+    ranks = _loopback_pair(coll.compiled, monkeypatch)
+    outs = [(1 << 33) + r * 4096 for r in range(2)]
+    shapes = [(CallShape(DType.FLOAT32, ReduceOp.SUM, 8, (1 << 32) + r * 4096, outs[r]), 100 + r, None) for r in range(2)]
+    monkeypatch.setattr(collective, "prepare_group", lambda *args: shapes)
+    group = collective.GroupCollective(ranks)
+    residual, weight = Device(0x700000, (8,), "<f4"), Device(0x800000, (8,), "<f4")
+    with pytest.raises(ArgumentError, match=r"rank 0's operand 'residual' overlaps rank 1's operand 'residual' in "
+                                            r"memory, expected a buffer of its own"):
+        group(None, residual=[residual, residual], weight=[weight, weight], eps=1e-6)
+    with pytest.raises(ArgumentError, match=r"rank 0's out overlaps rank 1's operand 'residual' in memory"):
+        group(None, residual=[residual, Device(outs[0], (8,), "<f4")], weight=[weight, weight], eps=1e-6)
+    assert not launches
+    # one weight for both ranks is only read: allowed
+    group(None, residual=[residual, Device(0x900000, (8,), "<f4")], weight=[weight, weight], eps=1e-6)
+    assert launches

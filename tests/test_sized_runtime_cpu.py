@@ -216,6 +216,41 @@ def test_a_group_call_that_cannot_be_resident_is_refused_before_any_launch(fake,
     assert len(launches) == 2  # nothing more was launched
 
 
+@pytest.mark.parametrize("case, message", [
+    ("one out", r"rank 0's out overlaps rank 1's out in memory, expected a buffer of its own"),
+    ("one out_sizes", r"rank 0's out_sizes overlaps rank 1's out_sizes in memory"),
+    ("out on a peer's x", r"rank 1's out overlaps rank 0's x in memory"),
+])
+def test_a_group_call_refuses_a_buffer_one_rank_writes_and_another_uses(fake, on_device_zero, monkeypatch, case,
+                                                                         message):
+    """Each rank's buffers were checked against its own only: two ranks writing one out (or one
+    rank writing what another reads) launched and raced on the shared GPU."""
+    from purlinc.runtime import driver
+    from purlinc.runtime.errors import ArgumentError
+
+    launches = []
+    monkeypatch.setattr(driver, "blocks_per_sm", lambda function, threads, shared: 8)
+    monkeypatch.setattr(driver, "sm_count", lambda device: 132)
+    monkeypatch.setattr(driver, "launch", lambda *args: launches.append(args))
+    xs = [Device(0x100000 * (r + 1), (128,), "<f4") for r in range(2)]
+    outs = [Device(0x800000 * (r + 1), (128,), "<f4") for r in range(2)]
+    sizes = [Device(0x3000000 + 0x1000 * r, (2,), "<i8") for r in range(2)]
+    out_sizes = [Device(0x4000000 + 0x1000 * r, (2,), "<i8") for r in range(2)]
+    if case == "one out":
+        outs[1] = outs[0]
+    elif case == "one out_sizes":
+        out_sizes[1] = out_sizes[0]
+    else:
+        outs[1] = xs[0]
+    group = _loopback_sized(monkeypatch, 1)
+    with pytest.raises(ArgumentError, match=message):
+        group(xs, sizes, outs, out_sizes, streams=[1, 2])
+    assert not launches
+    group([Device(0x100000, (128,), "<f4")] * 2, sizes, [Device(0x800000 * (r + 1), (128,), "<f4") for r in range(2)],
+          [Device(0x4000000 + 0x1000 * r, (2,), "<i8") for r in range(2)], streams=[1, 2])  # one x, read by both
+    assert len(launches) == 2
+
+
 def test_expected_sizes_are_packed_checked_and_kept_apart(fake, on_device_zero, monkeypatch):
     """``expected_sizes=`` (int64, one per output chunk) reaches the kernel as a device pointer,
     0 where not given; a wrong length, dtype, or a tensor the kernel writes over is refused

@@ -266,10 +266,6 @@ def prepare(
     if "stage_copies" in changes:  # asked for by the caller (an atom's default is a request the lowering caps)
         check_stage_copies(changes.get("algorithm", options.algorithm if options is not None else None),
                            changes["stage_copies"], definition_of(source).sizes is not None)
-    elif options is not None and options.stage_copies > 1:  # LowerOptions(stage_copies=2): asked for too
-        # (its default, 1, is no request: a sized spec's lowering raises it to two)
-        check_stage_copies(changes.get("algorithm", options.algorithm), options.stage_copies,
-                           definition_of(source).sizes is not None)
     if options is None:  # lowerings other than direct-push have one copy whatever this says
         changes = with_atom_defaults(changes, record.name)
     if "slots" in changes and (options is not None or "algorithm" in changes):

@@ -34,20 +34,34 @@ def _check_apart(name: str, ranks: Sequence, prepared) -> None:
     """Each rank's output apart in memory from every other rank's buffers (one process holds
     them all, and a loopback group shares one GPU): two ranks' kernels writing one buffer, or
     one writing what another reads, race.  Inputs may be shared: they are only read."""
-    extents = []
-    for rank, (c, (shape, _, _)) in enumerate(zip(ranks, prepared)):
-        bytes_per_unit = shape.count * shape.dtype.itemsize
-        extents.append((rank, "x", shape.in_ptr, shape.in_ptr + c.in_units * bytes_per_unit))
-        extents.append((rank, "out", shape.out_ptr, shape.out_ptr + c.out_units * bytes_per_unit))
-    for rank, label, start, end in extents:
-        if label != "out":
-            continue
-        for other, other_label, other_start, other_end in extents:
-            if other != rank and overlapping((start, end), (other_start, other_end)):
-                raise ArgumentError(f"{name}: rank {rank}'s out overlaps rank {other}'s {other_label} in memory, "
-                                    "expected a buffer of its own",
-                                    notes=(f"rank {rank}'s kernel writes its out while rank {other}'s "
-                                           f"{'writes' if other_label == 'out' else 'reads'} its {other_label}",))
+    refuse_shared_writes(name, [_buffer_extents(rank, c, shape)
+                                for rank, (c, (shape, _, _)) in enumerate(zip(ranks, prepared))])
+
+
+def _buffer_extents(rank: int, c, shape) -> list[tuple[str, int, int, bool]]:
+    """(label, start, end, written) of a rank's input and output."""
+    bytes_per_unit = shape.count * shape.dtype.itemsize
+    return [("x", shape.in_ptr, shape.in_ptr + c.in_units * bytes_per_unit, False),
+            ("out", shape.out_ptr, shape.out_ptr + c.out_units * bytes_per_unit, True)]
+
+
+def refuse_shared_writes(name: str, by_rank: Sequence[Sequence[tuple[str, int, int, bool]]]) -> None:
+    """``by_rank[r]``: rank r's (label, start, end, written) extents.  A written extent of one
+    rank may overlap nothing of another's; read extents may be shared (a weight every rank reads)."""
+    for rank, extents in enumerate(by_rank):
+        for label, start, end, written in extents:
+            if not written:
+                continue
+            for other, theirs in enumerate(by_rank):
+                if other == rank:
+                    continue
+                for other_label, other_start, other_end, other_written in theirs:
+                    if overlapping((start, end), (other_start, other_end)):
+                        raise ArgumentError(
+                            f"{name}: rank {rank}'s {label} overlaps rank {other}'s {other_label} in memory, "
+                            "expected a buffer of its own",
+                            notes=(f"rank {rank}'s kernel writes its {label} while rank {other}'s "
+                                   f"{'writes' if other_written else 'reads'} its {other_label}",))
 
 
 def per_rank(name: str, label: str, values, world: int) -> list:
@@ -102,7 +116,28 @@ def group_operand_words(name: str, ranks: Sequence, prepared, operands: dict) ->
         else:
             raise ArgumentError(f"{name}: operand {key!r}: expected a list of one value per rank, "
                                 f"got {type(value).__name__}")
-    return [c.operand_words(shape, ops) for c, (shape, _, _), ops in zip(ranks, prepared, by_rank)]
+    words = [c.operand_words(shape, ops) for c, (shape, _, _), ops in zip(ranks, prepared, by_rank)]
+    refuse_shared_writes(name, [_buffer_extents(rank, c, shape) + _operand_extents(c, ops)
+                                for rank, (c, (shape, _, _), ops) in enumerate(zip(ranks, prepared, by_rank))])
+    return words
+
+
+def _operand_extents(c, operands: dict) -> list[tuple[str, int, int, bool]]:
+    """(label, start, end, written) of a rank's tensor operands (already checked by its
+    ``operand_words``): two ranks' residuals in one buffer race as two outputs do."""
+    from purlinc.frontend.ast import OperandKind
+    from purlinc.runtime.interop import describe
+
+    epilogue = getattr(c, "epilogue", None)
+    if epilogue is None:
+        return []
+    extents = []
+    for operand in epilogue.operands:
+        if operand.kind is OperandKind.SCALAR:
+            continue
+        info = describe(operands[operand.name])
+        extents.append((f"operand {operand.name!r}", info.ptr, info.ptr + info.nbytes, operand.written))
+    return extents
 
 
 def check_residency(name: str, ranks: Sequence, prepared, known: set) -> None:

@@ -100,12 +100,17 @@ def _check_tensor(name: str, operand, info: ArrayInfo, dtype, numel: int, device
 
 
 def _check_overlap(name: str, extents, buffers) -> None:
-    """A written operand may share memory with nothing else; read operands with each other."""
+    """A written operand may share memory with nothing else.  A read operand may share it with
+    other read operands and the input, but not the output: blocks write their rows of ``out``
+    while others still read the operand (a weight inside ``out`` is half old, half new)."""
+    labelled = list(zip(("the input", "the output"), buffers))
     for i, (operand, ptr, nbytes) in enumerate(extents):
-        if not operand.written:
-            continue
-        others = [(f"operand {o.name!r}", p, n) for j, (o, p, n) in enumerate(extents) if j != i]
-        others += [(label, p, n) for label, (p, n) in zip(("the input", "the output"), buffers)]
+        if operand.written:
+            others = [(f"operand {o.name!r}", p, n) for j, (o, p, n) in enumerate(extents) if j != i]
+            others += [(label, p, n) for label, (p, n) in labelled]
+        else:
+            others = [(label, p, n) for label, (p, n) in labelled if label == "the output"]
         for label, p, n in others:
             if n and nbytes and ptr < p + n and p < ptr + nbytes:
-                raise _err(f"{name}: operand {operand.name!r} is written by the epilogue and overlaps {label}")
+                verb = "written" if operand.written else "read"
+                raise _err(f"{name}: operand {operand.name!r} is {verb} by the epilogue and overlaps {label}")

@@ -32,7 +32,7 @@ from purlinc.errors import PurlinError
 from purlinc.pipeline import Compiled
 from purlinc.runtime import interop, residency
 from purlinc.runtime.errors import ArgumentError, MismatchError, PurlinTimeoutError, issued_by_one_thread
-from purlinc.runtime.group import per_rank
+from purlinc.runtime.group import per_rank, refuse_shared_writes
 from purlinc.runtime.residency import Blocks
 from purlinc.runtime.validate import check_readable, integer, overlapping
 
@@ -379,6 +379,8 @@ class GroupSized:
                     zip(self.ranks, xs, sizes, outs, out_sizes, streams, expected_sizes)]
         if len({p[0] for p in prepared}) != 1:
             raise MismatchError(f"{self.name}: the ranks' inputs have different dtypes: {[p[0].value for p in prepared]}")
+        # one process holds every rank's buffers: one rank's outputs may not be another's buffers
+        refuse_shared_writes(self.name, [_call_extents(c, p[0], p[1]) for c, p in zip(self.ranks, prepared)])
         seen = {}
         for c, p in zip(self.ranks, prepared):
             if seen.setdefault((c.device, p[2]), c.rank) != c.rank:
@@ -402,6 +404,18 @@ class GroupSized:
     def close(self) -> None:
         for c in self.ranks:
             c.close()
+
+
+def _call_extents(c: SizedCollective, dtype: DType, args: tuple) -> list[tuple[str, int, int, bool]]:
+    """(label, start, end, written) of one rank's call buffers, from its prepared kernel
+    arguments (``prepare_call``: pointers and element counts; sizes are int64)."""
+    x, x_numel, sizes, out, out_numel, out_sizes, expected, _ = args
+    extents = [("x", x, x + x_numel * dtype.itemsize, False), ("sizes", sizes, sizes + 8 * c.in_units, False),
+               ("out", out, out + out_numel * dtype.itemsize, True),
+               ("out_sizes", out_sizes, out_sizes + 8 * c.out_units, True)]
+    if expected:
+        extents.append(("expected_sizes", expected, expected + 8 * c.out_units, False))
+    return extents
 
 
 def load_sized(compiled: Compiled, comm, comms: list, *, capacity: int, dtype=None):
