@@ -486,6 +486,21 @@ def test_size_error_sentence():
     assert "size n[0][1] = -1 outside" in describe_size_error((1, 0, 0, 1, (1 << 64) - 1, 8, 0, 0), spec)
 
 
+def test_size_error_sentence_counts_rows_where_the_call_did():
+    """A call with row=8 (the MoE dispatcher's: a size per token) has its sizes and bounds in
+    rows; the sentence said "outside 0..8 (the capacity fixed at load)" of a load of 64
+    elements, and "3 element(s) left" of 3 rows."""
+    from purlinc.atom.sized import describe_size_error
+
+    spec = _spec("alltoallv", 4)
+    assert describe_size_error((1, 2, 0, 3, 9, 8, 5, 8), spec) == (
+        "rank 2, call 5: chunk x[2][3] from rank 2 to rank 3: size n[2][3] = 9 rows outside 0..8 (the capacity "
+        "fixed at load, in rows of 8 elements); it was moved as size 0")
+    assert describe_size_error((3, 1, 1, 2, 4, 3, 0, 8), spec).endswith(
+        "size 4 rows reaches past the end of rank 1's output (3 row(s) of 8 elements left there); it was moved as size 0")
+    assert describe_size_error((3, 1, 1, 2, 4, 3, 0, 1), spec) == describe_size_error((3, 1, 1, 2, 4, 3, 0, 0), spec)
+
+
 def test_other_atoms_refused():
     with pytest.raises(PurlinError, match="'ldst' atom only"):
         from purlinc.pipeline import prepare

@@ -43,7 +43,8 @@ from purlinc.version import __version__
 
 SIZED_FIELDS = ("capacity", "in_len", "out_len", "unit_bytes", "slot_bytes", "region_bytes", "copy_bytes",
                 "timeout_ns", "in", "out", "sizes", "out_sizes", "expected", "counters", "error", "size_error")
-SIZE_ERROR_RECORD = ("kind", "rank", "buffer", "position", "size", "bound", "epoch", "unused")
+# size and bound count units of ``row`` elements (the call's row=; 0 from a kernel that did not say: 1)
+SIZE_ERROR_RECORD = ("kind", "rank", "buffer", "position", "size", "bound", "epoch", "row")
 SIZE_ERROR_BYTES = 8 * len(SIZE_ERROR_RECORD)
 THREADS = 512
 
@@ -96,10 +97,14 @@ def describe_size_error(words, spec) -> str:
         source = next(s.rank for s in spec.sources[rank][position])
         pair = f"chunk {chunk} from rank {source} to rank {rank}"
         what = f"size {size}"
+    row = record["row"] or 1
+    units = "element(s)" if row == 1 else f"row(s) of {row} elements"
+    if row != 1:  # sizes count rows (row=): say so, or a capacity of 8 rows reads as 8 elements
+        what += " rows"
     because = {
-        "capacity": f"outside 0..{bound} (the capacity fixed at load)",
-        "input": f"reaches past the end of rank {rank}'s input ({bound} element(s) left there)",
-        "output": f"reaches past the end of rank {rank}'s output ({bound} element(s) left there)",
+        "capacity": f"outside 0..{bound} (the capacity fixed at load{'' if row == 1 else f', in rows of {row} elements'})",
+        "input": f"reaches past the end of rank {rank}'s input ({bound} {units} left there)",
+        "output": f"reaches past the end of rank {rank}'s output ({bound} {units} left there)",
         "expected": f"differs from the {bound} rank {rank} expects (its expected sizes)",
     }[kind]
     moved = "not written" if kind == "expected" else "moved as size 0"

@@ -254,6 +254,31 @@ def test_over_capacity_and_past_the_output_are_size_errors():
         group.close()
 
 
+def test_a_size_error_of_a_call_in_rows_counts_rows():
+    """row=8: sizes and the capacity count rows of 8 elements; the kernel records the row, so
+    the error says 9 rows outside 0..8 rather than naming the load's 64 elements as 8."""
+    import purlinc
+
+    R, row, capacity = 2, 8, 64
+    group = _group(R)
+    coll = purlinc.load(SIZED / "alltoallv.pln", group, capacity=capacity)
+    try:
+        bufs = [Buffers(R, DType.FLOAT32, R * capacity, R * capacity) for _ in range(R)]
+        rng = np.random.default_rng(3)
+        for r, b in enumerate(bufs):
+            b.fill(rng, [capacity // row + 1 if r == 0 else 1, 1])
+        on_rank_streams(group.streams, DEVICE, lambda: coll(
+            [b.x for b in bufs], [b.sizes for b in bufs], [b.out for b in bufs], [b.out_sizes for b in bufs],
+            streams=group.streams, row=row))
+        with pytest.raises(SizeError, match=r"rank 0, call \d+: chunk x\[0\]\[0\] from rank 0 to rank 0: size "
+                                            r"n\[0\]\[0\] = 9 rows outside 0..8 \(the capacity fixed at load, in "
+                                            r"rows of 8 elements\)"):
+            coll.check()
+    finally:
+        coll.close()
+        group.close()
+
+
 def _expected_rows(rows, R: int) -> list[list[int]]:
     """What each rank receives from every rank: its column of the size table."""
     return [[rows[src][dst] for src in range(R)] for dst in range(R)]
