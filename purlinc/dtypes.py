@@ -189,6 +189,7 @@ def from_float32(values: np.ndarray, dtype: DType, *, canonical_nan: bool = True
 
 
 FLOAT32_MAX = 3.4028234663852886e38  # float32's largest finite value (epilogues compute in float32)
+FLOAT32_TINY = 1.401298464324817e-45  # the smallest positive float32 (a subnormal)
 E4M3_MAX = 448.0  # largest finite float8_e4m3 (fn: no infinities; 0x7F / 0xFF are NaN)
 
 

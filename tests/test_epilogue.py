@@ -65,6 +65,11 @@ ERRORS = [
     ('unknown',
      'collective f(hidden = 8) with rows residual, row weight, scalar eps {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n        out = rmsnorm(out + resid, weight, eps)\n        residual = out\n    }\n}\n',
      ("fused.pln:6:29: error: unknown name 'resid' in the epilogue", '            out = rmsnorm(out + resid, weight, eps)', '                                ^^^^^', 'note: names defined here: out, residual, weight, eps', 'note: while checking f for R=2')),
+    ('parameter',  # parameters and R name layouts: "unknown name 'e'" said nothing of what e is
+     'collective f(e = 1) with row w {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(8) {\n        out = rmsnorm(out, w, e)\n    }\n}\n',
+     ("fused.pln:6:31: error: 'e' is a parameter, which an epilogue's statements cannot read", '            out = rmsnorm(out, w, e)', '                                  ^',
+      "note: they compute on the call's data in float32: write the number, or pass the value as a scalar operand",
+      'note: names defined here: out, w', 'note: while checking f for R=2')),
     ('assign_row',
      'collective f(hidden = 8) with rows residual, row weight, scalar eps {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n        weight = out\n    }\n}\n',
      ("fused.pln:6:9: error: 'weight' is a row operand: only out and rows operands can be written", '            weight = out', '            ^^^^^^', 'note: while checking f for R=2')),
@@ -211,6 +216,11 @@ def test_evaluator_needs_operands_of_the_right_shape():
     bad = [{"residual": np.zeros(16, np.uint16), "weight": np.zeros(4, np.uint16), "eps": 1e-5}] * 2
     with pytest.raises(ValueError, match=r"operand 'weight': expected uint16 \(8,\), got uint16 \(4,\)"):
         evaluate(spec, xs, 16, BF16, "sum", bad)
+    good = {"residual": np.zeros(16, np.uint16), "weight": np.zeros(8, np.uint16), "eps": 1e-5}
+    with pytest.raises(ValueError, match=r"unknown epilogue operand 'bias'; the epilogue takes residual, weight, eps"):
+        evaluate(spec, xs, 16, BF16, "sum", [{**good, "bias": 1.0}] * 2)  # the runtime refuses it: so does the oracle
+    with pytest.raises(ValueError, match=r"operand 'residual': expected a NumPy array of uint16 \(16,\), got list"):
+        evaluate(spec, xs, 16, BF16, "sum", [{**good, "residual": [0] * 16}] * 2)  # was an AttributeError
     with pytest.raises(ValueError, match=r"count=12 is not a whole number of rows of 8 elements"):
         evaluate(spec, [np.zeros(12, np.uint16)] * 2, 12, BF16, "sum",
                  [{"residual": np.zeros(12, np.uint16), "weight": np.zeros(8, np.uint16), "eps": 1e-5}] * 2)

@@ -67,6 +67,8 @@ def test_an_operand_that_is_no_array_is_named():
     ({"eps": 3.5e38}, "fused: operand 'eps': expected a finite float32 value, got 3.5e+38"),
     ({"eps": float("nan")}, "fused: operand 'eps': expected a finite float32 value, got nan"),
     ({"eps": float("-inf")}, "fused: operand 'eps': expected a finite float32 value, got -inf"),
+    # float32 rounds it to 0: eps=1e-50 ran as eps=0 (an all-zero row became NaN), as a literal it is refused
+    ({"eps": 1e-50}, "fused: operand 'eps': expected a value float32 can hold, got 1e-50: it would be 0"),
     ({"residual": tensor(0x30000, 128, device=1)}, "fused: operand 'residual': expected a tensor on cuda:0, got one in cuda:1"),
     ({"residual": tensor(0x30000, 128, device=-1)}, "fused: operand 'residual': expected a tensor on cuda:0, got one in host memory"),
     ({"weight": tensor(0x40000, 64, DType.FLOAT32)}, "fused: operand 'weight': expected dtype bfloat16, got float32"),

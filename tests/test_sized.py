@@ -285,6 +285,8 @@ def _bad_call(case: str):
         expected = [[1, 1, 1]] * 2
     elif case == "capacity":
         cap = -1
+    elif case == "no capacity":
+        cap = 0
     elif case == "float capacity":
         cap = 2.5
     return ins, sizes, cap, outs, expected
@@ -300,7 +302,8 @@ def _bad_call(case: str):
     ("short row", "sizes of rank 0: expected 3 integers, got 2"),
     ("nested", "sizes of rank 0[0]: expected an integer, got [1] (list)"),
     ("expected", "expected: expected one per rank (3), got 2"),
-    ("capacity", "capacity must be >= 0, got -1"),
+    ("capacity", "capacity must be >= 1, got -1"),
+    ("no capacity", "capacity must be >= 1, got 0"),  # a load refuses 0 too
     ("float capacity", "capacity must be an integer, got 2.5 (float)"),
 ])
 def test_a_sized_call_no_kernel_could_be_given_is_refused_alike(case, message):

@@ -16,7 +16,7 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from purlinc.dtypes import FLOAT32_MAX, DType
+from purlinc.dtypes import FLOAT32_MAX, FLOAT32_TINY, DType
 from purlinc.errors import PurlinError, Span
 from purlinc.frontend import ast
 from purlinc.frontend.ast import OperandKind
@@ -339,6 +339,10 @@ def _check_statements(epilogue: ast.EpilogueDef, declared: Mapping[str, ast.Oper
         for name in _names(statement.value):
             if name.name != OUT and name.name not in declared and name.name not in locals_:
                 known = ", ".join([OUT, *declared, *sorted(locals_)])
+                if name.name in taken:  # r, R, a parameter: a name of the layouts, not of the data
+                    raise PurlinError(f"'{name.name}' is {taken[name.name]}, which an epilogue's statements cannot read",
+                                      name.span, ("they compute on the call's data in float32: write the number, or "
+                                                  "pass the value as a scalar operand", f"names defined here: {known}"))
                 raise PurlinError(f"unknown name '{name.name}' in the epilogue", name.span,
                                   (f"names defined here: {known}",))
         for call in _calls(statement.value):
@@ -436,6 +440,9 @@ def scalar_problem(value, *, is_eps: bool) -> tuple[str, str | None] | None:
     if not math.isfinite(as_float32):
         return (f"expected a finite float32 value, got {reprlib.repr(value)}",
                 f"float32 holds magnitudes up to {FLOAT32_MAX:.6g}")
+    if as_float32 == 0 and value != 0:  # eps=1e-50 ran as eps=0 (NaN rows), as a literal 1e-50 is refused
+        return (f"expected a value float32 can hold, got {reprlib.repr(value)}: it would be 0",
+                f"the smallest nonzero float32 magnitude is {FLOAT32_TINY:.8g}")
     if is_eps and value < 0:
         return (f"rmsnorm's eps must be >= 0, got {reprlib.repr(value)}",
                 "a negative eps makes rows whose mean square is below it NaN")

@@ -183,6 +183,10 @@ def _narrow(values: np.ndarray, dtype: DType) -> np.ndarray:
 def check_operands(epilogue: Epilogue, operands: dict, numel: int, dtype: DType) -> None:
     """Every operand present, with its storage dtype and shape (``numel``: the rank's output)."""
     eps = eps_operand(epilogue)
+    unknown = sorted(set(operands) - {o.name for o in epilogue.operands})
+    if unknown:  # as the runtime refuses it: a misspelt operand is not silently unused
+        raise ValueError(f"unknown epilogue operand '{unknown[0]}'; the epilogue takes "
+                         f"{', '.join(o.name for o in epilogue.operands)}")
     for operand in epilogue.operands:
         if operand.name not in operands:
             raise ValueError(f"missing epilogue operand '{operand.name}'")
@@ -194,6 +198,9 @@ def check_operands(epilogue: Epilogue, operands: dict, numel: int, dtype: DType)
             continue
         want = (operand.dtype or dtype).storage
         shape = (numel,) if operand.kind is OperandKind.ROWS else (epilogue.row,)
+        if not hasattr(value, "dtype") or not hasattr(value, "shape"):
+            raise ValueError(f"operand '{operand.name}': expected a NumPy array of {want} {shape}, "
+                             f"got {type(value).__name__}")
         if value.dtype != want or value.shape != shape:
             raise ValueError(f"operand '{operand.name}': expected {want} {shape}, got {value.dtype} {value.shape}")
 
@@ -288,7 +295,7 @@ def check_sized_call(spec: Spec, inputs, sizes, capacity, outputs, expected=None
     expected sizes Python ints.  Sizes may be negative or past the capacity (the call reports
     those as size errors); what is refused is what no call could be given."""
     R = spec.world_size
-    check_count("capacity", capacity)
+    check_count("capacity", capacity, least=1)  # as a load: a capacity of 0 holds no chunk
     for name, values in (("inputs", inputs), ("outputs", outputs), ("sizes", sizes)):
         _per_rank(name, values, R)
     buffers = {}

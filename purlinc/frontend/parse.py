@@ -14,7 +14,7 @@ from pathlib import Path
 import lark
 from lark import Token, Transformer_NonRecursive, v_args
 
-from purlinc.dtypes import FLOAT32_MAX
+from purlinc.dtypes import FLOAT32_MAX, FLOAT32_TINY
 from purlinc.errors import PurlinError, Source, Span
 from purlinc.frontend import ast
 from purlinc.frontend.lalr import parser
@@ -26,7 +26,6 @@ from purlinc.frontend.syntax_errors import point, translate
 MAX_LITERAL_DIGITS = 19
 MAX_LITERAL = 2**63 - 1
 MAX_NAME_LENGTH = 64  # characters of a collective's name (it names kernels, files and torch ops)
-FLOAT32_TINY = 1.401298464324817e-45  # the smallest positive float32 (a subnormal)
 
 
 def _shown(token: Token) -> str:
