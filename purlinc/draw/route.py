@@ -10,7 +10,8 @@ edge), and enters the wait by its top (or bottom) edge.  Pure geometry, tested w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass, field
 
 # How far into a box (from its end) an arrow leaves or enters it, where the box is wide enough
 END_INSET = 4.0
@@ -21,11 +22,30 @@ TRACK_PX = 2.5
 
 @dataclass(frozen=True, slots=True)
 class LaneSpan:
-    """One drawn lane: its boxes' top and bottom edges and their x spans, sorted."""
+    """One drawn lane: its boxes' top and bottom edges and their x spans, sorted.  What a route
+    asks of it is made once here (an all-gather at R=128 crosses lanes of thousands of boxes
+    hundreds of thousands of times: scanning the spans each time took minutes)."""
 
     top: float
     bottom: float
     spans: tuple[tuple[float, float], ...]
+    # The spans merged where they touch or overlap (starts, ends), and the free x's sorted
+    _starts: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _ends: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _free: tuple[float, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        starts: list[float] = []
+        ends: list[float] = []
+        for x0, x1 in sorted(self.spans):
+            if ends and x0 <= ends[-1]:
+                ends[-1] = max(ends[-1], x1)
+            else:
+                starts.append(x0)
+                ends.append(x1)
+        object.__setattr__(self, "_starts", tuple(starts))
+        object.__setattr__(self, "_ends", tuple(ends))
+        object.__setattr__(self, "_free", tuple(sorted(_free_xs(self))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,17 +79,23 @@ def _free_xs(lane: LaneSpan) -> list[float]:
 
 
 def _covered(lane: LaneSpan, x: float) -> bool:
-    return any(x0 <= x <= x1 for x0, x1 in lane.spans)
+    """Whether a box of ``lane`` covers x (its edges included)."""
+    i = bisect_right(lane._starts, x) - 1
+    return i >= 0 and x <= lane._ends[i]
 
 
 def _crossing(lane: LaneSpan, at: float, to: float) -> float:
     """Where to cross ``lane`` going from x ``at`` towards x ``to``: a free x between the two
-    (the nearest to ``to``), else the free x nearest to that stretch."""
+    (the nearest to ``to``), else the free x nearest to that stretch.  Only the free x's next
+    to ``lo``, ``hi`` and ``to`` can be that one (they are sorted)."""
     if not _covered(lane, to):
         return to
     lo, hi = min(at, to), max(at, to)
-    candidates = _free_xs(lane) + ([at] if not _covered(lane, at) else [])
-    return min(candidates, key=lambda x: (max(lo - x, x - hi, 0.0), abs(x - to)))
+    free = lane._free
+    near = {i for k in (bisect_left(free, lo), bisect_right(free, hi), bisect_left(free, to))
+            for i in (k - 1, k) if 0 <= i < len(free)}
+    candidates = [free[i] for i in near] + ([at] if not _covered(lane, at) else [])
+    return min(candidates, key=lambda x: (max(lo - x, x - hi, 0.0), abs(x - to), x))
 
 
 def route(lanes: list[LaneSpan], notify: End, wait: End, *, into_end: bool,
