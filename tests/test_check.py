@@ -198,8 +198,23 @@ def test_check_all_points_at_the_condition_that_refused_the_sizes():
     text = "collective c where R > 3, R < 3 { in[r] = x[r] out[r] = x[r] copy }"
     with pytest.raises(PurlinError) as info:
         check_all(parse(text), range(1, 9))
-    assert info.value.span.column == text.index("R < 3") + 1  # refused 5 of the 8
-    assert info.value.notes == ("world sizes each condition refused: 'R < 3' 5, 'R > 3' 3",)
+    assert info.value.span.column == text.index("R < 3") + 1  # refused 6 of the 8 (R=3 by both)
+    assert info.value.notes == ("world sizes each condition refused: 'R < 3' 6, 'R > 3' 3",)
+
+
+def test_every_condition_a_size_fails_is_counted_not_only_the_first():
+    """A size counted only against the first condition it failed: 'R % 2 == 0' (written first)
+    was pointed at with 5 refusals, though 'R > 100' refuses all 10 and fixing the first
+    admits none.  A condition guarded by a failed one (k > 0, then R % k) counts as neither."""
+    text = "collective f(k = 1) where R % 2 == 0, R > 100, R >= k { in[r] = x[r] out[r] = x[0] copy }"
+    with pytest.raises(PurlinError) as info:
+        check_all(parse(text), range(1, 11))
+    assert info.value.span.column == text.index("R > 100") + 1
+    assert info.value.notes == ("world sizes each condition refused: 'R > 100' 10, 'R % 2 == 0' 5",)
+    guarded = "collective g(k = 0) where k > 0, R % k == 0 { in[r] = x[r] out[r] = x[0] copy }"
+    with pytest.raises(PurlinError) as info:
+        check_all(parse(guarded), range(1, 5))
+    assert info.value.span.column == guarded.index("k > 0") + 1
 
 
 def test_an_index_error_names_the_rank_and_loop_values_it_arose_at():

@@ -337,6 +337,22 @@ class _Checker:
                 return condition
         return None
 
+    def failed_constraints(self) -> list[int]:
+        """The positions of every condition this size fails (``failed_constraint`` stops at the
+        first): which refuses the most sizes must not depend on the order they are written in.
+        A condition after a failed one may be guarded by it (``where k > 0, R % k == 0``): one
+        that cannot be evaluated there counts as neither."""
+        scope = self.base_scope()
+        failed = []
+        for n, condition in enumerate(self.definition.constraints):
+            try:
+                if not _compare(condition, scope):
+                    failed.append(n)
+            except PurlinError:
+                if not failed:
+                    raise
+        return failed
+
     # --- layouts -----------------------------------------------------------------------
     def _check_arity(self, ref: ast.ChunkRef) -> None:
         first = self.arity.setdefault(ref.name, (len(ref.indices), ref.span))
@@ -737,16 +753,16 @@ def check_all(
         raise PurlinError(f"the world size {largest:,} is larger than Purlin supports ({MAX_WORLD_SIZE:,})")
     meter = Meter()
     admitted = []
-    refused: Counter[int] = Counter()  # sizes each constraint (by position) refused
+    refused: Counter[int] = Counter()  # sizes each constraint (by position) refused, alone or with others
     for world_size in world_sizes:
         if progress is not None:
             progress(world_size)
         try:
-            failed = _Checker(definition, world_size, params, meter).failed_constraint()
+            failed = _Checker(definition, world_size, params, meter).failed_constraints()
         except PurlinError as error:
             raise error.with_note(_while_checking(definition, world_size, params)) from None
-        if failed is not None:
-            refused[next(n for n, c in enumerate(definition.constraints) if c is failed)] += 1
+        if failed:
+            refused.update(failed)
             continue
         check(definition, world_size, params, meter=meter)
         admitted.append(world_size)
