@@ -69,7 +69,7 @@ ERRORS = [
      'collective f(e = 1) with row w {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(8) {\n        out = rmsnorm(out, w, e)\n    }\n}\n',
      ("fused.pln:6:31: error: 'e' is a parameter, which an epilogue's statements cannot read", '            out = rmsnorm(out, w, e)', '                                  ^',
       "note: they compute on the call's data in float32: write the number, or pass the value as a scalar operand",
-      'note: names defined here: out, w', 'note: while checking f for R=2')),
+      'note: names defined here: out, w', 'note: with e=1 (its default)', 'note: while checking f for R=2')),
     ('assign_row',
      'collective f(hidden = 8) with rows residual, row weight, scalar eps {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden) {\n        weight = out\n    }\n}\n',
      ("fused.pln:6:9: error: 'weight' is a row operand: only out and rows operands can be written", '            weight = out', '            ^^^^^^', 'note: while checking f for R=2')),
@@ -105,7 +105,7 @@ ERRORS = [
      ('fused.pln:6:15: error: rmsnorm takes 3 arguments (value, weight, eps), not 2', '            out = rmsnorm(out, weight)', '                  ^^^^^^^^^^^^^^^^^^^^', 'note: while checking f for R=2')),
     ('row_small',
      'collective f(hidden = 8) with rows residual {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(hidden - 8 * R) {\n        residual = out\n    }\n}\n',
-     ('fused.pln:5:19: error: a row must hold at least one element, not -8', '        epilogue rows(hidden - 8 * R) {', '                      ^^^^^^^^^^^^^^', 'note: while checking f for R=2')),
+     ('fused.pln:5:19: error: a row must hold at least one element, not -8', '        epilogue rows(hidden - 8 * R) {', '                      ^^^^^^^^^^^^^^', 'note: with hidden=8 (its default)', 'note: while checking f for R=2')),
     ('dtype',
      'collective f with rows q: int32 {\n    in[r] = x\n    out[r] = x\n    reduce\n    epilogue rows(8) {\n        q = out\n    }\n}\n',
      ('fused.pln:1:27: error: an epilogue cannot write or read int32: rows operands take bfloat16, float16, float32, float8_e4m3', '    collective f with rows q: int32 {', '                              ^^^^^', 'note: while checking f for R=2')),
@@ -145,7 +145,8 @@ def test_a_local_named_like_something_else_is_refused(name, what):
         check(parse(LOCAL.format(name=name), "fused.pln"), 2, {})
     assert info.value.render().splitlines() == [
         f"fused.pln:6:9: error: local '{name}' has the name of {what}", f"            {name} = out * 2",
-        "            " + "^" * len(name), "note: while checking c for R=2"]
+        "            " + "^" * len(name), *(["note: with hidden=8 (its default)"] if name == "hidden" else []),
+        "note: while checking c for R=2"]
     # ... and an operand of that name is refused the same way
     operand = LOCAL.format(name="h").replace("scalar e", f"scalar {name}").replace("w, e)", f"w, {name})")
     with pytest.raises(PurlinError) as info:
@@ -541,7 +542,7 @@ def test_a_row_no_dtype_runs_is_refused_by_the_checker(hidden, message, nearest)
         f"six.pln:5:19: error: {message} runs in no dtype: a row is a whole number of 16-byte vectors, at most "
         "32 KiB (the kernels move rows as vectors held in registers)",
         "        epilogue rows(hidden) { out = out * 2.0 }", "                      ^^^^^^",
-        ROW_RULE, f"note: {nearest}", "note: while checking six for R=2"]
+        ROW_RULE, f"note: {nearest}", f"note: with hidden={hidden} (its default)", "note: while checking six for R=2"]
 
 
 @pytest.mark.parametrize("hidden, runs", [(4, {DType.FLOAT32}), (12, {DType.FLOAT32}),

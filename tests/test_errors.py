@@ -322,9 +322,23 @@ CASES = [
             "spec.pln:2:8: error: rank index 'root' is 4, outside 0..3",
             '        in[root] = x',
             '           ^^^^',
+            'note: with root=4 (its default)',  # the value came from the default: said so
             'note: while checking a for R=4',
         ),
         R=4,
+    ),
+    Case(
+        'division_by_a_default',  # k=0 came from the default: the note said only R, so k=0 showed nowhere
+        'collective t(k = 0) {\n    in[r] = x[r]\n    out[r] = x[r / k]\n    copy\n}\n',
+        (
+            "spec.pln:3:16: error: division by zero in 'r / k'",
+            '        out[r] = x[r / k]',
+            '                   ^^^^^',
+            'note: at r=0',
+            'note: with k=0 (its default)',
+            'note: while checking t for R=2',
+        ),
+        R=2,
     ),
     Case(
         'rank_index_param_out_of_range',
@@ -448,6 +462,7 @@ CASES = [
             "spec.pln:2:21: error: loop variable 'k' hides the parameter of the same name",
             '        in[r] = x[r][k] for k in 0..2',
             '                        ^^^^^^^^^^^^^',
+            'note: with k=2 (its default)',
             'note: while checking a for R=4',
         ),
         R=4,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import keyword
 import operator
+import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Iterator
@@ -720,7 +721,27 @@ def check(definition: ast.CollectiveDef, world_size: int, params: Mapping[str, i
             )
         return checker.resolve()
     except PurlinError as error:
+        for note in _defaults_named_at(definition, params, error):
+            error = error.with_note(note)
         raise error.with_note(_while_checking(definition, world_size, params)) from None
+
+
+def _defaults_named_at(definition: ast.CollectiveDef, params: Mapping[str, int], error: PurlinError) -> tuple[str, ...]:
+    """"with k=0 (its default)" for the defaulted parameters the erring source text names: a
+    division by a default k=0, or a default root past R, otherwise named the value nowhere (the
+    "while checking" note gives only the values bound)."""
+    span = error.span
+    if span is None or definition.span is None or span.source is not definition.span.source or span == definition.span:
+        return ()  # an error at the whole collective (an unknown parameter) is about no value
+    lines = [span.source.line(n) for n in range(span.line, span.end_line + 1)]
+    lines[-1] = lines[-1][:span.end_column - 1]
+    lines[0] = lines[0][span.column - 1:]
+    named = set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", "\n".join(lines)))
+    values = [f"{p.name}={p.default} (its default)" for p in definition.params
+              if p.name in named and p.name not in params and p.default is not None
+              and p.name not in (WORLD_VARIABLE, RANK_VARIABLE)]
+    note = f"with {', '.join(values)}"
+    return (note,) if values and note not in error.notes else ()
 
 
 def supports(definition: ast.CollectiveDef, world_size: int, params: Mapping[str, int] | None = None,
