@@ -349,3 +349,20 @@ def test_op_objects_refuse_a_collective_with_an_epilogue():
                                             r"\(taking rows residual \(written\), row weight, scalar eps\); expected a "
                                             r"collective without one"):
         pt.op(_Loaded(spec))
+
+
+def test_meta_beside_real_tensors_is_refused_naming_both():
+    """Meta tensors pass the fake's device check one at a time; a meta x beside a CPU residual
+    reached the fake alone (the dispatcher picks it for any meta argument) and returned with
+    residual unwritten, silently."""
+    fused = fused_add_rmsnorm_op(_Loaded(check(parse_file(EXAMPLE), 2, {"hidden": 64})), device="cpu")
+    try:
+        x = torch.empty(2, 64, device="meta")
+        residual = torch.zeros(2, 64)
+        with pytest.raises(ArgumentError, match=r"residual is on cpu, expected meta \(the device of x\)"):
+            fused(x, residual, torch.empty(64, device="meta"), 1e-6)
+        with pytest.raises(ArgumentError, match=r"weight is on meta, expected cpu \(the device of x\)"):
+            fused(torch.empty(2, 64), residual, torch.empty(64, device="meta"), 1e-6)
+        assert torch.equal(residual, torch.zeros(2, 64))
+    finally:
+        fused.close()

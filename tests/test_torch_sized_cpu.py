@@ -6,6 +6,7 @@ the custom ops' fake implementations (output shape by capacity); and the host-si
 
 from __future__ import annotations
 
+import re
 import threading
 
 import numpy as np
@@ -600,3 +601,72 @@ def test_what_a_rank_sends_itself_must_match_what_it_expects_from_itself():
     with pytest.raises(ArgumentError, match=r"input_split_sizes\[0\] = 3 rows of 2 element\(s\) go to this rank "
                                             r"itself, but output_split_sizes\[0\] = 5 rows of 2 expect 10 elements"):
         pt.all_to_all_single(torch.zeros(5, 2), torch.ones(3, 2), [5], [3], group=g)
+
+
+def test_the_fakes_show_sizes_not_symbols_under_dynamic_shapes():
+    """Compiled with dynamic=True, the fake's refusal of a row over the capacity read "a row of
+    input has s27 elements": sizes are shown as this call's numbers (ops.shown)."""
+    gs = groups(3, capacity=60)
+    handle = sized.state_of(gs[1]).handle
+    splits = torch.empty(3, dtype=torch.int64, device="meta")
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, s: torch.ops.purlin.alltoallv(x, s, handle), backend="aot_eager",
+                             fullgraph=True, dynamic=True)
+    for columns in (2, 3):  # the second call compiles the dynamic graph
+        assert compiled(torch.empty(5, columns, device="meta"), splits)[0].shape == (3 * (60 // columns), columns)
+    with pytest.raises(Exception, match=r"a row of input has 61 elements, more than the capacity 60"):
+        compiled(torch.empty(5, 61, device="meta"), splits)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_traced_all_to_all_vdev_checks_its_tensors_by_the_calls_name(dynamic):
+    """Traced, Group.all_to_all_vdev left in_splits, out_splits and out to the op's fake, whose
+    messages name purlin::alltoallv_seq (inside torch's error): now checked before the op is
+    recorded, as the eager call checks them."""
+    g = groups(3)[1]
+    M = lambda *shape, dtype=torch.float32: torch.empty(*shape, dtype=dtype, device="meta")  # noqa: E731
+    splits = M(3, dtype=torch.int64)
+    for args, message in (((M(5, 3), splits, M(20, 4), splits), r"all_to_all_vdev: output rows have shape \(4,\), "
+                                                                 r"expected \(3,\) \(those of input\)"),
+                          ((M(5, 3), M(4, dtype=torch.int64), M(20, 3), splits),
+                           r"all_to_all_vdev: in_splits must be 1-D int64 with 3 entries on meta, got int64 \(4,\)"),
+                          ((M(5, 3), splits, M(20, 3), M(3, dtype=torch.int32)),
+                           r"all_to_all_vdev: out_splits must be 1-D int64 with 3 entries on meta, got int32")):
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda x, i, o, s: g.all_to_all_vdev(x, o, i, s), backend="aot_eager",
+                                 fullgraph=True, dynamic=dynamic)
+        with pytest.raises(Exception) as caught:
+            compiled(*args)
+        assert re.search(message, str(caught.value)) and "alltoallv_seq" not in str(caught.value), \
+            str(caught.value)[:800]
+
+
+def test_a_0_d_input_is_refused_by_name_as_the_equal_all_to_all_refuses_it():
+    """Split sizes count rows of dim 0, which a 0-d tensor lacks: the fake and the vdev call
+    took one (as one row) where the equal all-to-all refuses it."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    g = groups(2)[0]
+    handle, splits = sized.state_of(g).handle, torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(ArgumentError, match=r"all_to_all_vdev: input is 0-d \(a scalar\); expected a tensor of at "
+                                            r"least one dimension"):
+        pt.all_to_all_vdev(torch.tensor(1.0), torch.empty(4), splits, torch.zeros(2, dtype=torch.int64), group=g)
+    with pytest.raises(ArgumentError, match=r"all_to_all_vdev: output is 0-d"):
+        pt.all_to_all_vdev(torch.empty(4), torch.tensor(1.0), splits, torch.zeros(2, dtype=torch.int64), group=g)
+    with FakeTensorMode():
+        with pytest.raises(ArgumentError, match=r"purlin::alltoallv: input is 0-d"):
+            torch.ops.purlin.alltoallv(torch.tensor(1.0), torch.zeros(2, dtype=torch.int64), handle)
+
+
+def test_the_out_forms_refuse_meta_beside_real_tensors_naming_both():
+    """A meta x with a CPU out reached the fake alone (the dispatcher picks it for any meta
+    argument), each passed its own device check there, and out stayed unwritten, silently."""
+    g = groups(2)[0]
+    handle = sized.state_of(g).handle
+    out = torch.zeros(8, 4)
+    with pytest.raises(ArgumentError, match=r"purlin::alltoallv_out: output is on cpu, expected meta \(the device "
+                                            r"of input\)"):
+        torch.ops.purlin.alltoallv_out(torch.empty(8, 4, device="meta"), torch.zeros(2, dtype=torch.int64,
+                                                                                      device="meta"),
+                                       out, torch.zeros(2, dtype=torch.int64, device="meta"), handle)
+    assert torch.equal(out, torch.zeros(8, 4))

@@ -270,6 +270,7 @@ class Group:
         fake = _ops.tracing()
         for label, t in named:
             _ops.check_tensor(where, label, t, e, op, fake=fake)
+        _ops.same_device(where, named)  # traced, meta passes each check alone: not meta beside a real tensor
 
     @staticmethod
     def _bytes(where, named):
@@ -315,7 +316,8 @@ class Group:
                  f"({_ops.shown(self.world_size)} ranks x the {_ops.shown(output.numel())} of {out_label})")
         self._check(where, entry(handle), [named_in, named_out], op)
         if _ops.tracing():
-            output.copy_(torch.ops.purlin.reduce_scatter_seq(input, self._seq(input), handle, op, -1).view(output.shape))
+            y = torch.ops.purlin.reduce_scatter_seq(input, self._seq(input), handle, op, -1)
+            output.copy_(y.view(output.shape))
             return _DONE if async_op else None
         body = _ops.define("reduce_scatter").eager_out
         return self._issue(lambda: body(input, output, handle, op), [input, output], async_op, [output])
@@ -595,6 +597,12 @@ class Group:
         named = [("input", input), ("out", out), ("in_splits", in_splits), ("out_splits", out_splits)]
         _ops.require_tensors("all_to_all_vdev", named + [("out_offsets", out_offsets)] * (out_offsets is not None))
         if _ops.tracing():  # the state and the ops exist already (Group.__init__, sized's import)
+            # the tensors' checks by the caller's names before the op is recorded, as the other
+            # calls make theirs: the fake's would name its own arguments, inside torch's error
+            # (the meta tensors of shape inference pass the device check, as in the fakes)
+            where, state = "all_to_all_vdev", self._sized_state
+            sized._check(where, state, input, out, fake=True)
+            sized._check_splits(where, state, input, [("in_splits", in_splits), ("out_splits", out_splits)])
             # out_offsets is written here, not by the op, so its fake does not see it: the eager
             # call's checks of it, made at trace time (a compiled call cast it, or wrote it over
             # out_splits where the two shared memory)

@@ -52,6 +52,7 @@ def _check(where: str, e: Entry, x, residual, weight, eps, *, fake: bool = False
     _ops.require_tensors(where, named)
     for label, t in named:
         _ops.check_device(where, label, t, e.device, e.rank, e.world_size, fake=fake)
+    _ops.same_device(where, named)  # meta passes the fake's check alone: never beside a real tensor
     _check_x(where, e, x)
     if residual.shape != x.shape or residual.dtype != x.dtype:
         raise ArgumentError(f"{where}: residual is {_name(residual.dtype)} {tuple(residual.shape)}, expected "

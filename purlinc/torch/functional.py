@@ -23,26 +23,35 @@ def _group(group):
     return group_of(group)
 
 
-def _run(kind: str, x, seq, handle: int, op: str):
-    """One collective's functional op: the ordered one while traced (ops.sequence), the op body eagerly."""
+_COPIES = ("allgather", "alltoall")  # the functional forms' collectives that move bytes, reducing nothing
+
+
+def _run(kind: str, x, seq, handle: int, op: str, where: str | None = None):
+    """One collective's functional op: the ordered one while traced (ops.sequence), the op body
+    eagerly.  A copy of a dtype Purlin lacks travels as a view of its bytes (ops.carrier), as
+    the Group calls carry it, and comes back in x's dtype; ``where`` names the caller's call in
+    a refusal (None in a backward: the op's own name)."""
+    c = _ops.carrier(where or f"purlin::{kind}", "x", x, reduce=False) if kind in _COPIES else x
     if _ops.tracing():  # torch.compile, FakeTensorMode or make_fx: record the op, launch nothing
         if seq is None:  # in a backward: the communicator's sequence tensor, found from the handle
             e = _ops.entry(handle)
-            seq = _ops.traced(_ops.sequence(e.comm, e.device), x)
-        return getattr(torch.ops.purlin, kind + "_seq")(x, seq, handle, op, -1)
-    return _ops.define(kind).eager_functional(x, handle, op, -1)
+            seq = _ops.traced(_ops.sequence(e.comm, e.device), c)
+        y = getattr(torch.ops.purlin, kind + "_seq")(c, seq, handle, op, -1)
+    else:
+        y = _ops.define(kind).eager_functional(c, handle, op, -1)
+    return y if c is x else y.view(x.dtype)
 
 
 class _Collective(torch.autograd.Function):
     """y = collective ``kind`` of x; dx = its inverse collective of dy (ops.differentiate)."""
 
     @staticmethod
-    def forward(ctx, x, kind, inverse_kind, handle, inverse, op, world_size):
+    def forward(ctx, x, kind, inverse_kind, handle, inverse, op, world_size, where=None):
         # the sequence tensor is not an argument: the backward finds it from the handle (a tensor
         # kept on ctx and mutated in the backward trips the compiled graph's partitioner)
         ctx.args = kind, inverse_kind, handle, inverse, op, world_size
         ctx.shape = x.shape
-        return _run(kind, x, None, handle, op)
+        return _run(kind, x, None, handle, op, where)
 
     @staticmethod
     def backward(ctx, grad):
@@ -57,15 +66,16 @@ class _Collective(torch.autograd.Function):
                 return _Collective.apply(g, inverse_kind, kind, inverse, handle, inverse_op, world_size)
             return _run(inverse_kind, g, None, inverse, inverse_op)
         dx = _ops.differentiate(kind, op, world_size, grad, collective)
-        return dx.reshape(ctx.shape), None, None, None, None, None, None
+        return dx.reshape(ctx.shape), None, None, None, None, None, None, None
 
 
-def _call(group, kind: str, x, op: str):
+def _call(group, kind: str, x, op: str, where: str):
     handle = group._handle(kind)
     if torch.is_grad_enabled() and x.requires_grad:
         inverse_kind = _ops.INVERSES[kind]
-        return _Collective.apply(x, kind, inverse_kind, handle, group._handle(inverse_kind), op, group.world_size)
-    return _run(kind, x, group._seq(x), handle, op)
+        return _Collective.apply(x, kind, inverse_kind, handle, group._handle(inverse_kind), op, group.world_size,
+                                 where)
+    return _run(kind, x, group._seq(x), handle, op, where)
 
 
 def all_reduce(x, op="sum", group=None):
@@ -80,8 +90,8 @@ def all_reduce(x, op="sum", group=None):
         _ops.check_contiguous("all_reduce", "x", x)
     if n % R:  # the spec splits x into R chunks: pad to a multiple of R (torch takes any size)
         padded = torch.cat([x.reshape(-1), x.new_zeros(R - n % R)])
-        return _call(group, "allreduce", padded, op)[:n].view(x.shape)
-    return _call(group, "allreduce", x, op).view(x.shape)
+        return _call(group, "allreduce", padded, op, "all_reduce")[:n].view(x.shape)
+    return _call(group, "allreduce", x, op, "all_reduce").view(x.shape)
 
 
 def all_gather_tensor(x, gather_dim: int = 0, group=None):
@@ -90,7 +100,7 @@ def all_gather_tensor(x, gather_dim: int = 0, group=None):
     group = _group(group)
     if gather_dim != 0:  # fail, not raise: these forms are what compiled code calls (see ops.fail)
         _ops.fail(f"all_gather_tensor: gather_dim={gather_dim!r}, expected 0 (transpose around the call)")
-    y = _call(group, "allgather", x, "sum")
+    y = _call(group, "allgather", x, "sum", "all_gather_tensor")
     return y.view(group.world_size * x.shape[0], *x.shape[1:]) if x.dim() else y
 
 
@@ -101,7 +111,7 @@ def reduce_scatter_tensor(x, op="sum", scatter_dim: int = 0, group=None):
     if scatter_dim != 0:
         _ops.fail(f"reduce_scatter_tensor: scatter_dim={scatter_dim!r}, expected 0")
     _rows_divide("reduce_scatter_tensor", x, group.world_size)
-    y = _call(group, "reduce_scatter", x, _ops.normalize_op(op, "reduce_scatter_tensor"))
+    y = _call(group, "reduce_scatter", x, _ops.normalize_op(op, "reduce_scatter_tensor"), "reduce_scatter_tensor")
     return y.view(x.shape[0] // group.world_size, *x.shape[1:])
 
 
@@ -113,7 +123,7 @@ def all_to_all_single(x, output_split_sizes=None, input_split_sizes=None, group=
     group = _group(group)
     if output_split_sizes is None and input_split_sizes is None:
         _rows_divide("all_to_all_single", x, group.world_size)
-        return _call(group, "alltoall", x, "sum").view(x.shape)
+        return _call(group, "alltoall", x, "sum", "all_to_all_single").view(x.shape)
     return _Uneven.apply(x, group, output_split_sizes, input_split_sizes)
 
 

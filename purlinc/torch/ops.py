@@ -260,6 +260,19 @@ def check_device(where: str, label: str, t, device, rank: int, world_size: int, 
          notes=("a tensor of another device or communicator cannot take part in this one's collectives",))
 
 
+def same_device(where: str, named) -> None:
+    """The tensors of one call (``(label, tensor)`` pairs, the first the reference) on one device.
+    Each tensor's own check lets a meta tensor pass where a fake implementation checks it (shape
+    inference), so a meta x with a CPU out reached the fake alone (the dispatcher picks it for
+    any meta argument) and the call returned with out unwritten, silently."""
+    (first, reference), *rest = named
+    for label, t in rest:
+        if t.device != reference.device:
+            fail(f"{where}: {label} is on {t.device}, expected {reference.device} (the device of {first})",
+                 notes=("the tensors of one call live on one device: meta tensors (shape inference) with meta "
+                        "tensors only",))
+
+
 def overlap(a, b, *, fake: bool) -> bool:
     """Whether two contiguous tensors share bytes: their byte ranges in memory, or, for fake
     tensors (no data pointer), in one storage."""
@@ -358,6 +371,7 @@ def _check_output_bytes(where: str, e: Entry, x, count) -> None:
 def check_out(where: str, e: Entry, x, out, count, names=("x", "out")) -> None:
     """``out`` holds this rank's chunks of ``count`` elements, in x's dtype: eagerly and traced
     alike (``require``; the sizes may be symbols, so the messages are functions of ``shown``)."""
+    same_device(where, ((names[0], x), (names[1], out)))
     expected = e.out_units * count
     require(out.numel() == expected,
             lambda: f"{where}: {names[1]} has {shown(out.numel())} elements, expected {shown(expected)} "

@@ -34,7 +34,7 @@ import weakref
 import torch
 
 from purlinc.runtime.errors import ArgumentError
-from purlinc.torch.ops import ints_shown, require_unregistered, reserve, shape_shown, shown
+from purlinc.torch.ops import ints_shown, require_unregistered, reserve, same_device, shape_shown, shown
 from purlinc.torch.registry import new_handle
 
 SOURCE = "collective alltoallv with sizes n[R][R] of x { in[r] = x[r][0..R]  out[r] = x[0..R][r]  copy }"
@@ -165,47 +165,58 @@ def _rows(t) -> int:
 def _row_elements(where: str, x, label: str = "input") -> int:
     """``_rows(x)`` of a tensor whose rows hold something: rows of no elements are refused (split
     sizes would count rows that carry nothing, and the capacity in rows has no answer)."""
+    from purlinc.torch.ops import fail  # torch._check under dynamo (a traced all_to_all_vdev checks this)
+
     row = _rows(x)
     if row == 0:
-        raise ArgumentError(f"{where}: {label} has rows of 0 elements (shape {shape_shown(x)}); expected rows of at "
-                            "least one element")
+        fail(f"{where}: {label} has rows of 0 elements (shape {shape_shown(x)}); expected rows of at least one "
+             "element")
     return row
 
 
 def _check_data(where: str, s: SizedState, x, out, *, fake: bool = False) -> None:
     """The data tensors' kind, device, dtype and layout, in every form alike; ``fake``: meta
-    tensors pass the device check (shape inference only)."""
-    from purlinc.torch.ops import check_contiguous, check_device, dtype_of, require_tensors, supported_dtypes
+    tensors pass the device check (shape inference only).  ``fail``: a traced all_to_all_vdev
+    checks these before it records the op, under dynamo too."""
+    from purlinc.torch.ops import check_contiguous, check_device, dtype_of, fail, require_tensors, supported_dtypes
 
     require_tensors(where, [("input", x), ("output", out)])
     for label, t in (("input", x), ("output", out)):
         check_device(where, label, t, s.device, s.rank, s.world_size, fake=fake)
         if dtype_of(t) is None:  # the registry's dtypes: what dtype_of accepts, so the message cannot drift
-            raise ArgumentError(f"{where}: {label} has dtype {str(t.dtype).removeprefix('torch.')}, which Purlin does "
-                                f"not support; expected one of {supported_dtypes()}",
-                                notes=("all_to_all_single with split lists carries other fixed-size dtypes as bytes",))
+            fail(f"{where}: {label} has dtype {str(t.dtype).removeprefix('torch.')}, which Purlin does not support; "
+                 f"expected one of {supported_dtypes()}",
+                 notes=("all_to_all_single with split lists carries other fixed-size dtypes as bytes",))
         check_contiguous(where, label, t)
+    same_device(where, (("input", x), ("output", out)))
     if out.dtype != x.dtype:
-        raise ArgumentError(f"{where}: output has dtype {str(out.dtype).removeprefix('torch.')}, expected "
-                            f"{str(x.dtype).removeprefix('torch.')} (the dtype of input)")
+        fail(f"{where}: output has dtype {str(out.dtype).removeprefix('torch.')}, expected "
+             f"{str(x.dtype).removeprefix('torch.')} (the dtype of input)")
 
 
 def _row_within_capacity(where: str, s: SizedState, label: str, row: int) -> None:
+    from purlinc.torch.ops import fail
+
     if row > s.capacity:
-        raise ArgumentError(f"{where}: a row of {label} has {shown(row)} elements, more than the capacity {s.capacity} "
-                            "(elements per pair)", notes=("purlinc.torch.sized.configure(group, capacity=...)",))
+        fail(f"{where}: a row of {label} has {shown(row)} elements, more than the capacity {shown(s.capacity)} "
+             "(elements per pair)", notes=("purlinc.torch.sized.configure(group, capacity=...)",))
 
 
 def _check(where: str, s: SizedState, x, out, *, fake: bool = False) -> int:
     """The device form's tensors (split sizes on the GPU count rows of one shape, input's), in
     the real and the fake implementations alike: ``_check_data``, then the rows."""
+    from purlinc.torch.ops import fail
+
     _check_data(where, s, x, out, fake=fake)
+    for label, t in (("input", x), ("output", out)):
+        if t.dim() == 0:  # as the equal all-to-all refuses one: split sizes count rows of a dim 0 it lacks
+            fail(f"{where}: {label} is 0-d (a scalar); expected a tensor of at least one dimension (split sizes "
+                 "count rows of dim 0)")
     row = _row_elements(where, x)
     # 1-D against 2-D too: rows of 2 elements into a flat out were read back as rows of one
     if tuple(out.shape[1:]) != tuple(x.shape[1:]):
-        raise ArgumentError(f"{where}: output rows have shape {ints_shown(out.shape[1:])}, expected "
-                            f"{ints_shown(x.shape[1:])} "
-                            "(those of input)")
+        fail(f"{where}: output rows have shape {ints_shown(out.shape[1:])}, expected {ints_shown(x.shape[1:])} "
+             "(those of input)")
     _row_within_capacity(where, s, "input", row)
     return row
 
@@ -235,7 +246,7 @@ def _check_splits(where: str, s: SizedState, x, named) -> None:
     require_tensors(where, named)
     for label, t in named:  # 1-D: a [1, R] tensor has R entries, but is no list of R sizes
         if t.dtype != torch.int64 or t.dim() != 1 or t.numel() != s.world_size or t.device != x.device:
-            fail(f"{where}: {label} must be 1-D int64 with {s.world_size} entries on {x.device}, got "
+            fail(f"{where}: {label} must be 1-D int64 with {shown(s.world_size)} entries on {x.device}, got "
                  f"{str(t.dtype).removeprefix('torch.')} {shape_shown(t)} on {t.device}")
         if not t.is_contiguous():  # the runtime reads them as one int64 array (an int64 view stays 8-byte aligned)
             fail(f"{where}: {label} must be contiguous, got strides {ints_shown(t.stride())}")
