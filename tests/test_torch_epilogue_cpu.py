@@ -78,6 +78,27 @@ def test_needs_the_add_rmsnorm_epilogue():
         fused_add_rmsnorm_op(_Loaded(plain), device="cpu")
 
 
+EPILOGUE_BODY = """ with rows residual, row weight, scalar eps {{
+    {layouts}
+    reduce
+    epilogue rows(64) {{ h = out + residual  residual = h  out = rmsnorm(h, weight, eps) }}
+}}"""
+
+
+@pytest.mark.parametrize("layouts, rank, counts", [
+    ("in[r] = x[0..R]  out[r] = x[r]", 0, "2 input chunk(s) and 1 output chunk(s)"),  # a reduce-scatter's shape
+    ("in[r] = x  out[0] = x", 1, "1 input chunk(s) and 0 output chunk(s)"),  # a reduce to rank 0
+])
+def test_needs_outputs_shaped_like_the_inputs(layouts, rank, counts):
+    """y is made x-shaped (empty_like(x)): other shapes were taken, the fake said y was x's
+    shape, and a real call failed naming an 'out' the caller never passed."""
+    spec = check(parse("collective rs" + EPILOGUE_BODY.format(layouts=layouts)), 2)
+    with pytest.raises(ArgumentError) as info:
+        fused_add_rmsnorm_op(_Loaded(spec), device="cpu")
+    assert info.value.message == (f"fused_add_rmsnorm: rs must give every rank an output the size of its input (an "
+                                  f"all-reduce's shape); rank {rank} has {counts}")
+
+
 SPLIT_ROWS = """collective ar2(hidden = 64) with rows residual, row weight, scalar eps {
     in[r]  = x[0..R]
     out[r] = x[0..R]

@@ -167,6 +167,15 @@ class FusedAddRMSNorm:
             have = ", ".join(o.format() for o in epilogue.operands) if epilogue else "no epilogue"
             raise ArgumentError(f"fused_add_rmsnorm: {spec.name} must have an epilogue taking rows residual "
                                 f"(written), row weight and scalar eps; it has {have}")
+        shaped = [r for r in range(spec.world_size) if len(spec.outputs[r]) != len(spec.inputs[r])]
+        if shaped:  # y is x-shaped (empty_like(x)): a reduce-scatter's or a rooted reduce's out is not
+            r = shaped[0]
+            raise ArgumentError(f"fused_add_rmsnorm: {spec.name} must give every rank an output the size of its input "
+                                f"(an all-reduce's shape); rank {r} has {len(spec.inputs[r])} input chunk(s) and "
+                                f"{len(spec.outputs[r])} output chunk(s)",
+                                notes=("load a collective with the epilogue on an all-reduce "
+                                       "(examples/fused/allreduce_add_rmsnorm.pln), or call the loaded collective "
+                                       "itself with its operands",))
         dev = _ops.torch_device("fused_add_rmsnorm_op", coll.comm.device if device is None else device)
         self.entry = Entry(spec.name, spec, coll.comm, dev, collective=coll)
         # the communicator's sequence tensor, shared with its other collectives (Group, op()):
