@@ -77,6 +77,19 @@ def test_check_with_two_stage_copies_verifies_the_algorithms_that_lower_two(caps
     assert code == 0 and "spec and 12 schedules verified" in out, err  # every algorithm takes one copy
 
 
+def test_check_with_registered_outputs_verifies_the_algorithms_an_epilogue_can_run_on(capsys):
+    """With registered outputs ring and two-shot write a rank's output from its peers, which an
+    epilogue cannot run on: check stopped at two-shot with that error, so the shipped fused
+    example could not be checked with --registered out without naming -a."""
+    fused = EXAMPLES / "fused" / "allreduce_add_rmsnorm.pln"
+    code, out, err = cli(capsys, "check", fused, "-R", "2..4", "--registered", "out")
+    assert code == 0 and "spec and 6 schedules verified" in out, err  # direct-push and direct-pull, R=2, 3, 4
+    err = refused(capsys, "check", fused, "-R", "2", "--registered", "out", "-a", "ring")  # asked for by name
+    assert "an epilogue needs outputs no peer writes" in err and "(direct-push, direct-pull)" in err, err
+    code, out, err = cli(capsys, "check", ALLREDUCE, "-R", "2..4", "--registered", "out")
+    assert code == 0 and "spec and 12 schedules verified" in out, err  # no epilogue: every algorithm
+
+
 def test_check_refuses_jobs_for_hierarchical_plans(capsys):
     assert refused(capsys, "check", ALLREDUCE, "-R", "8", "--gpus-per-node", "4", "-j", "2") == (
         "error: --jobs 2 applies to flat schedules: the hierarchical plans of --gpus-per-node are verified in one "

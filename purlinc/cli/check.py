@@ -106,7 +106,8 @@ def run(args) -> int:
 def _units(args, sizes, specs) -> list:
     """(world size, algorithm) to verify, in the order they are verified and reported: every
     applicable algorithm (or the one asked for); with --packed, those that lower packed; with
-    --slots, those that stage through slots; with --stage-copies 2, those that lower to two (the
+    --slots, those that stage through slots; with --stage-copies 2, those that lower to two; with
+    --registered out and an epilogue, those whose peers leave the output to its rank (the
     others would refuse the option)."""
     from purlinc.snac.algorithms import applicable, get_algorithm
 
@@ -121,10 +122,17 @@ def _units(args, sizes, specs) -> list:
                 continue
             if args.stage_copies and not args.algorithm and args.stage_copies > get_algorithm(algorithm).stage_copies:
                 continue  # lowered with fewer copies: verifying it would not check the option
+            if _registered_out(args) and specs[world_size].epilogue is not None and not args.algorithm \
+                    and get_algorithm(algorithm).peers_write_registered_out:
+                continue  # its peers would write the rows the epilogue computes: the lowering refuses it
             units.append((world_size, algorithm))
     if not units:
         _refuse_nothing_to_verify(args, sizes, specs)
     return units
+
+
+def _registered_out(args) -> bool:
+    return args.registered in ("out", "both")
 
 
 def _why_none(args, sizes) -> str:
@@ -134,7 +142,8 @@ def _why_none(args, sizes) -> str:
     if args.algorithm:
         return f"-a {args.algorithm} applies to none of the sizes checked ({where})"
     given = [text for text, value in (("--packed", args.packed), (f"--slots {args.slots}", args.slots is not None),
-                                      (f"--stage-copies {args.stage_copies}", (args.stage_copies or 0) > 1)) if value]
+                                      (f"--stage-copies {args.stage_copies}", (args.stage_copies or 0) > 1),
+                                      (f"--registered {args.registered}", _registered_out(args))) if value]
     if not given:
         return f"no algorithm applies to {where}"
     return f"{' and '.join(given)} leave{'' if len(given) > 1 else 's'} no algorithm to verify at {where}"

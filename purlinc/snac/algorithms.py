@@ -40,6 +40,9 @@ class AlgorithmInfo:
     uses_slots: bool  # honours LowerOptions.slots (forwards through staging); the others give every message a unit
     stage_copies: int = 1  # most staging copies by epoch parity it lowers to (LowerOptions.stage_copies)
     sized: bool = False  # lowers specs with run-time sizes (``with sizes``: purlinc.snac.sized)
+    # With registered outputs, a reduction's peers write a rank's output directly (its last phase
+    # forwards reduced chunks there): no epilogue can run on it (purlinc.snac.epilogue)
+    peers_write_registered_out: bool = False
 
     @property
     def name(self) -> str:
@@ -59,9 +62,10 @@ ALGORITHMS: Registry[AlgorithmInfo] = Registry("algorithm", (
     AlgorithmInfo(Algorithm.DIRECT_PULL, "one-shot: consumers read producers' memory",
                   "purlinc.snac.direct:direct_pull", _always, packed=False, uses_slots=False),
     AlgorithmInfo(Algorithm.TWO_SHOT, "reduce-scatter to an owner, then all-gather from it",
-                  "purlinc.snac.two_shot:two_shot", _replicated_reduction, packed=False, uses_slots=False),
+                  "purlinc.snac.two_shot:two_shot", _replicated_reduction, packed=False, uses_slots=False,
+                  peers_write_registered_out=True),
     AlgorithmInfo(Algorithm.RING, "neighbour to neighbour, around the ranks",
-                  "purlinc.snac.ring:ring", _always, packed=False, uses_slots=True),
+                  "purlinc.snac.ring:ring", _always, packed=False, uses_slots=True, peers_write_registered_out=True),
 ))
 DEFAULT_ALGORITHM = Algorithm.DIRECT_PUSH
 

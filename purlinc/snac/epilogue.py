@@ -55,7 +55,8 @@ def _refuse_peer_written_outputs(schedule: Schedule) -> None:
                         f"an epilogue needs outputs no peer writes: with registered outputs, "
                         f"{schedule.options.algorithm.value} has rank {program.rank} write {region.format()} "
                         f"directly, and rank {region.rank} cannot see when its rows are final",
-                        notes=("use a schedule without registered out",))
+                        notes=("use an algorithm that leaves each rank's output to it (direct-push, direct-pull), "
+                               "or a schedule without registered out",))
 
 
 def place_epilogues(schedule: Schedule, spec: Spec) -> Schedule:
