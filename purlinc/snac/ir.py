@@ -279,6 +279,12 @@ class LowerOptions:
         return f"{self.algorithm.value}/c{self.channels}/s{self.slices}/slots{slots}/reg{reg}{ll}{x2}"
 
 
+# The way out of a schedule too large for one lowering or one proof, as the errors say it: the
+# Python API's and the command line's spellings (compile makes flat collectives only).
+HIERARCHICAL_NOTE = ("lower it over nodes, a hierarchical plan of smaller phases: purlinc.load(path, None, "
+                     "gpus_per_node=G) under torchrun; purlinc dump, check and draw take --gpus-per-node G")
+
+
 # What ``LowerOptions.key()`` writes, read back (a trace carries slots and registered buffers in
 # its key alone): kept beside the writer, so that one cannot change without the other.
 KEY_PATTERN = re.compile(r"[a-z-]+/c\d+/s\d+/slots(?P<slots>all|\d+)/reg(?P<registered>-|[a-z,]+)(?:/ll)?(?:/x2)?")

@@ -45,7 +45,7 @@ from purlinc.frontend.spec import Spec
 from purlinc.snac.algorithms import ALGORITHMS, DEFAULT_ALGORITHM, applicable, get_algorithm
 from purlinc.snac.epilogue import place_epilogues
 from purlinc.snac.gcpause import gc_paused
-from purlinc.snac.ir import Algorithm, LowerOptions, Schedule
+from purlinc.snac.ir import HIERARCHICAL_NOTE, Algorithm, LowerOptions, Schedule
 from purlinc.snac.packing import MAX_PACKED_SOURCES
 
 
@@ -98,7 +98,7 @@ def _check_options(spec: Spec, options: LowerOptions) -> None:
     if reads > MAX_READS:
         raise PurlinError(f"{spec.name} for R={spec.world_size} reads {reads:,} chunks across its ranks' outputs "
                           f"(x {options.slices} slice(s) per channel), more than one schedule holds ({MAX_READS:,})",
-                          notes=("lower it over nodes (gpus_per_node=G: a hierarchical plan of smaller phases)",
+                          notes=(HIERARCHICAL_NOTE,
                                  "or with fewer slices"))
     if options.slots is not None and options.slots < 1:
         raise PurlinError(f"slots must be >= 1 (got {options.slots})")

@@ -73,7 +73,7 @@ from purlinc.errors import PurlinError
 from purlinc.frontend.spec import Spec
 from purlinc.snac.epilogue import epilogue_problem
 from purlinc.snac.gcpause import gc_paused
-from purlinc.snac.ir import Schedule, Stage
+from purlinc.snac.ir import HIERARCHICAL_NOTE, Schedule, Stage
 from purlinc.snac.packing import layout_problems, ll_groups, normalized, packed_stages
 from purlinc.snac.parity import unrolled, unrolled_reads
 from purlinc.snac.verify.common import CALLS, Failure, VerificationError, describe
@@ -179,7 +179,7 @@ def _check_proof_size(schedule: Schedule) -> None:
             f"{schedule.collective} for R={schedule.world_size} lowers to {steps:,} steps over "
             f"{len(schedule.programs)} programs: its proof would hold {entries:,} clock entries, more than one "
             f"verification holds ({MAX_CLOCK_ENTRIES:,})",
-            notes=("lower it over nodes (gpus_per_node=G: a hierarchical plan of smaller phases)",))
+            notes=(HIERARCHICAL_NOTE,))
 
 
 def _header_reads(schedule: Schedule):
