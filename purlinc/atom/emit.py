@@ -23,12 +23,8 @@ MANIFEST_SCHEMA = 1
 
 
 def _schedule_json(schedule) -> dict:
-    try:
-        from purlinc.snac.format import schedule_to_json
-    except ImportError:  # pragma: no cover - only before the SNAC dump existed
-        from purlinc.atom.codegen.names import canonical
+    from purlinc.snac.format import schedule_to_json
 
-        return canonical(schedule)
     return schedule_to_json(schedule)
 
 

@@ -3,24 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import fields, is_dataclass
-from enum import Enum
 
 from purlinc.dtypes import DType, ReduceOp
 from purlinc.snac.ir import Schedule
-
-
-def canonical(value):
-    """A JSON-able, order-stable picture of IR values (frozensets sorted, enums by value)."""
-    if is_dataclass(value):
-        return {"@": type(value).__name__, **{f.name: canonical(getattr(value, f.name)) for f in fields(value)}}
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, (frozenset, set)):
-        return sorted(canonical(v) for v in value)
-    if isinstance(value, (tuple, list)):
-        return [canonical(v) for v in value]
-    return value
 
 
 def kernel_base(schedule: Schedule, atom: str, dtype: DType, op: ReduceOp | None,
