@@ -630,3 +630,22 @@ def test_a_missing_notify_list_is_cut_short():
         verify(many, spec)
     assert "no notify with k=2, 3, 4, 5, 6, 7, 8, 9, ... (999,999 in all)" in info.value.message
     assert len(info.value.message) < 200
+
+
+def test_a_ring_whose_proof_is_bound_to_be_too_big_stops_while_it_is_lowered(monkeypatch):
+    """The proof's bound was checked after the whole lowering: a ring of millions of steps took
+    gigabytes to build before the refusal (alltoall_blocks at R=128: 3.4 GB).  The ring counts
+    its steps every few wavefronts and stops once the bound is passed, with the verifier's words."""
+    import purlinc.snac.ring as ring
+    import purlinc.snac.verify as verifier
+    from purlinc.snac.ir import Algorithm
+    from purlinc.snac.lower import lower
+
+    spec = spec_of("allgather", 8)
+    monkeypatch.setattr(ring, "_BUDGET_EVERY", 1)
+    monkeypatch.setattr(verifier, "MAX_CLOCK_ENTRIES", 2 * 40 * (8 + 8))  # 40 steps' worth
+    with pytest.raises(PurlinError) as caught:
+        lower(spec, LowerOptions(algorithm=Algorithm.RING))
+    assert caught.value.message.startswith("allgather for R=8 lowers to more than ")
+    assert "steps over 8 programs: its proof would hold more than " in caught.value.message
+    assert caught.value.notes[0] == HIERARCHICAL_NOTE

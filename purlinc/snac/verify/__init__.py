@@ -172,13 +172,21 @@ def _check_proof_size(schedule: Schedule) -> None:
     staging copies make each call two: ``normalized``, ``unrolled``)."""
     written = sum(len(p.steps) for p in schedule.programs)
     packed = sum(1 for p in schedule.programs for step in p.steps if isinstance(step, Stage) and step.packed)
-    steps = (written + packed) * schedule.stage_copies
-    entries = CALLS * steps * (len(schedule.programs) + schedule.world_size)
+    check_proof_steps(schedule.collective, schedule.world_size, (written + packed) * schedule.stage_copies,
+                      len(schedule.programs))
+
+
+def check_proof_steps(collective: str, world_size: int, steps: int, programs: int, *, partial: bool = False) -> None:
+    """Refuse ``steps`` (as the proof runs them) over ``programs`` past MAX_CLOCK_ENTRIES.
+    ``partial``: a lowering still emitting (ring's wavefronts) counts what it has so far, so a
+    schedule bound to be refused stops there instead of first taking gigabytes to build."""
+    entries = CALLS * steps * (programs + world_size)
     if entries > MAX_CLOCK_ENTRIES:
+        lowers = "lowers to more than" if partial else "lowers to"
         raise PurlinError(
-            f"{schedule.collective} for R={schedule.world_size} lowers to {steps:,} steps over "
-            f"{len(schedule.programs)} programs: its proof would hold {entries:,} clock entries, more than one "
-            f"verification holds ({MAX_CLOCK_ENTRIES:,})",
+            f"{collective} for R={world_size} {lowers} {steps:,} steps over {programs} programs: its proof would "
+            f"hold {'more than ' if partial else ''}{entries:,} clock entries, more than one verification holds "
+            f"({MAX_CLOCK_ENTRIES:,})",
             notes=(HIERARCHICAL_NOTE,))
 
 
