@@ -151,9 +151,10 @@ def test_a_killed_compiles_temporary_files_are_removed_by_a_later_one(tmp_path, 
     status, out, err = _compile(capsys, EXAMPLES / "allreduce.pln", "-R", "2", "-o", tmp_path)
     assert status == 0, err
     artifacts = [Path(line).name for line in out.splitlines()]
-    stale = [tmp_path / f".{name}.ab_cd012" for name in artifacts]
-    fresh = tmp_path / f".{artifacts[0]}.zz_zz999"  # a concurrent compile's, about to be renamed
-    users = [tmp_path / ".notes.txt.abcdefgh", tmp_path / f".{artifacts[0]}.mine"]
+    stale = [tmp_path / f".{name}.tmp-ab_cd012" for name in artifacts]
+    fresh = tmp_path / f".{artifacts[0]}.tmp-zz_zz999"  # a concurrent compile's, about to be renamed
+    users = [tmp_path / ".notes.txt.abcdefgh", tmp_path / f".{artifacts[0]}.mine",
+             tmp_path / f".{artifacts[0]}.20241205"]  # a dated backup: mkstemp's shape, not our mark
     old = os.stat(tmp_path).st_mtime - cachefiles.STALE_TEMP_S - 60
     for path in (*stale, fresh, *users):
         path.write_bytes(b"half")

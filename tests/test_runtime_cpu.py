@@ -360,3 +360,36 @@ def test_byte_ranges_overlap_only_where_they_share_a_byte():
     assert overlapping((0, 10), (9, 20)) and overlapping((5, 6), (0, 100)) and overlapping((0, 100), (5, 6))
     assert not overlapping((0, 10), (10, 20)) and not overlapping((10, 20), (0, 10))  # adjacent
     assert not overlapping((5, 5), (0, 10)) and not overlapping((0, 10), (3, 3))  # empty ranges share no byte
+
+
+def test_the_swept_overlap_check_finds_what_a_scan_of_every_pair_finds():
+    """refuse_shared_writes sweeps the extents in address order (every group call runs it); on
+    random extents it refuses exactly where the pairwise scan does, naming the same pair."""
+    import random
+
+    from purlinc.runtime.errors import ArgumentError
+    from purlinc.runtime.group import refuse_shared_writes
+
+    def scanned(by_rank):
+        for rank, extents in enumerate(by_rank):
+            for label, start, end, written in extents:
+                if not written:
+                    continue
+                for other, theirs in enumerate(by_rank):
+                    for other_label, s, e, _ in theirs:
+                        if other != rank and start < e and s < end and start < end and s < e:
+                            return f"rank {rank}'s {label} overlaps rank {other}'s {other_label} in memory"
+        return None
+
+    rng = random.Random(5)
+    for _ in range(4000):
+        by_rank = [[(f"b{i}", start, start + rng.choice((0, 8, 64, 256)), rng.random() < 0.5)
+                    for i, start in enumerate(rng.randrange(0, 2048, 8) for _ in range(rng.randint(1, 4)))]
+                   for _ in range(rng.randint(2, 5))]
+        expected = scanned(by_rank)
+        try:
+            refuse_shared_writes("c", by_rank)
+            got = None
+        except ArgumentError as error:
+            got = error.message.removeprefix("c: ").removesuffix(", expected a buffer of its own")
+        assert got == expected, by_rank

@@ -88,11 +88,17 @@ def _umask() -> int:
     return mask
 
 
+# Between an artifact's name and mkstemp's eight characters in its temporary file's name: the
+# sweep of killed compiles' temporaries removes only names with it (not a user's dated backup,
+# .<artifact>.20241205, in the same folder).
+_TEMP_MARK = ".tmp-"
+
+
 def _staged(path: Path, data: bytes) -> str:
     """``data`` in a temporary file beside ``path`` (renamed into place by the caller); an
     error names ``path``, not the temporary file."""
     try:
-        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}{_TEMP_MARK}")
     except OSError as error:
         raise OSError(error.errno, error.strerror, str(path)) from None
     try:
@@ -141,7 +147,7 @@ def write_artifacts(artifact, out_dir: Path, *, ranks_defaulted: bool) -> list[P
                   _json_bytes(manifest(artifact, ranks_defaulted=ranks_defaulted))))
     for path, _ in files:
         _check_replaceable(path)
-    names = {f".{path.name}." for path, _ in files}
+    names = {f".{path.name}{_TEMP_MARK}" for path, _ in files}
     remove_stale_temps(out_dir, lambda name: name[:-8] in names and re.fullmatch(TEMP_RANDOM, name[-8:]))
     temps: list[str] = []
     try:
