@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from purlinc.runtime import residency, zerocopy
 from purlinc.runtime.errors import ArgumentError
-from purlinc.runtime.validate import call_signature, disagreement, overlapping
+from purlinc.runtime.validate import call_signature, disagreement
 
 
 def prepare_group(name: str, ranks: Sequence, xs, outs, op, streams, count):
