@@ -341,6 +341,19 @@ CASES = [
         R=2,
     ),
     Case(
+        'a_default_named_in_a_comment_is_not_read',  # the comment's j and the chunk y are no values
+        'collective t(k = 0, j = 1, y = 2) {\n    in[r] = x[r]\n    out[r] = x[(r + // j\n 1) / k]\n    copy\n}\n',
+        (
+            "spec.pln:3:16: error: division by zero in '(r + 1) / k'",
+            '        out[r] = x[(r + // j',
+            '                   ^',
+            'note: at r=0',
+            'note: with k=0 (its default)',
+            'note: while checking t for R=2',
+        ),
+        R=2,
+    ),
+    Case(
         'rank_index_param_out_of_range',
         'collective a(root = 0) {\n    in[root] = x\n    out[r] = x\n    copy\n}\n',
         (
@@ -462,8 +475,7 @@ CASES = [
             "spec.pln:2:21: error: loop variable 'k' hides the parameter of the same name",
             '        in[r] = x[r][k] for k in 0..2',
             '                        ^^^^^^^^^^^^^',
-            'note: with k=2 (its default)',
-            'note: while checking a for R=4',
+            'note: while checking a for R=4',  # about the name k, not its value: no "with k=2"
         ),
         R=4,
     ),

@@ -726,6 +726,10 @@ def check(definition: ast.CollectiveDef, world_size: int, params: Mapping[str, i
         raise error.with_note(_while_checking(definition, world_size, params)) from None
 
 
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
+_NAME_READ = re.compile(r"\b([A-Za-z_][A-Za-z_0-9]*)\b(?!\s*\[)")
+
+
 def _defaults_named_at(definition: ast.CollectiveDef, params: Mapping[str, int], error: PurlinError) -> tuple[str, ...]:
     """"with k=0 (its default)" for the defaulted parameters the erring source text names: a
     division by a default k=0, or a default root past R, otherwise named the value nowhere (the
@@ -736,7 +740,10 @@ def _defaults_named_at(definition: ast.CollectiveDef, params: Mapping[str, int],
     lines = [span.source.line(n) for n in range(span.line, span.end_line + 1)]
     lines[-1] = lines[-1][:span.end_column - 1]
     lines[0] = lines[0][span.column - 1:]
-    named = set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", "\n".join(lines)))
+    text = _COMMENT.sub(" ", "\n".join(lines))
+    named = {m.group(1) for m in _NAME_READ.finditer(text)}  # read as values: not a chunk's (a name before '[')
+    if "parameter" in error.message:  # about a name ("loop variable 'k' hides the parameter"), not its value
+        named -= set(re.findall(r"'([A-Za-z_]\w*)'", error.message))
     values = [f"{p.name}={p.default} (its default)" for p in definition.params
               if p.name in named and p.name not in params and p.default is not None
               and p.name not in (WORLD_VARIABLE, RANK_VARIABLE)]
