@@ -130,7 +130,7 @@ def test_a_crossing_found_by_bisection_is_the_one_a_scan_of_every_box_finds():
             return to
         lo, hi = min(at, to), max(at, to)
         free = route._free_xs(lane) + ([at] if not any(x0 <= at <= x1 for x0, x1 in lane.spans) else [])
-        return min(free, key=lambda x: (max(lo - x, x - hi, 0.0), abs(x - to), x))
+        return min(free, key=lambda x: (max(lo - x, x - hi, 0.0), abs(x - to)))  # ties: the first in this order
 
     rng = random.Random(7)
     for _ in range(3000):
@@ -144,6 +144,9 @@ def test_a_crossing_found_by_bisection_is_the_one_a_scan_of_every_box_finds():
         for _ in range(8):
             at, to = rng.uniform(-20, x + 20), rng.uniform(-20, x + 20)
             assert route._crossing(lane, at, to) == scanned(lane, at, to), (lane.spans, at, to)
+            assert route._crossing(lane, to, to) == scanned(lane, to, to), (lane.spans, to)  # ties: at == to
+            whole = float(rng.randint(-20, int(x) + 20))  # whole and half coordinates: ties between free x's
+            assert route._crossing(lane, whole, whole) == scanned(lane, whole, whole), (lane.spans, whole)
         probe = rng.uniform(-5, x + 5)
         assert route._covered(lane, probe) == any(x0 <= probe <= x1 for x0, x1 in lane.spans)
 

@@ -94,8 +94,11 @@ def _crossing(lane: LaneSpan, at: float, to: float) -> float:
     free = lane._free
     near = {i for k in (bisect_left(free, lo), bisect_right(free, hi), bisect_left(free, to))
             for i in (k - 1, k) if 0 <= i < len(free)}
-    candidates = [free[i] for i in near] + ([at] if not _covered(lane, at) else [])
-    return min(candidates, key=lambda x: (max(lo - x, x - hi, 0.0), abs(x - to), x))
+    # Ties go as they went when every free x was scanned in _free_xs's order (the left end,
+    # the right end, then the gaps from the left; ``at`` last): the drawings stay as they were.
+    order = {free[0]: 0, free[-1]: 1}
+    candidates = [(free[i], order.get(free[i], 2)) for i in near] + ([(at, 3)] if not _covered(lane, at) else [])
+    return min(candidates, key=lambda c: (max(lo - c[0], c[0] - hi, 0.0), abs(c[0] - to), c[1], c[0]))[0]
 
 
 def route(lanes: list[LaneSpan], notify: End, wait: End, *, into_end: bool,
