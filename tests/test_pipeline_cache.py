@@ -430,3 +430,24 @@ def test_from_cache_is_this_calls_own_answer(cache_dir, monkeypatch):
     monkeypatch.setattr(cache, "load_front", another_threads_hit)
     assert not pipeline.compile(ALLGATHER, world_size=2, arch="sm_90", emit_cubin=False).from_cache
     assert pipeline.compile(ALLGATHER, world_size=2, arch="sm_90", emit_cubin=False).from_cache
+
+
+def test_with_no_place_for_the_cache_the_process_memo_still_serves(monkeypatch, caplog):
+    """No home directory: the disk cache has no place, but this process's memo of Compiled
+    objects still serves (every load had redone the front end and NVRTC), and it is said once."""
+    import logging
+    import pwd
+
+    from purlinc.pipeline import compiled
+
+    for name in ("PURLIN_CACHE_DIR", "PURLIN_NO_CACHE", "XDG_CACHE_HOME", "HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: (_ for _ in ()).throw(KeyError(uid)))
+    monkeypatch.setattr(compiled, "_UNPLACED_SAID", False)
+    monkeypatch.setattr(logging.getLogger("purlin"), "propagate", True)
+    pipeline.forget()
+    with caplog.at_level(logging.WARNING, logger="purlin.cache"):
+        first = pipeline.prepare(ALLGATHER, world_size=2)
+        assert pipeline.prepare(ALLGATHER, world_size=2) is first and not first.cached
+    said = [r.getMessage() for r in caplog.records if r.name == "purlin.cache"]
+    assert len(said) == 1 and said[0].startswith("the compile cache is not used: no home directory is known")

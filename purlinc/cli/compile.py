@@ -190,6 +190,9 @@ def _run(args, created: list[Path]) -> int:
     problem = cache_problem()
     if problem is not None:
         print(cache_warning(problem), file=sys.stderr)
+        from purlinc.pipeline.compiled import cache_placelessness_told
+
+        cache_placelessness_told()  # the pipeline's log would say it again
     if ranks_defaulted:
         print(f"note: --ranks not given: compiling for R={world_size} ranks (the default)", file=sys.stderr)
     artifact = pipeline.compile(

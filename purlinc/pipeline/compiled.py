@@ -283,18 +283,42 @@ def prepare(
                                         options=options, overrides=changes, atom=request.atom))
     if trace:  # the same schedule, other kernels: a key of its own (kernel entries hang off it)
         key = cache.front_key({"traced": key})
-    cached = cache.settings.cache_enabled()
-    if not cached:  # PURLIN_NO_CACHE: no cache at any level, in this process either
+    if cache.settings.cache_switched_off():  # PURLIN_NO_CACHE: no cache at any level, in this process either
         return Compiled(request, key, False)
+    disk = cache.settings.cache_enabled()
+    if not disk:  # no place for it (no home directory): this process's memo still serves
+        _say_the_cache_has_no_place()
     # The memo stands for that cache directory; the file name rides along in diagnostics.
-    memo_key = (key, source.filename, str(cache.settings.cache_dir()))
+    memo_key = (key, source.filename, str(cache.settings.cache_dir()) if disk else "")
     with _frontend_lock:
         hit = _compiled.get(memo_key)
         if hit is None:
-            hit = _remember(_compiled, memo_key, Compiled(request, key, True))
+            hit = _remember(_compiled, memo_key, Compiled(request, key, disk))
         else:
             _compiled.move_to_end(memo_key)
     return hit
+
+
+_UNPLACED_SAID = False
+
+
+def cache_placelessness_told() -> None:
+    """The caller has told the user already (``purlinc compile``'s warning): not twice."""
+    global _UNPLACED_SAID
+    _UNPLACED_SAID = True
+
+
+def _say_the_cache_has_no_place() -> None:
+    """Once per process, as a warning (Python's logging shows one with no handler set up): every
+    process then compiles afresh, which a torchrun job's ranks would pay each time unawares."""
+    global _UNPLACED_SAID
+    if not _UNPLACED_SAID:
+        _UNPLACED_SAID = True
+        from purlinc import settings
+        from purlinc.log import get
+
+        get("cache").warning("the compile cache is not used: %s; every process compiles afresh (set %s)",
+                             settings.unplaced_cache(), settings.CACHE_DIR.name)
 
 
 def forget() -> None:
