@@ -355,6 +355,8 @@ def test_phase_sources_of_the_longest_name_check():
 
 @pytest.mark.parametrize("source,world_size,G,params", [
     ("alltoall_blocks.pln", 32, 4, {"k": 32}),  # 32 x 32 x 32 blocks: an intra all-to-all of 8,192 chunks
+    # blocks of two at a stride of 144 (an NVL72 rack's node): one chunk at a time, 199 KB of text
+    ("alltoall_blocks.pln", 144, 72, {"k": 2}),
     ("collective t { in[r] = x[r][(r + i) % R] for i in 0..R  out[r] = x[j][i] for i in 0..R for j in 0..R  copy }",
      32, 8, {}),  # every rank gets every block, transposed
 ])
@@ -373,6 +375,37 @@ def test_phase_sources_of_big_phases_load(repo_dir, source, world_size, G, param
             spec = pipeline.spec_stage(pipeline.parse_stage(pipeline.load_source(text)), G, {})
             shape = plan.canonical[plan.phases[index].schedules[node]]
             assert (spec.inputs, spec.outputs, spec.sources) == (shape.inputs, shape.outputs, shape.sources)
+
+
+def test_phase_items_read_back_as_the_indices_they_were_made_from():
+    """hiersource writes runs, strided runs and runs of blocks as single items: on random index
+    sequences built of all three (and repeats, reversals), the items read back exactly."""
+    import random
+
+    from purlinc.frontend.spec import Chunk
+    from purlinc.snac.hiersource import _items
+
+    rng = random.Random(11)
+    for _ in range(300):
+        indices: list[int] = []
+        for _ in range(rng.randint(1, 6)):
+            kind, first = rng.choice(("single", "run", "blocks", "back")), rng.randrange(0, 400)
+            if kind == "single":
+                indices.append(first)
+            elif kind == "run":
+                step = rng.choice((1, 2, 7, 0))
+                indices += [first + step * i for i in range(rng.randint(2, 9))]
+            elif kind == "blocks":
+                size, stride = rng.randint(2, 5), rng.choice((9, 144, -11, 3))
+                indices += [first + 200 + stride * i + k for i in range(rng.randint(2, 6)) for k in range(size)]
+            else:
+                indices += [first + 50 - i for i in range(rng.randint(2, 6))]
+        text = ", ".join(_items([Chunk("c", (i,)) for i in indices]))
+        spec = pipeline.spec_stage(pipeline.parse_stage(pipeline.load_source(
+            f"collective t {{ in[0] = {text}  out[0] = c[0]  copy replicated }}" if 0 in indices else
+            f"collective t {{ in[0] = {text}, c[0]  out[0] = c[0]  copy replicated }}")), 1, {})  # repeats allowed
+        got = [chunk.index[0] for chunk in spec.inputs[0]][:len(indices)]
+        assert got == indices, (indices, text)
 
 
 REPLICATED = {  # 'copy replicated': a node's phase may hold one chunk on several of its ranks
@@ -573,3 +606,19 @@ def test_a_plan_too_large_to_make_is_refused_first(repo_dir, monkeypatch):
         plan_hierarchical(spec, 2)
     assert caught.value.message == ("allreduce for R=8 reads 512 chunks across its ranks' outputs, more than a "
                                     "hierarchical plan covers (511)")
+
+
+def test_a_phase_whose_text_cannot_be_shortened_is_refused_by_check_naming_it(tmp_path, capsys):
+    """A reduce-scatter of scrambled inputs: no runs or blocks to shorten, so a node's phase at
+    R=320, G=32 is 80 KB of text.  check verified the plan while every load of it refused its
+    own text ('<string> is too large to be a collective'); now check refuses it, naming the phase."""
+    from purlinc.cli import main
+
+    path = tmp_path / "scrambled.pln"
+    path.write_text("collective scrambled {\n    in[r] = x[(i * i + 7 * r) % R] for i in 0..R\n    out[r] = x[r]\n"
+                    "    reduce\n}\n")
+    assert main(["check", str(path), "-R", "320", "--gpus-per-node", "32"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: scrambled_h0: a node's phase of this hierarchical plan is 80,181 bytes of .pln text, "
+                          "more than a collective may be (65,536)"), err
+    assert "note: a smaller gpus_per_node makes each node's phases smaller" in err

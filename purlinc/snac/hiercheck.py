@@ -197,6 +197,19 @@ def verify_plan(plan: HierPlan, *, schedules: bool = True) -> None:
         for schedule, shape in zip(plan.schedules, plan.canonical):
             verify(schedule, shape)
     _check_result(plan)
+    _check_phase_texts(plan)
+
+
+def _check_phase_texts(plan: HierPlan) -> None:
+    """Every intra phase's .pln text, as the runtime loads it, within a collective's size (the
+    text is refused there otherwise: a plan check passed while every load of it failed)."""
+    from purlinc.snac.hiersource import has_work, phase_name, phase_source
+
+    for index, phase in enumerate(plan.phases):
+        if isinstance(phase, IntraPhase):
+            for which in sorted(set(phase.schedules)):
+                if has_work(plan.canonical[which]):
+                    phase_source(plan.canonical[which], phase_name(plan.spec.name, index))
 
 
 def simulate_plan(plan: HierPlan, inputs, count: int, dtype: DType | str, op: ReduceOp | str | None = None,

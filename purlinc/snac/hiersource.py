@@ -2,8 +2,10 @@
 (compile cache, tuned schedules, agreement checks) on the node's communicator.
 
 The text names every local rank's layouts explicitly with the canonical chunk names of
-``hierplan.canonical``, runs of evenly spaced chunks as one item (``in[2] = c[5], c[8 * i]
-for i in 0..64``), so that a big phase stays far inside the 64 KiB a .pln text may have;
+``hierplan.canonical``, runs of evenly spaced chunks and of equal blocks as one item
+(``in[2] = c[5], c[8 * i] for i in 0..64, c[144 * i..144 * i + 2] for i in 0..72``), so
+that a big phase stays far inside the 64 KiB a .pln text may have (a phase that cannot is
+refused by name, by ``purlinc check`` as by the load);
 ``purlinc.pipeline.spec_of`` of it gives back exactly that canonical spec
 (tests/test_hierarchy.py checks it for every phase), so the schedule the runtime lowers
 from it is the one ``verify_plan`` composed.
@@ -13,7 +15,9 @@ from __future__ import annotations
 
 import re
 
+from purlinc.errors import PurlinError
 from purlinc.frontend.parse import MAX_NAME_LENGTH
+from purlinc.frontend.source import MAX_SOURCE_BYTES
 from purlinc.frontend.spec import Spec
 
 
@@ -40,26 +44,78 @@ def phase_source(spec: Spec, name: str) -> str:
                 lines.append(f"    {buffer}[{local}] = " + ", ".join(_items(layout)))
     lines.append(f"    {spec.operation.value}")
     lines.append("}")
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    size = len(text.encode())
+    if size > MAX_SOURCE_BYTES:  # the load would refuse its own text, naming no phase
+        raise PurlinError(f"{name}: a node's phase of this hierarchical plan is {size:,} bytes of .pln text, more than a "
+                          f"collective may be ({MAX_SOURCE_BYTES:,}): its chunks follow no pattern of runs and blocks "
+                          "that the text can shorten",
+                          notes=("a smaller gpus_per_node makes each node's phases smaller",))
+    return text
 
 
 def _items(layout) -> list[str]:
     """A layout of canonical chunks ``c[i]`` as .pln items, each run of three or more evenly
-    spaced indices as one item (``c[4..12]``, ``c[8 * i + 3] for i in 0..16``): a node's phase
-    of a big collective lists thousands of chunks, more than the 64 KiB a .pln text may have
-    if written one by one."""
+    spaced indices as one item (``c[4..12]``, ``c[8 * i + 3] for i in 0..16``), and each run of
+    equally long blocks at a fixed stride as one (``c[144 * i..144 * i + 2] for i in 0..72``,
+    an all-to-all of blocks over 72 local ranks): a node's phase of a big collective lists
+    thousands of chunks, more than the 64 KiB a .pln text may have if written one by one."""
     indices = [chunk.index[0] for chunk in layout]
     items, start = [], 0
     while start < len(indices):
-        step = indices[start + 1] - indices[start] if start + 1 < len(indices) else 0
-        end = start + 1
-        while end < len(indices) and indices[end] - indices[end - 1] == step:
-            end += 1
-        if end - start < 3:  # a pair is shorter written out (and may start the next run)
-            end = start + 1
-        items.append(_run(indices[start], step, end - start))
+        end = _run_end(indices, start)
+        blocks = _blocks_at(indices, start)
+        if blocks is not None and blocks[1] * blocks[2] > end - start:
+            size, count, stride = blocks
+            items.append(_block_run(indices[start], size, count, stride))
+            start += size * count
+            continue
+        items.append(_run(indices[start], indices[start + 1] - indices[start] if end - start > 1 else 0, end - start))
         start = end
     return items
+
+
+def _run_end(indices: list[int], start: int) -> int:
+    """Where the run of evenly spaced indices from ``start`` ends (one past); a run of two is
+    no run (a pair is shorter written out, and may start the next run)."""
+    step = indices[start + 1] - indices[start] if start + 1 < len(indices) else 0
+    end = start + 1
+    while end < len(indices) and indices[end] - indices[end - 1] == step:
+        end += 1
+    return end if end - start >= 3 else start + 1
+
+
+MAX_BLOCK = 64  # the longest block looked for (an all-to-all of blocks has a few chunks a block)
+
+
+def _blocks_at(indices: list[int], start: int) -> tuple[int, int, int] | None:
+    """(size, count, stride) of the longest run from ``start`` of two or more blocks of
+    consecutive indices, each starting ``stride`` after the one before; None where there is none."""
+    best, n = None, len(indices)
+    for size in range(2, MAX_BLOCK + 1):
+        if start + size > n or indices[start + size - 1] != indices[start] + size - 1:
+            break  # the first block is no longer consecutive: no longer one is either
+        if start + 2 * size > n:
+            break
+        stride = indices[start + size] - indices[start]
+        if stride == size:
+            continue  # one consecutive range: a plain run
+        count = 1
+        while start + (count + 1) * size <= n and all(
+                indices[start + count * size + k] == indices[start] + count * stride + k for k in range(size)):
+            count += 1
+        if count >= 2 and (best is None or size * count > best[0] * best[1]):
+            best = (size, count, stride)
+    return best
+
+
+def _block_run(first: int, size: int, count: int, stride: int) -> str:
+    """``count`` blocks of ``size`` consecutive chunks, block i from ``first + stride * i``."""
+    if stride < 0:
+        at = f"{first} - {-stride} * i"
+        return f"c[{at}..{first + size} - {-stride} * i] for i in 0..{count}"
+    base = f"{stride} * i + {first}" if first else f"{stride} * i"
+    return f"c[{base}..{base} + {size}] for i in 0..{count}"
 
 
 def _run(first: int, step: int, n: int) -> str:
