@@ -141,3 +141,13 @@ def test_a_drawing_without_parameters_names_none():
     root = ET.fromstring(text)
     assert any((t.text or "").startswith("R=2, reduce, direct-push") for t in root.iter(NS + "text"))
     assert _find(root, "g", "step")
+
+
+def test_an_output_of_dash_is_standard_output(tmp_path, capsys, monkeypatch):
+    """`-o -` wrote a file named '-' (dump reads '-' as standard input; a drawing's '-' is its output)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["draw", str(EXAMPLES / "allgather.pln"), "-R", "2", "--format", "html", "-o", "-"]) == 0
+    out = capsys.readouterr().out
+    assert out.lstrip().lower().startswith("<!doctype html") and not (tmp_path / "-").exists()
+    assert main(["draw", str(EXAMPLES / "allgather.pln"), "-R", "2", "-o", "-"]) == 0
+    assert capsys.readouterr().out.lstrip().startswith("<svg")

@@ -49,7 +49,7 @@ def add_parser(commands) -> None:
     common.add_lowering(parser)
     common.add_hierarchy(parser)
     parser.add_argument("-o", "--output", type=common.path, default=None,
-                        help="output file, .svg or .html (default: SVG on stdout)")
+                        help="output file, .svg or .html, or - for standard output (default: SVG on stdout)")
     parser.add_argument("--format", "-f", default=None, help="svg or html (default: from the output file's extension)")
     parser.add_argument("--timeline", action="store_true", help="lay the steps out in time by the cost model")
     parser.add_argument("--compare", default=None, metavar="A,B",
@@ -97,6 +97,8 @@ def _refuse_unused(args, compare: tuple[str, ...]) -> None:
 def run(args) -> int:
     from purlinc.draw.render import Request, output_format, render
 
+    if args.output == "-":  # standard output, as '-' is standard input for the spec (it wrote a file named '-')
+        args.output = None
     fmt = output_format(args.output, args.format)
     common.check_output_file(args.output, args.file)  # before the drawing, which may take seconds
     compare = compare_list(args.compare)

@@ -3,8 +3,8 @@
 One row per rank, ranks of a node on one shaded band; one column per buffer (``in``, the
 scratch buffers, ``out``) and between two columns the phase that turns one into the next:
 an intra-node phase is a box per node naming its SNAC schedule, an inter-node phase draws one
-line per (sending rank, receiving rank) pair of its NCCL moves, labelled with how many units
-it carries (local copies are not drawn).
+line per (sending rank, receiving rank) pair of its NCCL moves, whose hover text says how many
+units it carries (local copies are not drawn).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import colorsys
 from xml.sax.saxutils import escape
 
 from purlinc.draw.model import params_text
-from purlinc.snac.hierarchy import HierPlan, IntraPhase
+from purlinc.snac.hierarchy import HierPlan, IntraPhase, plural
 
 ROW, COL, LEFT, TOP = 18, 230, 90, 62  # TOP: the title (y 18), the phase labels, the buffer names
 KEY_H = 15  # a line of the key under the rows
@@ -32,9 +32,8 @@ def _left(t) -> float:
 
 def plan_title(plan: HierPlan) -> str:
     t = plan.topology
-    nodes = f"{t.nodes} node{'s' if t.nodes != 1 else ''}"
     bound = f"{params_text(plan.spec.params)}, " if plan.spec.params else ""  # root=5: not root 0's plan
-    return (f"{plan.spec.name}: {nodes} x {t.gpus_per_node} GPUs (R={t.world_size}), {bound}"
+    return (f"{plan.spec.name}: {plural(t.nodes, 'node')} x {plural(t.gpus_per_node, 'GPU')} (R={t.world_size}), {bound}"
             f"{plan.spec.operation.value}")
 
 
@@ -47,8 +46,8 @@ def plan_key(plan: HierPlan) -> list[str]:
         steps = sum(len(p.steps) for p in schedule.programs)
         # Not the sub-collective's name: the planner's (".scatter" for a node's copy phase
         # that gathers to one rank) would contradict the phase label above the box.
-        lines.append(f"schedule #{which}: {schedule.world_size} ranks, {schedule.options.key()}, "
-                     f"{steps} steps in all")
+        lines.append(f"schedule #{which}: {plural(schedule.world_size, 'rank')}, {schedule.options.key()}, "
+                     f"{plural(steps, 'step')} in all")
     # Only where lines are drawn: a single node's NCCL phase moves nothing between ranks, and
     # the key explained lines the drawing did not have.
     nccl = [(index, phase) for index, phase in enumerate(plan.phases) if not isinstance(phase, IntraPhase)]

@@ -170,14 +170,15 @@ def format_plan(plan: HierPlan, *, max_moves: int = 64) -> str:
     ]
     for layout in plan.layouts:
         sizes = sorted({len(u) for u in layout.units})
-        lines.append(f"  {layout.name}: {'/'.join(map(str, sizes))} units per rank")
+        units = "unit" if set(sizes) == {1} else "units"
+        lines.append(f"  {layout.name}: {'/'.join(map(str, sizes))} {units} per rank")
     for index, phase in enumerate(plan.phases):
         if isinstance(phase, IntraPhase):
             lines.append(f"phase {index}: intra-node SNAC {phase.operation.value} {phase.src} -> {phase.dst}")
             for node, (spec, which) in enumerate(zip(phase.specs, phase.schedules)):
                 schedule = plan.schedules[which]
                 steps = sum(len(p.steps) for p in schedule.programs)
-                lines.append(f"  node {node}: schedule #{which} ({schedule.options.key()}, {steps} steps)")
+                lines.append(f"  node {node}: schedule #{which} ({schedule.options.key()}, {plural(steps, 'step')})")
                 for local in range(t.gpus_per_node):
                     rank = t.rank(node, local)
                     lines.append(f"    r{rank} (local {local}): {_chunks(spec.inputs[local])} -> {_chunks(spec.outputs[local])}")
@@ -185,11 +186,13 @@ def format_plan(plan: HierPlan, *, max_moves: int = 64) -> str:
             remote = sum(1 for m in phase.moves if any(s.rank != m.dst.rank for s in m.srcs))
             lines.append(
                 f"phase {index}: inter-node NCCL {phase.nccl} ({phase.operation.value}) {phase.src} -> {phase.dst}: "
-                f"{len(phase.moves)} moves, {remote} over the network, sub-groups by local index"
+                f"{plural(len(phase.moves), 'move')}, {remote} over the network, sub-groups by local index"
             )
             for move in phase.moves[:max_moves]:
                 how = " + ".join(s.format(phase.src) for s in move.srcs)
-                lines.append(f"  NCCL {move.dst.format(phase.dst)} = {how}  ({move.chunk})")
+                # a move whose sources are all on its rank is a local copy, not NCCL's
+                by = "NCCL" if any(s.rank != move.dst.rank for s in move.srcs) else "local"
+                lines.append(f"  {by} {move.dst.format(phase.dst)} = {how}  ({move.chunk})")
             if len(phase.moves) > max_moves:
-                lines.append(f"  ... {len(phase.moves) - max_moves} more moves")
+                lines.append(f"  ... {plural(len(phase.moves) - max_moves, 'more move')}")
     return "\n".join(lines) + "\n"
