@@ -105,48 +105,79 @@ def test_inter_phases_under_gloo(repo_dir):
     assert all(p.exitcode == 0 for p in procs)
 
 
+# (LOCAL_WORLD_SIZE on rank 0, on rank 1 (None: unset), gpus_per_node, collective, params on
+# rank 0, on rank 1): each a load that must fail on both ranks alike, before any GPU is touched.
+_LOAD_CASES = (
+    ("1", "1", 3, "allreduce", {}, {}),  # R=2 not a multiple of the given G
+    ("1", "2", None, "allreduce", {}, {}),  # torchrun nodes of unequal size
+    ("2", "3", None, "allreduce", {}, {}),  # rank 1 alone finds R=2 no multiple of its G: it used to
+    ("1", None, None, "allreduce", {}, {}),  # raise alone, rank 0 waiting in the node check
+    ("4", "4", None, "allreduce", {}, {}),  # R not a multiple of torchrun's G
+    ("1", "2", 1, "allreduce", {}, {}),  # G given: LOCAL_WORLD_SIZE does not matter (fails at CUDA)
+    ("1", "1", 1, "broadcast", {"root": 0}, {"root": 7}),  # one rank cannot plan
+    ("1", "1", 1, "broadcast", {"root": 0}, {"root": 1}),  # the ranks plan different collectives
+    ("2", "2", 2, "allreduce", {}, {}),  # one node of 2 ranks on two hosts
+)
+
+
 def _topology_worker(rank: int, port: int, repo: str, queue) -> None:
-    """Two gloo processes: the load-time topology errors (before any GPU is touched)."""
+    """Two gloo processes (a short process-group timeout: a rank left waiting fails the test in
+    seconds): the load-time refusals, each raised by both ranks from the load's one exchange."""
+    import datetime
+    import socket as socket_module
+
     import torch.distributed as dist
 
     from purlinc.runtime import hierarchical
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=4))
     seen = []
+    real = socket_module.gethostname
     try:
-        try:
-            hierarchical.load_hierarchical(os.path.join(repo, "examples", "allreduce.pln"), 3)
-        except Exception as error:  # noqa: BLE001 - the message is the result
-            seen.append(f"{type(error).__name__}: {getattr(error, 'message', error)}")
-        os.environ["LOCAL_WORLD_SIZE"] = str(1 + rank)  # torchrun on two nodes of different sizes
-        try:
-            hierarchical._check_nodes(dist, 1, 2)
-        except Exception as error:  # noqa: BLE001
-            seen.append(f"{type(error).__name__}: {getattr(error, 'message', error)}")
-        os.environ["LOCAL_WORLD_SIZE"] = "2"
-        import socket as socket_module
-
-        real = socket_module.gethostname
-        socket_module.gethostname = lambda: f"host{rank}"  # one "node" of 2 ranks on two hosts
-        try:
-            hierarchical._check_nodes(dist, 2, 2)
-        except Exception as error:  # noqa: BLE001
-            seen.append(f"{type(error).__name__}: {getattr(error, 'message', error)}")
-        finally:
-            socket_module.gethostname = real
+        for index, (lws0, lws1, G, name, params0, params1) in enumerate(_LOAD_CASES):
+            lws = (lws0, lws1)[rank]
+            os.environ.pop("LOCAL_WORLD_SIZE", None)
+            if lws is not None:
+                os.environ["LOCAL_WORLD_SIZE"] = lws
+            if index == len(_LOAD_CASES) - 1:
+                socket_module.gethostname = lambda: f"host{rank}"
+            options = hierarchical.LoadOptions.of(params=(params0, params1)[rank])
+            try:
+                hierarchical.load_hierarchical(os.path.join(repo, "examples", f"{name}.pln"), G, options)
+                seen.append("loaded")
+            except Exception as error:  # noqa: BLE001 - the message is the result
+                seen.append(f"{type(error).__name__}: {str(getattr(error, 'message', error)).splitlines()[0]}")
     finally:
+        socket_module.gethostname = real
         queue.put((rank, seen))
         dist.destroy_process_group()
 
 
 def test_load_topology_errors(repo_dir):
-    results, _ = _spawn(_topology_worker, 2, repo_dir, timeout=120)
-    for rank in range(2):
-        first, unequal, hosts = results[rank]
-        assert first.startswith("TopologyError: world size R=2 is not a multiple of gpus_per_node=3"), first
-        assert unequal.startswith("TopologyError: nodes of unequal size: torchrun's LOCAL_WORLD_SIZE is 1, 2"), unequal
-        assert hosts.startswith("TopologyError: node 0 (ranks 0..1) spans hosts ['host0', 'host1']"), hosts
+    results, _ = _spawn(_topology_worker, 2, repo_dir, timeout=60)
+    assert len(results[0]) == len(results[1]) == len(_LOAD_CASES), results
+    (multiple, unequal, alone, unset, torchrun_g, given, unplanned, different, hosts) = results[0]
+    assert multiple == "TopologyError: world size R=2 is not a multiple of gpus_per_node=3", multiple
+    assert unequal == ("TopologyError: nodes of unequal size: the ranks disagree on gpus_per_node: "
+                       "rank 0: LOCAL_WORLD_SIZE=1; rank 1: LOCAL_WORLD_SIZE=2"), unequal
+    assert alone == ("TopologyError: nodes of unequal size: the ranks disagree on gpus_per_node: "
+                     "rank 0: LOCAL_WORLD_SIZE=2; rank 1: LOCAL_WORLD_SIZE=3"), alone
+    assert unset == ("TopologyError: nodes of unequal size: the ranks disagree on gpus_per_node: rank 0: "
+                     "LOCAL_WORLD_SIZE=1; rank 1: gpus_per_node: not given and LOCAL_WORLD_SIZE (torchrun) is "
+                     "not set"), unset
+    assert torchrun_g == ("TopologyError: world size R=2 is not a multiple of gpus_per_node=4 "
+                          "(torchrun's LOCAL_WORLD_SIZE)"), torchrun_g
+    # Past every topology check on both ranks: both fail alike at the first CUDA call (no GPU).
+    assert "Error" in given and "Topology" not in given and "Dist" not in given, given
+    assert unplanned == "PurlinError: no hierarchical load: rank 1: PurlinError: rank index 'root' is 7, outside 0..1"
+    assert different.startswith("MismatchError: the ranks load different collectives (spec, params or world): "
+                                "rank 0: broadcast ("), different
+    assert hosts.startswith("TopologyError: node 0 (ranks 0..1) spans hosts ['host0', 'host1']"), hosts
+    for index, (mine, theirs) in enumerate(zip(results[0], results[1])):
+        if index != 6:  # the rank that could not plan raises its own error
+            assert mine == theirs, (index, mine, theirs)
+    assert results[1][6] == "PurlinError: rank index 'root' is 7, outside 0..1", results[1][6]
 
 
 def _agreement_worker(rank: int, port: int, repo: str, queue) -> None:
@@ -185,6 +216,15 @@ def _agreement_worker(rank: int, port: int, repo: str, queue) -> None:
         before = world.round
         coll._agree("float32", "sum", 8)
         seen.append(f"again {world.round - before}")
+        # A wrong call on rank 0 (x missing where it gives chunks): rank 0 refuses at once, before
+        # the agreement; rank 1 (a new signature) cannot learn of it -- no exchange carries it --
+        # and times out in the agreement naming rank 0 (docs/HIERARCHY.md, "Agreement and hangs").
+        short = Exchange(store, rank, 2, prefix="test-agree/wrong", timeout=1.0)
+        wrong = hierarchical.HierarchicalCollective(plan, rank, "cpu", None, {}, {}, short)
+        try:
+            wrong(None if rank == 0 else torch.zeros(6), count=3, dtype=torch.float32)
+        except Exception as error:  # noqa: BLE001
+            seen.append(f"{type(error).__name__}: {getattr(error, 'message', error)}")
         # LOCAL_WORLD_SIZE on rank 0 only, one node of 2: both ranks must still check the nodes
         # together (the check used to run only where the variable was set: rank 0 then waited
         # alone in its all-gather), then both fail alike at the first CUDA call (no GPU here).
@@ -207,8 +247,8 @@ def _agreement_worker(rank: int, port: int, repo: str, queue) -> None:
 def test_world_agreement_and_node_check(repo_dir):
     results, procs = _spawn(_agreement_worker, 2, repo_dir, timeout=120)
     for rank in range(2):
-        assert len(results[rank]) == 6, results[rank]
-        rounds, count, dtype, scratch, again, load = results[rank]
+        assert len(results[rank]) == 7, results[rank]
+        rounds, count, dtype, scratch, again, wrong, load = results[rank]
         assert rounds == "rounds 1 1", rounds
         assert count == ("MismatchError: allreduce (hierarchical): the ranks disagree on the count: expected 9 "
                          "elements per chunk (as rank 0), but rank 1 passed 10 elements per chunk"), count
@@ -217,8 +257,11 @@ def test_world_agreement_and_node_check(repo_dir):
         assert scratch == ("PurlinError: allreduce (hierarchical): no call with 11 elements per chunk: "
                            "rank 1: OutOfMemoryError: CUDA out of memory"), scratch
         assert again == "again 1", again
+        assert wrong.startswith("ArgumentError: allreduce (hierarchical) on rank 0: x is required (this rank "
+                                "gives 2 chunk(s)), got None" if rank == 0 else
+                                "RendezvousTimeout: rendezvous round 0: rank 1 waited 1 s for rank 0 of 2"), wrong
         # Not a distributed timeout: both ranks got past the node check and failed at CUDA alike.
-        assert load == results[0][5] and "Dist" not in load and load != "loaded", load
+        assert load == results[0][6] and "Dist" not in load and load != "loaded", load
     assert all(p.exitcode == 0 for p in procs)
 
 

@@ -3,6 +3,9 @@
 ``purlinc.load(path, None, gpus_per_node=G)`` under torchrun (``torch.distributed`` initialised
 with NCCL, ``torch.cuda.set_device`` done) derives the ``HierPlan`` of the spec for the
 world's R ranks (``purlinc.snac.hierplan``), checks it (``verify_plan``), and builds:
+(before any of it, one world-wide exchange of every rank's G, host and planning outcome, so
+that a refusal at load -- nodes of unequal size, a rank that cannot plan -- is raised by every
+rank alike instead of leaving the others waiting in a collective)
 
 - one Purlin ``Communicator`` per node (the node's G ranks, bootstrapped through the torch
   store under a prefix of its own, so nodes never share a group name);
@@ -28,9 +31,11 @@ GPUs, eager and CUDA graphs, against NCCL) passed on 2 x H200 (tests/gpu/results
 from __future__ import annotations
 
 import datetime
+import hashlib
 import itertools
+import numbers
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from purlinc.dtypes import ReduceOp
 from purlinc.errors import PurlinError
@@ -40,8 +45,9 @@ from purlinc.runtime.collective import prepare_options
 from purlinc.runtime.communicator import Communicator
 from purlinc.runtime.options import LoadOptions
 from purlinc.runtime.placement import load_compiled
-from purlinc.snac.algorithms import DEFAULT_ALGORITHM
+from purlinc.snac.algorithms import DEFAULT_ALGORITHM, get_algorithm
 from purlinc.snac.hierarchy import IN, OUT, HierPlan, InterPhase, IntraPhase, TopologyError
+from purlinc.snac.lower import applicable_algorithms
 
 _LOADS = itertools.count()  # every rank loads in the same order: the same serial everywhere
 # (default group, world size, G) -> this rank's local-index NCCL group, shared by every load of
@@ -178,28 +184,17 @@ class HierarchicalCollective:
         return buffers
 
     def __call__(self, x=None, out=None, op="sum", *, count: int | None = None, dtype=None):
-        """Run on this rank's buffers; returns ``out``.  A rank whose spec gives it no input and
-        no output still takes part (it may hold scratch units): pass ``count`` and ``dtype``."""
+        """Run on this rank's buffers; returns ``out`` (allocated where not given).  The
+        arguments are checked as a flat call's are (``validate.validate_call``).  A rank whose
+        spec gives it no input and no output still takes part (it may hold scratch units): pass
+        ``count`` and ``dtype``."""
         import torch
 
         spec, rank = self.plan.spec, self.rank
-        n_in, n_out = len(spec.inputs[rank]), len(spec.outputs[rank])
-        reduce_op = ReduceOp.parse(op) if spec.is_reduce else None
-        if count is None:
-            if x is not None and n_in:
-                count = x.numel() // n_in
-            elif out is not None and n_out:
-                count = out.numel() // n_out
-            else:
-                raise PurlinError(f"{spec.name}: rank {rank} holds no input or output here: pass count=")
-        some = x if x is not None else out
-        if some is None and dtype is None:
-            raise PurlinError(f"{spec.name}: rank {rank}: give x or out (a CUDA tensor), or dtype=, so the dtype is known")
-        dtype = some.dtype if some is not None else dtype
-        for what, tensor, units in (("x", x, n_in), ("out", out, n_out)):
-            if tensor is not None and (tensor.numel() != units * count or not tensor.is_contiguous() or tensor.dtype != dtype):
-                raise PurlinError(f"{spec.name}: rank {rank}: {what} must be a contiguous {dtype} tensor of "
-                                  f"{units} x {count} elements, got {tuple(tensor.shape)} {tensor.dtype}")
+        n_out = len(spec.outputs[rank])
+        shape = self._shape(x, out, op, count, dtype)
+        reduce_op, count = shape.op, shape.count
+        dtype = getattr(torch, shape.dtype.info.torch_name)
         if out is None and n_out:
             out = torch.empty(n_out * count, dtype=dtype, device=self._where)
         # Scratch first, then the agreement: a rank that cannot allocate (out of memory) says
@@ -209,7 +204,7 @@ class HierarchicalCollective:
             buffers, problem = self._buffers(dtype, count), None
         except RuntimeError as error:  # torch.OutOfMemoryError and other allocation failures
             buffers, problem = None, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-        self._agree(str(dtype).removeprefix("torch."), reduce_op.value if reduce_op else None, count, problem)
+        self._agree(shape.dtype.value, reduce_op.value if reduce_op else None, count, problem)
         if problem is not None:  # no exchange to join (not under torch.distributed): raise here
             raise PurlinError(f"{spec.name}: rank {rank}: scratch buffers for {count} elements per chunk: {problem}")
         views = dict(buffers)
@@ -230,6 +225,40 @@ class HierarchicalCollective:
             else:
                 self._run_inter(self._inter[index], views, buffers[("tmp", index)], count, reduce_op)
         return out
+
+    def _shape(self, x, out, op, count, dtype):
+        """The call's dtype, op and count, every argument checked as a flat call checks it
+        (``validate_call``: ArgumentError naming the tensor or argument, the expected and the
+        actual).  All of it is this rank's own business and comes before any exchange: a wrong
+        call raises here at once.  The other ranks cannot learn of it (they are not in an
+        exchange this rank could join): they wait for this rank in the agreement (a new
+        signature: RendezvousTimeout after the exchange's timeout) or in the phases (a known
+        one: NCCL's or the intra phase's timeout), as for flat collectives."""
+        from purlinc.runtime import interop
+        from purlinc.runtime.errors import ArgumentError
+        from purlinc.runtime.validate import validate_call
+
+        spec, rank = self.plan.spec, self.rank
+        n_in, n_out = len(spec.inputs[rank]), len(spec.outputs[rank])
+        where = f"{spec.name} (hierarchical) on rank {rank}"
+        xi = interop.described(where, "x", x) if x is not None else None
+        oi = interop.described(where, "out", out) if out is not None else None
+        no_x = xi is None or (not n_in and not xi.numel)  # an empty x where the rank gives nothing: None
+        if no_x and out is None and count is None and n_out and not n_in:
+            # validate_call would take this for an empty call; here out is allocated, so the
+            # count has to come from somewhere (x missing where n_in > 0: validate_call says so).
+            raise ArgumentError(f"{where}: out or count= is required (this rank receives {n_out} chunk(s) and gives "
+                                "none), got neither", notes=("pass out, or count= and dtype= (out is then allocated)",))
+        if not (n_in or n_out) and count is None:
+            # A flat call would be an empty one; here the rank may hold scratch units between
+            # phases, sized by the count the others pass.
+            raise ArgumentError(f"{where}: count= is required (this rank gives and receives no chunks), got None",
+                                notes=("pass count= and dtype=, the same as the other ranks",))
+        # out may be left out (it is allocated): checked as a rank without output would be.
+        out_units = n_out if out is not None else 0
+        device = -1 if isinstance(self.device, str) else self.device  # CPU stand-ins: tensors on the host
+        return validate_call(xi, oi, name=f"{spec.name} (hierarchical)", rank=rank, device=device, in_units=n_in,
+                             out_units=out_units, is_reduce=spec.is_reduce, op=op, count=count, dtype_hint=dtype)
 
     def _agree(self, dtype: str, op: str | None, count: int, problem: str | None = None) -> None:
         """The first call of each (dtype, op, count): every rank of the world exchanges it (one
@@ -335,22 +364,162 @@ def _reduce(tensors, op: ReduceOp):
     return acc
 
 
-def _check_nodes(dist, G: int, R: int) -> None:
-    """Every rank of one node on one host; torchrun's LOCAL_WORLD_SIZE, where set, equal everywhere."""
-    import socket
+@dataclass(frozen=True)
+class _RankView:
+    """What one rank brings to the load's single world-wide exchange: its host, its G and where
+    that came from, why that G is unusable (None: it is usable), and the outcome of planning
+    with it (the collective's fingerprint, or the error's type and first line)."""
 
-    mine = {"host": socket.gethostname(), "local_world": os.environ.get("LOCAL_WORLD_SIZE")}
-    everyone = [None] * R
-    dist.all_gather_object(everyone, mine)
-    sizes = sorted({e["local_world"] for e in everyone if e["local_world"] is not None})
-    if len(sizes) > 1:
-        raise TopologyError(f"nodes of unequal size: torchrun's LOCAL_WORLD_SIZE is {', '.join(sizes)} on different nodes",
-                            notes=("a hierarchical plan needs R = nodes x gpus_per_node, the same on every node",))
-    for node in range(R // G):
-        hosts = sorted({everyone[r]["host"] for r in range(node * G, (node + 1) * G)})
+    host: str
+    gpus_per_node: int | None  # given, or LOCAL_WORLD_SIZE's; None where unusable (see problem)
+    source: str  # "gpus_per_node" (given) or "LOCAL_WORLD_SIZE"
+    problem: str | None
+    planned: tuple  # ("ok", name, fingerprint) or ("error", type name, first line)
+
+    @property
+    def shown(self) -> str:
+        """This rank's G for a message: the value and its source, or why it has none."""
+        if self.problem is not None:
+            return self.problem
+        if self.source == "LOCAL_WORLD_SIZE":
+            return f"LOCAL_WORLD_SIZE={self.gpus_per_node}"
+        return f"gpus_per_node={self.gpus_per_node} (given)"
+
+
+def _own_gpus_per_node(gpus_per_node) -> tuple[int | None, str, str | None]:
+    """(G, where it came from, why it is unusable or None) on this rank, without raising: a
+    rank must not refuse alone before the exchange, or the others wait for it there."""
+    if gpus_per_node is not None:
+        if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, numbers.Integral) or gpus_per_node < 1:
+            return None, "gpus_per_node", f"gpus_per_node must be an integer >= 1, got {gpus_per_node!r}"
+        return int(gpus_per_node), "gpus_per_node", None
+    text = os.environ.get("LOCAL_WORLD_SIZE")
+    if text is None:
+        return None, "LOCAL_WORLD_SIZE", "gpus_per_node: not given and LOCAL_WORLD_SIZE (torchrun) is not set"
+    digits = text.strip()
+    # ASCII digits only: str.isdigit() also takes "²", which int() then refuses.
+    if not (digits.isascii() and digits.isdigit()) or int(digits) < 1:
+        return None, "LOCAL_WORLD_SIZE", (f"gpus_per_node: not given, and LOCAL_WORLD_SIZE={text!r} is not a "
+                                          "whole number >= 1")
+    return int(digits), "LOCAL_WORLD_SIZE", None
+
+
+def _fingerprint(plan: HierPlan) -> str:
+    """The collective a rank planned, in a few bytes: ranks loading different specs (or params)
+    would otherwise meet in the node bootstrap and the phases with different shapes."""
+    spec = plan.spec
+    text = repr((spec.name, spec.operation, spec.inputs, spec.outputs, plan.topology))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _plan_here(path_or_source, R: int, G, problem: str | None, params, algorithm):
+    """This rank's plan with its own G (None where that G is unusable) and the outcome to
+    exchange; a planning error is kept, to be raised after the exchange with every rank's."""
+    if problem is not None:
+        return None, ("skipped",), None
+    try:
+        get_algorithm(algorithm)  # an unknown name: refused on every rank alike, below
+        plan = plan_for(path_or_source, R, G, params)
+    except Exception as error:  # noqa: BLE001 - exchanged, then raised (see _settle)
+        message = getattr(error, "message", str(error)).splitlines()
+        return None, ("error", type(error).__name__, message[0] if message else ""), error
+    return plan, ("ok", plan.spec.name, _fingerprint(plan)), None
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def _by_value(values) -> list[tuple[object, list[int]]]:
+    """(value, the ranks that have it), in the order of each value's lowest rank."""
+    groups: dict = {}
+    for rank, value in enumerate(values):
+        groups.setdefault(value, []).append(rank)
+    return list(groups.items())
+
+
+def _agreed_gpus_per_node(everyone: list[_RankView], R: int) -> int:
+    """The one G every rank has, or the same TopologyError on every rank: naming each rank's G
+    and where it came from where they differ (or some have none), why it is unusable where no
+    rank has a usable one, R not a multiple of G saying where G came from."""
+    usable = {v.gpus_per_node for v in everyone if v.problem is None}
+    if len(usable) != 1 or any(v.problem is not None for v in everyone):
+        groups = _by_value([v.shown for v in everyone])
+        if len(groups) == 1:  # one unusable value everywhere (a TopologyError, as Topology.of's)
+            raise TopologyError(groups[0][0], notes=("every rank raised this; nothing was loaded",))
+        shown = "; ".join(f"{_ranks_text(ranks)}: {text}" for text, ranks in groups)
+        if not usable:
+            raise TopologyError(shown, notes=("every rank raised this; nothing was loaded",))
+        raise TopologyError(f"nodes of unequal size: the ranks disagree on gpus_per_node: {shown}",
+                            notes=("a hierarchical plan needs R = nodes x gpus_per_node, the same on every node; "
+                                   "gpus_per_node= (the same on every rank) overrides LOCAL_WORLD_SIZE",
+                                   "every rank raised this; nothing was loaded"))
+    (G,) = usable
+    if R % G:
+        # Planning would say so too, but not that G is torchrun's rather than the caller's.
+        origin = " (torchrun's LOCAL_WORLD_SIZE)" if all(v.source == "LOCAL_WORLD_SIZE" for v in everyone) else ""
+        raise TopologyError(f"world size R={R} is not a multiple of gpus_per_node={G}{origin}",
+                            notes=("ranks are grouped into nodes of gpus_per_node ranks each: "
+                                   "R = nodes x gpus_per_node",
+                                   *(("pass gpus_per_node= to group the ranks otherwise",) if origin else ())))
+    return G
+
+
+def _check_nodes(everyone: list[_RankView], G: int) -> None:
+    """Every node (G consecutive ranks) on one host.  Only this decides once G is agreed: with
+    G given, LOCAL_WORLD_SIZE may differ (ranks of several torchrun nodes grouped otherwise)."""
+    for node in range(len(everyone) // G):
+        hosts = sorted({everyone[r].host for r in range(node * G, (node + 1) * G)})
         if len(hosts) > 1:
             raise TopologyError(f"node {node} (ranks {node * G}..{node * G + G - 1}) spans hosts {hosts}: "
                                 f"gpus_per_node={G} does not match how the ranks are placed")
+
+
+def _check_plans(everyone: list[_RankView], own_error: BaseException | None) -> None:
+    """Raise, on every rank, what planning raised on any (this rank's own error where it has
+    one), or a MismatchError where the ranks planned different collectives."""
+    from purlinc.runtime.errors import MismatchError
+
+    failed = [(r, v.planned) for r, v in enumerate(everyone) if v.planned[0] == "error"]
+    if own_error is not None:
+        raise own_error
+    if failed:
+        shown = "; ".join(f"rank {r}: {kind}: {line}" for r, (_, kind, line) in failed)
+        raise PurlinError(f"no hierarchical load: {shown}",
+                          notes=("every rank raised; the ranks named raised their own error",))
+    collectives = _by_value([v.planned for v in everyone])
+    if len(collectives) > 1:
+        shown = "; ".join(f"{_ranks_text(ranks)}: {planned[1]} ({planned[2]})" for planned, ranks in collectives)
+        raise MismatchError(f"the ranks load different collectives (spec, params or world): {shown}",
+                            notes=("every rank must load the same collective, in the same order",))
+
+
+def _settle(dist, path_or_source, gpus_per_node, params, algorithm) -> HierPlan:
+    """The checked plan, the same on every rank, from ONE world-wide exchange made before any
+    rank can refuse: each rank's G and its source, host and planning outcome.  Every refusal
+    after it is computed from what every rank sees, so all ranks raise the same error (a rank
+    refusing alone before an exchange would leave the others waiting in it until the process
+    group's timeout)."""
+    import socket
+
+    R = dist.get_world_size()
+    G, source, problem = _own_gpus_per_node(gpus_per_node)
+    plan, planned, error = _plan_here(path_or_source, R, G, problem, params, algorithm)
+    mine = _RankView(socket.gethostname(), G, source, problem, planned)
+    everyone = [None] * R
+    dist.all_gather_object(everyone, mine)
+    G = _agreed_gpus_per_node(everyone, R)
+    _check_nodes(everyone, G)
+    _check_plans(everyone, error)
+    return plan
+
+
+def _phase_algorithm(algorithm, shape) -> str:
+    """``algorithm`` where it applies to a phase's sub-spec, else direct-push: what the planner
+    (``hierplan._Builder._options_for``) and ``purlinc check --gpus-per-node`` do, so the
+    runtime loads the phases that were checked (two-shot has nothing to do in a copy phase)."""
+    wanted = get_algorithm(algorithm).algorithm
+    return (wanted if wanted in applicable_algorithms(shape) else DEFAULT_ALGORITHM).value
 
 
 def plan_for(path_or_source, world_size: int, gpus_per_node: int, params=None) -> HierPlan:
@@ -393,19 +562,9 @@ def load_hierarchical(path_or_source, gpus_per_node: int | None = None, options:
     if not dist.is_initialized():
         raise PurlinError("a hierarchical load runs under torch.distributed: call init_process_group first")
     R, rank = dist.get_world_size(), dist.get_rank()
-    if gpus_per_node is None:
-        if "LOCAL_WORLD_SIZE" not in os.environ:
-            raise PurlinError("gpus_per_node: not given and LOCAL_WORLD_SIZE (torchrun) is not set")
-        text = os.environ["LOCAL_WORLD_SIZE"]
-        if not text.strip().isdigit():
-            raise PurlinError(f"gpus_per_node: not given, and LOCAL_WORLD_SIZE={text!r} is not a whole number")
-        gpus_per_node = int(text)
-    plan = plan_for(path_or_source, R, gpus_per_node, options.param_map)
+    plan = _settle(dist, path_or_source, gpus_per_node, options.param_map, algorithm)
     t = plan.topology
     spec = plan.spec
-    # Every rank checks, whatever its environment says: a check only some ranks made (one
-    # with LOCAL_WORLD_SIZE set, one without) would leave the others alone in its all-gather.
-    _check_nodes(dist, t.gpus_per_node, R)
     node, local = t.node_of(rank), t.local_of(rank)
     device = torch.cuda.current_device()
     serial = next(_LOADS)
@@ -426,7 +585,7 @@ def load_hierarchical(path_or_source, gpus_per_node: int | None = None, options:
     node_comm = bootstrap.open_heap(Communicator, local, t.gpus_per_node, device, exchange, heap_bytes)
     # One pinned schedule per phase (not the per-size tuned set): each phase then compiles one
     # kernel per (dtype, op), and the plan's phases stay the proved ones.
-    phase_options = LoadOptions(algorithm=algorithm, arch=options.arch).on_device(device)
+    phase_options = LoadOptions(arch=options.arch).on_device(device)
 
     intra, inter = {}, {}
     sources = intra_sources(plan, node)
@@ -435,7 +594,8 @@ def load_hierarchical(path_or_source, gpus_per_node: int | None = None, options:
             if isinstance(phase, IntraPhase):
                 if index in sources:
                     shape = plan.canonical[phase.schedules[node]]
-                    coll = load_compiled(prepare_options(sources[index], t.gpus_per_node, phase_options),
+                    pinned = replace(phase_options, algorithm=_phase_algorithm(algorithm, shape))
+                    coll = load_compiled(prepare_options(sources[index], t.gpus_per_node, pinned),
                                          node_comm, [node_comm])
                     intra[index] = coll
                     loaded = coll.compiled.spec if hasattr(coll, "compiled") else None

@@ -160,10 +160,20 @@ def load(
     options = LoadOptions.of(params=params, algorithm=algorithm, atom=atom, channels=channels, slices=slices,
                              packed=packed, arch=arch, trace=trace, capacity=capacity, dtype=dtype)
     if gpus_per_node is not None:
-        if comm is not None or options.orchestration() or capacity is not None or dtype is not None:
-            raise PurlinError("load(..., gpus_per_node=G) takes comm=None (it builds a communicator per node), "
-                              "no orchestration options and no capacity or dtype (a hierarchical plan moves "
-                              "fixed-size chunks)")
+        # The refusal names every argument at fault (comm, trace, a schedule pin, capacity, dtype),
+        # each with why it does not apply.
+        why = {"comm": "it builds a communicator per node", "trace": "hierarchical collectives are not traced",
+               "pins": "the plan fixes each intra-node phase's schedule",
+               "sizes": "a hierarchical plan moves fixed-size chunks"}
+        given = [("comm", f"comm=<{type(comm).__name__}>")] if comm is not None else []
+        given += [("trace", "trace=True")] if options.trace else []
+        given += [("pins", f"{name}={getattr(options, name)!r}") for name in options.orchestration() if name != "trace"]
+        given += [("sizes", f"{name}={value!r}") for name, value in (("capacity", capacity), ("dtype", dtype))
+                  if value is not None]
+        if given:
+            raise ArgumentError("load(..., gpus_per_node=G) takes comm=None, no trace, no orchestration options and "
+                                f"no capacity or dtype; got {', '.join(text for _, text in given)}",
+                                notes=tuple(f"{text}: {why[kind]}" for kind, text in given))
         return load_hierarchical(path_or_source, gpus_per_node, options)
     comms = _members(comm)
     options = options.with_arch(comms[0].device)
