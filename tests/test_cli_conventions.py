@@ -358,3 +358,13 @@ def test_full_standard_output_says_so(capsys, monkeypatch):
     code = main(["dump", str(EXAMPLES / "allgather.pln")])
     assert code == 2
     assert capsys.readouterr().err == "error: cannot write to standard output: No space left on device\n"
+
+
+def test_a_missing_example_says_where_the_examples_are(tmp_path, capsys, monkeypatch):
+    """From an installed package, `purlinc --help`'s own example (examples/allgather.pln) is no
+    file: the error says the examples come with the source repository."""
+    monkeypatch.chdir(tmp_path)
+    code = main(["dump", "examples/allgather.pln"])
+    assert code == 2
+    assert capsys.readouterr().err == ("error: no such file: examples/allgather.pln\nnote: the examples are in "
+                                       "Purlin's source repository (examples/), not in an installed package\n")

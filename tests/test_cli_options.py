@@ -77,7 +77,7 @@ def test_check_with_two_stage_copies_verifies_the_algorithms_that_lower_two(caps
     assert code == 0 and "spec and 12 schedules verified" in out, err  # every algorithm takes one copy
 
 
-def test_check_with_registered_outputs_verifies_the_algorithms_an_epilogue_can_run_on(capsys):
+def test_check_with_registered_outputs_verifies_the_algorithms_an_epilogue_can_run_on(capsys, tmp_path):
     """With registered outputs ring and two-shot write a rank's output from its peers, which an
     epilogue cannot run on: check stopped at two-shot with that error, so the shipped fused
     example could not be checked with --registered out without naming -a."""
@@ -88,6 +88,21 @@ def test_check_with_registered_outputs_verifies_the_algorithms_an_epilogue_can_r
     assert "an epilogue needs outputs no peer writes" in err and "(direct-push, direct-pull)" in err, err
     code, out, err = cli(capsys, "check", ALLREDUCE, "-R", "2..4", "--registered", "out")
     assert code == 0 and "spec and 12 schedules verified" in out, err  # no epilogue: every algorithm
+    # a reduce-scatter's ring leaves each rank's output to it: verified as compile would make it
+    rs = tmp_path / "rs.pln"
+    rs.write_text("collective rs with scalar s {\n  in[r] = x[0..R]\n  out[r] = x[r]\n  reduce\n"
+                  "  epilogue rows(64) { out = out * s }\n}\n")
+    code, out, err = cli(capsys, "check", rs, "-R", "1..4", "--registered", "out")
+    assert code == 0 and "spec and 12 schedules verified" in out, err  # direct-push, direct-pull and ring
+
+
+def test_check_with_an_algorithm_says_the_sizes_it_does_not_apply_to(capsys):
+    """-a two-shot over R=1..3 said "ok for R=1..3": two-shot does not apply at R=1, where
+    compile then refused it.  The sizes without a schedule are named."""
+    code, out, err = cli(capsys, "check", ALLREDUCE, "-R", "1..3", "-a", "two-shot")
+    assert code == 0, err
+    assert out == ("allreduce: ok for R=1..3 (3 sizes): spec and 2 schedules verified (two-shot does not apply at "
+                   "R=1: no schedule there)\n")
 
 
 def test_check_refuses_jobs_for_hierarchical_plans(capsys):

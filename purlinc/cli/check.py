@@ -76,6 +76,7 @@ def run(args) -> int:
     # No len(args.ranks): a range of 10**28 sizes has no length Python can hold (OverflowError);
     # check_all refuses it by its largest size.
     progress = Progress(definition.name)
+    unverified: list[int] = []  # sizes -a's algorithm does not apply to (their specs were checked)
     try:
         sizes = check_all(definition, args.ranks, params,
                           progress=lambda R: progress(f"spec for R={R} (up to R={args.ranks[-1]})"))
@@ -89,7 +90,7 @@ def run(args) -> int:
             # No cycle collection in the loop: each schedule is dropped (freed by reference
             # counting) before the next, and a collection would only walk one about to die.
             with gc_paused():
-                verified, hier_text = _verify_schedules(args, definition, sizes, params, progress), None
+                verified, hier_text = _verify_schedules(args, definition, sizes, params, progress, unverified), None
     finally:
         progress.done()
     sizes_text = f"R={sizes[0]}" if len(sizes) == 1 else f"R={sizes[0]}..{sizes[-1]} ({len(sizes)} sizes)"
@@ -99,8 +100,16 @@ def run(args) -> int:
         raise PurlinError(f"no schedule was verified for {sizes_text}: there is nothing to report as ok",
                           notes=("check the spec alone with --spec-only",))
     what = "spec" if args.spec_only else hier_text or f"spec and {verified} schedules verified"
+    if unverified:
+        what += f" ({args.algorithm} does not apply at {_sizes_list(unverified)}: no schedule there)"
     common.emit(f"{definition.name}: ok for {sizes_text}: {what}\n")
     return 0
+
+
+def _sizes_list(sizes: list[int]) -> str:
+    """``R=1``, ``R=1, 3``, or the first few and how many (a range of 64 sizes stays one line)."""
+    shown = ", ".join(map(str, sizes[:8])) + (f", ... ({len(sizes)} sizes)" if len(sizes) > 8 else "")
+    return f"R={shown}"
 
 
 def _units(args, sizes, specs) -> list:
@@ -123,7 +132,7 @@ def _units(args, sizes, specs) -> list:
             if args.stage_copies and not args.algorithm and args.stage_copies > get_algorithm(algorithm).stage_copies:
                 continue  # lowered with fewer copies: verifying it would not check the option
             if _registered_out(args) and specs[world_size].epilogue is not None and not args.algorithm \
-                    and get_algorithm(algorithm).peers_write_registered_out:
+                    and get_algorithm(algorithm).writes_peers_registered_out(specs[world_size]):
                 continue  # its peers would write the rows the epilogue computes: the lowering refuses it
             units.append((world_size, algorithm))
     if not units:
@@ -179,13 +188,16 @@ def _refuse_schedule_options_with_spec_only(args) -> None:
                           notes=(f"drop --spec-only to verify the schedules too, or drop {', '.join(given)}",))
 
 
-def _verify_schedules(args, definition, sizes, params, progress) -> int:
+def _verify_schedules(args, definition, sizes, params, progress, unverified: list) -> int:
     from purlinc import checkjobs, pipeline
 
     if args.spec_only:
         return 0
     specs = {world_size: pipeline.spec_stage(definition, world_size, params) for world_size in sizes}
     units = _units(args, sizes, specs)
+    if args.algorithm:  # sizes the asked algorithm does not apply to: said, or "ok for R=1..3" hid them
+        covered = {world_size for world_size, _ in units}
+        unverified.extend(world_size for world_size in sizes if world_size not in covered)
     jobs = args.jobs or checkjobs.cores()
     if checkjobs.worth_it(jobs, units) and not settings.debug():  # PURLIN_DEBUG: tracebacks from one process
         return checkjobs.verify_parallel(

@@ -150,7 +150,8 @@ def add_lowering(parser: argparse.ArgumentParser) -> None:
 
 
 def add_codegen(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--arch", default="sm_90", help="target: sm_80, sm_90, sm_100 (or sm_90a, sm_100a); default sm_90")
+    parser.add_argument("--arch", default="sm_90", help="target: sm_80 or newer that NVRTC knows, e.g. sm_80, sm_86, "
+                        "sm_89, sm_90, sm_100, sm_120 (arch-specific: sm_90a, sm_100a; family: sm_100f); default sm_90")
     parser.add_argument("--atom", choices=ATOMS, default=DEFAULT_ATOM, help=f"datapath mechanism (default {DEFAULT_ATOM})")
     # None until read (dtype_name): an error about the default must not blame a flag never given
     parser.add_argument("--dtype", default=None, help=f"element type: {', '.join(DTYPES)} (default {DEFAULT_DTYPE})")

@@ -85,7 +85,10 @@ def read_source(path: str | Path) -> str:
             return read_bounded(stream, str(path))
     except FileNotFoundError:
         shown = f"./{path}" if str(path) == "-" else path  # Path("./-") prints as "-", which reads as stdin
-        raise PurlinError(f"no such file: {shown}") from None
+        # `purlinc --help`'s own examples name examples/...: they ship with the source, not the wheel
+        notes = ("the examples are in Purlin's source repository (examples/), not in an installed package",) \
+            if path.parts[:1] == ("examples",) else ()
+        raise PurlinError(f"no such file: {shown}", notes=notes) from None
     except IsADirectoryError:
         raise PurlinError(f"{path} is a directory, not a .pln file") from None
     except NotADirectoryError:

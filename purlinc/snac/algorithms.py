@@ -40,9 +40,14 @@ class AlgorithmInfo:
     uses_slots: bool  # honours LowerOptions.slots (forwards through staging); the others give every message a unit
     stage_copies: int = 1  # most staging copies by epoch parity it lowers to (LowerOptions.stage_copies)
     sized: bool = False  # lowers specs with run-time sizes (``with sizes``: purlinc.snac.sized)
-    # With registered outputs, a reduction's peers write a rank's output directly (its last phase
-    # forwards reduced chunks there): no epilogue can run on it (purlinc.snac.epilogue)
+    # With registered outputs, a replicated reduction's peers write a rank's output directly (its
+    # last phase forwards reduced chunks there): no epilogue can run on it (purlinc.snac.epilogue)
     peers_write_registered_out: bool = False
+
+    def writes_peers_registered_out(self, spec) -> bool:
+        """Whether, with registered outputs, ``spec``'s schedule has peers write a rank's output:
+        only where a reduced chunk goes to several ranks (a reduce-scatter's each rank computes)."""
+        return self.peers_write_registered_out and _replicated_reduction(spec)
 
     @property
     def name(self) -> str:
