@@ -377,6 +377,23 @@ def test_phase_sources_of_big_phases_load(repo_dir, source, world_size, G, param
             assert (spec.inputs, spec.outputs, spec.sources) == (shape.inputs, shape.outputs, shape.sources)
 
 
+@pytest.mark.parametrize("stride", [-6, 0, 3, 144])
+def test_a_run_of_blocks_is_one_item_whatever_its_stride(stride):
+    """The test that chose a block run compared count x stride with the plain run's length:
+    reversed, repeated and close blocks were written one chunk at a time (a reduce-scatter of
+    reversed pairs at R=144, G=72 was refused as too long), and rescanned from every position
+    (64,000 indices took minutes)."""
+    import time
+
+    from purlinc.frontend.spec import Chunk
+    from purlinc.snac.hiersource import _items
+
+    indices = [100_000 + stride * i + k for i in range(4000) for k in range(2)]
+    started = time.perf_counter()
+    items = _items([Chunk("c", (i,)) for i in indices])
+    assert len(items) == 1 and time.perf_counter() - started < 5, items[:3]
+
+
 def test_phase_items_read_back_as_the_indices_they_were_made_from():
     """hiersource writes runs, strided runs and runs of blocks as single items: on random index
     sequences built of all three (and repeats, reversals), the items read back exactly."""

@@ -62,6 +62,22 @@ def test_call_with_count_and_a_dtype_name(repo_dir):
     assert stand_in.calls[0][2] == 3
 
 
+def test_an_empty_x_says_the_dtype_of_a_rank_that_only_receives(repo_dir):
+    """An empty bf16 x with count= on a receive-only rank allocated a bf16 out before the calls
+    were checked as flat calls are; the check then asked for dtype= (the reviewer caught it)."""
+    coll, stand_in = _scatter_rank1(repo_dir)
+    out = coll(torch.empty(0, dtype=torch.bfloat16), count=3)
+    assert out.dtype == torch.bfloat16 and out.numel() == 3 and stand_in.calls[0][2] == 3
+
+
+def test_an_in_place_call_is_refused_as_a_flat_call_is(repo_dir):
+    """docs/HIERARCHY.md: x and out may not overlap (an all-reduce of two nodes read its x in the
+    first phase only, but a plan of one node reads x and writes out in one schedule)."""
+    coll = _allreduce_rank0(repo_dir)
+    t = torch.zeros(12)
+    assert "x and out overlap" in _refusal(lambda: coll(t, t))
+
+
 @pytest.mark.parametrize("count,expected", [
     (-1, "count=-1 is negative"),
     (2.5, "count=2.5, expected an int (elements per chunk) or None"),

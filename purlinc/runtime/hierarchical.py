@@ -256,6 +256,8 @@ class HierarchicalCollective:
                                 notes=("pass count= and dtype=, the same as the other ranks",))
         # out may be left out (it is allocated): checked as a rank without output would be.
         out_units = n_out if out is not None else 0
+        if dtype is None:  # an empty x (or out) still says the dtype of a rank that passes no data
+            dtype = next((i.dtype for i in (xi, oi) if i is not None and i.dtype is not None), None)
         device = -1 if isinstance(self.device, str) else self.device  # CPU stand-ins: tensors on the host
         return validate_call(xi, oi, name=f"{spec.name} (hierarchical)", rank=rank, device=device, in_units=n_in,
                              out_units=out_units, is_reduce=spec.is_reduce, op=op, count=count, dtype_hint=dtype)

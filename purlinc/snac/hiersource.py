@@ -65,7 +65,7 @@ def _items(layout) -> list[str]:
     while start < len(indices):
         end = _run_end(indices, start)
         blocks = _blocks_at(indices, start)
-        if blocks is not None and blocks[1] * blocks[2] > end - start:
+        if blocks is not None and blocks[0] * blocks[1] > end - start:  # chunks covered: size x count
             size, count, stride = blocks
             items.append(_block_run(indices[start], size, count, stride))
             start += size * count
