@@ -6,6 +6,7 @@ assembled in one place (``pipeline.resolve_options``).  Counters, not times."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -324,3 +325,56 @@ def test_options_may_name_their_algorithm(cache_dir):
     assert compiled.schedule.options.algorithm is Algorithm.RING
     assert compiled.key == pipeline.prepare(EXAMPLES / "allgather.pln", world_size=2,
                                             options=LowerOptions(algorithm=Algorithm.RING)).key
+
+
+def test_options_are_checked_before_they_key_the_memo(cache_dir):
+    """LowerOptions(registered=["in"]) keyed as the frozenset did: whichever came first was kept
+    for both (a valid call then raised the other's refusal, or the list passed).  packed="no"
+    lowered an LL schedule.  A NumPy integer is an integer, as for world sizes and params."""
+    import numpy as np
+
+    from purlinc.snac.ir import LowerOptions
+
+    for bad, message in ((LowerOptions(registered=["in"]), "registered must be a set of 'in' and/or 'out', got ['in']"),
+                         (LowerOptions(packed="no"), "packed must be True or False, got 'no'")):
+        with pytest.raises(PurlinError, match=re.escape(message)):
+            pipeline.prepare(EXAMPLES / "allreduce.pln", world_size=4, options=bad)
+    good = pipeline.prepare(EXAMPLES / "allreduce.pln", world_size=4, options=LowerOptions(registered=frozenset({"in"})))
+    assert good.schedule.options.registered == frozenset({"in"})
+    with pytest.raises(PurlinError, match=re.escape("got ['in']")):  # still refused after the good one
+        pipeline.prepare(EXAMPLES / "allreduce.pln", world_size=4, options=LowerOptions(registered=["in"]))
+    numpy = pipeline.prepare(EXAMPLES / "allreduce.pln", world_size=4, options=LowerOptions(channels=np.int64(2)))
+    assert numpy is pipeline.prepare(EXAMPLES / "allreduce.pln", world_size=4, options=LowerOptions(channels=2))
+    assert numpy.schedule.options.key().startswith("direct-push/c2/")
+
+
+def test_a_schedule_json_that_is_not_one_says_what_is_wrong():
+    """Bare KeyErrors and AttributeErrors came from deep inside; a registered 'in' was read as
+    the set of its letters and verified; a schedule named for another collective verified."""
+    import copy
+
+    from purlinc.snac.format import schedule_from_json, schedule_to_json
+    from purlinc.snac.verify import verify
+
+    compiled = pipeline.prepare(EXAMPLES / "allreduce.pln", world_size=2)
+    good = schedule_to_json(compiled.schedule)
+    assert schedule_from_json(copy.deepcopy(good)) == compiled.schedule
+
+    def broken(edit):
+        data = copy.deepcopy(good)
+        edit(data)
+        with pytest.raises(ValueError) as caught:
+            schedule_from_json(data)
+        return str(caught.value)
+
+    assert broken(lambda d: d.pop("options")) == "schedule JSON: 'options' is missing"
+    assert broken(lambda d: d["options"].__setitem__("registered", "in")) == (
+        "schedule JSON: options: registered must be a list of 'in' and/or 'out', got 'in'")
+    assert broken(lambda d: d["options"].__setitem__("packed", "no")) == (
+        "schedule JSON: options: packed must be True or False, got 'no'")
+    assert broken(lambda d: d.__setitem__("world_size", "2")) == "schedule JSON: world_size must be an integer, got '2'"
+    with pytest.raises(ValueError, match="expected an object, got str"):
+        schedule_from_json("{}")
+    renamed = schedule_from_json({**copy.deepcopy(good), "collective": "other"})
+    with pytest.raises(PurlinError, match="it is 'other', the spec 'allreduce'"):
+        verify(renamed, compiled.spec)

@@ -83,15 +83,21 @@ def checked_options(options: LowerOptions | None) -> LowerOptions | None:
     if not isinstance(options, LowerOptions):
         raise PurlinError(f"options must be a LowerOptions (purlinc.snac.ir), got {_shown(options)}",
                           notes=("to change a few fields of the default, pass overrides={'channels': 2}",))
-    if isinstance(options.algorithm, Algorithm):
-        return options
-    from purlinc.snac.algorithms import get_algorithm
+    from purlinc.snac.lower import check_option_types
 
-    try:
-        algorithm = get_algorithm(options.algorithm).algorithm
-    except PurlinError as error:  # "unknown algorithm 'rign'": say it came from options
-        raise error.with_note(f"in options=LowerOptions(algorithm={options.algorithm!r}, ...)") from None
-    return replace(options, algorithm=algorithm)
+    if not isinstance(options.algorithm, Algorithm):
+        from purlinc.snac.algorithms import get_algorithm
+
+        try:
+            algorithm = get_algorithm(options.algorithm).algorithm
+        except PurlinError as error:  # "unknown algorithm 'rign'": say it came from options
+            raise error.with_note(f"in options=LowerOptions(algorithm={options.algorithm!r}, ...)") from None
+        options = replace(options, algorithm=algorithm)
+    try:  # before the options key anything: the memo and the cache key them
+        check_option_types(options)
+    except PurlinError as error:
+        raise error.with_note("in options=LowerOptions(...)") from None
+    return options
 
 
 def check_bool(name: str, value) -> bool:

@@ -206,10 +206,48 @@ def _step_from(data: dict):
 
 
 def schedule_from_json(data: dict) -> Schedule:
-    """The inverse of ``schedule_to_json`` (notes and lines included)."""
+    """The inverse of ``schedule_to_json`` (notes and lines included).  A document that is not
+    one is a ValueError saying what is missing or wrong (a bare KeyError or AttributeError came
+    from deep inside), and the options are checked as a lowering checks them (a registered
+    "in" read as the set of its letters, packed "no" as true)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"schedule JSON: expected an object, got {type(data).__name__}")
     if data.get("schema") != SCHEMA:
         raise ValueError(f"schedule JSON schema {data.get('schema')!r}, expected {SCHEMA}")
+    try:
+        schedule = _schedule_from(data)
+    except KeyError as error:
+        raise ValueError(f"schedule JSON: {error.args[0]!r} is missing") from None
+    except (TypeError, AttributeError, ValueError) as error:
+        raise ValueError(f"schedule JSON: {error}") from None
+    _check_numbers(schedule)
+    return schedule
+
+
+def _check_numbers(schedule: Schedule) -> None:
+    """The schedule's options and counts of their types (the verifier compares them with ints)."""
+    from purlinc.errors import PurlinError
+    from purlinc.snac.lower import check_option_types
+
+    try:
+        check_option_types(schedule.options)
+    except PurlinError as error:
+        raise ValueError(f"schedule JSON: options: {error.message}") from None
+    for name in ("world_size", "slices", "stage_units", "channel_signals"):
+        value = getattr(schedule, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"schedule JSON: {name} must be an integer, got {value!r}")
+    for name in ("in_units", "out_units"):
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in getattr(schedule, name)):
+            raise ValueError(f"schedule JSON: {name} must be integers, got {list(getattr(schedule, name))!r}")
+    if not isinstance(schedule.collective, str):
+        raise ValueError(f"schedule JSON: collective must be a name, got {schedule.collective!r}")
+
+
+def _schedule_from(data: dict) -> Schedule:
     o = data["options"]
+    if not isinstance(o["registered"], list):  # frozenset("in") is {'i', 'n'}
+        raise ValueError(f"options: registered must be a list of 'in' and/or 'out', got {o['registered']!r}")
     options = LowerOptions(
         algorithm=Algorithm(o["algorithm"]), channels=o["channels"], slices=o["slices"],
         slots=o["slots"], registered=frozenset(o["registered"]), packed=o.get("packed", False),

@@ -265,6 +265,10 @@ class LowerOptions:
     stage_copies: int = 1
 
     def __post_init__(self):
+        for name in ("channels", "slices", "slots"):  # a NumPy integer held as an int: JSON and keys take ints
+            value = getattr(self, name)
+            if hasattr(value, "__index__") and not isinstance(value, (int, bool)):
+                object.__setattr__(self, name, int(value.__index__()))
         if isinstance(self.stage_copies, bool) or self.stage_copies not in (1, 2) \
                 or not isinstance(self.stage_copies, int):  # True and 2.0 compared equal to 1 and 2
             from purlinc.errors import PurlinError

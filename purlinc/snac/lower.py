@@ -38,6 +38,7 @@ signal indices by ``c * (signals per channel of that rank)``: channels are indep
 
 from __future__ import annotations
 
+import operator
 from dataclasses import replace
 
 from purlinc.errors import PurlinError
@@ -65,9 +66,32 @@ MAX_READS = 1 << 20
 
 def check_integer(name: str, value) -> None:
     """True and 2.0 lowered and verified, then keyed the cache as "cTrue" / "c2.0" and failed
-    in the simulator: counts are ints."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise PurlinError(f"{name} must be an integer, got {value!r}")
+    in the simulator: counts are ints (a NumPy integer too, as world sizes and params take)."""
+    if not isinstance(value, bool):
+        try:
+            operator.index(value)
+            return
+        except TypeError:
+            pass
+    raise PurlinError(f"{name} must be an integer, got {value!r}")
+
+
+def check_option_types(options: LowerOptions) -> None:
+    """Each field of ``options`` of its type, before anything keys on them: a list of registered
+    buffers keyed as the frozenset did (one memo entry for a refused and an accepted value), and
+    packed="no" is truthy (an LL schedule)."""
+    if not isinstance(options.algorithm, Algorithm):  # its key (and every note naming it) needs one
+        raise PurlinError(f"algorithm must be an Algorithm (purlinc.snac.ir), got {options.algorithm!r}",
+                          notes=("the pipeline's resolve_options also takes names: algorithm='ring'",))
+    registered = options.registered
+    if isinstance(registered, str) or not isinstance(registered, (set, frozenset)) \
+            or not registered <= {"in", "out"}:
+        raise PurlinError(f"registered must be a set of 'in' and/or 'out', got {registered!r}")
+    if not isinstance(options.packed, bool):
+        raise PurlinError(f"packed must be True or False, got {options.packed!r}")
+    if options.slots is not None:
+        check_integer("slots", options.slots)
+    check_counts(options.channels, options.slices)
 
 
 def check_counts(channels, slices) -> None:
@@ -86,14 +110,7 @@ def check_counts(channels, slices) -> None:
 
 
 def _check_options(spec: Spec, options: LowerOptions) -> None:
-    if not isinstance(options.algorithm, Algorithm):  # its key (and every note naming it) needs one
-        raise PurlinError(f"algorithm must be an Algorithm (purlinc.snac.ir), got {options.algorithm!r}",
-                          notes=("the pipeline's resolve_options also takes names: algorithm='ring'",))
-    if isinstance(options.registered, str) or not isinstance(options.registered, (set, frozenset)):
-        raise PurlinError(f"registered must be a set of 'in' and/or 'out', got {options.registered!r}")
-    if options.slots is not None:
-        check_integer("slots", options.slots)
-    check_counts(options.channels, options.slices)
+    check_option_types(options)
     reads = spec.reads * options.slices
     if reads > MAX_READS:
         raise PurlinError(f"{spec.name} for R={spec.world_size} reads {reads:,} chunks across its ranks' outputs "

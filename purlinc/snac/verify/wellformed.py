@@ -28,6 +28,8 @@ def check_step_types(schedule: Schedule, fail: Failure) -> None:
 def check_shape(schedule: Schedule, spec: Spec) -> None:
     world = spec.world_size
     problems = []
+    if schedule.collective != spec.name:  # as simulate refuses the pair
+        problems.append(f"it is {schedule.collective!r}, the spec {spec.name!r}")
     if schedule.world_size != world:
         problems.append(f"it is for R={schedule.world_size}, the spec for R={world}")
     if schedule.operation is not spec.operation:
