@@ -378,3 +378,24 @@ def test_a_schedule_json_that_is_not_one_says_what_is_wrong():
     renamed = schedule_from_json({**copy.deepcopy(good), "collective": "other"})
     with pytest.raises(PurlinError, match="it is 'other', the spec 'allreduce'"):
         verify(renamed, compiled.spec)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: pipeline.parse_stage(str(EXAMPLES / "allreduce.pln")), "parse_stage: source must be a SourceText, got str"),
+    (lambda: pipeline.spec_stage("x", 4, None), "spec_stage: definition must be a CollectiveDef, got str"),
+    (lambda: pipeline.snac_stage(pipeline.spec_of(pipeline.load_source(EXAMPLES / "allreduce.pln"), 2, {}), None),
+     "snac_stage: options must be a LowerOptions, got NoneType"),
+])
+def test_a_stage_given_the_wrong_kind_of_argument_names_it(call, message):
+    """Each went on to an AttributeError deep inside ('str' object has no attribute 'text')."""
+    with pytest.raises(PurlinError) as caught:
+        call()
+    assert caught.value.message == message
+
+
+def test_verify_with_its_arguments_swapped_says_so():
+    from purlinc.snac.verify import verify
+
+    compiled = pipeline.prepare(EXAMPLES / "allreduce.pln", world_size=2)
+    with pytest.raises(PurlinError, match=r"verify\(schedule, spec\) takes a Schedule and a Spec, got Spec and Schedule"):
+        verify(compiled.spec, compiled.schedule)

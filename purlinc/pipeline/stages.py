@@ -25,24 +25,38 @@ if TYPE_CHECKING:
 _MEMO_LIMIT = 128  # Compiled objects and checked specs kept per process
 
 
+def _expect(stage: str, what: str, value, kind: type, hint: str) -> None:
+    """A stage's argument of the type it reads (each took a path, a dict or None as far as an
+    AttributeError deep inside): the error names the stage, the argument and what to pass."""
+    if not isinstance(value, kind):
+        raise PurlinError(f"{stage}: {what} must be a {kind.__name__}, got {type(value).__name__}", notes=(hint,))
+
+
 def parse_stage(source: SourceText) -> ast.CollectiveDef:
     from purlinc.frontend.parse import parse
 
+    _expect("parse_stage", "source", source, SourceText, "pipeline.load_source(path or text) makes one")
     STATS.parses += 1
     return parse(source.text, source.filename)
 
 
 def spec_stage(definition: ast.CollectiveDef, world_size: int, params: Mapping[str, int] | None) -> Spec:
+    from purlinc.frontend.ast import CollectiveDef
     from purlinc.frontend.check import check
 
+    _expect("spec_stage", "definition", definition, CollectiveDef, "pipeline.parse_stage(source) makes one")
     STATS.checks += 1
     return check(definition, world_size, params)
 
 
 def snac_stage(spec: Spec, options: LowerOptions, *, verify: bool = True) -> Schedule:
+    from purlinc.frontend.spec import Spec
+    from purlinc.snac.ir import LowerOptions
     from purlinc.snac.lower import lower
     from purlinc.snac.verify import verify as verify_schedule
 
+    _expect("snac_stage", "spec", spec, Spec, "pipeline.spec_stage(definition, world_size, params) makes one")
+    _expect("snac_stage", "options", options, LowerOptions, "pipeline.resolve_options(spec, overrides={...}) makes one")
     STATS.lowerings += 1
     schedule = lower(spec, options)
     if verify:

@@ -116,6 +116,9 @@ def _one_channel(schedule: Schedule) -> Schedule:
 def verify(schedule: Schedule, spec: Spec) -> None:
     """Prove ``schedule`` computes ``spec`` for every count and interleaving, or raise
     ``VerificationError`` naming the first violation."""
+    if not isinstance(schedule, Schedule) or not isinstance(spec, Spec):  # swapped, or None: an AttributeError inside
+        raise PurlinError(f"verify(schedule, spec) takes a Schedule and a Spec, got {type(schedule).__name__} and "
+                          f"{type(spec).__name__}")
     with gc_paused():  # millions of acyclic nodes: see purlinc.snac.gcpause
         _verify(schedule, spec)
 
