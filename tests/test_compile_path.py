@@ -399,3 +399,13 @@ def test_verify_with_its_arguments_swapped_says_so():
     compiled = pipeline.prepare(EXAMPLES / "allreduce.pln", world_size=2)
     with pytest.raises(PurlinError, match=r"verify\(schedule, spec\) takes a Schedule and a Spec, got Spec and Schedule"):
         verify(compiled.spec, compiled.schedule)
+
+
+def test_a_numpy_integer_keys_as_the_int_it_equals(cache_dir):
+    """params={'root': np.int64(1)} and overrides={'channels': np.int64(2)} keyed by repr
+    ('np.int64(1)'): a second Compiled and compile for the same collective."""
+    import numpy as np
+
+    one = pipeline.prepare(EXAMPLES / "broadcast.pln", world_size=4, params={"root": 1}, overrides={"channels": 2})
+    assert pipeline.prepare(EXAMPLES / "broadcast.pln", world_size=4, params={"root": np.int64(1)},
+                            overrides={"channels": np.int64(2)}) is one

@@ -34,6 +34,8 @@ def _normal(value):
         return {str(k): _normal(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
+    if hasattr(value, "__index__"):  # a NumPy integer is the int it equals (its repr keyed np.int64(2) apart)
+        return int(value.__index__())
     return repr(value)
 
 
