@@ -93,3 +93,20 @@ def test_spec_of_takes_a_path_and_checks_the_world_size():
         with pytest.raises(PurlinError, match=f"the world size must be an integer, got {shown}".replace("(", r"\(")
                            .replace(")", r"\)")):
             pipeline.spec_of(EXAMPLES / "allgather.pln", bad, None)
+
+
+@pytest.mark.parametrize("pins, message", [
+    ({"arch": "sm_75"}, "unknown target architecture 'sm_75'"),
+    ({"arch": 90}, "arch must be a target name such as 'sm_90', got 90"),
+    ({"capacity": -1}, "capacity must be a positive number of elements per chunk, got -1"),
+    ({"capacity": 1.5}, "capacity must be a positive number of elements per chunk, got 1.5"),
+    ({"capacity": True}, "capacity must be a positive number of elements per chunk, got True"),
+    ({"dtype": "floaty"}, "unknown dtype 'floaty'"),
+])
+def test_target_and_sizing_are_checked_where_given(pins, message):
+    """arch, capacity and dtype were stored as given: refused only later (an arch at the compile,
+    a capacity by a sized load alone) or never, where the load did not read them."""
+    with pytest.raises(PurlinError) as info:
+        LoadOptions.of(**pins)
+    assert info.value.message == message
+    assert LoadOptions.of(arch="sm_90", capacity=8, dtype="bf16").capacity == 8

@@ -61,6 +61,7 @@ class LoadOptions:
         if pins.get("trace") is not None:  # None defers to PURLIN_TRACE; bool("no") is True: a traced load
             check_bool("trace", pins["trace"])
         _check_pins(**{name: pins.get(name) for name in ("algorithm", "atom", "channels", "slices", "packed")})
+        _check_target(pins.get("arch"), pins.get("capacity"), pins.get("dtype"))
         return cls(params=_params_key(params), **pins)
 
     @property
@@ -98,3 +99,22 @@ class LoadOptions:
 
         return replace(self, arch=self.arch or driver.arch_of(device),
                        trace=settings.trace() if self.trace is None else bool(self.trace))
+
+
+def _check_target(arch, capacity, dtype) -> None:
+    """``arch``, ``capacity`` and ``dtype`` checked where given, as the pins are: each was stored
+    as given and refused later (an arch at the compile, a capacity only by a sized load), or
+    not at all by a load that does not read it."""
+    from purlinc.atom.atoms import parse_arch
+    from purlinc.dtypes import DType
+    from purlinc.runtime.errors import ArgumentError
+
+    if arch is not None:
+        if not isinstance(arch, str):
+            raise ArgumentError(f"arch must be a target name such as 'sm_90', got {arch!r}")
+        parse_arch(arch)
+    if capacity is not None and (isinstance(capacity, bool) or not hasattr(capacity, "__index__")
+                                 or capacity.__index__() < 1):
+        raise ArgumentError(f"capacity must be a positive number of elements per chunk, got {capacity!r}")
+    if dtype is not None:
+        DType.parse(dtype)  # a DType, a name, a torch dtype
