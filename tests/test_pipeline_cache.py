@@ -451,3 +451,33 @@ def test_with_no_place_for_the_cache_the_process_memo_still_serves(monkeypatch, 
         assert pipeline.prepare(ALLGATHER, world_size=2) is first and not first.cached
     said = [r.getMessage() for r in caplog.records if r.name == "purlin.cache"]
     assert len(said) == 1 and said[0].startswith("the compile cache is not used: no home directory is known")
+
+
+def test_threads_asking_for_one_spec_at_once_parse_and_check_it_once(monkeypatch):
+    """Each thread looked the memo up, found nothing and made its own: on a cold start 8 threads
+    parsed one file up to 8 times.  The first asker makes it; the others wait for its value
+    (or its error), and threads asking for other keys are not held up."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    pipeline.forget()
+    parse, calls = stages.parse_stage, []
+
+    def slow_parse(source):
+        calls.append(threading.get_ident())
+        time.sleep(0.05)  # every thread arrives while the first still parses
+        return parse(source)
+
+    monkeypatch.setattr(stages, "parse_stage", slow_parse)
+    source = pipeline.load_source(ALLGATHER)
+    before = stages.STATS.checks
+    with ThreadPoolExecutor(8) as pool:
+        specs = list(pool.map(lambda i: stages.spec_of(source, 2 + i % 4, None), range(16)))
+    assert len(calls) == 1 and stages.STATS.checks - before == 4  # one parse; one check per world size
+    assert all(spec is stages.spec_of(source, spec.world_size, None) for spec in specs)
+    bad = pipeline.load_source("collective broken { in[r] = x[r] }")
+    with ThreadPoolExecutor(4) as pool:
+        errors = [f.exception() for f in [pool.submit(stages.definition_of, bad) for _ in range(4)]]
+    assert all(isinstance(error, PurlinError) for error in errors) and len(calls) == 2  # the error, made once
+    pipeline.forget()

@@ -88,16 +88,43 @@ def _remember(memo: OrderedDict, key, value):
     return value
 
 
+# Keys being made now -> the Future their first asker fills: a second thread asking for the
+# same key waits for it (each made its own before, so a cold start parsed one file per thread)
+# while threads asking for other keys go on (the lock is not held while one is made).
+_making: dict = {}
+
+
+def _once(memo: OrderedDict, key, make):
+    """``memo[key]``, made by ``make()`` once per process however many threads ask at once."""
+    from concurrent.futures import Future
+
+    with _frontend_lock:
+        hit = memo.get(key)
+        if hit is not None:
+            return hit
+        pending = _making.get(key)
+        first = pending is None
+        if first:
+            pending = _making[key] = Future()
+    if not first:
+        return pending.result()  # the maker's value, or its error
+    try:
+        value = make()
+    except BaseException as error:
+        with _frontend_lock:
+            del _making[key]
+        pending.set_exception(error)
+        raise
+    with _frontend_lock:
+        _remember(memo, key, value)
+        del _making[key]
+    pending.set_result(value)
+    return value
+
+
 def definition_of(source: SourceText) -> ast.CollectiveDef:
     """The parsed file, once per (text, filename) per process (the AST is frozen)."""
-    key = (source.digest, source.filename)
-    with _frontend_lock:
-        hit = _definitions.get(key)
-    if hit is None:
-        hit = parse_stage(source)
-        with _frontend_lock:
-            _remember(_definitions, key, hit)
-    return hit
+    return _once(_definitions, ("ast", source.digest, source.filename), lambda: parse_stage(source))
 
 
 def spec_of(source: SourceText, world_size: int, params: Mapping[str, int] | None) -> Spec:
@@ -109,11 +136,5 @@ def spec_of(source: SourceText, world_size: int, params: Mapping[str, int] | Non
 
         source = load_source(source)
     world_size = whole_number("the world size", world_size)
-    key = (source.digest, source.filename, world_size, _params_key(params))
-    with _frontend_lock:
-        hit = _specs.get(key)
-    if hit is None:
-        hit = spec_stage(definition_of(source), world_size, params)
-        with _frontend_lock:
-            _remember(_specs, key, hit)
-    return hit
+    key = ("spec", source.digest, source.filename, world_size, _params_key(params))
+    return _once(_specs, key, lambda: spec_stage(definition_of(source), world_size, params))
