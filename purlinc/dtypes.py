@@ -63,7 +63,10 @@ class DType(Enum):
         UnknownNameError (a PurlinError and a ValueError) listing the names otherwise."""
         if isinstance(text, DType):
             return text
-        return DTYPES.get(str(text).lower().replace("torch.", "")).dtype
+        try:
+            return DTYPES.get(str(text).lower().replace("torch.", "")).dtype
+        except UnknownNameError as error:  # named as given: True was shown as 'true', None as 'none'
+            raise UnknownNameError(f"unknown dtype {str(text)!r}", notes=error.notes) from None
 
 
 class ReduceOp(Enum):

@@ -110,3 +110,13 @@ def test_target_and_sizing_are_checked_where_given(pins, message):
         LoadOptions.of(**pins)
     assert info.value.message == message
     assert LoadOptions.of(arch="sm_90", capacity=8, dtype="bf16").capacity == 8
+
+
+@pytest.mark.parametrize("value, shown", [(True, "'True'"), (None, "'None'"), ("Floaty", "'Floaty'")])
+def test_an_unknown_dtype_is_named_as_given(value, shown):
+    """The name was lower-cased before the lookup and shown so: True read 'true', None 'none'."""
+    from purlinc.dtypes import DType
+
+    with pytest.raises(PurlinError) as info:
+        DType.parse(value)
+    assert info.value.message == f"unknown dtype {shown}"
