@@ -47,7 +47,6 @@ from purlinc.runtime.options import LoadOptions
 from purlinc.runtime.placement import load_compiled
 from purlinc.snac.algorithms import DEFAULT_ALGORITHM, get_algorithm
 from purlinc.snac.hierarchy import IN, OUT, HierPlan, InterPhase, IntraPhase, TopologyError
-from purlinc.snac.lower import applicable_algorithms
 
 _LOADS = itertools.count()  # every rank loads in the same order: the same serial everywhere
 # (default group, world size, G) -> this rank's local-index NCCL group, shared by every load of
@@ -517,11 +516,11 @@ def _settle(dist, path_or_source, gpus_per_node, params, algorithm) -> HierPlan:
 
 
 def _phase_algorithm(algorithm, shape) -> str:
-    """``algorithm`` where it applies to a phase's sub-spec, else direct-push: what the planner
-    (``hierplan._Builder._options_for``) and ``purlinc check --gpus-per-node`` do, so the
-    runtime loads the phases that were checked (two-shot has nothing to do in a copy phase)."""
-    wanted = get_algorithm(algorithm).algorithm
-    return (wanted if wanted in applicable_algorithms(shape) else DEFAULT_ALGORITHM).value
+    """The planner's rule (``hierplan.phase_algorithm``), so the runtime loads the phases that
+    ``purlinc check --gpus-per-node`` checked (two-shot has nothing to do in a copy phase)."""
+    from purlinc.snac.hierplan import phase_algorithm
+
+    return phase_algorithm(get_algorithm(algorithm).algorithm, shape).value
 
 
 def plan_for(path_or_source, world_size: int, gpus_per_node: int, params=None) -> HierPlan:

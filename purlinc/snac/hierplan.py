@@ -34,7 +34,7 @@ from purlinc.frontend.ast import Operation
 from purlinc.frontend.spec import Chunk, Slot, Spec
 from purlinc.snac.algorithms import DEFAULT_ALGORITHM
 from purlinc.snac.hierarchy import IN, OUT, HierPlan, InterPhase, IntraPhase, Layout, Move, Topology, Unit
-from purlinc.snac.ir import LowerOptions, Schedule
+from purlinc.snac.ir import Algorithm, LowerOptions, Schedule
 from purlinc.snac.lower import applicable_algorithms, check_packed, default_options, lower
 from purlinc.snac.verify import verify
 
@@ -75,6 +75,12 @@ def _canonical_copy(spec: Spec, name: str) -> Spec:
     return Spec(name, spec.world_size, (), spec.operation, False, inputs, outputs, spec.sources)
 
 
+def phase_algorithm(asked: Algorithm, shape: Spec) -> Algorithm:
+    """The algorithm a node's phase runs: the one asked for where it applies to the phase's
+    sub-spec, else direct-push (the planner lowers, and the runtime loads, by this one rule)."""
+    return asked if asked in applicable_algorithms(shape) else DEFAULT_ALGORITHM
+
+
 class _Builder:
     def __init__(self, spec: Spec, topology: Topology, options: LowerOptions | None, verify_schedules: bool):
         self.spec, self.t = spec, topology
@@ -93,14 +99,15 @@ class _Builder:
     def _options_for(self, spec: Spec) -> LowerOptions:
         if self.options is None:
             return default_options(spec)
-        if self.options.algorithm in applicable_algorithms(spec):
+        algorithm = phase_algorithm(self.options.algorithm, spec)
+        if algorithm is self.options.algorithm:
             return self.options
         # e.g. two-shot asked for, but this phase is a copy: the node's phase runs direct-push
         # with every other option as asked (channels, slices, slots, registered buffers,
         # staging copies; documented in docs/HIERARCHY.md).  Packed stages are refused with the
         # algorithms that have none, as a flat lowering refuses them (they were dropped here).
         check_packed(self.options)
-        return replace(self.options, algorithm=DEFAULT_ALGORITHM)
+        return replace(self.options, algorithm=algorithm)
 
     def intra(self, src: str, dst: str, operation: Operation, node_specs: list[Spec], what: str) -> None:
         indices = []
