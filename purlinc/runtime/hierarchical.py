@@ -45,6 +45,7 @@ from purlinc.runtime.collective import prepare_options
 from purlinc.runtime.communicator import Communicator
 from purlinc.runtime.options import LoadOptions
 from purlinc.runtime.placement import load_compiled
+from purlinc.runtime.rendezvous import small_digits
 from purlinc.snac.algorithms import DEFAULT_ALGORITHM, get_algorithm
 from purlinc.snac.hierarchy import IN, OUT, HierPlan, InterPhase, IntraPhase, TopologyError
 
@@ -398,8 +399,9 @@ def _own_gpus_per_node(gpus_per_node) -> tuple[int | None, str, str | None]:
     if text is None:
         return None, "LOCAL_WORLD_SIZE", "gpus_per_node: not given and LOCAL_WORLD_SIZE (torchrun) is not set"
     digits = text.strip()
-    # ASCII digits only: str.isdigit() also takes "²", which int() then refuses.
-    if not (digits.isascii() and digits.isdigit()) or int(digits) < 1:
+    # Read as the launcher's other variables are (rendezvous): ASCII digits of a bounded number
+    # ("²" passed str.isdigit(), then int() refused it; 5,000 digits, the same)
+    if not small_digits(digits) or int(digits) < 1:
         return None, "LOCAL_WORLD_SIZE", (f"gpus_per_node: not given, and LOCAL_WORLD_SIZE={text!r} is not a "
                                           "whole number >= 1")
     return int(digits), "LOCAL_WORLD_SIZE", None

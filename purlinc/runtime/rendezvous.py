@@ -109,13 +109,13 @@ def _int_var(environ: Mapping[str, str], name: str, default: str | None = None) 
                               notes=("a launcher (torchrun, mpirun, a script) sets RANK, WORLD_SIZE, LOCAL_RANK, "
                                      "MASTER_ADDR and MASTER_PORT for every process",))
     digits = raw.strip()
-    if not _small_digits(digits):
+    if not small_digits(digits):
         raise RendezvousError(f"environment variable {name} must be an integer, got {raw!r}: expected decimal "
                               f"digits only, a number from 0 to {MOST_RANKS:,}")
     return int(digits)
 
 
-def _small_digits(text: str) -> bool:
+def small_digits(text: str) -> bool:
     """Whether ``text`` is ASCII digits of a number at most MOST_RANKS (its length checked first:
     int() refuses strings of more than 4,300 digits with a ValueError of its own)."""
     if not (text.isascii() and text.isdigit()):
