@@ -108,13 +108,13 @@ def _check_target(arch, capacity, dtype) -> None:
     from purlinc.atom.atoms import parse_arch
     from purlinc.dtypes import DType
     from purlinc.runtime.errors import ArgumentError
+    from purlinc.runtime.validate import integer_or_none
 
     if arch is not None:
         if not isinstance(arch, str):
             raise ArgumentError(f"arch must be a target name such as 'sm_90', got {arch!r}")
         parse_arch(arch)
-    if capacity is not None and (isinstance(capacity, bool) or not hasattr(capacity, "__index__")
-                                 or capacity.__index__() < 1):
+    if capacity is not None and (integer_or_none(capacity) or 0) < 1:  # as load_sized reads it
         raise ArgumentError(f"capacity must be a positive number of elements per chunk, got {capacity!r}")
     if dtype is not None:
         DType.parse(dtype)  # a DType, a name, a torch dtype

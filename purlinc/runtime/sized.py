@@ -34,7 +34,7 @@ from purlinc.runtime import interop, residency
 from purlinc.runtime.errors import ArgumentError, MismatchError, PurlinTimeoutError, issued_by_one_thread
 from purlinc.runtime.group import per_rank, refuse_shared_writes
 from purlinc.runtime.residency import Blocks
-from purlinc.runtime.validate import check_readable, integer, overlapping
+from purlinc.runtime.validate import check_readable, integer_or_none, overlapping
 
 WIDEST = max(d.itemsize for d in DType)
 
@@ -171,7 +171,7 @@ class SizedCollective:
         chunk) and ``out_sizes`` when not given.  Sizes count units of ``row`` elements (torch's
         splits count rows).  Returns (dtype, shape, stream, out, out_sizes)."""
         self._check_usable()
-        whole = _whole(row)  # a NumPy integer too, as an int (it keyed the launch cache apart from the int)
+        whole = integer_or_none(row)  # a NumPy integer too, as an int (it keyed the launch cache apart from the int)
         if whole is None or not 1 <= whole <= self.capacity:
             raise ArgumentError(f"{self.name}: row={row!r}, expected elements per size unit in 1..{self.capacity} "
                                 "(the capacity)")
@@ -296,15 +296,6 @@ def _check_apart(coll: SizedCollective, named, *, written) -> None:
                                     notes=(f"the kernel writes {label} while it reads or writes {other}",))
 
 
-def _whole(value) -> int | None:
-    """``value`` as an int, read as every count is (``validate.integer``: any integer type but a
-    bool; a NumPy one was refused as "not in 1..64" while in range), or None."""
-    try:
-        return integer(value)
-    except TypeError:
-        return None
-
-
 def _nothing(kind: str, dtype: DType, device: int) -> interop.ArrayInfo:
     """An empty buffer where a rank passes none (it gives or receives no chunks)."""
     return interop.ArrayInfo(0, 0, dtype, dtype.value, device, True, kind)
@@ -426,7 +417,7 @@ def load_sized(compiled: Compiled, comm, comms: list, *, capacity: int, dtype=No
     from purlinc.runtime.placement import fingerprint, load_mismatch, zero_space
     from purlinc.runtime.communicator import LocalGroup
 
-    whole = _whole(capacity)  # a NumPy integer too
+    whole = integer_or_none(capacity)  # a NumPy integer too
     if whole is None or whole < 1:
         raise ArgumentError(f"{compiled.name}: capacity must be a positive number of elements per chunk, got {capacity!r}")
     capacity = whole

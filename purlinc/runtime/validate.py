@@ -65,6 +65,15 @@ def integer(value) -> int:
     return operator.index(value)
 
 
+def integer_or_none(value) -> int | None:
+    """``value`` as an int, read as every count is (``integer``: any integer type but a bool; a
+    NumPy one was refused as "not in 1..64" while in range), or None where it is none."""
+    try:
+        return integer(value)
+    except TypeError:
+        return None
+
+
 def _count_argument(where: str, count) -> int | None:
     """``count=`` as an int (any integer type) or None: a str or a float would compare unequal
     or equal to the buffers' count by accident ('7' against 7: "count=7, but the buffers say 7")."""
