@@ -265,7 +265,7 @@ def check_stage_copies(args) -> None:
     """--stage-copies 2 with an algorithm that lowers to one copy: the lowering would cap it
     (a request for what the atom can address, LowerOptions.stage_copies), but asked for
     explicitly it is a mistake; the algorithm registry says which algorithms take two."""
-    from purlinc.snac.algorithms import get_algorithm
+    from purlinc.pipeline.options import stage_copies_problem
 
     copies, algorithm = getattr(args, "stage_copies", None), getattr(args, "algorithm", None)
     if copies == 1 and getattr(args, "packed", False):  # the lowering would give it two anyway
@@ -273,11 +273,9 @@ def check_stage_copies(args) -> None:
                           "staging copies", notes=('docs/SNAC.md, "Staging copies by epoch parity"',))
     if copies is None or algorithm is None:
         return
-    most = get_algorithm(algorithm).stage_copies
-    if copies > most:
-        raise PurlinError(f"--stage-copies {copies} does not apply to {algorithm}: it lowers to {most} staging "
-                          f"cop{'y' if most == 1 else 'ies'}",
-                          notes=(f"two staging copies apply to {TWO_COPIES} only",))
+    problem = stage_copies_problem(algorithm, copies)
+    if problem is not None:
+        raise PurlinError(f"--stage-copies {copies} {problem}", notes=(f"two staging copies apply to {TWO_COPIES} only",))
 
 
 def check_slots(args, algorithm) -> None:

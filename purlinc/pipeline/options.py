@@ -141,18 +141,27 @@ def check_stage_copies(algorithm, copies, sized: bool) -> None:
     one copy) or more (run-time sizes always take two): asked for by name, it is refused, as
     the command line's --stage-copies is.  ``algorithm``: None where the spec's default will
     decide (checked by the lowering's own cap only)."""
-    from purlinc.snac.algorithms import get_algorithm
-
     if sized and copies == 1:
         from purlinc.snac.sized import ONE_COPY_NOTE, ONE_COPY_REFUSED
 
         raise PurlinError(f"stage_copies=1 {ONE_COPY_REFUSED}", notes=(ONE_COPY_NOTE,))
     if algorithm is None or isinstance(copies, bool) or not isinstance(copies, int):
         return  # a value that is not a count is LowerOptions' to refuse
+    problem = stage_copies_problem(algorithm, copies)
+    if problem is not None:
+        raise PurlinError(f"stage_copies={copies} {problem}")
+
+
+def stage_copies_problem(algorithm, copies: int) -> str | None:
+    """Why ``copies`` staging copies do not apply to ``algorithm`` ("does not apply to ring: it
+    lowers to 1 staging copy"), or None; each caller names the option its own way."""
+    from purlinc.snac.algorithms import get_algorithm
+
     record = get_algorithm(algorithm)
-    if copies > record.stage_copies:
-        raise PurlinError(f"stage_copies={copies} does not apply to {record.name}: it lowers to {record.stage_copies} "
-                          f"staging cop{'y' if record.stage_copies == 1 else 'ies'}")
+    most = record.stage_copies
+    if copies <= most:
+        return None
+    return f"does not apply to {record.name}: it lowers to {most} staging cop{'y' if most == 1 else 'ies'}"
 
 
 def check_slots(algorithm, slots, *, chosen: bool) -> None:
