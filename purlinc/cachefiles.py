@@ -65,8 +65,7 @@ def write_atomically(path: Path, chunks: tuple[bytes, ...]) -> None:
     except BaseException:
         os.unlink(temp)
         raise
-    ours = re.compile(re.escape(TEMP_PREFIX) + TEMP_RANDOM + re.escape(path.suffix)).fullmatch
-    remove_stale_temps(path.parent, ours)
+    remove_stale_temps(path.parent, temp_names((TEMP_PREFIX,), path.suffix))
 
 
 _UNWRITABLE_LOGGED = False
@@ -90,6 +89,12 @@ def store_quietly(path: Path, chunks: tuple[bytes, ...]) -> None:
 
 # What mkstemp puts between prefix and suffix (its names' alphabet, eight of them)
 TEMP_RANDOM = r"[a-z0-9_]{8}"
+
+
+def temp_names(prefixes, suffix: str = "") -> Callable[[str], object]:
+    """Whether a file name is one mkstemp gave with one of ``prefixes`` and ``suffix``."""
+    alternatives = "|".join(re.escape(prefix) for prefix in prefixes)
+    return re.compile(f"(?:{alternatives}){TEMP_RANDOM}{re.escape(suffix)}").fullmatch
 
 
 def remove_stale_temps(folder: Path, ours: Callable[[str], object]) -> None:

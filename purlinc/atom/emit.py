@@ -9,13 +9,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import tempfile
 from importlib import metadata
 from pathlib import Path
 
 from purlinc import jsontext
-from purlinc.cachefiles import TEMP_RANDOM, remove_stale_temps
+from purlinc.cachefiles import remove_stale_temps, temp_names
 from purlinc.atom.nvrtc import nvrtc_version
 from purlinc.version import __version__
 
@@ -147,8 +146,7 @@ def write_artifacts(artifact, out_dir: Path, *, ranks_defaulted: bool) -> list[P
                   _json_bytes(manifest(artifact, ranks_defaulted=ranks_defaulted))))
     for path, _ in files:
         _check_replaceable(path)
-    names = {f".{path.name}{_TEMP_MARK}" for path, _ in files}
-    remove_stale_temps(out_dir, lambda name: name[:-8] in names and re.fullmatch(TEMP_RANDOM, name[-8:]))
+    remove_stale_temps(out_dir, temp_names([f".{path.name}{_TEMP_MARK}" for path, _ in files]))
     temps: list[str] = []
     try:
         for path, data in files:
