@@ -84,9 +84,11 @@ def check_option_types(options: LowerOptions) -> None:
         raise PurlinError(f"algorithm must be an Algorithm (purlinc.snac.ir), got {options.algorithm!r}",
                           notes=("the pipeline's resolve_options also takes names: algorithm='ring'",))
     registered = options.registered
-    if isinstance(registered, str) or not isinstance(registered, (set, frozenset)) \
-            or not registered <= {"in", "out"}:
+    if isinstance(registered, str) or not isinstance(registered, (set, frozenset)):
         raise PurlinError(f"registered must be a set of 'in' and/or 'out', got {registered!r}")
+    unknown = set(registered) - {"in", "out"}
+    if unknown:
+        raise PurlinError(f"registered buffers must be 'in' and/or 'out', got {sorted(unknown)}")
     if not isinstance(options.packed, bool):
         raise PurlinError(f"packed must be True or False, got {options.packed!r}")
     if options.slots is not None:
@@ -124,9 +126,6 @@ def _check_options(spec: Spec, options: LowerOptions) -> None:
         raise PurlinError(f"packed (LL) stages combine at most {MAX_PACKED_SOURCES} sources per output chunk; "
                           f"{spec.name} for R={spec.world_size} reduces {spec.most_sources}",
                           notes=("drop packed: plain direct-push (or two-shot) reduces any number of sources",))
-    unknown = set(options.registered) - {"in", "out"}
-    if unknown:
-        raise PurlinError(f"registered buffers must be 'in' and/or 'out', got {sorted(unknown)}")
 
 
 def check_packed(options: LowerOptions) -> None:
