@@ -34,7 +34,10 @@ import weakref
 import torch
 
 from purlinc.runtime.errors import ArgumentError
-from purlinc.torch.ops import ints_shown, require_unregistered, reserve, same_device, shape_shown, shown
+from purlinc.torch.ops import (
+    check_contiguous, check_device, dtype_of, fail, ints_shown, overlap, require_tensors,
+    require_unregistered, reserve, same_device, shape_shown, shown, split_sizes, supported_dtypes,
+)
 from purlinc.torch.registry import new_handle
 
 SOURCE = "collective alltoallv with sizes n[R][R] of x { in[r] = x[r][0..R]  out[r] = x[0..R][r]  copy }"
@@ -165,8 +168,6 @@ def _rows(t) -> int:
 def _row_elements(where: str, x, label: str = "input") -> int:
     """``_rows(x)`` of a tensor whose rows hold something: rows of no elements are refused (split
     sizes would count rows that carry nothing, and the capacity in rows has no answer)."""
-    from purlinc.torch.ops import fail  # torch._check under dynamo (a traced all_to_all_vdev checks this)
-
     row = _rows(x)
     if row == 0:
         fail(f"{where}: {label} has rows of 0 elements (shape {shape_shown(x)}); expected rows of at least one "
@@ -178,8 +179,6 @@ def _check_data(where: str, s: SizedState, x, out, *, fake: bool = False) -> Non
     """The data tensors' kind, device, dtype and layout, in every form alike; ``fake``: meta
     tensors pass the device check (shape inference only).  ``fail``: a traced all_to_all_vdev
     checks these before it records the op, under dynamo too."""
-    from purlinc.torch.ops import check_contiguous, check_device, dtype_of, fail, require_tensors, supported_dtypes
-
     require_tensors(where, [("input", x), ("output", out)])
     for label, t in (("input", x), ("output", out)):
         check_device(where, label, t, s.device, s.rank, s.world_size, fake=fake)
@@ -195,8 +194,6 @@ def _check_data(where: str, s: SizedState, x, out, *, fake: bool = False) -> Non
 
 
 def _row_within_capacity(where: str, s: SizedState, label: str, row: int) -> None:
-    from purlinc.torch.ops import fail
-
     if row > s.capacity:
         fail(f"{where}: a row of {label} has {shown(row)} elements, more than the capacity {shown(s.capacity)} "
              "(elements per pair)", notes=("purlinc.torch.sized.configure(group, capacity=...)",))
@@ -205,8 +202,6 @@ def _row_within_capacity(where: str, s: SizedState, label: str, row: int) -> Non
 def _check(where: str, s: SizedState, x, out, *, fake: bool = False) -> int:
     """The device form's tensors (split sizes on the GPU count rows of one shape, input's), in
     the real and the fake implementations alike: ``_check_data``, then the rows."""
-    from purlinc.torch.ops import fail
-
     _check_data(where, s, x, out, fake=fake)
     for label, t in (("input", x), ("output", out)):
         if t.dim() == 0:  # as the equal all-to-all refuses one: split sizes count rows of a dim 0 it lacks
@@ -225,8 +220,6 @@ def _check_apart(where: str, written, read, *, fake: bool) -> None:
     """Every tensor the call writes (``(label, tensor)``; None: not given) apart in memory from
     every other it reads or writes: the kernel reads input and in_splits while it writes out and
     out_splits (the same tensor as both was accepted)."""
-    from purlinc.torch.ops import overlap
-
     written = [(label, t) for label, t in written if t is not None]
     others = written + [(label, t) for label, t in read if t is not None]
     for n, (label, t) in enumerate(written):
@@ -240,8 +233,6 @@ def _check_splits(where: str, s: SizedState, x, named) -> None:
     """Split tensors (``(label, tensor)``; None: not given): int64, R entries, on x's device, contiguous.
     One check for the real and the fake implementations, and for a traced call (``fail``: an
     ArgumentError, under dynamo the torch._check it can trace)."""
-    from purlinc.torch.ops import fail, require_tensors
-
     named = [(label, t) for label, t in named if t is not None]
     require_tensors(where, named)
     for label, t in named:  # 1-D: a [1, R] tensor has R entries, but is no list of R sizes
@@ -262,8 +253,6 @@ def run(s: SizedState, x, splits, out, out_splits, row: int, expected=None) -> N
     capturing = _capturing(x)
     coll = s.collective(capturing)
     if capturing:
-        from purlinc.torch.ops import dtype_of
-
         warm = getattr(coll, "_variants", None)
         if warm is not None and dtype_of(x) not in warm:
             raise ArgumentError(f"purlin::alltoallv on rank {s.rank}: {dtype_of(x).value} reached a CUDA graph capture "
@@ -286,8 +275,6 @@ def host_splits(where: str, label: str, sizes, tensor: str, t, world_size: int) 
     names t), R integers >= 0 summing to its rows; None or empty: equal slices, so t's rows
     must divide by R.  Checked before anything is exchanged, by every form that takes lists,
     so each rank is refused for its own list."""
-    from purlinc.torch.ops import split_sizes
-
     R = world_size
     rows = t.shape[0] if t.dim() else t.numel()
     given = None if sizes is None else split_sizes(where, label, sizes, R)
@@ -326,7 +313,6 @@ def all_to_all_single(group, output, input, output_split_sizes=None, input_split
     s = state_of(group)
     R = s.world_size
     _check_data(where, s, input, output)
-    from purlinc.torch.ops import overlap
 
     if overlap(output, input, fake=False):  # in place: read from a copy, as the equal form does (the kernel
         input = input.clone()               # reads input while it writes output)
@@ -363,8 +349,6 @@ def check_offsets(where: str, s: SizedState, x, out, in_splits, out_splits, out_
     checks the rest): a split tensor like the others, and not one of the call's other tensors.
     Dynamo cannot trace a comparison of storages, so a view that overlaps another tensor only
     in part is refused by the eager call alone."""
-    from purlinc.torch.ops import fail  # torch._check under dynamo, which cannot build an ArgumentError
-
     if out_offsets is None:
         return
     _check_splits(where, s, x, [("out_offsets", out_offsets)])
