@@ -188,6 +188,9 @@ def _bad_calls(row):
         ("eps inf", (x(4, row), x(4, row), x(row), float("inf")), "eps=inf"),
         ("eps negative", (x(4, row), x(4, row), x(row), -1e-6), "eps=-1e-06"),
         ("eps past float32", (x(4, row), x(4, row), x(row), 1e39), r"eps=1e\+39, expected .* that float32 holds"),
+        # float32 rounds it to 0: the runtime refuses it (scalar_problem), so the fake does too
+        ("eps rounds to 0", (x(4, row), x(4, row), x(row), 1e-50),
+         r"eps: expected a value float32 can hold, got 1e-50: it would be 0"),
         # an int past any float: float() raised a bare OverflowError
         ("eps past any float", (x(4, row), x(4, row), x(row), 10**400),
          r"fused_add_rmsnorm: eps=100000000000\.\.\.0000 \(401 characters\), expected a finite number >= 0"),

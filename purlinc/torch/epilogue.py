@@ -24,6 +24,7 @@ import numbers
 import torch
 
 from purlinc.frontend.ast import OperandKind
+from purlinc.frontend.epilogue import scalar_problem
 from purlinc.runtime.errors import ArgumentError
 from purlinc.torch import ops as _ops
 from purlinc.torch.registry import Entry, entry
@@ -104,6 +105,10 @@ def _check_eps(where: str, eps) -> None:
     if not (math.isfinite(eps) and 0 <= eps <= _FLOAT32_MAX):  # a float: _as_float read it
         raise ArgumentError(f"{where}: eps={eps!r}, expected a finite number >= 0 that float32 holds "
                             f"(at most {_FLOAT32_MAX:.6g})")
+    # and what else the runtime's rule refuses (a value float32 rounds to 0): the fake agrees with the real call
+    problem = scalar_problem(eps, is_eps=True)
+    if problem is not None:
+        raise ArgumentError(f"{where}: eps: {problem[0]}", notes=(problem[1],) if problem[1] else ())
 
 
 def _define():
