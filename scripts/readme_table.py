@@ -26,6 +26,7 @@ if str(BENCHMARKS) not in sys.path:  # benchlib: the one reader of a bench.py re
 
 from benchlib.files import load_results, ResultsError  # noqa: E402
 from benchlib.rows import normalize, ok  # noqa: E402
+from benchlib.sizes import fmt_bytes  # noqa: E402
 
 PROG = "readme_table.py"
 RESULTS = BENCHMARKS / "results"
@@ -85,13 +86,6 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _fmt_size(nbytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale} {unit}"
-    return f"{nbytes} B"
-
-
 def calls_text(cells: dict) -> str:
     """The calls per graph the quoted cells were timed with, as the caption says it: "100 calls
     per graph up to 1 MiB, 20 above" where one count serves the small sizes and another the rest."""
@@ -110,8 +104,8 @@ def calls_text(cells: dict) -> str:
         return f"{counts[0]} calls per graph"
     split = next(i for i in range(1, len(counts)) if counts[i] != counts[0])
     if len(set(counts[split:])) == 1:
-        return f"{counts[0]} calls per graph up to {_fmt_size(sizes[split - 1])}, {counts[split]} above"
-    return "calls per graph: " + ", ".join(f"{c} at {_fmt_size(s)}" for s, c in zip(sizes, counts))
+        return f"{counts[0]} calls per graph up to {fmt_bytes(sizes[split - 1])}, {counts[split]} above"
+    return "calls per graph: " + ", ".join(f"{c} at {fmt_bytes(s)}" for s, c in zip(sizes, counts))
 
 
 def reps_text(cells: dict) -> str:
