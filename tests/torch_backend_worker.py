@@ -190,7 +190,7 @@ def main(rank: int, world: int, init_file: str) -> None:
         assert torch_standin.CALLS[-1] == ("allreduce", (0, 1)), torch_standin.CALLS[-1]
         made = groups._GROUPS[id(sub)][1]
         dist.destroy_process_group(sub)  # its shutdown releases what Purlin made for it
-        assert id(sub) not in groups._GROUPS and made not in groups._BY_NAME.values(), "sub-group kept"
+        assert id(sub) not in groups._GROUPS and all(g is not made for _, g in groups._BY_NAME.values()), "sub-group kept"
         assert not made._entries, "the sub-group's collectives were not closed"
     gloo = dist.new_group(list(range(world)), backend="gloo")  # a foreign group, used through group=
     t = value(rank)

@@ -22,8 +22,16 @@ from purlinc.runtime.errors import ArgumentError
 from purlinc.torch import ops as _ops
 from purlinc.torch.distributed import Group
 
+# The purlin backend's process group class (a tuple of none where torch lacks torch.distributed).
+_BACKENDS_GROUP: type | tuple = ()
+if dist.is_available():
+    from purlinc.torch.backend import PurlinProcessGroup as _BACKENDS_GROUP
+
 _GROUPS: dict[int, tuple[object, object]] = {}  # id(process group) -> (the group, its Purlin Group)
-_BY_NAME: dict[str, object] = {}  # process group name -> its Purlin Group (what a compiled graph can look up)
+# process group name -> (the group, its Purlin Group): what a compiled graph can look up.  The
+# group is kept beside it for an identity test a trace can make (`is`: dynamo before torch 2.13
+# cannot trace id() of a ProcessGroup).
+_BY_NAME: dict[str, tuple[object, object]] = {}
 
 
 def member_ranks(pg) -> list[int]:
@@ -79,7 +87,7 @@ def for_process_group(pg):
     group = make_group(pg)
     _GROUPS[id(pg)] = (pg, group)  # the pg is kept alive with it, so its id is never reused meanwhile
     try:
-        _BY_NAME[pg.group_name] = group
+        _BY_NAME[pg.group_name] = (pg, group)
     except RuntimeError:  # a group without a name: reachable in compiled code only as a purlinc.torch.Group
         pass
     return group
@@ -91,15 +99,15 @@ def made_for(pg):
     hit = _BY_NAME.get(pg.group_name)
     # A name torch gave again after a destroy must not find the old group.  Compared here, not
     # released (release_destroyed): closing a group takes locks, which dynamo cannot enter, and
-    # freeing a communicator has no place in a trace; the next eager call releases it.
-    if hit is not None and _GROUPS.get(id(pg), (None,))[0] is not pg:
-        hit = None
-    if hit is None:  # fail, not raise: dynamo cannot build an ArgumentError (see ops.fail)
+    # freeing a communicator has no place in a trace; the next eager call releases it.  A group
+    # of the purlin backend is never stale (its shutdown releases it), and is not compared:
+    # dynamo before torch 2.13 wraps that subclass two ways, and `is` between them is False.
+    if hit is None or (not isinstance(pg, _BACKENDS_GROUP) and hit[0] is not pg):  # fail, not raise: dynamo cannot build an ArgumentError (see ops.fail)
         _ops.fail(f"group {pg.group_name!r} has no Purlin communicator yet, and a compiled region cannot make one "
                   f"(that is a collective of its members)",
                   notes=("call purlinc.torch.group_of(group) once outside the compiled region (every member of the "
                          "group), or make one eager call on it first",))
-    return hit
+    return hit[1]
 
 
 def forget(pg) -> None:
@@ -111,7 +119,7 @@ def forget(pg) -> None:
         return
     del _GROUPS[id(pg)]
     group = hit[1]
-    for name in [name for name, g in _BY_NAME.items() if g is group]:
+    for name in [name for name, (_, g) in _BY_NAME.items() if g is group]:
         del _BY_NAME[name]
     group.close()
     close = getattr(group.comm, "close", None)

@@ -148,7 +148,7 @@ def _carrier_width(itemsize: int):
 def require_tensors(where: str, named) -> None:
     """Each ``(label, value)`` a torch.Tensor: checked before anything reads a tensor attribute,
     so a list or a NumPy array is an ArgumentError, not an AttributeError from deep inside
-    (compiled, :func:`fail`'s torch._check with the same text)."""
+    (compiled, :func:`fail`'s RuntimeError with the same text)."""
     for label, t in named:
         if not isinstance(t, torch.Tensor):
             fail(f"{where}: {label} must be a torch.Tensor, got {type(t).__name__}")
@@ -214,11 +214,18 @@ def split_sizes(where: str, label: str, sizes, world_size: int) -> list[int]:
     """Split sizes (a list, a tuple or a 1-D tensor) as Python ints, each an integer of any
     type but a bool (``validate.integer``): ``int()`` cut 1.5 to 1 and read "2" as 2, so sizes
     that were never row counts passed wherever the cut ones summed right."""
+    def refuse() -> NoReturn:
+        fail(f"{where}: {label}={sizes!r}, expected a list of {shown(world_size)} integers (rows of dim 0 per rank)")
+    # Traced, the types first, so that the trace never meets the TypeError: dynamo before torch
+    # 2.13 raised operator.index(1.5)'s as an InternalTorchDynamoError, which no except clause catches.
+    if torch.compiler.is_compiling() and not (isinstance(sizes, (list, tuple, torch.Tensor)) and all(
+            isinstance(s, torch.Tensor) or (hasattr(type(s), "__index__") and not isinstance(s, bool)) for s in sizes)):
+        refuse()
     try:
         return [integer(s) for s in sizes]
     except TypeError:
         pass
-    fail(f"{where}: {label}={sizes!r}, expected a list of {shown(world_size)} integers (rows of dim 0 per rank)")
+    refuse()
 
 
 def check_contiguous(where: str, label: str, t) -> None:
@@ -459,7 +466,7 @@ def run(e: Entry, x, out, op: str, *, count: int | None = None, like=None) -> No
 
 
 def _where(name: str, e: Entry) -> str:
-    return f"purlin::{name} on rank {e.rank}"
+    return f"purlin::{name} on rank {shown(e.rank)}"
 
 
 def _entry_of(name: str, handle: int) -> Entry:
@@ -748,36 +755,33 @@ def _active_mode(name: str):
 
 
 def fail(message: str, notes=()) -> NoReturn:
-    """Refuse a caller's mistake: an ArgumentError; under torch.compile ``torch._check(False)``
-    with the same text (and notes), as :func:`require` does: dynamo cannot trace building an
-    ArgumentError, and with fullgraph=True reported only "Attempted to call a super()
-    attribute".  Without fullgraph=True dynamo then runs the call eagerly, which raises the
-    ArgumentError itself.  For checks that run in the Python calls while traced (the
-    torch.distributed-shaped calls check their tensors before they record an op)."""
+    """Refuse a caller's mistake: an ArgumentError; under torch.compile a RuntimeError with the
+    same text (and notes), as :func:`require` does.  Dynamo cannot trace building an
+    ArgumentError (with fullgraph=True it reported only "Attempted to call a super()
+    attribute"), but it traces raising a builtin exception: with fullgraph=True the text is in
+    its "Observed exception" report; without it dynamo runs the call eagerly, which raises the
+    ArgumentError itself.  (``torch._check(False, message)`` did that on torch 2.13 only: 2.11
+    refuses a message function that reads a local, and one that takes it as a default makes
+    every failed check an InternalTorchDynamoError, fullgraph or not.)  For checks that run in
+    the Python calls while traced (the torch.distributed-shaped calls check their tensors
+    before they record an op)."""
     if torch.compiler.is_compiling():
         text = message
         for note in notes:
             text = f"{text}\nnote: {note}"
-        torch._check(False, lambda: text)
+        raise RuntimeError(text)
     raise ArgumentError(message, notes=tuple(notes))
 
 
 def require(condition, message) -> None:
-    """A caller's mistake: an ArgumentError, and under torch.compile ``torch._check`` (dynamo traces
-    it where it cannot trace building an ArgumentError: the message still reaches the caller,
-    in a RuntimeError).  ``message``: the text, or a function giving it, called only when the
-    check fails; a message that names sizes must be one (see :func:`shown`).
+    """A caller's mistake: an ArgumentError, and under torch.compile a RuntimeError with the
+    same text (see :func:`fail`).  ``message``: the text, or a function giving it, called only
+    when the check fails; a message that names sizes must be one (see :func:`shown`).
 
-    Compiled, ``if not condition`` decides the condition first (on dynamic sizes a symbol: a
-    guard on the sizes, as any shape check makes), so ``torch._check`` only ever sees a failed
-    one: next to a symbolic condition dynamo refuses the message function ("Can't convert
-    torch._check*() message closure"), and fullgraph=True failed on a right call."""
-    if torch.compiler.is_compiling():
-        if not condition:
-            text = message() if callable(message) else message
-            torch._check(False, lambda: text)
-    elif not condition:
-        raise ArgumentError(message() if callable(message) else message)
+    Compiled, ``if not condition`` decides the condition (on dynamic sizes a symbol: a guard
+    on the sizes, as any shape check makes) before any message is made."""
+    if not condition:
+        fail(message() if callable(message) else message)
 
 
 def shown(size) -> int:
@@ -791,7 +795,7 @@ def shown(size) -> int:
 def shape_shown(t) -> str:
     """``t``'s shape for a :func:`require` message, as ``tuple(t.shape)`` prints (see :func:`shown`).
     Built of f-strings of ints: dynamo keeps a formatted tuple, or str() of an int, a traced
-    value, and then refuses it in the message ("Can't convert torch._check*() message closure")."""
+    value, which a message cannot carry out of the trace."""
     return ints_shown(t.shape)
 
 
@@ -874,14 +878,14 @@ def _inplace_units(where: str, e: Entry, t) -> None:
     # A rank without chunks: t would carry none, so nothing says the chunk size its part (a
     # relay) runs with; eagerly this reached the launch with neither tensor (AttributeError).
     require(e.in_units or e.out_units,
-            lambda: f"{where}: cannot run in place: rank {e.rank} gives and receives no chunks, so t cannot say "
-                    f"the elements per chunk (use the functional form with count=)")
+            lambda: f"{where}: cannot run in place: rank {shown(e.rank)} gives and receives no chunks, so t "
+                    f"cannot say the elements per chunk (use the functional form with count=)")
     require(not (e.in_units and e.out_units and e.in_units != e.out_units),
-            lambda: f"{where}: cannot run in place: rank {e.rank} gives {e.in_units} chunks and receives "
-                    f"{e.out_units}; expected equal sizes (use the functional form or out=)")
+            lambda: f"{where}: cannot run in place: rank {shown(e.rank)} gives {shown(e.in_units)} chunks and "
+                    f"receives {shown(e.out_units)}; expected equal sizes (use the functional form or out=)")
     if e.in_units:
         if not torch.compiler.is_compiling():
             count_of(where, e, t, names=("t", "t"))
     else:
         require(t.numel() % e.out_units == 0,
-                lambda: f"{where}: t has {shown(t.numel())} elements, expected a multiple of {e.out_units}")
+                lambda: f"{where}: t has {shown(t.numel())} elements, expected a multiple of {shown(e.out_units)}")

@@ -232,7 +232,7 @@ def _check_apart(where: str, written, read, *, fake: bool) -> None:
 def _check_splits(where: str, s: SizedState, x, named) -> None:
     """Split tensors (``(label, tensor)``; None: not given): int64, R entries, on x's device, contiguous.
     One check for the real and the fake implementations, and for a traced call (``fail``: an
-    ArgumentError, under dynamo the torch._check it can trace)."""
+    ArgumentError, under dynamo the RuntimeError it can trace)."""
     named = [(label, t) for label, t in named if t is not None]
     require_tensors(where, named)
     for label, t in named:  # 1-D: a [1, R] tensor has R entries, but is no list of R sizes

@@ -402,7 +402,7 @@ def test_all_to_all_single_checks_output_split_sizes():
                     offset += rows
             if case == "disagree":
                 with pytest.raises(SizeError, match=rf"rank 0, call \d+: chunk x\[1\]\[0\] from rank 1 to rank 0: "
-                                                    rf"size {splits[1][0]} differs from the {splits[1][0] - 1}"):
+                                                    rf"size {splits[1][0]} rows differs from the {splits[1][0] - 1} "):
                     a2a[0].check()
             a2a.check()
 
