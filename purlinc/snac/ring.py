@@ -108,6 +108,34 @@ def _ring_hops(spec: Spec, options: LowerOptions):
     return hops, local
 
 
+def _least_steps(spec: Spec, options: LowerOptions) -> int:
+    """The fewest steps the ring's programs can hold, from its hops as ``_ring_hops`` routes
+    them, counted without building one: each hop writes a Stage (or partial reduce) per slice,
+    and one landing in STAGE also waits for its unit and acknowledges it.  So a ring whose
+    proof is bound to be too large is refused at once, not after its hops took the time and
+    memory (alltoall at R=128: 1.04 million hops, 14 s and 1.4 GB before the partial budget
+    check stopped the emission)."""
+    R, S = spec.world_size, options.slices
+    registered_out = "out" in options.registered
+    hops = into_out = 0
+    needs = needs_of(spec)
+    owners = round_robin_owners(needs)
+    for need in needs:
+        if spec.is_reduce:
+            final = owners[need.chunk]
+            contributors = {slot.rank for slot in need.sources}
+            start = next(q for q in ((final + 1 + i) % R for i in range(R)) if q in contributors)
+            hops += (final - start) % R
+            start, consumers = final, set(need.ranks) - {final}
+        else:
+            start = need.sources[0].rank
+            consumers = {rank for rank, _ in need.positions if copy_source(need, rank).rank != rank}
+        if consumers:  # the travel: every consumer lies 1..length ranks on, and gets one hop
+            hops += max((c - start) % R for c in consumers)
+            into_out += len(consumers) if registered_out else 0
+    return hops * S + 2 * (hops - into_out)
+
+
 def _mark_read(hops: list[_Hop], where) -> None:
     if where[0] == "hop":
         hops[where[1]].read_later = True
@@ -148,6 +176,9 @@ def ring(spec: Spec, options: LowerOptions) -> Schedule:
     """Every chunk hops rank to rank through staging, pipelined by slice.  Steps: list the
     hops, allocate the staging units per edge (slots), derive each hop's slot wait, then emit
     the programs wavefront by wavefront."""
+    from purlinc.snac.verify import check_proof_steps
+
+    check_proof_steps(spec.name, spec.world_size, _least_steps(spec, options), spec.world_size, partial=True)
     b = Builder(spec, options)
     hops, local = _ring_hops(spec, options)
     edges = _assign_slots(spec, options, hops)
