@@ -168,7 +168,9 @@ class Group:
         sized.state_of(self)  # the uneven all-to-all's handle now (shapes only; loads on first use)
 
     def __repr__(self) -> str:
-        return f"purlinc.torch.Group(rank {self.rank} of {self.world_size}, {self.device}, global ranks {self.ranks})"
+        # ints as plain ints (ops.shown): a closed group's refusal (_require_open) formats this while traced
+        return (f"purlinc.torch.Group(rank {_ops.shown(self.rank)} of {_ops.shown(self.world_size)}, {self.device}, "
+                f"global ranks {_ranks_shown(self.ranks)})")
 
     # ------------------------------------------------------------------------------- entries
     def entry(self, kind: str, root: int = 0) -> Entry:
@@ -207,7 +209,8 @@ class Group:
         ``_ops.fail``: compiled with fullgraph=True, a raised ArgumentError reached the caller as
         dynamo's "Attempted to call a super() attribute", without the reason."""
         if root is not None and group_root is not None:
-            _ops.fail(f"{where}: {label}={root!r} and group_{label}={group_root!r}; expected one of them")
+            _ops.fail(f"{where}: {label}={_ops.value_shown(root)} and group_{label}={_ops.value_shown(group_root)}; "
+                      "expected one of them")
         root, group_root = (None if r is None else _rank_number(where, name, r)
                             for name, r in ((label, root), (f"group_{label}", group_root)))
         if group_root is None:
@@ -681,11 +684,14 @@ def _rank_number(where: str, label: str, value) -> int:
     integer tensor): a bool or a float is no rank (True and 1.0 would run as rank 1)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value  # the common case, and all that a compiled graph's constants need
-    try:
-        return integer(value)
-    except TypeError:
-        pass
-    _ops.fail(f"{where}: {label}={value!r}, expected an int (a rank)")
+    # a float first, without integer(): traced, dynamo before torch 2.13 raised operator.index(1.5)'s
+    # TypeError as an InternalTorchDynamoError, and cannot trace integer() of a symbolic float at all
+    if not isinstance(value, (float, torch.SymFloat)):
+        try:
+            return integer(value)
+        except TypeError:
+            pass
+    _ops.fail(f"{where}: {label}={_ops.value_shown(value)}, expected an int (a rank)")
 
 
 def _one_size(where: str, lists) -> None:

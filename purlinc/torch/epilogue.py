@@ -56,10 +56,10 @@ def _check(where: str, e: Entry, x, residual, weight, eps, *, fake: bool = False
     _ops.same_device(where, named)  # meta passes the fake's check alone: never beside a real tensor
     _check_x(where, e, x)
     if residual.shape != x.shape or residual.dtype != x.dtype:
-        raise ArgumentError(f"{where}: residual is {_name(residual.dtype)} {tuple(residual.shape)}, expected "
-                            f"{_name(x.dtype)} {tuple(x.shape)} (x's dtype and shape)")
+        raise ArgumentError(f"{where}: residual is {_name(residual.dtype)} {_ops.shape_shown(residual)}, "
+                            f"expected {_name(x.dtype)} {_ops.shape_shown(x)} (x's dtype and shape)")
     if weight.dim() != 1 or weight.numel() != e.row or weight.dtype != x.dtype:
-        raise ArgumentError(f"{where}: weight is {_name(weight.dtype)} {tuple(weight.shape)}, expected "
+        raise ArgumentError(f"{where}: weight is {_name(weight.dtype)} {_ops.shape_shown(weight)}, expected "
                             f"{_name(x.dtype)} ({e.row},) (one row, x's dtype)")
     for label, t in named:
         _ops.check_contiguous(where, label, t)
@@ -80,8 +80,9 @@ def _check_aligned(where: str, label: str, t, *, fake: bool) -> None:
     allocator aligns (to 512 bytes), so both give the same answer for tensors torch made."""
     offset = t.storage_offset() * t.element_size() if fake else t.data_ptr()
     if t.numel() and offset % _ALIGN:
-        raise ArgumentError(f"{where}: {label} starts {offset % _ALIGN} bytes past a {_ALIGN}-byte boundary; expected "
-                            f"a {_ALIGN}-byte aligned tensor (the epilogue reads it as {_ALIGN}-byte vectors)",
+        raise ArgumentError(f"{where}: {label} starts {_ops.shown(offset % _ALIGN)} bytes past a {_ALIGN}-byte "
+                            f"boundary; expected a {_ALIGN}-byte aligned tensor (the epilogue reads it as "
+                            f"{_ALIGN}-byte vectors)",
                             notes=(f"pass a fresh tensor or {label}.clone(), not a view at an offset",))
 
 
@@ -90,11 +91,11 @@ def _check_x(where: str, e: Entry, x) -> None:
         raise ArgumentError(f"{where}: x has dtype {_name(x.dtype)}, expected one of "
                             f"{', '.join(_name(d) for d in _DTYPES)}")
     if x.dim() < 1 or x.shape[-1] != e.row:
-        raise ArgumentError(f"{where}: x has shape {tuple(x.shape)}, expected whole rows of {e.row} elements "
+        raise ArgumentError(f"{where}: x has shape {_ops.shape_shown(x)}, expected whole rows of {e.row} elements "
                             f"(the last dimension; the spec's rows({e.row}))")
     rows = x.numel() // e.row
     if e.in_units > 1 and rows % e.in_units:  # what the runtime's check_rows refuses, found when traced
-        raise ArgumentError(f"{where}: x has {rows} row{'' if rows == 1 else 's'}, expected a multiple of "
+        raise ArgumentError(f"{where}: x has {_ops.shown(rows)} row{'' if rows == 1 else 's'}, expected a multiple of "
                             f"{e.in_units}: {e.name} splits x into {e.in_units} chunks, and a row never straddles two",
                             notes=("use a spec whose input and output are one chunk (x) for any number of rows",))
 

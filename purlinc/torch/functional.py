@@ -99,7 +99,8 @@ def all_gather_tensor(x, gather_dim: int = 0, group=None):
     _ops.require_tensors("all_gather_tensor", [("x", x)])
     group = _group(group)
     if gather_dim != 0:  # fail, not raise: these forms are what compiled code calls (see ops.fail)
-        _ops.fail(f"all_gather_tensor: gather_dim={gather_dim!r}, expected 0 (transpose around the call)")
+        _ops.fail(f"all_gather_tensor: gather_dim={_ops.value_shown(gather_dim)}, expected 0 (transpose around the "
+                  "call)")
     y = _call(group, "allgather", x, "sum", "all_gather_tensor")
     return y.view(group.world_size * x.shape[0], *x.shape[1:]) if x.dim() else y
 
@@ -109,7 +110,7 @@ def reduce_scatter_tensor(x, op="sum", scatter_dim: int = 0, group=None):
     _ops.require_tensors("reduce_scatter_tensor", [("x", x)])
     group = _group(group)
     if scatter_dim != 0:
-        _ops.fail(f"reduce_scatter_tensor: scatter_dim={scatter_dim!r}, expected 0")
+        _ops.fail(f"reduce_scatter_tensor: scatter_dim={_ops.value_shown(scatter_dim)}, expected 0")
     _rows_divide("reduce_scatter_tensor", x, group.world_size)
     y = _call(group, "reduce_scatter", x, _ops.normalize_op(op, "reduce_scatter_tensor"), "reduce_scatter_tensor")
     return y.view(x.shape[0] // group.world_size, *x.shape[1:])

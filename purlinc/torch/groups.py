@@ -185,4 +185,4 @@ def group_of(group=None) -> Group:
             return made_for(group)
         purlin = getattr(group, "purlin_group", None)  # a process group of the purlin backend
         return purlin() if purlin is not None else for_process_group(group)
-    _ops.fail(f"group={group!r}: expected a purlinc.torch.Group or a torch.distributed ProcessGroup")
+    _ops.fail(f"group={_ops.value_shown(group)}: expected a purlinc.torch.Group or a torch.distributed ProcessGroup")

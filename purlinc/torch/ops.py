@@ -82,18 +82,23 @@ _REFUSED_OPS = {
 def normalize_op(op, where: str) -> str:
     """``op`` as a lower-case name: strings, ``torch.distributed.ReduceOp`` members (``SUM``,
     ``AVG``, ``PRODUCT``, ``MIN``, ``MAX``) and ReduceOp objects, Purlin's ReduceOp."""
-    inner = getattr(op, "op", None)  # a torch.distributed.ReduceOp object (what a backend's options carry)
-    if inner is not None and not isinstance(op, str):
-        op = inner
-    name = getattr(op, "name", None) or getattr(op, "value", None) or op
-    name = str(name).lower().removeprefix("redoptype.").removeprefix("reduceop.")
+    # A number is no op (refused below), read as a plain one: dynamo cannot trace getattr of a
+    # number that automatic dynamic made a symbol, nor format one (see value_shown).
+    if type(op) in (int, float) or isinstance(op, (torch.SymInt, torch.SymFloat)):
+        name = value_shown(op)
+    else:
+        inner = getattr(op, "op", None)  # a torch.distributed.ReduceOp object (what a backend's options carry)
+        if inner is not None and not isinstance(op, str):
+            op = inner
+        name = getattr(op, "name", None) or getattr(op, "value", None) or op
+        name = str(name).lower().removeprefix("redoptype.").removeprefix("reduceop.")
     name = "prod" if name == "product" else name
     # fail(), not raise: these run in the Python calls while dynamo traces them too
     if name in _REFUSED_OPS:
         fail(f"{where}: op={name.upper()} is not supported; expected one of {', '.join(REDUCE_OPS)}",
              notes=(_REFUSED_OPS[name],))
     if name not in REDUCE_OPS:
-        fail(f"{where}: op={op!r} is not supported; expected one of {', '.join(REDUCE_OPS)}")
+        fail(f"{where}: op={value_shown(op)} is not supported; expected one of {', '.join(REDUCE_OPS)}")
     return name
 
 
@@ -215,7 +220,8 @@ def split_sizes(where: str, label: str, sizes, world_size: int) -> list[int]:
     type but a bool (``validate.integer``): ``int()`` cut 1.5 to 1 and read "2" as 2, so sizes
     that were never row counts passed wherever the cut ones summed right."""
     def refuse() -> NoReturn:
-        fail(f"{where}: {label}={sizes!r}, expected a list of {shown(world_size)} integers (rows of dim 0 per rank)")
+        fail(f"{where}: {label}={value_shown(sizes)}, expected a list of {shown(world_size)} integers (rows of dim 0 "
+             "per rank)")
     # Traced, the types first, so that the trace never meets the TypeError: dynamo before torch
     # 2.13 raised operator.index(1.5)'s as an InternalTorchDynamoError, which no except clause catches.
     if torch.compiler.is_compiling() and not (isinstance(sizes, (list, tuple, torch.Tensor)) and all(
@@ -814,6 +820,27 @@ def ints_shown(values, brackets: str = "()") -> str:
     if brackets == "()" and len(values) == 1:
         return f"({text},)"
     return f"{brackets[0]}{text}{brackets[1]}"
+
+
+def value_shown(value) -> str:
+    """``repr(value)`` for a message, each int or float in it (a list's or a tuple's members
+    too) a plain number, built as shape_shown says: a number that dynamo reads as a symbol
+    (under dynamic=True, or through automatic dynamic: an argument or an attribute that
+    changed between compiles of the same code) cannot be formatted in a trace ("BUILD_STRING
+    type error"), nor a list holding one.  Anything else (a string, a NumPy int, a tensor) as
+    repr() gives it."""
+    if type(value) is int or isinstance(value, torch.SymInt):  # not a bool, nor an int subclass (an IntEnum)
+        return f"{int(value)}"
+    if type(value) is float or isinstance(value, torch.SymFloat):  # not a NumPy float (a float subclass)
+        return f"{float(value)!r}"
+    if type(value) is list or type(value) is tuple:
+        text = ""
+        for v in value:
+            text = f"{text}, {value_shown(v)}" if text else value_shown(v)
+        if type(value) is list:
+            return f"[{text}]"
+        return f"({text},)" if len(value) == 1 else f"({text})"
+    return f"{value!r}"
 
 
 def traced(seq, like):
