@@ -2036,18 +2036,22 @@ def test_raw_ops_refuse_meta_beside_real_tensors_naming_both():
     assert torch.equal(cpu, torch.zeros(4))
 
 
-def test_a_compiled_call_after_a_destroyed_default_group_says_it_has_no_communicator():
+@pytest.mark.parametrize("second", ["gloo", "purlincpu"])
+def test_a_compiled_call_after_a_destroyed_default_group_says_it_has_no_communicator(second):
     """After destroy_process_group and a new init_process_group (which names its group '0'
     again), the first compiled call released the old group inside the trace and stopped at its
     lock ("Dynamo does not know how to enter a lock").  The trace now releases nothing: it
     refuses with the documented message, and an eager call then makes the new communicator.
-    In a fresh process: it makes torch.distributed's default group."""
+    The new world on the purlin backend too: the lookup that lets such a group find itself by
+    name alone (dynamo 2.11 cannot compare it with `is`) ran the call on the destroyed gloo
+    group's communicator.  In a fresh process: it makes torch.distributed's default group."""
     code = r'''
 import socket, torch, torch.distributed as dist
 import purlinc.torch as pt
-from purlinc.torch import groups
+from purlinc.torch import backend, groups
 import torch_standin
 groups.factory = torch_standin.factory
+backend.register("purlincpu", device_type="cpu", fallbacks={"cpu": "gloo"})
 def port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -2061,7 +2065,7 @@ dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.
 f(torch.ones(4))
 assert torch.equal(compiled(torch.ones(4)), torch.full((4,), 2.0))
 dist.destroy_process_group()
-dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port()}")
+dist.init_process_group(SECOND, rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port()}")
 try:
     compiled(torch.ones(4))
     raise SystemExit("compiled without a communicator")
@@ -2075,5 +2079,6 @@ dist.destroy_process_group()
 print("ok")
 '''
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
+    code = code.replace("SECOND", repr(second))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-2000:] + done.stderr[-4000:]

@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from purlinc.log import get as _get_log
 from purlinc.runtime.errors import ArgumentError
+from purlinc.torch import groups
 from purlinc.torch import ops as _ops
 
 NAME = "purlin"
@@ -74,15 +75,11 @@ class PurlinProcessGroup(dist.ProcessGroup):
 
     def purlin_group(self):
         """The Purlin Group of this process group (made on first use by every member, then cached)."""
-        from purlinc.torch import groups
-
         return groups.for_process_group(self)
 
     def shutdown(self) -> None:
         """What ``destroy_process_group`` calls: release the Purlin communicator made for this
         group and shut the fallbacks down."""
-        from purlinc.torch import groups
-
         groups.forget(self)
         for fallback in self._fallbacks.values():
             stop = getattr(fallback, "shutdown", None)
@@ -262,6 +259,9 @@ class PurlinProcessGroup(dist.ProcessGroup):
 
     def allreduce_coalesced(self, tensors, opts):
         return self._fallback("allreduce_coalesced", tensors, "coalesced tensors").allreduce_coalesced(tensors, opts)
+
+
+groups.releases_itself(PurlinProcessGroup)  # its shutdown forgets what Purlin made for it
 
 
 def create(device_type: str = "cuda", fallbacks: dict[str, str] | None = None):

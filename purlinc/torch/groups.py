@@ -22,10 +22,15 @@ from purlinc.runtime.errors import ArgumentError
 from purlinc.torch import ops as _ops
 from purlinc.torch.distributed import Group
 
-# The purlin backend's process group class (a tuple of none where torch lacks torch.distributed).
-_BACKENDS_GROUP: type | tuple = ()
-if dist.is_available():
-    from purlinc.torch.backend import PurlinProcessGroup as _BACKENDS_GROUP
+# Process group classes whose shutdown releases what Purlin made for them (``forget``): the
+# purlin backend's, which names itself (backend.py imports this module, not the reverse).
+_SELF_RELEASING: tuple[type, ...] = ()
+
+
+def releases_itself(cls: type) -> None:
+    """Say that ``cls``'s process groups call :func:`forget` when torch destroys them."""
+    global _SELF_RELEASING
+    _SELF_RELEASING = (*_SELF_RELEASING, cls)
 
 _GROUPS: dict[int, tuple[object, object]] = {}  # id(process group) -> (the group, its Purlin Group)
 # process group name -> (the group, its Purlin Group): what a compiled graph can look up.  The
@@ -99,10 +104,13 @@ def made_for(pg):
     hit = _BY_NAME.get(pg.group_name)
     # A name torch gave again after a destroy must not find the old group.  Compared here, not
     # released (release_destroyed): closing a group takes locks, which dynamo cannot enter, and
-    # freeing a communicator has no place in a trace; the next eager call releases it.  A group
-    # of the purlin backend is never stale (its shutdown releases it), and is not compared:
+    # freeing a communicator has no place in a trace; the next eager call releases it.  Where
+    # both are groups of the purlin backend the entry is this group's: such a group leaves the
+    # map at its shutdown, and live groups' names are unique.  They are not compared with `is`:
     # dynamo before torch 2.13 wraps that subclass two ways, and `is` between them is False.
-    if hit is None or (not isinstance(pg, _BACKENDS_GROUP) and hit[0] is not pg):  # fail, not raise: dynamo cannot build an ArgumentError (see ops.fail)
+    stale = hit is not None and hit[0] is not pg and not (
+        isinstance(pg, _SELF_RELEASING) and isinstance(hit[0], _SELF_RELEASING))
+    if hit is None or stale:  # fail, not raise: dynamo cannot build an ArgumentError (see ops.fail)
         _ops.fail(f"group {pg.group_name!r} has no Purlin communicator yet, and a compiled region cannot make one "
                   f"(that is a collective of its members)",
                   notes=("call purlinc.torch.group_of(group) once outside the compiled region (every member of the "
