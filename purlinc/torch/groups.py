@@ -32,6 +32,7 @@ def releases_itself(cls: type) -> None:
     global _SELF_RELEASING
     _SELF_RELEASING = (*_SELF_RELEASING, cls)
 
+
 _GROUPS: dict[int, tuple[object, object]] = {}  # id(process group) -> (the group, its Purlin Group)
 # process group name -> (the group, its Purlin Group): what a compiled graph can look up.  The
 # group is kept beside it for an identity test a trace can make (`is`: dynamo before torch 2.13

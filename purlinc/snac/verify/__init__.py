@@ -181,14 +181,15 @@ def _check_proof_size(schedule: Schedule) -> None:
 
 def check_proof_steps(collective: str, world_size: int, steps: int, programs: int, *, partial: bool = False) -> None:
     """Refuse ``steps`` (as the proof runs them) over ``programs`` past MAX_CLOCK_ENTRIES.
-    ``partial``: a lowering still emitting (ring's wavefronts) counts what it has so far, so a
+    ``partial``: ``steps`` is a lower bound, what a lowering still emitting has so far (ring's
+    wavefronts) or will write at least (ring's hops, counted before they are routed), so a
     schedule bound to be refused stops there instead of first taking gigabytes to build."""
     entries = CALLS * steps * (programs + world_size)
     if entries > MAX_CLOCK_ENTRIES:
-        lowers = "lowers to more than" if partial else "lowers to"
+        lowers = "lowers to at least" if partial else "lowers to"
         raise PurlinError(
             f"{collective} for R={world_size} {lowers} {steps:,} steps over {programs} programs: its proof would "
-            f"hold {'more than ' if partial else ''}{entries:,} clock entries, more than one verification holds "
+            f"hold {'at least ' if partial else ''}{entries:,} clock entries, more than one verification holds "
             f"({MAX_CLOCK_ENTRIES:,})",
             notes=(HIERARCHICAL_NOTE,))
 
