@@ -14,6 +14,7 @@ for several values, without a reset in between, and expects each call's own mess
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import re
 
@@ -191,40 +192,45 @@ def test_a_float_where_an_int_belongs_is_named(dynamic):
         _refused_alike(dynamic, [(fn, (torch.ones(4), v), message.format(v)) for v in (1.5, 2.5, 3.5)])
 
 
+@contextlib.contextmanager
+def _gather_all_on_three_ranks(name: str):
+    """An all-gather op named ``name`` on each of 3 ranks (entries whose rank differs), closed after."""
+    spec = check(parse("collective gather_all { in[r] = x[r]  out[r] = x[0..R]  copy }"), 3, {})
+    colls = [pt.op(_Calls(spec, r), name=name) for r in range(3)]
+    try:
+        yield colls
+    finally:
+        for c in colls:
+            c.close()
+
+
 @MODES
 def test_an_in_place_call_of_unequal_sizes_is_named_on_every_rank(dynamic):
     """Entries whose rank and units differ (_inplace_units, _where, shown): one chunk in, three out."""
-    spec = check(parse("collective gather_all { in[r] = x[r]  out[r] = x[0..R]  copy }"), 3, {})
-    colls = [pt.op(_Calls(spec, r), name="gather_all_traced_message") for r in range(3)]
-
     def program(coll):
         def f(t):
             coll.inplace(t)
             return t
         return f
-    _refused_alike(dynamic, [(program(c), (torch.ones(6),),
-                              f"purlin::gather_all_traced_message on rank {r}: cannot run in place: rank {r} gives 1 "
-                              "chunks and receives 3; expected equal sizes (use the functional form or out=)")
-                             for r, c in enumerate(colls)])
-    for c in colls:
-        c.close()
+    with _gather_all_on_three_ranks("gather_all_traced_message") as colls:
+        _refused_alike(dynamic, [(program(c), (torch.ones(6),),
+                                  f"purlin::gather_all_traced_message on rank {r}: cannot run in place: rank {r} "
+                                  "gives 1 chunks and receives 3; expected equal sizes (use the functional form or "
+                                  "out=)")
+                                 for r, c in enumerate(colls)])
 
 
 @MODES
 def test_an_out_of_the_wrong_size_is_named_on_every_rank(dynamic):
     """check_out's sizes and the rank in its where (TorchCollective._where), traced."""
-    spec = check(parse("collective gather_all { in[r] = x[r]  out[r] = x[0..R]  copy }"), 3, {})
-    colls = [pt.op(_Calls(spec, r), name="gather_all_traced_out") for r in range(3)]
-
     def program(coll):
         def f(x):
             return coll(x, out=torch.empty(7))
         return f
-    _refused_alike(dynamic, [(program(c), (torch.ones(2),),
-                              f"purlin::gather_all_traced_out on rank {r}: out has 7 elements, expected 6 (3 chunks "
-                              "x 2 elements per chunk)") for r, c in enumerate(colls)])
-    for c in colls:
-        c.close()
+    with _gather_all_on_three_ranks("gather_all_traced_out") as colls:
+        _refused_alike(dynamic, [(program(c), (torch.ones(2),),
+                                  f"purlin::gather_all_traced_out on rank {r}: out has 7 elements, expected 6 (3 "
+                                  "chunks x 2 elements per chunk)") for r, c in enumerate(colls)])
 
 
 def test_the_fused_ops_fake_names_sizes_as_numbers_under_symbolic_shapes():

@@ -684,9 +684,7 @@ def _rank_number(where: str, label: str, value) -> int:
     integer tensor): a bool or a float is no rank (True and 1.0 would run as rank 1)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value  # the common case, and all that a compiled graph's constants need
-    # a float first, without integer(): traced, dynamo before torch 2.13 raised operator.index(1.5)'s
-    # TypeError as an InternalTorchDynamoError, and cannot trace integer() of a symbolic float at all
-    if not isinstance(value, (float, torch.SymFloat)):
+    if _ops.may_be_integer(value):  # a float is refused without integer(), which a trace cannot take
         try:
             return integer(value)
         except TypeError:

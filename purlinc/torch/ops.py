@@ -215,6 +215,14 @@ def require_list(where: str, label: str, value) -> None:
         fail(f"{where}: {label} must be a list of tensors, got {type(value).__name__}")
 
 
+def may_be_integer(value) -> bool:
+    """Whether ``integer(value)`` may succeed, told by type alone (a tensor's dtype and shape it
+    checks itself): what a trace asks first, so that it never meets integer()'s TypeError,
+    which dynamo before torch 2.13 raised as an InternalTorchDynamoError that no except clause
+    catches (operator.index(1.5)), nor calls integer() on a symbolic float, which it cannot trace."""
+    return isinstance(value, torch.Tensor) or (hasattr(type(value), "__index__") and not isinstance(value, bool))
+
+
 def split_sizes(where: str, label: str, sizes, world_size: int) -> list[int]:
     """Split sizes (a list, a tuple or a 1-D tensor) as Python ints, each an integer of any
     type but a bool (``validate.integer``): ``int()`` cut 1.5 to 1 and read "2" as 2, so sizes
@@ -222,10 +230,9 @@ def split_sizes(where: str, label: str, sizes, world_size: int) -> list[int]:
     def refuse() -> NoReturn:
         fail(f"{where}: {label}={value_shown(sizes)}, expected a list of {shown(world_size)} integers (rows of dim 0 "
              "per rank)")
-    # Traced, the types first, so that the trace never meets the TypeError: dynamo before torch
-    # 2.13 raised operator.index(1.5)'s as an InternalTorchDynamoError, which no except clause catches.
-    if torch.compiler.is_compiling() and not (isinstance(sizes, (list, tuple, torch.Tensor)) and all(
-            isinstance(s, torch.Tensor) or (hasattr(type(s), "__index__") and not isinstance(s, bool)) for s in sizes)):
+    # Traced, the types first (see may_be_integer)
+    if torch.compiler.is_compiling() and not (isinstance(sizes, (list, tuple, torch.Tensor))
+                                              and all(may_be_integer(s) for s in sizes)):
         refuse()
     try:
         return [integer(s) for s in sizes]
@@ -807,19 +814,28 @@ def shape_shown(t) -> str:
 
 def ints_joined(values) -> str:
     """Integers (sizes, ranks) joined by ", ", each a plain int, built as shape_shown says."""
+    return _joined(f"{int(n)}" for n in values)
+
+
+def _joined(texts) -> str:
+    """Texts joined by ", ", with f-strings (as shape_shown says)."""
     text = ""
-    for n in values:
-        text = f"{text}, {int(n)}" if text else f"{int(n)}"
+    for item in texts:
+        text = f"{text}, {item}" if text else item
     return text
+
+
+def _bracketed(text: str, count: int, brackets: str) -> str:
+    """``count`` items, joined in ``text``, as a tuple (``"()"``: one item takes a comma) or a list prints them."""
+    if brackets == "()" and count == 1:
+        return f"({text},)"
+    return f"{brackets[0]}{text}{brackets[1]}"
 
 
 def ints_shown(values, brackets: str = "()") -> str:
     """A tuple of sizes (a shape, strides) as ``tuple(...)`` prints it, or with ``brackets="[]"``
     a list as ``list(...)`` does, built as shape_shown says."""
-    text = ints_joined(values)
-    if brackets == "()" and len(values) == 1:
-        return f"({text},)"
-    return f"{brackets[0]}{text}{brackets[1]}"
+    return _bracketed(ints_joined(values), len(values), brackets)
 
 
 def value_shown(value) -> str:
@@ -834,12 +850,7 @@ def value_shown(value) -> str:
     if type(value) is float or isinstance(value, torch.SymFloat):  # not a NumPy float (a float subclass)
         return f"{float(value)!r}"
     if type(value) is list or type(value) is tuple:
-        text = ""
-        for v in value:
-            text = f"{text}, {value_shown(v)}" if text else value_shown(v)
-        if type(value) is list:
-            return f"[{text}]"
-        return f"({text},)" if len(value) == 1 else f"({text})"
+        return _bracketed(_joined(value_shown(v) for v in value), len(value), "[]" if type(value) is list else "()")
     return f"{value!r}"
 
 
