@@ -4,6 +4,8 @@ line, a caret under the offending text, then notes.  One table row per mistake; 
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import NamedTuple
 
 import pytest
@@ -915,3 +917,33 @@ def test_a_long_chunk_name_is_cut_in_messages():
         first = caught.value.message
         assert first.startswith(says) and "..." in first and len(first) < 160, first
         assert all(len(note) < 200 for note in caught.value.notes)
+
+
+def _quoted_diagnostics():
+    """Every ``FILE.pln:LINE:COL: error: ...`` the README and docs/ quote, with the two lines
+    under it (the source line and the caret), as (document, first line, source, caret)."""
+    root = Path(__file__).resolve().parent.parent
+    found = []
+    for doc in (root / "README.md", *sorted((root / "docs").glob("*.md"))):
+        lines = doc.read_text(encoding="utf-8").splitlines()
+        for i, line in enumerate(lines[:-2]):
+            if re.match(r"\S+\.pln:\d+:\d+: error: ", line):
+                found.append(pytest.param(line, lines[i + 1], lines[i + 2], id=f"{doc.name}:{i + 1}"))
+    return found
+
+
+@pytest.mark.parametrize("first, shown, caret", _quoted_diagnostics())
+def test_quoted_diagnostics_are_laid_out_as_rendered(first, shown, caret):
+    """LANGUAGE.md quoted an epilogue refusal at 4:5 with its source line and caret at the
+    margin, where the CLI indents the file's line by four more: a quoted diagnostic's source
+    and caret lines are what render() makes of that line at that location."""
+    line, column = map(int, re.match(r"\S+\.pln:(\d+):(\d+): ", first).groups())
+    assert shown.startswith("    "), shown
+    width = len(caret.strip())
+    source = Source("doc.pln", "\n" * (line - 1) + shown[4:])
+    rendered = PurlinError("m", Span(source, line, column, line, column + width)).render().splitlines()
+    assert rendered[1:3] == [shown, caret]
+
+
+def test_quoted_diagnostics_are_found():
+    assert len(_quoted_diagnostics()) >= 3  # README's bad.pln, LANGUAGE.md's shift.pln and fused.pln
