@@ -169,8 +169,13 @@ def test_the_docs_trace_says_its_clocks_are_misaligned(tmp_path, monkeypatch):
     assert len(warning) == 1 and warning[0].get("fill") == "#b00020"
     assert warning[0].text.startswith("warning: 2 waits end before") and warning[0].text.endswith(
         "the ranks' clocks are misaligned, so cross-rank order in this drawing is not reliable")
+    # DRAW.md quotes the warning with N waits and a gap of D us: it left out the gap and the prefix
     doc = " ".join((ROOT / "docs" / "DRAW.md").read_text().split())
-    assert "releases them by more than the clocks' uncertainty: the ranks' clocks are misaligned" in doc
+    match = re.search(r'"(warning: N waits end before [^"]*)"', doc)
+    assert match, "DRAW.md does not quote the warning as drawn"
+    quoted = match.group(1)
+    shown = re.escape(quoted).replace("N", r"\d+", 1).replace(r"\ D\ us", r"\ [0-9.]+\ us")
+    assert re.fullmatch(shown, warning[0].text), (quoted, warning[0].text)
 
 
 def test_a_causal_trace_has_no_warning_and_a_shifted_one_has(tmp_path):
