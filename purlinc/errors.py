@@ -1,8 +1,9 @@
 """One exception type for every user error, rendered like a compiler diagnostic.
 
-    allgather.pln:3:14: error: unknown name 'y'
-        out[r] = y[0..R]
-                 ^
+    allgather.pln:3:14: error: output chunk y[0] of rank 0 has no producer: no input names it
+            out[r] = y[0..R]
+                     ^^^^^^^
+    note: no input names any chunk called 'y'
     note: while checking allgather for R=3
 
 Spans ride along on the AST but never take part in equality (see ``Span``).
