@@ -595,6 +595,19 @@ def test_configure_takes_a_numpy_capacity():
     assert sized.configure(g, capacity=np.int64(64)).capacity == 64
 
 
+def test_configure_takes_a_process_group_as_group_does(monkeypatch):
+    """configure(dist.group.WORLD, capacity=...) (the uneven all-to-all of the purlin backend, of
+    group= calls on a ProcessGroup) read the process group's world_size: an AttributeError.  It
+    configures the Purlin Group those calls run on."""
+    from purlinc.torch import groups as groups_module
+
+    pg = torch.distributed.ProcessGroup(0, 1)  # a process group of one, no backend: nothing runs on it
+    g = pt.Group(Comm(0, 1), loader=lambda *a: pytest.fail("plain collective loaded"))
+    monkeypatch.setattr(groups_module, "for_process_group", lambda made_for: g if made_for is pg else None)
+    state = sized.configure(pg, capacity=48)
+    assert state.capacity == 48 and sized.state_of(pt.group_of(pg)) is state
+
+
 def test_what_a_rank_sends_itself_must_match_what_it_expects_from_itself():
     """Known on the host, yet left to the next call's SizeError; the rows stayed unwritten."""
     g = groups(1, capacity=64)[0]

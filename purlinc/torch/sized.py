@@ -111,7 +111,13 @@ def configure(group, *, capacity: int | None = None, loader=None) -> SizedState:
     ``loader(source, comm, capacity)`` in place of ``purlinc.load``.  What is given and differs
     from the group's state makes a new state (a new handle), before its first uneven call only;
     after it, a change is refused (the loaded collective is staged for its capacity, and
-    another state would load again: a collective) and the same values leave the state as it is."""
+    another state would load again: a collective) and the same values leave the state as it is.
+
+    ``group`` is what ``group=`` takes (a Group, a torch ProcessGroup, None for the default):
+    the uneven calls on a ProcessGroup run on its Purlin Group, whose state this sets."""
+    from purlinc.torch.groups import group_of
+
+    group = group_of(group)  # a ProcessGroup itself is no Group: its world_size was an AttributeError
     state = _BY_GROUP.get(group)
     if capacity is not None:
         capacity = _check_capacity_value(capacity)
