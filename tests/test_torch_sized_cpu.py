@@ -595,17 +595,14 @@ def test_configure_takes_a_numpy_capacity():
     assert sized.configure(g, capacity=np.int64(64)).capacity == 64
 
 
-def test_configure_takes_a_process_group_as_group_does(monkeypatch):
-    """configure(dist.group.WORLD, capacity=...) (the uneven all-to-all of the purlin backend, of
-    group= calls on a ProcessGroup) read the process group's world_size: an AttributeError.  It
-    configures the Purlin Group those calls run on."""
-    from purlinc.torch import groups as groups_module
-
-    pg = torch.distributed.ProcessGroup(0, 1)  # a process group of one, no backend: nothing runs on it
-    g = pt.Group(Comm(0, 1), loader=lambda *a: pytest.fail("plain collective loaded"))
-    monkeypatch.setattr(groups_module, "for_process_group", lambda made_for: g if made_for is pg else None)
-    state = sized.configure(pg, capacity=48)
-    assert state.capacity == 48 and sized.state_of(pt.group_of(pg)) is state
+@pytest.mark.parametrize("group", [torch.distributed.ProcessGroup(0, 1), None, "tp"])
+def test_configure_refuses_what_is_no_group_saying_how_to_get_one(group):
+    """configure(dist.group.WORLD, capacity=...) read the process group's world_size: an
+    AttributeError.  It names the argument and the way from a ProcessGroup to its Group."""
+    with pytest.raises(ArgumentError) as caught:
+        sized.configure(group, capacity=48)
+    assert caught.value.message == f"sized.configure: group={group!r}, expected a purlinc.torch.Group"
+    assert "sized.configure(purlinc.torch.group_of(pg), capacity=...)" in caught.value.notes[0]
 
 
 def test_what_a_rank_sends_itself_must_match_what_it_expects_from_itself():
