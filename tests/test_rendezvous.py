@@ -158,6 +158,9 @@ def test_plain_data_only():
     ({"RANK": "2", "WORLD_SIZE": "2"}, r"RANK must be in \[0, 2\)"),
     ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE must be at least 1"),
     ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "70000"}, "MASTER_PORT must be a TCP port"),
+    # the store refused it as "host must be a host name or address, got ''", naming no variable
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": ""}, "environment variable MASTER_ADDR is empty"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "  "}, "environment variable MASTER_ADDR is empty"),
 ])
 def test_env_errors(env, words):
     with pytest.raises(RendezvousError, match=words):
@@ -167,6 +170,7 @@ def test_env_errors(env, words):
 def test_env_defaults():
     info = env_info({"RANK": "1", "WORLD_SIZE": "2"})
     assert (info.rank, info.world_size, info.local_rank, info.master_addr, info.master_port) == (1, 2, 1, "127.0.0.1", 29500)
+    assert env_info({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": " node0\n"}).master_addr == "node0"  # as $(cat file)
 
 
 def test_communicator_from_env_reads_the_environment_first(monkeypatch):

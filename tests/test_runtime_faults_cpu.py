@@ -177,6 +177,22 @@ def test_group_call_refuses_one_array_where_a_list_per_rank_goes(label):
                                     "(one per rank)")
 
 
+class _Stream:
+    """One stream object (not iterable), as torch.cuda.current_stream() gives."""
+
+
+@pytest.mark.parametrize("label", ["xs", "outs", "streams"])
+@pytest.mark.parametrize("value, shown", [(_Stream(), "_Stream"), (7, "int"), ("ab", "str"), ({0: 1, 1: 2}, "dict")])
+def test_group_call_refuses_one_value_where_a_list_per_rank_goes(label, value, shown):
+    """gcoll(xs, streams=stream) for streams=[s0, s1]: list() of one stream (or a number) was a
+    TypeError from inside; a string or a dict made a rank's entry of each character or key."""
+    ranks = [_FakeRank(0, DType.FLOAT32, 8), _FakeRank(1, DType.FLOAT32, 8)]
+    args = {"xs": [1, 2], "outs": None, "streams": None, label: value}
+    with pytest.raises(ArgumentError) as caught:
+        prepare_group("allgather", ranks, args["xs"], args["outs"], "sum", args["streams"], None)
+    assert caught.value.message == f"allgather: {label} is one {shown}, expected a list of 2 entries (one per rank)"
+
+
 class _StreamRank(_FakeRank):
     """A rank on ``device`` whose call resolves to ``stream``."""
 

@@ -46,13 +46,15 @@ def test_backend_world_of_three_processes(tmp_path):
 _NO_GPU = r'''
 import sys, torch, torch.distributed as dist
 import purlinc.torch as pt
+from purlinc.runtime.communicator import Communicator
 from purlinc.runtime.errors import ArgumentError
 dist.init_process_group("purlin", init_method="file://" + sys.argv[1], rank=0, world_size=1)
 t = torch.ones(3)
 dist.all_reduce(t)  # a CPU tensor: the gloo fallback
 dist.barrier()
 print("barrier held")
-for call in (lambda: pt.all_reduce(torch.ones(2)), lambda: pt.functional.all_reduce(torch.ones(2))):
+for call in (lambda: pt.all_reduce(torch.ones(2)), lambda: pt.functional.all_reduce(torch.ones(2)),
+             Communicator.from_torch):
     try:
         call()
     except ArgumentError as error:
@@ -66,8 +68,9 @@ def test_a_purlin_world_without_a_gpu_holds_barriers_and_refuses_clearly(tmp_pat
     """init_process_group("purlin") without CUDA: dist.barrier() handed itself to NCCL, which a CPU
     build of torch lacks (AttributeError: module 'torch.distributed' has no attribute
     'ProcessGroupNCCL'); purlinc.torch's own calls reached torch.cuda.init() deep in the
-    communicator (AssertionError: Torch not compiled with CUDA enabled).  Now the barrier is
-    gloo's and the calls are refused, before any exchange, saying what is missing."""
+    communicator (AssertionError: Torch not compiled with CUDA enabled), as did
+    Communicator.from_torch itself.  Now the barrier is gloo's and the calls are refused, before
+    any exchange, saying what is missing."""
     import subprocess
     import sys
 
@@ -78,7 +81,10 @@ def test_a_purlin_world_without_a_gpu_holds_barriers_and_refuses_clearly(tmp_pat
     assert done.returncode == 0, done.stderr[-3000:]
     assert "barrier held" in done.stdout
     refused = [line for line in done.stdout.splitlines() if line.startswith("refused:")]
-    assert len(refused) == 2 and all("a Purlin communicator needs a CUDA device" in line for line in refused), done.stdout
+    assert len(refused) == 3 and all("a Purlin communicator needs a CUDA device" in line for line in refused), done.stdout
+    # Communicator.from_torch itself (what the docs' first example calls) raised torch's AssertionError
+    assert refused[2].startswith("refused: Communicator.from_torch: a Purlin communicator needs a CUDA device, and "
+                                 "torch has none: "), refused[2]
 
 
 @pytest.mark.skipif(hasattr(dist, "ProcessGroupNCCL"), reason="a torch built without NCCL")

@@ -595,6 +595,16 @@ def test_configure_takes_a_numpy_capacity():
     assert sized.configure(g, capacity=np.int64(64)).capacity == 64
 
 
+@pytest.mark.parametrize("group", [torch.distributed.ProcessGroup(0, 1), None, "tp"])
+def test_configure_refuses_what_is_no_group_saying_how_to_get_one(group):
+    """configure(dist.group.WORLD, capacity=...) read the process group's world_size: an
+    AttributeError.  It names the argument and the way from a ProcessGroup to its Group."""
+    with pytest.raises(ArgumentError) as caught:
+        sized.configure(group, capacity=48)
+    assert caught.value.message == f"sized.configure: group={group!r}, expected a purlinc.torch.Group"
+    assert "sized.configure(purlinc.torch.group_of(pg), capacity=...)" in caught.value.notes[0]
+
+
 def test_what_a_rank_sends_itself_must_match_what_it_expects_from_itself():
     """Known on the host, yet left to the next call's SizeError; the rows stayed unwritten."""
     g = groups(1, capacity=64)[0]

@@ -127,6 +127,17 @@ def fallback_calls(rank, R, records):
     m = value(rank, 12).view(3, 4).t()  # not contiguous
     dist.all_reduce(m)
     expect(m, sum(value(r, 12) for r in range(R)).view(3, 4).t(), "all_reduce non-contiguous (gloo)")
+    # lists of unequal sizes: NCCL runs them (as broadcasts, reduces), so they go to the fallback,
+    # not to Purlin's list forms (one equal chunk per rank), which refused them
+    out = torch.empty(rank + 1)
+    dist.reduce_scatter(out, [torch.full((r + 1,), float(r + 1)) for r in range(R)])
+    expect(out, torch.full((rank + 1,), float(R * (rank + 1))), "reduce_scatter of unequal sizes (gloo)")
+    try:  # gloo itself refuses an uneven all_gather, with its own message: the call reached it
+        dist.all_gather([torch.empty(r + 1) for r in range(R)], torch.zeros(rank + 1))
+    except RuntimeError as error:
+        assert "ProcessGroupGloo::allgather" in str(error), error
+    else:
+        raise AssertionError("an all_gather of unequal sizes did not reach gloo")
     assert len(torch_standin.CALLS) == before, "a fallback call reached Purlin"
     said = [r.getMessage() for r in records if "goes to gloo" in r.getMessage()]
     sends = [m for m in said if ": send with" in m or ": recv with" in m]

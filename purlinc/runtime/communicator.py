@@ -201,6 +201,7 @@ class Communicator:
 
         if not dist.is_initialized():
             raise RuntimeError("Communicator.from_torch: call torch.distributed.init_process_group first")
+        _init_cuda(torch)  # before the group's store is touched
         pg = group if group is not None else dist.group.WORLD
         rank, world = dist.get_rank(pg), dist.get_world_size(pg)
         # Bounded: a peer that died (or never arrives) is reported, not waited for.  Generous,
@@ -208,7 +209,6 @@ class Communicator:
         bound = max(settings.wait_timeout_ns() / 1e9, EXCHANGE_TIMEOUT_S)
         holder: list = []
         exchange = _reporting(Exchange(store_for(pg, timeout=bound), rank, world), rank, bound, holder)
-        torch.cuda.init()
         comm = bootstrap.open_heap(cls, rank, world, torch.cuda.current_device(), exchange, heap_bytes)
         holder.append(comm)
         # zero-copy agreement checks: the ranks are all in the same call, so a short bound
@@ -320,6 +320,18 @@ class Communicator:
                 driver.mem_free(base)
         finally:
             self.closed = True
+
+
+def _init_cuda(torch) -> None:
+    """torch's CUDA state, or an ArgumentError saying why there is none, before any exchange
+    (every rank refuses alike): torch.cuda.init() raised "Torch not compiled with CUDA enabled"
+    (an AssertionError) on a CPU build and "No CUDA GPUs are available" where none is visible."""
+    try:
+        torch.cuda.init()
+    except (AssertionError, RuntimeError) as error:
+        raise ArgumentError(f"Communicator.from_torch: a Purlin communicator needs a CUDA device, and torch has "
+                            f"none: {error}", notes=("Communicator.from_torch runs on CUDA builds of torch, on "
+                                                     "machines with a visible GPU",)) from None
 
 
 class LocalGroup:

@@ -5,7 +5,7 @@ every rank's Collective."""
 from __future__ import annotations
 
 import numbers
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from purlinc.runtime import residency, zerocopy
 from purlinc.runtime.errors import ArgumentError
@@ -81,6 +81,11 @@ def per_rank(name: str, label: str, values, world: int) -> list:
     if any(hasattr(values, attr) for attr in ("shape", "__cuda_array_interface__", "__dlpack__")):
         raise ArgumentError(f"{name}: {label} is one array ({type(values).__name__}), expected a list of {world} "
                             "entries (one per rank)")
+    # One stream for every rank (streams=torch.cuda.current_stream()) or one number gave list()'s
+    # TypeError; a string or a mapping is iterable, and made a rank's buffer of each character or key
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+        raise ArgumentError(f"{name}: {label} is one {type(values).__name__}, expected a list of {world} entries "
+                            "(one per rank)")
     values = list(values)
     if len(values) != world:
         raise ArgumentError(f"{name}: {label} has {len(values)} entries, expected {world} (one per rank)")

@@ -131,7 +131,10 @@ def env_info(environ: Mapping[str, str] | None = None) -> EnvInfo:
     world = _int_var(environ, "WORLD_SIZE")
     local = _int_var(environ, "LOCAL_RANK", str(rank))
     port = _int_var(environ, "MASTER_PORT", "29500")
-    addr = environ.get("MASTER_ADDR", "127.0.0.1")
+    addr = environ.get("MASTER_ADDR", "127.0.0.1").strip()  # spaces around it, as around the integers
+    if not addr:  # set but empty: the store refused "host ''", naming no variable
+        raise RendezvousError("environment variable MASTER_ADDR is empty: expected the host name or address of "
+                              "rank 0 (where its store serves), or leave it unset for 127.0.0.1")
     if world < 1:
         raise RendezvousError(f"WORLD_SIZE must be at least 1, got {world}")
     if not 0 <= rank < world:

@@ -9,7 +9,7 @@ in Python, so unmodified torch.distributed code runs on it: ``dist.all_reduce``,
 What Purlin runs, and what it hands on:
 
 - Purlin runs every call whose tensors are on the backend's device (CUDA), contiguous, one tensor
-  per list, with a dtype it moves (copies: any fixed-size dtype, as bytes; reductions: its
+  per list (an all_gather's or reduce_scatter's list of tensors the size of the other side), with a dtype it moves (copies: any fixed-size dtype, as bytes; reductions: its
   reducible dtypes) and a reduction it has (SUM, AVG, PRODUCT, MIN, MAX).
 - Everything else goes to the *fallback* of the tensor's device: the backend the string names
   for that device (``cpu:gloo``), else NCCL for CUDA and gloo for the CPU; point-to-point calls
@@ -174,8 +174,9 @@ class PurlinProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter(self, output_tensors, input_tensors, opts):
         flat = [t for ts in input_tensors for t in ts]
-        why = "several tensors" if len(output_tensors) != 1 else self._purlin_takes(
-            [*output_tensors, *flat], reduce_op=opts.reduceOp, reduce=True)
+        why = "several tensors" if len(output_tensors) != 1 else (
+            _unequal_sizes(flat, output_tensors[0])
+            or self._purlin_takes([*output_tensors, *flat], reduce_op=opts.reduceOp, reduce=True))
         if why:
             return self._fallback("reduce_scatter", output_tensors, why).reduce_scatter(output_tensors, input_tensors,
                                                                                          opts)
@@ -199,7 +200,8 @@ class PurlinProcessGroup(dist.ProcessGroup):
 
     def allgather(self, output_tensors, input_tensors, opts):
         flat = [t for ts in output_tensors for t in ts]
-        why = "several tensors" if len(input_tensors) != 1 else self._purlin_takes([*input_tensors, *flat])
+        why = "several tensors" if len(input_tensors) != 1 else (
+            _unequal_sizes(flat, input_tensors[0]) or self._purlin_takes([*input_tensors, *flat]))
         if why:
             return self._fallback("all_gather", input_tensors, why).allgather(output_tensors, input_tensors, opts)
         return self.purlin_group().all_gather(output_tensors[0], input_tensors[0], async_op=True)
@@ -259,6 +261,17 @@ class PurlinProcessGroup(dist.ProcessGroup):
 
     def allreduce_coalesced(self, tensors, opts):
         return self._fallback("allreduce_coalesced", tensors, "coalesced tensors").allreduce_coalesced(tensors, opts)
+
+
+def _unequal_sizes(tensors, like) -> str | None:
+    """Why Purlin does not take a list form whose tensors differ in size from ``like`` (the
+    all-gather's input, the reduce-scatter's output), or None.  NCCL runs such lists (as
+    broadcasts or reduces), so they go to the fallback: Purlin's list forms, one equal chunk
+    per rank, refused them with an ArgumentError where an NCCL group ran them."""
+    for t in tensors:
+        if t.numel() != like.numel():
+            return "tensors of unequal sizes"
+    return None
 
 
 groups.releases_itself(PurlinProcessGroup)  # its shutdown forgets what Purlin made for it

@@ -111,7 +111,13 @@ def configure(group, *, capacity: int | None = None, loader=None) -> SizedState:
     ``loader(source, comm, capacity)`` in place of ``purlinc.load``.  What is given and differs
     from the group's state makes a new state (a new handle), before its first uneven call only;
     after it, a change is refused (the loaded collective is staged for its capacity, and
-    another state would load again: a collective) and the same values leave the state as it is."""
+    another state would load again: a collective) and the same values leave the state as it is.
+
+    ``group`` is a purlinc.torch.Group: for a torch ProcessGroup, the one ``group_of(pg)`` names
+    (the Group its calls run on).  Anything else is refused by name: a ProcessGroup's missing
+    world_size was an AttributeError.  (This module cannot call group_of itself: the groups
+    module imports the Group calls, which import this one.)"""
+    _require_group(group)
     state = _BY_GROUP.get(group)
     if capacity is not None:
         capacity = _check_capacity_value(capacity)
@@ -130,6 +136,15 @@ def configure(group, *, capacity: int | None = None, loader=None) -> SizedState:
     state = _BY_GROUP[group] = SizedState(group, cap, loader or (state._loader if state else None))
     group._sized_state = state  # what a compiled graph reads (an attribute: a constant to dynamo)
     return state
+
+
+def _require_group(group) -> None:
+    """``group`` a purlinc.torch.Group (what the uneven calls hold a state for), told by what
+    a state reads of it; a ProcessGroup or anything else refused, saying how to get one."""
+    if not all(hasattr(group, attr) for attr in ("rank", "world_size", "device", "comm")):
+        raise ArgumentError(f"sized.configure: group={group!r}, expected a purlinc.torch.Group",
+                            notes=("for a torch ProcessGroup (dist.group.WORLD, new_group's, the purlin backend's): "
+                                   "sized.configure(purlinc.torch.group_of(pg), capacity=...), on every member",))
 
 
 def _check_capacity_value(capacity) -> int:
