@@ -9,8 +9,9 @@ in Python, so unmodified torch.distributed code runs on it: ``dist.all_reduce``,
 What Purlin runs, and what it hands on:
 
 - Purlin runs every call whose tensors are on the backend's device (CUDA), contiguous, one tensor
-  per list (an all_gather's or reduce_scatter's list of tensors the size of the other side), with a dtype it moves (copies: any fixed-size dtype, as bytes; reductions: its
-  reducible dtypes) and a reduction it has (SUM, AVG, PRODUCT, MIN, MAX).
+  per list (an all_gather's or reduce_scatter's list of tensors the size of the other side), with
+  a dtype it moves (copies: any fixed-size dtype, as bytes; reductions: its reducible dtypes) and
+  a reduction it has (SUM, AVG, PRODUCT, MIN, MAX).
 - Everything else goes to the *fallback* of the tensor's device: the backend the string names
   for that device (``cpu:gloo``), else NCCL for CUDA and gloo for the CPU; point-to-point calls
   (send, recv) always.  Each kind of hand-over is said once in the log (``PURLIN_DEBUG=INFO``).
