@@ -2082,3 +2082,26 @@ print("ok")
     code = code.replace("SECOND", repr(second))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-2000:] + done.stderr[-4000:]
+
+
+def test_a_group_checks_each_rooted_collective_once_per_role(monkeypatch):
+    """A Group checked every rooted collective's spec once per root, each check over all R
+    ranks: its creation grew with R squared.  Now one check per (collective, whether this rank
+    is the root), and every root's entry holds the shapes a check for that very root gives."""
+    from purlinc.frontend import check as check_module
+    from purlinc.frontend.standard import ROOTED
+
+    calls = []
+    real = check_module.check
+    monkeypatch.setattr(check_module, "check", lambda *args, **kw: calls.append(args[1:]) or real(*args, **kw))
+    world = 6
+    for rank in (0, 4):
+        calls.clear()
+        group = pt.Group(Comm(rank, world), loader=lambda *a: None)
+        assert len(calls) == len(SOURCES) + len(ROOTED), calls
+        for kind in ROOTED:
+            for root in range(world):
+                spec = real(parse(SOURCES[kind]), world, {"root": root})
+                got = group.entry(kind, root)
+                assert (got.in_units, got.out_units) == (len(spec.inputs[rank]), len(spec.outputs[rank])), (kind, root)
+        group.close()

@@ -153,6 +153,7 @@ class Group:
                 return purlinc.load(source, comm, params=params, **load_options)
         self._loader = loader
         self._entries: dict[tuple[str, int], Entry] = {}
+        self._specs: dict[tuple[str, bool], object] = {}  # _spec's, by (collective, this rank is the root)
         self.closed = False
         self._side: torch.cuda.Stream | None = None
         self._sequence = _ops.sequence(comm, self.device)  # orders compiled calls (ops._keep_in_order)
@@ -177,14 +178,26 @@ class Group:
         key = (kind, root if kind in ROOTED else 0)
         hit = self._entries.get(key)
         if hit is None:
-            from purlinc.frontend.check import check
-
             params = {"root": key[1]} if kind in ROOTED else None
-            spec = check(_definition(kind), self.world_size, params)
+            spec = self._spec(kind, key[1])
             hit = Entry(kind, spec, self.comm, self.device,
                         loader=lambda: self._loader(SOURCES[kind], params))
             _ops.define(kind)
             self._entries[key] = hit
+        return hit
+
+    def _spec(self, kind: str, root: int):
+        """The checked spec an Entry reads this rank's shapes from.  A rooted standard collective's
+        layout on this rank depends only on whether this rank is the root, so one check per role
+        serves every root: a check per root (each over all R ranks) made a group's creation grow
+        with R squared (12 s at R=512)."""
+        from purlinc.frontend.check import check
+
+        role = (kind, root == self.rank) if kind in ROOTED else (kind, True)
+        hit = self._specs.get(role)
+        if hit is None:
+            params = {"root": root} if kind in ROOTED else None
+            hit = self._specs[role] = check(_definition(kind), self.world_size, params)
         return hit
 
     def _seq(self, like):
