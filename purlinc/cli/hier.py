@@ -72,12 +72,7 @@ def check(args, definition, sizes, params) -> tuple[int, str]:
         except PurlinError as error:
             raise error.with_note(f"while verifying the hierarchical plan for R={R} "
                                   f"({Topology.of(R, G).format()})") from None
-    text = f"{plural(len(usable), 'hierarchical plan')} ({plural(G, 'GPU')} per node) verified"
-    if len(usable) < len(sizes):  # the spec was checked at every size, a plan made only where G divides R
-        shown = ", ".join(map(str, usable[:8])) + (", ..." if len(usable) > 8 else "")
-        others = len(sizes) - len(usable)
-        text += f" at R={shown}; {plural(others, 'other size')} {'is' if others == 1 else 'are'} not a multiple of {G}"
-    return len(usable), text
+    return len(usable), f"{plural(len(usable), 'hierarchical plan')} ({plural(G, 'GPU')} per node) verified"
 
 
 def _refuse_unused(args) -> None:
