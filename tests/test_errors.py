@@ -763,6 +763,41 @@ CASES = [
         R=4,
     ),
     Case(
+        'floor_division_written_as_python',  # '//' comments out the rest of the line: say so, not only "end of file"
+        'collective a { in[r] = x[r] out[r] = x[r // 2] copy }\n',
+        (
+            "spec.pln:1:41: error: unexpected end of file; expected '%', '*', '+', '-', '..', '/', ']'",
+            '    collective a { in[r] = x[r] out[r] = x[r // 2] copy }',
+            '                                            ^',
+            "note: the '//' at 1:42 starts a comment, to the end of the line, so the parser did not read what "
+            "follows it; division is '/', and it already floors (as Python's '//' does)",
+        ),
+        R=4,
+    ),
+    Case(
+        'floor_division_in_a_condition',
+        'collective a where R // 2 == 1 {\n    in[r] = x[r]\n    out[r] = x[r]\n    copy\n}\n',
+        (
+            "spec.pln:2:5: error: unexpected keyword 'in'; expected a comparison (==, !=, <, <=, >, >=)",
+            '        in[r] = x[r]',
+            '        ^^',
+            "note: the '//' at 1:22 starts a comment, to the end of the line, so the parser did not read what "
+            "follows it; division is '/', and it already floors (as Python's '//' does)",
+        ),
+        R=4,
+    ),
+    Case(
+        'comment_after_an_unclosed_range',  # a prose comment: '/' in its place parses no further, so no note
+        'collective a {\n    in[r] = x[0..R   // all\n    out[r] = x[r]\n    copy\n}\n',
+        (
+            "spec.pln:2:19: error: the '[' at 2:14 is not closed at the end of the line; expected ']'",
+            '        in[r] = x[0..R   // all',
+            '                      ^',
+            "note: a ']' goes here, or the line goes on",
+        ),
+        R=4,
+    ),
+    Case(
         'range_with_one_point',
         'collective a {\n    in[r] = x[r]\n    out[r] = x[0.R]\n    copy\n}\n',
         (
