@@ -16,7 +16,7 @@ def add_parser(commands) -> None:
         description="Check the spec for every world size in --ranks (default 1..64) and verify the SNAC "
         "schedule of every applicable algorithm; the first problem is reported with its world size.",
     )
-    parser.add_argument("file", help=common.FILE_HELP)
+    parser.add_argument("file", type=common.path, help=common.FILE_HELP)
     parser.add_argument(
         "--ranks", "-R", type=common.world_sizes, default=range(1, 65), metavar="N|LO..HI",
         help="world sizes to check: N, or LO..HI with both ends included (default 1..64); "

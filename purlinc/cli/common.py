@@ -108,7 +108,7 @@ def sizes_list(sizes: list[int]) -> str:
 
 
 def add_common(parser: argparse.ArgumentParser, ranks_default: int | None) -> None:
-    parser.add_argument("file", help=FILE_HELP)
+    parser.add_argument("file", type=path, help=FILE_HELP)
     parser.add_argument(
         "--ranks", "-R", type=positive, default=ranks_default, metavar="N",
         help=f"world size (number of ranks){'' if ranks_default is None else f'; default {ranks_default}'}",
