@@ -457,6 +457,32 @@ CASES = [
         ),
         R=3,
     ),
+    Case(  # ends that vary (with i, or with R): the shifted loop in their terms, not this i's numbers
+        'negative_loop_range_of_an_outer_loop',
+        'collective a {\n    in[r] = x[r][j] for i in 0..3 for j in i - 1..i\n    out[r] = x[r][0]\n    copy\n}\n',
+        (
+            'spec.pln:2:44: error: loop range i - 1..i starts at -1: a loop range starts at 0 or above',
+            '        in[r] = x[r][j] for i in 0..3 for j in i - 1..i',
+            '                                               ^^^^^^^^',
+            "note: count from 0 and shift the uses: 'for j in 0..i - (i - 1)' with 'j + (i - 1)' in place of 'j' "
+            "('%' wraps below 0)",
+            'note: at r=0, i=0',
+            'note: while checking a for R=3',
+        ),
+        R=3,
+    ),
+    Case(
+        'negative_loop_range_of_the_world_size',
+        'collective a {\n    in[r] = x[r]\n    out[r] = x[(r + v) % R] for v in -R..0\n    copy\n}\n',
+        (
+            'spec.pln:3:38: error: loop range -R..0 starts at -3: a loop range starts at 0 or above',
+            '        out[r] = x[(r + v) % R] for v in -R..0',
+            '                                         ^^^^^',
+            "note: count from 0 and shift the uses: 'for v in 0..R' with 'v - R' in place of 'v' ('%' wraps below 0)",
+            'note: while checking a for R=3',
+        ),
+        R=3,
+    ),
     Case(  # empty as well: no shifted loop to suggest
         'negative_empty_loop_range',
         'collective a {\n    in[r] = x[r]\n    out[r] = x[r] for v in -1..-R\n    copy\n}\n',
