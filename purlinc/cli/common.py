@@ -369,8 +369,14 @@ def emit(text: str) -> None:
                           notes=("set PYTHONIOENCODING=utf-8 (or a UTF-8 locale) and run again",)) from None
 
 
+class StdoutError(PurlinError):
+    """Standard output cannot be written (a full disk, /dev/full).  Once it is said, main points
+    standard output at /dev/null: what is still buffered for it would fail again in the
+    interpreter's flush at exit, which prints "Exception ignored" and exits 120, not 2."""
+
+
 def stdout_error(error: OSError) -> PurlinError:
-    return PurlinError(f"cannot write to standard output: {error.strerror or error}")
+    return StdoutError(f"cannot write to standard output: {error.strerror or error}")
 
 
 def output_file_problem(output: str, source: str | None = None) -> str | None:
