@@ -587,6 +587,8 @@ class _Checker:
         """Names an operand cannot have: the spec's (``spec_names``), and those a Python call
         could not pass it by (operands are keyword arguments; a local is never passed)."""
         return {**{k: "a Python keyword (no call could pass it by name)" for k in keyword.kwlist},
+                # no keyword, but 'coll(x, __debug__=w)' is a SyntaxError all the same ("cannot assign")
+                "__debug__": "a constant of Python's (no call could pass it by name)",
                 **{k: "an argument of the Python call" for k in CALL_KEYWORDS}, **self.spec_names()}
 
     def sizes(self, inputs, input_spans, outputs, output_spans) -> Sizes | None:
