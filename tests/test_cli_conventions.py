@@ -133,6 +133,41 @@ def test_an_error_into_a_full_stderr_keeps_its_status(tmp_path):
     assert done.returncode == 2
 
 
+def _child_env(buffered: bool) -> dict:
+    """The environment of a ``python -m purlinc`` child, with Python's usual buffered standard
+    output or with PYTHONUNBUFFERED: a failed write shows up at another place in each."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    return {**env, "PYTHONPATH": str(REPO), **({} if buffered else {"PYTHONUNBUFFERED": "1"})}
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["compile", "--help"], ["dump", "EXAMPLE"]],
+                         ids=["help", "version", "compile-help", "dump"])
+def test_a_full_standard_output_is_said_once_with_status_2(args, buffered):
+    """`purlinc --help > /dev/full` exited 0 with nothing written (argparse drops a write that
+    fails) or, buffered, 120 with "Exception ignored" from the interpreter's flush at exit; `purlinc
+    dump x.pln > /dev/full` said the error, then failed that flush too (120, not 2)."""
+    args = [str(EXAMPLES / "allgather.pln") if a == "EXAMPLE" else a for a in args]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "purlinc", *args], stdout=full, stderr=subprocess.PIPE,
+                              env=_child_env(buffered), timeout=120)
+    assert done.stderr.decode() == "error: cannot write to standard output: No space left on device\n"
+    assert done.returncode == 2
+
+
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+def test_help_into_a_closed_pipe_exits_quietly(buffered):
+    """`purlinc compile --help | head -1`, the reader gone first: "Exception ignored ...
+    BrokenPipeError" and status 120, where a dump ends quietly with 141."""
+    child = subprocess.Popen([sys.executable, "-m", "purlinc", "compile", "--help"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=_child_env(buffered))
+    child.stdout.close()  # the reader is gone before the help is written
+    assert child.wait(timeout=120) == 141
+    assert child.stderr.read() == b""
+    child.stderr.close()
+
+
 def test_the_console_script_takes_a_ctrl_c_during_its_imports_as_status_130(monkeypatch):
     """A Ctrl-C in the first few tenths of a second (the imports) printed a traceback and exited 1."""
     import builtins

@@ -338,6 +338,16 @@ def test_an_empty_output_path_is_refused(capsys, tmp_path, monkeypatch, command,
     assert not list(tmp_path.iterdir())  # nothing written to ./purlin-out or anywhere
 
 
+@pytest.mark.parametrize("command", ["compile", "dump", "check", "draw"])
+def test_an_empty_input_path_is_refused(capsys, tmp_path, monkeypatch, command):
+    """`purlinc dump "$SPEC"` with SPEC unset: Path('') is '.', which was reported as ". is a
+    directory, not a .pln file", naming a path the command line does not hold."""
+    monkeypatch.chdir(tmp_path)
+    err = refused(capsys, command, "")
+    assert "argument file: expected a path, got an empty string" in err
+    assert ". is a directory" not in err
+
+
 def test_purlin_out_is_ignored_by_git():
     assert "purlin-out/" in (REPO / ".gitignore").read_text().split()
 

@@ -459,6 +459,32 @@ CASES = [
         ),
         R=3,
     ),
+    Case(  # ends that vary (with i, or with R): the shifted loop in their terms, not this i's numbers
+        'negative_loop_range_of_an_outer_loop',
+        'collective a {\n    in[r] = x[r][j] for i in 0..3 for j in i - 1..i\n    out[r] = x[r][0]\n    copy\n}\n',
+        (
+            'spec.pln:2:44: error: loop range i - 1..i starts at -1: a loop range starts at 0 or above',
+            '        in[r] = x[r][j] for i in 0..3 for j in i - 1..i',
+            '                                               ^^^^^^^^',
+            "note: count from 0 and shift the uses: 'for j in 0..i - (i - 1)' with 'j + (i - 1)' in place of 'j' "
+            "('%' wraps below 0)",
+            'note: at r=0, i=0',
+            'note: while checking a for R=3',
+        ),
+        R=3,
+    ),
+    Case(
+        'negative_loop_range_of_the_world_size',
+        'collective a {\n    in[r] = x[r]\n    out[r] = x[(r + v) % R] for v in -R..0\n    copy\n}\n',
+        (
+            'spec.pln:3:38: error: loop range -R..0 starts at -3: a loop range starts at 0 or above',
+            '        out[r] = x[(r + v) % R] for v in -R..0',
+            '                                         ^^^^^',
+            "note: count from 0 and shift the uses: 'for v in 0..R' with 'v - R' in place of 'v' ('%' wraps below 0)",
+            'note: while checking a for R=3',
+        ),
+        R=3,
+    ),
     Case(  # empty as well: no shifted loop to suggest
         'negative_empty_loop_range',
         'collective a {\n    in[r] = x[r]\n    out[r] = x[r] for v in -1..-R\n    copy\n}\n',
@@ -761,6 +787,41 @@ CASES = [
             '    collective f(hidden = 8) with Rows res {',
             '                                  ^^^^',
             "note: keywords are lower case: 'rows'",
+        ),
+        R=4,
+    ),
+    Case(
+        'floor_division_written_as_python',  # '//' comments out the rest of the line: say so, not only "end of file"
+        'collective a { in[r] = x[r] out[r] = x[r // 2] copy }\n',
+        (
+            "spec.pln:1:41: error: unexpected end of file; expected '%', '*', '+', '-', '..', '/', ']'",
+            '    collective a { in[r] = x[r] out[r] = x[r // 2] copy }',
+            '                                            ^',
+            "note: the '//' at 1:42 starts a comment, to the end of the line, so the parser did not read what "
+            "follows it; division is '/', and it already floors (as Python's '//' does)",
+        ),
+        R=4,
+    ),
+    Case(
+        'floor_division_in_a_condition',
+        'collective a where R // 2 == 1 {\n    in[r] = x[r]\n    out[r] = x[r]\n    copy\n}\n',
+        (
+            "spec.pln:2:5: error: unexpected keyword 'in'; expected a comparison (==, !=, <, <=, >, >=)",
+            '        in[r] = x[r]',
+            '        ^^',
+            "note: the '//' at 1:22 starts a comment, to the end of the line, so the parser did not read what "
+            "follows it; division is '/', and it already floors (as Python's '//' does)",
+        ),
+        R=4,
+    ),
+    Case(
+        'comment_after_an_unclosed_range',  # a prose comment: '/' in its place parses no further, so no note
+        'collective a {\n    in[r] = x[0..R   // all\n    out[r] = x[r]\n    copy\n}\n',
+        (
+            "spec.pln:2:19: error: the '[' at 2:14 is not closed at the end of the line; expected ']'",
+            '        in[r] = x[0..R   // all',
+            '                      ^',
+            "note: a ']' goes here, or the line goes on",
         ),
         R=4,
     ),

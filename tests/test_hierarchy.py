@@ -285,6 +285,20 @@ def test_cli_check_hierarchical(capsys, repo_dir):
     assert "4 hierarchical plans (2 GPUs per node) verified" in capsys.readouterr().out
 
 
+def test_cli_check_hierarchical_names_the_sizes_it_has_no_plan_for(capsys, repo_dir):
+    """R=1, 3, 5, 7 are not multiples of 2: no plan is made there, and "ok for R=1..8" alone
+    read as if every size had been planned and proven (as check -a says the sizes it skips)."""
+    path = str(repo_dir / "examples/allreduce.pln")
+    assert main(["check", path, "-R", "1..8", "--gpus-per-node", "2"]) == 0
+    assert capsys.readouterr().out == ("allreduce: ok for R=1..8 (8 sizes): 4 hierarchical plans (2 GPUs per node) "
+                                       "verified (R=1, 3, 5, 7 are not multiples of 2: no plan there)\n")
+    assert main(["check", path, "-R", "2..3", "--gpus-per-node", "2"]) == 0
+    assert capsys.readouterr().out.endswith("1 hierarchical plan (2 GPUs per node) verified (R=3 is not a multiple "
+                                            "of 2: no plan there)\n")
+    assert main(["check", path, "-R", "4", "--gpus-per-node", "4"]) == 0
+    assert capsys.readouterr().out == "allreduce: ok for R=4: 1 hierarchical plan (4 GPUs per node) verified\n"
+
+
 def test_one_node_one_plan_one_gpu_are_singular(capsys, repo_dir):
     """"1 nodes x 4 GPUs", "1 hierarchical plans", "(1 GPUs per node)"."""
     path = str(repo_dir / "examples/allreduce.pln")

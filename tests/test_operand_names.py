@@ -92,6 +92,17 @@ def test_check_refuses_a_parameter_that_is_not_an_integer(value):
     assert caught.value.message == f"parameter root must be an integer, got {value!r} ({type(value).__name__})"
 
 
+def test_an_operand_named_debug_is_refused():
+    """``coll(x, __debug__=w)`` is a SyntaxError ("cannot assign to __debug__") though
+    ``__debug__`` is no keyword: the operand was accepted and no call could pass it by name."""
+    with pytest.raises(SyntaxError):
+        compile("coll(x, __debug__=w)", "<call>", "eval")
+    for source, column in ((EPILOGUE, 59), (SIZES, 19)):
+        error = _refusal(source.format(name="__debug__"))
+        assert error.message == "operand '__debug__' has the name of a constant of Python's (no call could pass it by name)"
+        assert (error.span.line, error.span.column) == (1, column)
+
+
 @pytest.mark.parametrize("name", sorted(set(keyword.kwlist) - _language_keywords()))
 def test_an_operand_named_like_a_python_keyword_is_refused(name):
     """``coll(x, out, lambda=s)`` is a syntax error: no call could pass such an operand by name

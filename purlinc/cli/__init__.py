@@ -17,8 +17,30 @@ from purlinc.errors import PurlinError
 SUBCOMMANDS = {"compile": compile, "dump": dump, "check": check, "draw": draw}
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, except that help and ``--version`` that cannot be written say so.
+    argparse drops a write that fails (``purlinc --help > /dev/full`` exited 0 with nothing
+    written), and a buffered one failed at interpreter exit instead ("Exception ignored",
+    status 120, for ``purlinc --help | head -1`` too).  Subcommand parsers are of this class too
+    (``add_subparsers`` makes its parsers of the class of the parser it is called on)."""
+
+    def _print_message(self, message, file=None):
+        if not message:
+            return
+        file = file or sys.stderr
+        try:
+            file.write(message)
+            file.flush()
+        except BrokenPipeError:
+            raise  # a reader that has gone: main ends quietly, as for any output
+        except OSError as error:
+            if file is sys.stdout:
+                raise common.stdout_error(error) from None
+            # a usage error into a stderr that cannot take it: its exit status still says it
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="purlinc",
         description="Purlin: compile collective specs (.pln) into verified SNAC schedules and CUDA kernels.",
         epilog="Examples:\n  purlinc compile examples/allgather.pln --arch sm_90\n"
@@ -67,8 +89,8 @@ def _user_error(error: Exception, text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)  # --help and --version end here (SystemExit, status 0)
         settings.log_level()  # a PURLIN_DEBUG the runtime's log would refuse is refused here too
         if sys.stdout is None:  # `purlinc ... >&-`: every subcommand prints what it did there
             raise PurlinError("standard output is closed: purlinc prints its results (or the paths it wrote) "
@@ -85,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         # `purlinc dump ... | head`: the reader has gone; stop quietly, as cat and grep do.
         _silence()
         return 141  # 128 + SIGPIPE, what a shell reports for a process the signal ended
+    except common.StdoutError as error:
+        _silence()  # its buffered text would fail again at exit (status 120 and "Exception ignored")
+        return _user_error(error, error.render())
     except PurlinError as error:
         return _user_error(error, error.render())
     except ValueError as error:  # bad dtype / op names and similar option mistakes

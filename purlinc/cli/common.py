@@ -101,8 +101,14 @@ def byte_size(text: str) -> int:
     return value
 
 
+def sizes_list(sizes: list[int]) -> str:
+    """``R=1``, ``R=1, 3``, or the first few and how many (a range of 64 sizes stays one line)."""
+    shown = ", ".join(map(str, sizes[:8])) + (f", ... ({len(sizes)} sizes)" if len(sizes) > 8 else "")
+    return f"R={shown}"
+
+
 def add_common(parser: argparse.ArgumentParser, ranks_default: int | None) -> None:
-    parser.add_argument("file", help=FILE_HELP)
+    parser.add_argument("file", type=path, help=FILE_HELP)
     parser.add_argument(
         "--ranks", "-R", type=positive, default=ranks_default, metavar="N",
         help=f"world size (number of ranks){'' if ranks_default is None else f'; default {ranks_default}'}",
@@ -363,8 +369,14 @@ def emit(text: str) -> None:
                           notes=("set PYTHONIOENCODING=utf-8 (or a UTF-8 locale) and run again",)) from None
 
 
+class StdoutError(PurlinError):
+    """Standard output cannot be written (a full disk, /dev/full).  Once it is said, main points
+    standard output at /dev/null: what is still buffered for it would fail again in the
+    interpreter's flush at exit, which prints "Exception ignored" and exits 120, not 2."""
+
+
 def stdout_error(error: OSError) -> PurlinError:
-    return PurlinError(f"cannot write to standard output: {error.strerror or error}")
+    return StdoutError(f"cannot write to standard output: {error.strerror or error}")
 
 
 def output_file_problem(output: str, source: str | None = None) -> str | None:

@@ -203,7 +203,7 @@ def _evaluate_range(rng: ast.Range, scope: _Scope, variable: str | None = None) 
     hi = _evaluate(rng.hi, scope)
     if lo < 0 and variable is not None:
         raise PurlinError(f"loop range {_short(rng)} starts at {lo}: a loop range starts at 0 or above", rng.span,
-                          _shifted_loop(variable, lo, hi))
+                          _shifted_loop(rng, variable, lo, hi))
     if lo < 0:
         raise PurlinError(f"range {_short(rng)} starts at {lo}, below 0 (chunk indices start at 0)", rng.span)
     if hi <= lo:
@@ -211,14 +211,31 @@ def _evaluate_range(rng: ast.Range, scope: _Scope, variable: str | None = None) 
     return range(lo, hi)  # a range object holds two ints, whatever its length
 
 
-def _shifted_loop(variable: str, lo: int, hi: int) -> tuple[str, ...]:
+def _shifted_loop(rng: ast.Range, variable: str, lo: int, hi: int) -> tuple[str, ...]:
     """How to write a loop from ``lo`` < 0 (empty where the range is empty too): from 0, with
-    the uses shifted; '%' is floor modulo, so a rank index below 0 still wraps."""
+    the uses shifted; '%' is floor modulo, so a rank index below 0 still wraps.  In numbers
+    only where the ends are numbers: 'for j in i-1..i' at i=0 is not 'for j in 0..1' with
+    'j - 1' at any other i, nor '-R..0' at R=3 'for v in 0..3' at any other R."""
     if hi <= lo:
         return ()
+    if _names_in((rng,)):
+        if isinstance(rng.lo, ast.Negate):  # -R..0: 'for v in 0..R' with 'v - R', not '0 - (-R)', 'v + (-R)'
+            below = _operand(rng.lo.operand)
+            length = below if rng.hi == ast.Number(0) else f"{_operand(rng.hi)} + {below}"
+            shift = f"{variable} - {below}"
+        else:
+            length, shift = f"{_operand(rng.hi)} - {_operand(rng.lo)}", f"{variable} + {_operand(rng.lo)}"
+        return (f"count from 0 and shift the uses: 'for {variable} in 0..{length}' with '{shift}' in place of "
+                f"'{variable}' ('%' wraps below 0)",)
     shift = f"{variable} - {-lo}"
     return (f"count from 0 and shift the uses: 'for {variable} in 0..{hi - lo}' with '{shift}' in place of "
             f"'{variable}' ('%' wraps below 0: (r + {shift}) % R)",)
+
+
+def _operand(expr: ast.Expr) -> str:
+    """``expr`` as written, in parentheses unless it is a name or a number (an operand of '-')."""
+    text = _short(expr)
+    return text if isinstance(expr, (ast.Name, ast.Number)) else f"({text})"
 
 
 def _compare(condition: ast.Condition, scope: _Scope) -> bool:
@@ -570,6 +587,8 @@ class _Checker:
         """Names an operand cannot have: the spec's (``spec_names``), and those a Python call
         could not pass it by (operands are keyword arguments; a local is never passed)."""
         return {**{k: "a Python keyword (no call could pass it by name)" for k in keyword.kwlist},
+                # no keyword, but 'coll(x, __debug__=w)' is a SyntaxError all the same ("cannot assign")
+                "__debug__": "a constant of Python's (no call could pass it by name)",
                 **{k: "an argument of the Python call" for k in CALL_KEYWORDS}, **self.spec_names()}
 
     def sizes(self, inputs, input_spans, outputs, output_spans) -> Sizes | None:

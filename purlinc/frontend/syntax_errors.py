@@ -94,6 +94,15 @@ def _expected(error: lark.exceptions.UnexpectedToken) -> set[str]:
 
 
 def translate(error: lark.exceptions.LarkError, source: Source) -> PurlinError:
+    translated = _translate(error, source)
+    if isinstance(error, lark.exceptions.UnexpectedToken):
+        at = len(source.text) if error.token.type == "$END" else error.token.start_pos
+        for note in _floor_division_hints(source, at):
+            translated = translated.with_note(note)
+    return translated
+
+
+def _translate(error: lark.exceptions.LarkError, source: Source) -> PurlinError:
     if isinstance(error, lark.exceptions.UnexpectedCharacters):
         char = source.text[error.pos_in_stream] if error.pos_in_stream < len(source.text) else ""
         return PurlinError(f"unexpected character {char!r}", point(source, error.line, error.column),
@@ -170,6 +179,33 @@ def _hidden_by_a_comment(source: Source, after: int) -> tuple[str, ...]:
                     f"{_BREAK_NAMES.get(hidden.group()[0], 'line separator')} at {break_at.line}:{break_at.column} "
                     "to the next '\\n', hiding the text after it (only '\\n' or '\\r\\n' ends a line)",)
     return ()
+
+
+def _floor_division_hints(source: Source, at: int) -> tuple[str, ...]:
+    """A note when the parser stopped (at offset ``at``) right after a '//' comment that follows
+    an operand, and the text parses with '/' in its place: `x[r // 2]` is Python's floor
+    division to its writer, but here '//' starts a comment, so the rest of the line was never
+    read and the message names a place ("unexpected end of file") the writer cannot see."""
+    before = _tokens_before(source, at)
+    if not before or before[-1].type not in _VALUE_ENDS:
+        return ()
+    last = before[-1]
+    gap = source.text[last.end_pos:at]
+    spaces = len(gap) - len(gap.lstrip(" \t"))
+    if not gap.startswith("//", spaces):
+        return ()
+    slash = last.end_pos + spaces
+    divided = source.text[:slash] + "/" + source.text[slash + 2:]
+    try:
+        lark_parser().parse(divided)
+    except lark.exceptions.UnexpectedInput as error:
+        if (getattr(error, "pos_in_stream", None) or 0) < at:  # no further with '/': not what went wrong
+            return ()
+    except lark.exceptions.LarkError:
+        return ()
+    comment = located(source, slash)
+    return (f"the '//' at {comment.line}:{comment.column} starts a comment, to the end of the line, so the parser "
+            "did not read what follows it; division is '/', and it already floors (as Python's '//' does)",)
 
 
 def _header_hints(token: Token, expected: set[str]) -> tuple[str, ...]:
