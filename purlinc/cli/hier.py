@@ -75,7 +75,8 @@ def check(args, definition, sizes, params) -> tuple[int, str]:
     text = f"{plural(len(usable), 'hierarchical plan')} ({plural(G, 'GPU')} per node) verified"
     skipped = [R for R in sizes if R % G]
     if skipped:  # said, as check -a says the sizes its algorithm skips: "ok for R=1..8" alone hid them
-        text += f" ({common.sizes_list(skipped)} {'is not a multiple' if len(skipped) == 1 else 'are not multiples'} of {G}: no plan there)"
+        verb = "is not a multiple" if len(skipped) == 1 else "are not multiples"
+        text += f" ({common.sizes_list(skipped)} {verb} of {G}: no plan there)"
     return len(usable), text
 
 
