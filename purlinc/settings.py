@@ -134,7 +134,9 @@ def _number(setting: Setting, low: float, high: float, *, zero: bool = False) ->
     """A finite number in [low, high] (or 0 where ``zero`` says 0 means none)."""
     raw = setting.raw().strip()
     try:
-        value = float(raw) if "_" not in raw else float("nan")  # float() reads 1_000; a shell user means no such thing
+        # float() reads 1_000 and other scripts' digits ('١٠' as 10); a shell user means neither,
+        # and the launcher's variables (RANK, ...) refuse both
+        value = float(raw) if "_" not in raw and raw.isascii() else float("nan")
     except ValueError:
         value = float("nan")
     if value == value and ((zero and value == 0) or low <= value <= high):

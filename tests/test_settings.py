@@ -29,7 +29,7 @@ def test_numbers_read(monkeypatch, name, read, value, expected):
     assert read() == expected
 
 
-BAD = ["abc", "nan", "inf", "1e400", "-1", "99999999999999999999", "0", "1_000"]
+BAD = ["abc", "nan", "inf", "1e400", "-1", "99999999999999999999", "0", "1_000", "\u0661\u0660"]  # the last: Arabic-Indic 10
 REFUSED = [(name, read, value) for name, read in sorted({(n, r) for n, r, _, _ in NUMBERS}, key=lambda item: item[0])
            for value in BAD if (name, value) != ("PURLIN_HEAP_MAX_MB", "0")]  # 0 means no bound there
 
