@@ -161,10 +161,19 @@ def test_plain_data_only():
     # the store refused it as "host must be a host name or address, got ''", naming no variable
     ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": ""}, "environment variable MASTER_ADDR is empty"),
     ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "  "}, "environment variable MASTER_ADDR is empty"),
+    # a port in the address: the lookup of '127.0.0.1:5' failed only after the whole timeout
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1:5"},
+     r"MASTER_ADDR='127.0.0.1:5' names a port: .* \(MASTER_ADDR=127.0.0.1 MASTER_PORT=5\)"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "node0:29500"}, "MASTER_ADDR='node0:29500' names a port"),
 ])
 def test_env_errors(env, words):
     with pytest.raises(RendezvousError, match=words):
         env_info(env)
+
+
+def test_an_ipv6_master_addr_is_no_host_with_a_port():
+    for addr in ("::1", "fe80::1", "2001:db8::8:800"):
+        assert env_info({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": addr}).master_addr == addr
 
 
 def test_env_defaults():

@@ -135,6 +135,11 @@ def env_info(environ: Mapping[str, str] | None = None) -> EnvInfo:
     if not addr:  # set but empty: the store refused "host ''", naming no variable
         raise RendezvousError("environment variable MASTER_ADDR is empty: expected the host name or address of "
                               "rank 0 (where its store serves), or leave it unset for 127.0.0.1")
+    host, colon, digits = addr.rpartition(":")
+    if colon and digits.isascii() and digits.isdigit() and ":" not in host:  # an IPv6 address has several
+        # a host name or IPv4 address with a port: the lookup fails only once the whole timeout has passed
+        raise RendezvousError(f"MASTER_ADDR={addr!r} names a port: expected the host alone, with the port in "
+                              f"MASTER_PORT (MASTER_ADDR={host} MASTER_PORT={digits})")
     if world < 1:
         raise RendezvousError(f"WORLD_SIZE must be at least 1, got {world}")
     if not 0 <= rank < world:
