@@ -157,6 +157,10 @@ def test_check_all_names_the_failing_world_size():
     assert info.value.message == "range 1..R is empty (1..1)"
     assert info.value.notes == ("while checking c for R=1",)
 
+    with pytest.raises(PurlinError) as info:  # its values said once, not twice ("range 0..0 is empty (0..0)")
+        check_all(parse("collective c { in[r] = x[r][0..0] out[r] = x[r][0..0] copy }"), range(1, 3))
+    assert info.value.message == "range 0..0 is empty"
+
     # Only breaks from R=3 on: rank 2 names x[2] but the inputs stop at x[1].
     with pytest.raises(PurlinError) as info:
         check_all(parse("collective c { in[0] = x[0..2] out[r] = x[r] copy }"), range(1, 9))

@@ -207,7 +207,8 @@ def _evaluate_range(rng: ast.Range, scope: _Scope, variable: str | None = None) 
     if lo < 0:
         raise PurlinError(f"range {_short(rng)} starts at {lo}, below 0 (chunk indices start at 0)", rng.span)
     if hi <= lo:
-        raise PurlinError(f"range {_short(rng)} is empty ({lo}..{hi})", rng.span)
+        values = "" if _short(rng) == f"{lo}..{hi}" else f" ({lo}..{hi})"  # its values, where names hide them
+        raise PurlinError(f"range {_short(rng)} is empty{values}", rng.span)
     return range(lo, hi)  # a range object holds two ints, whatever its length
 
 
