@@ -386,3 +386,22 @@ def test_the_options_key_pattern_reads_every_key_the_options_write():
         assert match is not None, options.key()
         assert match["slots"] == ("all" if options.slots is None else str(options.slots))
         assert match["registered"] == (",".join(sorted(options.registered)) or "-")
+
+
+def test_too_many_reads_suggests_fewer_slices_only_where_fewer_fit():
+    """Past the reads bound at one slice, the note "or with fewer slices" named an option that
+    cannot help (there is no fewer); where a smaller count fits, the note says which."""
+    from purlinc.snac.ir import HIERARCHICAL_NOTE
+
+    with pytest.raises(PurlinError) as caught:
+        lower(spec_of("allreduce", 102), LowerOptions())
+    assert caught.value.notes == (HIERARCHICAL_NOTE,)
+    with pytest.raises(PurlinError) as caught:
+        lower(spec_of("allreduce", 128), LowerOptions(slices=4))
+    assert caught.value.notes == (HIERARCHICAL_NOTE,)  # 2,097,152 reads at one slice already
+    with pytest.raises(PurlinError) as caught:
+        lower(spec_of("allreduce", 32), LowerOptions(slices=64))  # 32,768 reads a slice: 32 fit
+    assert caught.value.notes == (HIERARCHICAL_NOTE, "or with at most 32 slice(s) per channel")
+    from purlinc.snac.lower import MAX_READS
+
+    assert spec_of("allreduce", 32).reads * 32 == MAX_READS  # 32 slices is exactly the bound

@@ -117,8 +117,7 @@ def _check_options(spec: Spec, options: LowerOptions) -> None:
     if reads > MAX_READS:
         raise PurlinError(f"{spec.name} for R={spec.world_size} reads {reads:,} chunks across its ranks' outputs "
                           f"(x {options.slices} slice(s) per channel), more than one schedule holds ({MAX_READS:,})",
-                          notes=(HIERARCHICAL_NOTE,
-                                 "or with fewer slices"))
+                          notes=_too_many_reads_notes(spec.reads, options.slices))
     if options.slots is not None and options.slots < 1:
         raise PurlinError(f"slots must be >= 1 (got {options.slots})")
     check_packed(options)
@@ -126,6 +125,16 @@ def _check_options(spec: Spec, options: LowerOptions) -> None:
         raise PurlinError(f"packed (LL) stages combine at most {MAX_PACKED_SOURCES} sources per output chunk; "
                           f"{spec.name} for R={spec.world_size} reduces {spec.most_sources}",
                           notes=("drop packed: plain direct-push (or two-shot) reduces any number of sources",))
+
+
+def _too_many_reads_notes(reads: int, slices: int) -> tuple[str, ...]:
+    """What would bring a schedule of ``reads`` chunk reads per slice under MAX_READS: a
+    hierarchical plan always; fewer slices only where some count fits (at one slice, or with
+    more reads than fit even then, "fewer slices" named an option that cannot help)."""
+    fitting = MAX_READS // reads
+    if 1 <= fitting < slices:
+        return (HIERARCHICAL_NOTE, f"or with at most {fitting} slice(s) per channel")
+    return (HIERARCHICAL_NOTE,)
 
 
 def check_packed(options: LowerOptions) -> None:
