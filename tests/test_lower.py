@@ -405,3 +405,14 @@ def test_too_many_reads_suggests_fewer_slices_only_where_fewer_fit():
     from purlinc.snac.lower import MAX_READS
 
     assert spec_of("allreduce", 32).reads * 32 == MAX_READS  # 32 slices is exactly the bound
+
+
+def test_too_many_packed_sources_suggests_only_algorithms_that_apply():
+    """Packed stages over more than 32 sources: the note named two-shot for a rooted reduce too,
+    which two-shot refuses (every chunk goes to one rank)."""
+    with pytest.raises(PurlinError) as caught:
+        lower(spec_of("reduce", 33), LowerOptions(packed=True))
+    assert caught.value.notes[0] == "drop packed: plain direct-push reduces any number of sources"
+    with pytest.raises(PurlinError) as caught:
+        lower(spec_of("allreduce", 33), LowerOptions(packed=True))
+    assert caught.value.notes[0] == "drop packed: plain direct-push (or two-shot) reduces any number of sources"

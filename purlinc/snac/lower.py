@@ -124,7 +124,7 @@ def _check_options(spec: Spec, options: LowerOptions) -> None:
     if options.packed and spec.is_reduce and spec.most_sources > MAX_PACKED_SOURCES:
         raise PurlinError(f"packed (LL) stages combine at most {MAX_PACKED_SOURCES} sources per output chunk; "
                           f"{spec.name} for R={spec.world_size} reduces {spec.most_sources}",
-                          notes=("drop packed: plain direct-push (or two-shot) reduces any number of sources",))
+                          notes=(_unpacked_note(spec),))
 
 
 def _too_many_reads_notes(reads: int, slices: int) -> tuple[str, ...]:
@@ -135,6 +135,13 @@ def _too_many_reads_notes(reads: int, slices: int) -> tuple[str, ...]:
     if 1 <= fitting < slices:
         return (HIERARCHICAL_NOTE, f"or with at most {fitting} slice(s) per channel")
     return (HIERARCHICAL_NOTE,)
+
+
+def _unpacked_note(spec: Spec) -> str:
+    """The plain algorithms that reduce ``spec``'s many sources: two-shot only where it applies
+    (a reduction to one rank, such as a rooted reduce, has no chunk for it to gather)."""
+    plain = " (or two-shot)" if Algorithm.TWO_SHOT in applicable(spec) else ""
+    return f"drop packed: plain direct-push{plain} reduces any number of sources"
 
 
 def check_packed(options: LowerOptions) -> None:
