@@ -639,3 +639,17 @@ def test_a_phase_whose_text_cannot_be_shortened_is_refused_by_check_naming_it(tm
     assert err.startswith("error: scrambled_h0: a node's phase of this hierarchical plan is 80,181 bytes of .pln text, "
                           "more than a collective may be (65,536)"), err
     assert "note: a smaller gpus_per_node makes each node's phases smaller" in err
+
+
+def test_cli_check_hierarchical_names_the_sizes_it_has_no_plan_for(capsys, repo_dir):
+    """`check -R 1..8 --gpus-per-node 3` said "ok for R=1..8 (8 sizes): 2 hierarchical plans":
+    the six sizes that 3 does not divide were skipped without a word, as if proven."""
+    path = str(repo_dir / "examples/allreduce.pln")
+    assert main(["check", path, "-R", "1..8", "--gpus-per-node", "3"]) == 0
+    assert capsys.readouterr().out == ("allreduce: ok for R=1..8 (8 sizes): 2 hierarchical plans (3 GPUs per node) "
+                                       "verified (R=1, 2, 4, 5, 7, 8 are not multiples of 3: no plan there)\n")
+    assert main(["check", path, "-R", "3..4", "--gpus-per-node", "3"]) == 0
+    assert "1 hierarchical plan (3 GPUs per node) verified (R=4 is not a multiple of 3: no plan there)\n" \
+        in capsys.readouterr().out
+    assert main(["check", path, "-R", "2..4", "--gpus-per-node", "2"]) == 0
+    assert "2 hierarchical plans (2 GPUs per node) verified (R=3 is not" in capsys.readouterr().out

@@ -101,15 +101,9 @@ def run(args) -> int:
                           notes=("check the spec alone with --spec-only",))
     what = "spec" if args.spec_only else hier_text or f"spec and {verified} schedules verified"
     if unverified:
-        what += f" ({args.algorithm} does not apply at {_sizes_list(unverified)}: no schedule there)"
+        what += f" ({args.algorithm} does not apply at {common.sizes_list(unverified)}: no schedule there)"
     common.emit(f"{definition.name}: ok for {sizes_text}: {what}\n")
     return 0
-
-
-def _sizes_list(sizes: list[int]) -> str:
-    """``R=1``, ``R=1, 3``, or the first few and how many (a range of 64 sizes stays one line)."""
-    shown = ", ".join(map(str, sizes[:8])) + (f", ... ({len(sizes)} sizes)" if len(sizes) > 8 else "")
-    return f"R={shown}"
 
 
 def _units(args, sizes, specs) -> list:

@@ -101,6 +101,12 @@ def byte_size(text: str) -> int:
     return value
 
 
+def sizes_list(sizes: list[int]) -> str:
+    """``R=1``, ``R=1, 3``, or the first few and how many (a range of 64 sizes stays one line)."""
+    shown = ", ".join(map(str, sizes[:8])) + (f", ... ({len(sizes)} sizes)" if len(sizes) > 8 else "")
+    return f"R={shown}"
+
+
 def add_common(parser: argparse.ArgumentParser, ranks_default: int | None) -> None:
     parser.add_argument("file", help=FILE_HELP)
     parser.add_argument(

@@ -72,7 +72,12 @@ def check(args, definition, sizes, params) -> tuple[int, str]:
         except PurlinError as error:
             raise error.with_note(f"while verifying the hierarchical plan for R={R} "
                                   f"({Topology.of(R, G).format()})") from None
-    return len(usable), f"{plural(len(usable), 'hierarchical plan')} ({plural(G, 'GPU')} per node) verified"
+    text = f"{plural(len(usable), 'hierarchical plan')} ({plural(G, 'GPU')} per node) verified"
+    skipped = [R for R in sizes if R % G]
+    if skipped:  # "ok for R=1..8" must not read as a plan proven for every size in it
+        verb = "is not a multiple" if len(skipped) == 1 else "are not multiples"
+        text += f" ({common.sizes_list(skipped)} {verb} of {G}: no plan there)"
+    return len(usable), text
 
 
 def _refuse_unused(args) -> None:
