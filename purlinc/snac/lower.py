@@ -155,6 +155,25 @@ def check_packed(options: LowerOptions) -> None:
         )
 
 
+def _least_proof_steps(spec: Spec, options: LowerOptions) -> int:
+    """The fewest steps any schedule of ``spec`` under ``options`` puts before the verifier:
+    every slice of every output is written by a step of its own (a Stage or a Consume names
+    one destination), and the proof runs each call as two where staging has two copies
+    (packed stages and run-time sizes always have two; ``verify._check_proof_size``)."""
+    record = get_algorithm(options.algorithm)
+    two = spec.sizes is not None or options.packed or min(options.stage_copies, record.stage_copies) == 2
+    return sum(len(layout) for layout in spec.outputs) * options.slices * (2 if two else 1)
+
+
+def _check_least_proof(spec: Spec, options: LowerOptions) -> None:
+    """Refuse, before lowering, a schedule whose proof is bound to exceed the verifier's bound:
+    an all-gather on direct-push at R=700 took 14 s and 1.4 GB to lower before the verifier
+    refused it (the ring counts its own hops first, and more exactly: ``ring._least_steps``)."""
+    from purlinc.snac.verify import check_proof_steps
+
+    check_proof_steps(spec.name, spec.world_size, _least_proof_steps(spec, options), spec.world_size, partial=True)
+
+
 def lower(spec: Spec, options: LowerOptions) -> Schedule:
     """The SNAC schedule of ``spec`` under ``options``; PurlinError when the algorithm does not apply.
     The algorithm's record (``purlinc.snac.algorithms``) names its lowering function.
@@ -162,6 +181,7 @@ def lower(spec: Spec, options: LowerOptions) -> Schedule:
     ``stage_copies`` beyond what the algorithm lowers to is capped (a request for what the
     atom can address, not a demand), so the schedule's options say what it does."""
     _check_options(spec, options)
+    _check_least_proof(spec, options)
     if spec.sizes is not None:  # run-time sizes: their own lowering, the same IR
         from purlinc.snac.sized import lower_sized
 
