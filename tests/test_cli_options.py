@@ -567,3 +567,9 @@ def test_compile_states_its_default_world_size_and_it_is_the_apis():
 def test_dump_ast_refuses_ranks_it_would_not_use(capsys):
     assert refused(capsys, "dump", ALLGATHER, "-s", "ast", "-R", "5") == \
         "error: --ranks 5 applies to --stage spec, snac and cuda, not --stage ast\n"
+
+
+def test_check_counts_one_schedule_in_the_singular(capsys):
+    """"spec and 1 schedules verified"."""
+    assert main(["check", str(EXAMPLES / "allreduce.pln"), "-R", "3", "--packed"]) == 0
+    assert capsys.readouterr().out == "allreduce: ok for R=3: spec and 1 schedule verified\n"

@@ -653,3 +653,4 @@ def test_a_phase_whose_text_cannot_be_shortened_is_refused_by_check_naming_it(tm
     assert err.startswith("error: scrambled_h0: a node's phase of this hierarchical plan is 80,181 bytes of .pln text, "
                           "more than a collective may be (65,536)"), err
     assert "note: a smaller gpus_per_node makes each node's phases smaller" in err
+

@@ -386,3 +386,81 @@ def test_the_options_key_pattern_reads_every_key_the_options_write():
         assert match is not None, options.key()
         assert match["slots"] == ("all" if options.slots is None else str(options.slots))
         assert match["registered"] == (",".join(sorted(options.registered)) or "-")
+
+
+def test_too_many_reads_suggests_fewer_slices_only_where_fewer_fit():
+    """Past the reads bound at one slice, the note "or with fewer slices" named an option that
+    cannot help (there is no fewer); where a smaller count fits, the note says which."""
+    from purlinc.snac.ir import HIERARCHICAL_NOTE
+
+    with pytest.raises(PurlinError) as caught:
+        lower(spec_of("allreduce", 102), LowerOptions())
+    assert caught.value.notes == (HIERARCHICAL_NOTE,)
+    with pytest.raises(PurlinError) as caught:
+        lower(spec_of("allreduce", 128), LowerOptions(slices=4))
+    assert caught.value.notes == (HIERARCHICAL_NOTE,)  # 2,097,152 reads at one slice already
+    with pytest.raises(PurlinError) as caught:
+        lower(spec_of("allreduce", 32), LowerOptions(slices=64))  # 32,768 reads a slice: 32 fit
+    assert caught.value.notes == (HIERARCHICAL_NOTE, "or with at most 32 slice(s) per channel")
+    from purlinc.snac.lower import MAX_READS
+
+    assert spec_of("allreduce", 32).reads * 32 == MAX_READS  # 32 slices is exactly the bound
+
+
+def test_too_many_packed_sources_suggests_only_algorithms_that_apply():
+    """Packed stages over more than 32 sources: the note named two-shot for a rooted reduce too,
+    which two-shot refuses (every chunk goes to one rank)."""
+    with pytest.raises(PurlinError) as caught:
+        lower(spec_of("reduce", 33), LowerOptions(packed=True))
+    assert caught.value.notes[0] == "drop packed: plain direct-push reduces any number of sources"
+    with pytest.raises(PurlinError) as caught:
+        lower(spec_of("allreduce", 33), LowerOptions(packed=True))
+    assert caught.value.notes[0] == "drop packed: plain direct-push (or two-shot) reduces any number of sources"
+
+
+def test_a_proof_bound_to_be_too_big_is_refused_before_lowering(monkeypatch):
+    """All-gather on direct-push at R=700 lowered 3.9 million steps (14 s, 1.4 GB) before the
+    verifier refused its proof: every output slice needs a step of its own, so past the bound
+    the lowering is refused before it builds anything, in the verifier's words."""
+    import purlinc.snac.direct as direct
+    from purlinc.snac.ir import HIERARCHICAL_NOTE
+
+    def lowered(*args):
+        raise AssertionError("the schedule was lowered")
+    monkeypatch.setattr(direct, "direct_push", lowered)
+    with pytest.raises(PurlinError) as caught:
+        lower(spec_of("allgather", 520), LowerOptions(stage_copies=2))
+    assert caught.value.message.startswith("allgather for R=520 lowers to at least 540,800 steps over 520 programs")
+    assert caught.value.notes[0] == HIERARCHICAL_NOTE
+
+
+@pytest.mark.parametrize("text", [
+    "collective c { in[r] = x[r]  out[r] = x[0..R]  copy }",
+    "collective c { in[r] = x[0..R]  out[r] = x[0..R], x[0]  reduce }",
+    "collective c { in[r] = x[r]  out[r] = x[0], x[r], x[0]  copy }",
+    "collective c with sizes n[R] of x { in[r] = x[r]  out[r] = x[0..R], x[r]  copy }",
+    "collective c(h = 8) with rows res { in[r] = x  out[r] = x  reduce  epilogue rows(h) { out = out + res } }",
+])
+def test_the_least_proof_steps_never_exceed_the_proofs_steps(text):
+    """The count that refuses a schedule before it is lowered is a lower bound of the steps the
+    verifier counts (``verify._check_proof_size``) for every algorithm and option: it must never
+    refuse a schedule the verifier would take."""
+    from purlinc.frontend.check import check
+    from purlinc.frontend.parse import parse
+    from purlinc.snac.lower import _least_proof_steps
+
+    options_list = [dict(), dict(stage_copies=2), dict(packed=True), dict(slices=3, channels=2),
+                    dict(registered=frozenset({"in", "out"})), dict(slices=2, stage_copies=2)]
+    for world in (1, 2, 3, 5):
+        spec = check(parse(text), world)
+        for algorithm in applicable_algorithms(spec):
+            for changes in options_list:
+                options = LowerOptions(algorithm=algorithm, **changes)
+                try:
+                    schedule = lower(spec, options)
+                except PurlinError:
+                    continue
+                written = sum(len(program.steps) for program in schedule.programs)
+                packed = sum(1 for p in schedule.programs for step in p.steps if isinstance(step, Stage) and step.packed)
+                assert 0 < _least_proof_steps(spec, options) <= (written + packed) * schedule.stage_copies, \
+                    (world, options.key())

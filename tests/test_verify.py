@@ -686,3 +686,26 @@ def test_the_rings_least_steps_never_exceed_the_steps_it_writes(name, world, par
             options = LowerOptions(algorithm=Algorithm.RING, slices=slices, registered=registered)
             written = sum(len(program.steps) for program in ring.ring(spec, options).programs)
             assert 0 < ring._least_steps(spec, options) <= written, (slices, registered)
+
+
+@pytest.mark.parametrize("text, world", [
+    ("collective c { in[r] = x[0..r+1]  out[r] = x[r]  reduce }", 5),  # contributions on some ranks only
+    ("collective c { in[r] = x, x, y[r]  out[r] = x, y[(r+1)%R]  reduce }", 4),  # one input names x twice
+    ("collective c { in[r] = x, y[r]  out[r] = x, y[(r+2)%R], x  copy replicated }", 5),  # a producer on every rank
+    ("collective c where R >= 3 { in[1] = x, y  out[2] = y, x  copy }", 4),  # ranks with no buffers
+    ("collective c { in[r] = x[r]  out[r] = x[0], x[r], x[0], x[(r+1)%R]  copy }", 5),  # a chunk twice in an output
+])
+def test_the_rings_least_steps_count_exactly_the_hops_it_routes(text, world):
+    """The count that refuses a ring before routing it follows the routes ``_ring_hops`` builds
+    (one ``_routes`` for both): a Stage or partial reduce per slice of every hop, plus a slot
+    wait and an acknowledgement for each hop landing in STAGE."""
+    import purlinc.snac.ring as ring
+    from purlinc.snac.ir import Algorithm
+
+    spec = check(parse_text(text), world)
+    for slices in (1, 3):
+        for registered in ((), ("out",)):
+            options = LowerOptions(algorithm=Algorithm.RING, slices=slices, registered=frozenset(registered))
+            hops, _ = ring._ring_hops(spec, options)
+            routed = sum(slices + (2 if hop.to_out is None else 0) for hop in hops)
+            assert ring._least_steps(spec, options) == routed > 0, (slices, registered)

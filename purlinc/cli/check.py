@@ -8,6 +8,7 @@ import time
 from purlinc import settings
 from purlinc.cli import common
 from purlinc.errors import PurlinError
+from purlinc.snac.hierarchy import plural
 
 
 def add_parser(commands) -> None:
@@ -99,7 +100,7 @@ def run(args) -> int:
     if not args.spec_only and not verified:  # whatever the cause, nothing proven is no pass
         raise PurlinError(f"no schedule was verified for {sizes_text}: there is nothing to report as ok",
                           notes=("check the spec alone with --spec-only",))
-    what = "spec" if args.spec_only else hier_text or f"spec and {verified} schedules verified"
+    what = "spec" if args.spec_only else hier_text or f"spec and {plural(verified, 'schedule')} verified"
     if unverified:
         what += f" ({args.algorithm} does not apply at {common.sizes_list(unverified)}: no schedule there)"
     common.emit(f"{definition.name}: ok for {sizes_text}: {what}\n")

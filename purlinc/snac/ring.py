@@ -36,21 +36,57 @@ class _Hop:
     unit: int = -1
 
 
+@dataclass(frozen=True, slots=True)
+class _Route:
+    """How the ring carries one output chunk: a reduction's contributions are summed hop by hop
+    from ``start`` to ``final`` (its owner); then the chunk travels on from ``final`` until every
+    rank in ``consumers`` has it.  A copy starts at its producer: ``start == final``."""
+
+    need: Need
+    start: int
+    final: int
+    consumers: frozenset[int]
+
+    def partial_hops(self, R: int) -> int:
+        return (self.final - self.start) % R
+
+    def travel_hops(self, R: int) -> int:
+        """The travel's length: each consumer lies 1..length ranks on from ``final``."""
+        return max(((c - self.final) % R for c in self.consumers), default=0)
+
+
+def _routes(spec: Spec) -> list[_Route]:
+    """Every output chunk's route, the one rule that both ``_ring_hops`` (which builds the
+    hops) and ``_least_steps`` (which counts them before any is built) follow."""
+    R = spec.world_size
+    needs = needs_of(spec)
+    routes = []
+    if spec.is_reduce:
+        owners = round_robin_owners(needs)
+        for need in needs:
+            final = owners[need.chunk]
+            contributors = {slot.rank for slot in need.sources}
+            start = next(q for q in ((final + 1 + i) % R for i in range(R)) if q in contributors)
+            routes.append(_Route(need, start, final, frozenset(need.ranks) - {final}))
+        return routes
+    for need in needs:
+        start = need.sources[0].rank
+        remote = frozenset(rank for rank, _ in need.positions if copy_source(need, rank).rank != rank)
+        routes.append(_Route(need, start, start, remote))
+    return routes
+
+
 def _ring_hops(spec: Spec, options: LowerOptions):
     """Every hop of every chunk, plus the purely local consumes (rank, srcs, position)."""
     R = spec.world_size
     registered_out = "out" in options.registered
     hops: list[_Hop] = []
     local: list[tuple[int, Need, tuple, tuple[int, ...]]] = []
-    needs = needs_of(spec)
-    owners = round_robin_owners(needs)
 
-    def travel(need: Need, start: int, first_step: int, where, consumers: set[int]) -> None:
-        """Carry ``where`` (on ``start``) forward until every rank in ``consumers`` has it."""
-        if not consumers:
-            return
-        length = max((c - start) % R for c in consumers)
-        for t in range(length):
+    def travel(route: _Route, first_step: int, where) -> None:
+        """Carry ``where`` (on ``route.final``) forward until every consumer has it."""
+        need, start, consumers = route.need, route.final, route.consumers
+        for t in range(route.travel_hops(R)):
             sender, receiver = (start + t) % R, (start + t + 1) % R
             positions = need.at(receiver) if receiver in consumers else ()
             hop = _Hop(len(hops), first_step + t, sender, receiver, need.chunk, (where,),
@@ -66,34 +102,26 @@ def _ring_hops(spec: Spec, options: LowerOptions):
             else:
                 where = ("hop", hop.id)
 
-    for need in needs:
+    for route in _routes(spec):
+        need = route.need
         if not spec.is_reduce:
-            remote = set()
             for rank, positions in need.positions:
-                slot = copy_source(need, rank)
-                if slot.rank == rank:
-                    local.append((rank, need, ((IN, slot.position),), positions))
-                else:
-                    remote.add(rank)
-            if remote:
-                slot = need.sources[0]
-                travel(need, slot.rank, 0, (IN, slot.position), remote)
+                if rank not in route.consumers:
+                    local.append((rank, need, ((IN, copy_source(need, rank).position),), positions))
+            travel(route, 0, (IN, need.sources[0].position))
             continue
-        final = owners[need.chunk]
+        final = route.final
         contrib: dict[int, list] = defaultdict(list)
         for slot in need.sources:
             contrib[slot.rank].append((IN, slot.position))
-        order = [(final + 1 + i) % R for i in range(R)]  # ends with final
-        start = next(q for q in order if contrib[q])
         first = need.at(final)[0]
-        if start == final:
+        steps = route.partial_hops(R)
+        if steps == 0:
             local.append((final, need, tuple(contrib[final]), need.at(final)))
-            steps = 0
         else:
-            steps = (final - start) % R
             carried = None
             for t in range(steps):
-                sender, receiver = (start + t) % R, (start + t + 1) % R
+                sender, receiver = (route.start + t) % R, (route.start + t + 1) % R
                 srcs = ((carried,) if carried else ()) + tuple(contrib[sender])
                 hop = _Hop(len(hops), t, sender, receiver, need.chunk, srcs, None)
                 hops.append(hop)
@@ -104,35 +132,24 @@ def _ring_hops(spec: Spec, options: LowerOptions):
             receipt = [((carried, *contrib[final]), first)]
             receipt += [(((OUT, first),), p) for p in positions[1:]]
             hops[-1].receipt = tuple(receipt)
-        travel(need, final, steps, (OUT, first), set(need.ranks) - {final})
+        travel(route, steps, (OUT, first))
     return hops, local
 
 
 def _least_steps(spec: Spec, options: LowerOptions) -> int:
-    """The fewest steps the ring's programs can hold, from its hops as ``_ring_hops`` routes
-    them, counted without building one: each hop writes a Stage (or partial reduce) per slice,
-    and one landing in STAGE also waits for its unit and acknowledges it.  So a ring whose
-    proof is bound to be too large is refused at once, not after its hops took the time and
-    memory (alltoall at R=128: 1.04 million hops, 14 s and 1.4 GB before the partial budget
-    check stopped the emission)."""
+    """The fewest steps the ring's programs can hold, from its routes (``_routes``, which
+    ``_ring_hops`` follows), counted without building a hop: each hop writes a Stage (or
+    partial reduce) per slice, and one landing in STAGE also waits for its unit and
+    acknowledges it (every consumer's hop lands in its OUT where OUT is registered).  So a
+    ring whose proof is bound to be too large is refused at once, not after its hops took the
+    time and memory (alltoall at R=128: 1.04 million hops, 14 s and 1.4 GB before the partial
+    budget check stopped the emission)."""
     R, S = spec.world_size, options.slices
     registered_out = "out" in options.registered
     hops = into_out = 0
-    needs = needs_of(spec)
-    owners = round_robin_owners(needs)
-    for need in needs:
-        if spec.is_reduce:
-            final = owners[need.chunk]
-            contributors = {slot.rank for slot in need.sources}
-            start = next(q for q in ((final + 1 + i) % R for i in range(R)) if q in contributors)
-            hops += (final - start) % R
-            start, consumers = final, set(need.ranks) - {final}
-        else:
-            start = need.sources[0].rank
-            consumers = {rank for rank, _ in need.positions if copy_source(need, rank).rank != rank}
-        if consumers:  # the travel: every consumer lies 1..length ranks on, and gets one hop
-            hops += max((c - start) % R for c in consumers)
-            into_out += len(consumers) if registered_out else 0
+    for route in _routes(spec):
+        hops += route.partial_hops(R) + route.travel_hops(R)
+        into_out += len(route.consumers) if registered_out else 0
     return hops * S + 2 * (hops - into_out)
 
 
