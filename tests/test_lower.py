@@ -213,7 +213,7 @@ def test_ring_slots_reuse_within_a_call():
     ack_waits = sorted(s.k for s in steps(schedule, 0, kind=Wait) if s.signal in acks)
     # message m waits for ack k = m - slots + 1: -1, 0 (previous call), then 1, 2, 3, 4 (this call)
     assert ack_waits == [-1, 0, 1, 2, 3, 4]
-    with pytest.raises(PurlinError, match="use --slots 2"):
+    with pytest.raises(PurlinError, match=r"use 2 slots or more \(slots=2, or --slots 2 on the command line\)"):
         lower(spec, LowerOptions(Algorithm.RING, slots=1))
 
 

@@ -181,7 +181,8 @@ def _assign_slots(spec: Spec, options: LowerOptions, hops: list[_Hop]) -> dict[t
         raise PurlinError(
             f"ring with {options.slots} staging slot(s) per edge could deadlock for {spec.name} at "
             f"R={spec.world_size} with {S} slice(s): a unit is reused before its reader can have freed it "
-            f"without waiting on the writer; use --slots {needed} or more (or leave slots unset)"
+            f"without waiting on the writer; use {needed} slots or more (slots={needed}, or --slots {needed} on the "
+            f"command line), or leave slots unset"
         )
     for msgs in edges.values():
         for j, hop in enumerate(msgs):
