@@ -7,12 +7,12 @@ from functools import lru_cache
 
 import jinja2
 
-from purlinc.atom.atoms import templates_root
 from purlinc.errors import PurlinError
+from purlinc.resources import templates_dir
 
 
 def load_template(name: str) -> str:
-    return (templates_root() / name).read_text(encoding="utf-8")
+    return (templates_dir() / name).read_text(encoding="utf-8")
 
 
 @lru_cache(maxsize=1)
