@@ -276,3 +276,35 @@ def test_no_home_directory_skips_the_cache_with_a_warning(tmp_path, monkeypatch)
     assert not settings.cache_enabled()
     monkeypatch.setenv("HOME", str(tmp_path))
     assert settings.cache_enabled() and settings.cache_dir() == tmp_path / ".cache" / "purlin"
+
+
+@pytest.mark.parametrize("breakage,says", [
+    # the atom's copy made ill-formed C++: NVRTC refuses what was generated
+    (lambda text: text.replace("purlin_ldst_copy(dst, src, bytes);", "purlin_ldst_copy(dst, src, bytes) int;"),
+     "NVRTC refused the CUDA generated for allgather's bfloat16 kernels (R=2, atom ldst, sm_90): a bug"),
+    (lambda text: text + "{{ no_such_value }}", "template atom_ldst.cuh.j2: 'no_such_value' is undefined"),
+    (lambda text: text + "{% if %}", "template atom_ldst.cuh.j2:"),
+])
+def test_a_kernel_the_generator_gets_wrong_is_reported_as_a_bug(tmp_path, capsys, monkeypatch, breakage, says):
+    """Checked input yields code that compiles: where it does not (a template, or the CUDA it
+    renders, is broken), that is purlinc's bug, exit 3 with a command that reproduces it, not a
+    user error (exit 2) that named no bug and said nothing of what to do."""
+    from purlinc.atom.codegen import render
+
+    monkeypatch.setenv("PURLIN_NO_CACHE", "1")
+    real = render.load_template
+    monkeypatch.setattr(render, "load_template",
+                        lambda name: breakage(real(name)) if name == "atom_ldst.cuh.j2" else real(name))
+    render.environment.cache_clear()  # templates it loaded before the stand-in
+    try:
+        status, out, err = _compile(capsys, EXAMPLES / "allgather.pln", "-R", 2, "-o", tmp_path / "out")
+    finally:
+        render.environment.cache_clear()
+    assert status == 3, err
+    assert err.startswith("internal error (a bug in purlinc, not in your input): InternalError: ") and says in err
+    assert "reproduce with: PURLIN_DEBUG=1 purlinc compile " in err
+    assert out == "" and not (tmp_path / "out").exists()
+    if "NVRTC refused" in says:
+        kept = Path(err.split("generated source kept at ", 1)[1].split("\n", 1)[0])
+        assert "purlin_ldst_copy(dst, src, bytes) int;" in kept.read_text()
+        kept.unlink()

@@ -218,6 +218,19 @@ def test_fused_and_sized_modules_compile_without_warnings(tmp_path, monkeypatch,
     assert warnings.lines == []
 
 
+@pytest.mark.parametrize("root", [0, 1])
+def test_a_program_that_only_signals_compiles_without_warnings(tmp_path, monkeypatch, root):
+    """The matrix compiles no registered schedules: a broadcast into registered outputs
+    leaves the receiver only a notify and a wait, and its body's unused slice0 warned."""
+    monkeypatch.setenv("PURLIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PURLIN_NO_CACHE", "1")
+    with _NvrtcLog() as warnings:
+        artifact = pipeline.compile(EXAMPLES / "broadcast.pln", world_size=2, params={"root": root}, arch="sm_90",
+                                    overrides={"registered": frozenset({"out"})})
+        assert artifact.cubin[:4] == b"\x7fELF"
+    assert warnings.lines == []
+
+
 def test_reading_an_empty_log_writes_no_shared_object(tmp_path, monkeypatch):
     """An empty NVRTC log is one NUL byte; read into b" " * 1 (the interpreter's shared
     one-byte object), it turned every b" " in the process into b"\\x00" (an environment

@@ -70,3 +70,27 @@ def test_the_version_is_written_once_in_effect():
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["version"] == __version__
+
+
+def test_the_package_data_is_this_copys_own(monkeypatch):
+    """Where another purlinc is installed (a wheel, or an editable install of another
+    checkout), importlib finds its ``purlinc.templates`` and ``purlinc.grammar`` even when this
+    tree's ``purlinc`` comes first on sys.path: a tree run with PYTHONPATH rendered its kernels
+    from the other copy's templates (and hashed those into its cache keys)."""
+    import importlib.resources
+
+    from purlinc import resources
+    from purlinc.atom.codegen.render import load_template
+
+    elsewhere = REPO / "no-such-checkout"
+    real = importlib.resources.files
+    monkeypatch.setattr(importlib.resources, "files",
+                        lambda package: elsewhere / package.rpartition(".")[2] if package.startswith("purlinc.") else real(package))
+    forget = getattr(resources._folder, "cache_clear", lambda: None)  # what was found before the stand-in
+    forget()
+    try:
+        assert Path(str(resources.templates_dir())) == REPO / "templates"
+        assert Path(str(resources.grammar_dir())) == REPO / "grammar"
+        assert load_template("prelude.cuh") == (REPO / "templates" / "prelude.cuh").read_text(encoding="utf-8")
+    finally:
+        forget()

@@ -467,6 +467,13 @@ def test_sized_args_layout():
     assert len(words) == len(SIZED_FIELDS) + 4
     assert words[8:len(SIZED_FIELDS)] == (1, 2, 3, 4, 13, 5, 6, 8)  # in, out, sizes, out_sizes, expected, ...
     assert words[:8] == (5, 10, 11, 20, 176, 48, abi.stage_units // 2 * 176, 7) and words[-4:] == (9, 10, 11, 12)
+    # what the manifest tells a launcher (purlinc compile): this struct, not purlin_args
+    described = abi.to_json()
+    assert described["args"] == "purlin_sized_args" and described["args_bytes"] == len(packed)
+    assert described["args_fields"] == [*SIZED_FIELDS, "stage[2]", "signals[2]"]
+    with pytest.raises(ValueError, match="takes purlin_sized_args"):
+        abi.pack_args(count=1, piece=1, timeout_ns=0, rank=0, in_ptr=0, out_ptr=0, counters_ptr=0, error_ptr=0,
+                      stage=[0, 0], staging=None, signals=[0, 0])
     with pytest.raises(ValueError, match="exceeds the staging"):
         pack_sized_args(abi, capacity_bytes=100, capacity=6, unit_bytes=20, in_len=0, out_len=0, timeout_ns=0, in_ptr=0,
                         out_ptr=0, sizes_ptr=0, out_sizes_ptr=0, counters_ptr=0, error_ptr=0, size_error_ptr=0,

@@ -28,6 +28,9 @@ says which body each rank runs (``KernelABI.entry``).  An entry takes one argume
     ..      u64   epi[E]       modules with an epilogue only: its operands in declaration
                                order, a pointer or a float32's bits in the low word
 
+Modules with run-time sizes (``purlinc.atom.sized``) take ``purlin_sized_args`` instead
+(``SIZED_FIELDS``; ``KernelABI.args`` says which struct, ``args_fields`` its fields).
+
 ``count`` is the call's elements per chunk (unit) of the caller's IN/OUT buffers and
 ``piece`` the elements per chunk one round moves (the staging capacity).  The host derives
 the round geometry from them once per call shape (``KernelABI.pack_args``), so no kernel
@@ -89,6 +92,13 @@ from dataclasses import dataclass
 
 HEADER_FIELDS = ("rounds", "io_unit", "piece_bytes", "last_bytes", "stage_unit", "step", "copy_bytes", "stage_step",
                  "timeout_ns", "rank", "in", "out", "counters", "error")
+PEER_FIELDS = ("stage", "signals", "in_peer", "out_peer")  # R pointers each, after the header
+# A module with run-time sizes (purlinc.atom.sized) takes a struct of its own, purlin_sized_args:
+# this header, then stage[R] and signals[R] (no registered peers, no epilogue).
+SIZED_ARGS = "purlin_sized_args"
+SIZED_FIELDS = ("capacity", "in_len", "out_len", "unit_bytes", "slot_bytes", "region_bytes", "copy_bytes",
+                "timeout_ns", "in", "out", "sizes", "out_sizes", "expected", "counters", "error", "size_error")
+SIZED_PEER_FIELDS = ("stage", "signals")
 ERROR_RECORD = ("flag", "rank", "channel", "step", "signal_owner", "signal_index", "expected", "observed")
 ERROR_RECORD_BYTES = 8 * len(ERROR_RECORD)
 LEAN_LIMIT = 1 << 31  # bytes: every offset a lean entry forms (packet offsets are twice a slice's) stays 32-bit
@@ -185,6 +195,7 @@ class KernelABI:
     bodies: tuple[int, ...] = ()  # per rank, the body (entry) it runs; () = body r for rank r
     epilogue_slots: int = 0  # words of epilogue operands after out_peer (0: no epilogue)
     row_bytes: int = 0  # an epilogue's row in bytes: slices are cut on rows (0: on 16 bytes)
+    args: str = "purlin_args"  # the entries' argument struct: purlin_args, or SIZED_ARGS (run-time sizes)
 
     def step(self, piece: int) -> int:
         """Bytes between the slices of a round moving ``piece`` elements per unit: the stride
@@ -241,8 +252,16 @@ class KernelABI:
                 and self.stage_units * stage_unit < LEAN_LIMIT and all(p % 8 == 0 for p in pointers))
 
     @property
+    def args_fields(self) -> tuple[str, ...]:
+        """The argument struct's fields in order, 8 bytes each, an array as ``name[n]``."""
+        if self.args == SIZED_ARGS:
+            return (*SIZED_FIELDS, *(f"{name}[{self.world_size}]" for name in SIZED_PEER_FIELDS))
+        epilogue = (f"epi[{self.epilogue_slots}]",) if self.epilogue_slots else ()
+        return (*HEADER_FIELDS, *(f"{name}[{self.world_size}]" for name in PEER_FIELDS), *epilogue)
+
+    @property
     def args_bytes(self) -> int:
-        return 8 * (len(HEADER_FIELDS) + 4 * self.world_size + self.epilogue_slots)
+        return 8 * sum(int(field.partition("[")[2].rstrip("]") or 1) for field in self.args_fields)
 
     def pack_args(
         self,
@@ -266,6 +285,8 @@ class KernelABI:
         rank's staging space, where ``staging`` places the units (the pointers passed are those
         of this call's region); ``epilogue``: the epilogue's operand words
         (``purlinc.runtime.operands``)."""
+        if self.args != "purlin_args":
+            raise ValueError(f"{self.kernel_base} takes {self.args}: pack its arguments with purlinc.atom.sized.pack_sized_args")
         world = self.world_size
         self.body(rank)  # a rank of this module
         in_peer = in_peer or [0] * world
@@ -302,6 +323,8 @@ class KernelABI:
             "out_units": list(self.out_units),
             "needs_in_peers": self.needs_in_peers,
             "needs_out_peers": self.needs_out_peers,
+            "args": self.args,
+            "args_fields": list(self.args_fields),
             "args_bytes": self.args_bytes,
             **({"epilogue_slots": self.epilogue_slots, "row_bytes": self.row_bytes} if self.row_bytes else {}),
         }

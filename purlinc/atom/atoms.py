@@ -14,22 +14,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
-from importlib import resources
-from pathlib import Path
 
 from purlinc.errors import PurlinError
 from purlinc.registry import Registry
-
-@lru_cache(maxsize=1)
-def templates_root():
-    """The templates: package data ``purlinc.templates`` when installed; the repository's
-    ``templates/`` when the project runs from its source tree (PYTHONPATH, no install)."""
-    try:
-        return resources.files("purlinc.templates")
-    except ModuleNotFoundError:
-        return Path(__file__).resolve().parents[2] / "templates"
-
 
 _ARCH = re.compile(r"^sm_(\d{2,3})([af]?)$")
 

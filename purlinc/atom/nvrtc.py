@@ -57,6 +57,12 @@ def _nvrtc():
     return nvrtc
 
 
+class CompilationError(PurlinError):
+    """NVRTC refused the source itself (NVRTC_ERROR_COMPILATION), not an option, the
+    installation or its memory: for a source purlinc generated, a bug in the generator
+    (``pipeline.Compiled`` says so)."""
+
+
 def _result_name(result) -> str:
     return getattr(result, "name", str(result))
 
@@ -71,7 +77,8 @@ def _check(result, what: str, *, log: str = "", source: str | None = None, filen
         notes.append(f"generated source kept at {_keep_source(source, filename or 'purlin.cu')}")
     if log.strip():
         notes.append("NVRTC log:\n" + log.rstrip())
-    raise PurlinError(f"NVRTC {what} failed: {_result_name(result)}", notes=tuple(notes))
+    kind = CompilationError if result == nvrtc.nvrtcResult.NVRTC_ERROR_COMPILATION else PurlinError
+    raise kind(f"NVRTC {what} failed: {_result_name(result)}", notes=tuple(notes))
 
 
 def _keep_source(source: str, filename: str) -> str:

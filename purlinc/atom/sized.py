@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import struct
 
-from purlinc.atom.abi import KernelABI
+from purlinc.atom.abi import SIZED_ARGS, SIZED_FIELDS, KernelABI
 from purlinc.atom.atoms import get_atom, parse_arch
 from purlinc.dtypes import DType
 from purlinc.errors import PurlinError
@@ -41,8 +41,6 @@ from purlinc.snac.ir import Consume, Notify, Role, Schedule, Space, Stage, Wait
 from purlinc.snac.sized import slot_layout
 from purlinc.version import __version__
 
-SIZED_FIELDS = ("capacity", "in_len", "out_len", "unit_bytes", "slot_bytes", "region_bytes", "copy_bytes",
-                "timeout_ns", "in", "out", "sizes", "out_sizes", "expected", "counters", "error", "size_error")
 # size and bound count units of ``row`` elements (the call's row=; 0 from a kernel that did not say: 1)
 SIZE_ERROR_RECORD = ("kind", "rank", "buffer", "position", "size", "bound", "epoch", "row")
 SIZE_ERROR_BYTES = 8 * len(SIZE_ERROR_RECORD)
@@ -179,7 +177,7 @@ def generate(schedule: Schedule, spec, *, atom: str, arch: str, dtype: DType, op
         shared_bytes=0, itemsize=dtype.itemsize, stage_units=schedule.staging_units, slices=schedule.slices,
         stage_copies=schedule.stage_copies, signal_pad=schedule.signal_pad_size(), stage_align=16,
         in_units=tuple(schedule.in_units), out_units=tuple(schedule.out_units),
-        needs_in_peers=False, needs_out_peers=False,
+        needs_in_peers=False, needs_out_peers=False, args=SIZED_ARGS,
     )
     kernels = _kernel_values(schedule, abi)  # entry names from the ABI the runtime looks them up by
     atom_text = render(atom_def.template, reduce=False, unroll=atom_def.unroll, **atom_def.template_values(target)).rstrip("\n")

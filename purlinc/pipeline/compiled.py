@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from purlinc.atom.atoms import DEFAULT_ATOM, lookup_atom, parse_arch
-from purlinc.errors import PurlinError
+from purlinc.errors import InternalError, PurlinError
 from purlinc.pipeline import stages  # the lowering by module, so that a test can stand in for it
 from purlinc.pipeline.entries import (
     Kernel, _dtype, _front_inputs, _kernel_entry, _kernel_from_entry, _kernel_inputs, _op, _op_text,
@@ -201,7 +201,7 @@ class Compiled:
                     return kernel
             STATS.front_misses += 1
         from purlinc.atom.codegen import generate  # run-time sizes go on to purlinc.atom.sized from there
-        from purlinc.atom.nvrtc import compile_cubin
+        from purlinc.atom.nvrtc import CompilationError, compile_cubin
         from purlinc.frontend.ast import Operation
 
         schedule = self.schedule
@@ -212,7 +212,12 @@ class Compiled:
             cuda = generate(schedule, self.spec, atom=self.atom, arch=self.arch, dtype=dtype, op=reduce_op, **extra)
         except PurlinError as error:  # a dtype's limits depend on R too (rows(R)): say which
             raise error.with_note(f"while generating {self.name}'s {dtype.value} kernels for R={self.world_size}") from None
-        cubin = compile_cubin(cuda.source, cuda.filename, self.arch) if emit_cubin else None
+        try:
+            cubin = compile_cubin(cuda.source, cuda.filename, self.arch) if emit_cubin else None
+        except CompilationError as error:  # the input was checked: code it yields must compile
+            raise InternalError(f"NVRTC refused the CUDA generated for {self.name}'s {dtype.value} kernels (R="
+                                f"{self.world_size}, atom {self.atom}, {self.arch}): a bug in the code generator; "
+                                f"please report it with the kept source\n{error.render()}") from None
         kernel = Kernel(cuda, cubin, self.name, self.params, False)
         if key is not None:
             cache.store_front(key, *_kernel_entry(kernel))

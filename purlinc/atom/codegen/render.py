@@ -1,5 +1,5 @@
 """The Jinja environment over ``purlinc.templates``: strict (a missing value is an error) and
-formatting only; template errors become PurlinErrors that say they are bugs."""
+formatting only; template errors are InternalErrors (bugs in purlinc, not in the input)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from functools import lru_cache
 
 import jinja2
 
-from purlinc.atom.atoms import templates_root
-from purlinc.errors import PurlinError
+from purlinc.errors import InternalError
+from purlinc.resources import templates_dir
 
 
 def load_template(name: str) -> str:
-    return (templates_root() / name).read_text(encoding="utf-8")
+    return (templates_dir() / name).read_text(encoding="utf-8")
 
 
 @lru_cache(maxsize=1)
@@ -30,13 +30,10 @@ def environment() -> jinja2.Environment:
 def render(name: str, **values) -> str:
     try:
         return environment().get_template(name).render(**values)
+    # Bugs, not the user's input (exit 3 with a command that reproduces them, not 2)
     except jinja2.TemplateSyntaxError as error:
-        raise PurlinError(
-            f"template {error.name or name}:{error.lineno}: {error.message}",
-            notes=("the code generator's templates are broken: a bug in purlinc",),
-        ) from None
+        raise InternalError(f"template {error.name or name}:{error.lineno}: {error.message} "
+                            "(the code generator's templates are broken)") from None
     except jinja2.UndefinedError as error:
-        raise PurlinError(
-            f"template {name}: {error.message}",
-            notes=("the code generator passed the template too little: a bug in purlinc",),
-        ) from None
+        raise InternalError(f"template {name}: {error.message} (the code generator passed the template "
+                            "too little)") from None
