@@ -157,8 +157,15 @@ def test_a_parameter_given_out_of_range():
     definition = parse("collective b(k = 1) {\n  in[r] = x[r][0..k]\n  out[r] = x[r][0..k]\n  copy\n}\n", "t.pln")
     with pytest.raises(PurlinError) as caught:
         check(definition, 2, {"k": 10**30})
-    assert caught.value.message == ("parameter 'k' = 1000000000000000000000000000000 is out of range "
+    assert caught.value.message == ("parameter 'k' = 100000...000000 (31 digits) is out of range "
                                     "(at most 9223372036854775807 in magnitude)")
+    with pytest.raises(PurlinError) as caught:  # 10**400: not 401 digits in the message and again in its note
+        check(definition, 2, {"k": -(10**400) - 7})
+    assert caught.value.message.startswith("parameter 'k' = -100000...000007 (401 digits) is out of range")
+    assert caught.value.notes == ("while checking b for R=2, k=-100000...000007 (401 digits)",)
+    with pytest.raises(PurlinError) as caught:  # up to 24 digits, in full
+        check(definition, 2, {"k": 10**23})
+    assert caught.value.message.startswith("parameter 'k' = 100000000000000000000000 is out of range")
 
 
 def test_the_work_meter_stops_a_check_and_says_what_to_do():

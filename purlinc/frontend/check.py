@@ -94,6 +94,14 @@ def _short(expr) -> str:
     return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
 
 
+def _number(value: int) -> str:
+    """An integer for a message: in full up to 24 digits, else its ends and how many digits (a
+    parameter given as 10**400 is no number to print in full, twice)."""
+    text = str(value)
+    digits = len(text.lstrip("-"))
+    return text if digits <= 24 else f"{text[:-digits + 6]}...{text[-6:]} ({digits} digits)"
+
+
 class _NameError(_SpecWideError):
     """A name with no value where it is used: wrong at every rank and loop value alike."""
 
@@ -337,7 +345,7 @@ class _Checker:
                 )
             if not -MAX_VALUE <= bound[param.name] <= MAX_VALUE:
                 raise PurlinError(
-                    f"parameter '{param.name}' = {bound[param.name]} is out of range "
+                    f"parameter '{param.name}' = {_number(bound[param.name])} is out of range "
                     f"(at most {MAX_VALUE} in magnitude)",
                     param.span,
                 )
@@ -704,7 +712,7 @@ def _names_in(exprs: Iterable) -> set[str]:
 
 
 def _while_checking(definition: ast.CollectiveDef, world_size: int, params: Mapping[str, int]) -> str:
-    bound = "".join(f", {k}={v}" for k, v in sorted(params.items()))
+    bound = "".join(f", {k}={_number(v)}" for k, v in sorted(params.items()))
     return f"while checking {definition.name} for R={world_size}{bound}"
 
 
