@@ -192,8 +192,8 @@ def test_a_cache_dir_that_is_a_file_is_warned_of(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PURLIN_CACHE_DIR", str(tmp_path / "cache"))
     status, out, err = _compile(capsys, EXAMPLES / "allgather.pln", "-R", "2", "-o", tmp_path / "out")
     assert status == 0 and len(out.splitlines()) == 4
-    assert err == (f"warning: the compile cache {tmp_path / 'cache'} cannot be written ({tmp_path / 'cache'} is not a "
-                   "directory): compiling without it (set PURLIN_CACHE_DIR, or PURLIN_NO_CACHE=1)\n")
+    assert err == (f"warning: the compile cache {tmp_path / 'cache'} cannot be written (it is not a directory): "
+                   "compiling without it (set PURLIN_CACHE_DIR, or PURLIN_NO_CACHE=1)\n")
     monkeypatch.setenv("PURLIN_NO_CACHE", "1")  # asked for no cache: nothing to warn of
     status, out, err = _compile(capsys, EXAMPLES / "allgather.pln", "-R", "2", "-o", tmp_path / "out")
     assert (status, err) == (0, "")
@@ -229,7 +229,7 @@ def test_an_unreachable_cache_or_output_dir_is_a_problem_not_a_crash(tmp_path, m
     monkeypatch.setattr(pathlib.Path, "is_dir", denied)
     monkeypatch.setattr(pathlib.Path, "exists", denied)
     monkeypatch.setattr("os.path.lexists", lambda path: True)
-    assert cache_problem() == f"{blocked} cannot be reached (Permission denied)"
+    assert cache_problem() == "it cannot be reached (Permission denied)"  # in the warning, after the path
     assert output_dir_problem(blocked) == f"{blocked} cannot be reached: Permission denied"
 
 
@@ -250,7 +250,8 @@ def test_compile_warns_of_a_cache_the_permission_check_passes_but_no_write_can_r
     monkeypatch.setenv("PURLIN_CACHE_DIR", str(where))
     problem = cache_problem()
     assert problem is not None and expected in problem
-    assert cache_warning(problem).startswith(f"warning: the compile cache {where} cannot be written")
+    assert problem == f"its folder front: {expected}"  # the cache's path said once, not twice
+    assert cache_warning(problem).startswith(f"warning: the compile cache {where} cannot be written (its folder")
 
 
 def test_no_home_directory_skips_the_cache_with_a_warning(tmp_path, monkeypatch):

@@ -88,18 +88,29 @@ def cache_problem() -> str | None:
     try:
         existing = nearest_existing(where)
         if not existing.is_dir():
-            return f"{existing} is not a directory"
+            return f"{_relative(existing, where)} is not a directory"
     except OSError as error:  # a path through a folder this user cannot search
-        return f"{error.filename or where} cannot be reached ({error.strerror or error})"
+        return f"{_relative(error.filename or where, where)} cannot be reached ({error.strerror or error})"
     if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{existing} is not writable"
+        return f"{_relative(existing, where)} is not writable"
     try:
         front.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=front):
             pass
     except OSError as error:  # too long a name, a file where a folder goes, a read-only mount
-        return f"{error.filename or front} cannot be written ({error.strerror or error})"
+        return f"{_relative(error.filename or front, where)}: {error.strerror or error}"
     return None
+
+
+def _relative(path, cache: Path) -> str:
+    """``path`` as cache_warning's words name it after the cache: "it", "its folder front",
+    or the whole path of a folder above it (a 300-character cache path was said twice)."""
+    path = Path(path)
+    if path == cache:
+        return "it"
+    if path.is_relative_to(cache):
+        return f"its folder {path.relative_to(cache)}"
+    return str(path)
 
 
 def cache_warning(problem: str) -> str:
