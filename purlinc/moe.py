@@ -222,7 +222,8 @@ class Dispatcher:
 
     ``topk_ids`` must hold expert ids in [0, num_experts).  Ids on the host (a CPU tensor) are
     checked; ids on the GPU are not (a check would synchronise the host with the device, and a
-    captured step cannot): an id out of range there routes its token to a wrong or no rank."""
+    captured step cannot): a slot whose id is out of range there is dropped (sent nowhere, its
+    weight in no sum)."""
 
     def __init__(self, coll, *, rank: int, world_size: int, num_experts: int, hidden: int, top_k: int,
                  max_tokens: int, dtype: torch.dtype = torch.bfloat16, device=None):
@@ -287,8 +288,13 @@ class Dispatcher:
         """Send rows in order (rank, token): row of (t, d) at offset[d] + (tokens before t that go to d).
         Returns (pos [T, R]: each pair's row, ``slots`` for pairs not sent; ends [R]: each rank's rows end)."""
         R, dev = self.world_size, topk_ids.device
-        dest = torch.div(topk_ids.to(torch.int64), self.local_experts, rounding_mode="floor")
-        mask = torch.zeros(T, R, dtype=torch.bool, device=dev).scatter_(1, dest, True)
+        ids = topk_ids.to(torch.int64)
+        dest = torch.div(ids, self.local_experts, rounding_mode="floor")
+        # An id outside [0, E) goes to column R, dropped: on the GPU nothing checks the ids (class
+        # doc), and scatter_ out of bounds is a device-side assert there, which ends the process's
+        # CUDA context while its peers wait in the exchange.
+        dest = torch.where((ids >= 0) & (ids < self.num_experts), dest, R)
+        mask = torch.zeros(T, R + 1, dtype=torch.bool, device=dev).scatter_(1, dest, True)[:, :R]
         counts = mask.sum(0)
         self.counts.copy_(counts)
         ends = torch.cumsum(counts, 0)

@@ -103,6 +103,45 @@ def test_arrows_cross_no_label_and_end_on_their_boxes(name, tmp_path, monkeypatc
     assert drawn
 
 
+def _segments(d: str) -> list[tuple[float, float, float, float]]:
+    """An arrow's straight segments (its path is M and L commands)."""
+    xy = [float(v) for v in re.findall(r"-?[\d.]+", d)]
+    points = list(zip(xy[::2], xy[1::2]))
+    return [(*a, *b) for a, b in zip(points, points[1:])]
+
+
+def _shared_stretch(a, b) -> bool:
+    """Whether segments a and b lie on one line for more than a point."""
+    (ax0, ay0, ax1, ay1), (bx0, by0, bx1, by1) = a, b
+    if ay0 == ay1 == by0 == by1:
+        return min(max(ax0, ax1), max(bx0, bx1)) - max(min(ax0, ax1), min(bx0, bx1)) > 1e-6
+    if ax0 == ax1 == bx0 == bx1:
+        return min(max(ay0, ay1), max(by0, by1)) - max(min(ay0, ay1), min(by0, by1)) > 1e-6
+    return False
+
+
+@pytest.mark.parametrize("argv", [
+    ["examples/allgather.pln", "-R", "4", "-a", "ring"],
+    ["examples/allreduce.pln", "-R", "8", "-a", "ring", "--channels", "2"],
+    ["examples/allgather.pln", "-R", "2"],
+])
+def test_no_two_arrows_run_on_one_line(argv, tmp_path, monkeypatch):
+    """A ring's wrap-around arrow (rank R-1 up to rank 0) took the track of every other arrow of
+    its column (by index, n % 3), and left its notify at the x where the notify above left for
+    the lane below: it lay on the arrow from rank 0 down, as if rank 0's notify released its own
+    wait, and a line joined the notifies of ranks R-2 and R-1.  Two arrows may cross; none lies
+    on another."""
+    monkeypatch.chdir(ROOT)
+    root = _draw(tmp_path, *argv)
+    for _, _, arrows in _panels(root):
+        paths = [(a.get("data-notify") + " -> " + a.get("data-wait"), _segments(a.get("d"))) for a in arrows]
+        assert len(paths) > 1
+        for n, (name, segments) in enumerate(paths):
+            for other, others in paths[n + 1:]:
+                shared = [(s, t) for s in segments for t in others if _shared_stretch(s, t)]
+                assert not shared, f"{name} and {other} share {shared[0]}"
+
+
 def test_a_route_crosses_a_lane_between_boxes():
     """Two lanes down, over a lane whose boxes touch (a time view): it crosses at their
     boundary, the nearest to the wait, and enters the wait by its top edge near its end."""
@@ -113,8 +152,9 @@ def test_a_route_crosses_a_lane_between_boxes():
     points = route.route(lanes, route.End(0, 50, 0), route.End(100, 150, 2), into_end=True, track=1)
     assert points == [(46, 46), (46, 52), (90, 52), (90, 100), (146, 100), (146, 106)]
     # upwards: out of the top edge, into the wait's bottom edge
+    # (out of the top edge twice as far from the end as out of the bottom one: 9 px)
     points = route.route(lanes, route.End(100, 150, 2), route.End(0, 50, 0), into_end=False)
-    assert points[0] == (146, 106) and points[-1] == (9, 46)
+    assert points[0] == (141, 106) and points[-1] == (9, 46)
 
 
 def test_a_crossing_found_by_bisection_is_the_one_a_scan_of_every_box_finds():

@@ -241,6 +241,32 @@ def test_expert_ids_out_of_range_are_refused_on_the_host():
     assert int(d.counts.sum()) == 0  # nothing routed
 
 
+def test_expert_ids_out_of_range_on_the_device_are_dropped_not_scattered_out_of_bounds():
+    """Ids on the GPU are not checked (class doc); the routing scattered their destination rank
+    (-1, or R and more) into a [T, R] mask, which on the GPU is a device-side assert: the
+    process's CUDA context gone while its peers wait in the exchange.  Such a slot is dropped:
+    the token goes to the ranks of its other experts, and the sum has the other slots only."""
+    R, E, k, H, T = 2, 4, 2, 8, 4
+    gs, disps = _setup(R, E, H, k, T)
+    ids = torch.tensor([[0, -1], [4, 3], [2, 7], [-5, 1]])  # 4..7 and negatives: no expert
+
+    def step(rank, g):
+        d = disps[rank]
+        d._check_ids = lambda topk_ids: None  # as for ids on the GPU
+        x = torch.arange(T * H, dtype=torch.float32).view(T, H).to(torch.bfloat16) + rank
+        w = torch.tensor([[1.0, 2.0]] * T)
+        got = d.dispatch(x, ids, w)
+        y = d.combine(moe.expert_weighted_sum(got, scale_expert, d.local_experts))
+        valid = (ids >= 0) & (ids < E)
+        want = reference_moe(lambda o, i, os, is_: g.all_to_all_single(o, i, os, is_), R, x,
+                             torch.where(valid, ids, 0), torch.where(valid, w, 0), scale_expert, E)
+        return y, want, got.counts.tolist()
+
+    for rank, (y, want, counts) in enumerate(on_ranks(gs, step)):
+        assert torch.equal(y, want), f"rank {rank}"
+        assert counts == [2, 2]  # tokens 0 and 3 to rank 0 (1 and 2 had none there), 1 and 2 to rank 1
+
+
 def test_inputs_that_require_grad_are_refused():
     """The exchange has no backward: combine's result came out without grad, and the
     persistent send buffer joined the autograd graph (keeping x alive between steps).  Under

@@ -109,7 +109,10 @@ def route(lanes: list[LaneSpan], notify: End, wait: End, *, into_end: bool,
     offset = ((track % 3) - 1) * TRACK_PX
     i, j = notify.lane, wait.lane
     down = j >= i  # the same lane: out of the bottom edge and back into it
-    sx = max((notify.x0 + notify.x1) / 2, notify.x1 - END_INSET)
+    # Out of the bottom edge END_INSET from the end, out of the top edge twice as far: two
+    # notifies of one column, one releasing the lane below and one (a ring's wrap-around) the
+    # lanes above, left the gap between them at one x, a line joining the two notifies.
+    sx = max((notify.x0 + notify.x1) / 2, notify.x1 - (END_INSET if down else 2 * END_INSET + 1))
     # Into the top edge END_INSET from the end, into the bottom edge twice as far: one arrow
     # from above and one from below, in one gap, met head to head at one x.
     inset = END_INSET if down and j != i else 2 * END_INSET + 1
@@ -143,3 +146,56 @@ def _simplified(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
         if abs(point[0] - out[-1][0]) > 1e-9 or abs(point[1] - out[-1][1]) > 1e-9:
             out.append(point)
     return out
+
+
+class Tracks:
+    """The stretches of the gaps' tracks that arrows already run along, so that the next arrow
+    takes a track where it lies on none of them.  By its index alone (``n % 3``) every arrow of
+    a ring's column took one track: the wrap-around arrow (rank R-1 up to rank 0) ran on the
+    same line as the arrows from rank 0 down and from rank R-2 down, and read as rank 0's notify
+    releasing its own wait."""
+
+    def __init__(self):
+        # y of a track -> the stretches taken on it, merged: sorted starts and their ends
+        self._taken: dict[float, tuple[list[float], list[float]]] = {}
+
+    def place(self, lanes: list[LaneSpan], notify: End, wait: End, *, into_end: bool,
+              first: int = 0) -> list[tuple[float, float]]:
+        """``route``'s points on the first track from ``first`` on (of three) where none of the
+        arrow's stretches along a gap lies on a taken one; ``first``'s when every track has one."""
+        chosen = route(lanes, notify, wait, into_end=into_end, track=first)
+        for track in range(first, first + 3):
+            # Another track moves every point along a gap by the tracks' distance, nothing else
+            # (the crossings depend on x alone): no second route (an all-gather at R=96 has
+            # 9,120 arrows, most of them finding every track taken somewhere)
+            delta = ((track % 3) - (first % 3)) * TRACK_PX
+            points = chosen if not delta else [chosen[0], *((x, y + delta) for x, y in chosen[1:-1]), chosen[-1]]
+            if not any(self._taken_at(y, x0, x1) for y, x0, x1 in _runs(points)):
+                chosen = points
+                break
+        for y, x0, x1 in _runs(chosen):
+            self._take(y, x0, x1)
+        return chosen
+
+    def _taken_at(self, y: float, x0: float, x1: float) -> bool:
+        starts, ends = self._taken.get(y, ((), ()))
+        i = bisect_left(starts, x1 - 1e-9) - 1  # the last stretch starting before x1
+        return i >= 0 and ends[i] > x0 + 1e-9
+
+    def _take(self, y: float, x0: float, x1: float) -> None:
+        starts, ends = self._taken.setdefault(y, ([], []))
+        i = bisect_left(starts, x0)
+        j = bisect_right(starts, x1)
+        if i > 0 and ends[i - 1] >= x0:  # merge with the stretch before, where they touch
+            i -= 1
+            x0 = starts[i]
+        x1 = max([x1] + ends[i:j])
+        starts[i:j], ends[i:j] = [x0], [x1]
+
+
+def _runs(points: list[tuple[float, float]]):
+    """The arrow's stretches along a gap: (y, left x, right x) of each horizontal segment."""
+    for (xa, ya), (xb, yb) in zip(points, points[1:]):
+        if ya == yb and xa != xb:
+            yield ya, min(xa, xb), max(xa, xb)
+

@@ -265,13 +265,14 @@ def _step_box(parts: list[str], panel: Panel, box, y: float, scale: Scale, colou
 def _arrows(parts: list[str], d, t, anchors: dict, lanes: list) -> None:
     """An arrow from each notify to the wait it releases (both drawn), along the gaps between
     lanes and boxes (purlinc/draw/route.py): never through a label."""
+    tracks = route.Tracks()
     for n, pair in enumerate(d.pairs):
         if pair.notify not in anchors or pair.wait not in anchors:
             continue
         # Schedule view: into the wait's start (it runs after the notify).  In time a wait ends
         # when released -- a measured one spans its polling; a modelled one is drawn from its
         # release on, the lane blank while it waits: into its end.
-        points = route.route(lanes, anchors[pair.notify], anchors[pair.wait], into_end=t.unit != "step", track=n)
+        points = tracks.place(lanes, anchors[pair.notify], anchors[pair.wait], into_end=t.unit != "step", first=n)
         path = "M" + " L".join(f"{_fmt(x)},{_fmt(y)}" for x, y in points)
         parts.append(
             f'<path class="arrow" data-notify="{",".join(map(str, pair.notify))}" '
