@@ -1085,3 +1085,17 @@ def test_the_docs_drawings_are_what_the_code_draws(name, tmp_path, monkeypatch):
     assert out.read_text() == (ROOT / "docs" / "img" / name).read_text(), (
         f"docs/img/{name} is stale: purlinc draw {' '.join(DOC_IMAGES[name])} -o docs/img/{name}")
     assert f"(img/{name})" in (ROOT / "docs" / "DRAW.md").read_text()
+
+
+def test_one_rank_draws_one_step_and_no_staging_copies():
+    """R=1 said "2 staging copies by call parity" of a schedule that stages nothing, and "1 steps"."""
+    def drawn(world):
+        spec = pipeline.spec_stage(pipeline.parse_stage(pipeline.load_source(EXAMPLES / "allgather.pln")), world, {})
+        schedule = pipeline.snac_stage(spec, LowerOptions(algorithm=Algorithm.DIRECT_PUSH, stage_copies=2))
+        return schedule, _svg_of(schedule)
+
+    schedule, text = drawn(1)
+    assert schedule.stage_units == 0 and schedule.stage_copies == 2
+    assert "staging copies" not in text
+    assert "; 1 step on the longest lane<" in text
+    assert "staging copies by call parity" in drawn(2)[1]

@@ -345,7 +345,8 @@ def build(schedule: Schedule, *, collapse: bool = True, channels: tuple[int, ...
     bound = f"{params_text(params)}, " if params else ""
     subtitle = (f"R={world}, {bound}{schedule.operation.value}, {o.algorithm.value}, channels {nchan}, "
                 f"slices {o.slices} per channel" + (", packed (LL)" if o.packed else "")
-                + (", 2 staging copies by call parity" if schedule.stage_copies == 2 else "")
+                # a schedule that stages nothing (R=1) has no copies to alternate
+                + (", 2 staging copies by call parity" if schedule.stage_copies == 2 and schedule.stage_units else "")
                 + _subtitle_extras(schedule))
     notes = []
     if collapsed:

@@ -146,7 +146,8 @@ def _render_panel(panel: Panel, y0: float, scale: Scale, colours: dict, parts: l
     d, t = panel.drawing, panel.times
     parts.append(f'<g class="panel" transform="translate(0,{_fmt(y0)})">')
     parts.append(f'<text x="10" y="20" font-size="15" font-weight="bold">{escape(panel.heading or d.title)}</text>')
-    total = f"{t.total:.2f} us" if t.unit == "us" else f"{int(t.total)} steps on the longest lane"
+    steps = int(t.total)
+    total = f"{t.total:.2f} us" if t.unit == "us" else f"{steps} step{'' if steps == 1 else 's'} on the longest lane"
     parts.append(f'<text x="10" y="38" font-size="11" fill="#333">{escape(d.subtitle)}; {escape(total)}</text>')
     y = HEAD_H
     right = _axis(parts, t, scale, y)
