@@ -216,15 +216,21 @@ def _agreement_worker(rank: int, port: int, repo: str, queue) -> None:
         before = world.round
         coll._agree("float32", "sum", 8)
         seen.append(f"again {world.round - before}")
-        # A wrong call on rank 0 (x missing where it gives chunks): rank 0 refuses at once, before
-        # the agreement; rank 1 (a new signature) cannot learn of it -- no exchange carries it --
-        # and times out in the agreement naming rank 0 (docs/HIERARCHY.md, "Agreement and hangs").
+        # A wrong first call on rank 0 (x missing where it gives chunks): rank 0 refuses before the
+        # agreement and tells rank 1, which waits there (nothing is agreed yet, so every call is
+        # new): rank 1 raised RendezvousTimeout after the exchange's timeout instead.  Once a
+        # signature is agreed, rank 1 may be in the phases (a known signature), so no record is
+        # left: rank 1, with a new one, times out naming rank 0 (docs/HIERARCHY.md, "Agreement
+        # and hangs").
         short = Exchange(store, rank, 2, prefix="test-agree/wrong", timeout=1.0)
         wrong = hierarchical.HierarchicalCollective(plan, rank, "cpu", None, {}, {}, short)
-        try:
-            wrong(None if rank == 0 else torch.zeros(6), count=3, dtype=torch.float32)
-        except Exception as error:  # noqa: BLE001
-            seen.append(f"{type(error).__name__}: {getattr(error, 'message', error)}")
+        for later in (False, True):
+            if later:
+                wrong._agree("float32", "sum", 3)
+            try:
+                wrong(None if rank == 0 else torch.zeros(6 + 2 * later), count=3 + later, dtype=torch.float32)
+            except Exception as error:  # noqa: BLE001
+                seen.append(f"{type(error).__name__}: {getattr(error, 'message', error)}")
         # LOCAL_WORLD_SIZE on rank 0 only, one node of 2: both ranks must still check the nodes
         # together (the check used to run only where the variable was set: rank 0 then waited
         # alone in its all-gather), then both fail alike at the first CUDA call (no GPU here).
@@ -247,8 +253,8 @@ def _agreement_worker(rank: int, port: int, repo: str, queue) -> None:
 def test_world_agreement_and_node_check(repo_dir):
     results, procs = _spawn(_agreement_worker, 2, repo_dir, timeout=120)
     for rank in range(2):
-        assert len(results[rank]) == 7, results[rank]
-        rounds, count, dtype, scratch, again, wrong, load = results[rank]
+        assert len(results[rank]) == 8, results[rank]
+        rounds, count, dtype, scratch, again, wrong, wrong_later, load = results[rank]
         assert rounds == "rounds 1 1", rounds
         assert count == ("MismatchError: allreduce (hierarchical): the ranks disagree on the count: expected 9 "
                          "elements per chunk (as rank 0), but rank 1 passed 10 elements per chunk"), count
@@ -257,11 +263,15 @@ def test_world_agreement_and_node_check(repo_dir):
         assert scratch == ("PurlinError: allreduce (hierarchical): no call with 11 elements per chunk: "
                            "rank 1: OutOfMemoryError: CUDA out of memory"), scratch
         assert again == "again 1", again
-        assert wrong.startswith("ArgumentError: allreduce (hierarchical) on rank 0: x is required (this rank "
-                                "gives 2 chunk(s)), got None" if rank == 0 else
-                                "RendezvousTimeout: rendezvous round 0: rank 1 waited 1 s for rank 0 of 2"), wrong
+        refusal = "allreduce (hierarchical) on rank 0: x is required (this rank gives 2 chunk(s)), got None"
+        assert wrong == (f"ArgumentError: {refusal}" if rank == 0 else
+                         f"PurlinError: allreduce (hierarchical): no call: the call was refused on rank 0: "
+                         f"ArgumentError: {refusal}"), wrong
+        assert wrong_later.startswith(f"ArgumentError: {refusal}" if rank == 0 else
+                                      "RendezvousTimeout: rendezvous round 2: rank 1 waited 1 s for rank 0 of 2"), \
+            wrong_later
         # Not a distributed timeout: both ranks got past the node check and failed at CUDA alike.
-        assert load == results[0][6] and "Dist" not in load and load != "loaded", load
+        assert load == results[0][7] and "Dist" not in load and load != "loaded", load
     assert all(p.exitcode == 0 for p in procs)
 
 

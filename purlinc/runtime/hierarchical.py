@@ -192,7 +192,11 @@ class HierarchicalCollective:
 
         spec, rank = self.plan.spec, self.rank
         n_out = len(spec.outputs[rank])
-        shape = self._shape(x, out, op, count, dtype)
+        try:
+            shape = self._shape(x, out, op, count, dtype)
+        except PurlinError as error:
+            self._refuse(error)
+            raise
         reduce_op, count = shape.op, shape.count
         dtype = getattr(torch, shape.dtype.info.torch_name)
         if out is None and n_out:
@@ -230,8 +234,9 @@ class HierarchicalCollective:
         """The call's dtype, op and count, every argument checked as a flat call checks it
         (``validate_call``: ArgumentError naming the tensor or argument, the expected and the
         actual).  All of it is this rank's own business and comes before any exchange: a wrong
-        call raises here at once.  The other ranks cannot learn of it (they are not in an
-        exchange this rank could join): they wait for this rank in the agreement (a new
+        call raises here at once.  Before any signature is agreed (the first call after the
+        load or ``free_scratch``) the other ranks are all in the agreement, and ``_refuse``
+        tells them; later they may not be, and wait for this rank in the agreement (a new
         signature: RendezvousTimeout after the exchange's timeout) or in the phases (a known
         one: NCCL's or the intra phase's timeout), as for flat collectives."""
         from purlinc.runtime import interop
@@ -280,6 +285,7 @@ class HierarchicalCollective:
         name = self.plan.spec.name
         mine = CallSignature(name, dtype, op, count)
         everyone = self._world(("hier-call", mine.as_tuple(), problem))
+        _raise_refusals(name, everyone)
         mismatch = disagreement(f"{name} (hierarchical)", [
             CallSignature.from_tuple(e[1]) if e[0] == "hier-call" else CallSignature(f"another exchange ({e[0]})", None, None, None)
             for e in everyone])
@@ -291,6 +297,21 @@ class HierarchicalCollective:
                               + "; ".join(f"rank {r}: {why}" for r, why in failed),
                               notes=("every rank raised this; nothing was launched",))
         self._agreed.add(key)
+
+    def _refuse(self, error: PurlinError) -> None:
+        """Tell the other ranks that this rank's call was refused, where they are sure to be
+        waiting for it: no signature is agreed yet, so (every agreement being world-wide, every
+        rank's set is this one) each other rank's call is new to it and waits in the agreement's
+        next round.  There they raise at once, naming this rank, instead of after the exchange's
+        timeout.  Later calls cannot tell: a rank repeating a known signature joins no exchange,
+        and a record left for it would answer another call."""
+        if self._world is None or self._agreed:
+            return
+        message = getattr(error, "message", str(error)).splitlines()
+        try:
+            self._world(("hier-call-refused", type(error).__name__, message[0] if message else ""))
+        except PurlinError:  # e.g. a rank that never calls: this rank's own refusal is the one to raise
+            pass
 
     def warm(self, dtype, op="sum") -> None:
         """Compile and load every intra phase's kernel for (dtype, op) now (a collective: every
@@ -352,6 +373,16 @@ class HierarchicalCollective:
         if self.node_comm is not None:
             self.node_comm.close()
             self.node_comm = None
+
+
+def _raise_refusals(name: str, everyone: list) -> None:
+    """On every rank that made a call the others could not check, the refusals other ranks made
+    (``HierarchicalCollective._refuse``): one error naming each refused rank and why."""
+    refused = [(rank, e[1], e[2]) for rank, e in enumerate(everyone) if e[0] == "hier-call-refused"]
+    if refused:
+        shown = "; ".join(f"rank {rank}: {kind}: {line}" for rank, kind, line in refused)
+        raise PurlinError(f"{name} (hierarchical): no call: the call was refused on {shown}",
+                          notes=("every rank raised; the ranks named raised their own error, nothing was launched",))
 
 
 def _reduce(tensors, op: ReduceOp):
