@@ -457,6 +457,11 @@ def test_report_cli_says_how_many_rows_had_bad_times(tmp_path, capsys):
     ('{"rows": [{"bytes": true}]}', "row 0: bytes True should be an integer (or null), not a boolean"),
     ('{"rows": [], "meta": {"world_size": "2"}}', "meta world_size '2' should be a positive integer"),
     ('{"rows": [], "meta": {"peaks": {"ce": {"points": 3}}}}', "meta peaks 'ce' points should be a list of objects"),
+    # rows the tables would leave out without a word: a system they do not select, no time
+    ('{"rows": [{"system": "mscclpp", "variant": "default", "collective": "allreduce", "bytes": 1024, '
+     '"mode": "graph", "time_us": 5.0}]}', "row 0: unknown system 'mscclpp'; expected one of nccl, symm_mem, purlin"),
+    ('{"rows": [{"system": "nccl", "variant": "default", "collective": "allreduce", "bytes": 1024, '
+     '"mode": "graph", "median_us": 5.0}]}', "row 0: no time_us in a row without an error"),
 ])
 def test_report_cli_rejects_a_file_it_cannot_read(tmp_path, capsys, text, says):
     """One line on stderr naming the file and what is wrong, exit status 2, no traceback."""
