@@ -1037,6 +1037,25 @@ def test_merging_runs_of_different_world_sizes_is_refused(tmp_path, capsys):
                         "--no-plots"]) == 0
 
 
+def test_merging_runs_on_different_gpus_is_refused(tmp_path, capsys):
+    """Split runs merge; an H100 run and an H200 run do not: the report's ratios would put one
+    machine's NCCL against the other's Purlin."""
+    def on(name, gpu):
+        path = _bench_file(tmp_path, name)
+        doc = json.loads(path.read_text())
+        path.write_text(json.dumps({**doc, "meta": {**doc["meta"], "gpus": [gpu, gpu]}}))
+        return path
+
+    h200, h100 = on("h200.json", "NVIDIA H200"), on("h100.json", "NVIDIA H100 80GB HBM3")
+    assert report.main([str(h200), str(h100), "--out-dir", str(tmp_path / "out"), "--no-plots"]) == 2
+    assert capsys.readouterr().err == (f"report.py: error: {h100}: GPUs NVIDIA H100 80GB HBM3, NVIDIA H100 80GB HBM3, "
+                                       f"but {h200} ran on NVIDIA H200, NVIDIA H200; runs on different GPUs cannot be "
+                                       "merged into one report (their ratios would compare machines)\n")
+    assert not (tmp_path / "out").exists()
+    for other in (on("h200-again.json", "NVIDIA H200"), _bench_file(tmp_path, "unstated.json")):
+        assert report.main([str(h200), str(other), "--out-dir", str(tmp_path / "out"), "--no-plots"]) == 0
+
+
 @pytest.mark.parametrize("change,says", [
     (lambda d: d["rows"][0].update(variant=None), "row 0: no variant: not a benchmarks/bench.py result"),
     (lambda d: d["rows"][1].update(world_size=4), "row 1: world_size 4 differs from the run's 2"),

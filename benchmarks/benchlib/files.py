@@ -149,13 +149,26 @@ def _check_world(doc: dict, where: str) -> None:
 
 def check_mergeable(docs: list[dict], paths: list) -> None:
     """Runs merged into one report share a world size (the tables, targets and tuning table
-    are per world size); ResultsError naming both files otherwise.  A run that states none is
-    taken as any."""
+    are per world size) and GPUs (a speed-up is a ratio of two rows, which may come from
+    different runs: NCCL on one machine against Purlin on another is no ratio); ResultsError
+    naming both files otherwise.  A run that states none is taken as any."""
     known = [(world_size_of(doc), path) for doc, path in zip(docs, paths) if world_size_of(doc)]
     for ws, path in known[1:]:
         if ws != known[0][0]:
             raise ResultsError(f"{path}: world size {ws}, but {known[0][1]} has world size {known[0][0]}; "
                                "runs of different world sizes cannot be merged into one report")
+    gpus = [(_gpus(doc), path) for doc, path in zip(docs, paths) if _gpus(doc)]
+    for names, path in gpus[1:]:
+        if names != gpus[0][0]:
+            raise ResultsError(f"{path}: GPUs {', '.join(names)}, but {gpus[0][1]} ran on {', '.join(gpus[0][0])}; "
+                               "runs on different GPUs cannot be merged into one report (their ratios would "
+                               "compare machines)")
+
+
+def _gpus(doc: dict) -> tuple[str, ...]:
+    """The GPU names a run states (meta ``gpus``, one per rank), or () where it states none."""
+    names = doc.get("meta", {}).get("gpus")
+    return tuple(map(str, names)) if isinstance(names, list) else ()
 
 
 def load_results(path: Path) -> dict:
