@@ -337,6 +337,25 @@ def test_probes_know_help_and_refuse_unknown_options(script):
     assert "unrecognized arguments: --bogus" in script_error(script, ["--bogus"])
 
 
+@pytest.mark.parametrize("script,argv,says", [
+    # each wrote its results with mkdir / write_text after the GPU run: a traceback, the run lost
+    ("benchmarks/ll_sweep.py", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
+    ("benchmarks/loopback_slices.py", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
+    ("benchmarks/loopback_slices.py", ["--out", "{dir}", "--label", "a/b"], "argument --label: expected a name for files"),
+    ("benchmarks/host_path.py", ["--out", "{file}/x"], "argument --out: '{file}/x': '{file}' is a file, not a folder"),
+    ("benchmarks/trace_overhead.py", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
+    ("benchmarks/moe_dispatch.py", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
+    ("benchmarks/epilogue_overhead.py", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
+    ("benchmarks/epilogue_overhead.py", ["--out", "{dir}", "--label", "../x"], "argument --label: expected a name for files"),
+    ("benchmarks/compile_times.py", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
+])
+def test_scripts_check_where_they_write_before_the_run(tmp_path, script, argv, says):
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    fill = {"file": str(taken), "dir": str(tmp_path)}
+    assert says.format(**fill) in script_error(script, [a.format(**fill) for a in argv])
+
+
 # --------------------------------------------------------------------------- the scripts themselves
 
 
