@@ -222,6 +222,20 @@ def test_bench_dry_run_still_works_and_a_run_needs_a_gpu(monkeypatch, capsys):
     assert bench.torch is None
 
 
+def test_sizes_that_round_to_one_call_are_measured_once(capsys):
+    """1000 and 1001 B are both 992 B of all-reduce at R=2, 3 and 5 B both 32 B: the dry run
+    listed (and the run measured) each twice, writing two rows with one key that report.py
+    then refused to read."""
+    plan_mod = sys.modules["benchlib.plan"]
+    assert plan_mod.measured_sizes([3, 5, 1000, 1001, 1024], "allreduce", 2) == [3, 1000, 1024]
+    assert plan_mod.measured_sizes([1000, 1001], "allreduce", 3) == [1000]  # both 960 B at R=3
+    assert plan_mod.measured_sizes([1024, 2048], "broadcast", 8) == [1024, 2048]
+    assert bench.main(["--dry-run", "--world-size", "2", "--sizes", "1000,1001,3,5", "--collectives", "allreduce"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.strip() == ("allreduce: count per size 32 B=8, 992 B=248 (5 B, 1001 B: the same call as a size "
+                            "before, measured once)")
+
+
 # --------------------------------------------------------------------------- moe_dispatch.py, insitu_loopback.py
 
 
