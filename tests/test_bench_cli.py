@@ -261,6 +261,9 @@ def test_insitu_loopback_arguments(capsys):
                        (["--ranks", "0"], "argument --ranks: expected a positive integer, got '0'"),
                        (["--calls", "-1"], "argument --calls: expected a positive integer, got '-1'")):
         assert says in usage_error(capsys, tool.parse_args, argv)
+    # sizes that round to one call (or are given twice) were measured twice: two rows, one key
+    args = tool.parse_args(["--sizes", "1K,1000,1001,1K", "--collectives", "allreduce,allgather"])
+    assert args.sizes_of == {"allreduce": [1024, 1000], "allgather": [1024, 1000]}
 
 
 # --------------------------------------------------------------------------- the other benchmarks and scripts
