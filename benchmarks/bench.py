@@ -41,7 +41,7 @@ from benchlib import argtypes, needs  # noqa: E402
 from benchlib.affinity import cpu_cores_for  # noqa: E402,F401  (re-exported)
 from benchlib.plan import (  # noqa: E402,F401  (re-exported)
     HIER, NCCL_SYMM_COLLECTIVES, NCCL_VARIANTS, SYSTEMS, Plan, PlanError, describe_plan, estimate_s,
-    hier_gpus_per_node, make_plan, plan_world,
+    hier_gpus_per_node, make_plan, measured_sizes, plan_world,
 )
 
 # Multicast (NVLS) can take the host's GPUs down: never let it be enabled, whatever the caller set.
@@ -174,8 +174,12 @@ def main(argv=None) -> int:
         world = plan_world(args)
         print(describe_plan(plan, args, world))
         for c in plan.collectives:
-            lays = [report.layout(c, world, s) for s in plan.sizes]
-            print(f"  {c:>14}: count per size " + ", ".join(f"{report.fmt_bytes(l.bytes)}={l.count}" for l in lays))
+            own = measured_sizes(plan.sizes, c, world)
+            lays = [report.layout(c, world, s) for s in own]
+            same = [s for s in plan.sizes if s not in own]
+            print(f"  {c:>14}: count per size " + ", ".join(f"{report.fmt_bytes(l.bytes)}={l.count}" for l in lays)
+                  + (f" ({', '.join(report.fmt_bytes(s) for s in same)}: the same call as a size before, "
+                     "measured once)" if same else ""))
         return 0
 
     # before the first CUDA call: one line, exit 2, where torch, a GPU or torchrun is missing

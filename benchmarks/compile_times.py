@@ -350,7 +350,7 @@ def main() -> int:
     parser.add_argument("--targets", action="store_true", help="also per-target compile times (allgather, allreduce)")
     parser.add_argument("--limit-scale", type=argtypes.positive_float, default=1.0,
                         help="multiply every time limit (a finite number above 0)")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument("--out", type=argtypes.output_dir, default=REPO / "benchmarks" / "results")
     args = parser.parse_args()
     if args.child:
         if args.atom is None:

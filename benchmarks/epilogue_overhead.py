@@ -190,8 +190,8 @@ def point(world: int, rows: int, schedule: tuple, args) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--label", default="run")
+    parser.add_argument("--out", type=argtypes.output_dir, default=os.environ.get("OUT", "."))
+    parser.add_argument("--label", type=argtypes.file_tag, default="run")
     parser.add_argument("--ranks", type=argtypes.positive_int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--rows", type=argtypes.positive_int, nargs="+", default=[16])
     parser.add_argument("--calls", type=argtypes.positive_int, default=20)

@@ -77,7 +77,7 @@ EMPTY_KERNEL = 'extern "C" __global__ void purlin_empty(const unsigned long long
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", type=argtypes.output_dir, required=True)
     ap.add_argument("--bytes", type=argtypes.positive_int, default=1024)
     ap.add_argument("--iters", type=argtypes.positive_int, default=2000)
     ap.add_argument("--reps", type=argtypes.positive_int, default=5)

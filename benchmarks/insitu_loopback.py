@@ -35,6 +35,7 @@ for p in (str(HERE), str(HERE.parent)):
 import purlin_api  # noqa: E402
 import report  # noqa: E402
 from benchlib import argtypes, needs  # noqa: E402
+from benchlib.plan import measured_sizes  # noqa: E402
 
 DEVICE = 0
 SIZES = "1K,16K,64K,1M,16M"
@@ -63,6 +64,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.collective_list = argtypes.flag_names(args.collectives, report.COLLECTIVES, "collectives")
     except ValueError as error:
         ap.error(str(error))
+    # per collective, the sizes that make a call of their own (one call, one row: two rows with
+    # one key would make the results file one the report refuses)
+    args.sizes_of = {coll: measured_sizes(args.size_list, coll, args.ranks) for coll in args.collective_list}
     return args
 
 
@@ -83,7 +87,7 @@ def main(argv=None) -> int:
     try:
         for coll in args.collective_list:
             loads: dict = {}
-            for size in args.size_list:
+            for size in args.sizes_of[coll]:
                 lay = report.layout(coll, args.ranks, size)
                 for variant in args.variant_list:
                     if not variant.applies(coll):

@@ -58,7 +58,7 @@ def per_call_us(coll, xs, outs, devices, calls: int, reps: int, streams=None) ->
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", type=argtypes.output_dir, required=True)
     ap.add_argument("--collectives", default="allreduce,allgather,reduce_scatter",
                     help=f"comma-separated examples/*.pln names: {', '.join(COLLECTIVES)}")
     ap.add_argument("--bytes", type=argtypes.byte_size_list, default="1024,16384,65536",

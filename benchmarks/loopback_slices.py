@@ -60,8 +60,8 @@ def time_point(group, streams, name, channels, slices, nbytes, args, rng):
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--label", default="run")
+    parser.add_argument("--out", type=argtypes.output_dir, required=True)
+    parser.add_argument("--label", type=argtypes.file_tag, default="run")
     parser.add_argument("--bytes", type=argtypes.positive_byte_size, default=16 << 20, help="e.g. 16777216 or 16M")
     parser.add_argument("--collectives", default="allgather,allreduce,alltoall",
                         help=f"comma-separated examples/*.pln names: {', '.join(COLLECTIVES)}")

@@ -116,7 +116,7 @@ def sent_bytes(disps) -> int:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", type=argtypes.output_dir, required=True)
     parser.add_argument("--devices", type=argtypes.device_list, default="0,0",
                         help="rank r's CUDA device, comma-separated (0,0: both ranks on cuda:0)")
     parser.add_argument("--tokens", type=argtypes.positive_int, default=4096)

@@ -68,7 +68,7 @@ def graph_us(call, calls: int, repeats: int) -> float:
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="/tmp/purlin_trace")
+    ap.add_argument("--out", type=argtypes.output_dir, default="/tmp/purlin_trace")
     ap.add_argument("--calls", type=argtypes.positive_int, default=20)
     ap.add_argument("--repeats", type=argtypes.positive_int, default=20)
     return ap.parse_args(argv)

@@ -222,6 +222,20 @@ def test_bench_dry_run_still_works_and_a_run_needs_a_gpu(monkeypatch, capsys):
     assert bench.torch is None
 
 
+def test_sizes_that_round_to_one_call_are_measured_once(capsys):
+    """1000 and 1001 B are both 992 B of all-reduce at R=2, 3 and 5 B both 32 B: the dry run
+    listed (and the run measured) each twice, writing two rows with one key that report.py
+    then refused to read."""
+    plan_mod = sys.modules["benchlib.plan"]
+    assert plan_mod.measured_sizes([3, 5, 1000, 1001, 1024], "allreduce", 2) == [3, 1000, 1024]
+    assert plan_mod.measured_sizes([1000, 1001], "allreduce", 3) == [1000]  # both 960 B at R=3
+    assert plan_mod.measured_sizes([1024, 2048], "broadcast", 8) == [1024, 2048]
+    assert bench.main(["--dry-run", "--world-size", "2", "--sizes", "1000,1001,3,5", "--collectives", "allreduce"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.strip() == ("allreduce: count per size 32 B=8, 992 B=248 (5 B, 1001 B: the same call as a size "
+                            "before, measured once)")
+
+
 # --------------------------------------------------------------------------- moe_dispatch.py, insitu_loopback.py
 
 
@@ -247,6 +261,9 @@ def test_insitu_loopback_arguments(capsys):
                        (["--ranks", "0"], "argument --ranks: expected a positive integer, got '0'"),
                        (["--calls", "-1"], "argument --calls: expected a positive integer, got '-1'")):
         assert says in usage_error(capsys, tool.parse_args, argv)
+    # sizes that round to one call (or are given twice) were measured twice: two rows, one key
+    args = tool.parse_args(["--sizes", "1K,1000,1001,1K", "--collectives", "allreduce,allgather"])
+    assert args.sizes_of == {"allreduce": [1024, 1000], "allgather": [1024, 1000]}
 
 
 # --------------------------------------------------------------------------- the other benchmarks and scripts
@@ -335,6 +352,25 @@ def test_probes_know_help_and_refuse_unknown_options(script):
                           cwd=ROOT)
     assert done.returncode == 0 and done.stdout.startswith("usage: "), done.stderr[-2000:]
     assert "unrecognized arguments: --bogus" in script_error(script, ["--bogus"])
+
+
+@pytest.mark.parametrize("script,argv,says", [
+    # each wrote its results with mkdir / write_text after the GPU run: a traceback, the run lost
+    ("benchmarks/ll_sweep.py", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
+    ("benchmarks/loopback_slices.py", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
+    ("benchmarks/loopback_slices.py", ["--out", "{dir}", "--label", "a/b"], "argument --label: expected a name for files"),
+    ("benchmarks/host_path.py", ["--out", "{file}/x"], "argument --out: '{file}/x': '{file}' is a file, not a folder"),
+    ("benchmarks/trace_overhead.py", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
+    ("benchmarks/moe_dispatch.py", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
+    ("benchmarks/epilogue_overhead.py", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
+    ("benchmarks/epilogue_overhead.py", ["--out", "{dir}", "--label", "../x"], "argument --label: expected a name for files"),
+    ("benchmarks/compile_times.py", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
+])
+def test_scripts_check_where_they_write_before_the_run(tmp_path, script, argv, says):
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    fill = {"file": str(taken), "dir": str(tmp_path)}
+    assert says.format(**fill) in script_error(script, [a.format(**fill) for a in argv])
 
 
 # --------------------------------------------------------------------------- the scripts themselves

@@ -48,7 +48,7 @@ def test_a_nan_nccl_row_is_never_the_best_nccl():
     results.add_comm_time(rows)
     assert rows[3]["comm_vs_best_nccl"] == pytest.approx(18.0 / 30.0)
     md = results.markdown(rows, META)
-    assert "nanx" not in md and "| 16 | purlin | 118.00 | 18.00 | 0.60x | yes |" in md
+    assert "nanx" not in md and "| 16 | purlin | 118.00 | 18.00 | 0.60x (nccl-nomix) | yes |" in md
 
 
 def test_a_nan_baseline_gives_no_comm_time():
@@ -77,6 +77,21 @@ def test_no_ratio_without_real_communication_time():
     results.add_comm_time(rows)
     assert rows[2]["comm_us"] == pytest.approx(-10.0) and "comm_vs_best_nccl" not in rows[2]
     assert "| 16 | purlin | 90.00 | -10.00 | - | yes |" in results.markdown(rows, META)
+
+
+def test_each_ratio_names_the_nccl_setting_it_is_over():
+    """The best NCCL setting can change from batch to batch: each ratio says which it is over."""
+    rows = []
+    for batch, default, nomix in ((1, 120.0, 110.0), (16, 125.0, 140.0)):
+        rows += [results.row("none", batch, 2, 100.0, [100.0]),
+                 results.row("nccl", batch, 2, default, [default], agree=(True, "x")),
+                 results.row("nccl-nomix", batch, 2, nomix, [nomix], agree=(True, "x")),
+                 results.row("purlin", batch, 2, 105.0, [105.0], agree=(True, "x"))]
+    results.add_comm_time(rows)
+    assert [(r["batch"], r["best_nccl"]) for r in rows if r["system"] == "purlin"] == [(1, "nccl-nomix"), (16, "nccl")]
+    md = results.markdown(rows, META)
+    assert "| 1 | purlin | 105.00 | 5.00 | 0.50x (nccl-nomix) | yes |" in md
+    assert "| 16 | purlin | 105.00 | 5.00 | 0.20x (nccl) | yes |" in md
 
 
 def test_files_are_strict_json(tmp_path):

@@ -302,7 +302,7 @@ def test_merge_keeps_the_best_peak():
     assert merged == {"ce": slow, "sm": fast}
 
 
-def test_bench_merge_keeps_the_merged_files_peaks_and_footprint(tmp_path):
+def test_bench_merge_keeps_the_merged_files_peaks_and_footprint(tmp_path, capsys):
     import threading
     import types
 
@@ -322,6 +322,12 @@ def test_bench_merge_keeps_the_merged_files_peaks_and_footprint(tmp_path):
     assert doc["meta"]["run_id"] == "second" and doc["meta"]["merged_from"] == [str(path)]
     times = {r["bytes"]: r["time_us"] for r in doc["rows"]}
     assert times == {KiB: 1.0, MiB: 3.0}  # this run's row wins
+    # a file of other GPUs (known only when this run ends) is left out, with one line saying so
+    path.write_text(json.dumps({**first, "meta": {**first["meta"], "gpus": ["NVIDIA H100", "NVIDIA H100"]}}))
+    ctx.meta["gpus"] = ["NVIDIA H200", "NVIDIA H200"]
+    doc = output.document(ctx)
+    assert {r["bytes"]: r["time_us"] for r in doc["rows"]} == {KiB: 1.0}
+    assert "bench: not merged: " in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- 7: the README table's caption

@@ -457,6 +457,11 @@ def test_report_cli_says_how_many_rows_had_bad_times(tmp_path, capsys):
     ('{"rows": [{"bytes": true}]}', "row 0: bytes True should be an integer (or null), not a boolean"),
     ('{"rows": [], "meta": {"world_size": "2"}}', "meta world_size '2' should be a positive integer"),
     ('{"rows": [], "meta": {"peaks": {"ce": {"points": 3}}}}', "meta peaks 'ce' points should be a list of objects"),
+    # rows the tables would leave out without a word: a system they do not select, no time
+    ('{"rows": [{"system": "mscclpp", "variant": "default", "collective": "allreduce", "bytes": 1024, '
+     '"mode": "graph", "time_us": 5.0}]}', "row 0: unknown system 'mscclpp'; expected one of nccl, symm_mem, purlin"),
+    ('{"rows": [{"system": "nccl", "variant": "default", "collective": "allreduce", "bytes": 1024, '
+     '"mode": "graph", "median_us": 5.0}]}', "row 0: no time_us in a row without an error"),
 ])
 def test_report_cli_rejects_a_file_it_cannot_read(tmp_path, capsys, text, says):
     """One line on stderr naming the file and what is wrong, exit status 2, no traceback."""
@@ -1030,6 +1035,25 @@ def test_merging_runs_of_different_world_sizes_is_refused(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
     assert report.main([str(two), str(_bench_file(tmp_path, "again.json")), "--out-dir", str(tmp_path / "out"),
                         "--no-plots"]) == 0
+
+
+def test_merging_runs_on_different_gpus_is_refused(tmp_path, capsys):
+    """Split runs merge; an H100 run and an H200 run do not: the report's ratios would put one
+    machine's NCCL against the other's Purlin."""
+    def on(name, gpu):
+        path = _bench_file(tmp_path, name)
+        doc = json.loads(path.read_text())
+        path.write_text(json.dumps({**doc, "meta": {**doc["meta"], "gpus": [gpu, gpu]}}))
+        return path
+
+    h200, h100 = on("h200.json", "NVIDIA H200"), on("h100.json", "NVIDIA H100 80GB HBM3")
+    assert report.main([str(h200), str(h100), "--out-dir", str(tmp_path / "out"), "--no-plots"]) == 2
+    assert capsys.readouterr().err == (f"report.py: error: {h100}: GPUs NVIDIA H100 80GB HBM3, NVIDIA H100 80GB HBM3, "
+                                       f"but {h200} ran on NVIDIA H200, NVIDIA H200; runs on different GPUs cannot be "
+                                       "merged into one report (their ratios would compare machines)\n")
+    assert not (tmp_path / "out").exists()
+    for other in (on("h200-again.json", "NVIDIA H200"), _bench_file(tmp_path, "unstated.json")):
+        assert report.main([str(h200), str(other), "--out-dir", str(tmp_path / "out"), "--no-plots"]) == 0
 
 
 @pytest.mark.parametrize("change,says", [

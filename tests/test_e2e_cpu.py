@@ -118,7 +118,7 @@ def test_results_rows_and_report(tmp_path):
     doc = json.loads(paths["json"].read_text())
     assert doc["meta"]["layers"] == 2 and len(doc["rows"]) == 4
     md = paths["md"].read_text()
-    assert "| 16 | purlin | 118.00 | 18.00 | 0.60x | yes |" in md
+    assert "| 16 | purlin | 118.00 | 18.00 | 0.60x (nccl) | yes |" in md
     assert "| 16 | purlin-fused | - | - | - | absent: purlinc.torch has no fused_add_rmsnorm_op |" in md
     loop = results.markdown(rows, {**meta, "loopback": True})
     assert "loopback" in loop.splitlines()[2] and "no link speed" in loop

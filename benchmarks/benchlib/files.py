@@ -9,7 +9,7 @@ from pathlib import Path
 
 from benchlib.plots import plot
 from benchlib.rows import finite_only, KEY_FIELDS, normalize, prepared, row_key, tuning_table, world_size_of
-from benchlib.sizes import COLLECTIVES, INSITU, MODES
+from benchlib.sizes import COLLECTIVES, INSITU, MODES, SYSTEMS
 from benchlib.tables import markdown
 
 
@@ -28,7 +28,9 @@ POSITIVE = ("world_size", "calls_per_graph")  # counts of ranks and calls: 0 or 
 # Every row bench.py writes names these, error rows too: a file whose rows do not is another
 # tool's result (moe_dispatch, e2e, epilogue ...), which the report would collapse and rewrite.
 REQUIRED = ("system", "variant", "collective")
-MEASURED = ("bytes", "mode")  # what every row that is no error row names besides
+# What every row that is no error row names besides: without a time it would be in no table,
+# no best and no target, dropped without a word.
+MEASURED = ("bytes", "mode", "time_us")
 ROW_MODES = (*MODES, INSITU)
 ROW_KINDS = {"checked": (bool, "a boolean"), "options": (dict, "an object"), "sms": (int, "an integer"),
              "algbw_gbps": ((int, float), "a number"), "busbw_gbps": ((int, float), "a number")}
@@ -74,6 +76,8 @@ def _check_row(row, where: str) -> None:
     if missing:
         raise ResultsError(f"{where}: no {' or '.join(missing)}: not a benchmarks/bench.py result (its rows "
                            f"name {', '.join(REQUIRED)})")
+    if row["system"] not in SYSTEMS:  # the tables select rows by system: another would vanish
+        raise ResultsError(f"{where}: unknown system {row['system']!r}; expected one of {', '.join(SYSTEMS)}")
     if row["collective"] not in COLLECTIVES:
         raise ResultsError(f"{where}: unknown collective {row['collective']!r}; expected one of {', '.join(COLLECTIVES)}")
     if row.get("mode") is not None and row["mode"] not in ROW_MODES:
@@ -82,7 +86,7 @@ def _check_row(row, where: str) -> None:
         unnamed = [key for key in MEASURED if row.get(key) is None]
         if unnamed:
             raise ResultsError(f"{where}: no {' or '.join(unnamed)} in a row without an error; every measured "
-                               f"row names its {' and '.join(MEASURED)}")
+                               f"row names its {', '.join(MEASURED)}")
 
 
 def _check_meta(meta, where: str) -> None:
@@ -145,13 +149,26 @@ def _check_world(doc: dict, where: str) -> None:
 
 def check_mergeable(docs: list[dict], paths: list) -> None:
     """Runs merged into one report share a world size (the tables, targets and tuning table
-    are per world size); ResultsError naming both files otherwise.  A run that states none is
-    taken as any."""
+    are per world size) and GPUs (a speed-up is a ratio of two rows, which may come from
+    different runs: NCCL on one machine against Purlin on another is no ratio); ResultsError
+    naming both files otherwise.  A run that states none is taken as any."""
     known = [(world_size_of(doc), path) for doc, path in zip(docs, paths) if world_size_of(doc)]
     for ws, path in known[1:]:
         if ws != known[0][0]:
             raise ResultsError(f"{path}: world size {ws}, but {known[0][1]} has world size {known[0][0]}; "
                                "runs of different world sizes cannot be merged into one report")
+    gpus = [(_gpus(doc), path) for doc, path in zip(docs, paths) if _gpus(doc)]
+    for names, path in gpus[1:]:
+        if names != gpus[0][0]:
+            raise ResultsError(f"{path}: GPUs {', '.join(names)}, but {gpus[0][1]} ran on {', '.join(gpus[0][0])}; "
+                               "runs on different GPUs cannot be merged into one report (their ratios would "
+                               "compare machines)")
+
+
+def _gpus(doc: dict) -> tuple[str, ...]:
+    """The GPU names a run states (meta ``gpus``, one per rank), or () where it states none."""
+    names = doc.get("meta", {}).get("gpus")
+    return tuple(map(str, names)) if isinstance(names, list) else ()
 
 
 def load_results(path: Path) -> dict:

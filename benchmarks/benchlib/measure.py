@@ -18,7 +18,7 @@ from benchlib.meta import collect_meta
 from benchlib.nccl_child import run_nccl_child
 from benchlib.output import write_partial
 from benchlib.peaks import measure_peaks
-from benchlib.plan import HIER, NCCL_SYMM_COLLECTIVES, describe_plan, estimate_s
+from benchlib.plan import HIER, NCCL_SYMM_COLLECTIVES, describe_plan, estimate_s, measured_sizes
 from benchlib.setup import precompile, setup_hierarchical, setup_nccl_symm, setup_purlin, setup_symm
 from benchlib.timing import calls_us, capture_graph, eager_iters, graph_replays, probe_us, time_eager, time_graph
 
@@ -167,6 +167,7 @@ def run(ctx: Ctx) -> None:
     write_partial(ctx)
 
     skipped = []
+    own = {c: set(measured_sizes(plan.sizes, c, ctx.world)) for c in plan.collectives}  # one call, one row
     for si, nbytes in enumerate(plan.sizes):
         elapsed = allreduce_max(ctx, [time.time() - ctx.t0])[0]
         if args.budget_s and elapsed > args.budget_s:
@@ -177,7 +178,8 @@ def run(ctx: Ctx) -> None:
                     + ", ".join(report.fmt_bytes(s) for s in skipped))
             break
         for ci, coll in enumerate(plan.collectives):
-            run_size(ctx, coll, nbytes, salt=1000 * si + 10 * ci)
+            if nbytes in own[coll]:
+                run_size(ctx, coll, nbytes, salt=1000 * si + 10 * ci)
         write_partial(ctx)
 
 

@@ -23,20 +23,23 @@ def document(ctx: Ctx) -> dict:
     if ctx.args.merge:
         # rows: this run's win; meta: this run's, with the best peaks of all and what it lacks
         # (a split run measures the peaks and the footprint once) from the merged files
-        others = _merged_files(ctx)
+        others = _merged_files(ctx, doc)
         merged_meta = report.merge([doc, *others])["meta"]
         doc = {"meta": dict(merged_meta, merged_from=[str(p) for p in ctx.args.merge]),
                "rows": report.merge([*others, doc])["rows"]}
     return doc
 
 
-def _merged_files(ctx: Ctx) -> list[dict]:
-    """The --merge documents (checked when the run started); one that has gone bad since is
-    left out with a line on stderr: the rows this run measured are written either way."""
+def _merged_files(ctx: Ctx, this_run: dict) -> list[dict]:
+    """The --merge documents (checked when the run started); one that has gone bad since, or
+    that ran on other GPUs than this run (known only now), is left out with a line on stderr:
+    the rows this run measured are written either way."""
     docs = []
     for path in ctx.args.merge:
         try:
-            docs.append(report.load_results(path))
+            other = report.load_results(path)
+            report.check_mergeable([this_run, other], ["this run", path])
+            docs.append(other)
         except report.ResultsError as error:
             print(f"bench: not merged: {error}", file=sys.stderr)
     return docs

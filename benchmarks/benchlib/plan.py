@@ -155,6 +155,22 @@ def hier_gpus_per_node(text: str, world: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def measured_sizes(sizes, coll: str, world: int) -> list[int]:
+    """The sizes of ``sizes`` that measure a call of their own for ``coll`` over ``world`` ranks,
+    in order: ``report.layout`` rounds a size to whole 16-byte chunks (at least one), so two
+    sizes can make one call (1000 and 1001 B are both 992 B at R=2, 3 and 5 B both 32 B).
+    Measured twice, that call would cost its time twice and write two rows with one key, which
+    the report refuses to read."""
+    seen: set[int] = set()
+    out = []
+    for nbytes in sizes:
+        measured = report.layout(coll, world, nbytes).bytes
+        if measured not in seen:
+            seen.add(measured)
+            out.append(nbytes)
+    return out
+
+
 def estimate_s(plan: Plan, args) -> float:
     est = report.estimate_run_s([], reps=args.reps, target_rep_us=args.target_rep_us, modes=1,
                                 loads=plan.loads() + plan.hier_loads())

@@ -109,7 +109,8 @@ class Layout:
 
 
 def layout(collective: str, world_size: int, nbytes: int, itemsize: int = 2) -> Layout:
-    """Map the benchmark's ``bytes`` to the chunk count, rounding down to 16-byte chunks.
+    """Map the benchmark's ``bytes`` to the chunk count, rounding down to 16-byte chunks (at
+    least one: a size below one chunk per rank is measured as one chunk per rank).
 
     allreduce / alltoall: in = out = R*count; allgather / gather: in = count, out = R*count;
     reduce_scatter / scatter: in = R*count, out = count; broadcast / reduce: in = out = count.

@@ -3,8 +3,8 @@
 One row per (system, batch): ``step_us`` (the whole decode step, one CUDA graph replay: per
 repeat the slowest rank's time, then the median of those per-repeat maxima; ``step_us_min`` /
 ``step_us_max``: their smallest and largest), ``comm_us`` (``step_us`` minus the no-communication step's), and
-``comm_vs_best_nccl`` (``comm_us`` over the lowest NCCL setting's at that batch: below 1 is less
-communication time than NCCL at its best), ``agrees`` (the final hidden states against the
+``comm_vs_best_nccl`` (``comm_us`` over the lowest NCCL setting's at that batch, ``best_nccl``: below
+1 is less communication time than NCCL at its best), ``agrees`` (the final hidden states against the
 reference system's, within ``TOLERANCE``) and ``error``.
 """
 
@@ -45,7 +45,7 @@ def timing_checked(r: dict, reps: list | None = None) -> dict:
         return r
     why = f"{BAD_TIME}: step time {bad[0]!r} is not a finite positive number"
     return {**r, "step_us": None, "step_us_min": None, "step_us_max": None, "comm_us": None,
-            "comm_vs_best_nccl": None, "bad_time": repr(bad[0]), "error": r.get("error") or why}
+            "comm_vs_best_nccl": None, "best_nccl": None, "bad_time": repr(bad[0]), "error": r.get("error") or why}
 
 
 def bad_timings(rows: list[dict]) -> int:
@@ -85,13 +85,14 @@ def add_comm_time(rows: list[dict]) -> None:
         for r in here:
             if r["system"] != "none" and _timed(r) and bare is not None:
                 r["comm_us"] = r["step_us"] - bare
-        nccl = [r["comm_us"] for r in here if r["system"] in NCCL and r.get("comm_us") is not None
+        nccl = [r for r in here if r["system"] in NCCL and r.get("comm_us") is not None
                 and r.get("agrees") is not False]
-        best = min(nccl) if nccl else None
+        best = min(nccl, key=lambda r: r["comm_us"]) if nccl else None
         for r in here:
             # comm_us at or below zero (the step within the noise of the bare one) has no ratio
-            if valid_time(r.get("comm_us")) and valid_time(best):
-                r["comm_vs_best_nccl"] = r["comm_us"] / best
+            if valid_time(r.get("comm_us")) and best is not None and valid_time(best["comm_us"]):
+                # the ratio names the NCCL setting it is over (it may differ from batch to batch)
+                r["comm_vs_best_nccl"], r["best_nccl"] = r["comm_us"] / best["comm_us"], best["system"]
 
 
 def unchecked_batches(rows: list[dict]) -> list[int]:
@@ -119,7 +120,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
            f"{where}; {meta.get('layers')} layers, KV cache {meta.get('kv_len')} tokens, bf16, random weights; "
            "the whole step is one CUDA graph.",
            "'comm us' = step minus the step without communication ('none'); 'vs best NCCL' = comm us over the "
-           "lowest NCCL setting's (default, nomix = NCCL_GRAPH_MIXING_SUPPORT=0, symm = symmetric windows); "
+           "lowest NCCL setting's, named in brackets (nccl = default, nomix = NCCL_GRAPH_MIXING_SUPPORT=0, "
+           "symm = symmetric windows); "
            "'agrees': final hidden states against the reference system's.", "",
            "| batch | system | step us | comm us | vs best NCCL | agrees |", "|---|---|---|---|---|---|"]
     rows = [timing_checked(r) for r in rows]
@@ -128,9 +130,10 @@ def markdown(rows: list[dict], meta: dict) -> str:
             out.append(f"| {r['batch']} | {r['system']} | - | - | - | {r['error'][:160]} |")
             continue
         ratio = r.get("comm_vs_best_nccl")
+        vs = "-" if ratio is None else f"{ratio:.2f}x" + (f" ({r['best_nccl']})" if r.get("best_nccl") else "")
         agrees = "-" if r.get("agrees") is None else ("yes" if r["agrees"] else f"NO ({r.get('agree_note')})")
         out.append(f"| {r['batch']} | {r['system']} | {_num(r['step_us'])} | {_num(r.get('comm_us'))} | "
-                   f"{'-' if ratio is None else f'{ratio:.2f}x'} | {agrees} |")
+                   f"{vs} | {agrees} |")
     missing = unchecked_batches(rows)
     if missing:
         out += ["", f"NOT CHECKED: the reference failed or is missing at batch {', '.join(map(str, missing))}, so no "
