@@ -761,3 +761,36 @@ def test_a_file_store_on_a_file_says_so(tmp_path):
     with pytest.raises(RendezvousError) as info:
         FileStore(tmp_path / "afile")
     assert info.value.message == f"cannot use {tmp_path / 'afile'} as a file store: it is a file, not a directory"
+
+
+def test_many_ranks_joining_at_once_meet_without_waiting_on_retransmits():
+    """64 ranks connecting at once overflowed socketserver's backlog of 5: the kernel dropped
+    the connections past it, and their first requests waited on TCP retransmits (15 s for one
+    exchange; 128 ranks ran past a 30 s timeout)."""
+    world = 64
+    server = TCPStore("127.0.0.1", 0, is_server=True, timeout=30)
+    start, gathered, errors = threading.Barrier(world), {}, []
+
+    def rank(r):
+        try:
+            start.wait()
+            store = server if r == 0 else TCPStore("127.0.0.1", server.port, timeout=30)
+            exchange = Exchange(store, r, world, timeout=30)
+            gathered[r] = exchange(r)
+            exchange.barrier()
+            if r:
+                store.close()
+        except Exception as error:  # noqa: BLE001 -- reported below
+            errors.append(error)
+
+    began = time.monotonic()
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    server.close()
+    assert not errors
+    assert gathered == {r: list(range(world)) for r in range(world)}
+    assert time.monotonic() - began < 6
+

@@ -360,6 +360,10 @@ def _serve(table: "_Table", op: bytes, key: str, value: bytes) -> tuple[bytes, b
 class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's backlog is 5: when 64 ranks connected at once, the kernel dropped the
+    # connections past it, and their first requests waited on TCP retransmits (one exchange of
+    # 64 threads took 15 s; of 128, past a 30 s timeout).
+    request_queue_size = 4096  # the kernel caps it (net.core.somaxconn)
 
 
 def _seconds(what: str, value) -> float:
