@@ -794,3 +794,20 @@ def test_many_ranks_joining_at_once_meet_without_waiting_on_retransmits():
     assert gathered == {r: list(range(world)) for r in range(world)}
     assert time.monotonic() - began < 6
 
+
+def _resident_mib() -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) // 1024
+
+
+def test_a_frame_that_claims_a_huge_value_commits_no_memory_until_it_arrives():
+    """The server allocated a value's claimed length before reading it: a few bytes claiming
+    1 GiB (garbage, or a peer killed mid-send) committed 1 GiB of rank 0's memory per connection."""
+    server = TCPStore("127.0.0.1", 0, is_server=True, timeout=2)
+    before = _resident_mib()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=3) as sock:
+        sock.sendall(_frame(b"S", b"k", b"")[:-8] + (1 << 30).to_bytes(8, "big") + b"x")
+        time.sleep(0.5)
+        grown = _resident_mib() - before
+    server.close()
+    assert grown < 128

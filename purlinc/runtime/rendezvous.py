@@ -241,14 +241,17 @@ def loads(data: bytes):
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buffer = bytearray(n)
-    view, got = memoryview(buffer), 0
+    """``n`` bytes, held only as they arrive: a buffer of ``n`` allocated up front let a frame of
+    a few bytes that claims a 1 GiB value (garbage, or a peer that dies mid-send) commit 1 GiB
+    of rank 0's memory per connection."""
+    chunks, got = [], 0
     while got < n:
-        size = sock.recv_into(view[got:], min(n - got, 1 << 24))
-        if not size:
+        chunk = sock.recv(min(n - got, 1 << 20))
+        if not chunk:
             raise ConnectionError("the rendezvous peer closed the connection")
-        got += size
-    return bytes(buffer)
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
 
 
 class _Table:
