@@ -795,6 +795,60 @@ def test_many_ranks_joining_at_once_meet_without_waiting_on_retransmits():
     assert time.monotonic() - began < 6
 
 
+def _store_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name == "purlin-store" or "process_request" in t.name]
+
+
+def test_a_closed_server_hangs_up_on_its_clients_instead_of_serving_a_dead_world():
+    """After rank 0 closed its store (a failed set-up: close(wait=False); or its wait for the
+    clients ran out), the handlers of connected peers went on serving the old table: a peer's
+    GET waited its whole timeout and then said rank 0 'never arrived', and its set() succeeded."""
+    server = TCPStore("127.0.0.1", 0, is_server=True, timeout=10)
+    peer = TCPStore("127.0.0.1", server.port, timeout=10)
+    peer.set("k", b"v")
+    outcome = []
+
+    def waiting_get():
+        started = time.monotonic()
+        try:
+            peer.get("never", 10)
+        except RendezvousError as error:
+            outcome.append((time.monotonic() - started, error))
+
+    waiter = threading.Thread(target=waiting_get)
+    waiter.start()
+    time.sleep(0.2)
+    server.close(wait=False)
+    waiter.join(15)
+    waited, error = outcome[0]
+    assert waited < 3 and not isinstance(error, RendezvousTimeout)
+    assert f"the rendezvous store at 127.0.0.1:{server.port} went away" in error.message
+    assert "rank 0 serves the store: did it exit or crash?" in str(error)
+    assert _store_threads() == []
+    peer.close()
+
+
+def test_a_new_world_on_the_port_never_reaches_the_store_of_the_last_one():
+    """While the last world's rank 0 waited (bounded) for a peer that had not hung up, its
+    server still accepted: a rank of the next world on that port joined the dead world's table
+    (its generation counters), not the new store."""
+    old = TCPStore("127.0.0.1", 0, is_server=True, timeout=3)
+    lingering = TCPStore("127.0.0.1", old.port, timeout=3)  # a peer of the old world that never hangs up
+    Exchange(lingering, 1, 2)  # the old world counted an exchange of rank 1
+    closing = threading.Thread(target=old.close)
+    closing.start()
+    time.sleep(0.8)  # old.close() is waiting for `lingering`
+    assert closing.is_alive()
+    new = TCPStore("127.0.0.1", old.port, is_server=True, timeout=3)
+    newcomer = TCPStore("127.0.0.1", old.port, timeout=3)
+    assert Exchange(newcomer, 1, 2).generation == 1  # the new store's first exchange, not the old one's second
+    closing.join(10)
+    with pytest.raises(RendezvousError, match="went away"):
+        lingering.get("k", 1)
+    for store in (lingering, newcomer, new):
+        store.close(wait=False)
+
+
 def _resident_mib() -> int:
     status = Path("/proc/self/status").read_text()
     return int(status.split("VmRSS:")[1].split()[0]) // 1024
@@ -811,3 +865,4 @@ def test_a_frame_that_claims_a_huge_value_commits_no_memory_until_it_arrives():
         grown = _resident_mib() - before
     server.close()
     assert grown < 128
+    assert _store_threads() == []

@@ -260,16 +260,34 @@ class _Table:
     def __init__(self):
         self.data: dict[str, bytes] = {}
         self.cond = threading.Condition()
-        self.clients = 0
+        self.clients: dict[socket.socket, threading.Thread] = {}  # each connection and the thread serving it
+        self.closed = False
 
-    def connected(self, delta: int) -> None:
+    def joined(self, sock: socket.socket) -> None:
         with self.cond:
-            self.clients += delta
+            self.clients[sock] = threading.current_thread()
+            if self.closed:  # accepted just before the store closed
+                _hang_up(sock)
+
+    def left(self, sock: socket.socket) -> None:
+        with self.cond:
+            self.clients.pop(sock, None)
             self.cond.notify_all()
 
     def wait_clients_gone(self, timeout: float) -> bool:
         with self.cond:
-            return self.cond.wait_for(lambda: self.clients <= 0, timeout)
+            return self.cond.wait_for(lambda: not self.clients, timeout)
+
+    def close(self) -> list[threading.Thread]:
+        """End the store: every waiting GET returns, and every connection still open is shut
+        down (its handler then returns).  The threads that served them, to join."""
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+            clients = list(self.clients.items())
+        for sock, _ in clients:
+            _hang_up(sock)
+        return [thread for _, thread in clients]
 
     def set(self, key: str, value: bytes) -> None:
         with self.cond:
@@ -281,6 +299,8 @@ class _Table:
         with self.cond:
             while key not in self.data:
                 left = deadline - time.monotonic()
+                if self.closed:
+                    raise ConnectionError("the store was closed")
                 if left <= 0:
                     return None
                 self.cond.wait(left)
@@ -299,12 +319,20 @@ class _Table:
                 self.data.pop(key, None)
 
 
+def _hang_up(sock: socket.socket) -> None:
+    """Shut a served connection down: its handler's read returns, and the client hears EOF."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # the peer hung up meanwhile
+        pass
+
+
 class _Handler(socketserver.BaseRequestHandler):
     def setup(self):
-        self.server.table.connected(+1)  # type: ignore[attr-defined]
+        self.server.table.joined(self.request)  # type: ignore[attr-defined]
 
     def finish(self):
-        self.server.table.connected(-1)  # type: ignore[attr-defined]
+        self.server.table.left(self.request)  # type: ignore[attr-defined]
 
     def handle(self):
         table: _Table = self.server.table  # type: ignore[attr-defined]
@@ -328,6 +356,8 @@ class _Handler(socketserver.BaseRequestHandler):
                 return
             try:
                 status, reply = _serve(table, op, key.decode(), value)
+            except ConnectionError:  # the store was closed during a GET's wait: hang up, answer nothing
+                return
             except Exception as error:  # noqa: BLE001 -- a bad request (add to a non-number, a bad frame):
                 # answered, not fatal to the connection, so the client hears why
                 status, reply = _BAD, f"{type(error).__name__}: {error}".encode()
@@ -568,11 +598,21 @@ class TCPStore:
 
     def _stop_serving(self, wait: bool = False) -> None:
         server, self._server = self._server, None
-        if server is not None:
-            if wait:
-                server.table.wait_clients_gone(self.timeout)  # type: ignore[attr-defined]
-            server.shutdown()
-            server.server_close()
+        if server is None:
+            return
+        # The port first: a rank of the next world on it connected to this dead one while it
+        # waited for its clients, and read this world's counters.
+        server.shutdown()
+        server.server_close()
+        table: _Table = server.table  # type: ignore[attr-defined]
+        if wait:
+            table.wait_clients_gone(self.timeout)
+        # Then whoever is still connected (a peer that never hung up): its handler served this
+        # world's table for as long as the process lived, so a peer's GET waited out its whole
+        # timeout instead of hearing that rank 0's store is gone.
+        deadline = time.monotonic() + 5.0
+        for thread in table.close():
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 # ---------------------------------------------------------------------------------------------
