@@ -866,3 +866,33 @@ def test_a_frame_that_claims_a_huge_value_commits_no_memory_until_it_arrives():
     server.close()
     assert grown < 128
     assert _store_threads() == []
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"timeout": 0}, "timeout must be a finite number of seconds above 0, at most 1e+06 (11 days), got 0"),
+    ({"device": "0"}, "device: expected a CUDA device ordinal (an int), got '0'"),
+    ({"heap_bytes": 4096}, "heap_bytes: expected an int of at least 1048576 (1 MiB), got 4096"),
+])
+def test_from_env_checks_its_arguments_before_it_waits_for_rank_0(monkeypatch, kwargs, message):
+    """A rank other than 0 connected to the store first: it waited for rank 0 (300 s) before its
+    device="0" was refused, and timeout=0 was read as 300 s for that wait."""
+    from purlinc.runtime.communicator import Communicator
+    from purlinc.runtime.errors import ArgumentError
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))  # no rank 0 serves it
+    raised = []
+
+    def call():
+        try:
+            Communicator.from_env(**kwargs)
+        except Exception as error:  # noqa: BLE001 -- checked below
+            raised.append(error)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    caller.join(5)
+    assert not caller.is_alive(), "from_env waited for rank 0 before checking its arguments"
+    assert isinstance(raised[0], ArgumentError) and message in raised[0].message

@@ -413,6 +413,11 @@ def _seconds(what: str, value) -> float:
     return seconds
 
 
+def checked_timeout(value) -> float:
+    """A caller's timeout in seconds, checked as every store and Exchange checks theirs."""
+    return _seconds("timeout", value)
+
+
 def _key(key) -> str:
     """A store key: a non-empty string of UTF-8 text (FileStore makes a file name of it, TCPStore a
     frame; both encode it as UTF-8, which a lone surrogate such as '\\udcff' fails)."""
