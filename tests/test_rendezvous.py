@@ -896,3 +896,39 @@ def test_from_env_checks_its_arguments_before_it_waits_for_rank_0(monkeypatch, k
     caller.join(5)
     assert not caller.is_alive(), "from_env waited for rank 0 before checking its arguments"
     assert isinstance(raised[0], ArgumentError) and message in raised[0].message
+
+
+def test_a_rounds_bound_holds_for_the_whole_round_not_for_each_peer(tmp_path):
+    """Each peer's wait had a bound of its own: ranks arriving one after another, each just
+    inside the bound after the one before, held rank 0 three bounds long (2.1 s under 1 s), and
+    it gathered as if all were in time."""
+    store = FileStore(tmp_path, timeout=1)
+    exchanges = [Exchange(store, rank, 4, timeout=1) for rank in range(4)]
+    late = [0, 0.7, 1.4, 2.1]
+    began = time.monotonic()
+
+    def arrive(rank):
+        time.sleep(late[rank])
+        return exchanges[rank]
+
+    results = _gather_in_threads([lambda obj, r=r: arrive(r)(obj) for r in range(4)], list(range(4)))
+    assert isinstance(results[0], RendezvousTimeout)
+    assert "rank 0 waited 1 s for rank 2 of 4, which never arrived" in results[0].message
+    assert time.monotonic() - began < 3.5
+    assert results[3] == [0, 1, 2, 3]  # every record was there when the last rank came
+
+
+def test_records_already_written_are_read_after_the_rounds_bound_ran_out(tmp_path):
+    """A slow store used the whole bound on the first peer's read: the others' records, there
+    all along, are still read (a wait of at least a moment), not reported as missing."""
+    class Slow(FileStore):
+        def get(self, key, timeout=None):
+            if key.endswith("/0"):
+                time.sleep(1.2)
+            return super().get(key, timeout)
+
+    store = Slow(tmp_path, timeout=1)
+    exchanges = [Exchange(store, rank, 3, timeout=1) for rank in range(3)]
+    for rank in (1, 2):
+        store.set(f"{exchanges[rank].base}/0/{rank}", exchanges[rank]._record(rank))
+    assert exchanges[0](0) == [0, 1, 2]

@@ -755,6 +755,7 @@ class FileStore:
 
 
 _RECORD = "purlin-rdv-1"  # the first field of every Exchange record
+_LEAST_WAIT_S = 0.05  # a round's wait for a peer once its bound has run out: for a record already there
 
 
 class Exchange:
@@ -797,13 +798,18 @@ class Exchange:
             self.store.delete([f"{self.base}/{n - 2}/{self.rank}"])
         self.store.set(f"{base}/{self.rank}", record)
         gathered = []
+        # One bound for the round, not one per peer: peers each arriving just inside the bound
+        # after the one before held a rank world_size times as long (ranks 1..3 at 1.7 s
+        # intervals: 5.1 s under a 2 s timeout).  Past it, a record already written is still read.
+        deadline = time.monotonic() + self.timeout
         for peer in range(self.world_size):
             started = time.monotonic()
+            wait = max(deadline - started, _LEAST_WAIT_S)
             try:
-                data = self.store.get(f"{base}/{peer}", self.timeout)
+                data = self.store.get(f"{base}/{peer}", wait)
             except RendezvousTimeout as error:
                 waited = time.monotonic() - started
-                if waited < 0.9 * self.timeout - 0.05:
+                if waited < 0.9 * wait - 0.05:
                     # Not the bound running out: a store that reports its failures as timeouts
                     # (torch's, when its server -- rank 0's process -- exits) said "never arrived"
                     # of a peer that had written its record, in a wait that lasted 0.05 s of 2.
