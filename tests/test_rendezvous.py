@@ -932,3 +932,32 @@ def test_records_already_written_are_read_after_the_rounds_bound_ran_out(tmp_pat
     for rank in (1, 2):
         store.set(f"{exchanges[rank].base}/0/{rank}", exchanges[rank]._record(rank))
     assert exchanges[0](0) == [0, 1, 2]
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this system has no IPv6 loopback (::1) to serve on")
+def test_an_ipv6_master_addr_is_served_in_its_own_address_family():
+    """MASTER_ADDR=::1 (which env_info takes) was bound as an IPv4 address: rank 0 failed with
+    'Address family for hostname not supported' and a note that another job held the port."""
+    server = TCPStore("::1", 0, is_server=True, timeout=2)
+    peer = TCPStore("::1", server.port, timeout=2)
+    peer.set("k", b"v")
+    assert server.get("k") == b"v"
+    peer.close()
+    server.close()
+
+
+def test_an_address_rank_0_cannot_serve_on_is_not_blamed_on_the_port():
+    with pytest.raises(RendezvousError) as info:
+        TCPStore("no-such-host.invalid", 0, is_server=True, timeout=1)
+    assert "cannot serve the rendezvous store on no-such-host.invalid:0" in info.value.message
+    assert info.value.notes == ("MASTER_ADDR must name this host (rank 0's), where its store serves",)
+    assert not [t for t in threading.enumerate() if t.name == "purlin-store"]

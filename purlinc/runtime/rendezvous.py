@@ -399,6 +399,25 @@ class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
     request_queue_size = 4096  # the kernel caps it (net.core.somaxconn)
 
 
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+def _serve_on(host: str, port: int) -> _Server:
+    """Rank 0's server, bound to ``host`` in its own address family: an IPv6 address such as
+    MASTER_ADDR=::1 was bound as IPv4 ("Address family for hostname not supported"), with a
+    note that another job may hold the port."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return (_Server6 if family == socket.AF_INET6 else _Server)((host, port), _Handler)
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            why = "another job may hold MASTER_PORT; pick a free one"
+        else:  # a name that does not resolve, or an address of another host
+            why = "MASTER_ADDR must name this host (rank 0's), where its store serves"
+        raise RendezvousError(f"cannot serve the rendezvous store on {host}:{port}: {error}", notes=(why,)) from None
+
+
 def _seconds(what: str, value) -> float:
     """A timeout: a finite number of seconds above 0 (NaN never compares past a deadline, so a
     wait bounded by it would never end; 0 or less would fail before trying), at most
@@ -488,11 +507,7 @@ class TCPStore:
         port = _port(port, server=is_server)
         self._server: _Server | None = None
         if is_server:
-            try:
-                self._server = _Server((host, port), _Handler)
-            except OSError as error:
-                raise RendezvousError(f"cannot serve the rendezvous store on {host}:{port}: {error}",
-                                      notes=("another job may hold MASTER_PORT; pick a free one",)) from None
+            self._server = _serve_on(host, port)
             self._server.table = _Table()  # type: ignore[attr-defined]
             port = self._server.server_address[1]
             threading.Thread(target=self._server.serve_forever, name="purlin-store", daemon=True).start()
