@@ -260,18 +260,21 @@ class _Table:
     def __init__(self):
         self.data: dict[str, bytes] = {}
         self.cond = threading.Condition()
-        self.clients: dict[socket.socket, threading.Thread] = {}  # each connection and the thread serving it
+        self.clients: set[socket.socket] = set()  # the connections open now
+        self.handlers: list[threading.Thread] = []  # the threads serving them (and any still ending)
         self.closed = False
 
     def joined(self, sock: socket.socket) -> None:
         with self.cond:
-            self.clients[sock] = threading.current_thread()
+            self.clients.add(sock)
+            self.handlers = [thread for thread in self.handlers if thread.is_alive()]
+            self.handlers.append(threading.current_thread())
             if self.closed:  # accepted just before the store closed
                 _hang_up(sock)
 
     def left(self, sock: socket.socket) -> None:
         with self.cond:
-            self.clients.pop(sock, None)
+            self.clients.discard(sock)
             self.cond.notify_all()
 
     def wait_clients_gone(self, timeout: float) -> bool:
@@ -280,14 +283,14 @@ class _Table:
 
     def close(self) -> list[threading.Thread]:
         """End the store: every waiting GET returns, and every connection still open is shut
-        down (its handler then returns).  The threads that served them, to join."""
+        down (its handler then returns).  The handler threads, to join."""
         with self.cond:
             self.closed = True
             self.cond.notify_all()
-            clients = list(self.clients.items())
-        for sock, _ in clients:
+            clients, handlers = list(self.clients), list(self.handlers)
+        for sock in clients:
             _hang_up(sock)
-        return [thread for _, thread in clients]
+        return handlers
 
     def set(self, key: str, value: bytes) -> None:
         with self.cond:
