@@ -761,3 +761,203 @@ def test_a_file_store_on_a_file_says_so(tmp_path):
     with pytest.raises(RendezvousError) as info:
         FileStore(tmp_path / "afile")
     assert info.value.message == f"cannot use {tmp_path / 'afile'} as a file store: it is a file, not a directory"
+
+
+def test_many_ranks_joining_at_once_meet_without_waiting_on_retransmits():
+    """64 ranks connecting at once overflowed socketserver's backlog of 5: the kernel dropped
+    the connections past it, and their first requests waited on TCP retransmits (15 s for one
+    exchange; 128 ranks ran past a 30 s timeout)."""
+    world = 64
+    server = TCPStore("127.0.0.1", 0, is_server=True, timeout=30)
+    start, gathered, errors = threading.Barrier(world), {}, []
+
+    def rank(r):
+        try:
+            start.wait()
+            store = server if r == 0 else TCPStore("127.0.0.1", server.port, timeout=30)
+            exchange = Exchange(store, r, world, timeout=30)
+            gathered[r] = exchange(r)
+            exchange.barrier()
+            if r:
+                store.close()
+        except Exception as error:  # noqa: BLE001 -- reported below
+            errors.append(error)
+
+    began = time.monotonic()
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    server.close()
+    assert not errors
+    assert gathered == {r: list(range(world)) for r in range(world)}
+    assert time.monotonic() - began < 6
+
+
+def _store_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name == "purlin-store" or "process_request" in t.name]
+
+
+def test_a_closed_server_hangs_up_on_its_clients_instead_of_serving_a_dead_world():
+    """After rank 0 closed its store (a failed set-up: close(wait=False); or its wait for the
+    clients ran out), the handlers of connected peers went on serving the old table: a peer's
+    GET waited its whole timeout and then said rank 0 'never arrived', and its set() succeeded."""
+    server = TCPStore("127.0.0.1", 0, is_server=True, timeout=10)
+    peer = TCPStore("127.0.0.1", server.port, timeout=10)
+    peer.set("k", b"v")
+    outcome = []
+
+    def waiting_get():
+        started = time.monotonic()
+        try:
+            peer.get("never", 10)
+        except RendezvousError as error:
+            outcome.append((time.monotonic() - started, error))
+
+    waiter = threading.Thread(target=waiting_get)
+    waiter.start()
+    time.sleep(0.2)
+    server.close(wait=False)
+    waiter.join(15)
+    waited, error = outcome[0]
+    assert waited < 3 and not isinstance(error, RendezvousTimeout)
+    assert f"the rendezvous store at 127.0.0.1:{server.port} went away" in error.message
+    assert "rank 0 serves the store: did it exit or crash?" in str(error)
+    assert _store_threads() == []
+    peer.close()
+
+
+def test_a_new_world_on_the_port_never_reaches_the_store_of_the_last_one():
+    """While the last world's rank 0 waited (bounded) for a peer that had not hung up, its
+    server still accepted: a rank of the next world on that port joined the dead world's table
+    (its generation counters), not the new store."""
+    old = TCPStore("127.0.0.1", 0, is_server=True, timeout=3)
+    lingering = TCPStore("127.0.0.1", old.port, timeout=3)  # a peer of the old world that never hangs up
+    Exchange(lingering, 1, 2)  # the old world counted an exchange of rank 1
+    closing = threading.Thread(target=old.close)
+    closing.start()
+    time.sleep(0.8)  # old.close() is waiting for `lingering`
+    assert closing.is_alive()
+    new = TCPStore("127.0.0.1", old.port, is_server=True, timeout=3)
+    newcomer = TCPStore("127.0.0.1", old.port, timeout=3)
+    assert Exchange(newcomer, 1, 2).generation == 1  # the new store's first exchange, not the old one's second
+    closing.join(10)
+    with pytest.raises(RendezvousError, match="went away"):
+        lingering.get("k", 1)
+    for store in (lingering, newcomer, new):
+        store.close(wait=False)
+
+
+def _resident_mib() -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) // 1024
+
+
+def test_a_frame_that_claims_a_huge_value_commits_no_memory_until_it_arrives():
+    """The server allocated a value's claimed length before reading it: a few bytes claiming
+    1 GiB (garbage, or a peer killed mid-send) committed 1 GiB of rank 0's memory per connection."""
+    server = TCPStore("127.0.0.1", 0, is_server=True, timeout=2)
+    before = _resident_mib()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=3) as sock:
+        sock.sendall(_frame(b"S", b"k", b"")[:-8] + (1 << 30).to_bytes(8, "big") + b"x")
+        time.sleep(0.5)
+        grown = _resident_mib() - before
+    server.close()
+    assert grown < 128
+    assert _store_threads() == []
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"timeout": 0}, "timeout must be a finite number of seconds above 0, at most 1e+06 (11 days), got 0"),
+    ({"device": "0"}, "device: expected a CUDA device ordinal (an int), got '0'"),
+    ({"heap_bytes": 4096}, "heap_bytes: expected an int of at least 1048576 (1 MiB), got 4096"),
+])
+def test_from_env_checks_its_arguments_before_it_waits_for_rank_0(monkeypatch, kwargs, message):
+    """A rank other than 0 connected to the store first: it waited for rank 0 (300 s) before its
+    device="0" was refused, and timeout=0 was read as 300 s for that wait."""
+    from purlinc.runtime.communicator import Communicator
+    from purlinc.runtime.errors import ArgumentError
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))  # no rank 0 serves it
+    raised = []
+
+    def call():
+        try:
+            Communicator.from_env(**kwargs)
+        except Exception as error:  # noqa: BLE001 -- checked below
+            raised.append(error)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    caller.join(5)
+    assert not caller.is_alive(), "from_env waited for rank 0 before checking its arguments"
+    assert isinstance(raised[0], ArgumentError) and message in raised[0].message
+
+
+def test_a_rounds_bound_holds_for_the_whole_round_not_for_each_peer(tmp_path):
+    """Each peer's wait had a bound of its own: ranks arriving one after another, each just
+    inside the bound after the one before, held rank 0 three bounds long (2.1 s under 1 s), and
+    it gathered as if all were in time."""
+    store = FileStore(tmp_path, timeout=1)
+    exchanges = [Exchange(store, rank, 4, timeout=1) for rank in range(4)]
+    late = [0, 0.7, 1.4, 2.1]
+    began = time.monotonic()
+
+    def arrive(rank):
+        time.sleep(late[rank])
+        return exchanges[rank]
+
+    results = _gather_in_threads([lambda obj, r=r: arrive(r)(obj) for r in range(4)], list(range(4)))
+    assert isinstance(results[0], RendezvousTimeout)
+    assert "rank 0 waited 1 s for rank 2 of 4, which never arrived" in results[0].message
+    assert time.monotonic() - began < 3.5
+    assert results[3] == [0, 1, 2, 3]  # every record was there when the last rank came
+
+
+def test_records_already_written_are_read_after_the_rounds_bound_ran_out(tmp_path):
+    """A slow store used the whole bound on the first peer's read: the others' records, there
+    all along, are still read (a wait of at least a moment), not reported as missing."""
+    class Slow(FileStore):
+        def get(self, key, timeout=None):
+            if key.endswith("/0"):
+                time.sleep(1.2)
+            return super().get(key, timeout)
+
+    store = Slow(tmp_path, timeout=1)
+    exchanges = [Exchange(store, rank, 3, timeout=1) for rank in range(3)]
+    for rank in (1, 2):
+        store.set(f"{exchanges[rank].base}/0/{rank}", exchanges[rank]._record(rank))
+    assert exchanges[0](0) == [0, 1, 2]
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this system has no IPv6 loopback (::1) to serve on")
+def test_an_ipv6_master_addr_is_served_in_its_own_address_family():
+    """MASTER_ADDR=::1 (which env_info takes) was bound as an IPv4 address: rank 0 failed with
+    'Address family for hostname not supported' and a note that another job held the port."""
+    server = TCPStore("::1", 0, is_server=True, timeout=2)
+    peer = TCPStore("::1", server.port, timeout=2)
+    peer.set("k", b"v")
+    assert server.get("k") == b"v"
+    peer.close()
+    server.close()
+
+
+def test_an_address_rank_0_cannot_serve_on_is_not_blamed_on_the_port():
+    with pytest.raises(RendezvousError) as info:
+        TCPStore("no-such-host.invalid", 0, is_server=True, timeout=1)
+    assert "cannot serve the rendezvous store on no-such-host.invalid:0" in info.value.message
+    assert info.value.notes == ("MASTER_ADDR must name this host (rank 0's), where its store serves",)
+    assert not [t for t in threading.enumerate() if t.name == "purlin-store"]

@@ -269,7 +269,12 @@ class Communicator:
         from purlinc.runtime import rendezvous
 
         info = rendezvous.env_info()
-        store = rendezvous.store_from_env(info, timeout=timeout or rendezvous.DEFAULT_TIMEOUT_S)
+        # The arguments before the store: a rank other than 0 connects first, and waited for
+        # rank 0 (up to 300 s) before its device="0" was refused; timeout=0 read as 300 s there.
+        bound = rendezvous.DEFAULT_TIMEOUT_S if timeout is None else rendezvous.checked_timeout(timeout)
+        bootstrap.checked_device(info.local_rank if device is None else device)
+        bootstrap.heap_size(heap_bytes)
+        store = rendezvous.store_from_env(info, timeout=bound)
         try:
             return cls.from_store(store, info.rank, info.world_size, heap_bytes=heap_bytes, timeout=timeout,
                                   device=info.local_rank if device is None else device)

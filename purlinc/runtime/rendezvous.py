@@ -241,14 +241,17 @@ def loads(data: bytes):
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buffer = bytearray(n)
-    view, got = memoryview(buffer), 0
+    """``n`` bytes, held only as they arrive: a buffer of ``n`` allocated up front let a frame of
+    a few bytes that claims a 1 GiB value (garbage, or a peer that dies mid-send) commit 1 GiB
+    of rank 0's memory per connection."""
+    chunks, got = [], 0
     while got < n:
-        size = sock.recv_into(view[got:], min(n - got, 1 << 24))
-        if not size:
+        chunk = sock.recv(min(n - got, 1 << 20))
+        if not chunk:
             raise ConnectionError("the rendezvous peer closed the connection")
-        got += size
-    return bytes(buffer)
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
 
 
 class _Table:
@@ -257,16 +260,37 @@ class _Table:
     def __init__(self):
         self.data: dict[str, bytes] = {}
         self.cond = threading.Condition()
-        self.clients = 0
+        self.clients: set[socket.socket] = set()  # the connections open now
+        self.handlers: list[threading.Thread] = []  # the threads serving them (and any still ending)
+        self.closed = False
 
-    def connected(self, delta: int) -> None:
+    def joined(self, sock: socket.socket) -> None:
         with self.cond:
-            self.clients += delta
+            self.clients.add(sock)
+            self.handlers = [thread for thread in self.handlers if thread.is_alive()]
+            self.handlers.append(threading.current_thread())
+            if self.closed:  # accepted just before the store closed
+                _hang_up(sock)
+
+    def left(self, sock: socket.socket) -> None:
+        with self.cond:
+            self.clients.discard(sock)
             self.cond.notify_all()
 
     def wait_clients_gone(self, timeout: float) -> bool:
         with self.cond:
-            return self.cond.wait_for(lambda: self.clients <= 0, timeout)
+            return self.cond.wait_for(lambda: not self.clients, timeout)
+
+    def close(self) -> list[threading.Thread]:
+        """End the store: every waiting GET returns, and every connection still open is shut
+        down (its handler then returns).  The handler threads, to join."""
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+            clients, handlers = list(self.clients), list(self.handlers)
+        for sock in clients:
+            _hang_up(sock)
+        return handlers
 
     def set(self, key: str, value: bytes) -> None:
         with self.cond:
@@ -278,6 +302,8 @@ class _Table:
         with self.cond:
             while key not in self.data:
                 left = deadline - time.monotonic()
+                if self.closed:
+                    raise ConnectionError("the store was closed")
                 if left <= 0:
                     return None
                 self.cond.wait(left)
@@ -296,12 +322,20 @@ class _Table:
                 self.data.pop(key, None)
 
 
+def _hang_up(sock: socket.socket) -> None:
+    """Shut a served connection down: its handler's read returns, and the client hears EOF."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # the peer hung up meanwhile
+        pass
+
+
 class _Handler(socketserver.BaseRequestHandler):
     def setup(self):
-        self.server.table.connected(+1)  # type: ignore[attr-defined]
+        self.server.table.joined(self.request)  # type: ignore[attr-defined]
 
     def finish(self):
-        self.server.table.connected(-1)  # type: ignore[attr-defined]
+        self.server.table.left(self.request)  # type: ignore[attr-defined]
 
     def handle(self):
         table: _Table = self.server.table  # type: ignore[attr-defined]
@@ -325,6 +359,8 @@ class _Handler(socketserver.BaseRequestHandler):
                 return
             try:
                 status, reply = _serve(table, op, key.decode(), value)
+            except ConnectionError:  # the store was closed during a GET's wait: hang up, answer nothing
+                return
             except Exception as error:  # noqa: BLE001 -- a bad request (add to a non-number, a bad frame):
                 # answered, not fatal to the connection, so the client hears why
                 status, reply = _BAD, f"{type(error).__name__}: {error}".encode()
@@ -360,6 +396,29 @@ def _serve(table: "_Table", op: bytes, key: str, value: bytes) -> tuple[bytes, b
 class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's backlog is 5: when 64 ranks connected at once, the kernel dropped the
+    # connections past it, and their first requests waited on TCP retransmits (one exchange of
+    # 64 threads took 15 s; of 128, past a 30 s timeout).
+    request_queue_size = 4096  # the kernel caps it (net.core.somaxconn)
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+def _serve_on(host: str, port: int) -> _Server:
+    """Rank 0's server, bound to ``host`` in its own address family: an IPv6 address such as
+    MASTER_ADDR=::1 was bound as IPv4 ("Address family for hostname not supported"), with a
+    note that another job may hold the port."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return (_Server6 if family == socket.AF_INET6 else _Server)((host, port), _Handler)
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            why = "another job may hold MASTER_PORT; pick a free one"
+        else:  # a name that does not resolve, or an address of another host
+            why = "MASTER_ADDR must name this host (rank 0's), where its store serves"
+        raise RendezvousError(f"cannot serve the rendezvous store on {host}:{port}: {error}", notes=(why,)) from None
 
 
 def _seconds(what: str, value) -> float:
@@ -374,6 +433,11 @@ def _seconds(what: str, value) -> float:
         raise RendezvousArgumentError(f"{what} must be a finite number of seconds above 0, at most "
                                       f"{MOST_TIMEOUT_S:g} (11 days), got {value!r}")
     return seconds
+
+
+def checked_timeout(value) -> float:
+    """A caller's timeout in seconds, checked as every store and Exchange checks theirs."""
+    return _seconds("timeout", value)
 
 
 def _key(key) -> str:
@@ -446,11 +510,7 @@ class TCPStore:
         port = _port(port, server=is_server)
         self._server: _Server | None = None
         if is_server:
-            try:
-                self._server = _Server((host, port), _Handler)
-            except OSError as error:
-                raise RendezvousError(f"cannot serve the rendezvous store on {host}:{port}: {error}",
-                                      notes=("another job may hold MASTER_PORT; pick a free one",)) from None
+            self._server = _serve_on(host, port)
             self._server.table = _Table()  # type: ignore[attr-defined]
             port = self._server.server_address[1]
             threading.Thread(target=self._server.serve_forever, name="purlin-store", daemon=True).start()
@@ -561,11 +621,21 @@ class TCPStore:
 
     def _stop_serving(self, wait: bool = False) -> None:
         server, self._server = self._server, None
-        if server is not None:
-            if wait:
-                server.table.wait_clients_gone(self.timeout)  # type: ignore[attr-defined]
-            server.shutdown()
-            server.server_close()
+        if server is None:
+            return
+        # The port first: a rank of the next world on it connected to this dead one while it
+        # waited for its clients, and read this world's counters.
+        server.shutdown()
+        server.server_close()
+        table: _Table = server.table  # type: ignore[attr-defined]
+        if wait:
+            table.wait_clients_gone(self.timeout)
+        # Then whoever is still connected (a peer that never hung up): its handler served this
+        # world's table for as long as the process lived, so a peer's GET waited out its whole
+        # timeout instead of hearing that rank 0's store is gone.
+        deadline = time.monotonic() + 5.0
+        for thread in table.close():
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -703,6 +773,7 @@ class FileStore:
 
 
 _RECORD = "purlin-rdv-1"  # the first field of every Exchange record
+_LEAST_WAIT_S = 0.05  # a round's wait for a peer once its bound has run out: for a record already there
 
 
 class Exchange:
@@ -745,13 +816,18 @@ class Exchange:
             self.store.delete([f"{self.base}/{n - 2}/{self.rank}"])
         self.store.set(f"{base}/{self.rank}", record)
         gathered = []
+        # One bound for the round, not one per peer: peers each arriving just inside the bound
+        # after the one before held a rank world_size times as long (ranks 1..3 at 1.7 s
+        # intervals: 5.1 s under a 2 s timeout).  Past it, a record already written is still read.
+        deadline = time.monotonic() + self.timeout
         for peer in range(self.world_size):
             started = time.monotonic()
+            wait = max(deadline - started, _LEAST_WAIT_S)
             try:
-                data = self.store.get(f"{base}/{peer}", self.timeout)
+                data = self.store.get(f"{base}/{peer}", wait)
             except RendezvousTimeout as error:
                 waited = time.monotonic() - started
-                if waited < 0.9 * self.timeout - 0.05:
+                if waited < 0.9 * wait - 0.05:
                     # Not the bound running out: a store that reports its failures as timeouts
                     # (torch's, when its server -- rank 0's process -- exits) said "never arrived"
                     # of a peer that had written its record, in a wait that lasted 0.05 s of 2.
