@@ -411,8 +411,12 @@ def _serve_on(host: str, port: int) -> _Server:
     MASTER_ADDR=::1 was bound as IPv4 ("Address family for hostname not supported"), with a
     note that another job may hold the port."""
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        return (_Server6 if family == socket.AF_INET6 else _Server)((host, port), _Handler)
+        # IPv4 wherever the host has an IPv4 address (as before: a name such as localhost may
+        # list ::1 first, and binding there alone would change where a peer must connect); IPv6
+        # for a host that has none (an IPv6 literal)
+        families = {info[0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+        ipv6_only = socket.AF_INET not in families and socket.AF_INET6 in families
+        return (_Server6 if ipv6_only else _Server)((host, port), _Handler)
     except OSError as error:
         if error.errno == errno.EADDRINUSE:
             why = "another job may hold MASTER_PORT; pick a free one"
