@@ -134,3 +134,14 @@ def test_agreement_tolerance():
     nan = a.clone()
     nan[1, 1] = float("nan")
     assert results.agree(nan, a, results.TOLERANCE) == (False, "1 of 1024 values not finite")
+
+
+def test_a_reference_that_is_not_finite_does_not_agree_with_itself():
+    """The reference row was marked as agreeing unconditionally: one gone NaN showed "yes" and
+    every other system "NO", blamed for the reference's fault."""
+    good = [torch.ones(2, 4), torch.ones(2, 4)]
+    assert results.reference_agrees(good, "the reference") == (True, "the reference")
+    bad = [torch.ones(2, 4), torch.tensor([[1.0, float("nan"), 1.0, float("inf")], [1.0] * 4])]
+    assert results.reference_agrees(bad, "the reference") == (
+        False, "the reference itself: rank 1: 2 of 8 values not finite")
+    assert results.reference_agrees(bad[1:], "x") == (False, "the reference itself: 2 of 8 values not finite")

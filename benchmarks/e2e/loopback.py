@@ -64,7 +64,7 @@ def run_system(ctx: dict, system: str, batch: int, states, h0s, reference) -> tu
                            loopback=True), None
     agree = None
     if system == "reference":
-        agree = (True, "the reference (partial sums added in float32)")
+        agree = results.reference_agrees(finals, "the reference (partial sums added in float32)")
     elif system != "none" and reference is not None:
         checks = [results.agree(y, want, results.TOLERANCE) for y, want in zip(finals, reference)]
         bad = [f"rank {r}: {note}" for r, (good, note) in enumerate(checks) if not good]

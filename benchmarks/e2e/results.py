@@ -69,6 +69,17 @@ def agree(got, want, tolerance: float) -> tuple[bool, str]:
     return err <= tolerance, f"max rel err {err:.1e}"
 
 
+def reference_agrees(finals, what: str) -> tuple[bool, str]:
+    """The reference row's own check: its outputs finite.  It was marked as agreeing
+    unconditionally, so a reference gone NaN showed "yes" and blamed every other system."""
+    for rank, final in enumerate(finals):
+        bad = int((~final.float().isfinite()).sum())
+        if bad:
+            where = f"rank {rank}: " if len(finals) > 1 else ""  # one rank's own (torchrun) names no rank
+            return False, f"the reference itself: {where}{bad} of {final.numel()} values not finite"
+    return True, what
+
+
 def _timed(r: dict) -> bool:
     return r.get("error") is None and valid_time(r.get("step_us"))
 

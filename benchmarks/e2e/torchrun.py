@@ -106,8 +106,12 @@ def run_system(me: Rank, system: str, batch: int, state: model.State, h0, refere
         dist.all_gather_object(flags, (good, note))
         bad = [f"rank {r}: {n}" for r, (g, n) in enumerate(flags) if not g]
         agree = (not bad, "; ".join(bad) if bad else note)
-    elif system == "reference":
-        agree = (True, "the reference (partial sums gathered, added in float32)")
+    elif error is None and system == "reference":
+        good, note = results.reference_agrees([final], "the reference (partial sums gathered, added in float32)")
+        flags = [None] * me.world
+        dist.all_gather_object(flags, (good, note))
+        bad = [f"rank {r}: {n}" for r, (g, n) in enumerate(flags) if not g]
+        agree = (not bad, "; ".join(bad) if bad else note)
     return results.row(system, batch, me.world, statistics.median(times), times, agree=agree, error=error), final
 
 
