@@ -896,8 +896,8 @@ class Exchange:
             return "which never arrived"
         if theirs == 0:
             return "which never arrived (it never joined this store)"
-        if theirs == self.generation:
-            return "which never arrived"
+        if theirs == self.generation:  # it joined this generation: not a rank that never started
+            return "which joined this store but did not write this round's record in time (late, or it exited or crashed)"
         return (f"which joined another generation of this store: rank {peer} made {theirs} exchange(s) on it, "
                 f"rank {self.rank} {self.generation} (two processes started as one rank, a store an earlier "
                 "run left on this address or directory, or ranks that made different numbers of communicators)")
