@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 # How far into a box (from its end) an arrow leaves or enters it, where the box is wide enough
 END_INSET = 4.0
+FAR_INSET = 2 * END_INSET + 1  # the other edge's inset, where two arrows would meet at one x
 # Arrows sharing a gap between two lanes run this far apart (three tracks), so that they do not
 # lie on one another for their whole length
 TRACK_PX = 2.5
@@ -112,10 +113,10 @@ def route(lanes: list[LaneSpan], notify: End, wait: End, *, into_end: bool,
     # Out of the bottom edge END_INSET from the end, out of the top edge twice as far: two
     # notifies of one column, one releasing the lane below and one (a ring's wrap-around) the
     # lanes above, left the gap between them at one x, a line joining the two notifies.
-    sx = max((notify.x0 + notify.x1) / 2, notify.x1 - (END_INSET if down else 2 * END_INSET + 1))
+    sx = max((notify.x0 + notify.x1) / 2, notify.x1 - (END_INSET if down else FAR_INSET))
     # Into the top edge END_INSET from the end, into the bottom edge twice as far: one arrow
     # from above and one from below, in one gap, met head to head at one x.
-    inset = END_INSET if down and j != i else 2 * END_INSET + 1
+    inset = END_INSET if down and j != i else FAR_INSET
     if into_end:
         ex = max((wait.x0 + wait.x1) / 2, wait.x1 - inset)
     else:
