@@ -99,20 +99,21 @@ def run_system(me: Rank, system: str, batch: int, state: model.State, h0, refere
         return y.clone()
 
     final, error = me.guarded(check)
-    agree = None
+    mine = None  # this rank's (agrees, note), where the system has a check
     if error is None and system not in ("none", "reference") and reference is not None:
-        good, note = results.agree(final, reference, results.TOLERANCE)
-        flags = [None] * me.world
-        dist.all_gather_object(flags, (good, note))
-        bad = [f"rank {r}: {n}" for r, (g, n) in enumerate(flags) if not g]
-        agree = (not bad, "; ".join(bad) if bad else note)
+        mine = results.agree(final, reference, results.TOLERANCE)
     elif error is None and system == "reference":
-        good, note = results.reference_agrees([final], "the reference (partial sums gathered, added in float32)")
-        flags = [None] * me.world
-        dist.all_gather_object(flags, (good, note))
-        bad = [f"rank {r}: {n}" for r, (g, n) in enumerate(flags) if not g]
-        agree = (not bad, "; ".join(bad) if bad else note)
+        mine = results.reference_agrees([final], "the reference (partial sums gathered, added in float32)")
+    agree = None if mine is None else _on_every_rank(me, mine)
     return results.row(system, batch, me.world, statistics.median(times), times, agree=agree, error=error), final
+
+
+def _on_every_rank(me: Rank, mine: tuple[bool, str]) -> tuple[bool, str]:
+    """Every rank's check as one: agreeing where all agree, else naming each rank that does not."""
+    flags = [None] * me.world
+    dist.all_gather_object(flags, mine)
+    bad = [f"rank {r}: {n}" for r, (g, n) in enumerate(flags) if not g]
+    return (not bad, "; ".join(bad) if bad else mine[1])
 
 
 def run(args, config: model.Config) -> tuple[list[dict], int, int]:
