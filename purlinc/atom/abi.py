@@ -93,6 +93,7 @@ from dataclasses import dataclass
 HEADER_FIELDS = ("rounds", "io_unit", "piece_bytes", "last_bytes", "stage_unit", "step", "copy_bytes", "stage_step",
                  "timeout_ns", "rank", "in", "out", "counters", "error")
 PEER_FIELDS = ("stage", "signals", "in_peer", "out_peer")  # R pointers each, after the header
+ARGS = "purlin_args"  # the entries' argument struct (the layout above)
 # A module with run-time sizes (purlinc.atom.sized) takes a struct of its own, purlin_sized_args:
 # this header, then stage[R] and signals[R] (no registered peers, no epilogue).
 SIZED_ARGS = "purlin_sized_args"
@@ -195,7 +196,7 @@ class KernelABI:
     bodies: tuple[int, ...] = ()  # per rank, the body (entry) it runs; () = body r for rank r
     epilogue_slots: int = 0  # words of epilogue operands after out_peer (0: no epilogue)
     row_bytes: int = 0  # an epilogue's row in bytes: slices are cut on rows (0: on 16 bytes)
-    args: str = "purlin_args"  # the entries' argument struct: purlin_args, or SIZED_ARGS (run-time sizes)
+    args: str = ARGS  # the entries' argument struct: ARGS, or SIZED_ARGS (run-time sizes)
 
     def step(self, piece: int) -> int:
         """Bytes between the slices of a round moving ``piece`` elements per unit: the stride
@@ -285,8 +286,9 @@ class KernelABI:
         rank's staging space, where ``staging`` places the units (the pointers passed are those
         of this call's region); ``epilogue``: the epilogue's operand words
         (``purlinc.runtime.operands``)."""
-        if self.args != "purlin_args":
-            raise ValueError(f"{self.kernel_base} takes {self.args}: pack its arguments with purlinc.atom.sized.pack_sized_args")
+        if self.args != ARGS:
+            raise ValueError(f"{self.kernel_base} takes {self.args}: pack its arguments with "
+                             "purlinc.atom.sized.pack_sized_args")
         world = self.world_size
         self.body(rank)  # a rank of this module
         in_peer = in_peer or [0] * world
